@@ -1,0 +1,5 @@
+from .attention import (
+    ATTENTION_KINDS, ContentScores, GeneralizedScores, LearnedScores, PositionalAttention, QuadraticScores,
+    dense_attention, grid_shifts, relative_shifts,
+)
+from .embed import SpaceToDepthEmbed, space_to_depth

@@ -1,0 +1,302 @@
+""" Positional multi-head self-attention of Cordonnier, Loukas & Jaggi
+
+Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020),
+https://arxiv.org/abs/1911.03584
+
+Every head attends over the raw input ``X`` (head dimension = embedding dimension) and the heads are
+concatenated, so a layer maps ``B x h x w x D`` to ``B x h x w x (heads * D)``. The kind of attention is
+chosen by an argument; each kind is a small module that owns its parameters and turns the relative shift
+``delta = key - query`` (in grid units) into scores:
+
+* ``quadratic``   isotropic Gaussian, ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``
+* ``generalized`` non-isotropic Gaussian, ``A_h(delta) = -1/2 (delta - mu_h)^T S_h S_h^T (delta - mu_h)``
+* ``learned``     relative row / column tables, ``A_h(delta) = k_v(E_v[delta_1])_h + k_u(E_u[delta_2])_h``
+* ``content``     ``learned`` plus query/key content scores ``q_h . k_h / sqrt(D)`` (depends on ``X``)
+
+How it is computed (SPEC 3.5). The first three kinds are content-free: their probabilities do not depend
+on ``X``, so they are computed once per forward with no batch dimension and applied to the whole batch.
+``quadratic`` and ``learned`` scores are a sum of a row term and a column term, so the softmax over the
+grid is the Kronecker product of a row softmax (``h x h``) and a column softmax (``w x w``); a head is
+applied as two small matrix products and no ``(h*w) x (h*w)`` matrix is built. ``generalized`` has a
+cross term and uses one dense ``(h*w) x (h*w)`` matrix per head, all heads applied in one product.
+``content`` is ordinary batched attention. Every path equals the plain dense formula (softmax over all
+keys, then a weighted sum) to floating point rounding; ``dense=True`` (or :func:`dense_attention`) runs
+that plain formula instead, for checks and speed comparisons.
+
+Attention dropout. As in the original code, the content-free probabilities carry no batch dimension, so
+one dropout mask is drawn per forward and shared by the whole batch. On the dense path that mask covers
+the full ``(h*w) x (h*w)`` probability matrix, exactly as in the original. On the separable path the
+mask is itself separable: the row and column factors are each dropped with ``1 - sqrt(1 - p)`` (and
+rescaled), so every probability survives with probability ``1 - p`` and the expectation is unchanged,
+but the dropped entries are correlated (they come in rows x columns). The ``content`` kind depends on
+the input and draws an ordinary per-sample mask.
+"""
+import contextlib
+import math
+from typing import Iterator, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from timm.layers import register_notrace_module
+
+__all__ = [
+    'ATTENTION_KINDS', 'PositionalAttention', 'QuadraticScores', 'GeneralizedScores',
+    'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts', 'dense_attention',
+]
+
+ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
+
+
+def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``shifts[q, k] = k - q`` along one axis of ``size`` positions, ``(size, size)``."""
+    positions = torch.arange(size, device=device, dtype=dtype)
+    return positions[None, :] - positions[:, None]
+
+
+def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``shifts[q, k] = (row_k - row_q, col_k - col_q)`` for row-major grid positions, ``(h*w, h*w, 2)``."""
+    rows = torch.arange(grid_h, device=device, dtype=dtype).repeat_interleave(grid_w)
+    cols = torch.arange(grid_w, device=device, dtype=dtype).repeat(grid_h)
+    return torch.stack([rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]], dim=-1)
+
+
+class QuadraticScores(nn.Module):
+    """Isotropic Gaussian scores: a centre ``mu_h`` (row, col) and a spread ``s_h`` per head.
+
+    ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``; the paper's ``alpha_h = s_h^2 / 2`` (positive by
+    squaring) and ``Delta_h = mu_h``. Separable: the row and column terms are returned apart.
+    """
+    separable: bool = True
+
+    def __init__(self, num_heads: int, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
+        self.spreads = nn.Parameter(torch.empty(num_heads, **dd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.centers, std=2.0)
+        nn.init.normal_(self.spreads, mean=1.0, std=0.01)
+
+    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        """Row scores ``(heads, h, h)`` and column scores ``(heads, w, w)``, indexed ``[head, query, key]``."""
+        alpha = (0.5 * self.spreads ** 2)[:, None, None]
+        dy = relative_shifts(grid_h, self.centers.device, self.centers.dtype)
+        dx = relative_shifts(grid_w, self.centers.device, self.centers.dtype)
+        row = -alpha * (dy[None] - self.centers[:, 0, None, None]) ** 2
+        col = -alpha * (dx[None] - self.centers[:, 1, None, None]) ** 2
+        return row, col
+
+    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
+        """Scores over the whole grid, ``(heads, h*w, h*w)`` indexed ``[head, query, key]``."""
+        shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
+        offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
+        return -(0.5 * self.spreads ** 2)[:, None, None] * (offsets ** 2).sum(-1)
+
+
+class GeneralizedScores(nn.Module):
+    """Non-isotropic Gaussian scores: a centre ``mu_h`` and a 2x2 matrix ``S_h`` (Sigma^-1/2) per head.
+
+    ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)`` with ``M_h = S_h S_h^T`` (positive
+    semi-definite by construction). The cross term makes it non-separable.
+    """
+    separable: bool = False
+
+    def __init__(self, num_heads: int, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
+        self.spreads = nn.Parameter(torch.empty(num_heads, 2, 2, **dd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.centers, std=2.0)
+        with torch.no_grad():
+            nn.init.normal_(self.spreads, std=0.01)
+            self.spreads.add_(torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype))
+
+    def precisions(self) -> Tensor:
+        """``M_h = S_h S_h^T``, ``(heads, 2, 2)``."""
+        return self.spreads @ self.spreads.transpose(-1, -2)
+
+    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        raise RuntimeError('generalized (non-isotropic) Gaussian scores are not separable')
+
+    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
+        shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
+        offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
+        precisions = self.precisions()
+        # quadratic form offsets^T M offsets, written out for the symmetric 2x2 M
+        dy, dx = offsets[..., 0], offsets[..., 1]
+        m_yy = precisions[:, 0, 0, None, None]
+        m_xx = precisions[:, 1, 1, None, None]
+        m_yx = precisions[:, 0, 1, None, None]
+        return -0.5 * (m_yy * dy * dy + 2.0 * m_yx * dy * dx + m_xx * dx * dx)
+
+
+class LearnedScores(nn.Module):
+    """Learned relative-position scores, no content: one table per axis and a key map per axis.
+
+    ``A_h(delta) = k_v(E_v[delta_row])_h + k_u(E_u[delta_col])_h``; shifts beyond ``max_shift`` are
+    clipped, so any grid size works. Separable: the row and column terms are returned apart.
+    """
+    separable: bool = True
+
+    def __init__(self, dim: int, num_heads: int, max_shift: int = 15, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.max_shift = max_shift
+        self.row_shift_embed = nn.Embedding(2 * max_shift + 1, dim, **dd)
+        self.col_shift_embed = nn.Embedding(2 * max_shift + 1, dim, **dd)
+        self.row_keys = nn.Linear(dim, num_heads, bias=False, **dd)
+        self.col_keys = nn.Linear(dim, num_heads, bias=False, **dd)
+
+    def _table_index(self, size: int) -> Tensor:
+        shifts = relative_shifts(size, self.row_shift_embed.weight.device, torch.float32).long()
+        return shifts.clamp(-self.max_shift, self.max_shift) + self.max_shift
+
+    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        row = self.row_keys(self.row_shift_embed(self._table_index(grid_h)))  # h, h, heads
+        col = self.col_keys(self.col_shift_embed(self._table_index(grid_w)))  # w, w, heads
+        return row.permute(2, 0, 1), col.permute(2, 0, 1)
+
+    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
+        row, col = self.axis_scores(grid_h, grid_w)
+        # scores[n, (i, j), (k, l)] = row[n, i, k] + col[n, j, l]
+        scores = row[:, :, None, :, None] + col[:, None, :, None, :]
+        return scores.reshape(self.num_heads, grid_h * grid_w, grid_h * grid_w)
+
+
+class ContentScores(nn.Module):
+    """Query/key content scores ``q_h . k_h / sqrt(D)`` with ``q = X W_q + b``, ``k = X W_k + b``."""
+
+    def __init__(self, dim: int, num_heads: int, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.query = nn.Linear(dim, num_heads * dim, **dd)
+        self.key = nn.Linear(dim, num_heads * dim, **dd)
+
+    def forward(self, tokens: Tensor) -> Tuple[Tensor, Tensor]:
+        """Queries and keys ``(B, heads, N, D)`` for tokens ``(B, N, D)``."""
+        B, N, D = tokens.shape
+        q = self.query(tokens).view(B, N, self.num_heads, D).transpose(1, 2)
+        k = self.key(tokens).view(B, N, self.num_heads, D).transpose(1, 2)
+        return q, k
+
+
+@register_notrace_module  # shapes drive the computation; FX keeps the layer whole
+class PositionalAttention(nn.Module):
+    """Multi-head positional self-attention over a token grid, ``B x h x w x D -> B x h x w x (heads*D)``.
+
+    Output channel ``n * D + d`` is channel ``d`` of head ``n``'s weighted average of the input.
+    """
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            kind: str = 'quadratic',
+            attn_drop: float = 0.1,
+            max_shift: int = 15,
+            dense: bool = False,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        if kind not in ATTENTION_KINDS:
+            raise ValueError(f'attention kind {kind!r} is not one of {ATTENTION_KINDS}')
+        if num_heads < 1:
+            raise ValueError(f'num_heads must be >= 1, got {num_heads}')
+        dd = {'device': device, 'dtype': dtype}
+        self.dim = dim
+        self.num_heads = num_heads
+        self.kind = kind
+        self.attn_drop = attn_drop
+        self.dense = dense
+        if kind == 'quadratic':
+            self.position = QuadraticScores(num_heads, **dd)
+        elif kind == 'generalized':
+            self.position = GeneralizedScores(num_heads, **dd)
+        else:
+            self.position = LearnedScores(dim, num_heads, max_shift=max_shift, **dd)
+        self.content = ContentScores(dim, num_heads, **dd) if kind == 'content' else None
+        self.separable: bool = self.position.separable and self.content is None
+
+    def position_probs(self, grid_h: int, grid_w: int) -> Tensor:
+        """Content-free attention probabilities ``(heads, h*w, h*w)`` as ``[head, query, key]``, no dropout.
+
+        For the ``content`` kind this is the positional part alone.
+        """
+        return self.position.grid_scores(grid_h, grid_w).softmax(dim=-1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.content is not None:
+            return self._forward_content(x)
+        if self.separable and not self.dense:
+            return self._forward_separable(x)
+        return self._forward_dense(x)
+
+    def _forward_separable(self, x: Tensor) -> Tensor:
+        B, H, W, D = x.shape
+        heads = self.num_heads
+        row_scores, col_scores = self.position.axis_scores(H, W)
+        row_probs = row_scores.softmax(dim=-1)  # heads, H, H
+        col_probs = col_scores.softmax(dim=-1)  # heads, W, W
+        if self.training and self.attn_drop > 0.:
+            axis_drop = 1.0 - math.sqrt(1.0 - self.attn_drop)
+            row_probs = F.dropout(row_probs, axis_drop, True)
+            col_probs = F.dropout(col_probs, axis_drop, True)
+        # rows: (heads*H, H) @ (B, H, W*D) -> (B, heads*H, W*D), mixes rows of every head at once
+        mixed = torch.matmul(row_probs.reshape(heads * H, H), x.reshape(B, H, W * D))
+        mixed = mixed.view(B, heads, H, W, D)
+        # columns: (1, heads, 1, W, W) @ (B, heads, H, W, D) -> (B, heads, H, W, D)
+        mixed = torch.matmul(col_probs[None, :, None], mixed)
+        return mixed.permute(0, 2, 3, 1, 4).reshape(B, H, W, heads * D)
+
+    def _forward_dense(self, x: Tensor) -> Tensor:
+        B, H, W, D = x.shape
+        probs = self.position.grid_scores(H, W).softmax(dim=-1)  # heads, HW(query), HW(key)
+        if self.training and self.attn_drop > 0.:
+            probs = F.dropout(probs, self.attn_drop, True)
+        # (HW*heads, HW) @ (B, HW, D) -> (B, HW*heads, D): queries outer, heads inner, as Value expects
+        probs = probs.transpose(0, 1).reshape(H * W * self.num_heads, H * W)
+        out = torch.matmul(probs, x.reshape(B, H * W, D))
+        return out.view(B, H, W, self.num_heads * D)
+
+    def _forward_content(self, x: Tensor) -> Tensor:
+        B, H, W, D = x.shape
+        tokens = x.reshape(B, H * W, D)
+        assert self.content is not None
+        q, k = self.content(tokens)  # B, heads, HW, D
+        position_scores = self.position.grid_scores(H, W)  # heads, HW, HW
+        values = tokens[:, None].expand(B, self.num_heads, H * W, D)
+        out = F.scaled_dot_product_attention(
+            q, k, values,
+            attn_mask=position_scores.to(q.dtype)[None],
+            dropout_p=self.attn_drop if self.training else 0.,
+        )  # B, heads, HW, D
+        return out.transpose(1, 2).reshape(B, H, W, self.num_heads * D)
+
+    def extra_repr(self) -> str:
+        return f'dim={self.dim}, num_heads={self.num_heads}, kind={self.kind}, dense={self.dense}'
+
+
+@contextlib.contextmanager
+def dense_attention(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
+    """Run every :class:`PositionalAttention` in ``model`` through the plain dense formula while active."""
+    layers = [m for m in model.modules() if isinstance(m, PositionalAttention)]
+    previous = [m.dense for m in layers]
+    for m in layers:
+        m.dense = enabled
+    try:
+        yield model
+    finally:
+        for m, was_dense in zip(layers, previous):
+            m.dense = was_dense

@@ -1,0 +1,46 @@
+""" Space-to-depth 2x2 embedding (the paper's "invertible downsampling" + Linear)
+
+Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020)
+
+Every 2x2 pixel block becomes one token: its ``4 * C`` values are flattened and mapped by a Linear layer
+to ``embed_dim``. That is exactly a ``Conv2d(C, embed_dim, kernel_size=2, stride=2)``, which is how it is
+stored here: same parameter count, one fused kernel, and timm's ``first_conv`` machinery (e.g. adapting
+pretrained weights to ``in_chans=1``) works unchanged.
+
+Channel order of the original implementation: the Linear input index ``6*di + 3*dj + c`` holds pixel
+``(2i+di, 2j+dj)`` and colour ``c`` (colour fastest). :meth:`SpaceToDepthEmbed.linear_weight` returns the
+kernel in that order, so weights convert both ways without retraining.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ['SpaceToDepthEmbed', 'space_to_depth']
+
+
+def space_to_depth(x: Tensor, block: int = 2) -> Tensor:
+    """``B x C x H x W -> B x H/block x W/block x (block*block*C)``, index ``block*C*di + C*dj + c``."""
+    B, C, H, W = x.shape
+    x = x.reshape(B, C, H // block, block, W // block, block)  # B, C, i, di, j, dj
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(B, H // block, W // block, block * block * C)
+
+
+class SpaceToDepthEmbed(nn.Module):
+    """Image ``B x C x H x W`` (H, W even) to a token grid ``B x H/2 x W/2 x embed_dim`` (channels last)."""
+
+    def __init__(self, in_chans: int = 3, embed_dim: int = 400, device=None, dtype=None):
+        super().__init__()
+        self.in_chans = in_chans
+        self.embed_dim = embed_dim
+        self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=2, stride=2, device=device, dtype=dtype)
+
+    def feat_size(self, img_size: Tuple[int, int]) -> Tuple[int, int]:
+        return img_size[0] // 2, img_size[1] // 2
+
+    def linear_weight(self) -> Tensor:
+        """The kernel as the original Linear(4*C -> D) weight, ``(D, 4*C)`` with index ``6*di + 3*dj + c``."""
+        return self.proj.weight.permute(0, 2, 3, 1).reshape(self.embed_dim, -1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.proj(x).permute(0, 2, 3, 1)

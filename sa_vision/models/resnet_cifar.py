@@ -1,0 +1,65 @@
+""" ResNet18 for CIFAR (the paper's convolutional baseline)
+
+Papers: `Deep Residual Learning for Image Recognition` (He et al., 2015), https://arxiv.org/abs/1512.03385;
+baseline of `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020).
+
+timm's ResNet with the CIFAR stem (SPEC section 5): a 3x3 stride-1 convolution of 64 channels without bias,
+BN, ReLU and no max-pool, then the usual four stages of two BasicBlocks (64/128/256/512, strides 1/2/2/2,
+1x1 conv + BN shortcuts), global average pooling and a Linear classifier. 11,173,962 parameters at 10 classes.
+"""
+from typing import Any, Dict
+
+from torch import nn
+
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models.resnet import BasicBlock, ResNet
+
+from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+
+__all__ = ['CifarResNet']
+
+# the ImageNet stem (7x7 stride 2 + max-pool) reduces by 4 before the first stage; this one by 1
+_IMAGENET_STEM_REDUCTION = 4
+
+
+class CifarResNet(ResNet):
+    """timm ResNet whose stem keeps the input resolution: 3x3 stride-1 conv, BN, ReLU, no max-pool."""
+
+    def __init__(self, *, in_chans: int = 3, output_stride: int = 32, device=None, dtype=None, **kwargs: Any):
+        if output_stride != 32:
+            raise ValueError('CifarResNet supports only output_stride=32 (the network reduces by 8 in all)')
+        super().__init__(in_chans=in_chans, device=device, dtype=dtype, **kwargs)
+        stem_width = self.conv1.out_channels
+        self.conv1 = nn.Conv2d(in_chans, stem_width, kernel_size=3, stride=1, padding=1, bias=False,
+                               device=device, dtype=dtype)
+        nn.init.kaiming_normal_(self.conv1.weight, mode='fan_out', nonlinearity='relu')
+        self.maxpool = nn.Identity()
+        for info in self.feature_info:
+            info['reduction'] = max(1, info['reduction'] // _IMAGENET_STEM_REDUCTION)
+
+
+def _create_cifar_resnet(variant: str, pretrained: bool = False, **kwargs) -> CifarResNet:
+    return build_model_with_cfg(CifarResNet, variant, pretrained, **kwargs)
+
+
+def _cfg(**kwargs) -> Dict[str, Any]:
+    return {
+        'num_classes': CIFAR10_CLASSES, 'input_size': (3, 32, 32), 'pool_size': (4, 4),
+        'crop_pct': 1.0, 'interpolation': 'bilinear',
+        'mean': CIFAR10_MEAN, 'std': CIFAR10_STD,
+        'first_conv': 'conv1', 'classifier': 'fc',
+        'license': 'apache-2.0', 'paper_ids': 'arXiv:1512.03385',
+        **kwargs,
+    }
+
+
+default_cfgs = generate_default_cfgs({
+    'resnet18_cifar.cifar10': _cfg(hf_hub_id='sa-vision/resnet18_cifar.cifar10'),
+})
+
+
+@register_model
+def resnet18_cifar(pretrained: bool = False, **kwargs) -> CifarResNet:
+    """ResNet-18 with the CIFAR stem (3x3 stride-1, no max-pool), 11,173,962 parameters at 10 classes."""
+    model_args = dict(block=BasicBlock, layers=(2, 2, 2, 2))
+    return _create_cifar_resnet('resnet18_cifar', pretrained, **dict(model_args, **kwargs))

@@ -1,0 +1,351 @@
+""" Fully-attentional image classifiers of Cordonnier, Loukas & Jaggi
+
+Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020),
+https://arxiv.org/abs/1911.03584, original code https://github.com/epfml/attention-cnn
+
+@inproceedings{cordonnier2020relationship,
+  title={On the Relationship between Self-Attention and Convolutional Layers},
+  author={Jean-Baptiste Cordonnier and Andreas Loukas and Martin Jaggi},
+  booktitle={International Conference on Learning Representations},
+  year={2020},
+}
+
+Architecture (SPEC section 2): space-to-depth 2x2 + Linear embedding, no position embedding or class
+token; post-norm layers ``Y = LN(X + Dropout(Dense(Value(attention(X)))))`` and
+``X' = LN(Y + Dropout(MLP(Y)))`` with content-free positional attention (see
+:mod:`sa_vision.layers.attention`); mean over the grid and a linear classifier. Value and Dense are two
+stacked Linear maps, kept apart for parameter fidelity with the released implementation.
+
+The token grid is kept channels-last (``B x h x w x C``) throughout, so ``forward_features`` returns
+NHWC (``output_fmt = 'NHWC'``, like timm's Swin).
+"""
+from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+
+from timm.layers import DropPath, Mlp, calculate_drop_path_rates
+from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, generate_default_cfgs, register_model
+from timm.models import register_notrace_function
+from timm.models._features import feature_take_indices
+
+from ..layers import ATTENTION_KINDS, PositionalAttention, SpaceToDepthEmbed
+from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
+
+__all__ = ['SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
+
+
+@register_notrace_function  # data-dependent checks; FX keeps the call whole
+def check_image_shape(x: Tensor, in_chans: int) -> None:
+    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W."""
+    if x.dim() != 4:
+        raise ValueError(
+            f'expected an image batch of shape (B, {in_chans}, H, W) with H and W even, '
+            f'got a {x.dim()}-D tensor of shape {list(x.shape)}; add a batch dimension with x.unsqueeze(0)')
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f'expected {in_chans} input channels, shape (B, {in_chans}, H, W), got shape {list(x.shape)}; '
+            f'create the model with in_chans={x.shape[1]} to accept this input')
+    if x.shape[2] % 2 != 0 or x.shape[3] % 2 != 0:
+        raise ValueError(
+            f'expected an even height and width (the 2x2 space-to-depth embedding), shape (B, {in_chans}, H, W), '
+            f'got shape {list(x.shape)}; crop or pad the image to an even size')
+
+
+class SelfAttentionBlock(nn.Module):
+    """One post-norm layer: positional attention, Value, Dense, residual + LN; MLP, residual + LN."""
+
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            mlp_hidden_dim: int = 512,
+            attn_kind: str = 'quadratic',
+            proj_drop: float = 0.1,
+            attn_drop: float = 0.1,
+            drop_path: float = 0.,
+            max_rel_shift: int = 15,
+            norm_eps: float = 1e-12,
+            device=None,
+            dtype=None,
+    ):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.attn = PositionalAttention(dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, **dd)
+        self.value = nn.Linear(num_heads * dim, dim, **dd)
+        self.proj = nn.Linear(dim, dim, **dd)  # the original's "Dense"
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **dd)
+        # exact (erf) GELU; the original drops out only after the second Linear
+        self.mlp = Mlp(dim, hidden_features=mlp_hidden_dim, act_layer=nn.GELU, drop=(0., proj_drop), **dd)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm1(x + self.drop_path1(self.proj_drop(self.proj(self.value(self.attn(x))))))
+        x = self.norm2(x + self.drop_path2(self.mlp(x)))
+        return x
+
+
+class SelfAttentionNet(nn.Module):
+    """Fully-attentional classifier of Cordonnier et al. with a per-layer head count.
+
+    A pruned model is the same class with fewer heads in some layers (``heads_per_layer``).
+    """
+
+    def __init__(
+            self,
+            in_chans: int = 3,
+            num_classes: int = CIFAR10_CLASSES,
+            global_pool: str = 'avg',
+            embed_dim: int = 400,
+            depth: int = 6,
+            heads_per_layer: Union[int, Sequence[int]] = 9,
+            mlp_hidden_dim: int = 512,
+            attn_kind: str = 'quadratic',
+            max_rel_shift: int = 15,
+            norm_eps: float = 1e-12,
+            drop_rate: float = 0.,
+            proj_drop_rate: float = 0.1,
+            attn_drop_rate: float = 0.1,
+            drop_path_rate: float = 0.,
+            device=None,
+            dtype=None,
+    ):
+        """
+        Args:
+            in_chans: Number of image channels.
+            num_classes: Number of classes of the classifier, 0 for none.
+            global_pool: 'avg' (mean over the grid) or '' (keep the grid).
+            embed_dim: Token width D (the head dimension too: every head attends over the raw input).
+            depth: Number of attention layers.
+            heads_per_layer: Heads in every layer (an int) or in each layer (a sequence of ``depth`` ints).
+            mlp_hidden_dim: Hidden width of the MLP.
+            attn_kind: 'quadratic', 'generalized', 'learned' or 'content' (see ``sa_vision.layers.attention``).
+            max_rel_shift: Largest relative shift of the learned tables; larger shifts are clipped.
+            norm_eps: LayerNorm epsilon (1e-12 in the original).
+            drop_rate: Dropout before the classifier.
+            proj_drop_rate: Dropout after the attention projection and after the MLP.
+            attn_drop_rate: Dropout on the attention probabilities.
+            drop_path_rate: Stochastic depth rate (linear over layers).
+        """
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        if isinstance(heads_per_layer, int):
+            heads_per_layer = (heads_per_layer,) * depth
+        heads_per_layer = tuple(int(h) for h in heads_per_layer)
+        if len(heads_per_layer) != depth:
+            raise ValueError(f'heads_per_layer has {len(heads_per_layer)} entries but depth is {depth}')
+        if attn_kind not in ATTENTION_KINDS:
+            raise ValueError(f'attn_kind {attn_kind!r} is not one of {ATTENTION_KINDS}')
+        if global_pool not in ('avg', ''):
+            raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+        self.num_classes = num_classes
+        self.in_chans = in_chans
+        self.global_pool = global_pool
+        self.heads_per_layer = heads_per_layer
+        self.attn_kind = attn_kind
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.drop_rate = drop_rate
+        self.output_fmt = 'NHWC'
+        self.grad_checkpointing = False
+
+        self.patch_embed = SpaceToDepthEmbed(in_chans, embed_dim, **dd)
+        dpr = calculate_drop_path_rates(drop_path_rate, depth)
+        self.blocks = nn.Sequential(*[
+            SelfAttentionBlock(
+                embed_dim,
+                num_heads,
+                mlp_hidden_dim=mlp_hidden_dim,
+                attn_kind=attn_kind,
+                proj_drop=proj_drop_rate,
+                attn_drop=attn_drop_rate,
+                drop_path=dpr[i],
+                max_rel_shift=max_rel_shift,
+                norm_eps=norm_eps,
+                **dd,
+            )
+            for i, num_heads in enumerate(heads_per_layer)])
+        self.feature_info = [
+            dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=2) for i in range(depth)]
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes, **dd) if num_classes > 0 else nn.Identity()
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> Set[str]:
+        """Gaussian centres and spreads are trained without weight decay (SPEC 6)."""
+        return {
+            name for name, _ in self.named_parameters()
+            if name.endswith(('attn.position.centers', 'attn.position.spreads'))}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> Dict:
+        return dict(stem=r'^patch_embed', blocks=r'^blocks\.(\d+)')
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool not in ('avg', ''):
+                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+            self.global_pool = global_pool
+        if num_classes > 0:
+            # keep the new head on the device and dtype of the model
+            ref = self.patch_embed.proj.weight
+            self.head = nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype)
+        else:
+            self.head = nn.Identity()
+        self.head.train(self.training)
+
+    def forward_intermediates(
+            self,
+            x: Tensor,
+            indices: Optional[Union[int, List[int]]] = None,
+            norm: bool = False,
+            stop_early: bool = False,
+            output_fmt: str = 'NCHW',
+            intermediates_only: bool = False,
+    ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
+        """Forward that also returns the outputs of the selected layers.
+
+        Args:
+            x: Image batch ``B x C x H x W``.
+            indices: Take the last n layers if int, all if None, the listed ones if a sequence.
+            norm: Unused (the layers are post-norm, every output is already normalised); timm API.
+            stop_early: Stop after the last selected layer.
+            output_fmt: 'NCHW' or 'NHWC' for the intermediates.
+            intermediates_only: Return only the intermediates.
+        """
+        if output_fmt not in ('NCHW', 'NHWC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        check_image_shape(x, self.in_chans)
+        intermediates = []
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        x = self.patch_embed(x)
+        if torch.jit.is_scripting() or not stop_early:
+            blocks = self.blocks
+        else:
+            blocks = self.blocks[:max_index + 1]
+        for i, blk in enumerate(blocks):
+            if self.grad_checkpointing and not torch.jit.is_scripting():
+                x = checkpoint(blk, x)
+            else:
+                x = blk(x)
+            if i in take_indices:
+                intermediates.append(x.permute(0, 3, 1, 2).contiguous() if output_fmt == 'NCHW' else x)
+        if intermediates_only:
+            return intermediates
+        return x, intermediates
+
+    def prune_intermediate_layers(
+            self,
+            indices: Union[int, List[int]] = 1,
+            prune_norm: bool = False,
+            prune_head: bool = True,
+    ) -> List[int]:
+        """Drop the layers after the last selected one (and the head if asked)."""
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:max_index + 1]
+        self.heads_per_layer = self.heads_per_layer[:max_index + 1]
+        if prune_head:
+            self.reset_classifier(0, '')
+        return take_indices
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """Image ``B x C x H x W`` (H, W even) to the token grid ``B x H/2 x W/2 x D``."""
+        check_image_shape(x, self.in_chans)
+        x = self.patch_embed(x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self.blocks, x)
+        else:
+            x = self.blocks(x)
+        return x
+
+    def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
+        if self.global_pool == 'avg':
+            x = x.mean(dim=(1, 2))
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.forward_features(x)
+        x = self.forward_head(x)
+        return x
+
+
+def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    out_indices = kwargs.pop('out_indices', 3)
+    return build_model_with_cfg(
+        SelfAttentionNet,
+        variant,
+        pretrained,
+        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+        **kwargs,
+    )
+
+
+def _cfg(**kwargs) -> Dict:
+    return {
+        'num_classes': CIFAR10_CLASSES, 'input_size': (3, 32, 32), 'pool_size': (16, 16),
+        'crop_pct': 1.0, 'interpolation': 'bilinear', 'fixed_input_size': False,
+        'mean': CIFAR10_MEAN, 'std': CIFAR10_STD,
+        'first_conv': 'patch_embed.proj', 'classifier': 'head',
+        'license': 'apache-2.0', 'paper_ids': f'arXiv:{ARXIV_ID}',
+        'paper_name': 'On the Relationship between Self-Attention and Convolutional Layers',
+        'origin_url': 'https://github.com/epfml/attention-cnn',
+        **kwargs,
+    }
+
+
+# weights trained on CIFAR-10 with the paper's recipe live at <HF_NAMESPACE>/<arch>.<tag>
+HF_NAMESPACE = 'sa-vision'
+PRETRAINED_TAG = 'cifar10'
+
+default_cfgs = generate_default_cfgs({
+    f'{arch}.{PRETRAINED_TAG}': _cfg(hf_hub_id=f'{HF_NAMESPACE}/{arch}.{PRETRAINED_TAG}')
+    for arch in ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar')
+})
+
+
+@register_model
+def sa_quadratic_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Isotropic Gaussian (quadratic encoding) attention, 9 heads x 6 layers, 12,086,844 parameters."""
+    model_args = dict(attn_kind='quadratic')
+    return _create_sa('sa_quadratic_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_gen_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Non-isotropic Gaussian (generalized quadratic) attention, 9 heads x 6 layers, 12,087,006 parameters."""
+    model_args = dict(attn_kind='generalized')
+    return _create_sa('sa_gen_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_gen_pruned(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Non-isotropic Gaussian attention with degenerate heads pruned (7,5,8,7,3,9), 9,686,916 parameters."""
+    model_args = dict(attn_kind='generalized', heads_per_layer=PRUNED_HEADS_PER_LAYER)
+    return _create_sa('sa_gen_pruned', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_learned_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Learned relative position encoding without content, 9 heads x 6 layers, 12,278,682 parameters."""
+    model_args = dict(attn_kind='learned')
+    return _create_sa('sa_learned_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+
+
+@register_model
+def sa_content_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    """Learned relative position encoding with content (query/key) attention, 9 heads x 6 layers (~29.6 M)."""
+    model_args = dict(attn_kind='content')
+    return _create_sa('sa_content_cifar', pretrained=pretrained, **dict(model_args, **kwargs))

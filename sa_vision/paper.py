@@ -1,0 +1,48 @@
+""" Facts from the paper and its released code, in one place
+
+Cordonnier, Loukas & Jaggi, `On the Relationship between Self-Attention and Convolutional Layers`,
+ICLR 2020 (https://arxiv.org/abs/1911.03584). See ``SPEC.md`` sections 1 and 6.
+"""
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+__all__ = [
+    'ARXIV_ID', 'CIFAR10_MEAN', 'CIFAR10_STD', 'CIFAR10_CLASSES', 'PAPER_TITLE', 'PAPER_CITATION',
+    'PaperResult', 'PAPER_RESULTS', 'PRUNED_HEADS_PER_LAYER',
+]
+
+ARXIV_ID = '1911.03584'
+PAPER_TITLE = 'On the Relationship between Self-Attention and Convolutional Layers'
+PAPER_CITATION = """@inproceedings{cordonnier2020relationship,
+  title={On the Relationship between Self-Attention and Convolutional Layers},
+  author={Jean-Baptiste Cordonnier and Andreas Loukas and Martin Jaggi},
+  booktitle={International Conference on Learning Representations},
+  year={2020},
+  url={https://openreview.net/forum?id=HJlnC1rKPB}
+}"""
+
+# normalisation of the paper's CIFAR-10 recipe (SPEC 6)
+CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
+CIFAR10_STD = (0.2023, 0.1994, 0.2010)
+CIFAR10_CLASSES = 10
+
+# heads kept per layer after pruning the degenerate heads of a trained generalized model (SPEC 4)
+PRUNED_HEADS_PER_LAYER = (7, 5, 8, 7, 3, 9)
+
+
+@dataclass(frozen=True)
+class PaperResult:
+    """One row of the paper's table, at 10 classes and 32x32 input."""
+    description: str
+    params: int  # exact, from the released implementation
+    top1: float  # CIFAR-10 test accuracy, percent
+    gflops: Optional[float]  # as reported: Linear layers only, 2 x MACs
+
+
+PAPER_RESULTS: Dict[str, PaperResult] = {
+    'sa_quadratic_cifar': PaperResult('isotropic Gaussian (quadratic encoding), 9 heads x 6 layers', 12_086_844, 93.8, 6.2),
+    'sa_gen_cifar': PaperResult('non-isotropic Gaussian (generalized quadratic), 9 heads x 6 layers', 12_087_006, 93.4, 6.2),
+    'sa_gen_pruned': PaperResult('non-isotropic Gaussian, degenerate heads pruned (7,5,8,7,3,9)', 9_686_916, 93.4, 4.9),
+    'sa_learned_cifar': PaperResult('learned relative encoding, no content, 9 heads x 6 layers', 12_278_682, 91.8, 6.2),
+    'resnet18_cifar': PaperResult('ResNet18, CIFAR stem (3x3, stride 1, no max-pool)', 11_173_962, 93.8, 1.1),
+}
