@@ -1,0 +1,219 @@
+"""The fast attention paths against a plain dense reference written here from SPEC section 3.
+
+The reference builds every score from its formula over all (query, key) pairs of the grid, takes a
+softmax over all keys and a weighted sum of the raw input; it shares only the parameter tensors with
+the layer under test.
+"""
+import math
+
+import pytest
+import torch
+
+from sa_vision.layers import PositionalAttention, dense_attention
+
+KINDS = ('quadratic', 'generalized', 'learned', 'content')
+# image sizes from the issue: 32x32 and the non-square 24x40, i.e. token grids 16x16 and 12x20
+GRIDS = ((16, 16), (12, 20))
+
+
+def grid_coordinates(grid_h, grid_w, dtype):
+    """(row, col) of every grid position in row-major order, (h*w, 2)."""
+    coords = [(i, j) for i in range(grid_h) for j in range(grid_w)]
+    return torch.tensor(coords, dtype=dtype)
+
+
+def reference_scores(layer, x):
+    """Scores [head, query, key] (or [batch, head, query, key] with content) straight from SPEC 3."""
+    B, H, W, D = x.shape
+    coords = grid_coordinates(H, W, x.dtype)
+    delta = coords[None, :, :] - coords[:, None, :]  # key - query, (hw, hw, 2)
+    pos = layer.position
+    if layer.kind == 'quadratic':
+        alpha = pos.spreads ** 2 / 2
+        diff = delta[None] - pos.centers[:, None, None, :]
+        return -alpha[:, None, None] * (diff ** 2).sum(-1)
+    if layer.kind == 'generalized':
+        M = torch.einsum('hij,hkj->hik', pos.spreads, pos.spreads)
+        diff = delta[None] - pos.centers[:, None, None, :]
+        return -0.5 * torch.einsum('hqki,hij,hqkj->hqk', diff, M, diff)
+    # learned (and the positional part of content): tables indexed by the clipped shift per axis
+    r = pos.max_shift
+    dy = delta[..., 0].long().clamp(-r, r) + r
+    dx = delta[..., 1].long().clamp(-r, r) + r
+    rows = pos.row_shift_embed.weight[dy] @ pos.row_keys.weight.T  # hw, hw, heads
+    cols = pos.col_shift_embed.weight[dx] @ pos.col_keys.weight.T
+    scores = (rows + cols).permute(2, 0, 1)
+    if layer.kind == 'learned':
+        return scores
+    tokens = x.reshape(B, H * W, D)
+    q = (tokens @ layer.content.query.weight.T + layer.content.query.bias).view(B, H * W, -1, D)
+    k = (tokens @ layer.content.key.weight.T + layer.content.key.bias).view(B, H * W, -1, D)
+    return torch.einsum('bqhd,bkhd->bhqk', q, k) / math.sqrt(D) + scores[None]
+
+
+def reference_attention(layer, x):
+    B, H, W, D = x.shape
+    probs = reference_scores(layer, x).softmax(dim=-1)
+    tokens = x.reshape(B, H * W, D)
+    if probs.dim() == 3:
+        out = torch.einsum('hqk,bkd->bqhd', probs, tokens)
+    else:
+        out = torch.einsum('bhqk,bkd->bqhd', probs, tokens)
+    return out.reshape(B, H, W, -1)
+
+
+def make_layer(kind, dtype, dim=6, num_heads=3, seed=0):
+    torch.manual_seed(seed)
+    layer = PositionalAttention(dim, num_heads, kind, attn_drop=0.1).to(dtype).eval()
+    with torch.no_grad():
+        if kind in ('quadratic', 'generalized'):
+            # spreads that make the heads neither uniform nor one-hot, centres off the grid points
+            layer.position.centers.copy_(torch.randn(num_heads, 2, dtype=dtype) * 2)
+            layer.position.spreads.mul_(0.7)
+    return layer
+
+
+def _check_against_reference(kind, grid, dtype, dense):
+    H, W = grid
+    layer = make_layer(kind, dtype)
+    layer.dense = dense
+    x = torch.randn(2, H, W, layer.dim, dtype=dtype, requires_grad=True)
+    out = layer(x)
+    ref = reference_attention(layer, x)
+    assert out.shape == (2, H, W, layer.num_heads * layer.dim)
+    rtol, atol = (1e-10, 1e-12) if dtype == torch.float64 else (1e-5, 1e-6)
+    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+
+    # gradients with respect to the input and every parameter
+    weights = torch.randn_like(ref)
+    params = [p for p in layer.parameters()]
+    grads = torch.autograd.grad((out * weights).sum(), [x] + params)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), [x] + params)
+    for g, rg in zip(grads, ref_grads):
+        torch.testing.assert_close(g, rg, rtol=rtol * 10, atol=atol * 10)
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+@pytest.mark.parametrize('grid', GRIDS, ids=lambda g: f'{g[0]}x{g[1]}')
+@pytest.mark.parametrize('kind', KINDS)
+def test_default_path_equals_dense_reference(kind, grid, dtype):
+    _check_against_reference(kind, grid, dtype, dense=False)
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+@pytest.mark.parametrize('grid', GRIDS, ids=lambda g: f'{g[0]}x{g[1]}')
+@pytest.mark.parametrize('kind', KINDS)
+def test_dense_switch_equals_dense_reference(kind, grid, dtype):
+    _check_against_reference(kind, grid, dtype, dense=True)
+
+
+@pytest.mark.parametrize('kind', ('quadratic', 'learned'))
+def test_separable_path_never_builds_the_full_matrix(kind, monkeypatch):
+    layer = make_layer(kind, torch.float32)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError('the separable path built (h*w) x (h*w) scores')
+    monkeypatch.setattr(layer.position, 'grid_scores', forbidden)
+    x = torch.randn(1, 16, 16, layer.dim)
+    largest = []
+
+    def record(t):
+        largest.append(t.numel())
+    # nothing saved for backward is as large as the dense probabilities, heads x (h*w)^2
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (record(t), t)[1], lambda t: t):
+        layer.train()(x.requires_grad_())
+    assert max(largest) < layer.num_heads * (16 * 16) ** 2
+
+
+def test_generalized_applies_all_heads_in_one_product(monkeypatch):
+    layer = make_layer('generalized', torch.float32)
+    calls = []
+    real_matmul = torch.matmul
+
+    def counting_matmul(a, b):
+        calls.append((tuple(a.shape), tuple(b.shape)))
+        return real_matmul(a, b)
+    monkeypatch.setattr(torch, 'matmul', counting_matmul)
+    layer(torch.randn(4, 16, 16, layer.dim))
+    assert calls == [((16 * 16 * layer.num_heads, 16 * 16), (4, 16 * 16, layer.dim))]
+
+
+@pytest.mark.parametrize('kind', ('quadratic', 'generalized', 'learned'))
+@pytest.mark.parametrize('dense', (False, True))
+def test_one_dropout_mask_for_the_whole_batch(kind, dense):
+    layer = make_layer(kind, torch.float64)
+    layer.attn_drop = 0.5
+    layer.dense = dense
+    layer.train()
+    sample = torch.randn(1, 8, 8, layer.dim, dtype=torch.float64)
+    out = layer(sample.expand(4, -1, -1, -1).contiguous())
+    # identical samples see the same mask, so give identical outputs ...
+    for b in range(1, 4):
+        torch.testing.assert_close(out[b], out[0], rtol=0, atol=0)
+    # ... and dropout was active
+    assert not torch.allclose(out[0], layer.eval()(sample)[0])
+
+
+@pytest.mark.parametrize('dense', (False, True))
+def test_dropout_keeps_the_expectation(dense):
+    """Averaged over many masks the output approaches the dropout-free output."""
+    torch.manual_seed(0)
+    layer = make_layer('quadratic', torch.float64)
+    layer.attn_drop = 0.3
+    layer.dense = dense
+    x = torch.randn(1, 6, 6, layer.dim, dtype=torch.float64)
+    expected = layer.eval()(x)
+    layer.train()
+    mean = sum(layer(x) for _ in range(2000)) / 2000
+    assert (mean - expected).abs().max() < 0.05 * expected.abs().max()
+
+
+def test_large_spread_peaks_at_the_centre():
+    """A head's probabilities are a Gaussian centred at mu: for a sharp head the argmax is the nearest
+    grid point to query + mu, and the probabilities fall off with the distance from it."""
+    layer = PositionalAttention(4, 3, 'quadratic')
+    centers = torch.tensor([[1.3, -2.2], [0.0, 0.0], [-3.6, 2.4]])
+    with torch.no_grad():
+        layer.position.centers.copy_(centers)
+        layer.position.spreads.fill_(3.0)
+    H = W = 16
+    query = (8, 7)
+    probs = layer.position_probs(H, W)[:, query[0] * W + query[1]].reshape(3, H, W)
+    for head, (dy, dx) in enumerate(centers.tolist()):
+        peak = divmod(int(probs[head].argmax()), W)
+        assert peak == (query[0] + round(dy), query[1] + round(dx))
+        # isotropic: log-probability differences equal -alpha * (squared-distance differences)
+        alpha = 3.0 ** 2 / 2
+        target = (query[0] + dy, query[1] + dx)
+        p1 = probs[head, peak[0], peak[1]]
+        p2 = probs[head, peak[0] + 1, peak[1]]
+        d1 = (peak[0] - target[0]) ** 2 + (peak[1] - target[1]) ** 2
+        d2 = (peak[0] + 1 - target[0]) ** 2 + (peak[1] - target[1]) ** 2
+        assert math.isclose(float(torch.log(p1 / p2)), alpha * (d2 - d1), rel_tol=1e-4)
+
+
+def test_probabilities_renormalise_at_the_border():
+    """No padding: a corner query's distribution sums to one over the keys that exist."""
+    layer = PositionalAttention(4, 2, 'generalized')
+    probs = layer.position_probs(5, 7)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(2, 35))
+
+
+def test_learned_clips_shifts_beyond_its_table():
+    layer = make_layer('learned', torch.float64)
+    scores = layer.position.grid_scores(1, 40)  # shifts up to 39 along columns, table holds 15
+    # every key 15 or more columns to the right of query 0 gets the same score
+    far = scores[:, 0, 15:]
+    torch.testing.assert_close(far, far[:, :1].expand_as(far))
+
+
+def test_dense_attention_context_manager_restores_the_mode():
+    model = torch.nn.Sequential(make_layer('quadratic', torch.float32), make_layer('learned', torch.float32))
+    with dense_attention(model):
+        assert all(m.dense for m in model)
+    assert not any(m.dense for m in model)
+
+
+def test_unknown_kind_is_a_clear_error():
+    with pytest.raises(ValueError, match='quadratic'):
+        PositionalAttention(4, 2, 'gaussian')

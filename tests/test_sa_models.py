@@ -1,0 +1,194 @@
+"""The registered models: exact sizes from SPEC section 1, shapes, errors and the timm API."""
+import socket
+
+import pytest
+import torch
+from torch import nn
+
+import sa_vision  # noqa: F401  (registers the models)
+import timm
+import timm.optim
+from sa_vision.layers import space_to_depth
+
+# SPEC section 1, at 10 classes
+SPEC_PARAMETERS = {
+    'sa_quadratic_cifar': 12_086_844,
+    'sa_gen_cifar': 12_087_006,
+    'sa_gen_pruned': 9_686_916,
+    'sa_learned_cifar': 12_278_682,
+    'resnet18_cifar': 11_173_962,
+}
+SA_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar')
+SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24)
+
+
+def small_model(name, **kwargs):
+    if name == 'sa_gen_pruned':
+        kwargs.setdefault('heads_per_layer', (2, 3))
+    return timm.create_model(name, **dict(SMALL, **kwargs))
+
+
+@pytest.mark.parametrize('name', sorted(SPEC_PARAMETERS))
+def test_parameter_count_matches_the_paper(name):
+    model = timm.create_model(name)
+    assert sum(p.numel() for p in model.parameters()) == SPEC_PARAMETERS[name]
+
+
+def test_content_variant_size():
+    # learned model plus Linear(400 -> 9*400) query and key maps in each of the 6 layers
+    model = timm.create_model('sa_content_cifar')
+    expected = SPEC_PARAMETERS['sa_learned_cifar'] + 6 * 2 * (400 * 3600 + 3600)
+    assert sum(p.numel() for p in model.parameters()) == expected
+
+
+def test_pruned_model_has_its_heads_per_layer():
+    model = timm.create_model('sa_gen_pruned')
+    assert [blk.attn.num_heads for blk in model.blocks] == [7, 5, 8, 7, 3, 9]
+    assert [blk.value.in_features for blk in model.blocks] == [h * 400 for h in (7, 5, 8, 7, 3, 9)]
+
+
+@pytest.mark.parametrize('name', SA_MODELS)
+@pytest.mark.parametrize('size', [(32, 32), (24, 40)], ids=lambda s: f'{s[0]}x{s[1]}')
+def test_forward_backward_shapes(name, size):
+    model = small_model(name, num_classes=7)
+    x = torch.randn(3, 3, *size, requires_grad=True)
+    features = model.forward_features(x)
+    assert features.shape == (3, size[0] // 2, size[1] // 2, SMALL['embed_dim'])
+    logits = model.forward_head(features)
+    assert logits.shape == (3, 7)
+    assert model.forward_head(features, pre_logits=True).shape == (3, SMALL['embed_dim'])
+    logits.sum().backward()
+    assert x.grad.shape == x.shape
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_embedding_is_space_to_depth_then_linear():
+    """The 2x2 stride-2 convolution equals the original space-to-depth + Linear(12 -> D), channel
+    index 6*di + 3*dj + c."""
+    model = small_model('sa_quadratic_cifar')
+    embed = model.patch_embed
+    x = torch.randn(2, 3, 8, 12)
+    blocks = space_to_depth(x)
+    # the original order, built element by element
+    b, i, j, di, dj, c = 1, 2, 3, 1, 0, 2
+    assert blocks[b, i, j, 6 * di + 3 * dj + c] == x[b, c, 2 * i + di, 2 * j + dj]
+    expected = blocks @ embed.linear_weight().T + embed.proj.bias
+    torch.testing.assert_close(embed(x), expected)
+
+
+@pytest.mark.parametrize('shape, message', [
+    ((1, 3, 31, 32), 'even'),
+    ((1, 3, 32, 33), 'even'),
+    ((1, 1, 32, 32), 'expected 3 input channels'),
+    ((3, 32, 32), '3-D tensor'),
+])
+def test_wrong_input_shape_names_the_expected_shape(shape, message):
+    model = small_model('sa_quadratic_cifar')
+    with pytest.raises(ValueError, match=message) as excinfo:
+        model(torch.randn(shape))
+    assert '(B, 3, H, W)' in str(excinfo.value)
+
+
+def test_in_chans_and_num_classes():
+    model = small_model('sa_learned_cifar', in_chans=1, num_classes=4)
+    assert model(torch.randn(2, 1, 16, 16)).shape == (2, 4)
+
+
+def test_inconsistent_heads_per_layer_is_an_error():
+    with pytest.raises(ValueError, match='depth'):
+        timm.create_model('sa_quadratic_cifar', depth=3, heads_per_layer=(1, 2))
+
+
+def test_no_weight_decay_lists_gaussian_centres_and_spreads():
+    model = small_model('sa_gen_cifar')
+    expected = {f'blocks.{i}.attn.position.{p}' for i in range(2) for p in ('centers', 'spreads')}
+    assert model.no_weight_decay() == expected
+    optimizer = timm.optim.create_optimizer_v2(model, 'sgd', lr=0.1, weight_decay=1e-4)
+    names = {id(p): n for n, p in model.named_parameters()}
+    decayed = {names[id(p)] for g in optimizer.param_groups if g['weight_decay'] > 0 for p in g['params']}
+    assert not decayed & expected
+    assert 'blocks.0.value.weight' in decayed
+
+
+def test_reset_classifier_and_global_pool():
+    model = small_model('sa_quadratic_cifar').eval()
+    x = torch.randn(2, 3, 16, 16)
+    model.reset_classifier(5)
+    assert model(x).shape == (2, 5) and model.get_classifier().out_features == 5
+    model.reset_classifier(0, '')
+    assert model(x).shape == (2, 8, 8, SMALL['embed_dim'])
+    with pytest.raises(ValueError, match='global_pool'):
+        model.reset_classifier(0, 'max')
+
+
+def test_forward_intermediates_and_features_only():
+    model = small_model('sa_quadratic_cifar', depth=3, heads_per_layer=2).eval()
+    x = torch.randn(2, 3, 16, 24)
+    final, intermediates = model.forward_intermediates(x)
+    assert len(intermediates) == 3
+    assert all(t.shape == (2, SMALL['embed_dim'], 8, 12) for t in intermediates)
+    torch.testing.assert_close(final, model.forward_features(x))
+    torch.testing.assert_close(intermediates[-1], final.permute(0, 3, 1, 2))
+    features = timm.create_model('sa_quadratic_cifar', features_only=True, **dict(SMALL, depth=3, heads_per_layer=2))
+    assert features.feature_info.reduction() == [2, 2, 2]
+    assert len(features(x)) == 3
+
+
+def test_grad_checkpointing_keeps_outputs_and_gradients():
+    model = small_model('sa_quadratic_cifar')
+    x = torch.randn(2, 3, 16, 16)
+    torch.manual_seed(0)
+    out = model(x)
+    out.sum().backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    model.set_grad_checkpointing()
+    torch.manual_seed(0)
+    out2 = model(x)
+    out2.sum().backward()
+    torch.testing.assert_close(out2, out)
+    for p, g in zip(model.parameters(), grads):
+        torch.testing.assert_close(p.grad, g)
+
+
+def test_group_matcher_separates_stem_and_layers():
+    from timm.models._manipulate import group_parameters
+    model = small_model('sa_quadratic_cifar')
+    groups = group_parameters(model, model.group_matcher(), reverse=True)
+    assert groups['patch_embed.proj.weight'] != groups['blocks.1.value.weight']
+
+
+@pytest.mark.parametrize('name', SA_MODELS)
+def test_torchscript_matches_eager(name):
+    model = small_model(name).eval()
+    scripted = torch.jit.script(model)
+    x = torch.randn(2, 3, 16, 20)
+    torch.testing.assert_close(scripted(x), model(x))
+
+
+def test_default_cfg_follows_timm_conventions():
+    for name in SA_MODELS + ('resnet18_cifar',):
+        cfg = timm.models.get_pretrained_cfg(name).to_dict()
+        assert cfg['hf_hub_id'] == f'sa-vision/{name}.cifar10'
+        assert cfg['input_size'] == (3, 32, 32) and cfg['num_classes'] == 10 and cfg['crop_pct'] == 1.0
+        assert cfg['mean'] == (0.4914, 0.4822, 0.4465) and cfg['std'] == (0.2023, 0.1994, 0.2010)
+        assert cfg['license'] and cfg['paper_ids'] and cfg['first_conv'] and cfg['classifier']
+
+
+def test_create_without_pretrained_never_touches_the_network(monkeypatch):
+    def no_network(*args, **kwargs):
+        raise AssertionError('create_model(pretrained=False) opened a connection')
+    monkeypatch.setattr(socket.socket, 'connect', no_network)
+    monkeypatch.setattr(socket, 'getaddrinfo', no_network)
+    for name in SA_MODELS + ('resnet18_cifar',):
+        timm.create_model(name, pretrained=False, **({} if name == 'resnet18_cifar' else SMALL if name != 'sa_gen_pruned' else dict(SMALL, heads_per_layer=(1, 2))))
+
+
+def test_resnet18_cifar_keeps_the_resolution_in_its_stem():
+    model = timm.create_model('resnet18_cifar')
+    assert isinstance(model.maxpool, nn.Identity)
+    assert model.conv1.kernel_size == (3, 3) and model.conv1.stride == (1, 1) and model.conv1.bias is None
+    features = timm.create_model('resnet18_cifar', features_only=True)
+    shapes = [f.shape[-1] for f in features(torch.randn(1, 3, 32, 32))]
+    assert shapes == [32, 32, 16, 8, 4]
+    assert features.feature_info.reduction() == [1, 1, 2, 4, 8]
