@@ -134,8 +134,9 @@ def test_generalized_applies_all_heads_in_one_product(monkeypatch):
         calls.append((tuple(a.shape), tuple(b.shape)))
         return real_matmul(a, b)
     monkeypatch.setattr(torch, 'matmul', counting_matmul)
-    layer(torch.randn(4, 16, 16, layer.dim))
-    assert calls == [((16 * 16 * layer.num_heads, 16 * 16), (4, 16 * 16, layer.dim))]
+    layer.grid_major = True
+    layer(torch.randn(16, 16, 4, layer.dim))  # grid-major, as the models call it
+    assert calls == [((layer.num_heads, 16 * 16, 16 * 16), (16 * 16, 4 * layer.dim))]
 
 
 @pytest.mark.parametrize('kind', ('quadratic', 'generalized', 'learned'))
@@ -217,3 +218,23 @@ def test_dense_attention_context_manager_restores_the_mode():
 def test_unknown_kind_is_a_clear_error():
     with pytest.raises(ValueError, match='quadratic'):
         PositionalAttention(4, 2, 'gaussian')
+
+
+@pytest.mark.parametrize('bias', (True, False))
+def test_heads_linear_equals_linear_over_concatenated_heads(bias):
+    from sa_vision.layers import HeadsLinear
+    torch.manual_seed(0)
+    heads, D, out_features = 3, 5, 4
+    layer = HeadsLinear(heads * D, out_features, bias=bias).double()
+    stacked = torch.randn(heads, 2, 6, 7, D, dtype=torch.float64, requires_grad=True)
+    out = layer(stacked)
+    # reference: concatenate the heads along channels (head-major) and apply a plain Linear
+    concatenated = stacked.permute(1, 2, 3, 0, 4).reshape(2, 6, 7, heads * D)
+    ref = torch.nn.functional.linear(concatenated, layer.weight, layer.bias)
+    torch.testing.assert_close(out, ref)
+    weights = torch.randn_like(ref)
+    params = [stacked] + list(layer.parameters())
+    for g, rg in zip(torch.autograd.grad((out * weights).sum(), params),
+                     torch.autograd.grad((ref * weights).sum(), params)):
+        torch.testing.assert_close(g, rg)
+    torch.autograd.gradcheck(lambda t: layer(t), (stacked[:, :1, :2, :2].detach().requires_grad_(),))

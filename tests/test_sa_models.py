@@ -72,8 +72,10 @@ def test_embedding_is_space_to_depth_then_linear():
     # the original order, built element by element
     b, i, j, di, dj, c = 1, 2, 3, 1, 0, 2
     assert blocks[b, i, j, 6 * di + 3 * dj + c] == x[b, c, 2 * i + di, 2 * j + dj]
-    expected = blocks @ embed.linear_weight().T + embed.proj.bias
-    torch.testing.assert_close(embed(x), expected)
+    expected = blocks @ embed.linear_weight().T + embed.proj.bias  # B, h, w, D
+    torch.testing.assert_close(embed(x), expected.permute(1, 2, 0, 3))  # the embedding is grid-major
+    # and the stored kernel is the equivalent 2x2 stride-2 convolution
+    torch.testing.assert_close(embed.proj(x).permute(0, 2, 3, 1), expected)
 
 
 @pytest.mark.parametrize('shape, message', [
@@ -192,3 +194,49 @@ def test_resnet18_cifar_keeps_the_resolution_in_its_stem():
     shapes = [f.shape[-1] for f in features(torch.randn(1, 3, 32, 32))]
     assert shapes == [32, 32, 16, 8, 4]
     assert features.feature_info.reduction() == [1, 1, 2, 4, 8]
+
+
+@pytest.mark.parametrize('name', SA_MODELS)
+def test_fuse_folds_value_and_dense_exactly(name):
+    model = small_model(name).eval()
+    x = torch.randn(2, 3, 16, 16)
+    expected = model(x)
+    model.fuse()
+    assert all(isinstance(blk.proj, nn.Identity) for blk in model.blocks)
+    torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'))
+def test_cached_probabilities_follow_parameter_changes(name):
+    from sa_vision.layers import dense_attention
+    model = small_model(name).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        first = model(x)
+        torch.testing.assert_close(model(x), first, rtol=0, atol=0)  # served from the cache
+        for blk in model.blocks:  # an optimizer-like in-place update of the positional parameters
+            for p in blk.attn.position.parameters():
+                p.add_(0.3)
+        updated = model(x)
+        with dense_attention(model):
+            reference = model(x)
+    assert not torch.allclose(updated, first)
+    torch.testing.assert_close(updated, reference, rtol=1e-5, atol=1e-5)
+    # load_state_dict copies in place too
+    other = small_model(name).eval()
+    with torch.no_grad():
+        other(x)
+        other.load_state_dict(model.state_dict())
+        torch.testing.assert_close(other(x), updated, rtol=1e-6, atol=1e-6)
+
+
+def test_drop_path_drops_whole_samples():
+    model = small_model('sa_quadratic_cifar', drop_path_rate=0.9, proj_drop_rate=0., attn_drop_rate=0.).train()
+    x = torch.randn(1, 3, 8, 8).expand(6, -1, -1, -1)
+    torch.manual_seed(3)
+    features = model.forward_features(x)
+    # each sample keeps or drops a branch as a whole: samples are either identical or differ everywhere
+    for b in range(1, 6):
+        same = torch.isclose(features[b], features[0])
+        assert same.all() or not same.any()
+    assert any(not torch.allclose(features[b], features[0]) for b in range(1, 6))

@@ -33,7 +33,7 @@ the input and draws an ordinary per-sample mask.
 """
 import contextlib
 import math
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from timm.layers import register_notrace_module
 
 __all__ = [
-    'ATTENTION_KINDS', 'PositionalAttention', 'QuadraticScores', 'GeneralizedScores',
+    'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'QuadraticScores', 'GeneralizedScores',
     'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts', 'dense_attention',
 ]
 
@@ -193,9 +193,15 @@ class ContentScores(nn.Module):
 
 @register_notrace_module  # shapes drive the computation; FX keeps the layer whole
 class PositionalAttention(nn.Module):
-    """Multi-head positional self-attention over a token grid, ``B x h x w x D -> B x h x w x (heads*D)``.
+    """Multi-head positional self-attention over a token grid.
 
-    Output channel ``n * D + d`` is channel ``d`` of head ``n``'s weighted average of the input.
+    ``forward``: ``B x h x w x D -> B x h x w x (heads*D)``; output channel ``n * D + d`` is channel ``d`` of
+    head ``n``'s weighted average of the input. With ``grid_major=True`` (as the models use it) ``forward``
+    is :meth:`mix`: the same on the layout ``h x w x B x D -> heads x h x w x B x D``, where every step is
+    one large matrix product and no tensor of the size of the output is ever permuted.
+
+    In eval mode without autograd the probabilities are cached per grid size and recomputed only when a
+    parameter changes (in place, e.g. an optimizer step or ``load_state_dict``, or by replacement).
     """
 
     def __init__(
@@ -206,6 +212,7 @@ class PositionalAttention(nn.Module):
             attn_drop: float = 0.1,
             max_shift: int = 15,
             dense: bool = False,
+            grid_major: bool = False,
             device=None,
             dtype=None,
     ):
@@ -228,6 +235,8 @@ class PositionalAttention(nn.Module):
             self.position = LearnedScores(dim, num_heads, max_shift=max_shift, **dd)
         self.content = ContentScores(dim, num_heads, **dd) if kind == 'content' else None
         self.separable: bool = self.position.separable and self.content is None
+        self.grid_major = grid_major
+        self._probs_cache: Dict = {}
 
     def position_probs(self, grid_h: int, grid_w: int) -> Tensor:
         """Content-free attention probabilities ``(heads, h*w, h*w)`` as ``[head, query, key]``, no dropout.
@@ -237,44 +246,77 @@ class PositionalAttention(nn.Module):
         return self.position.grid_scores(grid_h, grid_w).softmax(dim=-1)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.content is not None:
-            return self._forward_content(x)
-        if self.separable and not self.dense:
-            return self._forward_separable(x)
-        return self._forward_dense(x)
-
-    def _forward_separable(self, x: Tensor) -> Tensor:
+        if self.grid_major:
+            return self.mix(x)
         B, H, W, D = x.shape
+        mixed = self.mix(x.permute(1, 2, 0, 3).contiguous())  # heads, H, W, B, D
+        return mixed.permute(3, 1, 2, 0, 4).reshape(B, H, W, self.num_heads * D)
+
+    def mix(self, x: Tensor) -> Tensor:
+        """Grid-major attention: ``x`` is ``h x w x B x D``, the result ``heads x h x w x B x D``."""
+        if self.content is not None:
+            return self._mix_content(x)
+        if self.separable and not self.dense:
+            return self._mix_separable(x)
+        return self._mix_dense(x)
+
+    def _axis_probs(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        if torch.jit.is_scripting():
+            return self._compute_axis_probs(grid_h, grid_w)
+        else:
+            return self._cached(self._compute_axis_probs, grid_h, grid_w)
+
+    def _grid_probs(self, grid_h: int, grid_w: int) -> Tensor:
+        if torch.jit.is_scripting():
+            return self.position_probs(grid_h, grid_w)
+        else:
+            return self._cached(self.position_probs, grid_h, grid_w)
+
+    def _compute_axis_probs(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        row_scores, col_scores = self.position.axis_scores(grid_h, grid_w)
+        return row_scores.softmax(dim=-1), col_scores.softmax(dim=-1)
+
+    @torch.jit.unused
+    def _cached(self, compute: Callable, grid_h: int, grid_w: int):
+        """``compute(grid_h, grid_w)``, reused while nothing it depends on has changed (eval, no autograd)."""
+        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return compute(grid_h, grid_w)
+        # a parameter changes its version when modified in place and its storage when replaced
+        key = (compute.__name__, grid_h, grid_w) + tuple(
+            (p.data_ptr(), p._version, p.dtype, p.device) for p in self.position.parameters())
+        if key not in self._probs_cache:
+            self._probs_cache = {key: compute(grid_h, grid_w)}
+        return self._probs_cache[key]
+
+    def _mix_separable(self, x: Tensor) -> Tensor:
+        H, W, B, D = x.shape
         heads = self.num_heads
-        row_scores, col_scores = self.position.axis_scores(H, W)
-        row_probs = row_scores.softmax(dim=-1)  # heads, H, H
-        col_probs = col_scores.softmax(dim=-1)  # heads, W, W
+        row_probs, col_probs = self._axis_probs(H, W)  # (heads, H, H), (heads, W, W)
         if self.training and self.attn_drop > 0.:
             axis_drop = 1.0 - math.sqrt(1.0 - self.attn_drop)
             row_probs = F.dropout(row_probs, axis_drop, True)
             col_probs = F.dropout(col_probs, axis_drop, True)
-        # rows: (heads*H, H) @ (B, H, W*D) -> (B, heads*H, W*D), mixes rows of every head at once
-        mixed = torch.matmul(row_probs.reshape(heads * H, H), x.reshape(B, H, W * D))
-        mixed = mixed.view(B, heads, H, W, D)
-        # columns: (1, heads, 1, W, W) @ (B, heads, H, W, D) -> (B, heads, H, W, D)
-        mixed = torch.matmul(col_probs[None, :, None], mixed)
-        return mixed.permute(0, 2, 3, 1, 4).reshape(B, H, W, heads * D)
+        # rows of every head at once: (heads*H, H) @ (H, W*B*D) -> (heads*H, W*B*D)
+        mixed = torch.mm(row_probs.reshape(heads * H, H), x.reshape(H, W * B * D))
+        # columns: (heads, 1, W, W) @ (heads, H, W, B*D) -> (heads, H, W, B*D)
+        mixed = torch.matmul(col_probs[:, None], mixed.view(heads, H, W, B * D))
+        return mixed.view(heads, H, W, B, D)
 
-    def _forward_dense(self, x: Tensor) -> Tensor:
-        B, H, W, D = x.shape
-        probs = self.position.grid_scores(H, W).softmax(dim=-1)  # heads, HW(query), HW(key)
+    def _mix_dense(self, x: Tensor) -> Tensor:
+        H, W, B, D = x.shape
+        probs = self._grid_probs(H, W)  # heads, HW (query), HW (key)
         if self.training and self.attn_drop > 0.:
             probs = F.dropout(probs, self.attn_drop, True)
-        # (HW*heads, HW) @ (B, HW, D) -> (B, HW*heads, D): queries outer, heads inner, as Value expects
-        probs = probs.transpose(0, 1).reshape(H * W * self.num_heads, H * W)
-        out = torch.matmul(probs, x.reshape(B, H * W, D))
-        return out.view(B, H, W, self.num_heads * D)
+        # every head in one product: (heads, HW, HW) @ (HW, B*D) -> (heads, HW, B*D)
+        mixed = torch.matmul(probs, x.reshape(H * W, B * D))
+        return mixed.view(self.num_heads, H, W, B, D)
 
-    def _forward_content(self, x: Tensor) -> Tensor:
-        B, H, W, D = x.shape
-        tokens = x.reshape(B, H * W, D)
-        assert self.content is not None
-        q, k = self.content(tokens)  # B, heads, HW, D
+    def _mix_content(self, x: Tensor) -> Tensor:
+        H, W, B, D = x.shape
+        content = self.content
+        assert content is not None
+        tokens = x.reshape(H * W, B, D).transpose(0, 1)  # B, HW, D
+        q, k = content(tokens)  # B, heads, HW, D
         position_scores = self.position.grid_scores(H, W)  # heads, HW, HW
         values = tokens[:, None].expand(B, self.num_heads, H * W, D)
         out = F.scaled_dot_product_attention(
@@ -282,10 +324,70 @@ class PositionalAttention(nn.Module):
             attn_mask=position_scores.to(q.dtype)[None],
             dropout_p=self.attn_drop if self.training else 0.,
         )  # B, heads, HW, D
-        return out.transpose(1, 2).reshape(B, H, W, self.num_heads * D)
+        return out.permute(1, 2, 0, 3).reshape(self.num_heads, H, W, B, D)
 
     def extra_repr(self) -> str:
         return f'dim={self.dim}, num_heads={self.num_heads}, kind={self.kind}, dense={self.dense}'
+
+
+class _HeadsLinearFunction(torch.autograd.Function):
+    """``out = bias + sum_n heads[n] @ weight[:, n*D:(n+1)*D]^T`` with a backward that writes every head's
+    gradient straight into place (autograd's own backward of per-head slices would zero-fill and add
+    full-size buffers once per head)."""
+
+    @staticmethod
+    def forward(ctx, heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        num_heads, _, D = heads.shape  # heads, tokens, D
+        ctx.save_for_backward(heads, weight)
+        ctx.has_bias = bias is not None
+        out = torch.mm(heads[0], weight[:, :D].t())
+        for n in range(1, num_heads):
+            out.addmm_(heads[n], weight[:, n * D:(n + 1) * D].t())
+        if bias is not None:
+            out.add_(bias)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        heads, weight = ctx.saved_tensors
+        num_heads, _, D = heads.shape
+        grad_heads = grad_weight = grad_bias = None
+        if ctx.needs_input_grad[0]:
+            grad_heads = heads.new_empty(heads.shape)
+            for n in range(num_heads):
+                torch.mm(grad_out, weight[:, n * D:(n + 1) * D], out=grad_heads[n])
+        if ctx.needs_input_grad[1]:
+            # row blocks of the transposed gradient are contiguous: fill them in place
+            grad_weight_t = weight.new_empty(weight.shape[1], weight.shape[0])
+            for n in range(num_heads):
+                torch.mm(heads[n].t(), grad_out, out=grad_weight_t[n * D:(n + 1) * D])
+            grad_weight = grad_weight_t.t()
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_bias = grad_out.sum(0)
+        return grad_heads, grad_weight, grad_bias
+
+
+@register_notrace_module  # loops over the stacked heads; FX keeps it whole
+class HeadsLinear(nn.Linear):
+    """``Linear(heads*D -> out)`` applied to heads stacked in front: ``heads x ... x D -> ... x out``.
+
+    Same parameters (and state dict) as the Linear over the concatenated heads, but it reads each head's
+    block where it lies, as one accumulated matrix product per head, so the stacked heads are never
+    permuted into the concatenated layout.
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        heads, D = x.shape[0], x.shape[-1]
+        rows = x.reshape(heads, -1, D)  # heads, tokens, D
+        if torch.jit.is_scripting():
+            out = torch.mm(rows[0], self.weight[:, :D].t())
+            for n in range(1, heads):
+                out = torch.addmm(out, rows[n], self.weight[:, n * D:(n + 1) * D].t())
+            if self.bias is not None:
+                out = out + self.bias
+        else:
+            out = _HeadsLinearFunction.apply(rows, self.weight, self.bias)
+        return out.view(list(x.shape[1:-1]) + [self.out_features])
 
 
 @contextlib.contextmanager

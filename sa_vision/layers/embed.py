@@ -13,8 +13,10 @@ kernel in that order, so weights convert both ways without retraining.
 """
 from typing import Tuple
 
-import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+
+from timm.layers import register_notrace_module
 
 __all__ = ['SpaceToDepthEmbed', 'space_to_depth']
 
@@ -26,8 +28,12 @@ def space_to_depth(x: Tensor, block: int = 2) -> Tensor:
     return x.permute(0, 2, 4, 3, 5, 1).reshape(B, H // block, W // block, block * block * C)
 
 
+@register_notrace_module  # shapes drive the reshapes; FX keeps the layer whole
 class SpaceToDepthEmbed(nn.Module):
-    """Image ``B x C x H x W`` (H, W even) to a token grid ``B x H/2 x W/2 x embed_dim`` (channels last)."""
+    """Image ``B x C x H x W`` (H, W even) to a grid-major token grid ``H/2 x W/2 x B x embed_dim``.
+
+    Grid-major (batch inside the grid) is the layout the attention layers work in without copies.
+    """
 
     def __init__(self, in_chans: int = 3, embed_dim: int = 400, device=None, dtype=None):
         super().__init__()
@@ -43,4 +49,7 @@ class SpaceToDepthEmbed(nn.Module):
         return self.proj.weight.permute(0, 2, 3, 1).reshape(self.embed_dim, -1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.proj(x).permute(0, 2, 3, 1)
+        B, C, H, W = x.shape
+        # (B, C, i, di, j, dj) -> (i, j, B, C, di, dj): the kernel's (C, di, dj) order, tokens grid-major
+        blocks = x.reshape(B, C, H // 2, 2, W // 2, 2).permute(2, 4, 0, 1, 3, 5).reshape(H // 2, W // 2, B, C * 4)
+        return F.linear(blocks, self.proj.weight.reshape(self.embed_dim, C * 4), self.proj.bias)

@@ -16,20 +16,23 @@ token; post-norm layers ``Y = LN(X + Dropout(Dense(Value(attention(X)))))`` and
 :mod:`sa_vision.layers.attention`); mean over the grid and a linear classifier. Value and Dense are two
 stacked Linear maps, kept apart for parameter fidelity with the released implementation.
 
-The token grid is kept channels-last (``B x h x w x C``) throughout, so ``forward_features`` returns
-NHWC (``output_fmt = 'NHWC'``, like timm's Swin).
+Inside the network the token grid is grid-major, ``h x w x B x D`` (batch inside the grid): both axis
+products of the separable attention and the Value projection are then single large matrix products and
+no activation of the size of the concatenated heads is ever permuted. ``forward_features`` returns the
+usual channels-last ``B x h x w x D`` (a view; ``output_fmt = 'NHWC'``, like timm's Swin).
 """
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from torch import Tensor, nn
 
-from timm.layers import DropPath, Mlp, calculate_drop_path_rates
+from timm.layers import Mlp, calculate_drop_path_rates
 from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, generate_default_cfgs, register_model
 from timm.models import register_notrace_function
 from timm.models._features import feature_take_indices
 
-from ..layers import ATTENTION_KINDS, PositionalAttention, SpaceToDepthEmbed
+from ..hub import explain_unavailable_weights
+from ..layers import ATTENTION_KINDS, HeadsLinear, PositionalAttention, SpaceToDepthEmbed
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 
 __all__ = ['SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
@@ -52,8 +55,26 @@ def check_image_shape(x: Tensor, in_chans: int) -> None:
             f'got shape {list(x.shape)}; crop or pad the image to an even size')
 
 
+class SampleDropPath(nn.Module):
+    """Stochastic depth on the grid-major layout ``h x w x B x D``: one keep/drop draw per sample."""
+
+    def __init__(self, drop_prob: float = 0.):
+        super().__init__()
+        self.drop_prob = drop_prob
+
+    def forward(self, x: Tensor) -> Tensor:
+        if self.drop_prob == 0. or not self.training:
+            return x
+        keep_prob = 1. - self.drop_prob
+        keep = x.new_empty(1, 1, x.shape[2], 1).bernoulli_(keep_prob)
+        return x * keep / keep_prob
+
+
 class SelfAttentionBlock(nn.Module):
-    """One post-norm layer: positional attention, Value, Dense, residual + LN; MLP, residual + LN."""
+    """One post-norm layer: positional attention, Value, Dense, residual + LN; MLP, residual + LN.
+
+    Works on the grid-major layout ``h x w x B x D``.
+    """
 
     def __init__(
             self,
@@ -72,21 +93,33 @@ class SelfAttentionBlock(nn.Module):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
-        self.attn = PositionalAttention(dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, **dd)
-        self.value = nn.Linear(num_heads * dim, dim, **dd)
+        self.attn = PositionalAttention(
+            dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, grid_major=True, **dd)
+        self.value = HeadsLinear(num_heads * dim, dim, **dd)  # reads the heads stacked by the attention
         self.proj = nn.Linear(dim, dim, **dd)  # the original's "Dense"
         self.proj_drop = nn.Dropout(proj_drop)
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.drop_path1 = SampleDropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **dd)
         # exact (erf) GELU; the original drops out only after the second Linear
         self.mlp = Mlp(dim, hidden_features=mlp_hidden_dim, act_layer=nn.GELU, drop=(0., proj_drop), **dd)
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.drop_path2 = SampleDropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
 
     def forward(self, x: Tensor) -> Tensor:
         x = self.norm1(x + self.drop_path1(self.proj_drop(self.proj(self.value(self.attn(x))))))
         x = self.norm2(x + self.drop_path2(self.mlp(x)))
         return x
+
+    @torch.no_grad()
+    def fuse(self) -> None:
+        """Fold Dense into Value (two stacked Linear maps -> one) for inference; exact up to rounding."""
+        if isinstance(self.proj, nn.Identity):
+            return
+        fused = HeadsLinear(self.value.in_features, self.proj.out_features,
+                            device=self.value.weight.device, dtype=self.value.weight.dtype)
+        fused.weight.copy_(self.proj.weight @ self.value.weight)
+        fused.bias.copy_(self.proj.weight @ self.value.bias + self.proj.bias)
+        self.value, self.proj = fused, nn.Identity()
 
 
 class SelfAttentionNet(nn.Module):
@@ -241,10 +274,11 @@ class SelfAttentionNet(nn.Module):
             else:
                 x = blk(x)
             if i in take_indices:
-                intermediates.append(x.permute(0, 3, 1, 2).contiguous() if output_fmt == 'NCHW' else x)
+                # grid-major (h, w, B, D) -> NCHW or NHWC
+                intermediates.append(x.permute(2, 3, 0, 1).contiguous() if output_fmt == 'NCHW' else x.permute(2, 0, 1, 3))
         if intermediates_only:
             return intermediates
-        return x, intermediates
+        return x.permute(2, 0, 1, 3), intermediates
 
     def prune_intermediate_layers(
             self,
@@ -263,12 +297,20 @@ class SelfAttentionNet(nn.Module):
     def forward_features(self, x: Tensor) -> Tensor:
         """Image ``B x C x H x W`` (H, W even) to the token grid ``B x H/2 x W/2 x D``."""
         check_image_shape(x, self.in_chans)
-        x = self.patch_embed(x)
+        x = self.patch_embed(x)  # H/2, W/2, B, D: the blocks work grid-major
         if self.grad_checkpointing and not torch.jit.is_scripting():
             x = checkpoint_seq(self.blocks, x)
         else:
             x = self.blocks(x)
-        return x
+        return x.permute(2, 0, 1, 3)
+
+    @torch.no_grad()
+    def fuse(self) -> 'SelfAttentionNet':
+        """Deploy switch: fold every layer's Value and Dense into one Linear. Inference only; the state
+        dict then no longer matches the training layout."""
+        for blk in self.blocks:
+            blk.fuse()
+        return self
 
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         if self.global_pool == 'avg':
@@ -284,13 +326,14 @@ class SelfAttentionNet(nn.Module):
 
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(
-        SelfAttentionNet,
-        variant,
-        pretrained,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-        **kwargs,
-    )
+    with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg')):
+        return build_model_with_cfg(
+            SelfAttentionNet,
+            variant,
+            pretrained,
+            feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+            **kwargs,
+        )
 
 
 def _cfg(**kwargs) -> Dict:
