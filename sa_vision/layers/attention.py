@@ -342,7 +342,8 @@ class _HeadsLinearFunction(torch.autograd.Function):
         ctx.has_bias = bias is not None
         out = torch.mm(heads[0], weight[:, :D].t())
         for n in range(1, num_heads):
-            out.addmm_(heads[n], weight[:, n * D:(n + 1) * D].t())
+            # the out= form accumulates in place and, unlike addmm_, is seen by FLOP counters
+            torch.addmm(out, heads[n], weight[:, n * D:(n + 1) * D].t(), out=out)
         if bias is not None:
             out.add_(bias)
         return out
