@@ -240,3 +240,16 @@ def test_drop_path_drops_whole_samples():
         same = torch.isclose(features[b], features[0])
         assert same.all() or not same.any()
     assert any(not torch.allclose(features[b], features[0]) for b in range(1, 6))
+
+
+@pytest.mark.slow
+def test_torch_compile_for_inference_and_training():
+    model = small_model('sa_quadratic_cifar')
+    compiled = torch.compile(model)
+    x = torch.randn(4, 3, 16, 16)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+    model.train()
+    compiled(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
