@@ -1,0 +1,572 @@
+""" Measuring tools: MAC counts, the machine's matmul rate, peak memory and alternating A/B throughput
+
+Used by ``scripts/benchmark.py`` (a thin CLI) and by the README / model cards (:func:`count_macs`).
+
+Conventions
+* MACs are multiply-accumulates of one forward pass at batch 1, counted by
+  ``torch.utils.flop_counter.FlopCounterMode`` (matrix products of every kind, attention included;
+  elementwise work such as softmax, GELU or LayerNorm is not counted) and halved: ``MACs = FLOPs / 2``.
+* Unavoidable MACs (:func:`unavoidable_macs`) are computed analytically from a model's configuration:
+  the Linear layers plus the attention products in their cheapest exact form (separable kinds
+  ``h*w*(h+w)*D`` per head, generalized ``(h*w)^2*D`` per head). A training step is counted as three
+  forward passes.
+* Peak memory is the peak of memory allocated *during* one step on top of what was alive before it
+  (parameters, optimizer state and the input are the baseline and are reported apart). On CUDA it is
+  ``torch.cuda.max_memory_allocated`` minus the allocation before the step; on CPU it is the peak total
+  size of the tensor storages produced by ATen operators while the step runs, tracked by a
+  ``TorchDispatchMode`` (:class:`LiveTensorMemory`). The CPU figure excludes kernel-internal scratch
+  buffers (oneDNN/BLAS workspaces) and allocator overhead, so it is a lower bound of the process's
+  resident growth; it is exact for what the model's own tensors need.
+* Throughput is images/s; every figure is the median over several timed runs after warm-up. Several
+  variants are timed alternately (A, B, A, B, ...) in one process, so background load hits them alike;
+  only their ratios are meant to be quoted.
+"""
+import contextlib
+import copy
+import dataclasses
+import importlib.util
+import os
+import statistics
+import time
+import weakref
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+from torch.utils.flop_counter import FlopCounterMode
+
+__all__ = [
+    'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
+    'resolve_device', 'PAPER_KINDS', 'default_paper_dense_path', 'load_paper_dense', 'paper_model_like',
+    'Variant', 'build_variants', 'benchmark_variants', 'format_results', 'profile_train_step',
+]
+
+
+# ----------------------------------------------------------------------------------------------------------
+# counting
+
+def _as_input_size(input_size) -> Tuple[int, int, int]:
+    if isinstance(input_size, int):
+        return (3, input_size, input_size)
+    input_size = tuple(int(s) for s in input_size)
+    if len(input_size) == 2:
+        return (3,) + input_size
+    if len(input_size) != 3:
+        raise ValueError(f'input_size must be (C, H, W), (H, W) or an int, got {input_size}')
+    return input_size
+
+
+def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
+    """Multiply-accumulates of one forward pass of ``model`` on a ``(batch_size, *input_size)`` input.
+
+    Counted with ``FlopCounterMode`` in eval mode without gradients (every matrix product, attention
+    included; elementwise operations are not counted) and returned as ``FLOPs // 2``. A model whose
+    input is not an image may be given ``input_size`` as the full shape after the batch dimension.
+    """
+    if isinstance(input_size, int):
+        shape = _as_input_size(input_size)
+    else:
+        shape = tuple(int(s) for s in input_size)
+    try:
+        param = next(model.parameters())
+        device, dtype = param.device, (param.dtype if param.is_floating_point() else torch.float32)
+    except StopIteration:
+        device, dtype = torch.device('cpu'), torch.float32
+    was_training = model.training
+    model.eval()
+    try:
+        x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
+        counter = FlopCounterMode(display=False)
+        with torch.no_grad(), counter:
+            model(x)
+    finally:
+        model.train(was_training)
+    return int(counter.get_total_flops()) // 2
+
+
+def unavoidable_macs_from_config(
+        embed_dim: int,
+        heads_per_layer: Sequence[int],
+        mlp_hidden_dim: int,
+        attn_kind: str,
+        grid: Tuple[int, int],
+        in_chans: int = 3,
+        num_classes: int = 10,
+) -> int:
+    """Forward MACs per image that an exact implementation cannot avoid (see the module docstring).
+
+    Linear layers: embedding ``(4*in_chans) -> D`` per token; per layer Value ``heads*D -> D``, Dense
+    ``D -> D`` and the MLP ``D -> M -> D`` per token; the learned kind's key maps on the ``h x h`` and
+    ``w x w`` shift tables; the content kind's query/key maps; the classifier once per image. Attention:
+    ``h*w*(h+w)*D`` per head for the separable kinds (quadratic, learned), ``(h*w)^2*D`` per head for
+    generalized, and ``2*(h*w)^2*D`` per head (scores and weighted sum) for content.
+    """
+    h, w = grid
+    n, d = h * w, embed_dim
+    macs = n * 4 * in_chans * d
+    for heads in heads_per_layer:
+        macs += n * (heads * d * d + d * d + 2 * d * mlp_hidden_dim)
+        if attn_kind in ('quadratic', 'learned'):
+            macs += heads * n * (h + w) * d
+            if attn_kind == 'learned':
+                macs += (h * h + w * w) * d * heads
+        elif attn_kind == 'generalized':
+            macs += heads * n * n * d
+        elif attn_kind == 'content':
+            macs += (h * h + w * w) * d * heads  # positional key maps (learned part)
+            macs += 2 * n * d * heads * d  # query and key maps
+            macs += 2 * heads * n * n * d  # q.k scores and the weighted sum
+        else:
+            raise ValueError(f'unknown attention kind {attn_kind!r}')
+    macs += d * num_classes
+    return int(macs)
+
+
+def unavoidable_macs(model: nn.Module, input_size=(3, 32, 32)) -> int:
+    """:func:`unavoidable_macs_from_config` read from an ``sa_vision`` SelfAttentionNet's configuration."""
+    c, H, W = _as_input_size(input_size)
+    blocks = list(model.blocks)
+    mlp_hidden = blocks[0].mlp.fc1.out_features if blocks else 0
+    head = getattr(model, 'head', None)
+    num_classes = head.out_features if isinstance(head, nn.Linear) else 0
+    return unavoidable_macs_from_config(
+        model.embed_dim, tuple(model.heads_per_layer), mlp_hidden, model.attn_kind,
+        (H // 2, W // 2), in_chans=c, num_classes=num_classes)
+
+
+def matmul_rate(
+        n: int = 2048,
+        iters: int = 5,
+        runs: int = 5,
+        device=None,
+        dtype: torch.dtype = torch.float32,
+) -> float:
+    """The machine's matrix-multiply rate in GFLOP/s: median over ``runs`` of ``iters`` ``n x n`` torch.mm,
+    at the current ``torch.get_num_threads()``."""
+    device = resolve_device(device)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(2):
+        torch.mm(a, b, out=out)
+    rates = []
+    for _ in range(runs):
+        _sync(device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            torch.mm(a, b, out=out)
+        _sync(device)
+        rates.append(2.0 * n ** 3 * iters / (time.perf_counter() - t0) / 1e9)
+    return statistics.median(rates)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# memory
+
+class LiveTensorMemory(TorchDispatchMode):
+    """Tracks the total size of tensor storages created by ATen operators while active, and its peak.
+
+    Every operator output whose storage was not seen before is added when it is produced and removed
+    when its storage is freed (a weakref finalizer on the storage). Storages alive before the mode was
+    entered (parameters, inputs, optimizer state) are not counted. Kernel-internal scratch memory that
+    never becomes a tensor is invisible to it.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self._sizes: Dict[int, int] = {}
+
+    def _free(self, key: int) -> None:
+        self.live -= self._sizes.pop(key, 0)
+
+    def _track(self, t: torch.Tensor) -> None:
+        if t.is_sparse or t.device.type == 'meta':
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = st._cdata
+        if key in self._sizes:
+            return
+        size = st.nbytes()
+        self._sizes[key] = size
+        self.live += size
+        self.peak = max(self.peak, self.live)
+        weakref.finalize(st, self._free, key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._track(t)
+        return out
+
+
+@contextlib.contextmanager
+def _peak_memory(device: torch.device):
+    """Yields a dict whose 'peak' is set on exit to the peak bytes allocated inside the block."""
+    result = {'peak': None}
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        yield result
+        torch.cuda.synchronize(device)
+        result['peak'] = torch.cuda.max_memory_allocated(device) - before
+    else:
+        tracker = LiveTensorMemory()
+        with tracker:
+            yield result
+        result['peak'] = tracker.peak
+
+
+def _tensor_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            if st._cdata not in seen:
+                seen.add(st._cdata)
+                total += st.nbytes()
+    return total
+
+
+# ----------------------------------------------------------------------------------------------------------
+# variants
+
+PAPER_KINDS = {
+    'sa_quadratic_cifar': ('quadratic', None),
+    'sa_gen_cifar': ('generalized', None),
+    'sa_gen_pruned': ('generalized', (7, 5, 8, 7, 3, 9)),
+    'sa_learned_cifar': ('learned', None),
+}
+
+
+def resolve_device(device=None) -> torch.device:
+    if device is None or device == 'auto' or device == '':
+        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
+    return torch.device(device)
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def default_paper_dense_path() -> str:
+    """``<repo>/../shared/bench/paper_dense.py`` (the repository is the parent of this package)."""
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return os.path.normpath(os.path.join(repo, '..', 'shared', 'bench', 'paper_dense.py'))
+
+
+def load_paper_dense(path: Optional[str] = None):
+    """Load the standalone paper-formulation module from ``path`` at run time (never imported by name)."""
+    path = path or default_paper_dense_path()
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'paper dense formulation not found at {path}; pass --paper-dense PATH')
+    spec = importlib.util.spec_from_file_location('_sa_bench_paper_dense', path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def paper_model_like(model_name: str, model: nn.Module, path: Optional[str] = None) -> nn.Module:
+    """The paper's dense formulation (``DenseSA(kind, heads)``) with the same kind, heads, width and classes."""
+    if model_name not in PAPER_KINDS:
+        raise ValueError(f'no paper formulation for {model_name!r}; known: {sorted(PAPER_KINDS)}')
+    kind, heads = PAPER_KINDS[model_name]
+    heads = tuple(heads) if heads is not None else tuple(model.heads_per_layer)
+    module = load_paper_dense(path)
+    head = getattr(model, 'head', None)
+    num_classes = head.out_features if isinstance(head, nn.Linear) else 10
+    return module.DenseSA(kind, heads, dim=model.embed_dim, num_classes=num_classes)
+
+
+@dataclasses.dataclass
+class Variant:
+    """One thing to time: a model (and a context active around its steps, e.g. the dense switch)."""
+    name: str
+    model: nn.Module
+    context: Callable[[], Any] = contextlib.nullcontext
+    infer_model: Optional[nn.Module] = None  # e.g. a fused copy for inference
+
+
+def _maybe_fused(model: nn.Module, fuse: bool) -> Optional[nn.Module]:
+    if not fuse:
+        return None
+    if not hasattr(model, 'fuse'):
+        raise RuntimeError(f'{type(model).__name__} has no fuse() method')
+    fused = copy.deepcopy(model).eval()
+    out = fused.fuse()
+    return out if isinstance(out, nn.Module) else fused
+
+
+def build_variants(
+        model_name: str,
+        compare: Sequence[str] = (),
+        paper_dense: Optional[str] = None,
+        fuse: bool = False,
+        **model_kwargs,
+) -> List[Variant]:
+    """The model itself, then each of ``compare`` ('dense': same weights through the plain dense formula;
+    'paper': the paper's dense formulation loaded from ``paper_dense``)."""
+    import timm
+    import sa_vision  # noqa: F401  (registers the models)
+    model = timm.create_model(model_name, **model_kwargs)
+    variants = [Variant(model_name, model, infer_model=_maybe_fused(model, fuse))]
+    for other in compare:
+        if other == 'dense':
+            from sa_vision.layers import dense_attention
+            dense_model = copy.deepcopy(model)  # same weights
+            variants.append(Variant(
+                f'{model_name}[dense]', dense_model, context=lambda m=dense_model: dense_attention(m)))
+        elif other == 'paper':
+            variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model, paper_dense)))
+        else:
+            raise ValueError(f'unknown comparison {other!r}; use dense or paper')
+    return variants
+
+
+# ----------------------------------------------------------------------------------------------------------
+# timing
+
+class _Runner:
+    """Training step (forward, backward, SGD step) and inference for one variant."""
+
+    def __init__(
+            self, variant: Variant, batch_size: int, input_size, device: torch.device,
+            precision: str = 'float32', amp: bool = False, amp_dtype: str = 'bfloat16',
+            channels_last: bool = False, torchcompile: Optional[str] = None, lr: float = 1e-4,
+            num_classes: Optional[int] = None,
+    ):
+        self.variant, self.device, self.batch_size = variant, device, batch_size
+        dtype = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}[precision]
+        self.amp = amp
+        self.amp_dtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}[amp_dtype]
+        mf = torch.channels_last if channels_last else torch.contiguous_format
+        self.train_model = variant.model.to(device=device, dtype=dtype)
+        self.infer_model = (variant.infer_model or variant.model).to(device=device, dtype=dtype)
+        if channels_last:
+            self.train_model.to(memory_format=mf)
+            self.infer_model.to(memory_format=mf)
+        c, h, w = _as_input_size(input_size)
+        gen = torch.Generator().manual_seed(0)
+        self.x = torch.randn(batch_size, c, h, w, generator=gen).to(device=device, dtype=dtype).contiguous(
+            memory_format=mf)
+        if num_classes is None:
+            head = getattr(variant.model, 'head', None)
+            num_classes = head.out_features if isinstance(head, nn.Linear) else 10
+        self.target = torch.randint(0, num_classes, (batch_size,), generator=gen).to(device)
+        self.optimizer = torch.optim.SGD(self.train_model.parameters(), lr=lr, momentum=0.9)
+        self._prime_optimizer()
+        self.train_fn = self.train_model
+        self.infer_fn = self.infer_model
+        if torchcompile:
+            self.train_fn = torch.compile(self.train_model, backend=torchcompile)
+            self.infer_fn = torch.compile(self.infer_model, backend=torchcompile)
+
+    def _prime_optimizer(self) -> None:
+        """Create the optimizer state (momentum buffers) with a zero-gradient step, which leaves the weights
+        unchanged, so the state belongs to the baseline and not to the first measured step."""
+        params = [p for p in self.train_model.parameters() if p.requires_grad]
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def _autocast(self):
+        if self.amp:
+            return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
+        return contextlib.nullcontext()
+
+    def train_step(self) -> None:
+        self.train_model.train()
+        with self.variant.context():
+            self.optimizer.zero_grad(set_to_none=True)
+            with self._autocast():
+                loss = F.cross_entropy(self.train_fn(self.x), self.target)
+            loss.backward()
+            self.optimizer.step()
+
+    def infer_step(self) -> None:
+        self.infer_model.eval()
+        with self.variant.context(), torch.no_grad(), self._autocast():
+            self.infer_fn(self.x)
+
+    def time(self, fn: Callable[[], None], iters: int) -> float:
+        _sync(self.device)
+        t0 = time.perf_counter()
+        for _ in range(iters):
+            fn()
+        _sync(self.device)
+        return self.batch_size * iters / (time.perf_counter() - t0)
+
+    def peak(self, fn: Callable[[], None]) -> int:
+        with _peak_memory(self.device) as r:
+            fn()
+        return int(r['peak'])
+
+    def baseline_bytes(self) -> int:
+        state = [t for s in self.optimizer.state.values() for t in s.values() if isinstance(t, torch.Tensor)]
+        return _tensor_bytes(list(self.train_model.parameters()) + list(self.train_model.buffers()) + state)
+
+
+def benchmark_variants(
+        variants: Sequence[Variant],
+        batch_size: int = 32,
+        input_size=(3, 32, 32),
+        device=None,
+        bench: str = 'both',
+        warmup: int = 1,
+        runs: int = 3,
+        iters: int = 1,
+        measure_memory: bool = True,
+        matmul_size: Optional[int] = None,
+        log: Optional[Callable[[str], None]] = None,
+        **runner_kwargs,
+) -> List[Dict[str, Any]]:
+    """Time ``variants`` alternately (round r: A, B, ...; training then inference) and return one result row
+    per variant with median images/s, peak step memory and MACs. Ratios are added for every variant
+    after the first, relative to the first (``train_ratio = median(first) / median(this)``, i.e. > 1
+    means the first is faster; ``train_mem_ratio = peak(first) / peak(this)``).
+
+    With ``matmul_size``, every round also times the ``matmul_size``^2 float32 ``torch.mm`` rate
+    (:func:`matmul_rate`), so it sees the same load as the variants; its median is ``matmul_gflops``.
+
+    Warm-up: ``warmup`` plain steps of each kind, then one more step of each kind with peak-memory
+    tracking (on CPU the dispatch-mode tracker slows that step down, so it is never timed).
+    """
+    device = resolve_device(device)
+    log = log or (lambda s: None)
+    do_train, do_infer = bench in ('both', 'train'), bench in ('both', 'inference')
+    runners = [_Runner(v, batch_size, input_size, device, **runner_kwargs) for v in variants]
+    rows = []
+    for v, r in zip(variants, runners):
+        row = dict(
+            model=v.name, device=device.type, batch_size=batch_size,
+            input_size='x'.join(str(s) for s in _as_input_size(input_size)),
+            param_count=sum(p.numel() for p in r.train_model.parameters()),
+            threads=torch.get_num_threads(),
+        )
+        try:
+            with v.context():
+                row['macs'] = count_macs(r.infer_model, _as_input_size(input_size))
+        except Exception as e:  # counting must never stop the timing
+            log(f'{v.name}: MAC count failed: {e!r}')
+            row['macs'] = None
+        rows.append(row)
+    for v, r, row in zip(variants, runners, rows):
+        log(f'warm-up {v.name}')
+        for _ in range(warmup):
+            if do_train:
+                r.train_step()
+            if do_infer:
+                r.infer_step()
+        if measure_memory and not runner_kwargs.get('torchcompile'):
+            if do_train:
+                row['train_peak_mb'] = r.peak(r.train_step) / 2 ** 20
+                row['state_mb'] = r.baseline_bytes() / 2 ** 20
+            if do_infer:
+                row['infer_peak_mb'] = r.peak(r.infer_step) / 2 ** 20
+            log(f"peak memory {v.name}: train {row.get('train_peak_mb')} MB, infer {row.get('infer_peak_mb')} MB")
+    train_runs = [[] for _ in variants]
+    infer_runs = [[] for _ in variants]
+    matmul_runs = []
+    for k in range(runs):
+        if matmul_size:
+            matmul_runs.append(matmul_rate(matmul_size, iters=3, runs=1, device=device))
+        for i, (v, r) in enumerate(zip(variants, runners)):
+            if do_train:
+                train_runs[i].append(r.time(r.train_step, iters))
+            if do_infer:
+                infer_runs[i].append(r.time(r.infer_step, iters))
+            log(f'run {k + 1}/{runs} {v.name}: train {train_runs[i][-1:] } infer {infer_runs[i][-1:]} img/s')
+    for i, row in enumerate(rows):
+        if do_train and train_runs[i]:
+            row['train_samples_per_sec'] = statistics.median(train_runs[i])
+            row['train_runs'] = [round(x, 3) for x in train_runs[i]]
+        if do_infer and infer_runs[i]:
+            row['infer_samples_per_sec'] = statistics.median(infer_runs[i])
+            row['infer_runs'] = [round(x, 3) for x in infer_runs[i]]
+    if matmul_runs:
+        for row in rows:
+            row['matmul_gflops'] = statistics.median(matmul_runs)
+            row['matmul_runs'] = [round(x, 3) for x in matmul_runs]
+    first = rows[0]
+    for row in rows[1:]:
+        for key, ratio_key in (
+                ('train_samples_per_sec', 'train_ratio'), ('infer_samples_per_sec', 'infer_ratio'),
+                ('train_peak_mb', 'train_mem_ratio'), ('infer_peak_mb', 'infer_mem_ratio')):
+            if key in first and key in row and row[key]:
+                row[ratio_key] = first[key] / row[key]
+    return rows
+
+
+def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32, 32), row_limit: int = 15,
+                       warmup: int = 1) -> str:
+    """torch.profiler table (top ops by self CPU time) of one training step after ``warmup`` steps."""
+    runner = _Runner(Variant('profile', model), batch_size, input_size, torch.device('cpu'))
+    for _ in range(warmup):
+        runner.train_step()
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        runner.train_step()
+    return prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=row_limit)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# output
+
+TABLE_COLUMNS = (
+    'model', 'batch_size', 'train_samples_per_sec', 'infer_samples_per_sec', 'train_peak_mb', 'infer_peak_mb',
+    'macs', 'param_count', 'train_ratio', 'infer_ratio', 'train_mem_ratio',
+    'unavoidable_macs', 'train_unavoidable_gflops', 'matmul_gflops', 'matmul_fraction',
+)
+
+
+def _fmt(value) -> str:
+    if value is None:
+        return ''
+    if isinstance(value, float):
+        if abs(value) >= 100:
+            return f'{value:.1f}'
+        return f'{value:.3f}'
+    if isinstance(value, list):
+        return ' '.join(_fmt(v) for v in value)
+    return str(value)
+
+
+def format_results(rows: Sequence[Dict[str, Any]], fmt: str = 'table', columns: Optional[Sequence[str]] = None) -> str:
+    """Render result rows as an aligned text table (markdown pipes), CSV or JSON."""
+    import csv
+    import io
+    import json
+    if fmt == 'json':
+        return json.dumps(list(rows), indent=2)
+    columns = list(columns or [c for c in TABLE_COLUMNS if any(c in r for r in rows)])
+    if fmt == 'csv':  # every field, the table keeps to the main ones
+        extra = [k for r in rows for k in r if k not in columns]
+        for k in extra:
+            if k not in columns:
+                columns.append(k)
+    if fmt == 'csv':
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=columns, extrasaction='ignore', lineterminator='\n')
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({c: _fmt(r.get(c)) if isinstance(r.get(c), list) else r.get(c, '') for c in columns})
+        return buf.getvalue()
+    if fmt != 'table':
+        raise ValueError(f'unknown format {fmt!r}; use table, csv or json')
+    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
+    lines = ['| ' + ' | '.join(c.ljust(w) for c, w in zip(columns, widths)) + ' |',
+             '|' + '|'.join('-' * (w + 2) for w in widths) + '|']
+    lines += ['| ' + ' | '.join(v.ljust(w) for v, w in zip(row, widths)) + ' |' for row in cells]
+    return '\n'.join(lines)

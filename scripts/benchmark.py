@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+""" Throughput / memory / MAC benchmark for the sa_vision models (in the spirit of timm's benchmark.py)
+
+Examples
+  python scripts/benchmark.py --model sa_quadratic_cifar -b 32 --compare paper,dense --matmul-peak
+  python scripts/benchmark.py --model sa_quadratic_cifar sa_learned_cifar --results-format csv
+  python scripts/benchmark.py --model sa_quadratic_cifar --model-kwargs embed_dim=16 depth=1 -b 2
+
+With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
+variants and the ratios median(model) / median(variant) are reported: those ratios are the speed figures
+we quote. 'dense' runs the same weights through the plain dense formula (sa_vision.layers.dense_attention);
+'paper' runs the paper's dense formulation loaded at run time from --paper-dense PATH.
+All measuring code lives in sa_vision.benchmark; this file is the command line only.
+"""
+import argparse
+import ast
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from sa_vision import benchmark as sab  # noqa: E402
+
+
+class ParseKwargs(argparse.Action):
+    def __call__(self, parser, namespace, values, option_string=None):
+        kw = {}
+        for value in values:
+            key, value = value.split('=', 1)
+            try:
+                kw[key] = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                kw[key] = value
+        setattr(namespace, self.dest, kw)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description='sa_vision benchmark', formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
+    p.add_argument('--model', '-m', nargs='+', default=['sa_quadratic_cifar'], help='model name(s)')
+    p.add_argument('--model-list', default='', help='text file with one model name per line')
+    p.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                   help='extra model arguments, e.g. embed_dim=16 depth=1 heads_per_layer=2')
+    p.add_argument('--bench', default='both', choices=('both', 'train', 'inference'))
+    p.add_argument('--batch-size', '-b', type=int, default=32)
+    p.add_argument('--img-size', type=int, default=None, help='square input size (default 32)')
+    p.add_argument('--input-size', type=int, nargs=3, default=None, metavar='N', help='C H W')
+    p.add_argument('--num-classes', type=int, default=None)
+    p.add_argument('--device', default='auto', help='auto (cuda if available, else cpu), cpu, cuda, cuda:1')
+    p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (default: torch default)')
+    p.add_argument('--amp', action='store_true', help='mixed precision autocast')
+    p.add_argument('--amp-dtype', default='bfloat16', choices=('bfloat16', 'float16'))
+    p.add_argument('--precision', default='float32', choices=('float32', 'float16', 'bfloat16'),
+                   help='model and input dtype (without --amp)')
+    p.add_argument('--channels-last', action='store_true')
+    p.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
+                   help='torch.compile the models (default backend inductor)')
+    p.add_argument('--fuse', action='store_true', help='time inference on a model.fuse()d copy')
+    p.add_argument('--num-warm-iter', type=int, default=1, help='plain warm-up steps per variant and kind')
+    p.add_argument('--num-bench-iter', type=int, default=1, help='steps per timed run')
+    p.add_argument('--runs', type=int, default=3, 
+                   help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
+    p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
+    p.add_argument('--compare', default='', help='comma list of variants to time against: dense, paper')
+    p.add_argument('--paper-dense', default=sab.default_paper_dense_path(),
+                   help='path of the paper dense formulation (default: <repo>/../shared/bench/paper_dense.py)')
+    p.add_argument('--matmul-peak', action='store_true',
+                   help='time the float32 torch.mm rate (GFLOP/s) in every round, alternately with the models, and '
+                        'report training throughput (3x forward unavoidable MACs) as a fraction of it')
+    p.add_argument('--matmul-size', type=int, default=2048)
+    p.add_argument('--profile', action='store_true',
+                   help='print a torch.profiler table (top ops by self CPU time) of one training step per model')
+    p.add_argument('--results-file', default='', help='write results here (format from --results-format)')
+    p.add_argument('--results-format', default='table', choices=('table', 'csv', 'json'))
+    p.add_argument('--quiet', action='store_true')
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    models = list(args.model)
+    if args.model_list:
+        with open(args.model_list) as f:
+            models = [line.strip() for line in f if line.strip() and not line.startswith('#')]
+    input_size = tuple(args.input_size) if args.input_size else (3, args.img_size or 32, args.img_size or 32)
+    compare = [c.strip() for c in args.compare.split(',') if c.strip()]
+    model_kwargs = dict(args.model_kwargs)
+    if args.num_classes is not None:
+        model_kwargs['num_classes'] = args.num_classes
+
+    device = sab.resolve_device(args.device)
+
+    all_rows = []
+    for name in models:
+        variants = sab.build_variants(name, compare, paper_dense=args.paper_dense, fuse=args.fuse, **model_kwargs)
+        rows = sab.benchmark_variants(
+            variants, batch_size=args.batch_size, input_size=input_size, device=device, bench=args.bench,
+            warmup=args.num_warm_iter, runs=args.runs, iters=args.num_bench_iter,
+            measure_memory=not args.no_memory, log=log,
+            matmul_size=args.matmul_size if args.matmul_peak else None,
+            precision=args.precision, amp=args.amp, amp_dtype=args.amp_dtype,
+            channels_last=args.channels_last, torchcompile=args.torchcompile,
+        )
+        for v, row in zip(variants, rows):
+            if hasattr(v.model, 'attn_kind'):
+                row['unavoidable_macs'] = sab.unavoidable_macs(v.model, input_size)
+                if row.get('matmul_gflops') and 'train_samples_per_sec' in row:
+                    gflops = row['train_samples_per_sec'] * 3 * row['unavoidable_macs'] * 2 / 1e9
+                    row['train_unavoidable_gflops'] = gflops
+                    row['matmul_fraction'] = gflops / row['matmul_gflops']
+        all_rows.extend(rows)
+        if args.profile:
+            print(f'## profile: one training step of {name}, batch {args.batch_size}')
+            print(sab.profile_train_step(variants[0].model, args.batch_size, input_size))
+
+    text = sab.format_results(all_rows, args.results_format)
+    print(text)
+    if args.results_file:
+        with open(args.results_file, 'w') as f:
+            f.write(text if text.endswith('\n') else text + '\n')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""Fast checks of the measuring tools (sa_vision.benchmark, scripts/benchmark.py). No timing thresholds."""
+import csv
+import importlib.util
+import io
+import json
+import os
+
+import pytest
+import timm
+import torch
+from torch import nn
+
+import sa_vision  # noqa: F401
+from sa_vision import benchmark as sab
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# tiny config: D=8, one layer, 2 heads, MLP 16, 10 classes, 8x8 image -> 4x4 grid (16 tokens)
+TINY = dict(embed_dim=8, depth=1, heads_per_layer=2, mlp_hidden_dim=16)
+TINY_ARGS = ['embed_dim=8', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=16']
+D, HEADS, M, CLASSES, N, GH, GW = 8, 2, 16, 10, 16, 4, 4
+# hand count: embedding 12->D per token, Value (heads*D)->D and Dense D->D per token, MLP D->M->D per token,
+# classifier once; attention: separable h*w*(h+w)*D per head, dense (h*w)^2*D per head
+LINEAR_MACS = N * 12 * D + N * (HEADS * D * D + D * D + 2 * D * M) + D * CLASSES
+SEPARABLE_MACS = LINEAR_MACS + HEADS * N * (GH + GW) * D
+DENSE_MACS = LINEAR_MACS + HEADS * N * N * D
+
+
+def _load_cli():
+    spec = importlib.util.spec_from_file_location('sa_bench_cli', os.path.join(REPO, 'scripts', 'benchmark.py'))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_count_macs_linear():
+    assert sab.count_macs(nn.Linear(5, 7), (5,)) == 35
+    assert sab.count_macs(nn.Linear(5, 7), (5,), batch_size=3) == 105
+    assert sab.count_macs(nn.Sequential(nn.Linear(5, 7), nn.GELU(), nn.Linear(7, 2)), (4, 5)) == 4 * 35 + 4 * 14
+
+
+def test_count_macs_tiny_sa_model():
+    assert (LINEAR_MACS, SEPARABLE_MACS, DENSE_MACS) == (10832 - 2048, 10832, 12880)
+    model = timm.create_model('sa_quadratic_cifar', **TINY)
+    assert sab.count_macs(model, (3, 8, 8)) == SEPARABLE_MACS
+    from sa_vision.layers import dense_attention
+    with dense_attention(model):
+        assert sab.count_macs(model, (3, 8, 8)) == DENSE_MACS
+    assert model.training  # count_macs restores the mode
+
+
+def test_unavoidable_macs():
+    for name, attn in (('sa_quadratic_cifar', SEPARABLE_MACS), ('sa_gen_cifar', DENSE_MACS)):
+        assert sab.unavoidable_macs(timm.create_model(name, **TINY), (3, 8, 8)) == attn
+    learned = sab.unavoidable_macs(timm.create_model('sa_learned_cifar', **TINY), (3, 8, 8))
+    assert learned == SEPARABLE_MACS + (GH * GH + GW * GW) * D * HEADS
+    # the full model: 6 layers of 9 heads, D=400, MLP 512, 16x16 grid
+    full = sab.unavoidable_macs(timm.create_model('sa_quadratic_cifar'))
+    per_layer = 256 * (9 * 400 * 400 + 400 * 400 + 2 * 400 * 512) + 9 * 256 * 32 * 400
+    assert full == 256 * 12 * 400 + 6 * per_layer + 400 * 10
+
+
+def test_live_tensor_memory():
+    with sab.LiveTensorMemory() as tracker:
+        a = torch.empty(1000)
+        b = torch.empty(500)
+        del a
+        c = torch.empty(100)
+        v = b.view(50, 10)  # a view allocates nothing
+    assert tracker.peak == 6000
+    assert tracker.live == 2400
+    del b, c, v
+
+
+def test_matmul_rate_positive():
+    assert sab.matmul_rate(64, iters=1, runs=1) > 0
+
+
+def test_format_results():
+    rows = [dict(model='a', batch_size=2, train_samples_per_sec=10.0, train_runs=[9.0, 10.0, 11.0]),
+            dict(model='b', batch_size=2, train_samples_per_sec=5.0, train_ratio=2.0)]
+    table = sab.format_results(rows, 'table').splitlines()
+    assert table[0].startswith('| model') and 'train_ratio' in table[0] and len(table) == 4
+    parsed = list(csv.DictReader(io.StringIO(sab.format_results(rows, 'csv'))))
+    assert [r['model'] for r in parsed] == ['a', 'b'] and float(parsed[1]['train_ratio']) == 2.0
+    assert json.loads(sab.format_results(rows, 'json')) == rows
+
+
+@pytest.mark.parametrize('fmt', ['table', 'csv', 'json'])
+def test_cli_runs(fmt, tmp_path, capsys):
+    cli = _load_cli()
+    out = tmp_path / f'results.{fmt}'
+    argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
+            '--runs', '1', '--num-warm-iter', '0', '--results-format', fmt, '--results-file', str(out), '--quiet']
+    assert cli.main(argv) == 0
+    text = out.read_text()
+    assert text.strip() == capsys.readouterr().out.strip()
+    if fmt == 'json':
+        (row,) = json.loads(text)
+        assert row['macs'] == SEPARABLE_MACS == row['unavoidable_macs']
+        assert row['train_samples_per_sec'] > 0 and row['infer_samples_per_sec'] > 0
+        assert row['train_peak_mb'] > 0 and row['infer_peak_mb'] > 0
+    elif fmt == 'csv':
+        (row,) = list(csv.DictReader(io.StringIO(text)))
+        assert row['model'] == 'sa_quadratic_cifar' and int(row['macs']) == SEPARABLE_MACS
+    else:
+        assert text.splitlines()[0].startswith('| model')
+
+
+def test_cli_compare_dense_and_matmul(tmp_path):
+    cli = _load_cli()
+    out = tmp_path / 'r.json'
+    argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
+            '--runs', '2', '--num-warm-iter', '0', '--compare', 'dense', '--matmul-peak', '--matmul-size', '64',
+            '--results-format', 'json', '--results-file', str(out), '--quiet']
+    assert cli.main(argv) == 0
+    ours, dense = json.loads(out.read_text())
+    assert (ours['model'], dense['model']) == ('sa_quadratic_cifar', 'sa_quadratic_cifar[dense]')
+    assert ours['macs'] == SEPARABLE_MACS and dense['macs'] == DENSE_MACS
+    assert len(ours['train_runs']) == len(dense['train_runs']) == 2
+    for key in ('train_ratio', 'infer_ratio', 'train_mem_ratio'):
+        assert dense[key] > 0
+    assert dense['train_ratio'] == pytest.approx(ours['train_samples_per_sec'] / dense['train_samples_per_sec'])
+    assert 0 < ours['matmul_fraction'] and ours['matmul_gflops'] > 0
+
+
+@pytest.mark.skipif(not os.path.isfile(sab.default_paper_dense_path()), reason='no paper dense formulation')
+def test_cli_compare_paper(tmp_path):
+    cli = _load_cli()
+    out = tmp_path / 'r.csv'
+    argv = ['--model', 'sa_learned_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
+            '--runs', '1', '--num-warm-iter', '0', '--bench', 'inference', '--no-memory', '--compare', 'paper',
+            '--results-format', 'csv', '--results-file', str(out), '--quiet']
+    assert cli.main(argv) == 0
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert [r['model'] for r in rows] == ['sa_learned_cifar', 'sa_learned_cifar[paper]']
+    assert float(rows[1]['infer_ratio']) > 0 and 'train_samples_per_sec' not in rows[1]
+
+
+def test_paper_kinds_and_package_independence():
+    assert sab.PAPER_KINDS['sa_gen_pruned'] == ('generalized', (7, 5, 8, 7, 3, 9))
+    for root, _, files in os.walk(os.path.join(REPO, 'sa_vision')):
+        for f in files:
+            if f.endswith('.py'):
+                with open(os.path.join(root, f)) as fh:
+                    assert 'import paper_dense' not in fh.read()
