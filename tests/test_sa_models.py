@@ -253,3 +253,29 @@ def test_torch_compile_for_inference_and_training():
     model.train()
     compiled(x).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
+
+
+@pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'))
+def test_memory_saving_attention_matches_the_plain_composition(name):
+    """The block's attention + Value (recomputing the heads in backward) equals value(attn(x)),
+    with the same dropout masks, in outputs and gradients; and it holds nothing heads-sized."""
+    from sa_vision.layers import attend_then_project
+    model = small_model(name).double().train()
+    blk = model.blocks[0]
+    x = torch.randn(6, 8, 8, SMALL["embed_dim"], dtype=torch.float64, requires_grad=True)  # h, w, B, D
+    params = [x] + list(blk.attn.parameters()) + list(blk.value.parameters())
+    torch.manual_seed(1)
+    out = attend_then_project(blk.attn, blk.value, x)
+    torch.manual_seed(1)
+    ref = blk.value(blk.attn(x))
+    torch.testing.assert_close(out, ref)
+    weights = torch.randn_like(ref)
+    for g, rg in zip(torch.autograd.grad((out * weights).sum(), params),
+                     torch.autograd.grad((ref * weights).sum(), params)):
+        torch.testing.assert_close(g, rg)
+
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(t.numel()), t)[1], lambda t: t):
+        attend_then_project(blk.attn, blk.value, x)
+    heads_sized = blk.attn.num_heads * x.numel()
+    assert max(saved) < heads_sized

@@ -1,5 +1,5 @@
 from .attention import (
     ATTENTION_KINDS, ContentScores, GeneralizedScores, HeadsLinear, LearnedScores, PositionalAttention, QuadraticScores,
-    dense_attention, grid_shifts, relative_shifts,
+    apply_mixing, attend_then_project, dense_attention, grid_shifts, relative_shifts,
 )
 from .embed import SpaceToDepthEmbed, space_to_depth

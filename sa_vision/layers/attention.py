@@ -33,7 +33,7 @@ the input and draws an ordinary per-sample mask.
 """
 import contextlib
 import math
-from typing import Callable, Dict, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -43,7 +43,8 @@ from timm.layers import register_notrace_module
 
 __all__ = [
     'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'QuadraticScores', 'GeneralizedScores',
-    'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts', 'dense_attention',
+    'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts', 'dense_attention', 'apply_mixing',
+    'attend_then_project',
 ]
 
 ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
@@ -191,6 +192,27 @@ class ContentScores(nn.Module):
         return q, k
 
 
+def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
+    """Apply content-free probabilities to a grid-major ``x`` (``h x w x B x D``) for every head at once.
+
+    ``probs`` is ``[row (heads, h, h), col (heads, w, w)]`` (separable: the grid probabilities are their
+    Kronecker product) or ``[grid (heads, h*w, h*w)]``; the result is ``heads x h x w x B x D``.
+    """
+    H, W, B, D = x.shape
+    if len(probs) == 2:
+        row_probs, col_probs = probs[0], probs[1]
+        heads = row_probs.shape[0]
+        # rows of every head at once: (heads*H, H) @ (H, W*B*D) -> (heads*H, W*B*D)
+        mixed = torch.mm(row_probs.reshape(heads * H, H), x.reshape(H, W * B * D))
+        # columns: (heads, 1, W, W) @ (heads, H, W, B*D) -> (heads, H, W, B*D)
+        mixed = torch.matmul(col_probs[:, None], mixed.view(heads, H, W, B * D))
+        return mixed.view(heads, H, W, B, D)
+    grid_probs = probs[0]
+    # every head in one product: (heads, HW, HW) @ (HW, B*D) -> (heads, HW, B*D)
+    mixed = torch.matmul(grid_probs, x.reshape(H * W, B * D))
+    return mixed.view(grid_probs.shape[0], H, W, B, D)
+
+
 @register_notrace_module  # shapes drive the computation; FX keeps the layer whole
 class PositionalAttention(nn.Module):
     """Multi-head positional self-attention over a token grid.
@@ -256,9 +278,22 @@ class PositionalAttention(nn.Module):
         """Grid-major attention: ``x`` is ``h x w x B x D``, the result ``heads x h x w x B x D``."""
         if self.content is not None:
             return self._mix_content(x)
+        return apply_mixing(x, self.mixing_probs(x.shape[0], x.shape[1]))
+
+    def mixing_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
+        """What a content-free forward applies, dropout included: ``[row (heads, h, h), col (heads, w, w)]``
+        on the separable path, ``[grid (heads, h*w, h*w)]`` on the dense one (see :func:`apply_mixing`)."""
         if self.separable and not self.dense:
-            return self._mix_separable(x)
-        return self._mix_dense(x)
+            row_probs, col_probs = self._axis_probs(grid_h, grid_w)
+            if self.training and self.attn_drop > 0.:
+                axis_drop = 1.0 - math.sqrt(1.0 - self.attn_drop)
+                row_probs = F.dropout(row_probs, axis_drop, True)
+                col_probs = F.dropout(col_probs, axis_drop, True)
+            return [row_probs, col_probs]
+        probs = self._grid_probs(grid_h, grid_w)
+        if self.training and self.attn_drop > 0.:
+            probs = F.dropout(probs, self.attn_drop, True)
+        return [probs]
 
     def _axis_probs(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
         if torch.jit.is_scripting():
@@ -288,29 +323,6 @@ class PositionalAttention(nn.Module):
             self._probs_cache = {key: compute(grid_h, grid_w)}
         return self._probs_cache[key]
 
-    def _mix_separable(self, x: Tensor) -> Tensor:
-        H, W, B, D = x.shape
-        heads = self.num_heads
-        row_probs, col_probs = self._axis_probs(H, W)  # (heads, H, H), (heads, W, W)
-        if self.training and self.attn_drop > 0.:
-            axis_drop = 1.0 - math.sqrt(1.0 - self.attn_drop)
-            row_probs = F.dropout(row_probs, axis_drop, True)
-            col_probs = F.dropout(col_probs, axis_drop, True)
-        # rows of every head at once: (heads*H, H) @ (H, W*B*D) -> (heads*H, W*B*D)
-        mixed = torch.mm(row_probs.reshape(heads * H, H), x.reshape(H, W * B * D))
-        # columns: (heads, 1, W, W) @ (heads, H, W, B*D) -> (heads, H, W, B*D)
-        mixed = torch.matmul(col_probs[:, None], mixed.view(heads, H, W, B * D))
-        return mixed.view(heads, H, W, B, D)
-
-    def _mix_dense(self, x: Tensor) -> Tensor:
-        H, W, B, D = x.shape
-        probs = self._grid_probs(H, W)  # heads, HW (query), HW (key)
-        if self.training and self.attn_drop > 0.:
-            probs = F.dropout(probs, self.attn_drop, True)
-        # every head in one product: (heads, HW, HW) @ (HW, B*D) -> (heads, HW, B*D)
-        mixed = torch.matmul(probs, x.reshape(H * W, B * D))
-        return mixed.view(self.num_heads, H, W, B, D)
-
     def _mix_content(self, x: Tensor) -> Tensor:
         H, W, B, D = x.shape
         content = self.content
@@ -330,42 +342,95 @@ class PositionalAttention(nn.Module):
         return f'dim={self.dim}, num_heads={self.num_heads}, kind={self.kind}, dense={self.dense}'
 
 
-class _HeadsLinearFunction(torch.autograd.Function):
-    """``out = bias + sum_n heads[n] @ weight[:, n*D:(n+1)*D]^T`` with a backward that writes every head's
-    gradient straight into place (autograd's own backward of per-head slices would zero-fill and add
-    full-size buffers once per head)."""
+def _project_heads(heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``bias + sum_n heads[n] @ weight[:, n*D:(n+1)*D]^T`` for ``heads`` of shape (heads, tokens, D)."""
+    num_heads, _, D = heads.shape
+    out = torch.mm(heads[0], weight[:, :D].t())
+    for n in range(1, num_heads):
+        # the out= form accumulates in place and, unlike addmm_, is seen by FLOP counters
+        torch.addmm(out, heads[n], weight[:, n * D:(n + 1) * D].t(), out=out)
+    if bias is not None:
+        out.add_(bias)
+    return out
 
+
+def _project_heads_backward(heads: Tensor, weight: Tensor, grad_out: Tensor, needs: Tuple[bool, bool, bool]):
+    """Gradients of :func:`_project_heads`, every head's block written straight into place (autograd's own
+    backward of per-head slices would zero-fill and add full-size buffers once per head)."""
+    num_heads, _, D = heads.shape
+    grad_heads = grad_weight = grad_bias = None
+    if needs[0]:
+        grad_heads = heads.new_empty(heads.shape)
+        for n in range(num_heads):
+            torch.mm(grad_out, weight[:, n * D:(n + 1) * D], out=grad_heads[n])
+    if needs[1]:
+        # row blocks of the transposed gradient are contiguous: fill them in place
+        grad_weight_t = weight.new_empty(weight.shape[1], weight.shape[0])
+        for n in range(num_heads):
+            torch.mm(heads[n].t(), grad_out, out=grad_weight_t[n * D:(n + 1) * D])
+        grad_weight = grad_weight_t.t()
+    if needs[2]:
+        grad_bias = grad_out.sum(0)
+    return grad_heads, grad_weight, grad_bias
+
+
+class _HeadsLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        num_heads, _, D = heads.shape  # heads, tokens, D
         ctx.save_for_backward(heads, weight)
         ctx.has_bias = bias is not None
-        out = torch.mm(heads[0], weight[:, :D].t())
-        for n in range(1, num_heads):
-            # the out= form accumulates in place and, unlike addmm_, is seen by FLOP counters
-            torch.addmm(out, heads[n], weight[:, n * D:(n + 1) * D].t(), out=out)
-        if bias is not None:
-            out.add_(bias)
-        return out
+        return _project_heads(heads, weight, bias)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         heads, weight = ctx.saved_tensors
-        num_heads, _, D = heads.shape
-        grad_heads = grad_weight = grad_bias = None
-        if ctx.needs_input_grad[0]:
-            grad_heads = heads.new_empty(heads.shape)
-            for n in range(num_heads):
-                torch.mm(grad_out, weight[:, n * D:(n + 1) * D], out=grad_heads[n])
-        if ctx.needs_input_grad[1]:
-            # row blocks of the transposed gradient are contiguous: fill them in place
-            grad_weight_t = weight.new_empty(weight.shape[1], weight.shape[0])
-            for n in range(num_heads):
-                torch.mm(heads[n].t(), grad_out, out=grad_weight_t[n * D:(n + 1) * D])
-            grad_weight = grad_weight_t.t()
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            grad_bias = grad_out.sum(0)
-        return grad_heads, grad_weight, grad_bias
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        return _project_heads_backward(heads, weight, grad_out, needs)
+
+
+class _AttendThenProject(torch.autograd.Function):
+    """``Value(apply_mixing(x, probs))`` keeping only ``x`` and the probabilities for backward.
+
+    The stacked heads are ``heads`` times larger than ``x`` and cheap to recompute (two small products on
+    the separable path), so backward recomputes them instead of holding them between forward and backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], *probs: Tensor) -> Tensor:
+        H, W, B, D = x.shape
+        mixed = apply_mixing(x, list(probs))
+        ctx.save_for_backward(x, weight, *probs)
+        ctx.has_bias = bias is not None
+        out = _project_heads(mixed.view(mixed.shape[0], H * W * B, D), weight, bias)
+        return out.view(H, W, B, weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        x, weight, *probs = ctx.saved_tensors
+        H, W, B, D = x.shape
+        needs_x, needs_probs = ctx.needs_input_grad[0], ctx.needs_input_grad[3:]
+        with torch.enable_grad():
+            x_in = x.detach().requires_grad_(needs_x)
+            probs_in = [p.detach().requires_grad_(n) for p, n in zip(probs, needs_probs)]
+            mixed = apply_mixing(x_in, probs_in)
+        rows = mixed.detach().view(mixed.shape[0], H * W * B, D)
+        needs = (needs_x or any(needs_probs), ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        grad_rows, grad_weight, grad_bias = _project_heads_backward(
+            rows, weight, grad_out.reshape(H * W * B, -1), needs)
+        inputs = [t for t in [x_in] + probs_in if t.requires_grad]
+        grads = iter(torch.autograd.grad(mixed, inputs, grad_rows.view_as(mixed)) if inputs else ())
+        grad_x = next(grads) if needs_x else None
+        grad_probs = [next(grads) if n else None for n in needs_probs]
+        return (grad_x, grad_weight, grad_bias, *grad_probs)
+
+
+def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Tensor) -> Tensor:
+    """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``), holding only ``x``
+    between forward and backward for the content-free kinds (the content kind runs as usual)."""
+    if attn.content is not None or not torch.is_grad_enabled():
+        return value(attn.mix(x))
+    probs = attn.mixing_probs(x.shape[0], x.shape[1])
+    return _AttendThenProject.apply(x, value.weight, value.bias, *probs)
 
 
 @register_notrace_module  # loops over the stacked heads; FX keeps it whole

@@ -28,11 +28,11 @@ from torch import Tensor, nn
 
 from timm.layers import Mlp, calculate_drop_path_rates
 from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, generate_default_cfgs, register_model
-from timm.models import register_notrace_function
+from timm.models import register_notrace_function, register_notrace_module
 from timm.models._features import feature_take_indices
 
 from ..hub import explain_unavailable_weights
-from ..layers import ATTENTION_KINDS, HeadsLinear, PositionalAttention, SpaceToDepthEmbed
+from ..layers import ATTENTION_KINDS, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 
 __all__ = ['SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
@@ -70,6 +70,7 @@ class SampleDropPath(nn.Module):
         return x * keep / keep_prob
 
 
+@register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
 class SelfAttentionBlock(nn.Module):
     """One post-norm layer: positional attention, Value, Dense, residual + LN; MLP, residual + LN.
 
@@ -106,9 +107,18 @@ class SelfAttentionBlock(nn.Module):
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.norm1(x + self.drop_path1(self.proj_drop(self.proj(self.value(self.attn(x))))))
+        if torch.jit.is_scripting():
+            attended = self.value(self.attn(x))
+        else:
+            attended = self._attend(x)
+        x = self.norm1(x + self.drop_path1(self.proj_drop(self.proj(attended))))
         x = self.norm2(x + self.drop_path2(self.mlp(x)))
         return x
+
+    @torch.jit.unused
+    def _attend(self, x: Tensor) -> Tensor:
+        # keeps only x for backward instead of the heads-times larger attention output
+        return attend_then_project(self.attn, self.value, x)
 
     @torch.no_grad()
     def fuse(self) -> None:
