@@ -14,6 +14,7 @@ from torch import nn
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.resnet import BasicBlock, ResNet
 
+from ..hub import explain_unavailable_weights
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = ['CifarResNet']
@@ -39,7 +40,8 @@ class CifarResNet(ResNet):
 
 
 def _create_cifar_resnet(variant: str, pretrained: bool = False, **kwargs) -> CifarResNet:
-    return build_model_with_cfg(CifarResNet, variant, pretrained, **kwargs)
+    with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg')):
+        return build_model_with_cfg(CifarResNet, variant, pretrained, **kwargs)
 
 
 def _cfg(**kwargs) -> Dict[str, Any]:
