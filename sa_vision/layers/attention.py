@@ -389,45 +389,65 @@ class _HeadsLinearFunction(torch.autograd.Function):
 
 
 class _AttendThenProject(torch.autograd.Function):
-    """``Value(apply_mixing(x, probs))`` keeping only ``x`` and the probabilities for backward.
+    """``Value(apply_mixing(x, probs))`` one head at a time, keeping only ``x`` and the probabilities.
 
     The stacked heads are ``heads`` times larger than ``x`` and cheap to recompute (two small products on
-    the separable path), so backward recomputes them instead of holding them between forward and backward.
+    the separable path). Forward mixes one head and immediately adds its share of the projection; backward
+    recomputes each head the same way. No heads-sized tensor ever exists, in forward or backward.
     """
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], *probs: Tensor) -> Tensor:
         H, W, B, D = x.shape
-        mixed = apply_mixing(x, list(probs))
+        tokens = H * W * B
+        out = torch.mm(apply_mixing(x, [p[:1] for p in probs]).view(tokens, D), weight[:, :D].t())
+        for n in range(1, probs[0].shape[0]):
+            head = apply_mixing(x, [p[n:n + 1] for p in probs]).view(tokens, D)
+            torch.addmm(out, head, weight[:, n * D:(n + 1) * D].t(), out=out)  # out=: seen by FLOP counters
+        if bias is not None:
+            out.add_(bias)
         ctx.save_for_backward(x, weight, *probs)
         ctx.has_bias = bias is not None
-        out = _project_heads(mixed.view(mixed.shape[0], H * W * B, D), weight, bias)
         return out.view(H, W, B, weight.shape[0])
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
         x, weight, *probs = ctx.saved_tensors
         H, W, B, D = x.shape
-        needs_x, needs_probs = ctx.needs_input_grad[0], ctx.needs_input_grad[3:]
-        with torch.enable_grad():
-            x_in = x.detach().requires_grad_(needs_x)
-            probs_in = [p.detach().requires_grad_(n) for p, n in zip(probs, needs_probs)]
-            mixed = apply_mixing(x_in, probs_in)
-        rows = mixed.detach().view(mixed.shape[0], H * W * B, D)
-        needs = (needs_x or any(needs_probs), ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
-        grad_rows, grad_weight, grad_bias = _project_heads_backward(
-            rows, weight, grad_out.reshape(H * W * B, -1), needs)
-        inputs = [t for t in [x_in] + probs_in if t.requires_grad]
-        grads = iter(torch.autograd.grad(mixed, inputs, grad_rows.view_as(mixed)) if inputs else ())
-        grad_x = next(grads) if needs_x else None
-        grad_probs = [next(grads) if n else None for n in needs_probs]
+        grad_out = grad_out.reshape(H * W * B, -1)
+        needs_x, needs_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        needs_probs = ctx.needs_input_grad[3:]
+        grad_x: Optional[Tensor] = None
+        grad_weight_t = weight.new_empty(weight.shape[1], weight.shape[0]) if needs_weight else None
+        grad_probs = [torch.zeros_like(p) if needed else None for p, needed in zip(probs, needs_probs)]
+        x_in = x.detach().requires_grad_(needs_x)
+        for n in range(probs[0].shape[0]):
+            with torch.enable_grad():
+                head_probs = [p[n:n + 1].detach().requires_grad_(needed) for p, needed in zip(probs, needs_probs)]
+                head = apply_mixing(x_in, head_probs).view(H * W * B, D)
+            if needs_weight:
+                # row blocks of the transposed gradient are contiguous: fill them in place
+                torch.mm(head.detach().t(), grad_out, out=grad_weight_t[n * D:(n + 1) * D])
+            inputs = [t for t in [x_in] + head_probs if t.requires_grad]
+            if inputs:
+                grad_head = torch.mm(grad_out, weight[:, n * D:(n + 1) * D])
+                grads = iter(torch.autograd.grad(head, inputs, grad_head))
+                if needs_x:
+                    grad_x_head = next(grads)
+                    grad_x = grad_x_head if grad_x is None else grad_x.add_(grad_x_head)
+                for grad_p, needed in zip(grad_probs, needs_probs):
+                    if needed:
+                        grad_p[n:n + 1] = next(grads)
+        grad_weight = grad_weight_t.t() if needs_weight else None
+        grad_bias = grad_out.sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return (grad_x, grad_weight, grad_bias, *grad_probs)
 
 
 def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Tensor) -> Tensor:
-    """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``), holding only ``x``
-    between forward and backward for the content-free kinds (the content kind runs as usual)."""
-    if attn.content is not None or not torch.is_grad_enabled():
+    """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``) one head at a time,
+    holding only ``x`` between forward and backward for the content-free kinds (the content kind runs as
+    usual)."""
+    if attn.content is not None:
         return value(attn.mix(x))
     probs = attn.mixing_probs(x.shape[0], x.shape[1])
     return _AttendThenProject.apply(x, value.weight, value.bias, *probs)
