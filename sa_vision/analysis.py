@@ -1,0 +1,403 @@
+""" Where the attention heads look: per-head statistics of a trained (or random) SA model
+
+Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020), section 4.
+
+For every layer and head of a :class:`~sa_vision.models.SelfAttentionNet`, :func:`head_statistics` reports,
+from the attention probabilities of one interior query pixel:
+
+* ``center_row``, ``center_col``: the head's centre of attention, in grid units relative to the query.
+  For the Gaussian kinds the parameter ``mu_h``; otherwise the probability-weighted mean shift.
+* ``mean_row``, ``mean_col``: the probability-weighted mean shift (differs from ``mu_h`` near borders).
+* ``cov_rr``, ``cov_rc``, ``cov_cc``: the Gaussian's covariance (Gaussian kinds only, NaN otherwise):
+  ``M_h^-1`` for ``generalized`` (``inf`` when ``M_h`` is singular) and ``I / s_h^2`` for ``quadratic``.
+* ``r50``, ``r90``: the smallest radius around the mean shift whose disc holds 50 % / 90 % of the mass.
+* ``peak``: the largest probability; ``entropy``: ``-sum p log p`` in nats (0 for hard attention,
+  ``log(h*w)`` for uniform attention).
+* ``nearest_row``, ``nearest_col``: the grid shift nearest to the centre.
+
+:func:`layer_summary` says per layer how convolutional it is: how many heads are near-hard (``peak`` at
+least ``hard_threshold``), how many distinct grid shifts those hard heads sit on, and whether the shifts
+cover a full 3x3 kernel. :func:`format_table` prints, :func:`write_table` writes CSV or JSON.
+
+Shifts are (row, col) = (down, right) in grid units; one grid unit is 2 image pixels (space-to-depth).
+
+:func:`load_model` is the one loader the scripts use: a timm model name, a checkpoint file or a Hub folder.
+"""
+import csv
+import inspect
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .layers import PositionalAttention
+
+__all__ = [
+    'GAUSSIAN_KINDS', 'attention_layers', 'default_grid_size', 'interior_query', 'attention_probs',
+    'query_maps', 'head_centers', 'head_precisions', 'head_covariances', 'mass_radius', 'gaussian_contour', 'head_statistics',
+    'layer_summary', 'format_table', 'write_table', 'load_model', 'infer_model_args',
+]
+
+GAUSSIAN_KINDS = ('quadratic', 'generalized')
+KIND_TO_MODEL = {
+    'quadratic': 'sa_quadratic_cifar', 'generalized': 'sa_gen_cifar',
+    'learned': 'sa_learned_cifar', 'content': 'sa_content_cifar',
+}
+STAT_COLUMNS = (
+    'layer', 'head', 'kind', 'center_row', 'center_col', 'mean_row', 'mean_col', 'cov_rr', 'cov_rc', 'cov_cc',
+    'r50', 'r90', 'peak', 'entropy', 'nearest_row', 'nearest_col')
+
+
+def attention_layers(model: nn.Module) -> List[PositionalAttention]:
+    """The positional attention layers of ``model``, in order."""
+    layers = [m for m in model.modules() if isinstance(m, PositionalAttention)]
+    if not layers:
+        raise ValueError(
+            f'{type(model).__name__} has no PositionalAttention layer; pass a sa_vision self-attention model '
+            f'such as timm.create_model("sa_quadratic_cifar")')
+    return layers
+
+
+def default_grid_size(model: nn.Module) -> Tuple[int, int]:
+    """Token grid of the model's default input (half the image size), 16x16 for 32x32 CIFAR images."""
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    _, height, width = cfg.get('input_size', (3, 32, 32))
+    return height // 2, width // 2
+
+
+def interior_query(grid_size: Tuple[int, int]) -> Tuple[int, int]:
+    """The query pixel used for the statistics: the grid centre, as far from every border as possible."""
+    return grid_size[0] // 2, grid_size[1] // 2
+
+
+@torch.no_grad()
+def attention_probs(
+        model: nn.Module,
+        grid_size: Optional[Tuple[int, int]] = None,
+        images: Optional[Tensor] = None,
+) -> List[Tensor]:
+    """Per layer, the attention probabilities ``(heads, h*w, h*w)`` as ``[head, query, key]`` (float64).
+
+    Content-free kinds need no input. For the ``content`` kind the probabilities depend on the image:
+    they are computed for ``images`` (``B x C x H x W``; default 16 standard-normal images of the default
+    input size, seed 0) and averaged over the batch.
+    """
+    layers = attention_layers(model)
+    kind = layers[0].kind
+    if kind != 'content':
+        grid_h, grid_w = grid_size or default_grid_size(model)
+        return [layer.position_probs(grid_h, grid_w).double() for layer in layers]
+    if images is None:
+        cfg = getattr(model, 'pretrained_cfg', None) or {}
+        chans, height, width = cfg.get('input_size', (3, 32, 32))
+        if grid_size is not None:
+            height, width = 2 * grid_size[0], 2 * grid_size[1]
+        generator = torch.Generator().manual_seed(0)
+        ref = next(model.parameters())
+        images = torch.randn(16, chans, height, width, generator=generator).to(ref.device, ref.dtype)
+    captured: List[Tensor] = []
+
+    def capture_for(layer: PositionalAttention):
+        def capture(block: nn.Module, args: Tuple[Tensor, ...]) -> None:
+            # the block's input is the attention's input (the block may call the attention's parts directly)
+            x = args[0]
+            if getattr(layer, 'grid_major', False):  # h x w x B x D, as the models run it
+                x = x.permute(2, 0, 1, 3)
+            B, H, W, D = x.shape
+            q, k = layer.content(x.reshape(B, H * W, D))
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(D) + layer.position.grid_scores(H, W)[None]
+            captured.append(scores.double().softmax(dim=-1).mean(dim=0))
+        return capture
+
+    parents = {id(m.attn): m for m in model.modules() if isinstance(getattr(m, 'attn', None), PositionalAttention)}
+    if any(id(layer) not in parents for layer in layers):
+        raise ValueError('content attention maps need each attention layer to be the .attn of a block module')
+    handles = [parents[id(layer)].register_forward_pre_hook(capture_for(layer)) for layer in layers]
+    was_training = model.training
+    try:
+        model.eval()
+        model(images)
+    finally:
+        model.train(was_training)
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+def query_maps(probs: Tensor, grid_size: Tuple[int, int], query: Optional[Tuple[int, int]] = None) -> Tensor:
+    """The attention of one query pixel as images ``(heads, h, w)`` (``query`` default: grid centre)."""
+    grid_h, grid_w = grid_size
+    row, col = query if query is not None else interior_query(grid_size)
+    if not (0 <= row < grid_h and 0 <= col < grid_w):
+        raise ValueError(f'query pixel {(row, col)} is outside the {grid_h}x{grid_w} token grid')
+    return probs[:, row * grid_w + col].reshape(-1, grid_h, grid_w)
+
+
+def head_centers(model: nn.Module, grid_size: Optional[Tuple[int, int]] = None) -> List[Tensor]:
+    """Per layer, the heads' centres ``(heads, 2)`` as (row, col) shifts: ``mu_h`` for the Gaussian kinds,
+    otherwise the mean shift of the (positional) attention of the interior query."""
+    layers = attention_layers(model)
+    if layers[0].kind in GAUSSIAN_KINDS:
+        return [layer.position.centers.detach().double().cpu() for layer in layers]
+    grid_size = grid_size or default_grid_size(model)
+    centers = []
+    for layer in layers:
+        maps = query_maps(layer.position_probs(*grid_size).detach().double().cpu(), grid_size)
+        centers.append(_mean_shift(maps, grid_size))
+    return centers
+
+
+def head_precisions(model: nn.Module) -> List[Tensor]:
+    """Per layer, the Gaussian precision ``M_h`` ``(heads, 2, 2)`` of every head (Gaussian kinds only).
+
+    ``generalized``: ``M_h = S_h S_h^T``. ``quadratic``: the score ``-(s_h^2 / 2) ||delta - mu_h||^2`` is
+    ``-1/2 delta^T M_h delta`` with ``M_h = s_h^2 I``.
+    """
+    layers = attention_layers(model)
+    kind = layers[0].kind
+    if kind not in GAUSSIAN_KINDS:
+        raise ValueError(f'precisions exist for the Gaussian kinds {GAUSSIAN_KINDS} only, this model is {kind!r}')
+    if kind == 'quadratic':
+        eye = torch.eye(2, dtype=torch.float64)[None]
+        return [eye * (layer.position.spreads.detach().double().cpu() ** 2)[:, None, None] for layer in layers]
+    return [layer.position.precisions().detach().double().cpu() for layer in layers]
+
+
+def head_covariances(model: nn.Module) -> List[Tensor]:
+    """Per layer, the Gaussian covariance ``Sigma_h = M_h^-1`` ``(heads, 2, 2)`` (Gaussian kinds only):
+    ``I / s_h^2`` for ``quadratic``; entries are ``inf`` where ``M_h`` is singular."""
+    covariances = []
+    for precisions in head_precisions(model):
+        m_rr, m_rc, m_cr, m_cc = precisions[:, 0, 0], precisions[:, 0, 1], precisions[:, 1, 0], precisions[:, 1, 1]
+        det = m_rr * m_cc - m_rc * m_cr
+        adjugate = torch.stack([torch.stack([m_cc, -m_rc], -1), torch.stack([-m_cr, m_rr], -1)], -2)
+        cov = adjugate / det[:, None, None]
+        cov[det.abs() <= 1e-300] = math.inf
+        covariances.append(cov)
+    return covariances
+
+
+def _shift_grid(grid_size: Tuple[int, int], query: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
+    rows = torch.arange(grid_size[0], dtype=torch.float64) - query[0]
+    cols = torch.arange(grid_size[1], dtype=torch.float64) - query[1]
+    return torch.meshgrid(rows, cols, indexing='ij')
+
+
+def _mean_shift(maps: Tensor, grid_size: Tuple[int, int], query: Optional[Tuple[int, int]] = None) -> Tensor:
+    dy, dx = _shift_grid(grid_size, query or interior_query(grid_size))
+    return torch.stack([(maps * dy).sum((-2, -1)), (maps * dx).sum((-2, -1))], dim=-1)
+
+
+def mass_radius(query_map: Tensor, center: Tuple[float, float], mass: float, query: Tuple[int, int]) -> float:
+    """Smallest radius ``r`` (grid units) such that the keys within distance ``r`` of ``center`` (a shift
+    from ``query``) hold at least ``mass`` of the probabilities ``query_map`` (``h x w``)."""
+    dy, dx = _shift_grid(tuple(query_map.shape), query)
+    distance = ((dy - center[0]) ** 2 + (dx - center[1]) ** 2).sqrt().flatten()
+    order = distance.argsort()
+    cumulative = query_map.double().flatten()[order].cumsum(0)
+    index = int(torch.searchsorted(cumulative, torch.tensor([mass * float(cumulative[-1]) - 1e-12],
+                                                           dtype=torch.float64)))
+    return float(distance[order][min(index, distance.numel() - 1)])
+
+
+def gaussian_contour(center: Tensor, precision: Tensor, mass: float, num_points: int = 100,
+                     max_radius: float = 1e3) -> Tensor:
+    """Points ``(num_points, 2)`` (row, col) of the ellipse holding ``mass`` of the 2-D Gaussian
+    ``N(center, M^-1)`` given its precision ``M``.
+
+    The mass inside ``(x - mu)^T M (x - mu) <= c`` is ``1 - exp(-c / 2)`` (chi-square with 2 degrees of
+    freedom), so the contour is at ``c = -2 log(1 - mass)``: ``x = mu + sqrt(c) V diag(1 / sqrt(lambda)) u``
+    for ``M = V diag(lambda) V^T`` and ``u`` on the unit circle. Semi-axes are capped at ``max_radius``
+    (a singular ``M`` has an infinite axis).
+    """
+    if not 0 < mass < 1:
+        raise ValueError(f'mass must be in (0, 1), got {mass}')
+    scale = math.sqrt(-2.0 * math.log1p(-mass))
+    eigenvalues, eigenvectors = torch.linalg.eigh(precision.double())
+    semi_axes = (scale / eigenvalues.clamp(min=1e-300).sqrt()).clamp(max=max_radius)
+    angle = torch.linspace(0, 2 * math.pi, num_points, dtype=torch.float64)
+    circle = torch.stack([angle.cos(), angle.sin()], dim=0)  # 2, n
+    return center.double()[None] + (eigenvectors @ (semi_axes[:, None] * circle)).T
+
+
+@torch.no_grad()
+def head_statistics(
+        model: nn.Module,
+        grid_size: Optional[Tuple[int, int]] = None,
+        query: Optional[Tuple[int, int]] = None,
+        images: Optional[Tensor] = None,
+) -> List[Dict[str, Any]]:
+    """One row per layer and head with the statistics described in the module docstring."""
+    layers = attention_layers(model)
+    kind = layers[0].kind
+    if grid_size is None and images is not None:
+        grid_size = (images.shape[-2] // 2, images.shape[-1] // 2)
+    grid_size = tuple(grid_size or default_grid_size(model))
+    query = tuple(query or interior_query(grid_size))
+    probs = attention_probs(model, grid_size, images=images)
+    centers = head_centers(model, grid_size) if kind in GAUSSIAN_KINDS else None
+    covariances = head_covariances(model) if kind in GAUSSIAN_KINDS else None
+    rows = []
+    for layer_index, layer_probs in enumerate(probs):
+        maps = query_maps(layer_probs.cpu(), grid_size, query)
+        means = _mean_shift(maps, grid_size, query)
+        for head, head_map in enumerate(maps):
+            mean = means[head]
+            center = centers[layer_index][head] if centers is not None else mean
+            cov = covariances[layer_index][head] if covariances is not None else torch.full((2, 2), math.nan)
+            flat = head_map.flatten()
+            entropy = -float((flat * flat.clamp(min=1e-300).log()).sum())
+            rows.append({
+                'layer': layer_index, 'head': head, 'kind': kind,
+                'center_row': float(center[0]), 'center_col': float(center[1]),
+                'mean_row': float(mean[0]), 'mean_col': float(mean[1]),
+                'cov_rr': float(cov[0, 0]), 'cov_rc': float(cov[0, 1]), 'cov_cc': float(cov[1, 1]),
+                'r50': mass_radius(head_map, (float(mean[0]), float(mean[1])), 0.5, query),
+                'r90': mass_radius(head_map, (float(mean[0]), float(mean[1])), 0.9, query),
+                'peak': float(flat.max()), 'entropy': entropy,
+                'nearest_row': int(round(float(center[0]))), 'nearest_col': int(round(float(center[1]))),
+            })
+    return rows
+
+
+def layer_summary(rows: Sequence[Dict[str, Any]], hard_threshold: float = 0.5) -> List[Dict[str, Any]]:
+    """Per layer, how convolutional it is, from :func:`head_statistics` rows.
+
+    ``hard_heads``: heads whose peak probability is at least ``hard_threshold`` (they attend mostly to one
+    pixel, as the heads of Lemma 1). ``distinct_shifts``: the number of different grid shifts those hard
+    heads peak on (a ``K x K`` convolution needs ``K*K``); ``covers_3x3``: whether they include every shift
+    of a 3x3 kernel around the query; ``mean_entropy`` over all heads.
+    """
+    summary = []
+    for layer in sorted({r['layer'] for r in rows}):
+        heads = [r for r in rows if r['layer'] == layer]
+        hard = [r for r in heads if r['peak'] >= hard_threshold]
+        shifts = {(r['nearest_row'], r['nearest_col']) for r in hard}
+        kernel_3x3 = {(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)}
+        summary.append({
+            'layer': layer, 'heads': len(heads), 'hard_heads': len(hard), 'distinct_shifts': len(shifts),
+            'covers_3x3': kernel_3x3 <= shifts,
+            'mean_entropy': sum(r['entropy'] for r in heads) / len(heads),
+            'shifts': sorted(shifts),
+        })
+    return summary
+
+
+def _format_value(value: Any) -> str:
+    if isinstance(value, float):
+        return f'{value:.3g}' if math.isfinite(value) else str(value)
+    return str(value)
+
+
+def format_table(rows: Sequence[Dict[str, Any]], columns: Optional[Sequence[str]] = None) -> str:
+    """A fixed-width text table of ``rows`` (dicts), for printing."""
+    if not rows:
+        return '(no rows)'
+    columns = list(columns or rows[0].keys())
+    cells = [[_format_value(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
+    lines = ['  '.join(c.rjust(w) for c, w in zip(columns, widths))]
+    lines += ['  '.join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
+    return '\n'.join(lines)
+
+
+def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:
+    """Write ``rows`` to ``path`` as CSV (``.csv``) or JSON (``.json``); returns ``path``."""
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == '.json':
+        with open(path, 'w') as f:
+            json.dump([{k: (list(map(list, v)) if k == 'shifts' else v) for k, v in r.items()} for r in rows], f,
+                      indent=1)
+    elif suffix == '.csv':
+        with open(path, 'w', newline='') as f:
+            writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
+            writer.writeheader()
+            writer.writerows(rows)
+    else:
+        raise ValueError(f'table path {path!r} must end in .csv or .json')
+    return path
+
+
+def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
+    """Architecture kwargs of :class:`~sa_vision.models.SelfAttentionNet` read off a state dict's shapes."""
+    if 'patch_embed.proj.weight' not in state_dict:
+        raise ValueError('not a sa_vision self-attention state dict (no patch_embed.proj.weight)')
+    embed_dim, in_chans = state_dict['patch_embed.proj.weight'].shape[:2]
+    depth = 1 + max(int(k.split('.')[1]) for k in state_dict if k.startswith('blocks.'))
+    heads = tuple(state_dict[f'blocks.{i}.value.weight'].shape[1] // embed_dim for i in range(depth))
+    if 'blocks.0.attn.content.query.weight' in state_dict:
+        kind = 'content'
+    elif 'blocks.0.attn.position.row_shift_embed.weight' in state_dict:
+        kind = 'learned'
+    elif state_dict['blocks.0.attn.position.spreads'].dim() == 3:
+        kind = 'generalized'
+    else:
+        kind = 'quadratic'
+    args = dict(
+        in_chans=int(in_chans), embed_dim=int(embed_dim), depth=depth, heads_per_layer=heads, attn_kind=kind,
+        mlp_hidden_dim=int(state_dict['blocks.0.mlp.fc1.weight'].shape[0]),
+        num_classes=int(state_dict['head.weight'].shape[0]) if 'head.weight' in state_dict else 0,
+    )
+    if kind in ('learned', 'content'):
+        args['max_rel_shift'] = (state_dict['blocks.0.attn.position.row_shift_embed.weight'].shape[0] - 1) // 2
+    return args
+
+
+def load_model(source: str, pretrained: bool = False, **kwargs) -> nn.Module:
+    """A model from a timm model name, a checkpoint file or a Hub folder, in eval mode.
+
+    * a folder: a Hub folder as written by timm's ``save_for_hf`` (``config.json`` + ``model.safetensors``),
+      created with ``timm.create_model('local-dir:<folder>')``;
+    * a file: ``.safetensors``, or anything ``torch.load(weights_only=True)`` reads: a state dict or a dict
+      holding it under ``'state_dict'`` or ``'model'``. The architecture is read off the tensor shapes
+      (:func:`infer_model_args`); saved kwargs under ``'model_args'`` or ``'args'`` (or the safetensors
+      metadata key ``'model_args'``, JSON) take precedence for the keys the model accepts, ``kwargs`` over all;
+    * anything else: a timm model name (random init unless ``pretrained``).
+    """
+    import timm
+    from . import models  # noqa: F401  (registers the models with timm)
+    if os.path.isdir(source):
+        if not os.path.isfile(os.path.join(source, 'config.json')):
+            raise ValueError(f'folder {source!r} has no config.json; expected a Hub folder written by save_for_hf')
+        model = timm.create_model(f'local-dir:{source}', pretrained=True, **kwargs)
+        return model.eval()
+    if not os.path.isfile(source):
+        if source.endswith(('.pth', '.pt', '.bin', '.safetensors', '.ckpt')):
+            raise ValueError(f'checkpoint file {source!r} does not exist')
+        try:
+            return timm.create_model(source, pretrained=pretrained, **kwargs).eval()
+        except RuntimeError as e:
+            raise ValueError(f'{source!r} is neither a file, a Hub folder nor a timm model name ({e})') from e
+    saved_args: Dict[str, Any] = {}
+    if source.endswith('.safetensors'):
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+        state_dict = load_file(source)
+        with safe_open(source, 'pt') as f:
+            metadata = f.metadata() or {}
+        if 'model_args' in metadata:
+            saved_args = json.loads(metadata['model_args'])
+    else:
+        checkpoint = torch.load(source, map_location='cpu', weights_only=True)
+        state_dict = checkpoint
+        if isinstance(checkpoint, dict):
+            for key in ('state_dict', 'model', 'state_dict_ema'):
+                if isinstance(checkpoint.get(key), dict):
+                    state_dict = checkpoint[key]
+                    break
+            for key in ('model_args', 'args'):
+                if isinstance(checkpoint.get(key), dict):
+                    saved_args = checkpoint[key]
+                    break
+    state_dict = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}
+    from .models import SelfAttentionNet
+    accepted = set(inspect.signature(SelfAttentionNet.__init__).parameters) - {'self', 'device', 'dtype'}
+    model_args = infer_model_args(state_dict)
+    model_args.update({k: v for k, v in saved_args.items() if k in accepted})
+    model_args.update(kwargs)
+    model = timm.create_model(KIND_TO_MODEL[model_args['attn_kind']], pretrained=False, **model_args)
+    model.load_state_dict(state_dict, strict=True)
+    return model.eval()

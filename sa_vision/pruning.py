@@ -1,0 +1,131 @@
+""" Pruning degenerate attention heads (how ``sa_gen_pruned`` is made)
+
+Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020), appendix A.1;
+SPEC section 4.
+
+A generalized (non-isotropic Gaussian) head with precision ``M_h = S_h S_h^T`` is degenerate when it
+attends to almost everything uniformly (largest eigenvalue of ``M_h`` tiny) or to a thin stripe
+(``M_h`` nearly singular, condition number huge). The released code drops every head with largest
+eigenvalue ``< 1e-5`` or condition number ``> 1000`` (the paper text says 1e5 for the latter); both are
+arguments here. Dropping head ``n`` of a layer removes its parameters (centre and ``S_h`` for the Gaussian
+kinds; its rows of the key maps for the learned kinds) and its ``D`` input columns ``n*D:(n+1)*D`` of the
+layer's Value map. The result is the state dict of the same model with fewer heads in some layers; it
+loads strictly into ``timm.create_model(<name>, heads_per_layer=<kept heads>)`` (for the paper's
+[2,4,1,2,6,0] that is ``sa_gen_pruned``). Fine-tune it afterwards with the pruned recipe (SPEC 6).
+"""
+import copy
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
+
+__all__ = ['head_eigenvalues', 'find_degenerate_heads', 'prune_state_dict', 'prune_heads']
+
+MAX_EIGENVALUE_BELOW = 1e-5  # released code: prune if the largest eigenvalue of M_h is below this
+MAX_CONDITION = 1000.  # released code: prune if the condition number of M_h is above this
+
+
+def head_eigenvalues(model: nn.Module) -> List[Tensor]:
+    """Per layer, the eigenvalues ``(heads, 2)`` (ascending) of every head's precision ``M_h``."""
+    return [torch.linalg.eigvalsh(precisions) for precisions in head_precisions(model)]
+
+
+def find_degenerate_heads(
+        model: nn.Module,
+        max_eigenvalue_below: float = MAX_EIGENVALUE_BELOW,
+        max_condition: float = MAX_CONDITION,
+) -> List[List[int]]:
+    """Per layer, the indices of the heads whose ``M_h`` has largest eigenvalue ``< max_eigenvalue_below``
+    or condition number (largest / smallest eigenvalue, ``inf`` when singular) ``> max_condition``."""
+    degenerate = []
+    for eigenvalues in head_eigenvalues(model):
+        smallest, largest = eigenvalues[:, 0].abs(), eigenvalues[:, 1].abs()
+        condition = torch.where(smallest > 0, largest / smallest.clamp(min=1e-300), torch.full_like(largest, float('inf')))
+        bad = (largest < max_eigenvalue_below) | (condition > max_condition)
+        degenerate.append([int(i) for i in torch.nonzero(bad).flatten()])
+    return degenerate
+
+
+def _per_head_params(kind: str, dim: int) -> Dict[str, Tuple[int, int]]:
+    """Parameter suffix within a block -> (dim holding the heads, entries per head)."""
+    if kind in GAUSSIAN_KINDS:
+        return {'attn.position.centers': (0, 1), 'attn.position.spreads': (0, 1), 'value.weight': (1, dim)}
+    params = {'attn.position.row_keys.weight': (0, 1), 'attn.position.col_keys.weight': (0, 1), 'value.weight': (1, dim)}
+    if kind == 'content':
+        params.update({
+            'attn.content.query.weight': (0, dim), 'attn.content.query.bias': (0, dim),
+            'attn.content.key.weight': (0, dim), 'attn.content.key.bias': (0, dim)})
+    return params
+
+
+def prune_state_dict(
+        state_dict: Dict[str, Tensor],
+        heads_to_prune: Sequence[Sequence[int]],
+        heads_per_layer: Sequence[int],
+        embed_dim: int,
+        attn_kind: str = 'generalized',
+) -> Tuple[Dict[str, Tensor], Tuple[int, ...]]:
+    """Remove heads from a :class:`~sa_vision.models.SelfAttentionNet` state dict.
+
+    Args:
+        state_dict: The model's state dict (not modified).
+        heads_to_prune: Per layer, the head indices to drop.
+        heads_per_layer: The model's heads per layer.
+        embed_dim: The model's token width ``D``.
+        attn_kind: The model's attention kind.
+
+    Returns:
+        The pruned state dict and the heads per layer it holds.
+    """
+    if len(heads_to_prune) != len(heads_per_layer):
+        raise ValueError(
+            f'heads_to_prune has {len(heads_to_prune)} layers but the model has {len(heads_per_layer)}; '
+            f'give one list of head indices per layer (an empty list keeps the layer whole)')
+    per_head = _per_head_params(attn_kind, embed_dim)
+    pruned = dict(state_dict)
+    kept_per_layer = []
+    for layer, (drop, num_heads) in enumerate(zip(heads_to_prune, heads_per_layer)):
+        drop = sorted({int(h) for h in drop})
+        if any(not 0 <= h < num_heads for h in drop):
+            raise ValueError(f'layer {layer} has heads 0..{num_heads - 1}, cannot prune heads {drop}')
+        keep = [h for h in range(num_heads) if h not in drop]
+        if not keep:
+            raise ValueError(f'pruning heads {drop} would leave layer {layer} without any head; keep at least one')
+        kept_per_layer.append(len(keep))
+        for suffix, (dim, width) in per_head.items():
+            key = f'blocks.{layer}.{suffix}'
+            if key not in state_dict:
+                raise ValueError(f'state dict has no {key!r}; is it a {attn_kind!r} self-attention model?')
+            index = torch.tensor([h * width + i for h in keep for i in range(width)], dtype=torch.long)
+            pruned[key] = state_dict[key].index_select(dim, index.to(state_dict[key].device)).clone()
+    return pruned, tuple(kept_per_layer)
+
+
+@torch.no_grad()
+def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int]]] = None, **thresholds) -> nn.Module:
+    """A copy of ``model`` with the given heads (default: :func:`find_degenerate_heads` with ``thresholds``)
+    removed; its ``heads_per_layer`` is the pruned one and it holds the remaining weights unchanged."""
+    kind = attention_layers(model)[0].kind
+    if heads_to_prune is None:
+        heads_to_prune = find_degenerate_heads(model, **thresholds)
+    state_dict, kept = prune_state_dict(
+        model.state_dict(), heads_to_prune, model.heads_per_layer, model.embed_dim, kind)
+    pruned = copy.deepcopy(model)
+    for block, num_heads in zip(pruned.blocks, kept):
+        attn = block.attn
+        ref = block.value.weight
+        dd = {'device': ref.device, 'dtype': ref.dtype}
+        attn.num_heads = num_heads
+        attn.position = type(attn.position)(num_heads, **dd) if kind in GAUSSIAN_KINDS else type(attn.position)(
+            attn.dim, num_heads, max_shift=attn.position.max_shift, **dd)
+        if attn.content is not None:
+            attn.content = type(attn.content)(attn.dim, num_heads, **dd)
+        attn._probs_cache = {}
+        block.num_heads = num_heads
+        # same Linear class (the model's heads-stacked Linear), Value may have Dense fused into it
+        block.value = type(block.value)(num_heads * attn.dim, block.value.out_features, **dd)
+    pruned.heads_per_layer = kept
+    pruned.load_state_dict(state_dict, strict=True)
+    return pruned

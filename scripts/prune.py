@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+""" Prune the degenerate heads of a generalized (non-isotropic Gaussian) sa_vision model (SPEC 4)
+
+    python scripts/prune.py run/sa_gen_cifar.safetensors --out pruned.safetensors
+    python scripts/prune.py sa_gen_cifar --heads 0,1 0,1,2,3 0 0,1 0,1,2,3,4,5 "" --out pruned.pth
+
+A head is degenerate when its precision M_h = S_h S_h^T has largest eigenvalue < --max-eigenvalue-below
+(1e-5) or condition number > --max-condition (1000), the released thresholds. The output holds the pruned
+state dict and the model kwargs (heads_per_layer ...), so scripts/plot_attention.py and
+sa_vision.analysis.load_model open it; fine-tune it with the training script's pruned recipe.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+
+import torch  # noqa: E402
+
+from sa_vision.analysis import attention_layers, infer_model_args, load_model  # noqa: E402
+from sa_vision.paper import PRUNED_HEADS_PER_LAYER  # noqa: E402
+from sa_vision.pruning import MAX_CONDITION, MAX_EIGENVALUE_BELOW, find_degenerate_heads, head_eigenvalues, \
+    prune_heads  # noqa: E402
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('source', help='timm model name, checkpoint file or Hub folder')
+    parser.add_argument('--out', required=True, help='.safetensors (kwargs in its metadata) or a torch .pth file')
+    parser.add_argument('--max-eigenvalue-below', type=float, default=MAX_EIGENVALUE_BELOW)
+    parser.add_argument('--max-condition', type=float, default=MAX_CONDITION)
+    parser.add_argument('--heads', nargs='+', help='prune these heads instead: one comma list per layer ("" for none)')
+    parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
+    args = parser.parse_args(argv)
+
+    model = load_model(args.source, pretrained=args.pretrained)
+    if attention_layers(model)[0].kind != 'generalized' and args.heads is None:
+        parser.error('degenerate-head detection is defined for generalized models; give --heads to prune others')
+    if args.heads is not None:
+        heads = [[int(h) for h in layer.split(',') if h.strip()] for layer in args.heads]
+    else:
+        heads = find_degenerate_heads(model, args.max_eigenvalue_below, args.max_condition)
+        for layer, (eig, drop) in enumerate(zip(head_eigenvalues(model), heads)):
+            print(f'layer {layer + 1}: eigenvalues of M_h (small, large) '
+                  + ' '.join(f'({a:.2g},{b:.2g})' for a, b in eig.tolist()) + f' -> prune {drop}')
+    pruned = prune_heads(model, heads)
+    state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
+    model_args = infer_model_args(state_dict)
+    print(f'pruned {[len(h) for h in heads]} heads per layer, kept {list(pruned.heads_per_layer)}, '
+          f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
+    if tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and model_args['embed_dim'] == 400:
+        print('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
+    if args.out.endswith('.safetensors'):
+        from safetensors.torch import save_file
+        save_file(state_dict, args.out, metadata={'model_args': json.dumps(model_args)})
+    else:
+        torch.save({'state_dict': state_dict, 'model_args': model_args}, args.out)
+    print(f'wrote {args.out}')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,207 @@
+""" Head statistics and pictures, checked against hand formulas (not pixels) """
+import json
+import math
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import timm
+import torch
+
+import sa_vision  # noqa: F401
+from sa_vision.analysis import (
+    format_table, gaussian_contour, head_covariances, head_statistics, layer_summary, load_model, write_table,
+)
+from sa_vision.plots import plot_attention_maps, plot_center_trajectories, plot_centers, save_card_figure
+
+ROOT = os.path.join(os.path.dirname(__file__), '..')
+SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=16)
+
+
+def small(name, **kwargs):
+    torch.manual_seed(0)
+    return timm.create_model(name, **dict(SMALL, **kwargs)).eval()
+
+
+def gaussian_map(center, precision, grid=(16, 16), query=(8, 8)):
+    """Softmax over the grid of -1/2 (delta - mu)^T M (delta - mu), for one query, by hand (numpy)."""
+    rows, cols = np.meshgrid(np.arange(grid[0]) - query[0], np.arange(grid[1]) - query[1], indexing='ij')
+    d = np.stack([rows - center[0], cols - center[1]], -1)
+    scores = -0.5 * np.einsum('hwi,ij,hwj->hw', d, precision, d)
+    p = np.exp(scores - scores.max())
+    return p / p.sum()
+
+
+def set_quadratic(model, layer, head, center, spread):
+    with torch.no_grad():
+        model.blocks[layer].attn.position.centers[head] = torch.tensor(center)
+        model.blocks[layer].attn.position.spreads[head] = spread
+
+
+def test_statistics_of_hard_and_soft_quadratic_heads():
+    model = small('sa_quadratic_cifar')
+    set_quadratic(model, 0, 0, (1., -1.), 20.)  # alpha = 200: hard on shift (1, -1)
+    set_quadratic(model, 0, 1, (0.3, 0.2), 1.0)  # soft
+    set_quadratic(model, 0, 2, (0., 1.), 20.)
+    rows = head_statistics(model)
+    hard, soft = rows[0], rows[1]
+    assert hard['peak'] == pytest.approx(1.0, abs=1e-12) and hard['entropy'] == pytest.approx(0, abs=1e-12)
+    assert (hard['nearest_row'], hard['nearest_col']) == (1, -1) and hard['r50'] == 0 and hard['r90'] == 0
+    p = gaussian_map((0.3, 0.2), np.eye(2))
+    assert soft['peak'] == pytest.approx(p.max(), rel=1e-6)
+    assert soft['entropy'] == pytest.approx(-(p * np.log(p)).sum(), rel=1e-6)
+    assert soft['cov_rr'] == pytest.approx(1.0) and soft['cov_rc'] == 0
+    # radius by hand: distances from the mean, sorted, cumulative mass
+    rows_, cols_ = np.meshgrid(np.arange(16) - 8, np.arange(16) - 8, indexing='ij')
+    mean = ((p * rows_).sum(), (p * cols_).sum())
+    assert (soft['mean_row'], soft['mean_col']) == pytest.approx(mean, rel=1e-6)
+    dist = np.hypot(rows_ - mean[0], cols_ - mean[1]).ravel()
+    order = np.argsort(dist)
+    cumulative = np.cumsum(p.ravel()[order])
+    assert soft['r50'] == pytest.approx(dist[order][np.searchsorted(cumulative, 0.5)])
+    assert soft['r90'] == pytest.approx(dist[order][np.searchsorted(cumulative, 0.9)])
+    summary = layer_summary(rows)
+    assert summary[0]['hard_heads'] == 2 and summary[0]['distinct_shifts'] == 2 and not summary[0]['covers_3x3']
+
+
+def test_layer_summary_sees_a_full_3x3_kernel():
+    model = small('sa_quadratic_cifar', depth=1, heads_per_layer=9)
+    for head, (r, c) in enumerate((r, c) for r in (-1, 0, 1) for c in (-1, 0, 1)):
+        set_quadratic(model, 0, head, (float(r), float(c)), 20.)
+    summary = layer_summary(head_statistics(model))[0]
+    assert summary['hard_heads'] == 9 and summary['distinct_shifts'] == 9 and summary['covers_3x3']
+
+
+def test_generalized_covariance_is_inverse_precision():
+    model = small('sa_gen_cifar')
+    s = torch.tensor([[1.5, 0.], [0.7, 0.4]])
+    with torch.no_grad():
+        model.blocks[1].attn.position.spreads[2] = s
+        model.blocks[1].attn.position.spreads[0] = torch.tensor([[1., 1.], [1., 1.]])  # singular M
+    cov = head_covariances(model)[1]
+    expected = np.linalg.inv((s @ s.T).double().numpy())
+    np.testing.assert_allclose(cov[2].numpy(), expected, rtol=1e-6)
+    assert math.isinf(cov[0, 0, 0])
+    row = head_statistics(model)[3 + 2]
+    assert row['peak'] == pytest.approx(
+        gaussian_map(model.blocks[1].attn.position.centers[2].tolist(), (s @ s.T).double().numpy()).max(), rel=1e-5)
+
+
+def test_tables_csv_json(tmp_path):
+    rows = head_statistics(small('sa_learned_cifar'))
+    assert math.isnan(rows[0]['cov_rr'])
+    assert 'peak' in format_table(rows).splitlines()[0]
+    write_table(rows, str(tmp_path / 't.csv'))
+    assert (tmp_path / 't.csv').read_text().count('\n') == 1 + 6
+    summary = layer_summary(rows)
+    write_table(summary, str(tmp_path / 's.json'))
+    assert json.loads((tmp_path / 's.json').read_text())[1]['heads'] == 3
+    with pytest.raises(ValueError, match='.csv or .json'):
+        write_table(rows, str(tmp_path / 't.txt'))
+
+
+def test_contour_holds_the_gaussian_mass():
+    # isotropic: the p-mass circle of N(mu, I/s^2) has radius sqrt(-2 log(1-p)) / s
+    points = gaussian_contour(torch.tensor([1., 2.]), torch.eye(2) * 4.0, 0.9).numpy()
+    radius = np.hypot(points[:, 0] - 1, points[:, 1] - 2)
+    np.testing.assert_allclose(radius, math.sqrt(-2 * math.log(0.1)) / 2, rtol=1e-12)
+
+
+def test_figure_a_draws_the_centres_and_contours():
+    model = small('sa_gen_cifar')
+    fig, data = plot_centers(model)
+    for layer in range(2):
+        centers = model.blocks[layer].attn.position.centers.detach().double().numpy()
+        np.testing.assert_allclose(data['centers'][layer], centers)
+        ax = fig.axes[layer]
+        for head in range(3):
+            s = model.blocks[layer].attn.position.spreads[head].detach().double()
+            for mass in (0.5, 0.9):
+                line = next(l for l in ax.lines if l.get_gid() == f'contour-{layer}-{head}-{mass}')
+                # every contour point x satisfies (x - mu)^T M (x - mu) = -2 log(1 - mass)
+                d = np.stack([line.get_ydata() - centers[head, 0], line.get_xdata() - centers[head, 1]], -1)
+                m = (s @ s.T).numpy()
+                np.testing.assert_allclose(np.einsum("ni,ij,nj->n", d, m, d), -2 * math.log(1 - mass), rtol=1e-5)
+            dot = next(l for l in ax.lines if l.get_gid() == f'center-{layer}-{head}')
+            assert (dot.get_ydata()[0], dot.get_xdata()[0]) == pytest.approx(tuple(centers[head]))
+    with pytest.raises(ValueError, match='plot_attention_maps'):
+        plot_centers(small('sa_learned_cifar'))
+
+
+def test_figure_b_draws_the_query_attention():
+    model = small('sa_quadratic_cifar')
+    set_quadratic(model, 1, 1, (2., -1.), 0.8)
+    fig, data = plot_attention_maps(model, query=(3, 12), zoom=4)
+    assert data['maps'].shape == (2, 3, 9, 9)
+    s = 0.8
+    expected = gaussian_map((2., -1.), np.eye(2) * s * s, query=(3, 12))
+    window = np.full((9, 9), np.nan)
+    window[1:, :] = np.pad(expected[0:8, 8:16], ((0, 0), (0, 1)), constant_values=np.nan)  # rows -1..7, cols 8..16
+    np.testing.assert_allclose(data['maps'][1, 1], window, rtol=1e-6, equal_nan=True)
+    image = next(im for im in fig.axes[1 * 3 + 1].images if im.get_gid() == 'map-1-1')
+    np.testing.assert_allclose(np.ma.filled(image.get_array(), np.nan), window, rtol=1e-6, equal_nan=True)
+
+
+def test_figure_b_content_kind_averages_a_batch():
+    model = small('sa_content_cifar')
+    images = torch.randn(4, 3, 16, 16)
+    _, data = plot_attention_maps(model, images=images, zoom=3)
+    # by hand: the first layer sees the embedding of the images
+    tokens = model.patch_embed(images)  # grid-major or batch-major depending on the model layout
+    tokens = tokens.permute(2, 0, 1, 3) if tokens.shape[2] == 4 else tokens
+    x = tokens.reshape(4, 64, 16).double()
+    attn = model.blocks[0].attn
+    q = (x @ attn.content.query.weight.double().T + attn.content.query.bias.double()).view(4, 64, 3, 16)
+    k = (x @ attn.content.key.weight.double().T + attn.content.key.bias.double()).view(4, 64, 3, 16)
+    scores = torch.einsum('bqhd,bkhd->bhqk', q, k) / 4.0 + attn.position.grid_scores(8, 8).double()[None]
+    probs = scores.softmax(-1).mean(0)[:, 4 * 8 + 4].reshape(3, 8, 8)
+    np.testing.assert_allclose(data['maps'][0][:, :7, :7], probs[:, 1:8, 1:8].detach().numpy(), rtol=1e-5, atol=1e-9)
+
+
+def test_figure_c_and_card(tmp_path):
+    first = small('sa_quadratic_cifar')
+    second = small('sa_quadratic_cifar')
+    with torch.no_grad():
+        second.blocks[0].attn.position.centers.add_(1.0)
+    fig, data = plot_center_trajectories([first, second], str(tmp_path / 'c.svg'))
+    assert data['centers'].shape == (2, 2, 3, 2)
+    line = next(l for l in fig.axes[0].lines if l.get_gid() == 'trajectory-0-1')
+    c0 = first.blocks[0].attn.position.centers[1].tolist()
+    np.testing.assert_allclose(line.get_xdata(), [c0[1], c0[1] + 1], rtol=1e-6)
+    np.testing.assert_allclose(line.get_ydata(), [c0[0], c0[0] + 1], rtol=1e-6)
+    assert (tmp_path / 'c.svg').stat().st_size > 0
+    for name in ('sa_gen_cifar', 'sa_learned_cifar'):
+        path = save_card_figure(small(name), str(tmp_path / f'{name}.png'))
+        assert open(path, 'rb').read(8) == b'\x89PNG\r\n\x1a\n'
+
+
+def test_load_model_from_checkpoints_and_hub_folder(tmp_path):
+    from safetensors.torch import save_file
+    model = small('sa_gen_cifar', heads_per_layer=(2, 3))
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        ref = model(x)
+    torch.save({'model': model.state_dict(), 'args': {'attn_drop_rate': 0.0, 'lr': 0.1}}, tmp_path / 'a.pth')
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / 'b.safetensors'))
+    timm.models.save_for_hf(model, str(tmp_path / 'hub'), model_config={'architecture': 'sa_gen_cifar'},
+                            model_args=dict(SMALL, heads_per_layer=[2, 3]))
+    for source in ('a.pth', 'b.safetensors', 'hub'):
+        loaded = load_model(str(tmp_path / source))
+        assert loaded.heads_per_layer == (2, 3)
+        with torch.no_grad():
+            torch.testing.assert_close(loaded(x), ref)
+    assert load_model(str(tmp_path / 'a.pth')).blocks[0].attn.attn_drop == 0.0
+    with pytest.raises(ValueError, match='does not exist'):
+        load_model(str(tmp_path / 'missing.pth'))
+
+
+@pytest.mark.slow
+def test_plot_script_on_random_init(tmp_path):
+    out = tmp_path / 'fig.png'
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, 'scripts', 'plot_attention.py'), 'sa_quadratic_cifar', '--out', str(out),
+         '--table', str(tmp_path / 'heads.csv')], check=True, capture_output=True, text=True)
+    assert out.stat().st_size > 10_000 and 'wrote' in result.stdout
+    assert (tmp_path / 'heads.csv').read_text().count('\n') == 1 + 54

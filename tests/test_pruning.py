@@ -1,0 +1,119 @@
+""" Pruning degenerate heads (SPEC 4) """
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import timm
+import torch
+
+import sa_vision  # noqa: F401
+from sa_vision.paper import PAPER_RESULTS, PRUNED_HEADS_PER_LAYER
+from sa_vision.pruning import find_degenerate_heads, prune_heads, prune_state_dict
+
+ROOT = os.path.join(os.path.dirname(__file__), '..')
+SMALL = dict(embed_dim=16, depth=3, heads_per_layer=(4, 5, 3), mlp_hidden_dim=24)
+# (layer, head) -> S_h making M_h = S_h S_h^T degenerate: tiny (uniform attention) or near-singular (stripe)
+PLANTED = {
+    (0, 1): torch.eye(2) * 1e-3,  # largest eigenvalue 1e-6 < 1e-5
+    (1, 0): torch.tensor([[1.0, 0.0], [0.0, 0.01]]),  # condition number 1e4 > 1000
+    (1, 4): torch.tensor([[1.0, 1.0], [1.0, 1.0]]),  # singular: condition infinite
+    (2, 2): torch.zeros(2, 2),  # all-zero: constant scores
+}
+
+
+def planted_model():
+    torch.manual_seed(0)
+    model = timm.create_model('sa_gen_cifar', **SMALL).eval()
+    with torch.no_grad():
+        for (layer, head), s in PLANTED.items():
+            model.blocks[layer].attn.position.spreads[head] = s
+        # a healthy head close to the thresholds stays: eigenvalues 1 and 2e-3 (condition 500)
+        model.blocks[0].attn.position.spreads[3] = torch.diag(torch.tensor([1.0, 0.002 ** 0.5]))
+    return model
+
+
+def test_planted_degenerate_heads_are_found():
+    assert find_degenerate_heads(planted_model()) == [[1], [0, 4], [2]]
+
+
+def test_thresholds_are_overridable():
+    model = planted_model()
+    assert find_degenerate_heads(model, max_condition=100.) == [[1, 3], [0, 4], [2]]
+    assert find_degenerate_heads(model, max_eigenvalue_below=0., max_condition=float('inf')) == [[], [], []]
+
+
+def test_pruned_output_equals_zeroed_value_columns():
+    model = planted_model()
+    pruned = prune_heads(model)
+    assert pruned.heads_per_layer == (3, 3, 2)
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for (layer, head) in PLANTED:
+            reference.blocks[layer].value.weight[:, head * 16:(head + 1) * 16] = 0
+    x = torch.randn(3, 3, 12, 10)
+    with torch.no_grad():
+        out, ref, unpruned = pruned(x), reference(x), model(x)
+    assert torch.allclose(out, ref, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, unpruned, atol=1e-3)  # the heads did contribute before
+
+
+def test_prune_state_dict_keeps_the_right_heads():
+    model = planted_model()
+    sd, kept = prune_state_dict(model.state_dict(), [[1], [0, 4], [2]], model.heads_per_layer, 16)
+    assert kept == (3, 3, 2)
+    assert torch.equal(sd['blocks.1.attn.position.centers'], model.blocks[1].attn.position.centers[[1, 2, 3]])
+    assert torch.equal(sd['blocks.0.attn.position.spreads'], model.blocks[0].attn.position.spreads[[0, 2, 3]])
+    value = model.blocks[1].value.weight
+    assert torch.equal(sd['blocks.1.value.weight'], torch.cat([value[:, 16:32], value[:, 32:48], value[:, 48:64]], 1))
+
+
+def test_prune_errors():
+    model = planted_model()
+    with pytest.raises(ValueError, match='layers'):
+        prune_state_dict(model.state_dict(), [[0]], model.heads_per_layer, 16)
+    with pytest.raises(ValueError, match='without any head'):
+        prune_state_dict(model.state_dict(), [[0, 1, 2, 3], [], []], model.heads_per_layer, 16)
+    with pytest.raises(ValueError, match='cannot prune'):
+        prune_state_dict(model.state_dict(), [[7], [], []], model.heads_per_layer, 16)
+
+
+@pytest.mark.parametrize('kind', ['quadratic', 'learned', 'content'])
+def test_prune_other_kinds(kind):
+    torch.manual_seed(0)
+    model = timm.create_model(f'sa_{dict(quadratic="quadratic", learned="learned", content="content")[kind]}_cifar',
+                              **SMALL).eval()
+    pruned = prune_heads(model, [[0], [], [1, 2]])
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        reference.blocks[0].value.weight[:, 0:16] = 0
+        reference.blocks[2].value.weight[:, 16:48] = 0
+        x = torch.randn(2, 3, 8, 8)
+        assert torch.allclose(pruned(x), reference(x), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.slow
+def test_paper_pruning_loads_strictly_into_sa_gen_pruned():
+    model = timm.create_model('sa_gen_cifar')
+    counts = [9 - k for k in PRUNED_HEADS_PER_LAYER]
+    assert counts == [2, 4, 1, 2, 6, 0]
+    sd, kept = prune_state_dict(model.state_dict(), [list(range(9 - c, 9)) for c in counts],
+                                model.heads_per_layer, model.embed_dim)
+    assert kept == PRUNED_HEADS_PER_LAYER
+    target = timm.create_model('sa_gen_pruned')
+    target.load_state_dict(sd, strict=True)
+    assert sum(p.numel() for p in target.parameters()) == 9_686_916 == PAPER_RESULTS['sa_gen_pruned'].params
+
+
+@pytest.mark.slow
+def test_prune_script_writes_loadable_checkpoint(tmp_path):
+    from sa_vision.analysis import load_model
+    source = tmp_path / 'planted.pth'
+    torch.save({'state_dict': planted_model().state_dict()}, source)
+    out = tmp_path / 'pruned.safetensors'
+    subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'prune.py'), str(source), '--out', str(out)],
+                   check=True, capture_output=True)
+    model = load_model(str(out))
+    assert model.heads_per_layer == (3, 3, 2)
+    assert find_degenerate_heads(model) == [[], [], []]
