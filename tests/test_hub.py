@@ -30,13 +30,6 @@ def _env():
     return dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
 
 
-def _figure_available():
-    try:
-        from sa_vision.plots import save_card_figure  # noqa: F401
-        return True
-    except ImportError:
-        return False
-
 
 @pytest.fixture(scope='module')
 def trained(tmp_path_factory):
@@ -161,7 +154,8 @@ def test_dry_run_stages_exactly_the_expected_files(trained, tmp_path, recording_
     ckpt_path, _ = trained
     out = tmp_path / 'staged'
     assert push_to_hub.main([str(ckpt_path), '--dry-run', '--out-dir', str(out)]) == 0
-    expected = set(HUB_FOLDER_FILES) | ({CARD_FIGURE_FILENAME} if _figure_available() else set())
+    # config.json, model.safetensors, README.md, the recipe, and the card's attention figure
+    expected = set(HUB_FOLDER_FILES) | {CARD_FIGURE_FILENAME}
     assert {p.name for p in out.iterdir()} == expected
     printed = capsys.readouterr().out
     assert all(name in printed for name in expected) and 'nothing uploaded' in printed

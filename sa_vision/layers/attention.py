@@ -444,10 +444,14 @@ class _AttendThenProject(torch.autograd.Function):
 
 
 def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Tensor) -> Tensor:
-    """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``) one head at a time,
-    holding only ``x`` between forward and backward for the content-free kinds (the content kind runs as
-    usual)."""
-    if attn.content is not None:
+    """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``).
+
+    Content-free kinds run one head at a time without ever building the stacked heads. With autograd that
+    means recomputing each head in backward, which only pays on the separable path (two small products);
+    the dense path and the content kind run as plain ``value(attn(x))`` when gradients are needed.
+    """
+    cheap_to_recompute = attn.separable and not attn.dense
+    if attn.content is not None or (torch.is_grad_enabled() and not cheap_to_recompute):
         return value(attn.mix(x))
     probs = attn.mixing_probs(x.shape[0], x.shape[1])
     return _AttendThenProject.apply(x, value.weight, value.bias, *probs)
