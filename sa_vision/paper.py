@@ -4,7 +4,7 @@ Cordonnier, Loukas & Jaggi, `On the Relationship between Self-Attention and Conv
 ICLR 2020 (https://arxiv.org/abs/1911.03584). See ``SPEC.md`` sections 1 and 6.
 """
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional
 
 __all__ = [
     'ARXIV_ID', 'CIFAR10_MEAN', 'CIFAR10_STD', 'CIFAR10_CLASSES', 'PAPER_TITLE', 'PAPER_CITATION',
