@@ -238,3 +238,25 @@ def test_heads_linear_equals_linear_over_concatenated_heads(bias):
                      torch.autograd.grad((ref * weights).sum(), params)):
         torch.testing.assert_close(g, rg)
     torch.autograd.gradcheck(lambda t: layer(t), (stacked[:, :1, :2, :2].detach().requires_grad_(),))
+
+
+def test_gelu_mlp_equals_linear_gelu_linear_and_saves_one_hidden_tensor():
+    from sa_vision.layers import GeluMlp
+    torch.manual_seed(0)
+    mlp = GeluMlp(6, 10, drop=0.).double()
+    x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    out = mlp(x)
+    # reference: the plain composition with the exact erf GELU written out
+    hidden = x @ mlp.fc1.weight.T + mlp.fc1.bias
+    activation = 0.5 * hidden * (1 + torch.erf(hidden / math.sqrt(2)))
+    ref = activation @ mlp.fc2.weight.T + mlp.fc2.bias
+    torch.testing.assert_close(out, ref)
+    params = [x] + list(mlp.parameters())
+    weights = torch.randn_like(ref)
+    for g, rg in zip(torch.autograd.grad((out * weights).sum(), params),
+                     torch.autograd.grad((ref * weights).sum(), params)):
+        torch.testing.assert_close(g, rg)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(tuple(t.shape)), t)[1], lambda t: t):
+        mlp(x)
+    assert saved.count((3, 4, 10)) == 1  # the pre-activation; the activation is recomputed

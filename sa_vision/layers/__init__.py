@@ -3,3 +3,4 @@ from .attention import (
     apply_mixing, attend_then_project, dense_attention, grid_shifts, relative_shifts,
 )
 from .embed import SpaceToDepthEmbed, space_to_depth
+from .mlp import GeluMlp

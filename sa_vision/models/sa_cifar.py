@@ -26,13 +26,15 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from timm.layers import Mlp, calculate_drop_path_rates
+from timm.layers import calculate_drop_path_rates
 from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, generate_default_cfgs, register_model
 from timm.models import register_notrace_function, register_notrace_module
 from timm.models._features import feature_take_indices
 
 from ..hub import explain_unavailable_weights
-from ..layers import ATTENTION_KINDS, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project
+from ..layers import (
+    ATTENTION_KINDS, GeluMlp, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project,
+)
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 
 __all__ = ['SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
@@ -102,7 +104,7 @@ class SelfAttentionBlock(nn.Module):
         self.drop_path1 = SampleDropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **dd)
         # exact (erf) GELU; the original drops out only after the second Linear
-        self.mlp = Mlp(dim, hidden_features=mlp_hidden_dim, act_layer=nn.GELU, drop=(0., proj_drop), **dd)
+        self.mlp = GeluMlp(dim, mlp_hidden_dim, drop=proj_drop, **dd)
         self.drop_path2 = SampleDropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps, **dd)
 

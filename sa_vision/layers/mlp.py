@@ -1,0 +1,54 @@
+""" The post-norm layers' MLP: Linear -> exact GELU -> Linear -> Dropout
+
+Same parameters and names as timm's ``Mlp`` (``fc1``, ``fc2``). Training keeps only the hidden
+pre-activation for backward and recomputes the GELU there (an elementwise op), instead of holding both
+the pre-activation and the activation: one hidden-sized tensor less per layer.
+"""
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ['GeluMlp']
+
+
+class _GeluLinear(torch.autograd.Function):
+    """``F.linear(gelu(hidden), weight, bias)`` saving ``hidden`` only."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        ctx.save_for_backward(hidden, weight)
+        return F.linear(F.gelu(hidden), weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        hidden, weight = ctx.saved_tensors
+        grad_hidden = grad_weight = grad_bias = None
+        with torch.enable_grad():
+            hidden_in = hidden.detach().requires_grad_(ctx.needs_input_grad[0])
+            activation = F.gelu(hidden_in)
+        grad_2d = grad_out.reshape(-1, grad_out.shape[-1])
+        if ctx.needs_input_grad[1]:
+            grad_weight = grad_2d.t() @ activation.detach().reshape(-1, activation.shape[-1])
+        if ctx.needs_input_grad[2]:
+            grad_bias = grad_2d.sum(0)
+        if ctx.needs_input_grad[0]:
+            grad_hidden, = torch.autograd.grad(activation, hidden_in, grad_out @ weight)
+        return grad_hidden, grad_weight, grad_bias
+
+
+class GeluMlp(nn.Module):
+    """``Dropout(fc2(GELU(fc1(x))))`` with the exact (erf) GELU, as in the original post-norm layers."""
+
+    def __init__(self, dim: int, hidden_dim: int, drop: float = 0., device=None, dtype=None):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim, device=device, dtype=dtype)
+        self.fc2 = nn.Linear(hidden_dim, dim, device=device, dtype=dtype)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        hidden = self.fc1(x)
+        if torch.jit.is_scripting() or not torch.is_grad_enabled():
+            out = self.fc2(F.gelu(hidden))
+        else:
+            out = _GeluLinear.apply(hidden, self.fc2.weight, self.fc2.bias)
+        return self.drop(out)
