@@ -50,6 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--num-classes', type=int, default=None)
     p.add_argument('--device', default='auto', help='auto (cuda if available, else cpu), cpu, cuda, cuda:1')
     p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (default: torch default)')
+    p.add_argument('--flush-denormal', action='store_true',
+                   help='torch.set_flush_denormal(True) for the whole run (x86 FTZ/DAZ): subnormal floats count '
+                        'as zero, so formulations that compute with them (the paper\'s far Gaussian '
+                        'probabilities) no longer pay the slow microcode path; see docs/performance.md')
     p.add_argument('--amp', action='store_true', help='mixed precision autocast')
     p.add_argument('--amp-dtype', default='bfloat16', choices=('bfloat16', 'float16'))
     p.add_argument('--precision', default='float32', choices=('float32', 'float16', 'bfloat16'),
@@ -82,6 +86,9 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        print('--flush-denormal: this CPU does not support flushing subnormals (needs SSE3)', file=sys.stderr)
+        return 2
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     models = list(args.model)
     if args.model_list:
@@ -107,6 +114,7 @@ def main(argv=None) -> int:
             channels_last=args.channels_last, torchcompile=args.torchcompile,
         )
         for v, row in zip(variants, rows):
+            row['flush_denormal'] = args.flush_denormal
             if hasattr(v.model, 'attn_kind'):
                 row['unavoidable_macs'] = sab.unavoidable_macs(v.model, input_size)
                 if row.get('matmul_gflops') and 'train_samples_per_sec' in row:

@@ -200,6 +200,31 @@ def test_probabilities_renormalise_at_the_border():
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 35))
 
 
+
+def is_subnormal(t):
+    return (t != 0) & (t.abs() < torch.finfo(t.dtype).tiny)
+
+
+@pytest.mark.parametrize('kind', ['quadratic', 'generalized'])
+def test_far_probabilities_are_zero_not_subnormal(kind):
+    """Subnormal probabilities make every product with them slow on x86; they are zeroed, and the
+    probabilities still equal a float64 softmax: relatively where they are kept (float32 scores near
+    -100 carry ~1e-5 relative error into exp), absolutely below 1e-20 where they are dropped."""
+    layer = PositionalAttention(4, 2, kind)  # default init: spread ~1, far keys underflow
+    with torch.no_grad():
+        layer.position.centers.zero_()
+    exact = reference_scores(layer.double(), torch.zeros(1, 16, 16, 4, dtype=torch.float64)).softmax(-1)
+    layer.float()
+    plain_softmax = reference_scores(layer, torch.zeros(1, 16, 16, 4)).softmax(-1)
+    assert is_subnormal(plain_softmax).any(), 'the scenario must produce subnormals without the guard'
+    probs = layer.position_probs(16, 16)
+    assert not is_subnormal(probs).any()
+    torch.testing.assert_close(probs.double(), exact, rtol=1e-4, atol=1e-20)
+    if layer.separable:
+        with torch.no_grad():
+            row_probs, col_probs = layer.eval().mixing_probs(16, 16)
+        assert not is_subnormal(row_probs).any() and not is_subnormal(col_probs).any()
+
 def test_learned_clips_shifts_beyond_its_table():
     layer = make_layer('learned', torch.float64)
     scores = layer.position.grid_scores(1, 40)  # shifts up to 39 along columns, table holds 15

@@ -21,7 +21,9 @@ applied as two small matrix products and no ``(h*w) x (h*w)`` matrix is built. `
 cross term and uses one dense ``(h*w) x (h*w)`` matrix per head, all heads applied in one product.
 ``content`` is ordinary batched attention. Every path equals the plain dense formula (softmax over all
 keys, then a weighted sum) to floating point rounding; ``dense=True`` (or :func:`dense_attention`) runs
-that plain formula instead, for checks and speed comparisons.
+that plain formula instead, for checks and speed comparisons. Probabilities below ``eps**3`` of the
+dtype are set to exactly zero (:func:`drop_negligible`): a Gaussian head's far probabilities would
+otherwise be subnormal numbers, which x86 CPUs multiply in slow microcode.
 
 Attention dropout. As in the original code, the content-free probabilities carry no batch dimension, so
 one dropout mask is drawn per forward and shared by the whole batch. On the dense path that mask covers
@@ -44,7 +46,7 @@ from timm.layers import register_notrace_module
 __all__ = [
     'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'QuadraticScores', 'GeneralizedScores',
     'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts', 'dense_attention', 'apply_mixing',
-    'attend_then_project',
+    'attend_then_project', 'drop_negligible',
 ]
 
 ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
@@ -192,6 +194,32 @@ class ContentScores(nn.Module):
         return q, k
 
 
+def negligible_below(dtype: torch.dtype) -> float:
+    """``eps**3`` of ``dtype``: a probability this small changes a weighted average by less than its
+    rounding unless the averaged values span more than ``1 / eps**2`` (1e14 in float32)."""
+    if dtype == torch.float64:
+        eps = 2.220446049250313e-16
+    elif dtype == torch.bfloat16:
+        eps = 0.0078125
+    elif dtype == torch.float16:
+        eps = 0.0009765625
+    else:
+        eps = 1.1920928955078125e-07
+    return eps ** 3
+
+
+def drop_negligible(probs: Tensor) -> Tensor:
+    """Attention probabilities below :func:`negligible_below` set to exactly zero.
+
+    Far from its centre a Gaussian head's probabilities are astronomically small (``exp(-200)`` and
+    less), and their products with activations or gradients land in the subnormal range, which x86 CPUs
+    compute in microcode: every product with the probabilities ran about 3x slower. Zeroing them keeps
+    the products normal; the output changes below float rounding (see :func:`negligible_below`) and the
+    gradient of a zeroed entry, which is as small as the entry, is dropped with it.
+    """
+    return torch.where(probs < negligible_below(probs.dtype), torch.zeros_like(probs), probs)
+
+
 def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
     """Apply content-free probabilities to a grid-major ``x`` (``h x w x B x D``) for every head at once.
 
@@ -265,7 +293,7 @@ class PositionalAttention(nn.Module):
 
         For the ``content`` kind this is the positional part alone.
         """
-        return self.position.grid_scores(grid_h, grid_w).softmax(dim=-1)
+        return drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.grid_major:
@@ -309,7 +337,7 @@ class PositionalAttention(nn.Module):
 
     def _compute_axis_probs(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
         row_scores, col_scores = self.position.axis_scores(grid_h, grid_w)
-        return row_scores.softmax(dim=-1), col_scores.softmax(dim=-1)
+        return drop_negligible(row_scores.softmax(dim=-1)), drop_negligible(col_scores.softmax(dim=-1))
 
     @torch.jit.unused
     def _cached(self, compute: Callable, grid_h: int, grid_w: int):
