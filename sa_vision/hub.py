@@ -228,7 +228,7 @@ Attention: {_ATTENTION_FORMULAS[attn_kind]}.
 {_section('results', _results_section(arch, None))}
 
 ## Training recipe
-{recipe}
+{_section('recipe', recipe)}
 
 {_section('training', 'Not yet trained: no training run has been exported into this card.')}
 
@@ -312,10 +312,24 @@ def render_model_card(ckpt: Dict[str, Any], model: torch.nn.Module, repo_name: s
                     f'{ds["split"]} split.')
     body = _replace_section(body, 'results', results)
     body = _replace_section(body, 'training', _training_summary(ckpt))
+    body = _replace_section(body, 'recipe', _used_recipe_section(ckpt))
     if has_figure:
         body = _replace_section(body, 'figure', f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})')
     header = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()
     return f'---\n{header}\n---\n{body}'
+
+
+def _used_recipe_section(ckpt: Dict[str, Any]) -> str:
+    """The arguments these weights were trained with (the template shows the paper's recipe instead)."""
+    import yaml
+    from .recipes import recipe_path
+    try:
+        reference = f' The paper\'s CIFAR-10 recipe is `scripts/configs/{recipe_path(ckpt["arch"]).name}` in sa_vision.'
+    except FileNotFoundError:
+        reference = ''
+    used = yaml.safe_dump(ckpt.get('args', {}), sort_keys=False).strip()
+    return (f'These weights were trained with the arguments below (`{RECIPE_FILENAME}` in this repository, '
+            f'`scripts/train.py` names).{reference}\n\n```yaml\n{used}\n```')
 
 
 def _training_summary(ckpt: Dict[str, Any]) -> str:

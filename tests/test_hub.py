@@ -73,6 +73,9 @@ def test_export_folder_in_timm_format(trained):
         in readme
     recipe = yaml.safe_load((export_dir / 'recipe.yaml').read_text())
     assert recipe['model'] == 'sa_quadratic_cifar' and recipe['dataset'] == 'digits'
+    # the card's recipe section shows the arguments used, not the paper's CIFAR-10 recipe of the template
+    card_recipe = readme.split('## Training recipe')[1].split('```yaml\n')[1].split('```')[0]
+    assert yaml.safe_load(card_recipe) == recipe
 
 
 def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, tmp_path):
