@@ -19,7 +19,7 @@ Conventions
   resident growth; it is exact for what the model's own tensors need.
 * Throughput is images/s; every figure is the median over several timed runs after warm-up. Several
   variants are timed alternately (A, B, A, B, ...) in one process, so background load hits them alike;
-  only their ratios are meant to be quoted.
+  only their ratios are meant to be quoted: the median over rounds of each round's paired ratio.
 """
 import contextlib
 import copy
@@ -433,8 +433,9 @@ def benchmark_variants(
 ) -> List[Dict[str, Any]]:
     """Time ``variants`` alternately (round r: A, B, ...; training then inference) and return one result row
     per variant with median images/s, peak step memory and MACs. Ratios are added for every variant
-    after the first, relative to the first (``train_ratio = median(first) / median(this)``, i.e. > 1
-    means the first is faster; ``train_mem_ratio = peak(first) / peak(this)``).
+    after the first, relative to the first: ``train_ratio`` is the median over rounds of
+    ``first / this`` images/s of the same round (``train_ratio_runs`` lists them), i.e. > 1 means the first
+    is faster; ``train_mem_ratio = peak(first) / peak(this)``.
 
     With ``matmul_size``, every round also times the ``matmul_size``^2 float32 ``torch.mm`` rate
     (:func:`matmul_rate`), so it sees the same load as the variants; its median is ``matmul_gflops``.
@@ -499,10 +500,14 @@ def benchmark_variants(
             row['matmul_gflops'] = statistics.median(matmul_runs)
             row['matmul_runs'] = [round(x, 3) for x in matmul_runs]
     first = rows[0]
-    for row in rows[1:]:
-        for key, ratio_key in (
-                ('train_samples_per_sec', 'train_ratio'), ('infer_samples_per_sec', 'infer_ratio'),
-                ('train_peak_mb', 'train_mem_ratio'), ('infer_peak_mb', 'infer_mem_ratio')):
+    for i, row in enumerate(rows[1:], start=1):
+        # speed: the two variants of one round ran back to back, so their ratio cancels slow drifts in load
+        for timed, ratio_key in ((train_runs, 'train_ratio'), (infer_runs, 'infer_ratio')):
+            if timed[i]:
+                paired = [a / b for a, b in zip(timed[0], timed[i])]
+                row[ratio_key] = statistics.median(paired)
+                row[ratio_key + '_runs'] = [round(x, 3) for x in paired]
+        for key, ratio_key in (('train_peak_mb', 'train_mem_ratio'), ('infer_peak_mb', 'infer_mem_ratio')):
             if key in first and key in row and row[key]:
                 row[ratio_key] = first[key] / row[key]
     return rows
