@@ -255,12 +255,16 @@ def test_torch_compile_for_inference_and_training():
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize('tokens_per_chunk', (1024, 144), ids=('one_chunk', 'chunks_3_3_2'))
 @pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'))
-def test_memory_saving_attention_matches_the_plain_composition(name):
+def test_memory_saving_attention_matches_the_plain_composition(name, tokens_per_chunk, monkeypatch):
     """The block's attention + Value (one head at a time, recomputing the heads in backward where that is
-    cheap) equals value(attn(x)) with the same dropout masks, in outputs and gradients, and without autograd;
-    on the separable path it holds nothing heads-sized."""
+    cheap, the batch in chunks of samples) equals value(attn(x)) with the same dropout masks, in outputs and
+    gradients, and without autograd; on the separable path it holds nothing heads-sized."""
+    import sa_vision.layers.attention as attention
     from sa_vision.layers import attend_then_project
+    # a 6 x 8 grid: 144 tokens per chunk is 3 samples, so the batch of 8 runs as chunks of 3, 3 and 2
+    monkeypatch.setattr(attention, 'CPU_TOKENS_PER_CHUNK', tokens_per_chunk)
     model = small_model(name).double().train()
     blk = model.blocks[0]
     x = torch.randn(6, 8, 8, SMALL["embed_dim"], dtype=torch.float64, requires_grad=True)  # h, w, B, D
