@@ -8,8 +8,8 @@ Examples
 
 With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
-reported: those ratios are the speed figures we quote. 'dense' runs the same weights through the plain dense formula (sa_vision.layers.dense_attention);
-'paper' runs the paper's dense formulation loaded at run time from --paper-dense PATH.
+reported: those ratios are the speed figures we quote. 'dense' runs the same weights through the plain
+dense formula (sa_vision.layers.dense_attention); 'paper' runs the paper's dense formulation loaded at run time from --paper-dense PATH.
 All measuring code lives in sa_vision.benchmark; this file is the command line only.
 """
 import argparse

@@ -200,7 +200,6 @@ def test_probabilities_renormalise_at_the_border():
     torch.testing.assert_close(probs.sum(-1), torch.ones(2, 35))
 
 
-
 def is_subnormal(t):
     return (t != 0) & (t.abs() < torch.finfo(t.dtype).tiny)
 

@@ -284,6 +284,20 @@ def test_memory_saving_attention_matches_the_plain_composition(name, tokens_per_
         torch.manual_seed(2)
         torch.testing.assert_close(out, blk.value(blk.attn(x)))
 
+    # the autograd Function itself on given probabilities, in both forms (the model sends the dense form
+    # through it only without autograd): separable [row, col] and dense [grid] (their Kronecker product)
+    forms = [[blk.attn.position_probs(6, 8).detach().requires_grad_()]]
+    if blk.attn.separable:
+        forms.append([p.detach().requires_grad_() for p in blk.attn.mixing_probs(6, 8)])
+    for probs in forms:
+        inputs = [x, blk.value.weight, blk.value.bias, *probs]
+        out = attention._AttendThenProject.apply(x, blk.value.weight, blk.value.bias, *probs)
+        ref = blk.value(attention.apply_mixing(x, probs))
+        torch.testing.assert_close(out, ref)
+        for g, rg in zip(torch.autograd.grad((out * weights).sum(), inputs),
+                         torch.autograd.grad((ref * weights).sum(), inputs)):
+            torch.testing.assert_close(g, rg)
+
     if blk.attn.separable:
         saved = []
         with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(t.numel()), t)[1], lambda t: t):
