@@ -43,6 +43,8 @@ from torch import Tensor, nn
 
 from timm.layers import register_notrace_module
 
+from .autocast import autocast_inputs
+
 __all__ = [
     'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'QuadraticScores', 'GeneralizedScores',
     'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts', 'dense_attention', 'apply_mixing',
@@ -567,7 +569,8 @@ def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Te
     if attn.content is not None or (torch.is_grad_enabled() and not cheap_to_recompute):
         return value(attn.mix(x))
     probs = attn.mixing_probs(x.shape[0], x.shape[1])
-    return _AttendThenProject.apply(x, value.weight, value.bias, *probs)
+    x, weight, bias, *probs = autocast_inputs(x, value.weight, value.bias, *probs)
+    return _AttendThenProject.apply(x, weight, bias, *probs)
 
 
 @register_notrace_module  # loops over the stacked heads; FX keeps it whole
@@ -589,7 +592,8 @@ class HeadsLinear(nn.Linear):
             if self.bias is not None:
                 out = out + self.bias
         else:
-            out = _HeadsLinearFunction.apply(rows, self.weight, self.bias)
+            rows, weight, bias = autocast_inputs(rows, self.weight, self.bias)
+            out = _HeadsLinearFunction.apply(rows, weight, bias)
         return out.view(list(x.shape[1:-1]) + [self.out_features])
 
 

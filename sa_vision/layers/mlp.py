@@ -8,6 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from .autocast import autocast_inputs
+
 __all__ = ['GeluMlp']
 
 
@@ -50,5 +52,5 @@ class GeluMlp(nn.Module):
         if torch.jit.is_scripting() or not torch.is_grad_enabled():
             out = self.fc2(F.gelu(hidden))
         else:
-            out = _GeluLinear.apply(hidden, self.fc2.weight, self.fc2.bias)
+            out = _GeluLinear.apply(*autocast_inputs(hidden, self.fc2.weight, self.fc2.bias))
         return self.drop(out)
