@@ -297,6 +297,15 @@ class Variant:
     infer_model: Optional[nn.Module] = None  # e.g. a fused copy for inference
 
 
+def _to_channels_last(model: nn.Module) -> None:
+    """Channels-last 4-D parameters and buffers. ``Module.to(memory_format=)`` refuses models that hold other
+    5-D tensors, such as the paper formulation's relative-position buffer."""
+    with torch.no_grad():
+        for t in list(model.parameters()) + list(model.buffers()):
+            if t.dim() == 4:
+                t.data = t.data.contiguous(memory_format=torch.channels_last)
+
+
 def _maybe_fused(model: nn.Module, fuse: bool) -> Optional[nn.Module]:
     if not fuse:
         return None
@@ -353,8 +362,8 @@ class _Runner:
         self.train_model = variant.model.to(device=device, dtype=dtype)
         self.infer_model = (variant.infer_model or variant.model).to(device=device, dtype=dtype)
         if channels_last:
-            self.train_model.to(memory_format=mf)
-            self.infer_model.to(memory_format=mf)
+            _to_channels_last(self.train_model)
+            _to_channels_last(self.infer_model)
         c, h, w = _as_input_size(input_size)
         gen = torch.Generator().manual_seed(0)
         self.x = torch.randn(batch_size, c, h, w, generator=gen).to(device=device, dtype=dtype).contiguous(

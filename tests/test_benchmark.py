@@ -133,7 +133,7 @@ def test_cli_compare_paper(tmp_path):
     out = tmp_path / 'r.csv'
     argv = ['--model', 'sa_learned_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
             '--runs', '1', '--num-warm-iter', '0', '--bench', 'inference', '--no-memory', '--compare', 'paper',
-            '--results-format', 'csv', '--results-file', str(out), '--quiet']
+            '--amp', '--channels-last', '--results-format', 'csv', '--results-file', str(out), '--quiet']
     assert cli.main(argv) == 0
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
     assert [r['model'] for r in rows] == ['sa_learned_cifar', 'sa_learned_cifar[paper]']
