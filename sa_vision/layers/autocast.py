@@ -18,7 +18,8 @@ def autocast_inputs(*tensors: Optional[Tensor]) -> List[Optional[Tensor]]:
     """``tensors`` in the autocast dtype of their device when autocast is on there, else unchanged."""
     first = next(t for t in tensors if t is not None)
     device_type = first.device.type
-    if not torch.is_autocast_enabled(device_type):
+    # 'meta' (timm's shape checks) and other devices without autocast: nothing to cast
+    if not torch.amp.is_autocast_available(device_type) or not torch.is_autocast_enabled(device_type):
         return list(tensors)
     dtype = torch.get_autocast_dtype(device_type)
     return [t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors]
