@@ -9,16 +9,17 @@
 Transforms follow the paper's CIFAR-10 recipe (SPEC 6): train = random 32x32 crop of the 4-pixel zero-padded
 image + horizontal flip + normalise; eval = normalise only. Mean and std come from :mod:`sa_vision.paper`.
 """
+from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import Dataset
 from torchvision import transforms
 
-from .paper import CIFAR10_MEAN, CIFAR10_STD
+from .paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = [
-    'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset',
+    'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info',
     'create_cifar_transform', 'create_image_dataset', 'default_eval_split',
 ]
 
@@ -26,6 +27,42 @@ DIGITS = 'digits'
 DIGITS_IMG_SIZE = 32
 DIGITS_TEST_FRACTION = 0.2  # 1437 train / 360 test images
 DIGITS_SPLIT_SEED = 0  # fixed, so every run and every test sees the same split
+FASHION_MNIST = 'fashion-mnist'
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What the rest of the package needs to know about a dataset: labels for exports, normalisation, classes."""
+    name: str  # the --dataset value
+    tag: str  # pretrained tag of weights trained on it: timm.create_model('<arch>.<tag>')
+    title: str  # for people (model cards, tables)
+    num_classes: Optional[int]  # None: whatever the folder holds
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    eval_split: str  # the held-out split evaluated by default
+    hub_dataset: Optional[str] = None  # Hugging Face dataset id for the card's `datasets:` metadata
+
+
+_DATASETS = {
+    'torch/cifar10': DatasetInfo('torch/cifar10', 'cifar10', 'CIFAR-10', CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD,
+                                 'test', 'cifar10'),
+    DIGITS: DatasetInfo(DIGITS, 'digits', 'scikit-learn digits (8x8, upscaled to 32x32)', 10, CIFAR10_MEAN,
+                        CIFAR10_STD, 'test'),
+    # mean / std of the 60,000 training images (grey, repeated to 3 channels)
+    FASHION_MNIST: DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10,
+                               (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist'),
+}
+_ALIASES = {'cifar10': 'torch/cifar10', 'fashion_mnist': FASHION_MNIST, 'fashionmnist': FASHION_MNIST}
+
+
+def dataset_info(dataset: str) -> DatasetInfo:
+    """The :class:`DatasetInfo` of a --dataset value; an ImageFolder ('' or any other name) gets a generic one."""
+    key = _ALIASES.get(dataset.lower(), dataset.lower()) if dataset else ''
+    if key in _DATASETS:
+        return _DATASETS[key]
+    tag = ''.join(c if c.isalnum() else '_' for c in (dataset or 'folder').split('/')[-1].lower()).strip('_')
+    return DatasetInfo(dataset, tag or 'folder', dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
+                       'validation')
 
 
 class DigitsDataset(Dataset):
