@@ -5,10 +5,19 @@
 * an ImageFolder (``data_dir/<split>/<class>/*.png``) through timm's ``create_dataset``.
 * ``digits``: the 1,797 8x8 handwritten digits that ship with scikit-learn, upscaled to 32x32 and repeated to
   3 channels, with a fixed stratified train/test split. Fully offline: the embedded default for trying things.
+* ``fashion-mnist``: Zalando's Fashion-MNIST (60,000 train / 10,000 test, 28x28 grey, 10 classes) read from the four
+  standard IDX files (gzip'd or not) in ``/usr/share/datasets/fashion-mnist/`` (Debian package
+  ``dataset-fashion-mnist``) or ``data_dir``. The images are zero-padded by 2 pixels to 32x32, so the paper's
+  architectures run unchanged on their 16x16 grid, and the grey channel is repeated to 3 channels, so every model keeps
+  ``in_chans=3`` and the pretrained configs stay as they are.
 
 Transforms follow the paper's CIFAR-10 recipe (SPEC 6): train = random 32x32 crop of the 4-pixel zero-padded
-image + horizontal flip + normalise; eval = normalise only. Mean and std come from :mod:`sa_vision.paper`.
+image + horizontal flip + normalise; eval = normalise only. Mean and std are each dataset's own (its
+:class:`DatasetInfo`; CIFAR-10's come from :mod:`sa_vision.paper`).
 """
+import gzip
+import os
+import zlib
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple
 
@@ -20,6 +29,7 @@ from .paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = [
     'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info',
+    'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
     'create_cifar_transform', 'create_image_dataset', 'default_eval_split',
 ]
 
@@ -28,6 +38,8 @@ DIGITS_IMG_SIZE = 32
 DIGITS_TEST_FRACTION = 0.2  # 1437 train / 360 test images
 DIGITS_SPLIT_SEED = 0  # fixed, so every run and every test sees the same split
 FASHION_MNIST = 'fashion-mnist'
+FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'  # where Debian's dataset-fashion-mnist puts the IDX files
+FASHION_MNIST_PAD = 2  # 28x28 -> 32x32
 
 
 @dataclass(frozen=True)
@@ -48,7 +60,8 @@ _DATASETS = {
                                  'test', 'cifar10'),
     DIGITS: DatasetInfo(DIGITS, 'digits', 'scikit-learn digits (8x8, upscaled to 32x32)', 10, CIFAR10_MEAN,
                         CIFAR10_STD, 'test'),
-    # mean / std of the 60,000 training images (grey, repeated to 3 channels)
+    # per-pixel mean / std of the 60,000 training images' 28x28 pixels in [0, 1], before the zero padding to
+    # 32x32 (as these stats are usually quoted; tests/test_data.py checks them); grey, repeated to 3 channels
     FASHION_MNIST: DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10,
                                (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist'),
 }
@@ -105,6 +118,92 @@ class DigitsDataset(Dataset):
         return img, int(self.targets[index])
 
 
+_FASHION_MNIST_FILES = {  # split -> (images, labels), without the .gz
+    'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
+    'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
+}
+_FASHION_MNIST_SPLITS = {'train': 'train', 'test': 'test', 'validation': 'test', 'val': 'test'}
+
+
+def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
+    """An IDX file of unsigned bytes with ``ndim`` dimensions, gzip'd (``*.gz``) or not, as a uint8 tensor.
+
+    Parsed here rather than with torchvision's ``read_image_file`` / ``read_label_file``: those open a path with
+    plain ``open`` (no gzip) and check the header with ``assert``, so a malformed file would fail without its name.
+    """
+    with open(path, 'rb') as f:
+        data = f.read()
+    if path.endswith('.gz'):
+        try:
+            data = gzip.decompress(data)  # in memory: no unpacked copy on disk
+        except (OSError, EOFError, zlib.error) as e:
+            raise ValueError(f'{path} is not a valid gzip file ({e}); fetch it again') from None
+    # header: 2 zero bytes, type 0x08 (unsigned byte), number of dimensions, then each size as big-endian uint32
+    header = 4 + 4 * ndim
+    if len(data) < header or data[:4] != bytes((0, 0, 0x08, ndim)):
+        raise ValueError(f'{path} is not an IDX file of unsigned bytes with {ndim} dimension(s): its magic number is '
+                         f'{data[:4].hex() or "missing"}, expected {bytes((0, 0, 0x08, ndim)).hex()}')
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim)]
+    numel = 1
+    for n in shape:
+        numel *= n
+    if len(data) != header + numel:
+        raise ValueError(f'{path} is truncated or corrupt: its header says {"x".join(map(str, shape))} values '
+                         f'({header + numel} bytes), the file holds {len(data)} bytes; fetch it again')
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=header).view(*shape)
+
+
+class FashionMnistDataset(Dataset):
+    """Fashion-MNIST as 3 x 32 x 32 float images in [0, 1]: 28x28 grey, zero-padded by 2, repeated to 3 channels.
+
+    ``images`` holds the padded grey images as uint8 (N x 1 x 32 x 32, 61 MB for the training split instead of
+    737 MB as float RGB); ``__getitem__`` converts and repeats one image at a time.
+    """
+
+    def __init__(self, split: str = 'train', transform=None, data_dir: Optional[str] = None):
+        if split not in _FASHION_MNIST_SPLITS:
+            raise ValueError(f"fashion-mnist has the splits 'train' and 'test' ('validation' and 'val' are 'test'), "
+                             f"got {split!r}")
+        folder = os.fspath(data_dir) if data_dir else FASHION_MNIST_DIR
+        paths, missing = [], []
+        for name in _FASHION_MNIST_FILES[_FASHION_MNIST_SPLITS[split]]:
+            found = [p for p in (os.path.join(folder, name + '.gz'), os.path.join(folder, name)) if os.path.isfile(p)]
+            if found:
+                paths.append(found[0])
+            else:
+                missing.append(f'{name}.gz (or {name})')
+        if missing:
+            raise FileNotFoundError(
+                f"fashion-mnist: {' and '.join(missing)} not found in {folder}. Install Debian's package "
+                f"(apt-get install dataset-fashion-mnist, into {FASHION_MNIST_DIR}) or pass --data-dir, a folder "
+                f"holding the four standard files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+                f"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, e.g. from "
+                f"https://github.com/zalandoresearch/fashion-mnist)")
+        images = _read_idx_uint8(paths[0], 3)
+        targets = _read_idx_uint8(paths[1], 1).long()
+        if images.shape[1:] != (28, 28):
+            raise ValueError(f'{paths[0]} holds {images.shape[1]}x{images.shape[2]} images, Fashion-MNIST\'s are 28x28')
+        if len(images) != len(targets):
+            raise ValueError(f'{paths[0]} holds {len(images)} images but {paths[1]} {len(targets)} labels')
+        if len(targets) and int(targets.max()) >= 10:
+            raise ValueError(f'{paths[1]} holds label {int(targets.max())}, Fashion-MNIST has the classes 0..9')
+        p = FASHION_MNIST_PAD
+        self.images = torch.nn.functional.pad(images.unsqueeze(1), (p, p, p, p))  # zeros = black border
+        self.targets = targets
+        self.transform = transform
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
+        # repeat copies: transforms may work in place, which an expand()ed view would not allow
+        img = self.images[index].float().div_(255.).repeat(3, 1, 1)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, int(self.targets[index])
+
+
 def create_cifar_transform(
         is_training: bool,
         img_size: int = 32,
@@ -122,7 +221,7 @@ def create_cifar_transform(
         crop_padding: Zero padding before the random crop, 0 for no crop.
         hflip: Probability of a horizontal flip.
         mean, std: Normalisation.
-        tensor_input: The dataset yields float tensors in [0, 1] (digits) rather than PIL images.
+        tensor_input: The dataset yields float tensors in [0, 1] (digits, fashion-mnist) rather than PIL images.
     """
     tfl = []
     if is_training:
@@ -150,24 +249,31 @@ def create_image_dataset(
         img_size: int = 32,
         crop_padding: int = 4,
         hflip: float = 0.5,
-        mean: Sequence[float] = CIFAR10_MEAN,
-        std: Sequence[float] = CIFAR10_STD,
+        mean: Optional[Sequence[float]] = None,
+        std: Optional[Sequence[float]] = None,
 ):
     """A dataset with the paper's transform attached.
 
     Args:
-        dataset: 'digits', a timm dataset name such as 'torch/cifar10', or '' for an ImageFolder in ``data_dir``.
+        dataset: 'digits', 'fashion-mnist', a timm dataset name such as 'torch/cifar10', or '' for an ImageFolder in
+            ``data_dir``.
         split: 'train', 'test' / 'validation' (timm maps the torch/ splits).
         is_training: Attach the training augmentation.
-        data_dir: Root folder (download target for torch/ datasets, the folder for ImageFolder).
+        data_dir: Root folder (download target for torch/ datasets, the folder for ImageFolder, the folder of the
+            IDX files for fashion-mnist, which defaults to ``FASHION_MNIST_DIR``).
         download: Download torch/ datasets that are missing.
+        mean, std: Normalisation; None: the dataset's own (:func:`dataset_info`).
     """
-    tensor_input = dataset.lower() == DIGITS
+    info = dataset_info(dataset)
+    name = info.name.lower() if info.name else ''  # aliases resolved ('fashion_mnist' -> 'fashion-mnist')
+    tensor_input = name in (DIGITS, FASHION_MNIST)
     transform = create_cifar_transform(
-        is_training, img_size=img_size, crop_padding=crop_padding, hflip=hflip, mean=mean, std=std,
-        tensor_input=tensor_input)
-    if tensor_input:
+        is_training, img_size=img_size, crop_padding=crop_padding, hflip=hflip,
+        mean=info.mean if mean is None else mean, std=info.std if std is None else std, tensor_input=tensor_input)
+    if name == DIGITS:
         return DigitsDataset(split, transform=transform)
+    if name == FASHION_MNIST:
+        return FashionMnistDataset(split, transform=transform, data_dir=data_dir)
 
     from timm.data import create_dataset
     if not data_dir:

@@ -1,0 +1,139 @@
+""" sa_vision.data: the fashion-mnist dataset (IDX files, padding, splits, normalisation, errors) """
+import gzip
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+
+from sa_vision.data import FASHION_MNIST_DIR, FashionMnistDataset, create_image_dataset, dataset_info
+
+MEAN, STD = 0.2860, 0.3530  # the registry's fashion-mnist values, restated to check the registry too
+FILES = {  # split -> (images, labels)
+    'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
+    'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
+}
+
+
+def idx_bytes(values: torch.Tensor) -> bytes:
+    """An IDX file of unsigned bytes, written by hand: 0, 0, type 0x08, ndim, big-endian uint32 sizes, data."""
+    return struct.pack('>BBBB', 0, 0, 0x08, values.dim()) + struct.pack(f'>{values.dim()}I', *values.shape) + \
+        bytes(values.flatten().tolist())
+
+
+def fake_images(n: int, seed: int) -> torch.Tensor:
+    # distinct known values per image: pixel (i, r, c) = (seed + 7 i + 3 r + 5 c) mod 256, up to 255
+    i, r, c = torch.meshgrid(torch.arange(n), torch.arange(28), torch.arange(28), indexing='ij')
+    return ((seed + 7 * i + 3 * r + 5 * c) % 256).to(torch.uint8)
+
+
+@pytest.fixture(params=['gz', 'raw'])
+def fake_dir(request, tmp_path):
+    """5 train and 3 test images with known pixels and labels, as .gz or uncompressed files."""
+    data = {'train': (fake_images(5, 0), torch.tensor([3, 0, 9, 1, 7], dtype=torch.uint8)),
+            'test': (fake_images(3, 100), torch.tensor([2, 8, 5], dtype=torch.uint8))}
+    for split, (images_name, labels_name) in FILES.items():
+        for name, values in zip((images_name, labels_name), data[split]):
+            raw = idx_bytes(values)
+            if request.param == 'gz':
+                (tmp_path / (name + '.gz')).write_bytes(gzip.compress(raw))
+            else:
+                (tmp_path / name).write_bytes(raw)
+    return tmp_path, data
+
+
+@pytest.mark.parametrize('split, source', [('train', 'train'), ('test', 'test'), ('validation', 'test'),
+                                           ('val', 'test')])
+@pytest.mark.parametrize('name', ['fashion-mnist', 'fashion_mnist', 'FashionMNIST'])
+def test_fake_files_through_create_image_dataset(fake_dir, split, source, name):
+    folder, data = fake_dir
+    images, labels = data[source]
+    ds = create_image_dataset(name, split, is_training=False, data_dir=folder)
+    assert isinstance(ds, FashionMnistDataset)
+    assert len(ds) == len(labels)
+    for k in range(len(ds)):
+        img, target = ds[k]
+        assert isinstance(target, int) and target == int(labels[k])
+        assert img.shape == (3, 32, 32) and img.dtype == torch.float32
+        background = (0. - MEAN) / STD  # a zero pixel after normalisation
+        border = torch.ones(3, 32, 32, dtype=torch.bool)
+        border[:, 2:30, 2:30] = False
+        torch.testing.assert_close(img[border], torch.full_like(img[border], background))
+        expected = ((images[k].double() / 255. - MEAN) / STD).float().expand(3, -1, -1)
+        torch.testing.assert_close(img[:, 2:30, 2:30], expected, rtol=0, atol=1e-5)
+
+
+def test_mean_std_defaults_and_explicit(fake_dir):
+    folder, data = fake_dir
+    assert dataset_info('fashion-mnist').mean == (MEAN,) * 3 and dataset_info('fashion-mnist').std == (STD,) * 3
+    img, _ = create_image_dataset('fashion-mnist', 'test', is_training=False, data_dir=folder,
+                                  mean=(0.,) * 3, std=(1.,) * 3)[0]  # explicit values win
+    torch.testing.assert_close(img[0, 2:30, 2:30], data['test'][0][0].float() / 255.)
+    assert float(img[:, :2].abs().max()) == 0.
+
+
+def test_training_transform_and_storage(fake_dir):
+    folder, data = fake_dir
+    ds = create_image_dataset('fashion-mnist', 'train', is_training=True, data_dir=folder)
+    img, target = ds[2]
+    assert img.shape == (3, 32, 32) and target == 9
+    # stored compactly: uint8 N x 1 x 32 x 32, the 28x28 image in the middle
+    assert ds.images.dtype == torch.uint8 and ds.images.shape == (5, 1, 32, 32)
+    assert torch.equal(ds.images[:, 0, 2:30, 2:30], data['train'][0])
+
+
+def test_bad_split(fake_dir):
+    with pytest.raises(ValueError, match="'train' and 'test'"):
+        FashionMnistDataset('holdout', data_dir=fake_dir[0])
+
+
+def test_missing_files_message(tmp_path):
+    (tmp_path / 'train-labels-idx1-ubyte.gz').write_bytes(gzip.compress(idx_bytes(torch.zeros(1, dtype=torch.uint8))))
+    with pytest.raises(FileNotFoundError) as e:
+        create_image_dataset('fashion-mnist', 'train', is_training=True, data_dir=tmp_path)
+    msg = str(e.value)
+    assert 'train-images-idx3-ubyte' in msg and 'train-labels' not in msg.split('not found')[0]
+    assert str(tmp_path) in msg and 'apt-get install dataset-fashion-mnist' in msg and '--data-dir' in msg
+    with pytest.raises(FileNotFoundError, match='t10k-images-idx3-ubyte.* and t10k-labels-idx1-ubyte'):
+        FashionMnistDataset('test', data_dir=tmp_path)
+
+
+@pytest.mark.parametrize('damage', ['magic', 'truncated', 'gzip'])
+def test_malformed_file_names_it(fake_dir, damage):
+    folder, _ = fake_dir
+    path = next(p for p in folder.iterdir() if p.name.startswith('t10k-images'))
+    raw = gzip.decompress(path.read_bytes()) if path.suffix == '.gz' else path.read_bytes()
+    if damage == 'magic':
+        raw = struct.pack('>BBBB', 0, 0, 0x0D, 3) + raw[4:]  # float32 instead of unsigned bytes
+    elif damage == 'truncated':
+        raw = raw[:-10]
+    if damage == 'gzip':
+        if path.suffix != '.gz':
+            pytest.skip('only a .gz file can be a broken gzip file')
+        path.write_bytes(gzip.compress(raw)[:-20])
+    else:
+        path.write_bytes(gzip.compress(raw) if path.suffix == '.gz' else raw)
+    with pytest.raises(ValueError, match=path.name):
+        create_image_dataset('fashion-mnist', 'test', is_training=False, data_dir=folder)
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION_MNIST_DIR), reason=f'{FASHION_MNIST_DIR} not installed')
+def test_real_files_and_registry_stats():
+    train = create_image_dataset('fashion-mnist', 'train', is_training=False)  # the default folder
+    test = create_image_dataset('fashion-mnist', 'test', is_training=False)
+    assert len(train) == 60000 and len(test) == 10000
+    assert train.targets.unique().tolist() == list(range(10)) and test.targets.unique().tolist() == list(range(10))
+    assert train[0][0].shape == (3, 32, 32)
+
+    # the raw 28x28 pixels, read independently of the loader: IDX header of 16 bytes, then the data
+    raw = gzip.decompress((Path(FASHION_MNIST_DIR) / 'train-images-idx3-ubyte.gz').read_bytes())
+    pixels = torch.frombuffer(bytearray(raw), dtype=torch.uint8, offset=16).view(60000, 28, 28)
+    assert torch.equal(train.images[:, 0, 2:30, 2:30], pixels)
+    # exact per-pixel mean / std of the unpadded pixels / 255, from the histogram of the 47M values
+    counts = torch.bincount(pixels.flatten(), minlength=256).double()
+    values = torch.arange(256, dtype=torch.float64) / 255.
+    mean = float((counts * values).sum() / counts.sum())
+    std = float(((counts * (values - mean) ** 2).sum() / counts.sum()).sqrt())
+    info = dataset_info('fashion-mnist')
+    assert round(mean, 3) == round(info.mean[0], 3) == MEAN and round(std, 3) == round(info.std[0], 3) == STD
