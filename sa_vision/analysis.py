@@ -21,10 +21,9 @@ cover a full 3x3 kernel. :func:`format_table` prints, :func:`write_table` writes
 
 Shifts are (row, col) = (down, right) in grid units; one grid unit is 2 image pixels (space-to-depth).
 
-:func:`load_model` is the one loader the scripts use: a timm model name, a checkpoint file or a Hub folder.
+:func:`load_model` (from :mod:`sa_vision.checkpoint`) opens a timm model name, any checkpoint file or a Hub folder.
 """
 import csv
-import inspect
 import json
 import math
 import os
@@ -33,6 +32,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from .checkpoint import infer_model_args, load_model  # noqa: F401  (re-exported: the scripts' one loader)
 from .layers import PositionalAttention
 
 __all__ = [
@@ -42,10 +42,6 @@ __all__ = [
 ]
 
 GAUSSIAN_KINDS = ('quadratic', 'generalized')
-KIND_TO_MODEL = {
-    'quadratic': 'sa_quadratic_cifar', 'generalized': 'sa_gen_cifar',
-    'learned': 'sa_learned_cifar', 'content': 'sa_content_cifar',
-}
 STAT_COLUMNS = (
     'layer', 'head', 'kind', 'center_row', 'center_col', 'mean_row', 'mean_col', 'cov_rr', 'cov_rc', 'cov_cc',
     'r50', 'r90', 'peak', 'entropy', 'nearest_row', 'nearest_col')
@@ -319,85 +315,3 @@ def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:
     else:
         raise ValueError(f'table path {path!r} must end in .csv or .json')
     return path
-
-
-def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
-    """Architecture kwargs of :class:`~sa_vision.models.SelfAttentionNet` read off a state dict's shapes."""
-    if 'patch_embed.proj.weight' not in state_dict:
-        raise ValueError('not a sa_vision self-attention state dict (no patch_embed.proj.weight)')
-    embed_dim, in_chans = state_dict['patch_embed.proj.weight'].shape[:2]
-    depth = 1 + max(int(k.split('.')[1]) for k in state_dict if k.startswith('blocks.'))
-    heads = tuple(state_dict[f'blocks.{i}.value.weight'].shape[1] // embed_dim for i in range(depth))
-    if 'blocks.0.attn.content.query.weight' in state_dict:
-        kind = 'content'
-    elif 'blocks.0.attn.position.row_shift_embed.weight' in state_dict:
-        kind = 'learned'
-    elif state_dict['blocks.0.attn.position.spreads'].dim() == 3:
-        kind = 'generalized'
-    else:
-        kind = 'quadratic'
-    args = dict(
-        in_chans=int(in_chans), embed_dim=int(embed_dim), depth=depth, heads_per_layer=heads, attn_kind=kind,
-        mlp_hidden_dim=int(state_dict['blocks.0.mlp.fc1.weight'].shape[0]),
-        num_classes=int(state_dict['head.weight'].shape[0]) if 'head.weight' in state_dict else 0,
-    )
-    if kind in ('learned', 'content'):
-        args['max_rel_shift'] = (state_dict['blocks.0.attn.position.row_shift_embed.weight'].shape[0] - 1) // 2
-    return args
-
-
-def load_model(source: str, pretrained: bool = False, **kwargs) -> nn.Module:
-    """A model from a timm model name, a checkpoint file or a Hub folder, in eval mode.
-
-    * a folder: a Hub folder as written by timm's ``save_for_hf`` (``config.json`` + ``model.safetensors``),
-      created with ``timm.create_model('local-dir:<folder>')``;
-    * a file: ``.safetensors``, or anything ``torch.load(weights_only=True)`` reads: a state dict or a dict
-      holding it under ``'state_dict'`` or ``'model'``. The architecture is read off the tensor shapes
-      (:func:`infer_model_args`); saved kwargs under ``'model_args'`` or ``'args'`` (or the safetensors
-      metadata key ``'model_args'``, JSON) take precedence for the keys the model accepts, ``kwargs`` over all;
-    * anything else: a timm model name (random init unless ``pretrained``).
-    """
-    import timm
-    from . import models  # noqa: F401  (registers the models with timm)
-    if os.path.isdir(source):
-        if not os.path.isfile(os.path.join(source, 'config.json')):
-            raise ValueError(f'folder {source!r} has no config.json; expected a Hub folder written by save_for_hf')
-        model = timm.create_model(f'local-dir:{source}', pretrained=True, **kwargs)
-        return model.eval()
-    if not os.path.isfile(source):
-        if source.endswith(('.pth', '.pt', '.bin', '.safetensors', '.ckpt')):
-            raise ValueError(f'checkpoint file {source!r} does not exist')
-        try:
-            return timm.create_model(source, pretrained=pretrained, **kwargs).eval()
-        except RuntimeError as e:
-            raise ValueError(f'{source!r} is neither a file, a Hub folder nor a timm model name ({e})') from e
-    saved_args: Dict[str, Any] = {}
-    if source.endswith('.safetensors'):
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-        state_dict = load_file(source)
-        with safe_open(source, 'pt') as f:
-            metadata = f.metadata() or {}
-        if 'model_args' in metadata:
-            saved_args = json.loads(metadata['model_args'])
-    else:
-        checkpoint = torch.load(source, map_location='cpu', weights_only=True)
-        state_dict = checkpoint
-        if isinstance(checkpoint, dict):
-            for key in ('state_dict', 'model', 'state_dict_ema'):
-                if isinstance(checkpoint.get(key), dict):
-                    state_dict = checkpoint[key]
-                    break
-            for key in ('model_args', 'args'):
-                if isinstance(checkpoint.get(key), dict):
-                    saved_args = checkpoint[key]
-                    break
-    state_dict = {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}
-    from .models import SelfAttentionNet
-    accepted = set(inspect.signature(SelfAttentionNet.__init__).parameters) - {'self', 'device', 'dtype'}
-    model_args = infer_model_args(state_dict)
-    model_args.update({k: v for k, v in saved_args.items() if k in accepted})
-    model_args.update(kwargs)
-    model = timm.create_model(KIND_TO_MODEL[model_args['attn_kind']], pretrained=False, **model_args)
-    model.load_state_dict(state_dict, strict=True)
-    return model.eval()

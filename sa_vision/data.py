@@ -240,6 +240,21 @@ def default_eval_split(dataset: str) -> str:
     return 'test' if dataset.lower() in (DIGITS, 'torch/cifar10', 'torch/cifar100') else 'validation'
 
 
+def _image_folder_split(root: str, split: str) -> str:
+    """The subfolder of an image folder that holds ``split`` (timm's synonyms: val/valid/validation/eval/...)."""
+    import os
+    from timm.data.dataset_factory import _search_split
+    folder = _search_split(root, split)
+    if os.path.normpath(folder) == os.path.normpath(root):
+        found = sorted(e.name for e in os.scandir(root) if e.is_dir()) if os.path.isdir(root) else []
+        raise FileNotFoundError(
+            f'the image folder {root} has no {split!r} subfolder (nor a synonym such as val/, validation/, eval/ '
+            f'or train/); its subfolders are {found}. Put the {split} images in {os.path.join(root, split)}/<class>/ '
+            f'or name the held-out folder with --val-split; the training images are never evaluated as a '
+            f'held-out split')
+    return folder
+
+
 def create_image_dataset(
         dataset: str,
         split: str,
@@ -278,6 +293,8 @@ def create_image_dataset(
     from timm.data import create_dataset
     if not data_dir:
         raise ValueError(f'dataset {dataset!r} needs --data-dir (the download target or the image folder)')
+    if '/' not in name:  # an image folder: timm would fall back to the root, i.e. evaluate on the training images
+        data_dir = _image_folder_split(data_dir, split)
     ds = create_dataset(dataset, root=data_dir, split=split, is_training=is_training, download=download)
     ds.transform = transform
     return ds

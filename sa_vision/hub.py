@@ -1,126 +1,104 @@
-""" Checkpoints, Hub export and publishing, and the error for pretrained weights that cannot be fetched
+""" Hub export, model cards and publishing
 
-* Training checkpoints (``scripts/train.py``) are written atomically and read with ``torch.load(weights_only=True)``
-  (or safetensors): loading never unpickles arbitrary objects.
 * :func:`export_hub_folder` writes a folder in timm's ``save_for_hf`` format (``config.json`` with
   ``architecture``, ``model_args`` and ``pretrained_cfg``; ``model.safetensors``) plus ``README.md`` rendered
-  from ``model_cards/<arch>.md`` with the measured accuracy, and the recipe used (``recipe.yaml``).
-  ``timm.create_model('local-dir:<folder>', pretrained=True)`` loads it; on the Hub, ``'hf-hub:<repo>'`` and, for
-  ``<HF_NAMESPACE>/<arch>.<PRETRAINED_TAG>``, ``timm.create_model('<arch>', pretrained=True)``.
+  from ``model_cards/<arch>.md`` with the measured accuracy, and the training recipe (``recipe.yaml``).
+  ``timm.create_model('local-dir:<folder>', pretrained=True)`` loads it; on the Hub, ``'hf-hub:<repo>'``.
+* Labels say what the weights are (:func:`weights_label`): the tag is the dataset they were trained on
+  (``digits``, ``fashion_mnist``, ``cifar10``), with ``_custom`` when the architecture is not the registered
+  one. Only CIFAR-10 weights of the paper's architecture may go to the registered repository
+  ``<HF_NAMESPACE>/<arch>.cifar10``, which ``timm.create_model('<arch>', pretrained=True)`` downloads for everyone.
 * :func:`publish_hub_folder` uploads such a folder in one commit after checking token and permission.
 
-This module imports no model code at import time (the model factories import it).
+Imports: :mod:`sa_vision.checkpoint` (weights of any kind), :mod:`sa_vision.models`, :mod:`sa_vision.data`
+(dataset facts); plots only when a card figure is drawn. Nothing under ``sa_vision.models`` imports this module.
 """
 import os
 import re
-from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 import torch
 
+from .checkpoint import Checkpoint, CheckpointError, read_checkpoint, strip_runtime_args
+from .data import DatasetInfo, dataset_info
+from .models._pretrained import HF_NAMESPACE, PRETRAINED_TAG, registered_hf_hub_id
+
 __all__ = [
-    'CHECKPOINT_VERSION', 'HUB_FOLDER_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME',
-    'CheckpointError', 'HubPublishError', 'PretrainedWeightsUnavailable',
-    'atomic_torch_save', 'load_training_checkpoint', 'load_weights', 'model_from_checkpoint',
+    'HUB_FOLDER_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTOM_SUFFIX', 'HubPublishError',
+    'WeightsLabel', 'weights_label', 'is_registered_architecture', 'check_publish_target',
     'count_params_and_macs', 'generate_model_card', 'render_model_card', 'export_hub_folder',
-    'resolve_token', 'publish_hub_folder', 'explain_unavailable_weights', 'default_repo_id',
+    'resolve_token', 'publish_hub_folder',
 ]
 
-CHECKPOINT_VERSION = 1
 RECIPE_FILENAME = 'recipe.yaml'
 CARD_FIGURE_FILENAME = 'attention.png'
 HUB_FOLDER_FILES = ('config.json', 'model.safetensors', 'README.md', RECIPE_FILENAME)  # + the figure if any
 MODEL_CARD_DIR = Path(__file__).resolve().parent.parent / 'model_cards'
-_CHECKPOINT_KEYS = ('arch', 'model_args', 'state_dict')
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, of another architecture or not of this format."""
+CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
 
 
 class HubPublishError(RuntimeError):
-    """Publishing cannot start: no token, no write permission, or an invalid repository."""
-
-
-class PretrainedWeightsUnavailable(RuntimeError):
-    """``pretrained=True`` but the weights cannot be fetched from the Hub (offline, or not published)."""
+    """Publishing cannot start: no token, no write permission, or a repository these weights may not go to."""
 
 
 # ---------------------------------------------------------------------------------------------------------
-# checkpoints
+# what the weights are
 
-def atomic_torch_save(obj: Any, path: Union[str, os.PathLike]) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then rename over it: a crash never leaves a half file."""
-    path = Path(path)
-    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
-    try:
-        torch.save(obj, tmp)
-        with open(tmp, 'rb') as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def load_training_checkpoint(path: Union[str, os.PathLike], map_location='cpu') -> Dict[str, Any]:
-    """A checkpoint of ``scripts/train.py``, read without unpickling objects (``weights_only=True``)."""
-    path = Path(path)
-    if not path.is_file():
-        raise CheckpointError(f'checkpoint {path} does not exist; train one with scripts/train.py')
-    try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # truncated zip, random bytes, or pickled objects that weights_only refuses
-        raise CheckpointError(
-            f'checkpoint {path} cannot be read ({type(e).__name__}: {str(e).splitlines()[0][:200]}); '
-            f'it is corrupted or truncated, or not a checkpoint of scripts/train.py. '
-            f'Use the last.pth.tar of a finished epoch or retrain') from None
-    if not isinstance(ckpt, dict) or any(k not in ckpt for k in _CHECKPOINT_KEYS):
-        found = sorted(ckpt)[:8] if isinstance(ckpt, dict) else type(ckpt).__name__
-        raise CheckpointError(
-            f'{path} is not a checkpoint of scripts/train.py (expected the keys {list(_CHECKPOINT_KEYS)}, '
-            f'found {found}); for a bare state dict use load_weights()')
-    return ckpt
-
-
-def load_weights(path: Union[str, os.PathLike], expected_arch: Optional[str] = None) -> Dict[str, torch.Tensor]:
-    """A state dict from a ``.safetensors`` file or a training checkpoint (checked against ``expected_arch``)."""
-    path = Path(path)
-    if path.suffix == '.safetensors':
-        from safetensors.torch import load_file
-        if not path.is_file():
-            raise CheckpointError(f'weights file {path} does not exist')
-        try:
-            return load_file(path)
-        except Exception as e:
-            raise CheckpointError(f'{path} is not a readable safetensors file ({e}); it is corrupted') from None
-    ckpt = load_training_checkpoint(path)
-    check_arch(ckpt, expected_arch, path)
-    return ckpt['state_dict']
-
-
-def check_arch(ckpt: Dict[str, Any], expected_arch: Optional[str], path='checkpoint') -> None:
-    if expected_arch and ckpt['arch'] != expected_arch:
-        raise CheckpointError(
-            f'{path} holds a {ckpt["arch"]} model, not {expected_arch}; '
-            f'pass a checkpoint of {expected_arch} or use --model {ckpt["arch"]}')
-
-
-def model_from_checkpoint(ckpt: Dict[str, Any], path='checkpoint') -> torch.nn.Module:
-    """The trained model of a checkpoint (architecture and args from the checkpoint), in eval mode."""
+def is_registered_architecture(arch: str, model_args: Dict[str, Any]) -> bool:
+    """The model has exactly the tensors of ``timm.create_model(arch)`` (the paper's configuration, 10 classes)."""
     import timm
-    import sa_vision  # noqa: F401  registers the models
-    if not timm.is_model(ckpt['arch']):
-        raise CheckpointError(f'{path} holds an unknown architecture {ckpt["arch"]!r}')
-    model = timm.create_model(ckpt['arch'], **ckpt['model_args'])
-    try:
-        model.load_state_dict(ckpt['state_dict'])
-    except RuntimeError as e:
-        raise CheckpointError(
-            f'the weights in {path} do not fit {ckpt["arch"]}({ckpt["model_args"]}): '
-            f'{str(e).splitlines()[0]} ... The checkpoint is of another architecture or was edited') from None
-    return model.eval()
+    from . import models  # noqa: F401  registers the models
+    with torch.device('meta'):  # shapes only, no memory or init cost
+        reference = timm.create_model(arch).state_dict()
+        built = timm.create_model(arch, **model_args).state_dict()
+    return {k: v.shape for k, v in reference.items()} == {k: v.shape for k, v in built.items()}
+
+
+@dataclass(frozen=True)
+class WeightsLabel:
+    """How exported weights are named: ``<arch>.<tag>``, and where they go by default."""
+    arch: str
+    tag: str
+    dataset: DatasetInfo
+    registered_architecture: bool
+
+    @property
+    def name(self) -> str:
+        return f'{self.arch}.{self.tag}'
+
+    @property
+    def default_repo_id(self) -> str:
+        return f'{HF_NAMESPACE}/{self.name}'
+
+    @property
+    def is_reference(self) -> bool:
+        """The weights the registered repository stands for: CIFAR-10, the paper's architecture."""
+        return self.registered_architecture and self.tag == PRETRAINED_TAG
+
+
+def weights_label(ckpt: Checkpoint) -> WeightsLabel:
+    info = dataset_info(ckpt.dataset)
+    registered = is_registered_architecture(ckpt.arch, ckpt.model_args)
+    return WeightsLabel(ckpt.arch, info.tag + ('' if registered else CUSTOM_SUFFIX), info, registered)
+
+
+def check_publish_target(label: WeightsLabel, repo_id: str) -> None:
+    """Refuse a repository that must not receive these weights (the registered one, another architecture's)."""
+    import timm
+    registered = registered_hf_hub_id(label.arch)
+    if repo_id == registered and not label.is_reference:
+        raise HubPublishError(
+            f'refusing {repo_id}: timm.create_model({label.arch!r}, pretrained=True) downloads that repository for '
+            f'everyone, and it takes only CIFAR-10 weights of the paper\'s architecture; these are {label.name} '
+            f'({label.dataset.title}{"" if label.registered_architecture else ", a custom configuration"}). '
+            f'Publish them to {label.default_repo_id} (the default) or your own --repo-id')
+    name = repo_id.split('/')[-1].split('.')[0]
+    if name != label.arch and timm.is_model(name):
+        raise HubPublishError(
+            f'the weights are a {label.arch} model but the repository {repo_id} is named for {name}; '
+            f'publish to {label.default_repo_id} or pass weights of {name}')
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -180,6 +158,46 @@ def _results_section(arch: str, measured: Optional[str]) -> str:
             f'| this repository | {measured or "not yet trained on CIFAR-10"} |')
 
 
+def _usage_section(arch: str, repo_id: str, registered: bool) -> str:
+    if registered:
+        create = f"timm.create_model('{arch}', pretrained=True).eval()  # weights from {repo_id}"
+        also = (f"The same weights load with `timm.create_model('hf-hub:{repo_id}', pretrained=True)` or, exported "
+                f"locally, `timm.create_model('local-dir:<folder>', pretrained=True)`.")
+    else:
+        create = f"timm.create_model('hf-hub:{repo_id}', pretrained=True).eval()"
+        also = (f"These are not the weights of `timm.create_model('{arch}', pretrained=True)`. Exported locally they "
+                f"load with `timm.create_model('local-dir:<folder>', pretrained=True)`.")
+    return f"""```python
+import timm, torch
+import sa_vision  # registers the models with timm
+
+model = {create}
+cfg = timm.data.resolve_data_config({{}}, model=model)
+transform = timm.data.create_transform(**cfg)  # the normalisation these weights were trained with
+logits = model(transform(image).unsqueeze(0))  # image: a 32x32 PIL image
+```
+{also}"""
+
+
+def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True) -> str:
+    """One sentence on what the model is; a custom configuration is described as what it is."""
+    from .paper import PAPER_RESULTS
+    paper = PAPER_RESULTS.get(arch)
+    if registered or model is None:
+        text = paper.description if paper else arch
+        return text[:1].upper() + text[1:]
+    params = sum(p.numel() for p in model.parameters())
+    heads = getattr(model, 'heads_per_layer', None)
+    if heads is not None:
+        shape = (f'{len(heads)} layer(s) with {", ".join(map(str, heads))} heads, embedding {model.embed_dim}, '
+                 f'{model.num_classes} classes')
+    else:
+        shape = f'{model.num_classes} classes'
+    reference = f' (the paper\'s configuration has {paper.params:,})' if paper else ''
+    return (f'A custom configuration of {arch}, not the paper\'s: {shape}; {params:,} parameters{reference}. '
+            f'Architecture arguments are in config.json')
+
+
 def generate_model_card(arch: str) -> str:
     """The card template ``model_cards/<arch>.md``: facts from :mod:`sa_vision.paper`, counted size, recipe."""
     import timm
@@ -196,13 +214,11 @@ def generate_model_card(arch: str) -> str:
                  f'{recipe_file.read_text().strip()}\n```'
     except FileNotFoundError:
         recipe = 'no recipe in this repository'
-    from .models.sa_cifar import HF_NAMESPACE, PRETRAINED_TAG
     paper_flops = ''
     if paper and paper.gflops:
         paper_flops = f' The paper reports {paper.gflops} GFLOPs' + (
             ', counting only the Linear layers.' if attn_kind else '.')
-    description = paper.description if paper else arch
-    description = description[:1].upper() + description[1:]
+    repo_id = f'{HF_NAMESPACE}/{arch}.{PRETRAINED_TAG}'
     return f"""---
 library_name: timm
 license: apache-2.0
@@ -213,11 +229,13 @@ tags:
 datasets:
 - cifar10
 ---
-# {arch}.{PRETRAINED_TAG}
+{_section('title', f'# {arch}.{PRETRAINED_TAG}')}
 
-{description} — a model of Cordonnier, Loukas & Jaggi, *On the Relationship between Self-Attention and
-Convolutional Layers* (ICLR 2020), implemented as a timm model in
-`sa_vision` (10 classes, 32x32 input; the authors' original code: https://github.com/epfml/attention-cnn).
+{_section('description', _describe(arch) + '.')}
+
+A model of Cordonnier, Loukas & Jaggi, *On the Relationship between Self-Attention and Convolutional Layers*
+(ICLR 2020), implemented as a timm model in `sa_vision` (32x32 input; the authors' original code:
+https://github.com/epfml/attention-cnn).
 
 Attention: {_ATTENTION_FORMULAS[attn_kind]}.
 
@@ -233,17 +251,7 @@ Attention: {_ATTENTION_FORMULAS[attn_kind]}.
 {_section('training', 'Not yet trained: no training run has been exported into this card.')}
 
 ## Usage
-```python
-import timm, torch
-import sa_vision  # registers the models with timm
-
-model = timm.create_model('{arch}', pretrained=True).eval()  # weights from {HF_NAMESPACE}/{arch}.{PRETRAINED_TAG}
-cfg = timm.data.resolve_data_config({{}}, model=model)
-transform = timm.data.create_transform(**cfg)  # normalise with the CIFAR-10 mean / std
-logits = model(transform(image).unsqueeze(0))  # image: a 32x32 PIL image
-```
-The same folder loads with `timm.create_model('hf-hub:{HF_NAMESPACE}/{arch}.{PRETRAINED_TAG}', pretrained=True)` or, exported
-locally, `timm.create_model('local-dir:<folder>', pretrained=True)`.
+{_section('usage', _usage_section(arch, repo_id, registered=True))}
 
 ## Citation
 ```bibtex
@@ -252,95 +260,104 @@ locally, `timm.create_model('local-dir:<folder>', pretrained=True)`.
 """
 
 
-def write_model_cards(archs=('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar',
-                             'resnet18_cifar'), out_dir: Union[str, os.PathLike] = MODEL_CARD_DIR) -> List[Path]:
-    """(Re)generate the card templates ``model_cards/<arch>.md``."""
+def write_model_cards(archs=None, out_dir: Union[str, os.PathLike] = MODEL_CARD_DIR) -> List[Path]:
+    """(Re)generate the card templates ``model_cards/<arch>.md`` (default: the paper's five models)."""
+    from .paper import PAPER_RESULTS
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for arch in archs:
+    for arch in archs or PAPER_RESULTS:
         path = out_dir / f'{arch}.md'
         path.write_text(generate_model_card(arch), encoding='utf-8')
         paths.append(path)
     return paths
 
 
-def _dataset_meta(dataset: str) -> Dict[str, str]:
-    if dataset.lower() in ('torch/cifar10', 'cifar10'):
-        return {'type': 'cifar10', 'name': 'CIFAR-10', 'split': 'test'}
-    if dataset.lower() == 'digits':
-        return {'type': 'digits', 'name': 'scikit-learn digits (8x8, upscaled to 32x32)', 'split': 'test'}
-    return {'type': 'imagefolder', 'name': dataset or 'image folder', 'split': 'validation'}
+def _recipe(ckpt: Checkpoint) -> Dict[str, Any]:
+    """The training arguments to publish: no local paths, no machine or process fields."""
+    return strip_runtime_args(ckpt.meta.get('recipe') or ckpt.meta.get('args') or {})
 
 
-def render_model_card(ckpt: Dict[str, Any], model: torch.nn.Module, repo_name: str, has_figure: bool = False) -> str:
-    """README.md of an export: the card template with the measured size, accuracy and training summary."""
+def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str,
+                      has_figure: bool = False) -> str:
+    """README.md of an export: the card template with the labels, measured size, accuracy and training summary."""
     import yaml
-    arch, dataset, metrics = ckpt['arch'], ckpt.get('dataset', ''), ckpt.get('metrics') or {}
+    arch, metrics, info = ckpt.arch, ckpt.meta.get('metrics') or {}, label.dataset
     template_path = MODEL_CARD_DIR / f'{arch}.md'
     text = template_path.read_text(encoding='utf-8') if template_path.is_file() else generate_model_card(arch)
     match = re.match(r'^---\n(.*?)\n---\n', text, re.S)
     meta = yaml.safe_load(match.group(1)) if match else {}
     body = text[match.end():] if match else text
-    ds = _dataset_meta(dataset)
-    on_cifar = ds['type'] == 'cifar10'
-    if on_cifar:
-        meta['datasets'] = ['cifar10']
+    if info.hub_dataset:
+        meta['datasets'] = [info.hub_dataset]
     else:
-        meta.pop('datasets', None)  # trained on something else: claim no CIFAR-10 weights
-    if metrics:
+        meta.pop('datasets', None)  # no Hub dataset id for it: claim none
+    scores = [(key, name) for key, name in (('top1', 'Top-1 accuracy'), ('top5', 'Top-5 accuracy')) if key in metrics]
+    if scores:
         meta['model-index'] = [{
-            'name': repo_name,
+            'name': label.name,
             'results': [{
                 'task': {'type': 'image-classification', 'name': 'Image Classification'},
-                'dataset': ds,
-                'metrics': [
-                    {'type': 'accuracy', 'name': 'Top-1 accuracy', 'value': round(metrics['top1'], 2)},
-                    {'type': 'accuracy', 'name': 'Top-5 accuracy', 'value': round(metrics['top5'], 2)},
-                ],
+                'dataset': {'type': info.hub_dataset or info.tag, 'name': info.title, 'split': info.eval_split},
+                'metrics': [{'type': 'accuracy', 'name': name, 'value': round(float(metrics[key]), 2)}
+                            for key, name in scores],
             }],
         }]
+    body = _replace_section(body, 'title', f'# {label.name}')
+    body = _replace_section(body, 'description', _describe(arch, model, label.registered_architecture) + '.')
     counts = count_params_and_macs(model)
-    model_args = ckpt.get('model_args') or {}
     body = _replace_section(body, 'size', _size_section(
-        counts, f'\n- Architecture arguments of these weights: `{model_args}`' if model_args else ''))
-    measured = f'{metrics["top1"]:.2f} %' if metrics and on_cifar else None
+        counts, f'\n- Architecture arguments of these weights: `{ckpt.model_args}`' if ckpt.model_args else ''))
+    on_cifar = info.tag == PRETRAINED_TAG
+    measured = f'{metrics["top1"]:.2f} %' if 'top1' in metrics and label.is_reference else None
     results = _results_section(arch, measured)
-    if metrics and not on_cifar:
-        results += (f'\n\nThese weights were trained on **{ds["name"]}**, not CIFAR-10 (a smoke test of the '
-                    f'pipeline): top-1 {metrics["top1"]:.2f} %, top-5 {metrics["top5"]:.2f} % on its '
-                    f'{ds["split"]} split.')
+    if 'top1' in metrics and not label.is_reference:
+        what = info.title if label.registered_architecture else f'{info.title} with a custom configuration'
+        results += (f'\n\nThese weights were trained on **{what}**'
+                    + ('' if on_cifar else ', not CIFAR-10')
+                    + f': ' + ', '.join(f'{name.lower()} {float(metrics[key]):.2f} %' for key, name in scores)
+                    + f' on its {info.eval_split} split.')
     body = _replace_section(body, 'results', results)
-    body = _replace_section(body, 'training', _training_summary(ckpt))
+    body = _replace_section(body, 'training', _training_summary(ckpt, label))
     body = _replace_section(body, 'recipe', _used_recipe_section(ckpt))
+    body = _replace_section(body, 'usage', _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch)))
     if has_figure:
         body = _replace_section(body, 'figure', f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})')
     header = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()
     return f'---\n{header}\n---\n{body}'
 
 
-def _used_recipe_section(ckpt: Dict[str, Any]) -> str:
+def _used_recipe_section(ckpt: Checkpoint) -> str:
     """The arguments these weights were trained with (the template shows the paper's recipe instead)."""
     import yaml
     from .recipes import recipe_path
     try:
-        reference = f' The paper\'s CIFAR-10 recipe is `scripts/configs/{recipe_path(ckpt["arch"]).name}` in sa_vision.'
+        reference = f' The paper\'s CIFAR-10 recipe is `scripts/configs/{recipe_path(ckpt.arch).name}` in sa_vision.'
     except FileNotFoundError:
         reference = ''
-    used = yaml.safe_dump(ckpt.get('args', {}), sort_keys=False).strip()
-    return (f'These weights were trained with the arguments below (`{RECIPE_FILENAME}` in this repository, '
-            f'`scripts/train.py` names).{reference}\n\n```yaml\n{used}\n```')
+    tool = 'timm `train.py`' if ckpt.format == 'timm' else '`scripts/train.py`'
+    used = yaml.safe_dump(_recipe(ckpt), sort_keys=False).strip()
+    return (f'These weights were trained with the arguments below ({tool}; `{RECIPE_FILENAME}` in this repository: '
+            f'`-c {RECIPE_FILENAME}` repeats the run).{reference}\n\n```yaml\n{used}\n```')
 
 
-def _training_summary(ckpt: Dict[str, Any]) -> str:
-    args, metrics, history = ckpt.get('args', {}), ckpt.get('metrics') or {}, ckpt.get('history', [])
-    lines = [
-        '## Training summary',
-        f'- Data: `{ckpt.get("dataset", "")}`, {ckpt["epoch"]} epochs of {ckpt.get("num_updates", 0) // max(ckpt["epoch"], 1)} '
-        f'steps, batch {args.get("batch_size")} x {args.get("world_size", 1)} process(es) on `{args.get("device")}`, '
-        f'seed {args.get("seed")}, recipe `{RECIPE_FILENAME}` (the arguments used).',
-    ]
-    if metrics:
+def _training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
+    meta = ckpt.meta
+    args, metrics, history = meta.get('args') or {}, meta.get('metrics') or {}, meta.get('history') or []
+    epochs = meta.get('epoch')
+    lines = ['## Training summary']
+    if ckpt.format == 'hub_folder' or epochs is None:
+        lines.append(f'- Exported from {ckpt.format.replace("_", " ")} weights; no training record.')
+        return '\n'.join(lines)
+    steps = meta.get('num_updates')
+    lines.append(
+        f'- Data: {label.dataset.title}; {epochs} epochs'
+        + (f' of {steps // max(epochs, 1)} steps' if steps else '')
+        + f', batch {args.get("batch_size")} x {args.get("world_size", 1)} process(es) on `{args.get("device")}`, '
+          f'seed {args.get("seed")}; the arguments are `{RECIPE_FILENAME}`.')
+    if args.get('initial_checkpoint'):
+        lines.append('- Started from earlier weights (`--initial-checkpoint`), e.g. a pruned model.')
+    if {'top1', 'top5', 'loss'} <= set(metrics):
         lines.append(f'- Final evaluation ({metrics.get("num_images")} images): top-1 {metrics["top1"]:.2f} %, '
                      f'top-5 {metrics["top5"]:.2f} %, loss {metrics["loss"]:.4f}.')
     if history:
@@ -353,22 +370,6 @@ def _training_summary(ckpt: Dict[str, Any]) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # export and publish
 
-def default_repo_id(arch: str) -> str:
-    """``<HF_NAMESPACE>/<arch>.<PRETRAINED_TAG>``: where ``create_model(arch, pretrained=True)`` looks."""
-    from .models.sa_cifar import HF_NAMESPACE, PRETRAINED_TAG
-    return f'{HF_NAMESPACE}/{arch}.{PRETRAINED_TAG}'
-
-
-def _check_repo_arch(repo_id: str, arch: str) -> None:
-    """A repository named after an architecture must receive that architecture."""
-    import timm
-    name = repo_id.split('/')[-1].split('.')[0]
-    if name != arch and timm.is_model(name):
-        raise CheckpointError(
-            f'the checkpoint holds a {arch} model but the repository {repo_id} is for {name}; '
-            f'publish to {default_repo_id(arch)} or pass a checkpoint of {name}')
-
-
 def _save_card_figure(model, path: Path) -> bool:
     """The attention figure of ``sa_vision.plots`` for SA models (the baseline has none)."""
     from .models.sa_cifar import SelfAttentionNet
@@ -380,28 +381,34 @@ def _save_card_figure(model, path: Path) -> bool:
 
 
 def export_hub_folder(
-        checkpoint: Union[str, os.PathLike],
+        source: Union[str, os.PathLike, Checkpoint],
         out_dir: Union[str, os.PathLike],
         expected_arch: Optional[str] = None,
         repo_id: Optional[str] = None,
         figure: bool = True,
+        use_ema: bool = False,
 ) -> List[str]:
-    """Write a Hub folder of a training checkpoint; return the names of the files written.
+    """Write a Hub folder of trained weights; return the names of the files written.
 
     Args:
-        checkpoint: ``last.pth.tar`` of ``scripts/train.py``.
+        source: Weights of any kind :func:`~sa_vision.checkpoint.read_checkpoint` opens (``last.pth.tar`` of
+            ``scripts/train.py`` or timm's ``train.py``, ...), or an opened :class:`~sa_vision.checkpoint.Checkpoint`.
         out_dir: Folder to (re)write. Files of an earlier export are replaced; other files are an error.
-        expected_arch: Fail unless the checkpoint holds this architecture.
-        repo_id: Repository the folder is meant for (named in the card and checked against the architecture).
+        expected_arch: Fail unless the weights are of this architecture.
+        repo_id: Repository the folder is meant for (default: ``<HF_NAMESPACE>/<arch>.<tag>``); a repository the
+            weights must not go to is refused (:func:`check_publish_target`).
         figure: Add the attention figure of ``sa_vision.plots`` when available.
+        use_ema: Export the EMA weights of a timm train.py checkpoint.
     """
     import yaml
     from timm.models import save_for_hf
-    ckpt = load_training_checkpoint(checkpoint)
-    check_arch(ckpt, expected_arch, checkpoint)
-    repo_id = repo_id or default_repo_id(ckpt['arch'])
-    _check_repo_arch(repo_id, ckpt['arch'])
-    model = model_from_checkpoint(ckpt, checkpoint)  # fails on weights that do not fit the architecture
+    ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, arch=expected_arch, use_ema=use_ema)
+    if expected_arch and ckpt.arch != expected_arch:
+        raise CheckpointError(f'{ckpt.source} holds a {ckpt.arch} model, not {expected_arch}')
+    model = ckpt.create_model()  # fails on weights that do not fit the architecture
+    label = weights_label(ckpt)
+    repo_id = repo_id or label.default_repo_id
+    check_publish_target(label, repo_id)
 
     out_dir = Path(out_dir)
     if out_dir.exists():
@@ -412,12 +419,15 @@ def export_hub_folder(
                                   f'choose an empty or new folder')
         for name in ours:
             (out_dir / name).unlink(missing_ok=True)
-    save_for_hf(model, out_dir, safe_serialization=True)
+    data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
+    save_for_hf(model, out_dir, safe_serialization=True, model_config={'pretrained_cfg': {'tag': label.tag}},
+                data_config={k: tuple(v) for k, v in data_cfg.items() if k in ('mean', 'std')})
     with open(out_dir / RECIPE_FILENAME, 'w') as f:
-        f.write(f'# arguments of scripts/train.py for {ckpt["arch"]} (timm train.py names)\n')
-        yaml.safe_dump(ckpt.get('args', {}), f, sort_keys=False)
+        f.write(f'# training arguments of {label.name} ({"timm train.py" if ckpt.format == "timm" else "scripts/train.py"}'
+                f' names): python scripts/train.py -c {RECIPE_FILENAME} --data-dir DIR repeats the run\n')
+        yaml.safe_dump(_recipe(ckpt), f, sort_keys=False)
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
-    readme = render_model_card(ckpt, model, repo_id.split('/')[-1], has_figure=has_figure)
+    readme = render_model_card(ckpt, model, label, repo_id, has_figure=has_figure)
     (out_dir / 'README.md').write_text(readme, encoding='utf-8')
     return sorted(p.name for p in out_dir.iterdir())
 
@@ -448,6 +458,7 @@ def publish_hub_folder(
     missing = [name for name in HUB_FOLDER_FILES if not (folder / name).is_file()]
     if missing:
         raise HubPublishError(f'{folder} is not a complete export (missing {missing}); run the export first')
+    _check_folder_target(folder, repo_id)
     token = resolve_token(token)
     api = HfApi(token=token, library_name='timm')
     try:
@@ -471,40 +482,18 @@ def publish_hub_folder(
                              create_pr=create_pr)
 
 
+def _check_folder_target(folder: Path, repo_id: str) -> None:
+    """The registered repository takes only folders labelled as the reference weights (tag 'cifar10')."""
+    import json
+    config = json.loads((folder / 'config.json').read_text())
+    arch, tag = config.get('architecture', ''), (config.get('pretrained_cfg') or {}).get('tag')
+    if arch and repo_id == registered_hf_hub_id(arch) and tag != PRETRAINED_TAG:
+        raise HubPublishError(
+            f'refusing {repo_id}: timm.create_model({arch!r}, pretrained=True) downloads that repository for '
+            f'everyone, and {folder} holds {arch}.{tag} weights, not CIFAR-10 weights of the paper\'s architecture; '
+            f'publish to {HF_NAMESPACE}/{arch}.{tag} or your own --repo-id; nothing was uploaded')
+
+
 def _status(error) -> str:
     response = getattr(error, 'response', None)
     return f'HTTP {response.status_code}' if response is not None else type(error).__name__
-
-
-# ---------------------------------------------------------------------------------------------------------
-# pretrained=True without reachable weights
-
-def _hub_fetch_errors():
-    from huggingface_hub.errors import (
-        EntryNotFoundError, LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError,
-        RevisionNotFoundError)
-    return EntryNotFoundError, LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError, \
-        RevisionNotFoundError
-
-
-@contextmanager
-def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=None):
-    """Turn the Hub client's errors for unreachable ``pretrained=True`` weights into one clear message."""
-    if not pretrained:
-        yield
-        return
-    try:
-        yield
-    except _hub_fetch_errors() as e:
-        cfg = pretrained_cfg
-        if cfg is None or isinstance(cfg, str):
-            from timm.models import get_pretrained_cfg
-            cfg = get_pretrained_cfg(variant if cfg is None else f'{variant}.{cfg}')
-        hf_hub_id = cfg.get('hf_hub_id') if isinstance(cfg, dict) else getattr(cfg, 'hf_hub_id', None)
-        raise PretrainedWeightsUnavailable(
-            f'pretrained weights for {variant} could not be fetched from the Hugging Face Hub repository '
-            f'{hf_hub_id!r} ({type(e).__name__}: offline, or not published yet). Train them with '
-            f'`python scripts/train.py -c scripts/configs/{variant}.yaml --data-dir data --dataset-download`, '
-            f"or load local weights: timm.create_model('local-dir:<exported folder>', pretrained=True) or "
-            f"timm.create_model('{variant}', pretrained=True, "
-            f"pretrained_cfg_overlay=dict(file='<folder>/model.safetensors'))") from None

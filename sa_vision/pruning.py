@@ -21,10 +21,11 @@ from torch import Tensor, nn
 
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 
-__all__ = ['head_eigenvalues', 'find_degenerate_heads', 'prune_state_dict', 'prune_heads']
+__all__ = ['PRUNED_ARCH', 'head_eigenvalues', 'find_degenerate_heads', 'prune_state_dict', 'prune_heads']
 
 MAX_EIGENVALUE_BELOW = 1e-5  # released code: prune if the largest eigenvalue of M_h is below this
 MAX_CONDITION = 1000.  # released code: prune if the condition number of M_h is above this
+PRUNED_ARCH = 'sa_gen_pruned'  # the registered model of pruned generalized weights (any kept heads via heads_per_layer)
 
 
 def head_eigenvalues(model: nn.Module) -> List[Tensor]:

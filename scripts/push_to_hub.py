@@ -1,30 +1,36 @@
 #!/usr/bin/env python3
-""" Export a training checkpoint as a Hub folder (timm format + model card) and publish it in one commit
+""" Export trained weights as a Hub folder (timm format + model card) and publish it in one commit
 
     # stage only: write the folder and list what would be uploaded
     python scripts/push_to_hub.py output/train/<run>/last.pth.tar --dry-run
-    # publish to sa-vision/<arch>.cifar10 (where timm.create_model('<arch>', pretrained=True) looks);
-    # the token comes from HF_TOKEN or `hf auth login` and is never printed
+    # publish to the default repository, sa-vision/<arch>.<tag> (tag: the dataset, e.g. cifar10, fashion_mnist,
+    # digits; '_custom' for a configuration other than the paper's); the token comes from HF_TOKEN or
+    # `hf auth login` and is never printed
     python scripts/push_to_hub.py output/train/<run>/last.pth.tar --model sa_quadratic_cifar
 
-Checks before anything is uploaded: the checkpoint is readable and of --model's architecture, the repository is
-named for that architecture, a token exists and may write to the repository.
+The weights may be a checkpoint of scripts/train.py or timm's train.py (``--use-ema`` for its EMA weights), a
+state dict, a .safetensors file or an exported folder. Checks before anything is uploaded: the weights are
+readable and of --model's architecture; the repository is named for that architecture and is not the registered
+one (``timm.create_model('<arch>', pretrained=True)``) unless these are CIFAR-10 weights of the paper's
+architecture; a token exists and may write to the repository.
 """
 import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
+from sa_vision.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
 from sa_vision.hub import (  # noqa: E402
-    CheckpointError, HubPublishError, default_repo_id, export_hub_folder, load_training_checkpoint,
-    publish_hub_folder, resolve_token)
+    HubPublishError, check_publish_target, export_hub_folder, publish_hub_folder, resolve_token, weights_label)
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description='Export a checkpoint to a Hub folder and publish it')
-    parser.add_argument('checkpoint', help='last.pth.tar of scripts/train.py')
-    parser.add_argument('--model', default=None, help='expected architecture (fail if the checkpoint holds another)')
-    parser.add_argument('--repo-id', default=None, help='target repository (default: sa-vision/<arch>.cifar10)')
+    parser = argparse.ArgumentParser(description='Export trained weights to a Hub folder and publish it')
+    parser.add_argument('checkpoint', help='last.pth.tar of scripts/train.py or timm train.py, or other weights')
+    parser.add_argument('--model', default=None,
+                        help='expected architecture (fail if the weights are of another; names bare weights)')
+    parser.add_argument('--use-ema', action='store_true', help='the EMA weights of a timm train.py checkpoint')
+    parser.add_argument('--repo-id', default=None, help='target repository (default: sa-vision/<arch>.<tag>)')
     parser.add_argument('--out-dir', default=None, help='staging folder (default: <run>/hub)')
     parser.add_argument('--dry-run', action='store_true', help='write the folder and list the files, upload nothing')
     parser.add_argument('--private', action='store_true')
@@ -34,14 +40,16 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
-        ckpt = load_training_checkpoint(args.checkpoint)
-        repo_id = args.repo_id or default_repo_id(ckpt['arch'])
+        ckpt = read_checkpoint(args.checkpoint, arch=args.model, use_ema=args.use_ema)
+        label = weights_label(ckpt)
+        repo_id = args.repo_id or label.default_repo_id
+        check_publish_target(label, repo_id)  # before the (slow) export
         if not args.dry_run:
-            resolve_token()  # fail on a missing token before the (slow) export
-        out_dir = Path(args.out_dir) if args.out_dir else Path(args.checkpoint).resolve().parent / 'hub'
-        staged = export_hub_folder(args.checkpoint, out_dir, expected_arch=args.model, repo_id=repo_id,
-                                   figure=not args.no_figure)
-        print(f'Staged {out_dir} for {repo_id}:')
+            resolve_token()  # fail on a missing token before the export
+        source = Path(args.checkpoint).resolve()
+        out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
+        staged = export_hub_folder(ckpt, out_dir, repo_id=repo_id, figure=not args.no_figure)
+        print(f'Staged {label.name} in {out_dir} for {repo_id}:')
         for name in staged:
             print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
         if args.dry_run:

@@ -12,13 +12,15 @@ CIFAR-10 with the paper's recipe (GPU: CUDA, bf16 autocast and channels-last are
 
 Multi-process: ``torchrun --nproc_per_node N scripts/train.py ...`` (DDP; gloo on CPU, nccl on GPU).
 ``--resume <run>/last.pth.tar`` continues a run exactly where its last completed epoch ended.
+``--initial-checkpoint`` starts from weights of any kind (``scripts/prune.py`` output, a timm train.py checkpoint,
+safetensors, a Hub folder); the architecture arguments stored with them are the defaults of ``--model-kwargs``.
+A run's ``recipe.yaml`` (written beside its checkpoint and into exports) repeats it: ``-c recipe.yaml``.
 """
 import argparse
 import importlib
 import json
 import logging
 import os
-import random
 import sys
 import time
 from contextlib import nullcontext
@@ -26,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+import random
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -41,12 +44,11 @@ from timm.utils import AverageMeter, ParseKwargs, dispatch_clip_grad, update_sum
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
 import sa_vision  # noqa: F401  registers the models
-from sa_vision.data import create_image_dataset
-from sa_vision.hub import CHECKPOINT_VERSION, atomic_torch_save, load_training_checkpoint
-from sa_vision.recipes import load_recipe
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from validate import evaluate  # noqa: E402
+from sa_vision.checkpoint import (  # noqa: E402
+    CHECKPOINT_VERSION, CheckpointError, atomic_torch_save, read_checkpoint, strip_runtime_args)
+from sa_vision.data import create_image_dataset, dataset_info  # noqa: E402
+from sa_vision.evaluation import evaluate  # noqa: E402
+from sa_vision.recipes import load_recipe  # noqa: E402
 
 _logger = logging.getLogger('train')
 
@@ -59,10 +61,13 @@ group = parser.add_argument_group('Dataset parameters')
 group.add_argument('--data-dir', metavar='DIR', default=None,
                    help='dataset root: download target of torch/ datasets or the ImageFolder (train/, validation/)')
 group.add_argument('--dataset', metavar='NAME', default='digits',
-                   help="'digits' (offline, scikit-learn), 'torch/cifar10', or '' for an ImageFolder (default: digits)")
+                   help="'digits' (offline, scikit-learn), 'fashion-mnist' (offline: Debian's dataset-fashion-mnist "
+                        "or the four IDX files in --data-dir), 'torch/cifar10', or '' for an ImageFolder "
+                        "(default: digits)")
 group.add_argument('--train-split', metavar='NAME', default='train')
 group.add_argument('--val-split', metavar='NAME', default='validation',
-                   help='held-out split (torch/cifar10 and digits map it to their test split)')
+                   help='held-out split (torch/cifar10, fashion-mnist and digits map it to their test split; an '
+                        'ImageFolder needs this subfolder)')
 group.add_argument('--dataset-download', action='store_true', default=False,
                    help='download torch/ datasets that are not in --data-dir')
 
@@ -70,7 +75,8 @@ group = parser.add_argument_group('Model parameters')
 group.add_argument('--model', default='sa_quadratic_cifar', type=str, metavar='MODEL')
 group.add_argument('--pretrained', action='store_true', default=False, help='start from the published weights')
 group.add_argument('--initial-checkpoint', default='', type=str, metavar='PATH',
-                   help='start from these weights (a training checkpoint or a .safetensors file)')
+                   help='start from these weights (any checkpoint, .safetensors or Hub folder of --model; '
+                        'its stored architecture arguments are the defaults of --model-kwargs)')
 group.add_argument('--resume', default='', type=str, metavar='PATH',
                    help='continue the run of this checkpoint (model, optimizer, schedule, epoch, RNG)')
 group.add_argument('--num-classes', type=int, default=None, metavar='N')
@@ -78,7 +84,7 @@ group.add_argument('--img-size', type=int, default=None, metavar='N', help='imag
 group.add_argument('-b', '--batch-size', type=int, default=100, metavar='N', help='batch size per process')
 group.add_argument('-vb', '--validation-batch-size', type=int, default=None, metavar='N')
 group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
-                   help='architecture arguments, e.g. --model-kwargs embed_dim=64 depth=2')
+                   help='architecture arguments, e.g. --model-kwargs embed_dim=64 depth=2 (update the recipe\'s)')
 group.add_argument('--device-modules', default=None, type=str, nargs='+',
                    help='python modules to import first (e.g. a package that registers models)')
 
@@ -117,7 +123,8 @@ group = parser.add_argument_group('Device parameters')
 group.add_argument('--device', default=None, type=str, help="'cuda', 'cpu', ... (default: cuda when present)")
 group.add_argument('--amp', action=argparse.BooleanOptionalAction, default=None,
                    help='autocast mixed precision (default: on with CUDA, off on CPU)')
-group.add_argument('--amp-dtype', default='bfloat16', type=str)
+group.add_argument('--amp-dtype', default='bfloat16', type=str,
+                   help="'bfloat16' (default) or 'float16' (with a gradient scaler)")
 group.add_argument('--channels-last', action=argparse.BooleanOptionalAction, default=None,
                    help='channels-last memory layout (default: on with CUDA)')
 group.add_argument('--pin-mem', action='store_true', default=False)
@@ -128,7 +135,8 @@ group.add_argument('--seed', type=int, default=42, metavar='S')
 group.add_argument('--log-interval', type=int, default=50, metavar='N', help='batches between log lines')
 group.add_argument('--output', default='output/train', type=str, metavar='PATH', help='runs are written here')
 group.add_argument('--experiment', default='', type=str, metavar='NAME', help='run folder name')
-group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METRIC')
+group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METRIC',
+                   help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
 group.add_argument('--export', action='store_true', default=False,
                    help='after training, write a Hub folder (timm format + model card) to <run>/hub')
 group.add_argument('--target-top1', type=float, default=None,
@@ -147,6 +155,8 @@ def _parse_args():
             print(f'note: recipe keys not used by this script: {unknown}', file=sys.stderr)
         parser.set_defaults(**{k: v for k, v in recipe.items() if k in known})
     args = parser.parse_args(remaining)
+    # command-line --model-kwargs update the recipe's dict instead of replacing it
+    args.model_kwargs = {**(recipe.get('model_kwargs') or {}), **args.model_kwargs}
     args.config = args_config.config
     return args, recipe
 
@@ -158,9 +168,11 @@ def _init_distributed(args):
     args.local_rank = int(os.environ.get('LOCAL_RANK', 0))
     args.distributed = args.world_size > 1
     device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    if device == 'cuda' and args.distributed:
-        device = f'cuda:{args.local_rank}'
-        torch.cuda.set_device(args.local_rank)
+    if torch.device(device).type == 'cuda':
+        if args.distributed:  # one GPU per process, whatever index was asked for
+            device = f'cuda:{args.local_rank}'
+        device = str(torch.device(device))
+        torch.cuda.set_device(torch.device(device))
     args.device = device
     if args.distributed:
         dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
@@ -178,25 +190,9 @@ def _seed_epoch(seed: int, epoch: int, rank: int):
     torch.manual_seed(s)
 
 
-def _rng_state():
-    np_state = np.random.get_state()
-    return {
-        'torch': torch.get_rng_state(),
-        'cuda': torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        'numpy': [np_state[0], torch.from_numpy(np_state[1].copy()), int(np_state[2]), int(np_state[3]),
-                  float(np_state[4])],
-        'python': random.getstate(),
-    }
-
-
-def _set_rng_state(state):
-    torch.set_rng_state(state['torch'])
-    if state.get('cuda') and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state['cuda'])
-    n = state['numpy']
-    np.random.set_state((n[0], n[1].numpy(), n[2], n[3], n[4]))
-    py = state['python']
-    random.setstate((py[0], tuple(py[1]), py[2]))
+def is_better(metric: str, value: float, best: float) -> bool:
+    """Whether ``value`` of ``metric`` beats ``best``: lower is better for a loss, higher for accuracies."""
+    return value < best if metric == 'loss' else value > best
 
 
 def _log(args, msg):
@@ -204,7 +200,8 @@ def _log(args, msg):
         _logger.info(msg)
 
 
-def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx):
+def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
+                    loss_scaler=None):
     model.train()
     losses = AverageMeter()
     start = batch_start = time.time()
@@ -218,10 +215,18 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         with amp_ctx():
             loss = loss_fn(model(images), targets)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if args.clip_grad is not None:
-            dispatch_clip_grad(model.parameters(), value=args.clip_grad, mode=args.clip_mode)
-        optimizer.step()
+        if loss_scaler is not None:  # float16: scale the loss so small gradients do not underflow
+            loss_scaler.scale(loss).backward()
+            if args.clip_grad is not None:
+                loss_scaler.unscale_(optimizer)
+                dispatch_clip_grad(model.parameters(), value=args.clip_grad, mode=args.clip_mode)
+            loss_scaler.step(optimizer)
+            loss_scaler.update()
+        else:
+            loss.backward()
+            if args.clip_grad is not None:
+                dispatch_clip_grad(model.parameters(), value=args.clip_grad, mode=args.clip_mode)
+            optimizer.step()
         num_updates += 1
         if lr_scheduler is not None:
             lr_scheduler.step_update(num_updates=num_updates)
@@ -246,27 +251,47 @@ def main():
         importlib.import_module(module)
     torch.backends.cudnn.benchmark = torch.device(args.device).type == 'cuda'
 
-    resume_ckpt = load_training_checkpoint(args.resume, map_location='cpu') if args.resume else None
-    if resume_ckpt is not None:
-        # the run's model is fixed by the checkpoint; its architecture args override the command line
-        if resume_ckpt['arch'] != args.model:
-            _log(args, f'resuming {resume_ckpt["arch"]} from {args.resume} (ignoring --model {args.model})')
-        args.model = resume_ckpt['arch']
-        args.model_kwargs = dict(resume_ckpt['model_args'])
+    resume_ckpt, initial = None, None
+    if args.resume:
+        resume_ckpt = read_checkpoint(args.resume)
+        if resume_ckpt.format != 'sa_vision' or 'optimizer' not in resume_ckpt.meta:
+            raise CheckpointError(f'{args.resume} is a {resume_ckpt.format} checkpoint without the run state of '
+                                  f'scripts/train.py; --resume continues runs of this script. To start from its '
+                                  f'weights use --initial-checkpoint')
+        if resume_ckpt.arch != args.model:
+            _log(args, f'resuming {resume_ckpt.arch} from {args.resume} (ignoring --model {args.model})')
+        args.model = resume_ckpt.arch
+        # the run's model is fixed by the checkpoint: exactly what it was built with
+        model_kwargs = dict(resume_ckpt.model_args)
+    else:
+        model_kwargs = {}
+        if args.initial_checkpoint:
+            initial = read_checkpoint(args.initial_checkpoint, arch=args.model)
+            model_kwargs.update(initial.model_args)  # e.g. the heads a pruning kept
+        model_kwargs.update(args.model_kwargs)
+        for key, value in (('num_classes', args.num_classes), ('drop_rate', args.drop),
+                           ('drop_path_rate', args.drop_path)):
+            if value is not None:
+                model_kwargs[key] = value
+    args.model_kwargs = model_kwargs  # everything create_model gets: saved in checkpoints and the recipe
 
     _seed_epoch(args.seed, 0, args.rank)
-    model_kwargs = dict(args.model_kwargs)
-    for key, value in (('num_classes', args.num_classes), ('drop_rate', args.drop), ('drop_path_rate', args.drop_path)):
-        if value is not None:
-            model_kwargs[key] = value
     model = timm.create_model(args.model, pretrained=args.pretrained, **model_kwargs)
-    if args.initial_checkpoint and resume_ckpt is None:
-        from sa_vision.hub import load_weights
-        model.load_state_dict(load_weights(args.initial_checkpoint, expected_arch=args.model))
+    if initial is not None:
+        try:
+            model.load_state_dict(initial.state_dict)
+        except RuntimeError as e:
+            raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}({model_kwargs}): '
+                                  f'{str(e).splitlines()[0]} ... drop the --model-kwargs that change the '
+                                  f'architecture') from None
     num_params = sum(p.numel() for p in model.parameters())
     _log(args, f'Model {args.model} {model_kwargs or ""} created, {num_params:,} parameters')
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)
     img_size = data_cfg['input_size'][-1]
+    info = dataset_info(args.dataset)
+    # a known dataset is normalised with its own statistics, an ImageFolder with the model's
+    norm = {'mean': tuple(info.mean), 'std': tuple(info.std)} if info.num_classes else \
+        {'mean': tuple(data_cfg['mean']), 'std': tuple(data_cfg['std'])}
 
     model.to(args.device)
     if args.channels_last:
@@ -275,8 +300,7 @@ def main():
         model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
         **({'eps': args.opt_eps} if args.opt_eps is not None else {}))  # honours model.no_weight_decay()
 
-    ds_kwargs = dict(data_dir=args.data_dir, download=args.dataset_download, img_size=img_size,
-                     mean=data_cfg['mean'], std=data_cfg['std'])
+    ds_kwargs = dict(data_dir=args.data_dir, download=args.dataset_download, img_size=img_size, **norm)
     train_ds = create_image_dataset(args.dataset, args.train_split, is_training=True, hflip=args.hflip,
                                     crop_padding=args.train_crop_padding, **ds_kwargs)
     eval_ds = create_image_dataset(args.dataset, args.val_split, is_training=False, **ds_kwargs)
@@ -307,15 +331,21 @@ def main():
     def amp_ctx():
         return torch.autocast(device_type, dtype=amp_dtype) if args.amp else nullcontext()
 
+    # float16 needs loss scaling (its range underflows small gradients); bfloat16 has float32's range
+    loss_scaler = torch.amp.GradScaler(device_type) if args.amp and amp_dtype == torch.float16 else None
+
     start_epoch, num_updates, history, best = 0, 0, [], None
     if resume_ckpt is not None:
-        model.load_state_dict(resume_ckpt['state_dict'])
-        optimizer.load_state_dict(resume_ckpt['optimizer'])
-        lr_scheduler.load_state_dict(resume_ckpt['scheduler'])
-        start_epoch, num_updates = resume_ckpt['epoch'], resume_ckpt['num_updates']
-        history, best = list(resume_ckpt.get('history', [])), resume_ckpt.get('best')
-        _set_rng_state(resume_ckpt['rng'])
+        meta = resume_ckpt.meta
+        model.load_state_dict(resume_ckpt.state_dict)
+        optimizer.load_state_dict(meta['optimizer'])
+        lr_scheduler.load_state_dict(meta['scheduler'])
+        if loss_scaler is not None and meta.get('loss_scaler'):
+            loss_scaler.load_state_dict(meta['loss_scaler'])
+        start_epoch, num_updates = meta['epoch'], meta['num_updates']
+        history, best = list(meta.get('history', [])), meta.get('best')
         run_dir = Path(args.resume).resolve().parent  # a resumed run continues in its own folder
+        _log(args, f'Resuming {run_dir} at epoch {start_epoch}, update {num_updates}')
     else:
         name = args.experiment or '-'.join([
             datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')])
@@ -324,6 +354,8 @@ def main():
         run_dir.mkdir(parents=True, exist_ok=True)
         with open(run_dir / 'args.yaml', 'w') as f:
             yaml.safe_dump(_plain_args(args), f, sort_keys=False)
+        with open(run_dir / 'recipe.yaml', 'w') as f:  # -c recipe.yaml repeats this run
+            yaml.safe_dump(strip_runtime_args(_plain_args(args)), f, sort_keys=False)
         _log(args, f'Run folder {run_dir}; {num_epochs} epochs of {updates_per_epoch} steps, '
                    f'{args.world_size} process(es) on {args.device}, amp={args.amp}')
 
@@ -333,7 +365,8 @@ def main():
         _seed_epoch(args.seed, epoch, args.rank)
         train_sampler.set_epoch(epoch)
         train_metrics, num_updates = train_one_epoch(
-            epoch, train_model, train_loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx)
+            epoch, train_model, train_loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
+            loss_scaler)
         lr_scheduler.step(epoch + 1)
         metrics = evaluate(model, eval_loader, args.device, amp_ctx=amp_ctx, channels_last=args.channels_last,
                            distributed=args.distributed)
@@ -341,7 +374,7 @@ def main():
                    f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
         history.append({'epoch': epoch, 'train_loss': train_metrics['loss'], 'lr': train_metrics['lr'],
                         **{f'eval_{k}': v for k, v in metrics.items()}})
-        if best is None or metrics[args.eval_metric] > best['metric']:
+        if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
             best = {'metric': metrics[args.eval_metric], 'epoch': epoch}
         if args.rank == 0:
             ckpt = {
@@ -353,12 +386,14 @@ def main():
                 'scheduler': lr_scheduler.state_dict(),
                 'epoch': epoch + 1,  # epochs completed
                 'num_updates': num_updates,
-                'rng': _rng_state(),
+                'loss_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
                 'args': _plain_args(args),
+                'recipe': strip_runtime_args(_plain_args(args)),
+                'data_config': {**norm, 'input_size': list(data_cfg['input_size'])},
                 'metrics': metrics,
                 'history': history,
                 'best': best,
-                'dataset': args.dataset or 'folder',
+                'dataset': args.dataset,
             }
             atomic_torch_save(ckpt, run_dir / 'last.pth.tar')
             update_summary(epoch, train_metrics, metrics, run_dir / 'summary.csv', write_header=epoch == 0)

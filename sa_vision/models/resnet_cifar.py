@@ -14,7 +14,7 @@ from torch import nn
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.resnet import BasicBlock, ResNet
 
-from ..hub import explain_unavailable_weights
+from ._pretrained import HF_NAMESPACE, PRETRAINED_TAG, explain_unavailable_weights
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = ['CifarResNet']
@@ -56,7 +56,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 
 default_cfgs = generate_default_cfgs({
-    'resnet18_cifar.cifar10': _cfg(hf_hub_id='sa-vision/resnet18_cifar.cifar10'),
+    f'resnet18_cifar.{PRETRAINED_TAG}': _cfg(hf_hub_id=f'{HF_NAMESPACE}/resnet18_cifar.{PRETRAINED_TAG}'),
 })
 
 

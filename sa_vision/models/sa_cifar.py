@@ -31,7 +31,7 @@ from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, genera
 from timm.models import register_notrace_function, register_notrace_module
 from timm.models._features import feature_take_indices
 
-from ..hub import explain_unavailable_weights
+from ._pretrained import HF_NAMESPACE, PRETRAINED_TAG, explain_unavailable_weights
 from ..layers import (
     ATTENTION_KINDS, GeluMlp, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project,
 )
@@ -360,10 +360,6 @@ def _cfg(**kwargs) -> Dict:
         **kwargs,
     }
 
-
-# weights trained on CIFAR-10 with the paper's recipe live at <HF_NAMESPACE>/<arch>.<tag>
-HF_NAMESPACE = 'sa-vision'
-PRETRAINED_TAG = 'cifar10'
 
 default_cfgs = generate_default_cfgs({
     f'{arch}.{PRETRAINED_TAG}': _cfg(hf_hub_id=f'{HF_NAMESPACE}/{arch}.{PRETRAINED_TAG}')

@@ -1,0 +1,344 @@
+""" Checkpoints: one reader for every kind of weights file a user has, and the atomic writer of training runs
+
+:func:`read_checkpoint` opens, without unpickling arbitrary objects:
+
+* a checkpoint of ``scripts/train.py`` (``last.pth.tar``: ``arch``, ``model_args``, ``state_dict``, run state);
+* a checkpoint of timm's ``train.py`` (``checkpoint-*.pth.tar``, ``last.pth.tar``, ``model_best.pth.tar``): the
+  model name and construction arguments come from its pickled ``argparse.Namespace``, the only class allowed
+  besides what ``torch.load(weights_only=True)`` reads; ``use_ema=True`` takes ``state_dict_ema``;
+* a bare state dict (``.pth``, ``.pt``, ``.bin``) or a ``.safetensors`` file (``arch`` / ``model_args`` from its
+  metadata when present, as ``scripts/prune.py`` writes); the architecture of a sa_vision attention model is
+  read off the tensor shapes, any other needs ``arch``;
+* a Hub folder (``config.json`` + ``model.safetensors``, as timm's ``save_for_hf`` writes).
+
+The result, a :class:`Checkpoint`, builds its model with :meth:`Checkpoint.create_model`. :func:`load_model`
+also takes a timm model name. Imports flow one way: this module imports :mod:`sa_vision.models`, never the Hub
+or publishing code.
+"""
+import argparse
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_torch_save', 'read_checkpoint', 'load_model',
+    'infer_model_args', 'strip_runtime_args', 'RUNTIME_ARGS',
+]
+
+# 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
+CHECKPOINT_VERSION = 2
+PathLike = Union[str, os.PathLike]
+
+# scripts/train.py and timm train.py arguments that describe this machine or this run's files, not the training:
+# left out of published recipes (a recipe must reproduce the run anywhere and leak no local paths)
+RUNTIME_ARGS = frozenset({
+    'config', 'output', 'experiment', 'data_dir', 'data', 'resume', 'initial_checkpoint', 'no_resume_opt',
+    'rank', 'world_size', 'local_rank', 'distributed', 'device', 'device_modules', 'prefetcher', 'workers',
+    'pin_mem', 'channels_last', 'log_interval', 'recovery_interval', 'checkpoint_hist', 'export', 'target_top1',
+    'dataset_download', 'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'torchcompile',
+    'dist_backend', 'dist_url', 'no_ddp_bb', 'synchronize_step', 'save_images', 'use_multi_epochs_loader',
+})
+# timm train.py's create_model(...) keywords and the args they come from
+_TIMM_MODEL_ARGS = (('num_classes', 'num_classes'), ('in_chans', 'in_chans'), ('drop_rate', 'drop'),
+                    ('drop_path_rate', 'drop_path'), ('drop_block_rate', 'drop_block'), ('global_pool', 'gp'),
+                    ('bn_momentum', 'bn_momentum'), ('bn_eps', 'bn_eps'))
+_STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
+_WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
+
+
+class CheckpointError(ValueError):
+    """Weights that are missing, unreadable, incomplete, or do not fit the architecture they claim."""
+
+
+@dataclass
+class Checkpoint:
+    """Weights and what is known about them.
+
+    Attributes:
+        arch: timm model name.
+        model_args: Every keyword given to ``timm.create_model(arch, ...)`` to build the model.
+        state_dict: The weights.
+        source: Where they came from (a path).
+        format: 'sa_vision' (scripts/train.py), 'timm' (timm train.py), 'state_dict', 'safetensors', 'hub_folder'.
+        meta: Everything else the file holds (epoch, num_updates, metrics, history, recipe, dataset, ...).
+    """
+    arch: str
+    model_args: Dict[str, Any]
+    state_dict: Dict[str, Tensor]
+    source: str
+    format: str
+    meta: Dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def dataset(self) -> str:
+        return self.meta.get('dataset') or ''
+
+    def create_model(self) -> nn.Module:
+        """The model with these weights (strictly loaded), in eval mode."""
+        import timm
+        from . import models  # noqa: F401  registers the models
+        if not timm.is_model(self.arch):
+            raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
+                                  f'that registers it (--device-modules) or pass the right --model')
+        try:
+            model = timm.create_model(self.arch, **self.model_args)
+        except TypeError as e:
+            raise CheckpointError(f'{self.source}: {self.arch} does not accept the stored arguments '
+                                  f'{self.model_args} ({e})') from None
+        try:
+            model.load_state_dict(self.state_dict)
+        except RuntimeError as e:
+            raise CheckpointError(
+                f'the weights in {self.source} do not fit {self.arch}({self.model_args}): '
+                f'{str(e).splitlines()[0]} ... The file is of another architecture or configuration, or was '
+                f'edited') from None
+        return model.eval()
+
+
+def atomic_torch_save(obj: Any, path: PathLike) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename over it: a crash never leaves a half file."""
+    path = Path(path)
+    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
+    try:
+        torch.save(obj, tmp)
+        with open(tmp, 'rb') as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def strip_runtime_args(args: Dict[str, Any]) -> Dict[str, Any]:
+    """The training arguments of a run without its machine, process and file fields (see RUNTIME_ARGS)."""
+    return {k: v for k, v in args.items() if k not in RUNTIME_ARGS}
+
+
+def _plain(value: Any) -> Any:
+    """A value as plain YAML / ``weights_only``-safe data."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
+
+
+def _torch_load(path: Path, map_location) -> Any:
+    """``torch.load(weights_only=True)`` that also allows ``argparse.Namespace`` (timm train.py's ``args``)."""
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ''
+        if 'Unsupported global' in str(e) or 'weights_only' in str(e):
+            raise CheckpointError(
+                f'{path} holds pickled Python objects that are not allowed to load ({first}). Checkpoints of '
+                f'scripts/train.py and timm train.py, state dicts and safetensors files load; anything else '
+                f'could run code on load. Re-save the weights as a state dict or .safetensors') from None
+        raise CheckpointError(
+            f'{path} cannot be read ({type(e).__name__}: {first}): the file is corrupted or truncated, or not a '
+            f'PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
+
+
+def _strip_module_prefix(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    return {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}
+
+
+def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
+    """Architecture kwargs of a :class:`~sa_vision.models.SelfAttentionNet`, read off a state dict's shapes.
+
+    Includes ``attn_kind``; :data:`KIND_TO_MODEL` names the registered model of each kind.
+    """
+    if 'patch_embed.proj.weight' not in state_dict:
+        raise ValueError('not a sa_vision self-attention state dict (no patch_embed.proj.weight)')
+    embed_dim, in_chans = state_dict['patch_embed.proj.weight'].shape[:2]
+    depth = 1 + max(int(k.split('.')[1]) for k in state_dict if k.startswith('blocks.'))
+    heads = tuple(state_dict[f'blocks.{i}.value.weight'].shape[1] // embed_dim for i in range(depth))
+    if 'blocks.0.attn.content.query.weight' in state_dict:
+        kind = 'content'
+    elif 'blocks.0.attn.position.row_shift_embed.weight' in state_dict:
+        kind = 'learned'
+    elif state_dict['blocks.0.attn.position.spreads'].dim() == 3:
+        kind = 'generalized'
+    else:
+        kind = 'quadratic'
+    args = dict(
+        in_chans=int(in_chans), embed_dim=int(embed_dim), depth=depth, heads_per_layer=heads, attn_kind=kind,
+        mlp_hidden_dim=int(state_dict['blocks.0.mlp.fc1.weight'].shape[0]),
+        num_classes=int(state_dict['head.weight'].shape[0]) if 'head.weight' in state_dict else 0,
+    )
+    if kind in ('learned', 'content'):
+        args['max_rel_shift'] = (state_dict['blocks.0.attn.position.row_shift_embed.weight'].shape[0] - 1) // 2
+    return args
+
+
+KIND_TO_MODEL = {
+    'quadratic': 'sa_quadratic_cifar', 'generalized': 'sa_gen_cifar',
+    'learned': 'sa_learned_cifar', 'content': 'sa_content_cifar',
+}
+
+
+def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: Optional[str],
+                     model_args: Dict[str, Any], meta: Dict[str, Any]) -> Checkpoint:
+    """A checkpoint of bare weights: the architecture from ``arch`` / stored args, or read off SA shapes."""
+    state_dict = _strip_module_prefix(state_dict)
+    if 'patch_embed.proj.weight' in state_dict:
+        inferred = infer_model_args(state_dict)
+        # the registered model of a kind sets attn_kind itself; weights of another kind then fail to load
+        arch = arch or KIND_TO_MODEL[inferred.pop('attn_kind')]
+        inferred.pop('attn_kind', None)
+        model_args = {**inferred, **model_args}
+    elif arch is None and 'conv1.weight' in state_dict and 'fc.weight' in state_dict:
+        arch = 'resnet18_cifar'
+        model_args = {'num_classes': int(state_dict['fc.weight'].shape[0]), **model_args}
+    if arch is None:
+        raise CheckpointError(
+            f'{path} holds bare weights ({len(state_dict)} tensors, e.g. {sorted(state_dict)[:3]}) without the '
+            f'name of their architecture; pass it (--model NAME)')
+    return Checkpoint(arch, model_args, state_dict, str(path), fmt, meta)
+
+
+def _timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
+    """The create_model keywords of timm train.py, from its args (None values are dropped, as timm does)."""
+    model_args = {key: args.get(name) for key, name in _TIMM_MODEL_ARGS}
+    if model_args['in_chans'] is None and args.get('input_size'):
+        model_args['in_chans'] = args['input_size'][0]
+    model_args.update(args.get('model_kwargs') or {})
+    return {k: v for k, v in model_args.items() if v is not None}
+
+
+def _read_hub_folder(folder: Path) -> Checkpoint:
+    config_path = folder / 'config.json'
+    if not config_path.is_file():
+        raise CheckpointError(f'folder {folder} has no config.json: not a Hub folder (timm save_for_hf format); '
+                              f'export one with scripts/push_to_hub.py --dry-run')
+    config = json.loads(config_path.read_text())
+    weights = folder / 'model.safetensors'
+    if weights.is_file():
+        state_dict = _read_safetensors(weights)[0]
+    elif (folder / 'pytorch_model.bin').is_file():
+        state_dict = _torch_load(folder / 'pytorch_model.bin', 'cpu')
+    else:
+        raise CheckpointError(f'Hub folder {folder} has no model.safetensors (nor pytorch_model.bin)')
+    if 'architecture' not in config:
+        raise CheckpointError(f'{config_path} names no architecture: not a timm config.json')
+    model_args = dict(config.get('model_args') or {})
+    if 'num_classes' in config:
+        model_args.setdefault('num_classes', config['num_classes'])
+    cfg = config.get('pretrained_cfg') or {}
+    return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder',
+                      {'pretrained_cfg': cfg, 'dataset': cfg.get('sa_vision_dataset', '')})
+
+
+def _read_safetensors(path: Path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    try:
+        with safe_open(str(path), 'pt') as f:
+            metadata = f.metadata() or {}
+        return load_file(str(path)), metadata
+    except Exception as e:
+        raise CheckpointError(f'{path} is not a readable safetensors file ({type(e).__name__}: {e}); it is '
+                              f'corrupted or truncated') from None
+
+
+def read_checkpoint(
+        source: PathLike,
+        arch: Optional[str] = None,
+        model_args: Optional[Dict[str, Any]] = None,
+        use_ema: bool = False,
+        map_location='cpu',
+) -> Checkpoint:
+    """Open weights of any supported kind (see the module docstring).
+
+    Args:
+        source: A file or a Hub folder.
+        arch: Expected architecture: an error if the file names another; the architecture of bare weights.
+        model_args: Construction arguments for bare weights (override what is read off the shapes).
+        use_ema: Take the EMA weights of a timm train.py checkpoint (an error if it has none).
+        map_location: Passed to ``torch.load``.
+    """
+    path = Path(source)
+    if path.is_dir():
+        ckpt = _read_hub_folder(path)
+    elif not path.is_file():
+        raise CheckpointError(f'{path} does not exist: pass a checkpoint file (last.pth.tar of a run, a state dict, '
+                              f'a .safetensors file) or an exported Hub folder')
+    elif path.suffix == '.safetensors':
+        state_dict, metadata = _read_safetensors(path)
+        stored_args = json.loads(metadata['model_args']) if 'model_args' in metadata else {}
+        meta = {k: v for k, v in metadata.items() if k not in ('arch', 'model_args')}
+        ckpt = _from_state_dict(state_dict, path, 'safetensors', metadata.get('arch') or arch,
+                                {**stored_args, **(model_args or {})}, meta)
+    else:
+        obj = _torch_load(path, map_location)
+        if not isinstance(obj, dict) or not obj:
+            raise CheckpointError(f'{path} holds a {type(obj).__name__}, not a checkpoint or a state dict')
+        ckpt = _from_loaded_dict(obj, path, arch, model_args or {}, use_ema)
+    if use_ema and ckpt.format != 'timm':
+        raise CheckpointError(f'{path} is a {ckpt.format} checkpoint: only timm train.py checkpoints hold EMA '
+                              f'weights; drop --use-ema')
+    if arch and ckpt.arch != arch:
+        raise CheckpointError(f'{path} holds a {ckpt.arch} model, not {arch}; pass weights of {arch} or use '
+                              f'--model {ckpt.arch}')
+    return ckpt
+
+
+def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], model_args: Dict[str, Any],
+                      use_ema: bool) -> Checkpoint:
+    if all(isinstance(v, Tensor) for v in obj.values()):
+        return _from_state_dict(obj, path, 'state_dict', arch, model_args, {})
+    if isinstance(obj.get('args'), argparse.Namespace) or obj.get('version') == 2 and 'saver' in obj:
+        # timm train.py: {'epoch', 'arch', 'state_dict', 'optimizer', 'version': 2, 'args': Namespace, ...}
+        args = vars(obj['args']) if isinstance(obj.get('args'), argparse.Namespace) else {}
+        key = 'state_dict_ema' if use_ema else 'state_dict'
+        if key not in obj:
+            raise CheckpointError(
+                f'{path} is a timm train.py checkpoint without {key!r}'
+                + (' (trained without --model-ema); drop --use-ema' if use_ema else ''))
+        meta = {k: v for k, v in obj.items() if k not in ('args', 'state_dict', 'state_dict_ema')}
+        meta['args'] = _plain(args)
+        meta['recipe'] = strip_runtime_args(meta['args'])
+        meta['dataset'] = args.get('dataset', '')
+        if 'metric' in obj:
+            meta['metrics'] = {args.get('eval_metric', 'top1'): obj['metric']}
+        stored = _timm_model_args(args) if args else {}
+        return Checkpoint(obj.get('arch') or args.get('model') or arch, {**stored, **model_args},
+                          _strip_module_prefix(obj[key]), str(path), 'timm', meta)
+    if all(k in obj for k in ('arch', 'model_args', 'state_dict')):
+        if int(obj.get('version', 1)) > CHECKPOINT_VERSION:
+            raise CheckpointError(f'{path} was written by a newer sa_vision (checkpoint version {obj["version"]}, '
+                                  f'this one reads up to {CHECKPOINT_VERSION}); upgrade sa_vision')
+        meta = {k: v for k, v in obj.items() if k not in ('arch', 'model_args', 'state_dict')}
+        return Checkpoint(obj['arch'], {**obj['model_args'], **model_args}, obj['state_dict'], str(path),
+                          'sa_vision', meta)
+    for key in _STATE_DICT_KEYS:
+        if isinstance(obj.get(key), dict) and obj[key] and all(isinstance(v, Tensor) for v in obj[key].values()):
+            stored = obj.get('model_args') if isinstance(obj.get('model_args'), dict) else {}
+            return _from_state_dict(obj[key], path, 'state_dict', obj.get('arch') or arch,
+                                    {**stored, **model_args}, {})
+    raise CheckpointError(
+        f'{path} is a dict of {sorted(obj)[:8]} but holds no weights under any of {list(_STATE_DICT_KEYS)}: not a '
+        f'checkpoint of scripts/train.py or timm train.py, nor a state dict')
+
+
+def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
+    """A model in eval mode from a file or Hub folder (:func:`read_checkpoint`) or a timm model name.
+
+    ``kwargs`` are construction arguments: for bare weights they override what is read off the shapes; for a
+    timm name they go to ``timm.create_model`` (random init unless ``pretrained``).
+    """
+    import timm
+    from . import models  # noqa: F401  registers the models
+    path = Path(source)
+    if path.exists() or source.endswith(_WEIGHT_SUFFIXES):
+        return read_checkpoint(path, model_args=kwargs, use_ema=use_ema).create_model()
+    try:
+        return timm.create_model(source, pretrained=pretrained, **kwargs).eval()
+    except RuntimeError as e:
+        raise ValueError(f'{source!r} is neither a file, a Hub folder nor a timm model name ({e})') from e
