@@ -181,6 +181,7 @@ KIND_TO_MODEL = {
     'quadratic': 'sa_quadratic_cifar', 'generalized': 'sa_gen_cifar',
     'learned': 'sa_learned_cifar', 'content': 'sa_content_cifar',
 }
+_KIND_OF_MODEL = {**{model: kind for kind, model in KIND_TO_MODEL.items()}, 'sa_gen_pruned': 'generalized'}
 
 
 def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: Optional[str],
@@ -189,9 +190,11 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
     state_dict = _strip_module_prefix(state_dict)
     if 'patch_embed.proj.weight' in state_dict:
         inferred = infer_model_args(state_dict)
-        # the registered model of a kind sets attn_kind itself; weights of another kind then fail to load
-        arch = arch or KIND_TO_MODEL[inferred.pop('attn_kind')]
-        inferred.pop('attn_kind', None)
+        kind = inferred.pop('attn_kind')  # the registered model of a kind sets it itself
+        if arch in _KIND_OF_MODEL and _KIND_OF_MODEL[arch] != kind:
+            raise CheckpointError(f'{path} holds a {KIND_TO_MODEL[kind]} model ({kind} attention), not {arch}; '
+                                  f'pass weights of {arch} or use --model {KIND_TO_MODEL[kind]}')
+        arch = arch or KIND_TO_MODEL[kind]
         model_args = {**inferred, **model_args}
     elif arch is None and 'conv1.weight' in state_dict and 'fc.weight' in state_dict:
         arch = 'resnet18_cifar'

@@ -183,7 +183,7 @@ def test_load_model_from_checkpoints_and_hub_folder(tmp_path):
     x = torch.randn(1, 3, 8, 8)
     with torch.no_grad():
         ref = model(x)
-    torch.save({'model': model.state_dict(), 'args': {'attn_drop_rate': 0.0, 'lr': 0.1}}, tmp_path / 'a.pth')
+    torch.save({'model': model.state_dict(), 'model_args': {'attn_drop_rate': 0.0}}, tmp_path / 'a.pth')
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / 'b.safetensors'))
     timm.models.save_for_hf(model, str(tmp_path / 'hub'), model_config={'architecture': 'sa_gen_cifar'},
                             model_args=dict(SMALL, heads_per_layer=[2, 3]))

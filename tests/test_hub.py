@@ -1,4 +1,5 @@
-""" Export to a Hub folder, loading through timm (offline Hub cache, hf-hub:, local-dir:), publishing checks """
+""" Export to a Hub folder, loading through timm (offline Hub cache, hf-hub:, local-dir:), honest labels,
+recipes that repeat the run, publishing checks, and checkpoints of timm's own train.py """
 import json
 import os
 import shutil
@@ -14,16 +15,19 @@ import yaml
 pytest.importorskip('sklearn')
 
 import sa_vision  # noqa: F401
+from sa_vision.checkpoint import RUNTIME_ARGS, Checkpoint, CheckpointError, read_checkpoint
 from sa_vision.hub import (
-    CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, CheckpointError, HubPublishError, export_hub_folder,
-    load_training_checkpoint, model_from_checkpoint, publish_hub_folder)
+    CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, HubPublishError, check_publish_target, export_hub_folder,
+    publish_hub_folder, weights_label)
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / 'scripts'))
 import push_to_hub  # noqa: E402
 
 SMALL = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
-REPO_ID = 'sa-vision/sa_quadratic_cifar.cifar10'
+NUM_CLASSES = 12  # not the registered 10: the whole construction must travel with the weights
+REGISTERED_REPO = 'sa-vision/sa_quadratic_cifar.cifar10'
+DIGITS_REPO = 'sa-vision/sa_quadratic_cifar.digits_custom'  # digits, a custom (small) configuration
 
 
 def _env():
@@ -31,57 +35,115 @@ def _env():
 
 
 
-@pytest.fixture(scope='module')
-def trained(tmp_path_factory):
-    """A 1-epoch digits run of a small sa_quadratic_cifar, and its export."""
-    out = tmp_path_factory.mktemp('runs')
-    cmd = [sys.executable, str(ROOT / 'scripts' / 'train.py'), '-c', str(ROOT / 'scripts/configs/sa_quadratic_cifar_digits.yaml'),
-           '--epochs', '1', '--output', str(out), '--experiment', 'run', '--model-kwargs',
-           *[f'{k}={v}' for k, v in SMALL.items()]]
+def _train(out, *args):
+    cmd = [sys.executable, str(ROOT / 'scripts' / 'train.py'), *map(str, args), '--output', str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ckpt_path = out / 'run' / 'last.pth.tar'
-    export_dir = out / 'export'
-    export_hub_folder(ckpt_path, export_dir, expected_arch='sa_quadratic_cifar')
-    return ckpt_path, export_dir
+
+
+@pytest.fixture(scope='module')
+def trained(tmp_path_factory):
+    """A 1-epoch digits run of a small 12-class sa_quadratic_cifar exported by train.py --export."""
+    out = tmp_path_factory.mktemp('runs')
+    _train(out, '-c', ROOT / 'scripts/configs/sa_quadratic_cifar_digits.yaml', '--epochs', 1, '--experiment', 'run',
+           '--num-classes', NUM_CLASSES, '--export', '--model-kwargs', *[f'{k}={v}' for k, v in SMALL.items()])
+    return out / 'run' / 'last.pth.tar', out / 'run' / 'hub'
 
 
 def _reference_output(ckpt_path):
     torch.manual_seed(0)
     x = torch.randn(4, 3, 32, 32)
-    model = model_from_checkpoint(load_training_checkpoint(ckpt_path))
+    model = read_checkpoint(ckpt_path).create_model()
     with torch.no_grad():
         return x, model(x)
 
 
 def test_export_folder_in_timm_format(trained):
     ckpt_path, export_dir = trained
+    ckpt = torch.load(ckpt_path, weights_only=True)
     config = json.loads((export_dir / 'config.json').read_text())
     assert config['architecture'] == 'sa_quadratic_cifar'
     assert {k: config['model_args'][k] for k in SMALL} == SMALL
+    assert config['num_classes'] == config['model_args']['num_classes'] == NUM_CLASSES
     assert config['pretrained_cfg']['mean'] == list(sa_vision.paper.CIFAR10_MEAN)
     readme = (export_dir / 'README.md').read_text()
     meta = yaml.safe_load(readme.split('---\n')[1])
     assert meta['library_name'] == 'timm' and 'image-classification' in meta['tags']
-    top1 = load_training_checkpoint(ckpt_path)['metrics']['top1']
     metrics = meta['model-index'][0]['results'][0]['metrics']
-    assert metrics[0]['value'] == round(top1, 2)
-    assert meta['model-index'][0]['results'][0]['dataset']['type'] == 'digits'
-    assert 'datasets' not in meta  # trained on digits: the card must not claim CIFAR-10
+    assert metrics[0]['value'] == round(ckpt['metrics']['top1'], 2)
     assert 'Training summary' in readme and 'not CIFAR-10' in readme
-    assert f'- Parameters: {sum(v.numel() for v in load_training_checkpoint(ckpt_path)["state_dict"].values()):,}' \
-        in readme
-    recipe = yaml.safe_load((export_dir / 'recipe.yaml').read_text())
-    assert recipe['model'] == 'sa_quadratic_cifar' and recipe['dataset'] == 'digits'
+    assert f'- Parameters: {sum(v.numel() for v in ckpt["state_dict"].values()):,}' in readme
     # the card's recipe section shows the arguments used, not the paper's CIFAR-10 recipe of the template
+    recipe = yaml.safe_load((export_dir / 'recipe.yaml').read_text())
     card_recipe = readme.split('## Training recipe')[1].split('```yaml\n')[1].split('```')[0]
     assert yaml.safe_load(card_recipe) == recipe
+
+
+def test_digits_export_is_labelled_digits_and_custom_everywhere(trained):
+    _, export_dir = trained
+    config_text = (export_dir / 'config.json').read_text()
+    assert json.loads(config_text)['pretrained_cfg']['tag'] == 'digits_custom' and 'cifar10' not in config_text
+    readme = (export_dir / 'README.md').read_text()
+    meta = yaml.safe_load(readme.split('---\n')[1])
+    assert 'datasets' not in meta and 'cifar10' not in yaml.safe_dump(meta)
+    result = meta['model-index'][0]
+    assert result['name'] == 'sa_quadratic_cifar.digits_custom' and result['results'][0]['dataset']['type'] == 'digits'
+    assert '# sa_quadratic_cifar.digits_custom\n' in readme and 'sa_quadratic_cifar.cifar10' not in readme
+    # a 1-layer, 2-head model is described as what it is, not as the paper's 9 heads x 6 layers
+    assert '9 heads x 6 layers' not in readme and '1 layer(s) with 2 heads' in readme
+    assert f"hf-hub:{DIGITS_REPO}" in readme
+
+
+def test_published_recipe_holds_training_arguments_only(trained):
+    ckpt_path, export_dir = trained
+    text = (export_dir / 'recipe.yaml').read_text()
+    recipe = yaml.safe_load(text)
+    assert not set(recipe) & RUNTIME_ARGS, set(recipe) & RUNTIME_ARGS
+    assert str(ckpt_path.parent.parent) not in text and '/tmp' not in text and str(ROOT) not in text
+    assert recipe['model'] == 'sa_quadratic_cifar' and recipe['dataset'] == 'digits'
+    assert recipe['num_classes'] == NUM_CLASSES and recipe['model_kwargs']['proj_drop_rate'] == 0.0
+
+
+@pytest.mark.slow
+def test_recipe_of_an_export_repeats_the_run(trained, tmp_path):
+    ckpt_path, export_dir = trained
+    _train(tmp_path, '-c', export_dir / 'recipe.yaml', '--experiment', 'again')
+    original, repeated = torch.load(ckpt_path, weights_only=True), torch.load(
+        tmp_path / 'again' / 'last.pth.tar', weights_only=True)
+    assert repeated['model_args'] == original['model_args']
+    for key, value in original['state_dict'].items():
+        assert torch.equal(repeated['state_dict'][key], value), key
+
+
+def test_export_reloads_with_its_classes(trained):
+    import timm
+    ckpt_path, export_dir = trained
+    model = timm.create_model(f'local-dir:{export_dir}', pretrained=True).eval()
+    assert model.num_classes == NUM_CLASSES
+    x, expected = _reference_output(ckpt_path)
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)
+
+
+def test_only_cifar10_weights_of_the_paper_architecture_may_take_the_registered_repository():
+    def label(dataset, **model_args):
+        return weights_label(Checkpoint('sa_quadratic_cifar', model_args, {}, 'x', 'sa_vision', {'dataset': dataset}))
+    reference = label('torch/cifar10')
+    assert reference.is_reference and reference.default_repo_id == REGISTERED_REPO
+    check_publish_target(reference, REGISTERED_REPO)
+    assert label('torch/cifar10', drop_path_rate=0.1).is_reference  # regularisation does not change the weights' shape
+    for other in (label('torch/cifar10', embed_dim=16), label('torch/cifar10', num_classes=12), label('digits'),
+                  label('fashion-mnist')):
+        assert not other.is_reference and other.default_repo_id != REGISTERED_REPO
+        with pytest.raises(HubPublishError, match='refusing'):
+            check_publish_target(other, REGISTERED_REPO)
+    assert label('fashion-mnist').tag == 'fashion_mnist' and label('torch/cifar10', embed_dim=16).tag == 'cifar10_custom'
 
 
 def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, tmp_path):
     ckpt_path, export_dir = trained
     cache = tmp_path / 'hub'
-    repo_dir = cache / f'models--{REPO_ID.replace("/", "--")}'
+    repo_dir = cache / f'models--{DIGITS_REPO.replace("/", "--")}'
     revision = '0123456789abcdef0123456789abcdef01234567'
     shutil.copytree(export_dir, repo_dir / 'snapshots' / revision)
     (repo_dir / 'refs').mkdir()
@@ -92,8 +154,7 @@ def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, t
         import torch, timm, sa_vision
         x = torch.load({str(tmp_path / 'x.pt')!r}, weights_only=True)
         out = {{}}
-        for name, kwargs in [('sa_quadratic_cifar', {SMALL!r}), ('hf-hub:{REPO_ID}', {{}}),
-                             ('local-dir:{export_dir}', {{}})]:
+        for name, kwargs in [('hf-hub:{DIGITS_REPO}', {{}}), ('local-dir:{export_dir}', {{}})]:
             model = timm.create_model(name, pretrained=True, **kwargs).eval()
             with torch.no_grad():
                 out[name.split(':')[0]] = model(x)
@@ -108,7 +169,7 @@ def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, t
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = torch.load(tmp_path / 'out.pt', weights_only=True)
-    for source in ('sa_quadratic_cifar', 'hf-hub', 'local-dir'):
+    for source in ('hf-hub', 'local-dir'):
         assert torch.equal(out[source], expected), source
     # weights not in the cache: one clear message naming the repository and what to do
     assert out['error'].startswith('PretrainedWeightsUnavailable')
@@ -117,7 +178,7 @@ def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, t
 
 
 class _RecordingApi:
-    """Stands in for huggingface_hub.HfApi and records every call."""
+    """Stands in for huggingface_hub.HfApi and records every call with the repository it targets."""
     calls = []
     role = 'write'
 
@@ -129,11 +190,11 @@ class _RecordingApi:
         return {'name': 'someone', 'orgs': [{'name': 'sa-vision'}], 'auth': {'accessToken': {'role': self.role}}}
 
     def create_repo(self, repo_id, **kwargs):
-        self.calls.append('create_repo')
+        self.calls.append(('create_repo', repo_id))
         return type('RepoUrl', (), {'repo_id': repo_id})()
 
     def upload_folder(self, **kwargs):
-        self.calls.append(('upload_folder', sorted(os.listdir(kwargs['folder_path']))))
+        self.calls.append(('upload_folder', kwargs['repo_id'], sorted(os.listdir(kwargs['folder_path']))))
         return 'commit'
 
     def create_commit(self, *args, **kwargs):
@@ -162,6 +223,7 @@ def test_dry_run_stages_exactly_the_expected_files(trained, tmp_path, recording_
     assert {p.name for p in out.iterdir()} == expected
     printed = capsys.readouterr().out
     assert all(name in printed for name in expected) and 'nothing uploaded' in printed
+    assert f'for {DIGITS_REPO}' in printed
     assert recording_api.calls == []
 
 
@@ -173,7 +235,7 @@ def test_publish_without_token_fails_before_any_upload(trained, tmp_path, record
     assert push_to_hub.main([str(ckpt_path), '--out-dir', str(tmp_path / 'staged')]) == 2
     assert 'no Hugging Face token' in capsys.readouterr().err
     with pytest.raises(HubPublishError, match='HF_TOKEN'):
-        publish_hub_folder(export_dir, REPO_ID)
+        publish_hub_folder(export_dir, DIGITS_REPO)
     assert recording_api.calls == []
 
 
@@ -181,17 +243,33 @@ def test_publish_with_read_token_fails_before_any_upload(trained, recording_api,
     _, export_dir = trained
     recording_api.role = 'read'
     with pytest.raises(HubPublishError, match='cannot write') as e:
-        publish_hub_folder(export_dir, REPO_ID)
+        publish_hub_folder(export_dir, DIGITS_REPO)
     assert 'hf_secret_value_never_printed' not in str(e.value)
     assert recording_api.calls == ['whoami']
 
 
-def test_publish_uploads_the_folder_in_one_commit(trained, tmp_path, recording_api, capsys):
+def test_publish_to_a_foreign_namespace_is_refused(trained, recording_api):
+    _, export_dir = trained
+    with pytest.raises(HubPublishError, match="cannot write to someone-else/x.*'someone-else'"):
+        publish_hub_folder(export_dir, 'someone-else/x')
+    assert recording_api.calls == ['whoami']
+
+
+def test_publish_uploads_the_folder_to_its_repository_in_one_commit(trained, tmp_path, recording_api, capsys):
     ckpt_path, _ = trained
     assert push_to_hub.main([str(ckpt_path), '--out-dir', str(tmp_path / 'staged'), '--no-figure']) == 0
-    uploads = [c for c in recording_api.calls if c not in ('whoami', 'create_repo')]
-    assert uploads == [('upload_folder', sorted(HUB_FOLDER_FILES))]
+    assert recording_api.calls == ['whoami', ('create_repo', DIGITS_REPO),
+                                   ('upload_folder', DIGITS_REPO, sorted(HUB_FOLDER_FILES))]
     assert 'hf_secret_value_never_printed' not in capsys.readouterr().out
+
+
+def test_digits_weights_never_reach_the_registered_repository(trained, tmp_path, recording_api, capsys):
+    ckpt_path, export_dir = trained
+    assert push_to_hub.main([str(ckpt_path), '--repo-id', REGISTERED_REPO, '--out-dir', str(tmp_path / 's')]) == 2
+    assert 'refusing sa-vision/sa_quadratic_cifar.cifar10' in capsys.readouterr().err
+    with pytest.raises(HubPublishError, match='refusing'):  # an exported folder, published directly
+        publish_hub_folder(export_dir, REGISTERED_REPO)
+    assert recording_api.calls == []
 
 
 def test_corrupted_checkpoint_gives_a_clear_error(trained, tmp_path, recording_api, capsys):
@@ -199,25 +277,28 @@ def test_corrupted_checkpoint_gives_a_clear_error(trained, tmp_path, recording_a
     truncated = tmp_path / 'truncated.pth.tar'
     truncated.write_bytes(ckpt_path.read_bytes()[:5000])
     with pytest.raises(CheckpointError, match='corrupted'):
-        load_training_checkpoint(truncated)
+        read_checkpoint(truncated)
     assert push_to_hub.main([str(truncated), '--out-dir', str(tmp_path / 'staged')]) == 2
     assert 'corrupted' in capsys.readouterr().err
 
-    import argparse  # any pickled class instance: weights_only refuses to unpickle it
-    unsafe = tmp_path / 'unsafe.pth.tar'
-    torch.save({'arch': 'sa_quadratic_cifar', 'model_args': {}, 'state_dict': argparse.Namespace()}, unsafe)
-    with pytest.raises(CheckpointError, match='cannot be read'):
-        load_training_checkpoint(unsafe)
+    unsafe = tmp_path / 'unsafe.pth.tar'  # a pickled class instance other than timm's argparse.Namespace
+    torch.save({'arch': 'sa_quadratic_cifar', 'model_args': {}, 'state_dict': _Unsafe()}, unsafe)
+    with pytest.raises(CheckpointError, match='not allowed to load'):
+        read_checkpoint(unsafe)
     assert recording_api.calls == []
+
+
+class _Unsafe:
+    pass
 
 
 def test_wrong_architecture_gives_a_clear_error(trained, tmp_path, recording_api, capsys):
     ckpt_path, _ = trained
     assert push_to_hub.main([str(ckpt_path), '--model', 'resnet18_cifar', '--out-dir', str(tmp_path / 'a')]) == 2
     assert 'holds a sa_quadratic_cifar model, not resnet18_cifar' in capsys.readouterr().err
-    assert push_to_hub.main([str(ckpt_path), '--repo-id', 'sa-vision/sa_gen_cifar.cifar10',
+    assert push_to_hub.main([str(ckpt_path), '--repo-id', 'sa-vision/sa_gen_cifar.digits',
                              '--out-dir', str(tmp_path / 'b')]) == 2
-    assert 'is for sa_gen_cifar' in capsys.readouterr().err
+    assert 'is named for sa_gen_cifar' in capsys.readouterr().err
     # weights of one architecture labelled as another
     ckpt = torch.load(ckpt_path, weights_only=True)
     ckpt['arch'] = 'resnet18_cifar'

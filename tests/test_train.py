@@ -1,4 +1,5 @@
-""" scripts/train.py end to end on the offline digits data: accuracy, exact resume, torchrun DDP, safe loading """
+""" scripts/train.py end to end on the offline digits data: accuracy, exact resume, torchrun DDP, safe loading,
+timm train.py checkpoints, recipes, pruned weights, fp16 loss scaling """
 import json
 import os
 import shutil
@@ -72,7 +73,12 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     assert load_ckpt(last)['epoch'] < epochs, 'the run finished before it was killed'
     assert not [p for p in last.parent.iterdir() if '.tmp' in p.name], 'a temporary checkpoint was left behind'
 
-    run_train(_mechanics_args(tmp_path, 'killed', epochs)[:-4] + ['--resume', last, '--log-interval', 5])
+    saved = load_ckpt(last)
+    log = run_train(_mechanics_args(tmp_path, 'killed', epochs)[:-4] + ['--resume', last, '--log-interval', 5])
+    # the resumed process starts at the saved epoch and update count, it does not redo epoch 0
+    assert f'at epoch {saved["epoch"]}, update {saved["num_updates"]}' in log
+    trained_epochs = sorted({int(l.split()[1]) for l in log.splitlines() if l.startswith('Train: ')})
+    assert trained_epochs == list(range(saved['epoch'], epochs)), trained_epochs
     straight, resumed = load_ckpt(tmp_path / 'straight' / 'last.pth.tar'), load_ckpt(last)
     assert resumed['epoch'] == straight['epoch'] == epochs
     assert resumed['num_updates'] == straight['num_updates']
@@ -82,23 +88,58 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_on_cpu(tmp_path):
+def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp_path):
+    """DDP averages the two processes' gradients: 2 x 32 images per step train the same weights as 1 x 64.
+
+    Without DDP each process would train on its own half and the saved (rank 0) weights would differ."""
     torchrun = shutil.which('torchrun')
     cmd = [torchrun] if torchrun else [sys.executable, '-m', 'torch.distributed.run']
     cmd += ['--standalone', '--nproc_per_node', '2', str(TRAIN),
-            *map(str, _mechanics_args(tmp_path, 'ddp', 1)), '--workers', '0']
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+            *map(str, _mechanics_args(tmp_path, 'ddp', 1)), '-b', 32, '--workers', '0']
+    proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert '2 process(es) on cpu' in log
     result = result_of(log)
-    assert result['num_images'] == 360  # the two evaluation shards add up to the whole test split
+    assert result['num_images'] == 360  # the two evaluation shards are summed over the processes
+    run_train(_mechanics_args(tmp_path, 'single', 1))  # -b 64 in one process
+    ddp, single = load_ckpt(tmp_path / 'ddp' / 'last.pth.tar'), load_ckpt(tmp_path / 'single' / 'last.pth.tar')
+    assert ddp['num_updates'] == single['num_updates'] == 1437 // 64
+    for key, value in single['state_dict'].items():
+        torch.testing.assert_close(ddp['state_dict'][key], value, rtol=1e-3, atol=1e-4, msg=key)
+    assert ddp['metrics']['top1'] == pytest.approx(single['metrics']['top1'], abs=0.3)
 
-    from sa_vision.hub import load_training_checkpoint, model_from_checkpoint
-    ckpt = load_training_checkpoint(tmp_path / 'ddp' / 'last.pth.tar')
-    assert ckpt['args']['world_size'] == 2
-    model = model_from_checkpoint(ckpt)
-    assert model(torch.zeros(2, 3, 32, 32)).shape == (2, 10)
+
+def test_evaluation_reduces_on_the_model_device(monkeypatch):
+    """NCCL reduces only tensors on the process's GPU: the totals must live on the evaluation device."""
+    import torch.distributed as dist
+    from sa_vision.evaluation import evaluate
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def all_reduce(tensor, *args, **kwargs):
+        seen.append(tensor.device)
+        raise Stop
+    monkeypatch.setattr(dist, 'all_reduce', all_reduce)
+    model = torch.nn.Linear(4, 3, device='meta')  # 'meta' stands in for a device other than the CPU
+    loader = [(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))]
+    with pytest.raises(Stop):
+        evaluate(model, loader, 'meta', distributed=True)
+    assert seen == [torch.device('meta')]
+
+
+def test_evaluation_counts_top1_and_top5():
+    from sa_vision.evaluation import evaluate
+    logits = torch.tensor([[9., 1, 2, 3, 4, 5, 6], [1., 9, 2, 3, 4, 5, 6], [6., 5, 4, 3, 2, 1, 0]])
+    targets = torch.tensor([0, 0, 5])  # hit at rank 1; rank 7 (miss); rank 6 (miss for top-5)
+    model = torch.nn.Identity()
+    metrics = evaluate(model, [(logits, targets)], 'cpu')
+    assert metrics['num_images'] == 3
+    assert metrics['top1'] == pytest.approx(100 / 3) and metrics['top5'] == pytest.approx(100 / 3)
+    expected = torch.nn.functional.cross_entropy(logits, targets).item()
+    assert metrics['loss'] == pytest.approx(expected)
 
 
 def test_digits_dataset_split_is_fixed():
@@ -110,7 +151,7 @@ def test_digits_dataset_split_is_fixed():
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
-    from sa_vision.hub import atomic_torch_save
+    from sa_vision.checkpoint import atomic_torch_save
     path = tmp_path / 'last.pth.tar'
     atomic_torch_save({'epoch': 1}, path)
 
@@ -134,3 +175,62 @@ def test_recipes_use_timm_argument_names():
         assert recipe['sched_on_updates'] is True and recipe['smoothing'] == 0.
         if arch != 'resnet18_cifar':
             assert recipe['warmup_epochs'] == pytest.approx(0.05 * recipe['epochs'])
+
+
+def _import_script(name):
+    sys.path.insert(0, str(ROOT / 'scripts'))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+def test_command_line_model_kwargs_update_the_recipes(monkeypatch):
+    train = _import_script('train')
+    monkeypatch.setattr(sys, 'argv', ['train.py', '-c', str(DIGITS_RECIPE), '--model-kwargs', 'embed_dim=8'])
+    args, recipe = train._parse_args()
+    assert recipe['model_kwargs']['proj_drop_rate'] == 0.0
+    assert args.model_kwargs == {**recipe['model_kwargs'], 'embed_dim': 8}
+
+
+def test_best_epoch_follows_the_metric_direction():
+    train = _import_script('train')
+    assert train.is_better('loss', 0.5, 1.0) and not train.is_better('loss', 1.0, 0.5)
+    assert train.is_better('top1', 60., 50.) and not train.is_better('top1', 50., 60.)
+
+
+@pytest.mark.slow
+def test_float16_amp_trains_with_a_loss_scaler(tmp_path):
+    run_train(_mechanics_args(tmp_path, 'fp16', 1) + ['--amp', '--amp-dtype', 'float16'])
+    ckpt = load_ckpt(tmp_path / 'fp16' / 'last.pth.tar')
+    assert isinstance(ckpt.get('loss_scaler'), dict) and ckpt['loss_scaler']['scale'] > 0
+    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values())
+
+
+@pytest.mark.slow
+def test_pruned_weights_start_a_fine_tuning_run(tmp_path):
+    """scripts/prune.py output -> train.py --model sa_gen_pruned --initial-checkpoint, whatever heads survive."""
+    import timm
+    import sa_vision  # noqa: F401
+    source = timm.create_model('sa_gen_cifar', embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
+    torch.save(source.state_dict(), tmp_path / 'gen.pth')  # a bare state dict: architecture read off the shapes
+    pruned = tmp_path / 'pruned.pth'
+    subprocess.run([sys.executable, str(ROOT / 'scripts' / 'prune.py'), str(tmp_path / 'gen.pth'), '--heads', '0',
+                    '1,2', '--out', str(pruned)], check=True, capture_output=True, env=_env())
+    # lr 0: the run must end with exactly the pruned weights it started from
+    run_train(['-c', ROOT / 'scripts' / 'configs' / 'sa_gen_pruned.yaml', '--initial-checkpoint', pruned,
+               '--dataset', 'digits', '--val-split', 'test', '-b', 64, '--epochs', 1, '--warmup-epochs', 0,
+               '--lr', 0, '--workers', 0, '--output', tmp_path, '--experiment', 'finetune'])
+    ckpt = load_ckpt(tmp_path / 'finetune' / 'last.pth.tar')
+    assert tuple(ckpt['model_args']['heads_per_layer']) == (2, 1)
+    start = load_ckpt(pruned)['state_dict']
+    for key, value in start.items():
+        assert torch.equal(ckpt['state_dict'][key], value), key
+
+
+def test_image_folder_without_held_out_split_is_an_error(tmp_path):
+    from sa_vision.data import create_image_dataset
+    for cls in ('cat', 'dog'):
+        (tmp_path / 'train' / cls).mkdir(parents=True)
+    with pytest.raises(FileNotFoundError, match=r"no 'validation' subfolder.*\['train'\].*--val-split"):
+        create_image_dataset('', 'validation', is_training=False, data_dir=str(tmp_path))

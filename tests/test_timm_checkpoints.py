@@ -1,0 +1,152 @@
+""" Checkpoints written by timm's own train.py (timm.utils.CheckpointSaver) validate, export and stage """
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip('sklearn')
+
+import timm  # noqa: E402
+from timm.utils import CheckpointSaver, NativeScaler  # noqa: E402
+from timm.utils.model_ema import ModelEmaV3  # noqa: E402
+
+import sa_vision  # noqa: E402,F401
+from sa_vision.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
+from sa_vision.data import DigitsDataset  # noqa: E402
+from sa_vision.paper import CIFAR10_MEAN, CIFAR10_STD  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / 'scripts'))
+import push_to_hub  # noqa: E402
+import validate  # noqa: E402
+
+MODEL_KWARGS = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
+
+
+def _timm_train_args(run_dir: Path) -> argparse.Namespace:
+    """The args of timm train.py as it pickles them (a subset of its ~150 fields, with its runtime fields)."""
+    return argparse.Namespace(
+        data_dir=str(run_dir / 'data'), dataset='digits', train_split='train', val_split='validation',
+        model='sa_quadratic_cifar', pretrained=False, initial_checkpoint='', resume='', no_resume_opt=False,
+        num_classes=12, gp=None, img_size=None, in_chans=None, input_size=None, crop_pct=None, mean=None, std=None,
+        interpolation='', batch_size=32, validation_batch_size=None, model_kwargs=dict(MODEL_KWARGS),
+        drop=0.0, drop_path=None, drop_block=None, bn_momentum=None, bn_eps=None, opt='sgd', lr=0.1,
+        momentum=0.9, weight_decay=1e-4, sched='cosine', epochs=2, model_ema=True, model_ema_decay=0.5,
+        amp=False, amp_dtype='float16', eval_metric='top1', seed=42, workers=4, pin_mem=False,
+        output=str(run_dir), experiment='', checkpoint_hist=10, log_interval=50, device='cuda:0',
+        world_size=1, rank=0, local_rank=0, distributed=False, prefetcher=True, torchcompile=None,
+    )
+
+
+def _accuracy(model, num_classes_seen=10):
+    """Top-1 on the digits test split, computed directly (independent of sa_vision.evaluation)."""
+    test = DigitsDataset('test')
+    mean, std = torch.tensor(CIFAR10_MEAN)[:, None, None], torch.tensor(CIFAR10_STD)[:, None, None]
+    with torch.no_grad():
+        predicted = model.eval()((test.images - mean) / std).argmax(-1)
+    return 100. * (predicted == test.targets).float().mean().item()
+
+
+@pytest.fixture(scope='module')
+def timm_run(tmp_path_factory):
+    """A model, its EMA and the checkpoint files timm's train.py would write after epoch 0."""
+    run_dir = tmp_path_factory.mktemp('timm_run')
+    args = _timm_train_args(run_dir)
+    torch.manual_seed(0)
+    model = timm.create_model(args.model, num_classes=args.num_classes, drop_rate=args.drop, **args.model_kwargs)
+    ema = ModelEmaV3(model, decay=args.model_ema_decay)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    train = DigitsDataset('train')
+    for step in range(3):  # a few steps, so that the model and its EMA differ
+        images, targets = train.images[step * 32:(step + 1) * 32], train.targets[step * 32:(step + 1) * 32]
+        loss = torch.nn.functional.cross_entropy(model(images), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        ema.update(model, step=step)
+    saver = CheckpointSaver(model=model, optimizer=optimizer, args=args, model_ema=ema, amp_scaler=NativeScaler(),
+                            checkpoint_dir=str(run_dir), recovery_dir=str(run_dir), decreasing=False)
+    saver.save_checkpoint(epoch=0, metric=_accuracy(model))
+    return run_dir, model, ema.module
+
+
+def test_saver_wrote_the_files_timm_train_writes(timm_run):
+    run_dir, _, _ = timm_run
+    assert {'checkpoint-0.pth.tar', 'last.pth.tar', 'model_best.pth.tar'} <= {p.name for p in run_dir.iterdir()}
+    with pytest.raises(Exception, match='Namespace'):  # plain weights_only refuses timm's args
+        torch.load(run_dir / 'last.pth.tar', weights_only=True)
+
+
+@pytest.mark.parametrize('name', ['checkpoint-0.pth.tar', 'last.pth.tar', 'model_best.pth.tar'])
+def test_timm_checkpoint_opens_with_its_model_and_arguments(timm_run, name):
+    run_dir, model, _ = timm_run
+    ckpt = read_checkpoint(run_dir / name)
+    assert ckpt.format == 'timm' and ckpt.arch == 'sa_quadratic_cifar'
+    assert ckpt.model_args == {**MODEL_KWARGS, 'num_classes': 12, 'drop_rate': 0.0}
+    loaded = ckpt.create_model()
+    for key, value in model.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    assert 'data_dir' not in ckpt.meta['recipe'] and 'device' not in ckpt.meta['recipe']
+
+
+@pytest.mark.parametrize('use_ema', [False, True])
+def test_validate_script_evaluates_a_timm_checkpoint(timm_run, capsys, use_ema):
+    run_dir, model, ema_model = timm_run
+    argv = ['--checkpoint', str(run_dir / 'last.pth.tar'), '--dataset', 'digits', '-j', '0']
+    assert validate.main(argv + (['--use-ema'] if use_ema else [])) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result['num_images'] == 360
+    assert result['top1'] == pytest.approx(_accuracy(ema_model if use_ema else model), abs=1e-6)
+
+
+def test_ema_of_a_checkpoint_without_one_is_a_clear_error(tmp_path):
+    model = timm.create_model('sa_quadratic_cifar', **MODEL_KWARGS)
+    saver = CheckpointSaver(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                            args=_timm_train_args(tmp_path), checkpoint_dir=str(tmp_path), recovery_dir=str(tmp_path))
+    saver.save_checkpoint(epoch=0, metric=1.0)
+    with pytest.raises(CheckpointError, match="without 'state_dict_ema'.*--model-ema"):
+        read_checkpoint(tmp_path / 'last.pth.tar', use_ema=True)
+
+
+def test_push_to_hub_stages_a_timm_checkpoint(timm_run, tmp_path, capsys):
+    run_dir, model, _ = timm_run
+    out = tmp_path / 'staged'
+    assert push_to_hub.main([str(run_dir / 'model_best.pth.tar'), '--dry-run', '--out-dir', str(out),
+                             '--no-figure']) == 0
+    printed = capsys.readouterr().out
+    assert 'sa_quadratic_cifar.digits_custom' in printed and 'nothing uploaded' in printed
+    config = json.loads((out / 'config.json').read_text())
+    assert config['architecture'] == 'sa_quadratic_cifar' and config['num_classes'] == 12
+    recipe = yaml.safe_load((out / 'recipe.yaml').read_text())
+    assert recipe['model'] == 'sa_quadratic_cifar' and recipe['model_kwargs'] == MODEL_KWARGS
+    assert not {'data_dir', 'output', 'device', 'rank', 'world_size'} & set(recipe)
+    assert 'timm `train.py`' in (out / 'README.md').read_text()
+    reloaded = timm.create_model(f'local-dir:{out}', pretrained=True)
+    for key, value in model.state_dict().items():
+        assert torch.equal(reloaded.state_dict()[key], value), key
+
+
+def test_bare_state_dict_and_safetensors_open_with_their_architecture(tmp_path):
+    from safetensors.torch import save_file
+    model = timm.create_model('sa_gen_cifar', num_classes=7, **MODEL_KWARGS)
+    torch.save({'model': model.state_dict()}, tmp_path / 'wrapped.pth')
+    save_file(model.state_dict(), tmp_path / 'weights.safetensors')
+    resnet = timm.create_model('resnet18_cifar', num_classes=3)
+    torch.save(resnet.state_dict(), tmp_path / 'resnet.pth')
+    for name, arch in (('wrapped.pth', 'sa_gen_cifar'), ('weights.safetensors', 'sa_gen_cifar'),
+                       ('resnet.pth', 'resnet18_cifar')):
+        ckpt = read_checkpoint(tmp_path / name)
+        assert ckpt.arch == arch, name
+        loaded = ckpt.create_model()
+        source = model if arch == 'sa_gen_cifar' else resnet
+        assert loaded.num_classes == source.num_classes
+        assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
+    with pytest.raises(CheckpointError, match='holds a sa_gen_cifar model .*, not sa_learned_cifar'):
+        read_checkpoint(tmp_path / 'wrapped.pth', arch='sa_learned_cifar')
+    torch.save({'epoch': 3, 'notes': 'x'}, tmp_path / 'empty.pth')
+    with pytest.raises(CheckpointError, match='holds no weights'):
+        read_checkpoint(tmp_path / 'empty.pth')
