@@ -360,7 +360,7 @@ def main():
                    f'{args.world_size} process(es) on {args.device}, amp={args.amp}')
 
     train_model = DistributedDataParallel(model) if args.distributed else model
-    metrics = resume_ckpt.get('metrics') if resume_ckpt else None
+    metrics = resume_ckpt.meta.get('metrics') if resume_ckpt else None
     for epoch in range(start_epoch, num_epochs):
         _seed_epoch(args.seed, epoch, args.rank)
         train_sampler.set_epoch(epoch)
