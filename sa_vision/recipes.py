@@ -1,4 +1,4 @@
-""" Training recipes: ``scripts/configs/<name>.yaml`` in the argument names of timm's ``train.py``
+""" Training recipes: ``sa_vision/configs/<name>.yaml`` in the argument names of timm's ``train.py``
 
 A recipe is a flat YAML mapping whose keys are the ``dest`` names of timm's ``train.py`` arguments
 (``batch_size``, ``weight_decay``, ``sched_on_updates``, ...). timm's ``train.py -c <recipe>`` and this
@@ -12,12 +12,12 @@ from typing import Any, Dict, Union
 
 __all__ = ['RECIPE_DIR', 'recipe_path', 'load_recipe']
 
-# scripts/configs of a source checkout (the package sits next to scripts/)
-RECIPE_DIR = Path(__file__).resolve().parent.parent / 'scripts' / 'configs'
+# shipped inside the package (package data), so an installed sa_vision finds them; scripts/configs links here
+RECIPE_DIR = Path(__file__).resolve().parent / 'configs'
 
 
 def recipe_path(name: str) -> Path:
-    """Path of the recipe ``name`` (a file path, or the name of a file in ``scripts/configs``)."""
+    """Path of the recipe ``name`` (a file path, or the name of a file in ``sa_vision/configs``)."""
     path = Path(name)
     if path.suffix in ('.yaml', '.yml') and path.exists():
         return path
