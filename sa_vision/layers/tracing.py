@@ -26,10 +26,11 @@ def is_capturing() -> bool:
 
 
 def refuse_capture(what: str) -> None:
-    """Raise instead of letting a tracer record ``what`` (an eager-only kernel) into a wrong graph."""
-    if torch.jit.is_tracing() or torch.onnx.is_in_onnx_export():
+    """Raise instead of letting a tracer or exporter record ``what`` (an eager-only kernel) into a wrong graph."""
+    if is_capturing():
         raise RuntimeError(
-            f'{what} is eager-only: the TorchScript tracer does not record it faithfully (products written with '
-            f'out= into reused buffers are lost and the result is folded into a constant of the example\'s '
-            f'values), so the graph would differ from the model. This is a bug in sa_vision: while a graph '
-            f'is captured the layers must take their plain path (sa_vision.layers.tracing.is_capturing).')
+            f'{what} is an eager-only kernel and cannot be captured into a graph: the TorchScript tracer loses '
+            f'its products written with out= into reused buffers and folds the result into a constant of the '
+            f'example\'s values (the graph would differ from the model), and torch.export would fix the batch '
+            f'size it splits the batch by. This is a bug in sa_vision: while a graph is captured the layers '
+            f'must take their plain path (sa_vision.layers.tracing.is_capturing).')
