@@ -155,6 +155,20 @@ def test_timm_onnx_export(name, tmp_path):
     check_onnx_file(path, model)
 
 
+@pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_gen_pruned'])
+def test_timm_reparameterize_then_onnx_export(name, tmp_path):
+    """--reparam of timm's scripts: reparameterize_model replaces every child with its fuse(); the fused
+    model exports and still computes the unfused model's function."""
+    from timm.utils import reparameterize_model
+    from timm.utils.onnx import onnx_export
+    model = make_model(name)
+    fused = reparameterize_model(model)
+    assert all(isinstance(blk.proj, torch.nn.Identity) for blk in fused.blocks)
+    path = tmp_path / f'{name}.onnx'
+    onnx_export(fused, str(path), batch_size=2, input_size=(3, 32, 32), dynamic_size=True, check=True)
+    check_onnx_file(path, model)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_learned_cifar'])
 def test_timm_onnx_export_with_dynamo(name, tmp_path):
