@@ -44,6 +44,7 @@ from torch import Tensor, nn
 from timm.layers import register_notrace_module
 
 from .autocast import autocast_inputs
+from .tracing import is_capturing, refuse_capture
 
 __all__ = [
     'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'QuadraticScores', 'GeneralizedScores',
@@ -62,8 +63,10 @@ def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tens
 
 def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """``shifts[q, k] = (row_k - row_q, col_k - col_q)`` for row-major grid positions, ``(h*w, h*w, 2)``."""
-    rows = torch.arange(grid_h, device=device, dtype=dtype).repeat_interleave(grid_w)
-    cols = torch.arange(grid_w, device=device, dtype=dtype).repeat(grid_h)
+    # row and column of every position, written as broadcasts (repeat_interleave with a symbolic size
+    # exports to a wrong ONNX graph)
+    rows = torch.arange(grid_h, device=device, dtype=dtype)[:, None].expand(grid_h, grid_w).reshape(-1)
+    cols = torch.arange(grid_w, device=device, dtype=dtype)[None, :].expand(grid_h, grid_w).reshape(-1)
     return torch.stack([rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]], dim=-1)
 
 
@@ -344,7 +347,8 @@ class PositionalAttention(nn.Module):
     @torch.jit.unused
     def _cached(self, compute: Callable, grid_h: int, grid_w: int):
         """``compute(grid_h, grid_w)``, reused while nothing it depends on has changed (eval, no autograd)."""
-        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling() or is_capturing():
+            # a captured graph computes the probabilities from the parameters (and any grid size)
             return compute(grid_h, grid_w)
         # a parameter changes its version when modified in place and its storage when replaced
         key = (compute.__name__, grid_h, grid_w) + tuple(
@@ -407,6 +411,7 @@ def _project_heads_backward(heads: Tensor, weight: Tensor, grad_out: Tensor, nee
 class _HeadsLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        refuse_capture('HeadsLinear\'s autograd Function')
         ctx.save_for_backward(heads, weight)
         ctx.has_bias = bias is not None
         return _project_heads(heads, weight, bias)
@@ -476,6 +481,7 @@ class _AttendThenProject(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], *probs: Tensor) -> Tensor:
+        refuse_capture('the attention + Value autograd Function')
         H, W, B, D = x.shape
         num_heads, out_features = probs[0].shape[0], weight.shape[0]
         chunks = _batch_chunks(x)
@@ -563,10 +569,12 @@ def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Te
 
     Content-free kinds run one head at a time without ever building the stacked heads. With autograd that
     means recomputing each head in backward, which only pays on the separable path (two small products);
-    the dense path and the content kind run as plain ``value(attn(x))`` when gradients are needed.
+    the dense path and the content kind run as plain ``value(attn(x))`` when gradients are needed. While a
+    graph is captured (export, tracing) it is always the plain ``value(attn(x))``: whole-batch products, no
+    autograd Function (see :mod:`sa_vision.layers.tracing`).
     """
     cheap_to_recompute = attn.separable and not attn.dense
-    if attn.content is not None or (torch.is_grad_enabled() and not cheap_to_recompute):
+    if attn.content is not None or is_capturing() or (torch.is_grad_enabled() and not cheap_to_recompute):
         return value(attn.mix(x))
     probs = attn.mixing_probs(x.shape[0], x.shape[1])
     x, weight, bias, *probs = autocast_inputs(x, value.weight, value.bias, *probs)
@@ -586,15 +594,24 @@ class HeadsLinear(nn.Linear):
         heads, D = x.shape[0], x.shape[-1]
         rows = x.reshape(heads, -1, D)  # heads, tokens, D
         if torch.jit.is_scripting():
-            out = torch.mm(rows[0], self.weight[:, :D].t())
-            for n in range(1, heads):
-                out = torch.addmm(out, rows[n], self.weight[:, n * D:(n + 1) * D].t())
-            if self.bias is not None:
-                out = out + self.bias
+            out = self._plain_forward(rows)
+        elif is_capturing():
+            # export / tracing: out-of-place products, no autograd Function
+            out = self._plain_forward(rows)
         else:
             rows, weight, bias = autocast_inputs(rows, self.weight, self.bias)
             out = _HeadsLinearFunction.apply(rows, weight, bias)
         return out.view(list(x.shape[1:-1]) + [self.out_features])
+
+    def _plain_forward(self, rows: Tensor) -> Tensor:
+        """The same accumulated per-head products out of place (TorchScript, export, tracing)."""
+        D = rows.shape[-1]
+        out = torch.mm(rows[0], self.weight[:, :D].t())
+        for n in range(1, rows.shape[0]):
+            out = torch.addmm(out, rows[n], self.weight[:, n * D:(n + 1) * D].t())
+        if self.bias is not None:
+            out = out + self.bias
+        return out
 
 
 @contextlib.contextmanager

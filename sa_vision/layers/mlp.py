@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .autocast import autocast_inputs
+from .tracing import is_capturing, refuse_capture
 
 __all__ = ['GeluMlp']
 
@@ -18,6 +19,7 @@ class _GeluLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        refuse_capture('the MLP\'s autograd Function')
         ctx.save_for_backward(hidden, weight)
         return F.linear(F.gelu(hidden), weight, bias)
 
@@ -50,6 +52,8 @@ class GeluMlp(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.fc1(x)
         if torch.jit.is_scripting() or not torch.is_grad_enabled():
+            out = self.fc2(F.gelu(hidden))
+        elif is_capturing():  # export / tracing: no autograd Function
             out = self.fc2(F.gelu(hidden))
         else:
             out = _GeluLinear.apply(*autocast_inputs(hidden, self.fc2.weight, self.fc2.bias))

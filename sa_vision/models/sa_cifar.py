@@ -123,15 +123,20 @@ class SelfAttentionBlock(nn.Module):
         return attend_then_project(self.attn, self.value, x)
 
     @torch.no_grad()
-    def fuse(self) -> None:
-        """Fold Dense into Value (two stacked Linear maps -> one) for inference; exact up to rounding."""
+    def fuse(self) -> 'SelfAttentionBlock':
+        """Fold Dense into Value (two stacked Linear maps -> one) for inference; exact up to rounding.
+
+        Returns the block itself, fused in place: timm's ``reparameterize_model`` (``--reparam`` of its
+        scripts) replaces every child that has ``fuse()`` with what it returns.
+        """
         if isinstance(self.proj, nn.Identity):
-            return
+            return self
         fused = HeadsLinear(self.value.in_features, self.proj.out_features,
                             device=self.value.weight.device, dtype=self.value.weight.dtype)
         fused.weight.copy_(self.proj.weight @ self.value.weight)
         fused.bias.copy_(self.proj.weight @ self.value.bias + self.proj.bias)
         self.value, self.proj = fused, nn.Identity()
+        return self
 
 
 class SelfAttentionNet(nn.Module):
