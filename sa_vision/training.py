@@ -199,8 +199,13 @@ def _log(args, msg):
         _logger.info(msg)
 
 
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f'{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}'
+
+
 def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
-                    loss_scaler=None):
+                    loss_scaler=None, num_epochs=None):
     model.train()
     losses = AverageMeter()
     start = batch_start = time.time()
@@ -234,10 +239,15 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         last = batch_idx == num_batches - 1
         if last or (batch_idx + 1) % args.log_interval == 0:
             lr = optimizer.param_groups[0]['lr']
-            rate = seen * args.world_size / max(time.time() - batch_start, 1e-9)
+            now = time.time()
+            rate = seen * args.world_size / max(now - batch_start, 1e-9)
+            # time left in this run at this epoch's pace so far (evaluation not counted)
+            batches_left = num_batches - batch_idx - 1 + ((num_epochs or epoch + 1) - epoch - 1) * num_batches
+            eta = (now - start) / (batch_idx + 1) * batches_left
             _log(args,
                  f'Train: {epoch} [{batch_idx + 1:>4d}/{num_batches} ({100. * (batch_idx + 1) / num_batches:>3.0f}%)]  '
-                 f'Loss: {losses.val:#.3g} ({losses.avg:#.3g})  LR: {lr:.3e}  {rate:>7.1f} img/s')
+                 f'Loss: {losses.val:#.3g} ({losses.avg:#.3g})  LR: {lr:.3e}  {rate:>7.1f} img/s  '
+                 f'ETA {_duration(eta)}')
             batch_start, seen = time.time(), 0
     return {'loss': losses.avg, 'lr': optimizer.param_groups[0]['lr'], 'time': time.time() - start}, num_updates
 
@@ -365,13 +375,14 @@ def main(argv=None):
         train_sampler.set_epoch(epoch)
         train_metrics, num_updates = train_one_epoch(
             epoch, train_model, train_loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
-            loss_scaler)
+            loss_scaler, num_epochs)
         lr_scheduler.step(epoch + 1)
         metrics = evaluate(model, eval_loader, args.device, amp_ctx=amp_ctx, channels_last=args.channels_last,
                            distributed=args.distributed)
         _log(args, f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
                    f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
         history.append({'epoch': epoch, 'train_loss': train_metrics['loss'], 'lr': train_metrics['lr'],
+                        'train_time': train_metrics['time'],
                         **{f'eval_{k}': v for k, v in metrics.items()}})
         if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
             best = {'metric': metrics[args.eval_metric], 'epoch': epoch}

@@ -177,26 +177,17 @@ def test_recipes_use_timm_argument_names():
             assert recipe['warmup_epochs'] == pytest.approx(0.05 * recipe['epochs'])
 
 
-def _import_script(name):
-    sys.path.insert(0, str(ROOT / 'scripts'))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.pop(0)
-
-
 def test_command_line_model_kwargs_update_the_recipes(monkeypatch):
-    train = _import_script('train')
-    monkeypatch.setattr(sys, 'argv', ['train.py', '-c', str(DIGITS_RECIPE), '--model-kwargs', 'embed_dim=8'])
-    args, recipe = train._parse_args()
+    from sa_vision import training
+    args, recipe = training._parse_args(['-c', str(DIGITS_RECIPE), '--model-kwargs', 'embed_dim=8'])
     assert recipe['model_kwargs']['proj_drop_rate'] == 0.0
     assert args.model_kwargs == {**recipe['model_kwargs'], 'embed_dim': 8}
 
 
 def test_best_epoch_follows_the_metric_direction():
-    train = _import_script('train')
-    assert train.is_better('loss', 0.5, 1.0) and not train.is_better('loss', 1.0, 0.5)
-    assert train.is_better('top1', 60., 50.) and not train.is_better('top1', 50., 60.)
+    from sa_vision.training import is_better
+    assert is_better('loss', 0.5, 1.0) and not is_better('loss', 1.0, 0.5)
+    assert is_better('top1', 60., 50.) and not is_better('top1', 50., 60.)
 
 
 @pytest.mark.slow
