@@ -40,7 +40,7 @@ RUNTIME_ARGS = frozenset({
     'config', 'output', 'experiment', 'data_dir', 'data', 'resume', 'initial_checkpoint', 'no_resume_opt',
     'rank', 'world_size', 'local_rank', 'distributed', 'device', 'device_modules', 'prefetcher', 'workers',
     'pin_mem', 'channels_last', 'log_interval', 'recovery_interval', 'checkpoint_hist', 'export', 'target_top1',
-    'dataset_download', 'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'torchcompile',
+    'dataset_download', 'save_epoch_weights', 'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'torchcompile',
     'dist_backend', 'dist_url', 'no_ddp_bb', 'synchronize_step', 'save_images', 'use_multi_epochs_loader',
 })
 # timm train.py's create_model(...) keywords and the args they come from

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 
-__all__ = ['PRUNED_ARCH', 'head_eigenvalues', 'find_degenerate_heads', 'prune_state_dict', 'prune_heads']
+__all__ = ['PRUNED_ARCH', 'save_pruned', 'head_eigenvalues', 'find_degenerate_heads', 'prune_state_dict', 'prune_heads']
 
 MAX_EIGENVALUE_BELOW = 1e-5  # released code: prune if the largest eigenvalue of M_h is below this
 MAX_CONDITION = 1000.  # released code: prune if the condition number of M_h is above this
@@ -130,3 +130,24 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
     pruned.heads_per_layer = kept
     pruned.load_state_dict(state_dict, strict=True)
     return pruned
+
+
+def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequence[int]]] = None) -> Dict:
+    """Write a pruned model as an ``sa_gen_pruned`` checkpoint with the kept heads in its ``model_args``.
+
+    ``.safetensors`` keeps ``arch`` / ``model_args`` in the metadata; any other suffix is a checkpoint of the
+    training script's format. Every loader opens it, and ``scripts/train.py --model sa_gen_pruned
+    --initial-checkpoint <path>`` builds the model with those heads. Returns the ``model_args``.
+    """
+    import json
+    from .checkpoint import CHECKPOINT_VERSION, atomic_torch_save, infer_model_args
+    state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
+    model_args = {k: v for k, v in infer_model_args(state_dict).items() if k != 'attn_kind'}
+    if str(path).endswith('.safetensors'):
+        from safetensors.torch import save_file
+        save_file(state_dict, str(path), metadata={'arch': PRUNED_ARCH, 'model_args': json.dumps(model_args)})
+    else:
+        atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': PRUNED_ARCH, 'model_args': model_args,
+                           'state_dict': state_dict, 'pruned_heads': [list(h) for h in pruned_heads or []]}, path)
+    return model_args
+

@@ -136,6 +136,9 @@ group.add_argument('--output', default='output/train', type=str, metavar='PATH',
 group.add_argument('--experiment', default='', type=str, metavar='NAME', help='run folder name')
 group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METRIC',
                    help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
+group.add_argument('--save-epoch-weights', action='store_true', default=False,
+                   help='also keep the weights of every epoch (<run>/epoch-NNN.safetensors, NNN = epochs done; '
+                        '000 = the initialisation), e.g. for the centre trajectories of sa_vision.plots')
 group.add_argument('--export', action='store_true', default=False,
                    help='after training, write a Hub folder (timm format + model card) to <run>/hub')
 group.add_argument('--target-top1', type=float, default=None,
@@ -368,6 +371,8 @@ def main(argv=None):
         _log(args, f'Run folder {run_dir}; {num_epochs} epochs of {updates_per_epoch} steps, '
                    f'{args.world_size} process(es) on {args.device}, amp={args.amp}')
 
+    if args.save_epoch_weights and args.rank == 0 and start_epoch == 0:
+        _save_epoch_weights(model, args, run_dir, 0)
     train_model = DistributedDataParallel(model) if args.distributed else model
     metrics = resume_ckpt.meta.get('metrics') if resume_ckpt else None
     for epoch in range(start_epoch, num_epochs):
@@ -395,6 +400,7 @@ def main(argv=None):
                 'optimizer': optimizer.state_dict(),
                 'scheduler': lr_scheduler.state_dict(),
                 'epoch': epoch + 1,  # epochs completed
+                'num_epochs': num_epochs,
                 'num_updates': num_updates,
                 'loss_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
                 'args': _plain_args(args),
@@ -405,6 +411,8 @@ def main(argv=None):
                 'best': best,
                 'dataset': args.dataset,
             }
+            if args.save_epoch_weights:
+                _save_epoch_weights(model, args, run_dir, epoch + 1)
             atomic_torch_save(ckpt, run_dir / 'last.pth.tar')
             update_summary(epoch, train_metrics, metrics, run_dir / 'summary.csv', write_header=epoch == 0)
             _log(args, f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / "last.pth.tar"}')
@@ -428,6 +436,16 @@ def main(argv=None):
     if args.target_top1 is not None and metrics is not None and metrics['top1'] < args.target_top1:
         _log(args, f'top-1 {metrics["top1"]:.2f}% is below --target-top1 {args.target_top1}')
         sys.exit(1)
+
+
+def _save_epoch_weights(model, args, run_dir: Path, epochs_done: int) -> None:
+    """The weights after ``epochs_done`` epochs, with arch / model_args in the safetensors metadata."""
+    from safetensors.torch import save_file
+    state_dict = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tmp = run_dir / f'.epoch-{epochs_done:03d}.safetensors.tmp'
+    save_file(state_dict, str(tmp), metadata={'arch': args.model, 'model_args': json.dumps(_plain_args(
+        argparse.Namespace(**args.model_kwargs)))})
+    os.replace(tmp, run_dir / f'epoch-{epochs_done:03d}.safetensors')
 
 
 def _plain_args(args):

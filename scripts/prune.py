@@ -12,19 +12,16 @@ pruned recipe fine-tunes it:
     python scripts/train.py -c scripts/configs/sa_gen_pruned.yaml --initial-checkpoint pruned.pth ...
 """
 import argparse
-import json
 import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
 
-import torch  # noqa: E402
-
 from sa_vision.analysis import attention_layers  # noqa: E402
-from sa_vision.checkpoint import CHECKPOINT_VERSION, atomic_torch_save, infer_model_args, load_model  # noqa: E402
+from sa_vision.checkpoint import load_model  # noqa: E402
 from sa_vision.paper import PRUNED_HEADS_PER_LAYER  # noqa: E402
-from sa_vision.pruning import PRUNED_ARCH, MAX_CONDITION, MAX_EIGENVALUE_BELOW, find_degenerate_heads, head_eigenvalues, \
-    prune_heads  # noqa: E402
+from sa_vision.pruning import MAX_CONDITION, MAX_EIGENVALUE_BELOW, find_degenerate_heads, head_eigenvalues, \
+    prune_heads, save_pruned  # noqa: E402
 
 
 def main(argv=None):
@@ -48,19 +45,11 @@ def main(argv=None):
             print(f'layer {layer + 1}: eigenvalues of M_h (small, large) '
                   + ' '.join(f'({a:.2g},{b:.2g})' for a, b in eig.tolist()) + f' -> prune {drop}')
     pruned = prune_heads(model, heads)
-    state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
-    model_args = {k: v for k, v in infer_model_args(state_dict).items() if k != 'attn_kind'}
     print(f'pruned {[len(h) for h in heads]} heads per layer, kept {list(pruned.heads_per_layer)}, '
           f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
-    if tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and model_args['embed_dim'] == 400:
+    if tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and pruned.embed_dim == 400:
         print('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
-    # sa_gen_pruned with the kept heads: `scripts/train.py --model sa_gen_pruned --initial-checkpoint OUT` builds it
-    if args.out.endswith('.safetensors'):
-        from safetensors.torch import save_file
-        save_file(state_dict, args.out, metadata={'arch': PRUNED_ARCH, 'model_args': json.dumps(model_args)})
-    else:
-        atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': PRUNED_ARCH, 'model_args': model_args,
-                           'state_dict': state_dict, 'pruned_heads': heads}, args.out)
+    save_pruned(pruned, args.out, heads)
     print(f'wrote {args.out}')
 
 

@@ -1,0 +1,387 @@
+""" The zoo, reproduced: one resumable command from a dataset to the five trained, evaluated, exported models
+
+Stages, in order (``scripts/reproduce.py`` runs them):
+
+1. train ``sa_quadratic_cifar``, ``sa_gen_cifar``, ``sa_learned_cifar``, ``resnet18_cifar`` (``sa_vision.training``
+   in a subprocess per model, from the model's recipe with the profile's changes);
+2. prune the trained ``sa_gen_cifar`` with the released thresholds (SPEC 4) and evaluate the pruned model;
+3. fine-tune ``sa_gen_pruned`` from it with the pruned recipe (built with whatever heads survived);
+4. the results table (``results.md``, ``results.csv``): the final evaluation of each run on the test split;
+5. export five Hub folders (``hub/<arch>.<tag>``), figures of the trained attention (``figures/``);
+6. publish the folders, only with ``publish=True`` (a dry run lists them otherwise).
+
+Resumable: every stage writes its result atomically and is skipped when that result exists; a training stage
+killed mid-run continues from its last epoch (``--resume``). A failed stage stops the run with its error and
+leaves finished stages intact; the same command continues.
+
+Imports: training, checkpoint, evaluation, pruning, Hub export and plots of this package.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import yaml
+
+from .checkpoint import read_checkpoint
+from .data import dataset_info
+from .paper import PAPER_RESULTS
+from .recipes import load_recipe
+
+__all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction']
+
+TRAINED_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar', 'resnet18_cifar')
+PRUNE_SOURCE = 'sa_gen_cifar'
+PRUNED_MODEL = 'sa_gen_pruned'
+TABLE_ORDER = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'resnet18_cifar')
+TABLE_COLUMNS = ('model', 'dataset', 'epochs', 'parameters', 'macs_g', 'top1', 'top5', 'train_minutes',
+                 'paper_cifar10_top1')
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How the five models are trained: recipe changes per model (``{}``: the paper's recipe unchanged)."""
+    name: str
+    description: str
+    dataset: str  # the default dataset
+    common: Dict[str, Any] = field(default_factory=dict)  # changes to every recipe
+    per_model: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # and to one model's
+
+    def recipe(self, model: str, dataset: str, epochs: Optional[int] = None) -> Dict[str, Any]:
+        """The recipe of ``model``'s stage: the paper's recipe of the model with this profile's changes."""
+        recipe = load_recipe(model)
+        for changes in (self.common, self.per_model.get(model, {})):
+            for key, value in changes.items():
+                if key == 'model_kwargs':  # update, as --model-kwargs does
+                    recipe['model_kwargs'] = {**(recipe.get('model_kwargs') or {}), **value}
+                else:
+                    recipe[key] = value
+        info = dataset_info(dataset)
+        recipe.update(dataset=info.name, val_split=info.eval_split, num_classes=info.num_classes or recipe.get(
+            'num_classes'))
+        if epochs is not None:
+            recipe['epochs'] = epochs
+            recipe['warmup_epochs'] = round(0.05 * epochs, 3)  # the paper's warm-up over 5 % of the steps
+        recipe.pop('initial_checkpoint', None)  # given per run
+        return recipe
+
+
+# narrower attention models that keep the paper's depth (6 layers) and heads (9 per layer)
+_NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}}
+# few epochs: AdamW converges in far fewer steps than the paper's SGD at lr 0.1 (300 epochs)
+_FEW_EPOCHS = dict(opt='adamw', lr=2e-3, weight_decay=0.05, momentum=0.9, batch_size=100, validation_batch_size=500,
+                   sched='cosine', sched_on_updates=True, warmup_lr=0.0, min_lr=0.0, cooldown_epochs=0, workers=0,
+                   log_interval=100)
+_TINY_SA = {'model_kwargs': {'embed_dim': 16, 'depth': 2, 'heads_per_layer': 3, 'mlp_hidden_dim': 32,
+                             'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}}
+
+PROFILES: Dict[str, Profile] = {
+    'paper': Profile(
+        'paper', "CIFAR-10 with the paper's recipes unchanged (300 epochs; a GPU and the CIFAR-10 download)",
+        'torch/cifar10'),
+    'cpu': Profile(
+        'cpu', "narrower models (embedding 64, MLP 128; the paper's 6 layers of 9 heads; ResNet18 at half width), "
+               "AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU in about two hours",
+        'fashion-mnist', common=_FEW_EPOCHS,
+        per_model={
+            'sa_quadratic_cifar': {**_NARROW_SA, 'epochs': 3, 'warmup_epochs': 0.15},
+            'sa_gen_cifar': {**_NARROW_SA, 'epochs': 2, 'warmup_epochs': 0.1},
+            'sa_learned_cifar': {**_NARROW_SA, 'epochs': 3, 'warmup_epochs': 0.15},
+            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256), 'stem_width': 32}, 'epochs': 3,
+                               'warmup_epochs': 0.15},
+            # the pruned model's architecture comes from the pruned weights: only regularisation is set here
+            'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'epochs': 1,
+                              'lr': 5e-4, 'warmup_epochs': 0.05},
+        }),
+    'tiny': Profile(
+        'tiny', 'tiny models, 2 epochs each: the mechanics in about two minutes (CI)', 'digits',
+        common={**_FEW_EPOCHS, 'batch_size': 64, 'validation_batch_size': 360, 'log_interval': 10, 'hflip': 0.0,
+                'train_crop_padding': 0},
+        per_model={
+            **{model: {**_TINY_SA, 'epochs': 2, 'warmup_epochs': 0.1} for model in TRAINED_MODELS[:3]},
+            'resnet18_cifar': {'model_kwargs': {'channels': (8, 16, 32, 64), 'stem_width': 8}, 'epochs': 2,
+                               'warmup_epochs': 0.1},
+            'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'epochs': 1,
+                              'lr': 5e-4, 'warmup_epochs': 0.05},
+        }),
+}
+class StageFailed(RuntimeError):
+    """A stage of the reproduction failed; the finished stages are kept."""
+
+
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class Reproduction:
+    """The stages above for one profile, dataset and output folder (see :meth:`run`).
+
+    Args:
+        out_dir: Everything goes here: ``runs/<model>/`` (training runs), ``recipes/``, ``pruned.pth``,
+            ``pruning.json``, ``results.md`` / ``.csv``, ``hub/<arch>.<tag>/``, ``figures/``.
+        profile: A name of :data:`PROFILES`.
+        dataset: Default: the profile's.
+        data_dir, download: As for ``scripts/train.py`` (CIFAR-10 download, Fashion-MNIST files, ...).
+        epochs: Override every training stage's epochs (the fine-tuning keeps the profile's).
+    """
+
+    def __init__(self, out_dir, profile: str = 'cpu', dataset: Optional[str] = None, data_dir: Optional[str] = None,
+                 download: bool = False, epochs: Optional[int] = None):
+        if profile not in PROFILES:
+            raise ValueError(f'unknown profile {profile!r}; choose one of {sorted(PROFILES)}')
+        self.profile = PROFILES[profile]
+        self.dataset = dataset_info(dataset or self.profile.dataset).name
+        self.out = Path(out_dir)
+        self.data_dir, self.download, self.epochs = data_dir, download, epochs
+        self.started = time.time()
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def _check_same_setup(self) -> None:
+        """A folder holds one reproduction: the same command (profile, dataset, epochs) continues it."""
+        setup = {'profile': self.profile.name, 'dataset': self.dataset, 'epochs': self.epochs}
+        path = self.out / 'reproduction.json'
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved != setup:
+                raise StageFailed(f'{self.out} holds a reproduction of {saved}, not {setup}; continue it with the '
+                                  f'same options or choose another --out')
+        else:
+            self.out.mkdir(parents=True, exist_ok=True)
+            _write_atomic(path, json.dumps(setup, indent=1))
+
+    def run_dir(self, model: str) -> Path:
+        return self.out / 'runs' / model
+
+    def stage_names(self) -> List[str]:
+        return [f'train {m}' for m in TRAINED_MODELS] + ['prune', f'train {PRUNED_MODEL}', 'table', 'export',
+                                                           'figures', 'publish']
+
+    def _header(self, index: int, text: str) -> None:
+        elapsed = time.time() - self.started
+        _say(f'\n== [{index}/{len(self.stage_names())}] {text}  (elapsed {elapsed / 60:.1f} min) ==')
+
+    # -- stages -----------------------------------------------------------------------------------------
+    def train(self, model: str, initial_checkpoint: Optional[Path] = None) -> Path:
+        """Train one model (or continue its killed run); skipped when its run has finished."""
+        recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
+        recipe['save_epoch_weights'] = model != 'resnet18_cifar'  # centre trajectories of the attention models
+        recipe_path = self.out / 'recipes' / f'{model}.yaml'
+        recipe_path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(recipe_path, yaml.safe_dump(_plain(recipe), sort_keys=False))
+        last = self.run_dir(model) / 'last.pth.tar'
+        cmd = [sys.executable, '-m', 'sa_vision.training', '-c', str(recipe_path), '--output', str(self.out / 'runs'),
+               '--experiment', model]
+        if self.data_dir:
+            cmd += ['--data-dir', str(self.data_dir)]
+        if self.download:
+            cmd.append('--dataset-download')
+        if last.is_file():
+            meta = read_checkpoint(last).meta
+            if meta['epoch'] >= meta.get('num_epochs', recipe['epochs']):
+                _say(f'{model}: finished ({meta["epoch"]} epochs), skipped')
+                return last
+            _say(f'{model}: continuing the killed run at epoch {meta["epoch"]}')
+            cmd += ['--resume', str(last)]
+        elif initial_checkpoint is not None:
+            cmd += ['--initial-checkpoint', str(initial_checkpoint)]
+        _say(f'{model}: {recipe["epochs"]} epochs on {self.dataset}, recipe {recipe_path}')
+        proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'))
+        if proc.returncode != 0:
+            raise StageFailed(f'training {model} failed (exit status {proc.returncode}; its output is above)')
+        return last
+
+    def prune(self) -> Path:
+        """Prune the trained generalized model's degenerate heads; the pruned model is evaluated as it is."""
+        out, report_path = self.out / 'pruned.pth', self.out / 'pruning.json'
+        if out.is_file() and report_path.is_file():
+            _say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
+                 f'skipped')
+            return out
+        from .pruning import find_degenerate_heads, head_eigenvalues, prune_heads, save_pruned
+        source = read_checkpoint(self.run_dir(PRUNE_SOURCE) / 'last.pth.tar')
+        model = source.create_model()
+        degenerate = find_degenerate_heads(model)
+        heads = []
+        for layer, (drop, eigenvalues) in enumerate(zip(degenerate, head_eigenvalues(model))):
+            if len(drop) == model.heads_per_layer[layer]:  # a layer keeps at least its least degenerate head
+                keep = int(eigenvalues[:, 1].abs().argmax())
+                drop = [h for h in drop if h != keep]
+            heads.append(drop)
+        pruned = prune_heads(model, heads)
+        after = self._evaluate(pruned)
+        save_pruned(pruned, out, heads)
+        report = {
+            'source': str(self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'),
+            'degenerate_heads': degenerate, 'pruned_heads': heads,
+            'heads_removed_per_layer': [len(h) for h in heads],
+            'kept_heads_per_layer': list(pruned.heads_per_layer),
+            'top1_before_pruning': source.meta['metrics']['top1'], 'top1_after_pruning': after['top1'],
+            'top5_before_pruning': source.meta['metrics']['top5'], 'top5_after_pruning': after['top5'],
+        }
+        _write_atomic(report_path, json.dumps(report, indent=1))
+        _say(f'pruning: removed {report["heads_removed_per_layer"]} heads per layer, kept '
+             f'{report["kept_heads_per_layer"]}; top-1 {report["top1_before_pruning"]:.2f} % before, '
+             f'{after["top1"]:.2f} % after pruning (before fine-tuning)')
+        return out
+
+    def _evaluate(self, model) -> Dict[str, float]:
+        import torch
+        from .data import create_image_dataset
+        from .evaluation import evaluate
+        info = dataset_info(self.dataset)
+        ds = create_image_dataset(self.dataset, info.eval_split, is_training=False, data_dir=self.data_dir,
+                                  download=self.download)
+        loader = torch.utils.data.DataLoader(ds, batch_size=500, shuffle=False)
+        return evaluate(model, loader, 'cpu')
+
+    def table(self, quiet: bool = False) -> List[Dict[str, Any]]:
+        """The results of the finished runs, written as results.md and results.csv (and printed)."""
+        from .hub import count_params_and_macs
+        rows = []
+        for model in TABLE_ORDER:
+            last = self.run_dir(model) / 'last.pth.tar'
+            if not last.is_file():
+                continue
+            ckpt = read_checkpoint(last)
+            meta = ckpt.meta
+            if meta['epoch'] < meta.get('num_epochs', meta['epoch']):
+                continue  # still training
+            counts = count_params_and_macs(ckpt.create_model())
+            paper = PAPER_RESULTS.get(model)
+            rows.append({
+                'model': model, 'dataset': self.dataset, 'epochs': meta['epoch'], 'parameters': counts['params'],
+                'macs_g': round(counts['macs'] / 1e9, 4), 'top1': round(meta['metrics']['top1'], 2),
+                'top5': round(meta['metrics']['top5'], 2),
+                'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 1),
+                'paper_cifar10_top1': paper.top1 if paper else None,
+            })
+        with open(self.out / '.results.csv.tmp', 'w', newline='') as f:
+            writer = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(self.out / '.results.csv.tmp', self.out / 'results.csv')
+        markdown = _markdown_table(rows, dataset_info(self.dataset).title)
+        _write_atomic(self.out / 'results.md', markdown)
+        if not quiet:
+            _say(markdown)
+        return rows
+
+    def export(self) -> List[Path]:
+        """A Hub folder per trained model (re-exported when its checkpoint is newer)."""
+        from .hub import export_hub_folder, weights_label
+        folders = []
+        for model in TABLE_ORDER:
+            last = self.run_dir(model) / 'last.pth.tar'
+            ckpt = read_checkpoint(last)
+            folder = self.out / 'hub' / weights_label(ckpt).name
+            config = folder / 'config.json'
+            if config.is_file() and config.stat().st_mtime >= last.stat().st_mtime:
+                _say(f'export {folder.name}: up to date, skipped')
+            else:
+                export_hub_folder(ckpt, folder)
+                _say(f'export {folder.name}: {folder}')
+            folders.append(folder)
+        return folders
+
+    def figures(self) -> List[Path]:
+        """The paper's figures of the trained attention models (centres, maps, centre trajectories)."""
+        from .checkpoint import load_model
+        from .plots import plot_attention_maps, plot_center_trajectories, plot_centers
+        out = self.out / 'figures'
+        out.mkdir(parents=True, exist_ok=True)
+        made = []
+
+        def figure(name, draw):
+            path = out / name
+            if not path.is_file():  # sa_vision.plots draws on its own Figure objects (no pyplot state)
+                draw(str(path) + '.tmp.png')
+                os.replace(str(path) + '.tmp.png', path)
+            made.append(path)
+
+        for model in ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar'):
+            run = self.run_dir(model)
+            trained = read_checkpoint(run / 'last.pth.tar').create_model()
+            if model != 'sa_learned_cifar':
+                figure(f'centers_{model}.png', lambda p, m=trained: plot_centers(m, p))
+            figure(f'maps_{model}.png', lambda p, m=trained: plot_attention_maps(m, p))
+            epochs = sorted(run.glob('epoch-*.safetensors'))
+            if model in ('sa_quadratic_cifar', 'sa_gen_cifar') and len(epochs) > 1:
+                figure(f'trajectories_{model}.png', lambda p, e=epochs: plot_center_trajectories(
+                    [load_model(str(c)) for c in e], p, labels=[c.stem for c in e]))
+        _say(f'figures: {", ".join(p.name for p in made)} in {out}')
+        return made
+
+    def publish(self, folders: List[Path], publish: bool) -> None:
+        from .hub import publish_hub_folder
+        for folder in folders:
+            repo_id = f'{_namespace()}/{folder.name}'
+            if not publish:
+                _say(f'dry run: would publish {folder} to {repo_id} ({len(list(folder.iterdir()))} files)')
+                continue
+            commit = publish_hub_folder(folder, repo_id)
+            _say(f'published {repo_id}: {getattr(commit, "commit_url", commit)}')
+
+    # -- all of it --------------------------------------------------------------------------------------
+    def run(self, publish: bool = False) -> List[Dict[str, Any]]:
+        self._check_same_setup()
+        _say(f'Reproduction {self.profile.name!r} on {self.dataset} in {self.out}: {self.profile.description}')
+        index = 0
+        for model in TRAINED_MODELS:
+            index += 1
+            self._header(index, f'train {model}')
+            self.train(model)
+            self.table()
+        index += 1
+        self._header(index, 'prune sa_gen_cifar')
+        pruned = self.prune()
+        index += 1
+        self._header(index, f'fine-tune {PRUNED_MODEL}')
+        self.train(PRUNED_MODEL, initial_checkpoint=pruned)
+        index += 1
+        self._header(index, 'results table')
+        rows = self.table()
+        index += 1
+        self._header(index, 'export Hub folders')
+        folders = self.export()
+        index += 1
+        self._header(index, 'figures')
+        self.figures()
+        index += 1
+        self._header(index, 'publish' if publish else 'publish (dry run)')
+        self.publish(folders, publish)
+        _say(f'\nDone: {self.out / "results.md"}, {len(folders)} Hub folders in {self.out / "hub"}')
+        return rows
+
+
+def _namespace() -> str:
+    from .models._pretrained import HF_NAMESPACE
+    return HF_NAMESPACE
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f'.{path.name}.tmp')
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _markdown_table(rows: List[Dict[str, Any]], dataset_title: str) -> str:
+    lines = [f'| model | dataset | epochs | parameters | MACs (G) | top-1 % | top-5 % | training (min) | '
+             f'paper, CIFAR-10 top-1 % |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+    for r in rows:
+        lines.append(f'| `{r["model"]}` | {dataset_title} | {r["epochs"]} | {r["parameters"]:,} | {r["macs_g"]:.3f} | '
+                     f'{r["top1"]:.2f} | {r["top5"]:.2f} | {r["train_minutes"]:.1f} | '
+                     f'{r["paper_cifar10_top1"] if r["paper_cifar10_top1"] is not None else "-"} |')
+    return '\n'.join(lines) + '\n'
