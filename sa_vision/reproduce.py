@@ -89,7 +89,7 @@ PROFILES: Dict[str, Profile] = {
                "AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU in about two hours",
         'fashion-mnist', common=_FEW_EPOCHS,
         per_model={
-            'sa_quadratic_cifar': {**_NARROW_SA, 'epochs': 3, 'warmup_epochs': 0.15},
+            'sa_quadratic_cifar': {**_NARROW_SA, 'epochs': 4, 'warmup_epochs': 0.2},
             'sa_gen_cifar': {**_NARROW_SA, 'epochs': 2, 'warmup_epochs': 0.1},
             'sa_learned_cifar': {**_NARROW_SA, 'epochs': 3, 'warmup_epochs': 0.15},
             'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256), 'stem_width': 32}, 'epochs': 3,
