@@ -157,13 +157,9 @@ class Reproduction:
     def run_dir(self, model: str) -> Path:
         return self.out / 'runs' / model
 
-    def stage_names(self) -> List[str]:
-        return [f'train {m}' for m in TRAINED_MODELS] + ['prune', f'train {PRUNED_MODEL}', 'table', 'export',
-                                                           'figures', 'publish']
-
-    def _header(self, index: int, text: str) -> None:
+    def _header(self, index: int, count: int, text: str) -> None:
         elapsed = time.time() - self.started
-        _say(f'\n== [{index}/{len(self.stage_names())}] {text}  (elapsed {elapsed / 60:.1f} min) ==')
+        _say(f'\n== [{index}/{count}] {text}  (elapsed {elapsed / 60:.1f} min) ==')
 
     # -- stages -----------------------------------------------------------------------------------------
     def train(self, model: str, initial_checkpoint: Optional[Path] = None) -> Path:
@@ -192,7 +188,7 @@ class Reproduction:
         _say(f'{model}: {recipe["epochs"]} epochs on {self.dataset}, recipe {recipe_path}')
         proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'))
         if proc.returncode != 0:
-            raise StageFailed(f'training {model} failed (exit status {proc.returncode}; its output is above)')
+            raise StageFailed(f'the training process exited with status {proc.returncode} (its output is above)')
         return last
 
     def prune(self) -> Path:
@@ -328,34 +324,28 @@ class Reproduction:
 
     # -- all of it --------------------------------------------------------------------------------------
     def run(self, publish: bool = False) -> List[Dict[str, Any]]:
+        """All stages; a failing one raises :class:`StageFailed` naming it (earlier results stay)."""
         self._check_same_setup()
         _say(f'Reproduction {self.profile.name!r} on {self.dataset} in {self.out}: {self.profile.description}')
-        index = 0
-        for model in TRAINED_MODELS:
-            index += 1
-            self._header(index, f'train {model}')
-            self.train(model)
-            self.table()
-        index += 1
-        self._header(index, 'prune sa_gen_cifar')
-        pruned = self.prune()
-        index += 1
-        self._header(index, f'fine-tune {PRUNED_MODEL}')
-        self.train(PRUNED_MODEL, initial_checkpoint=pruned)
-        index += 1
-        self._header(index, 'results table')
-        rows = self.table()
-        index += 1
-        self._header(index, 'export Hub folders')
-        folders = self.export()
-        index += 1
-        self._header(index, 'figures')
-        self.figures()
-        index += 1
-        self._header(index, 'publish' if publish else 'publish (dry run)')
-        self.publish(folders, publish)
-        _say(f'\nDone: {self.out / "results.md"}, {len(folders)} Hub folders in {self.out / "hub"}')
-        return rows
+        results: Dict[str, Any] = {}
+        stages = [(f'train {model}', lambda m=model: (self.train(m), self.table())) for model in TRAINED_MODELS]
+        stages += [
+            ('prune sa_gen_cifar', lambda: results.update(pruned=self.prune())),
+            (f'fine-tune {PRUNED_MODEL}', lambda: self.train(PRUNED_MODEL, initial_checkpoint=results['pruned'])),
+            ('results table', lambda: results.update(rows=self.table())),
+            ('export Hub folders', lambda: results.update(folders=self.export())),
+            ('figures', self.figures),
+            ('publish' if publish else 'publish (dry run)', lambda: self.publish(results['folders'], publish)),
+        ]
+        for index, (name, stage) in enumerate(stages, 1):
+            self._header(index, len(stages), name)
+            try:
+                stage()
+            except Exception as e:  # e.g. a failed training process or an unreadable checkpoint: stop, naming it
+                what = str(e) if isinstance(e, StageFailed) else f'{type(e).__name__}: {e}'
+                raise StageFailed(f'stage {name!r} failed: {what}') from e
+        _say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
+        return results['rows']
 
 
 def _namespace() -> str:
