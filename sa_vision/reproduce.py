@@ -91,9 +91,9 @@ PROFILES: Dict[str, Profile] = {
         per_model={
             'sa_quadratic_cifar': {**_NARROW_SA, 'epochs': 4, 'warmup_epochs': 0.2},
             'sa_gen_cifar': {**_NARROW_SA, 'epochs': 2, 'warmup_epochs': 0.1},
-            'sa_learned_cifar': {**_NARROW_SA, 'epochs': 3, 'warmup_epochs': 0.15},
-            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256), 'stem_width': 32}, 'epochs': 3,
-                               'warmup_epochs': 0.15},
+            'sa_learned_cifar': {**_NARROW_SA, 'epochs': 2, 'warmup_epochs': 0.1},
+            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256), 'stem_width': 32}, 'epochs': 2,
+                               'warmup_epochs': 0.1},
             # the pruned model's architecture comes from the pruned weights: only regularisation is set here
             'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'epochs': 1,
                               'lr': 5e-4, 'warmup_epochs': 0.05},
@@ -186,7 +186,7 @@ class Reproduction:
         elif initial_checkpoint is not None:
             cmd += ['--initial-checkpoint', str(initial_checkpoint)]
         _say(f'{model}: {recipe["epochs"]} epochs on {self.dataset}, recipe {recipe_path}')
-        proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'))
+        proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=_die_with_parent)
         if proc.returncode != 0:
             raise StageFailed(f'the training process exited with status {proc.returncode} (its output is above)')
         return last
@@ -346,6 +346,15 @@ class Reproduction:
                 raise StageFailed(f'stage {name!r} failed: {what}') from e
         _say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
         return results['rows']
+
+
+def _die_with_parent() -> None:
+    """In the training process: end when the reproduction is killed (Linux), so that no orphaned run keeps
+    writing the checkpoint that the next invocation resumes from."""
+    if sys.platform.startswith('linux'):
+        import ctypes
+        import signal
+        ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _namespace() -> str:
