@@ -235,11 +235,11 @@ class Reproduction:
         loader = torch.utils.data.DataLoader(ds, batch_size=500, shuffle=False)
         return evaluate(model, loader, 'cpu')
 
-    def table(self, quiet: bool = False) -> List[Dict[str, Any]]:
-        """The results of the finished runs, written as results.md and results.csv (and printed)."""
+    def table(self, models=TABLE_ORDER, quiet: bool = False) -> List[Dict[str, Any]]:
+        """The results of the finished runs of ``models``, written as results.md and results.csv (and printed)."""
         from .hub import count_params_and_macs
         rows = []
-        for model in TABLE_ORDER:
+        for model in (m for m in TABLE_ORDER if m in models):
             last = self.run_dir(model) / 'last.pth.tar'
             if not last.is_file():
                 continue
@@ -328,7 +328,9 @@ class Reproduction:
         self._check_same_setup()
         _say(f'Reproduction {self.profile.name!r} on {self.dataset} in {self.out}: {self.profile.description}')
         results: Dict[str, Any] = {}
-        stages = [(f'train {model}', lambda m=model: (self.train(m), self.table())) for model in TRAINED_MODELS]
+        # the table grows after each training: the models trained so far
+        stages = [(f'train {model}', lambda i=i: (self.train(TRAINED_MODELS[i]), self.table(TRAINED_MODELS[:i + 1])))
+                  for i, model in enumerate(TRAINED_MODELS)]
         stages += [
             ('prune sa_gen_cifar', lambda: results.update(pruned=self.prune())),
             (f'fine-tune {PRUNED_MODEL}', lambda: self.train(PRUNED_MODEL, initial_checkpoint=results['pruned'])),
