@@ -234,8 +234,9 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     if 'num_classes' in config:
         model_args.setdefault('num_classes', config['num_classes'])
     cfg = config.get('pretrained_cfg') or {}
+    from .data import dataset_for_tag
     return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder',
-                      {'pretrained_cfg': cfg, 'dataset': cfg.get('sa_vision_dataset', '')})
+                      {'pretrained_cfg': cfg, 'dataset': dataset_for_tag(cfg.get('tag') or '')})
 
 
 def _read_safetensors(path: Path):

@@ -28,7 +28,7 @@ from torchvision import transforms
 from .paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = [
-    'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info',
+    'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info', 'dataset_for_tag',
     'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
     'create_cifar_transform', 'create_image_dataset', 'default_eval_split',
 ]
@@ -66,6 +66,15 @@ _DATASETS = {
                                (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist'),
 }
 _ALIASES = {'cifar10': 'torch/cifar10', 'fashion_mnist': FASHION_MNIST, 'fashionmnist': FASHION_MNIST}
+
+
+def dataset_for_tag(tag: str) -> str:
+    """The --dataset value of a pretrained tag ('fashion_mnist' or 'fashion_mnist_custom' -> 'fashion-mnist'),
+    '' when the tag names no known dataset."""
+    for info in _DATASETS.values():
+        if tag == info.tag or tag.startswith(info.tag + '_'):
+            return info.name
+    return ''
 
 
 def dataset_info(dataset: str) -> DatasetInfo:

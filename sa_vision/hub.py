@@ -179,7 +179,8 @@ logits = model(transform(image).unsqueeze(0))  # image: a 32x32 PIL image
 {also}"""
 
 
-def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True) -> str:
+def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True,
+              model_args: Optional[Dict[str, Any]] = None) -> str:
     """One sentence on what the model is; a custom configuration is described as what it is."""
     from .paper import PAPER_RESULTS
     paper = PAPER_RESULTS.get(arch)
@@ -192,7 +193,7 @@ def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bo
         shape = (f'{len(heads)} layer(s) with {", ".join(map(str, heads))} heads, embedding {model.embed_dim}, '
                  f'{model.num_classes} classes')
     else:
-        shape = f'{model.num_classes} classes'
+        shape = f'built with `{model_args or {}}`, {model.num_classes} classes'
     reference = f' (the paper\'s configuration has {paper.params:,})' if paper else ''
     return (f'A custom configuration of {arch}, not the paper\'s: {shape}; {params:,} parameters{reference}. '
             f'Architecture arguments are in config.json')
@@ -304,7 +305,8 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
             }],
         }]
     body = _replace_section(body, 'title', f'# {label.name}')
-    body = _replace_section(body, 'description', _describe(arch, model, label.registered_architecture) + '.')
+    body = _replace_section(body, 'description', _describe(
+        arch, model, label.registered_architecture, ckpt.model_args) + '.')
     counts = count_params_and_macs(model)
     body = _replace_section(body, 'size', _size_section(
         counts, f'\n- Architecture arguments of these weights: `{ckpt.model_args}`' if ckpt.model_args else ''))

@@ -224,6 +224,9 @@ def test_dry_run_stages_exactly_the_expected_files(trained, tmp_path, recording_
     printed = capsys.readouterr().out
     assert all(name in printed for name in expected) and 'nothing uploaded' in printed
     assert f'for {DIGITS_REPO}' in printed
+    # the exported folder itself, staged again, keeps its label
+    assert push_to_hub.main([str(trained[1]), '--dry-run', '--out-dir', str(tmp_path / 'again'), '--no-figure']) == 0
+    assert f'for {DIGITS_REPO}' in capsys.readouterr().out
     assert recording_api.calls == []
 
 
