@@ -24,8 +24,6 @@ Conventions
 import contextlib
 import copy
 import dataclasses
-import importlib.util
-import os
 import statistics
 import time
 import weakref
@@ -40,7 +38,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
-    'resolve_device', 'PAPER_KINDS', 'default_paper_dense_path', 'load_paper_dense', 'paper_model_like',
+    'resolve_device', 'PAPER_KINDS', 'paper_model_like',
     'Variant', 'build_variants', 'benchmark_variants', 'format_results', 'profile_train_step',
 ]
 
@@ -240,6 +238,8 @@ def _tensor_bytes(tensors) -> int:
 # ----------------------------------------------------------------------------------------------------------
 # variants
 
+# the models with a paper formulation: (attention kind, heads per layer of the registered configuration; None
+# for 9 in every layer). paper_model_like takes kind and heads from the model itself.
 PAPER_KINDS = {
     'sa_quadratic_cifar': ('quadratic', None),
     'sa_gen_cifar': ('generalized', None),
@@ -259,33 +259,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def default_paper_dense_path() -> str:
-    """``<repo>/../shared/bench/paper_dense.py`` (the repository is the parent of this package)."""
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    return os.path.normpath(os.path.join(repo, '..', 'shared', 'bench', 'paper_dense.py'))
-
-
-def load_paper_dense(path: Optional[str] = None):
-    """Load the standalone paper-formulation module from ``path`` at run time (never imported by name)."""
-    path = path or default_paper_dense_path()
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f'paper dense formulation not found at {path}; pass --paper-dense PATH')
-    spec = importlib.util.spec_from_file_location('_sa_bench_paper_dense', path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def paper_model_like(model_name: str, model: nn.Module, path: Optional[str] = None) -> nn.Module:
-    """The paper's dense formulation (``DenseSA(kind, heads)``) with the same kind, heads, width and classes."""
+def paper_model_like(model_name: str, model: nn.Module) -> nn.Module:
+    """The paper's dense formulation (:class:`sa_vision.paper_reference.PaperDenseSA`) with ``model``'s kind,
+    heads, sizes, dropout rates and weights (a copy): the same function computed the released code's way."""
     if model_name not in PAPER_KINDS:
         raise ValueError(f'no paper formulation for {model_name!r}; known: {sorted(PAPER_KINDS)}')
-    kind, heads = PAPER_KINDS[model_name]
-    heads = tuple(heads) if heads is not None else tuple(model.heads_per_layer)
-    module = load_paper_dense(path)
-    head = getattr(model, 'head', None)
-    num_classes = head.out_features if isinstance(head, nn.Linear) else 10
-    return module.DenseSA(kind, heads, dim=model.embed_dim, num_classes=num_classes)
+    from sa_vision.paper_reference import PaperDenseSA
+    block = model.blocks[0]
+    return PaperDenseSA.from_state_dict(
+        model.state_dict(), norm_eps=block.norm1.eps, proj_drop=block.proj_drop.p, attn_drop=block.attn.attn_drop)
 
 
 @dataclasses.dataclass
@@ -319,12 +301,11 @@ def _maybe_fused(model: nn.Module, fuse: bool) -> Optional[nn.Module]:
 def build_variants(
         model_name: str,
         compare: Sequence[str] = (),
-        paper_dense: Optional[str] = None,
         fuse: bool = False,
         **model_kwargs,
 ) -> List[Variant]:
     """The model itself, then each of ``compare`` ('dense': same weights through the plain dense formula;
-    'paper': the paper's dense formulation loaded from ``paper_dense``)."""
+    'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.paper_reference`)."""
     import timm
     import sa_vision  # noqa: F401  (registers the models)
     model = timm.create_model(model_name, **model_kwargs)
@@ -336,7 +317,7 @@ def build_variants(
             variants.append(Variant(
                 f'{model_name}[dense]', dense_model, context=lambda m=dense_model: dense_attention(m)))
         elif other == 'paper':
-            variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model, paper_dense)))
+            variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model)))
         else:
             raise ValueError(f'unknown comparison {other!r}; use dense or paper')
     return variants

@@ -35,7 +35,7 @@ __all__ = [
 RECIPE_FILENAME = 'recipe.yaml'
 CARD_FIGURE_FILENAME = 'attention.png'
 HUB_FOLDER_FILES = ('config.json', 'model.safetensors', 'README.md', RECIPE_FILENAME)  # + the figure if any
-MODEL_CARD_DIR = Path(__file__).resolve().parent.parent / 'model_cards'
+MODEL_CARD_DIR = Path(__file__).resolve().parent / 'model_cards'
 CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
 
 

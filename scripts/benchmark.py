@@ -9,7 +9,8 @@ Examples
 With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
 reported: those ratios are the speed figures we quote. 'dense' runs the same weights through the plain
-dense formula (sa_vision.layers.dense_attention); 'paper' runs the paper's dense formulation loaded at run time from --paper-dense PATH.
+dense formula (sa_vision.layers.dense_attention); 'paper' runs the same weights through the paper's dense
+formulation (sa_vision.paper_reference, part of the package).
 All measuring code lives in sa_vision.benchmark; this file is the command line only.
 """
 import argparse
@@ -68,8 +69,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='', help='comma list of variants to time against: dense, paper')
-    p.add_argument('--paper-dense', default=sab.default_paper_dense_path(),
-                   help='path of the paper dense formulation (default: <repo>/../shared/bench/paper_dense.py)')
     p.add_argument('--matmul-peak', action='store_true',
                    help='time the float32 torch.mm rate (GFLOP/s) in every round, alternately with the models, and '
                         'report training throughput (3x forward unavoidable MACs) as a fraction of it')
@@ -104,7 +103,7 @@ def main(argv=None) -> int:
 
     all_rows = []
     for name in models:
-        variants = sab.build_variants(name, compare, paper_dense=args.paper_dense, fuse=args.fuse, **model_kwargs)
+        variants = sab.build_variants(name, compare, fuse=args.fuse, **model_kwargs)
         rows = sab.benchmark_variants(
             variants, batch_size=args.batch_size, input_size=input_size, device=device, bench=args.bench,
             warmup=args.num_warm_iter, runs=args.runs, iters=args.num_bench_iter,

@@ -4,6 +4,9 @@ import importlib.util
 import io
 import json
 import os
+import shutil
+import subprocess
+import sys
 
 import pytest
 import timm
@@ -127,7 +130,6 @@ def test_cli_compare_dense_and_matmul(tmp_path):
     assert 0 < ours['matmul_fraction'] and ours['matmul_gflops'] > 0
 
 
-@pytest.mark.skipif(not os.path.isfile(sab.default_paper_dense_path()), reason='no paper dense formulation')
 def test_cli_compare_paper(tmp_path):
     cli = _load_cli()
     out = tmp_path / 'r.csv'
@@ -140,10 +142,54 @@ def test_cli_compare_paper(tmp_path):
     assert float(rows[1]['infer_ratio']) > 0 and 'train_samples_per_sec' not in rows[1]
 
 
+def test_paper_variant_is_the_packaged_reference_with_the_same_weights():
+    from sa_vision.paper_reference import PaperDenseSA
+    model, paper = [v.model for v in sab.build_variants('sa_gen_pruned', ['paper'], **dict(TINY, heads_per_layer=3))]
+    assert isinstance(paper, PaperDenseSA) and paper.kind == 'generalized' and paper.heads_per_layer == (3,)
+    model.eval(), paper.eval()
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(paper(x), model(x), rtol=1e-4, atol=1e-5)
+    assert all(p.data_ptr() != q.data_ptr() for p in paper.parameters() for q in model.parameters())  # a copy
+    with pytest.raises(ValueError, match='no paper formulation'):
+        sab.build_variants('sa_content_cifar', ['paper'], **TINY)
+
+
+def test_cli_compare_paper_runs_in_a_clone_without_shared(tmp_path):
+    """scripts/benchmark.py --compare paper from a copy of the package and script alone: nothing beside the
+    repository (no ../shared) is needed, and the copy's own sa_vision is the one that runs."""
+    clone = tmp_path / 'clone'
+    shutil.copytree(os.path.join(REPO, 'sa_vision'), clone / 'sa_vision', ignore=shutil.ignore_patterns('__pycache__'))
+    (clone / 'scripts').mkdir()
+    shutil.copy(os.path.join(REPO, 'scripts', 'benchmark.py'), clone / 'scripts')
+    assert not (tmp_path / 'shared').exists()
+    argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
+            '--runs', '1', '--num-warm-iter', '0', '--compare', 'paper', '--results-format', 'json',
+            '--results-file', str(tmp_path / 'r.json'), '--quiet']
+    script = (
+        'import runpy, sys\n'
+        f'sys.argv = ["scripts/benchmark.py", *{argv!r}]\n'
+        'try:\n'
+        '    runpy.run_path("scripts/benchmark.py", run_name="__main__")\n'
+        'except SystemExit as e:\n'
+        '    assert not e.code, e.code\n'
+        'print("SA_VISION", sys.modules["sa_vision"].__file__)\n')
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
+    proc = subprocess.run([sys.executable, '-c', script], cwd=clone, env=dict(env, OMP_NUM_THREADS='1'),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f'SA_VISION {clone / "sa_vision" / "__init__.py"}' in proc.stdout
+    ours, paper = json.loads((tmp_path / 'r.json').read_text())
+    assert (ours['model'], paper['model']) == ('sa_quadratic_cifar', 'sa_quadratic_cifar[paper]')
+    assert ours['macs'] == SEPARABLE_MACS and paper['train_ratio'] > 0 and paper['infer_ratio'] > 0
+
+
 def test_paper_kinds_and_package_independence():
     assert sab.PAPER_KINDS['sa_gen_pruned'] == ('generalized', (7, 5, 8, 7, 3, 9))
     for root, _, files in os.walk(os.path.join(REPO, 'sa_vision')):
         for f in files:
             if f.endswith('.py'):
                 with open(os.path.join(root, f)) as fh:
-                    assert 'import paper_dense' not in fh.read()
+                    text = fh.read()
+                assert 'import paper_dense' not in text and 'paper_dense.py' not in text, f
+                assert "'shared'" not in text and '../shared' not in text, f  # no path beside the checkout

@@ -4,16 +4,28 @@ Weights trained on CIFAR-10 with the paper's recipe and architecture are publish
 ``<HF_NAMESPACE>/<arch>.<PRETRAINED_TAG>``; that repository is what ``timm.create_model('<arch>', pretrained=True)``
 downloads. This module imports only huggingface_hub and timm (the model factories import it; it imports no
 sa_vision code).
-"""
-from contextlib import contextmanager
-from typing import Optional
 
-__all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'PretrainedWeightsUnavailable', 'registered_hf_hub_id',
-           'explain_unavailable_weights']
+Offline: when the weights are not in the local Hub cache, huggingface_hub retries an unreachable Hub with a backoff
+of 1+2+4+8+8 s per file, and timm asks for two files (``model.safetensors``, then ``pytorch_model.bin``): about
+47 s of retry warnings before any error. So before such a download the factories ask the Hub once, bounded by
+``HUB_PROBE_TIMEOUT`` seconds, whether it answers at all, and raise ``PretrainedWeightsUnavailable`` at once when
+it does not. Weights in the cache skip the check (huggingface_hub then falls back to the cache itself, without
+retries), as does ``HF_HUB_OFFLINE=1`` (which never touches the network); no global setting is changed.
+"""
+import sys
+import threading
+from contextlib import contextmanager
+from typing import Any, Dict, List, Optional
+
+__all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'HUB_PROBE_TIMEOUT', 'PretrainedWeightsUnavailable',
+           'registered_hf_hub_id', 'explain_unavailable_weights']
 
 HF_NAMESPACE = 'sa-vision'
 # the tag of the registered (published) weights: CIFAR-10, the paper's recipe and architecture
 PRETRAINED_TAG = 'cifar10'
+# seconds the Hub may take to answer one request before pretrained=True gives up on an uncached download
+# (huggingface_hub's own HF_HUB_ETAG_TIMEOUT, when set, takes its place)
+HUB_PROBE_TIMEOUT = 3.0
 
 
 class PretrainedWeightsUnavailable(RuntimeError):
@@ -35,24 +47,120 @@ def _hub_fetch_errors():
         RevisionNotFoundError
 
 
+def _hub_source(cfg: Dict[str, Any]) -> Optional[str]:
+    """The Hub repository id (maybe ``id@revision``) timm's ``load_pretrained`` downloads for ``cfg``, or None when
+    it loads from elsewhere (a file, a state dict, a local folder); mirrors ``timm.models._builder``."""
+    if cfg.get('source') == 'hf-hub':
+        return cfg.get('hf_hub_id')
+    if cfg.get('source') == 'local-dir' or cfg.get('state_dict') is not None or cfg.get('file'):
+        return None
+    return cfg.get('hf_hub_id')
+
+
+def _hub_weight_files(filename: Optional[str]) -> List[str]:
+    """The files timm's ``load_state_dict_from_hf`` asks the Hub for, in order (safetensors first)."""
+    filename = filename or 'pytorch_model.bin'
+    if filename.endswith('.bin'):
+        return ['model.safetensors' if filename == 'pytorch_model.bin' else filename[:-4] + '.safetensors', filename]
+    return [filename]
+
+
+def _is_network_error(error: BaseException) -> bool:
+    if isinstance(error, OSError):  # socket errors; requests' ConnectionError and Timeout
+        return True
+    for name in ('httpx2', 'httpx'):  # the HTTP clients of huggingface_hub's versions
+        module = sys.modules.get(name)
+        if module is not None and isinstance(error, getattr(module, 'TransportError', ())):
+            return True
+    return False
+
+
+def _probe_hub(url: str, timeout: float) -> Optional[str]:
+    """Ask the Hub once for ``url``'s metadata; None when it answered (any HTTP status), else why it did not.
+
+    The request runs in a daemon thread and is given ``timeout`` seconds in all: the client's own timeout is per
+    request, does not bound a hanging name lookup, and huggingface_hub may make a request of its own first (the
+    user-agent registry of version 2.x)."""
+    from huggingface_hub import get_hf_file_metadata
+    from huggingface_hub.errors import HfHubHTTPError
+    outcome = {}
+
+    def ask():
+        try:
+            get_hf_file_metadata(url, timeout=timeout)
+        except BaseException as e:  # noqa: B036 -- handed to the caller
+            outcome['error'] = e
+
+    thread = threading.Thread(target=ask, name='sa_vision-hub-probe', daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        return f'no answer within {timeout:g} s'
+    error = outcome.get('error')
+    if error is not None and not isinstance(error, HfHubHTTPError) and _is_network_error(error):
+        return f'{type(error).__name__}: {error}'
+    return None  # the server answered (any status), or an error that timm's download is left to report
+
+
+def _fail_fast_if_hub_unreachable(variant: str, cfg: Dict[str, Any], cache_dir=None) -> None:
+    """Raise ``PretrainedWeightsUnavailable`` within about ``HUB_PROBE_TIMEOUT`` s when the weights would have to be
+    downloaded and the Hub does not answer, instead of huggingface_hub's minute of retries."""
+    from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
+    hub_id = _hub_source(cfg)
+    if hub_id is None or constants.HF_HUB_OFFLINE:
+        return  # not a Hub download, or huggingface_hub answers from the cache alone
+    repo_id, _, revision = hub_id.partition('@')  # timm's hf_split
+    revision = revision or None
+    files = _hub_weight_files(cfg.get('hf_hub_filename'))
+    cached = [isinstance(try_to_load_from_cache(repo_id, f, cache_dir=cache_dir, revision=revision), str)
+              for f in files]
+    if cached[0]:
+        return
+    timeout = HUB_PROBE_TIMEOUT
+    if constants.HF_HUB_ETAG_TIMEOUT != constants.DEFAULT_ETAG_TIMEOUT:
+        timeout = float(constants.HF_HUB_ETAG_TIMEOUT)
+    reason = _probe_hub(hf_hub_url(repo_id, files[0], revision=revision), timeout)
+    if reason is None or any(cached):  # reachable; or a later file is cached and the download falls back to it
+        return
+    raise PretrainedWeightsUnavailable(_unavailable_message(
+        variant, hub_id, f'the Hub at {constants.ENDPOINT} could not be reached ({reason}) and the weights are not '
+        f'in the local Hub cache ({cache_dir or constants.HF_HUB_CACHE}); connect to the network, or set '
+        f'HF_HUB_CACHE to a cache that holds them'))
+
+
+def _unavailable_message(variant: str, hf_hub_id: Optional[str], reason: str) -> str:
+    return (
+        f'pretrained weights for {variant} could not be fetched from the Hugging Face Hub repository '
+        f'{hf_hub_id!r} ({reason}). Train them with '
+        f'`python scripts/train.py -c scripts/configs/{variant}.yaml --data-dir data --dataset-download`, '
+        f"or load local weights: timm.create_model('local-dir:<exported folder>', pretrained=True) or "
+        f"timm.create_model('{variant}', pretrained=True, "
+        f"pretrained_cfg_overlay=dict(file='<folder>/model.safetensors'))")
+
+
+def _resolved_cfg(variant: str, pretrained_cfg=None, pretrained_cfg_overlay=None) -> Dict[str, Any]:
+    """The pretrained cfg ``build_model_with_cfg`` will use, as a dict ({} for unknown variants)."""
+    from timm.models import resolve_pretrained_cfg
+    try:
+        cfg = resolve_pretrained_cfg(variant, pretrained_cfg=pretrained_cfg,
+                                     pretrained_cfg_overlay=pretrained_cfg_overlay)
+    except Exception:  # noqa: BLE001 -- timm reports a bad cfg itself in build_model_with_cfg
+        return {}
+    return cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg or {})
+
+
 @contextmanager
-def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=None):
-    """Turn the Hub client's errors for unreachable ``pretrained=True`` weights into one clear message."""
+def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=None, pretrained_cfg_overlay=None,
+                                cache_dir=None):
+    """For ``pretrained=True``: fail fast when uncached weights cannot be downloaded, and turn the Hub client's
+    errors for unreachable weights into one clear message."""
     if not pretrained:
         yield
         return
+    cfg = _resolved_cfg(variant, pretrained_cfg, pretrained_cfg_overlay)
+    _fail_fast_if_hub_unreachable(variant, cfg, cache_dir)
     try:
         yield
     except _hub_fetch_errors() as e:
-        cfg = pretrained_cfg
-        if cfg is None or isinstance(cfg, str):
-            from timm.models import get_pretrained_cfg
-            cfg = get_pretrained_cfg(variant if cfg is None else f'{variant}.{cfg}')
-        hf_hub_id = cfg.get('hf_hub_id') if isinstance(cfg, dict) else getattr(cfg, 'hf_hub_id', None)
-        raise PretrainedWeightsUnavailable(
-            f'pretrained weights for {variant} could not be fetched from the Hugging Face Hub repository '
-            f'{hf_hub_id!r} ({type(e).__name__}: offline, or not published yet). Train them with '
-            f'`python scripts/train.py -c scripts/configs/{variant}.yaml --data-dir data --dataset-download`, '
-            f"or load local weights: timm.create_model('local-dir:<exported folder>', pretrained=True) or "
-            f"timm.create_model('{variant}', pretrained=True, "
-            f"pretrained_cfg_overlay=dict(file='<folder>/model.safetensors'))") from None
+        raise PretrainedWeightsUnavailable(_unavailable_message(
+            variant, cfg.get('hf_hub_id'), f'{type(e).__name__}: offline, or not published yet')) from None

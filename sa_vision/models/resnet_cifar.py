@@ -40,7 +40,8 @@ class CifarResNet(ResNet):
 
 
 def _create_cifar_resnet(variant: str, pretrained: bool = False, **kwargs) -> CifarResNet:
-    with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg')):
+    with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg'),
+                                     kwargs.get('pretrained_cfg_overlay'), kwargs.get('cache_dir')):
         return build_model_with_cfg(CifarResNet, variant, pretrained, **kwargs)
 
 

@@ -343,7 +343,8 @@ class SelfAttentionNet(nn.Module):
 
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     out_indices = kwargs.pop('out_indices', 3)
-    with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg')):
+    with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg'),
+                                     kwargs.get('pretrained_cfg_overlay'), kwargs.get('cache_dir')):
         return build_model_with_cfg(
             SelfAttentionNet,
             variant,

@@ -1,0 +1,274 @@
+""" The paper's dense formulation, as a reference: the released implementation's way of computing the models
+
+Paper: `On the Relationship between Self-Attention and Convolutional Layers` (Cordonnier, Loukas & Jaggi,
+ICLR 2020), https://arxiv.org/abs/1911.03584; SPEC.md sections 2 and 3.
+
+This module is the project's own restatement of how the authors' code computes the content-free models, kept
+deliberately plain and independent of :mod:`sa_vision.layers` (it imports only torch), so that it can check our
+fast models and serve as the baseline of ``scripts/benchmark.py --compare paper``:
+
+* the image is cut into 2x2 blocks with the original channel order ``6*di + 3*dj + c`` and embedded by one
+  ``Linear(4*C -> D)``;
+* Gaussian kinds score a shift through a relative-position encoding ``r_delta`` and a per-head target vector
+  ``v_h`` (paper eq. 9 and appendix A.1): ``r_delta = (d1, d2, d1^2, d2^2, d1*d2)`` is kept as a
+  ``(h, w, h, w, 5)`` buffer over the whole grid, and the scores are one einsum,
+  ``A[i, j, n, k, l] = r[i, j, k, l] . v_n``. With ``M_n = S_n S_n^T`` (generalized) or ``M_n = s_n^2 I``
+  (quadratic) and centre ``mu_n``, ``v_n = ((M mu)_1, (M mu)_2, -M_11 / 2, -M_22 / 2, -M_12)``: the expansion
+  of ``-1/2 (delta - mu)^T M (delta - mu)`` without its constant term, which the softmax ignores;
+* the learned kind looks every row and column shift up in its tables, maps them to per-head scores with the
+  bias-free key maps, and adds them into the same ``(h, w, heads, h, w)`` score tensor;
+* the softmax runs over all ``h*w`` keys of every query; dropout draws one mask over the whole probability
+  tensor, shared by the batch; every head is applied by the einsum ``(h, w, heads, h, w) x (B, h, w, D)``
+  over the whole grid, and the heads are concatenated head-major (channel ``n*D + d``) for Value.
+
+Nothing is separable, cached or chunked here: memory and time grow with ``(h*w)^2``, as in the original. Shift
+``delta = key - query`` in grid units; axis 1 is the row (vertical) shift, axis 2 the column shift.
+
+The parameters carry the names and shapes of :class:`sa_vision.models.SelfAttentionNet`'s, except the embedding,
+kept as the original's Linear (``patch_embed.weight`` of shape ``(D, 4*C)``; ours is a 2x2 stride-2 convolution,
+``patch_embed.proj.weight`` of shape ``(D, C, 2, 2)``). :func:`paper_state_dict` converts a state dict of ours,
+and :meth:`PaperDenseSA.from_state_dict` builds the reference with the same weights.
+"""
+from typing import Dict, Mapping, Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ['PAPER_ATTENTION_KINDS', 'PaperDenseSA', 'PaperLayer', 'PaperAttention', 'relative_encoding',
+           'paper_state_dict', 'kind_of_state_dict']
+
+PAPER_ATTENTION_KINDS = ('quadratic', 'generalized', 'learned')
+
+
+def relative_encoding(grid_h: int, grid_w: int, device=None, dtype=None) -> Tensor:
+    """``r[i, j, k, l] = (d1, d2, d1^2, d2^2, d1*d2)`` with ``(d1, d2) = (k - i, l - j)``, ``(h, w, h, w, 5)``."""
+    rows = torch.arange(grid_h, device=device, dtype=dtype)
+    cols = torch.arange(grid_w, device=device, dtype=dtype)
+    d1 = (rows[None, :] - rows[:, None])[:, None, :, None].expand(grid_h, grid_w, grid_h, grid_w)
+    d2 = (cols[None, :] - cols[:, None])[None, :, None, :].expand(grid_h, grid_w, grid_h, grid_w)
+    return torch.stack([d1, d2, d1 * d1, d2 * d2, d1 * d2], dim=-1)
+
+
+class _Gaussian(nn.Module):
+    """Centres ``mu`` (heads, 2) and spreads: ``s`` (heads,) for the quadratic kind, ``S`` (heads, 2, 2) for the
+    generalized one."""
+
+    def __init__(self, num_heads: int, isotropic: bool):
+        super().__init__()
+        self.isotropic = isotropic
+        self.centers = nn.Parameter(torch.randn(num_heads, 2) * 2.0)
+        if isotropic:
+            self.spreads = nn.Parameter(1.0 + 0.01 * torch.randn(num_heads))
+        else:
+            self.spreads = nn.Parameter(torch.eye(2) + 0.01 * torch.randn(num_heads, 2, 2))
+
+    def target_vectors(self) -> Tensor:
+        """``v_n`` of the relative encoding, ``(heads, 5)``."""
+        if self.isotropic:
+            eye = torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype)
+            precision = self.spreads[:, None, None] ** 2 * eye  # s^2 I: the paper's alpha = s^2 / 2
+        else:
+            precision = self.spreads @ self.spreads.transpose(1, 2)
+        pulled = torch.einsum('nab,nb->na', precision, self.centers)  # M mu
+        return torch.stack([pulled[:, 0], pulled[:, 1], -0.5 * precision[:, 0, 0], -0.5 * precision[:, 1, 1],
+                            -precision[:, 0, 1]], dim=-1)
+
+
+class _Learned(nn.Module):
+    """Row and column shift tables ``(2*max_shift + 1, D)`` and their bias-free key maps ``D -> heads``."""
+
+    def __init__(self, dim: int, num_heads: int, max_shift: int):
+        super().__init__()
+        self.max_shift = max_shift
+        self.row_shift_embed = nn.Embedding(2 * max_shift + 1, dim)
+        self.col_shift_embed = nn.Embedding(2 * max_shift + 1, dim)
+        self.row_keys = nn.Linear(dim, num_heads, bias=False)
+        self.col_keys = nn.Linear(dim, num_heads, bias=False)
+
+    def table_index(self, size: int) -> Tensor:
+        positions = torch.arange(size, device=self.row_shift_embed.weight.device)
+        return (positions[None, :] - positions[:, None]).clamp(-self.max_shift, self.max_shift) + self.max_shift
+
+
+class PaperAttention(nn.Module):
+    """Content-free multi-head attention, dense over the grid: ``B x h x w x D -> B x h x w x (heads*D)``."""
+
+    def __init__(self, dim: int, num_heads: int, kind: str, attn_drop: float = 0.1, max_shift: int = 15):
+        super().__init__()
+        if kind not in PAPER_ATTENTION_KINDS:
+            raise ValueError(f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
+        self.kind = kind
+        self.num_heads = num_heads
+        self.attn_drop = nn.Dropout(attn_drop)
+        if kind == 'learned':
+            self.position = _Learned(dim, num_heads, max_shift)
+        else:
+            self.position = _Gaussian(num_heads, isotropic=kind == 'quadratic')
+        # the relative encoding of the last grid size (h, w, h, w, 5), as the original kept it; not saved
+        self.register_buffer('encoding', torch.empty(0), persistent=False)
+
+    def _relative_encoding(self, grid_h: int, grid_w: int, like: Tensor) -> Tensor:
+        if self.encoding.shape[:4] != (grid_h, grid_w, grid_h, grid_w) or self.encoding.dtype != like.dtype \
+                or self.encoding.device != like.device:
+            self.encoding = relative_encoding(grid_h, grid_w, device=like.device, dtype=like.dtype)
+        return self.encoding
+
+    def scores(self, grid_h: int, grid_w: int) -> Tensor:
+        """Attention scores ``(h, w, heads, h, w)``: ``[query row, query col, head, key row, key col]``."""
+        position = self.position
+        if isinstance(position, _Gaussian):
+            v = position.target_vectors()
+            return torch.einsum('ijkld,nd->ijnkl', self._relative_encoding(grid_h, grid_w, v), v)
+        row = position.row_keys(position.row_shift_embed(position.table_index(grid_h)))  # i, k, heads
+        col = position.col_keys(position.col_shift_embed(position.table_index(grid_w)))  # j, l, heads
+        return row.permute(0, 2, 1)[:, None, :, :, None] + col.permute(0, 2, 1)[None, :, :, None, :]
+
+    def probs(self, grid_h: int, grid_w: int) -> Tensor:
+        """Softmax over all keys of each query and head, ``(h, w, heads, h, w)``, no dropout."""
+        scores = self.scores(grid_h, grid_w)
+        return scores.reshape(grid_h, grid_w, self.num_heads, -1).softmax(dim=-1).reshape(scores.shape)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, H, W, D = x.shape
+        probs = self.attn_drop(self.probs(H, W))  # one mask for the whole batch
+        heads = torch.einsum('ijnkl,bkld->bijnd', probs.to(x.dtype), x)
+        return heads.reshape(B, H, W, self.num_heads * D)
+
+
+class _Mlp(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int, drop: float):
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.fc2 = nn.Linear(hidden_dim, dim)
+        self.drop = nn.Dropout(drop)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.drop(self.fc2(F.gelu(self.fc1(x))))  # exact (erf) GELU
+
+
+class PaperLayer(nn.Module):
+    """``Y = LN(X + Dropout(Dense(Value(attention(X)))))``, ``X' = LN(Y + Dropout(MLP(Y)))`` on ``B x h x w x D``."""
+
+    def __init__(self, dim: int, num_heads: int, kind: str, mlp_hidden_dim: int = 512, proj_drop: float = 0.1,
+                 attn_drop: float = 0.1, max_shift: int = 15, norm_eps: float = 1e-12):
+        super().__init__()
+        self.attn = PaperAttention(dim, num_heads, kind, attn_drop=attn_drop, max_shift=max_shift)
+        self.value = nn.Linear(num_heads * dim, dim)
+        self.proj = nn.Linear(dim, dim)  # the original's "Dense"
+        self.proj_drop = nn.Dropout(proj_drop)
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = _Mlp(dim, mlp_hidden_dim, proj_drop)
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = self.norm1(x + self.proj_drop(self.proj(self.value(self.attn(x)))))
+        return self.norm2(x + self.mlp(x))
+
+
+class PaperDenseSA(nn.Module):
+    """The paper's fully-attentional classifier computed the released implementation's (dense) way.
+
+    Image ``B x C x H x W`` (H, W even) to logits. ``heads_per_layer`` may differ per layer (a pruned model).
+    """
+
+    def __init__(
+            self,
+            kind: str = 'quadratic',
+            heads_per_layer: Sequence[int] = (9,) * 6,
+            embed_dim: int = 400,
+            mlp_hidden_dim: int = 512,
+            num_classes: int = 10,
+            in_chans: int = 3,
+            max_shift: int = 15,
+            norm_eps: float = 1e-12,
+            proj_drop: float = 0.1,
+            attn_drop: float = 0.1,
+    ):
+        super().__init__()
+        if kind not in PAPER_ATTENTION_KINDS:
+            raise ValueError(f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
+        self.kind = kind
+        self.in_chans = in_chans
+        self.embed_dim = embed_dim
+        self.heads_per_layer = tuple(int(h) for h in heads_per_layer)
+        self.num_classes = num_classes
+        self.patch_embed = nn.Linear(4 * in_chans, embed_dim)  # index 6*di + 3*dj + c (for C = 3)
+        self.blocks = nn.Sequential(*[
+            PaperLayer(embed_dim, heads, kind, mlp_hidden_dim=mlp_hidden_dim, proj_drop=proj_drop,
+                       attn_drop=attn_drop, max_shift=max_shift, norm_eps=norm_eps)
+            for heads in self.heads_per_layer])
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    @staticmethod
+    def blocks_of_pixels(x: Tensor) -> Tensor:
+        """``B x C x H x W -> B x H/2 x W/2 x 4C``: channel ``(2*di + dj) * C + c`` holds pixel
+        ``(2i + di, 2j + dj)``, colour ``c``."""
+        B, C, H, W = x.shape
+        if H % 2 or W % 2:
+            raise ValueError(f'expected an even height and width, got an image batch of shape {list(x.shape)}')
+        blocks = torch.cat([x[:, :, di::2, dj::2] for di in (0, 1) for dj in (0, 1)], dim=1)  # B, 4C, h, w
+        return blocks.permute(0, 2, 3, 1)
+
+    def forward_features(self, x: Tensor) -> Tensor:
+        """``B x h x w x D`` after the last layer."""
+        return self.blocks(self.patch_embed(self.blocks_of_pixels(x)))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(self.forward_features(x).mean(dim=(1, 2)))
+
+    @classmethod
+    def from_state_dict(cls, state_dict: Mapping[str, Tensor], kind: Optional[str] = None,
+                        **kwargs) -> 'PaperDenseSA':
+        """The reference with the weights of a :class:`sa_vision.models.SelfAttentionNet` state dict (or of a
+        reference's own). Sizes come from the weights; ``kind`` is checked against them when given;
+        ``kwargs`` are the rest (``norm_eps``, ``proj_drop``, ``attn_drop``)."""
+        converted = paper_state_dict(state_dict)
+        found = kind_of_state_dict(converted)
+        if kind is not None and kind != found:
+            raise ValueError(f'the state dict holds {found!r} attention, not {kind!r}')
+        embed_dim, patch = converted['patch_embed.weight'].shape
+        layers = sorted({int(k.split('.')[1]) for k in converted if k.startswith('blocks.')})
+        heads = [converted[f'blocks.{i}.value.weight'].shape[1] // embed_dim for i in layers]
+        table = converted.get('blocks.0.attn.position.row_shift_embed.weight')
+        model = cls(
+            found, heads, embed_dim=embed_dim,
+            mlp_hidden_dim=converted['blocks.0.mlp.fc1.weight'].shape[0],
+            num_classes=converted['head.weight'].shape[0] if 'head.weight' in converted else 0,
+            in_chans=patch // 4,
+            max_shift=(table.shape[0] - 1) // 2 if table is not None else 15,
+            **kwargs)
+        ref = converted['patch_embed.weight']
+        model.to(device=ref.device, dtype=ref.dtype)  # first, so that float64 weights load exactly
+        model.load_state_dict(converted)
+        return model
+
+
+def kind_of_state_dict(state_dict: Mapping[str, Tensor]) -> str:
+    """'quadratic', 'generalized' or 'learned', from the attention parameters of the first layer."""
+    prefix = 'blocks.0.attn.'
+    if any(k.startswith(prefix + 'content.') for k in state_dict):
+        raise ValueError('the state dict holds content (query/key) attention, which the paper formulation '
+                         f'does not have; kinds: {PAPER_ATTENTION_KINDS}')
+    if prefix + 'position.row_shift_embed.weight' in state_dict:
+        return 'learned'
+    spreads = state_dict.get(prefix + 'position.spreads')
+    if spreads is None:
+        raise ValueError('not a state dict of a fully-attentional model: no blocks.0.attn.position parameters')
+    return 'quadratic' if spreads.dim() == 1 else 'generalized'
+
+
+def paper_state_dict(state_dict: Mapping[str, Tensor]) -> Dict[str, Tensor]:
+    """A :class:`sa_vision.models.SelfAttentionNet` state dict in the reference's layout: the 2x2 stride-2
+    embedding kernel ``(D, C, di, dj)`` becomes the original Linear weight ``(D, 4C)`` with index
+    ``(2*di + dj) * C + c``; every other entry keeps its name and tensor. A reference state dict passes
+    through unchanged."""
+    out = {}
+    for key, value in state_dict.items():
+        if key == 'patch_embed.proj.weight':
+            out['patch_embed.weight'] = value.permute(0, 2, 3, 1).reshape(value.shape[0], -1)
+        elif key == 'patch_embed.proj.bias':
+            out['patch_embed.bias'] = value
+        else:
+            out[key] = value
+    return out

@@ -1,0 +1,154 @@
+""" ``pretrained=True`` without a network: a clear error naming the repository within seconds (not huggingface_hub's
+minute of retries), at once with HF_HUB_OFFLINE=1, and weights in the local Hub cache still load, with or without
+HF_HUB_OFFLINE. Every case runs in a subprocess whose HF_ENDPOINT is a local port that refuses connections or
+accepts them and never answers, so the tests do not depend on this machine's route to huggingface.co. """
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+ROOT = Path(__file__).resolve().parent.parent
+SMALL = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
+REPOS = {'sa_quadratic_cifar': 'sa-vision/sa_quadratic_cifar.cifar10', 'resnet18_cifar': 'sa-vision/resnet18_cifar.cifar10'}
+BOUND_S = 5.0
+
+# runs create_model(pretrained=True) for each name in argv and prints, per name, the seconds it took and the error
+SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    import torch, timm, sa_vision
+    from huggingface_hub import constants
+    env_before, offline_before, etag_before = dict(os.environ), constants.HF_HUB_OFFLINE, constants.HF_HUB_ETAG_TIMEOUT
+    small = json.loads(os.environ['SMALL'])
+    result = {}
+    for name in sys.argv[1:]:
+        kwargs = {} if name.startswith('resnet') else dict(small)
+        if os.environ.get('OVERLAY_FILE'):
+            kwargs['pretrained_cfg_overlay'] = dict(file=os.environ['OVERLAY_FILE'])
+        start = time.perf_counter()
+        try:
+            model = timm.create_model(name, pretrained=True, **kwargs)
+            error = None
+            torch.save(model.state_dict(), os.path.join(os.environ['OUT'], name + '.pt'))
+        except Exception as e:
+            error = type(e).__name__ + ': ' + str(e)
+        result[name] = dict(seconds=time.perf_counter() - start, error=error)
+    # the user's other downloads keep huggingface_hub's settings
+    result['global_state_kept'] = (dict(os.environ) == env_before and constants.HF_HUB_OFFLINE == offline_before
+                                   and constants.HF_HUB_ETAG_TIMEOUT == etag_before)
+    print('RESULT ' + json.dumps(result))
+""")
+
+
+@pytest.fixture
+def refusing_endpoint():
+    """A local port bound but not listening: connections are refused at once."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        yield f'http://127.0.0.1:{s.getsockname()[1]}'
+
+
+@pytest.fixture
+def silent_endpoint():
+    """A local port that accepts connections (into its backlog) and never answers: requests time out."""
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        s.listen(16)
+        yield f'http://127.0.0.1:{s.getsockname()[1]}'
+
+
+def _run(tmp_path, names, endpoint, cache, **env):
+    out = tmp_path / 'out'
+    out.mkdir(exist_ok=True)
+    full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), HF_ENDPOINT=endpoint,
+                    HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / 'hf_home'), SMALL=json.dumps(SMALL),
+                    OUT=str(out), **env)
+    for var in ('HF_HUB_OFFLINE', 'HF_HUB_ETAG_TIMEOUT', 'HF_HUB_DOWNLOAD_TIMEOUT', 'TRANSFORMERS_OFFLINE'):
+        if var not in env:
+            full_env.pop(var, None)
+    proc = subprocess.run([sys.executable, '-c', SCRIPT, *names], cwd=tmp_path, env=full_env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith('RESULT ')][-1]
+    return json.loads(line[len('RESULT '):]), proc.stderr
+
+
+def _assert_clear_error(result, name):
+    error = result[name]['error']
+    assert error is not None and error.startswith('PretrainedWeightsUnavailable'), error
+    assert REPOS[name] in error  # names the repository it could not reach
+    assert 'local-dir:' in error  # and says what to do instead
+
+
+def _populate_cache(cache, name, seed=0):
+    """The Hub cache layout huggingface_hub writes: refs/main naming a snapshot holding model.safetensors."""
+    import timm
+    import sa_vision  # noqa: F401
+    torch.manual_seed(seed)
+    state = timm.create_model(name, **({} if name.startswith('resnet') else SMALL)).state_dict()
+    revision = '0123456789abcdef0123456789abcdef01234567'
+    repo_dir = cache / f'models--{REPOS[name].replace("/", "--")}'
+    (repo_dir / 'snapshots' / revision).mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, repo_dir / 'snapshots' / revision / 'model.safetensors')
+    (repo_dir / 'refs').mkdir()
+    (repo_dir / 'refs' / 'main').write_text(revision)
+    return state
+
+
+def _assert_loaded(tmp_path, name, state):
+    loaded = torch.load(tmp_path / 'out' / f'{name}.pt', weights_only=True)
+    assert loaded.keys() == state.keys()
+    for key, value in state.items():
+        assert torch.equal(loaded[key], value), key
+
+
+def test_unreachable_hub_fails_fast_with_the_repository_named(tmp_path, refusing_endpoint):
+    result, stderr = _run(tmp_path, list(REPOS), refusing_endpoint, tmp_path / 'empty_cache')
+    for name in REPOS:
+        assert result[name]['seconds'] < BOUND_S, result
+        _assert_clear_error(result, name)
+        assert 'could not be reached' in result[name]['error']
+    assert 'Retrying' not in stderr and 'Retry ' not in stderr, stderr[-2000:]
+    assert result['global_state_kept']
+
+
+def test_silent_hub_fails_within_the_bound(tmp_path, silent_endpoint):
+    result, stderr = _run(tmp_path, ['sa_quadratic_cifar'], silent_endpoint, tmp_path / 'empty_cache')
+    assert result['sa_quadratic_cifar']['seconds'] < BOUND_S, result
+    _assert_clear_error(result, 'sa_quadratic_cifar')
+    assert 'Retrying' not in stderr, stderr[-2000:]
+
+
+def test_hf_hub_offline_fails_at_once(tmp_path, silent_endpoint):
+    result, _ = _run(tmp_path, list(REPOS), silent_endpoint, tmp_path / 'empty_cache', HF_HUB_OFFLINE='1')
+    for name in REPOS:
+        _assert_clear_error(result, name)
+        assert result[name]['seconds'] < 1.5, result  # no request at all
+
+
+@pytest.mark.parametrize('offline', [False, True], ids=['network-down', 'HF_HUB_OFFLINE'])
+def test_cached_weights_load_without_network(tmp_path, refusing_endpoint, offline):
+    cache = tmp_path / 'hub'
+    states = {name: _populate_cache(cache, name, seed) for seed, name in enumerate(REPOS)}
+    result, stderr = _run(tmp_path, list(REPOS), refusing_endpoint, cache, **({'HF_HUB_OFFLINE': '1'} if offline else {}))
+    for name in REPOS:
+        assert result[name]['error'] is None, result[name]['error']
+        _assert_loaded(tmp_path, name, states[name])
+    assert 'Retrying' not in stderr, stderr[-2000:]
+
+
+def test_local_weights_file_never_asks_the_hub(tmp_path, silent_endpoint):
+    """pretrained_cfg_overlay=dict(file=...) loads from disk: no check of the (silent) Hub delays it."""
+    state = _populate_cache(tmp_path / 'hub', 'sa_quadratic_cifar')
+    weights = next((tmp_path / 'hub').rglob('model.safetensors'))
+    result, _ = _run(tmp_path, ['sa_quadratic_cifar'], silent_endpoint, tmp_path / 'empty_cache',
+                     OVERLAY_FILE=str(weights))
+    assert result['sa_quadratic_cifar']['error'] is None, result
+    assert result['sa_quadratic_cifar']['seconds'] < 2.0, result
+    _assert_loaded(tmp_path, 'sa_quadratic_cifar', state)
