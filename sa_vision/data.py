@@ -30,7 +30,7 @@ from .paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 __all__ = [
     'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info', 'dataset_for_tag',
     'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
-    'create_cifar_transform', 'create_image_dataset', 'default_eval_split',
+    'create_cifar_transform', 'create_image_dataset',
 ]
 
 DIGITS = 'digits'
@@ -242,11 +242,6 @@ def create_cifar_transform(
         tfl.append(transforms.ToTensor())
     tfl.append(transforms.Normalize(mean, std))
     return transforms.Compose(tfl)
-
-
-def default_eval_split(dataset: str) -> str:
-    """Name of the held-out split of a dataset ('test' for CIFAR-10 and digits, 'validation' for folders)."""
-    return 'test' if dataset.lower() in (DIGITS, 'torch/cifar10', 'torch/cifar100') else 'validation'
 
 
 def _image_folder_split(root: str, split: str) -> str:
