@@ -51,6 +51,8 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     _, log = _reproduce(out)
     assert 'sa_quadratic_cifar: finished (2 epochs), skipped' in log
     assert 'sa_gen_cifar: continuing the killed run at epoch 1' in log
+    # the training process itself resumed at the saved epoch and update count (it did not start over)
+    assert f'Resuming {out / "runs" / "sa_gen_cifar"} at epoch 1, update {killed["num_updates"]}' in log
     assert first.stat().st_mtime_ns == first_mtime, 'a finished stage was trained again'
 
     with open(out / 'results.csv') as f:
