@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_torch_save', 'read_checkpoint', 'load_model',
-    'infer_model_args', 'strip_runtime_args', 'RUNTIME_ARGS',
+    'infer_model_args', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -119,12 +119,12 @@ def strip_runtime_args(args: Dict[str, Any]) -> Dict[str, Any]:
     return {k: v for k, v in args.items() if k not in RUNTIME_ARGS}
 
 
-def _plain(value: Any) -> Any:
-    """A value as plain YAML / ``weights_only``-safe data."""
+def plain_data(value: Any) -> Any:
+    """A value as plain YAML / JSON / ``weights_only``-safe data (tuples as lists, other objects as str)."""
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_data(v) for v in value]
     if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
+        return {str(k): plain_data(v) for k, v in value.items()}
     return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
@@ -306,7 +306,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
                 f'{path} is a timm train.py checkpoint without {key!r}'
                 + (' (trained without --model-ema); drop --use-ema' if use_ema else ''))
         meta = {k: v for k, v in obj.items() if k not in ('args', 'state_dict', 'state_dict_ema')}
-        meta['args'] = _plain(args)
+        meta['args'] = plain_data(args)
         meta['recipe'] = strip_runtime_args(meta['args'])
         meta['dataset'] = args.get('dataset', '')
         if 'metric' in obj:

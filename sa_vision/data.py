@@ -19,7 +19,7 @@ import gzip
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import Dataset
@@ -28,7 +28,7 @@ from torchvision import transforms
 from .paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = [
-    'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info', 'dataset_for_tag',
+    'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'normalization',
     'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
     'create_cifar_transform', 'create_image_dataset',
 ]
@@ -66,6 +66,14 @@ _DATASETS = {
                                (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist'),
 }
 _ALIASES = {'cifar10': 'torch/cifar10', 'fashion_mnist': FASHION_MNIST, 'fashionmnist': FASHION_MNIST}
+
+
+def normalization(dataset: str, data_cfg: Dict[str, Any]) -> Dict[str, Tuple[float, ...]]:
+    """``mean`` / ``std`` to train and evaluate with: a known dataset's own statistics, for an image folder the
+    model's (``data_cfg`` from ``timm.data.resolve_data_config``)."""
+    info = dataset_info(dataset)
+    source = {'mean': info.mean, 'std': info.std} if info.num_classes else data_cfg
+    return {'mean': tuple(source['mean']), 'std': tuple(source['std'])}
 
 
 def dataset_for_tag(tag: str) -> str:

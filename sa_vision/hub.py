@@ -317,7 +317,7 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
         what = info.title if label.registered_architecture else f'{info.title} with a custom configuration'
         results += (f'\n\nThese weights were trained on **{what}**'
                     + ('' if on_cifar else ', not CIFAR-10')
-                    + f': ' + ', '.join(f'{name.lower()} {float(metrics[key]):.2f} %' for key, name in scores)
+                    + ': ' + ', '.join(f'{name.lower()} {float(metrics[key]):.2f} %' for key, name in scores)
                     + f' on its {info.eval_split} split.')
     body = _replace_section(body, 'results', results)
     body = _replace_section(body, 'training', _training_summary(ckpt, label))

@@ -28,7 +28,7 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from .checkpoint import read_checkpoint
+from .checkpoint import plain_data, read_checkpoint
 from .data import dataset_info
 from .paper import PAPER_RESULTS
 from .recipes import load_recipe
@@ -168,7 +168,7 @@ class Reproduction:
         recipe['save_epoch_weights'] = model != 'resnet18_cifar'  # centre trajectories of the attention models
         recipe_path = self.out / 'recipes' / f'{model}.yaml'
         recipe_path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(recipe_path, yaml.safe_dump(_plain(recipe), sort_keys=False))
+        _write_atomic(recipe_path, yaml.safe_dump(plain_data(recipe), sort_keys=False))
         last = self.run_dir(model) / 'last.pth.tar'
         cmd = [sys.executable, '-m', 'sa_vision.training', '-c', str(recipe_path), '--output', str(self.out / 'runs'),
                '--experiment', model]
@@ -364,14 +364,6 @@ def _namespace() -> str:
     return HF_NAMESPACE
 
 
-def _plain(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    return value
-
-
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f'.{path.name}.tmp')
     tmp.write_text(text)
@@ -379,8 +371,8 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _markdown_table(rows: List[Dict[str, Any]], dataset_title: str) -> str:
-    lines = [f'| model | dataset | epochs | parameters | MACs (G) | top-1 % | top-5 % | training (min) | '
-             f'paper, CIFAR-10 top-1 % |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+    lines = ['| model | dataset | epochs | parameters | MACs (G) | top-1 % | top-5 % | training (min) | '
+             'paper, CIFAR-10 top-1 % |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
     for r in rows:
         lines.append(f'| `{r["model"]}` | {dataset_title} | {r["epochs"]} | {r["parameters"]:,} | {r["macs_g"]:.3f} | '
                      f'{r["top1"]:.2f} | {r["top5"]:.2f} | {r["train_minutes"]:.1f} | '

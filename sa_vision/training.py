@@ -44,8 +44,9 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import AverageMeter, ParseKwargs, dispatch_clip_grad, update_summary
 
 from . import models  # noqa: F401  registers the models
-from .checkpoint import CHECKPOINT_VERSION, CheckpointError, atomic_torch_save, read_checkpoint, strip_runtime_args
-from .data import create_image_dataset, dataset_info
+from .checkpoint import (
+    CHECKPOINT_VERSION, CheckpointError, atomic_torch_save, plain_data, read_checkpoint, strip_runtime_args)
+from .data import create_image_dataset, normalization
 from .evaluation import evaluate
 from .recipes import load_recipe
 
@@ -300,10 +301,7 @@ def main(argv=None):
     _log(args, f'Model {args.model} {model_kwargs or ""} created, {num_params:,} parameters')
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)
     img_size = data_cfg['input_size'][-1]
-    info = dataset_info(args.dataset)
-    # a known dataset is normalised with its own statistics, an ImageFolder with the model's
-    norm = {'mean': tuple(info.mean), 'std': tuple(info.std)} if info.num_classes else \
-        {'mean': tuple(data_cfg['mean']), 'std': tuple(data_cfg['std'])}
+    norm = normalization(args.dataset, data_cfg)
 
     model.to(args.device)
     if args.channels_last:
@@ -443,21 +441,14 @@ def _save_epoch_weights(model, args, run_dir: Path, epochs_done: int) -> None:
     from safetensors.torch import save_file
     state_dict = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     tmp = run_dir / f'.epoch-{epochs_done:03d}.safetensors.tmp'
-    save_file(state_dict, str(tmp), metadata={'arch': args.model, 'model_args': json.dumps(_plain_args(
-        argparse.Namespace(**args.model_kwargs)))})
+    metadata = {'arch': args.model, 'model_args': json.dumps(plain_data(args.model_kwargs))}
+    save_file(state_dict, str(tmp), metadata=metadata)
     os.replace(tmp, run_dir / f'epoch-{epochs_done:03d}.safetensors')
 
 
 def _plain_args(args):
     """The arguments as plain YAML/`weights_only`-safe values (the recipe actually used)."""
-    def plain(value):
-        if isinstance(value, (list, tuple)):
-            return [plain(v) for v in value]
-        if isinstance(value, dict):
-            return {str(k): plain(v) for k, v in value.items()}
-        return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
-    return {key: plain(value) for key, value in sorted(vars(args).items())}
-
+    return plain_data(dict(sorted(vars(args).items())))
 
 if __name__ == '__main__':
     main()

@@ -27,7 +27,7 @@ from timm.utils import ParseKwargs
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
 import sa_vision  # noqa: F401,E402  registers the models
 from sa_vision.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
-from sa_vision.data import create_image_dataset, dataset_info  # noqa: E402
+from sa_vision.data import create_image_dataset, normalization  # noqa: E402
 from sa_vision.evaluation import evaluate  # noqa: E402
 
 
@@ -77,11 +77,9 @@ def main(argv=None):
         print(f'error: {e}', file=sys.stderr)
         return 2
     data_cfg = timm.data.resolve_data_config({}, model=model)
-    info = dataset_info(args.dataset)
-    # a known dataset is normalised with its own statistics (as scripts/train.py does); a folder with the model's
-    stats = {} if info.num_classes else {'mean': data_cfg['mean'], 'std': data_cfg['std']}
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
-                              download=args.dataset_download, img_size=data_cfg['input_size'][-1], **stats)
+                              download=args.dataset_download, img_size=data_cfg['input_size'][-1],
+                              **normalization(args.dataset, data_cfg))  # as scripts/train.py normalises
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=False, num_workers=args.workers)
     use_amp = torch.device(args.device).type == 'cuda' if args.amp is None else args.amp
     device_type = torch.device(args.device).type
