@@ -22,6 +22,10 @@ cover a full 3x3 kernel. :func:`format_table` prints, :func:`write_table` writes
 Shifts are (row, col) = (down, right) in grid units; one grid unit is 2 image pixels (space-to-depth).
 
 :func:`load_model` (from :mod:`sa_vision.checkpoint`) opens a timm model name, any checkpoint file or a Hub folder.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
+:mod:`sa_vision.layers` and :mod:`sa_vision.checkpoint` (the loader it re-exports). :mod:`sa_vision.plots` and
+:mod:`sa_vision.pruning` build on it.
 """
 import csv
 import json

@@ -20,6 +20,10 @@ Conventions
 * Throughput is images/s; every figure is the median over several timed runs after warm-up. Several
   variants are timed alternately (A, B, A, B, ...) in one process, so background load hits them alike;
   only their ratios are meant to be quoted: the median over rounds of each round's paired ratio.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
+:mod:`sa_vision.layers`, :mod:`sa_vision.paper_reference` (the baseline) and the package root (registering the
+models), inside the functions that need them.
 """
 import contextlib
 import copy

@@ -12,8 +12,11 @@
 * a Hub folder (``config.json`` + ``model.safetensors``, as timm's ``save_for_hf`` writes).
 
 The result, a :class:`Checkpoint`, builds its model with :meth:`Checkpoint.create_model`. :func:`load_model`
-also takes a timm model name. Imports flow one way: this module imports :mod:`sa_vision.models`, never the Hub
-or publishing code.
+also takes a timm model name.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
+:mod:`sa_vision.models` and :mod:`sa_vision.data` (the dataset of a tag), never the Hub, publishing, training or
+analysis code (they import it).
 """
 import argparse
 import json

@@ -14,6 +14,9 @@
 Transforms follow the paper's CIFAR-10 recipe (SPEC 6): train = random 32x32 crop of the 4-pixel zero-padded
 image + horizontal flip + normalise; eval = normalise only. Mean and std are each dataset's own (its
 :class:`DatasetInfo`; CIFAR-10's come from :mod:`sa_vision.paper`).
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports only the
+constants of :mod:`sa_vision.paper`.
 """
 import gzip
 import os

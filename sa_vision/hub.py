@@ -10,8 +10,10 @@
   ``<HF_NAMESPACE>/<arch>.cifar10``, which ``timm.create_model('<arch>', pretrained=True)`` downloads for everyone.
 * :func:`publish_hub_folder` uploads such a folder in one commit after checking token and permission.
 
-Imports: :mod:`sa_vision.checkpoint` (weights of any kind), :mod:`sa_vision.models`, :mod:`sa_vision.data`
-(dataset facts); plots only when a card figure is drawn. Nothing under ``sa_vision.models`` imports this module.
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
+:mod:`sa_vision.checkpoint` (weights of any kind), :mod:`sa_vision.models`, :mod:`sa_vision.data` (dataset facts),
+:mod:`sa_vision.paper`, :mod:`sa_vision.recipes`; :mod:`sa_vision.plots` only when a card figure is drawn. Nothing
+under ``sa_vision.models`` imports this module.
 """
 import os
 import re

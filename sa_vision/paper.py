@@ -2,6 +2,9 @@
 
 Cordonnier, Loukas & Jaggi, `On the Relationship between Self-Attention and Convolutional Layers`,
 ICLR 2020 (https://arxiv.org/abs/1911.03584). See ``SPEC.md`` sections 1 and 6.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): constants; imports no
+sa_vision code, so the models and every tool may import it.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional

@@ -28,6 +28,9 @@ The parameters carry the names and shapes of :class:`sa_vision.models.SelfAttent
 kept as the original's Linear (``patch_embed.weight`` of shape ``(D, 4*C)``; ours is a 2x2 stride-2 convolution,
 ``patch_embed.proj.weight`` of shape ``(D, C, 2, 2)``). :func:`paper_state_dict` converts a state dict of ours,
 and :meth:`PaperDenseSA.from_state_dict` builds the reference with the same weights.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a test reference beside the
+layers; imports no sa_vision code (see above). The tests and :mod:`sa_vision.benchmark` import it.
 """
 from typing import Dict, Mapping, Optional, Sequence
 

@@ -14,6 +14,9 @@ Every plotting function returns ``(figure, data)``: the matplotlib ``Figure`` an
 draws, computed by :mod:`sa_vision.analysis`. Figures are built without pyplot (no global state, any
 backend); the file type follows the path's suffix (``.png``, ``.svg``, ``.pdf``).
 Axes: x = column shift (right), y = row shift (down, as in an image), in grid units (2 image pixels).
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
+:mod:`sa_vision.analysis` (and matplotlib).
 """
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union

@@ -12,6 +12,9 @@ kinds; its rows of the key maps for the learned kinds) and its ``D`` input colum
 layer's Value map. The result is the state dict of the same model with fewer heads in some layers; it
 loads strictly into ``timm.create_model(<name>, heads_per_layer=<kept heads>)`` (for the paper's
 [2,4,1,2,6,0] that is ``sa_gen_pruned``). Fine-tune it afterwards with the pruned recipe (SPEC 6).
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
+:mod:`sa_vision.analysis` (head precisions) and :mod:`sa_vision.checkpoint` (the format it writes).
 """
 import copy
 from typing import Dict, List, Optional, Sequence, Tuple

@@ -5,6 +5,9 @@ A recipe is a flat YAML mapping whose keys are the ``dest`` names of timm's ``tr
 repository's ``scripts/train.py -c <recipe>`` both read them with ``parser.set_defaults(**recipe)``, so
 arguments on the command line override the recipe. The recipe files are the single place the paper's
 hyper-parameters (SPEC 6) are written down.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool that imports no
+sa_vision code.
 """
 import os
 from pathlib import Path

@@ -16,6 +16,9 @@ input (head dimension = ``C_in``), centres sit on the kernel shifts (times the d
 the classifier's 2x2 space-to-depth) is involved: the layer works on the convolution's own input pixels.
 :func:`min_hard_attention_alpha` gives the smallest ``alpha`` at which the soft attention is hard to the
 precision of a float dtype.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports only
+:mod:`sa_vision.layers`.
 """
 import math
 from typing import Optional, Tuple, Union

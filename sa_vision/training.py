@@ -16,6 +16,11 @@ Multi-process: ``torchrun --nproc_per_node N scripts/train.py ...`` (DDP; gloo o
 ``--initial-checkpoint`` starts from weights of any kind (``scripts/prune.py`` output, a timm train.py checkpoint,
 safetensors, a Hub folder); the architecture arguments stored with them are the defaults of ``--model-kwargs``.
 A run's ``recipe.yaml`` (written beside its checkpoint and into exports) repeats it: ``-c recipe.yaml``.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
+:mod:`sa_vision.models`, :mod:`sa_vision.checkpoint`, :mod:`sa_vision.data`, :mod:`sa_vision.evaluation`,
+:mod:`sa_vision.recipes`, and :mod:`sa_vision.hub` for ``--export``. :mod:`sa_vision.reproduce` runs it in a
+subprocess.
 """
 import argparse
 import importlib

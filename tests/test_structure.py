@@ -215,3 +215,17 @@ def test_scripts_import_no_other_script():
             if imported.split('.')[0] in scripts and imported.split('.')[0] != name:
                 wrong.add(f'scripts/{name}.py -> scripts/{imported.split(".")[0]}.py')
     assert not wrong, f'scripts import scripts: {sorted(wrong)}'
+
+
+def test_every_module_says_what_it_is_for():
+    """Every module outside layers (whose docstrings are their own matter) and every script opens with a docstring,
+    and every sa_vision module among them names its place in the layering."""
+    undocumented, unplaced = [], []
+    for module, path in _module_names(ROOT / PACKAGE, PACKAGE).items():
+        if not _in(module, 'sa_vision.layers'):
+            doc = ast.get_docstring(ast.parse(path.read_text())) or ''
+            (undocumented if not doc else unplaced if 'Layering' not in doc else []).append(module)
+    undocumented += [f'scripts/{path.name}' for path in (ROOT / 'scripts').glob('*.py')
+                     if not ast.get_docstring(ast.parse(path.read_text()))]
+    assert not undocumented, f'no module docstring: {sorted(undocumented)}'
+    assert not unplaced, f'docstring without its place in the layering ("Layering: ..."): {sorted(unplaced)}'

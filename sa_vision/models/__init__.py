@@ -1,2 +1,8 @@
+""" The models: importing this package registers them with timm (``sa_*_cifar``, ``resnet18_cifar``)
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): models import only
+:mod:`sa_vision.layers`, each other and the constants of :mod:`sa_vision.paper`, never a tool (Hub, checkpoints,
+training, analysis, ...).
+"""
 from .resnet_cifar import CifarResNet
 from .sa_cifar import SelfAttentionBlock, SelfAttentionNet, check_image_shape

@@ -2,8 +2,7 @@
 
 Weights trained on CIFAR-10 with the paper's recipe and architecture are published at
 ``<HF_NAMESPACE>/<arch>.<PRETRAINED_TAG>``; that repository is what ``timm.create_model('<arch>', pretrained=True)``
-downloads. This module imports only huggingface_hub and timm (the model factories import it; it imports no
-sa_vision code).
+downloads.
 
 Offline: when the weights are not in the local Hub cache, huggingface_hub retries an unreachable Hub with a backoff
 of 1+2+4+8+8 s per file, and timm asks for two files (``model.safetensors``, then ``pytorch_model.bin``): about
@@ -11,6 +10,9 @@ of 1+2+4+8+8 s per file, and timm asks for two files (``model.safetensors``, the
 ``HUB_PROBE_TIMEOUT`` seconds, whether it answers at all, and raise ``PretrainedWeightsUnavailable`` at once when
 it does not. Weights in the cache skip the check (huggingface_hub then falls back to the cache itself, without
 retries), as does ``HF_HUB_OFFLINE=1`` (which never touches the network); no global setting is changed.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): part of the models; imports
+no sa_vision code (huggingface_hub and timm only). The model factories and the Hub tools import it.
 """
 import sys
 import threading

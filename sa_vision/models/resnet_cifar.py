@@ -6,6 +6,9 @@ baseline of `On the Relationship between Self-Attention and Convolutional Layers
 timm's ResNet with the CIFAR stem (SPEC section 5): a 3x3 stride-1 convolution of 64 channels without bias,
 BN, ReLU and no max-pool, then the usual four stages of two BasicBlocks (64/128/256/512, strides 1/2/2/2,
 1x1 conv + BN shortcuts), global average pooling and a Linear classifier. 11,173,962 parameters at 10 classes.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a model; imports only
+:mod:`sa_vision.models._pretrained` and the constants of :mod:`sa_vision.paper`.
 """
 from typing import Any, Dict
 

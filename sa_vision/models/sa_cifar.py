@@ -20,6 +20,9 @@ Inside the network the token grid is grid-major, ``h x w x B x D`` (batch inside
 products of the separable attention and the Value projection are then single large matrix products and
 no activation of the size of the concatenated heads is ever permuted. ``forward_features`` returns the
 usual channels-last ``B x h x w x D`` (a view; ``output_fmt = 'NHWC'``, like timm's Swin).
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a model; imports only
+:mod:`sa_vision.layers`, :mod:`sa_vision.models._pretrained` and the constants of :mod:`sa_vision.paper`.
 """
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
