@@ -8,7 +8,7 @@ from torch import nn
 import sa_vision  # noqa: F401  (registers the models)
 import timm
 import timm.optim
-from sa_vision.layers import space_to_depth
+from sa_vision.paper_reference import PaperDenseSA
 
 # SPEC section 1, at 10 classes
 SPEC_PARAMETERS = {
@@ -68,7 +68,7 @@ def test_embedding_is_space_to_depth_then_linear():
     model = small_model('sa_quadratic_cifar')
     embed = model.patch_embed
     x = torch.randn(2, 3, 8, 12)
-    blocks = space_to_depth(x)
+    blocks = PaperDenseSA.blocks_of_pixels(x)  # the independent reference's space-to-depth
     # the original order, built element by element
     b, i, j, di, dj, c = 1, 2, 3, 1, 0, 2
     assert blocks[b, i, j, 6 * di + 3 * dj + c] == x[b, c, 2 * i + di, 2 * j + dj]
