@@ -22,8 +22,8 @@ Conventions
   only their ratios are meant to be quoted: the median over rounds of each round's paired ratio.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.layers`, :mod:`sa_vision.paper_reference` (the baseline) and the package root (registering the
-models), inside the functions that need them.
+:mod:`sa_vision.models` (the list of models), and :mod:`sa_vision.layers`, :mod:`sa_vision.paper_reference` (the
+baseline) and the package root inside the functions that need them.
 """
 import contextlib
 import copy
@@ -39,6 +39,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
+
+from .models import SA_MODEL_ARGS
 
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
@@ -242,14 +244,10 @@ def _tensor_bytes(tensors) -> int:
 # ----------------------------------------------------------------------------------------------------------
 # variants
 
-# the models with a paper formulation: (attention kind, heads per layer of the registered configuration; None
-# for 9 in every layer). paper_model_like takes kind and heads from the model itself.
-PAPER_KINDS = {
-    'sa_quadratic_cifar': ('quadratic', None),
-    'sa_gen_cifar': ('generalized', None),
-    'sa_gen_pruned': ('generalized', (7, 5, 8, 7, 3, 9)),
-    'sa_learned_cifar': ('learned', None),
-}
+# the models with a paper formulation (the attention models without content): (attention kind, heads per layer of
+# the registered configuration; None for 9 in every layer). paper_model_like takes kind and heads from the model itself.
+PAPER_KINDS = {name: (args['attn_kind'], args.get('heads_per_layer'))
+               for name, args in SA_MODEL_ARGS.items() if args['attn_kind'] != 'content'}
 
 
 def resolve_device(device=None) -> torch.device:

@@ -28,6 +28,8 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from .models import SA_MODEL_ARGS
+
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_torch_save', 'read_checkpoint', 'load_model',
     'infer_model_args', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
@@ -180,11 +182,10 @@ def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
     return args
 
 
-KIND_TO_MODEL = {
-    'quadratic': 'sa_quadratic_cifar', 'generalized': 'sa_gen_cifar',
-    'learned': 'sa_learned_cifar', 'content': 'sa_content_cifar',
-}
-_KIND_OF_MODEL = {**{model: kind for kind, model in KIND_TO_MODEL.items()}, 'sa_gen_pruned': 'generalized'}
+# the registered model of each attention kind in its default configuration (sa_gen_pruned sets its own heads):
+# what bare weights of that kind load as
+KIND_TO_MODEL = {args['attn_kind']: name for name, args in SA_MODEL_ARGS.items() if 'heads_per_layer' not in args}
+_KIND_OF_MODEL = {name: args['attn_kind'] for name, args in SA_MODEL_ARGS.items()}
 
 
 def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: Optional[str],

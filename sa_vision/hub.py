@@ -25,7 +25,7 @@ import torch
 
 from .checkpoint import Checkpoint, CheckpointError, read_checkpoint, strip_runtime_args
 from .data import DatasetInfo, dataset_info
-from .models._pretrained import HF_NAMESPACE, PRETRAINED_TAG, registered_hf_hub_id
+from .models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
 
 __all__ = [
     'HUB_FOLDER_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTOM_SUFFIX', 'HubPublishError',
@@ -72,7 +72,7 @@ class WeightsLabel:
 
     @property
     def default_repo_id(self) -> str:
-        return f'{HF_NAMESPACE}/{self.name}'
+        return hub_repo_id(self.arch, self.tag)
 
     @property
     def is_reference(self) -> bool:
@@ -221,7 +221,7 @@ def generate_model_card(arch: str) -> str:
     if paper and paper.gflops:
         paper_flops = f' The paper reports {paper.gflops} GFLOPs' + (
             ', counting only the Linear layers.' if attn_kind else '.')
-    repo_id = f'{HF_NAMESPACE}/{arch}.{PRETRAINED_TAG}'
+    repo_id = hub_repo_id(arch)
     return f"""---
 library_name: timm
 license: apache-2.0
@@ -495,7 +495,7 @@ def _check_folder_target(folder: Path, repo_id: str) -> None:
         raise HubPublishError(
             f'refusing {repo_id}: timm.create_model({arch!r}, pretrained=True) downloads that repository for '
             f'everyone, and {folder} holds {arch}.{tag} weights, not CIFAR-10 weights of the paper\'s architecture; '
-            f'publish to {HF_NAMESPACE}/{arch}.{tag} or your own --repo-id; nothing was uploaded')
+            f'publish to {hub_repo_id(arch, tag)} or your own --repo-id; nothing was uploaded')
 
 
 def _status(error) -> str:

@@ -15,7 +15,7 @@ killed mid-run continues from its last epoch (``--resume``). A failed stage stop
 leaves finished stages intact; the same command continues.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): the topmost tool; imports
-:mod:`sa_vision.checkpoint`, :mod:`sa_vision.data`, :mod:`sa_vision.evaluation`, :mod:`sa_vision.hub`,
+:mod:`sa_vision.analysis`, :mod:`sa_vision.checkpoint`, :mod:`sa_vision.data`, :mod:`sa_vision.evaluation`, :mod:`sa_vision.hub`,
 :mod:`sa_vision.models`, :mod:`sa_vision.paper`, :mod:`sa_vision.plots`, :mod:`sa_vision.pruning`,
 :mod:`sa_vision.recipes`; :mod:`sa_vision.training` runs in a subprocess, not imported. No sa_vision module imports
 this one.
@@ -34,15 +34,18 @@ import yaml
 
 from .checkpoint import plain_data, read_checkpoint
 from .data import dataset_info
+from .models import SA_MODEL_ARGS
+from .models._pretrained import hub_repo_id
 from .paper import PAPER_RESULTS
+from .pruning import PRUNED_ARCH
 from .recipes import load_recipe
 
 __all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction']
 
-TRAINED_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar', 'resnet18_cifar')
+TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its order
 PRUNE_SOURCE = 'sa_gen_cifar'
-PRUNED_MODEL = 'sa_gen_pruned'
-TABLE_ORDER = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'resnet18_cifar')
+PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
+TRAINED_MODELS = tuple(model for model in TABLE_ORDER if model != PRUNED_MODEL)
 TABLE_COLUMNS = ('model', 'dataset', 'epochs', 'parameters', 'macs_g', 'top1', 'top5', 'train_minutes',
                  'paper_cifar10_top1')
 
@@ -107,7 +110,7 @@ PROFILES: Dict[str, Profile] = {
         common={**_FEW_EPOCHS, 'batch_size': 64, 'validation_batch_size': 360, 'log_interval': 10, 'hflip': 0.0,
                 'train_crop_padding': 0},
         per_model={
-            **{model: {**_TINY_SA, 'epochs': 2, 'warmup_epochs': 0.1} for model in TRAINED_MODELS[:3]},
+            **{model: {**_TINY_SA, 'epochs': 2, 'warmup_epochs': 0.1} for model in TRAINED_MODELS if model in SA_MODEL_ARGS},
             'resnet18_cifar': {'model_kwargs': {'channels': (8, 16, 32, 64), 'stem_width': 8}, 'epochs': 2,
                                'warmup_epochs': 0.1},
             'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'epochs': 1,
@@ -169,7 +172,7 @@ class Reproduction:
     def train(self, model: str, initial_checkpoint: Optional[Path] = None) -> Path:
         """Train one model (or continue its killed run); skipped when its run has finished."""
         recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
-        recipe['save_epoch_weights'] = model != 'resnet18_cifar'  # centre trajectories of the attention models
+        recipe['save_epoch_weights'] = model in SA_MODEL_ARGS  # centre trajectories of the attention models
         recipe_path = self.out / 'recipes' / f'{model}.yaml'
         recipe_path.parent.mkdir(parents=True, exist_ok=True)
         _write_atomic(recipe_path, yaml.safe_dump(plain_data(recipe), sort_keys=False))
@@ -290,6 +293,7 @@ class Reproduction:
 
     def figures(self) -> List[Path]:
         """The paper's figures of the trained attention models (centres, maps, centre trajectories)."""
+        from .analysis import GAUSSIAN_KINDS
         from .checkpoint import load_model
         from .plots import plot_attention_maps, plot_center_trajectories, plot_centers
         out = self.out / 'figures'
@@ -303,14 +307,15 @@ class Reproduction:
                 os.replace(str(path) + '.tmp.png', path)
             made.append(path)
 
-        for model in ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar'):
+        for model in (m for m in TABLE_ORDER if m in SA_MODEL_ARGS):  # the attention models
             run = self.run_dir(model)
             trained = read_checkpoint(run / 'last.pth.tar').create_model()
-            if model != 'sa_learned_cifar':
+            gaussian = SA_MODEL_ARGS[model]['attn_kind'] in GAUSSIAN_KINDS  # centres and spreads to draw
+            if gaussian:
                 figure(f'centers_{model}.png', lambda p, m=trained: plot_centers(m, p))
             figure(f'maps_{model}.png', lambda p, m=trained: plot_attention_maps(m, p))
             epochs = sorted(run.glob('epoch-*.safetensors'))
-            if model in ('sa_quadratic_cifar', 'sa_gen_cifar') and len(epochs) > 1:
+            if gaussian and model in TRAINED_MODELS and len(epochs) > 1:  # from scratch, not the fine-tuned pruning
                 figure(f'trajectories_{model}.png', lambda p, e=epochs: plot_center_trajectories(
                     [load_model(str(c)) for c in e], p, labels=[c.stem for c in e]))
         _say(f'figures: {", ".join(p.name for p in made)} in {out}')
@@ -319,7 +324,7 @@ class Reproduction:
     def publish(self, folders: List[Path], publish: bool) -> None:
         from .hub import publish_hub_folder
         for folder in folders:
-            repo_id = f'{_namespace()}/{folder.name}'
+            repo_id = hub_repo_id(*folder.name.split('.', 1))  # the export named it <arch>.<tag>
             if not publish:
                 _say(f'dry run: would publish {folder} to {repo_id} ({len(list(folder.iterdir()))} files)')
                 continue
@@ -361,11 +366,6 @@ def _die_with_parent() -> None:
         import ctypes
         import signal
         ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _namespace() -> str:
-    from .models._pretrained import HF_NAMESPACE
-    return HF_NAMESPACE
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -150,3 +150,14 @@ def test_bare_state_dict_and_safetensors_open_with_their_architecture(tmp_path):
     torch.save({'epoch': 3, 'notes': 'x'}, tmp_path / 'empty.pth')
     with pytest.raises(CheckpointError, match='holds no weights'):
         read_checkpoint(tmp_path / 'empty.pth')
+
+
+def test_checkpoint_of_a_newer_format_is_refused(tmp_path):
+    from sa_vision.checkpoint import CHECKPOINT_VERSION
+    model = timm.create_model('sa_quadratic_cifar', **MODEL_KWARGS)
+    for version in (CHECKPOINT_VERSION, CHECKPOINT_VERSION + 1):
+        torch.save({'version': version, 'arch': 'sa_quadratic_cifar', 'model_args': MODEL_KWARGS,
+                    'state_dict': model.state_dict()}, tmp_path / f'v{version}.pth.tar')
+    assert read_checkpoint(tmp_path / f'v{CHECKPOINT_VERSION}.pth.tar').format == 'sa_vision'
+    with pytest.raises(CheckpointError, match=f'newer sa_vision .*version {CHECKPOINT_VERSION + 1}'):
+        read_checkpoint(tmp_path / f'v{CHECKPOINT_VERSION + 1}.pth.tar')

@@ -5,4 +5,4 @@ Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structur
 training, analysis, ...).
 """
 from .resnet_cifar import CifarResNet
-from .sa_cifar import SelfAttentionBlock, SelfAttentionNet, check_image_shape
+from .sa_cifar import SA_MODEL_ARGS, SelfAttentionBlock, SelfAttentionNet, check_image_shape

@@ -19,7 +19,7 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
 
-__all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'HUB_PROBE_TIMEOUT', 'PretrainedWeightsUnavailable',
+__all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'hub_repo_id', 'HUB_PROBE_TIMEOUT', 'PretrainedWeightsUnavailable',
            'registered_hf_hub_id', 'explain_unavailable_weights']
 
 HF_NAMESPACE = 'sa-vision'
@@ -28,6 +28,12 @@ PRETRAINED_TAG = 'cifar10'
 # seconds the Hub may take to answer one request before pretrained=True gives up on an uncached download
 # (huggingface_hub's own HF_HUB_ETAG_TIMEOUT, when set, takes its place)
 HUB_PROBE_TIMEOUT = 3.0
+
+
+def hub_repo_id(arch: str, tag: str = PRETRAINED_TAG) -> str:
+    """The repository of ``<arch>.<tag>`` weights in this project's namespace (with the default tag, the registered one
+    that ``pretrained=True`` downloads)."""
+    return f'{HF_NAMESPACE}/{arch}.{tag}'
 
 
 class PretrainedWeightsUnavailable(RuntimeError):

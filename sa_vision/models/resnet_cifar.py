@@ -17,7 +17,7 @@ from torch import nn
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.resnet import BasicBlock, ResNet
 
-from ._pretrained import HF_NAMESPACE, PRETRAINED_TAG, explain_unavailable_weights
+from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = ['CifarResNet']
@@ -60,7 +60,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 
 default_cfgs = generate_default_cfgs({
-    f'resnet18_cifar.{PRETRAINED_TAG}': _cfg(hf_hub_id=f'{HF_NAMESPACE}/resnet18_cifar.{PRETRAINED_TAG}'),
+    f'resnet18_cifar.{PRETRAINED_TAG}': _cfg(hf_hub_id=hub_repo_id('resnet18_cifar')),
 })
 
 

@@ -34,13 +34,13 @@ from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, genera
 from timm.models import register_notrace_function, register_notrace_module
 from timm.models._features import feature_take_indices
 
-from ._pretrained import HF_NAMESPACE, PRETRAINED_TAG, explain_unavailable_weights
+from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 from ..layers import (
     ATTENTION_KINDS, GeluMlp, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project,
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 
-__all__ = ['SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
+__all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
 
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
@@ -344,7 +344,19 @@ class SelfAttentionNet(nn.Module):
         return x
 
 
+# the registered attention models and the construction arguments that make each one (beyond the defaults of
+# SelfAttentionNet); the one list of them: default_cfgs, the factories, checkpoint and benchmark read it
+SA_MODEL_ARGS: Dict[str, Dict] = {
+    'sa_quadratic_cifar': dict(attn_kind='quadratic'),
+    'sa_gen_cifar': dict(attn_kind='generalized'),
+    'sa_gen_pruned': dict(attn_kind='generalized', heads_per_layer=PRUNED_HEADS_PER_LAYER),
+    'sa_learned_cifar': dict(attn_kind='learned'),
+    'sa_content_cifar': dict(attn_kind='content'),
+}
+
+
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    kwargs = {**SA_MODEL_ARGS[variant], **kwargs}
     out_indices = kwargs.pop('out_indices', 3)
     with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg'),
                                      kwargs.get('pretrained_cfg_overlay'), kwargs.get('cache_dir')):
@@ -371,41 +383,36 @@ def _cfg(**kwargs) -> Dict:
 
 
 default_cfgs = generate_default_cfgs({
-    f'{arch}.{PRETRAINED_TAG}': _cfg(hf_hub_id=f'{HF_NAMESPACE}/{arch}.{PRETRAINED_TAG}')
-    for arch in ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar')
+    f'{arch}.{PRETRAINED_TAG}': _cfg(hf_hub_id=hub_repo_id(arch))
+    for arch in SA_MODEL_ARGS
 })
 
 
 @register_model
 def sa_quadratic_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     """Isotropic Gaussian (quadratic encoding) attention, 9 heads x 6 layers, 12,086,844 parameters."""
-    model_args = dict(attn_kind='quadratic')
-    return _create_sa('sa_quadratic_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_sa('sa_quadratic_cifar', pretrained=pretrained, **kwargs)
 
 
 @register_model
 def sa_gen_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     """Non-isotropic Gaussian (generalized quadratic) attention, 9 heads x 6 layers, 12,087,006 parameters."""
-    model_args = dict(attn_kind='generalized')
-    return _create_sa('sa_gen_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_sa('sa_gen_cifar', pretrained=pretrained, **kwargs)
 
 
 @register_model
 def sa_gen_pruned(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     """Non-isotropic Gaussian attention with degenerate heads pruned (7,5,8,7,3,9), 9,686,916 parameters."""
-    model_args = dict(attn_kind='generalized', heads_per_layer=PRUNED_HEADS_PER_LAYER)
-    return _create_sa('sa_gen_pruned', pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_sa('sa_gen_pruned', pretrained=pretrained, **kwargs)
 
 
 @register_model
 def sa_learned_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     """Learned relative position encoding without content, 9 heads x 6 layers, 12,278,682 parameters."""
-    model_args = dict(attn_kind='learned')
-    return _create_sa('sa_learned_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_sa('sa_learned_cifar', pretrained=pretrained, **kwargs)
 
 
 @register_model
 def sa_content_cifar(pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     """Learned relative position encoding with content (query/key) attention, 9 heads x 6 layers (~29.6 M)."""
-    model_args = dict(attn_kind='content')
-    return _create_sa('sa_content_cifar', pretrained=pretrained, **dict(model_args, **kwargs))
+    return _create_sa('sa_content_cifar', pretrained=pretrained, **kwargs)
