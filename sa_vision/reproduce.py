@@ -15,10 +15,10 @@ killed mid-run continues from its last epoch (``--resume``). A failed stage stop
 leaves finished stages intact; the same command continues.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): the topmost tool; imports
-:mod:`sa_vision.analysis`, :mod:`sa_vision.checkpoint`, :mod:`sa_vision.data`, :mod:`sa_vision.evaluation`, :mod:`sa_vision.hub`,
-:mod:`sa_vision.models`, :mod:`sa_vision.paper`, :mod:`sa_vision.plots`, :mod:`sa_vision.pruning`,
-:mod:`sa_vision.recipes`; :mod:`sa_vision.training` runs in a subprocess, not imported. No sa_vision module imports
-this one.
+:mod:`sa_vision.analysis`, :mod:`sa_vision.checkpoint`, :mod:`sa_vision.data`, :mod:`sa_vision.evaluation`,
+:mod:`sa_vision.hub`, :mod:`sa_vision.models`, :mod:`sa_vision.paper`, :mod:`sa_vision.plots`,
+:mod:`sa_vision.pruning`, :mod:`sa_vision.recipes`; :mod:`sa_vision.training` runs in a subprocess, not imported. No
+sa_vision module imports this one.
 """
 import csv
 import json
