@@ -63,6 +63,11 @@ def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
     Counted with ``FlopCounterMode`` in eval mode without gradients (every matrix product, attention
     included; elementwise operations are not counted) and returned as ``FLOPs // 2``. A model whose
     input is not an image may be given ``input_size`` as the full shape after the batch dimension.
+    The input is made on the device and in the dtype of the model's parameters ('meta' too).
+
+    The count runs on a copy of the model: layers that keep results in eval mode (the attention
+    probabilities of :class:`~sa_vision.layers.PositionalAttention`, keyed by their parameters' storage)
+    recompute them in the copy, so every call counts a full forward pass, whatever ran before.
     """
     if isinstance(input_size, int):
         shape = _as_input_size(input_size)
@@ -73,15 +78,11 @@ def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
         device, dtype = param.device, (param.dtype if param.is_floating_point() else torch.float32)
     except StopIteration:
         device, dtype = torch.device('cpu'), torch.float32
-    was_training = model.training
-    model.eval()
-    try:
-        x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
-        counter = FlopCounterMode(display=False)
-        with torch.no_grad(), counter:
-            model(x)
-    finally:
-        model.train(was_training)
+    model = copy.deepcopy(model).eval()
+    x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(x)
     return int(counter.get_total_flops()) // 2
 
 

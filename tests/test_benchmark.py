@@ -52,6 +52,26 @@ def test_count_macs_tiny_sa_model():
     assert model.training  # count_macs restores the mode
 
 
+def test_count_macs_counts_a_full_pass_whatever_ran_before():
+    # the learned kind computes its key maps on the shift tables in every pass; in eval mode without autograd
+    # the layer keeps the probabilities of the last pass, which must not make a later count smaller
+    learned = SEPARABLE_MACS + (GH * GH + GW * GW) * D * HEADS
+    model = timm.create_model('sa_learned_cifar', **TINY).eval()
+    assert sab.count_macs(model, (3, 8, 8)) == learned
+    with torch.no_grad():
+        model(torch.zeros(1, 3, 8, 8))
+    assert sab.count_macs(model, (3, 8, 8)) == learned
+    assert sab.count_macs(model, (3, 8, 8)) == learned
+
+
+def test_hub_counts_with_the_one_counter_on_the_model_device():
+    from sa_vision.hub import count_params_and_macs
+    with torch.device('meta'):  # 'meta' stands in for a device other than the CPU (a CUDA model)
+        model = timm.create_model('sa_quadratic_cifar', **TINY)
+    params = sum(p.numel() for p in timm.create_model('sa_quadratic_cifar', **TINY).parameters())
+    assert count_params_and_macs(model, img_size=8) == {'params': params, 'macs': SEPARABLE_MACS}
+
+
 def test_unavoidable_macs():
     for name, attn in (('sa_quadratic_cifar', SEPARABLE_MACS), ('sa_gen_cifar', DENSE_MACS)):
         assert sab.unavoidable_macs(timm.create_model(name, **TINY), (3, 8, 8)) == attn
