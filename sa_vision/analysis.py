@@ -180,27 +180,27 @@ def head_covariances(model: nn.Module) -> List[Tensor]:
     return covariances
 
 
-def _shift_grid(grid_size: Tuple[int, int], query: Tuple[int, int]) -> Tuple[Tensor, Tensor]:
-    rows = torch.arange(grid_size[0], dtype=torch.float64) - query[0]
-    cols = torch.arange(grid_size[1], dtype=torch.float64) - query[1]
+def _shift_grid(grid_size: Tuple[int, int], query: Tuple[int, int], device=None) -> Tuple[Tensor, Tensor]:
+    """Row and column shift ``(h, w)`` of every key from ``query`` (float64, on ``device``)."""
+    rows = torch.arange(grid_size[0], dtype=torch.float64, device=device) - query[0]
+    cols = torch.arange(grid_size[1], dtype=torch.float64, device=device) - query[1]
     return torch.meshgrid(rows, cols, indexing='ij')
 
 
 def _mean_shift(maps: Tensor, grid_size: Tuple[int, int], query: Optional[Tuple[int, int]] = None) -> Tensor:
-    dy, dx = _shift_grid(grid_size, query or interior_query(grid_size))
+    dy, dx = _shift_grid(grid_size, query or interior_query(grid_size), device=maps.device)
     return torch.stack([(maps * dy).sum((-2, -1)), (maps * dx).sum((-2, -1))], dim=-1)
 
 
 def mass_radius(query_map: Tensor, center: Tuple[float, float], mass: float, query: Tuple[int, int]) -> float:
     """Smallest radius ``r`` (grid units) such that the keys within distance ``r`` of ``center`` (a shift
     from ``query``) hold at least ``mass`` of the probabilities ``query_map`` (``h x w``)."""
-    dy, dx = _shift_grid(tuple(query_map.shape), query)
+    dy, dx = _shift_grid(tuple(query_map.shape), query, device=query_map.device)
     distance = ((dy - center[0]) ** 2 + (dx - center[1]) ** 2).sqrt().flatten()
     order = distance.argsort()
     cumulative = query_map.double().flatten()[order].cumsum(0)
-    index = int(torch.searchsorted(cumulative, torch.tensor([mass * float(cumulative[-1]) - 1e-12],
-                                                           dtype=torch.float64)))
-    return float(distance[order][min(index, distance.numel() - 1)])
+    index = torch.searchsorted(cumulative, mass * cumulative[-1:] - 1e-12).clamp(max=distance.numel() - 1)
+    return float(distance[order][index])
 
 
 def gaussian_contour(center: Tensor, precision: Tensor, mass: float, num_points: int = 100,
@@ -218,7 +218,7 @@ def gaussian_contour(center: Tensor, precision: Tensor, mass: float, num_points:
     scale = math.sqrt(-2.0 * math.log1p(-mass))
     eigenvalues, eigenvectors = torch.linalg.eigh(precision.double())
     semi_axes = (scale / eigenvalues.clamp(min=1e-300).sqrt()).clamp(max=max_radius)
-    angle = torch.linspace(0, 2 * math.pi, num_points, dtype=torch.float64)
+    angle = torch.linspace(0, 2 * math.pi, num_points, dtype=torch.float64, device=precision.device)
     circle = torch.stack([angle.cos(), angle.sin()], dim=0)  # 2, n
     return center.double()[None] + (eigenvectors @ (semi_axes[:, None] * circle)).T
 

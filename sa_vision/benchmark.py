@@ -11,7 +11,9 @@ Conventions
   ``h*w*(h+w)*D`` per head, generalized ``(h*w)^2*D`` per head). A training step is counted as three
   forward passes.
 * Peak memory is the peak of memory allocated *during* one step on top of what was alive before it
-  (parameters, optimizer state and the input are the baseline and are reported apart). On CUDA it is
+  (parameters, optimizer state and the input are the baseline and are reported apart). The previous
+  step's gradients are freed before the step, so every peak includes the step's own gradients, on both
+  devices. On CUDA it is
   ``torch.cuda.max_memory_allocated`` minus the allocation before the step; on CPU it is the peak total
   size of the tensor storages produced by ATen operators while the step runs, tracked by a
   ``TorchDispatchMode`` (:class:`LiveTensorMemory`). The CPU figure excludes kernel-internal scratch
@@ -22,8 +24,8 @@ Conventions
   only their ratios are meant to be quoted: the median over rounds of each round's paired ratio.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.models` (the list of models), and :mod:`sa_vision.layers`, :mod:`sa_vision.paper_reference` (the
-baseline) and the package root inside the functions that need them.
+:mod:`sa_vision.layers`, :mod:`sa_vision.paper_reference` (the baseline) and the package root (which registers
+the models) inside the functions that need them.
 """
 import contextlib
 import copy
@@ -40,13 +42,13 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
-from .models import SA_MODEL_ARGS
-
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
-    'resolve_device', 'PAPER_KINDS', 'paper_model_like',
+    'resolve_device', 'compute_dtype', 'paper_model_like',
     'Variant', 'build_variants', 'benchmark_variants', 'format_results', 'profile_train_step',
 ]
+
+DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -69,6 +71,11 @@ def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
     Counted with ``FlopCounterMode`` in eval mode without gradients (every matrix product, attention
     included; elementwise operations are not counted) and returned as ``FLOPs // 2``. A model whose
     input is not an image may be given ``input_size`` as the full shape after the batch dimension.
+    The input is made on the device and in the dtype of the model's parameters ('meta' too).
+
+    The count runs on a copy of the model: layers that keep results in eval mode (the attention
+    probabilities of :class:`~sa_vision.layers.PositionalAttention`, keyed by their parameters' storage)
+    recompute them in the copy, so every call counts a full forward pass, whatever ran before.
     """
     if isinstance(input_size, int):
         shape = _as_input_size(input_size)
@@ -79,15 +86,11 @@ def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
         device, dtype = param.device, (param.dtype if param.is_floating_point() else torch.float32)
     except StopIteration:
         device, dtype = torch.device('cpu'), torch.float32
-    was_training = model.training
-    model.eval()
-    try:
-        x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
-        counter = FlopCounterMode(display=False)
-        with torch.no_grad(), counter:
-            model(x)
-    finally:
-        model.train(was_training)
+    model = copy.deepcopy(model).eval()
+    x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(x)
     return int(counter.get_total_flops()) // 2
 
 
@@ -244,16 +247,18 @@ def _tensor_bytes(tensors) -> int:
 # ----------------------------------------------------------------------------------------------------------
 # variants
 
-# the models with a paper formulation (the attention models without content): (attention kind, heads per layer of
-# the registered configuration; None for 9 in every layer). paper_model_like takes kind and heads from the model itself.
-PAPER_KINDS = {name: (args['attn_kind'], args.get('heads_per_layer'))
-               for name, args in SA_MODEL_ARGS.items() if args['attn_kind'] != 'content'}
-
-
 def resolve_device(device=None) -> torch.device:
     if device is None or device == 'auto' or device == '':
         return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     return torch.device(device)
+
+
+def compute_dtype(precision: str = 'float32', amp: bool = False, amp_dtype: str = 'bfloat16') -> torch.dtype:
+    """The dtype a step's matrix products run in: the autocast dtype under ``amp``, else the model's ``precision``."""
+    names = amp_dtype if amp else precision
+    if names not in DTYPES:
+        raise ValueError(f'unknown dtype {names!r}; use one of {sorted(DTYPES)}')
+    return DTYPES[names]
 
 
 def _sync(device: torch.device) -> None:
@@ -264,9 +269,11 @@ def _sync(device: torch.device) -> None:
 def paper_model_like(model_name: str, model: nn.Module) -> nn.Module:
     """The paper's dense formulation (:class:`sa_vision.paper_reference.PaperDenseSA`) with ``model``'s kind,
     heads, sizes, dropout rates and weights (a copy): the same function computed the released code's way."""
-    if model_name not in PAPER_KINDS:
-        raise ValueError(f'no paper formulation for {model_name!r}; known: {sorted(PAPER_KINDS)}')
-    from sa_vision.paper_reference import PaperDenseSA
+    from sa_vision.paper_reference import PAPER_ATTENTION_KINDS, PaperDenseSA
+    kind = getattr(model, 'attn_kind', None)
+    if kind not in PAPER_ATTENTION_KINDS:
+        raise ValueError(f'no paper formulation for {model_name!r} (attention kind {kind}); the paper formulates '
+                         f'the attention kinds {PAPER_ATTENTION_KINDS}: compare a model built with one of them')
     block = model.blocks[0]
     return PaperDenseSA.from_state_dict(
         model.state_dict(), norm_eps=block.norm1.eps, proj_drop=block.proj_drop.p, attn_drop=block.attn.attn_drop)
@@ -338,9 +345,9 @@ class _Runner:
             num_classes: Optional[int] = None,
     ):
         self.variant, self.device, self.batch_size = variant, device, batch_size
-        dtype = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}[precision]
+        dtype = DTYPES[precision]
         self.amp = amp
-        self.amp_dtype = {'bfloat16': torch.bfloat16, 'float16': torch.float16}[amp_dtype]
+        self.amp_dtype = DTYPES[amp_dtype]
         mf = torch.channels_last if channels_last else torch.contiguous_format
         self.train_model = variant.model.to(device=device, dtype=dtype)
         self.infer_model = (variant.infer_model or variant.model).to(device=device, dtype=dtype)
@@ -400,6 +407,10 @@ class _Runner:
         return self.batch_size * iters / (time.perf_counter() - t0)
 
     def peak(self, fn: Callable[[], None]) -> int:
+        # the previous step's gradients go first: otherwise they are part of CUDA's 'before' and the step's own
+        # gradients (allocated after they are freed) are left out of its peak, while the CPU tracker, which
+        # ignores what existed before, counts them; freed, both count each step's own gradients
+        self.optimizer.zero_grad(set_to_none=True)
         with _peak_memory(self.device) as r:
             fn()
         return int(r['peak'])
@@ -429,8 +440,9 @@ def benchmark_variants(
     ``first / this`` images/s of the same round (``train_ratio_runs`` lists them), i.e. > 1 means the first
     is faster; ``train_mem_ratio = peak(first) / peak(this)``.
 
-    With ``matmul_size``, every round also times the ``matmul_size``^2 float32 ``torch.mm`` rate
-    (:func:`matmul_rate`), so it sees the same load as the variants; its median is ``matmul_gflops``.
+    With ``matmul_size``, every round also times the ``matmul_size``^2 ``torch.mm`` rate (:func:`matmul_rate`)
+    in the dtype the steps' products run in (:func:`compute_dtype`: bfloat16 under bfloat16 autocast), so it
+    sees the same load as the variants; its median is ``matmul_gflops``, the dtype ``matmul_dtype``.
 
     Warm-up: ``warmup`` plain steps of each kind, then one more step of each kind with peak-memory
     tracking (on CPU the dispatch-mode tracker slows that step down, so it is never timed).
@@ -439,6 +451,8 @@ def benchmark_variants(
     log = log or (lambda s: None)
     do_train, do_infer = bench in ('both', 'train'), bench in ('both', 'inference')
     runners = [_Runner(v, batch_size, input_size, device, **runner_kwargs) for v in variants]
+    matmul_dtype = compute_dtype(
+        **{k: runner_kwargs[k] for k in ('precision', 'amp', 'amp_dtype') if k in runner_kwargs})
     rows = []
     for v, r in zip(variants, runners):
         row = dict(
@@ -473,7 +487,7 @@ def benchmark_variants(
     matmul_runs = []
     for k in range(runs):
         if matmul_size:
-            matmul_runs.append(matmul_rate(matmul_size, iters=3, runs=1, device=device))
+            matmul_runs.append(matmul_rate(matmul_size, iters=3, runs=1, device=device, dtype=matmul_dtype))
         for i, (v, r) in enumerate(zip(variants, runners)):
             if do_train:
                 train_runs[i].append(r.time(r.train_step, iters))
@@ -490,6 +504,7 @@ def benchmark_variants(
     if matmul_runs:
         for row in rows:
             row['matmul_gflops'] = statistics.median(matmul_runs)
+            row['matmul_dtype'] = str(matmul_dtype).replace('torch.', '')
             row['matmul_runs'] = [round(x, 3) for x in matmul_runs]
     first = rows[0]
     for i, row in enumerate(rows[1:], start=1):
@@ -506,15 +521,24 @@ def benchmark_variants(
 
 
 def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32, 32), row_limit: int = 15,
-                       warmup: int = 1) -> str:
-    """torch.profiler table (top ops by self CPU time) of one training step after ``warmup`` steps."""
-    runner = _Runner(Variant('profile', model), batch_size, input_size, torch.device('cpu'))
-    for _ in range(warmup):
-        runner.train_step()
+                       warmup: int = 1, device=None, **runner_kwargs) -> str:
+    """torch.profiler table of one training step after ``warmup`` steps (at least one, which compiles a
+    ``torchcompile`` model), run as the timed steps run: on ``device`` with the :class:`_Runner` options
+    ``runner_kwargs`` (``precision``, ``amp``, ``amp_dtype``, ``channels_last``, ``torchcompile``). Top ops by
+    self device time on CUDA, by self CPU time otherwise."""
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    device = resolve_device(device)
+    runner = _Runner(Variant('profile', model), batch_size, input_size, device, **runner_kwargs)
+    for _ in range(max(warmup, 1 if runner_kwargs.get('torchcompile') else 0)):
         runner.train_step()
-    return prof.key_averages().table(sort_by='self_cpu_time_total', row_limit=row_limit)
+    activities = [ProfilerActivity.CPU]
+    if device.type == 'cuda':
+        activities.append(ProfilerActivity.CUDA)
+    with profile(activities=activities) as prof:
+        runner.train_step()
+        _sync(device)
+    sort_by = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
+    return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -107,19 +107,12 @@ def check_publish_target(label: WeightsLabel, repo_id: str) -> None:
 # model cards
 
 def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
-    """Parameters and multiply-accumulates of one ``3 x img_size x img_size`` image, attention included.
-
-    Counted with ``torch.utils.flop_counter.FlopCounterMode`` (every matmul, attention sums too); MACs = FLOPs / 2.
-    """
-    from torch.utils.flop_counter import FlopCounterMode
-    was_training = model.training
-    model.eval()
-    x = torch.zeros(1, model.in_chans if hasattr(model, 'in_chans') else 3, img_size, img_size)
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(x)
-    model.train(was_training)
-    return {'params': sum(p.numel() for p in model.parameters()), 'macs': counter.get_total_flops() // 2}
+    """Parameters and multiply-accumulates of one ``in_chans x img_size x img_size`` image, attention included,
+    counted by :func:`sa_vision.benchmark.count_macs` (on the model's device)."""
+    from .benchmark import count_macs
+    in_chans = getattr(model, 'in_chans', 3)
+    return {'params': sum(p.numel() for p in model.parameters()),
+            'macs': count_macs(model, (in_chans, img_size, img_size))}
 
 
 _ATTENTION_FORMULAS = {

@@ -7,7 +7,7 @@ arguments override the recipe. Offline quick start (digits from scikit-learn, a 
 
     python scripts/train.py -c scripts/configs/sa_quadratic_cifar_digits.yaml --export
 
-CIFAR-10 with the paper's recipe (GPU: CUDA, bf16 autocast and channels-last are used automatically):
+CIFAR-10 with the paper's recipe (GPU: CUDA and bf16 autocast are used automatically, channels-last for convolutional models):
 
     python scripts/train.py -c scripts/configs/sa_quadratic_cifar.yaml --data-dir data --dataset-download
 
@@ -46,7 +46,7 @@ import timm
 from timm.loss import LabelSmoothingCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.utils import AverageMeter, ParseKwargs, dispatch_clip_grad, update_summary
+from timm.utils import ParseKwargs, dispatch_clip_grad, update_summary
 
 from . import models  # noqa: F401  registers the models
 from .checkpoint import (
@@ -131,8 +131,16 @@ group.add_argument('--amp', action=argparse.BooleanOptionalAction, default=None,
 group.add_argument('--amp-dtype', default='bfloat16', type=str,
                    help="'bfloat16' (default) or 'float16' (with a gradient scaler)")
 group.add_argument('--channels-last', action=argparse.BooleanOptionalAction, default=None,
-                   help='channels-last memory layout (default: on with CUDA)')
-group.add_argument('--pin-mem', action='store_true', default=False)
+                   help='channels-last memory layout (default: on with CUDA for models with real convolutions, '
+                        'such as resnet18_cifar; see uses_channels_last)')
+group.add_argument('--pin-mem', action=argparse.BooleanOptionalAction, default=None,
+                   help='page-locked loader memory for faster host-to-device copies (default: on with CUDA)')
+group.add_argument('--cudnn-benchmark', action='store_true', default=False,
+                   help='let cuDNN time its convolution algorithms and keep the fastest: faster on CUDA, but the '
+                        'choice may differ between processes, so a resumed run is no longer bit-exact')
+group.add_argument('--tf32', action='store_true', default=False,
+                   help='TensorFloat-32 float32 matrix products and convolutions on CUDA (Ampere and later): '
+                        'faster, with a 10-bit mantissa in the products (default: off, full float32)')
 group.add_argument('-j', '--workers', type=int, default=4, metavar='N', help='data loading processes')
 
 group = parser.add_argument_group('Miscellaneous parameters')
@@ -186,7 +194,33 @@ def _init_distributed(args):
         dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
     on_cuda = torch.device(device).type == 'cuda'
     args.amp = on_cuda if args.amp is None else args.amp
-    args.channels_last = on_cuda if args.channels_last is None else args.channels_last
+    args.pin_mem = on_cuda if args.pin_mem is None else args.pin_mem
+
+
+def configure_backends(args) -> None:
+    """Set the process-wide cuDNN / TF32 switches from ``args``: all off unless asked for.
+
+    ``cudnn.benchmark`` picks convolution algorithms by timing them, so two processes (a run and its resume)
+    may compute with different algorithms and round differently; off, a resumed run repeats an uninterrupted
+    one bit for bit. PyTorch allows TF32 convolutions by default; they are switched off with TF32 matmuls
+    unless ``--tf32`` is given, so float32 means float32.
+    """
+    torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
+    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+
+
+def uses_channels_last(model: nn.Module, device) -> bool:
+    """Default of ``--channels-last``: on CUDA, for models with a real convolution.
+
+    cuDNN's fastest convolution kernels read channels-last tensors, so a convolutional network gains. A
+    convolution whose kernel equals its stride (the 2x2 patch embedding of the SA models, a ViT's patch
+    embedding) is a Linear layer per patch: a model with no other convolution has nothing to gain and
+    pays for the layout copies.
+    """
+    if torch.device(device).type != 'cuda':
+        return False
+    return any(isinstance(m, nn.Conv2d) and tuple(m.kernel_size) != tuple(m.stride) for m in model.modules())
 
 
 def _seed_epoch(seed: int, epoch: int, rank: int):
@@ -216,7 +250,11 @@ def _duration(seconds: float) -> str:
 def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
                     loss_scaler=None, num_epochs=None):
     model.train()
-    losses = AverageMeter()
+    # the running loss stays on the device (sum of loss x images, images): reading it is a host sync, which
+    # stalls the GPU's queue, so it is read only for the log lines
+    loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
+    loss_count = torch.zeros((), dtype=torch.float64, device=args.device)
+    loss_avg = float('nan')
     start = batch_start = time.time()
     num_batches = len(loader)
     seen = 0
@@ -243,10 +281,13 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         num_updates += 1
         if lr_scheduler is not None:
             lr_scheduler.step_update(num_updates=num_updates)
-        losses.update(loss.item(), images.size(0))
+        loss = loss.detach()
+        loss_sum += loss.double() * images.size(0)
+        loss_count += images.size(0)
         seen += images.size(0)
         last = batch_idx == num_batches - 1
         if last or (batch_idx + 1) % args.log_interval == 0:
+            loss_val, loss_avg = torch.stack([loss.double(), loss_sum / loss_count]).tolist()  # the one host sync
             lr = optimizer.param_groups[0]['lr']
             now = time.time()
             rate = seen * args.world_size / max(now - batch_start, 1e-9)
@@ -255,10 +296,10 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
             eta = (now - start) / (batch_idx + 1) * batches_left
             _log(args,
                  f'Train: {epoch} [{batch_idx + 1:>4d}/{num_batches} ({100. * (batch_idx + 1) / num_batches:>3.0f}%)]  '
-                 f'Loss: {losses.val:#.3g} ({losses.avg:#.3g})  LR: {lr:.3e}  {rate:>7.1f} img/s  '
+                 f'Loss: {loss_val:#.3g} ({loss_avg:#.3g})  LR: {lr:.3e}  {rate:>7.1f} img/s  '
                  f'ETA {_duration(eta)}')
             batch_start, seen = time.time(), 0
-    return {'loss': losses.avg, 'lr': optimizer.param_groups[0]['lr'], 'time': time.time() - start}, num_updates
+    return {'loss': loss_avg, 'lr': optimizer.param_groups[0]['lr'], 'time': time.time() - start}, num_updates
 
 
 def main(argv=None):
@@ -267,7 +308,7 @@ def main(argv=None):
     _init_distributed(args)
     for module in args.device_modules or ():
         importlib.import_module(module)
-    torch.backends.cudnn.benchmark = torch.device(args.device).type == 'cuda'
+    configure_backends(args)
 
     resume_ckpt, initial = None, None
     if args.resume:
@@ -308,6 +349,8 @@ def main(argv=None):
     img_size = data_cfg['input_size'][-1]
     norm = normalization(args.dataset, data_cfg)
 
+    if args.channels_last is None:
+        args.channels_last = uses_channels_last(model, args.device)
     model.to(args.device)
     if args.channels_last:
         model.to(memory_format=torch.channels_last)

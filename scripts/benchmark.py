@@ -14,27 +14,15 @@ formulation (sa_vision.paper_reference, part of the package).
 All measuring code lives in sa_vision.benchmark; this file is the command line only.
 """
 import argparse
-import ast
 import os
 import sys
 
 import torch
+from timm.utils import ParseKwargs
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sa_vision import benchmark as sab  # noqa: E402
-
-
-class ParseKwargs(argparse.Action):
-    def __call__(self, parser, namespace, values, option_string=None):
-        kw = {}
-        for value in values:
-            key, value = value.split('=', 1)
-            try:
-                kw[key] = ast.literal_eval(value)
-            except (ValueError, SyntaxError):
-                kw[key] = value
-        setattr(namespace, self.dest, kw)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,11 +58,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='', help='comma list of variants to time against: dense, paper')
     p.add_argument('--matmul-peak', action='store_true',
-                   help='time the float32 torch.mm rate (GFLOP/s) in every round, alternately with the models, and '
-                        'report training throughput (3x forward unavoidable MACs) as a fraction of it')
+                   help='time the torch.mm rate (GFLOP/s) in every round, alternately with the models, in the dtype '
+                        'the models compute in (the --amp-dtype with --amp, else --precision), and report training '
+                        'throughput (3x forward unavoidable MACs) as a fraction of it')
     p.add_argument('--matmul-size', type=int, default=2048)
     p.add_argument('--profile', action='store_true',
-                   help='print a torch.profiler table (top ops by self CPU time) of one training step per model')
+                   help='print a torch.profiler table of one training step per model as configured (device, '
+                        'precision, --amp, --channels-last, --torchcompile): top ops by self device time on CUDA, '
+                        'by self CPU time on the CPU')
     p.add_argument('--results-file', default='', help='write results here (format from --results-format)')
     p.add_argument('--results-format', default='table', choices=('table', 'csv', 'json'))
     p.add_argument('--quiet', action='store_true')
@@ -101,6 +92,10 @@ def main(argv=None) -> int:
 
     device = sab.resolve_device(args.device)
 
+    # how every step runs: the timed ones and the profiled one
+    step_kwargs = dict(precision=args.precision, amp=args.amp, amp_dtype=args.amp_dtype,
+                       channels_last=args.channels_last, torchcompile=args.torchcompile)
+
     all_rows = []
     for name in models:
         variants = sab.build_variants(name, compare, fuse=args.fuse, **model_kwargs)
@@ -108,9 +103,7 @@ def main(argv=None) -> int:
             variants, batch_size=args.batch_size, input_size=input_size, device=device, bench=args.bench,
             warmup=args.num_warm_iter, runs=args.runs, iters=args.num_bench_iter,
             measure_memory=not args.no_memory, log=log,
-            matmul_size=args.matmul_size if args.matmul_peak else None,
-            precision=args.precision, amp=args.amp, amp_dtype=args.amp_dtype,
-            channels_last=args.channels_last, torchcompile=args.torchcompile,
+            matmul_size=args.matmul_size if args.matmul_peak else None, **step_kwargs,
         )
         for v, row in zip(variants, rows):
             row['flush_denormal'] = args.flush_denormal
@@ -122,8 +115,11 @@ def main(argv=None) -> int:
                     row['matmul_fraction'] = gflops / row['matmul_gflops']
         all_rows.extend(rows)
         if args.profile:
-            print(f'## profile: one training step of {name}, batch {args.batch_size}')
-            print(sab.profile_train_step(variants[0].model, args.batch_size, input_size))
+            print(f'## profile: one training step of {name}, batch {args.batch_size}, {device}, '
+                  f'{args.amp_dtype + " autocast" if args.amp else args.precision}'
+                  f'{", compiled" if args.torchcompile else ""}')
+            print(sab.profile_train_step(variants[0].model, args.batch_size, input_size, device=device,
+                                         **step_kwargs))
 
     text = sab.format_results(all_rows, args.results_format)
     print(text)

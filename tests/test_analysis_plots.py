@@ -205,3 +205,23 @@ def test_plot_script_on_random_init(tmp_path):
          '--table', str(tmp_path / 'heads.csv')], check=True, capture_output=True, text=True)
     assert out.stat().st_size > 10_000 and 'wrote' in result.stdout
     assert (tmp_path / 'heads.csv').read_text().count('\n') == 1 + 54
+
+
+class _MetaScalars(torch.utils._python_dispatch.TorchDispatchMode):
+    """Answers reads of a value of a 'meta' tensor with 0, so a function that ends in ``float(...)`` runs to its
+    end on 'meta' (the stand-in for a device other than the CPU) and shows whether it mixes in CPU tensors."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default and args[0].device.type == 'meta':
+            return 0
+        return func(*args, **(kwargs or {}))
+
+
+def test_helpers_compute_on_the_device_of_their_input():
+    from sa_vision.analysis import _mean_shift, mass_radius
+    contour = gaussian_contour(torch.tensor([1., 2.], device='meta'), torch.eye(2, device='meta') * 4, 0.9)
+    assert contour.device.type == 'meta' and contour.shape == (100, 2)
+    maps = torch.full((3, 5, 5), 1 / 25, device='meta')
+    assert _mean_shift(maps, (5, 5)).device.type == 'meta'
+    with _MetaScalars():
+        assert mass_radius(maps[0], (0., 0.), 0.5, (2, 2)) == 0.

@@ -52,6 +52,26 @@ def test_count_macs_tiny_sa_model():
     assert model.training  # count_macs restores the mode
 
 
+def test_count_macs_counts_a_full_pass_whatever_ran_before():
+    # the learned kind computes its key maps on the shift tables in every pass; in eval mode without autograd
+    # the layer keeps the probabilities of the last pass, which must not make a later count smaller
+    learned = SEPARABLE_MACS + (GH * GH + GW * GW) * D * HEADS
+    model = timm.create_model('sa_learned_cifar', **TINY).eval()
+    assert sab.count_macs(model, (3, 8, 8)) == learned
+    with torch.no_grad():
+        model(torch.zeros(1, 3, 8, 8))
+    assert sab.count_macs(model, (3, 8, 8)) == learned
+    assert sab.count_macs(model, (3, 8, 8)) == learned
+
+
+def test_hub_counts_with_the_one_counter_on_the_model_device():
+    from sa_vision.hub import count_params_and_macs
+    with torch.device('meta'):  # 'meta' stands in for a device other than the CPU (a CUDA model)
+        model = timm.create_model('sa_quadratic_cifar', **TINY)
+    params = sum(p.numel() for p in timm.create_model('sa_quadratic_cifar', **TINY).parameters())
+    assert count_params_and_macs(model, img_size=8) == {'params': params, 'macs': SEPARABLE_MACS}
+
+
 def test_unavoidable_macs():
     for name, attn in (('sa_quadratic_cifar', SEPARABLE_MACS), ('sa_gen_cifar', DENSE_MACS)):
         assert sab.unavoidable_macs(timm.create_model(name, **TINY), (3, 8, 8)) == attn
@@ -184,8 +204,25 @@ def test_cli_compare_paper_runs_in_a_clone_without_shared(tmp_path):
     assert ours['macs'] == SEPARABLE_MACS and paper['train_ratio'] > 0 and paper['infer_ratio'] > 0
 
 
-def test_paper_kinds_and_package_independence():
-    assert sab.PAPER_KINDS['sa_gen_pruned'] == ('generalized', (7, 5, 8, 7, 3, 9))
+def test_paper_variant_takes_kind_and_heads_from_the_model():
+    from sa_vision.paper import PRUNED_HEADS_PER_LAYER
+    small = dict(embed_dim=8, mlp_hidden_dim=16)  # the registered heads per layer
+    for name, kind in (('sa_quadratic_cifar', 'quadratic'), ('sa_gen_pruned', 'generalized'),
+                       ('sa_learned_cifar', 'learned')):
+        model, paper = [v.model for v in sab.build_variants(name, ['paper'], **small)]
+        assert paper.kind == kind and paper.heads_per_layer == tuple(model.heads_per_layer)
+    assert paper.heads_per_layer == (9,) * 6
+    pruned = sab.build_variants('sa_gen_pruned', ['paper'], **small)[1].model
+    assert pruned.heads_per_layer == PRUNED_HEADS_PER_LAYER
+    # by kind, not by name: a quadratic model built with generalized attention is compared as generalized
+    assert sab.build_variants('sa_quadratic_cifar', ['paper'], attn_kind='generalized', **TINY)[1].model.kind == \
+        'generalized'
+    for name in ('resnet18_cifar', 'sa_content_cifar'):
+        with pytest.raises(ValueError, match='no paper formulation'):
+            sab.paper_model_like(name, timm.create_model(name, **(TINY if name.startswith('sa_') else {})))
+
+
+def test_package_independence():
     for root, _, files in os.walk(os.path.join(REPO, 'sa_vision')):
         for f in files:
             if f.endswith('.py'):
@@ -193,3 +230,67 @@ def test_paper_kinds_and_package_independence():
                     text = fh.read()
                 assert 'import paper_dense' not in text and 'paper_dense.py' not in text, f
                 assert "'shared'" not in text and '../shared' not in text, f  # no path beside the checkout
+
+
+def test_step_dtype_and_matmul_rate_dtype(monkeypatch):
+    assert sab.compute_dtype('float32', amp=True, amp_dtype='bfloat16') == torch.bfloat16
+    assert sab.compute_dtype('float32', amp=False, amp_dtype='bfloat16') == torch.float32
+    assert sab.compute_dtype('float16') == torch.float16
+    timed = []
+    monkeypatch.setattr(sab, 'matmul_rate', lambda *a, dtype=torch.float32, **k: timed.append(dtype) or 1.0)
+    variants = sab.build_variants('sa_quadratic_cifar', **TINY)
+    (row,) = sab.benchmark_variants(variants, batch_size=2, input_size=(3, 8, 8), device='cpu', warmup=0, runs=2,
+                                    measure_memory=False, matmul_size=64, amp=True, amp_dtype='bfloat16')
+    assert timed == [torch.bfloat16] * 2 and row['matmul_dtype'] == 'bfloat16'
+
+
+def test_peak_memory_step_starts_without_the_previous_gradients():
+    runner = sab._Runner(sab.Variant('m', nn.Sequential(nn.Flatten(), nn.Linear(12, 10))), 4, (3, 2, 2),
+                         torch.device('cpu'))
+    runner.train_step()
+    grads_at_start = []
+    runner.peak(lambda: grads_at_start.extend(p.grad for p in runner.train_model.parameters()))
+    assert grads_at_start == [None, None]
+    # the step's own gradients are in its peak: at least the parameters' size again (CPU tracker)
+    params_bytes = sum(p.numel() * p.element_size() for p in runner.train_model.parameters())
+    assert runner.peak(runner.train_step) >= params_bytes
+
+
+class _StepRecorder(nn.Module):
+    """Records how its forward runs: input dtype and layout, autocast dtype, whether under torch.compile."""
+
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(12, 10)
+        self.calls = []
+
+    def forward(self, x):
+        autocast = torch.get_autocast_dtype('cpu') if torch.is_autocast_enabled('cpu') else None
+        self.calls.append((x.dtype, x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
+                           autocast, torch.compiler.is_compiling()))
+        return self.head(x.flatten(1))
+
+
+def test_profile_runs_the_configured_step():
+    recorder = _StepRecorder()
+    table = sab.profile_train_step(recorder, 4, (3, 2, 2), device='cpu', warmup=0, amp=True, amp_dtype='bfloat16',
+                                   channels_last=True)
+    assert 'Self CPU' in table
+    assert recorder.calls == [(torch.float32, True, torch.bfloat16, False)]
+    recorder = _StepRecorder()
+    sab.profile_train_step(recorder, 4, (3, 2, 2), device='cpu', warmup=0, precision='bfloat16',
+                           torchcompile='eager')
+    assert recorder.calls[-1] == (torch.bfloat16, False, None, True)
+
+
+def test_cli_profiles_the_configured_step(monkeypatch, capsys):
+    cli = _load_cli()
+    profiled = []
+    monkeypatch.setattr(sab, 'profile_train_step', lambda model, *args, **kwargs: profiled.append(kwargs) or 'TABLE')
+    argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2', '--runs', '0',
+            '--num-warm-iter', '0', '--no-memory', '--profile', '--device', 'cpu', '--amp', '--channels-last',
+            '--quiet']
+    assert cli.main(argv) == 0
+    assert profiled == [dict(device=torch.device('cpu'), precision='float32', amp=True, amp_dtype='bfloat16',
+                             channels_last=True, torchcompile=None)]
+    assert 'bfloat16 autocast' in capsys.readouterr().out

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from sa_vision.theory import attention_from_conv, min_hard_attention_alpha, off_center_mass
+from sa_vision.theory import attention_from_conv, exact_float32, min_hard_attention_alpha, off_center_mass
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 
@@ -22,7 +22,7 @@ def test_padded_matches_conv_everywhere(dtype, in_chans, out_chans, kernel, dila
     conv = nn.Conv2d(in_chans, out_chans, kernel, padding=kernel // 2 * dilation, dilation=dilation).to(dtype)
     x = torch.randn(2, in_chans, 13, 10, dtype=dtype)
     layer = attention_from_conv(conv)
-    with torch.no_grad():
+    with torch.no_grad(), exact_float32():  # TF32 convolutions on a GPU would differ by ~1e-3
         ref, out = conv(x), layer(x)
     assert out.shape == ref.shape and out.dtype == dtype
     assert relative_error(out, ref) <= TOLERANCE[dtype]
@@ -37,7 +37,7 @@ def test_unpadded_matches_conv_away_from_borders(dtype, kernel, dilation):
     layer = attention_from_conv(conv)
     assert not layer.pad
     r = kernel // 2 * dilation
-    with torch.no_grad():
+    with torch.no_grad(), exact_float32():
         ref, out = conv(x), layer(x)
     assert out.shape[-2:] == x.shape[-2:]
     assert relative_error(out[..., r:-r, r:-r], ref) <= TOLERANCE[dtype]
@@ -49,7 +49,7 @@ def test_unpadded_matches_conv_away_from_borders(dtype, kernel, dilation):
 def test_same_padding_string_and_pad_false_on_padded_conv():
     conv = nn.Conv2d(4, 4, 3, padding='same').double()
     x = torch.randn(1, 4, 9, 9, dtype=torch.float64)
-    with torch.no_grad():
+    with torch.no_grad(), exact_float32():
         assert relative_error(attention_from_conv(conv)(x), conv(x)) <= 1e-10
         interior = attention_from_conv(conv, pad=False)(x)[..., 1:-1, 1:-1]
         assert relative_error(interior, conv(x)[..., 1:-1, 1:-1]) <= 1e-10
@@ -106,7 +106,7 @@ def test_min_alpha_is_enough_in_float64():
     conv = nn.Conv2d(8, 8, 3, padding=1).double()
     x = torch.rand(2, 8, 10, 10, dtype=torch.float64) + 1  # positive, no cancellation in the error bound
     layer = attention_from_conv(conv, alpha=min_hard_attention_alpha(torch.float64, 3))
-    with torch.no_grad():
+    with torch.no_grad(), exact_float32():
         assert relative_error(layer(x), conv(x)) <= 1e-10
         # a soft alpha is visibly wrong: the theorem needs hard attention
         assert relative_error(attention_from_conv(conv, alpha=2.)(x), conv(x)) > 1e-3
@@ -115,7 +115,38 @@ def test_min_alpha_is_enough_in_float64():
 def test_large_alpha_float32_stays_finite():
     conv = nn.Conv2d(3, 3, 3, padding=1)
     x = torch.randn(1, 3, 40, 40)
-    with torch.no_grad():
+    with torch.no_grad(), exact_float32():
         out = attention_from_conv(conv, alpha=1e4)(x)
         assert torch.isfinite(out).all()
         assert relative_error(out, conv(x)) <= 1e-5
+
+
+def test_exact_float32_switches_tf32_off_and_restores():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:
+        for before in ((True, True), (False, True), (True, False)):
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
+            with exact_float32():
+                assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == (False, False)
+            assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+        with pytest.raises(KeyError):
+            with exact_float32():
+                raise KeyError('inside')
+        assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == before
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='TF32 exists on CUDA GPUs only')
+def test_float32_equality_on_cuda_under_exact_float32():
+    torch.manual_seed(0)
+    conv = nn.Conv2d(16, 32, 3, padding=1).cuda()
+    x = torch.randn(2, 16, 32, 32, device='cuda')
+    layer = attention_from_conv(conv)
+    saved = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default
+    try:
+        with torch.no_grad(), exact_float32():
+            assert relative_error(layer(x), conv(x)) <= TOLERANCE[torch.float32]
+    finally:
+        torch.backends.cudnn.allow_tf32 = saved

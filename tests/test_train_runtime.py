@@ -1,0 +1,129 @@
+""" The training loop's runtime behaviour without a GPU: host syncs, device-dependent defaults, backend switches """
+import argparse
+import copy
+import logging
+import re
+from contextlib import nullcontext
+
+import pytest
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sa_vision import training
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the reads of tensor values to the host (``item``, ``float``, ``bool``: ``_local_scalar_dense``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def count_host_reads(monkeypatch):
+    """A ``HostReads`` that also counts ``Tensor.tolist`` (it copies the values without an ATen operator)."""
+    reads = HostReads()
+    tolist = torch.Tensor.tolist
+
+    def counted_tolist(self):
+        reads.count += 1
+        return tolist(self)
+    monkeypatch.setattr(torch.Tensor, 'tolist', counted_tolist)
+    return reads
+
+
+def _epoch_args(log_interval):
+    return argparse.Namespace(device='cpu', channels_last=False, clip_grad=None, log_interval=log_interval,
+                              world_size=1, rank=0)
+
+
+def _toy_problem(steps=8, batch=4):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 5))
+    loader = [(torch.randn(batch, 3, 2, 2), torch.randint(0, 5, (batch,))) for _ in range(steps)]
+    return model, loader
+
+
+def test_train_epoch_reads_the_loss_only_at_log_lines(count_host_reads, caplog):
+    steps, log_interval = 8, 3  # log lines after steps 3, 6 and 8 (the last)
+    model, loader = _toy_problem(steps)
+    reference_model = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with caplog.at_level(logging.INFO, logger='train'), count_host_reads:
+        metrics, num_updates = training.train_one_epoch(
+            0, model, loader, optimizer, nn.CrossEntropyLoss(), None, _epoch_args(log_interval), 0, nullcontext)
+    assert num_updates == steps
+    assert 1 <= count_host_reads.count <= 3, f'{count_host_reads.count} host reads in {steps} steps'
+
+    # the same epoch as a plain loop: the logged losses and the mean are unchanged
+    reference_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1)
+    losses = []
+    for images, targets in loader:
+        loss = nn.functional.cross_entropy(reference_model(images), targets)
+        reference_opt.zero_grad()
+        loss.backward()
+        reference_opt.step()
+        losses.append(loss.item())
+    assert metrics['loss'] == pytest.approx(sum(losses) / steps, rel=1e-6)
+    logged = [tuple(map(float, m.groups())) for m in re.finditer(r'Loss: (\S+) \((\S+)\)', caplog.text)]
+    expected = [(losses[i - 1], sum(losses[:i]) / i) for i in (3, 6, 8)]
+    assert logged == [pytest.approx(e, abs=0.0051) for e in expected]  # the log prints 3 digits
+
+
+def test_pin_memory_defaults_to_on_with_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)  # no GPU needed to resolve the defaults
+    for device, explicit, expected in (('cuda', None, True), ('cpu', None, False), ('cuda', False, False),
+                                       ('cpu', True, True)):
+        args = argparse.Namespace(device=device, amp=None, pin_mem=explicit)
+        training._init_distributed(args)
+        assert args.pin_mem is expected, (device, explicit)
+    args, _ = training._parse_args([])
+    assert args.pin_mem is None and training._parse_args(['--no-pin-mem'])[0].pin_mem is False
+
+
+def test_channels_last_default_follows_the_model_convolutions():
+    import timm
+    import sa_vision  # noqa: F401
+    resnet = timm.create_model('resnet18_cifar')
+    sa_model = timm.create_model('sa_quadratic_cifar', embed_dim=8, depth=1, heads_per_layer=2, mlp_hidden_dim=16)
+    assert training.uses_channels_last(resnet, 'cuda')
+    assert training.uses_channels_last(resnet, torch.device('cuda:1'))
+    assert not training.uses_channels_last(resnet, 'cpu')
+    # the SA models' only convolution is the 2x2 patch embedding (kernel = stride), a Linear per patch
+    assert not training.uses_channels_last(sa_model, 'cuda')
+    assert training.uses_channels_last(nn.Conv2d(3, 3, 1, stride=2), 'cuda')  # a strided 1x1 does subsample
+    assert not training.uses_channels_last(nn.Linear(3, 3), 'cuda')
+
+
+@pytest.fixture
+def restore_backend_flags():
+    flags = (torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    yield
+    torch.backends.cudnn.benchmark, torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = flags
+
+
+def test_backends_are_exact_unless_asked(restore_backend_flags):
+    torch.backends.cudnn.benchmark = torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
+    args, _ = training._parse_args(['--device', 'cuda'])
+    training.configure_backends(args)
+    assert not torch.backends.cudnn.benchmark
+    assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
+    args, _ = training._parse_args(['--cudnn-benchmark', '--tf32'])
+    training.configure_backends(args)
+    assert torch.backends.cudnn.benchmark
+    assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+
+
+def test_evaluation_reads_its_totals_once(count_host_reads):
+    from sa_vision.evaluation import evaluate
+    model, loader = _toy_problem(steps=5)
+    with count_host_reads:
+        metrics = evaluate(model, loader, 'cpu')
+    assert count_host_reads.count == 1 and metrics['num_images'] == 20
