@@ -5,13 +5,18 @@ https://arxiv.org/abs/1911.03584
 
 Every head attends over the raw input ``X`` (head dimension = embedding dimension) and the heads are
 concatenated, so a layer maps ``B x h x w x D`` to ``B x h x w x (heads * D)``. The kind of attention is
-chosen by an argument; each kind is a small module that owns its parameters and turns the relative shift
-``delta = key - query`` (in grid units) into scores:
+chosen by an argument; each kind is a small module of :mod:`sa_vision.layers.scores` that owns its
+parameters and turns the relative shift ``delta = key - query`` (in grid units) into scores:
 
 * ``quadratic``   isotropic Gaussian, ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``
 * ``generalized`` non-isotropic Gaussian, ``A_h(delta) = -1/2 (delta - mu_h)^T S_h S_h^T (delta - mu_h)``
 * ``learned``     relative row / column tables, ``A_h(delta) = k_v(E_v[delta_1])_h + k_u(E_u[delta_2])_h``
 * ``content``     ``learned`` plus query/key content scores ``q_h . k_h / sqrt(D)`` (depends on ``X``)
+
+This file holds the layer (:class:`PositionalAttention`), the Value over the stacked heads
+(:class:`HeadsLinear`) and the choice of how attention + Value run (:func:`attend_then_project`); the
+hand-written per-head kernels are in :mod:`sa_vision.layers.fused`. It imports only torch, timm and the
+other modules of :mod:`sa_vision.layers`, never :mod:`sa_vision.models` or the tools.
 
 How it is computed (SPEC 3.5). The first three kinds are content-free: their probabilities do not depend
 on ``X``, so they are computed once per forward with no batch dimension and applied to the whole batch.
@@ -35,7 +40,7 @@ the input and draws an ordinary per-sample mask.
 """
 import contextlib
 import math
-from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -44,159 +49,16 @@ from torch import Tensor, nn
 from timm.layers import register_notrace_module
 
 from .autocast import autocast_inputs
-from .tracing import is_capturing, refuse_capture
+from .fused import _AttendThenProject, _HeadsLinearFunction
+from .scores import ContentScores, GeneralizedScores, LearnedScores, QuadraticScores
+from .tracing import is_capturing
 
 __all__ = [
-    'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'QuadraticScores', 'GeneralizedScores',
-    'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts', 'dense_attention', 'apply_mixing',
-    'attend_then_project', 'drop_negligible',
+    'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'dense_attention', 'apply_mixing',
+    'attend_then_project', 'drop_negligible', 'negligible_below',
 ]
 
 ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
-
-
-def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``shifts[q, k] = k - q`` along one axis of ``size`` positions, ``(size, size)``."""
-    positions = torch.arange(size, device=device, dtype=dtype)
-    return positions[None, :] - positions[:, None]
-
-
-def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``shifts[q, k] = (row_k - row_q, col_k - col_q)`` for row-major grid positions, ``(h*w, h*w, 2)``."""
-    # row and column of every position, written as broadcasts (repeat_interleave with a symbolic size
-    # exports to a wrong ONNX graph)
-    rows = torch.arange(grid_h, device=device, dtype=dtype)[:, None].expand(grid_h, grid_w).reshape(-1)
-    cols = torch.arange(grid_w, device=device, dtype=dtype)[None, :].expand(grid_h, grid_w).reshape(-1)
-    return torch.stack([rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]], dim=-1)
-
-
-class QuadraticScores(nn.Module):
-    """Isotropic Gaussian scores: a centre ``mu_h`` (row, col) and a spread ``s_h`` per head.
-
-    ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``; the paper's ``alpha_h = s_h^2 / 2`` (positive by
-    squaring) and ``Delta_h = mu_h``. Separable: the row and column terms are returned apart.
-    """
-    separable: bool = True
-
-    def __init__(self, num_heads: int, device=None, dtype=None):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.num_heads = num_heads
-        self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
-        self.spreads = nn.Parameter(torch.empty(num_heads, **dd))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.centers, std=2.0)
-        nn.init.normal_(self.spreads, mean=1.0, std=0.01)
-
-    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
-        """Row scores ``(heads, h, h)`` and column scores ``(heads, w, w)``, indexed ``[head, query, key]``."""
-        alpha = (0.5 * self.spreads ** 2)[:, None, None]
-        dy = relative_shifts(grid_h, self.centers.device, self.centers.dtype)
-        dx = relative_shifts(grid_w, self.centers.device, self.centers.dtype)
-        row = -alpha * (dy[None] - self.centers[:, 0, None, None]) ** 2
-        col = -alpha * (dx[None] - self.centers[:, 1, None, None]) ** 2
-        return row, col
-
-    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
-        """Scores over the whole grid, ``(heads, h*w, h*w)`` indexed ``[head, query, key]``."""
-        shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
-        offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
-        return -(0.5 * self.spreads ** 2)[:, None, None] * (offsets ** 2).sum(-1)
-
-
-class GeneralizedScores(nn.Module):
-    """Non-isotropic Gaussian scores: a centre ``mu_h`` and a 2x2 matrix ``S_h`` (Sigma^-1/2) per head.
-
-    ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)`` with ``M_h = S_h S_h^T`` (positive
-    semi-definite by construction). The cross term makes it non-separable.
-    """
-    separable: bool = False
-
-    def __init__(self, num_heads: int, device=None, dtype=None):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.num_heads = num_heads
-        self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
-        self.spreads = nn.Parameter(torch.empty(num_heads, 2, 2, **dd))
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
-        nn.init.normal_(self.centers, std=2.0)
-        with torch.no_grad():
-            nn.init.normal_(self.spreads, std=0.01)
-            self.spreads.add_(torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype))
-
-    def precisions(self) -> Tensor:
-        """``M_h = S_h S_h^T``, ``(heads, 2, 2)``."""
-        return self.spreads @ self.spreads.transpose(-1, -2)
-
-    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
-        raise RuntimeError('generalized (non-isotropic) Gaussian scores are not separable')
-
-    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
-        shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
-        offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
-        precisions = self.precisions()
-        # quadratic form offsets^T M offsets, written out for the symmetric 2x2 M
-        dy, dx = offsets[..., 0], offsets[..., 1]
-        m_yy = precisions[:, 0, 0, None, None]
-        m_xx = precisions[:, 1, 1, None, None]
-        m_yx = precisions[:, 0, 1, None, None]
-        return -0.5 * (m_yy * dy * dy + 2.0 * m_yx * dy * dx + m_xx * dx * dx)
-
-
-class LearnedScores(nn.Module):
-    """Learned relative-position scores, no content: one table per axis and a key map per axis.
-
-    ``A_h(delta) = k_v(E_v[delta_row])_h + k_u(E_u[delta_col])_h``; shifts beyond ``max_shift`` are
-    clipped, so any grid size works. Separable: the row and column terms are returned apart.
-    """
-    separable: bool = True
-
-    def __init__(self, dim: int, num_heads: int, max_shift: int = 15, device=None, dtype=None):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.num_heads = num_heads
-        self.max_shift = max_shift
-        self.row_shift_embed = nn.Embedding(2 * max_shift + 1, dim, **dd)
-        self.col_shift_embed = nn.Embedding(2 * max_shift + 1, dim, **dd)
-        self.row_keys = nn.Linear(dim, num_heads, bias=False, **dd)
-        self.col_keys = nn.Linear(dim, num_heads, bias=False, **dd)
-
-    def _table_index(self, size: int) -> Tensor:
-        shifts = relative_shifts(size, self.row_shift_embed.weight.device, torch.float32).long()
-        return shifts.clamp(-self.max_shift, self.max_shift) + self.max_shift
-
-    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
-        row = self.row_keys(self.row_shift_embed(self._table_index(grid_h)))  # h, h, heads
-        col = self.col_keys(self.col_shift_embed(self._table_index(grid_w)))  # w, w, heads
-        return row.permute(2, 0, 1), col.permute(2, 0, 1)
-
-    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
-        row, col = self.axis_scores(grid_h, grid_w)
-        # scores[n, (i, j), (k, l)] = row[n, i, k] + col[n, j, l]
-        scores = row[:, :, None, :, None] + col[:, None, :, None, :]
-        return scores.reshape(self.num_heads, grid_h * grid_w, grid_h * grid_w)
-
-
-class ContentScores(nn.Module):
-    """Query/key content scores ``q_h . k_h / sqrt(D)`` with ``q = X W_q + b``, ``k = X W_k + b``."""
-
-    def __init__(self, dim: int, num_heads: int, device=None, dtype=None):
-        super().__init__()
-        dd = {'device': device, 'dtype': dtype}
-        self.num_heads = num_heads
-        self.query = nn.Linear(dim, num_heads * dim, **dd)
-        self.key = nn.Linear(dim, num_heads * dim, **dd)
-
-    def forward(self, tokens: Tensor) -> Tuple[Tensor, Tensor]:
-        """Queries and keys ``(B, heads, N, D)`` for tokens ``(B, N, D)``."""
-        B, N, D = tokens.shape
-        q = self.query(tokens).view(B, N, self.num_heads, D).transpose(1, 2)
-        k = self.key(tokens).view(B, N, self.num_heads, D).transpose(1, 2)
-        return q, k
 
 
 def negligible_below(dtype: torch.dtype) -> float:
@@ -375,193 +237,6 @@ class PositionalAttention(nn.Module):
     def extra_repr(self) -> str:
         return f'dim={self.dim}, num_heads={self.num_heads}, kind={self.kind}, dense={self.dense}'
 
-
-def _project_heads(heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-    """``bias + sum_n heads[n] @ weight[:, n*D:(n+1)*D]^T`` for ``heads`` of shape (heads, tokens, D)."""
-    num_heads, _, D = heads.shape
-    out = torch.mm(heads[0], weight[:, :D].t())
-    for n in range(1, num_heads):
-        # the out= form accumulates in place and, unlike addmm_, is seen by FLOP counters
-        torch.addmm(out, heads[n], weight[:, n * D:(n + 1) * D].t(), out=out)
-    if bias is not None:
-        out.add_(bias)
-    return out
-
-
-def _project_heads_backward(heads: Tensor, weight: Tensor, grad_out: Tensor, needs: Tuple[bool, bool, bool]):
-    """Gradients of :func:`_project_heads`, every head's block written straight into place (autograd's own
-    backward of per-head slices would zero-fill and add full-size buffers once per head)."""
-    num_heads, _, D = heads.shape
-    grad_heads = grad_weight = grad_bias = None
-    if needs[0]:
-        grad_heads = heads.new_empty(heads.shape)
-        for n in range(num_heads):
-            torch.mm(grad_out, weight[:, n * D:(n + 1) * D], out=grad_heads[n])
-    if needs[1]:
-        # row blocks of the transposed gradient are contiguous: fill them in place
-        grad_weight_t = weight.new_empty(weight.shape[1], weight.shape[0])
-        for n in range(num_heads):
-            torch.mm(heads[n].t(), grad_out, out=grad_weight_t[n * D:(n + 1) * D])
-        grad_weight = grad_weight_t.t()
-    if needs[2]:
-        grad_bias = grad_out.sum(0)
-    return grad_heads, grad_weight, grad_bias
-
-
-class _HeadsLinearFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
-        refuse_capture('HeadsLinear\'s autograd Function')
-        ctx.save_for_backward(heads, weight)
-        ctx.has_bias = bias is not None
-        return _project_heads(heads, weight, bias)
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        heads, weight = ctx.saved_tensors
-        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
-        return _project_heads_backward(heads, weight, grad_out, needs)
-
-
-# Samples per chunk of _AttendThenProject on the CPU: about this many tokens, so that a chunk of one head
-# (1024 tokens x 400 channels = 1.6 MB in float32) and its intermediates stay in the core's L2 cache while
-# the head's two small products and its share of Value run; whole-batch intermediates went to DRAM.
-CPU_TOKENS_PER_CHUNK = 1024
-
-
-def _samples_per_chunk(x: Tensor) -> int:
-    """Batch samples per chunk for grid-major ``x`` (``h x w x B x D``): the whole batch off the CPU, where
-    every extra chunk is another round of kernel launches and bandwidth is plentiful."""
-    H, W, B = x.shape[0], x.shape[1], x.shape[2]
-    if x.device.type != 'cpu':
-        return B
-    return max(1, min(B, CPU_TOKENS_PER_CHUNK // (H * W)))
-
-
-class _HeadMixer:
-    """Applies one head's content-free probabilities to a chunk ``h x w x b x D`` into reused buffers."""
-
-    def __init__(self, probs: Sequence[Tensor], x: Tensor, max_samples: int):
-        H, W, _, D = x.shape
-        self.probs = probs
-        self.separable = len(probs) == 2
-        size = H * W * max_samples * D
-        self.row_buffer = x.new_empty(size) if self.separable else None
-        self.head_buffer = x.new_empty(size)
-
-    def __call__(self, chunk: Tensor, n: int) -> Tuple[Optional[Tensor], Tensor]:
-        """``(row-mixed chunk (h, w*b*D) or None, head n (h*w*b, D))``; both live in the buffers."""
-        H, W, b, D = chunk.shape
-        size = chunk.numel()
-        head = self.head_buffer[:size]
-        if not self.separable:
-            torch.mm(self.probs[0][n], chunk.view(H * W, b * D), out=head.view(H * W, b * D))
-            return None, head.view(H * W * b, D)
-        row = self.row_buffer[:size].view(H, W * b * D)
-        torch.mm(self.probs[0][n], chunk.view(H, W * b * D), out=row)
-        # columns: (h, w, w) @ (h, w, b*D), the head's (w, w) matrix shared by every row
-        torch.bmm(self.probs[1][n].expand(H, W, W), row.view(H, W, b * D), out=head.view(H, W, b * D))
-        return row, head.view(H * W * b, D)
-
-
-def _batch_chunks(x: Tensor) -> List[Tuple[int, int]]:
-    B, step = x.shape[2], _samples_per_chunk(x)
-    return [(start, min(start + step, B)) for start in range(0, B, step)]
-
-
-class _AttendThenProject(torch.autograd.Function):
-    """``Value(apply_mixing(x, probs))`` one head at a time, keeping only ``x`` and the probabilities.
-
-    The stacked heads are ``heads`` times larger than ``x`` and cheap to recompute (two small products on
-    the separable path). Forward mixes one head and immediately adds its share of the projection; backward
-    recomputes each head the same way and applies the transposed products by hand. On the CPU the batch is
-    processed in chunks of a few samples (the mixing is per sample), so each head's intermediates stay in
-    cache. No heads-sized tensor ever exists, in forward or backward.
-    """
-
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], *probs: Tensor) -> Tensor:
-        refuse_capture('the attention + Value autograd Function')
-        H, W, B, D = x.shape
-        num_heads, out_features = probs[0].shape[0], weight.shape[0]
-        chunks = _batch_chunks(x)
-        mix = _HeadMixer(probs, x, chunks[0][1])
-        out = x.new_empty(H, W, B, out_features)
-        for start, end in chunks:
-            chunk = x[:, :, start:end].contiguous()  # h, w, b, D
-            out_chunk = out.view(H * W * B, out_features) if len(chunks) == 1 else \
-                x.new_empty(H * W * (end - start), out_features)
-            for n in range(num_heads):
-                _, head = mix(chunk, n)
-                # addmm(out=) accumulates in place and, unlike addmm_, is seen by FLOP counters
-                torch.addmm(out_chunk, head, weight[:, n * D:(n + 1) * D].t(), beta=0. if n == 0 else 1.,
-                            out=out_chunk)
-            if bias is not None:
-                out_chunk.add_(bias)
-            if len(chunks) > 1:
-                out[:, :, start:end] = out_chunk.view(H, W, end - start, out_features)
-        ctx.save_for_backward(x, weight, *probs)
-        ctx.has_bias = bias is not None
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
-        x, weight, *probs = ctx.saved_tensors
-        H, W, B, D = x.shape
-        num_heads, out_features = probs[0].shape[0], weight.shape[0]
-        needs_x, needs_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        needs_probs = ctx.needs_input_grad[3:]
-        separable = len(probs) == 2
-        grad_x = x.new_empty(x.shape) if needs_x else None  # contiguous, whatever the layout of x
-        # row blocks of the transposed weight gradient are contiguous: every head accumulates in place
-        grad_weight_t = weight.new_zeros(weight.shape[1], out_features) if needs_weight else None
-        grad_probs = [torch.zeros_like(p) if needed else None for p, needed in zip(probs, needs_probs)]
-        needs_head_grad = needs_x or any(needs_probs)
-        chunks = _batch_chunks(x)
-        mix = _HeadMixer(probs, x, chunks[0][1])
-        head_grad_buffer = x.new_empty(mix.head_buffer.shape)
-        row_grad_buffer = x.new_empty(mix.head_buffer.shape) if separable else None
-        for start, end in chunks:
-            b = end - start
-            chunk = x[:, :, start:end].contiguous()  # h, w, b, D
-            grad_chunk = grad_out[:, :, start:end].reshape(H * W * b, out_features)
-            grad_x_chunk = grad_x.view(H * W, B * D) if needs_x and len(chunks) == 1 else \
-                (x.new_empty(H * W, b * D) if needs_x else None)
-            for n in range(num_heads):
-                row, head = mix(chunk, n)
-                if grad_weight_t is not None:
-                    block = grad_weight_t[n * D:(n + 1) * D]
-                    torch.addmm(block, head.t(), grad_chunk, out=block)
-                if not needs_head_grad:
-                    continue
-                head_grad = head_grad_buffer[:chunk.numel()].view(H * W * b, D)
-                torch.mm(grad_chunk, weight[:, n * D:(n + 1) * D], out=head_grad)
-                first = 0. if n == 0 else 1.
-                if separable:
-                    head_grad = head_grad.view(H, W, b * D)
-                    row_probs, col_probs = probs
-                    if needs_probs[1]:
-                        # d/dcol[j, l] = sum over rows i of head_grad[i, j, :] . row[i, l, :]
-                        grad_probs[1][n] += torch.bmm(head_grad, row.view(H, W, b * D).transpose(1, 2)).sum(0)
-                    row_grad = row_grad_buffer[:chunk.numel()].view(H, W, b * D)
-                    torch.bmm(col_probs[n].t().expand(H, W, W), head_grad, out=row_grad)
-                    row_grad = row_grad.view(H, W * b * D)
-                    if needs_probs[0]:
-                        grad_probs[0][n] += torch.mm(row_grad, chunk.view(H, W * b * D).t())
-                    if grad_x_chunk is not None:
-                        rows = grad_x_chunk.view(H, -1)
-                        torch.addmm(rows, row_probs[n].t(), row_grad, beta=first, out=rows)
-                else:
-                    head_grad = head_grad.view(H * W, b * D)
-                    if needs_probs[0]:
-                        grad_probs[0][n] += torch.mm(head_grad, chunk.view(H * W, b * D).t())
-                    if grad_x_chunk is not None:
-                        torch.addmm(grad_x_chunk, probs[0][n].t(), head_grad, beta=first, out=grad_x_chunk)
-            if grad_x is not None and len(chunks) > 1:
-                grad_x[:, :, start:end] = grad_x_chunk.view(H, W, b, D)
-        grad_weight = grad_weight_t.t() if grad_weight_t is not None else None
-        grad_bias = grad_out.reshape(-1, out_features).sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
-        return (grad_x, grad_weight, grad_bias, *grad_probs)
 
 
 def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Tensor) -> Tensor:
