@@ -1,6 +1,6 @@
 from .attention import (
-    ATTENTION_KINDS, HeadsLinear, PositionalAttention, apply_mixing, attend_then_project, dense_attention,
-    drop_negligible, negligible_below,
+    ATTENTION_KINDS, HeadsLinear, PositionalAttention, apply_mixing, attend_then_project, batched_heads,
+    dense_attention, drop_negligible, negligible_below, use_batched_heads,
 )
 from .embed import SpaceToDepthEmbed, space_to_depth
 from .mlp import GeluMlp

@@ -48,14 +48,13 @@ from torch import Tensor, nn
 
 from timm.layers import register_notrace_module
 
-from .autocast import autocast_inputs
 from .fused import _AttendThenProject, _HeadsLinearFunction
 from .scores import ContentScores, GeneralizedScores, LearnedScores, QuadraticScores
 from .tracing import is_capturing
 
 __all__ = [
-    'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'dense_attention', 'apply_mixing',
-    'attend_then_project', 'drop_negligible', 'negligible_below',
+    'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'dense_attention', 'batched_heads', 'apply_mixing',
+    'attend_then_project', 'use_batched_heads', 'drop_negligible', 'negligible_below',
 ]
 
 ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
@@ -84,7 +83,7 @@ def drop_negligible(probs: Tensor) -> Tensor:
     the products normal; the output changes below float rounding (see :func:`negligible_below`) and the
     gradient of a zeroed entry, which is as small as the entry, is dropped with it.
     """
-    return torch.where(probs < negligible_below(probs.dtype), torch.zeros_like(probs), probs)
+    return probs.masked_fill(probs < negligible_below(probs.dtype), 0.)
 
 
 def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
@@ -99,8 +98,12 @@ def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
         heads = row_probs.shape[0]
         # rows of every head at once: (heads*H, H) @ (H, W*B*D) -> (heads*H, W*B*D)
         mixed = torch.mm(row_probs.reshape(heads * H, H), x.reshape(H, W * B * D))
-        # columns: (heads, 1, W, W) @ (heads, H, W, B*D) -> (heads, H, W, B*D)
-        mixed = torch.matmul(col_probs[:, None], mixed.view(heads, H, W, B * D))
+        # columns: every (head, row) pair applies the head's (W, W) matrix,
+        # (heads*H, W, W) @ (heads*H, W, B*D) -> (heads*H, W, B*D); an explicit bmm on a copy of the
+        # probabilities per row, because matmul's broadcasting of (heads, 1, W, W) adds half a dozen
+        # view / expand ops around the same copy: (heads, W, W) -> (heads, H*W, W) -> (heads*H, W, W)
+        col_per_row = col_probs.repeat(1, H, 1).view(heads * H, W, W)
+        mixed = torch.bmm(col_per_row, mixed.view(heads * H, W, B * D))
         return mixed.view(heads, H, W, B, D)
     grid_probs = probs[0]
     # every head in one product: (heads, HW, HW) @ (HW, B*D) -> (heads, HW, B*D)
@@ -153,6 +156,8 @@ class PositionalAttention(nn.Module):
         self.content = ContentScores(dim, num_heads, **dd) if kind == 'content' else None
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major
+        # all heads batched instead of the per-head kernels on the CPU (see use_batched_heads, batched_heads)
+        self.batched_heads = False
         self._probs_cache: Dict = {}
 
     def position_probs(self, grid_h: int, grid_w: int) -> Tensor:
@@ -179,18 +184,19 @@ class PositionalAttention(nn.Module):
         """What a content-free forward applies, dropout included: ``[row (heads, h, h), col (heads, w, w)]``
         on the separable path, ``[grid (heads, h*w, h*w)]`` on the dense one (see :func:`apply_mixing`)."""
         if self.separable and not self.dense:
-            row_probs, col_probs = self._axis_probs(grid_h, grid_w)
+            axis_probs = self._axis_probs(grid_h, grid_w)
             if self.training and self.attn_drop > 0.:
                 axis_drop = 1.0 - math.sqrt(1.0 - self.attn_drop)
-                row_probs = F.dropout(row_probs, axis_drop, True)
-                col_probs = F.dropout(col_probs, axis_drop, True)
-            return [row_probs, col_probs]
+                axis_probs = [F.dropout(p, axis_drop, True) for p in axis_probs]
+            if len(axis_probs) == 1:  # square grid: [row; col] stacked, (2, heads, n, n)
+                return list(axis_probs[0].unbind(0))
+            return axis_probs
         probs = self._grid_probs(grid_h, grid_w)
         if self.training and self.attn_drop > 0.:
             probs = F.dropout(probs, self.attn_drop, True)
         return [probs]
 
-    def _axis_probs(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+    def _axis_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
         if torch.jit.is_scripting():
             return self._compute_axis_probs(grid_h, grid_w)
         else:
@@ -202,21 +208,45 @@ class PositionalAttention(nn.Module):
         else:
             return self._cached(self.position_probs, grid_h, grid_w)
 
-    def _compute_axis_probs(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+    @torch.jit.unused
+    def _without_autocast(self, compute: Callable, grid_h: int, grid_w: int):
+        """``compute(grid_h, grid_w)`` in the parameters' dtype, autocast or not.
+
+        Positional scores are differences of squared shifts and products of the precision matrix; in
+        bfloat16 (8 bits of mantissa) they lose whole units at the grid's far shifts, and the softmax
+        turns that into probabilities wrong by tens of percent. They are a few thousand numbers, so they
+        are computed in float32 and only the products that apply them run in the autocast dtype.
+        """
+        device_type = next(self.position.parameters()).device.type
+        if not torch.amp.is_autocast_available(device_type):  # 'meta' and the like: no autocast to leave
+            return compute(grid_h, grid_w)
+        with torch.autocast(device_type, enabled=False):
+            return compute(grid_h, grid_w)
+
+    def _compute_axis_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
+        """``[row (heads, h, h), col (heads, w, w)]``, or on a square grid ``[(2, heads, n, n)]`` with both
+        axes stacked, so that the softmax, the threshold and the dropout each run once instead of twice."""
+        square = grid_h == grid_w
+        if not torch.jit.is_scripting():
+            # a captured graph must serve every grid size: no Python branch on the shape
+            square = square and not is_capturing()
+        if square:
+            return [drop_negligible(self.position.square_axis_scores(grid_h).softmax(dim=-1))]
         row_scores, col_scores = self.position.axis_scores(grid_h, grid_w)
-        return drop_negligible(row_scores.softmax(dim=-1)), drop_negligible(col_scores.softmax(dim=-1))
+        return [drop_negligible(row_scores.softmax(dim=-1)), drop_negligible(col_scores.softmax(dim=-1))]
 
     @torch.jit.unused
     def _cached(self, compute: Callable, grid_h: int, grid_w: int):
         """``compute(grid_h, grid_w)``, reused while nothing it depends on has changed (eval, no autograd)."""
-        if self.training or torch.is_grad_enabled() or torch.compiler.is_compiling() or is_capturing():
-            # a captured graph computes the probabilities from the parameters (and any grid size)
-            return compute(grid_h, grid_w)
-        # a parameter changes its version when modified in place and its storage when replaced
+        if torch.compiler.is_compiling() or is_capturing() or self.training or torch.is_grad_enabled():
+            # a compiled or captured graph computes the probabilities from the parameters (and any grid size)
+            return self._without_autocast(compute, grid_h, grid_w)
+        # a parameter changes its version when modified in place and its storage when replaced; the
+        # probabilities are always in the parameters' dtype (never autocast's), so the key needs no autocast state
         key = (compute.__name__, grid_h, grid_w) + tuple(
             (p.data_ptr(), p._version, p.dtype, p.device) for p in self.position.parameters())
         if key not in self._probs_cache:
-            self._probs_cache = {key: compute(grid_h, grid_w)}
+            self._probs_cache = {key: self._without_autocast(compute, grid_h, grid_w)}
         return self._probs_cache[key]
 
     def _mix_content(self, x: Tensor) -> Tensor:
@@ -225,7 +255,10 @@ class PositionalAttention(nn.Module):
         assert content is not None
         tokens = x.reshape(H * W, B, D).transpose(0, 1)  # B, HW, D
         q, k = content(tokens)  # B, heads, HW, D
-        position_scores = self.position.grid_scores(H, W)  # heads, HW, HW
+        if torch.jit.is_scripting():
+            position_scores = self.position.grid_scores(H, W)  # heads, HW, HW
+        else:
+            position_scores = self._without_autocast(self.position.grid_scores, H, W)
         values = tokens[:, None].expand(B, self.num_heads, H * W, D)
         out = F.scaled_dot_product_attention(
             q, k, values,
@@ -239,54 +272,83 @@ class PositionalAttention(nn.Module):
 
 
 
+def use_batched_heads(x: Tensor, requested: bool) -> bool:
+    """Whether attention + Value run on the batched path rather than the per-head kernels of
+    :mod:`sa_vision.layers.fused`. ``x`` is the layer input, ``requested`` the layers' ``batched_heads``.
+
+    The batched path applies every head in one batched product, concatenates the heads (one copy, tokens x
+    heads*D) and projects them with one Value GEMM, all in plain autograd. It goes:
+
+    * batched while compiling (``torch.compile``): Dynamo cannot trace the per-head Functions (their
+      varargs, the backward of the MLP's Function) and inductor fuses the plain graph by itself;
+    * batched while a graph is captured (export, tracing): the per-head kernels' ``out=`` products into
+      reused buffers and Python chunk counts do not survive capture (see :mod:`sa_vision.layers.tracing`);
+    * batched when asked (``requested``; :func:`batched_heads`), which is how the CPU tests it;
+    * batched off the CPU: there a kernel launch costs more than the cache misses the per-head loop saves,
+      and the per-head path launches ~10 kernels per head and layer;
+    * batched under autocast and in any dtype but float32 / float64: the per-head ``out=`` products
+      accumulate the heads in the output's dtype, rounding to bfloat16 after every head, while one GEMM
+      over the concatenated heads accumulates in float32 and rounds once;
+    * per head otherwise (float32 / float64 eager on the CPU): the fast path there, each head's
+      intermediates stay in cache and no heads-sized tensor is ever built, in forward or backward.
+    """
+    if torch.compiler.is_compiling() or is_capturing() or requested:
+        return True
+    return (x.device.type != 'cpu' or torch.is_autocast_enabled(x.device.type)
+            or x.dtype not in (torch.float32, torch.float64))
+
+
 def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Tensor) -> Tensor:
     """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``).
 
-    Content-free kinds run one head at a time without ever building the stacked heads. With autograd that
-    means recomputing each head in backward, which only pays on the separable path (two small products);
-    the dense path and the content kind run as plain ``value(attn(x))`` when gradients are needed. While a
-    graph is captured (export, tracing) it is always the plain ``value(attn(x))``: whole-batch products, no
-    autograd Function (see :mod:`sa_vision.layers.tracing`).
+    :func:`use_batched_heads` picks the path. Batched: ``attn.mix(x)`` (every head in one product) and one
+    Value GEMM over the concatenated heads. Per head (the CPU default): content-free kinds run one head at
+    a time without ever building the stacked heads. With autograd that means recomputing each head in
+    backward, which only pays on the separable path (two small products); the dense path and the content
+    kind then run as ``value(attn(x))`` with the per-head Value.
     """
+    if use_batched_heads(x, attn.batched_heads or value.batched_heads):
+        return value.forward_batched(attn.mix(x))
     cheap_to_recompute = attn.separable and not attn.dense
-    if attn.content is not None or is_capturing() or (torch.is_grad_enabled() and not cheap_to_recompute):
+    if attn.content is not None or (torch.is_grad_enabled() and not cheap_to_recompute):
         return value(attn.mix(x))
     probs = attn.mixing_probs(x.shape[0], x.shape[1])
-    x, weight, bias, *probs = autocast_inputs(x, value.weight, value.bias, *probs)
-    return _AttendThenProject.apply(x, weight, bias, *probs)
+    return _AttendThenProject.apply(x, value.weight, value.bias, *probs)
 
 
 @register_notrace_module  # loops over the stacked heads; FX keeps it whole
 class HeadsLinear(nn.Linear):
     """``Linear(heads*D -> out)`` applied to heads stacked in front: ``heads x ... x D -> ... x out``.
 
-    Same parameters (and state dict) as the Linear over the concatenated heads, but it reads each head's
-    block where it lies, as one accumulated matrix product per head, so the stacked heads are never
-    permuted into the concatenated layout.
+    Same parameters (and state dict) as the Linear over the concatenated heads. On the per-head path (see
+    :func:`use_batched_heads`) it reads each head's block where it lies, as one accumulated matrix product
+    per head, so the stacked heads are never permuted into the concatenated layout; on the batched path it
+    concatenates them (one copy) and runs one GEMM.
     """
+    # set per layer by batched_heads(); a plain attribute, not part of the state dict
+    batched_heads: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
-        heads, D = x.shape[0], x.shape[-1]
-        rows = x.reshape(heads, -1, D)  # heads, tokens, D
         if torch.jit.is_scripting():
-            out = self._plain_forward(rows)
-        elif is_capturing():
-            # export / tracing: out-of-place products, no autograd Function
-            out = self._plain_forward(rows)
+            return self.forward_batched(x)
+        elif use_batched_heads(x, self.batched_heads):
+            return self.forward_batched(x)
         else:
-            rows, weight, bias = autocast_inputs(rows, self.weight, self.bias)
-            out = _HeadsLinearFunction.apply(rows, weight, bias)
-        return out.view(list(x.shape[1:-1]) + [self.out_features])
+            heads, D = x.shape[0], x.shape[-1]
+            rows = x.reshape(heads, -1, D)  # heads, tokens, D
+            out = _HeadsLinearFunction.apply(rows, self.weight, self.bias)
+            return out.view(list(x.shape[1:-1]) + [self.out_features])
 
-    def _plain_forward(self, rows: Tensor) -> Tensor:
-        """The same accumulated per-head products out of place (TorchScript, export, tracing)."""
-        D = rows.shape[-1]
-        out = torch.mm(rows[0], self.weight[:, :D].t())
-        for n in range(1, rows.shape[0]):
-            out = torch.addmm(out, rows[n], self.weight[:, n * D:(n + 1) * D].t())
-        if self.bias is not None:
-            out = out + self.bias
-        return out
+    def forward_batched(self, x: Tensor) -> Tensor:
+        """One GEMM over the concatenated heads, in plain autograd (the batched path, TorchScript, export).
+
+        Under autocast the GEMM accumulates all ``heads * D`` products in float32 and rounds once.
+        """
+        heads, D = x.shape[0], x.shape[-1]
+        # heads x ... x D -> ... x heads x D -> (tokens, heads*D): channel n*D + d is channel d of head n
+        concatenated = x.movedim(0, -2).reshape(-1, heads * D)
+        out = F.linear(concatenated, self.weight, self.bias)  # tokens, out
+        return out.view(list(x.shape[1:-1]) + [self.out_features])
 
 
 @contextlib.contextmanager
@@ -301,3 +363,22 @@ def dense_attention(model: nn.Module, enabled: bool = True) -> Iterator[nn.Modul
     finally:
         for m, was_dense in zip(layers, previous):
             m.dense = was_dense
+
+
+@contextlib.contextmanager
+def batched_heads(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
+    """Run every attention layer and Value of ``model`` on the batched path while active (``enabled=True``),
+    or leave the choice to :func:`use_batched_heads` (``enabled=False``).
+
+    The batched path is chosen by itself on GPUs, under autocast, ``torch.compile`` and export; this
+    forces it on the CPU too, e.g. to test it or to compare speeds.
+    """
+    layers = [m for m in model.modules() if isinstance(m, (PositionalAttention, HeadsLinear))]
+    previous = [m.batched_heads for m in layers]
+    for m in layers:
+        m.batched_heads = enabled
+    try:
+        yield model
+    finally:
+        for m, was_batched in zip(layers, previous):
+            m.batched_heads = was_batched

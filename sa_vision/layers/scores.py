@@ -31,7 +31,7 @@ __all__ = [
 def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """``shifts[q, k] = k - q`` along one axis of ``size`` positions, ``(size, size)``."""
     positions = torch.arange(size, device=device, dtype=dtype)
-    return positions[None, :] - positions[:, None]
+    return positions - positions[:, None]  # (size,) broadcasts as the key index
 
 
 def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -67,12 +67,20 @@ class QuadraticScores(nn.Module):
 
     def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
         """Row scores ``(heads, h, h)`` and column scores ``(heads, w, w)``, indexed ``[head, query, key]``."""
-        alpha = (0.5 * self.spreads ** 2)[:, None, None]  # the paper's alpha_h from the precision factor s_h
+        scale = -0.5 * self.spreads.square()[:, None, None]  # -alpha_h from the precision factor s_h
         dy = relative_shifts(grid_h, self.centers.device, self.centers.dtype)
         dx = relative_shifts(grid_w, self.centers.device, self.centers.dtype)
-        row = -alpha * (dy[None] - self.centers[:, 0, None, None]) ** 2
-        col = -alpha * (dx[None] - self.centers[:, 1, None, None]) ** 2
+        row = scale * (dy - self.centers[:, 0, None, None]).square()
+        col = scale * (dx - self.centers[:, 1, None, None]).square()
         return row, col
+
+    def square_axis_scores(self, size: int) -> Tensor:
+        """Row and column scores of a ``size x size`` grid in one tensor, ``(2, heads, size, size)`` indexed
+        ``[axis, head, query, key]``: half the small ops of :meth:`axis_scores` (every op here runs once
+        per layer and training step, and its count, not its size, is what it costs)."""
+        shifts = relative_shifts(size, self.centers.device, self.centers.dtype)  # size, size
+        offsets = shifts - self.centers.t().reshape(2, self.num_heads, 1, 1)  # 2, heads, size, size
+        return offsets.square() * self.spreads.square().mul(-0.5).view(self.num_heads, 1, 1)
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
         """Scores over the whole grid, ``(heads, h*w, h*w)`` indexed ``[head, query, key]``."""
@@ -110,6 +118,9 @@ class GeneralizedScores(nn.Module):
         return self.spreads @ self.spreads.transpose(-1, -2)
 
     def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        raise RuntimeError('generalized (non-isotropic) Gaussian scores are not separable')
+
+    def square_axis_scores(self, size: int) -> Tensor:
         raise RuntimeError('generalized (non-isotropic) Gaussian scores are not separable')
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
@@ -150,6 +161,10 @@ class LearnedScores(nn.Module):
         row = self.row_keys(self.row_shift_embed(self._table_index(grid_h)))  # h, h, heads
         col = self.col_keys(self.col_shift_embed(self._table_index(grid_w)))  # w, w, heads
         return row.permute(2, 0, 1), col.permute(2, 0, 1)
+
+    def square_axis_scores(self, size: int) -> Tensor:
+        """Row and column scores of a ``size x size`` grid in one tensor, ``(2, heads, size, size)``."""
+        return torch.stack(self.axis_scores(size, size))
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
         row, col = self.axis_scores(grid_h, grid_w)
