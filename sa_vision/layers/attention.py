@@ -22,13 +22,28 @@ How it is computed (SPEC 3.5). The first three kinds are content-free: their pro
 on ``X``, so they are computed once per forward with no batch dimension and applied to the whole batch.
 ``quadratic`` and ``learned`` scores are a sum of a row term and a column term, so the softmax over the
 grid is the Kronecker product of a row softmax (``h x h``) and a column softmax (``w x w``); a head is
-applied as two small matrix products and no ``(h*w) x (h*w)`` matrix is built. ``generalized`` has a
-cross term and uses one dense ``(h*w) x (h*w)`` matrix per head, all heads applied in one product.
-``content`` is ordinary batched attention. Every path equals the plain dense formula (softmax over all
-keys, then a weighted sum) to floating point rounding; ``dense=True`` (or :func:`dense_attention`) runs
-that plain formula instead, for checks and speed comparisons. Probabilities below ``eps**3`` of the
-dtype are set to exactly zero (:func:`drop_negligible`): a Gaussian head's far probabilities would
-otherwise be subnormal numbers, which x86 CPUs multiply in slow microcode.
+applied as two small matrix products and no ``(h*w) x (h*w)`` matrix is built (on a square grid the row
+and column factors are computed stacked, so the softmax, threshold and dropout each run once).
+``generalized`` has a cross term and uses one dense ``(h*w) x (h*w)`` matrix per head. ``content`` is
+ordinary batched attention. Every path equals the plain dense formula (softmax over all keys, then a
+weighted sum) to floating point rounding; ``dense=True`` (or :func:`dense_attention`) runs that plain
+formula instead, for checks and speed comparisons. Probabilities below ``eps**3`` of the dtype are set to
+exactly zero (:func:`drop_negligible`): a Gaussian head's far probabilities would otherwise be subnormal
+numbers, which x86 CPUs multiply in slow microcode. Positional scores and their softmax always run in the
+parameters' dtype with autocast off (a few thousand numbers; in bfloat16 the far scores lose whole units);
+only the products that apply them run in the autocast dtype. In eval mode without autograd the
+probabilities are cached.
+
+Two paths for attention + Value (:func:`attend_then_project`), chosen by :func:`use_batched_heads`:
+
+* per head (:mod:`sa_vision.layers.fused`, the default for float32 / float64 eager on the CPU): hand-written
+  autograd Functions mix one head at a time and add its share of the Value projection at once, in
+  cache-sized chunks of the batch, recomputing the heads in backward; no heads-sized tensor ever exists.
+* batched (on GPUs, under autocast, ``torch.compile``, export and tracing, or forced by
+  :func:`batched_heads`): every head in one batched product (:func:`apply_mixing`), the heads
+  concatenated (one copy, ``tokens x heads*D``) and one Value GEMM (:meth:`HeadsLinear.forward_batched`),
+  all in plain autograd. About a quarter of the per-head path's ATen calls per training step (1,001 against
+  4,181 for ``sa_quadratic_cifar`` at batch 2), and under autocast the GEMM accumulates in float32.
 
 Attention dropout. As in the original code, the content-free probabilities carry no batch dimension, so
 one dropout mask is drawn per forward and shared by the whole batch. On the dense path that mask covers
@@ -121,7 +136,12 @@ class PositionalAttention(nn.Module):
     one large matrix product and no tensor of the size of the output is ever permuted.
 
     In eval mode without autograd the probabilities are cached per grid size and recomputed only when a
-    parameter changes (in place, e.g. an optimizer step or ``load_state_dict``, or by replacement).
+    parameter changes (in place, e.g. an optimizer step or ``load_state_dict``, or by replacement). They
+    are always computed in the parameters' dtype with autocast off, so an autocast forward and a float32
+    forward share them; nothing is cached while compiling or capturing a graph.
+
+    ``batched_heads`` (an attribute, not saved) asks :func:`attend_then_project` for the batched path on the
+    CPU too (see :func:`use_batched_heads`, :func:`batched_heads`).
     """
 
     def __init__(
