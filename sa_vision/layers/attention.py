@@ -55,7 +55,7 @@ the input and draws an ordinary per-sample mask.
 """
 import contextlib
 import math
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, Dict, Iterator, List
 
 import torch
 import torch.nn.functional as F
