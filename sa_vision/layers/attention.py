@@ -246,10 +246,12 @@ class PositionalAttention(nn.Module):
     def _compute_axis_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
         """``[row (heads, h, h), col (heads, w, w)]``, or on a square grid ``[(2, heads, n, n)]`` with both
         axes stacked, so that the softmax, the threshold and the dropout each run once instead of twice."""
-        square = grid_h == grid_w
-        if not torch.jit.is_scripting():
-            # a captured graph must serve every grid size: no Python branch on the shape
-            square = square and not is_capturing()
+        if torch.jit.is_scripting():
+            square = grid_h == grid_w
+        else:
+            # a captured graph must serve every grid size: no Python branch on the shape (with symbolic
+            # sizes even evaluating the comparison would fix it by a guard), so it is not compared at all
+            square = not is_capturing() and grid_h == grid_w
         if square:
             return [drop_negligible(self.position.square_axis_scores(grid_h).softmax(dim=-1))]
         row_scores, col_scores = self.position.axis_scores(grid_h, grid_w)
