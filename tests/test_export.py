@@ -100,7 +100,8 @@ def test_tracing_the_eager_kernels_raises_instead_of_exporting_a_wrong_graph(nam
     error (the TorchScript tracer records them as a constant of the example's values)."""
     import sa_vision.layers.attention as attention
     import sa_vision.layers.mlp as mlp
-    monkeypatch.setattr(attention, 'is_capturing', lambda: False)
+    # the one dispatch rule of the attention layers, and the MLP's check, both wrongly choosing the eager kernels
+    monkeypatch.setattr(attention, 'use_batched_heads', lambda x, requested: False)
     monkeypatch.setattr(mlp, 'is_capturing', lambda: False)
     model = make_model(name)
     with pytest.raises(RuntimeError, match='eager-only.*TorchScript tracer'):

@@ -1,4 +1,7 @@
-""" Mixed precision for the hand-written autograd Functions of the layers
+""" Mixed precision for the MLP's hand-written autograd Function
+
+(The attention layers need none of this: under autocast they take the batched path, plain autograd; see
+:func:`sa_vision.layers.attention.use_batched_heads`.) Imports only torch.
 
 Autocast casts the inputs of ``torch.nn.functional.linear`` and ``torch.mm`` to its lower precision, but
 not the operands of products that write into a given tensor (``out=``) and not anything inside a custom

@@ -10,6 +10,8 @@ pretrained weights to ``in_chans=1``) works unchanged.
 Channel order of the original implementation: the Linear input index ``6*di + 3*dj + c`` holds pixel
 ``(2i+di, 2j+dj)`` and colour ``c`` (colour fastest). :meth:`SpaceToDepthEmbed.linear_weight` returns the
 kernel in that order, so weights convert both ways without retraining.
+
+Imports only torch and timm; no other sa_vision module.
 """
 from typing import Tuple
 

@@ -2,7 +2,10 @@
 
 Same parameters and names as timm's ``Mlp`` (``fc1``, ``fc2``). Training keeps only the hidden
 pre-activation for backward and recomputes the GELU there (an elementwise op), instead of holding both
-the pre-activation and the activation: one hidden-sized tensor less per layer.
+the pre-activation and the activation: one hidden-sized tensor less per layer. Under ``torch.compile``
+and graph capture it is the plain composition.
+
+Imports only torch and :mod:`sa_vision.layers` (autocast, tracing); no other sa_vision module.
 """
 import torch
 import torch.nn.functional as F
@@ -53,7 +56,9 @@ class GeluMlp(nn.Module):
         hidden = self.fc1(x)
         if torch.jit.is_scripting() or not torch.is_grad_enabled():
             out = self.fc2(F.gelu(hidden))
-        elif is_capturing():  # export / tracing: no autograd Function
+        elif is_capturing() or torch.compiler.is_compiling():
+            # export / tracing / torch.compile: no autograd Function (a compiled backward cannot trace the
+            # torch.autograd.grad call in _GeluLinear.backward; inductor decides what to save by itself)
             out = self.fc2(F.gelu(hidden))
         else:
             out = _GeluLinear.apply(*autocast_inputs(hidden, self.fc2.weight, self.fc2.bias))

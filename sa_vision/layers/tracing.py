@@ -13,7 +13,8 @@ batch size. None of that survives graph capture:
 
 While a graph is being captured (:func:`is_capturing`), every layer therefore takes a plain path: whole-batch
 matrix products, out-of-place, no autograd Function and no cache. It computes the same function as the
-eager path (to float rounding).
+eager path (to float rounding). For the attention layers that plain path is the batched-heads path (see
+:func:`sa_vision.layers.attention.use_batched_heads`). Imports only torch.
 """
 import torch
 

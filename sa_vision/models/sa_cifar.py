@@ -228,7 +228,7 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """Gaussian centres and spreads are trained without weight decay (SPEC 6)."""
+        """Gaussian centres and precision factors (``spreads``) are trained without weight decay (SPEC 6)."""
         return {
             name for name, _ in self.named_parameters()
             if name.endswith(('attn.position.centers', 'attn.position.spreads'))}

@@ -1,0 +1,211 @@
+""" Fused per-head kernels: attention + Value and the stacked-heads Linear, one head at a time
+
+The CPU fast path of the layers (SPEC 3.5; chosen by :func:`sa_vision.layers.attention.use_batched_heads`).
+Hand-written autograd Functions that never build a heads-sized tensor: each head is mixed (two small
+products on the separable path) and immediately projected by its block of the Value weight, accumulating
+into the output with ``out=`` products; backward recomputes each head the same way. On the CPU the batch is
+processed in chunks of a few samples so that one head's intermediates stay in the L2 cache.
+
+These kernels are eager-only: the products written into reused buffers and the Python chunk counts cannot
+be captured into a graph (see :mod:`sa_vision.layers.tracing`), and they are written for float32 / float64
+(an ``out=`` product accumulates every head in the output's dtype). Anything else takes the batched path.
+
+Imports only torch and :mod:`sa_vision.layers.tracing`; no other sa_vision module.
+"""
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+from .tracing import refuse_capture
+
+__all__ = ['CPU_TOKENS_PER_CHUNK']
+
+
+def _project_heads(heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """``bias + sum_n heads[n] @ weight[:, n*D:(n+1)*D]^T`` for ``heads`` of shape (heads, tokens, D)."""
+    num_heads, _, D = heads.shape
+    out = torch.mm(heads[0], weight[:, :D].t())
+    for n in range(1, num_heads):
+        # the out= form accumulates in place and, unlike addmm_, is seen by FLOP counters
+        torch.addmm(out, heads[n], weight[:, n * D:(n + 1) * D].t(), out=out)
+    if bias is not None:
+        out.add_(bias)
+    return out
+
+
+def _project_heads_backward(heads: Tensor, weight: Tensor, grad_out: Tensor, needs: Tuple[bool, bool, bool]):
+    """Gradients of :func:`_project_heads`, every head's block written straight into place (autograd's own
+    backward of per-head slices would zero-fill and add full-size buffers once per head)."""
+    num_heads, _, D = heads.shape
+    grad_heads = grad_weight = grad_bias = None
+    if needs[0]:
+        grad_heads = heads.new_empty(heads.shape)
+        for n in range(num_heads):
+            torch.mm(grad_out, weight[:, n * D:(n + 1) * D], out=grad_heads[n])
+    if needs[1]:
+        # row blocks of the transposed gradient are contiguous: fill them in place
+        grad_weight_t = weight.new_empty(weight.shape[1], weight.shape[0])
+        for n in range(num_heads):
+            torch.mm(heads[n].t(), grad_out, out=grad_weight_t[n * D:(n + 1) * D])
+        grad_weight = grad_weight_t.t()
+    if needs[2]:
+        grad_bias = grad_out.sum(0)
+    return grad_heads, grad_weight, grad_bias
+
+
+class _HeadsLinearFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        refuse_capture('HeadsLinear\'s autograd Function')
+        ctx.save_for_backward(heads, weight)
+        ctx.has_bias = bias is not None
+        return _project_heads(heads, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        heads, weight = ctx.saved_tensors
+        needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
+        return _project_heads_backward(heads, weight, grad_out, needs)
+
+
+# Samples per chunk of _AttendThenProject on the CPU: about this many tokens, so that a chunk of one head
+# (1024 tokens x 400 channels = 1.6 MB in float32) and its intermediates stay in the core's L2 cache while
+# the head's two small products and its share of Value run; whole-batch intermediates went to DRAM.
+CPU_TOKENS_PER_CHUNK = 1024
+
+
+def _samples_per_chunk(x: Tensor) -> int:
+    """Batch samples per chunk for grid-major ``x`` (``h x w x B x D``): the whole batch off the CPU, where
+    every extra chunk is another round of kernel launches and bandwidth is plentiful."""
+    H, W, B = x.shape[0], x.shape[1], x.shape[2]
+    if x.device.type != 'cpu':
+        return B
+    return max(1, min(B, CPU_TOKENS_PER_CHUNK // (H * W)))
+
+
+class _HeadMixer:
+    """Applies one head's content-free probabilities to a chunk ``h x w x b x D`` into reused buffers."""
+
+    def __init__(self, probs: Sequence[Tensor], x: Tensor, max_samples: int):
+        H, W, _, D = x.shape
+        self.probs = probs
+        self.separable = len(probs) == 2
+        size = H * W * max_samples * D
+        self.row_buffer = x.new_empty(size) if self.separable else None
+        self.head_buffer = x.new_empty(size)
+
+    def __call__(self, chunk: Tensor, n: int) -> Tuple[Optional[Tensor], Tensor]:
+        """``(row-mixed chunk (h, w*b*D) or None, head n (h*w*b, D))``; both live in the buffers."""
+        H, W, b, D = chunk.shape
+        size = chunk.numel()
+        head = self.head_buffer[:size]
+        if not self.separable:
+            torch.mm(self.probs[0][n], chunk.view(H * W, b * D), out=head.view(H * W, b * D))
+            return None, head.view(H * W * b, D)
+        row = self.row_buffer[:size].view(H, W * b * D)
+        torch.mm(self.probs[0][n], chunk.view(H, W * b * D), out=row)
+        # columns: (h, w, w) @ (h, w, b*D), the head's (w, w) matrix shared by every row
+        torch.bmm(self.probs[1][n].expand(H, W, W), row.view(H, W, b * D), out=head.view(H, W, b * D))
+        return row, head.view(H * W * b, D)
+
+
+def _batch_chunks(x: Tensor) -> List[Tuple[int, int]]:
+    B, step = x.shape[2], _samples_per_chunk(x)
+    return [(start, min(start + step, B)) for start in range(0, B, step)]
+
+
+class _AttendThenProject(torch.autograd.Function):
+    """``Value(apply_mixing(x, probs))`` one head at a time, keeping only ``x`` and the probabilities.
+
+    The stacked heads are ``heads`` times larger than ``x`` and cheap to recompute (two small products on
+    the separable path). Forward mixes one head and immediately adds its share of the projection; backward
+    recomputes each head the same way and applies the transposed products by hand. On the CPU the batch is
+    processed in chunks of a few samples (the mixing is per sample), so each head's intermediates stay in
+    cache. No heads-sized tensor ever exists, in forward or backward.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], *probs: Tensor) -> Tensor:
+        refuse_capture('the attention + Value autograd Function')
+        H, W, B, D = x.shape
+        num_heads, out_features = probs[0].shape[0], weight.shape[0]
+        chunks = _batch_chunks(x)
+        mix = _HeadMixer(probs, x, chunks[0][1])
+        out = x.new_empty(H, W, B, out_features)
+        for start, end in chunks:
+            chunk = x[:, :, start:end].contiguous()  # h, w, b, D
+            out_chunk = out.view(H * W * B, out_features) if len(chunks) == 1 else \
+                x.new_empty(H * W * (end - start), out_features)
+            for n in range(num_heads):
+                _, head = mix(chunk, n)
+                # addmm(out=) accumulates in place and, unlike addmm_, is seen by FLOP counters
+                torch.addmm(out_chunk, head, weight[:, n * D:(n + 1) * D].t(), beta=0. if n == 0 else 1.,
+                            out=out_chunk)
+            if bias is not None:
+                out_chunk.add_(bias)
+            if len(chunks) > 1:
+                out[:, :, start:end] = out_chunk.view(H, W, end - start, out_features)
+        ctx.save_for_backward(x, weight, *probs)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        x, weight, *probs = ctx.saved_tensors
+        H, W, B, D = x.shape
+        num_heads, out_features = probs[0].shape[0], weight.shape[0]
+        needs_x, needs_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        needs_probs = ctx.needs_input_grad[3:]
+        separable = len(probs) == 2
+        grad_x = x.new_empty(x.shape) if needs_x else None  # contiguous, whatever the layout of x
+        # row blocks of the transposed weight gradient are contiguous: every head accumulates in place
+        grad_weight_t = weight.new_zeros(weight.shape[1], out_features) if needs_weight else None
+        grad_probs = [torch.zeros_like(p) if needed else None for p, needed in zip(probs, needs_probs)]
+        needs_head_grad = needs_x or any(needs_probs)
+        chunks = _batch_chunks(x)
+        mix = _HeadMixer(probs, x, chunks[0][1])
+        head_grad_buffer = x.new_empty(mix.head_buffer.shape)
+        row_grad_buffer = x.new_empty(mix.head_buffer.shape) if separable else None
+        for start, end in chunks:
+            b = end - start
+            chunk = x[:, :, start:end].contiguous()  # h, w, b, D
+            grad_chunk = grad_out[:, :, start:end].reshape(H * W * b, out_features)
+            grad_x_chunk = grad_x.view(H * W, B * D) if needs_x and len(chunks) == 1 else \
+                (x.new_empty(H * W, b * D) if needs_x else None)
+            for n in range(num_heads):
+                row, head = mix(chunk, n)
+                if grad_weight_t is not None:
+                    block = grad_weight_t[n * D:(n + 1) * D]
+                    torch.addmm(block, head.t(), grad_chunk, out=block)
+                if not needs_head_grad:
+                    continue
+                head_grad = head_grad_buffer[:chunk.numel()].view(H * W * b, D)
+                torch.mm(grad_chunk, weight[:, n * D:(n + 1) * D], out=head_grad)
+                first = 0. if n == 0 else 1.
+                if separable:
+                    head_grad = head_grad.view(H, W, b * D)
+                    row_probs, col_probs = probs
+                    if needs_probs[1]:
+                        # d/dcol[j, l] = sum over rows i of head_grad[i, j, :] . row[i, l, :]
+                        grad_probs[1][n] += torch.bmm(head_grad, row.view(H, W, b * D).transpose(1, 2)).sum(0)
+                    row_grad = row_grad_buffer[:chunk.numel()].view(H, W, b * D)
+                    torch.bmm(col_probs[n].t().expand(H, W, W), head_grad, out=row_grad)
+                    row_grad = row_grad.view(H, W * b * D)
+                    if needs_probs[0]:
+                        grad_probs[0][n] += torch.mm(row_grad, chunk.view(H, W * b * D).t())
+                    if grad_x_chunk is not None:
+                        rows = grad_x_chunk.view(H, -1)
+                        torch.addmm(rows, row_probs[n].t(), row_grad, beta=first, out=rows)
+                else:
+                    head_grad = head_grad.view(H * W, b * D)
+                    if needs_probs[0]:
+                        grad_probs[0][n] += torch.mm(head_grad, chunk.view(H * W, b * D).t())
+                    if grad_x_chunk is not None:
+                        torch.addmm(grad_x_chunk, probs[0][n].t(), head_grad, beta=first, out=grad_x_chunk)
+            if grad_x is not None and len(chunks) > 1:
+                grad_x[:, :, start:end] = grad_x_chunk.view(H, W, b, D)
+        grad_weight = grad_weight_t.t() if grad_weight_t is not None else None
+        grad_bias = grad_out.reshape(-1, out_features).sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return (grad_x, grad_weight, grad_bias, *grad_probs)
+

@@ -1,0 +1,192 @@
+""" Positional attention scores of Cordonnier, Loukas & Jaggi: the four kinds, one module each
+
+Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020),
+https://arxiv.org/abs/1911.03584
+
+Each kind owns its parameters and turns the relative shift ``delta = key - query`` (in grid units) into
+scores indexed ``[head, query, key]`` (SPEC 3):
+
+* :class:`QuadraticScores`   isotropic Gaussian, ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``
+* :class:`GeneralizedScores` non-isotropic Gaussian, ``A_h(delta) = -1/2 (delta - mu_h)^T S_h S_h^T (delta - mu_h)``
+* :class:`LearnedScores`     relative row / column tables, ``A_h(delta) = k_v(E_v[delta_1])_h + k_u(E_u[delta_2])_h``
+* :class:`ContentScores`     query/key content scores ``q_h . k_h / sqrt(D)`` (used with ``learned``)
+
+Separable kinds (``quadratic``, ``learned``) also return their row and column terms apart
+(``axis_scores``), from which :mod:`sa_vision.layers.attention` builds the grid softmax as a Kronecker
+product. The parameter named ``spreads`` (the state-dict name of the released code, kept so published
+weights load) holds a *precision* factor: the larger it is, the narrower the head's attention.
+
+Imports only torch; no other sa_vision module.
+"""
+from typing import Tuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = [
+    'QuadraticScores', 'GeneralizedScores', 'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts',
+]
+
+
+def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``shifts[q, k] = k - q`` along one axis of ``size`` positions, ``(size, size)``."""
+    positions = torch.arange(size, device=device, dtype=dtype)
+    return positions - positions[:, None]  # (size,) broadcasts as the key index
+
+
+def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    """``shifts[q, k] = (row_k - row_q, col_k - col_q)`` for row-major grid positions, ``(h*w, h*w, 2)``."""
+    # row and column of every position, written as broadcasts (repeat_interleave with a symbolic size
+    # exports to a wrong ONNX graph)
+    rows = torch.arange(grid_h, device=device, dtype=dtype)[:, None].expand(grid_h, grid_w).reshape(-1)
+    cols = torch.arange(grid_w, device=device, dtype=dtype)[None, :].expand(grid_h, grid_w).reshape(-1)
+    return torch.stack([rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]], dim=-1)
+
+
+class QuadraticScores(nn.Module):
+    """Isotropic Gaussian scores: a centre ``mu_h`` (row, col) and a precision factor ``s_h`` per head.
+
+    ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``; the paper's ``alpha_h = s_h^2 / 2`` (positive by
+    squaring) and ``Delta_h = mu_h``. ``spreads`` (the state-dict name kept from the released code) holds
+    ``s_h``: a larger value makes the head narrower, it is not a spread. ``centers`` holds ``mu_h``.
+    Separable: the row and column terms are returned apart.
+    """
+    separable: bool = True
+
+    def __init__(self, num_heads: int, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
+        self.spreads = nn.Parameter(torch.empty(num_heads, **dd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.centers, std=2.0)
+        nn.init.normal_(self.spreads, mean=1.0, std=0.01)
+
+    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        """Row scores ``(heads, h, h)`` and column scores ``(heads, w, w)``, indexed ``[head, query, key]``."""
+        scale = -0.5 * self.spreads.square()[:, None, None]  # -alpha_h from the precision factor s_h
+        dy = relative_shifts(grid_h, self.centers.device, self.centers.dtype)
+        dx = relative_shifts(grid_w, self.centers.device, self.centers.dtype)
+        row = scale * (dy - self.centers[:, 0, None, None]).square()
+        col = scale * (dx - self.centers[:, 1, None, None]).square()
+        return row, col
+
+    def square_axis_scores(self, size: int) -> Tensor:
+        """Row and column scores of a ``size x size`` grid in one tensor, ``(2, heads, size, size)`` indexed
+        ``[axis, head, query, key]``: half the small ops of :meth:`axis_scores` (every op here runs once
+        per layer and training step, and its count, not its size, is what it costs)."""
+        shifts = relative_shifts(size, self.centers.device, self.centers.dtype)  # size, size
+        offsets = shifts - self.centers.t().reshape(2, self.num_heads, 1, 1)  # 2, heads, size, size
+        return offsets.square() * self.spreads.square().mul(-0.5).view(self.num_heads, 1, 1)
+
+    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
+        """Scores over the whole grid, ``(heads, h*w, h*w)`` indexed ``[head, query, key]``."""
+        shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
+        offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
+        return -(0.5 * self.spreads ** 2)[:, None, None] * (offsets ** 2).sum(-1)
+
+
+class GeneralizedScores(nn.Module):
+    """Non-isotropic Gaussian scores: a centre ``mu_h`` and a 2x2 precision factor ``S_h`` per head.
+
+    ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)`` with the precision matrix ``M_h = S_h S_h^T``
+    (positive semi-definite by construction; ``S_h`` is a square root of ``Sigma_h^-1``). ``spreads`` (the
+    state-dict name kept from the released code) holds ``S_h``: larger entries make the head narrower.
+    The cross term makes it non-separable.
+    """
+    separable: bool = False
+
+    def __init__(self, num_heads: int, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
+        self.spreads = nn.Parameter(torch.empty(num_heads, 2, 2, **dd))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.centers, std=2.0)
+        with torch.no_grad():
+            nn.init.normal_(self.spreads, std=0.01)
+            self.spreads.add_(torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype))
+
+    def precisions(self) -> Tensor:
+        """The precision matrices ``M_h = S_h S_h^T`` from the factors held in ``spreads``, ``(heads, 2, 2)``."""
+        return self.spreads @ self.spreads.transpose(-1, -2)
+
+    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        raise RuntimeError('generalized (non-isotropic) Gaussian scores are not separable')
+
+    def square_axis_scores(self, size: int) -> Tensor:
+        raise RuntimeError('generalized (non-isotropic) Gaussian scores are not separable')
+
+    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
+        shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
+        offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
+        precisions = self.precisions()
+        # quadratic form offsets^T M offsets, written out for the symmetric 2x2 M
+        dy, dx = offsets[..., 0], offsets[..., 1]
+        m_yy = precisions[:, 0, 0, None, None]
+        m_xx = precisions[:, 1, 1, None, None]
+        m_yx = precisions[:, 0, 1, None, None]
+        return -0.5 * (m_yy * dy * dy + 2.0 * m_yx * dy * dx + m_xx * dx * dx)
+
+
+class LearnedScores(nn.Module):
+    """Learned relative-position scores, no content: one table per axis and a key map per axis.
+
+    ``A_h(delta) = k_v(E_v[delta_row])_h + k_u(E_u[delta_col])_h``; shifts beyond ``max_shift`` are
+    clipped, so any grid size works. Separable: the row and column terms are returned apart.
+    """
+    separable: bool = True
+
+    def __init__(self, dim: int, num_heads: int, max_shift: int = 15, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.max_shift = max_shift
+        self.row_shift_embed = nn.Embedding(2 * max_shift + 1, dim, **dd)
+        self.col_shift_embed = nn.Embedding(2 * max_shift + 1, dim, **dd)
+        self.row_keys = nn.Linear(dim, num_heads, bias=False, **dd)
+        self.col_keys = nn.Linear(dim, num_heads, bias=False, **dd)
+
+    def _table_index(self, size: int) -> Tensor:
+        shifts = relative_shifts(size, self.row_shift_embed.weight.device, torch.float32).long()
+        return shifts.clamp(-self.max_shift, self.max_shift) + self.max_shift
+
+    def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
+        row = self.row_keys(self.row_shift_embed(self._table_index(grid_h)))  # h, h, heads
+        col = self.col_keys(self.col_shift_embed(self._table_index(grid_w)))  # w, w, heads
+        return row.permute(2, 0, 1), col.permute(2, 0, 1)
+
+    def square_axis_scores(self, size: int) -> Tensor:
+        """Row and column scores of a ``size x size`` grid in one tensor, ``(2, heads, size, size)``."""
+        return torch.stack(self.axis_scores(size, size))
+
+    def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
+        row, col = self.axis_scores(grid_h, grid_w)
+        # scores[n, (i, j), (k, l)] = row[n, i, k] + col[n, j, l]
+        scores = row[:, :, None, :, None] + col[:, None, :, None, :]
+        return scores.reshape(self.num_heads, grid_h * grid_w, grid_h * grid_w)
+
+
+class ContentScores(nn.Module):
+    """Query/key content scores ``q_h . k_h / sqrt(D)`` with ``q = X W_q + b``, ``k = X W_k + b``."""
+
+    def __init__(self, dim: int, num_heads: int, device=None, dtype=None):
+        super().__init__()
+        dd = {'device': device, 'dtype': dtype}
+        self.num_heads = num_heads
+        self.query = nn.Linear(dim, num_heads * dim, **dd)
+        self.key = nn.Linear(dim, num_heads * dim, **dd)
+
+    def forward(self, tokens: Tensor) -> Tuple[Tensor, Tensor]:
+        """Queries and keys ``(B, heads, N, D)`` for tokens ``(B, N, D)``."""
+        B, N, D = tokens.shape
+        q = self.query(tokens).view(B, N, self.num_heads, D).transpose(1, 2)
+        k = self.key(tokens).view(B, N, self.num_heads, D).transpose(1, 2)
+        return q, k
+
