@@ -103,13 +103,7 @@ def attention_probs(
     def capture_for(layer: PositionalAttention):
         def capture(block: nn.Module, args: Tuple[Tensor, ...]) -> None:
             # the block's input is the attention's input (the block may call the attention's parts directly)
-            x = args[0]
-            if getattr(layer, 'grid_major', False):  # h x w x B x D, as the models run it
-                x = x.permute(2, 0, 1, 3)
-            B, H, W, D = x.shape
-            q, k = layer.content(x.reshape(B, H * W, D))
-            scores = (q @ k.transpose(-1, -2)) / math.sqrt(D) + layer.position.grid_scores(H, W)[None]
-            captured.append(scores.double().softmax(dim=-1).mean(dim=0))
+            captured.append(layer.content_probs(args[0]).double().mean(dim=0))
         return capture
 
     parents = {id(m.attn): m for m in model.modules() if isinstance(getattr(m, 'attn', None), PositionalAttention)}

@@ -2,6 +2,6 @@ from .attention import (
     ATTENTION_KINDS, HeadsLinear, PositionalAttention, apply_mixing, attend_then_project, batched_heads,
     dense_attention, drop_negligible, negligible_below, use_batched_heads,
 )
-from .embed import SpaceToDepthEmbed, space_to_depth
+from .embed import SpaceToDepthEmbed
 from .mlp import GeluMlp
 from .scores import ContentScores, GeneralizedScores, LearnedScores, QuadraticScores, grid_shifts, relative_shifts

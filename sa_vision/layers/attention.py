@@ -55,7 +55,7 @@ the input and draws an ordinary per-sample mask.
 """
 import contextlib
 import math
-from typing import Callable, Dict, Iterator, List
+from typing import Callable, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -271,7 +271,9 @@ class PositionalAttention(nn.Module):
             self._probs_cache = {key: self._without_autocast(compute, grid_h, grid_w)}
         return self._probs_cache[key]
 
-    def _mix_content(self, x: Tensor) -> Tensor:
+    def _content_inputs(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Tokens ``(B, HW, D)``, queries and keys ``(B, heads, HW, D)`` and positional scores ``(heads, HW, HW)``
+        of the ``content`` kind for grid-major ``x`` (``h x w x B x D``)."""
         H, W, B, D = x.shape
         content = self.content
         assert content is not None
@@ -281,6 +283,26 @@ class PositionalAttention(nn.Module):
             position_scores = self.position.grid_scores(H, W)  # heads, HW, HW
         else:
             position_scores = self._without_autocast(self.position.grid_scores, H, W)
+        return tokens, q, k, position_scores
+
+    @torch.jit.unused
+    def content_probs(self, x: Tensor) -> Tensor:
+        """Probabilities of the ``content`` kind for the layer's input ``x`` (grid-major ``h x w x B x D`` when
+        ``grid_major``, else ``B x h x w x D``), no dropout: ``(B, heads, h*w, h*w)`` as ``[sample, head, query,
+        key]``, the softmax over keys of ``q . k / sqrt(D)`` plus the positional scores, which :meth:`mix` applies
+        through fused attention without building them."""
+        if self.content is None:
+            raise ValueError(f'content_probs is for the content kind; this layer is {self.kind!r}: its '
+                             f'probabilities do not depend on the input, use position_probs(grid_h, grid_w)')
+        if not self.grid_major:
+            x = x.permute(1, 2, 0, 3)  # B, h, w, D -> h, w, B, D
+        _, q, k, position_scores = self._content_inputs(x)
+        scores = q @ k.transpose(-1, -2) / math.sqrt(x.shape[-1]) + position_scores.to(q.dtype)[None]
+        return scores.softmax(dim=-1)
+
+    def _mix_content(self, x: Tensor) -> Tensor:
+        H, W, B, D = x.shape
+        tokens, q, k, position_scores = self._content_inputs(x)
         values = tokens[:, None].expand(B, self.num_heads, H * W, D)
         out = F.scaled_dot_product_attention(
             q, k, values,

@@ -20,14 +20,7 @@ from torch import Tensor, nn
 
 from timm.layers import register_notrace_module
 
-__all__ = ['SpaceToDepthEmbed', 'space_to_depth']
-
-
-def space_to_depth(x: Tensor, block: int = 2) -> Tensor:
-    """``B x C x H x W -> B x H/block x W/block x (block*block*C)``, index ``block*C*di + C*dj + c``."""
-    B, C, H, W = x.shape
-    x = x.reshape(B, C, H // block, block, W // block, block)  # B, C, i, di, j, dj
-    return x.permute(0, 2, 4, 3, 5, 1).reshape(B, H // block, W // block, block * block * C)
+__all__ = ['SpaceToDepthEmbed']
 
 
 @register_notrace_module  # shapes drive the reshapes; FX keeps the layer whole
