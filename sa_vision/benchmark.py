@@ -314,6 +314,7 @@ def build_variants(
         **model_kwargs,
 ) -> List[Variant]:
     """The model itself, then each of ``compare`` ('dense': same weights through the plain dense formula;
+    'batched': same weights on the batched-heads path, which GPUs, autocast and torch.compile take by themselves;
     'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.paper_reference`)."""
     import timm
     import sa_vision  # noqa: F401  (registers the models)
@@ -325,10 +326,15 @@ def build_variants(
             dense_model = copy.deepcopy(model)  # same weights
             variants.append(Variant(
                 f'{model_name}[dense]', dense_model, context=lambda m=dense_model: dense_attention(m)))
+        elif other == 'batched':
+            from sa_vision.layers import batched_heads
+            batched_model = copy.deepcopy(model)  # same weights
+            variants.append(Variant(
+                f'{model_name}[batched]', batched_model, context=lambda m=batched_model: batched_heads(m)))
         elif other == 'paper':
             variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model)))
         else:
-            raise ValueError(f'unknown comparison {other!r}; use dense or paper')
+            raise ValueError(f'unknown comparison {other!r}; use dense, batched or paper')
     return variants
 
 

@@ -9,7 +9,8 @@ Examples
 With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
 reported: those ratios are the speed figures we quote. 'dense' runs the same weights through the plain
-dense formula (sa_vision.layers.dense_attention); 'paper' runs the same weights through the paper's dense
+dense formula (sa_vision.layers.dense_attention); 'batched' the same weights on the batched-heads path
+(sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'paper' runs the same weights through the paper's dense
 formulation (sa_vision.paper_reference, part of the package).
 All measuring code lives in sa_vision.benchmark; this file is the command line only.
 """
@@ -56,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--runs', type=int, default=3, 
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
-    p.add_argument('--compare', default='', help='comma list of variants to time against: dense, paper')
+    p.add_argument('--compare', default='', help='comma list of variants to time against: dense, batched, paper')
     p.add_argument('--matmul-peak', action='store_true',
                    help='time the torch.mm rate (GFLOP/s) in every round, alternately with the models, in the dtype '
                         'the models compute in (the --amp-dtype with --amp, else --precision), and report training '

@@ -294,3 +294,18 @@ def test_cli_profiles_the_configured_step(monkeypatch, capsys):
     assert profiled == [dict(device=torch.device('cpu'), precision='float32', amp=True, amp_dtype='bfloat16',
                              channels_last=True, torchcompile=None)]
     assert 'bfloat16 autocast' in capsys.readouterr().out
+
+
+def test_batched_variant_runs_the_batched_path_with_the_same_weights():
+    from sa_vision.layers import PositionalAttention
+    model, batched = sab.build_variants('sa_quadratic_cifar', ['batched'], **TINY)
+    assert batched.name == 'sa_quadratic_cifar[batched]'
+    layers = [m for m in batched.model.modules() if isinstance(m, PositionalAttention)]
+    x = torch.randn(2, 3, 8, 8)
+    model.model.eval(), batched.model.eval()
+    with torch.no_grad(), batched.context():
+        assert layers and all(m.batched_heads for m in layers)
+        out = batched.model(x)
+    assert not any(m.batched_heads for m in layers)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model.model(x), rtol=1e-5, atol=1e-6)
