@@ -305,7 +305,7 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     counts = count_params_and_macs(model)
     body = _replace_section(body, 'size', _size_section(
         counts, f'\n- Architecture arguments of these weights: `{ckpt.model_args}`' if ckpt.model_args else ''))
-    on_cifar = info.tag == PRETRAINED_TAG
+    on_cifar = info.tag == dataset_info('cifar10').tag  # the dataset, whatever the registered tag is called
     measured = f'{metrics["top1"]:.2f} %' if 'top1' in metrics and label.is_reference else None
     results = _results_section(arch, measured)
     if 'top1' in metrics and not label.is_reference:
