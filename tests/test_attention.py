@@ -378,6 +378,46 @@ def test_batched_heads_path_with_dropout_equals_dense_reference(kind, dense):
                                        dict(rtol=1e-10, atol=1e-12))
 
 
+@pytest.mark.parametrize('kind', ('quadratic', 'learned'))
+def test_batched_training_keeps_one_heads_sized_tensor(kind):
+    """The separable batched path keeps for backward only the concatenated heads that Value needs, not also
+    the row-mixed heads the column product would keep in plain autograd (recomputed instead)."""
+    from sa_vision.layers import attend_then_project, batched_heads
+    layer, value = make_attention_and_value(kind, torch.float32, dense=False)
+    layer.train()
+    x = torch.randn(4, 6, 3, layer.dim, requires_grad=True)  # h, w, B, D
+    heads_sized = layer.num_heads * x.numel()
+    saved = []
+    with batched_heads(torch.nn.ModuleList([layer, value])), torch.autograd.graph.saved_tensors_hooks(
+            lambda t: (saved.append(t.numel()), t)[1], lambda t: t):
+        attend_then_project(layer, value, x)
+    assert saved.count(heads_sized) == 1 and max(saved) == heads_sized, saved
+
+
+@pytest.mark.parametrize('kind', ('quadratic', 'generalized', 'learned'))
+def test_batched_training_step_under_bfloat16_autocast(kind):
+    """A training step of the batched path under CPU bf16 autocast: output in bf16, gradients in the
+    parameters' dtype and within bf16 rounding of the float32 step."""
+    from sa_vision.layers import attend_then_project, batched_heads
+    layer, value = make_attention_and_value(kind, torch.float32, dense=False)
+    layer.train()
+    layer.attn_drop = 0.
+    x = torch.randn(4, 4, 3, layer.dim)
+    params = list(layer.parameters()) + list(value.parameters())
+    weights = torch.randn(4, 4, 3, 5)
+    with batched_heads(torch.nn.ModuleList([layer, value])):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = attend_then_project(layer, value, x)
+        grads = torch.autograd.grad((out.float() * weights).sum(), params)
+    ref = reference_attend_then_project(layer, value, x)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), params)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+    for g, rg, p in zip(grads, ref_grads, params):
+        assert g.dtype == p.dtype
+        torch.testing.assert_close(g, rg, rtol=0.05, atol=0.05 * rg.abs().max().item())
+
+
 def test_batched_value_accumulates_the_heads_in_float32_under_autocast():
     """Under bfloat16 autocast the Value rounds once: its error against float64 is no larger than that of one
     autocast Linear over the concatenated heads (summing 9 heads in bfloat16 one by one was ~30 % worse)."""

@@ -10,6 +10,10 @@ These kernels are eager-only: the products written into reused buffers and the P
 be captured into a graph (see :mod:`sa_vision.layers.tracing`), and they are written for float32 / float64
 (an ``out=`` product accumulates every head in the output's dtype). Anything else takes the batched path.
 
+One Function here serves the batched path: :func:`separable_mixing` mixes every head at once (two batched
+products, any dtype) and recomputes the row-mixed heads in backward instead of keeping them, so an eager
+training step keeps one heads-sized tensor per layer (Value's input), not two.
+
 Imports only torch and :mod:`sa_vision.layers.tracing`; no other sa_vision module.
 """
 from typing import List, Optional, Sequence, Tuple
@@ -19,7 +23,7 @@ from torch import Tensor
 
 from .tracing import refuse_capture
 
-__all__ = ['CPU_TOKENS_PER_CHUNK']
+__all__ = ['CPU_TOKENS_PER_CHUNK', 'separable_mixing']
 
 
 def _project_heads(heads: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
@@ -209,3 +213,51 @@ class _AttendThenProject(torch.autograd.Function):
         grad_bias = grad_out.reshape(-1, out_features).sum(0) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return (grad_x, grad_weight, grad_bias, *grad_probs)
 
+
+
+class _SeparableMixing(torch.autograd.Function):
+    """Every head's separable mixing of grid-major ``x`` (``h x w x B x D -> heads x h x w x B x D``), keeping
+    only ``x`` and the probabilities for backward (the batched path's training step).
+
+    Autograd would keep the row-mixed heads (a heads-sized tensor) for the column product's backward, on top
+    of the concatenated heads that Value keeps; recomputing them is one product over the input. Exactly the
+    products of :func:`sa_vision.layers.attention.apply_mixing`, in whatever dtype the inputs come in.
+    """
+
+    @staticmethod
+    def forward(ctx, x: Tensor, row_probs: Tensor, col_probs: Tensor) -> Tensor:
+        refuse_capture('the separable mixing\'s autograd Function')
+        H, W, B, D = x.shape
+        heads = row_probs.shape[0]
+        tokens = x.reshape(H, W * B * D)
+        all_rows = row_probs.reshape(heads * H, H)
+        # each head's (W, W) column probabilities once per grid row, for one bmm: (heads*H, W, W)
+        col_per_row = col_probs.repeat(1, H, 1).view(heads * H, W, W)
+        # rows of every head at once, (heads*H, H) @ (H, W*B*D), then columns, (heads*H, W, W) @ (heads*H, W, B*D)
+        rows = torch.mm(all_rows, tokens).view(heads * H, W, B * D)
+        ctx.save_for_backward(tokens, all_rows, col_per_row)
+        ctx.grid = (H, W, B, D)
+        return torch.bmm(col_per_row, rows).view(heads, H, W, B, D)
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        tokens, all_rows, col_per_row = ctx.saved_tensors
+        H, W, B, D = ctx.grid
+        heads = all_rows.shape[0] // H
+        grad_out = grad_out.reshape(heads * H, W, B * D)
+        grad_x = grad_row = grad_col = None
+        if ctx.needs_input_grad[2]:
+            rows = torch.mm(all_rows, tokens).view(heads * H, W, B * D)  # recomputed
+            # d/dcol[n, j, l] = sum over rows i of grad_out[n, i, j, :] . rows[n, i, l, :]
+            grad_col = torch.bmm(grad_out, rows.transpose(1, 2)).view(heads, H, W, W).sum(1)
+        grad_rows = torch.bmm(col_per_row.transpose(1, 2), grad_out).view(heads * H, W * B * D)
+        if ctx.needs_input_grad[1]:
+            grad_row = torch.mm(grad_rows, tokens.t()).view(heads, H, H)
+        if ctx.needs_input_grad[0]:
+            grad_x = torch.mm(all_rows.t(), grad_rows).view(H, W, B, D)
+        return grad_x, grad_row, grad_col
+
+
+def separable_mixing(x: Tensor, row_probs: Tensor, col_probs: Tensor) -> Tensor:
+    """:class:`_SeparableMixing` (the heads ``heads x h x w x B x D``), for eager training on the batched path."""
+    return _SeparableMixing.apply(x, row_probs, col_probs)
