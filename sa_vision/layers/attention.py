@@ -58,7 +58,7 @@ the input and draws an ordinary per-sample mask.
 """
 import contextlib
 import math
-from typing import Callable, Dict, Iterator, List, Tuple
+from typing import Callable, ContextManager, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -407,33 +407,29 @@ class HeadsLinear(nn.Linear):
 
 
 @contextlib.contextmanager
-def dense_attention(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
-    """Run every :class:`PositionalAttention` in ``model`` through the plain dense formula while active."""
-    layers = [m for m in model.modules() if isinstance(m, PositionalAttention)]
-    previous = [m.dense for m in layers]
-    for m in layers:
-        m.dense = enabled
+def _switch(model: nn.Module, kinds: Tuple[type, ...], attribute: str, value: bool) -> Iterator[nn.Module]:
+    """Set ``attribute`` of every module of ``kinds`` in ``model`` to ``value`` while active, then restore it."""
+    modules = [m for m in model.modules() if isinstance(m, kinds)]
+    previous = [getattr(m, attribute) for m in modules]
+    for m in modules:
+        setattr(m, attribute, value)
     try:
         yield model
     finally:
-        for m, was_dense in zip(layers, previous):
-            m.dense = was_dense
+        for m, was in zip(modules, previous):
+            setattr(m, attribute, was)
 
 
-@contextlib.contextmanager
-def batched_heads(model: nn.Module, enabled: bool = True) -> Iterator[nn.Module]:
+def dense_attention(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
+    """Run every :class:`PositionalAttention` in ``model`` through the plain dense formula while active."""
+    return _switch(model, (PositionalAttention,), 'dense', enabled)
+
+
+def batched_heads(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
     """Run every attention layer and Value of ``model`` on the batched path while active (``enabled=True``),
     or leave the choice to :func:`use_batched_heads` (``enabled=False``).
 
     The batched path is chosen by itself on GPUs, under autocast, ``torch.compile`` and export; this
     forces it on the CPU too, e.g. to test it or to compare speeds.
     """
-    layers = [m for m in model.modules() if isinstance(m, (PositionalAttention, HeadsLinear))]
-    previous = [m.batched_heads for m in layers]
-    for m in layers:
-        m.batched_heads = enabled
-    try:
-        yield model
-    finally:
-        for m, was_batched in zip(layers, previous):
-            m.batched_heads = was_batched
+    return _switch(model, (PositionalAttention, HeadsLinear), 'batched_heads', enabled)
