@@ -3,6 +3,9 @@
 The reference builds every score from its formula over all (query, key) pairs of the grid, takes a
 softmax over all keys and a weighted sum of the raw input; it shares only the parameter tensors with
 the layer under test.
+
+The exactness tests also run on CUDA (the ``device`` fixture of conftest.py) with TF32 off: there the
+batched-heads path is the default (``use_batched_heads``) and the content kind goes through CUDA's fused attention.
 """
 import math
 
@@ -10,22 +13,23 @@ import pytest
 import torch
 
 from sa_vision.layers import PositionalAttention, dense_attention
+from sa_vision.theory import exact_float32
 
 KINDS = ('quadratic', 'generalized', 'learned', 'content')
 # image sizes from the issue: 32x32 and the non-square 24x40, i.e. token grids 16x16 and 12x20
 GRIDS = ((16, 16), (12, 20))
 
 
-def grid_coordinates(grid_h, grid_w, dtype):
+def grid_coordinates(grid_h, grid_w, dtype, device='cpu'):
     """(row, col) of every grid position in row-major order, (h*w, 2)."""
     coords = [(i, j) for i in range(grid_h) for j in range(grid_w)]
-    return torch.tensor(coords, dtype=dtype)
+    return torch.tensor(coords, dtype=dtype, device=device)
 
 
 def reference_scores(layer, x):
     """Scores [head, query, key] (or [batch, head, query, key] with content) straight from SPEC 3."""
     B, H, W, D = x.shape
-    coords = grid_coordinates(H, W, x.dtype)
+    coords = grid_coordinates(H, W, x.dtype, x.device)
     delta = coords[None, :, :] - coords[:, None, :]  # key - query, (hw, hw, 2)
     pos = layer.position
     if layer.kind == 'quadratic':
@@ -62,7 +66,7 @@ def reference_attention(layer, x):
     return out.reshape(B, H, W, -1)
 
 
-def make_layer(kind, dtype, dim=6, num_heads=3, seed=0):
+def make_layer(kind, dtype, dim=6, num_heads=3, seed=0, device='cpu'):
     torch.manual_seed(seed)
     layer = PositionalAttention(dim, num_heads, kind, attn_drop=0.1).to(dtype).eval()
     with torch.no_grad():
@@ -70,25 +74,26 @@ def make_layer(kind, dtype, dim=6, num_heads=3, seed=0):
             # spreads that make the heads neither uniform nor one-hot, centres off the grid points
             layer.position.centers.copy_(torch.randn(num_heads, 2, dtype=dtype) * 2)
             layer.position.spreads.mul_(0.7)
-    return layer
+    return layer.to(device)
 
 
-def _check_against_reference(kind, grid, dtype, dense):
+def _check_against_reference(kind, grid, dtype, dense, device):
     H, W = grid
-    layer = make_layer(kind, dtype)
+    layer = make_layer(kind, dtype, device=device)
     layer.dense = dense
-    x = torch.randn(2, H, W, layer.dim, dtype=dtype, requires_grad=True)
-    out = layer(x)
-    ref = reference_attention(layer, x)
-    assert out.shape == (2, H, W, layer.num_heads * layer.dim)
-    rtol, atol = (1e-10, 1e-12) if dtype == torch.float64 else (1e-5, 1e-6)
-    torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
+    x = torch.randn(2, H, W, layer.dim, dtype=dtype, device=device, requires_grad=True)
+    with exact_float32():  # float32 means float32 on a GPU too (no TF32)
+        out = layer(x)
+        ref = reference_attention(layer, x)
+        assert out.shape == (2, H, W, layer.num_heads * layer.dim)
+        rtol, atol = (1e-10, 1e-12) if dtype == torch.float64 else (1e-5, 1e-6)
+        torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
 
-    # gradients with respect to the input and every parameter
-    weights = torch.randn_like(ref)
-    params = [p for p in layer.parameters()]
-    grads = torch.autograd.grad((out * weights).sum(), [x] + params)
-    ref_grads = torch.autograd.grad((ref * weights).sum(), [x] + params)
+        # gradients with respect to the input and every parameter
+        weights = torch.randn_like(ref)
+        params = [p for p in layer.parameters()]
+        grads = torch.autograd.grad((out * weights).sum(), [x] + params)
+        ref_grads = torch.autograd.grad((ref * weights).sum(), [x] + params)
     for g, rg in zip(grads, ref_grads):
         torch.testing.assert_close(g, rg, rtol=rtol * 10, atol=atol * 10)
 
@@ -96,15 +101,15 @@ def _check_against_reference(kind, grid, dtype, dense):
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
 @pytest.mark.parametrize('grid', GRIDS, ids=lambda g: f'{g[0]}x{g[1]}')
 @pytest.mark.parametrize('kind', KINDS)
-def test_default_path_equals_dense_reference(kind, grid, dtype):
-    _check_against_reference(kind, grid, dtype, dense=False)
+def test_default_path_equals_dense_reference(kind, grid, dtype, device):
+    _check_against_reference(kind, grid, dtype, dense=False, device=device)
 
 
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
 @pytest.mark.parametrize('grid', GRIDS, ids=lambda g: f'{g[0]}x{g[1]}')
 @pytest.mark.parametrize('kind', KINDS)
-def test_dense_switch_equals_dense_reference(kind, grid, dtype):
-    _check_against_reference(kind, grid, dtype, dense=True)
+def test_dense_switch_equals_dense_reference(kind, grid, dtype, device):
+    _check_against_reference(kind, grid, dtype, dense=True, device=device)
 
 
 @pytest.mark.parametrize('kind', ('quadratic', 'learned'))
@@ -302,11 +307,11 @@ def reference_attend_then_project(layer, value, x, probs=None):
     return out.permute(1, 2, 0, 3)
 
 
-def make_attention_and_value(kind, dtype, dense):
+def make_attention_and_value(kind, dtype, dense, device='cpu'):
     from sa_vision.layers import HeadsLinear
-    layer = make_layer(kind, dtype)
+    layer = make_layer(kind, dtype, device=device)
     layer.dense = dense
-    value = HeadsLinear(layer.num_heads * layer.dim, 5).to(dtype)
+    value = HeadsLinear(layer.num_heads * layer.dim, 5).to(device, dtype)
     return layer, value
 
 
@@ -323,26 +328,26 @@ def assert_outputs_and_gradients_match(out, ref, inputs, tol):
 @pytest.mark.parametrize('grid', GRIDS, ids=lambda g: f'{g[0]}x{g[1]}')
 @pytest.mark.parametrize('dense', (False, True), ids=('separable', 'dense'))
 @pytest.mark.parametrize('kind', ('quadratic', 'generalized', 'learned'))
-def test_batched_heads_path_equals_dense_reference(kind, dense, grid, dtype):
+def test_batched_heads_path_equals_dense_reference(kind, dense, grid, dtype, device):
     """Forward and gradients (input, positional parameters, Value) of the batched path, without dropout."""
     from sa_vision.layers import attend_then_project, batched_heads
-    layer, value = make_attention_and_value(kind, dtype, dense)
+    layer, value = make_attention_and_value(kind, dtype, dense, device)
     layer.train()
     layer.attn_drop = 0.
-    x = torch.randn(*grid, 3, layer.dim, dtype=dtype, requires_grad=True)  # h, w, B, D
+    x = torch.randn(*grid, 3, layer.dim, dtype=dtype, device=device, requires_grad=True)  # h, w, B, D
     calls = []
     value.register_forward_pre_hook(lambda m, args: calls.append('per-head Value'))
-    with batched_heads(torch.nn.ModuleList([layer, value])):
+    with batched_heads(torch.nn.ModuleList([layer, value])), exact_float32():
         out = attend_then_project(layer, value, x)
-    assert not calls, 'the batched path must not go through the per-head HeadsLinear.forward'
-    ref = reference_attend_then_project(layer, value, x)
-    tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
-    assert_outputs_and_gradients_match(out, ref, [x] + list(layer.parameters()) + list(value.parameters()), tol)
+        assert not calls, 'the batched path must not go through the per-head HeadsLinear.forward'
+        ref = reference_attend_then_project(layer, value, x)
+        tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
+        assert_outputs_and_gradients_match(out, ref, [x] + list(layer.parameters()) + list(value.parameters()), tol)
 
 
 @pytest.mark.parametrize('dense', (False, True), ids=('separable', 'dense'))
 @pytest.mark.parametrize('kind', ('quadratic', 'generalized', 'learned'))
-def test_batched_heads_path_with_dropout_equals_dense_reference(kind, dense):
+def test_batched_heads_path_with_dropout_equals_dense_reference(kind, dense, device):
     """With attention dropout: the reference draws the same masks from the same seed on probabilities it
     computes itself. Dense: one (heads, h*w, h*w) mask. Separable on a square grid: one mask over the row
     and column factors stacked as (2, heads, n, n), each kept with sqrt(1 - p); the grid probabilities are
@@ -350,11 +355,11 @@ def test_batched_heads_path_with_dropout_equals_dense_reference(kind, dense):
     from sa_vision.layers import attend_then_project, batched_heads
     if kind == 'generalized' and not dense:
         pytest.skip('generalized attention has no separable form')
-    layer, value = make_attention_and_value(kind, torch.float64, dense)
+    layer, value = make_attention_and_value(kind, torch.float64, dense, device)
     layer.train()
     layer.attn_drop = 0.3
     n = 6
-    x = torch.randn(n, n, 3, layer.dim, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(n, n, 3, layer.dim, dtype=torch.float64, device=device, requires_grad=True)
     torch.manual_seed(7)
     with batched_heads(torch.nn.ModuleList([layer, value])):
         out = attend_then_project(layer, value, x)

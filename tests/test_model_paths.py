@@ -3,6 +3,9 @@ torch.compile (fullgraph) against eager.
 
 References are independent of the path under test: a fresh float32 model, the eager model, the per-head
 path's measured op count.
+
+The autocast and torch.compile tests also run on CUDA (the ``device`` fixture of conftest.py): there the models take
+the batched-heads path, and torch.compile uses inductor.
 """
 import collections
 import copy
@@ -14,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sa_vision  # noqa: F401  (registers the models)
 import timm
 from sa_vision.layers import batched_heads
+from sa_vision.theory import exact_float32
 
 SA_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar')
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24)
@@ -31,15 +35,15 @@ def test_every_registered_sa_model_is_covered():
 
 
 @pytest.mark.parametrize('name', SA_MODELS)
-def test_float32_eval_after_bfloat16_autocast_eval_equals_a_fresh_float32_eval(name):
+def test_float32_eval_after_bfloat16_autocast_eval_equals_a_fresh_float32_eval(name, device):
     """The eval probability cache must not hand float32 inference probabilities computed under bf16
     autocast (the generalized precision matrix in bf16 put up to 22 % into the probabilities; the learned
     kind crashed on a bf16 tensor where float32 was expected)."""
-    model = small_model(name).eval()
+    model = small_model(name).eval().to(device)
     fresh = copy.deepcopy(model)
-    x = torch.randn(2, 3, 16, 16)
+    x = torch.randn(2, 3, 16, 16).to(device)
     with torch.no_grad():
-        with torch.autocast('cpu', dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             model(x)
         after_autocast = model(x)
         expected = fresh(x)
@@ -85,12 +89,12 @@ def test_batched_heads_cut_the_ops_of_a_training_step_at_least_four_times():
     assert batched * 4 <= per_head, (batched, per_head)
 
 
-def assert_compiled_matches_eager(name, backend):
+def assert_compiled_matches_eager(name, backend, device='cpu'):
     torch._dynamo.reset()
     # no dropout, so that compiled and eager training steps see the same function
-    model = small_model(name, proj_drop_rate=0., attn_drop_rate=0.)
+    model = small_model(name, proj_drop_rate=0., attn_drop_rate=0.).to(device)
     compiled = torch.compile(model, backend=backend, fullgraph=True)
-    x = torch.randn(2, 3, 16, 16)
+    x = torch.randn(2, 3, 16, 16).to(device)
     model.eval()
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
@@ -105,11 +109,13 @@ def assert_compiled_matches_eager(name, backend):
 
 
 @pytest.mark.parametrize('name', SA_MODELS)
-def test_torch_compile_fullgraph_matches_eager(name):
+def test_torch_compile_fullgraph_matches_eager(name, device):
     """fullgraph=True: no graph break (the per-head autograd Functions and the eval cache stay out of the
-    graph), inference output and training gradients equal to eager. aot_eager traces forward and backward
-    like inductor does without generating C++ (slow on two cores)."""
-    assert_compiled_matches_eager(name, 'aot_eager')
+    graph), inference output and training gradients equal to eager. On the CPU aot_eager traces forward and
+    backward like inductor does without generating C++ (slow on two cores); on CUDA inductor itself, with
+    TF32 off so that its float32 is eager's."""
+    with exact_float32():
+        assert_compiled_matches_eager(name, 'aot_eager' if device == 'cpu' else 'inductor', device)
 
 
 @pytest.mark.slow

@@ -17,10 +17,10 @@ def relative_error(out, ref):
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 @pytest.mark.parametrize('in_chans,out_chans,kernel,dilation', [
     (16, 32, 3, 1), (3, 8, 3, 1), (5, 7, 5, 1), (8, 4, 3, 2), (1, 1, 3, 1)])
-def test_padded_matches_conv_everywhere(dtype, in_chans, out_chans, kernel, dilation):
+def test_padded_matches_conv_everywhere(dtype, in_chans, out_chans, kernel, dilation, device):
     torch.manual_seed(0)
-    conv = nn.Conv2d(in_chans, out_chans, kernel, padding=kernel // 2 * dilation, dilation=dilation).to(dtype)
-    x = torch.randn(2, in_chans, 13, 10, dtype=dtype)
+    conv = nn.Conv2d(in_chans, out_chans, kernel, padding=kernel // 2 * dilation, dilation=dilation).to(device, dtype)
+    x = torch.randn(2, in_chans, 13, 10, dtype=dtype).to(device)
     layer = attention_from_conv(conv)
     with torch.no_grad(), exact_float32():  # TF32 convolutions on a GPU would differ by ~1e-3
         ref, out = conv(x), layer(x)
@@ -30,10 +30,10 @@ def test_padded_matches_conv_everywhere(dtype, in_chans, out_chans, kernel, dila
 
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 @pytest.mark.parametrize('kernel,dilation', [(3, 1), (5, 1), (3, 2)])
-def test_unpadded_matches_conv_away_from_borders(dtype, kernel, dilation):
+def test_unpadded_matches_conv_away_from_borders(dtype, kernel, dilation, device):
     torch.manual_seed(1)
-    conv = nn.Conv2d(6, 5, kernel, padding=0, dilation=dilation, bias=False).to(dtype)
-    x = torch.randn(3, 6, 14, 12, dtype=dtype)
+    conv = nn.Conv2d(6, 5, kernel, padding=0, dilation=dilation, bias=False).to(device, dtype)
+    x = torch.randn(3, 6, 14, 12, dtype=dtype).to(device)
     layer = attention_from_conv(conv)
     assert not layer.pad
     r = kernel // 2 * dilation
@@ -137,7 +137,7 @@ def test_exact_float32_switches_tf32_off_and_restores():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='TF32 exists on CUDA GPUs only')
+@pytest.mark.cuda  # TF32 exists on CUDA GPUs only
 def test_float32_equality_on_cuda_under_exact_float32():
     torch.manual_seed(0)
     conv = nn.Conv2d(16, 32, 3, padding=1).cuda()

@@ -110,8 +110,10 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     assert ddp['metrics']['top1'] == pytest.approx(single['metrics']['top1'], abs=0.3)
 
 
-def test_evaluation_reduces_on_the_model_device(monkeypatch):
-    """NCCL reduces only tensors on the process's GPU: the totals must live on the evaluation device."""
+@pytest.mark.parametrize('device', ['meta', pytest.param('cuda', marks=pytest.mark.cuda)])
+def test_evaluation_reduces_on_the_model_device(monkeypatch, device):
+    """NCCL reduces only tensors on the process's GPU: the totals must live on the evaluation device
+    ('meta' stands in for a device other than the CPU where there is no GPU)."""
     import torch.distributed as dist
     from sa_vision.evaluation import evaluate
     seen = []
@@ -123,11 +125,30 @@ def test_evaluation_reduces_on_the_model_device(monkeypatch):
         seen.append(tensor.device)
         raise Stop
     monkeypatch.setattr(dist, 'all_reduce', all_reduce)
-    model = torch.nn.Linear(4, 3, device='meta')  # 'meta' stands in for a device other than the CPU
+    model = torch.nn.Linear(4, 3, device=device)
     loader = [(torch.zeros(2, 4), torch.zeros(2, dtype=torch.long))]
     with pytest.raises(Stop):
-        evaluate(model, loader, 'meta', distributed=True)
-    assert seen == [torch.device('meta')]
+        evaluate(model, loader, device, distributed=True)
+    assert [d.type for d in seen] == [device]
+
+
+@pytest.mark.cuda
+def test_evaluation_all_reduces_over_nccl(tmp_path):
+    """A real NCCL all-reduce of the evaluation totals (one process, world size 1): the same metrics as
+    without DDP. Two processes need two GPUs (one GPU per process), which the torchrun test above does on CPU."""
+    import torch.distributed as dist
+    from sa_vision.evaluation import evaluate
+    if not dist.is_nccl_available():
+        pytest.skip('PyTorch built without NCCL')
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 7).cuda()
+    loader = [(torch.randn(5, 4), torch.randint(0, 7, (5,))) for _ in range(3)]
+    expected = evaluate(model, loader, 'cuda')
+    dist.init_process_group('nccl', init_method=f'file://{tmp_path / "store"}', rank=0, world_size=1)
+    try:
+        assert evaluate(model, loader, 'cuda', distributed=True) == pytest.approx(expected)
+    finally:
+        dist.destroy_process_group()
 
 
 def test_evaluation_counts_top1_and_top5():
@@ -196,6 +217,22 @@ def test_float16_amp_trains_with_a_loss_scaler(tmp_path):
     ckpt = load_ckpt(tmp_path / 'fp16' / 'last.pth.tar')
     assert isinstance(ckpt.get('loss_scaler'), dict) and ckpt['loss_scaler']['scale'] > 0
     assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values())
+
+
+@pytest.mark.cuda
+def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path):
+    """One short epoch on the GPU with bf16 autocast and the channels-last layout; the checkpoint loads."""
+    from sa_vision.checkpoint import load_model
+    log = run_train(_mechanics_args(tmp_path, 'cuda', 1) + ['--device', 'cuda', '--amp', '--amp-dtype', 'bfloat16',
+                                                            '--channels-last', '--workers', 0])
+    assert '1 process(es) on cuda' in log and 'amp=True' in log
+    ckpt = load_ckpt(tmp_path / 'cuda' / 'last.pth.tar')
+    assert ckpt['num_updates'] == 1437 // 64 and ckpt.get('loss_scaler') is None  # no scaler for bfloat16
+    assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values())
+    model = load_model(str(tmp_path / 'cuda' / 'last.pth.tar'))
+    for key, value in model.state_dict().items():
+        assert torch.equal(value, ckpt['state_dict'][key]), key
+    assert torch.isfinite(model(torch.randn(2, 3, 32, 32))).all()
 
 
 @pytest.mark.slow

@@ -1,4 +1,7 @@
-""" The training loop's runtime behaviour without a GPU: host syncs, device-dependent defaults, backend switches """
+""" The training loop's runtime behaviour without a GPU: host syncs, device-dependent defaults, backend switches
+
+The host-sync counts also run on CUDA (the ``device`` fixture of conftest.py), where a host read stalls the GPU.
+"""
 import argparse
 import copy
 import logging
@@ -39,8 +42,8 @@ def count_host_reads(monkeypatch):
     return reads
 
 
-def _epoch_args(log_interval):
-    return argparse.Namespace(device='cpu', channels_last=False, clip_grad=None, log_interval=log_interval,
+def _epoch_args(log_interval, device='cpu'):
+    return argparse.Namespace(device=device, channels_last=False, clip_grad=None, log_interval=log_interval,
                               world_size=1, rank=0)
 
 
@@ -51,14 +54,16 @@ def _toy_problem(steps=8, batch=4):
     return model, loader
 
 
-def test_train_epoch_reads_the_loss_only_at_log_lines(count_host_reads, caplog):
+def test_train_epoch_reads_the_loss_only_at_log_lines(count_host_reads, caplog, device):
     steps, log_interval = 8, 3  # log lines after steps 3, 6 and 8 (the last)
     model, loader = _toy_problem(steps)
-    reference_model = copy.deepcopy(model)
+    reference_model = copy.deepcopy(model)  # trained on the CPU
+    model.to(device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with caplog.at_level(logging.INFO, logger='train'), count_host_reads:
         metrics, num_updates = training.train_one_epoch(
-            0, model, loader, optimizer, nn.CrossEntropyLoss(), None, _epoch_args(log_interval), 0, nullcontext)
+            0, model, loader, optimizer, nn.CrossEntropyLoss(), None, _epoch_args(log_interval, device), 0,
+            nullcontext)
     assert num_updates == steps
     assert 1 <= count_host_reads.count <= 3, f'{count_host_reads.count} host reads in {steps} steps'
 
@@ -121,9 +126,9 @@ def test_backends_are_exact_unless_asked(restore_backend_flags):
     assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
 
 
-def test_evaluation_reads_its_totals_once(count_host_reads):
+def test_evaluation_reads_its_totals_once(count_host_reads, device):
     from sa_vision.evaluation import evaluate
     model, loader = _toy_problem(steps=5)
     with count_host_reads:
-        metrics = evaluate(model, loader, 'cpu')
+        metrics = evaluate(model.to(device), loader, device)
     assert count_host_reads.count == 1 and metrics['num_images'] == 20
