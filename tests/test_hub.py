@@ -99,6 +99,8 @@ def test_published_recipe_holds_training_arguments_only(trained):
     text = (export_dir / 'recipe.yaml').read_text()
     recipe = yaml.safe_load(text)
     assert not set(recipe) & RUNTIME_ARGS, set(recipe) & RUNTIME_ARGS
+    # switches of this machine, named here apart from RUNTIME_ARGS so that dropping one from it is seen
+    assert not {'cudnn_benchmark', 'pin_mem', 'channels_last', 'device', 'workers'} & set(recipe)
     assert str(ckpt_path.parent.parent) not in text and '/tmp' not in text and str(ROOT) not in text
     assert recipe['model'] == 'sa_quadratic_cifar' and recipe['dataset'] == 'digits'
     assert recipe['num_classes'] == NUM_CLASSES and recipe['model_kwargs']['proj_drop_rate'] == 0.0
