@@ -7,6 +7,7 @@ the layer under test.
 The exactness tests also run on CUDA (the ``device`` fixture of conftest.py) with TF32 off: there the
 batched-heads path is the default (``use_batched_heads``) and the content kind goes through CUDA's fused attention.
 """
+import copy
 import math
 
 import pytest
@@ -14,6 +15,8 @@ import torch
 
 from sa_vision.layers import PositionalAttention, dense_attention
 from sa_vision.theory import exact_float32
+
+from float32_bounds import assert_float32_close, assert_float32_gradients_close
 
 KINDS = ('quadratic', 'generalized', 'learned', 'content')
 # image sizes from the issue: 32x32 and the non-square 24x40, i.e. token grids 16x16 and 12x20
@@ -77,25 +80,37 @@ def make_layer(kind, dtype, dim=6, num_heads=3, seed=0, device='cpu'):
     return layer.to(device)
 
 
+def float64_copy(module, *tensors):
+    """The float64 reference's inputs: a float64 copy of ``module`` and of each tensor, as new leaves."""
+    return (copy.deepcopy(module).double(),) + tuple(t.detach().double().requires_grad_(t.requires_grad)
+                                                     for t in tensors)
+
+
 def _check_against_reference(kind, grid, dtype, dense, device):
     H, W = grid
+    B = 2
     layer = make_layer(kind, dtype, device=device)
     layer.dense = dense
-    x = torch.randn(2, H, W, layer.dim, dtype=dtype, device=device, requires_grad=True)
+    x = torch.randn(B, H, W, layer.dim, dtype=dtype, device=device, requires_grad=True)
+    # float32 is compared against float64 (a float32 reference is as inexact as the code under test)
+    ref_layer, ref_x = float64_copy(layer, x)
     with exact_float32():  # float32 means float32 on a GPU too (no TF32)
         out = layer(x)
-        ref = reference_attention(layer, x)
-        assert out.shape == (2, H, W, layer.num_heads * layer.dim)
-        rtol, atol = (1e-10, 1e-12) if dtype == torch.float64 else (1e-5, 1e-6)
-        torch.testing.assert_close(out, ref, rtol=rtol, atol=atol)
-
-        # gradients with respect to the input and every parameter
+        ref = reference_attention(ref_layer, ref_x)
+        assert out.shape == (B, H, W, layer.num_heads * layer.dim)
         weights = torch.randn_like(ref)
         params = [p for p in layer.parameters()]
-        grads = torch.autograd.grad((out * weights).sum(), [x] + params)
-        ref_grads = torch.autograd.grad((ref * weights).sum(), [x] + params)
-    for g, rg in zip(grads, ref_grads):
-        torch.testing.assert_close(g, rg, rtol=rtol * 10, atol=atol * 10)
+        grads = torch.autograd.grad((out * weights.to(dtype)).sum(), [x] + params)
+        ref_grads = torch.autograd.grad((ref * weights).sum(), [ref_x] + list(ref_layer.parameters()))
+    if dtype == torch.float64:
+        torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+        for g, rg in zip(grads, ref_grads):
+            torch.testing.assert_close(g, rg, rtol=1e-9, atol=1e-11)
+        return
+    # an output sums over every key (and over the head dimension for content scores); a parameter's
+    # gradient sums over the batch, every query and every key, then over the head dimension
+    assert_float32_close(out, ref, reduction_length=H * W + layer.dim)
+    assert_float32_gradients_close(grads, ref_grads, reduction_length=B * (H * W) ** 2 + layer.dim)
 
 
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
@@ -337,12 +352,26 @@ def test_batched_heads_path_equals_dense_reference(kind, dense, grid, dtype, dev
     x = torch.randn(*grid, 3, layer.dim, dtype=dtype, device=device, requires_grad=True)  # h, w, B, D
     calls = []
     value.register_forward_pre_hook(lambda m, args: calls.append('per-head Value'))
-    with batched_heads(torch.nn.ModuleList([layer, value])), exact_float32():
+    pair = torch.nn.ModuleList([layer, value])
+    with batched_heads(pair), exact_float32():
         out = attend_then_project(layer, value, x)
         assert not calls, 'the batched path must not go through the per-head HeadsLinear.forward'
-        ref = reference_attend_then_project(layer, value, x)
-        tol = dict(rtol=1e-10, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-4, atol=1e-5)
-        assert_outputs_and_gradients_match(out, ref, [x] + list(layer.parameters()) + list(value.parameters()), tol)
+        if dtype == torch.float64:
+            ref = reference_attend_then_project(layer, value, x)
+            assert_outputs_and_gradients_match(out, ref, [x] + list(pair.parameters()),
+                                               dict(rtol=1e-10, atol=1e-12))
+            return
+        ref_pair, ref_x = float64_copy(pair, x)
+        ref = reference_attend_then_project(ref_pair[0], ref_pair[1], ref_x)
+        weights = torch.randn_like(ref)
+        grads = torch.autograd.grad((out * weights.float()).sum(), [x] + list(pair.parameters()))
+        ref_grads = torch.autograd.grad((ref * weights).sum(), [ref_x] + list(ref_pair.parameters()))
+    # the Value output sums every key of every head: heads * (h*w) terms, then heads * D; a parameter's
+    # gradient sums over the batch, every query and every key, then over the Value's outputs and D
+    H, W, B, D = x.shape
+    heads, outputs = layer.num_heads, value.weight.shape[0]
+    assert_float32_close(out, ref, reduction_length=heads * (H * W + D))
+    assert_float32_gradients_close(grads, ref_grads, reduction_length=B * (H * W) ** 2 + outputs * D)
 
 
 @pytest.mark.parametrize('dense', (False, True), ids=('separable', 'dense'))
