@@ -1,4 +1,5 @@
 """Fast checks of the measuring tools (sa_vision.benchmark, scripts/benchmark.py). No timing thresholds."""
+import copy
 import csv
 import importlib.util
 import io
@@ -15,6 +16,8 @@ from torch import nn
 
 import sa_vision  # noqa: F401
 from sa_vision import benchmark as sab
+
+from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -169,7 +172,8 @@ def test_paper_variant_is_the_packaged_reference_with_the_same_weights():
     model.eval(), paper.eval()
     x = torch.randn(2, 3, 8, 8)
     with torch.no_grad():
-        torch.testing.assert_close(paper(x), model(x), rtol=1e-4, atol=1e-5)
+        reference = copy.deepcopy(model).double()(x.double())
+        assert_network_float32_close(paper(x), reference, sa_model_reduction_lengths(model, 16))
     assert all(p.data_ptr() != q.data_ptr() for p in paper.parameters() for q in model.parameters())  # a copy
     with pytest.raises(ValueError, match='no paper formulation'):
         sab.build_variants('sa_content_cifar', ['paper'], **TINY)
@@ -308,4 +312,5 @@ def test_batched_variant_runs_the_batched_path_with_the_same_weights():
         out = batched.model(x)
     assert not any(m.batched_heads for m in layers)
     with torch.no_grad():
-        torch.testing.assert_close(out, model.model(x), rtol=1e-5, atol=1e-6)
+        reference = copy.deepcopy(model.model).double()(x.double())
+    assert_network_float32_close(out, reference, sa_model_reduction_lengths(model.model, 16))

@@ -19,6 +19,10 @@ import timm
 from sa_vision.layers import batched_heads
 from sa_vision.theory import exact_float32
 
+from float32_bounds import (
+    assert_network_float32_close, assert_network_gradients_close, sa_model_gradient_reduction_lengths,
+    sa_model_reduction_lengths)
+
 SA_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar')
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24)
 
@@ -46,9 +50,9 @@ def test_float32_eval_after_bfloat16_autocast_eval_equals_a_fresh_float32_eval(n
         with torch.autocast(device, dtype=torch.bfloat16):
             model(x)
         after_autocast = model(x)
-        expected = fresh(x)
+        expected = fresh.double()(x.double())
     assert after_autocast.dtype == torch.float32
-    torch.testing.assert_close(after_autocast, expected, rtol=1e-6, atol=1e-6)
+    assert_network_float32_close(after_autocast, expected, sa_model_reduction_lengths(model, 64))
 
 
 class CountOps(TorchDispatchMode):
@@ -95,16 +99,14 @@ def assert_compiled_matches_eager(name, backend, device='cpu'):
     model = small_model(name, proj_drop_rate=0., attn_drop_rate=0.).to(device)
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     x = torch.randn(2, 3, 16, 16).to(device)
-    model.eval()
+    reference = copy.deepcopy(model).double()  # what both float32 runs are measured against
+    model.eval(), reference.eval()
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-6)
-    model.train()
+        assert_network_float32_close(compiled(x), reference(x.double()), sa_model_reduction_lengths(model, 64))
+    model.train(), reference.train()
     compiled(x).square().sum().backward()
-    compiled_grads = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    model(x).square().sum().backward()
-    for (param_name, p), g in zip(model.named_parameters(), compiled_grads):
-        torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m: f'{param_name}: {m}')
+    reference(x.double()).square().sum().backward()
+    assert_network_gradients_close(model, reference, sa_model_gradient_reduction_lengths(model, 64, 2))
     torch._dynamo.reset()
 
 

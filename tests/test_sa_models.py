@@ -1,4 +1,5 @@
 """The registered models: exact sizes from SPEC section 1, shapes, errors and the timm API."""
+import copy
 import socket
 
 import pytest
@@ -9,6 +10,8 @@ import sa_vision  # noqa: F401  (registers the models)
 import timm
 import timm.optim
 from sa_vision.paper_reference import PaperDenseSA
+
+from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 
 # SPEC section 1, at 10 classes
 SPEC_PARAMETERS = {
@@ -200,10 +203,10 @@ def test_resnet18_cifar_keeps_the_resolution_in_its_stem():
 def test_fuse_folds_value_and_dense_exactly(name):
     model = small_model(name).eval()
     x = torch.randn(2, 3, 16, 16)
-    expected = model(x)
+    expected = copy.deepcopy(model).double()(x.double())  # the unfused model, in float64
     model.fuse()
     assert all(isinstance(blk.proj, nn.Identity) for blk in model.blocks)
-    torch.testing.assert_close(model(x), expected, rtol=1e-5, atol=1e-5)
+    assert_network_float32_close(model(x), expected, sa_model_reduction_lengths(model, 64))
 
 
 @pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'))
@@ -218,16 +221,17 @@ def test_cached_probabilities_follow_parameter_changes(name):
             for p in blk.attn.position.parameters():
                 p.add_(0.3)
         updated = model(x)
-        with dense_attention(model):
-            reference = model(x)
+        reference = copy.deepcopy(model).double()
+        with dense_attention(reference):
+            reference = reference(x.double())
     assert not torch.allclose(updated, first)
-    torch.testing.assert_close(updated, reference, rtol=1e-5, atol=1e-5)
+    assert_network_float32_close(updated, reference, sa_model_reduction_lengths(model, 64))
     # load_state_dict copies in place too
     other = small_model(name).eval()
     with torch.no_grad():
         other(x)
         other.load_state_dict(model.state_dict())
-        torch.testing.assert_close(other(x), updated, rtol=1e-6, atol=1e-6)
+        assert_network_float32_close(other(x), reference, sa_model_reduction_lengths(model, 64))
 
 
 def test_drop_path_drops_whole_samples():
@@ -249,7 +253,10 @@ def test_torch_compile_for_inference_and_training():
     x = torch.randn(4, 3, 16, 16)
     model.eval()
     with torch.no_grad():
-        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+        reference = copy.deepcopy(model).double()(x.double())
+        lengths = sa_model_reduction_lengths(model, 64)
+        assert_network_float32_close(model(x), reference, lengths, 'eager')
+        assert_network_float32_close(compiled(x), reference, lengths, 'compiled')
     model.train()
     compiled(x).sum().backward()
     assert all(p.grad is not None for p in model.parameters())
