@@ -225,7 +225,7 @@ def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path):
     from sa_vision.checkpoint import load_model
     log = run_train(_mechanics_args(tmp_path, 'cuda', 1) + ['--device', 'cuda', '--amp', '--amp-dtype', 'bfloat16',
                                                             '--channels-last', '--workers', 0])
-    assert '1 process(es) on cuda' in log and 'amp=True' in log
+    assert '1 process(es) on cuda' in log and 'amp=bfloat16' in log
     ckpt = load_ckpt(tmp_path / 'cuda' / 'last.pth.tar')
     assert ckpt['num_updates'] == 1437 // 64 and ckpt.get('loss_scaler') is None  # no scaler for bfloat16
     assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values())
