@@ -12,7 +12,8 @@ CIFAR-10 with the paper's recipe (GPU: CUDA and bf16 autocast are used automatic
     python scripts/train.py -c scripts/configs/sa_quadratic_cifar.yaml --data-dir data --dataset-download
 
 Multi-process: ``torchrun --nproc_per_node N scripts/train.py ...`` (DDP; gloo on CPU, nccl on GPU).
-``--resume <run>/last.pth.tar`` continues a run exactly where its last completed epoch ended.
+``--resume <run>/last.pth.tar`` continues a run exactly where its last completed epoch ended, with the run's own
+arguments (saved in the checkpoint; explicit command-line options override them and are logged).
 ``--initial-checkpoint`` starts from weights of any kind (``scripts/prune.py`` output, a timm train.py checkpoint,
 safetensors, a Hub folder); the architecture arguments stored with them are the defaults of ``--model-kwargs``.
 A run's ``recipe.yaml`` (written beside its checkpoint and into exports) repeats it: ``-c recipe.yaml``.
