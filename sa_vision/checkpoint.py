@@ -28,6 +28,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from .errors import UserError
 from .models import SA_MODEL_ARGS
 
 __all__ = [
@@ -56,7 +57,7 @@ _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
 _WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """Weights that are missing, unreadable, incomplete, or do not fit the architecture they claim."""
 
 

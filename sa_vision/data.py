@@ -11,12 +11,17 @@
   architectures run unchanged on their 16x16 grid, and the grey channel is repeated to 3 channels, so every model keeps
   ``in_chans=3`` and the pretrained configs stay as they are.
 
-Transforms follow the paper's CIFAR-10 recipe (SPEC 6): train = random 32x32 crop of the 4-pixel zero-padded
-image + horizontal flip + normalise; eval = normalise only. Mean and std are each dataset's own (its
+Transforms follow the paper's CIFAR-10 recipe (Section 4 of the paper): train = random 32x32 crop of the 4-pixel
+zero-padded image + horizontal flip + normalise; eval = normalise only. Image-folder images of another size are
+first resized as timm's eval transform does with ``crop_pct=1`` (shorter side to the model's input size, then the
+centre square): a timm user expects any folder of images to load, and the models' grid is fixed by the input size. Mean and std are each dataset's own (its
 :class:`DatasetInfo`; CIFAR-10's come from :mod:`sa_vision.paper`).
 
+A --dataset that is neither a known name, a timm ``<type>/<name>`` nor an existing folder is a
+:class:`~sa_vision.errors.DatasetError` listing the known names.
+
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports only the
-constants of :mod:`sa_vision.paper`.
+constants of :mod:`sa_vision.paper` and :mod:`sa_vision.errors`.
 """
 import gzip
 import os
@@ -28,12 +33,13 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import transforms
 
+from .errors import DatasetError, DatasetNotFoundError
 from .paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = [
     'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'normalization',
     'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
-    'create_cifar_transform', 'create_image_dataset',
+    'create_cifar_transform', 'create_image_dataset', 'known_dataset_names', 'split_name',
 ]
 
 DIGITS = 'digits'
@@ -69,6 +75,24 @@ _DATASETS = {
                                (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist'),
 }
 _ALIASES = {'cifar10': 'torch/cifar10', 'fashion_mnist': FASHION_MNIST, 'fashionmnist': FASHION_MNIST}
+# timm's create_dataset prefixes: '<type>/<name>' is passed on to timm as it is
+_TIMM_DATASET_TYPES = ('torch/', 'tfds/', 'wds/', 'hfds/', 'hfids/')
+# split names a held-out split may be asked for by, for the datasets with a fixed train/test split
+_TEST_SPLIT_SYNONYMS = ('test', 'validation', 'val')
+
+
+def known_dataset_names() -> Tuple[str, ...]:
+    """The --dataset names this package knows (aliases included), for error messages and help."""
+    return tuple(sorted(set(_DATASETS) | set(_ALIASES)))
+
+
+def split_name(dataset: str, split: str) -> str:
+    """The split that ``split`` reads for ``dataset``: digits, fashion-mnist and torch/cifar10 read their test split
+    for 'validation' / 'val' (so train.py and validate.py name the same images alike); others keep their name."""
+    info = dataset_info(dataset)
+    if info.num_classes is not None and info.eval_split == 'test' and split in _TEST_SPLIT_SYNONYMS:
+        return 'test'
+    return split
 
 
 def normalization(dataset: str, data_cfg: Dict[str, Any]) -> Dict[str, Tuple[float, ...]]:
@@ -106,10 +130,10 @@ class DigitsDataset(Dataset):
             from sklearn.datasets import load_digits
             from sklearn.model_selection import train_test_split
         except ImportError:
-            raise ImportError(
+            raise DatasetError(
                 "the 'digits' dataset needs scikit-learn: pip install scikit-learn") from None
         if split not in ('train', 'test', 'validation', 'val'):
-            raise ValueError(f"digits has the splits 'train' and 'test', got {split!r}")
+            raise DatasetError(f"digits has the splits 'train' and 'test', got {split!r}")
         digits = load_digits()
         images = torch.tensor(digits.images, dtype=torch.float32) / 16.  # 8x8, values 0..16
         targets = torch.tensor(digits.target, dtype=torch.long)
@@ -157,18 +181,18 @@ def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
         try:
             data = gzip.decompress(data)  # in memory: no unpacked copy on disk
         except (OSError, EOFError, zlib.error) as e:
-            raise ValueError(f'{path} is not a valid gzip file ({e}); fetch it again') from None
+            raise DatasetError(f'{path} is not a valid gzip file ({e}); fetch it again') from None
     # header: 2 zero bytes, type 0x08 (unsigned byte), number of dimensions, then each size as big-endian uint32
     header = 4 + 4 * ndim
     if len(data) < header or data[:4] != bytes((0, 0, 0x08, ndim)):
-        raise ValueError(f'{path} is not an IDX file of unsigned bytes with {ndim} dimension(s): its magic number is '
+        raise DatasetError(f'{path} is not an IDX file of unsigned bytes with {ndim} dimension(s): its magic number is '
                          f'{data[:4].hex() or "missing"}, expected {bytes((0, 0, 0x08, ndim)).hex()}')
     shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim)]
     numel = 1
     for n in shape:
         numel *= n
     if len(data) != header + numel:
-        raise ValueError(f'{path} is truncated or corrupt: its header says {"x".join(map(str, shape))} values '
+        raise DatasetError(f'{path} is truncated or corrupt: its header says {"x".join(map(str, shape))} values '
                          f'({header + numel} bytes), the file holds {len(data)} bytes; fetch it again')
     return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=header).view(*shape)
 
@@ -182,7 +206,7 @@ class FashionMnistDataset(Dataset):
 
     def __init__(self, split: str = 'train', transform=None, data_dir: Optional[str] = None):
         if split not in _FASHION_MNIST_SPLITS:
-            raise ValueError(f"fashion-mnist has the splits 'train' and 'test' ('validation' and 'val' are 'test'), "
+            raise DatasetError(f"fashion-mnist has the splits 'train' and 'test' ('validation' and 'val' are 'test'), "
                              f"got {split!r}")
         folder = os.fspath(data_dir) if data_dir else FASHION_MNIST_DIR
         paths, missing = [], []
@@ -193,7 +217,7 @@ class FashionMnistDataset(Dataset):
             else:
                 missing.append(f'{name}.gz (or {name})')
         if missing:
-            raise FileNotFoundError(
+            raise DatasetNotFoundError(
                 f"fashion-mnist: {' and '.join(missing)} not found in {folder}. Install Debian's package "
                 f"(apt-get install dataset-fashion-mnist, into {FASHION_MNIST_DIR}) or pass --data-dir, a folder "
                 f"holding the four standard files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
@@ -202,11 +226,11 @@ class FashionMnistDataset(Dataset):
         images = _read_idx_uint8(paths[0], 3)
         targets = _read_idx_uint8(paths[1], 1).long()
         if images.shape[1:] != (28, 28):
-            raise ValueError(f'{paths[0]} holds {images.shape[1]}x{images.shape[2]} images, Fashion-MNIST\'s are 28x28')
+            raise DatasetError(f'{paths[0]} holds {images.shape[1]}x{images.shape[2]} images, Fashion-MNIST\'s are 28x28')
         if len(images) != len(targets):
-            raise ValueError(f'{paths[0]} holds {len(images)} images but {paths[1]} {len(targets)} labels')
+            raise DatasetError(f'{paths[0]} holds {len(images)} images but {paths[1]} {len(targets)} labels')
         if len(targets) and int(targets.max()) >= 10:
-            raise ValueError(f'{paths[1]} holds label {int(targets.max())}, Fashion-MNIST has the classes 0..9')
+            raise DatasetError(f'{paths[1]} holds label {int(targets.max())}, Fashion-MNIST has the classes 0..9')
         p = FASHION_MNIST_PAD
         self.images = torch.nn.functional.pad(images.unsqueeze(1), (p, p, p, p))  # zeros = black border
         self.targets = targets
@@ -237,13 +261,18 @@ def create_cifar_transform(
 
     Args:
         is_training: Add the random augmentation.
-        img_size: Output size (images are expected at this size already).
+        img_size: Output size. PIL images (image folders, torch/ datasets) of another size are resized first
+            (shorter side to ``img_size``, then the centre square), tensors (digits, fashion-mnist) are not.
         crop_padding: Zero padding before the random crop, 0 for no crop.
         hflip: Probability of a horizontal flip.
         mean, std: Normalisation.
         tensor_input: The dataset yields float tensors in [0, 1] (digits, fashion-mnist) rather than PIL images.
     """
     tfl = []
+    if not tensor_input:
+        # any image size, as timm's eval transform with crop_pct=1: shorter side to img_size, centre square (PIL
+        # returns an image already of this size unchanged, so 32x32 CIFAR images are untouched)
+        tfl += [transforms.Resize(img_size), transforms.CenterCrop(img_size)]
     if is_training:
         if crop_padding > 0:
             tfl.append(transforms.RandomCrop(img_size, padding=crop_padding))
@@ -255,18 +284,21 @@ def create_cifar_transform(
     return transforms.Compose(tfl)
 
 
-def _image_folder_split(root: str, split: str) -> str:
+def _image_folder_split(root: str, split: str, is_training: bool = False) -> str:
     """The subfolder of an image folder that holds ``split`` (timm's synonyms: val/valid/validation/eval/...)."""
-    import os
     from timm.data.dataset_factory import _search_split
     folder = _search_split(root, split)
     if os.path.normpath(folder) == os.path.normpath(root):
         found = sorted(e.name for e in os.scandir(root) if e.is_dir()) if os.path.isdir(root) else []
-        raise FileNotFoundError(
+        if is_training:
+            advice = 'or name the training folder with --train-split'
+        else:
+            advice = ('or name the held-out folder with --val-split; the training images are never evaluated as a '
+                      'held-out split')
+        raise DatasetNotFoundError(
             f'the image folder {root} has no {split!r} subfolder (nor a synonym such as val/, validation/, eval/ '
             f'or train/); its subfolders are {found}. Put the {split} images in {os.path.join(root, split)}/<class>/ '
-            f'or name the held-out folder with --val-split; the training images are never evaluated as a '
-            f'held-out split')
+            f'{advice}')
     return folder
 
 
@@ -296,6 +328,18 @@ def create_image_dataset(
     """
     info = dataset_info(dataset)
     name = info.name.lower() if info.name else ''  # aliases resolved ('fashion_mnist' -> 'fashion-mnist')
+    known = info.num_classes is not None
+    if (data_dir and name != DIGITS and not os.path.isdir(data_dir)
+            and not (name.startswith(_TIMM_DATASET_TYPES) and download)):
+        raise DatasetNotFoundError(f'--data-dir {data_dir} does not exist' + (
+            ' (add --dataset-download to download the dataset there)' if name.startswith(_TIMM_DATASET_TYPES) else ''))
+    if name and not known and not name.startswith(_TIMM_DATASET_TYPES):
+        if os.path.isdir(dataset) and not data_dir:
+            data_dir = dataset  # --dataset <folder>: an image folder named by its path
+        elif not data_dir:
+            raise DatasetError(f'unknown dataset {dataset!r}: not one of {", ".join(known_dataset_names())}, not a '
+                               f'timm <type>/<name> (torch/cifar100, ...) and not an existing folder. For an image '
+                               f'folder pass --data-dir <folder> (with --dataset \'\' or a name for it)')
     tensor_input = name in (DIGITS, FASHION_MNIST)
     transform = create_cifar_transform(
         is_training, img_size=img_size, crop_padding=crop_padding, hflip=hflip,
@@ -307,9 +351,10 @@ def create_image_dataset(
 
     from timm.data import create_dataset
     if not data_dir:
-        raise ValueError(f'dataset {dataset!r} needs --data-dir (the download target or the image folder)')
-    if '/' not in name:  # an image folder: timm would fall back to the root, i.e. evaluate on the training images
-        data_dir = _image_folder_split(data_dir, split)
+        raise DatasetError(f'dataset {dataset or "(image folder)"!r} needs --data-dir (the download target or the '
+                           f'image folder)')
+    if not name.startswith(_TIMM_DATASET_TYPES):  # an image folder: timm would fall back to the root, i.e.
+        data_dir = _image_folder_split(data_dir, split, is_training)  # evaluate on the training images
     ds = create_dataset(dataset, root=data_dir, split=split, is_training=is_training, download=download)
     ds.transform = transform
     return ds

@@ -12,7 +12,8 @@ CIFAR-10 with the paper's recipe (GPU: CUDA and bf16 autocast are used automatic
     python scripts/train.py -c scripts/configs/sa_quadratic_cifar.yaml --data-dir data --dataset-download
 
 Multi-process: ``torchrun --nproc_per_node N scripts/train.py ...`` (DDP; gloo on CPU, nccl on GPU).
-``--resume <run>/last.pth.tar`` continues a run exactly where its last completed epoch ended.
+``--resume <run>/last.pth.tar`` continues a run exactly where its last completed epoch ended, with the run's own
+arguments (saved in the checkpoint; explicit command-line options override them and are logged).
 ``--initial-checkpoint`` starts from weights of any kind (``scripts/prune.py`` output, a timm train.py checkpoint,
 safetensors, a Hub folder); the architecture arguments stored with them are the defaults of ``--model-kwargs``.
 A run's ``recipe.yaml`` (written beside its checkpoint and into exports) repeats it: ``-c recipe.yaml``.
@@ -23,6 +24,7 @@ Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structur
 subprocess.
 """
 import argparse
+import functools
 import importlib
 import json
 import logging
@@ -51,9 +53,10 @@ from timm.utils import ParseKwargs, dispatch_clip_grad, update_summary
 from . import models  # noqa: F401  registers the models
 from .checkpoint import (
     CHECKPOINT_VERSION, CheckpointError, atomic_torch_save, plain_data, read_checkpoint, strip_runtime_args)
-from .data import create_image_dataset, normalization
+from .data import create_image_dataset, normalization, split_name
+from .errors import RecipeError, UserError, run_cli
 from .evaluation import evaluate
-from .recipes import load_recipe
+from .recipes import check_recipe_keys, load_recipe
 
 _logger = logging.getLogger('train')
 
@@ -126,8 +129,28 @@ group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help=
 
 group = parser.add_argument_group('Device parameters')
 group.add_argument('--device', default=None, type=str, help="'cuda', 'cpu', ... (default: cuda when present)")
-group.add_argument('--amp', action=argparse.BooleanOptionalAction, default=None,
-                   help='autocast mixed precision (default: on with CUDA, off on CPU)')
+
+
+def _amp_request(value):
+    """``--amp`` value: True / False, or 'auto' (decided on the machine that runs, see resolve_amp)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    text = str(value).strip().lower()
+    if text == 'auto':
+        return 'auto'
+    if text in ('1', 'true', 'on', 'yes'):
+        return True
+    if text in ('0', 'false', 'off', 'no'):
+        return False
+    raise argparse.ArgumentTypeError(f"--amp takes 'auto', 'on' or 'off', got {value!r}")
+
+
+group.add_argument('--amp', nargs='?', const=True, default=None, type=_amp_request, metavar='auto|on|off',
+                   help="autocast mixed precision: --amp (on), --no-amp (float32) or --amp auto (on with CUDA; on a "
+                        "CPU only where a short matmul probe measures --amp-dtype faster than float32, see "
+                        "cpu_autocast_speedup). Default: on with CUDA, off on a CPU. recipe.yaml keeps what was asked, "
+                        "args.yaml and the log what was used and why")
+group.add_argument('--no-amp', dest='amp', action='store_const', const=False, help='float32 (as --amp off)')
 group.add_argument('--amp-dtype', default='bfloat16', type=str,
                    help="'bfloat16' (default) or 'float16' (with a gradient scaler)")
 group.add_argument('--channels-last', action=argparse.BooleanOptionalAction, default=None,
@@ -159,22 +182,96 @@ group.add_argument('--target-top1', type=float, default=None,
                    help='exit with status 1 if the final top-1 is below this (for smoke runs)')
 
 
+# arguments of a run that --resume does not take from the run: they are this process's (or resolved for this machine)
+_NOT_RESUMED = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank', 'distributed', 'device', 'pin_mem',
+                          'channels_last'})
+
+
+_resume_parser = argparse.ArgumentParser(add_help=False)
+_resume_parser.add_argument('--resume', default='')
+
+
 def _parse_args(argv=None):
+    """(args, recipe) of a command line; see :func:`_parse_run_args`."""
+    args, recipe, _ = _parse_run_args(argv)
+    return args, recipe
+
+
+def _explicit_dests(argv) -> set:
+    """The argument names given on the command line ``argv`` itself (not defaults, recipe or resumed values)."""
+    saved = [(a, a.default) for a in parser._actions]
+    saved_defaults = dict(parser._defaults)
+    try:
+        for a in parser._actions:
+            a.default = argparse.SUPPRESS
+        parser._defaults.clear()
+        return set(vars(parser.parse_args(argv)))
+    finally:
+        for a, default in saved:
+            a.default = default
+        parser._defaults.update(saved_defaults)
+
+
+def _parse_run_args(argv=None):
+    """(args, recipe, resume checkpoint or None) of a command line.
+
+    Defaults, lowest first: the parser's, the recipe's (``-c``), and with ``--resume`` the arguments the run was
+    started with (saved in its checkpoint): a resumed run continues as it was configured, whatever recipe is given.
+    Options given explicitly on the command line win over all of them; with ``--resume``, those that differ from the run are listed in
+    ``args.resume_changes`` (logged by :func:`main`).
+    """
     args_config, remaining = config_parser.parse_known_args(argv)
+    known = {a.dest for a in parser._actions}
     recipe = {}
     if args_config.config:
         recipe = load_recipe(args_config.config)
-        known = {a.dest for a in parser._actions}
-        unknown = sorted(set(recipe) - known)
-        if unknown:
-            # timm's train.py takes these recipe keys; this script does not implement them
-            print(f'note: recipe keys not used by this script: {unknown}', file=sys.stderr)
-        parser.set_defaults(**{k: v for k, v in recipe.items() if k in known})
-    args = parser.parse_args(remaining)
+        ignored = check_recipe_keys(recipe, known, source=f'recipe {args_config.config}')
+        if ignored:
+            print(f'note: recipe keys that only timm\'s train.py reads, ignored here: {ignored}', file=sys.stderr)
+    defaults = {k: v for k, v in recipe.items() if k in known}
+    resume_ckpt, run_args = None, {}
+    resume = _resume_parser.parse_known_args(remaining)[0].resume
+    if resume:
+        resume_ckpt = read_checkpoint(resume)
+        if resume_ckpt.format != 'sa_vision' or 'optimizer' not in resume_ckpt.meta:
+            raise CheckpointError(f'{resume} is a {resume_ckpt.format} checkpoint without the run state of '
+                                  f'scripts/train.py; --resume continues runs of this script. To start from its '
+                                  f'weights use --initial-checkpoint')
+        run_args = _saved_run_args(resume_ckpt, resume)
+        defaults.update({k: v for k, v in run_args.items() if k in known and k not in _NOT_RESUMED})
+    saved_defaults = dict(parser._defaults)
+    saved_action_defaults = [(a, a.default) for a in parser._actions]
+    try:
+        parser.set_defaults(**defaults)
+        args = parser.parse_args(remaining)
+    finally:  # parse_args may run more than once in a process (tests, reproduce): leave the parser as it was
+        parser._defaults.clear()
+        parser._defaults.update(saved_defaults)
+        for a, default in saved_action_defaults:
+            a.default = default
     # command-line --model-kwargs update the recipe's dict instead of replacing it
-    args.model_kwargs = {**(recipe.get('model_kwargs') or {}), **args.model_kwargs}
+    args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
     args.config = args_config.config
-    return args, recipe
+    args.resume_changes = {}
+    if resume_ckpt is not None:
+        explicit = _explicit_dests(remaining)
+        for key in sorted(explicit - _NOT_RESUMED - {'model_kwargs'}):
+            if key in run_args and plain_data(getattr(args, key)) != run_args[key]:
+                args.resume_changes[key] = (run_args[key], plain_data(getattr(args, key)))
+    return args, recipe, resume_ckpt
+
+
+def _saved_run_args(ckpt, path) -> dict:
+    """The arguments a run was started with: its checkpoint's, else the ``args.yaml`` beside it."""
+    saved = ckpt.meta.get('args')
+    if not saved:
+        args_file = Path(path).resolve().parent / 'args.yaml'
+        if not args_file.is_file():
+            raise CheckpointError(f'{path} holds no training arguments and there is no args.yaml beside it: '
+                                  f'--resume cannot tell how the run was configured')
+        with open(args_file) as f:
+            saved = yaml.safe_load(f) or {}
+    return {k: v for k, v in saved.items() if k not in ('amp_used', 'amp_reason')}
 
 
 def _init_distributed(args):
@@ -193,7 +290,6 @@ def _init_distributed(args):
     if args.distributed:
         dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
     on_cuda = torch.device(device).type == 'cuda'
-    args.amp = on_cuda if args.amp is None else args.amp
     args.pin_mem = on_cuda if args.pin_mem is None else args.pin_mem
 
 
@@ -208,6 +304,68 @@ def configure_backends(args) -> None:
     torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
     torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
     torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+
+
+# bf16 autocast on a CPU must beat float32 by this factor in the probe to be chosen by --amp auto: the matmuls are
+# most but not all of a training step (the casts, softmaxes and norms do not speed up), so a small edge in the probe
+# could be a loss in the step
+CPU_AUTOCAST_MIN_SPEEDUP = 1.3
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_autocast_speedup(dtype: torch.dtype = torch.bfloat16, m: int = 1024, k: int = 512, n: int = 512,
+                         repeats: int = 5) -> float:
+    """How many times faster an (m x k) @ (k x n) matrix product runs on this CPU in ``dtype`` than in float32.
+
+    Measured rather than read from CPU flags: a flag (``avx512_bf16``, ``amx_bf16``) says that an instruction
+    exists, not that PyTorch's kernels use it or that it is fast; an Intel CPU without AMX runs bf16 products at
+    about half the float32 rate, an AMD Zen 5 at about four times it. Best of ``repeats`` timings after one
+    warm-up, at the current ``torch.get_num_threads()``; cached per process (about 0.1 s at the default size).
+    """
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
+
+    def best_time(x, y):
+        torch.mm(x, y)  # warm-up: first-call allocations and kernel selection
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(x, y)
+            times.append(time.perf_counter() - start)
+        return min(times)
+    return best_time(a, b) / best_time(a.to(dtype), b.to(dtype))
+
+
+def _probe_size(model: nn.Module, batch_size: int):
+    """(m, k, n) of a matrix product like the model's widest Linear layer at this batch size (capped for speed)."""
+    linears = [mod for mod in model.modules() if isinstance(mod, nn.Linear)]
+    if not linears:
+        return 1024, 512, 512
+    widest = max(linears, key=lambda mod: mod.in_features * mod.out_features)
+    return min(max(batch_size, 1) * 64, 4096), max(widest.in_features, 64), max(widest.out_features, 64)
+
+
+def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024, 512, 512)):
+    """(autocast on?, why) for the ``--amp`` value ``requested``: True, False, None (default) or 'auto'.
+
+    None: on with CUDA, off elsewhere (as before 'auto' existed). 'auto': on with CUDA; on a CPU only if
+    :func:`cpu_autocast_speedup` measures ``amp_dtype`` at least ``CPU_AUTOCAST_MIN_SPEEDUP`` times faster than
+    float32; off on other devices.
+    """
+    device_type = torch.device(device).type
+    if requested is True or requested is False:
+        return requested, f'--amp {"on" if requested else "off"} asked for'
+    if device_type == 'cuda':
+        return True, f'--amp {requested or "default"}: on with CUDA'
+    if requested is None:
+        return False, f'--amp default: off on {device_type} (--amp auto measures whether {amp_dtype} pays here)'
+    if device_type != 'cpu':
+        return False, f'--amp auto: off on {device_type}'
+    speedup = cpu_autocast_speedup(getattr(torch, amp_dtype), *probe_size)
+    m, k, n = probe_size
+    verdict = 'on' if speedup >= CPU_AUTOCAST_MIN_SPEEDUP else 'off'
+    return verdict == 'on', (f'--amp auto: {verdict}, a {m}x{k} @ {k}x{n} matrix product runs {speedup:.2f}x as fast '
+                             f'in {amp_dtype} as in float32 on this CPU (on from {CPU_AUTOCAST_MIN_SPEEDUP}x)')
 
 
 def uses_channels_last(model: nn.Module, device) -> bool:
@@ -304,19 +462,19 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
 
 def main(argv=None):
     logging.basicConfig(level=logging.INFO, format='%(message)s')
-    args, recipe = _parse_args(argv)
+    args, recipe, resume_ckpt = _parse_run_args(argv)
     _init_distributed(args)
     for module in args.device_modules or ():
         importlib.import_module(module)
     configure_backends(args)
 
-    resume_ckpt, initial = None, None
-    if args.resume:
-        resume_ckpt = read_checkpoint(args.resume)
-        if resume_ckpt.format != 'sa_vision' or 'optimizer' not in resume_ckpt.meta:
-            raise CheckpointError(f'{args.resume} is a {resume_ckpt.format} checkpoint without the run state of '
-                                  f'scripts/train.py; --resume continues runs of this script. To start from its '
-                                  f'weights use --initial-checkpoint')
+    initial = None
+    if resume_ckpt is not None:
+        if args.resume_changes:
+            _log(args, 'resuming with changed arguments: ' + ', '.join(
+                f'{k} {old!r} -> {new!r}' for k, (old, new) in args.resume_changes.items()))
+        if args.config:
+            _log(args, f'resuming: the run\'s own arguments take precedence over -c {args.config}')
         if resume_ckpt.arch != args.model:
             _log(args, f'resuming {resume_ckpt.arch} from {args.resume} (ignoring --model {args.model})')
         args.model = resume_ckpt.arch
@@ -337,12 +495,7 @@ def main(argv=None):
     _seed_epoch(args.seed, 0, args.rank)
     model = timm.create_model(args.model, pretrained=args.pretrained, **model_kwargs)
     if initial is not None:
-        try:
-            model.load_state_dict(initial.state_dict)
-        except RuntimeError as e:
-            raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}({model_kwargs}): '
-                                  f'{str(e).splitlines()[0]} ... drop the --model-kwargs that change the '
-                                  f'architecture') from None
+        _load_initial_weights(model, initial, args, model_kwargs)
     num_params = sum(p.numel() for p in model.parameters())
     _log(args, f'Model {args.model} {model_kwargs or ""} created, {num_params:,} parameters')
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)
@@ -369,7 +522,7 @@ def main(argv=None):
         train_ds, batch_size=args.batch_size, sampler=train_sampler, num_workers=args.workers,
         pin_memory=args.pin_mem, drop_last=True, persistent_workers=False)
     if len(train_loader) == 0:
-        raise ValueError(f'the training split has {len(train_ds)} images, fewer than one batch of '
+        raise UserError(f'the training split has {len(train_ds)} images, fewer than one batch of '
                          f'{args.batch_size} x {args.world_size} processes; lower --batch-size')
     eval_indices = list(range(args.rank, len(eval_ds), args.world_size))  # disjoint shards, no padding
     eval_loader = DataLoader(
@@ -385,12 +538,18 @@ def main(argv=None):
     loss_fn = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
     amp_dtype = getattr(torch, args.amp_dtype)
     device_type = torch.device(args.device).type
+    # args.amp stays what was asked (recipe.yaml: -c on another machine decides again); the choice made here and why
+    # go to the log, args.yaml and the checkpoint's args
+    use_amp, args.amp_reason = resolve_amp(args.amp, args.device, args.amp_dtype,
+                                           _probe_size(model, args.batch_size))
+    args.amp_used = args.amp_dtype if use_amp else False
+    _log(args, f'Precision: {"autocast " + args.amp_dtype if use_amp else "float32"} ({args.amp_reason})')
 
     def amp_ctx():
-        return torch.autocast(device_type, dtype=amp_dtype) if args.amp else nullcontext()
+        return torch.autocast(device_type, dtype=amp_dtype) if use_amp else nullcontext()
 
     # float16 needs loss scaling (its range underflows small gradients); bfloat16 has float32's range
-    loss_scaler = torch.amp.GradScaler(device_type) if args.amp and amp_dtype == torch.float16 else None
+    loss_scaler = torch.amp.GradScaler(device_type) if use_amp and amp_dtype == torch.float16 else None
 
     start_epoch, num_updates, history, best = 0, 0, [], None
     if resume_ckpt is not None:
@@ -413,9 +572,9 @@ def main(argv=None):
         with open(run_dir / 'args.yaml', 'w') as f:
             yaml.safe_dump(_plain_args(args), f, sort_keys=False)
         with open(run_dir / 'recipe.yaml', 'w') as f:  # -c recipe.yaml repeats this run
-            yaml.safe_dump(strip_runtime_args(_plain_args(args)), f, sort_keys=False)
+            yaml.safe_dump(_run_recipe(args), f, sort_keys=False)
         _log(args, f'Run folder {run_dir}; {num_epochs} epochs of {updates_per_epoch} steps, '
-                   f'{args.world_size} process(es) on {args.device}, amp={args.amp}')
+                   f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
 
     if args.save_epoch_weights and args.rank == 0 and start_epoch == 0:
         _save_epoch_weights(model, args, run_dir, 0)
@@ -450,7 +609,7 @@ def main(argv=None):
                 'num_updates': num_updates,
                 'loss_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
                 'args': _plain_args(args),
-                'recipe': strip_runtime_args(_plain_args(args)),
+                'recipe': _run_recipe(args),
                 'data_config': {**norm, 'input_size': list(data_cfg['input_size'])},
                 'metrics': metrics,
                 'history': history,
@@ -466,8 +625,9 @@ def main(argv=None):
             dist.barrier()
 
     if args.rank == 0 and metrics is not None:
-        result = {'model': args.model, 'dataset': args.dataset or 'folder', 'epochs': num_epochs, **metrics,
-                  'checkpoint': str(run_dir / 'last.pth.tar')}
+        result = {'model': args.model, 'dataset': args.dataset or 'folder',
+                  'split': split_name(args.dataset, args.val_split), 'epochs': num_epochs, **metrics,
+                  'amp': args.amp_used, 'amp_reason': args.amp_reason, 'checkpoint': str(run_dir / 'last.pth.tar')}
         if args.export:
             from .hub import export_hub_folder
             export_dir = run_dir / 'hub'
@@ -475,7 +635,8 @@ def main(argv=None):
             result['hub_folder'] = str(export_dir)
             _log(args, f'Exported Hub folder {export_dir}: {", ".join(staged)}')
         _log(args, 'Result ' + json.dumps(result))
-        _log(args, f'Top-1 on the {args.dataset or "folder"} {args.val_split} split: {metrics["top1"]:.2f}%  '
+        _log(args, f'Top-1 on the {args.dataset or "folder"} {split_name(args.dataset, args.val_split)} split: '
+                   f'{metrics["top1"]:.2f}%  '
                    f'(checkpoint {run_dir / "last.pth.tar"})')
     if args.distributed:
         dist.destroy_process_group()
@@ -498,5 +659,49 @@ def _plain_args(args):
     """The arguments as plain YAML/`weights_only`-safe values (the recipe actually used)."""
     return plain_data(dict(sorted(vars(args).items())))
 
+
+# what a run resolved on its machine or process (written to args.yaml and the log), not what it asked for
+_RESOLVED_ARGS = ('amp_used', 'amp_reason', 'resume_changes')
+
+
+def _run_recipe(args) -> dict:
+    """The run's recipe.yaml: the training arguments as asked (``amp: auto`` stays 'auto'), no machine fields,
+    and the weights a fine-tune started from (without them ``-c recipe.yaml`` would train from scratch)."""
+    recipe = {k: v for k, v in strip_runtime_args(_plain_args(args)).items() if k not in _RESOLVED_ARGS}
+    if args.initial_checkpoint:
+        recipe['initial_checkpoint'] = str(args.initial_checkpoint)
+    return recipe
+
+
+def _load_initial_weights(model: nn.Module, initial, args, model_kwargs) -> None:
+    """Load ``--initial-checkpoint`` into ``model``; with another ``--num-classes``, everything but the classifier.
+
+    As timm does when ``num_classes`` differs from the pretrained weights: the classifier keeps its fresh
+    initialisation (logged), every other tensor must fit.
+    """
+    state_dict = dict(initial.state_dict)
+    stored_classes = initial.model_args.get('num_classes')
+    classifier = (getattr(model, 'pretrained_cfg', None) or {}).get('classifier')
+    if stored_classes is not None and stored_classes != model_kwargs.get('num_classes', stored_classes) and classifier:
+        dropped = [k for k in state_dict if k.startswith(classifier + '.')]
+        for key in dropped:
+            del state_dict[key]
+        _log(args, f'--num-classes {model_kwargs["num_classes"]}: {args.initial_checkpoint} was trained for '
+                   f'{stored_classes} classes; its classifier ({", ".join(dropped)}) is left out and trained from its '
+                   f'initialisation')
+        model_keys = {k for k in model.state_dict() if k.startswith(classifier + '.')}
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        if set(missing) - model_keys or unexpected:
+            raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}({model_kwargs}) '
+                                  f'beyond the classifier: missing {sorted(set(missing) - model_keys)[:5]}, '
+                                  f'unexpected {sorted(unexpected)[:5]}')
+        return
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as e:
+        first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
+        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}({model_kwargs}): '
+                              f'{first}. Drop the --model-kwargs that change the architecture') from None
+
 if __name__ == '__main__':
-    main()
+    sys.exit(run_cli(main))

@@ -11,7 +11,8 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
+from sa_vision.errors import run_cli  # noqa: E402
 from sa_vision.training import main  # noqa: E402
 
 if __name__ == '__main__':
-    main()
+    sys.exit(run_cli(main))

@@ -26,8 +26,9 @@ from timm.utils import ParseKwargs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
 import sa_vision  # noqa: F401,E402  registers the models
-from sa_vision.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
-from sa_vision.data import create_image_dataset, normalization  # noqa: E402
+from sa_vision.checkpoint import read_checkpoint  # noqa: E402
+from sa_vision.data import create_image_dataset, dataset_info, normalization, split_name  # noqa: E402
+from sa_vision.errors import run_cli  # noqa: E402
 from sa_vision.evaluation import evaluate  # noqa: E402
 
 
@@ -55,27 +56,34 @@ def main(argv=None):
     parser.add_argument('--data-dir', default=None, metavar='DIR')
     parser.add_argument('--dataset', default='torch/cifar10',
                         help="'torch/cifar10' (default), 'fashion-mnist', 'digits', '' (an ImageFolder)")
-    parser.add_argument('--split', default='validation',
-                        help='split (torch/cifar10, fashion-mnist and digits: the test split)')
+    parser.add_argument('--split', default=None,
+                        help="split (default: the dataset's held-out split: 'test' for torch/cifar10, fashion-mnist "
+                             "and digits, which also read it for 'validation'; 'validation' for an image folder)")
     parser.add_argument('--dataset-download', action='store_true', default=False)
     parser.add_argument('-b', '--batch-size', type=int, default=256)
-    parser.add_argument('-j', '--workers', type=int, default=2)
+    parser.add_argument('-j', '--workers', type=int, default=None,
+                        help='data loading processes (default: 0 for the in-memory digits and fashion-mnist, else 2)')
+    parser.add_argument('--threads', type=int, default=None, metavar='N',
+                        help="torch's compute threads (default: torch's, one per core); 1 where other work keeps a "
+                             "core busy: waiting threads then slow every product down (as OMP_NUM_THREADS=1)")
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', action=argparse.BooleanOptionalAction, default=None,
                         help='bf16 autocast (default: on with CUDA)')
     parser.add_argument('--device-modules', default=None, type=str, nargs='+',
                         help='python modules to import first (e.g. a package that registers models)')
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    info = dataset_info(args.dataset)
+    args.split = split_name(args.dataset, args.split or info.eval_split)
+    if args.workers is None:  # worker processes only compete for the cores when the images are already in memory
+        args.workers = 0 if info.name in ('digits', 'fashion-mnist') else 2
     args.model_given = args.model is not None
     args.model = args.model or 'sa_quadratic_cifar'
     for module in args.device_modules or ():
         importlib.import_module(module)
 
-    try:
-        model = load_model(args).to(args.device)
-    except CheckpointError as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
+    model = load_model(args).to(args.device)
     data_cfg = timm.data.resolve_data_config({}, model=model)
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
                               download=args.dataset_download, img_size=data_cfg['input_size'][-1],
@@ -96,4 +104,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -55,13 +55,19 @@ def _mechanics_args(out, name, epochs):
             '--output', out, '--experiment', name, '--log-interval', 5]
 
 
+# dropout, a random crop and flips: every epoch draws random numbers, so a resumed run repeats an uninterrupted one
+# only if each epoch's RNG state is restored (the digits recipe alone draws none)
+RANDOM_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
+               'proj_drop_rate=0.2', 'attn_drop_rate=0.2', '--hflip', 0.5, '--train-crop-padding', 4]
+
+
 @pytest.mark.slow
 def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     epochs = 3
-    run_train(_mechanics_args(tmp_path, 'straight', epochs))
+    run_train(_mechanics_args(tmp_path, 'straight', epochs) + RANDOM_ARGS)
 
     # the same run, killed (SIGKILL) right after it saved its first epoch
-    cmd = [sys.executable, str(TRAIN), *map(str, _mechanics_args(tmp_path, 'killed', epochs))]
+    cmd = [sys.executable, str(TRAIN), *map(str, _mechanics_args(tmp_path, 'killed', epochs) + RANDOM_ARGS)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if line.startswith('Saved checkpoint epoch 1/'):
@@ -74,7 +80,8 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     assert not [p for p in last.parent.iterdir() if '.tmp' in p.name], 'a temporary checkpoint was left behind'
 
     saved = load_ckpt(last)
-    log = run_train(_mechanics_args(tmp_path, 'killed', epochs)[:-4] + ['--resume', last, '--log-interval', 5])
+    # no recipe and no options: the run's own arguments (AdamW, dropout, augmentation) are taken from its checkpoint
+    log = run_train(['--resume', last])
     # the resumed process starts at the saved epoch and update count, it does not redo epoch 0
     assert f'at epoch {saved["epoch"]}, update {saved["num_updates"]}' in log
     trained_epochs = sorted({int(l.split()[1]) for l in log.splitlines() if l.startswith('Train: ')})
@@ -216,6 +223,10 @@ def test_float16_amp_trains_with_a_loss_scaler(tmp_path):
     run_train(_mechanics_args(tmp_path, 'fp16', 1) + ['--amp', '--amp-dtype', 'float16'])
     ckpt = load_ckpt(tmp_path / 'fp16' / 'last.pth.tar')
     assert isinstance(ckpt.get('loss_scaler'), dict) and ckpt['loss_scaler']['scale'] > 0
+    # the scaler took part in every step: it counts the steps since its scale last changed (growth every 2000
+    # clean steps, halved on an overflow), so an unused scaler still reads its initial 2**16 and 0 steps
+    scaler = ckpt['loss_scaler']
+    assert scaler['_growth_tracker'] == ckpt['num_updates'] or scaler['scale'] != 2. ** 16, scaler
     assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values())
 
 
@@ -225,7 +236,7 @@ def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path):
     from sa_vision.checkpoint import load_model
     log = run_train(_mechanics_args(tmp_path, 'cuda', 1) + ['--device', 'cuda', '--amp', '--amp-dtype', 'bfloat16',
                                                             '--channels-last', '--workers', 0])
-    assert '1 process(es) on cuda' in log and 'amp=True' in log
+    assert '1 process(es) on cuda' in log and 'amp=bfloat16' in log
     ckpt = load_ckpt(tmp_path / 'cuda' / 'last.pth.tar')
     assert ckpt['num_updates'] == 1437 // 64 and ckpt.get('loss_scaler') is None  # no scaler for bfloat16
     assert all(torch.isfinite(v).all() for v in ckpt['state_dict'].values())

@@ -1,0 +1,281 @@
+""" scripts/train.py and scripts/validate.py as a user meets them: resume keeps the run's arguments, --amp auto,
+recipe checks, fine-tune recipes, dataset errors, image folders of any size, one-line errors """
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip('sklearn')
+
+from sa_vision import training  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS_RECIPE = ROOT / 'scripts' / 'configs' / 'sa_quadratic_cifar_digits.yaml'
+TINY = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
+
+
+def _env():
+    return dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
+
+
+def _script(name, *args, timeout=300):
+    return subprocess.run([sys.executable, str(ROOT / 'scripts' / name), *map(str, args)], cwd=ROOT, env=_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+class _FirstTrainStep(Exception):
+    pass
+
+
+def _run_until_first_train_step(argv):
+    """Run training.main in this process and stop it at the first Linear forward in training mode: everything a
+    run decides and writes before its first step is done. Returns the dtype of that Linear's output."""
+    seen = []
+
+    def hook(module, inputs, output):
+        if isinstance(module, torch.nn.Linear) and module.training and torch.is_grad_enabled():
+            seen.append(output.dtype)
+            raise _FirstTrainStep
+    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    try:
+        with pytest.raises(_FirstTrainStep):
+            training.main(list(map(str, argv)))
+    finally:
+        handle.remove()
+    return seen[0]
+
+
+@pytest.fixture(scope='module')
+def adamw_run(tmp_path_factory):
+    """A finished 2-epoch run of a tiny model with the digits recipe (AdamW, lr 0.005, weight decay 0.05)."""
+    out = tmp_path_factory.mktemp('runs')
+    training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64, '--output', out,
+                                 '--experiment', 'adamw', '--log-interval', 100])))
+    return out / 'adamw' / 'last.pth.tar'
+
+
+def _load(path):
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+# --- item 1: --resume continues the run as it was configured ---------------------------------------------------
+
+def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, tmp_path, caplog):
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(adamw_run.parent, run)
+    ckpt = _load(run / 'last.pth.tar')
+    ckpt['epoch'], ckpt['history'] = 1, ckpt['history'][:1]  # as if killed after its first of 2 epochs
+    torch.save(ckpt, run / 'last.pth.tar')
+    with caplog.at_level(logging.INFO, logger='train'):
+        training.main(['--resume', str(run / 'last.pth.tar'), '--log-interval', '7'])  # no -c
+    resumed = _load(run / 'last.pth.tar')
+    assert resumed['epoch'] == 2 and resumed['num_epochs'] == 2
+    assert resumed['args']['opt'] == 'adamw' and resumed['args']['lr'] == 0.005
+    assert resumed['args']['weight_decay'] == 0.05 and resumed['args']['epochs'] == 2
+    saved = yaml.safe_load((run / 'args.yaml').read_text())
+    assert saved['opt'] == 'adamw' and saved['lr'] == 0.005 and saved['batch_size'] == 64
+    assert yaml.safe_load((run / 'recipe.yaml').read_text())['opt'] == 'adamw'
+    # the one explicit option that differs from the run is reported
+    assert 'resuming with changed arguments: log_interval 100 -> 7' in caplog.text
+
+
+def test_resume_reports_explicit_changes_only(adamw_run):
+    args, _, _ = training._parse_run_args(['--resume', str(adamw_run), '--lr', '0.001', '--epochs', '2'])
+    assert args.opt == 'adamw' and args.lr == 0.001 and args.epochs == 2
+    assert args.resume_changes == {'lr': (0.005, 0.001)}  # --epochs 2 is given but equals the run's
+    # parsing left the module's parser as it was: a plain command line gets the plain defaults again
+    assert training._parse_args([])[0].opt == 'sgd'
+
+
+# --- item 4 / issue 19: --amp auto, decided by the measured probe; recipe.yaml keeps what was asked -------------
+
+@pytest.mark.parametrize('speedup, expected', [(2.0, torch.bfloat16), (0.5, torch.float32), (1.2, torch.float32)])
+def test_amp_auto_follows_the_probe(monkeypatch, tmp_path, speedup, expected):
+    calls = []
+
+    def probe(dtype, *size):
+        calls.append((dtype, size))
+        return speedup
+    monkeypatch.setattr(training, 'cpu_autocast_speedup', probe)
+    dtype = _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--amp', 'auto', '--device', 'cpu',
+                                         '--output', tmp_path, '--experiment', 'auto'])
+    assert dtype == expected
+    assert calls and calls[0][0] == torch.bfloat16
+    assert yaml.safe_load((tmp_path / 'auto' / 'recipe.yaml').read_text())['amp'] == 'auto'
+    used = yaml.safe_load((tmp_path / 'auto' / 'args.yaml').read_text())
+    assert used['amp'] == 'auto' and used['amp_used'] == ('bfloat16' if expected == torch.bfloat16 else False)
+    assert f'{speedup:.2f}x' in used['amp_reason']
+
+
+def test_amp_default_stays_float32_on_cpu_and_explicit_on_is_kept(monkeypatch, tmp_path):
+    monkeypatch.setattr(training, 'cpu_autocast_speedup', lambda *a: pytest.fail('probe run without --amp auto'))
+    base = ['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path]
+    assert _run_until_first_train_step(base + ['--experiment', 'default']) == torch.float32
+    assert _run_until_first_train_step(base + ['--experiment', 'on', '--amp']) == torch.bfloat16
+    assert yaml.safe_load((tmp_path / 'on' / 'recipe.yaml').read_text())['amp'] is True
+    assert yaml.safe_load((tmp_path / 'default' / 'recipe.yaml').read_text())['amp'] is None
+
+
+def test_cpu_autocast_probe_measures_a_ratio():
+    speedup = training.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2)
+    assert 0.01 < speedup < 100
+    assert training.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2) == speedup  # cached per process
+
+
+# --- item 5: a fine-tune's recipe.yaml names its starting weights ------------------------------------------------
+
+def test_fine_tune_recipe_keeps_initial_checkpoint(adamw_run, tmp_path):
+    _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--initial-checkpoint', adamw_run,
+                                 '--output', tmp_path, '--experiment', 'ft'])
+    recipe = yaml.safe_load((tmp_path / 'ft' / 'recipe.yaml').read_text())
+    assert recipe['initial_checkpoint'] == str(adamw_run)
+    assert 'output' not in recipe and 'experiment' not in recipe  # still no other machine fields
+
+
+# --- item 10: --num-classes with --initial-checkpoint: all but the classifier -------------------------------------
+
+def test_other_num_classes_loads_all_but_the_classifier(adamw_run, tmp_path, caplog):
+    with caplog.at_level(logging.INFO, logger='train'):
+        training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--initial-checkpoint', adamw_run, '--num-classes',
+                                     12, '--epochs', 1, '--lr', 0, '--weight-decay', 0, '-b', 64, '--output',
+                                     tmp_path, '--experiment', 'twelve', '--log-interval', 100])))
+    start, tuned = _load(adamw_run)['state_dict'], _load(tmp_path / 'twelve' / 'last.pth.tar')['state_dict']
+    assert tuned['head.weight'].shape == (12, 16) and start['head.weight'].shape == (10, 16)
+    for key, value in start.items():
+        if not key.startswith('head.'):
+            assert torch.equal(tuned[key], value), key
+    assert 'classifier (head.weight, head.bias) is left out' in caplog.text
+
+
+# --- item 6: unknown recipe keys ------------------------------------------------------------------------------------
+
+def _cli_error(argv):
+    """The one stderr line of train.py's main under run_cli (in this process), which must exit with status 2."""
+    import contextlib
+    import io
+    from sa_vision.errors import run_cli
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = run_cli(training.main, argv)
+    assert status == 2
+    lines = err.getvalue().strip().splitlines()
+    assert lines[-1].startswith('error: ') and 'Traceback' not in err.getvalue()
+    return lines[-1]
+
+
+def test_unknown_recipe_keys_are_an_error_naming_the_nearest_key(tmp_path):
+    from sa_vision.errors import RecipeError
+    recipe = tmp_path / 'typo.yaml'
+    recipe.write_text('model: sa_quadratic_cifar\nepoch: 1\nlr_rate: 0.01\ncolor_jitter: 0.4\n')
+    with pytest.raises(RecipeError) as e:
+        training._parse_args(['-c', str(recipe)])
+    msg = str(e.value)
+    assert "'epoch' (did you mean 'epochs'?)" in msg and "'lr_rate'" in msg and 'color_jitter' not in msg
+    assert _cli_error(['-c', str(recipe)]).startswith('error: recipe')
+
+
+def test_timm_only_keys_are_allowed_and_listed(tmp_path, capsys):
+    from sa_vision.recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS, check_recipe_keys, load_recipe
+    ours = {a.dest for a in training.parser._actions}
+    assert not TIMM_ONLY_RECIPE_KEYS & ours  # listed as timm-only, so not read here
+    recipe = tmp_path / 'timm.yaml'
+    recipe.write_text('model: sa_quadratic_cifar\nmixup: 0.8\nscale: [1.0, 1.0]\n')
+    args, _ = training._parse_args(['-c', str(recipe)])
+    assert args.model == 'sa_quadratic_cifar'
+    assert "['mixup', 'scale']" in capsys.readouterr().err
+    for path in RECIPE_DIR.glob('*.yaml'):  # the shipped recipes hold no unknown key
+        check_recipe_keys(load_recipe(path), ours, str(path))
+
+
+# --- item 7: dataset names and folders -----------------------------------------------------------------------------
+
+def test_unknown_dataset_name_lists_the_known_ones():
+    from sa_vision.errors import DatasetError
+    from sa_vision.data import create_image_dataset
+    with pytest.raises(DatasetError, match=r"unknown dataset 'cifar-10'.*digits.*fashion-mnist.*torch/cifar10"):
+        create_image_dataset('cifar-10', 'train', is_training=True)
+    assert _cli_error(['--dataset', 'cifar-10', *TINY, '--output', '/nonexistent/never-written']).startswith(
+        "error: unknown dataset 'cifar-10'")
+
+
+def test_missing_data_dir_says_so(tmp_path):
+    from sa_vision.data import create_image_dataset
+    for dataset in ('', 'fashion-mnist', 'torch/cifar10'):
+        with pytest.raises(FileNotFoundError, match=f'--data-dir {tmp_path / "nope"} does not exist'):
+            create_image_dataset(dataset, 'train', is_training=True, data_dir=str(tmp_path / 'nope'))
+
+
+def test_train_split_message_does_not_advise_val_split(tmp_path):
+    from sa_vision.data import create_image_dataset
+    (tmp_path / 'validation' / 'cat').mkdir(parents=True)
+    with pytest.raises(FileNotFoundError) as e:
+        create_image_dataset('', 'train', is_training=True, data_dir=str(tmp_path))
+    assert '--val-split' not in str(e.value) and '--train-split' in str(e.value)
+
+
+# --- item 8: image folders of any size -----------------------------------------------------------------------------
+
+def test_image_folder_of_mixed_sizes_is_resized_to_the_input_size(tmp_path):
+    from PIL import Image
+    from sa_vision.data import create_image_dataset
+    mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
+    colours = {'a': (200, 40, 120), 'b': (10, 250, 90)}
+    sizes = [(32, 32), (48, 40), (20, 64), (7, 9)]  # (width, height)
+    for cls, colour in colours.items():
+        for split in ('train', 'validation'):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i, size in enumerate(sizes):
+                Image.new('RGB', size, colour).save(tmp_path / split / cls / f'{i}.png')
+    gen = torch.Generator().manual_seed(0)
+    pattern = (torch.rand(3, 32, 32, generator=gen) * 255).round().to(torch.uint8)
+    Image.fromarray(pattern.permute(1, 2, 0).numpy()).save(tmp_path / 'validation' / 'a' / 'pattern.png')
+    for split, is_training in (('train', True), ('validation', False)):
+        ds = create_image_dataset('', split, is_training=is_training, data_dir=str(tmp_path), crop_padding=0,
+                                  hflip=0., mean=mean, std=std)
+        images, targets = next(iter(torch.utils.data.DataLoader(ds, batch_size=len(ds))))  # collate: one size
+        assert images.shape == (len(ds), 3, 32, 32)
+        for image, target in zip(images, targets):
+            colour = colours['ab'[int(target)]]
+            if image.std() == 0 or len(set(image[0].flatten().tolist())) == 1:  # a plain-colour file
+                expected = torch.tensor([(c / 255 - m) / s for c, m, s in zip(colour, mean, std)])
+                torch.testing.assert_close(image[:, 0, 0], expected, rtol=0, atol=1e-5)
+    # a 32x32 image is not resampled: exactly its pixels, normalised
+    ds = create_image_dataset('', 'validation', is_training=False, data_dir=str(tmp_path), mean=mean, std=std)
+    index = next(i for i, (path, _) in enumerate(ds.reader.samples) if path.endswith('pattern.png'))
+    expected = (pattern.float() / 255 - torch.tensor(mean)[:, None, None]) / torch.tensor(std)[:, None, None]
+    torch.testing.assert_close(ds[index][0], expected, rtol=0, atol=1e-5)
+
+
+# --- one place for user errors; validate.py's split names ----------------------------------------------------------
+
+@pytest.mark.slow
+def test_scripts_exit_2_with_one_error_line(tmp_path):
+    proc = _script('train.py', '--dataset', 'cifar-10', *TINY)
+    # the log lines before it go to stderr too; the error is the last line, without a traceback
+    assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: unknown dataset 'cifar-10'"), proc.stderr
+
+
+@pytest.mark.slow
+def test_validate_errors_are_one_line_and_split_names_agree(adamw_run, tmp_path):
+    proc = _script('validate.py', '--checkpoint', tmp_path / 'missing.pth')
+    assert proc.returncode == 2 and 'Traceback' not in proc.stderr and proc.stderr.startswith('error: ')
+    proc = _script('validate.py', '--checkpoint', adamw_run, '--dataset', 'digits', '--threads', 1)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    # train.py: "Top-1 on the digits test split"; the same images are the 'test' split here
+    assert result['split'] == 'test' and result['num_images'] == 360
+    assert result['top1'] == pytest.approx(_load(adamw_run)['metrics']['top1'])
+
+
+def test_user_errors_are_value_errors_and_checkpoint_errors_are_user_errors():
+    from sa_vision.checkpoint import CheckpointError
+    from sa_vision.errors import UserError
+    assert issubclass(CheckpointError, UserError) and issubclass(UserError, ValueError)
