@@ -1,0 +1,48 @@
+""" Errors a user can cause, and the one place the command-line scripts report them
+
+Library calls raise a :class:`UserError` subclass (a ``ValueError``, so ``except ValueError`` keeps working) whose
+message says what was wrong and what to do. The scripts run their ``main`` through :func:`run_cli`, which prints
+``error: <message>`` to stderr without a traceback and exits with status 2; anything else is a bug and keeps its
+traceback.
+
+Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool that imports no
+sa_vision code.
+"""
+import sys
+from typing import Callable, Optional, Sequence
+
+__all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError', 'USAGE_ERROR_STATUS', 'run_cli']
+
+USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
+
+
+class UserError(ValueError):
+    """Something the user asked for cannot be done as asked: the message says what and how to fix it."""
+
+
+class RecipeError(UserError):
+    """A recipe (``-c``) or the arguments of a run are inconsistent or name unknown keys."""
+
+
+class RecipeNotFoundError(RecipeError, FileNotFoundError):
+    """A recipe name that is neither a YAML file nor a shipped recipe."""
+
+
+class DatasetError(UserError):
+    """A dataset name, folder or file that cannot be read as asked."""
+
+
+class DatasetNotFoundError(DatasetError, FileNotFoundError):
+    """A dataset folder or file that does not exist."""
+
+
+def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:
+    """Run a script's ``main(argv)``; a :class:`UserError` is printed as one ``error:`` line and gives status 2.
+
+    Returns ``main``'s own status (``None`` counts as 0) for ``sys.exit``.
+    """
+    try:
+        return main(argv) or 0
+    except UserError as e:
+        print(f'error: {e}', file=sys.stderr)
+        return USAGE_ERROR_STATUS
