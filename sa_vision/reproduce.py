@@ -205,16 +205,11 @@ class Reproduction:
             _say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
                  f'skipped')
             return out
-        from .pruning import find_degenerate_heads, head_eigenvalues, prune_heads, save_pruned
+        from .pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
         source = read_checkpoint(self.run_dir(PRUNE_SOURCE) / 'last.pth.tar')
         model = source.create_model()
         degenerate = find_degenerate_heads(model)
-        heads = []
-        for layer, (drop, eigenvalues) in enumerate(zip(degenerate, head_eigenvalues(model))):
-            if len(drop) == model.heads_per_layer[layer]:  # a layer keeps at least its least degenerate head
-                keep = int(eigenvalues[:, 1].abs().argmax())
-                drop = [h for h in drop if h != keep]
-            heads.append(drop)
+        heads = select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
         pruned = prune_heads(model, heads)
         after = self._evaluate(pruned)
         save_pruned(pruned, out, heads)
