@@ -150,7 +150,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
             attn.dim, num_heads, max_shift=attn.position.max_shift, **dd)
         if attn.content is not None:
             attn.content = type(attn.content)(attn.dim, num_heads, **dd)
-        attn._probs_cache = {}
+        attn.clear_probs_cache()
         block.num_heads = num_heads
         # same Linear class (the model's heads-stacked Linear), Value may have Dense fused into it
         block.value = type(block.value)(num_heads * attn.dim, block.value.out_features, **dd)

@@ -264,6 +264,23 @@ def test_eval_probabilities_are_computed_once_while_the_parameters_stay(monkeypa
     assert len(computed) == len(model.blocks), 'the probabilities of unchanged parameters must be reused'
 
 
+def test_tracing_records_no_input_check_and_warns_nothing():
+    """The input checks are Python branches on the shape: skipped while tracing (no TracerWarning on every trace
+    or ONNX export), still raised in eager."""
+    import warnings
+    model = small_model('sa_quadratic_cifar').eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        traced = torch.jit.trace(model, torch.randn(2, 3, 16, 16), check_trace=False)
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)], \
+        [f'{w.filename}:{w.lineno}: {w.message}' for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    x = torch.randn(3, 3, 12, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match='expected 3 input channels'):
+        model(torch.randn(1, 1, 16, 16))
+
+
 def test_drop_path_drops_whole_samples():
     model = small_model('sa_quadratic_cifar', drop_path_rate=0.9, proj_drop_rate=0., attn_drop_rate=0.).train()
     x = torch.randn(1, 3, 8, 8).expand(6, -1, -1, -1)

@@ -291,6 +291,11 @@ class PositionalAttention(nn.Module):
         self._probs_cache = {key: ([t.clone() for t in current], probs)}
         return probs
 
+    @torch.jit.unused
+    def clear_probs_cache(self) -> None:
+        """Forget the cached eval probabilities (the next eval forward computes them, e.g. to count its work)."""
+        self._probs_cache = {}
+
     def _content_inputs(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """Tokens ``(B, HW, D)``, queries and keys ``(B, heads, HW, D)`` and positional scores ``(heads, HW, HW)``
         of the ``content`` kind for grid-major ``x`` (``h x w x B x D``)."""
