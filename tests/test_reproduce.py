@@ -201,4 +201,4 @@ def test_results_table_reads_for_a_mechanics_check(tmp_path):
     markdown = (tmp_path / 'results.md').read_text()
     row = next(line for line in markdown.splitlines() if line.startswith('| `sa_quadratic_cifar`'))
     assert row.split(' | ')[7] == '2.5 s', row  # history: train_time 2.5 s
-    assert 'checks the mechanics' in markdown and 'near chance' in markdown and 'keeps every head' in markdown
+    assert 'checks the mechanics' in markdown and 'close to chance' in markdown and 'keeps every head' in markdown
