@@ -37,6 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from .checkpoint import infer_model_args, load_model  # noqa: F401  (re-exported: the scripts' one loader)
+from .errors import UserError
 from .layers import PositionalAttention
 
 __all__ = [
@@ -55,7 +56,7 @@ def attention_layers(model: nn.Module) -> List[PositionalAttention]:
     """The positional attention layers of ``model``, in order."""
     layers = [m for m in model.modules() if isinstance(m, PositionalAttention)]
     if not layers:
-        raise ValueError(
+        raise UserError(
             f'{type(model).__name__} has no PositionalAttention layer; pass a sa_vision self-attention model '
             f'such as timm.create_model("sa_quadratic_cifar")')
     return layers
@@ -108,7 +109,7 @@ def attention_probs(
 
     parents = {id(m.attn): m for m in model.modules() if isinstance(getattr(m, 'attn', None), PositionalAttention)}
     if any(id(layer) not in parents for layer in layers):
-        raise ValueError('content attention maps need each attention layer to be the .attn of a block module')
+        raise UserError('content attention maps need each attention layer to be the .attn of a block module')
     handles = [parents[id(layer)].register_forward_pre_hook(capture_for(layer)) for layer in layers]
     was_training = model.training
     try:
@@ -126,7 +127,7 @@ def query_maps(probs: Tensor, grid_size: Tuple[int, int], query: Optional[Tuple[
     grid_h, grid_w = grid_size
     row, col = query if query is not None else interior_query(grid_size)
     if not (0 <= row < grid_h and 0 <= col < grid_w):
-        raise ValueError(f'query pixel {(row, col)} is outside the {grid_h}x{grid_w} token grid')
+        raise UserError(f'query pixel {(row, col)} is outside the {grid_h}x{grid_w} token grid')
     return probs[:, row * grid_w + col].reshape(-1, grid_h, grid_w)
 
 
@@ -153,7 +154,7 @@ def head_precisions(model: nn.Module) -> List[Tensor]:
     layers = attention_layers(model)
     kind = layers[0].kind
     if kind not in GAUSSIAN_KINDS:
-        raise ValueError(f'precisions exist for the Gaussian kinds {GAUSSIAN_KINDS} only, this model is {kind!r}')
+        raise UserError(f'precisions exist for the Gaussian kinds {GAUSSIAN_KINDS} only, this model is {kind!r}')
     if kind == 'quadratic':
         eye = torch.eye(2, dtype=torch.float64)[None]
         return [eye * (layer.position.spreads.detach().double().cpu() ** 2)[:, None, None] for layer in layers]
@@ -208,7 +209,7 @@ def gaussian_contour(center: Tensor, precision: Tensor, mass: float, num_points:
     (a singular ``M`` has an infinite axis).
     """
     if not 0 < mass < 1:
-        raise ValueError(f'mass must be in (0, 1), got {mass}')
+        raise UserError(f'mass must be in (0, 1), got {mass}')
     scale = math.sqrt(-2.0 * math.log1p(-mass))
     eigenvalues, eigenvectors = torch.linalg.eigh(precision.double())
     semi_axes = (scale / eigenvalues.clamp(min=1e-300).sqrt()).clamp(max=max_radius)
@@ -311,5 +312,5 @@ def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:
             writer.writeheader()
             writer.writerows(rows)
     else:
-        raise ValueError(f'table path {path!r} must end in .csv or .json')
+        raise UserError(f'table path {path!r} must end in .csv or .json')
     return path

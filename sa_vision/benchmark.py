@@ -42,6 +42,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 from torch.utils.flop_counter import FlopCounterMode
 
+from .errors import UserError
+
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
     'resolve_device', 'compute_dtype', 'paper_model_like',
@@ -61,7 +63,7 @@ def _as_input_size(input_size) -> Tuple[int, int, int]:
     if len(input_size) == 2:
         return (3,) + input_size
     if len(input_size) != 3:
-        raise ValueError(f'input_size must be (C, H, W), (H, W) or an int, got {input_size}')
+        raise UserError(f'input_size must be (C, H, W), (H, W) or an int, got {input_size}')
     return input_size
 
 
@@ -73,9 +75,9 @@ def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
     input is not an image may be given ``input_size`` as the full shape after the batch dimension.
     The input is made on the device and in the dtype of the model's parameters ('meta' too).
 
-    The count runs on a copy of the model: layers that keep results in eval mode (the attention
-    probabilities of :class:`~sa_vision.layers.PositionalAttention`, keyed by their parameters' storage)
-    recompute them in the copy, so every call counts a full forward pass, whatever ran before.
+    The count runs on a copy of the model whose cached eval results (the attention probabilities of
+    :class:`~sa_vision.layers.PositionalAttention`) are cleared, so every call counts a full forward pass,
+    whatever ran before.
     """
     if isinstance(input_size, int):
         shape = _as_input_size(input_size)
@@ -87,6 +89,9 @@ def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
     except StopIteration:
         device, dtype = torch.device('cpu'), torch.float32
     model = copy.deepcopy(model).eval()
+    for module in model.modules():  # the copy holds the original's cached probabilities: count computing them
+        if hasattr(module, 'clear_probs_cache'):
+            module.clear_probs_cache()
     x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
     counter = FlopCounterMode(display=False)
     with torch.no_grad(), counter:
@@ -127,7 +132,7 @@ def unavoidable_macs_from_config(
             macs += 2 * n * d * heads * d  # query and key maps
             macs += 2 * heads * n * n * d  # q.k scores and the weighted sum
         else:
-            raise ValueError(f'unknown attention kind {attn_kind!r}')
+            raise UserError(f'unknown attention kind {attn_kind!r}')
     macs += d * num_classes
     return int(macs)
 
@@ -257,7 +262,7 @@ def compute_dtype(precision: str = 'float32', amp: bool = False, amp_dtype: str 
     """The dtype a step's matrix products run in: the autocast dtype under ``amp``, else the model's ``precision``."""
     names = amp_dtype if amp else precision
     if names not in DTYPES:
-        raise ValueError(f'unknown dtype {names!r}; use one of {sorted(DTYPES)}')
+        raise UserError(f'unknown dtype {names!r}; use one of {sorted(DTYPES)}')
     return DTYPES[names]
 
 
@@ -272,7 +277,7 @@ def paper_model_like(model_name: str, model: nn.Module) -> nn.Module:
     from sa_vision.paper_reference import PAPER_ATTENTION_KINDS, PaperDenseSA
     kind = getattr(model, 'attn_kind', None)
     if kind not in PAPER_ATTENTION_KINDS:
-        raise ValueError(f'no paper formulation for {model_name!r} (attention kind {kind}); the paper formulates '
+        raise UserError(f'no paper formulation for {model_name!r} (attention kind {kind}); the paper formulates '
                          f'the attention kinds {PAPER_ATTENTION_KINDS}: compare a model built with one of them')
     block = model.blocks[0]
     return PaperDenseSA.from_state_dict(
@@ -301,7 +306,7 @@ def _maybe_fused(model: nn.Module, fuse: bool) -> Optional[nn.Module]:
     if not fuse:
         return None
     if not hasattr(model, 'fuse'):
-        raise RuntimeError(f'{type(model).__name__} has no fuse() method')
+        raise UserError(f'{type(model).__name__} has no fuse() method: drop --fuse for it')
     fused = copy.deepcopy(model).eval()
     out = fused.fuse()
     return out if isinstance(out, nn.Module) else fused
@@ -318,6 +323,9 @@ def build_variants(
     'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.paper_reference`)."""
     import timm
     import sa_vision  # noqa: F401  (registers the models)
+    if not timm.is_model(model_name):
+        raise UserError(f'unknown model {model_name!r}: not a registered timm name (sa_vision: '
+                        f'{", ".join(timm.list_models("sa_*") + ["resnet18_cifar"])}; timm.list_models() lists all)')
     model = timm.create_model(model_name, **model_kwargs)
     variants = [Variant(model_name, model, infer_model=_maybe_fused(model, fuse))]
     for other in compare:
@@ -334,7 +342,7 @@ def build_variants(
         elif other == 'paper':
             variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model)))
         else:
-            raise ValueError(f'unknown comparison {other!r}; use dense, batched or paper')
+            raise UserError(f'unknown comparison {other!r}; use dense, batched or paper')
     return variants
 
 
@@ -590,7 +598,7 @@ def format_results(rows: Sequence[Dict[str, Any]], fmt: str = 'table', columns: 
             writer.writerow({c: _fmt(r.get(c)) if isinstance(r.get(c), list) else r.get(c, '') for c in columns})
         return buf.getvalue()
     if fmt != 'table':
-        raise ValueError(f'unknown format {fmt!r}; use table, csv or json')
+        raise UserError(f'unknown format {fmt!r}; use table, csv or json')
     cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
     widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
     lines = ['| ' + ' | '.join(c.ljust(w) for c, w in zip(columns, widths)) + ' |',

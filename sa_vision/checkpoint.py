@@ -33,7 +33,7 @@ from .models import SA_MODEL_ARGS
 
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_torch_save', 'read_checkpoint', 'load_model',
-    'infer_model_args', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
+    'infer_model_args', 'is_sa_state_dict', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -54,6 +54,8 @@ _TIMM_MODEL_ARGS = (('num_classes', 'num_classes'), ('in_chans', 'in_chans'), ('
                     ('drop_path_rate', 'drop_path'), ('drop_block_rate', 'drop_block'), ('global_pool', 'gp'),
                     ('bn_momentum', 'bn_momentum'), ('bn_eps', 'bn_eps'))
 _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
+# names of weights that timm.create_model takes: they load those weights (with pretrained=True in timm)
+LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
 _WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
 
 
@@ -155,13 +157,24 @@ def _strip_module_prefix(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
     return {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}
 
 
+# keys every SelfAttentionNet state dict holds (timm's ViTs have patch_embed.proj.weight too, but no Value map)
+_SA_KEYS = ('patch_embed.proj.weight', 'blocks.0.value.weight', 'blocks.0.mlp.fc1.weight')
+
+
+def is_sa_state_dict(state_dict: Dict[str, Tensor]) -> bool:
+    """Whether ``state_dict`` is of a :class:`~sa_vision.models.SelfAttentionNet` (its shapes give its arguments)."""
+    return all(k in state_dict for k in _SA_KEYS)
+
+
 def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
     """Architecture kwargs of a :class:`~sa_vision.models.SelfAttentionNet`, read off a state dict's shapes.
 
     Includes ``attn_kind``; :data:`KIND_TO_MODEL` names the registered model of each kind.
     """
-    if 'patch_embed.proj.weight' not in state_dict:
-        raise ValueError('not a sa_vision self-attention state dict (no patch_embed.proj.weight)')
+    if not is_sa_state_dict(state_dict):
+        missing = [k for k in _SA_KEYS if k not in state_dict]
+        raise CheckpointError(f'not a sa_vision self-attention state dict (no {", ".join(missing)}); the '
+                              f'architecture of other weights cannot be read off their shapes, name it instead')
     embed_dim, in_chans = state_dict['patch_embed.proj.weight'].shape[:2]
     depth = 1 + max(int(k.split('.')[1]) for k in state_dict if k.startswith('blocks.'))
     heads = tuple(state_dict[f'blocks.{i}.value.weight'].shape[1] // embed_dim for i in range(depth))
@@ -193,7 +206,7 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
                      model_args: Dict[str, Any], meta: Dict[str, Any]) -> Checkpoint:
     """A checkpoint of bare weights: the architecture from ``arch`` / stored args, or read off SA shapes."""
     state_dict = _strip_module_prefix(state_dict)
-    if 'patch_embed.proj.weight' in state_dict:
+    if is_sa_state_dict(state_dict):
         inferred = infer_model_args(state_dict)
         kind = inferred.pop('attn_kind')  # the registered model of a kind sets it itself
         if arch in _KIND_OF_MODEL and _KIND_OF_MODEL[arch] != kind:
@@ -206,9 +219,29 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
         model_args = {'num_classes': int(state_dict['fc.weight'].shape[0]), **model_args}
     if arch is None:
         raise CheckpointError(
-            f'{path} holds bare weights ({len(state_dict)} tensors, e.g. {sorted(state_dict)[:3]}) without the '
-            f'name of their architecture; pass it (--model NAME)')
+            f'{path} holds bare weights ({len(state_dict)} tensors, e.g. {sorted(state_dict)[:3]}) that are '
+            f'neither of a sa_vision model ({", ".join(sorted(_KIND_OF_MODEL) + ["resnet18_cifar"])}: read off the '
+            f'shapes) nor named; pass the timm model name they are of, e.g. --model vit_tiny_patch16_224 '
+            f'(timm.list_models() lists them)')
+    if arch not in _KIND_OF_MODEL and 'num_classes' not in model_args:
+        model_args = {**_classifier_width(arch, state_dict), **model_args}
     return Checkpoint(arch, model_args, state_dict, str(path), fmt, meta)
+
+
+def _classifier_width(arch: str, state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
+    """``num_classes`` of timm model ``arch`` read off its classifier's weight (the key its pretrained cfg names,
+    as timm's own loading does when num_classes changes), or {} when unknown."""
+    import timm
+    from timm.models import get_pretrained_cfg_value
+    try:
+        classifier = get_pretrained_cfg_value(arch, 'classifier') if timm.is_model(arch) else None
+    except Exception:  # noqa: BLE001 -- a model without a pretrained cfg: num_classes stays its default
+        classifier = None
+    names = classifier if isinstance(classifier, (list, tuple)) else [classifier] if classifier else []
+    weights = [state_dict.get(f'{name}.weight') for name in names]
+    if weights and weights[0] is not None and weights[0].dim() >= 1:
+        return {'num_classes': int(weights[0].shape[0])}
+    return {}
 
 
 def _timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
@@ -225,7 +258,7 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     if not config_path.is_file():
         raise CheckpointError(f'folder {folder} has no config.json: not a Hub folder (timm save_for_hf format); '
                               f'export one with scripts/push_to_hub.py --dry-run')
-    config = json.loads(config_path.read_text())
+    config = _read_json(config_path.read_text(), config_path, 'config.json')
     weights = folder / 'model.safetensors'
     if weights.is_file():
         state_dict = _read_safetensors(weights)[0]
@@ -235,13 +268,29 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
         raise CheckpointError(f'Hub folder {folder} has no model.safetensors (nor pytorch_model.bin)')
     if 'architecture' not in config:
         raise CheckpointError(f'{config_path} names no architecture: not a timm config.json')
-    model_args = dict(config.get('model_args') or {})
+    model_args = config.get('model_args') or {}
+    if not isinstance(model_args, dict):
+        raise CheckpointError(f'{config_path}: "model_args" must be an object of create_model keywords, got '
+                              f'{type(model_args).__name__} {model_args!r}; fix or re-export the folder')
+    model_args = dict(model_args)
     if 'num_classes' in config:
         model_args.setdefault('num_classes', config['num_classes'])
     cfg = config.get('pretrained_cfg') or {}
     from .data import dataset_for_tag
     return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder',
                       {'pretrained_cfg': cfg, 'dataset': dataset_for_tag(cfg.get('tag') or '')})
+
+
+def _read_json(text: str, path: Path, what: str) -> Any:
+    """``json.loads(text)``, or a CheckpointError naming the file, the part of it and where the JSON breaks."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f'{path}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); '
+                              f'the file was edited or cut short: fix it, or export / save it again') from None
+    if what == 'config.json' and not isinstance(value, dict):
+        raise CheckpointError(f'{path}: config.json must hold a JSON object, got {type(value).__name__}')
+    return value
 
 
 def _read_safetensors(path: Path):
@@ -280,7 +329,11 @@ def read_checkpoint(
                               f'a .safetensors file) or an exported Hub folder')
     elif path.suffix == '.safetensors':
         state_dict, metadata = _read_safetensors(path)
-        stored_args = json.loads(metadata['model_args']) if 'model_args' in metadata else {}
+        stored_args = _read_json(metadata['model_args'], path, "metadata 'model_args'") if 'model_args' in metadata else {}
+        if not isinstance(stored_args, dict):
+            raise CheckpointError(f"{path}: metadata 'model_args' must be a JSON object of create_model keywords, "
+                                  f'got {type(stored_args).__name__}; re-save the file with scripts/prune.py or '
+                                  f'drop the metadata and name the model')
         meta = {k: v for k, v in metadata.items() if k not in ('arch', 'model_args')}
         ckpt = _from_state_dict(state_dict, path, 'safetensors', metadata.get('arch') or arch,
                                 {**stored_args, **(model_args or {})}, meta)
@@ -337,17 +390,29 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
 
 
 def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
-    """A model in eval mode from a file or Hub folder (:func:`read_checkpoint`) or a timm model name.
+    """A model in eval mode from a file or Hub folder (:func:`read_checkpoint`), a timm model name, or a name of
+    weights: ``local-dir:<folder>`` (an exported Hub folder, read like the folder itself) or ``hf-hub:<repo>``.
 
     ``kwargs`` are construction arguments: for bare weights they override what is read off the shapes; for a
-    timm name they go to ``timm.create_model`` (random init unless ``pretrained``).
+    timm name they go to ``timm.create_model`` (random init unless ``pretrained``). ``local-dir:`` and
+    ``hf-hub:`` name weights, so they always load them (as ``scripts/validate.py`` does), never a random model.
     """
     import timm
     from . import models  # noqa: F401  registers the models
+    if source.startswith(LOCAL_DIR_PREFIX):
+        folder = Path(source[len(LOCAL_DIR_PREFIX):])
+        if not folder.is_dir():
+            raise CheckpointError(f'{source}: {folder} is not a folder; local-dir: names an exported Hub folder '
+                                  f'(config.json + model.safetensors), e.g. from scripts/push_to_hub.py --dry-run')
+        return read_checkpoint(folder, model_args=kwargs).create_model()
     path = Path(source)
     if path.exists() or source.endswith(_WEIGHT_SUFFIXES):
         return read_checkpoint(path, model_args=kwargs, use_ema=use_ema).create_model()
+    pretrained = pretrained or source.startswith(HF_HUB_PREFIX)
     try:
         return timm.create_model(source, pretrained=pretrained, **kwargs).eval()
     except RuntimeError as e:
-        raise ValueError(f'{source!r} is neither a file, a Hub folder nor a timm model name ({e})') from e
+        if 'Unknown model' not in str(e):
+            raise
+        raise CheckpointError(f'{source!r} is neither a file, a Hub folder, local-dir:<folder>, hf-hub:<repo> nor '
+                              f'a timm model name ({e})') from None

@@ -31,6 +31,7 @@ from .analysis import (
     GAUSSIAN_KINDS, attention_layers, attention_probs, default_grid_size, gaussian_contour, head_centers,
     head_precisions, interior_query, load_model, query_maps,
 )
+from .errors import UserError
 
 __all__ = ['plot_centers', 'plot_attention_maps', 'plot_center_trajectories', 'save_card_figure']
 
@@ -89,7 +90,7 @@ def plot_centers(
     """
     kind = attention_layers(model)[0].kind
     if kind not in GAUSSIAN_KINDS:
-        raise ValueError(
+        raise UserError(
             f'figure (a) shows Gaussian centres and contours, which {kind!r} attention does not have; '
             f'use plot_attention_maps (figure b) for it')
     centers = head_centers(model)
@@ -195,11 +196,11 @@ def plot_center_trajectories(
     :func:`~sa_vision.analysis.head_centers` (row, col).
     """
     if len(checkpoints) < 1:
-        raise ValueError('give at least one checkpoint (two or more to see the centres move)')
+        raise UserError('give at least one checkpoint (two or more to see the centres move)')
     models = [load_model(c) if isinstance(c, str) else c for c in checkpoints]
     heads = [tuple(m.heads_per_layer) for m in models]
     if len(set(heads)) != 1:
-        raise ValueError(f'all checkpoints must have the same heads per layer to follow the heads, got {heads}')
+        raise UserError(f'all checkpoints must have the same heads per layer to follow the heads, got {heads}')
     centers = np.stack([np.stack([c.numpy() for c in head_centers(m)]) if len(set(heads[0])) == 1 else
                         _ragged(head_centers(m)) for m in models])
     if extent is None:

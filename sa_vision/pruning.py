@@ -23,12 +23,18 @@ import torch
 from torch import Tensor, nn
 
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
+from .errors import UserError
 
-__all__ = ['PRUNED_ARCH', 'save_pruned', 'head_eigenvalues', 'find_degenerate_heads', 'prune_state_dict', 'prune_heads']
+__all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'head_eigenvalues', 'find_degenerate_heads',
+           'select_heads_to_prune', 'prune_state_dict', 'prune_heads']
 
 MAX_EIGENVALUE_BELOW = 1e-5  # released code: prune if the largest eigenvalue of M_h is below this
 MAX_CONDITION = 1000.  # released code: prune if the condition number of M_h is above this
 PRUNED_ARCH = 'sa_gen_pruned'  # the registered model of pruned generalized weights (any kept heads via heads_per_layer)
+
+
+class PruningError(UserError):
+    """Heads that cannot be pruned as asked (an unknown head or layer, a layer left without heads, another kind)."""
 
 
 def head_eigenvalues(model: nn.Module) -> List[Tensor]:
@@ -50,6 +56,24 @@ def find_degenerate_heads(
         bad = (largest < max_eigenvalue_below) | (condition > max_condition)
         degenerate.append([int(i) for i in torch.nonzero(bad).flatten()])
     return degenerate
+
+
+def select_heads_to_prune(
+        model: nn.Module,
+        max_eigenvalue_below: float = MAX_EIGENVALUE_BELOW,
+        max_condition: float = MAX_CONDITION,
+) -> List[List[int]]:
+    """The heads to prune per layer: :func:`find_degenerate_heads`, except that a layer whose heads are all
+    degenerate keeps its least degenerate one, the head whose ``M_h`` has the largest eigenvalue (the most
+    concentrated attention), since a layer without heads does not exist (its Value map would have no input)."""
+    selected = []
+    for drop, eigenvalues, num_heads in zip(find_degenerate_heads(model, max_eigenvalue_below, max_condition),
+                                            head_eigenvalues(model), model.heads_per_layer):
+        if len(drop) == num_heads:
+            keep = int(eigenvalues[:, 1].abs().argmax())
+            drop = [h for h in drop if h != keep]
+        selected.append(drop)
+    return selected
 
 
 def _per_head_params(kind: str, dim: int) -> Dict[str, Tuple[int, int]]:
@@ -84,7 +108,7 @@ def prune_state_dict(
         The pruned state dict and the heads per layer it holds.
     """
     if len(heads_to_prune) != len(heads_per_layer):
-        raise ValueError(
+        raise PruningError(
             f'heads_to_prune has {len(heads_to_prune)} layers but the model has {len(heads_per_layer)}; '
             f'give one list of head indices per layer (an empty list keeps the layer whole)')
     per_head = _per_head_params(attn_kind, embed_dim)
@@ -93,15 +117,15 @@ def prune_state_dict(
     for layer, (drop, num_heads) in enumerate(zip(heads_to_prune, heads_per_layer)):
         drop = sorted({int(h) for h in drop})
         if any(not 0 <= h < num_heads for h in drop):
-            raise ValueError(f'layer {layer} has heads 0..{num_heads - 1}, cannot prune heads {drop}')
+            raise PruningError(f'layer {layer} has heads 0..{num_heads - 1}, cannot prune heads {drop}')
         keep = [h for h in range(num_heads) if h not in drop]
         if not keep:
-            raise ValueError(f'pruning heads {drop} would leave layer {layer} without any head; keep at least one')
+            raise PruningError(f'pruning heads {drop} would leave layer {layer} without any head; keep at least one')
         kept_per_layer.append(len(keep))
         for suffix, (dim, width) in per_head.items():
             key = f'blocks.{layer}.{suffix}'
             if key not in state_dict:
-                raise ValueError(f'state dict has no {key!r}; is it a {attn_kind!r} self-attention model?')
+                raise PruningError(f'state dict has no {key!r}; is it a {attn_kind!r} self-attention model?')
             index = torch.tensor([h * width + i for h in keep for i in range(width)], dtype=torch.long)
             pruned[key] = state_dict[key].index_select(dim, index.to(state_dict[key].device)).clone()
     return pruned, tuple(kept_per_layer)
@@ -126,7 +150,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
             attn.dim, num_heads, max_shift=attn.position.max_shift, **dd)
         if attn.content is not None:
             attn.content = type(attn.content)(attn.dim, num_heads, **dd)
-        attn._probs_cache = {}
+        attn.clear_probs_cache()
         block.num_heads = num_heads
         # same Linear class (the model's heads-stacked Linear), Value may have Dense fused into it
         block.value = type(block.value)(num_heads * attn.dim, block.value.out_features, **dd)
@@ -135,8 +159,16 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
     return pruned
 
 
+def pruned_arch(attn_kind: str) -> str:
+    """The registered model that pruned weights of ``attn_kind`` load into (with the kept ``heads_per_layer``):
+    ``sa_gen_pruned`` for the generalized kind (the paper's pruned model), else the kind's own model."""
+    from .checkpoint import KIND_TO_MODEL
+    return PRUNED_ARCH if attn_kind == 'generalized' else KIND_TO_MODEL[attn_kind]
+
+
 def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequence[int]]] = None) -> Dict:
-    """Write a pruned model as an ``sa_gen_pruned`` checkpoint with the kept heads in its ``model_args``.
+    """Write a pruned model as a checkpoint of :func:`pruned_arch` (``sa_gen_pruned`` for generalized weights)
+    with the kept heads in its ``model_args``.
 
     ``.safetensors`` keeps ``arch`` / ``model_args`` in the metadata; any other suffix is a checkpoint of the
     training script's format. Every loader opens it, and ``scripts/train.py --model sa_gen_pruned
@@ -145,12 +177,12 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
     import json
     from .checkpoint import CHECKPOINT_VERSION, atomic_torch_save, infer_model_args
     state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
-    model_args = {k: v for k, v in infer_model_args(state_dict).items() if k != 'attn_kind'}
+    model_args = infer_model_args(state_dict)
+    arch = pruned_arch(model_args.pop('attn_kind'))  # the registered model of the kind sets the kind itself
     if str(path).endswith('.safetensors'):
         from safetensors.torch import save_file
-        save_file(state_dict, str(path), metadata={'arch': PRUNED_ARCH, 'model_args': json.dumps(model_args)})
+        save_file(state_dict, str(path), metadata={'arch': arch, 'model_args': json.dumps(model_args)})
     else:
-        atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': PRUNED_ARCH, 'model_args': model_args,
+        atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': model_args,
                            'state_dict': state_dict, 'pruned_heads': [list(h) for h in pruned_heads or []]}, path)
     return model_args
-

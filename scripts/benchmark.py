@@ -24,6 +24,7 @@ from timm.utils import ParseKwargs
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from sa_vision import benchmark as sab  # noqa: E402
+from sa_vision.errors import run_cli  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,4 +132,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'
 
 from sa_vision.analysis import GAUSSIAN_KINDS, attention_layers, format_table, head_statistics, layer_summary, \
     load_model, write_table  # noqa: E402
+from sa_vision.errors import run_cli  # noqa: E402
 from sa_vision.plots import plot_attention_maps, plot_center_trajectories, plot_centers  # noqa: E402
 
 
@@ -52,7 +53,8 @@ def main(argv=None):
         write_table(rows, args.table)
         print(f'wrote {args.table}')
     print(f'wrote {args.out}')
+    return 0
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(run_cli(main))

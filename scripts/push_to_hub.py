@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
 from sa_vision.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
+from sa_vision.errors import run_cli  # noqa: E402
 from sa_vision.hub import (  # noqa: E402
     HubPublishError, check_publish_target, export_hub_folder, publish_hub_folder, resolve_token, weights_label)
 
@@ -65,4 +66,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
+from sa_vision.errors import run_cli  # noqa: E402
 from sa_vision.reproduce import PROFILES, Reproduction, StageFailed  # noqa: E402
 
 
@@ -44,4 +45,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))

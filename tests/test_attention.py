@@ -374,6 +374,26 @@ def test_batched_heads_path_equals_dense_reference(kind, dense, grid, dtype, dev
     assert_float32_gradients_close(grads, ref_grads, reduction_length=B * (H * W) ** 2 + outputs * D)
 
 
+@pytest.mark.parametrize('grid', GRIDS, ids=lambda g: f'{g[0]}x{g[1]}')
+@pytest.mark.parametrize('kind', ('quadratic', 'learned'))
+def test_apply_mixing_on_the_separable_path_equals_dense_reference(kind, grid, device):
+    """The separable batched product of :func:`apply_mixing` (rows of every head, then each head's column matrix
+    replicated per row), which inference and graph capture run: the training path above goes through
+    ``separable_mixing`` instead. Eval without autograd through ``attend_then_project``, and with autograd
+    through ``mix`` as a captured graph runs it."""
+    from sa_vision.layers import attend_then_project, batched_heads
+    layer, value = make_attention_and_value(kind, torch.float64, dense=False, device=device)
+    x = torch.randn(*grid, 3, layer.dim, dtype=torch.float64, device=device, requires_grad=True)  # h, w, B, D
+    tol = dict(rtol=1e-10, atol=1e-12)
+    with batched_heads(torch.nn.ModuleList([layer, value])):
+        with torch.no_grad():
+            inferred = attend_then_project(layer, value, x)
+            torch.testing.assert_close(inferred, reference_attend_then_project(layer, value, x), **tol)
+        out = value.forward_batched(layer.mix(x))
+    ref = reference_attend_then_project(layer, value, x)
+    assert_outputs_and_gradients_match(out, ref, [x] + list(layer.parameters()) + list(value.parameters()), tol)
+
+
 @pytest.mark.parametrize('dense', (False, True), ids=('separable', 'dense'))
 @pytest.mark.parametrize('kind', ('quadratic', 'generalized', 'learned'))
 def test_batched_heads_path_with_dropout_equals_dense_reference(kind, dense, device):

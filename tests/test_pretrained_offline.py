@@ -27,6 +27,10 @@ SCRIPT = textwrap.dedent("""
     env_before, offline_before, etag_before = dict(os.environ), constants.HF_HUB_OFFLINE, constants.HF_HUB_ETAG_TIMEOUT
     small = json.loads(os.environ['SMALL'])
     result = {}
+    # every time the factories ask the Hub whether it answers (the probe before an uncached download)
+    from sa_vision.models import _pretrained
+    probe, probes = _pretrained._probe_hub, []
+    _pretrained._probe_hub = lambda *args, **kwargs: (probes.append(args), probe(*args, **kwargs))[1]
     for name in sys.argv[1:]:
         kwargs = {} if name.startswith('resnet') else dict(small)
         if os.environ.get('OVERLAY_FILE'):
@@ -42,6 +46,7 @@ SCRIPT = textwrap.dedent("""
     # the user's other downloads keep huggingface_hub's settings
     result['global_state_kept'] = (dict(os.environ) == env_before and constants.HF_HUB_OFFLINE == offline_before
                                    and constants.HF_HUB_ETAG_TIMEOUT == etag_before)
+    result['hub_probes'] = len(probes)
     print('RESULT ' + json.dumps(result))
 """)
 
@@ -141,6 +146,9 @@ def test_cached_weights_load_without_network(tmp_path, refusing_endpoint, offlin
         assert result[name]['error'] is None, result[name]['error']
         _assert_loaded(tmp_path, name, states[name])
     assert 'Retrying' not in stderr, stderr[-2000:]
+    # cached weights need no answer from the Hub: it is not even asked (a refused probe costs nothing, but a
+    # silent Hub would cost the probe's timeout before every cached load)
+    assert result['hub_probes'] == 0, result
 
 
 def test_local_weights_file_never_asks_the_hub(tmp_path, silent_endpoint):

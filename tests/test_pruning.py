@@ -119,3 +119,64 @@ def test_prune_script_writes_loadable_checkpoint(tmp_path):
     model = load_model(str(out))
     assert model.heads_per_layer == (3, 3, 2)
     assert find_degenerate_heads(model) == [[], [], []]
+
+
+@pytest.mark.parametrize('suffix', ['.safetensors', '.pth'])
+@pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_learned_cifar', 'sa_gen_cifar'])
+def test_pruned_file_of_any_kind_loads_with_its_kind(tmp_path, name, suffix):
+    """save_pruned keeps the attention kind: the file loads (strictly) as the kind's model with the kept heads."""
+    from sa_vision.analysis import attention_layers, load_model
+    from sa_vision.pruning import save_pruned
+    torch.manual_seed(0)
+    model = timm.create_model(name, **SMALL).eval()
+    pruned = prune_heads(model, [[0], [], [1, 2]])
+    save_pruned(pruned, tmp_path / f'pruned{suffix}', [[0], [], [1, 2]])
+    loaded = load_model(str(tmp_path / f'pruned{suffix}'))
+    assert loaded.heads_per_layer == (3, 5, 1)
+    assert attention_layers(loaded)[0].kind == attention_layers(model)[0].kind
+    for key, value in pruned.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+
+
+def planted_model_with_a_dead_layer():
+    """planted_model() whose last layer has only degenerate heads; head 1 is the least degenerate (largest
+    eigenvalue 1e-8, against 1e-12 and 0)."""
+    model = planted_model()
+    with torch.no_grad():
+        model.blocks[2].attn.position.spreads.copy_(torch.zeros(3, 2, 2))
+        model.blocks[2].attn.position.spreads[0] = torch.eye(2) * 1e-6
+        model.blocks[2].attn.position.spreads[1] = torch.eye(2) * 1e-4
+    return model
+
+
+def test_a_layer_of_degenerate_heads_keeps_its_least_degenerate_head():
+    from sa_vision.pruning import select_heads_to_prune
+    model = planted_model_with_a_dead_layer()
+    assert find_degenerate_heads(model) == [[1], [0, 4], [0, 1, 2]]
+    assert select_heads_to_prune(model) == [[1], [0, 4], [0, 2]]
+
+
+def _run_prune_script(*args):
+    return subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'prune.py'), *map(str, args)],
+                          capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1'))
+
+
+@pytest.mark.slow
+def test_prune_script_keeps_a_head_in_every_layer_and_reports_user_errors(tmp_path):
+    from sa_vision.analysis import load_model
+    source = tmp_path / 'dead_layer.pth'
+    torch.save({'state_dict': planted_model_with_a_dead_layer().state_dict()}, source)
+    proc = _run_prune_script(source, '--out', tmp_path / 'pruned.safetensors')
+    assert proc.returncode == 0, proc.stderr
+    assert 'keeps its least degenerate head 1' in proc.stdout
+    assert load_model(str(tmp_path / 'pruned.safetensors')).heads_per_layer == (3, 3, 1)
+    # a user's mistake: one line on stderr, status 2, no traceback
+    for args, message in (((source, '--heads', '0', '', '0,1,2'), 'without any head'),
+                          ((source, '--heads', 'a'), 'one comma list of head indices per layer'),
+                          (('resnet18_cifar',), 'no PositionalAttention layer'),
+                          ((tmp_path / 'missing.pth',), 'does not exist')):
+        proc = _run_prune_script(*args, '--out', tmp_path / 'x.pth')
+        assert proc.returncode == 2 and proc.stderr.startswith('error: ') and message in proc.stderr, proc.stderr
+        assert 'Traceback' not in proc.stderr and proc.stderr.count('\n') == 1, proc.stderr
+    proc = _run_prune_script('sa_learned_cifar', '--out', tmp_path / 'x.pth')
+    assert proc.returncode == 2 and 'name the heads to prune with --heads' in proc.stderr, proc.stderr

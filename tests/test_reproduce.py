@@ -54,6 +54,20 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     # the training process itself resumed at the saved epoch and update count (it did not start over)
     assert f'Resuming {out / "runs" / "sa_gen_cifar"} at epoch 1, update {killed["num_updates"]}' in log
     assert first.stat().st_mtime_ns == first_mtime, 'a finished stage was trained again'
+    # the resumed stage continued the killed run's weights and optimizer state: it ends where an uninterrupted
+    # run of the same recipe ends (a resume that restarted from fresh weights or a fresh optimizer does not)
+    subprocess.run([sys.executable, '-m', 'sa_vision.training', '-c', str(out / 'recipes' / 'sa_gen_cifar.yaml'),
+                    '--output', str(tmp_path / 'uninterrupted'), '--experiment', 'sa_gen_cifar'],
+                   cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=600)
+    reference = torch.load(tmp_path / 'uninterrupted' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
+    resumed = torch.load(out / 'runs' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
+    assert resumed['epoch'] == reference['epoch'] == 2
+    for key, value in reference['state_dict'].items():
+        assert torch.equal(resumed['state_dict'][key], value), key
+    # the silent stages say what they do, and recipe keys that the training script ignores are noted once
+    assert 'pruning: evaluating the pruned model' in log
+    assert log.count("recipe keys that only timm's train.py reads") <= 1
+    assert 'recipe keys not used by this script' not in log
 
     with open(out / 'results.csv') as f:
         rows = list(csv.DictReader(f))
@@ -112,3 +126,79 @@ def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
     assert 'depth' not in cpu['model_kwargs'] and 'heads_per_layer' not in cpu['model_kwargs']
     assert cpu['dataset'] == 'fashion-mnist' and cpu['epochs'] < 300
     assert 'heads_per_layer' not in PROFILES['cpu'].recipe('sa_gen_pruned', 'fashion-mnist').get('model_kwargs', {})
+
+
+def _finished_run(out, model='sa_quadratic_cifar'):
+    """runs/<model>/last.pth.tar as a finished training writes it (tiny model, digits, one epoch)."""
+    import timm
+    from sa_vision.checkpoint import CHECKPOINT_VERSION
+    model_args = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32, num_classes=10)
+    state_dict = timm.create_model(model, **model_args).state_dict()
+    run = out / 'runs' / model
+    run.mkdir(parents=True)
+    recipe = {'model': model, 'dataset': 'digits', 'epochs': 1, 'opt': 'adamw', 'lr': 2e-3, 'batch_size': 64,
+              'model_kwargs': {k: v for k, v in model_args.items() if k != 'num_classes'}}
+    torch.save({'version': CHECKPOINT_VERSION, 'arch': model, 'model_args': model_args, 'state_dict': state_dict,
+                'epoch': 1, 'num_epochs': 1, 'num_updates': 20, 'dataset': 'digits', 'recipe': recipe,
+                'metrics': {'top1': 50.0, 'top5': 90.0, 'loss': 1.0},
+                'history': [{'epoch': 1, 'train_loss': 1.5, 'lr': 2e-3, 'eval_loss': 1.0, 'eval_top1': 50.0,
+                             'eval_top5': 90.0, 'train_time': 2.5}]},
+               run / 'last.pth.tar')
+    return state_dict
+
+
+def test_export_interrupted_after_config_json_is_redone(tmp_path, monkeypatch, capsys):
+    """A killed export (config.json and weights written, no model card yet) is not taken for up to date."""
+    from sa_vision import hub
+    from sa_vision.reproduce import Reproduction
+    _finished_run(tmp_path)
+    reproduction = Reproduction(tmp_path, 'tiny')
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt('killed while rendering the model card')
+    render = hub.render_model_card
+    monkeypatch.setattr(hub, 'render_model_card', killed)
+    with pytest.raises(KeyboardInterrupt):
+        reproduction.export(models=['sa_quadratic_cifar'])
+    monkeypatch.setattr(hub, 'render_model_card', render)
+    capsys.readouterr()
+
+    folder, = reproduction.export(models=['sa_quadratic_cifar'])
+    assert 'up to date' not in capsys.readouterr().out
+    assert {'config.json', 'model.safetensors', 'README.md'} <= {p.name for p in folder.iterdir()}
+    assert [p.name for p in (tmp_path / 'hub').iterdir()] == [folder.name]
+    reproduction.export(models=['sa_quadratic_cifar'])
+    assert 'up to date, skipped' in capsys.readouterr().out
+
+
+def test_stage_recipes_leave_out_timm_only_keys_and_say_so_once(tmp_path, monkeypatch, capsys):
+    """The paper's recipes hold keys only timm's train.py reads (color_jitter, ...): one note for the whole
+    reproduction, not one per training stage, and the stage recipes hold only what the training script reads."""
+    from sa_vision import reproduce, training
+    from sa_vision.recipes import load_recipe
+    commands = []
+    monkeypatch.setattr(reproduce.subprocess, 'run',
+                        lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
+    reproduction = reproduce.Reproduction(tmp_path, 'tiny')
+    for model in ('sa_quadratic_cifar', 'sa_gen_cifar', 'resnet18_cifar'):
+        reproduction.train(model)
+    log = capsys.readouterr().out
+    assert len(commands) == 3
+    assert log.count("recipe keys that only timm's train.py reads") == 1 and 'color_jitter' in log, log
+    script_keys = {action.dest for action in training.parser._actions}
+    for model in ('sa_quadratic_cifar', 'sa_gen_cifar', 'resnet18_cifar'):
+        path = tmp_path / 'recipes' / f'{model}.yaml'
+        assert set(load_recipe(path)) <= script_keys
+        assert 'color_jitter: 0.0' in path.read_text().splitlines()[0]  # named in the header comment
+
+
+def test_results_table_reads_for_a_mechanics_check(tmp_path):
+    """A run of seconds shows seconds (not '0.0' minutes); the tiny profile's table says its models are not
+    meant to learn (near chance, pruning may remove nothing)."""
+    from sa_vision.reproduce import Reproduction
+    _finished_run(tmp_path)
+    Reproduction(tmp_path, 'tiny').table(['sa_quadratic_cifar'], quiet=True)
+    markdown = (tmp_path / 'results.md').read_text()
+    row = next(line for line in markdown.splitlines() if line.startswith('| `sa_quadratic_cifar`'))
+    assert row.split(' | ')[7] == '2.5 s', row  # history: train_time 2.5 s
+    assert 'checks the mechanics' in markdown and 'close to chance' in markdown and 'keeps every head' in markdown

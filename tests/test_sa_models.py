@@ -234,6 +234,57 @@ def test_cached_probabilities_follow_parameter_changes(name):
         assert_network_float32_close(other(x), reference, sa_model_reduction_lengths(model, 64))
 
 
+@pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'))
+def test_cached_probabilities_follow_edits_through_data(name):
+    """``p.data.add_()`` changes neither the storage nor the ``_version`` of ``p``: the eval cache must still see
+    it. The reference is a fresh model that never ran, holding the edited weights."""
+    model = small_model(name).eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        first = model(x)
+    for blk in model.blocks:  # e.g. moving the attention centres by hand, as in an analysis notebook
+        for p in blk.attn.position.parameters():
+            p.data.add_(0.3)
+    with torch.no_grad():
+        edited = model(x)
+        fresh = small_model(name).eval()
+        fresh.load_state_dict(model.state_dict())
+        expected = fresh(x)
+    assert not torch.allclose(expected, first), 'the edit must change the output'
+    torch.testing.assert_close(edited, expected, rtol=0, atol=0)
+
+
+def test_eval_probabilities_are_computed_once_while_the_parameters_stay(monkeypatch):
+    from sa_vision.layers import PositionalAttention
+    computed = []
+    compute = PositionalAttention._without_autocast
+    monkeypatch.setattr(PositionalAttention, '_without_autocast',
+                        lambda self, *args: (computed.append(self), compute(self, *args))[1])
+    model = small_model('sa_gen_cifar').eval()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        for _ in range(3):
+            model(x)
+    assert len(computed) == len(model.blocks), 'the probabilities of unchanged parameters must be reused'
+
+
+def test_tracing_records_no_input_check_and_warns_nothing():
+    """The input checks are Python branches on the shape: skipped while tracing (no TracerWarning on every trace
+    or ONNX export), still raised in eager."""
+    import warnings
+    model = small_model('sa_quadratic_cifar').eval()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        traced = torch.jit.trace(model, torch.randn(2, 3, 16, 16), check_trace=False)
+    assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)], \
+        [f'{w.filename}:{w.lineno}: {w.message}' for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
+    x = torch.randn(3, 3, 12, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(traced(x), model(x), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match='expected 3 input channels'):
+        model(torch.randn(1, 1, 16, 16))
+
+
 def test_drop_path_drops_whole_samples():
     model = small_model('sa_quadratic_cifar', drop_path_rate=0.9, proj_drop_rate=0., attn_drop_rate=0.).train()
     x = torch.randn(1, 3, 8, 8).expand(6, -1, -1, -1)

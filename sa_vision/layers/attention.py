@@ -31,8 +31,8 @@ formula instead, for checks and speed comparisons. Probabilities below ``eps**3`
 exactly zero (:func:`drop_negligible`): a Gaussian head's far probabilities would otherwise be subnormal
 numbers, which x86 CPUs multiply in slow microcode. Positional scores and their softmax always run in the
 parameters' dtype with autocast off (a few thousand numbers; in bfloat16 the far scores lose whole units);
-only the products that apply them run in the autocast dtype. In eval mode without autograd the
-probabilities are cached.
+only the products that apply them run in the autocast dtype. In eval mode on the CPU without autograd the
+probabilities are cached, keyed by the positional parameters' values (see :meth:`PositionalAttention._cached`).
 
 Two paths for attention + Value (:func:`attend_then_project`), chosen by :func:`use_batched_heads`:
 
@@ -139,10 +139,11 @@ class PositionalAttention(nn.Module):
     is :meth:`mix`: the same on the layout ``h x w x B x D -> heads x h x w x B x D``, where every step is
     one large matrix product and no tensor of the size of the output is ever permuted.
 
-    In eval mode without autograd the probabilities are cached per grid size and recomputed only when a
-    parameter changes (in place, e.g. an optimizer step or ``load_state_dict``, or by replacement). They
-    are always computed in the parameters' dtype with autocast off, so an autocast forward and a float32
-    forward share them; nothing is cached while compiling or capturing a graph.
+    In eval mode on the CPU without autograd the probabilities are cached per grid size and recomputed
+    whenever a positional parameter holds other values than when they were computed (compared exactly, so
+    any edit, also through ``.data``, is seen). They are always computed in the parameters' dtype with
+    autocast off, so an autocast forward and a float32 forward share them; nothing is cached while
+    compiling or capturing a graph.
 
     ``batched_heads`` (an attribute, not saved) asks :func:`attend_then_project` for the batched path on the
     CPU too (see :func:`use_batched_heads`, :func:`batched_heads`).
@@ -263,17 +264,37 @@ class PositionalAttention(nn.Module):
 
     @torch.jit.unused
     def _cached(self, compute: Callable, grid_h: int, grid_w: int):
-        """``compute(grid_h, grid_w)``, reused while nothing it depends on has changed (eval, no autograd)."""
-        if torch.compiler.is_compiling() or is_capturing() or self.training or torch.is_grad_enabled():
+        """``compute(grid_h, grid_w)``, reused while the positional parameters hold the same values (eval on the
+        CPU, no autograd).
+
+        The key is the parameter values themselves, compared exactly against a copy taken when the
+        probabilities were computed: an edit through ``.data`` or under ``no_grad`` changes neither a
+        tensor's storage nor always its ``_version``, so no cheaper key is safe. The copy is a few hundred
+        numbers and the comparison a few microseconds; recomputing costs ~60 ms per forward for
+        ``sa_gen_cifar`` (a quarter of a batch-1 forward on the CPU) and under 1 ms for the separable kinds.
+        Off the CPU nothing is cached: the comparison would wait for the device once per layer, and the
+        recomputation is a few small kernels there.
+        """
+        current = [t.detach() for t in (*self.position.parameters(), *self.position.buffers())]
+        if (torch.compiler.is_compiling() or is_capturing() or self.training or torch.is_grad_enabled()
+                or current[0].device.type != 'cpu'):
             # a compiled or captured graph computes the probabilities from the parameters (and any grid size)
             return self._without_autocast(compute, grid_h, grid_w)
-        # a parameter changes its version when modified in place and its storage when replaced; the
-        # probabilities are always in the parameters' dtype (never autocast's), so the key needs no autocast state
-        key = (compute.__name__, grid_h, grid_w) + tuple(
-            (p.data_ptr(), p._version, p.dtype, p.device) for p in self.position.parameters())
-        if key not in self._probs_cache:
-            self._probs_cache = {key: self._without_autocast(compute, grid_h, grid_w)}
-        return self._probs_cache[key]
+        # the probabilities are always in the parameters' dtype (never autocast's): no autocast state in the key
+        key = (compute.__name__, grid_h, grid_w)
+        entry = self._probs_cache.get(key)
+        if entry is not None and len(entry[0]) == len(current) and all(
+                seen.dtype == now.dtype and seen.shape == now.shape and torch.equal(seen, now)
+                for seen, now in zip(entry[0], current)):
+            return entry[1]
+        probs = self._without_autocast(compute, grid_h, grid_w)
+        self._probs_cache = {key: ([t.clone() for t in current], probs)}
+        return probs
+
+    @torch.jit.unused
+    def clear_probs_cache(self) -> None:
+        """Forget the cached eval probabilities (the next eval forward computes them, e.g. to count its work)."""
+        self._probs_cache = {}
 
     def _content_inputs(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         """Tokens ``(B, HW, D)``, queries and keys ``(B, heads, HW, D)`` and positional scores ``(heads, HW, HW)``

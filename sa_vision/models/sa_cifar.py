@@ -45,7 +45,14 @@ __all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_ima
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
 def check_image_shape(x: Tensor, in_chans: int) -> None:
-    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W."""
+    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W.
+
+    Skipped while the TorchScript tracer records (``torch.jit.trace``, ``torch.onnx.export(..., dynamo=False)``),
+    as timm's models skip what tracing cannot record: a traced graph keeps no Python branch, so the check would
+    test only the example input and warn (TracerWarning) on every trace. torch.export keeps it (as guards).
+    """
+    if torch.jit.is_tracing():
+        return
     if x.dim() != 4:
         raise ValueError(
             f'expected an image batch of shape (B, {in_chans}, H, W) with H and W even, '

@@ -1,0 +1,84 @@
+""" Loading weights (sa_vision.checkpoint): every source gives its own weights, and a broken one a CheckpointError
+that names the file and what is wrong """
+import json
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+from timm.models._hub import save_for_hf
+
+import sa_vision  # noqa: F401  (registers the models)
+from sa_vision.checkpoint import CheckpointError, load_model, read_checkpoint
+
+SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24, num_classes=7)
+
+
+def _assert_same_weights(model, expected):
+    state = model.state_dict()
+    assert state.keys() == expected.keys()
+    for key, value in expected.items():
+        assert torch.equal(state[key], value), key
+
+
+def _hub_folder(tmp_path, name='sa_gen_cifar', **kwargs):
+    torch.manual_seed(3)
+    model = timm.create_model(name, **kwargs)
+    folder = tmp_path / 'hub'
+    save_for_hf(model, str(folder), model_args=kwargs, safe_serialization=True)
+    return folder, model.state_dict()
+
+
+def test_local_dir_name_loads_the_folder_weights(tmp_path):
+    """load_model('local-dir:<folder>') is the folder's model, not a random one (what scripts/prune.py prunes)."""
+    folder, expected = _hub_folder(tmp_path, **SMALL)
+    _assert_same_weights(load_model(f'local-dir:{folder}'), expected)
+    _assert_same_weights(load_model(str(folder)), expected)
+    with pytest.raises(CheckpointError, match='not a folder'):
+        load_model(f'local-dir:{tmp_path / "missing"}')
+
+
+def test_unknown_name_is_a_checkpoint_error():
+    with pytest.raises(CheckpointError, match="'no_such_model' is neither a file"):
+        load_model('no_such_model')
+
+
+def test_non_sa_timm_weights_load_into_the_named_timm_model(tmp_path):
+    """A ViT state dict has patch_embed.proj.weight like ours, but its architecture is not read off its shapes."""
+    torch.manual_seed(0)
+    vit = timm.create_model('vit_tiny_patch16_224', num_classes=5, depth=2, img_size=32)
+    path = tmp_path / 'vit.pth'
+    torch.save(vit.state_dict(), path)
+    ckpt = read_checkpoint(path, arch='vit_tiny_patch16_224', model_args=dict(depth=2, img_size=32))
+    assert ckpt.arch == 'vit_tiny_patch16_224' and ckpt.model_args['num_classes'] == 5  # read off 'head.weight'
+    _assert_same_weights(ckpt.create_model(), vit.state_dict())
+    with pytest.raises(CheckpointError, match=r'pass the timm model name .*--model vit_tiny_patch16_224') as info:
+        read_checkpoint(path)
+    assert 'sa_gen_cifar' in str(info.value)  # the names read off the shapes
+
+
+@pytest.mark.parametrize('model_args, match', [
+    ('{"embed_dim": 16,', "metadata 'model_args' is not valid JSON"),
+    ('[16, 2]', "metadata 'model_args' must be a JSON object"),
+])
+def test_safetensors_with_broken_metadata_is_a_checkpoint_error(tmp_path, model_args, match):
+    model = timm.create_model('sa_gen_pruned', **dict(SMALL, heads_per_layer=(2, 1)))
+    path = tmp_path / 'pruned.safetensors'
+    save_file(model.state_dict(), str(path), metadata={'arch': 'sa_gen_pruned', 'model_args': model_args})
+    with pytest.raises(CheckpointError, match=match) as info:
+        read_checkpoint(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize('config, match', [
+    ('{"architecture": "sa_gen_cifar", ', 'config.json is not valid JSON'),
+    ('["sa_gen_cifar"]', 'must hold a JSON object'),
+    ('{"architecture": "sa_gen_cifar", "model_args": [1]}', '"model_args" must be an object'),
+])
+def test_hub_folder_with_broken_config_is_a_checkpoint_error(tmp_path, config, match):
+    folder, _ = _hub_folder(tmp_path, **SMALL)
+    (folder / 'config.json').write_text(config)
+    for source in (str(folder), f'local-dir:{folder}'):
+        with pytest.raises(CheckpointError, match=match) as info:
+            load_model(source)
+        assert str(folder) in str(info.value)

@@ -1,0 +1,67 @@
+""" The command-line scripts report a user's mistake as one ``error:`` line on stderr with status 2, no traceback
+
+Each script runs in this process through ``sa_vision.errors.run_cli``, as its ``__main__`` block does; one of them
+(scripts/prune.py) also runs as a real subprocess in tests/test_pruning.py. """
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / 'scripts'))
+import benchmark as benchmark_script  # noqa: E402
+import plot_attention  # noqa: E402
+import prune  # noqa: E402
+import push_to_hub  # noqa: E402
+import reproduce as reproduce_script  # noqa: E402
+
+from sa_vision.errors import run_cli  # noqa: E402
+
+
+def _run(main, argv, capsys):
+    status = run_cli(main, [str(a) for a in argv])
+    err = capsys.readouterr().err
+    return status, err
+
+
+@pytest.mark.parametrize('script, argv, message', [
+    (plot_attention, ['no_such_model', '--out', 'x.png'], "'no_such_model' is neither a file"),
+    (plot_attention, ['resnet18_cifar', '--out', 'x.png'], 'no PositionalAttention layer'),
+    (prune, ['{tmp}/missing.pth', '--out', '{tmp}/x.pth'], 'does not exist'),
+    (prune, ['sa_learned_cifar', '--out', '{tmp}/x.pth'], 'name the heads to prune with --heads'),
+    (push_to_hub, ['{tmp}/missing.pth', '--dry-run'], 'does not exist'),
+    (benchmark_script, ['--model', 'no_such_model', '--bench', 'inference'], "unknown model 'no_such_model'"),
+    (benchmark_script, ['--model', 'resnet18_cifar', '--compare', 'paper', '--bench', 'inference'],
+     'no paper formulation'),
+], ids=['plot-unknown-model', 'plot-not-attention', 'prune-missing-file', 'prune-learned-without-heads',
+        'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant'])
+def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
+    status, err = _run(script.main, [a.replace('{tmp}', str(tmp_path)) for a in argv], capsys)
+    assert status == 2, err
+    assert err.startswith('error: ') and message in err and err.count('\n') == 1, err
+
+
+def test_reproduce_reports_user_errors_the_same_way(tmp_path, monkeypatch, capsys):
+    from sa_vision.checkpoint import CheckpointError
+    from sa_vision.reproduce import Reproduction
+
+    def unreadable(self, publish=False):
+        raise CheckpointError('runs/x/last.pth.tar cannot be read')
+    monkeypatch.setattr(Reproduction, 'run', unreadable)
+    status, err = _run(reproduce_script.main, ['--profile', 'tiny', '--out', tmp_path], capsys)
+    assert status == 2 and err == 'error: runs/x/last.pth.tar cannot be read\n', err
+
+
+def test_bugs_keep_their_traceback(monkeypatch):
+    """Only user errors become one line: anything else is a bug and propagates."""
+    def broken(argv):
+        raise KeyError('a bug')
+    with pytest.raises(KeyError):
+        run_cli(broken, [])
+
+
+@pytest.mark.parametrize('script', ['benchmark', 'plot_attention', 'prune', 'push_to_hub', 'reproduce'])
+def test_scripts_run_main_through_run_cli(script):
+    """What the tests above call in-process is what `python scripts/<script>.py` runs."""
+    source = (ROOT / 'scripts' / f'{script}.py').read_text()
+    assert source.rstrip().endswith("if __name__ == '__main__':\n    sys.exit(run_cli(main))"), script
