@@ -199,7 +199,7 @@ def test_large_spread_peaks_at_the_centre():
         layer.position.spreads.fill_(3.0)
     H = W = 16
     query = (8, 7)
-    probs = layer.position_probs(H, W)[:, query[0] * W + query[1]].reshape(3, H, W)
+    probs = layer.position_probs(H, W).detach()[:, query[0] * W + query[1]].reshape(3, H, W)
     for head, (dy, dx) in enumerate(centers.tolist()):
         peak = divmod(int(probs[head].argmax()), W)
         assert peak == (query[0] + round(dy), query[1] + round(dx))
