@@ -36,7 +36,7 @@ from timm.models._features import feature_take_indices
 
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 from ..layers import (
-    ATTENTION_KINDS, GeluMlp, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project,
+    ATTENTION_KINDS, CONV_INIT_ALPHA, GeluMlp, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project,
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 
@@ -93,6 +93,8 @@ class SelfAttentionBlock(nn.Module):
             drop_path: float = 0.,
             max_rel_shift: int = 15,
             norm_eps: float = 1e-12,
+            pos_init: str = 'paper',
+            pos_init_alpha: float = CONV_INIT_ALPHA,
             device=None,
             dtype=None,
     ):
@@ -100,7 +102,8 @@ class SelfAttentionBlock(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
         self.attn = PositionalAttention(
-            dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, grid_major=True, **dd)
+            dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, grid_major=True,
+            pos_init=pos_init, pos_init_alpha=pos_init_alpha, **dd)
         self.value = HeadsLinear(num_heads * dim, dim, **dd)  # reads the heads stacked by the attention
         self.proj = nn.Linear(dim, dim, **dd)  # the original's "Dense"
         self.proj_drop = nn.Dropout(proj_drop)
@@ -164,6 +167,8 @@ class SelfAttentionNet(nn.Module):
             proj_drop_rate: float = 0.1,
             attn_drop_rate: float = 0.1,
             drop_path_rate: float = 0.,
+            pos_init: str = 'paper',
+            pos_init_alpha: float = CONV_INIT_ALPHA,
             device=None,
             dtype=None,
     ):
@@ -183,6 +188,12 @@ class SelfAttentionNet(nn.Module):
             proj_drop_rate: Dropout after the attention projection and after the MLP.
             attn_drop_rate: Dropout on the attention probabilities.
             drop_path_rate: Stochastic depth rate (linear over layers).
+            pos_init: How the positional attention starts: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv'
+                (Theorem 1: the first K*K heads of every layer on the shifts of a K x K kernel, K = floor(sqrt(heads)),
+                the others as 'paper'; see ``sa_vision.layers.scores.kernel_offsets``). Only the initial values
+                change, never the parameters' names or shapes.
+            pos_init_alpha: Sharpness alpha (Eq. 9: score -alpha ||delta - Delta||^2) of the heads of the 'conv'
+                init; the default 6 puts >= 99 % of a head's attention on its kernel shift (Lemma 1).
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -218,6 +229,8 @@ class SelfAttentionNet(nn.Module):
                 drop_path=dpr[i],
                 max_rel_shift=max_rel_shift,
                 norm_eps=norm_eps,
+                pos_init=pos_init,
+                pos_init_alpha=pos_init_alpha,
                 **dd,
             )
             for i, num_heads in enumerate(heads_per_layer)])
