@@ -46,8 +46,10 @@ TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its or
 PRUNE_SOURCE = 'sa_gen_cifar'
 PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
 TRAINED_MODELS = tuple(model for model in TABLE_ORDER if model != PRUNED_MODEL)
+# center_shift_median: median over all heads of |final centre - initial centre| in grid units (the run's
+# epoch-000 weights against its last), empty for the kinds without centres; for the pruned model, during fine-tuning
 TABLE_COLUMNS = ('model', 'dataset', 'epochs', 'parameters', 'macs_g', 'top1', 'top5', 'train_minutes',
-                 'paper_cifar10_top1')
+                 'center_shift_median', 'paper_cifar10_top1')
 
 
 @dataclass(frozen=True)
@@ -261,6 +263,7 @@ class Reproduction:
                 'macs_g': round(counts['macs'] / 1e9, 4), 'top1': round(meta['metrics']['top1'], 2),
                 'top5': round(meta['metrics']['top5'], 2),
                 'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 1),
+                'center_shift_median': self._center_shift_median(model, ckpt.state_dict),
                 'paper_cifar10_top1': paper.top1 if paper else None,
             })
         with open(self.out / '.results.csv.tmp', 'w', newline='') as f:
@@ -273,6 +276,15 @@ class Reproduction:
         if not quiet:
             _say(markdown)
         return rows
+
+    def _center_shift_median(self, model: str, final_state) -> Optional[float]:
+        """Median centre shift of ``model``'s run (grid units, 3 decimals); None without centres or epoch-000."""
+        from .analysis import center_shift_median
+        initial = self.run_dir(model) / 'epoch-000.safetensors'  # written by the trainer before the first step
+        if not initial.is_file():
+            return None
+        shift = center_shift_median(read_checkpoint(initial).state_dict, final_state)
+        return None if shift is None else round(shift, 3)
 
     def export(self) -> List[Path]:
         """A Hub folder per trained model (re-exported when its checkpoint is newer)."""
@@ -376,9 +388,11 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _markdown_table(rows: List[Dict[str, Any]], dataset_title: str) -> str:
     lines = ['| model | dataset | epochs | parameters | MACs (G) | top-1 % | top-5 % | training (min) | '
-             'paper, CIFAR-10 top-1 % |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+             'median centre shift | paper, CIFAR-10 top-1 % |', '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|']
     for r in rows:
+        shift = r.get('center_shift_median')
         lines.append(f'| `{r["model"]}` | {dataset_title} | {r["epochs"]} | {r["parameters"]:,} | {r["macs_g"]:.3f} | '
                      f'{r["top1"]:.2f} | {r["top5"]:.2f} | {r["train_minutes"]:.1f} | '
+                     f'{"-" if shift is None else f"{shift:.2f}"} | '
                      f'{r["paper_cifar10_top1"] if r["paper_cifar10_top1"] is not None else "-"} |')
     return '\n'.join(lines) + '\n'
