@@ -41,8 +41,9 @@ from .layers import PositionalAttention
 
 __all__ = [
     'GAUSSIAN_KINDS', 'attention_layers', 'center_shifts', 'center_shift_median', 'default_grid_size',
-    'interior_query', 'attention_probs', 'query_maps', 'head_centers', 'head_precisions', 'head_covariances', 'mass_radius', 'gaussian_contour', 'head_statistics',
-    'layer_summary', 'format_table', 'write_table', 'load_model', 'infer_model_args',
+    'interior_query', 'attention_probs', 'query_maps', 'head_centers', 'head_precisions', 'head_covariances',
+    'mass_radius', 'gaussian_contour', 'head_statistics', 'layer_summary', 'format_table', 'write_table',
+    'load_model', 'infer_model_args',
 ]
 
 GAUSSIAN_KINDS = ('quadratic', 'generalized')
