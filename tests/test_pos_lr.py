@@ -122,3 +122,21 @@ def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
     assert _pos_lrs(resumed) == (base, pos, scale)  # the same lr at the same step as the uninterrupted run
     for key, value in straight['state_dict'].items():
         assert torch.equal(value, resumed['state_dict'][key]), key
+
+
+@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_learned_cifar'])
+def test_timm_layer_decay_scales_only_the_positional_groups_with_pos_layer_group(arch):
+    """timm train.py's path: --model-kwargs pos_layer_group=True --layer-decay S == our --pos-lr-scale S."""
+    pattern = GAUSSIAN_PARAM if arch == 'sa_quadratic_cifar' else LEARNED_PARAM
+    model = timm.create_model(arch, pos_layer_group=True, **SMALL)
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=30.)  # timm's own path
+    positional = {n for n, _ in model.named_parameters() if pattern.match(n)}
+    scaled = set()
+    for group, names in zip(optimizer.param_groups, _group_names(model, optimizer)):
+        assert group['lr_scale'] in (1., 30.)
+        if group['lr_scale'] == 30.:
+            scaled |= names
+    assert scaled == positional
+    # without the switch, timm's layer decay groups by block, as for any timm model
+    plain = create_optimizer_v2(timm.create_model(arch, **SMALL), 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+    assert len({g['lr_scale'] for g in plain.param_groups}) == 4  # stem, 2 blocks, head

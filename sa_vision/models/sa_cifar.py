@@ -169,6 +169,7 @@ class SelfAttentionNet(nn.Module):
             drop_path_rate: float = 0.,
             pos_init: str = 'paper',
             pos_init_alpha: float = CONV_INIT_ALPHA,
+            pos_layer_group: bool = False,
             device=None,
             dtype=None,
     ):
@@ -194,6 +195,11 @@ class SelfAttentionNet(nn.Module):
                 change, never the parameters' names or shapes.
             pos_init_alpha: Sharpness alpha (Eq. 9: score -alpha ||delta - Delta||^2) of the heads of the 'conv'
                 init; the default 6 puts >= 99 % of a head's attention on its kernel shift (Lemma 1).
+            pos_layer_group: Training switch for timm's ``train.py``: ``group_matcher`` puts the positional
+                parameters (``blocks.*.attn.position.*``) in a layer group of their own below all others, so
+                that timm's layer-wise lr decay ``--layer-decay S`` (lr_scale ``S ** (last group - group)``) trains
+                them at ``S`` x the learning rate and everything else at 1 x: the effect of ``--pos-lr-scale S``
+                of ``sa_vision.training``. Changes no parameter.
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -213,6 +219,7 @@ class SelfAttentionNet(nn.Module):
         self.attn_kind = attn_kind
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.drop_rate = drop_rate
+        self.pos_layer_group = pos_layer_group
         self.output_fmt = 'NHWC'
         self.grad_checkpointing = False
 
@@ -248,6 +255,8 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict:
+        if self.pos_layer_group:  # two groups: positional (0) and everything else (1); see pos_layer_group
+            return dict(positional=r'^blocks\.\d+\.attn\.position\.', rest=r'^')
         return dict(stem=r'^patch_embed', blocks=r'^blocks\.(\d+)')
 
     @torch.jit.ignore
