@@ -81,7 +81,10 @@ class Profile:
 
 
 # narrower attention models that keep the paper's depth (6 layers) and heads (9 per layer)
-_NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}}
+# pos_init / pos_init_alpha: the paper's random init or Theorem 1's kernel (SelfAttentionNet); pos_lr_scale: the
+# positional parameters' learning-rate multiplier (training.py --pos-lr-scale); written out at their defaults
+_NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0,
+                               'pos_init': 'paper', 'pos_init_alpha': 6.0}, 'pos_lr_scale': 1.0}
 # few epochs: AdamW converges in far fewer steps than the paper's SGD at lr 0.1 (300 epochs)
 _FEW_EPOCHS = dict(opt='adamw', lr=2e-3, weight_decay=0.05, momentum=0.9, batch_size=100, validation_batch_size=500,
                    sched='cosine', sched_on_updates=True, warmup_lr=0.0, min_lr=0.0, cooldown_epochs=0, workers=0,
