@@ -31,8 +31,8 @@ import random
 import sys
 import time
 from contextlib import nullcontext
-from functools import partial
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import numpy as np
