@@ -20,8 +20,6 @@ from timm.scheduler import create_scheduler_v2
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.models import param_groups_pos_lr
 
-from test_train import DIGITS_RECIPE, ROOT, TRAIN, TINY_ARGS, _env, load_ckpt, run_train
-
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
 GAUSSIAN_PARAM = re.compile(r'^blocks\.\d+\.attn\.position\.(centers|spreads)$')
 LEARNED_PARAM = re.compile(r'^blocks\.\d+\.attn\.position\.(row|col)_(shift_embed|keys)\.weight$')
@@ -93,6 +91,8 @@ def _pos_lrs(ckpt):
 
 @pytest.mark.slow
 def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
+    pytest.importorskip('sklearn')  # the digits data
+    from test_train import DIGITS_RECIPE, ROOT, TRAIN, TINY_ARGS, _env, load_ckpt, run_train
     epochs, scale = 3, 10.
     args = ['-c', DIGITS_RECIPE, *TINY_ARGS, '--epochs', epochs, '--warmup-epochs', 0.5, '-b', 64, '--min-lr', 1e-4,
             '--output', tmp_path, '--log-interval', 5]
