@@ -397,9 +397,6 @@ def main(argv=None):
         decay_rate=args.decay_rate, min_lr=args.min_lr, warmup_lr=args.warmup_lr,
         warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix, cooldown_epochs=args.cooldown_epochs,
         step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch)
-    if lr_scheduler is None:  # no timm scheduler to multiply the groups' lr_scale in: apply it once
-        for param_group in optimizer.param_groups:
-            param_group['lr'] *= param_group.get('lr_scale', 1.0)
     loss_fn = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
     amp_dtype = getattr(torch, args.amp_dtype)
     device_type = torch.device(args.device).type
