@@ -41,9 +41,10 @@ from .errors import UserError
 from .layers import PositionalAttention
 
 __all__ = [
-    'GAUSSIAN_KINDS', 'attention_layers', 'default_grid_size', 'interior_query', 'attention_probs',
-    'query_maps', 'head_centers', 'head_precisions', 'head_covariances', 'mass_radius', 'gaussian_contour', 'head_statistics',
-    'layer_summary', 'format_table', 'write_table', 'load_model', 'infer_model_args',
+    'GAUSSIAN_KINDS', 'attention_layers', 'center_shifts', 'center_shift_median', 'default_grid_size',
+    'interior_query', 'attention_probs', 'query_maps', 'head_centers', 'head_precisions', 'head_covariances',
+    'mass_radius', 'gaussian_contour', 'head_statistics', 'layer_summary', 'format_table', 'write_table',
+    'load_model', 'infer_model_args',
 ]
 
 GAUSSIAN_KINDS = ('quadratic', 'generalized')
@@ -143,6 +144,42 @@ def head_centers(model: nn.Module, grid_size: Optional[Tuple[int, int]] = None) 
         maps = query_maps(layer.position_probs(*grid_size).detach().double().cpu(), grid_size)
         centers.append(_mean_shift(maps, grid_size))
     return centers
+
+
+CENTERS_KEY_SUFFIX = 'attn.position.centers'  # state-dict name of the Gaussian centres mu_h, one (heads, 2) per layer
+
+
+def center_shifts(initial: Dict[str, Tensor], final: Dict[str, Tensor]) -> Tensor:
+    """How far every head's centre moved: ``|final mu_h - initial mu_h|`` (Euclidean, grid units), ``(all heads,)``
+    over the layers in state-dict order, float64.
+
+    ``initial`` and ``final`` are state dicts of the same Gaussian-kind model (e.g. a run's ``epoch-000.safetensors``,
+    written before the first step, and its last weights). Empty for models without centres (learned, content,
+    ResNet). Raises a ValueError if the two do not hold the same centres (other models, other heads).
+    """
+    keys = [k for k in final if k.endswith(CENTERS_KEY_SUFFIX)]
+    if sorted(keys) != sorted(k for k in initial if k.endswith(CENTERS_KEY_SUFFIX)):
+        raise ValueError('the initial and final state dicts hold centres of different layers; pass two states of '
+                         'the same run (e.g. epoch-000.safetensors and last.pth.tar)')
+    shifts = []
+    for key in keys:
+        start, end = initial[key].detach().double().cpu(), final[key].detach().double().cpu()
+        if start.shape != end.shape:
+            raise ValueError(f'{key}: initial centres {tuple(start.shape)} and final {tuple(end.shape)} differ in '
+                             f'shape (heads pruned in between?); pass two states of the same run')
+        shifts.append((end - start).norm(dim=-1))
+    return torch.cat(shifts) if shifts else torch.zeros(0, dtype=torch.float64)
+
+
+def center_shift_median(initial: Dict[str, Tensor], final: Dict[str, Tensor]) -> Optional[float]:
+    """Median over all heads of :func:`center_shifts` (grid units); None for a model without centres.
+
+    With an even number of heads this is the mean of the two middle values (``torch.median`` would take the lower).
+    """
+    shifts = center_shifts(initial, final)
+    if shifts.numel() == 0:
+        return None
+    return float(shifts.quantile(0.5))
 
 
 def head_precisions(model: nn.Module) -> List[Tensor]:

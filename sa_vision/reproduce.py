@@ -47,8 +47,10 @@ TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its or
 PRUNE_SOURCE = 'sa_gen_cifar'
 PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
 TRAINED_MODELS = tuple(model for model in TABLE_ORDER if model != PRUNED_MODEL)
+# center_shift_median: median over all heads of |final centre - initial centre| in grid units (the run's
+# epoch-000 weights against its last), empty for the kinds without centres; for the pruned model, during fine-tuning
 TABLE_COLUMNS = ('model', 'dataset', 'epochs', 'parameters', 'macs_g', 'top1', 'top5', 'train_minutes',
-                 'paper_cifar10_top1')
+                 'center_shift_median', 'paper_cifar10_top1')
 
 
 @dataclass(frozen=True)
@@ -81,7 +83,10 @@ class Profile:
 
 
 # narrower attention models that keep the paper's depth (6 layers) and heads (9 per layer)
-_NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}}
+# pos_init / pos_init_alpha: the paper's random init or Theorem 1's kernel (SelfAttentionNet); pos_lr_scale: the
+# positional parameters' learning-rate multiplier (training.py --pos-lr-scale); written out at their defaults
+_NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0,
+                               'pos_init': 'paper', 'pos_init_alpha': 6.0}, 'pos_lr_scale': 1.0}
 # few epochs: AdamW converges in far fewer steps than the paper's SGD at lr 0.1 (300 epochs)
 _FEW_EPOCHS = dict(opt='adamw', lr=2e-3, weight_decay=0.05, momentum=0.9, batch_size=100, validation_batch_size=500,
                    sched='cosine', sched_on_updates=True, warmup_lr=0.0, min_lr=0.0, cooldown_epochs=0, workers=0,
@@ -285,6 +290,7 @@ class Reproduction:
                 'macs_g': round(counts['macs'] / 1e9, 4), 'top1': round(meta['metrics']['top1'], 2),
                 'top5': round(meta['metrics']['top5'], 2),
                 'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 3),
+                'center_shift_median': self._center_shift_median(model, ckpt.state_dict),
                 'paper_cifar10_top1': paper.top1 if paper else None,
             })
         with open(self.out / '.results.csv.tmp', 'w', newline='') as f:
@@ -299,6 +305,15 @@ class Reproduction:
         if not quiet:
             _say(markdown)
         return rows
+
+    def _center_shift_median(self, model: str, final_state) -> Optional[float]:
+        """Median centre shift of ``model``'s run (grid units, 3 decimals); None without centres or epoch-000."""
+        from .analysis import center_shift_median
+        initial = self.run_dir(model) / 'epoch-000.safetensors'  # written by the trainer before the first step
+        if not initial.is_file():
+            return None
+        shift = center_shift_median(read_checkpoint(initial).state_dict, final_state)
+        return None if shift is None else round(shift, 3)
 
     def export(self, models=TABLE_ORDER) -> List[Path]:
         """A Hub folder per trained model (re-exported when its checkpoint is newer).
@@ -426,9 +441,11 @@ def _training_script_keys() -> frozenset:
 
 def _markdown_table(rows: List[Dict[str, Any]], dataset_title: str) -> str:
     lines = ['| model | dataset | epochs | parameters | MACs (G) | top-1 % | top-5 % | training time | '
-             'paper, CIFAR-10 top-1 % |', '|---|---|---:|---:|---:|---:|---:|---:|---:|']
+             'median centre shift | paper, CIFAR-10 top-1 % |', '|---|---|---:|---:|---:|---:|---:|---:|---:|---:|']
     for r in rows:
+        shift = r.get('center_shift_median')
         lines.append(f'| `{r["model"]}` | {dataset_title} | {r["epochs"]} | {r["parameters"]:,} | {r["macs_g"]:.3f} | '
                      f'{r["top1"]:.2f} | {r["top5"]:.2f} | {_duration(r["train_minutes"])} | '
+                     f'{"-" if shift is None else f"{shift:.2f}"} | '
                      f'{r["paper_cifar10_top1"] if r["paper_cifar10_top1"] is not None else "-"} |')
     return '\n'.join(lines) + '\n'

@@ -34,6 +34,7 @@ import sys
 import time
 from contextlib import nullcontext
 from datetime import datetime
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -51,6 +52,7 @@ from timm.scheduler import create_scheduler_v2
 from timm.utils import ParseKwargs, dispatch_clip_grad, update_summary
 
 from . import models  # noqa: F401  registers the models
+from .models import param_groups_pos_lr
 from .checkpoint import (
     CHECKPOINT_VERSION, CheckpointError, atomic_torch_save, plain_data, read_checkpoint, strip_runtime_args)
 from .data import create_image_dataset, normalization, split_name
@@ -101,6 +103,11 @@ group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER')
 group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON')
 group.add_argument('--momentum', type=float, default=0.9, metavar='M')
 group.add_argument('--weight-decay', type=float, default=1e-4)
+group.add_argument('--pos-lr-scale', type=float, default=1.0, metavar='SCALE',
+                   help='learning-rate multiplier of the positional parameters (Gaussian centres and spreads, the '
+                        'learned kind\'s tables): their own optimizer groups follow the schedule at SCALE x lr '
+                        '(sa_vision.models.param_groups_pos_lr; default 1: one learning rate). Not a timm train.py '
+                        'argument; a resumed run keeps its checkpoint\'s scale')
 group.add_argument('--clip-grad', type=float, default=None, metavar='NORM')
 group.add_argument('--clip-mode', type=str, default='norm')
 
@@ -480,6 +487,11 @@ def main(argv=None):
         args.model = resume_ckpt.arch
         # the run's model is fixed by the checkpoint: exactly what it was built with
         model_kwargs = dict(resume_ckpt.model_args)
+        # and so are its optimizer groups: the positional groups and their lr_scale are in the saved optimizer state
+        saved_scale = (resume_ckpt.meta.get('args') or {}).get('pos_lr_scale', 1.0)
+        if saved_scale != args.pos_lr_scale:
+            _log(args, f'resuming with the run\'s --pos-lr-scale {saved_scale} (ignoring {args.pos_lr_scale})')
+        args.pos_lr_scale = saved_scale
     else:
         model_kwargs = {}
         if args.initial_checkpoint:
@@ -507,9 +519,12 @@ def main(argv=None):
     model.to(args.device)
     if args.channels_last:
         model.to(memory_format=torch.channels_last)
+    # timm's weight-decay groups (model.no_weight_decay() honoured), the positional parameters in groups of their own
+    # with lr_scale = --pos-lr-scale, which timm's schedulers multiply into the scheduled lr on every step
     optimizer = create_optimizer_v2(
         model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
-        **({'eps': args.opt_eps} if args.opt_eps is not None else {}))  # honours model.no_weight_decay()
+        param_group_fn=partial(param_groups_pos_lr, weight_decay=args.weight_decay, pos_lr_scale=args.pos_lr_scale),
+        **({'eps': args.opt_eps} if args.opt_eps is not None else {}))
 
     ds_kwargs = dict(data_dir=args.data_dir, download=args.dataset_download, img_size=img_size, **norm)
     train_ds = create_image_dataset(args.dataset, args.train_split, is_training=True, hflip=args.hflip,

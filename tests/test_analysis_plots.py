@@ -225,3 +225,24 @@ def test_helpers_compute_on_the_device_of_their_input():
     assert _mean_shift(maps, (5, 5)).device.type == 'meta'
     with _MetaScalars():
         assert mass_radius(maps[0], (0., 0.), 0.5, (2, 2)) == 0.
+
+
+def test_center_shift_median_of_a_hand_made_pair_of_state_dicts():
+    from sa_vision.analysis import center_shift_median, center_shifts
+    initial = {
+        'blocks.0.attn.position.centers': torch.tensor([[0., 0.], [1., 1.], [2., -1.]]),
+        'blocks.0.attn.position.spreads': torch.ones(3),
+        'blocks.1.attn.position.centers': torch.zeros(3, 2),
+        'head.weight': torch.zeros(10, 4),
+    }
+    final = dict(initial)
+    # moves of 5 (3-4-5), 0, 1 in layer 0 and 2, 0.5, 3 in layer 1
+    final['blocks.0.attn.position.centers'] = torch.tensor([[3., 4.], [1., 1.], [2., 0.]])
+    final['blocks.1.attn.position.centers'] = torch.tensor([[0., 2.], [-0.5, 0.], [0., -3.]])
+    final['head.weight'] = torch.ones(10, 4)  # not a centre: ignored
+    assert center_shifts(initial, final).tolist() == [5., 0., 1., 2., 0.5, 3.]
+    assert center_shift_median(initial, final) == pytest.approx(1.5)  # (1 + 2) / 2 of 0, 0.5, 1, 2, 3, 5
+    learned = {'blocks.0.attn.position.row_keys.weight': torch.zeros(3, 4)}
+    assert center_shift_median(learned, learned) is None  # no centres: empty column
+    with pytest.raises(ValueError, match='same run'):
+        center_shift_median(initial, {**final, 'blocks.1.attn.position.centers': torch.zeros(2, 2)})

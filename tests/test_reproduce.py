@@ -202,3 +202,33 @@ def test_results_table_reads_for_a_mechanics_check(tmp_path):
     row = next(line for line in markdown.splitlines() if line.startswith('| `sa_quadratic_cifar`'))
     assert row.split(' | ')[7] == '2.5 s', row  # history: train_time 2.5 s
     assert 'checks the mechanics' in markdown and 'close to chance' in markdown and 'keeps every head' in markdown
+
+
+def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
+    """The column compares a run's epoch-000 weights with its last: a run whose centres moved by hand."""
+    import timm
+    from safetensors.torch import save_file
+    import sa_vision  # noqa: F401
+    from sa_vision.checkpoint import CHECKPOINT_VERSION, atomic_torch_save
+    from sa_vision.reproduce import Reproduction
+    kwargs = dict(embed_dim=8, depth=1, heads_per_layer=4, mlp_hidden_dim=8, num_classes=10)
+    zoo = Reproduction(tmp_path, 'tiny')
+    for arch in ('sa_quadratic_cifar', 'sa_learned_cifar'):
+        model = timm.create_model(arch, **kwargs)
+        run = zoo.run_dir(arch)
+        run.mkdir(parents=True)
+        initial = {k: v.contiguous() for k, v in model.state_dict().items()}
+        save_file(initial, str(run / 'epoch-000.safetensors'), metadata={'arch': arch, 'model_args': json.dumps(kwargs)})
+        final = dict(initial)
+        if arch == 'sa_quadratic_cifar':  # heads moved by 0.5, 1, 2, 4 grid units: median 1.5
+            final['blocks.0.attn.position.centers'] = initial['blocks.0.attn.position.centers'] + torch.tensor(
+                [[0.5, 0.], [0., -1.], [2., 0.], [0., 4.]])
+        atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': kwargs, 'state_dict': final,
+                           'epoch': 1, 'num_epochs': 1, 'metrics': {'top1': 50., 'top5': 90.},
+                           'history': [{'train_time': 60.}]}, run / 'last.pth.tar')
+    zoo.table(quiet=True)
+    with open(tmp_path / 'results.csv') as f:
+        rows = {r['model']: r for r in csv.DictReader(f)}
+    assert float(rows['sa_quadratic_cifar']['center_shift_median']) == pytest.approx(1.5)
+    assert rows['sa_learned_cifar']['center_shift_median'] == ''
+    assert '| 1.50 |' in (tmp_path / 'results.md').read_text()

@@ -4,4 +4,7 @@ from .attention import (
 )
 from .embed import SpaceToDepthEmbed
 from .mlp import GeluMlp
-from .scores import ContentScores, GeneralizedScores, LearnedScores, QuadraticScores, grid_shifts, relative_shifts
+from .scores import (
+    CONV_INIT_ALPHA, POSITION_INITS, ContentScores, GeneralizedScores, LearnedScores, QuadraticScores, grid_shifts,
+    kernel_offsets, relative_shifts,
+)

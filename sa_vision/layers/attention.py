@@ -68,7 +68,7 @@ from timm.layers import register_notrace_module
 
 from .autocast import autocast_inputs
 from .fused import _AttendThenProject, _HeadsLinearFunction, separable_mixing
-from .scores import ContentScores, GeneralizedScores, LearnedScores, QuadraticScores
+from .scores import CONV_INIT_ALPHA, ContentScores, GeneralizedScores, LearnedScores, QuadraticScores
 from .tracing import is_capturing
 
 __all__ = [
@@ -158,6 +158,8 @@ class PositionalAttention(nn.Module):
             max_shift: int = 15,
             dense: bool = False,
             grid_major: bool = False,
+            pos_init: str = 'paper',
+            pos_init_alpha: float = CONV_INIT_ALPHA,
             device=None,
             dtype=None,
     ):
@@ -172,12 +174,13 @@ class PositionalAttention(nn.Module):
         self.kind = kind
         self.attn_drop = attn_drop
         self.dense = dense
+        init = dict(init=pos_init, init_alpha=pos_init_alpha)  # paper's random init or Theorem 1's kernel
         if kind == 'quadratic':
-            self.position = QuadraticScores(num_heads, **dd)
+            self.position = QuadraticScores(num_heads, **init, **dd)
         elif kind == 'generalized':
-            self.position = GeneralizedScores(num_heads, **dd)
+            self.position = GeneralizedScores(num_heads, **init, **dd)
         else:
-            self.position = LearnedScores(dim, num_heads, max_shift=max_shift, **dd)
+            self.position = LearnedScores(dim, num_heads, max_shift=max_shift, **init, **dd)
         self.content = ContentScores(dim, num_heads, **dd) if kind == 'content' else None
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major

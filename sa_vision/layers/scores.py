@@ -16,8 +16,14 @@ Separable kinds (``quadratic``, ``learned``) also return their row and column te
 product. The parameter named ``spreads`` (the state-dict name of the released code, kept so published
 weights load) holds a *precision* factor: the larger it is, the narrower the head's attention.
 
+Initialisation (``init``): ``'paper'`` (the default) draws the centres ``mu_h ~ N(0, 2 I)`` as the paper does
+(Sec. 4.2) with unit precision; ``'conv'`` starts the heads as the construction of Theorem 1 / Lemma 2 leaves them:
+head ``h`` on the ``h``-th shift of a ``K x K`` kernel (:func:`kernel_offsets`) with the sharpness ``alpha``
+(the paper's ``alpha_h``, Eq. 9), as ConViT (d'Ascoli et al., 2021) starts its gated heads local.
+
 Imports only torch; no other sa_vision module.
 """
+import math
 from typing import Tuple
 
 import torch
@@ -25,7 +31,35 @@ from torch import Tensor, nn
 
 __all__ = [
     'QuadraticScores', 'GeneralizedScores', 'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts',
+    'POSITION_INITS', 'CONV_INIT_ALPHA', 'kernel_offsets', 'check_position_init',
 ]
+
+POSITION_INITS = ('paper', 'conv')
+# Lemma 2 takes alpha -> infinity; 6 is the smallest integer alpha for which a head centred on a grid shift puts
+# >= 99 % of its mass there (the 4 neighbours at distance 1 each get e^-alpha of the peak: 1 / (1 + 2 e^-6)^2 = 0.990)
+CONV_INIT_ALPHA = 6.0
+
+
+def kernel_offsets(num_heads: int) -> Tensor:
+    """The shifts of Theorem 1's kernel for ``num_heads`` heads, ``(K*K, 2)`` as (row, col) in grid units.
+
+    ``K = floor(sqrt(num_heads))``; head ``h = K * i + j`` (row-major) gets the shift ``(i - K // 2, j - K // 2)``:
+    for 9 heads the 3x3 kernel ``{-1, 0, 1}^2`` (the paper's ``Delta Delta_K``), for 16 heads ``{-2, ..., 1}^2``
+    (an even kernel has no centre pixel; the grid is not shifted by half a unit, so every head sits on a pixel).
+    With a non-square head count the heads after the first ``K*K`` have no kernel shift (they keep the paper's
+    init), as in ConViT's ``local_init``.
+    """
+    k = math.isqrt(num_heads)
+    steps = torch.arange(k, dtype=torch.float64) - k // 2
+    return torch.stack(torch.meshgrid(steps, steps, indexing='ij'), dim=-1).reshape(k * k, 2)
+
+
+def check_position_init(init: str, alpha: float) -> None:
+    """Raise a ValueError naming the choices unless ``init`` is one of :data:`POSITION_INITS` and ``alpha > 0``."""
+    if init not in POSITION_INITS:
+        raise ValueError(f'pos_init {init!r} is not one of {POSITION_INITS}')
+    if not alpha > 0:
+        raise ValueError(f'pos_init_alpha must be > 0 (the sharpness of the conv init), got {alpha}')
 
 
 def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -49,14 +83,18 @@ class QuadraticScores(nn.Module):
     ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``; the paper's ``alpha_h = s_h^2 / 2`` (positive by
     squaring) and ``Delta_h = mu_h``. ``spreads`` (the state-dict name kept from the released code) holds
     ``s_h``: a larger value makes the head narrower, it is not a spread. ``centers`` holds ``mu_h``.
-    Separable: the row and column terms are returned apart.
+    Separable: the row and column terms are returned apart. ``init='conv'``: the first ``K*K`` heads on the kernel
+    shifts with ``s_h = sqrt(2 alpha)`` (see the module's docstring).
     """
     separable: bool = True
 
-    def __init__(self, num_heads: int, device=None, dtype=None):
+    def __init__(self, num_heads: int, init: str = 'paper', init_alpha: float = CONV_INIT_ALPHA,
+                 device=None, dtype=None):
         super().__init__()
+        check_position_init(init, init_alpha)
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
+        self.init, self.init_alpha = init, init_alpha
         self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
         self.spreads = nn.Parameter(torch.empty(num_heads, **dd))
         self.reset_parameters()
@@ -64,6 +102,11 @@ class QuadraticScores(nn.Module):
     def reset_parameters(self) -> None:
         nn.init.normal_(self.centers, std=2.0)
         nn.init.normal_(self.spreads, mean=1.0, std=0.01)
+        if self.init == 'conv':
+            with torch.no_grad():
+                offsets = kernel_offsets(self.num_heads)
+                self.centers[:len(offsets)] = offsets.to(self.centers)
+                self.spreads[:len(offsets)] = math.sqrt(2.0 * self.init_alpha)  # alpha_h = s_h^2 / 2
 
     def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
         """Row scores ``(heads, h, h)`` and column scores ``(heads, w, w)``, indexed ``[head, query, key]``."""
@@ -95,14 +138,18 @@ class GeneralizedScores(nn.Module):
     ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)`` with the precision matrix ``M_h = S_h S_h^T``
     (positive semi-definite by construction; ``S_h`` is a square root of ``Sigma_h^-1``). ``spreads`` (the
     state-dict name kept from the released code) holds ``S_h``: larger entries make the head narrower.
-    The cross term makes it non-separable.
+    The cross term makes it non-separable. ``init='conv'``: the first ``K*K`` heads on the kernel shifts with
+    ``S_h = sqrt(2 alpha) I`` (so ``M_h = 2 alpha I``, the isotropic head of Lemma 2).
     """
     separable: bool = False
 
-    def __init__(self, num_heads: int, device=None, dtype=None):
+    def __init__(self, num_heads: int, init: str = 'paper', init_alpha: float = CONV_INIT_ALPHA,
+                 device=None, dtype=None):
         super().__init__()
+        check_position_init(init, init_alpha)
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
+        self.init, self.init_alpha = init, init_alpha
         self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
         self.spreads = nn.Parameter(torch.empty(num_heads, 2, 2, **dd))
         self.reset_parameters()
@@ -112,6 +159,11 @@ class GeneralizedScores(nn.Module):
         with torch.no_grad():
             nn.init.normal_(self.spreads, std=0.01)
             self.spreads.add_(torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype))
+            if self.init == 'conv':
+                offsets = kernel_offsets(self.num_heads)
+                self.centers[:len(offsets)] = offsets.to(self.centers)
+                eye = torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype)
+                self.spreads[:len(offsets)] = math.sqrt(2.0 * self.init_alpha) * eye
 
     def precisions(self) -> Tensor:
         """The precision matrices ``M_h = S_h S_h^T`` from the factors held in ``spreads``, ``(heads, 2, 2)``."""
@@ -140,18 +192,55 @@ class LearnedScores(nn.Module):
 
     ``A_h(delta) = k_v(E_v[delta_row])_h + k_u(E_u[delta_col])_h``; shifts beyond ``max_shift`` are
     clipped, so any grid size works. Separable: the row and column terms are returned apart.
+
+    ``init='conv'``: the tables and keys start random (PyTorch's defaults) and the tables are then moved by the
+    least-norm correction that makes every head's row term ``-alpha min((d - mu_h,row)^2, 4)`` (and its column
+    term likewise): head ``h`` scores like a quadratic head on its kernel shift ``mu_h`` (:func:`kernel_offsets`)
+    out to distance 2 and flat beyond, where ``e^(-4 alpha)`` is already negligible (the cap keeps the table
+    entries small enough for the optimizer to move). No entry is zeroed, so no direction of the tables or keys
+    loses its gradient. Needs ``dim >= num_heads`` (a key map of full row rank); heads after the first ``K*K``
+    keep the random init.
     """
     separable: bool = True
 
-    def __init__(self, dim: int, num_heads: int, max_shift: int = 15, device=None, dtype=None):
+    def __init__(self, dim: int, num_heads: int, max_shift: int = 15, init: str = 'paper',
+                 init_alpha: float = CONV_INIT_ALPHA, device=None, dtype=None):
         super().__init__()
+        check_position_init(init, init_alpha)
+        if init == 'conv' and dim < num_heads:
+            raise ValueError(f'the conv init of the learned kind needs dim >= num_heads (a key map of full rank), '
+                             f'got dim={dim}, num_heads={num_heads}; use pos_init=\'paper\' or a wider model')
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
         self.max_shift = max_shift
+        self.init, self.init_alpha = init, init_alpha
         self.row_shift_embed = nn.Embedding(2 * max_shift + 1, dim, **dd)
         self.col_shift_embed = nn.Embedding(2 * max_shift + 1, dim, **dd)
         self.row_keys = nn.Linear(dim, num_heads, bias=False, **dd)
         self.col_keys = nn.Linear(dim, num_heads, bias=False, **dd)
+        if init == 'conv':
+            self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Redraw the tables and keys (PyTorch's defaults) and, for ``init='conv'``, set the kernel's scores."""
+        for module in (self.row_shift_embed, self.col_shift_embed, self.row_keys, self.col_keys):
+            module.reset_parameters()
+        if self.init != 'conv':
+            return
+        offsets = kernel_offsets(self.num_heads)
+        shifts = torch.arange(-self.max_shift, self.max_shift + 1, dtype=torch.float64)  # table row d: shift d
+        with torch.no_grad():
+            for axis, (table, keys) in enumerate(((self.row_shift_embed, self.row_keys),
+                                                  (self.col_shift_embed, self.col_keys))):
+                # target[d, h]: the wanted term of head h at shift d; random (unchanged) for heads off the kernel
+                weights = keys.weight.double()  # heads, dim
+                current = table.weight.double() @ weights.t()  # shifts, heads
+                target = current.clone()
+                target[:, :len(offsets)] = -self.init_alpha * (
+                    shifts[:, None] - offsets[None, :, axis]).square().clamp(max=4.0)
+                # least-norm change of the table rows: E += (target - E W^T) (W W^T)^-1 W
+                correction = torch.linalg.solve(weights @ weights.t(), (target - current).t()).t() @ weights
+                table.weight.add_(correction.to(table.weight))
 
     def _table_index(self, size: int) -> Tensor:
         shifts = relative_shifts(size, self.row_shift_embed.weight.device, torch.float32).long()

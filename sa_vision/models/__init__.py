@@ -4,5 +4,6 @@ Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structur
 :mod:`sa_vision.layers`, each other and the constants of :mod:`sa_vision.paper`, never a tool (Hub, checkpoints,
 training, analysis, ...).
 """
+from .param_groups import param_groups_pos_lr, positional_parameter_names
 from .resnet_cifar import CifarResNet
 from .sa_cifar import SA_MODEL_ARGS, SelfAttentionBlock, SelfAttentionNet, check_image_shape

@@ -36,7 +36,7 @@ from timm.models._features import feature_take_indices
 
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 from ..layers import (
-    ATTENTION_KINDS, GeluMlp, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project,
+    ATTENTION_KINDS, CONV_INIT_ALPHA, GeluMlp, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project,
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 
@@ -100,6 +100,8 @@ class SelfAttentionBlock(nn.Module):
             drop_path: float = 0.,
             max_rel_shift: int = 15,
             norm_eps: float = 1e-12,
+            pos_init: str = 'paper',
+            pos_init_alpha: float = CONV_INIT_ALPHA,
             device=None,
             dtype=None,
     ):
@@ -107,7 +109,8 @@ class SelfAttentionBlock(nn.Module):
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
         self.attn = PositionalAttention(
-            dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, grid_major=True, **dd)
+            dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, grid_major=True,
+            pos_init=pos_init, pos_init_alpha=pos_init_alpha, **dd)
         self.value = HeadsLinear(num_heads * dim, dim, **dd)  # reads the heads stacked by the attention
         self.proj = nn.Linear(dim, dim, **dd)  # the original's "Dense"
         self.proj_drop = nn.Dropout(proj_drop)
@@ -171,6 +174,9 @@ class SelfAttentionNet(nn.Module):
             proj_drop_rate: float = 0.1,
             attn_drop_rate: float = 0.1,
             drop_path_rate: float = 0.,
+            pos_init: str = 'paper',
+            pos_init_alpha: float = CONV_INIT_ALPHA,
+            pos_layer_group: bool = False,
             device=None,
             dtype=None,
     ):
@@ -190,6 +196,17 @@ class SelfAttentionNet(nn.Module):
             proj_drop_rate: Dropout after the attention projection and after the MLP.
             attn_drop_rate: Dropout on the attention probabilities.
             drop_path_rate: Stochastic depth rate (linear over layers).
+            pos_init: How the positional attention starts: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv'
+                (Theorem 1: the first K*K heads of every layer on the shifts of a K x K kernel, K = floor(sqrt(heads)),
+                the others as 'paper'; see ``sa_vision.layers.scores.kernel_offsets``). Only the initial values
+                change, never the parameters' names or shapes.
+            pos_init_alpha: Sharpness alpha (Eq. 9: score -alpha ||delta - Delta||^2) of the heads of the 'conv'
+                init; the default 6 puts >= 99 % of a head's attention on its kernel shift (Lemma 1).
+            pos_layer_group: Training switch for timm's ``train.py``: ``group_matcher`` puts the positional
+                parameters (``blocks.*.attn.position.*``) in a layer group of their own below all others, so
+                that timm's layer-wise lr decay ``--layer-decay S`` (lr_scale ``S ** (last group - group)``) trains
+                them at ``S`` x the learning rate and everything else at 1 x: the effect of ``--pos-lr-scale S``
+                of ``sa_vision.training``. Changes no parameter.
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -209,6 +226,7 @@ class SelfAttentionNet(nn.Module):
         self.attn_kind = attn_kind
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.drop_rate = drop_rate
+        self.pos_layer_group = pos_layer_group
         self.output_fmt = 'NHWC'
         self.grad_checkpointing = False
 
@@ -225,6 +243,8 @@ class SelfAttentionNet(nn.Module):
                 drop_path=dpr[i],
                 max_rel_shift=max_rel_shift,
                 norm_eps=norm_eps,
+                pos_init=pos_init,
+                pos_init_alpha=pos_init_alpha,
                 **dd,
             )
             for i, num_heads in enumerate(heads_per_layer)])
@@ -242,6 +262,8 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict:
+        if self.pos_layer_group:  # two groups: positional (0) and everything else (1); see pos_layer_group
+            return dict(positional=r'^blocks\.\d+\.attn\.position\.', rest=r'^')
         return dict(stem=r'^patch_embed', blocks=r'^blocks\.(\d+)')
 
     @torch.jit.ignore

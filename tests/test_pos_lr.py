@@ -1,0 +1,142 @@
+""" --pos-lr-scale: the positional parameters train at scale x the scheduled learning rate, in every step and
+across --resume
+
+The schedule is checked against the warm-up + cosine formula written out here, the groups against parameter names
+matched here by pattern.
+"""
+import math
+import re
+import signal
+import subprocess
+import sys
+from functools import partial
+
+import pytest
+import timm
+import torch
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+
+import sa_vision  # noqa: F401  registers the models
+from sa_vision.models import param_groups_pos_lr
+
+SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
+GAUSSIAN_PARAM = re.compile(r'^blocks\.\d+\.attn\.position\.(centers|spreads)$')
+LEARNED_PARAM = re.compile(r'^blocks\.\d+\.attn\.position\.(row|col)_(shift_embed|keys)\.weight$')
+
+
+def _group_names(model, optimizer):
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [{names[id(p)] for p in group['params']} for group in optimizer.param_groups]
+
+
+@pytest.mark.parametrize('arch, pattern', [('sa_quadratic_cifar', GAUSSIAN_PARAM), ('sa_gen_cifar', GAUSSIAN_PARAM),
+                                           ('sa_learned_cifar', LEARNED_PARAM)])
+def test_positional_parameters_get_their_own_groups(arch, pattern):
+    model = timm.create_model(arch, **SMALL)
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05,
+                                    param_group_fn=partial(param_groups_pos_lr, weight_decay=0.05, pos_lr_scale=30.))
+    positional = {n for n, _ in model.named_parameters() if pattern.match(n)}
+    assert positional
+    scaled, plain = set(), set()
+    for group, names in zip(optimizer.param_groups, _group_names(model, optimizer)):
+        (scaled if group.get('lr_scale') == 30. else plain).update(names)
+        if arch != 'sa_learned_cifar' and names & positional:
+            assert group['weight_decay'] == 0.  # centres and spreads are not decayed (model.no_weight_decay())
+    assert scaled == positional
+    assert plain == {n for n, _ in model.named_parameters()} - positional
+    # scale 1: exactly timm's groups (checkpoints of runs without the option still resume)
+    same = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05,
+                               param_group_fn=partial(param_groups_pos_lr, weight_decay=0.05, pos_lr_scale=1.))
+    timm_groups = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05)
+    assert _group_names(model, same) == _group_names(model, timm_groups)
+
+
+def test_scaled_groups_follow_the_schedule_at_scale_times_the_base_lr():
+    lr, scale, warmup_lr, min_lr, steps_per_epoch, epochs, warmup_epochs = 2e-3, 30., 1e-5, 1e-4, 10, 4, 1
+    model = timm.create_model('sa_quadratic_cifar', **SMALL)
+    optimizer = create_optimizer_v2(model, 'adamw', lr=lr, weight_decay=0.05,
+                                    param_group_fn=partial(param_groups_pos_lr, weight_decay=0.05, pos_lr_scale=scale))
+    scheduler, _ = create_scheduler_v2(optimizer, sched='cosine', num_epochs=epochs, warmup_epochs=warmup_epochs,
+                                       warmup_lr=warmup_lr, min_lr=min_lr, step_on_epochs=False,
+                                       updates_per_epoch=steps_per_epoch)
+    warmup_t, total_t = warmup_epochs * steps_per_epoch, epochs * steps_per_epoch
+
+    def expected(t):  # timm's cosine with linear warm-up (warm-up not prefixed), written out
+        if t < warmup_t:
+            return warmup_lr + t * (lr - warmup_lr) / warmup_t
+        return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * t / total_t))
+
+    checked = 0
+    for t in range(total_t):
+        if t:
+            scheduler.step_update(t)
+        if t in (0, 3, warmup_t, 17, 25, total_t - 1):
+            for group in optimizer.param_groups:
+                want = expected(t) * (scale if group.get('lr_scale') else 1.)
+                assert group['lr'] == pytest.approx(want, rel=1e-12), (t, group.get('lr_scale'))
+            checked += 1
+    assert checked == 6
+
+
+def _pos_lrs(ckpt):
+    """(base lr, positional lr, positional lr_scale) of a checkpoint's saved optimizer groups."""
+    groups = ckpt['optimizer']['param_groups']
+    base = {g['lr'] for g in groups if 'lr_scale' not in g}
+    scaled = [(g['lr'], g['lr_scale']) for g in groups if 'lr_scale' in g]
+    assert len(base) == 1 and scaled, groups
+    assert len({s for s in scaled}) == 1
+    return base.pop(), scaled[0][0], scaled[0][1]
+
+
+@pytest.mark.slow
+def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
+    pytest.importorskip('sklearn')  # the digits data
+    from test_train import DIGITS_RECIPE, ROOT, TRAIN, TINY_ARGS, _env, load_ckpt, run_train
+    epochs, scale = 3, 10.
+    args = ['-c', DIGITS_RECIPE, *TINY_ARGS, '--epochs', epochs, '--warmup-epochs', 0.5, '-b', 64, '--min-lr', 1e-4,
+            '--output', tmp_path, '--log-interval', 5]
+    run_train(args + ['--experiment', 'straight', '--pos-lr-scale', scale])
+    straight = load_ckpt(tmp_path / 'straight' / 'last.pth.tar')
+    base, pos, got_scale = _pos_lrs(straight)
+    assert got_scale == scale and base > 0 and pos == pytest.approx(scale * base, rel=1e-12)
+
+    # the same run killed after its first epoch, resumed without repeating --pos-lr-scale: it keeps the run's
+    cmd = [sys.executable, str(TRAIN), *map(str, args + ['--experiment', 'killed', '--pos-lr-scale', scale])]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith('Saved checkpoint epoch 1/'):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    last = tmp_path / 'killed' / 'last.pth.tar'
+    saved = load_ckpt(last)
+    assert saved['epoch'] < epochs
+    base1, pos1, _ = _pos_lrs(saved)
+    assert pos1 == pytest.approx(scale * base1, rel=1e-12) and base1 > base  # mid-schedule, still scaled
+
+    log = run_train(args + ['--experiment', 'killed', '--resume', last])
+    assert f"--pos-lr-scale {scale}" in log
+    resumed = load_ckpt(last)
+    assert resumed['epoch'] == epochs
+    assert _pos_lrs(resumed) == (base, pos, scale)  # the same lr at the same step as the uninterrupted run
+    for key, value in straight['state_dict'].items():
+        assert torch.equal(value, resumed['state_dict'][key]), key
+
+
+@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_learned_cifar'])
+def test_timm_layer_decay_scales_only_the_positional_groups_with_pos_layer_group(arch):
+    """timm train.py's path: --model-kwargs pos_layer_group=True --layer-decay S == our --pos-lr-scale S."""
+    pattern = GAUSSIAN_PARAM if arch == 'sa_quadratic_cifar' else LEARNED_PARAM
+    model = timm.create_model(arch, pos_layer_group=True, **SMALL)
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=30.)  # timm's own path
+    positional = {n for n, _ in model.named_parameters() if pattern.match(n)}
+    scaled = set()
+    for group, names in zip(optimizer.param_groups, _group_names(model, optimizer)):
+        assert group['lr_scale'] in (1., 30.)
+        if group['lr_scale'] == 30.:
+            scaled |= names
+    assert scaled == positional
+    # without the switch, timm's layer decay groups by block, as for any timm model
+    plain = create_optimizer_v2(timm.create_model(arch, **SMALL), 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+    assert len({g['lr_scale'] for g in plain.param_groups}) == 4  # stem, 2 blocks, head
