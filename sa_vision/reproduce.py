@@ -67,11 +67,7 @@ class Profile:
         """The recipe of ``model``'s stage: the paper's recipe of the model with this profile's changes."""
         recipe = load_recipe(model)
         for changes in (self.common, self.per_model.get(model, {})):
-            for key, value in changes.items():
-                if key == 'model_kwargs':  # update, as --model-kwargs does
-                    recipe['model_kwargs'] = {**(recipe.get('model_kwargs') or {}), **value}
-                else:
-                    recipe[key] = value
+            apply_recipe_changes(recipe, changes)
         info = dataset_info(dataset)
         recipe.update(dataset=info.name, val_split=info.eval_split, num_classes=info.num_classes or recipe.get(
             'num_classes'))
@@ -129,6 +125,39 @@ PROFILES: Dict[str, Profile] = {
                               'lr': 5e-4, 'warmup_epochs': 0.05},
         }),
 }
+def apply_recipe_changes(recipe: Dict[str, Any], changes: Dict[str, Any]) -> Dict[str, Any]:
+    """``recipe`` with ``changes`` set in place; ``model_kwargs`` are updated key by key, as ``--model-kwargs`` does."""
+    for key, value in changes.items():
+        if key == 'model_kwargs':
+            recipe['model_kwargs'] = {**(recipe.get('model_kwargs') or {}), **value}
+        else:
+            recipe[key] = value
+    return recipe
+
+
+# The ablation of the positional parameters (paper Sec. 4.2 claims that the heads move from their random start to a
+# grid around the query): the profile's quadratic model at equal epochs, started from the paper's random init or
+# from Theorem 1's kernel (Sec. 3), with the base learning rate or a larger one for the centres and spreads.
+ABLATION_MODEL = 'sa_quadratic_cifar'
+ABLATION_POS_LR_SCALE = 30.0
+ABLATION_VARIANTS: Dict[str, Dict[str, Any]] = {
+    'paper init': {'model_kwargs': {'pos_init': 'paper'}, 'pos_lr_scale': 1.0},
+    f'paper init, positional lr x{ABLATION_POS_LR_SCALE:g}': {
+        'model_kwargs': {'pos_init': 'paper'}, 'pos_lr_scale': ABLATION_POS_LR_SCALE},
+    'conv init (Theorem 1)': {'model_kwargs': {'pos_init': 'conv'}, 'pos_lr_scale': 1.0},
+    f'conv init (Theorem 1), positional lr x{ABLATION_POS_LR_SCALE:g}': {
+        'model_kwargs': {'pos_init': 'conv'}, 'pos_lr_scale': ABLATION_POS_LR_SCALE},
+}
+ABLATION_COLUMNS = ('variant', 'run', 'model', 'dataset', 'epochs', 'pos_init', 'pos_lr_scale', 'amp', 'top1', 'top5',
+                    'center_shift_median', 'train_minutes')
+
+
+def ablation_run_name(variant: str) -> str:
+    """The run folder of an ablation variant: ``ablation-paper-init-positional-lr-x30``, ..."""
+    slug = ''.join(c if c.isalnum() else '-' for c in variant.lower())
+    return 'ablation-' + '-'.join(part for part in slug.split('-') if part)
+
+
 class StageFailed(RuntimeError):
     """A stage of the reproduction failed; the finished stages are kept."""
 
@@ -182,9 +211,16 @@ class Reproduction:
         _say(f'\n== [{index}/{count}] {text}  (elapsed {elapsed / 60:.1f} min) ==')
 
     # -- stages -----------------------------------------------------------------------------------------
-    def train(self, model: str, initial_checkpoint: Optional[Path] = None) -> Path:
-        """Train one model (or continue its killed run); skipped when its run has finished."""
+    def train(self, model: str, initial_checkpoint: Optional[Path] = None, run: Optional[str] = None,
+              changes: Optional[Dict[str, Any]] = None) -> Path:
+        """Train one model (or continue its killed run); skipped when its run has finished.
+
+        ``run`` names the run folder (default: the model's name) and ``changes`` are applied to the profile's recipe
+        (the ablation's variants).
+        """
+        run = run or model
         recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
+        apply_recipe_changes(recipe, changes or {})
         recipe['save_epoch_weights'] = model in SA_MODEL_ARGS  # centre trajectories of the attention models
         # the paper's recipes also hold keys that only timm's train.py reads: left out of the stage recipes (the
         # training script would note them at every stage) and said once here
@@ -194,16 +230,16 @@ class Reproduction:
             _say(f'note: recipe keys that only timm\'s train.py reads are left out of the stage recipes: '
                  f'{sorted(ignored)}')
             self._noted_ignored_keys = True
-        recipe_path = self.out / 'recipes' / f'{model}.yaml'
+        recipe_path = self.out / 'recipes' / f'{run}.yaml'
         recipe_path.parent.mkdir(parents=True, exist_ok=True)
         header = (f"# left out, only timm's train.py reads them: "
                   f"{yaml.safe_dump(plain_data(ignored), default_flow_style=True, width=10**6).strip()}\n"
                   if ignored else '')
         _write_atomic(recipe_path, header + yaml.safe_dump(
             plain_data({k: v for k, v in recipe.items() if k in read}), sort_keys=False))
-        last = self.run_dir(model) / 'last.pth.tar'
+        last = self.run_dir(run) / 'last.pth.tar'
         cmd = [sys.executable, '-m', 'sa_vision.training', '-c', str(recipe_path), '--output', str(self.out / 'runs'),
-               '--experiment', model]
+               '--experiment', run]
         if self.data_dir:
             cmd += ['--data-dir', str(self.data_dir)]
         if self.download:
@@ -211,13 +247,13 @@ class Reproduction:
         if last.is_file():
             meta = read_checkpoint(last).meta
             if meta['epoch'] >= meta.get('num_epochs', recipe['epochs']):
-                _say(f'{model}: finished ({meta["epoch"]} epochs), skipped')
+                _say(f'{run}: finished ({meta["epoch"]} epochs), skipped')
                 return last
-            _say(f'{model}: continuing the killed run at epoch {meta["epoch"]}')
+            _say(f'{run}: continuing the killed run at epoch {meta["epoch"]}')
             cmd += ['--resume', str(last)]
         elif initial_checkpoint is not None:
             cmd += ['--initial-checkpoint', str(initial_checkpoint)]
-        _say(f'{model}: {recipe["epochs"]} epochs on {self.dataset}, recipe {recipe_path}')
+        _say(f'{run}: {recipe["epochs"]} epochs of {model} on {self.dataset}, recipe {recipe_path}')
         proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=_die_with_parent)
         if proc.returncode != 0:
             raise StageFailed(f'the training process exited with status {proc.returncode} (its output is above)')
@@ -293,11 +329,7 @@ class Reproduction:
                 'center_shift_median': self._center_shift_median(model, ckpt.state_dict),
                 'paper_cifar10_top1': paper.top1 if paper else None,
             })
-        with open(self.out / '.results.csv.tmp', 'w', newline='') as f:
-            writer = csv.DictWriter(f, fieldnames=TABLE_COLUMNS)
-            writer.writeheader()
-            writer.writerows(rows)
-        os.replace(self.out / '.results.csv.tmp', self.out / 'results.csv')
+        _write_csv_atomic(self.out / 'results.csv', TABLE_COLUMNS, rows)
         markdown = _markdown_table(rows, dataset_info(self.dataset).title)
         if self.profile.table_note:
             markdown += f'\n{self.profile.table_note}\n'
@@ -306,10 +338,43 @@ class Reproduction:
             _say(markdown)
         return rows
 
-    def _center_shift_median(self, model: str, final_state) -> Optional[float]:
-        """Median centre shift of ``model``'s run (grid units, 3 decimals); None without centres or epoch-000."""
+    def ablation(self) -> List[Dict[str, Any]]:
+        """Train :data:`ABLATION_MODEL` once per :data:`ABLATION_VARIANTS` (same profile recipe and epochs) and
+        write ``ablation.md`` / ``ablation.csv``: top-1 and the median centre shift of each variant."""
+        self._check_same_setup()
+        _say(f'Ablation of the positional parameters: {ABLATION_MODEL}, profile {self.profile.name!r}, {self.dataset}')
+        rows = []
+        for index, (variant, changes) in enumerate(ABLATION_VARIANTS.items(), 1):
+            self._header(index, len(ABLATION_VARIANTS), f'ablation: {variant}')
+            run = ablation_run_name(variant)
+            last = self.train(ABLATION_MODEL, run=run, changes=changes)
+            ckpt = read_checkpoint(last)
+            meta = ckpt.meta
+            args = meta.get('args') or {}
+            rows.append({
+                'variant': variant, 'run': run, 'model': ABLATION_MODEL, 'dataset': self.dataset,
+                'epochs': meta['epoch'], 'pos_init': ckpt.model_args.get('pos_init', 'paper'),
+                'pos_lr_scale': args.get('pos_lr_scale', 1.0), 'amp': args.get('amp_used', args.get('amp')),
+                'top1': round(meta['metrics']['top1'], 2), 'top5': round(meta['metrics']['top5'], 2),
+                'center_shift_median': self._center_shift_median(run, ckpt.state_dict),
+                'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 3),
+            })
+        _write_csv_atomic(self.out / 'ablation.csv', ABLATION_COLUMNS, rows)
+        lines = ['| variant | epochs | top-1 % | top-5 % | median centre shift (grid units) | training time |',
+                 '|---|---:|---:|---:|---:|---:|']
+        for r in rows:
+            shift = '-' if r['center_shift_median'] is None else f'{r["center_shift_median"]:.2f}'
+            lines.append(f'| {r["variant"]} | {r["epochs"]} | {r["top1"]:.2f} | {r["top5"]:.2f} | {shift} | '
+                         f'{_duration(r["train_minutes"])} |')
+        markdown = '\n'.join(lines) + '\n'
+        _write_atomic(self.out / 'ablation.md', markdown)
+        _say(markdown)
+        return rows
+
+    def _center_shift_median(self, run: str, final_state) -> Optional[float]:
+        """Median centre shift of the run ``run`` (grid units, 3 decimals); None without centres or epoch-000."""
         from .analysis import center_shift_median
-        initial = self.run_dir(model) / 'epoch-000.safetensors'  # written by the trainer before the first step
+        initial = self.run_dir(run) / 'epoch-000.safetensors'  # written by the trainer before the first step
         if not initial.is_file():
             return None
         shift = center_shift_median(read_checkpoint(initial).state_dict, final_state)
@@ -437,6 +502,15 @@ def _training_script_keys() -> frozenset:
     """The argument names of ``sa_vision.training`` (the stages run it in a subprocess; only its parser is read)."""
     from .training import parser
     return frozenset(action.dest for action in parser._actions)
+
+
+def _write_csv_atomic(path: Path, columns, rows: List[Dict[str, Any]]) -> None:
+    tmp = path.with_name(f'.{path.name}.tmp')
+    with open(tmp, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    os.replace(tmp, path)
 
 
 def _markdown_table(rows: List[Dict[str, Any]], dataset_title: str) -> str:

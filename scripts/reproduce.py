@@ -7,6 +7,8 @@
     python scripts/reproduce.py --profile paper --data-dir data --dataset-download --out output/reproduce-cifar10
     # the mechanics in two minutes
     python scripts/reproduce.py --profile tiny --out output/reproduce-tiny
+    # the ablation of the positional parameters (the quadratic model, paper or conv init, positional lr x1 or x30)
+    python scripts/reproduce.py --profile cpu --ablation --epochs 2 --out output/ablation-fmnist
 
 Killed at any moment, the same command continues: finished stages are skipped and a training run resumes from its
 last epoch. ``--publish`` uploads the five Hub folders (a dry run lists them otherwise). See
@@ -31,12 +33,18 @@ def main(argv=None):
     parser.add_argument('--dataset-download', action='store_true', default=False)
     parser.add_argument('--epochs', type=int, default=None, help="every training stage's epochs (fine-tuning aside)")
     parser.add_argument('--out', required=True, metavar='DIR', help='the reproduction folder (rerun to continue)')
+    parser.add_argument('--ablation', action='store_true', default=False,
+                        help='train only the ablation of the positional parameters (ablation.md / ablation.csv)')
     parser.add_argument('--publish', action='store_true', default=False,
                         help='upload the five Hub folders (needs a write token: HF_TOKEN or `hf auth login`)')
     args = parser.parse_args(argv)
     try:
-        Reproduction(args.out, args.profile, dataset=args.dataset, data_dir=args.data_dir,
-                     download=args.dataset_download, epochs=args.epochs).run(publish=args.publish)
+        reproduction = Reproduction(args.out, args.profile, dataset=args.dataset, data_dir=args.data_dir,
+                                    download=args.dataset_download, epochs=args.epochs)
+        if args.ablation:
+            reproduction.ablation()
+        else:
+            reproduction.run(publish=args.publish)
     except StageFailed as e:
         print(f'error: {e}. Finished stages are kept in {args.out}; fix the cause and run the same command to '
               f'continue', file=sys.stderr)

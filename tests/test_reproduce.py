@@ -232,3 +232,57 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
     assert float(rows['sa_quadratic_cifar']['center_shift_median']) == pytest.approx(1.5)
     assert rows['sa_learned_cifar']['center_shift_median'] == ''
     assert '| 1.50 |' in (tmp_path / 'results.md').read_text()
+
+
+def test_ablation_variants_reach_the_stage_recipes(tmp_path, monkeypatch):
+    """Each variant trains the profile's quadratic model with its own init and positional lr, nothing else changed."""
+    import yaml
+    from sa_vision import reproduce
+    commands = []
+    monkeypatch.setattr(reproduce.subprocess, 'run',
+                        lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
+    reproduction = reproduce.Reproduction(tmp_path, 'cpu', epochs=2)
+    base = reproduce.PROFILES['cpu'].recipe('sa_quadratic_cifar', 'fashion-mnist', epochs=2)
+    expected = {  # written out here, independent of ABLATION_VARIANTS
+        'ablation-paper-init': ('paper', 1.0),
+        'ablation-paper-init-positional-lr-x30': ('paper', 30.0),
+        'ablation-conv-init-theorem-1': ('conv', 1.0),
+        'ablation-conv-init-theorem-1-positional-lr-x30': ('conv', 30.0),
+    }
+    assert [reproduce.ablation_run_name(v) for v in reproduce.ABLATION_VARIANTS] == list(expected)
+    for variant, changes in reproduce.ABLATION_VARIANTS.items():
+        reproduction.train(reproduce.ABLATION_MODEL, run=reproduce.ablation_run_name(variant), changes=changes)
+    for cmd, (run, (pos_init, scale)) in zip(commands, expected.items()):
+        assert cmd[cmd.index('--experiment') + 1] == run
+        recipe = yaml.safe_load(Path(cmd[cmd.index('-c') + 1]).read_text())
+        assert recipe['model'] == 'sa_quadratic_cifar' and recipe['epochs'] == 2
+        assert recipe['model_kwargs']['pos_init'] == pos_init and recipe['pos_lr_scale'] == scale
+        assert {k: v for k, v in recipe['model_kwargs'].items() if k != 'pos_init'} == {
+            k: v for k, v in base['model_kwargs'].items() if k != 'pos_init'}
+        assert recipe['lr'] == base['lr'] and recipe['opt'] == base['opt']
+
+
+def test_ablation_table_reads_each_variant_run(tmp_path, monkeypatch):
+    """ablation.csv: one row per variant, top-1 and the centre shift of that variant's own run."""
+    from safetensors.torch import save_file
+    from sa_vision import reproduce
+    runs = {}
+    for i, variant in enumerate(reproduce.ABLATION_VARIANTS):
+        name = reproduce.ablation_run_name(variant)
+        final = _finished_run(tmp_path, 'sa_quadratic_cifar')
+        os.replace(tmp_path / 'runs' / 'sa_quadratic_cifar', tmp_path / 'runs' / name)
+        initial = {k: v.clone() for k, v in final.items()}
+        for key in initial:
+            if key.endswith('position.centers'):
+                initial[key] = final[key] - torch.tensor([0., float(i)])  # every head moved i grid units
+        save_file(initial, str(tmp_path / 'runs' / name / 'epoch-000.safetensors'))
+        runs[name] = i
+    monkeypatch.setattr(reproduce.Reproduction, 'train',
+                        lambda self, model, run=None, changes=None, **kw: self.run_dir(run) / 'last.pth.tar')
+    rows = reproduce.Reproduction(tmp_path, 'tiny').ablation()
+    with open(tmp_path / 'ablation.csv') as f:
+        csv_rows = list(csv.DictReader(f))
+    assert [r['run'] for r in csv_rows] == list(runs)
+    assert [float(r['center_shift_median']) for r in csv_rows] == [0., 1., 2., 3.]
+    assert all(float(r['top1']) == 50.0 for r in csv_rows) and len(rows) == 4
+    assert '| paper init, positional lr x30 | 1 | 50.00 |' in (tmp_path / 'ablation.md').read_text()
