@@ -558,7 +558,7 @@ def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32
 TABLE_COLUMNS = (
     'model', 'batch_size', 'train_samples_per_sec', 'infer_samples_per_sec', 'train_peak_mb', 'infer_peak_mb',
     'macs', 'param_count', 'train_ratio', 'infer_ratio', 'train_mem_ratio',
-    'unavoidable_macs', 'train_unavoidable_gflops', 'matmul_gflops', 'matmul_fraction',
+    'unavoidable_macs', 'train_unavoidable_gflops', 'matmul_gflops', 'matmul_fraction', 'infer_matmul_fraction',
 )
 
 

@@ -71,7 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--matmul-peak', action='store_true',
                    help='time the torch.mm rate (GFLOP/s) in every round, alternately with the models, in the dtype '
                         'the models compute in (the --amp-dtype with --amp, else --precision), and report training '
-                        'throughput (3x forward unavoidable MACs) as a fraction of it')
+                        'throughput (3x forward unavoidable MACs, matmul_fraction) and inference throughput '
+                        '(forward unavoidable MACs, infer_matmul_fraction) as fractions of it')
     p.add_argument('--matmul-size', type=int, default=2048)
     p.add_argument('--profile', action='store_true',
                    help='print a torch.profiler table of one training step per model as configured (device, '
@@ -139,6 +140,10 @@ def main(argv=None) -> int:
                     gflops = row['train_samples_per_sec'] * 3 * row['unavoidable_macs'] * 2 / 1e9
                     row['train_unavoidable_gflops'] = gflops
                     row['matmul_fraction'] = gflops / row['matmul_gflops']
+                if row.get('matmul_gflops') and 'infer_samples_per_sec' in row:
+                    gflops = row['infer_samples_per_sec'] * row['unavoidable_macs'] * 2 / 1e9
+                    row['infer_unavoidable_gflops'] = gflops
+                    row['infer_matmul_fraction'] = gflops / row['matmul_gflops']
         all_rows.extend(rows)
         if args.profile:
             print(f'## profile: one training step of {name}, batch {args.batch_size}, {device}, '
