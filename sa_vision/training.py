@@ -198,7 +198,8 @@ def _init_distributed(args):
     on_cuda = torch.device(device).type == 'cuda'
     args.amp = on_cuda if args.amp is None else args.amp
     args.pin_mem = on_cuda if args.pin_mem is None else args.pin_mem
-    args.retain_freed_memory = (not on_cuda) if args.retain_freed_memory is None else args.retain_freed_memory
+    retain = getattr(args, 'retain_freed_memory', None)
+    args.retain_freed_memory = (not on_cuda) if retain is None else retain
 
 
 def configure_backends(args) -> None:

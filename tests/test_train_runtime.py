@@ -93,6 +93,17 @@ def test_pin_memory_defaults_to_on_with_cuda(monkeypatch):
     assert args.pin_mem is None and training._parse_args(['--no-pin-mem'])[0].pin_mem is False
 
 
+def test_retain_freed_memory_defaults_to_on_for_the_cpu(monkeypatch):
+    from sa_vision.checkpoint import RUNTIME_ARGS
+    monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)
+    for device, explicit, expected in (('cpu', None, True), ('cuda', None, False), ('cpu', False, False)):
+        args = argparse.Namespace(device=device, amp=None, pin_mem=None, retain_freed_memory=explicit)
+        training._init_distributed(args)
+        assert args.retain_freed_memory is expected, (device, explicit)
+    assert training._parse_args(['--no-retain-freed-memory'])[0].retain_freed_memory is False
+    assert 'retain_freed_memory' in RUNTIME_ARGS  # a switch of this machine's process, not of the recipe
+
+
 def test_channels_last_default_follows_the_model_convolutions():
     import timm
     import sa_vision  # noqa: F401
