@@ -316,11 +316,14 @@ def build_variants(
         model_name: str,
         compare: Sequence[str] = (),
         fuse: bool = False,
+        compare_kwargs: Optional[Dict[str, Dict[str, Any]]] = None,
         **model_kwargs,
 ) -> List[Variant]:
     """The model itself, then each of ``compare`` ('dense': same weights through the plain dense formula;
     'batched': same weights on the batched-heads path, which GPUs, autocast and torch.compile take by themselves;
-    'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.paper_reference`)."""
+    'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.paper_reference`; any other
+    timm model name: that model, built with ``compare_kwargs[name]``, e.g. the ResNet a small SA model is weighed
+    against)."""
     import timm
     import sa_vision  # noqa: F401  (registers the models)
     if not timm.is_model(model_name):
@@ -341,8 +344,10 @@ def build_variants(
                 f'{model_name}[batched]', batched_model, context=lambda m=batched_model: batched_heads(m)))
         elif other == 'paper':
             variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model)))
+        elif timm.is_model(other):
+            variants.append(Variant(other, timm.create_model(other, **(compare_kwargs or {}).get(other, {}))))
         else:
-            raise UserError(f'unknown comparison {other!r}; use dense, batched or paper')
+            raise UserError(f'unknown comparison {other!r}; use dense, batched, paper or a timm model name')
     return variants
 
 
@@ -561,7 +566,7 @@ def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32
 TABLE_COLUMNS = (
     'model', 'batch_size', 'train_samples_per_sec', 'infer_samples_per_sec', 'train_peak_mb', 'infer_peak_mb',
     'macs', 'param_count', 'train_ratio', 'infer_ratio', 'train_mem_ratio',
-    'unavoidable_macs', 'train_unavoidable_gflops', 'matmul_gflops', 'matmul_fraction',
+    'unavoidable_macs', 'train_unavoidable_gflops', 'matmul_gflops', 'matmul_fraction', 'infer_matmul_fraction',
 )
 
 

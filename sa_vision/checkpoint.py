@@ -48,6 +48,7 @@ RUNTIME_ARGS = frozenset({
     'pin_mem', 'channels_last', 'log_interval', 'recovery_interval', 'checkpoint_hist', 'export', 'target_top1',
     'dataset_download', 'save_epoch_weights', 'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'torchcompile',
     'dist_backend', 'dist_url', 'no_ddp_bb', 'synchronize_step', 'save_images', 'use_multi_epochs_loader', 'cudnn_benchmark',
+    'retain_freed_memory',
 })
 # timm train.py's create_model(...) keywords and the args they come from
 _TIMM_MODEL_ARGS = (('num_classes', 'num_classes'), ('in_chans', 'in_chans'), ('drop_rate', 'drop'),

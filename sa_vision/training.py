@@ -171,6 +171,9 @@ group.add_argument('--cudnn-benchmark', action='store_true', default=False,
 group.add_argument('--tf32', action='store_true', default=False,
                    help='TensorFloat-32 float32 matrix products and convolutions on CUDA (Ampere and later): '
                         'faster, with a 10-bit mantissa in the products (default: off, full float32)')
+group.add_argument('--retain-freed-memory', action=argparse.BooleanOptionalAction, default=None,
+                   help='keep the memory a step frees in the process for the next step instead of returning it to '
+                        'the kernel (glibc malloc; see retain_freed_memory). Default: on when training on the CPU')
 group.add_argument('-j', '--workers', type=int, default=4, metavar='N', help='data loading processes')
 
 group = parser.add_argument_group('Miscellaneous parameters')
@@ -191,7 +194,7 @@ group.add_argument('--target-top1', type=float, default=None,
 
 # arguments of a run that --resume does not take from the run: they are this process's (or resolved for this machine)
 _NOT_RESUMED = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank', 'distributed', 'device', 'pin_mem',
-                          'channels_last'})
+                          'channels_last', 'retain_freed_memory'})
 
 
 _resume_parser = argparse.ArgumentParser(add_help=False)
@@ -298,6 +301,8 @@ def _init_distributed(args):
         dist.init_process_group(backend='nccl' if device.startswith('cuda') else 'gloo')
     on_cuda = torch.device(device).type == 'cuda'
     args.pin_mem = on_cuda if args.pin_mem is None else args.pin_mem
+    retain = getattr(args, 'retain_freed_memory', None)
+    args.retain_freed_memory = (not on_cuda) if retain is None else retain
 
 
 def configure_backends(args) -> None:
@@ -373,6 +378,38 @@ def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024
     verdict = 'on' if speedup >= CPU_AUTOCAST_MIN_SPEEDUP else 'off'
     return verdict == 'on', (f'--amp auto: {verdict}, a {m}x{k} @ {k}x{n} matrix product runs {speedup:.2f}x as fast '
                              f'in {amp_dtype} as in float32 on this CPU (on from {CPU_AUTOCAST_MIN_SPEEDUP}x)')
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters of glibc's malloc.h
+
+
+def retain_freed_memory() -> bool:
+    """Let the process keep the memory PyTorch frees on the CPU instead of returning it to the kernel (glibc only).
+
+    PyTorch's CPU tensors come from ``malloc``. glibc serves a block above its mmap threshold (dynamic: 128 KiB,
+    rising to at most 32 MiB) with a fresh ``mmap`` and unmaps it on ``free``, and it trims free memory above
+    twice that threshold off the top of the heap. A training step allocates and frees the same large tensors
+    every step, so each step faults every page of them in again, one 4 KiB page at a time: 72,000 page
+    faults per step of the narrow SA model (embedding 64, batch 100) under bf16 autocast, none for the
+    half-width ResNet18, whose tensors stay below the threshold (docs/performance.md). With both thresholds set
+    (which also turns glibc's adjustment off) freed blocks stay in the heap and the next step reuses them.
+
+    The process then keeps its peak memory until it exits. Returns False (and changes nothing) where the C
+    library is not glibc.
+    """
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
+        mallopt = libc.mallopt
+        libc.gnu_get_libc_version  # glibc's; other C libraries number mallopt's parameters differently
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # 1 GiB: nothing a step allocates is mmapped; glibc before 2.35 refuses more than 32 MiB, still enough for
+    # the bf16 tensors the narrow model frees
+    mmapped = mallopt(_M_MMAP_THRESHOLD, 2 ** 30) or mallopt(_M_MMAP_THRESHOLD, 2 ** 25)
+    return bool(mmapped and mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1))
 
 
 def uses_channels_last(model: nn.Module, device) -> bool:
@@ -474,6 +511,9 @@ def main(argv=None):
     for module in args.device_modules or ():
         importlib.import_module(module)
     configure_backends(args)
+    if args.retain_freed_memory and not retain_freed_memory():
+        _log(args, '--retain-freed-memory: the C library is not glibc; freed memory is returned as usual')
+        args.retain_freed_memory = False
 
     initial = None
     if resume_ckpt is not None:

@@ -5,6 +5,7 @@ Examples
   python scripts/benchmark.py --model sa_quadratic_cifar -b 32 --compare paper,dense --matmul-peak
   python scripts/benchmark.py --model sa_quadratic_cifar sa_learned_cifar --results-format csv
   python scripts/benchmark.py --model sa_quadratic_cifar --model-kwargs embed_dim=16 depth=1 -b 2
+  python scripts/benchmark.py --model sa_quadratic_cifar --reproduce-profile cpu --compare resnet18_cifar -b 100 --amp
 
 With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
@@ -58,11 +59,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--runs', type=int, default=3, 
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
-    p.add_argument('--compare', default='', help='comma list of variants to time against: dense, batched, paper')
+    p.add_argument('--compare', default='',
+                   help='comma list of variants to time against: dense, batched, paper, or a model name (e.g. '
+                        'resnet18_cifar; built with the --reproduce-profile arguments, not --model-kwargs)')
+    p.add_argument('--reproduce-profile', default='', metavar='NAME',
+                   help='build every model (and compared model) as this profile of sa_vision.reproduce builds it, '
+                        'e.g. cpu: the narrow SA models and the half-width ResNet18; --model-kwargs update it')
+    p.add_argument('--retain-freed-memory', action='store_true',
+                   help='keep freed memory in the process (glibc mallopt) instead of page-faulting the step\'s '
+                        'large tensors in again every step, as scripts/train.py does on the CPU '
+                        '(sa_vision.training.retain_freed_memory)')
     p.add_argument('--matmul-peak', action='store_true',
                    help='time the torch.mm rate (GFLOP/s) in every round, alternately with the models, in the dtype '
                         'the models compute in (the --amp-dtype with --amp, else --precision), and report training '
-                        'throughput (3x forward unavoidable MACs) as a fraction of it')
+                        'throughput (3x forward unavoidable MACs, matmul_fraction) and inference throughput '
+                        '(forward unavoidable MACs, infer_matmul_fraction) as fractions of it')
     p.add_argument('--matmul-size', type=int, default=2048)
     p.add_argument('--profile', action='store_true',
                    help='print a torch.profiler table of one training step per model as configured (device, '
@@ -81,6 +92,10 @@ def main(argv=None) -> int:
     if args.flush_denormal and not torch.set_flush_denormal(True):
         print('--flush-denormal: this CPU does not support flushing subnormals (needs SSE3)', file=sys.stderr)
         return 2
+    if args.retain_freed_memory:
+        from sa_vision.training import retain_freed_memory
+        if not retain_freed_memory():
+            print('--retain-freed-memory: needs glibc\'s malloc; running without it', file=sys.stderr)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     models = list(args.model)
     if args.model_list:
@@ -98,9 +113,20 @@ def main(argv=None) -> int:
     step_kwargs = dict(precision=args.precision, amp=args.amp, amp_dtype=args.amp_dtype,
                        channels_last=args.channels_last, torchcompile=args.torchcompile)
 
+    def profile_kwargs(name):
+        """The model arguments of ``name`` in the --reproduce-profile (empty without one)."""
+        if not args.reproduce_profile:
+            return {}
+        from sa_vision.reproduce import PROFILES
+        if args.reproduce_profile not in PROFILES:
+            raise SystemExit(f'--reproduce-profile {args.reproduce_profile!r} is not one of {sorted(PROFILES)}')
+        return dict(PROFILES[args.reproduce_profile].per_model.get(name, {}).get('model_kwargs', {}))
+
+    compare_kwargs = {c: profile_kwargs(c) for c in compare}
     all_rows = []
     for name in models:
-        variants = sab.build_variants(name, compare, fuse=args.fuse, **model_kwargs)
+        variants = sab.build_variants(name, compare, fuse=args.fuse, compare_kwargs=compare_kwargs,
+                                      **{**profile_kwargs(name), **model_kwargs})
         rows = sab.benchmark_variants(
             variants, batch_size=args.batch_size, input_size=input_size, device=device, bench=args.bench,
             warmup=args.num_warm_iter, runs=args.runs, iters=args.num_bench_iter,
@@ -115,6 +141,10 @@ def main(argv=None) -> int:
                     gflops = row['train_samples_per_sec'] * 3 * row['unavoidable_macs'] * 2 / 1e9
                     row['train_unavoidable_gflops'] = gflops
                     row['matmul_fraction'] = gflops / row['matmul_gflops']
+                if row.get('matmul_gflops') and 'infer_samples_per_sec' in row:
+                    gflops = row['infer_samples_per_sec'] * row['unavoidable_macs'] * 2 / 1e9
+                    row['infer_unavoidable_gflops'] = gflops
+                    row['infer_matmul_fraction'] = gflops / row['matmul_gflops']
         all_rows.extend(rows)
         if args.profile:
             print(f'## profile: one training step of {name}, batch {args.batch_size}, {device}, '

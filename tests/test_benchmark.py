@@ -151,6 +151,30 @@ def test_cli_compare_dense_and_matmul(tmp_path):
     assert dense['train_ratio_runs'] == pytest.approx(paired, rel=1e-2)
     assert dense['train_ratio'] == pytest.approx(sorted(paired)[0] / 2 + sorted(paired)[1] / 2, rel=1e-2)
     assert 0 < ours['matmul_fraction'] and ours['matmul_gflops'] > 0
+    # inference counts one forward pass of the unavoidable MACs, training three
+    assert ours['infer_matmul_fraction'] == pytest.approx(
+        ours['infer_samples_per_sec'] * ours['unavoidable_macs'] * 2 / 1e9 / ours['matmul_gflops'], rel=1e-6)
+    assert ours['matmul_fraction'] == pytest.approx(
+        ours['train_samples_per_sec'] * 3 * ours['unavoidable_macs'] * 2 / 1e9 / ours['matmul_gflops'], rel=1e-6)
+
+
+def test_cli_compare_with_a_model_built_as_a_reproduction_profile_builds_it(tmp_path):
+    """--reproduce-profile tiny builds the SA model and the compared ResNet18 with the tiny profile's widths
+    (sa_vision.reproduce: SA embedding 16, 2 layers of 3 heads, MLP 32; ResNet18 channels 8-64)."""
+    import timm
+    cli = _load_cli()
+    out = tmp_path / 'r.json'
+    argv = ['--model', 'sa_quadratic_cifar', '--reproduce-profile', 'tiny', '--compare', 'resnet18_cifar',
+            '--img-size', '8', '-b', '2', '--runs', '1', '--num-warm-iter', '0', '--bench', 'train', '--no-memory',
+            '--results-format', 'json', '--results-file', str(out), '--quiet']
+    assert cli.main(argv) == 0
+    sa, resnet = json.loads(out.read_text())
+    assert (sa['model'], resnet['model']) == ('sa_quadratic_cifar', 'resnet18_cifar')
+    count = lambda m: sum(p.numel() for p in m.parameters())
+    assert sa['param_count'] == count(timm.create_model(
+        'sa_quadratic_cifar', embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32))
+    assert resnet['param_count'] == count(timm.create_model('resnet18_cifar', channels=(8, 16, 32, 64), stem_width=8))
+    assert resnet['train_ratio'] > 0
 
 
 def test_cli_compare_paper(tmp_path):
