@@ -125,6 +125,9 @@ def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
     cpu = PROFILES['cpu'].recipe('sa_quadratic_cifar', 'fashion-mnist')
     assert 'depth' not in cpu['model_kwargs'] and 'heads_per_layer' not in cpu['model_kwargs']
     assert cpu['dataset'] == 'fashion-mnist' and cpu['epochs'] < 300
+    # the CPU zoo decides bf16 on the machine that trains it (a recorded 'auto'); the paper's recipes do not
+    assert all(PROFILES['cpu'].recipe(m, 'fashion-mnist')['amp'] == 'auto' for m in MODELS)
+    assert all(PROFILES['paper'].recipe(m, 'torch/cifar10').get('amp') != 'auto' for m in MODELS)
     assert 'heads_per_layer' not in PROFILES['cpu'].recipe('sa_gen_pruned', 'fashion-mnist').get('model_kwargs', {})
 
 
