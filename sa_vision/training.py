@@ -56,7 +56,7 @@ from .models import param_groups_pos_lr
 from .checkpoint import (
     CHECKPOINT_VERSION, CheckpointError, atomic_torch_save, plain_data, read_checkpoint, strip_runtime_args)
 from .data import create_image_dataset, normalization, split_name
-from .errors import RecipeError, UserError, run_cli
+from .errors import UserError, run_cli
 from .evaluation import evaluate
 from .recipes import check_recipe_keys, load_recipe
 

@@ -6,9 +6,6 @@ matched here by pattern.
 """
 import math
 import re
-import signal
-import subprocess
-import sys
 from functools import partial
 
 import pytest
@@ -92,7 +89,7 @@ def _pos_lrs(ckpt):
 @pytest.mark.slow
 def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
     pytest.importorskip('sklearn')  # the digits data
-    from test_train import DIGITS_RECIPE, ROOT, TRAIN, TINY_ARGS, _env, load_ckpt, run_train
+    from test_train import DIGITS_RECIPE, TINY_ARGS, load_ckpt, run_train, train_killed_after_first_epoch
     epochs, scale = 3, 10.
     args = ['-c', DIGITS_RECIPE, *TINY_ARGS, '--epochs', epochs, '--warmup-epochs', 0.5, '-b', 64, '--min-lr', 1e-4,
             '--output', tmp_path, '--log-interval', 5]
@@ -102,13 +99,7 @@ def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
     assert got_scale == scale and base > 0 and pos == pytest.approx(scale * base, rel=1e-12)
 
     # the same run killed after its first epoch, resumed without repeating --pos-lr-scale: it keeps the run's
-    cmd = [sys.executable, str(TRAIN), *map(str, args + ['--experiment', 'killed', '--pos-lr-scale', scale])]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout:
-        if line.startswith('Saved checkpoint epoch 1/'):
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
+    train_killed_after_first_epoch(args + ['--experiment', 'killed', '--pos-lr-scale', scale])
     last = tmp_path / 'killed' / 'last.pth.tar'
     saved = load_ckpt(last)
     assert saved['epoch'] < epochs

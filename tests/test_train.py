@@ -57,6 +57,18 @@ def _mechanics_args(out, name, epochs):
 
 # dropout, a random crop and flips: every epoch draws random numbers, so a resumed run repeats an uninterrupted one
 # only if each epoch's RNG state is restored (the digits recipe alone draws none)
+def train_killed_after_first_epoch(args) -> None:
+    """Run scripts/train.py with ``args`` and kill it (SIGKILL) as soon as it has saved its first epoch."""
+    cmd = [sys.executable, str(TRAIN), *map(str, args)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith('Saved checkpoint epoch 1/'):
+            proc.send_signal(signal.SIGKILL)
+            break
+    proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, 'the run ended before it was killed'
+
+
 RANDOM_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
                'proj_drop_rate=0.2', 'attn_drop_rate=0.2', '--hflip', 0.5, '--train-crop-padding', 4]
 
@@ -67,14 +79,7 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     run_train(_mechanics_args(tmp_path, 'straight', epochs) + RANDOM_ARGS)
 
     # the same run, killed (SIGKILL) right after it saved its first epoch
-    cmd = [sys.executable, str(TRAIN), *map(str, _mechanics_args(tmp_path, 'killed', epochs) + RANDOM_ARGS)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    for line in proc.stdout:
-        if line.startswith('Saved checkpoint epoch 1/'):
-            proc.send_signal(signal.SIGKILL)
-            break
-    proc.wait(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
+    train_killed_after_first_epoch(_mechanics_args(tmp_path, 'killed', epochs) + RANDOM_ARGS)
     last = tmp_path / 'killed' / 'last.pth.tar'
     assert load_ckpt(last)['epoch'] < epochs, 'the run finished before it was killed'
     assert not [p for p in last.parent.iterdir() if '.tmp' in p.name], 'a temporary checkpoint was left behind'
