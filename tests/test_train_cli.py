@@ -64,7 +64,7 @@ def _load(path):
     return torch.load(path, map_location='cpu', weights_only=True)
 
 
-# --- item 1: --resume continues the run as it was configured ---------------------------------------------------
+# --- --resume continues the run as it was configured ---------------------------------------------------
 
 def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, tmp_path, caplog):
     import shutil
@@ -94,7 +94,7 @@ def test_resume_reports_explicit_changes_only(adamw_run):
     assert training._parse_args([])[0].opt == 'sgd'
 
 
-# --- item 4 / issue 19: --amp auto, decided by the measured probe; recipe.yaml keeps what was asked -------------
+# --- --amp auto, decided by the measured probe; recipe.yaml keeps what was asked -------------
 
 @pytest.mark.parametrize('speedup, expected', [(2.0, torch.bfloat16), (0.5, torch.float32), (1.2, torch.float32)])
 def test_amp_auto_follows_the_probe(monkeypatch, tmp_path, speedup, expected):
@@ -129,7 +129,7 @@ def test_cpu_autocast_probe_measures_a_ratio():
     assert training.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2) == speedup  # cached per process
 
 
-# --- item 5: a fine-tune's recipe.yaml names its starting weights ------------------------------------------------
+# --- a fine-tune's recipe.yaml names its starting weights ------------------------------------------------
 
 def test_fine_tune_recipe_keeps_initial_checkpoint(adamw_run, tmp_path):
     _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--initial-checkpoint', adamw_run,
@@ -139,7 +139,7 @@ def test_fine_tune_recipe_keeps_initial_checkpoint(adamw_run, tmp_path):
     assert 'output' not in recipe and 'experiment' not in recipe  # still no other machine fields
 
 
-# --- item 10: --num-classes with --initial-checkpoint: all but the classifier -------------------------------------
+# --- --num-classes with --initial-checkpoint: all but the classifier -------------------------------------
 
 def test_other_num_classes_loads_all_but_the_classifier(adamw_run, tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger='train'):
@@ -154,7 +154,7 @@ def test_other_num_classes_loads_all_but_the_classifier(adamw_run, tmp_path, cap
     assert 'classifier (head.weight, head.bias) is left out' in caplog.text
 
 
-# --- item 6: unknown recipe keys ------------------------------------------------------------------------------------
+# --- unknown recipe keys ------------------------------------------------------------------------------------
 
 def _cli_error(argv):
     """The one stderr line of train.py's main under run_cli (in this process), which must exit with status 2."""
@@ -194,7 +194,7 @@ def test_timm_only_keys_are_allowed_and_listed(tmp_path, capsys):
         check_recipe_keys(load_recipe(path), ours, str(path))
 
 
-# --- item 7: dataset names and folders -----------------------------------------------------------------------------
+# --- dataset names and folders -----------------------------------------------------------------------------
 
 def test_unknown_dataset_name_lists_the_known_ones():
     from sa_vision.errors import DatasetError
@@ -220,7 +220,7 @@ def test_train_split_message_does_not_advise_val_split(tmp_path):
     assert '--val-split' not in str(e.value) and '--train-split' in str(e.value)
 
 
-# --- item 8: image folders of any size -----------------------------------------------------------------------------
+# --- image folders of any size -----------------------------------------------------------------------------
 
 def test_image_folder_of_mixed_sizes_is_resized_to_the_input_size(tmp_path):
     from PIL import Image
