@@ -1,7 +1,7 @@
 """ Facts from the paper and its released code, in one place
 
 Cordonnier, Loukas & Jaggi, `On the Relationship between Self-Attention and Convolutional Layers`,
-ICLR 2020 (https://arxiv.org/abs/1911.03584). See ``SPEC.md`` sections 1 and 6.
+ICLR 2020 (https://arxiv.org/abs/1911.03584). See the paper's Table 1 (Sec. 4.2) and App. A.4.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): constants; imports no
 sa_vision code, so the models and every tool may import it.
@@ -24,12 +24,12 @@ PAPER_CITATION = """@inproceedings{cordonnier2020relationship,
   url={https://openreview.net/forum?id=HJlnC1rKPB}
 }"""
 
-# normalisation of the paper's CIFAR-10 recipe (SPEC 6)
+# normalisation of the paper's CIFAR-10 recipe (paper App. A.4)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 CIFAR10_CLASSES = 10
 
-# heads kept per layer after pruning the degenerate heads of a trained generalized model (SPEC 4)
+# heads kept per layer after pruning the degenerate heads of a trained generalized model (paper App. A.1)
 PRUNED_HEADS_PER_LAYER = (7, 5, 8, 7, 3, 9)
 
 

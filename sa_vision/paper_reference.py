@@ -1,7 +1,7 @@
 """ The paper's dense formulation, as a reference: the released implementation's way of computing the models
 
 Paper: `On the Relationship between Self-Attention and Convolutional Layers` (Cordonnier, Loukas & Jaggi,
-ICLR 2020), https://arxiv.org/abs/1911.03584; SPEC.md sections 2 and 3.
+ICLR 2020), https://arxiv.org/abs/1911.03584; Sec. 2.3, 4.1-4.3 and App. A.1, A.4 of the paper.
 
 This module is the project's own restatement of how the authors' code computes the content-free models, kept
 deliberately plain and independent of :mod:`sa_vision.layers` (it imports only torch), so that it can check our

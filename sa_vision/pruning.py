@@ -1,7 +1,7 @@
 """ Pruning degenerate attention heads (how ``sa_gen_pruned`` is made)
 
 Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020), appendix A.1;
-SPEC section 4.
+App. A.1 of the paper.
 
 A generalized (non-isotropic Gaussian) head with precision ``M_h = S_h S_h^T`` is degenerate when it
 attends to almost everything uniformly (largest eigenvalue of ``M_h`` tiny) or to a thin stripe
@@ -11,7 +11,7 @@ arguments here. Dropping head ``n`` of a layer removes its parameters (centre an
 kinds; its rows of the key maps for the learned kinds) and its ``D`` input columns ``n*D:(n+1)*D`` of the
 layer's Value map. The result is the state dict of the same model with fewer heads in some layers; it
 loads strictly into ``timm.create_model(<name>, heads_per_layer=<kept heads>)`` (for the paper's
-[2,4,1,2,6,0] that is ``sa_gen_pruned``). Fine-tune it afterwards with the pruned recipe (SPEC 6).
+[2,4,1,2,6,0] that is ``sa_gen_pruned``). Fine-tune it afterwards with the pruned recipe (paper App. A.4).
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
 :mod:`sa_vision.analysis` (head precisions) and :mod:`sa_vision.checkpoint` (the format it writes).

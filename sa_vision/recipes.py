@@ -4,7 +4,7 @@ A recipe is a flat YAML mapping whose keys are the ``dest`` names of timm's ``tr
 (``batch_size``, ``weight_decay``, ``sched_on_updates``, ...). timm's ``train.py -c <recipe>`` and this
 repository's ``scripts/train.py -c <recipe>`` both read them with ``parser.set_defaults(**recipe)``, so
 arguments on the command line override the recipe. The recipe files are the single place the paper's
-hyper-parameters (SPEC 6) are written down.
+hyper-parameters (paper App. A.4) are written down.
 
 A key that neither ``scripts/train.py`` nor timm's ``train.py`` reads is an error (:func:`check_recipe_keys`): a
 misspelt ``lr_rate`` would otherwise leave the default learning rate in place without a word.

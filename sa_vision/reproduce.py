@@ -4,7 +4,7 @@ Stages, in order (``scripts/reproduce.py`` runs them):
 
 1. train ``sa_quadratic_cifar``, ``sa_gen_cifar``, ``sa_learned_cifar``, ``resnet18_cifar`` (``sa_vision.training``
    in a subprocess per model, from the model's recipe with the profile's changes);
-2. prune the trained ``sa_gen_cifar`` with the released thresholds (SPEC 4) and evaluate the pruned model;
+2. prune the trained ``sa_gen_cifar`` with the released thresholds (paper App. A.1) and evaluate the pruned model;
 3. fine-tune ``sa_gen_pruned`` from it with the pruned recipe (built with whatever heads survived);
 4. the results table (``results.md``, ``results.csv``): the final evaluation of each run on the test split;
 5. export five Hub folders (``hub/<arch>.<tag>``), figures of the trained attention (``figures/``);

@@ -1,7 +1,7 @@
 """ Theorem 1 of Cordonnier, Loukas & Jaggi, made executable: a convolution as multi-head self-attention
 
 Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020),
-https://arxiv.org/abs/1911.03584, Theorem 1 with Lemmas 1-2 (SPEC section 7).
+https://arxiv.org/abs/1911.03584, Theorem 1 with Lemmas 1-2 (Sec. 3).
 
 A ``K x K`` convolution is a sum over the ``K*K`` kernel shifts ``Delta`` of a linear map applied to the
 input pixel at ``query + Delta``. A multi-head self-attention layer with ``K*K`` heads computes it exactly
@@ -124,7 +124,7 @@ class ConvAsAttention(nn.Module):
     ``(K // 2) * dilation`` first and the output equals the convolution with ``padding=(K // 2) * dilation``
     everywhere. With ``pad=False`` the attention runs on the unpadded grid: outputs closer than
     ``(K // 2) * dilation`` to a border differ (the heads' softmax is renormalised over the pixels that
-    exist, SPEC 3), every other output equals the convolution's (``output[..., r:-r, r:-r]`` equals a
+    exist, paper Sec. 2.3), every other output equals the convolution's (``output[..., r:-r, r:-r]`` equals a
     ``padding=0`` convolution, see :attr:`border`).
     """
 

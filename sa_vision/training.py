@@ -129,7 +129,7 @@ group.add_argument('--decay-rate', '--dr', type=float, default=0.1, metavar='RAT
 group = parser.add_argument_group('Augmentation and regularization parameters')
 group.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
 group.add_argument('--train-crop-padding', type=int, default=4,
-                   help='zero padding before the random crop (SPEC 6); not an argument of timm train.py')
+                   help='zero padding before the random crop (paper App. A.4); not an argument of timm train.py')
 group.add_argument('--smoothing', type=float, default=0., help='label smoothing')
 group.add_argument('--drop', type=float, default=None, metavar='PCT', help='dropout before the classifier')
 group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help='stochastic depth rate')

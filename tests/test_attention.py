@@ -1,4 +1,4 @@
-"""The fast attention paths against a plain dense reference written here from SPEC section 3.
+"""The fast attention paths against a plain dense reference written here from the paper's Eq. (9) and App. A.1.
 
 The reference builds every score from its formula over all (query, key) pairs of the grid, takes a
 softmax over all keys and a weighted sum of the raw input; it shares only the parameter tensors with
@@ -30,7 +30,7 @@ def grid_coordinates(grid_h, grid_w, dtype, device='cpu'):
 
 
 def reference_scores(layer, x):
-    """Scores [head, query, key] (or [batch, head, query, key] with content) straight from SPEC 3."""
+    """Scores [head, query, key] (or [batch, head, query, key] with content) straight from the paper's Eq. (9) and App. A.1."""
     B, H, W, D = x.shape
     coords = grid_coordinates(H, W, x.dtype, x.device)
     delta = coords[None, :, :] - coords[:, None, :]  # key - query, (hw, hw, 2)

@@ -83,7 +83,7 @@ def test_state_dict_layout_and_conversion():
 
 
 def test_reference_scores_are_the_spec_gaussians():
-    """The relative-encoding einsum (paper eq. 9, A.1) against SPEC 3.1-3.2 written out for one head and query."""
+    """The relative-encoding einsum (paper eq. 9, A.1) against Eq. (9) and App. A.1 written out for one head and query."""
     torch.manual_seed(1)
     for kind in ('quadratic', 'generalized'):
         reference = PaperDenseSA(kind, (2,), embed_dim=4, mlp_hidden_dim=4).double()

@@ -1,4 +1,4 @@
-""" Pruning degenerate heads (SPEC 4) """
+""" Pruning degenerate heads (paper App. A.1) """
 import copy
 import os
 import subprocess

@@ -18,7 +18,7 @@ This file holds the layer (:class:`PositionalAttention`), the Value over the sta
 hand-written per-head kernels are in :mod:`sa_vision.layers.fused`. It imports only torch, timm and the
 other modules of :mod:`sa_vision.layers`, never :mod:`sa_vision.models` or the tools.
 
-How it is computed (SPEC 3.5). The first three kinds are content-free: their probabilities do not depend
+How it is computed (the content-free scores of Sec. 4.2-4.3, factorised over rows and columns). The first three kinds are content-free: their probabilities do not depend
 on ``X``, so they are computed once per forward with no batch dimension and applied to the whole batch.
 ``quadratic`` and ``learned`` scores are a sum of a row term and a column term, so the softmax over the
 grid is the Kronecker product of a row softmax (``h x h``) and a column softmax (``w x w``); a head is

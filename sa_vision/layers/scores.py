@@ -4,7 +4,7 @@ Paper: `On the Relationship between Self-Attention and Convolutional Layers` (IC
 https://arxiv.org/abs/1911.03584
 
 Each kind owns its parameters and turns the relative shift ``delta = key - query`` (in grid units) into
-scores indexed ``[head, query, key]`` (SPEC 3):
+scores indexed ``[head, query, key]`` (paper Sec. 2.3, Eq. (9); App. A.1):
 
 * :class:`QuadraticScores`   isotropic Gaussian, ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``
 * :class:`GeneralizedScores` non-isotropic Gaussian, ``A_h(delta) = -1/2 (delta - mu_h)^T S_h S_h^T (delta - mu_h)``

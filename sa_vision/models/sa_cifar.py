@@ -10,7 +10,7 @@ https://arxiv.org/abs/1911.03584, original code https://github.com/epfml/attenti
   year={2020},
 }
 
-Architecture (SPEC section 2): space-to-depth 2x2 + Linear embedding, no position embedding or class
+Architecture (paper Sec. 4.1, App. A.4): space-to-depth 2x2 + Linear embedding, no position embedding or class
 token; post-norm layers ``Y = LN(X + Dropout(Dense(Value(attention(X)))))`` and
 ``X' = LN(Y + Dropout(MLP(Y)))`` with content-free positional attention (see
 :mod:`sa_vision.layers.attention`); mean over the grid and a linear classifier. Value and Dense are two
@@ -255,7 +255,7 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """Gaussian centres and precision factors (``spreads``) are trained without weight decay (SPEC 6)."""
+        """Gaussian centres and precision factors (``spreads``) are trained without weight decay (paper App. A.4)."""
         return {
             name for name, _ in self.named_parameters()
             if name.endswith(('attn.position.centers', 'attn.position.spreads'))}
