@@ -32,7 +32,7 @@ import os
 import random
 import sys
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -207,19 +207,27 @@ def _parse_args(argv=None):
     return args, recipe
 
 
+@contextmanager
+def _parser_defaults_restored():
+    """Leave the parser's defaults as they were: parse_args may run more than once in a process (tests, reproduce)."""
+    saved_defaults = dict(parser._defaults)
+    saved_action_defaults = [(a, a.default) for a in parser._actions]
+    try:
+        yield
+    finally:
+        parser._defaults.clear()
+        parser._defaults.update(saved_defaults)
+        for a, default in saved_action_defaults:
+            a.default = default
+
+
 def _explicit_dests(argv) -> set:
     """The argument names given on the command line ``argv`` itself (not defaults, recipe or resumed values)."""
-    saved = [(a, a.default) for a in parser._actions]
-    saved_defaults = dict(parser._defaults)
-    try:
+    with _parser_defaults_restored():
         for a in parser._actions:
             a.default = argparse.SUPPRESS
         parser._defaults.clear()
         return set(vars(parser.parse_args(argv)))
-    finally:
-        for a, default in saved:
-            a.default = default
-        parser._defaults.update(saved_defaults)
 
 
 def _parse_run_args(argv=None):
@@ -249,16 +257,9 @@ def _parse_run_args(argv=None):
                                   f'weights use --initial-checkpoint')
         run_args = _saved_run_args(resume_ckpt, resume)
         defaults.update({k: v for k, v in run_args.items() if k in known and k not in _NOT_RESUMED})
-    saved_defaults = dict(parser._defaults)
-    saved_action_defaults = [(a, a.default) for a in parser._actions]
-    try:
+    with _parser_defaults_restored():
         parser.set_defaults(**defaults)
         args = parser.parse_args(remaining)
-    finally:  # parse_args may run more than once in a process (tests, reproduce): leave the parser as it was
-        parser._defaults.clear()
-        parser._defaults.update(saved_defaults)
-        for a, default in saved_action_defaults:
-            a.default = default
     # command-line --model-kwargs update the recipe's dict instead of replacing it
     args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
     args.config = args_config.config
