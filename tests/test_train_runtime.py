@@ -154,18 +154,21 @@ if sys.argv[1] == 'retain' and not retain_freed_memory():
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 for _ in range(2):
     torch.ones(2 ** 24)  # 64 MiB, above glibc's largest dynamic mmap threshold (32 MiB)
-before = faults()
-for _ in range(5):
+per_allocation = []
+for _ in range(7):
+    before = faults()
     torch.ones(2 ** 24)
-print((faults() - before) // 5)
+    per_allocation.append(faults() - before)
+# the median: the machine's memory manager may reclaim a retained block now and then (seen once in 7 CI runs)
+print(sorted(per_allocation)[len(per_allocation) // 2])
 '''
 
 
 @pytest.mark.skipif(not hasattr(__import__('resource'), 'getrusage'), reason='needs resource.getrusage (Unix)')
 def test_retained_memory_is_not_faulted_in_again():
     """A 64 MiB tensor allocated and freed again and again: by default glibc maps it afresh each time and every
-    4 KiB page faults in (16,384 faults); with retain_freed_memory the freed block is reused (no faults).
-    Run in subprocesses, since the setting is the whole process's."""
+    4 KiB page faults in (16,384 faults); with retain_freed_memory the freed block is reused (no faults; the median
+    allocation is compared). Run in subprocesses, since the setting is the whole process's."""
     import subprocess
     import sys
     from pathlib import Path
