@@ -7,10 +7,11 @@ Importing the package registers the models with timm::
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): the package root imports
 :mod:`sa_vision.layers` and :mod:`sa_vision.models` only (registering the models); the tools
-(:mod:`sa_vision.checkpoint`, :mod:`sa_vision.hub`, ...) are imported by name.
+(:mod:`sa_vision.train.checkpoint`, :mod:`sa_vision.hub`, ...) are imported by name.
 """
-from . import layers, models
+from . import _moved, layers, models
 from .models import CifarResNet, SelfAttentionNet
 
-__version__ = '0.1.0'
+_moved.install()  # the flat module paths of 0.1 (sa_vision.train.loop, ...) still import, with a warning
+__version__ = '0.2.0'
 __all__ = ['CifarResNet', 'SelfAttentionNet', 'layers', 'models', '__version__']

@@ -2,7 +2,7 @@
 
 Stages, in order (``scripts/reproduce.py`` runs them):
 
-1. train ``sa_quadratic_cifar``, ``sa_gen_cifar``, ``sa_learned_cifar``, ``resnet18_cifar`` (``sa_vision.training``
+1. train ``sa_quadratic_cifar``, ``sa_gen_cifar``, ``sa_learned_cifar``, ``resnet18_cifar`` (``sa_vision.train.loop``
    in a subprocess per model, from the model's recipe with the profile's changes);
 2. prune the trained ``sa_gen_cifar`` with the released thresholds (paper App. A.1) and evaluate the pruned model;
 3. fine-tune ``sa_gen_pruned`` from it with the pruned recipe (built with whatever heads survived);
@@ -15,9 +15,9 @@ killed mid-run continues from its last epoch (``--resume``). A failed stage stop
 leaves finished stages intact; the same command continues.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): the topmost tool; imports
-:mod:`sa_vision.analysis`, :mod:`sa_vision.checkpoint`, :mod:`sa_vision.data`, :mod:`sa_vision.evaluation`,
-:mod:`sa_vision.hub`, :mod:`sa_vision.models`, :mod:`sa_vision.paper`, :mod:`sa_vision.plots`,
-:mod:`sa_vision.pruning`, :mod:`sa_vision.recipes`; :mod:`sa_vision.training` runs in a subprocess (only its argument
+:mod:`sa_vision.research.analysis`, :mod:`sa_vision.train.checkpoint`, :mod:`sa_vision.train.data`, :mod:`sa_vision.train.evaluation`,
+:mod:`sa_vision.hub`, :mod:`sa_vision.models`, :mod:`sa_vision.paper`, :mod:`sa_vision.research.plots`,
+:mod:`sa_vision.research.pruning`, :mod:`sa_vision.train.recipes`; :mod:`sa_vision.train.loop` runs in a subprocess (only its argument
 parser is read here, to know which recipe keys it takes). No sa_vision module imports this one.
 """
 import csv
@@ -33,13 +33,13 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from .checkpoint import plain_data, read_checkpoint
-from .data import dataset_info
+from .train.checkpoint import plain_data, read_checkpoint
+from .train.data import dataset_info
 from .models import SA_MODEL_ARGS
 from .models._pretrained import hub_repo_id
 from .paper import PAPER_RESULTS
-from .pruning import PRUNED_ARCH
-from .recipes import load_recipe
+from .research.pruning import PRUNED_ARCH
+from .train.recipes import load_recipe
 
 __all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction']
 
@@ -251,7 +251,7 @@ class Reproduction:
         _write_atomic(recipe_path, header + yaml.safe_dump(
             plain_data({k: v for k, v in recipe.items() if k in read}), sort_keys=False))
         last = self.run_dir(run) / 'last.pth.tar'
-        cmd = [sys.executable, '-m', 'sa_vision.training', '-c', str(recipe_path), '--output', str(self.out / 'runs'),
+        cmd = [sys.executable, '-m', 'sa_vision.cli.train', '-c', str(recipe_path), '--output', str(self.out / 'runs'),
                '--experiment', run]
         if self.data_dir:
             cmd += ['--data-dir', str(self.data_dir)]
@@ -279,7 +279,7 @@ class Reproduction:
             _say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
                  f'skipped')
             return out
-        from .pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
+        from .research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
         source_path = self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'
         _say(f'pruning: reading {source_path}')
         source = read_checkpoint(source_path)
@@ -312,8 +312,8 @@ class Reproduction:
 
     def _evaluate(self, model) -> Dict[str, float]:
         import torch
-        from .data import create_image_dataset
-        from .evaluation import evaluate
+        from .train.data import create_image_dataset
+        from .train.evaluation import evaluate
         info = dataset_info(self.dataset)
         ds = create_image_dataset(self.dataset, info.eval_split, is_training=False, data_dir=self.data_dir,
                                   download=self.download)
@@ -388,7 +388,7 @@ class Reproduction:
 
     def _center_shift_median(self, run: str, final_state) -> Optional[float]:
         """Median centre shift of the run ``run`` (grid units, 3 decimals); None without centres or epoch-000."""
-        from .analysis import center_shift_median
+        from .research.analysis import center_shift_median
         initial = self.run_dir(run) / 'epoch-000.safetensors'  # written by the trainer before the first step
         if not initial.is_file():
             return None
@@ -427,16 +427,16 @@ class Reproduction:
 
     def figures(self) -> List[Path]:
         """The paper's figures of the trained attention models (centres, maps, centre trajectories)."""
-        from .analysis import GAUSSIAN_KINDS
-        from .checkpoint import load_model
-        from .plots import plot_attention_maps, plot_center_trajectories, plot_centers
+        from .research.analysis import GAUSSIAN_KINDS
+        from .train.checkpoint import load_model
+        from .research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
         out = self.out / 'figures'
         out.mkdir(parents=True, exist_ok=True)
         made = []
 
         def figure(name, draw):
             path = out / name
-            if not path.is_file():  # sa_vision.plots draws on its own Figure objects (no pyplot state)
+            if not path.is_file():  # sa_vision.research.plots draws on its own Figure objects (no pyplot state)
                 draw(str(path) + '.tmp.png')
                 os.replace(str(path) + '.tmp.png', path)
             made.append(path)
@@ -514,8 +514,8 @@ def _duration(minutes: float) -> str:
 
 
 def _training_script_keys() -> frozenset:
-    """The argument names of ``sa_vision.training`` (the stages run it in a subprocess; only its parser is read)."""
-    from .training import parser
+    """The argument names of ``sa_vision.train.loop`` (the stages run it in a subprocess; only its parser is read)."""
+    from .train.loop import parser
     return frozenset(action.dest for action in parser._actions)
 
 

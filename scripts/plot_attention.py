@@ -1,60 +1,11 @@
 #!/usr/bin/env python3
 """ Pictures of where the attention heads of a sa_vision model look (paper figures 2-6)
 
-    python scripts/plot_attention.py sa_quadratic_cifar --out fig.png            # (a) centres + contours
-    python scripts/plot_attention.py sa_learned_cifar --figure maps --out maps.png  # (b) attention maps
-    python scripts/plot_attention.py ep10.pth ep50.pth ep300.pth --out traj.png  # (c) centre trajectories
-    python scripts/plot_attention.py run/best.safetensors --table heads.csv --out fig.svg
-
-A source is a timm model name (random init, or --pretrained), a checkpoint file (.safetensors or a torch
-checkpoint) or a Hub folder (config.json + model.safetensors). Several sources draw figure (c).
+The installed command ``sa-vision-plot`` (:mod:`sa_vision.cli.plot_attention`), kept as a script.
 """
-import argparse
-import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
-
-from sa_vision.analysis import GAUSSIAN_KINDS, attention_layers, format_table, head_statistics, layer_summary, \
-    load_model, write_table  # noqa: E402
-from sa_vision.errors import run_cli  # noqa: E402
-from sa_vision.plots import plot_attention_maps, plot_center_trajectories, plot_centers  # noqa: E402
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('sources', nargs='+', help='timm model name, checkpoint file or Hub folder (several: figure c)')
-    parser.add_argument('--out', required=True, help='output picture, .png / .svg / .pdf')
-    parser.add_argument('--figure', choices=('auto', 'centers', 'maps', 'trajectory'), default='auto',
-                        help='auto: trajectory for several sources, centers for Gaussian kinds, else maps')
-    parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
-    parser.add_argument('--query', type=int, nargs=2, metavar=('ROW', 'COL'), help='query pixel (default grid centre)')
-    parser.add_argument('--zoom', type=int, default=6, help='maps: grid units shown around the query')
-    parser.add_argument('--table', help='also write the per-head statistics to this .csv or .json file')
-    args = parser.parse_args(argv)
-
-    if args.figure == 'trajectory' or (args.figure == 'auto' and len(args.sources) > 1):
-        models = [load_model(s, pretrained=args.pretrained) for s in args.sources]
-        plot_center_trajectories(models, args.out, labels=[os.path.basename(s) for s in args.sources])
-        model = models[-1]
-    else:
-        if len(args.sources) > 1:
-            parser.error(f'--figure {args.figure} takes one source, got {len(args.sources)}')
-        model = load_model(args.sources[0], pretrained=args.pretrained)
-        kind = attention_layers(model)[0].kind
-        if args.figure == 'centers' or (args.figure == 'auto' and kind in GAUSSIAN_KINDS):
-            plot_centers(model, args.out)
-        else:
-            plot_attention_maps(model, args.out, query=tuple(args.query) if args.query else None, zoom=args.zoom)
-    rows = head_statistics(model, query=tuple(args.query) if args.query else None)
-    print(format_table(layer_summary(rows)))
-    if args.table:
-        print(format_table(rows))
-        write_table(rows, args.table)
-        print(f'wrote {args.table}')
-    print(f'wrote {args.out}')
-    return 0
-
+from sa_vision.cli.plot_attention import cli
 
 if __name__ == '__main__':
-    sys.exit(run_cli(main))
+    sys.exit(cli())

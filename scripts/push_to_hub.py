@@ -1,69 +1,11 @@
 #!/usr/bin/env python3
 """ Export trained weights as a Hub folder (timm format + model card) and publish it in one commit
 
-    # stage only: write the folder and list what would be uploaded
-    python scripts/push_to_hub.py output/train/<run>/last.pth.tar --dry-run
-    # publish to the default repository, sa-vision/<arch>.<tag> (tag: the dataset, e.g. cifar10, fashion_mnist,
-    # digits; '_custom' for a configuration other than the paper's); the token comes from HF_TOKEN or
-    # `hf auth login` and is never printed
-    python scripts/push_to_hub.py output/train/<run>/last.pth.tar --model sa_quadratic_cifar
-
-The weights may be a checkpoint of scripts/train.py or timm's train.py (``--use-ema`` for its EMA weights), a
-state dict, a .safetensors file or an exported folder. Checks before anything is uploaded: the weights are
-readable and of --model's architecture; the repository is named for that architecture and is not the registered
-one (``timm.create_model('<arch>', pretrained=True)``) unless these are CIFAR-10 weights of the paper's
-architecture; a token exists and may write to the repository.
+The installed command ``sa-vision-push-to-hub`` (:mod:`sa_vision.cli.push_to_hub`), kept as a script.
 """
-import argparse
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a clone without installing
-from sa_vision.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
-from sa_vision.errors import run_cli  # noqa: E402
-from sa_vision.hub import (  # noqa: E402
-    HubPublishError, check_publish_target, export_hub_folder, publish_hub_folder, resolve_token, weights_label)
-
-
-def main(argv=None):
-    parser = argparse.ArgumentParser(description='Export trained weights to a Hub folder and publish it')
-    parser.add_argument('checkpoint', help='last.pth.tar of scripts/train.py or timm train.py, or other weights')
-    parser.add_argument('--model', default=None,
-                        help='expected architecture (fail if the weights are of another; names bare weights)')
-    parser.add_argument('--use-ema', action='store_true', help='the EMA weights of a timm train.py checkpoint')
-    parser.add_argument('--repo-id', default=None, help='target repository (default: sa-vision/<arch>.<tag>)')
-    parser.add_argument('--out-dir', default=None, help='staging folder (default: <run>/hub)')
-    parser.add_argument('--dry-run', action='store_true', help='write the folder and list the files, upload nothing')
-    parser.add_argument('--private', action='store_true')
-    parser.add_argument('--create-pr', action='store_true', help='open a pull request instead of committing to main')
-    parser.add_argument('--commit-message', default='Add weights trained with sa_vision')
-    parser.add_argument('--no-figure', action='store_true', help='leave out the attention figure')
-    args = parser.parse_args(argv)
-
-    try:
-        ckpt = read_checkpoint(args.checkpoint, arch=args.model, use_ema=args.use_ema)
-        label = weights_label(ckpt)
-        repo_id = args.repo_id or label.default_repo_id
-        check_publish_target(label, repo_id)  # before the (slow) export
-        if not args.dry_run:
-            resolve_token()  # fail on a missing token before the export
-        source = Path(args.checkpoint).resolve()
-        out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
-        staged = export_hub_folder(ckpt, out_dir, repo_id=repo_id, figure=not args.no_figure)
-        print(f'Staged {label.name} in {out_dir} for {repo_id}:')
-        for name in staged:
-            print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
-        if args.dry_run:
-            print('Dry run: nothing uploaded.')
-            return 0
-        commit = publish_hub_folder(out_dir, repo_id, private=args.private, commit_message=args.commit_message,
-                                    create_pr=args.create_pr)
-        print(f'Published {repo_id} in one commit: {getattr(commit, "commit_url", commit)}')
-    except (CheckpointError, HubPublishError, FileExistsError) as e:
-        print(f'error: {e}', file=sys.stderr)
-        return 2
-    return 0
-
+from sa_vision.cli.push_to_hub import cli
 
 if __name__ == '__main__':
-    sys.exit(run_cli(main))
+    sys.exit(cli())

@@ -11,10 +11,10 @@ import timm
 import torch
 
 import sa_vision  # noqa: F401
-from sa_vision.analysis import (
+from sa_vision.research.analysis import (
     format_table, gaussian_contour, head_covariances, head_statistics, layer_summary, load_model, write_table,
 )
-from sa_vision.plots import plot_attention_maps, plot_center_trajectories, plot_centers, save_card_figure
+from sa_vision.research.plots import plot_attention_maps, plot_center_trajectories, plot_centers, save_card_figure
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=16)
@@ -218,7 +218,7 @@ class _MetaScalars(torch.utils._python_dispatch.TorchDispatchMode):
 
 
 def test_helpers_compute_on_the_device_of_their_input():
-    from sa_vision.analysis import _mean_shift, mass_radius
+    from sa_vision.research.analysis import _mean_shift, mass_radius
     contour = gaussian_contour(torch.tensor([1., 2.], device='meta'), torch.eye(2, device='meta') * 4, 0.9)
     assert contour.device.type == 'meta' and contour.shape == (100, 2)
     maps = torch.full((3, 5, 5), 1 / 25, device='meta')
@@ -228,7 +228,7 @@ def test_helpers_compute_on_the_device_of_their_input():
 
 
 def test_center_shift_median_of_a_hand_made_pair_of_state_dicts():
-    from sa_vision.analysis import center_shift_median, center_shifts
+    from sa_vision.research.analysis import center_shift_median, center_shifts
     initial = {
         'blocks.0.attn.position.centers': torch.tensor([[0., 0.], [1., 1.], [2., -1.]]),
         'blocks.0.attn.position.spreads': torch.ones(3),

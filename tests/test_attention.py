@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sa_vision.layers import PositionalAttention, dense_attention
-from sa_vision.theory import exact_float32
+from sa_vision.research.theory import exact_float32
 
 from float32_bounds import assert_float32_close, assert_float32_gradients_close
 

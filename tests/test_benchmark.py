@@ -1,7 +1,6 @@
-"""Fast checks of the measuring tools (sa_vision.benchmark, scripts/benchmark.py). No timing thresholds."""
+"""Fast checks of the measuring tools (sa_vision.measure.benchmark, scripts/benchmark.py). No timing thresholds."""
 import copy
 import csv
-import importlib.util
 import io
 import json
 import os
@@ -15,7 +14,7 @@ import torch
 from torch import nn
 
 import sa_vision  # noqa: F401
-from sa_vision import benchmark as sab
+from sa_vision.measure import benchmark as sab
 
 from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 
@@ -33,10 +32,8 @@ DENSE_MACS = LINEAR_MACS + HEADS * N * N * D
 
 
 def _load_cli():
-    spec = importlib.util.spec_from_file_location('sa_bench_cli', os.path.join(REPO, 'scripts', 'benchmark.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from sa_vision.cli import benchmark
+    return benchmark
 
 
 def test_count_macs_linear():
@@ -190,7 +187,7 @@ def test_cli_compare_paper(tmp_path):
 
 
 def test_paper_variant_is_the_packaged_reference_with_the_same_weights():
-    from sa_vision.paper_reference import PaperDenseSA
+    from sa_vision.research.paper_reference import PaperDenseSA
     model, paper = [v.model for v in sab.build_variants('sa_gen_pruned', ['paper'], **dict(TINY, heads_per_layer=3))]
     assert isinstance(paper, PaperDenseSA) and paper.kind == 'generalized' and paper.heads_per_layer == (3,)
     model.eval(), paper.eval()

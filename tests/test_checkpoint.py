@@ -1,6 +1,5 @@
-""" Loading weights (sa_vision.checkpoint): every source gives its own weights, and a broken one a CheckpointError
+""" Loading weights (sa_vision.train.checkpoint): every source gives its own weights, and a broken one a CheckpointError
 that names the file and what is wrong """
-import json
 
 import pytest
 import timm
@@ -9,7 +8,7 @@ from safetensors.torch import save_file
 from timm.models._hub import save_for_hf
 
 import sa_vision  # noqa: F401  (registers the models)
-from sa_vision.checkpoint import CheckpointError, load_model, read_checkpoint
+from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint
 
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24, num_classes=7)
 

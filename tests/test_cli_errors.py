@@ -2,20 +2,16 @@
 
 Each script runs in this process through ``sa_vision.errors.run_cli``, as its ``__main__`` block does; one of them
 (scripts/prune.py) also runs as a real subprocess in tests/test_pruning.py. """
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / 'scripts'))
-import benchmark as benchmark_script  # noqa: E402
-import plot_attention  # noqa: E402
-import prune  # noqa: E402
-import push_to_hub  # noqa: E402
-import reproduce as reproduce_script  # noqa: E402
+from sa_vision.cli import benchmark as benchmark_script
+from sa_vision.cli import plot_attention, prune, push_to_hub
+from sa_vision.cli import reproduce as reproduce_script
+from sa_vision.errors import UserError, run_cli
 
-from sa_vision.errors import run_cli  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _run(main, argv, capsys):
@@ -42,7 +38,7 @@ def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path,
 
 
 def test_reproduce_reports_user_errors_the_same_way(tmp_path, monkeypatch, capsys):
-    from sa_vision.checkpoint import CheckpointError
+    from sa_vision.train.checkpoint import CheckpointError
     from sa_vision.reproduce import Reproduction
 
     def unreadable(self, publish=False):
@@ -60,8 +56,16 @@ def test_bugs_keep_their_traceback(monkeypatch):
         run_cli(broken, [])
 
 
-@pytest.mark.parametrize('script', ['benchmark', 'plot_attention', 'prune', 'push_to_hub', 'reproduce'])
-def test_scripts_run_main_through_run_cli(script):
-    """What the tests above call in-process is what `python scripts/<script>.py` runs."""
+@pytest.mark.parametrize('script', ['train', 'validate', 'benchmark', 'plot_attention', 'prune', 'push_to_hub',
+                                    'reproduce'])
+def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
+    """What the tests above call in-process is what the installed command and `python scripts/<script>.py` run."""
+    import importlib
+    module = importlib.import_module(f'sa_vision.cli.{script}')
+
+    def mistaken(argv=None):
+        raise UserError('a mistake')
+    monkeypatch.setattr(module, 'main', mistaken)
+    assert module.cli() == 2 and capsys.readouterr().err == 'error: a mistake\n'
     source = (ROOT / 'scripts' / f'{script}.py').read_text()
-    assert source.rstrip().endswith("if __name__ == '__main__':\n    sys.exit(run_cli(main))"), script
+    assert f'from sa_vision.cli.{script} import cli' in source and source.rstrip().endswith('sys.exit(cli())'), script

@@ -15,14 +15,14 @@ import yaml
 pytest.importorskip('sklearn')
 
 import sa_vision  # noqa: F401
-from sa_vision.checkpoint import RUNTIME_ARGS, Checkpoint, CheckpointError, read_checkpoint
+from sa_vision.train.checkpoint import RUNTIME_ARGS, Checkpoint, CheckpointError, read_checkpoint
 from sa_vision.hub import (
     CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, HubPublishError, check_publish_target, export_hub_folder,
     publish_hub_folder, weights_label)
 
+from sa_vision.cli import push_to_hub
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / 'scripts'))
-import push_to_hub  # noqa: E402
 
 SMALL = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
 NUM_CLASSES = 12  # not the registered 10: the whole construction must travel with the weights

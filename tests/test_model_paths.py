@@ -17,7 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import sa_vision  # noqa: F401  (registers the models)
 import timm
 from sa_vision.layers import batched_heads
-from sa_vision.theory import exact_float32
+from sa_vision.research.theory import exact_float32
 
 from float32_bounds import (
     assert_network_float32_close, assert_network_gradients_close, sa_model_gradient_reduction_lengths,

@@ -1,4 +1,4 @@
-""" The packaged reference of the paper's dense formulation (sa_vision.paper_reference) against our models.
+""" The packaged reference of the paper's dense formulation (sa_vision.research.paper_reference) against our models.
 
 The reference computes the released code's way (relative-encoding einsum over the whole (h, w, heads, h, w) grid,
 the original Linear embedding, plain autograd); our models compute separably, cached and chunked, with hand-written
@@ -10,7 +10,7 @@ import timm
 import torch
 
 import sa_vision  # noqa: F401
-from sa_vision.paper_reference import PaperDenseSA, kind_of_state_dict, paper_state_dict, relative_encoding
+from sa_vision.research.paper_reference import PaperDenseSA, kind_of_state_dict, paper_state_dict, relative_encoding
 
 SMALL = dict(embed_dim=8, depth=2, mlp_hidden_dim=16, num_classes=7)
 CASES = {  # model, its kwargs; a non-square 6x5 grid; the learned tables clip shifts beyond 2

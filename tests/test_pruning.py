@@ -10,7 +10,7 @@ import torch
 
 import sa_vision  # noqa: F401
 from sa_vision.paper import PAPER_RESULTS, PRUNED_HEADS_PER_LAYER
-from sa_vision.pruning import find_degenerate_heads, prune_heads, prune_state_dict
+from sa_vision.research.pruning import find_degenerate_heads, prune_heads, prune_state_dict
 
 from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 
@@ -110,7 +110,7 @@ def test_paper_pruning_loads_strictly_into_sa_gen_pruned():
 
 @pytest.mark.slow
 def test_prune_script_writes_loadable_checkpoint(tmp_path):
-    from sa_vision.analysis import load_model
+    from sa_vision.research.analysis import load_model
     source = tmp_path / 'planted.pth'
     torch.save({'state_dict': planted_model().state_dict()}, source)
     out = tmp_path / 'pruned.safetensors'
@@ -125,8 +125,8 @@ def test_prune_script_writes_loadable_checkpoint(tmp_path):
 @pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_learned_cifar', 'sa_gen_cifar'])
 def test_pruned_file_of_any_kind_loads_with_its_kind(tmp_path, name, suffix):
     """save_pruned keeps the attention kind: the file loads (strictly) as the kind's model with the kept heads."""
-    from sa_vision.analysis import attention_layers, load_model
-    from sa_vision.pruning import save_pruned
+    from sa_vision.research.analysis import attention_layers, load_model
+    from sa_vision.research.pruning import save_pruned
     torch.manual_seed(0)
     model = timm.create_model(name, **SMALL).eval()
     pruned = prune_heads(model, [[0], [], [1, 2]])
@@ -150,7 +150,7 @@ def planted_model_with_a_dead_layer():
 
 
 def test_a_layer_of_degenerate_heads_keeps_its_least_degenerate_head():
-    from sa_vision.pruning import select_heads_to_prune
+    from sa_vision.research.pruning import select_heads_to_prune
     model = planted_model_with_a_dead_layer()
     assert find_degenerate_heads(model) == [[1], [0, 4], [0, 1, 2]]
     assert select_heads_to_prune(model) == [[1], [0, 4], [0, 2]]
@@ -163,7 +163,7 @@ def _run_prune_script(*args):
 
 @pytest.mark.slow
 def test_prune_script_keeps_a_head_in_every_layer_and_reports_user_errors(tmp_path):
-    from sa_vision.analysis import load_model
+    from sa_vision.research.analysis import load_model
     source = tmp_path / 'dead_layer.pth'
     torch.save({'state_dict': planted_model_with_a_dead_layer().state_dict()}, source)
     proc = _run_prune_script(source, '--out', tmp_path / 'pruned.safetensors')

@@ -56,7 +56,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     assert first.stat().st_mtime_ns == first_mtime, 'a finished stage was trained again'
     # the resumed stage continued the killed run's weights and optimizer state: it ends where an uninterrupted
     # run of the same recipe ends (a resume that restarted from fresh weights or a fresh optimizer does not)
-    subprocess.run([sys.executable, '-m', 'sa_vision.training', '-c', str(out / 'recipes' / 'sa_gen_cifar.yaml'),
+    subprocess.run([sys.executable, '-m', 'sa_vision.train.loop', '-c', str(out / 'recipes' / 'sa_gen_cifar.yaml'),
                     '--output', str(tmp_path / 'uninterrupted'), '--experiment', 'sa_gen_cifar'],
                    cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=600)
     reference = torch.load(tmp_path / 'uninterrupted' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
@@ -80,7 +80,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
 
     import timm
     import sa_vision  # noqa: F401
-    from sa_vision.checkpoint import read_checkpoint
+    from sa_vision.train.checkpoint import read_checkpoint
     folders = sorted((out / 'hub').iterdir())
     assert sorted(f.name.split('.')[0] for f in folders) == sorted(MODELS)
     x = torch.randn(2, 3, 32, 32)
@@ -115,7 +115,7 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path):
 
 
 def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
-    from sa_vision.recipes import load_recipe
+    from sa_vision.train.recipes import load_recipe
     from sa_vision.reproduce import PROFILES
     for model in MODELS:  # the paper profile: the recipes unchanged, CIFAR-10's test split
         expected = load_recipe(model)
@@ -134,7 +134,7 @@ def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
 def _finished_run(out, model='sa_quadratic_cifar'):
     """runs/<model>/last.pth.tar as a finished training writes it (tiny model, digits, one epoch)."""
     import timm
-    from sa_vision.checkpoint import CHECKPOINT_VERSION
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
     model_args = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32, num_classes=10)
     state_dict = timm.create_model(model, **model_args).state_dict()
     run = out / 'runs' / model
@@ -152,7 +152,7 @@ def _finished_run(out, model='sa_quadratic_cifar'):
 
 def test_export_interrupted_after_config_json_is_redone(tmp_path, monkeypatch, capsys):
     """A killed export (config.json and weights written, no model card yet) is not taken for up to date."""
-    from sa_vision import hub
+    from sa_vision.hub import export as hub  # where export_hub_folder looks the card renderer up
     from sa_vision.reproduce import Reproduction
     _finished_run(tmp_path)
     reproduction = Reproduction(tmp_path, 'tiny')
@@ -177,8 +177,9 @@ def test_export_interrupted_after_config_json_is_redone(tmp_path, monkeypatch, c
 def test_stage_recipes_leave_out_timm_only_keys_and_say_so_once(tmp_path, monkeypatch, capsys):
     """The paper's recipes hold keys only timm's train.py reads (color_jitter, ...): one note for the whole
     reproduction, not one per training stage, and the stage recipes hold only what the training script reads."""
-    from sa_vision import reproduce, training
-    from sa_vision.recipes import load_recipe
+    from sa_vision import reproduce
+    from sa_vision.train import loop as training
+    from sa_vision.train.recipes import load_recipe
     commands = []
     monkeypatch.setattr(reproduce.subprocess, 'run',
                         lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
@@ -212,7 +213,7 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
     import timm
     from safetensors.torch import save_file
     import sa_vision  # noqa: F401
-    from sa_vision.checkpoint import CHECKPOINT_VERSION, atomic_torch_save
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save
     from sa_vision.reproduce import Reproduction
     kwargs = dict(embed_dim=8, depth=1, heads_per_layer=4, mlp_hidden_dim=8, num_classes=10)
     zoo = Reproduction(tmp_path, 'tiny')

@@ -9,7 +9,7 @@ from torch import nn
 import sa_vision  # noqa: F401  (registers the models)
 import timm
 import timm.optim
-from sa_vision.paper_reference import PaperDenseSA
+from sa_vision.research.paper_reference import PaperDenseSA
 
 from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 

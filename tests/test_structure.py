@@ -1,4 +1,5 @@
-""" The package's import graph: imports flow one way, layers -> models -> tools -> scripts (no circles)
+""" The package's import graph: imports flow down the tiers, layers -> models -> train -> research -> measure ->
+hub -> reproduce -> cli (no circles)
 
 The graph is read from the source with ``ast``, not from ``sys.modules``: an import inside a function counts as much as
 one at module level (a lazy import only postpones a circle to the call that closes it). ``_import_graph`` is checked
@@ -14,9 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = 'sa_vision'
 
-# modules the models may import besides layers and models: facts only (they import no sa_vision code themselves,
-# which test_models_import_only_layers_models_and_constants checks too)
-MODEL_CONSTANT_MODULES = {'sa_vision.paper'}
+# The tiers, bottom to top: a module may import its own tier and those below it. Each is a folder of sa_vision
+# (reproduce is one module: the orchestration of train, research and hub; cli holds the installed commands).
+TIERS = ('layers', 'models', 'train', 'research', 'measure', 'hub', 'reproduce', 'cli')
+# modules below every tier: facts and exception types, importing no sa_vision code (_moved: the 0.1 paths' aliases)
+BASE_MODULES = {'paper', 'errors', '_moved'}
 
 
 def _module_names(package_dir: Path, package: str) -> Dict[str, Path]:
@@ -183,7 +186,7 @@ def test_reader_sees_the_package(graph):
     """Guards the reader against reading nothing: known edges, one of them inside a function."""
     assert {'sa_vision.layers', 'sa_vision.models', 'sa_vision.layers.attention', 'sa_vision.hub'} <= set(graph)
     assert 'sa_vision.layers' in graph['sa_vision.models.sa_cifar']
-    assert 'sa_vision.plots' in graph['sa_vision.hub']  # imported only when a model card figure is drawn
+    assert 'sa_vision.research.plots' in graph['sa_vision.hub.export']  # imported only when a card figure is drawn
 
 
 def test_no_import_circle(graph):
@@ -191,41 +194,48 @@ def test_no_import_circle(graph):
     assert cycle is None, 'import circle: ' + ' -> '.join(cycle)
 
 
-def test_layers_import_only_layers(graph):
-    wrong = {f'{m} -> {t}' for m, targets in graph.items() if _in(m, 'sa_vision.layers')
-             for t in targets if not _in(t, 'sa_vision.layers')}
-    assert not wrong, f'layers import code above them: {sorted(wrong)}'
+def _tier(module: str) -> int:
+    """The tier of a module: its folder's place in :data:`TIERS` (the package root registers the models)."""
+    parts = module.split('.')
+    if len(parts) == 1:
+        return TIERS.index('models')
+    name = parts[1]
+    if name in BASE_MODULES:
+        return -1
+    assert name in TIERS, f'{module} is in no tier: add its folder to TIERS (and the README\'s package layout)'
+    return TIERS.index(name)
 
 
-def test_models_import_only_layers_models_and_constants(graph):
-    allowed = lambda t: _in(t, 'sa_vision.layers') or _in(t, 'sa_vision.models') or t in MODEL_CONSTANT_MODULES
-    wrong = {f'{m} -> {t}' for m, targets in graph.items() if _in(m, 'sa_vision.models')
-             for t in targets if not allowed(t)}
-    assert not wrong, f'models import tools (Hub, checkpoints, training, ...): {sorted(wrong)}'
-    constants_importing = {m: graph[m] for m in MODEL_CONSTANT_MODULES if graph[m]}
-    assert not constants_importing, f'constant modules must import no sa_vision code: {constants_importing}'
+def test_imports_go_down_the_tiers(graph):
+    """A module imports its own tier and those below it, never one above (layers -> models -> train -> ...)."""
+    wrong = {f'{m} -> {t}' for m, targets in graph.items() for t in targets
+             if m != PACKAGE and t != PACKAGE and _tier(t) > _tier(m)}
+    assert not wrong, f'imports of a higher tier: {sorted(wrong)}'
 
 
-def test_scripts_import_no_other_script():
-    """Scripts are the top: each is a thin command line over sa_vision, none loads another (by sys.path or otherwise)."""
-    scripts = {path.stem: path for path in (ROOT / 'scripts').glob('*.py')}
-    wrong = set()
-    for name, path in scripts.items():
-        for imported in _imported_modules(ast.parse(path.read_text(), str(path)), name, False, set()):
-            if imported.split('.')[0] in scripts and imported.split('.')[0] != name:
-                wrong.add(f'scripts/{name}.py -> scripts/{imported.split(".")[0]}.py')
-    assert not wrong, f'scripts import scripts: {sorted(wrong)}'
+def test_every_module_is_in_a_tier(graph):
+    for module in graph:
+        _tier(module)  # asserts
 
 
-def test_every_module_says_what_it_is_for():
-    """Every module outside layers (whose docstrings are their own matter) and every script opens with a docstring,
-    and every sa_vision module among them names its place in the layering."""
-    undocumented, unplaced = [], []
-    for module, path in _module_names(ROOT / PACKAGE, PACKAGE).items():
-        if not _in(module, 'sa_vision.layers'):
-            doc = ast.get_docstring(ast.parse(path.read_text())) or ''
-            (undocumented if not doc else unplaced if 'Layering' not in doc else []).append(module)
+def test_base_modules_import_no_sa_vision_code(graph):
+    importing = {m: graph[m] for m in graph if m.split('.')[-1] in BASE_MODULES and graph[m]}
+    assert not importing, f'the base modules (facts, errors) must import no sa_vision code: {importing}'
+
+
+def test_scripts_are_thin_shims_of_the_installed_commands():
+    """Each script runs one command of sa_vision.cli and edits no sys.path (the package is installed)."""
+    for path in (ROOT / 'scripts').glob('*.py'):
+        source = path.read_text()
+        imported = set(_imported_modules(ast.parse(source), path.stem, False, set()))
+        assert imported <= {'sys', f'sa_vision.cli.{path.stem}'}, (path.name, imported)
+        assert 'sys.path' not in source, path.name
+
+
+def test_every_module_has_a_docstring():
+    """Every module and script opens with a docstring (one line plus the paper reference or the math)."""
+    undocumented = [module for module, path in _module_names(ROOT / PACKAGE, PACKAGE).items()
+                    if not ast.get_docstring(ast.parse(path.read_text()))]
     undocumented += [f'scripts/{path.name}' for path in (ROOT / 'scripts').glob('*.py')
                      if not ast.get_docstring(ast.parse(path.read_text()))]
     assert not undocumented, f'no module docstring: {sorted(undocumented)}'
-    assert not unplaced, f'docstring without its place in the layering ("Layering: ..."): {sorted(unplaced)}'

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from sa_vision.theory import attention_from_conv, exact_float32, min_hard_attention_alpha, off_center_mass
+from sa_vision.research.theory import attention_from_conv, exact_float32, min_hard_attention_alpha, off_center_mass
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 

@@ -1,7 +1,6 @@
 """ Checkpoints written by timm's own train.py (timm.utils.CheckpointSaver) validate, export and stage """
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,14 +14,13 @@ from timm.utils import CheckpointSaver, NativeScaler  # noqa: E402
 from timm.utils.model_ema import ModelEmaV3  # noqa: E402
 
 import sa_vision  # noqa: E402,F401
-from sa_vision.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
-from sa_vision.data import DigitsDataset  # noqa: E402
+from sa_vision.train.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
+from sa_vision.train.data import DigitsDataset  # noqa: E402
 from sa_vision.paper import CIFAR10_MEAN, CIFAR10_STD  # noqa: E402
 
+from sa_vision.cli import push_to_hub, validate  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / 'scripts'))
-import push_to_hub  # noqa: E402
-import validate  # noqa: E402
 
 MODEL_KWARGS = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
 
@@ -43,7 +41,7 @@ def _timm_train_args(run_dir: Path) -> argparse.Namespace:
 
 
 def _accuracy(model, num_classes_seen=10):
-    """Top-1 on the digits test split, computed directly (independent of sa_vision.evaluation)."""
+    """Top-1 on the digits test split, computed directly (independent of sa_vision.train.evaluation)."""
     test = DigitsDataset('test')
     mean, std = torch.tensor(CIFAR10_MEAN)[:, None, None], torch.tensor(CIFAR10_STD)[:, None, None]
     with torch.no_grad():
@@ -153,7 +151,7 @@ def test_bare_state_dict_and_safetensors_open_with_their_architecture(tmp_path):
 
 
 def test_checkpoint_of_a_newer_format_is_refused(tmp_path):
-    from sa_vision.checkpoint import CHECKPOINT_VERSION
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
     model = timm.create_model('sa_quadratic_cifar', **MODEL_KWARGS)
     for version in (CHECKPOINT_VERSION, CHECKPOINT_VERSION + 1):
         torch.save({'version': version, 'arch': 'sa_quadratic_cifar', 'model_args': MODEL_KWARGS,

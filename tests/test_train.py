@@ -127,7 +127,7 @@ def test_evaluation_reduces_on_the_model_device(monkeypatch, device):
     """NCCL reduces only tensors on the process's GPU: the totals must live on the evaluation device
     ('meta' stands in for a device other than the CPU where there is no GPU)."""
     import torch.distributed as dist
-    from sa_vision.evaluation import evaluate
+    from sa_vision.train.evaluation import evaluate
     seen = []
 
     class Stop(Exception):
@@ -149,7 +149,7 @@ def test_evaluation_all_reduces_over_nccl(tmp_path):
     """A real NCCL all-reduce of the evaluation totals (one process, world size 1): the same metrics as
     without DDP. Two processes need two GPUs (one GPU per process), which the torchrun test above does on CPU."""
     import torch.distributed as dist
-    from sa_vision.evaluation import evaluate
+    from sa_vision.train.evaluation import evaluate
     if not dist.is_nccl_available():
         pytest.skip('PyTorch built without NCCL')
     torch.manual_seed(0)
@@ -164,7 +164,7 @@ def test_evaluation_all_reduces_over_nccl(tmp_path):
 
 
 def test_evaluation_counts_top1_and_top5():
-    from sa_vision.evaluation import evaluate
+    from sa_vision.train.evaluation import evaluate
     logits = torch.tensor([[9., 1, 2, 3, 4, 5, 6], [1., 9, 2, 3, 4, 5, 6], [6., 5, 4, 3, 2, 1, 0]])
     targets = torch.tensor([0, 0, 5])  # hit at rank 1; rank 7 (miss); rank 6 (miss for top-5)
     model = torch.nn.Identity()
@@ -176,7 +176,7 @@ def test_evaluation_counts_top1_and_top5():
 
 
 def test_digits_dataset_split_is_fixed():
-    from sa_vision.data import DigitsDataset
+    from sa_vision.train.data import DigitsDataset
     train, test = DigitsDataset('train'), DigitsDataset('test')
     assert (len(train), len(test)) == (1437, 360)
     assert train.images.shape[1:] == (3, 32, 32)
@@ -184,7 +184,7 @@ def test_digits_dataset_split_is_fixed():
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
-    from sa_vision.checkpoint import atomic_torch_save
+    from sa_vision.train.checkpoint import atomic_torch_save
     path = tmp_path / 'last.pth.tar'
     atomic_torch_save({'epoch': 1}, path)
 
@@ -200,7 +200,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 
 def test_recipes_use_timm_argument_names():
     from sa_vision.paper import PAPER_RESULTS
-    from sa_vision.recipes import load_recipe
+    from sa_vision.train.recipes import load_recipe
     for arch in PAPER_RESULTS:
         recipe = load_recipe(arch)
         assert recipe['model'] == arch
@@ -211,14 +211,14 @@ def test_recipes_use_timm_argument_names():
 
 
 def test_command_line_model_kwargs_update_the_recipes(monkeypatch):
-    from sa_vision import training
+    from sa_vision.train import loop as training
     args, recipe = training._parse_args(['-c', str(DIGITS_RECIPE), '--model-kwargs', 'embed_dim=8'])
     assert recipe['model_kwargs']['proj_drop_rate'] == 0.0
     assert args.model_kwargs == {**recipe['model_kwargs'], 'embed_dim': 8}
 
 
 def test_best_epoch_follows_the_metric_direction():
-    from sa_vision.training import is_better
+    from sa_vision.train.loop import is_better
     assert is_better('loss', 0.5, 1.0) and not is_better('loss', 1.0, 0.5)
     assert is_better('top1', 60., 50.) and not is_better('top1', 50., 60.)
 
@@ -238,7 +238,7 @@ def test_float16_amp_trains_with_a_loss_scaler(tmp_path):
 @pytest.mark.cuda
 def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path):
     """One short epoch on the GPU with bf16 autocast and the channels-last layout; the checkpoint loads."""
-    from sa_vision.checkpoint import load_model
+    from sa_vision.train.checkpoint import load_model
     log = run_train(_mechanics_args(tmp_path, 'cuda', 1) + ['--device', 'cuda', '--amp', '--amp-dtype', 'bfloat16',
                                                             '--channels-last', '--workers', 0])
     assert '1 process(es) on cuda' in log and 'amp=bfloat16' in log
@@ -273,7 +273,7 @@ def test_pruned_weights_start_a_fine_tuning_run(tmp_path):
 
 
 def test_image_folder_without_held_out_split_is_an_error(tmp_path):
-    from sa_vision.data import create_image_dataset
+    from sa_vision.train.data import create_image_dataset
     for cls in ('cat', 'dog'):
         (tmp_path / 'train' / cls).mkdir(parents=True)
     with pytest.raises(FileNotFoundError, match=r"no 'validation' subfolder.*\['train'\].*--val-split"):

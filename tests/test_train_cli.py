@@ -13,7 +13,7 @@ import yaml
 
 pytest.importorskip('sklearn')
 
-from sa_vision import training  # noqa: E402
+from sa_vision.train import loop as training  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS_RECIPE = ROOT / 'scripts' / 'configs' / 'sa_quadratic_cifar_digits.yaml'
@@ -182,7 +182,7 @@ def test_unknown_recipe_keys_are_an_error_naming_the_nearest_key(tmp_path):
 
 
 def test_timm_only_keys_are_allowed_and_listed(tmp_path, capsys):
-    from sa_vision.recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS, check_recipe_keys, load_recipe
+    from sa_vision.train.recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS, check_recipe_keys, load_recipe
     ours = {a.dest for a in training.parser._actions}
     assert not TIMM_ONLY_RECIPE_KEYS & ours  # listed as timm-only, so not read here
     recipe = tmp_path / 'timm.yaml'
@@ -198,7 +198,7 @@ def test_timm_only_keys_are_allowed_and_listed(tmp_path, capsys):
 
 def test_unknown_dataset_name_lists_the_known_ones():
     from sa_vision.errors import DatasetError
-    from sa_vision.data import create_image_dataset
+    from sa_vision.train.data import create_image_dataset
     with pytest.raises(DatasetError, match=r"unknown dataset 'cifar-10'.*digits.*fashion-mnist.*torch/cifar10"):
         create_image_dataset('cifar-10', 'train', is_training=True)
     assert _cli_error(['--dataset', 'cifar-10', *TINY, '--output', '/nonexistent/never-written']).startswith(
@@ -206,14 +206,14 @@ def test_unknown_dataset_name_lists_the_known_ones():
 
 
 def test_missing_data_dir_says_so(tmp_path):
-    from sa_vision.data import create_image_dataset
+    from sa_vision.train.data import create_image_dataset
     for dataset in ('', 'fashion-mnist', 'torch/cifar10'):
         with pytest.raises(FileNotFoundError, match=f'--data-dir {tmp_path / "nope"} does not exist'):
             create_image_dataset(dataset, 'train', is_training=True, data_dir=str(tmp_path / 'nope'))
 
 
 def test_train_split_message_does_not_advise_val_split(tmp_path):
-    from sa_vision.data import create_image_dataset
+    from sa_vision.train.data import create_image_dataset
     (tmp_path / 'validation' / 'cat').mkdir(parents=True)
     with pytest.raises(FileNotFoundError) as e:
         create_image_dataset('', 'train', is_training=True, data_dir=str(tmp_path))
@@ -224,7 +224,7 @@ def test_train_split_message_does_not_advise_val_split(tmp_path):
 
 def test_image_folder_of_mixed_sizes_is_resized_to_the_input_size(tmp_path):
     from PIL import Image
-    from sa_vision.data import create_image_dataset
+    from sa_vision.train.data import create_image_dataset
     mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
     colours = {'a': (200, 40, 120), 'b': (10, 250, 90)}
     sizes = [(32, 32), (48, 40), (20, 64), (7, 9)]  # (width, height)
@@ -276,6 +276,6 @@ def test_validate_errors_are_one_line_and_split_names_agree(adamw_run, tmp_path)
 
 
 def test_user_errors_are_value_errors_and_checkpoint_errors_are_user_errors():
-    from sa_vision.checkpoint import CheckpointError
+    from sa_vision.train.checkpoint import CheckpointError
     from sa_vision.errors import UserError
     assert issubclass(CheckpointError, UserError) and issubclass(UserError, ValueError)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from sa_vision import training
+from sa_vision.train import loop as training
 
 
 class HostReads(TorchDispatchMode):
@@ -94,7 +94,7 @@ def test_pin_memory_defaults_to_on_with_cuda(monkeypatch):
 
 
 def test_retain_freed_memory_defaults_to_on_for_the_cpu(monkeypatch):
-    from sa_vision.checkpoint import RUNTIME_ARGS
+    from sa_vision.train.checkpoint import RUNTIME_ARGS
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)
     for device, explicit, expected in (('cpu', None, True), ('cuda', None, False), ('cpu', False, False)):
         args = argparse.Namespace(device=device, amp=None, pin_mem=None, retain_freed_memory=explicit)
@@ -138,7 +138,7 @@ def test_backends_are_exact_unless_asked(restore_backend_flags):
 
 
 def test_evaluation_reads_its_totals_once(count_host_reads, device):
-    from sa_vision.evaluation import evaluate
+    from sa_vision.train.evaluation import evaluate
     model, loader = _toy_problem(steps=5)
     with count_host_reads:
         metrics = evaluate(model.to(device), loader, device)
@@ -147,7 +147,7 @@ def test_evaluation_reads_its_totals_once(count_host_reads, device):
 
 _FAULTS_PER_ALLOCATION = '''
 import resource, sys, torch
-from sa_vision.training import retain_freed_memory
+from sa_vision.train.loop import retain_freed_memory
 if sys.argv[1] == 'retain' and not retain_freed_memory():
     print('no-glibc')
     sys.exit()

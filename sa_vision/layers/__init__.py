@@ -1,3 +1,4 @@
+""" Building blocks: positional attention (paper Sec. 2-3, Eq. 9), the space-to-depth embedding, the MLP """
 from .attention import (
     ATTENTION_KINDS, HeadsLinear, PositionalAttention, apply_mixing, attend_then_project, batched_heads,
     dense_attention, drop_negligible, negligible_below, use_batched_heads,

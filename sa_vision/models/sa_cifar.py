@@ -206,7 +206,7 @@ class SelfAttentionNet(nn.Module):
                 parameters (``blocks.*.attn.position.*``) in a layer group of their own below all others, so
                 that timm's layer-wise lr decay ``--layer-decay S`` (lr_scale ``S ** (last group - group)``) trains
                 them at ``S`` x the learning rate and everything else at 1 x: the effect of ``--pos-lr-scale S``
-                of ``sa_vision.training``. Changes no parameter.
+                of ``sa_vision.train.loop``. Changes no parameter.
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}

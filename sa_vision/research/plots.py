@@ -11,12 +11,12 @@ Paper: `On the Relationship between Self-Attention and Convolutional Layers` (IC
 * :func:`save_card_figure`: figure (a) for Gaussian kinds, (b) otherwise, as one file for a model card.
 
 Every plotting function returns ``(figure, data)``: the matplotlib ``Figure`` and a dict with the arrays it
-draws, computed by :mod:`sa_vision.analysis`. Figures are built without pyplot (no global state, any
+draws, computed by :mod:`sa_vision.research.analysis`. Figures are built without pyplot (no global state, any
 backend); the file type follows the path's suffix (``.png``, ``.svg``, ``.pdf``).
 Axes: x = column shift (right), y = row shift (down, as in an image), in grid units (2 image pixels).
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.analysis` (and matplotlib).
+:mod:`sa_vision.research.analysis` (and matplotlib).
 """
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -31,7 +31,7 @@ from .analysis import (
     GAUSSIAN_KINDS, attention_layers, attention_probs, default_grid_size, gaussian_contour, head_centers,
     head_precisions, interior_query, load_model, query_maps,
 )
-from .errors import UserError
+from ..errors import UserError
 
 __all__ = ['plot_centers', 'plot_attention_maps', 'plot_center_trajectories', 'save_card_figure']
 
@@ -85,8 +85,8 @@ def plot_centers(
     """Figure (a): per layer, every head's centre ``mu_h`` and its Gaussian's 50 % / 90 % contours.
 
     Returns the figure and ``{'centers': [(heads, 2)] per layer, 'contours': {mass: [(heads, n, 2)] per
-    layer}}`` as (row, col) arrays, from :func:`~sa_vision.analysis.head_centers` and
-    :func:`~sa_vision.analysis.gaussian_contour`.
+    layer}}`` as (row, col) arrays, from :func:`~sa_vision.research.analysis.head_centers` and
+    :func:`~sa_vision.research.analysis.gaussian_contour`.
     """
     kind = attention_layers(model)[0].kind
     if kind not in GAUSSIAN_KINDS:
@@ -134,7 +134,7 @@ def plot_attention_maps(
 
     Returns the figure and ``{'maps': (layers, max heads, 2*zoom+1, 2*zoom+1) array (NaN where a layer has
     fewer heads or the window leaves the grid), 'query': (row, col), 'grid_size': (h, w)}``; the maps are
-    :func:`~sa_vision.analysis.query_maps` of :func:`~sa_vision.analysis.attention_probs` (averaged over
+    :func:`~sa_vision.research.analysis.query_maps` of :func:`~sa_vision.research.analysis.attention_probs` (averaged over
     ``images`` for the ``content`` kind).
     """
     kind = attention_layers(model)[0].kind
@@ -190,10 +190,10 @@ def plot_center_trajectories(
         extent: Optional[float] = None,
 ) -> Tuple[Figure, Dict[str, Any]]:
     """Figure (c): per layer, the path of every head's centre over ``checkpoints`` (models or anything
-    :func:`~sa_vision.analysis.load_model` opens, in training order); a dot at the start, a cross at the end.
+    :func:`~sa_vision.research.analysis.load_model` opens, in training order); a dot at the start, a cross at the end.
 
     Returns the figure and ``{'centers': (checkpoints, layers, heads, 2) array}`` from
-    :func:`~sa_vision.analysis.head_centers` (row, col).
+    :func:`~sa_vision.research.analysis.head_centers` (row, col).
     """
     if len(checkpoints) < 1:
         raise UserError('give at least one checkpoint (two or more to see the centres move)')

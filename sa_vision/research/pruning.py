@@ -14,7 +14,7 @@ loads strictly into ``timm.create_model(<name>, heads_per_layer=<kept heads>)`` 
 [2,4,1,2,6,0] that is ``sa_gen_pruned``). Fine-tune it afterwards with the pruned recipe (paper App. A.4).
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.analysis` (head precisions) and :mod:`sa_vision.checkpoint` (the format it writes).
+:mod:`sa_vision.research.analysis` (head precisions) and :mod:`sa_vision.train.checkpoint` (the format it writes).
 """
 import copy
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
-from .errors import UserError
+from ..errors import UserError
 
 __all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'head_eigenvalues', 'find_degenerate_heads',
            'select_heads_to_prune', 'prune_state_dict', 'prune_heads']
@@ -162,7 +162,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
 def pruned_arch(attn_kind: str) -> str:
     """The registered model that pruned weights of ``attn_kind`` load into (with the kept ``heads_per_layer``):
     ``sa_gen_pruned`` for the generalized kind (the paper's pruned model), else the kind's own model."""
-    from .checkpoint import KIND_TO_MODEL
+    from ..train.checkpoint import KIND_TO_MODEL
     return PRUNED_ARCH if attn_kind == 'generalized' else KIND_TO_MODEL[attn_kind]
 
 
@@ -175,7 +175,7 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
     --initial-checkpoint <path>`` builds the model with those heads. Returns the ``model_args``.
     """
     import json
-    from .checkpoint import CHECKPOINT_VERSION, atomic_torch_save, infer_model_args
+    from ..train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save, infer_model_args
     state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
     model_args = infer_model_args(state_dict)
     arch = pruned_arch(model_args.pop('attn_kind'))  # the registered model of the kind sets the kind itself

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Union
 
-from .errors import RecipeError, RecipeNotFoundError
+from ..errors import RecipeError, RecipeNotFoundError
 
 __all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'check_recipe_keys']
 
@@ -51,7 +51,7 @@ TIMM_ONLY_RECIPE_KEYS = frozenset({
 })
 
 # shipped inside the package (package data), so an installed sa_vision finds them; scripts/configs links here
-RECIPE_DIR = Path(__file__).resolve().parent / 'configs'
+RECIPE_DIR = Path(__file__).resolve().parent.parent / 'configs'
 
 
 def recipe_path(name: str) -> Path:
@@ -93,5 +93,5 @@ def check_recipe_keys(keys: Iterable[str], known: Iterable[str], source: str = '
             parts.append(f'{key!r}' + (f' (did you mean {near[0]!r}?)' if near else ''))
         raise RecipeError(f'{source} has the unknown key(s) {", ".join(parts)}: neither scripts/train.py nor timm\'s '
                           f'train.py reads them. Fix or remove them (timm-only keys are listed in '
-                          f'sa_vision.recipes.TIMM_ONLY_RECIPE_KEYS)')
+                          f'sa_vision.train.recipes.TIMM_ONLY_RECIPE_KEYS)')
     return sorted(k for k in keys if k not in known)

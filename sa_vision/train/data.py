@@ -33,8 +33,8 @@ import torch
 from torch.utils.data import Dataset
 from torchvision import transforms
 
-from .errors import DatasetError, DatasetNotFoundError
-from .paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from ..errors import DatasetError, DatasetNotFoundError
+from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = [
     'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'normalization',

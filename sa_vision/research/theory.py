@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .layers import PositionalAttention
+from ..layers import PositionalAttention
 
 __all__ = ['ConvAsAttention', 'attention_from_conv', 'min_hard_attention_alpha', 'off_center_mass', 'exact_float32',
            'DEFAULT_ALPHA']

@@ -1,6 +1,6 @@
 """ Training: a sa_vision model (or any timm model) with timm's library parts, no timm checkout needed
 
-``scripts/train.py`` and ``python -m sa_vision.training`` run :func:`main`.
+``scripts/train.py`` and ``python -m sa_vision.train.loop`` run :func:`main`.
 
 Reads the recipes of ``scripts/configs`` (``-c``) in the argument names of timm's ``train.py``; command-line
 arguments override the recipe. Offline quick start (digits from scikit-learn, a small model, ~2 min on 2 CPUs):
@@ -19,11 +19,12 @@ safetensors, a Hub folder); the architecture arguments stored with them are the 
 A run's ``recipe.yaml`` (written beside its checkpoint and into exports) repeats it: ``-c recipe.yaml``.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.models`, :mod:`sa_vision.checkpoint`, :mod:`sa_vision.data`, :mod:`sa_vision.evaluation`,
-:mod:`sa_vision.recipes`, and :mod:`sa_vision.hub` for ``--export``. :mod:`sa_vision.reproduce` runs it in a
+:mod:`sa_vision.models`, :mod:`sa_vision.train.checkpoint`, :mod:`sa_vision.train.data`, :mod:`sa_vision.train.evaluation`,
+:mod:`sa_vision.train.recipes`, and :mod:`sa_vision.hub` for ``--export``. :mod:`sa_vision.reproduce` runs it in a
 subprocess.
 """
 import argparse
+from typing import Callable, List, Optional
 import functools
 import importlib
 import json
@@ -51,12 +52,12 @@ from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ParseKwargs, dispatch_clip_grad, update_summary
 
-from . import models  # noqa: F401  registers the models
-from .models import param_groups_pos_lr
+from .. import models  # noqa: F401  registers the models
+from ..models import param_groups_pos_lr
+from ..errors import UserError, run_cli
 from .checkpoint import (
     CHECKPOINT_VERSION, CheckpointError, atomic_torch_save, plain_data, read_checkpoint, strip_runtime_args)
 from .data import create_image_dataset, normalization, split_name
-from .errors import UserError, run_cli
 from .evaluation import evaluate
 from .recipes import check_recipe_keys, load_recipe
 
@@ -185,7 +186,7 @@ group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METR
                    help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
 group.add_argument('--save-epoch-weights', action='store_true', default=False,
                    help='also keep the weights of every epoch (<run>/epoch-NNN.safetensors, NNN = epochs done; '
-                        '000 = the initialisation), e.g. for the centre trajectories of sa_vision.plots')
+                        '000 = the initialisation), e.g. for the centre trajectories of sa_vision.research.plots')
 group.add_argument('--export', action='store_true', default=False,
                    help='after training, write a Hub folder (timm format + model card) to <run>/hub')
 group.add_argument('--target-top1', type=float, default=None,
@@ -505,9 +506,14 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
     return {'loss': loss_avg, 'lr': optimizer.param_groups[0]['lr'], 'time': time.time() - start}, num_updates
 
 
-def main(argv=None):
+def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
+    """Train as the command line says; ``export(checkpoint, folder)`` writes the Hub folder of ``--export``
+    (``sa_vision.cli.train`` passes ``sa_vision.hub.export_hub_folder``: the Hub is a tier above training)."""
     logging.basicConfig(level=logging.INFO, format='%(message)s')
     args, recipe, resume_ckpt = _parse_run_args(argv)
+    if args.export and export is None:
+        raise UserError('--export writes a Hub folder, which this entry point cannot: run sa-vision-train '
+                        '(python -m sa_vision.cli.train) instead')
     _init_distributed(args)
     for module in args.device_modules or ():
         importlib.import_module(module)
@@ -685,9 +691,8 @@ def main(argv=None):
                   'split': split_name(args.dataset, args.val_split), 'epochs': num_epochs, **metrics,
                   'amp': args.amp_used, 'amp_reason': args.amp_reason, 'checkpoint': str(run_dir / 'last.pth.tar')}
         if args.export:
-            from .hub import export_hub_folder
             export_dir = run_dir / 'hub'
-            staged = export_hub_folder(run_dir / 'last.pth.tar', export_dir)
+            staged = export(run_dir / 'last.pth.tar', export_dir)
             result['hub_folder'] = str(export_dir)
             _log(args, f'Exported Hub folder {export_dir}: {", ".join(staged)}')
         _log(args, 'Result ' + json.dumps(result))

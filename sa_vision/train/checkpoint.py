@@ -15,7 +15,7 @@ The result, a :class:`Checkpoint`, builds its model with :meth:`Checkpoint.creat
 also takes a timm model name.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.models` and :mod:`sa_vision.data` (the dataset of a tag), never the Hub, publishing, training or
+:mod:`sa_vision.models` and :mod:`sa_vision.train.data` (the dataset of a tag), never the Hub, publishing, training or
 analysis code (they import it).
 """
 import argparse
@@ -28,8 +28,8 @@ from typing import Any, Dict, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from .errors import UserError
-from .models import SA_MODEL_ARGS
+from ..errors import UserError
+from ..models import SA_MODEL_ARGS
 
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_torch_save', 'read_checkpoint', 'load_model',
@@ -90,7 +90,7 @@ class Checkpoint:
     def create_model(self) -> nn.Module:
         """The model with these weights (strictly loaded), in eval mode."""
         import timm
-        from . import models  # noqa: F401  registers the models
+        from .. import models  # noqa: F401  registers the models
         if not timm.is_model(self.arch):
             raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
                                   f'that registers it (--device-modules) or pass the right --model')
@@ -399,7 +399,7 @@ def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **k
     ``hf-hub:`` name weights, so they always load them (as ``scripts/validate.py`` does), never a random model.
     """
     import timm
-    from . import models  # noqa: F401  registers the models
+    from .. import models  # noqa: F401  registers the models
     if source.startswith(LOCAL_DIR_PREFIX):
         folder = Path(source[len(LOCAL_DIR_PREFIX):])
         if not folder.is_dir():

@@ -4,8 +4,8 @@ timm's ``validate.py``, ``benchmark.py``, ``inference.py`` and ``onnx_export.py`
 models by name but have no option to import a plugin. This imports ``sa_vision`` (registering its models)
 and then runs the given script as ``__main__`` with the remaining arguments::
 
-    python -m sa_vision.run_timm path/to/timm/validate.py --model sa_quadratic_cifar --pretrained ...
-    python -m sa_vision.run_timm path/to/timm/onnx_export.py sa_quadratic_cifar.onnx --model sa_quadratic_cifar
+    python -m sa_vision.train.run_timm path/to/timm/validate.py --model sa_quadratic_cifar --pretrained ...
+    python -m sa_vision.train.run_timm path/to/timm/onnx_export.py sa_quadratic_cifar.onnx --model sa_quadratic_cifar
 
 The script sees ``sys.argv == [script, *arguments]`` and its own folder first on ``sys.path``, as when run
 with ``python script ...``.
@@ -22,7 +22,7 @@ import sa_vision  # noqa: F401  (registers the models with timm)
 
 __all__ = ['main']
 
-USAGE = 'usage: python -m sa_vision.run_timm SCRIPT [ARGS...]   (SCRIPT: e.g. validate.py of a timm checkout)'
+USAGE = 'usage: python -m sa_vision.train.run_timm SCRIPT [ARGS...]   (SCRIPT: e.g. validate.py of a timm checkout)'
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -34,7 +34,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     script = argv[0]
     if not os.path.isfile(script):
         what = 'is a directory, not a script' if os.path.isdir(script) else 'does not exist'
-        print(f'sa_vision.run_timm: {script} {what}; pass the path of a script such as validate.py, '
+        print(f'sa_vision.train.run_timm: {script} {what}; pass the path of a script such as validate.py, '
               f'benchmark.py, inference.py or onnx_export.py of a timm checkout\n{USAGE}', file=sys.stderr)
         raise SystemExit(2)
     sys.argv = argv

@@ -24,7 +24,7 @@ Conventions
   only their ratios are meant to be quoted: the median over rounds of each round's paired ratio.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.layers`, :mod:`sa_vision.paper_reference` (the baseline) and the package root (which registers
+:mod:`sa_vision.layers`, :mod:`sa_vision.research.paper_reference` (the baseline) and the package root (which registers
 the models) inside the functions that need them.
 """
 import contextlib
@@ -32,17 +32,15 @@ import copy
 import dataclasses
 import statistics
 import time
-import weakref
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
-from torch.utils.flop_counter import FlopCounterMode
 
-from .errors import UserError
+from ..errors import UserError
+from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
+from .memory import LiveTensorMemory, _peak_memory, _tensor_bytes
 
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
@@ -51,102 +49,6 @@ __all__ = [
 ]
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
-
-
-# ----------------------------------------------------------------------------------------------------------
-# counting
-
-def _as_input_size(input_size) -> Tuple[int, int, int]:
-    if isinstance(input_size, int):
-        return (3, input_size, input_size)
-    input_size = tuple(int(s) for s in input_size)
-    if len(input_size) == 2:
-        return (3,) + input_size
-    if len(input_size) != 3:
-        raise UserError(f'input_size must be (C, H, W), (H, W) or an int, got {input_size}')
-    return input_size
-
-
-def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
-    """Multiply-accumulates of one forward pass of ``model`` on a ``(batch_size, *input_size)`` input.
-
-    Counted with ``FlopCounterMode`` in eval mode without gradients (every matrix product, attention
-    included; elementwise operations are not counted) and returned as ``FLOPs // 2``. A model whose
-    input is not an image may be given ``input_size`` as the full shape after the batch dimension.
-    The input is made on the device and in the dtype of the model's parameters ('meta' too).
-
-    The count runs on a copy of the model whose cached eval results (the attention probabilities of
-    :class:`~sa_vision.layers.PositionalAttention`) are cleared, so every call counts a full forward pass,
-    whatever ran before.
-    """
-    if isinstance(input_size, int):
-        shape = _as_input_size(input_size)
-    else:
-        shape = tuple(int(s) for s in input_size)
-    try:
-        param = next(model.parameters())
-        device, dtype = param.device, (param.dtype if param.is_floating_point() else torch.float32)
-    except StopIteration:
-        device, dtype = torch.device('cpu'), torch.float32
-    model = copy.deepcopy(model).eval()
-    for module in model.modules():  # the copy holds the original's cached probabilities: count computing them
-        if hasattr(module, 'clear_probs_cache'):
-            module.clear_probs_cache()
-    x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        model(x)
-    return int(counter.get_total_flops()) // 2
-
-
-def unavoidable_macs_from_config(
-        embed_dim: int,
-        heads_per_layer: Sequence[int],
-        mlp_hidden_dim: int,
-        attn_kind: str,
-        grid: Tuple[int, int],
-        in_chans: int = 3,
-        num_classes: int = 10,
-) -> int:
-    """Forward MACs per image that an exact implementation cannot avoid (see the module docstring).
-
-    Linear layers: embedding ``(4*in_chans) -> D`` per token; per layer Value ``heads*D -> D``, Dense
-    ``D -> D`` and the MLP ``D -> M -> D`` per token; the learned kind's key maps on the ``h x h`` and
-    ``w x w`` shift tables; the content kind's query/key maps; the classifier once per image. Attention:
-    ``h*w*(h+w)*D`` per head for the separable kinds (quadratic, learned), ``(h*w)^2*D`` per head for
-    generalized, and ``2*(h*w)^2*D`` per head (scores and weighted sum) for content.
-    """
-    h, w = grid
-    n, d = h * w, embed_dim
-    macs = n * 4 * in_chans * d
-    for heads in heads_per_layer:
-        macs += n * (heads * d * d + d * d + 2 * d * mlp_hidden_dim)
-        if attn_kind in ('quadratic', 'learned'):
-            macs += heads * n * (h + w) * d
-            if attn_kind == 'learned':
-                macs += (h * h + w * w) * d * heads
-        elif attn_kind == 'generalized':
-            macs += heads * n * n * d
-        elif attn_kind == 'content':
-            macs += (h * h + w * w) * d * heads  # positional key maps (learned part)
-            macs += 2 * n * d * heads * d  # query and key maps
-            macs += 2 * heads * n * n * d  # q.k scores and the weighted sum
-        else:
-            raise UserError(f'unknown attention kind {attn_kind!r}')
-    macs += d * num_classes
-    return int(macs)
-
-
-def unavoidable_macs(model: nn.Module, input_size=(3, 32, 32)) -> int:
-    """:func:`unavoidable_macs_from_config` read from an ``sa_vision`` SelfAttentionNet's configuration."""
-    c, H, W = _as_input_size(input_size)
-    blocks = list(model.blocks)
-    mlp_hidden = blocks[0].mlp.fc1.out_features if blocks else 0
-    head = getattr(model, 'head', None)
-    num_classes = head.out_features if isinstance(head, nn.Linear) else 0
-    return unavoidable_macs_from_config(
-        model.embed_dim, tuple(model.heads_per_layer), mlp_hidden, model.attn_kind,
-        (H // 2, W // 2), in_chans=c, num_classes=num_classes)
 
 
 def matmul_rate(
@@ -178,77 +80,6 @@ def matmul_rate(
 # ----------------------------------------------------------------------------------------------------------
 # memory
 
-class LiveTensorMemory(TorchDispatchMode):
-    """Tracks the total size of tensor storages created by ATen operators while active, and its peak.
-
-    Every operator output whose storage was not seen before is added when it is produced and removed
-    when its storage is freed (a weakref finalizer on the storage). Storages alive before the mode was
-    entered (parameters, inputs, optimizer state) are not counted. Kernel-internal scratch memory that
-    never becomes a tensor is invisible to it.
-    """
-
-    def __init__(self):
-        super().__init__()
-        self.live = 0
-        self.peak = 0
-        self._sizes: Dict[int, int] = {}
-
-    def _free(self, key: int) -> None:
-        self.live -= self._sizes.pop(key, 0)
-
-    def _track(self, t: torch.Tensor) -> None:
-        if t.is_sparse or t.device.type == 'meta':
-            return
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        key = st._cdata
-        if key in self._sizes:
-            return
-        size = st.nbytes()
-        self._sizes[key] = size
-        self.live += size
-        self.peak = max(self.peak, self.live)
-        weakref.finalize(st, self._free, key)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._track(t)
-        return out
-
-
-@contextlib.contextmanager
-def _peak_memory(device: torch.device):
-    """Yields a dict whose 'peak' is set on exit to the peak bytes allocated inside the block."""
-    result = {'peak': None}
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        yield result
-        torch.cuda.synchronize(device)
-        result['peak'] = torch.cuda.max_memory_allocated(device) - before
-    else:
-        tracker = LiveTensorMemory()
-        with tracker:
-            yield result
-        result['peak'] = tracker.peak
-
-
-def _tensor_bytes(tensors) -> int:
-    seen, total = set(), 0
-    for t in tensors:
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
-            if st._cdata not in seen:
-                seen.add(st._cdata)
-                total += st.nbytes()
-    return total
-
-
 # ----------------------------------------------------------------------------------------------------------
 # variants
 
@@ -272,9 +103,9 @@ def _sync(device: torch.device) -> None:
 
 
 def paper_model_like(model_name: str, model: nn.Module) -> nn.Module:
-    """The paper's dense formulation (:class:`sa_vision.paper_reference.PaperDenseSA`) with ``model``'s kind,
+    """The paper's dense formulation (:class:`sa_vision.research.paper_reference.PaperDenseSA`) with ``model``'s kind,
     heads, sizes, dropout rates and weights (a copy): the same function computed the released code's way."""
-    from sa_vision.paper_reference import PAPER_ATTENTION_KINDS, PaperDenseSA
+    from sa_vision.research.paper_reference import PAPER_ATTENTION_KINDS, PaperDenseSA
     kind = getattr(model, 'attn_kind', None)
     if kind not in PAPER_ATTENTION_KINDS:
         raise UserError(f'no paper formulation for {model_name!r} (attention kind {kind}); the paper formulates '
@@ -321,7 +152,7 @@ def build_variants(
 ) -> List[Variant]:
     """The model itself, then each of ``compare`` ('dense': same weights through the plain dense formula;
     'batched': same weights on the batched-heads path, which GPUs, autocast and torch.compile take by themselves;
-    'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.paper_reference`; any other
+    'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.research.paper_reference`; any other
     timm model name: that model, built with ``compare_kwargs[name]``, e.g. the ResNet a small SA model is weighed
     against)."""
     import timm

@@ -30,7 +30,7 @@ kept as the original's Linear (``patch_embed.weight`` of shape ``(D, 4*C)``; our
 and :meth:`PaperDenseSA.from_state_dict` builds the reference with the same weights.
 
 Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a test reference beside the
-layers; imports no sa_vision code (see above). The tests and :mod:`sa_vision.benchmark` import it.
+layers; imports no sa_vision code (see above). The tests and :mod:`sa_vision.measure.benchmark` import it.
 """
 from typing import Dict, Mapping, Optional, Sequence
 

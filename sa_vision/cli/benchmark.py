@@ -1,0 +1,167 @@
+""" Throughput / memory / MAC benchmark for the sa_vision models (in the spirit of timm's benchmark.py)
+
+Examples
+  python scripts/benchmark.py --model sa_quadratic_cifar -b 32 --compare paper,dense --matmul-peak
+  python scripts/benchmark.py --model sa_quadratic_cifar sa_learned_cifar --results-format csv
+  python scripts/benchmark.py --model sa_quadratic_cifar --model-kwargs embed_dim=16 depth=1 -b 2
+  python scripts/benchmark.py --model sa_quadratic_cifar --reproduce-profile cpu --compare resnet18_cifar -b 100 --amp
+
+With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
+variants; the ratio model / variant of every round (the two ran back to back) and their median are
+reported: those ratios are the speed figures we quote. 'dense' runs the same weights through the plain
+dense formula (sa_vision.layers.dense_attention); 'batched' the same weights on the batched-heads path
+(sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'paper' runs the same weights through the paper's dense
+formulation (sa_vision.research.paper_reference, part of the package).
+All measuring code lives in sa_vision.measure.benchmark; this file is the command line only.
+"""
+import argparse
+import sys
+
+import torch
+from timm.utils import ParseKwargs
+
+
+from sa_vision.measure import benchmark as sab
+from sa_vision.errors import run_cli
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description='sa_vision benchmark', formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog=__doc__)
+    p.add_argument('--model', '-m', nargs='+', default=['sa_quadratic_cifar'], help='model name(s)')
+    p.add_argument('--model-list', default='', help='text file with one model name per line')
+    p.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                   help='extra model arguments, e.g. embed_dim=16 depth=1 heads_per_layer=2')
+    p.add_argument('--bench', default='both', choices=('both', 'train', 'inference'))
+    p.add_argument('--batch-size', '-b', type=int, default=32)
+    p.add_argument('--img-size', type=int, default=None, help='square input size (default 32)')
+    p.add_argument('--input-size', type=int, nargs=3, default=None, metavar='N', help='C H W')
+    p.add_argument('--num-classes', type=int, default=None)
+    p.add_argument('--device', default='auto', help='auto (cuda if available, else cpu), cpu, cuda, cuda:1')
+    p.add_argument('--threads', type=int, default=None, help='torch.set_num_threads (default: torch default)')
+    p.add_argument('--flush-denormal', action='store_true',
+                   help='torch.set_flush_denormal(True) for the whole run (x86 FTZ/DAZ): subnormal floats count '
+                        'as zero, so formulations that compute with them (the paper\'s far Gaussian '
+                        'probabilities) no longer pay the slow microcode path; see docs/performance.md')
+    p.add_argument('--amp', action='store_true', help='mixed precision autocast')
+    p.add_argument('--amp-dtype', default='bfloat16', choices=('bfloat16', 'float16'))
+    p.add_argument('--precision', default='float32', choices=('float32', 'float16', 'bfloat16'),
+                   help='model and input dtype (without --amp)')
+    p.add_argument('--channels-last', action='store_true')
+    p.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
+                   help='torch.compile the models (default backend inductor)')
+    p.add_argument('--fuse', action='store_true', help='time inference on a model.fuse()d copy')
+    p.add_argument('--num-warm-iter', type=int, default=1, help='plain warm-up steps per variant and kind')
+    p.add_argument('--num-bench-iter', type=int, default=1, help='steps per timed run')
+    p.add_argument('--runs', type=int, default=3, 
+                   help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
+    p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
+    p.add_argument('--compare', default='',
+                   help='comma list of variants to time against: dense, batched, paper, or a model name (e.g. '
+                        'resnet18_cifar; built with the --reproduce-profile arguments, not --model-kwargs)')
+    p.add_argument('--reproduce-profile', default='', metavar='NAME',
+                   help='build every model (and compared model) as this profile of sa_vision.reproduce builds it, '
+                        'e.g. cpu: the narrow SA models and the half-width ResNet18; --model-kwargs update it')
+    p.add_argument('--retain-freed-memory', action='store_true',
+                   help='keep freed memory in the process (glibc mallopt) instead of page-faulting the step\'s '
+                        'large tensors in again every step, as scripts/train.py does on the CPU '
+                        '(sa_vision.train.loop.retain_freed_memory)')
+    p.add_argument('--matmul-peak', action='store_true',
+                   help='time the torch.mm rate (GFLOP/s) in every round, alternately with the models, in the dtype '
+                        'the models compute in (the --amp-dtype with --amp, else --precision), and report training '
+                        'throughput (3x forward unavoidable MACs, matmul_fraction) and inference throughput '
+                        '(forward unavoidable MACs, infer_matmul_fraction) as fractions of it')
+    p.add_argument('--matmul-size', type=int, default=2048)
+    p.add_argument('--profile', action='store_true',
+                   help='print a torch.profiler table of one training step per model as configured (device, '
+                        'precision, --amp, --channels-last, --torchcompile): top ops by self device time on CUDA, '
+                        'by self CPU time on the CPU')
+    p.add_argument('--results-file', default='', help='write results here (format from --results-format)')
+    p.add_argument('--results-format', default='table', choices=('table', 'csv', 'json'))
+    p.add_argument('--quiet', action='store_true')
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        print('--flush-denormal: this CPU does not support flushing subnormals (needs SSE3)', file=sys.stderr)
+        return 2
+    if args.retain_freed_memory:
+        from sa_vision.train.loop import retain_freed_memory
+        if not retain_freed_memory():
+            print('--retain-freed-memory: needs glibc\'s malloc; running without it', file=sys.stderr)
+    log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
+    models = list(args.model)
+    if args.model_list:
+        with open(args.model_list) as f:
+            models = [line.strip() for line in f if line.strip() and not line.startswith('#')]
+    input_size = tuple(args.input_size) if args.input_size else (3, args.img_size or 32, args.img_size or 32)
+    compare = [c.strip() for c in args.compare.split(',') if c.strip()]
+    model_kwargs = dict(args.model_kwargs)
+    if args.num_classes is not None:
+        model_kwargs['num_classes'] = args.num_classes
+
+    device = sab.resolve_device(args.device)
+
+    # how every step runs: the timed ones and the profiled one
+    step_kwargs = dict(precision=args.precision, amp=args.amp, amp_dtype=args.amp_dtype,
+                       channels_last=args.channels_last, torchcompile=args.torchcompile)
+
+    def profile_kwargs(name):
+        """The model arguments of ``name`` in the --reproduce-profile (empty without one)."""
+        if not args.reproduce_profile:
+            return {}
+        from sa_vision.reproduce import PROFILES
+        if args.reproduce_profile not in PROFILES:
+            raise SystemExit(f'--reproduce-profile {args.reproduce_profile!r} is not one of {sorted(PROFILES)}')
+        return dict(PROFILES[args.reproduce_profile].per_model.get(name, {}).get('model_kwargs', {}))
+
+    compare_kwargs = {c: profile_kwargs(c) for c in compare}
+    all_rows = []
+    for name in models:
+        variants = sab.build_variants(name, compare, fuse=args.fuse, compare_kwargs=compare_kwargs,
+                                      **{**profile_kwargs(name), **model_kwargs})
+        rows = sab.benchmark_variants(
+            variants, batch_size=args.batch_size, input_size=input_size, device=device, bench=args.bench,
+            warmup=args.num_warm_iter, runs=args.runs, iters=args.num_bench_iter,
+            measure_memory=not args.no_memory, log=log,
+            matmul_size=args.matmul_size if args.matmul_peak else None, **step_kwargs,
+        )
+        for v, row in zip(variants, rows):
+            row['flush_denormal'] = args.flush_denormal
+            if hasattr(v.model, 'attn_kind'):
+                row['unavoidable_macs'] = sab.unavoidable_macs(v.model, input_size)
+                if row.get('matmul_gflops') and 'train_samples_per_sec' in row:
+                    gflops = row['train_samples_per_sec'] * 3 * row['unavoidable_macs'] * 2 / 1e9
+                    row['train_unavoidable_gflops'] = gflops
+                    row['matmul_fraction'] = gflops / row['matmul_gflops']
+                if row.get('matmul_gflops') and 'infer_samples_per_sec' in row:
+                    gflops = row['infer_samples_per_sec'] * row['unavoidable_macs'] * 2 / 1e9
+                    row['infer_unavoidable_gflops'] = gflops
+                    row['infer_matmul_fraction'] = gflops / row['matmul_gflops']
+        all_rows.extend(rows)
+        if args.profile:
+            print(f'## profile: one training step of {name}, batch {args.batch_size}, {device}, '
+                  f'{args.amp_dtype + " autocast" if args.amp else args.precision}'
+                  f'{", compiled" if args.torchcompile else ""}')
+            print(sab.profile_train_step(variants[0].model, args.batch_size, input_size, device=device,
+                                         **step_kwargs))
+
+    text = sab.format_results(all_rows, args.results_format)
+    print(text)
+    if args.results_file:
+        with open(args.results_file, 'w') as f:
+            f.write(text if text.endswith('\n') else text + '\n')
+    return 0
+
+
+def cli() -> int:
+    """The installed command: ``main`` with user errors as one ``error:`` line (status 2)."""
+    return run_cli(main)
+
+
+if __name__ == '__main__':
+    sys.exit(cli())

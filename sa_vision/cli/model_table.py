@@ -1,0 +1,55 @@
+"""Print the table of models: parameters and MACs counted with a FLOP counter (attention included)
+next to the paper's figures. Used for the README; `--format csv` for machines.
+
+    python scripts/model_table.py
+"""
+import argparse
+import csv
+import sys
+
+import timm
+
+import sa_vision  # noqa: F401  (registers the models)
+from sa_vision.measure.benchmark import count_macs
+from sa_vision.paper import PAPER_RESULTS
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--format', choices=('markdown', 'csv'), default='markdown')
+    parser.add_argument('--models', nargs='*', default=list(PAPER_RESULTS) + ['sa_content_cifar'])
+    args = parser.parse_args(argv)
+
+    rows = []
+    for name in args.models:
+        model = timm.create_model(name)
+        paper = PAPER_RESULTS.get(name)
+        macs = count_macs(model, model.pretrained_cfg['input_size'])
+        rows.append({
+            'model': name,
+            'params': sum(p.numel() for p in model.parameters()),
+            'gmacs': macs / 1e9,
+            'paper_params': paper.params if paper else None,
+            'paper_gflops_linear_only': paper.gflops if paper else None,
+            'paper_top1': paper.top1 if paper else None,
+        })
+    if args.format == 'csv':
+        writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+        return 0
+    print('| model | parameters | GMACs (counted, attention included) | paper GFLOPs (Linear only, 2 x MACs) | paper top-1 CIFAR-10 |')
+    print('|---|---:|---:|---:|---:|')
+    for r in rows:
+        fmt = lambda v, f: '-' if v is None else format(v, f)
+        print(f"| `{r['model']}` | {r['params']:,} | {r['gmacs']:.2f} | {fmt(r['paper_gflops_linear_only'], '.1f')} "
+              f"| {fmt(r['paper_top1'], '.1f')} % |".replace('- %', '-'))
+    return 0
+
+
+def cli() -> int:
+    return main() or 0
+
+
+if __name__ == '__main__':
+    sys.exit(cli())

@@ -1,0 +1,272 @@
+""" Model cards: the templates ``model_cards/<arch>.md`` and the README.md of an export """
+import os
+import re
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+import torch
+
+from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
+from ..train.checkpoint import Checkpoint, strip_runtime_args
+from ..train.data import dataset_info
+from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, RECIPE_FILENAME, WeightsLabel
+
+__all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card']
+
+
+def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
+    """Parameters and multiply-accumulates of one ``in_chans x img_size x img_size`` image, attention included,
+    counted by :func:`sa_vision.measure.benchmark.count_macs` (on the model's device)."""
+    from ..measure.benchmark import count_macs
+    in_chans = getattr(model, 'in_chans', 3)
+    return {'params': sum(p.numel() for p in model.parameters()),
+            'macs': count_macs(model, (in_chans, img_size, img_size))}
+
+
+_ATTENTION_FORMULAS = {
+    'quadratic': 'isotropic Gaussian: `A_h(δ) = -(s_h²/2) ‖δ - μ_h‖²` over the relative shift δ = key - query '
+                 '(content-free: no query/key, softmax over all keys)',
+    'generalized': 'non-isotropic Gaussian: `A_h(δ) = -½ (δ - μ_h)ᵀ S_h S_hᵀ (δ - μ_h)` '
+                   '(content-free, softmax over all keys)',
+    'learned': 'learned relative encoding without content: `A_h(δ) = k_v(E_v[δ₁])_h + k_u(E_u[δ₂])_h` '
+               '(softmax over all keys)',
+    'content': 'content plus learned relative encoding: `A_h(q, k) = q_hᵀ k_h / √D + k_v(E_v[δ₁])_h + k_u(E_u[δ₂])_h`',
+    None: 'none (convolutional baseline): 3x3 convolutions, BasicBlocks 64/128/256/512',
+}
+
+
+def _section(name: str, body: str) -> str:
+    return f'<!-- sa_vision:{name} -->\n{body.strip()}\n<!-- /sa_vision:{name} -->'
+
+
+def _replace_section(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf'<!-- sa_vision:{name} -->.*?<!-- /sa_vision:{name} -->', re.S)
+    if not pattern.search(text):
+        return text.rstrip() + '\n\n' + _section(name, body) + '\n'
+    return pattern.sub(lambda _: _section(name, body), text)
+
+
+def _size_section(counts: Dict[str, int], note: str = '') -> str:
+    return (f'- Parameters: {counts["params"]:,}\n'
+            f'- MACs at 32x32, batch 1: {counts["macs"] / 1e9:.3f} G (every matrix product this implementation runs, '
+            f'attention included; counted with `torch.utils.flop_counter`, MACs = FLOPs / 2){note}')
+
+
+def _results_section(arch: str, measured: Optional[str]) -> str:
+    from ..paper import PAPER_RESULTS
+    paper = PAPER_RESULTS.get(arch)
+    paper_top1 = f'{paper.top1} %' if paper else '-'
+    return ('| | CIFAR-10 top-1 |\n|---|---|\n'
+            f'| paper (Cordonnier et al., 2020) | {paper_top1} |\n'
+            f'| this repository | {measured or "not yet trained on CIFAR-10"} |')
+
+
+def _usage_section(arch: str, repo_id: str, registered: bool) -> str:
+    if registered:
+        create = f"timm.create_model('{arch}', pretrained=True).eval()  # weights from {repo_id}"
+        also = (f"The same weights load with `timm.create_model('hf-hub:{repo_id}', pretrained=True)` or, exported "
+                f"locally, `timm.create_model('local-dir:<folder>', pretrained=True)`.")
+    else:
+        create = f"timm.create_model('hf-hub:{repo_id}', pretrained=True).eval()"
+        also = (f"These are not the weights of `timm.create_model('{arch}', pretrained=True)`. Exported locally they "
+                f"load with `timm.create_model('local-dir:<folder>', pretrained=True)`.")
+    return f"""```python
+import timm, torch
+import sa_vision  # registers the models with timm
+
+model = {create}
+cfg = timm.data.resolve_data_config({{}}, model=model)
+transform = timm.data.create_transform(**cfg)  # the normalisation these weights were trained with
+logits = model(transform(image).unsqueeze(0))  # image: a 32x32 PIL image
+```
+{also}"""
+
+
+def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True,
+              model_args: Optional[Dict[str, Any]] = None) -> str:
+    """One sentence on what the model is; a custom configuration is described as what it is."""
+    from ..paper import PAPER_RESULTS
+    paper = PAPER_RESULTS.get(arch)
+    if registered or model is None:
+        text = paper.description if paper else arch
+        return text[:1].upper() + text[1:]
+    params = sum(p.numel() for p in model.parameters())
+    heads = getattr(model, 'heads_per_layer', None)
+    if heads is not None:
+        shape = (f'{len(heads)} layer(s) with {", ".join(map(str, heads))} heads, embedding {model.embed_dim}, '
+                 f'{model.num_classes} classes')
+    else:
+        shape = f'built with `{model_args or {}}`, {model.num_classes} classes'
+    reference = f' (the paper\'s configuration has {paper.params:,})' if paper else ''
+    return (f'A custom configuration of {arch}, not the paper\'s: {shape}; {params:,} parameters{reference}. '
+            f'Architecture arguments are in config.json')
+
+
+def generate_model_card(arch: str) -> str:
+    """The card template ``model_cards/<arch>.md``: facts from :mod:`sa_vision.paper`, counted size, recipe."""
+    import timm
+    import sa_vision  # noqa: F401
+    from ..paper import PAPER_CITATION, PAPER_RESULTS
+    from ..train.recipes import recipe_path
+    model = timm.create_model(arch)
+    counts = count_params_and_macs(model)
+    paper = PAPER_RESULTS.get(arch)
+    attn_kind = getattr(model, 'attn_kind', None)
+    try:
+        recipe_file = recipe_path(arch)
+        recipe = f'`scripts/configs/{recipe_file.name}` (timm `train.py` argument names):\n\n```yaml\n' \
+                 f'{recipe_file.read_text().strip()}\n```'
+    except FileNotFoundError:
+        recipe = 'no recipe in this repository'
+    paper_flops = ''
+    if paper and paper.gflops:
+        paper_flops = f' The paper reports {paper.gflops} GFLOPs' + (
+            ', counting only the Linear layers.' if attn_kind else '.')
+    repo_id = hub_repo_id(arch)
+    return f"""---
+library_name: timm
+license: apache-2.0
+tags:
+- image-classification
+- timm
+- sa_vision
+datasets:
+- cifar10
+---
+{_section('title', f'# {arch}.{PRETRAINED_TAG}')}
+
+{_section('description', _describe(arch) + '.')}
+
+A model of Cordonnier, Loukas & Jaggi, *On the Relationship between Self-Attention and Convolutional Layers*
+(ICLR 2020), implemented as a timm model in `sa_vision` (32x32 input; the authors' original code:
+https://github.com/epfml/attention-cnn).
+
+Attention: {_ATTENTION_FORMULAS[attn_kind]}.
+
+## Size
+{_section('size', _size_section(counts, '.' + paper_flops))}
+
+## Results
+{_section('results', _results_section(arch, None))}
+
+## Training recipe
+{_section('recipe', recipe)}
+
+{_section('training', 'Not yet trained: no training run has been exported into this card.')}
+
+## Usage
+{_section('usage', _usage_section(arch, repo_id, registered=True))}
+
+## Citation
+```bibtex
+{PAPER_CITATION}
+```
+"""
+
+
+def write_model_cards(archs=None, out_dir: Union[str, os.PathLike] = MODEL_CARD_DIR) -> List[Path]:
+    """(Re)generate the card templates ``model_cards/<arch>.md`` (default: the paper's five models)."""
+    from ..paper import PAPER_RESULTS
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for arch in archs or PAPER_RESULTS:
+        path = out_dir / f'{arch}.md'
+        path.write_text(generate_model_card(arch), encoding='utf-8')
+        paths.append(path)
+    return paths
+
+
+def _recipe(ckpt: Checkpoint) -> Dict[str, Any]:
+    """The training arguments to publish: no local paths, no machine or process fields."""
+    return strip_runtime_args(ckpt.meta.get('recipe') or ckpt.meta.get('args') or {})
+
+
+def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str,
+                      has_figure: bool = False) -> str:
+    """README.md of an export: the card template with the labels, measured size, accuracy and training summary."""
+    import yaml
+    arch, metrics, info = ckpt.arch, ckpt.meta.get('metrics') or {}, label.dataset
+    template_path = MODEL_CARD_DIR / f'{arch}.md'
+    text = template_path.read_text(encoding='utf-8') if template_path.is_file() else generate_model_card(arch)
+    match = re.match(r'^---\n(.*?)\n---\n', text, re.S)
+    meta = yaml.safe_load(match.group(1)) if match else {}
+    body = text[match.end():] if match else text
+    if info.hub_dataset:
+        meta['datasets'] = [info.hub_dataset]
+    else:
+        meta.pop('datasets', None)  # no Hub dataset id for it: claim none
+    scores = [(key, name) for key, name in (('top1', 'Top-1 accuracy'), ('top5', 'Top-5 accuracy')) if key in metrics]
+    if scores:
+        meta['model-index'] = [{
+            'name': label.name,
+            'results': [{
+                'task': {'type': 'image-classification', 'name': 'Image Classification'},
+                'dataset': {'type': info.hub_dataset or info.tag, 'name': info.title, 'split': info.eval_split},
+                'metrics': [{'type': 'accuracy', 'name': name, 'value': round(float(metrics[key]), 2)}
+                            for key, name in scores],
+            }],
+        }]
+    body = _replace_section(body, 'title', f'# {label.name}')
+    body = _replace_section(body, 'description', _describe(
+        arch, model, label.registered_architecture, ckpt.model_args) + '.')
+    counts = count_params_and_macs(model)
+    body = _replace_section(body, 'size', _size_section(
+        counts, f'\n- Architecture arguments of these weights: `{ckpt.model_args}`' if ckpt.model_args else ''))
+    on_cifar = info.tag == dataset_info('cifar10').tag  # the dataset, whatever the registered tag is called
+    measured = f'{metrics["top1"]:.2f} %' if 'top1' in metrics and label.is_reference else None
+    results = _results_section(arch, measured)
+    if 'top1' in metrics and not label.is_reference:
+        what = info.title if label.registered_architecture else f'{info.title} with a custom configuration'
+        results += (f'\n\nThese weights were trained on **{what}**'
+                    + ('' if on_cifar else ', not CIFAR-10')
+                    + ': ' + ', '.join(f'{name.lower()} {float(metrics[key]):.2f} %' for key, name in scores)
+                    + f' on its {info.eval_split} split.')
+    body = _replace_section(body, 'results', results)
+    body = _replace_section(body, 'training', _training_summary(ckpt, label))
+    body = _replace_section(body, 'recipe', _used_recipe_section(ckpt))
+    body = _replace_section(body, 'usage', _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch)))
+    if has_figure:
+        body = _replace_section(body, 'figure', f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})')
+    header = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()
+    return f'---\n{header}\n---\n{body}'
+
+
+def _used_recipe_section(ckpt: Checkpoint) -> str:
+    """The arguments these weights were trained with (the template shows the paper's recipe instead)."""
+    import yaml
+    from ..train.recipes import recipe_path
+    try:
+        reference = f' The paper\'s CIFAR-10 recipe is `scripts/configs/{recipe_path(ckpt.arch).name}` in sa_vision.'
+    except FileNotFoundError:
+        reference = ''
+    tool = 'timm `train.py`' if ckpt.format == 'timm' else '`scripts/train.py`'
+    used = yaml.safe_dump(_recipe(ckpt), sort_keys=False).strip()
+    return (f'These weights were trained with the arguments below ({tool}; `{RECIPE_FILENAME}` in this repository: '
+            f'`-c {RECIPE_FILENAME}` repeats the run).{reference}\n\n```yaml\n{used}\n```')
+
+
+def _training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
+    meta = ckpt.meta
+    args, metrics, history = meta.get('args') or {}, meta.get('metrics') or {}, meta.get('history') or []
+    epochs = meta.get('epoch')
+    lines = ['## Training summary']
+    if ckpt.format == 'hub_folder' or epochs is None:
+        lines.append(f'- Exported from {ckpt.format.replace("_", " ")} weights; no training record.')
+        return '\n'.join(lines)
+    steps = meta.get('num_updates')
+    lines.append(
+        f'- Data: {label.dataset.title}; {epochs} epochs'
+        + (f' of {steps // max(epochs, 1)} steps' if steps else '')
+        + f', batch {args.get("batch_size")} x {args.get("world_size", 1)} process(es) on `{args.get("device")}`, '
+          f'seed {args.get("seed")}; the arguments are `{RECIPE_FILENAME}`.')
+    if args.get('initial_checkpoint'):
+        lines.append('- Started from earlier weights (`--initial-checkpoint`), e.g. a pruned model.')
+    if {'top1', 'top5', 'loss'} <= set(metrics):
+        lines.append(f'- Final evaluation ({metrics.get("num_images")} images): top-1 {metrics["top1"]:.2f} %, '
+                     f'top-5 {metrics["top5"]:.2f} %, loss {metrics["loss"]:.4f}.')
+    if history:
+        lines += ['', '| epoch | train loss | lr | eval loss | top-1 |', '|---|---|---|---|---|']
+        lines += [f'| {h["epoch"]} | {h["train_loss"]:.4f} | {h["lr"]:.2e} | {h["eval_loss"]:.4f} | {h["eval_top1"]:.2f} |'
+                  for h in history]
+    return '\n'.join(lines)

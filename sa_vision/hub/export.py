@@ -1,0 +1,76 @@
+""" A Hub folder of trained weights in timm's ``save_for_hf`` format, with model card, recipe and figure
+
+``timm.create_model('local-dir:<folder>', pretrained=True)`` loads it; on the Hub, ``'hf-hub:<repo>'``.
+"""
+import os
+from pathlib import Path
+from typing import List, Optional, Union
+
+from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from .card import _recipe, render_model_card
+from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, weights_label
+from .publish import check_publish_target
+
+__all__ = ['export_hub_folder']
+
+
+def _save_card_figure(model, path: Path) -> bool:
+    """The attention figure of ``sa_vision.research.plots`` for SA models (the baseline has none)."""
+    from ..models.sa_cifar import SelfAttentionNet
+    from ..research.plots import save_card_figure  # matplotlib, imported only when a card is written
+    if not isinstance(model, SelfAttentionNet):
+        return False
+    save_card_figure(model, path)
+    return path.is_file()
+
+
+def export_hub_folder(
+        source: Union[str, os.PathLike, Checkpoint],
+        out_dir: Union[str, os.PathLike],
+        expected_arch: Optional[str] = None,
+        repo_id: Optional[str] = None,
+        figure: bool = True,
+        use_ema: bool = False,
+) -> List[str]:
+    """Write a Hub folder of trained weights; return the names of the files written.
+
+    Args:
+        source: Weights of any kind :func:`~sa_vision.train.checkpoint.read_checkpoint` opens (``last.pth.tar`` of
+            ``scripts/train.py`` or timm's ``train.py``, ...), or an opened :class:`~sa_vision.train.checkpoint.Checkpoint`.
+        out_dir: Folder to (re)write. Files of an earlier export are replaced; other files are an error.
+        expected_arch: Fail unless the weights are of this architecture.
+        repo_id: Repository the folder is meant for (default: ``<HF_NAMESPACE>/<arch>.<tag>``); a repository the
+            weights must not go to is refused (:func:`check_publish_target`).
+        figure: Add the attention figure of ``sa_vision.research.plots`` when available.
+        use_ema: Export the EMA weights of a timm train.py checkpoint.
+    """
+    import yaml
+    from timm.models import save_for_hf
+    ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, arch=expected_arch, use_ema=use_ema)
+    if expected_arch and ckpt.arch != expected_arch:
+        raise CheckpointError(f'{ckpt.source} holds a {ckpt.arch} model, not {expected_arch}')
+    model = ckpt.create_model()  # fails on weights that do not fit the architecture
+    label = weights_label(ckpt)
+    repo_id = repo_id or label.default_repo_id
+    check_publish_target(label, repo_id)
+
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        ours = set(HUB_FOLDER_FILES) | {CARD_FIGURE_FILENAME}
+        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours)
+        if foreign:
+            raise FileExistsError(f'{out_dir} holds files that are not part of an export ({foreign}); '
+                                  f'choose an empty or new folder')
+        for name in ours:
+            (out_dir / name).unlink(missing_ok=True)
+    data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
+    save_for_hf(model, out_dir, safe_serialization=True, model_config={'pretrained_cfg': {'tag': label.tag}},
+                data_config={k: tuple(v) for k, v in data_cfg.items() if k in ('mean', 'std')})
+    with open(out_dir / RECIPE_FILENAME, 'w') as f:
+        f.write(f'# training arguments of {label.name} ({"timm train.py" if ckpt.format == "timm" else "scripts/train.py"}'
+                f' names): python scripts/train.py -c {RECIPE_FILENAME} --data-dir DIR repeats the run\n')
+        yaml.safe_dump(_recipe(ckpt), f, sort_keys=False)
+    has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
+    readme = render_model_card(ckpt, model, label, repo_id, has_figure=has_figure)
+    (out_dir / 'README.md').write_text(readme, encoding='utf-8')
+    return sorted(p.name for p in out_dir.iterdir())

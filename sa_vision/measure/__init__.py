@@ -1,0 +1,7 @@
+""" Measuring: MAC counts, peak memory, and alternating A/B throughput benchmarks """
+from .benchmark import benchmark_variants, build_variants, format_results, matmul_rate, profile_train_step
+from .macs import count_macs, unavoidable_macs, unavoidable_macs_from_config
+from .memory import LiveTensorMemory
+
+__all__ = ['count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'LiveTensorMemory', 'matmul_rate',
+           'build_variants', 'benchmark_variants', 'format_results', 'profile_train_step']

@@ -1,0 +1,110 @@
+""" Multiply-accumulates of a forward pass: counted (``FlopCounterMode``) and the unavoidable ones (analytic)
+
+MACs are multiply-accumulates of one forward pass at batch 1, counted by ``torch.utils.flop_counter.FlopCounterMode``
+(matrix products of every kind, attention included; elementwise work is not counted) and halved: ``MACs = FLOPs / 2``.
+Unavoidable MACs: the Linear layers plus the attention products in their cheapest exact form (separable kinds
+``h*w*(h+w)*D`` per head, generalized ``(h*w)^2*D`` per head, paper Sec. 4.2).
+"""
+import copy
+from typing import Sequence, Tuple
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..errors import UserError
+
+__all__ = ['count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config']
+
+
+def _as_input_size(input_size) -> Tuple[int, int, int]:
+    if isinstance(input_size, int):
+        return (3, input_size, input_size)
+    input_size = tuple(int(s) for s in input_size)
+    if len(input_size) == 2:
+        return (3,) + input_size
+    if len(input_size) != 3:
+        raise UserError(f'input_size must be (C, H, W), (H, W) or an int, got {input_size}')
+    return input_size
+
+
+def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
+    """Multiply-accumulates of one forward pass of ``model`` on a ``(batch_size, *input_size)`` input.
+
+    Counted with ``FlopCounterMode`` in eval mode without gradients (every matrix product, attention
+    included; elementwise operations are not counted) and returned as ``FLOPs // 2``. A model whose
+    input is not an image may be given ``input_size`` as the full shape after the batch dimension.
+    The input is made on the device and in the dtype of the model's parameters ('meta' too).
+
+    The count runs on a copy of the model whose cached eval results (the attention probabilities of
+    :class:`~sa_vision.layers.PositionalAttention`) are cleared, so every call counts a full forward pass,
+    whatever ran before.
+    """
+    if isinstance(input_size, int):
+        shape = _as_input_size(input_size)
+    else:
+        shape = tuple(int(s) for s in input_size)
+    try:
+        param = next(model.parameters())
+        device, dtype = param.device, (param.dtype if param.is_floating_point() else torch.float32)
+    except StopIteration:
+        device, dtype = torch.device('cpu'), torch.float32
+    model = copy.deepcopy(model).eval()
+    for module in model.modules():  # the copy holds the original's cached probabilities: count computing them
+        if hasattr(module, 'clear_probs_cache'):
+            module.clear_probs_cache()
+    x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
+    counter = FlopCounterMode(display=False)
+    with torch.no_grad(), counter:
+        model(x)
+    return int(counter.get_total_flops()) // 2
+
+
+def unavoidable_macs_from_config(
+        embed_dim: int,
+        heads_per_layer: Sequence[int],
+        mlp_hidden_dim: int,
+        attn_kind: str,
+        grid: Tuple[int, int],
+        in_chans: int = 3,
+        num_classes: int = 10,
+) -> int:
+    """Forward MACs per image that an exact implementation cannot avoid (see the module docstring).
+
+    Linear layers: embedding ``(4*in_chans) -> D`` per token; per layer Value ``heads*D -> D``, Dense
+    ``D -> D`` and the MLP ``D -> M -> D`` per token; the learned kind's key maps on the ``h x h`` and
+    ``w x w`` shift tables; the content kind's query/key maps; the classifier once per image. Attention:
+    ``h*w*(h+w)*D`` per head for the separable kinds (quadratic, learned), ``(h*w)^2*D`` per head for
+    generalized, and ``2*(h*w)^2*D`` per head (scores and weighted sum) for content.
+    """
+    h, w = grid
+    n, d = h * w, embed_dim
+    macs = n * 4 * in_chans * d
+    for heads in heads_per_layer:
+        macs += n * (heads * d * d + d * d + 2 * d * mlp_hidden_dim)
+        if attn_kind in ('quadratic', 'learned'):
+            macs += heads * n * (h + w) * d
+            if attn_kind == 'learned':
+                macs += (h * h + w * w) * d * heads
+        elif attn_kind == 'generalized':
+            macs += heads * n * n * d
+        elif attn_kind == 'content':
+            macs += (h * h + w * w) * d * heads  # positional key maps (learned part)
+            macs += 2 * n * d * heads * d  # query and key maps
+            macs += 2 * heads * n * n * d  # q.k scores and the weighted sum
+        else:
+            raise UserError(f'unknown attention kind {attn_kind!r}')
+    macs += d * num_classes
+    return int(macs)
+
+
+def unavoidable_macs(model: nn.Module, input_size=(3, 32, 32)) -> int:
+    """:func:`unavoidable_macs_from_config` read from an ``sa_vision`` SelfAttentionNet's configuration."""
+    c, H, W = _as_input_size(input_size)
+    blocks = list(model.blocks)
+    mlp_hidden = blocks[0].mlp.fc1.out_features if blocks else 0
+    head = getattr(model, 'head', None)
+    num_classes = head.out_features if isinstance(head, nn.Linear) else 0
+    return unavoidable_macs_from_config(
+        model.embed_dim, tuple(model.heads_per_layer), mlp_hidden, model.attn_kind,
+        (H // 2, W // 2), in_chans=c, num_classes=num_classes)
