@@ -4,10 +4,6 @@ Importing the package registers the models with timm::
 
     import sa_vision, timm
     model = timm.create_model('sa_quadratic_cifar')
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): the package root imports
-:mod:`sa_vision.layers` and :mod:`sa_vision.models` only (registering the models); the tools
-(:mod:`sa_vision.train.checkpoint`, :mod:`sa_vision.hub`, ...) are imported by name.
 """
 from . import _moved, layers, models
 from .models import CifarResNet, SelfAttentionNet

@@ -4,14 +4,12 @@ Library calls raise a :class:`UserError` subclass (a ``ValueError``, so ``except
 message says what was wrong and what to do. The scripts run their ``main`` through :func:`run_cli`, which prints
 ``error: <message>`` to stderr without a traceback and exits with status 2; anything else is a bug and keeps its
 traceback.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool that imports no
-sa_vision code.
 """
 import sys
 from typing import Callable, Optional, Sequence
 
-__all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError', 'USAGE_ERROR_STATUS', 'run_cli']
+__all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
+           'USAGE_ERROR_STATUS', 'run_cli']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 

@@ -2,9 +2,6 @@
 
 Cordonnier, Loukas & Jaggi, `On the Relationship between Self-Attention and Convolutional Layers`,
 ICLR 2020 (https://arxiv.org/abs/1911.03584). See the paper's Table 1 (Sec. 4.2) and App. A.4.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): constants; imports no
-sa_vision code, so the models and every tool may import it.
 """
 from dataclasses import dataclass
 from typing import Dict, Optional
@@ -43,8 +40,10 @@ class PaperResult:
 
 
 PAPER_RESULTS: Dict[str, PaperResult] = {
-    'sa_quadratic_cifar': PaperResult('isotropic Gaussian (quadratic encoding), 9 heads x 6 layers', 12_086_844, 93.8, 6.2),
-    'sa_gen_cifar': PaperResult('non-isotropic Gaussian (generalized quadratic), 9 heads x 6 layers', 12_087_006, 93.4, 6.2),
+    'sa_quadratic_cifar': PaperResult(
+        'isotropic Gaussian (quadratic encoding), 9 heads x 6 layers', 12_086_844, 93.8, 6.2),
+    'sa_gen_cifar': PaperResult(
+        'non-isotropic Gaussian (generalized quadratic), 9 heads x 6 layers', 12_087_006, 93.4, 6.2),
     'sa_gen_pruned': PaperResult('non-isotropic Gaussian, degenerate heads pruned (7,5,8,7,3,9)', 9_686_916, 93.4, 4.9),
     'sa_learned_cifar': PaperResult('learned relative encoding, no content, 9 heads x 6 layers', 12_278_682, 91.8, 6.2),
     'resnet18_cifar': PaperResult('ResNet18, CIFAR stem (3x3, stride 1, no max-pool)', 11_173_962, 93.8, 1.1),

@@ -13,12 +13,6 @@ Stages, in order (``scripts/reproduce.py`` runs them):
 Resumable: every stage writes its result atomically and is skipped when that result exists; a training stage
 killed mid-run continues from its last epoch (``--resume``). A failed stage stops the run with its error and
 leaves finished stages intact; the same command continues.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): the topmost tool; imports
-:mod:`sa_vision.research.analysis`, :mod:`sa_vision.train.checkpoint`, :mod:`sa_vision.train.data`, :mod:`sa_vision.train.evaluation`,
-:mod:`sa_vision.hub`, :mod:`sa_vision.models`, :mod:`sa_vision.paper`, :mod:`sa_vision.research.plots`,
-:mod:`sa_vision.research.pruning`, :mod:`sa_vision.train.recipes`; :mod:`sa_vision.train.loop` runs in a subprocess (only its argument
-parser is read here, to know which recipe keys it takes). No sa_vision module imports this one.
 """
 import csv
 import json
@@ -33,12 +27,12 @@ from typing import Any, Dict, List, Optional
 
 import yaml
 
-from .train.checkpoint import plain_data, read_checkpoint
-from .train.data import dataset_info
 from .models import SA_MODEL_ARGS
 from .models._pretrained import hub_repo_id
 from .paper import PAPER_RESULTS
 from .research.pruning import PRUNED_ARCH
+from .train.checkpoint import plain_data, read_checkpoint
+from .train.data import dataset_info
 from .train.recipes import load_recipe
 
 __all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction']
@@ -131,7 +125,8 @@ PROFILES: Dict[str, Profile] = {
         common={**_FEW_EPOCHS, 'batch_size': 64, 'validation_batch_size': 360, 'log_interval': 10, 'hflip': 0.0,
                 'train_crop_padding': 0},
         per_model={
-            **{model: {**_TINY_SA, 'epochs': 2, 'warmup_epochs': 0.1} for model in TRAINED_MODELS if model in SA_MODEL_ARGS},
+            **{model: {**_TINY_SA, 'epochs': 2, 'warmup_epochs': 0.1}
+               for model in TRAINED_MODELS if model in SA_MODEL_ARGS},
             'resnet18_cifar': {'model_kwargs': {'channels': (8, 16, 32, 64), 'stem_width': 8}, 'epochs': 2,
                                'warmup_epochs': 0.1},
             'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'epochs': 1,
@@ -312,6 +307,7 @@ class Reproduction:
 
     def _evaluate(self, model) -> Dict[str, float]:
         import torch
+
         from .train.data import create_image_dataset
         from .train.evaluation import evaluate
         info = dataset_info(self.dataset)
@@ -428,8 +424,8 @@ class Reproduction:
     def figures(self) -> List[Path]:
         """The paper's figures of the trained attention models (centres, maps, centre trajectories)."""
         from .research.analysis import GAUSSIAN_KINDS
-        from .train.checkpoint import load_model
         from .research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
+        from .train.checkpoint import load_model
         out = self.out / 'figures'
         out.mkdir(parents=True, exist_ok=True)
         made = []

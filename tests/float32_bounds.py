@@ -88,4 +88,4 @@ def assert_network_gradients_close(model: torch.nn.Module, reference_model: torc
     scale = max(p.grad.abs().max().item() for p in reference_model.parameters())
     atol = network_float32_atol(reduction_lengths, scale)
     for (name, p), q in zip(model.named_parameters(), reference_model.parameters()):
-        torch.testing.assert_close(p.grad.double(), q.grad, rtol=0, atol=atol, msg=lambda m: f'{name}: {m}')
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=0, atol=atol, msg=lambda m, name=name: f'{name}: {m}')

@@ -12,7 +12,13 @@ import torch
 
 import sa_vision  # noqa: F401
 from sa_vision.research.analysis import (
-    format_table, gaussian_contour, head_covariances, head_statistics, layer_summary, load_model, write_table,
+    format_table,
+    gaussian_contour,
+    head_covariances,
+    head_statistics,
+    layer_summary,
+    load_model,
+    write_table,
 )
 from sa_vision.research.plots import plot_attention_maps, plot_center_trajectories, plot_centers, save_card_figure
 
@@ -119,12 +125,12 @@ def test_figure_a_draws_the_centres_and_contours():
         for head in range(3):
             s = model.blocks[layer].attn.position.spreads[head].detach().double()
             for mass in (0.5, 0.9):
-                line = next(l for l in ax.lines if l.get_gid() == f'contour-{layer}-{head}-{mass}')
+                line = next(ln for ln in ax.lines if ln.get_gid() == f'contour-{layer}-{head}-{mass}')
                 # every contour point x satisfies (x - mu)^T M (x - mu) = -2 log(1 - mass)
                 d = np.stack([line.get_ydata() - centers[head, 0], line.get_xdata() - centers[head, 1]], -1)
                 m = (s @ s.T).numpy()
                 np.testing.assert_allclose(np.einsum("ni,ij,nj->n", d, m, d), -2 * math.log(1 - mass), rtol=1e-5)
-            dot = next(l for l in ax.lines if l.get_gid() == f'center-{layer}-{head}')
+            dot = next(ln for ln in ax.lines if ln.get_gid() == f'center-{layer}-{head}')
             assert (dot.get_ydata()[0], dot.get_xdata()[0]) == pytest.approx(tuple(centers[head]))
     with pytest.raises(ValueError, match='plot_attention_maps'):
         plot_centers(small('sa_learned_cifar'))
@@ -167,7 +173,7 @@ def test_figure_c_and_card(tmp_path):
         second.blocks[0].attn.position.centers.add_(1.0)
     fig, data = plot_center_trajectories([first, second], str(tmp_path / 'c.svg'))
     assert data['centers'].shape == (2, 2, 3, 2)
-    line = next(l for l in fig.axes[0].lines if l.get_gid() == 'trajectory-0-1')
+    line = next(ln for ln in fig.axes[0].lines if ln.get_gid() == 'trajectory-0-1')
     c0 = first.blocks[0].attn.position.centers[1].tolist()
     np.testing.assert_allclose(line.get_xdata(), [c0[1], c0[1] + 1], rtol=1e-6)
     np.testing.assert_allclose(line.get_ydata(), [c0[0], c0[0] + 1], rtol=1e-6)

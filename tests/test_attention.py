@@ -12,11 +12,10 @@ import math
 
 import pytest
 import torch
+from float32_bounds import assert_float32_close, assert_float32_gradients_close
+from helpers import exact_float32
 
 from sa_vision.layers import PositionalAttention, dense_attention
-from sa_vision.research.theory import exact_float32
-
-from float32_bounds import assert_float32_close, assert_float32_gradients_close
 
 KINDS = ('quadratic', 'generalized', 'learned', 'content')
 # image sizes from the issue: 32x32 and the non-square 24x40, i.e. token grids 16x16 and 12x20
@@ -30,7 +29,7 @@ def grid_coordinates(grid_h, grid_w, dtype, device='cpu'):
 
 
 def reference_scores(layer, x):
-    """Scores [head, query, key] (or [batch, head, query, key] with content) straight from the paper's Eq. (9) and App. A.1."""
+    """Scores [head, query, key] ([batch, head, query, key] with content) straight from Eq. (9) and App. A.1."""
     B, H, W, D = x.shape
     coords = grid_coordinates(H, W, x.dtype, x.device)
     delta = coords[None, :, :] - coords[:, None, :]  # key - query, (hw, hw, 2)

@@ -11,12 +11,11 @@ import sys
 import pytest
 import timm
 import torch
+from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 from torch import nn
 
 import sa_vision  # noqa: F401
 from sa_vision.measure import benchmark as sab
-
-from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -145,7 +144,7 @@ def test_cli_compare_dense_and_matmul(tmp_path):
         assert dense[key] > 0
     # the speed ratio pairs the runs of one round (back to back), then takes the median over rounds
     paired = [a / b for a, b in zip(ours['train_runs'], dense['train_runs'])]
-    assert dense['train_ratio_runs'] == pytest.approx(paired, rel=1e-2)
+    assert dense['train_ratio_runs'] == pytest.approx(paired, rel=1e-2, abs=1e-3)  # stored to 3 decimals
     assert dense['train_ratio'] == pytest.approx(sorted(paired)[0] / 2 + sorted(paired)[1] / 2, rel=1e-2)
     assert 0 < ours['matmul_fraction'] and ours['matmul_gflops'] > 0
     # inference counts one forward pass of the unavoidable MACs, training three

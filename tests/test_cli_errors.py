@@ -38,8 +38,8 @@ def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path,
 
 
 def test_reproduce_reports_user_errors_the_same_way(tmp_path, monkeypatch, capsys):
-    from sa_vision.train.checkpoint import CheckpointError
     from sa_vision.reproduce import Reproduction
+    from sa_vision.train.checkpoint import CheckpointError
 
     def unreadable(self, publish=False):
         raise CheckpointError('runs/x/last.pth.tar cannot be read')

@@ -8,6 +8,7 @@ import math
 import pytest
 import timm
 import torch
+from helpers import CONTENT_FREE_MODELS, GAUSSIAN_MODELS
 
 import sa_vision  # noqa: F401  registers the models
 
@@ -40,7 +41,7 @@ def _interior_queries(grid=GRID, margin=2):
     return [(r, c) for r in range(margin, grid - margin, 3) for c in range(margin, grid - margin, 3)]
 
 
-@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'])
+@pytest.mark.parametrize('arch', CONTENT_FREE_MODELS)
 def test_conv_init_puts_each_head_on_its_kernel_shift(arch):
     model = timm.create_model(arch, pos_init='conv', **SMALL)
     for layer in (blk.attn for blk in model.blocks):
@@ -55,7 +56,7 @@ def test_conv_init_puts_each_head_on_its_kernel_shift(arch):
                 assert row[key].item() >= 0.99, (head, (qr, qc), row[key].item())
 
 
-@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_gen_cifar'])
+@pytest.mark.parametrize('arch', GAUSSIAN_MODELS)
 @pytest.mark.parametrize('alpha', [1.0, 6.0])
 def test_gaussian_conv_init_has_the_score_of_lemma_2(arch, alpha):
     """The whole probability row equals the softmax of -alpha ||delta - Delta||^2: alpha is the paper's alpha_h."""
@@ -77,7 +78,7 @@ def test_learned_conv_init_scores_like_a_quadratic_head_capped_at_distance_2():
             torch.testing.assert_close(probs[head, query[0] * GRID + query[1]], expected, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_gen_cifar'])
+@pytest.mark.parametrize('arch', GAUSSIAN_MODELS)
 def test_non_square_head_count_fills_the_largest_square_kernel(arch):
     torch.manual_seed(0)
     model = timm.create_model(arch, pos_init='conv', heads_per_layer=5, **SMALL)
@@ -86,7 +87,7 @@ def test_non_square_head_count_fills_the_largest_square_kernel(arch):
     assert centers[4].tolist() not in [list(map(float, o)) for o in KERNEL_2X2]  # paper's random draw
 
 
-@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'])
+@pytest.mark.parametrize('arch', CONTENT_FREE_MODELS)
 def test_conv_init_keeps_names_shapes_and_the_default_stays_the_papers(arch):
     torch.manual_seed(0)
     default = timm.create_model(arch, **SMALL).state_dict()

@@ -11,19 +11,18 @@ import sys
 import textwrap
 
 import pytest
+import timm
 import torch
+from helpers import ALL_MODELS, GAUSSIAN_MODELS, SA_MODELS
 from torch.export import Dim
 
 import sa_vision  # noqa: F401  (registers the models)
-import timm
 
 onnx = pytest.importorskip('onnx')
 ort = pytest.importorskip('onnxruntime')
 pytest.importorskip('onnxscript')  # the default (dynamo) ONNX exporter needs it
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SA_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar')
-ALL_MODELS = SA_MODELS + ('resnet18_cifar',)
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24)
 REL_TOL = 1e-5
 EXPORT_SHAPE = (2, 3, 32, 32)
@@ -94,7 +93,7 @@ def test_torchscript_onnx_exporter_matches_eager(name, tmp_path):
     check_onnx_file(path, model)
 
 
-@pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_gen_cifar'])
+@pytest.mark.parametrize('name', GAUSSIAN_MODELS)
 def test_tracing_the_eager_kernels_raises_instead_of_exporting_a_wrong_graph(name, tmp_path, monkeypatch):
     """Were the plain path ever skipped, the eager-only autograd Functions refuse graph capture with a clear
     error (the TorchScript tracer records them as a constant of the example's values)."""
@@ -133,7 +132,7 @@ def test_torch_export_with_dynamic_batch_matches_eager(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_gen_cifar'])
+@pytest.mark.parametrize('name', GAUSSIAN_MODELS)
 def test_torch_export_with_dynamic_image_size_matches_eager(name):
     model = make_model(name)
     dims = {0: Dim('batch'), 2: 2 * Dim('half_height'), 3: 2 * Dim('half_width')}

@@ -15,12 +15,17 @@ import yaml
 pytest.importorskip('sklearn')
 
 import sa_vision  # noqa: F401
-from sa_vision.train.checkpoint import RUNTIME_ARGS, Checkpoint, CheckpointError, read_checkpoint
-from sa_vision.hub import (
-    CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, HubPublishError, check_publish_target, export_hub_folder,
-    publish_hub_folder, weights_label)
-
 from sa_vision.cli import push_to_hub
+from sa_vision.hub import (
+    CARD_FIGURE_FILENAME,
+    HUB_FOLDER_FILES,
+    HubPublishError,
+    check_publish_target,
+    export_hub_folder,
+    publish_hub_folder,
+    weights_label,
+)
+from sa_vision.train.checkpoint import RUNTIME_ARGS, Checkpoint, CheckpointError, read_checkpoint
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -139,7 +144,8 @@ def test_only_cifar10_weights_of_the_paper_architecture_may_take_the_registered_
         assert not other.is_reference and other.default_repo_id != REGISTERED_REPO
         with pytest.raises(HubPublishError, match='refusing'):
             check_publish_target(other, REGISTERED_REPO)
-    assert label('fashion-mnist').tag == 'fashion_mnist' and label('torch/cifar10', embed_dim=16).tag == 'cifar10_custom'
+    assert label('fashion-mnist').tag == 'fashion_mnist'
+    assert label('torch/cifar10', embed_dim=16).tag == 'cifar10_custom'
 
 
 def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, tmp_path):

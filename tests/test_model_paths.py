@@ -11,19 +11,20 @@ import collections
 import copy
 
 import pytest
+import timm
 import torch
+from float32_bounds import (
+    assert_network_float32_close,
+    assert_network_gradients_close,
+    sa_model_gradient_reduction_lengths,
+    sa_model_reduction_lengths,
+)
+from helpers import SA_MODELS, exact_float32
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import sa_vision  # noqa: F401  (registers the models)
-import timm
 from sa_vision.layers import batched_heads
-from sa_vision.research.theory import exact_float32
 
-from float32_bounds import (
-    assert_network_float32_close, assert_network_gradients_close, sa_model_gradient_reduction_lengths,
-    sa_model_reduction_lengths)
-
-SA_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar')
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24)
 
 
@@ -115,7 +116,8 @@ def training_step_ops(model, x) -> int:
 def test_batched_heads_cut_the_ops_of_a_training_step_at_least_four_times():
     """Where a launch costs more than a cache miss the op count is the cost: full-size sa_quadratic_cifar,
     one training step (forward + backward) at batch 2, 32x32. Measured when written: per head 4,181 ATen
-    calls (4,451 before the small-op cuts), batched 1,007 (1,001 without the Function that recomputes the row-mixed heads)."""
+    calls (4,451 before the small-op cuts), batched 1,007 (1,001 without the Function that recomputes the row-mixed
+    heads)."""
     model = timm.create_model('sa_quadratic_cifar').train()
     x = torch.randn(2, 3, 32, 32)
     per_head = training_step_ops(model, x)

@@ -83,7 +83,7 @@ def test_state_dict_layout_and_conversion():
 
 
 def test_reference_scores_are_the_spec_gaussians():
-    """The relative-encoding einsum (paper eq. 9, A.1) against Eq. (9) and App. A.1 written out for one head and query."""
+    """The relative-encoding einsum against Eq. (9) and App. A.1 written out for one head and query."""
     torch.manual_seed(1)
     for kind in ('quadratic', 'generalized'):
         reference = PaperDenseSA(kind, (2,), embed_dim=4, mlp_hidden_dim=4).double()
@@ -92,7 +92,7 @@ def test_reference_scores_are_the_spec_gaussians():
         mu, spread = attn.position.centers[1].detach(), attn.position.spreads[1].detach()
         precision = spread ** 2 * torch.eye(2, dtype=torch.float64) if kind == 'quadratic' else spread @ spread.T
         qi, qj = 2, 1
-        shifts = [torch.tensor([k - qi, l - qj], dtype=torch.float64) for k in range(4) for l in range(3)]
+        shifts = [torch.tensor([k - qi, j - qj], dtype=torch.float64) for k in range(4) for j in range(3)]
         scores = torch.stack([-0.5 * (d - mu) @ precision @ (d - mu) for d in shifts])
         _assert_equal(probs[qi, qj, 1].reshape(-1).detach(), scores.softmax(0))
     r = relative_encoding(3, 2, dtype=torch.float64)

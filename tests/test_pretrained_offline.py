@@ -16,7 +16,8 @@ from safetensors.torch import save_file
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
-REPOS = {'sa_quadratic_cifar': 'sa-vision/sa_quadratic_cifar.cifar10', 'resnet18_cifar': 'sa-vision/resnet18_cifar.cifar10'}
+REPOS = {'sa_quadratic_cifar': 'sa-vision/sa_quadratic_cifar.cifar10',
+         'resnet18_cifar': 'sa-vision/resnet18_cifar.cifar10'}
 BOUND_S = 5.0
 
 # runs create_model(pretrained=True) for each name in argv and prints, per name, the seconds it took and the error
@@ -94,6 +95,7 @@ def _assert_clear_error(result, name):
 def _populate_cache(cache, name, seed=0):
     """The Hub cache layout huggingface_hub writes: refs/main naming a snapshot holding model.safetensors."""
     import timm
+
     import sa_vision  # noqa: F401
     torch.manual_seed(seed)
     state = timm.create_model(name, **({} if name.startswith('resnet') else SMALL)).state_dict()
@@ -141,7 +143,8 @@ def test_hf_hub_offline_fails_at_once(tmp_path, silent_endpoint):
 def test_cached_weights_load_without_network(tmp_path, refusing_endpoint, offline):
     cache = tmp_path / 'hub'
     states = {name: _populate_cache(cache, name, seed) for seed, name in enumerate(REPOS)}
-    result, stderr = _run(tmp_path, list(REPOS), refusing_endpoint, cache, **({'HF_HUB_OFFLINE': '1'} if offline else {}))
+    offline_env = {'HF_HUB_OFFLINE': '1'} if offline else {}
+    result, stderr = _run(tmp_path, list(REPOS), refusing_endpoint, cache, **offline_env)
     for name in REPOS:
         assert result[name]['error'] is None, result[name]['error']
         _assert_loaded(tmp_path, name, states[name])

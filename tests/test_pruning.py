@@ -7,12 +7,11 @@ import sys
 import pytest
 import timm
 import torch
+from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 
 import sa_vision  # noqa: F401
 from sa_vision.paper import PAPER_RESULTS, PRUNED_HEADS_PER_LAYER
 from sa_vision.research.pruning import find_degenerate_heads, prune_heads, prune_state_dict
-
-from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 
 ROOT = os.path.join(os.path.dirname(__file__), '..')
 SMALL = dict(embed_dim=16, depth=3, heads_per_layer=(4, 5, 3), mlp_hidden_dim=24)

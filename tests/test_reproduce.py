@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import PAPER_TABLE_MODELS
 
 pytest.importorskip('sklearn')
 
 ROOT = Path(__file__).resolve().parent.parent
 REPRODUCE = ROOT / 'scripts' / 'reproduce.py'
-MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'resnet18_cifar')
+MODELS = PAPER_TABLE_MODELS
 
 
 def _env():
@@ -79,6 +80,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     assert len(pruning['kept_heads_per_layer']) == 2 and all(k >= 1 for k in pruning['kept_heads_per_layer'])
 
     import timm
+
     import sa_vision  # noqa: F401
     from sa_vision.train.checkpoint import read_checkpoint
     folders = sorted((out / 'hub').iterdir())
@@ -115,8 +117,8 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path):
 
 
 def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
-    from sa_vision.train.recipes import load_recipe
     from sa_vision.reproduce import PROFILES
+    from sa_vision.train.recipes import load_recipe
     for model in MODELS:  # the paper profile: the recipes unchanged, CIFAR-10's test split
         expected = load_recipe(model)
         expected.pop('initial_checkpoint', None)  # given per run: the pruned weights
@@ -134,6 +136,7 @@ def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
 def _finished_run(out, model='sa_quadratic_cifar'):
     """runs/<model>/last.pth.tar as a finished training writes it (tiny model, digits, one epoch)."""
     import timm
+
     from sa_vision.train.checkpoint import CHECKPOINT_VERSION
     model_args = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32, num_classes=10)
     state_dict = timm.create_model(model, **model_args).state_dict()
@@ -212,9 +215,10 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
     """The column compares a run's epoch-000 weights with its last: a run whose centres moved by hand."""
     import timm
     from safetensors.torch import save_file
+
     import sa_vision  # noqa: F401
-    from sa_vision.train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save
     from sa_vision.reproduce import Reproduction
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save
     kwargs = dict(embed_dim=8, depth=1, heads_per_layer=4, mlp_hidden_dim=8, num_classes=10)
     zoo = Reproduction(tmp_path, 'tiny')
     for arch in ('sa_quadratic_cifar', 'sa_learned_cifar'):
@@ -222,7 +226,8 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
         run = zoo.run_dir(arch)
         run.mkdir(parents=True)
         initial = {k: v.contiguous() for k, v in model.state_dict().items()}
-        save_file(initial, str(run / 'epoch-000.safetensors'), metadata={'arch': arch, 'model_args': json.dumps(kwargs)})
+        save_file(initial, str(run / 'epoch-000.safetensors'),
+                  metadata={'arch': arch, 'model_args': json.dumps(kwargs)})
         final = dict(initial)
         if arch == 'sa_quadratic_cifar':  # heads moved by 0.5, 1, 2, 4 grid units: median 1.5
             final['blocks.0.attn.position.centers'] = initial['blocks.0.attn.position.centers'] + torch.tensor(
@@ -241,6 +246,7 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
 def test_ablation_variants_reach_the_stage_recipes(tmp_path, monkeypatch):
     """Each variant trains the profile's quadratic model with its own init and positional lr, nothing else changed."""
     import yaml
+
     from sa_vision import reproduce
     commands = []
     monkeypatch.setattr(reproduce.subprocess, 'run',
@@ -269,6 +275,7 @@ def test_ablation_variants_reach_the_stage_recipes(tmp_path, monkeypatch):
 def test_ablation_table_reads_each_variant_run(tmp_path, monkeypatch):
     """ablation.csv: one row per variant, top-1 and the centre shift of that variant's own run."""
     from safetensors.torch import save_file
+
     from sa_vision import reproduce
     runs = {}
     for i, variant in enumerate(reproduce.ABLATION_VARIANTS):

@@ -3,15 +3,15 @@ import copy
 import socket
 
 import pytest
+import timm
+import timm.optim
 import torch
+from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
+from helpers import CONTENT_FREE_MODELS, SA_MODELS
 from torch import nn
 
 import sa_vision  # noqa: F401  (registers the models)
-import timm
-import timm.optim
 from sa_vision.research.paper_reference import PaperDenseSA
-
-from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
 
 # the paper's Table 1 (Sec. 4.2), at 10 classes
 PAPER_PARAMETERS = {
@@ -21,7 +21,6 @@ PAPER_PARAMETERS = {
     'sa_learned_cifar': 12_278_682,
     'resnet18_cifar': 11_173_962,
 }
-SA_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar')
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24)
 
 
@@ -186,7 +185,9 @@ def test_create_without_pretrained_never_touches_the_network(monkeypatch):
     monkeypatch.setattr(socket.socket, 'connect', no_network)
     monkeypatch.setattr(socket, 'getaddrinfo', no_network)
     for name in SA_MODELS + ('resnet18_cifar',):
-        timm.create_model(name, pretrained=False, **({} if name == 'resnet18_cifar' else SMALL if name != 'sa_gen_pruned' else dict(SMALL, heads_per_layer=(1, 2))))
+        kwargs = ({} if name == 'resnet18_cifar' else SMALL if name != 'sa_gen_pruned'
+                  else dict(SMALL, heads_per_layer=(1, 2)))
+        timm.create_model(name, pretrained=False, **kwargs)
 
 
 def test_resnet18_cifar_keeps_the_resolution_in_its_stem():
@@ -209,7 +210,7 @@ def test_fuse_folds_value_and_dense_exactly(name):
     assert_network_float32_close(model(x), expected, sa_model_reduction_lengths(model, 64))
 
 
-@pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'))
+@pytest.mark.parametrize('name', CONTENT_FREE_MODELS)
 def test_cached_probabilities_follow_parameter_changes(name):
     from sa_vision.layers import dense_attention
     model = small_model(name).eval()
@@ -234,7 +235,7 @@ def test_cached_probabilities_follow_parameter_changes(name):
         assert_network_float32_close(other(x), reference, sa_model_reduction_lengths(model, 64))
 
 
-@pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'))
+@pytest.mark.parametrize('name', CONTENT_FREE_MODELS)
 def test_cached_probabilities_follow_edits_through_data(name):
     """``p.data.add_()`` changes neither the storage nor the ``_version`` of ``p``: the eval cache must still see
     it. The reference is a fresh model that never ran, holding the edited weights."""
@@ -314,7 +315,7 @@ def test_torch_compile_for_inference_and_training():
 
 
 @pytest.mark.parametrize('tokens_per_chunk', (1024, 144), ids=('one_chunk', 'chunks_3_3_2'))
-@pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar'))
+@pytest.mark.parametrize('name', CONTENT_FREE_MODELS)
 def test_memory_saving_attention_matches_the_plain_composition(name, tokens_per_chunk, monkeypatch):
     """The block's attention + Value (one head at a time, recomputing the heads in backward where that is
     cheap, the batch in chunks of samples) equals value(attn(x)) with the same dropout masks, in outputs and
@@ -365,7 +366,7 @@ def test_memory_saving_attention_matches_the_plain_composition(name, tokens_per_
         assert max(saved) < heads_sized
 
 
-@pytest.mark.parametrize('name', ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_learned_cifar', 'sa_content_cifar'))
+@pytest.mark.parametrize('name', CONTENT_FREE_MODELS + ('sa_content_cifar',))
 def test_bfloat16_autocast_trains_and_matches_float32(name):
     """Mixed precision as scripts/train.py uses it on a GPU (bf16 autocast), here on the CPU: forward and
     backward run, gradients arrive in the parameters' float32, and the logits stay within bf16 accuracy

@@ -56,7 +56,8 @@ def _imported_modules(tree: ast.AST, module: str, is_package: bool, modules: Set
                 yield f'{source}.{alias.name}' if f'{source}.{alias.name}' in modules else source
         elif (isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)
-              and (getattr(node.func, 'attr', None) == 'import_module' or getattr(node.func, 'id', None) == '__import__')):
+              and (getattr(node.func, 'attr', None) == 'import_module'
+                   or getattr(node.func, 'id', None) == '__import__')):
             yield node.args[0].value
 
 

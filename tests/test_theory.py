@@ -3,9 +3,10 @@ import math
 
 import pytest
 import torch
+from helpers import exact_float32
 from torch import nn
 
-from sa_vision.research.theory import attention_from_conv, exact_float32, min_hard_attention_alpha, off_center_mass
+from sa_vision.research.theory import attention_from_conv, min_hard_attention_alpha, off_center_mass
 
 TOLERANCE = {torch.float64: 1e-10, torch.float32: 1e-5}
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 import timm
+from helpers import ALL_MODELS
 
-OUR_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned', 'sa_learned_cifar', 'sa_content_cifar',
-              'resnet18_cifar')
+OUR_MODELS = ALL_MODELS
 # test_model_load_pretrained / test_model_features_pretrained fetch weights from the Hub
 DESELECTED = 'pretrained'
 # per model: forward, backward, default_cfgs, torchscript, features, fx forward/backward/torchscript

@@ -33,7 +33,7 @@ def run_train(args, threads=1, timeout=600):
 
 
 def result_of(log: str):
-    line = [l for l in log.splitlines() if l.startswith('Result ')][-1]
+    line = [ln for ln in log.splitlines() if ln.startswith('Result ')][-1]
     return json.loads(line[len('Result '):])
 
 
@@ -89,7 +89,7 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     log = run_train(['--resume', last])
     # the resumed process starts at the saved epoch and update count, it does not redo epoch 0
     assert f'at epoch {saved["epoch"]}, update {saved["num_updates"]}' in log
-    trained_epochs = sorted({int(l.split()[1]) for l in log.splitlines() if l.startswith('Train: ')})
+    trained_epochs = sorted({int(ln.split()[1]) for ln in log.splitlines() if ln.startswith('Train: ')})
     assert trained_epochs == list(range(saved['epoch'], epochs)), trained_epochs
     straight, resumed = load_ckpt(tmp_path / 'straight' / 'last.pth.tar'), load_ckpt(last)
     assert resumed['epoch'] == straight['epoch'] == epochs
@@ -127,6 +127,7 @@ def test_evaluation_reduces_on_the_model_device(monkeypatch, device):
     """NCCL reduces only tensors on the process's GPU: the totals must live on the evaluation device
     ('meta' stands in for a device other than the CPU where there is no GPU)."""
     import torch.distributed as dist
+
     from sa_vision.train.evaluation import evaluate
     seen = []
 
@@ -149,6 +150,7 @@ def test_evaluation_all_reduces_over_nccl(tmp_path):
     """A real NCCL all-reduce of the evaluation totals (one process, world size 1): the same metrics as
     without DDP. Two processes need two GPUs (one GPU per process), which the torchrun test above does on CPU."""
     import torch.distributed as dist
+
     from sa_vision.train.evaluation import evaluate
     if not dist.is_nccl_available():
         pytest.skip('PyTorch built without NCCL')
@@ -255,6 +257,7 @@ def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path):
 def test_pruned_weights_start_a_fine_tuning_run(tmp_path):
     """scripts/prune.py output -> train.py --model sa_gen_pruned --initial-checkpoint, whatever heads survive."""
     import timm
+
     import sa_vision  # noqa: F401
     source = timm.create_model('sa_gen_cifar', embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
     torch.save(source.state_dict(), tmp_path / 'gen.pth')  # a bare state dict: architecture read off the shapes

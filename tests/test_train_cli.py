@@ -160,6 +160,7 @@ def _cli_error(argv):
     """The one stderr line of train.py's main under run_cli (in this process), which must exit with status 2."""
     import contextlib
     import io
+
     from sa_vision.errors import run_cli
     err = io.StringIO()
     with contextlib.redirect_stderr(err):
@@ -224,6 +225,7 @@ def test_train_split_message_does_not_advise_val_split(tmp_path):
 
 def test_image_folder_of_mixed_sizes_is_resized_to_the_input_size(tmp_path):
     from PIL import Image
+
     from sa_vision.train.data import create_image_dataset
     mean, std = (0.5, 0.5, 0.5), (0.25, 0.25, 0.25)
     colours = {'a': (200, 40, 120), 'b': (10, 250, 90)}
@@ -276,6 +278,6 @@ def test_validate_errors_are_one_line_and_split_names_agree(adamw_run, tmp_path)
 
 
 def test_user_errors_are_value_errors_and_checkpoint_errors_are_user_errors():
-    from sa_vision.train.checkpoint import CheckpointError
     from sa_vision.errors import UserError
+    from sa_vision.train.checkpoint import CheckpointError
     assert issubclass(CheckpointError, UserError) and issubclass(UserError, ValueError)

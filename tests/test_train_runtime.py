@@ -106,6 +106,7 @@ def test_retain_freed_memory_defaults_to_on_for_the_cpu(monkeypatch):
 
 def test_channels_last_default_follows_the_model_convolutions():
     import timm
+
     import sa_vision  # noqa: F401
     resnet = timm.create_model('resnet18_cifar')
     sa_model = timm.create_model('sa_quadratic_cifar', embed_dim=8, depth=1, heads_per_layer=2, mlp_hidden_dim=16)

@@ -10,7 +10,8 @@ With --compare, each model is timed alternately (A, B, A, B, ...) in one process
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
 reported: those ratios are the speed figures we quote. 'dense' runs the same weights through the plain
 dense formula (sa_vision.layers.dense_attention); 'batched' the same weights on the batched-heads path
-(sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'paper' runs the same weights through the paper's dense
+(sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'paper' runs the
+same weights through the paper's dense
 formulation (sa_vision.research.paper_reference, part of the package).
 All measuring code lives in sa_vision.measure.benchmark; this file is the command line only.
 """
@@ -20,9 +21,8 @@ import sys
 import torch
 from timm.utils import ParseKwargs
 
-
-from sa_vision.measure import benchmark as sab
 from sa_vision.errors import run_cli
+from sa_vision.measure import benchmark as sab
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--fuse', action='store_true', help='time inference on a model.fuse()d copy')
     p.add_argument('--num-warm-iter', type=int, default=1, help='plain warm-up steps per variant and kind')
     p.add_argument('--num-bench-iter', type=int, default=1, help='steps per timed run')
-    p.add_argument('--runs', type=int, default=3, 
+    p.add_argument('--runs', type=int, default=3,
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='',

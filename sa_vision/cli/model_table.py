@@ -38,7 +38,8 @@ def main(argv=None) -> int:
         writer.writeheader()
         writer.writerows(rows)
         return 0
-    print('| model | parameters | GMACs (counted, attention included) | paper GFLOPs (Linear only, 2 x MACs) | paper top-1 CIFAR-10 |')
+    print('| model | parameters | GMACs (counted, attention included) | paper GFLOPs (Linear only, 2 x MACs) '
+          '| paper top-1 CIFAR-10 |')
     print('|---|---:|---:|---:|---:|')
     for r in rows:
         fmt = lambda v, f: '-' if v is None else format(v, f)

@@ -12,10 +12,16 @@ import argparse
 import os
 import sys
 
-
-from sa_vision.research.analysis import GAUSSIAN_KINDS, attention_layers, format_table, head_statistics, layer_summary, \
-    load_model, write_table
 from sa_vision.errors import run_cli
+from sa_vision.research.analysis import (
+    GAUSSIAN_KINDS,
+    attention_layers,
+    format_table,
+    head_statistics,
+    layer_summary,
+    load_model,
+    write_table,
+)
 from sa_vision.research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
 
 

@@ -15,13 +15,21 @@ or as the model of its kind, so every loader opens it and the pruned recipe fine
 import argparse
 import sys
 
-
-from sa_vision.research.analysis import GAUSSIAN_KINDS, attention_layers
-from sa_vision.train.checkpoint import load_model
 from sa_vision.errors import run_cli
 from sa_vision.paper import PRUNED_HEADS_PER_LAYER
-from sa_vision.research.pruning import MAX_CONDITION, MAX_EIGENVALUE_BELOW, PruningError, find_degenerate_heads, \
-    head_eigenvalues, prune_heads, pruned_arch, save_pruned, select_heads_to_prune
+from sa_vision.research.analysis import GAUSSIAN_KINDS, attention_layers
+from sa_vision.research.pruning import (
+    MAX_CONDITION,
+    MAX_EIGENVALUE_BELOW,
+    PruningError,
+    find_degenerate_heads,
+    head_eigenvalues,
+    prune_heads,
+    pruned_arch,
+    save_pruned,
+    select_heads_to_prune,
+)
+from sa_vision.train.checkpoint import load_model
 
 
 def main(argv=None):

@@ -17,10 +17,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from sa_vision.train.checkpoint import CheckpointError, read_checkpoint
 from sa_vision.errors import run_cli
 from sa_vision.hub import (
-    HubPublishError, check_publish_target, export_hub_folder, publish_hub_folder, resolve_token, weights_label)
+    HubPublishError,
+    check_publish_target,
+    export_hub_folder,
+    publish_hub_folder,
+    resolve_token,
+    weights_label,
+)
+from sa_vision.train.checkpoint import CheckpointError, read_checkpoint
 
 
 def main(argv=None):

@@ -17,15 +17,14 @@ import json
 import sys
 from contextlib import nullcontext
 
-import torch
-
 import timm
+import torch
 from timm.utils import ParseKwargs
 
 import sa_vision  # noqa: F401  registers the models
+from sa_vision.errors import run_cli
 from sa_vision.train.checkpoint import read_checkpoint
 from sa_vision.train.data import create_image_dataset, dataset_info, normalization, split_name
-from sa_vision.errors import run_cli
 from sa_vision.train.evaluation import evaluate
 
 

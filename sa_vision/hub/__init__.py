@@ -2,8 +2,14 @@
 from .card import count_params_and_macs, generate_model_card, render_model_card, write_model_cards
 from .export import export_hub_folder
 from .labels import (
-    CARD_FIGURE_FILENAME, CUSTOM_SUFFIX, HUB_FOLDER_FILES, MODEL_CARD_DIR, RECIPE_FILENAME, WeightsLabel,
-    is_registered_architecture, weights_label,
+    CARD_FIGURE_FILENAME,
+    CUSTOM_SUFFIX,
+    HUB_FOLDER_FILES,
+    MODEL_CARD_DIR,
+    RECIPE_FILENAME,
+    WeightsLabel,
+    is_registered_architecture,
+    weights_label,
 )
 from .publish import HubPublishError, check_publish_target, publish_hub_folder, resolve_token
 

@@ -105,7 +105,9 @@ def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bo
 def generate_model_card(arch: str) -> str:
     """The card template ``model_cards/<arch>.md``: facts from :mod:`sa_vision.paper`, counted size, recipe."""
     import timm
+
     import sa_vision  # noqa: F401
+
     from ..paper import PAPER_CITATION, PAPER_RESULTS
     from ..train.recipes import recipe_path
     model = timm.create_model(arch)
@@ -227,7 +229,8 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     body = _replace_section(body, 'recipe', _used_recipe_section(ckpt))
     body = _replace_section(body, 'usage', _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch)))
     if has_figure:
-        body = _replace_section(body, 'figure', f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})')
+        figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
+        body = _replace_section(body, 'figure', figure)
     header = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()
     return f'---\n{header}\n---\n{body}'
 
@@ -235,6 +238,7 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
 def _used_recipe_section(ckpt: Checkpoint) -> str:
     """The arguments these weights were trained with (the template shows the paper's recipe instead)."""
     import yaml
+
     from ..train.recipes import recipe_path
     try:
         reference = f' The paper\'s CIFAR-10 recipe is `scripts/configs/{recipe_path(ckpt.arch).name}` in sa_vision.'
@@ -267,6 +271,6 @@ def _training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
                      f'top-5 {metrics["top5"]:.2f} %, loss {metrics["loss"]:.4f}.')
     if history:
         lines += ['', '| epoch | train loss | lr | eval loss | top-1 |', '|---|---|---|---|---|']
-        lines += [f'| {h["epoch"]} | {h["train_loss"]:.4f} | {h["lr"]:.2e} | {h["eval_loss"]:.4f} | {h["eval_top1"]:.2f} |'
-                  for h in history]
+        lines += [f'| {h["epoch"]} | {h["train_loss"]:.4f} | {h["lr"]:.2e} | {h["eval_loss"]:.4f} | '
+                  f'{h["eval_top1"]:.2f} |' for h in history]
     return '\n'.join(lines)

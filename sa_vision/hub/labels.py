@@ -1,4 +1,4 @@
-""" What exported weights are: ``<arch>.<tag>``, the tag being the dataset (``_custom`` off the paper's architecture) """
+""" What exported weights are: ``<arch>.<tag>``, the tag being their dataset (``_custom``: not the paper's model) """
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict
@@ -22,6 +22,7 @@ CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs fr
 def is_registered_architecture(arch: str, model_args: Dict[str, Any]) -> bool:
     """The model has exactly the tensors of ``timm.create_model(arch)`` (the paper's configuration, 10 classes)."""
     import timm
+
     from .. import models  # noqa: F401  registers the models
     with torch.device('meta'):  # shapes only, no memory or init cost
         reference = timm.create_model(arch).state_dict()

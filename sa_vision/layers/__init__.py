@@ -1,11 +1,33 @@
 """ Building blocks: positional attention (paper Sec. 2-3, Eq. 9), the space-to-depth embedding, the MLP """
 from .attention import (
-    ATTENTION_KINDS, HeadsLinear, PositionalAttention, apply_mixing, attend_then_project, batched_heads,
-    dense_attention, drop_negligible, negligible_below, use_batched_heads,
+    ATTENTION_KINDS,
+    HeadsLinear,
+    PositionalAttention,
+    apply_mixing,
+    attend_then_project,
+    batched_heads,
+    dense_attention,
+    drop_negligible,
+    negligible_below,
+    use_batched_heads,
 )
 from .embed import SpaceToDepthEmbed
 from .mlp import GeluMlp
 from .scores import (
-    CONV_INIT_ALPHA, POSITION_INITS, ContentScores, GeneralizedScores, LearnedScores, QuadraticScores, grid_shifts,
-    kernel_offsets, relative_shifts,
+    CONV_INIT_ALPHA,
+    POSITION_INITS,
+    ContentScores,
+    GeneralizedScores,
+    LearnedScores,
+    QuadraticScores,
+    grid_shifts,
+    kernel_offsets,
+    relative_shifts,
 )
+
+__all__ = [
+    'ATTENTION_KINDS', 'HeadsLinear', 'PositionalAttention', 'apply_mixing', 'attend_then_project', 'batched_heads',
+    'dense_attention', 'drop_negligible', 'negligible_below', 'use_batched_heads', 'SpaceToDepthEmbed', 'GeluMlp',
+    'CONV_INIT_ALPHA', 'POSITION_INITS', 'ContentScores', 'GeneralizedScores', 'LearnedScores', 'QuadraticScores',
+    'grid_shifts', 'kernel_offsets', 'relative_shifts',
+]

@@ -1,60 +1,8 @@
-""" Positional multi-head self-attention of Cordonnier, Loukas & Jaggi
+""" Content-free positional multi-head self-attention of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 2-4, Eq. 9)
 
-Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020),
-https://arxiv.org/abs/1911.03584
-
-Every head attends over the raw input ``X`` (head dimension = embedding dimension) and the heads are
-concatenated, so a layer maps ``B x h x w x D`` to ``B x h x w x (heads * D)``. The kind of attention is
-chosen by an argument; each kind is a small module of :mod:`sa_vision.layers.scores` that owns its
-parameters and turns the relative shift ``delta = key - query`` (in grid units) into scores:
-
-* ``quadratic``   isotropic Gaussian, ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``
-* ``generalized`` non-isotropic Gaussian, ``A_h(delta) = -1/2 (delta - mu_h)^T S_h S_h^T (delta - mu_h)``
-* ``learned``     relative row / column tables, ``A_h(delta) = k_v(E_v[delta_1])_h + k_u(E_u[delta_2])_h``
-* ``content``     ``learned`` plus query/key content scores ``q_h . k_h / sqrt(D)`` (depends on ``X``)
-
-This file holds the layer (:class:`PositionalAttention`), the Value over the stacked heads
-(:class:`HeadsLinear`) and the choice of how attention + Value run (:func:`attend_then_project`); the
-hand-written per-head kernels are in :mod:`sa_vision.layers.fused`. It imports only torch, timm and the
-other modules of :mod:`sa_vision.layers`, never :mod:`sa_vision.models` or the tools.
-
-How it is computed (the content-free scores of Sec. 4.2-4.3, factorised over rows and columns). The first three kinds are content-free: their probabilities do not depend
-on ``X``, so they are computed once per forward with no batch dimension and applied to the whole batch.
-``quadratic`` and ``learned`` scores are a sum of a row term and a column term, so the softmax over the
-grid is the Kronecker product of a row softmax (``h x h``) and a column softmax (``w x w``); a head is
-applied as two small matrix products and no ``(h*w) x (h*w)`` matrix is built (on a square grid the row
-and column factors are computed stacked, so the softmax, threshold and dropout each run once).
-``generalized`` has a cross term and uses one dense ``(h*w) x (h*w)`` matrix per head. ``content`` is
-ordinary batched attention. Every path equals the plain dense formula (softmax over all keys, then a
-weighted sum) to floating point rounding; ``dense=True`` (or :func:`dense_attention`) runs that plain
-formula instead, for checks and speed comparisons. Probabilities below ``eps**3`` of the dtype are set to
-exactly zero (:func:`drop_negligible`): a Gaussian head's far probabilities would otherwise be subnormal
-numbers, which x86 CPUs multiply in slow microcode. Positional scores and their softmax always run in the
-parameters' dtype with autocast off (a few thousand numbers; in bfloat16 the far scores lose whole units);
-only the products that apply them run in the autocast dtype. In eval mode on the CPU without autograd the
-probabilities are cached, keyed by the positional parameters' values (see :meth:`PositionalAttention._cached`).
-
-Two paths for attention + Value (:func:`attend_then_project`), chosen by :func:`use_batched_heads`:
-
-* per head (:mod:`sa_vision.layers.fused`, the default for float32 / float64 eager on the CPU): hand-written
-  autograd Functions mix one head at a time and add its share of the Value projection at once, in
-  cache-sized chunks of the batch, recomputing the heads in backward; no heads-sized tensor ever exists.
-* batched (on GPUs, under autocast, ``torch.compile``, export and tracing, or forced by
-  :func:`batched_heads`): every head in one batched product (:func:`apply_mixing`), the heads
-  concatenated (one copy, ``tokens x heads*D``) and one Value GEMM (:meth:`HeadsLinear.forward_batched`),
-  in plain autograd except one Function: eager training on the separable path mixes through
-  :func:`sa_vision.layers.fused.separable_mixing`, which recomputes the row-mixed heads in backward instead
-  of keeping a second heads-sized tensor. About a quarter of the per-head path's ATen calls per training step
-  (1,007 against 4,181 for ``sa_quadratic_cifar`` at batch 2), and under autocast the GEMM accumulates in
-  float32.
-
-Attention dropout. As in the original code, the content-free probabilities carry no batch dimension, so
-one dropout mask is drawn per forward and shared by the whole batch. On the dense path that mask covers
-the full ``(h*w) x (h*w)`` probability matrix, exactly as in the original. On the separable path the
-mask is itself separable: the row and column factors are each dropped with ``1 - sqrt(1 - p)`` (and
-rescaled), so every probability survives with probability ``1 - p`` and the expectation is unchanged,
-but the dropped entries are correlated (they come in rows x columns). The ``content`` kind depends on
-the input and draws an ordinary per-sample mask.
+Paper: `On the Relationship between Self-Attention and Convolutional Layers`, https://arxiv.org/abs/1911.03584.
+Every head attends over the raw input (head dimension = embedding dimension); how each path computes it exactly
+and fast is written up in ``docs/attention.md``.
 """
 import contextlib
 import math
@@ -62,9 +10,8 @@ from typing import Callable, ContextManager, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_module, use_fused_attn
 from torch import Tensor, nn
-
-from timm.layers import register_notrace_module
 
 from .autocast import autocast_inputs
 from .fused import _AttendThenProject, _HeadsLinearFunction, separable_mixing
@@ -182,6 +129,7 @@ class PositionalAttention(nn.Module):
         else:
             self.position = LearnedScores(dim, num_heads, max_shift=max_shift, **init, **dd)
         self.content = ContentScores(dim, num_heads, **dd) if kind == 'content' else None
+        self.fused_attn = use_fused_attn()  # the content kind: SDPA, or the explicit formula (timm's switch)
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major
         # all heads batched instead of the per-head kernels on the CPU (see use_batched_heads, batched_heads)
@@ -332,11 +280,13 @@ class PositionalAttention(nn.Module):
         H, W, B, D = x.shape
         tokens, q, k, position_scores = self._content_inputs(x)
         values = tokens[:, None].expand(B, self.num_heads, H * W, D)
-        out = F.scaled_dot_product_attention(
-            q, k, values,
-            attn_mask=position_scores.to(q.dtype)[None],
-            dropout_p=self.attn_drop if self.training else 0.,
-        )  # B, heads, HW, D
+        dropout_p = self.attn_drop if self.training else 0.
+        if self.fused_attn:
+            out = F.scaled_dot_product_attention(
+                q, k, values, attn_mask=position_scores.to(q.dtype)[None], dropout_p=dropout_p)  # B, heads, HW, D
+        else:
+            scores = q @ k.transpose(-1, -2) / math.sqrt(D) + position_scores.to(q.dtype)[None]
+            out = F.dropout(scores.softmax(dim=-1), dropout_p) @ values  # B, heads, HW, D
         return out.permute(1, 2, 0, 3).reshape(self.num_heads, H, W, B, D)
 
     def extra_repr(self) -> str:

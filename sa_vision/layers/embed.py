@@ -16,9 +16,8 @@ Imports only torch and timm; no other sa_vision module.
 from typing import Tuple
 
 import torch.nn.functional as F
-from torch import Tensor, nn
-
 from timm.layers import register_notrace_module
+from torch import Tensor, nn
 
 __all__ = ['SpaceToDepthEmbed']
 

@@ -1,6 +1,7 @@
 """ Fused per-head kernels: attention + Value and the stacked-heads Linear, one head at a time
 
-The CPU fast path of the layers (the content-free scores of Sec. 4.2-4.3, factorised over rows and columns; chosen by :func:`sa_vision.layers.attention.use_batched_heads`).
+The CPU fast path of the layers (the content-free scores of Sec. 4.2-4.3, factorised over rows and columns; chosen
+by :func:`sa_vision.layers.attention.use_batched_heads`).
 Hand-written autograd Functions that never build a heads-sized tensor: each head is mixed (two small
 products on the separable path) and immediately projected by its block of the Value weight, accumulating
 into the output with ``out=`` products; backward recomputes each head the same way. On the CPU the batch is

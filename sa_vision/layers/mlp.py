@@ -9,6 +9,7 @@ Imports only torch and :mod:`sa_vision.layers` (autocast, tracing); no other sa_
 """
 import torch
 import torch.nn.functional as F
+from timm.layers import Mlp
 from torch import Tensor, nn
 
 from .autocast import autocast_inputs
@@ -43,14 +44,12 @@ class _GeluLinear(torch.autograd.Function):
         return grad_hidden, grad_weight, grad_bias
 
 
-class GeluMlp(nn.Module):
-    """``Dropout(fc2(GELU(fc1(x))))`` with the exact (erf) GELU, as in the original post-norm layers."""
+class GeluMlp(Mlp):
+    """timm's ``Mlp`` as the original post-norm layers have it: ``Dropout(fc2(GELU(fc1(x))))``, exact (erf) GELU,
+    dropout only after ``fc2``; training saves only the hidden pre-activation (see the module docstring)."""
 
     def __init__(self, dim: int, hidden_dim: int, drop: float = 0., device=None, dtype=None):
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim, device=device, dtype=dtype)
-        self.fc2 = nn.Linear(hidden_dim, dim, device=device, dtype=dtype)
-        self.drop = nn.Dropout(drop)
+        super().__init__(dim, hidden_dim, act_layer=nn.GELU, drop=(0., drop), device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:
         hidden = self.fc1(x)
@@ -62,4 +61,4 @@ class GeluMlp(nn.Module):
             out = self.fc2(F.gelu(hidden))
         else:
             out = _GeluLinear.apply(*autocast_inputs(hidden, self.fc2.weight, self.fc2.bias))
-        return self.drop(out)
+        return self.drop2(out)

@@ -22,10 +22,6 @@ Conventions
 * Throughput is images/s; every figure is the median over several timed runs after warm-up. Several
   variants are timed alternately (A, B, A, B, ...) in one process, so background load hits them alike;
   only their ratios are meant to be quoted: the median over rounds of each round's paired ratio.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.layers`, :mod:`sa_vision.research.paper_reference` (the baseline) and the package root (which registers
-the models) inside the functions that need them.
 """
 import contextlib
 import copy
@@ -152,10 +148,12 @@ def build_variants(
 ) -> List[Variant]:
     """The model itself, then each of ``compare`` ('dense': same weights through the plain dense formula;
     'batched': same weights on the batched-heads path, which GPUs, autocast and torch.compile take by themselves;
-    'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.research.paper_reference`; any other
+    'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.research.paper_reference`; any
+    other
     timm model name: that model, built with ``compare_kwargs[name]``, e.g. the ResNet a small SA model is weighed
     against)."""
     import timm
+
     import sa_vision  # noqa: F401  (registers the models)
     if not timm.is_model(model_name):
         raise UserError(f'unknown model {model_name!r}: not a registered timm name (sa_vision: '
@@ -314,7 +312,7 @@ def benchmark_variants(
         try:
             with v.context():
                 row['macs'] = count_macs(r.infer_model, _as_input_size(input_size))
-        except Exception as e:  # counting must never stop the timing
+        except Exception as e:  # noqa: BLE001  counting must never stop the timing
             log(f'{v.name}: MAC count failed: {e!r}')
             row['macs'] = None
         rows.append(row)

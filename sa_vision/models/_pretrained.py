@@ -10,9 +10,6 @@ of 1+2+4+8+8 s per file, and timm asks for two files (``model.safetensors``, the
 ``HUB_PROBE_TIMEOUT`` seconds, whether it answers at all, and raise ``PretrainedWeightsUnavailable`` at once when
 it does not. Weights in the cache skip the check (huggingface_hub then falls back to the cache itself, without
 retries), as does ``HF_HUB_OFFLINE=1`` (which never touches the network); no global setting is changed.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): part of the models; imports
-no sa_vision code (huggingface_hub and timm only). The model factories and the Hub tools import it.
 """
 import sys
 import threading
@@ -49,8 +46,12 @@ def registered_hf_hub_id(arch: str) -> Optional[str]:
 
 def _hub_fetch_errors():
     from huggingface_hub.errors import (
-        EntryNotFoundError, LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError,
-        RevisionNotFoundError)
+        EntryNotFoundError,
+        LocalEntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     return EntryNotFoundError, LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError, \
         RevisionNotFoundError
 
@@ -96,7 +97,7 @@ def _probe_hub(url: str, timeout: float) -> Optional[str]:
     def ask():
         try:
             get_hf_file_metadata(url, timeout=timeout)
-        except BaseException as e:  # noqa: B036 -- handed to the caller
+        except BaseException as e:  # noqa: B036, BLE001  handed to the caller
             outcome['error'] = e
 
     thread = threading.Thread(target=ask, name='sa_vision-hub-probe', daemon=True)

@@ -12,14 +12,11 @@ them in groups of their own with ``lr_scale = pos_lr_scale``.
 groups follow exactly the same warm-up / cosine shape at ``pos_lr_scale`` times the other groups' lr. Use it as
 ``create_optimizer_v2(model, ..., param_group_fn=partial(param_groups_pos_lr, weight_decay=wd, pos_lr_scale=s))``.
 Without a timm scheduler, ``lr_scale`` is ignored by torch: set ``group['lr'] *= group['lr_scale']`` once.
-
-Layering (layers -> models -> tools -> scripts): a model module; imports :mod:`sa_vision.layers` and timm only.
 """
 from typing import Any, Collection, Dict, List, Optional, Set
 
-from torch import nn
-
 from timm.optim import param_groups_weight_decay
+from torch import nn
 
 from ..layers import PositionalAttention
 

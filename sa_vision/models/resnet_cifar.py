@@ -6,19 +6,15 @@ baseline of `On the Relationship between Self-Attention and Convolutional Layers
 timm's ResNet with the CIFAR stem (paper Sec. 4.1): a 3x3 stride-1 convolution of 64 channels without bias,
 BN, ReLU and no max-pool, then the usual four stages of two BasicBlocks (64/128/256/512, strides 1/2/2/2,
 1x1 conv + BN shortcuts), global average pooling and a Linear classifier. 11,173,962 parameters at 10 classes.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a model; imports only
-:mod:`sa_vision.models._pretrained` and the constants of :mod:`sa_vision.paper`.
 """
 from typing import Any, Dict
 
-from torch import nn
-
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.resnet import BasicBlock, ResNet
+from torch import nn
 
-from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 
 __all__ = ['CifarResNet']
 

@@ -20,25 +20,34 @@ Inside the network the token grid is grid-major, ``h x w x B x D`` (batch inside
 products of the separable attention and the Value projection are then single large matrix products and
 no activation of the size of the concatenated heads is ever permuted. ``forward_features`` returns the
 usual channels-last ``B x h x w x D`` (a view; ``output_fmt = 'NHWC'``, like timm's Swin).
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a model; imports only
-:mod:`sa_vision.layers`, :mod:`sa_vision.models._pretrained` and the constants of :mod:`sa_vision.paper`.
 """
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
+from timm.layers import calculate_drop_path_rates
+from timm.models import (
+    build_model_with_cfg,
+    checkpoint,
+    checkpoint_seq,
+    generate_default_cfgs,
+    register_model,
+    register_notrace_function,
+    register_notrace_module,
+)
+from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
-from timm.layers import calculate_drop_path_rates
-from timm.models import build_model_with_cfg, checkpoint, checkpoint_seq, generate_default_cfgs, register_model
-from timm.models import register_notrace_function, register_notrace_module
-from timm.models._features import feature_take_indices
-
-from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 from ..layers import (
-    ATTENTION_KINDS, CONV_INIT_ALPHA, GeluMlp, HeadsLinear, PositionalAttention, SpaceToDepthEmbed, attend_then_project,
+    ATTENTION_KINDS,
+    CONV_INIT_ALPHA,
+    GeluMlp,
+    HeadsLinear,
+    PositionalAttention,
+    SpaceToDepthEmbed,
+    attend_then_project,
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
+from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 
 __all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
 
@@ -68,7 +77,10 @@ def check_image_shape(x: Tensor, in_chans: int) -> None:
 
 
 class SampleDropPath(nn.Module):
-    """Stochastic depth on the grid-major layout ``h x w x B x D``: one keep/drop draw per sample."""
+    """Stochastic depth on the grid-major layout ``h x w x B x D``: one keep/drop draw per sample.
+
+    timm's ``DropPath`` draws along dim 0, which here is a grid row, not the batch.
+    """
 
     def __init__(self, drop_prob: float = 0.):
         super().__init__()
@@ -78,8 +90,10 @@ class SampleDropPath(nn.Module):
         if self.drop_prob == 0. or not self.training:
             return x
         keep_prob = 1. - self.drop_prob
-        keep = x.new_empty(1, 1, x.shape[2], 1).bernoulli_(keep_prob)
-        return x * keep / keep_prob
+        keep = x.new_empty(1, 1, x.shape[2], 1).bernoulli_(keep_prob)  # the batch is dim 2 of h x w x B x D
+        if keep_prob > 0.:  # as timm's drop_path: at rate 1 every sample is dropped, nothing is rescaled
+            keep.div_(keep_prob)
+        return x * keep
 
 
 @register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
@@ -324,7 +338,9 @@ class SelfAttentionNet(nn.Module):
                 x = blk(x)
             if i in take_indices:
                 # grid-major (h, w, B, D) -> NCHW or NHWC
-                intermediates.append(x.permute(2, 3, 0, 1).contiguous() if output_fmt == 'NCHW' else x.permute(2, 0, 1, 3))
+                # h x w x B x D -> B x D x h x w (NCHW) or B x h x w x D (NHWC)
+                intermediates.append(
+                    x.permute(2, 3, 0, 1).contiguous() if output_fmt == 'NCHW' else x.permute(2, 0, 1, 3))
         if intermediates_only:
             return intermediates
         return x.permute(2, 0, 1, 3), intermediates

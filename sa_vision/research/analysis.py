@@ -21,11 +21,8 @@ cover a full 3x3 kernel. :func:`format_table` prints, :func:`write_table` writes
 
 Shifts are (row, col) = (down, right) in grid units; one grid unit is 2 image pixels (space-to-depth).
 
-:func:`load_model` (from :mod:`sa_vision.train.checkpoint`) opens a timm model name, any checkpoint file or a Hub folder.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.layers` and :mod:`sa_vision.train.checkpoint` (the loader it re-exports). :mod:`sa_vision.research.plots` and
-:mod:`sa_vision.research.pruning` build on it.
+:func:`load_model` (from :mod:`sa_vision.train.checkpoint`) opens a timm model name, any checkpoint file or a Hub
+folder.
 """
 import csv
 import json
@@ -36,9 +33,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from ..train.checkpoint import infer_model_args, load_model  # noqa: F401  (re-exported: the scripts' one loader)
 from ..errors import UserError
 from ..layers import PositionalAttention
+from ..train.checkpoint import infer_model_args, load_model  # noqa: F401  (re-exported: the scripts' one loader)
 
 __all__ = [
     'GAUSSIAN_KINDS', 'attention_layers', 'center_shifts', 'center_shift_median', 'default_grid_size',

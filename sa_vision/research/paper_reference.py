@@ -28,9 +28,6 @@ The parameters carry the names and shapes of :class:`sa_vision.models.SelfAttent
 kept as the original's Linear (``patch_embed.weight`` of shape ``(D, 4*C)``; ours is a 2x2 stride-2 convolution,
 ``patch_embed.proj.weight`` of shape ``(D, C, 2, 2)``). :func:`paper_state_dict` converts a state dict of ours,
 and :meth:`PaperDenseSA.from_state_dict` builds the reference with the same weights.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a test reference beside the
-layers; imports no sa_vision code (see above). The tests and :mod:`sa_vision.measure.benchmark` import it.
 """
 from typing import Dict, Mapping, Optional, Sequence
 
@@ -100,7 +97,8 @@ class PaperAttention(nn.Module):
     def __init__(self, dim: int, num_heads: int, kind: str, attn_drop: float = 0.1, max_shift: int = 15):
         super().__init__()
         if kind not in PAPER_ATTENTION_KINDS:
-            raise ValueError(f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
+            raise ValueError(
+                f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
         self.kind = kind
         self.num_heads = num_heads
         self.attn_drop = nn.Dropout(attn_drop)
@@ -190,7 +188,8 @@ class PaperDenseSA(nn.Module):
     ):
         super().__init__()
         if kind not in PAPER_ATTENTION_KINDS:
-            raise ValueError(f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
+            raise ValueError(
+                f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
         self.kind = kind
         self.in_chans = in_chans
         self.embed_dim = embed_dim

@@ -14,9 +14,6 @@ Every plotting function returns ``(figure, data)``: the matplotlib ``Figure`` an
 draws, computed by :mod:`sa_vision.research.analysis`. Figures are built without pyplot (no global state, any
 backend); the file type follows the path's suffix (``.png``, ``.svg``, ``.pdf``).
 Axes: x = column shift (right), y = row shift (down, as in an image), in grid units (2 image pixels).
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.research.analysis` (and matplotlib).
 """
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -27,11 +24,19 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Rectangle
 from torch import Tensor, nn
 
-from .analysis import (
-    GAUSSIAN_KINDS, attention_layers, attention_probs, default_grid_size, gaussian_contour, head_centers,
-    head_precisions, interior_query, load_model, query_maps,
-)
 from ..errors import UserError
+from .analysis import (
+    GAUSSIAN_KINDS,
+    attention_layers,
+    attention_probs,
+    default_grid_size,
+    gaussian_contour,
+    head_centers,
+    head_precisions,
+    interior_query,
+    load_model,
+    query_maps,
+)
 
 __all__ = ['plot_centers', 'plot_attention_maps', 'plot_center_trajectories', 'save_card_figure']
 
@@ -134,7 +139,8 @@ def plot_attention_maps(
 
     Returns the figure and ``{'maps': (layers, max heads, 2*zoom+1, 2*zoom+1) array (NaN where a layer has
     fewer heads or the window leaves the grid), 'query': (row, col), 'grid_size': (h, w)}``; the maps are
-    :func:`~sa_vision.research.analysis.query_maps` of :func:`~sa_vision.research.analysis.attention_probs` (averaged over
+    :func:`~sa_vision.research.analysis.query_maps` of :func:`~sa_vision.research.analysis.attention_probs`
+    (averaged over
     ``images`` for the ``content`` kind).
     """
     kind = attention_layers(model)[0].kind

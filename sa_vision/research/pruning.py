@@ -12,9 +12,6 @@ kinds; its rows of the key maps for the learned kinds) and its ``D`` input colum
 layer's Value map. The result is the state dict of the same model with fewer heads in some layers; it
 loads strictly into ``timm.create_model(<name>, heads_per_layer=<kept heads>)`` (for the paper's
 [2,4,1,2,6,0] that is ``sa_gen_pruned``). Fine-tune it afterwards with the pruned recipe (paper App. A.4).
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.research.analysis` (head precisions) and :mod:`sa_vision.train.checkpoint` (the format it writes).
 """
 import copy
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -22,8 +19,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 from ..errors import UserError
+from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 
 __all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'head_eigenvalues', 'find_degenerate_heads',
            'select_heads_to_prune', 'prune_state_dict', 'prune_heads']
@@ -52,7 +49,8 @@ def find_degenerate_heads(
     degenerate = []
     for eigenvalues in head_eigenvalues(model):
         smallest, largest = eigenvalues[:, 0].abs(), eigenvalues[:, 1].abs()
-        condition = torch.where(smallest > 0, largest / smallest.clamp(min=1e-300), torch.full_like(largest, float('inf')))
+        condition = torch.where(
+            smallest > 0, largest / smallest.clamp(min=1e-300), torch.full_like(largest, float('inf')))
         bad = (largest < max_eigenvalue_below) | (condition > max_condition)
         degenerate.append([int(i) for i in torch.nonzero(bad).flatten()])
     return degenerate
@@ -80,7 +78,8 @@ def _per_head_params(kind: str, dim: int) -> Dict[str, Tuple[int, int]]:
     """Parameter suffix within a block -> (dim holding the heads, entries per head)."""
     if kind in GAUSSIAN_KINDS:
         return {'attn.position.centers': (0, 1), 'attn.position.spreads': (0, 1), 'value.weight': (1, dim)}
-    params = {'attn.position.row_keys.weight': (0, 1), 'attn.position.col_keys.weight': (0, 1), 'value.weight': (1, dim)}
+    params = {'attn.position.row_keys.weight': (0, 1), 'attn.position.col_keys.weight': (0, 1),
+              'value.weight': (1, dim)}
     if kind == 'content':
         params.update({
             'attn.content.query.weight': (0, dim), 'attn.content.query.bias': (0, dim),
@@ -175,6 +174,7 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
     --initial-checkpoint <path>`` builds the model with those heads. Returns the ``model_args``.
     """
     import json
+
     from ..train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save, infer_model_args
     state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
     model_args = infer_model_args(state_dict)

@@ -16,13 +16,9 @@ input (head dimension = ``C_in``), centres sit on the kernel shifts (times the d
 the classifier's 2x2 space-to-depth) is involved: the layer works on the convolution's own input pixels.
 :func:`min_hard_attention_alpha` gives the smallest ``alpha`` at which the soft attention is hard to the
 precision of a float dtype.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports only
-:mod:`sa_vision.layers`.
 """
-import contextlib
 import math
-from typing import Iterator, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -30,30 +26,11 @@ from torch import Tensor, nn
 
 from ..layers import PositionalAttention
 
-__all__ = ['ConvAsAttention', 'attention_from_conv', 'min_hard_attention_alpha', 'off_center_mass', 'exact_float32',
-           'DEFAULT_ALPHA']
+__all__ = ['ConvAsAttention', 'attention_from_conv', 'min_hard_attention_alpha', 'off_center_mass', 'DEFAULT_ALPHA']
 
 # large enough for float64 (needs ~41 for a 5x5 kernel) with a wide margin, small enough that the
 # largest score on a 64x64 grid (alpha * 2 * 63^2 ~ 8e5) is far from float32 overflow (3.4e38)
 DEFAULT_ALPHA = 100.0
-
-
-@contextlib.contextmanager
-def exact_float32() -> Iterator[None]:
-    """Full float32 matrix products and convolutions on CUDA inside the block: TF32 off, the previous switches
-    restored on exit.
-
-    cuDNN runs float32 convolutions in TF32 (a 10-bit mantissa) by default on Ampere and later GPUs, so
-    ``nn.Conv2d`` itself is then only accurate to ~1e-3: comparing :func:`attention_from_conv` with the
-    convolution it computes needs both in float32 proper. No effect on the CPU, which has no TF32.
-    """
-    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
 def off_center_mass(alpha: float, terms: int = 64) -> float:
@@ -214,8 +191,9 @@ def attention_from_conv(conv: nn.Conv2d, alpha: float = DEFAULT_ALPHA, pad: Opti
     Returns:
         A :class:`ConvAsAttention` on the device and dtype of ``conv``, ``B x C_in x H x W -> B x C_out x H x W``.
 
-    On a CUDA GPU compare the two in float32 inside :func:`exact_float32`: PyTorch's default TF32 convolutions
-    make ``conv`` itself differ from exact float32 by ~1e-3.
+    On a CUDA GPU compare the two with TF32 off (``torch.backends.cudnn.allow_tf32 = False`` and
+    ``torch.backends.cuda.matmul.allow_tf32 = False``): PyTorch's default TF32 convolutions make ``conv`` itself
+    differ from exact float32 by ~1e-3.
     """
     if not isinstance(conv, nn.Conv2d):
         raise ValueError(f'expected an nn.Conv2d, got {type(conv).__name__}')

@@ -13,10 +13,6 @@
 
 The result, a :class:`Checkpoint`, builds its model with :meth:`Checkpoint.create_model`. :func:`load_model`
 also takes a timm model name.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.models` and :mod:`sa_vision.train.data` (the dataset of a tag), never the Hub, publishing, training or
-analysis code (they import it).
 """
 import argparse
 import json
@@ -26,6 +22,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Union
 
 import torch
+from timm.models import clean_state_dict
 from torch import Tensor, nn
 
 from ..errors import UserError
@@ -46,8 +43,9 @@ RUNTIME_ARGS = frozenset({
     'config', 'output', 'experiment', 'data_dir', 'data', 'resume', 'initial_checkpoint', 'no_resume_opt',
     'rank', 'world_size', 'local_rank', 'distributed', 'device', 'device_modules', 'prefetcher', 'workers',
     'pin_mem', 'channels_last', 'log_interval', 'recovery_interval', 'checkpoint_hist', 'export', 'target_top1',
-    'dataset_download', 'save_epoch_weights', 'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'torchcompile',
-    'dist_backend', 'dist_url', 'no_ddp_bb', 'synchronize_step', 'save_images', 'use_multi_epochs_loader', 'cudnn_benchmark',
+    'dataset_download', 'save_epoch_weights', 'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id',
+    'torchcompile', 'dist_backend', 'dist_url', 'no_ddp_bb', 'synchronize_step', 'save_images',
+    'use_multi_epochs_loader', 'cudnn_benchmark',
     'retain_freed_memory',
 })
 # timm train.py's create_model(...) keywords and the args they come from
@@ -90,6 +88,7 @@ class Checkpoint:
     def create_model(self) -> nn.Module:
         """The model with these weights (strictly loaded), in eval mode."""
         import timm
+
         from .. import models  # noqa: F401  registers the models
         if not timm.is_model(self.arch):
             raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
@@ -142,7 +141,7 @@ def _torch_load(path: Path, map_location) -> Any:
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  torch.load raises many kinds on a bad file: all become CheckpointError
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ''
         if 'Unsupported global' in str(e) or 'weights_only' in str(e):
             raise CheckpointError(
@@ -152,10 +151,6 @@ def _torch_load(path: Path, map_location) -> Any:
         raise CheckpointError(
             f'{path} cannot be read ({type(e).__name__}: {first}): the file is corrupted or truncated, or not a '
             f'PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
-
-
-def _strip_module_prefix(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    return {k[len('module.'):] if k.startswith('module.') else k: v for k, v in state_dict.items()}
 
 
 # keys every SelfAttentionNet state dict holds (timm's ViTs have patch_embed.proj.weight too, but no Value map)
@@ -206,7 +201,7 @@ _KIND_OF_MODEL = {name: args['attn_kind'] for name, args in SA_MODEL_ARGS.items(
 def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: Optional[str],
                      model_args: Dict[str, Any], meta: Dict[str, Any]) -> Checkpoint:
     """A checkpoint of bare weights: the architecture from ``arch`` / stored args, or read off SA shapes."""
-    state_dict = _strip_module_prefix(state_dict)
+    state_dict = clean_state_dict(state_dict)
     if is_sa_state_dict(state_dict):
         inferred = infer_model_args(state_dict)
         kind = inferred.pop('attn_kind')  # the registered model of a kind sets it itself
@@ -301,7 +296,7 @@ def _read_safetensors(path: Path):
         with safe_open(str(path), 'pt') as f:
             metadata = f.metadata() or {}
         return load_file(str(path)), metadata
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001  safetensors raises several kinds on a bad file
         raise CheckpointError(f'{path} is not a readable safetensors file ({type(e).__name__}: {e}); it is '
                               f'corrupted or truncated') from None
 
@@ -330,7 +325,8 @@ def read_checkpoint(
                               f'a .safetensors file) or an exported Hub folder')
     elif path.suffix == '.safetensors':
         state_dict, metadata = _read_safetensors(path)
-        stored_args = _read_json(metadata['model_args'], path, "metadata 'model_args'") if 'model_args' in metadata else {}
+        stored_args = (_read_json(metadata['model_args'], path, "metadata 'model_args'")
+                       if 'model_args' in metadata else {})
         if not isinstance(stored_args, dict):
             raise CheckpointError(f"{path}: metadata 'model_args' must be a JSON object of create_model keywords, "
                                   f'got {type(stored_args).__name__}; re-save the file with scripts/prune.py or '
@@ -372,7 +368,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
             meta['metrics'] = {args.get('eval_metric', 'top1'): obj['metric']}
         stored = _timm_model_args(args) if args else {}
         return Checkpoint(obj.get('arch') or args.get('model') or arch, {**stored, **model_args},
-                          _strip_module_prefix(obj[key]), str(path), 'timm', meta)
+                          clean_state_dict(obj[key]), str(path), 'timm', meta)
     if all(k in obj for k in ('arch', 'model_args', 'state_dict')):
         if int(obj.get('version', 1)) > CHECKPOINT_VERSION:
             raise CheckpointError(f'{path} was written by a newer sa_vision (checkpoint version {obj["version"]}, '
@@ -399,6 +395,7 @@ def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **k
     ``hf-hub:`` name weights, so they always load them (as ``scripts/validate.py`` does), never a random model.
     """
     import timm
+
     from .. import models  # noqa: F401  registers the models
     if source.startswith(LOCAL_DIR_PREFIX):
         folder = Path(source[len(LOCAL_DIR_PREFIX):])

@@ -14,14 +14,12 @@
 Transforms follow the paper's CIFAR-10 recipe (Section 4 of the paper): train = random 32x32 crop of the 4-pixel
 zero-padded image + horizontal flip + normalise; eval = normalise only. Image-folder images of another size are
 first resized as timm's eval transform does with ``crop_pct=1`` (shorter side to the model's input size, then the
-centre square): a timm user expects any folder of images to load, and the models' grid is fixed by the input size. Mean and std are each dataset's own (its
+centre square): a timm user expects any folder of images to load, and the models' grid is fixed by the input size.
+Mean and std are each dataset's own (its
 :class:`DatasetInfo`; CIFAR-10's come from :mod:`sa_vision.paper`).
 
 A --dataset that is neither a known name, a timm ``<type>/<name>`` nor an existing folder is a
 :class:`~sa_vision.errors.DatasetError` listing the known names.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports only the
-constants of :mod:`sa_vision.paper` and :mod:`sa_vision.errors`.
 """
 import gzip
 import os
@@ -37,7 +35,8 @@ from ..errors import DatasetError, DatasetNotFoundError
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 
 __all__ = [
-    'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'normalization',
+    'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info',
+    'dataset_for_tag', 'normalization',
     'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
     'create_cifar_transform', 'create_image_dataset', 'known_dataset_names', 'split_name',
 ]
@@ -226,7 +225,8 @@ class FashionMnistDataset(Dataset):
         images = _read_idx_uint8(paths[0], 3)
         targets = _read_idx_uint8(paths[1], 1).long()
         if images.shape[1:] != (28, 28):
-            raise DatasetError(f'{paths[0]} holds {images.shape[1]}x{images.shape[2]} images, Fashion-MNIST\'s are 28x28')
+            raise DatasetError(
+                f'{paths[0]} holds {images.shape[1]}x{images.shape[2]} images, Fashion-MNIST\'s are 28x28')
         if len(images) != len(targets):
             raise DatasetError(f'{paths[0]} holds {len(images)} images but {paths[1]} {len(targets)} labels')
         if len(targets) and int(targets.max()) >= 10:

@@ -2,9 +2,6 @@
 
 Used by ``scripts/train.py`` (every epoch) and ``scripts/validate.py``. The running totals stay on the images'
 device (no host sync per batch) and are all-reduced there, as NCCL requires CUDA tensors.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool that imports no
-sa_vision code (torch only).
 """
 from contextlib import nullcontext
 from typing import Callable, Dict

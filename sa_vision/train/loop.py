@@ -7,7 +7,8 @@ arguments override the recipe. Offline quick start (digits from scikit-learn, a 
 
     python scripts/train.py -c scripts/configs/sa_quadratic_cifar_digits.yaml --export
 
-CIFAR-10 with the paper's recipe (GPU: CUDA and bf16 autocast are used automatically, channels-last for convolutional models):
+CIFAR-10 with the paper's recipe (GPU: CUDA and bf16 autocast are used automatically, channels-last for
+convolutional models):
 
     python scripts/train.py -c scripts/configs/sa_quadratic_cifar.yaml --data-dir data --dataset-download
 
@@ -17,14 +18,8 @@ arguments (saved in the checkpoint; explicit command-line options override them 
 ``--initial-checkpoint`` starts from weights of any kind (``scripts/prune.py`` output, a timm train.py checkpoint,
 safetensors, a Hub folder); the architecture arguments stored with them are the defaults of ``--model-kwargs``.
 A run's ``recipe.yaml`` (written beside its checkpoint and into exports) repeats it: ``-c recipe.yaml``.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports
-:mod:`sa_vision.models`, :mod:`sa_vision.train.checkpoint`, :mod:`sa_vision.train.data`, :mod:`sa_vision.train.evaluation`,
-:mod:`sa_vision.train.recipes`, and :mod:`sa_vision.hub` for ``--export``. :mod:`sa_vision.reproduce` runs it in a
-subprocess.
 """
 import argparse
-from typing import Callable, List, Optional
 import functools
 import importlib
 import json
@@ -37,26 +32,32 @@ from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from functools import partial
 from pathlib import Path
+from typing import Callable, List, Optional
 
 import numpy as np
+import timm
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import yaml
-from torch.nn.parallel import DistributedDataParallel
-from torch.utils.data import DataLoader, DistributedSampler
-
-import timm
 from timm.loss import LabelSmoothingCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import ParseKwargs, dispatch_clip_grad, update_summary
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler
 
 from .. import models  # noqa: F401  registers the models
-from ..models import param_groups_pos_lr
 from ..errors import UserError, run_cli
+from ..models import param_groups_pos_lr
 from .checkpoint import (
-    CHECKPOINT_VERSION, CheckpointError, atomic_torch_save, plain_data, read_checkpoint, strip_runtime_args)
+    CHECKPOINT_VERSION,
+    CheckpointError,
+    atomic_torch_save,
+    plain_data,
+    read_checkpoint,
+    strip_runtime_args,
+)
 from .data import create_image_dataset, normalization, split_name
 from .evaluation import evaluate
 from .recipes import check_recipe_keys, load_recipe
@@ -236,7 +237,8 @@ def _parse_run_args(argv=None):
 
     Defaults, lowest first: the parser's, the recipe's (``-c``), and with ``--resume`` the arguments the run was
     started with (saved in its checkpoint): a resumed run continues as it was configured, whatever recipe is given.
-    Options given explicitly on the command line win over all of them; with ``--resume``, those that differ from the run are listed in
+    Options given explicitly on the command line win over all of them; with ``--resume``, those that differ from
+    the run are listed in
     ``args.resume_changes`` (logged by :func:`main`).
     """
     args_config, remaining = config_parser.parse_known_args(argv)
@@ -404,7 +406,7 @@ def retain_freed_memory() -> bool:
     try:
         libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
         mallopt = libc.mallopt
-        libc.gnu_get_libc_version  # glibc's; other C libraries number mallopt's parameters differently
+        _ = libc.gnu_get_libc_version  # glibc's; other C libraries number mallopt's parameters differently
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int

@@ -8,9 +8,6 @@ hyper-parameters (paper App. A.4) are written down.
 
 A key that neither ``scripts/train.py`` nor timm's ``train.py`` reads is an error (:func:`check_recipe_keys`): a
 misspelt ``lr_rate`` would otherwise leave the default learning rate in place without a word.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports only
-:mod:`sa_vision.errors`.
 """
 import difflib
 import os

@@ -9,9 +9,6 @@ and then runs the given script as ``__main__`` with the remaining arguments::
 
 The script sees ``sys.argv == [script, *arguments]`` and its own folder first on ``sys.path``, as when run
 with ``python script ...``.
-
-Layering (layers -> models -> tools -> scripts, checked by ``tests/test_structure.py``): a tool; imports only the
-package root (layers and models).
 """
 import os
 import runpy

@@ -1,0 +1,33 @@
+""" What several test modules share: the model lists (derived from the registry) and float32 on a GPU """
+import contextlib
+from typing import Iterator
+
+import torch
+
+from sa_vision.models import SA_MODEL_ARGS
+from sa_vision.paper import PAPER_RESULTS
+
+SA_MODELS = tuple(SA_MODEL_ARGS)  # every registered attention model
+ALL_MODELS = SA_MODELS + ('resnet18_cifar',)
+PAPER_TABLE_MODELS = tuple(PAPER_RESULTS)  # the models of the paper's table (Table 1), in its order
+# the content-free Gaussian and learned kinds with a registered model of their own (not the pruned copy)
+CONTENT_FREE_MODELS = tuple(name for name, args in SA_MODEL_ARGS.items()
+                            if args.get('attn_kind', 'quadratic') != 'content' and 'heads_per_layer' not in args)
+GAUSSIAN_MODELS = tuple(name for name in CONTENT_FREE_MODELS
+                        if SA_MODEL_ARGS[name].get('attn_kind', 'quadratic') in ('quadratic', 'generalized'))
+
+
+@contextlib.contextmanager
+def exact_float32() -> Iterator[None]:
+    """Full float32 matrix products and convolutions on CUDA inside the block (TF32 off, restored on exit).
+
+    cuDNN runs float32 convolutions in TF32 by default on Ampere and later GPUs, so ``nn.Conv2d`` itself is then
+    only accurate to ~1e-3. No effect on the CPU, which has no TF32.
+    """
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
