@@ -77,3 +77,24 @@ def test_the_private_timm_helpers_of_the_pinned_range_exist():
     from timm.models._features import feature_take_indices
     assert feature_take_indices(6, 3) == ([3, 4, 5], 5)
     assert callable(_search_split)
+
+
+def test_weights_in_the_released_codes_embedding_layout_load_through_timm(tmp_path):
+    """A Hub folder whose embedding is the original Linear (paper_reference's layout) loads with
+    pretrained=True through checkpoint_filter_fn and gives the logits of the model it was converted from."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from sa_vision.research.paper_reference import paper_state_dict
+    source = WEIGHTS_V0_1 / 'sa_quadratic_cifar'
+    model = timm.create_model(f'local-dir:{source}', pretrained=True).eval()
+    original = paper_state_dict(model.state_dict())
+    assert 'patch_embed.weight' in original and 'patch_embed.proj.weight' not in original
+    folder = tmp_path / 'original_layout'
+    folder.mkdir()
+    save_file({k: v.contiguous() for k, v in original.items()}, str(folder / 'model.safetensors'))
+    (folder / 'config.json').write_text(json.dumps(json.loads((source / 'config.json').read_text())))
+    converted = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(converted(EXPECTED['input']), EXPECTED['sa_quadratic_cifar'], rtol=1e-4, atol=1e-5)

@@ -49,7 +49,7 @@ from ..layers import (
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
 
-__all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
+__all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape', 'checkpoint_filter_fn']
 
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
@@ -400,6 +400,23 @@ SA_MODEL_ARGS: Dict[str, Dict] = {
 }
 
 
+def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: nn.Module) -> Dict[str, Tensor]:
+    """Weights with the released code's Linear embedding (``patch_embed.weight``, ``(D, 4*C)``, input index
+    ``(2*di + dj) * C + c``) as ours, the equivalent 2x2 stride-2 convolution ``(D, C, di, dj)``; timm's loaders
+    (``pretrained=True``, ``local-dir:``, ``hf-hub:``) call it. Our own state dicts pass through unchanged."""
+    out = {}
+    for key, value in state_dict.items():
+        if key == 'patch_embed.weight' and value.ndim == 2:
+            embed_dim, patch = value.shape
+            # (D, 4C) -> (D, di, dj, C) -> (D, C, di, dj)
+            out['patch_embed.proj.weight'] = value.reshape(embed_dim, 2, 2, patch // 4).permute(0, 3, 1, 2)
+        elif key == 'patch_embed.bias':
+            out['patch_embed.proj.bias'] = value
+        else:
+            out[key] = value
+    return out
+
+
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     kwargs = {**SA_MODEL_ARGS[variant], **kwargs}
     out_indices = kwargs.pop('out_indices', 3)
@@ -409,6 +426,7 @@ def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentio
             SelfAttentionNet,
             variant,
             pretrained,
+            pretrained_filter_fn=checkpoint_filter_fn,
             feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
             **kwargs,
         )
