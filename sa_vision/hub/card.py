@@ -16,8 +16,8 @@ __all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 
 
 def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
     """Parameters and multiply-accumulates of one ``in_chans x img_size x img_size`` image, attention included,
-    counted by :func:`sa_vision.measure.benchmark.count_macs` (on the model's device)."""
-    from ..measure.benchmark import count_macs
+    counted by :func:`sa_vision.measure.macs.count_macs` (on the model's device)."""
+    from ..measure.macs import count_macs
     in_chans = getattr(model, 'in_chans', 3)
     return {'params': sum(p.numel() for p in model.parameters()),
             'macs': count_macs(model, (in_chans, img_size, img_size))}
@@ -187,28 +187,21 @@ def _recipe(ckpt: Checkpoint) -> Dict[str, Any]:
 def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str,
                       has_figure: bool = False) -> str:
     """README.md of an export: the card template with the labels, measured size, accuracy and training summary."""
-    import yaml
+    from huggingface_hub import EvalResult, ModelCard
     arch, metrics, info = ckpt.arch, ckpt.meta.get('metrics') or {}, label.dataset
     template_path = MODEL_CARD_DIR / f'{arch}.md'
-    text = template_path.read_text(encoding='utf-8') if template_path.is_file() else generate_model_card(arch)
-    match = re.match(r'^---\n(.*?)\n---\n', text, re.S)
-    meta = yaml.safe_load(match.group(1)) if match else {}
-    body = text[match.end():] if match else text
-    if info.hub_dataset:
-        meta['datasets'] = [info.hub_dataset]
-    else:
-        meta.pop('datasets', None)  # no Hub dataset id for it: claim none
+    template = template_path.read_text(encoding='utf-8') if template_path.is_file() else generate_model_card(arch)
+    card = ModelCard(template)  # YAML front matter as ModelCardData, the markdown as card.text
+    card.data.datasets = [info.hub_dataset] if info.hub_dataset else None  # no Hub dataset id for it: claim none
     scores = [(key, name) for key, name in (('top1', 'Top-1 accuracy'), ('top5', 'Top-5 accuracy')) if key in metrics]
-    if scores:
-        meta['model-index'] = [{
-            'name': label.name,
-            'results': [{
-                'task': {'type': 'image-classification', 'name': 'Image Classification'},
-                'dataset': {'type': info.hub_dataset or info.tag, 'name': info.title, 'split': info.eval_split},
-                'metrics': [{'type': 'accuracy', 'name': name, 'value': round(float(metrics[key]), 2)}
-                            for key, name in scores],
-            }],
-        }]
+    if scores:  # the Hub's model-index
+        card.data.model_name = label.name
+        card.data.eval_results = [EvalResult(
+            task_type='image-classification', task_name='Image Classification',
+            dataset_type=info.hub_dataset or info.tag, dataset_name=info.title, dataset_split=info.eval_split,
+            metric_type='accuracy', metric_name=name, metric_value=round(float(metrics[key]), 2))
+            for key, name in scores]
+    body = card.text
     body = _replace_section(body, 'title', f'# {label.name}')
     body = _replace_section(body, 'description', _describe(
         arch, model, label.registered_architecture, ckpt.model_args) + '.')
@@ -231,8 +224,8 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     if has_figure:
         figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
         body = _replace_section(body, 'figure', figure)
-    header = yaml.safe_dump(meta, sort_keys=False, allow_unicode=True).strip()
-    return f'---\n{header}\n---\n{body}'
+    card.text = body
+    return str(card)
 
 
 def _used_recipe_section(ckpt: Checkpoint) -> str:
