@@ -3,14 +3,18 @@ import os
 from pathlib import Path
 from typing import Optional, Union
 
+from ..errors import UserError
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
 from .labels import HUB_FOLDER_FILES, WeightsLabel
 
 __all__ = ['HubPublishError', 'check_publish_target', 'resolve_token', 'publish_hub_folder']
 
 
-class HubPublishError(RuntimeError):
-    """Publishing cannot start: no token, no write permission, or a repository these weights may not go to."""
+class HubPublishError(UserError, RuntimeError):
+    """Publishing cannot start: no token, no write permission, or a repository these weights may not go to.
+
+    A :class:`~sa_vision.errors.UserError` (the commands print it as one ``error:`` line); still a RuntimeError
+    for code written against 0.1."""
 
 
 def check_publish_target(label: WeightsLabel, repo_id: str) -> None:
