@@ -8,6 +8,6 @@ Importing the package registers the models with timm::
 from . import _moved, layers, models
 from .models import CifarResNet, SelfAttentionNet
 
-_moved.install()  # the flat module paths of 0.1 (sa_vision.train.loop, ...) still import, with a warning
+_moved.install()  # the flat module paths of 0.1 (sa_vision.training, ...) still import, with a warning
 __version__ = '0.2.0'
 __all__ = ['CifarResNet', 'SelfAttentionNet', 'layers', 'models', '__version__']

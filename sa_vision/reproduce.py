@@ -1,6 +1,6 @@
 """ The zoo, reproduced: one resumable command from a dataset to the five trained, evaluated, exported models
 
-Stages, in order (``scripts/reproduce.py`` runs them):
+Stages, in order (``sa-vision-reproduce`` runs them):
 
 1. train ``sa_quadratic_cifar``, ``sa_gen_cifar``, ``sa_learned_cifar``, ``resnet18_cifar`` (``sa_vision.train.loop``
    in a subprocess per model, from the model's recipe with the profile's changes);
@@ -182,7 +182,7 @@ class Reproduction:
             ``pruning.json``, ``results.md`` / ``.csv``, ``hub/<arch>.<tag>/``, ``figures/``.
         profile: A name of :data:`PROFILES`.
         dataset: Default: the profile's.
-        data_dir, download: As for ``scripts/train.py`` (CIFAR-10 download, Fashion-MNIST files, ...).
+        data_dir, download: As for ``sa-vision-train`` (CIFAR-10 download, Fashion-MNIST files, ...).
         epochs: Override every training stage's epochs (the fine-tuning keeps the profile's).
     """
 

@@ -181,7 +181,7 @@ def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, t
         assert torch.equal(out[source], expected), source
     # weights not in the cache: one clear message naming the repository and what to do
     assert out['error'].startswith('PretrainedWeightsUnavailable')
-    assert 'sa-vision/sa_gen_cifar.cifar10' in out['error'] and 'scripts/train.py' in out['error']
+    assert 'sa-vision/sa_gen_cifar.cifar10' in out['error'] and 'sa-vision-train' in out['error']
     assert 'local-dir:' in out['error']
 
 

@@ -1,10 +1,10 @@
 """ Throughput / memory / MAC benchmark for the sa_vision models (in the spirit of timm's benchmark.py)
 
 Examples
-  python scripts/benchmark.py --model sa_quadratic_cifar -b 32 --compare paper,dense --matmul-peak
-  python scripts/benchmark.py --model sa_quadratic_cifar sa_learned_cifar --results-format csv
-  python scripts/benchmark.py --model sa_quadratic_cifar --model-kwargs embed_dim=16 depth=1 -b 2
-  python scripts/benchmark.py --model sa_quadratic_cifar --reproduce-profile cpu --compare resnet18_cifar -b 100 --amp
+  sa-vision-benchmark --model sa_quadratic_cifar -b 32 --compare paper,dense --matmul-peak
+  sa-vision-benchmark --model sa_quadratic_cifar sa_learned_cifar --results-format csv
+  sa-vision-benchmark --model sa_quadratic_cifar --model-kwargs embed_dim=16 depth=1 -b 2
+  sa-vision-benchmark --model sa_quadratic_cifar --reproduce-profile cpu --compare resnet18_cifar -b 100 --amp
 
 With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
@@ -64,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
                         'e.g. cpu: the narrow SA models and the half-width ResNet18; --model-kwargs update it')
     p.add_argument('--retain-freed-memory', action='store_true',
                    help='keep freed memory in the process (glibc mallopt) instead of page-faulting the step\'s '
-                        'large tensors in again every step, as scripts/train.py does on the CPU '
+                        'large tensors in again every step, as sa-vision-train does on the CPU '
                         '(sa_vision.train.loop.retain_freed_memory)')
     p.add_argument('--matmul-peak', action='store_true',
                    help='time the torch.mm rate (GFLOP/s) in every round, alternately with the models, in the dtype '

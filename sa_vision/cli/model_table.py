@@ -1,7 +1,7 @@
 """Print the table of models: parameters and MACs counted with a FLOP counter (attention included)
 next to the paper's figures. Used for the README; `--format csv` for machines.
 
-    python scripts/model_table.py
+    sa-vision-model-table
 """
 import argparse
 import csv

@@ -1,9 +1,9 @@
 """ Pictures of where the attention heads of a sa_vision model look (paper figures 2-6)
 
-    python scripts/plot_attention.py sa_quadratic_cifar --out fig.png            # (a) centres + contours
-    python scripts/plot_attention.py sa_learned_cifar --figure maps --out maps.png  # (b) attention maps
-    python scripts/plot_attention.py ep10.pth ep50.pth ep300.pth --out traj.png  # (c) centre trajectories
-    python scripts/plot_attention.py run/best.safetensors --table heads.csv --out fig.svg
+    sa-vision-plot sa_quadratic_cifar --out fig.png            # (a) centres + contours
+    sa-vision-plot sa_learned_cifar --figure maps --out maps.png  # (b) attention maps
+    sa-vision-plot ep10.pth ep50.pth ep300.pth --out traj.png  # (c) centre trajectories
+    sa-vision-plot run/best.safetensors --table heads.csv --out fig.svg
 
 A source is a timm model name (random init, or --pretrained), a checkpoint file (.safetensors or a torch
 checkpoint) or a Hub folder (config.json + model.safetensors). Several sources draw figure (c).

@@ -1,7 +1,7 @@
 """ Prune the degenerate heads of a Gaussian sa_vision model (paper, appendix A.1; how sa_gen_pruned is made)
 
-    python scripts/prune.py run/sa_gen_cifar.safetensors --out pruned.safetensors
-    python scripts/prune.py sa_gen_cifar --heads 0,1 0,1,2,3 0 0,1 0,1,2,3,4,5 "" --out pruned.pth
+    sa-vision-prune run/sa_gen_cifar.safetensors --out pruned.safetensors
+    sa-vision-prune sa_gen_cifar --heads 0,1 0,1,2,3 0 0,1 0,1,2,3,4,5 "" --out pruned.pth
 
 A head is degenerate when its precision M_h = S_h S_h^T has largest eigenvalue < --max-eigenvalue-below
 (1e-5) or condition number > --max-condition (1000), the released thresholds; a layer whose heads are all
@@ -10,7 +10,7 @@ and quadratic, where M_h = s_h^2 I and only the eigenvalue test can fire); prune
 holds the pruned state dict with the kept heads (``model_args``) as an ``sa_gen_pruned`` model (generalized weights)
 or as the model of its kind, so every loader opens it and the pruned recipe fine-tunes it:
 
-    python scripts/train.py -c scripts/configs/sa_gen_pruned.yaml --initial-checkpoint pruned.pth ...
+    sa-vision-train -c sa_gen_pruned --initial-checkpoint pruned.pth ...
 """
 import argparse
 import sys

@@ -1,13 +1,13 @@
 """ Export trained weights as a Hub folder (timm format + model card) and publish it in one commit
 
     # stage only: write the folder and list what would be uploaded
-    python scripts/push_to_hub.py output/train/<run>/last.pth.tar --dry-run
+    sa-vision-push-to-hub output/train/<run>/last.pth.tar --dry-run
     # publish to the default repository, sa-vision/<arch>.<tag> (tag: the dataset, e.g. cifar10, fashion_mnist,
     # digits; '_custom' for a configuration other than the paper's); the token comes from HF_TOKEN or
     # `hf auth login` and is never printed
-    python scripts/push_to_hub.py output/train/<run>/last.pth.tar --model sa_quadratic_cifar
+    sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar
 
-The weights may be a checkpoint of scripts/train.py or timm's train.py (``--use-ema`` for its EMA weights), a
+The weights may be a checkpoint of sa-vision-train or timm's train.py (``--use-ema`` for its EMA weights), a
 state dict, a .safetensors file or an exported folder. Checks before anything is uploaded: the weights are
 readable and of --model's architecture; the repository is named for that architecture and is not the registered
 one (``timm.create_model('<arch>', pretrained=True)``) unless these are CIFAR-10 weights of the paper's
@@ -31,7 +31,7 @@ from sa_vision.train.checkpoint import CheckpointError, read_checkpoint
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description='Export trained weights to a Hub folder and publish it')
-    parser.add_argument('checkpoint', help='last.pth.tar of scripts/train.py or timm train.py, or other weights')
+    parser.add_argument('checkpoint', help='last.pth.tar of sa-vision-train or timm train.py, or other weights')
     parser.add_argument('--model', default=None,
                         help='expected architecture (fail if the weights are of another; names bare weights)')
     parser.add_argument('--use-ema', action='store_true', help='the EMA weights of a timm train.py checkpoint')

@@ -1,13 +1,13 @@
 """ The zoo, reproduced: train the four models, prune and fine-tune the fifth, evaluate, export (and publish)
 
     # 2-core CPU, offline: narrower models on Fashion-MNIST (Debian's dataset-fashion-mnist), about two hours
-    python scripts/reproduce.py --profile cpu --out output/reproduce-fmnist
+    sa-vision-reproduce --profile cpu --out output/reproduce-fmnist
     # the paper: CIFAR-10 with the recipes unchanged, on a GPU
-    python scripts/reproduce.py --profile paper --data-dir data --dataset-download --out output/reproduce-cifar10
+    sa-vision-reproduce --profile paper --data-dir data --dataset-download --out output/reproduce-cifar10
     # the mechanics in two minutes
-    python scripts/reproduce.py --profile tiny --out output/reproduce-tiny
+    sa-vision-reproduce --profile tiny --out output/reproduce-tiny
     # the ablation of the positional parameters (the quadratic model, paper or conv init, positional lr x1 or x30)
-    python scripts/reproduce.py --profile cpu --ablation --epochs 2 --out output/ablation-fmnist
+    sa-vision-reproduce --profile cpu --ablation --epochs 2 --out output/ablation-fmnist
 
 Killed at any moment, the same command continues: finished stages are skipped and a training run resumes from its
 last epoch. ``--publish`` uploads the five Hub folders (a dry run lists them otherwise). See

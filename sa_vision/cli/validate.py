@@ -1,15 +1,15 @@
 """ Top-1 / top-5 accuracy and loss of a model on a dataset (CIFAR-10 test split by default)
 
 What to evaluate (one of):
-    --checkpoint output/train/<run>/last.pth.tar     a checkpoint of scripts/train.py or timm's train.py
+    --checkpoint output/train/<run>/last.pth.tar     a checkpoint of sa-vision-train or timm's train.py
                                                       (--use-ema: its EMA weights), a state dict, .safetensors,
                                                       or an exported Hub folder
     --model local-dir:output/train/<run>/hub         an exported Hub folder
     --model hf-hub:sa-vision/sa_quadratic_cifar.cifar10
     --model sa_quadratic_cifar --pretrained          the published weights
 
-    python scripts/validate.py --model sa_quadratic_cifar --pretrained --data-dir data --dataset-download
-    python scripts/validate.py --checkpoint output/train/<run>/last.pth.tar --dataset digits
+    sa-vision-validate --model sa_quadratic_cifar --pretrained --data-dir data --dataset-download
+    sa-vision-validate --checkpoint output/train/<run>/last.pth.tar --dataset digits
 """
 import argparse
 import importlib
@@ -83,7 +83,7 @@ def main(argv=None):
     data_cfg = timm.data.resolve_data_config({}, model=model)
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
                               download=args.dataset_download, img_size=data_cfg['input_size'][-1],
-                              **normalization(args.dataset, data_cfg))  # as scripts/train.py normalises
+                              **normalization(args.dataset, data_cfg))  # as sa-vision-train normalises
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=False, num_workers=args.workers)
     use_amp = torch.device(args.device).type == 'cuda' if args.amp is None else args.amp
     device_type = torch.device(args.device).type

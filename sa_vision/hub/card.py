@@ -237,7 +237,7 @@ def _used_recipe_section(ckpt: Checkpoint) -> str:
         reference = f' The paper\'s CIFAR-10 recipe is `scripts/configs/{recipe_path(ckpt.arch).name}` in sa_vision.'
     except FileNotFoundError:
         reference = ''
-    tool = 'timm `train.py`' if ckpt.format == 'timm' else '`scripts/train.py`'
+    tool = 'timm `train.py`' if ckpt.format == 'timm' else '`sa-vision-train`'
     used = yaml.safe_dump(_recipe(ckpt), sort_keys=False).strip()
     return (f'These weights were trained with the arguments below ({tool}; `{RECIPE_FILENAME}` in this repository: '
             f'`-c {RECIPE_FILENAME}` repeats the run).{reference}\n\n```yaml\n{used}\n```')

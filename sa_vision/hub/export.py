@@ -36,7 +36,7 @@ def export_hub_folder(
 
     Args:
         source: Weights of any kind :func:`~sa_vision.train.checkpoint.read_checkpoint` opens (``last.pth.tar`` of
-            ``scripts/train.py`` or timm's ``train.py``, ...), or an opened
+            ``sa-vision-train`` or timm's ``train.py``, ...), or an opened
             :class:`~sa_vision.train.checkpoint.Checkpoint`.
         out_dir: Folder to (re)write. Files of an earlier export are replaced; other files are an error.
         expected_arch: Fail unless the weights are of this architecture.
@@ -68,9 +68,9 @@ def export_hub_folder(
     save_for_hf(model, out_dir, safe_serialization=True, model_config={'pretrained_cfg': {'tag': label.tag}},
                 data_config={k: tuple(v) for k, v in data_cfg.items() if k in ('mean', 'std')})
     with open(out_dir / RECIPE_FILENAME, 'w') as f:
-        trainer = 'timm train.py' if ckpt.format == 'timm' else 'scripts/train.py'
+        trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
         f.write(f'# training arguments of {label.name} ({trainer}'
-                f' names): python scripts/train.py -c {RECIPE_FILENAME} --data-dir DIR repeats the run\n')
+                f' names): sa-vision-train -c {RECIPE_FILENAME} --data-dir DIR repeats the run\n')
         yaml.safe_dump(_recipe(ckpt), f, sort_keys=False)
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
     readme = render_model_card(ckpt, model, label, repo_id, has_figure=has_figure)

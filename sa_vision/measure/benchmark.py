@@ -1,6 +1,6 @@
 """ Measuring tools: MAC counts, the machine's matmul rate, peak memory and alternating A/B throughput
 
-Used by ``scripts/benchmark.py`` (a thin CLI) and by the README / model cards (:func:`count_macs`).
+Used by ``sa-vision-benchmark`` (a thin CLI) and by the README / model cards (:func:`count_macs`).
 
 Conventions
 * MACs are multiply-accumulates of one forward pass at batch 1, counted by

@@ -141,8 +141,8 @@ def _unavailable_message(variant: str, hf_hub_id: Optional[str], reason: str) ->
     return (
         f'pretrained weights for {variant} could not be fetched from the Hugging Face Hub repository '
         f'{hf_hub_id!r} ({reason}). Train them with '
-        f'`python scripts/train.py -c {variant} --data-dir data --dataset-download` (installed package: '
-            f'`python -m sa_vision.train.loop -c {variant} ...`), '
+        f'`sa-vision-train -c {variant} --data-dir data --dataset-download` (or '
+        f'`python -m sa_vision.cli.train -c {variant} ...`), '
         f"or load local weights: timm.create_model('local-dir:<exported folder>', pretrained=True) or "
         f"timm.create_model('{variant}', pretrained=True, "
         f"pretrained_cfg_overlay=dict(file='<folder>/model.safetensors'))")

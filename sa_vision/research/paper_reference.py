@@ -5,7 +5,7 @@ ICLR 2020), https://arxiv.org/abs/1911.03584; Sec. 2.3, 4.1-4.3 and App. A.1, A.
 
 This module is the project's own restatement of how the authors' code computes the content-free models, kept
 deliberately plain and independent of :mod:`sa_vision.layers` (it imports only torch), so that it can check our
-fast models and serve as the baseline of ``scripts/benchmark.py --compare paper``:
+fast models and serve as the baseline of ``sa-vision-benchmark --compare paper``:
 
 * the image is cut into 2x2 blocks with the original channel order ``6*di + 3*dj + c`` and embedded by one
   ``Linear(4*C -> D)``;

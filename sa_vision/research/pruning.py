@@ -170,7 +170,7 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
     with the kept heads in its ``model_args``.
 
     ``.safetensors`` keeps ``arch`` / ``model_args`` in the metadata; any other suffix is a checkpoint of the
-    training script's format. Every loader opens it, and ``scripts/train.py --model sa_gen_pruned
+    training script's format. Every loader opens it, and ``sa-vision-train --model sa_gen_pruned
     --initial-checkpoint <path>`` builds the model with those heads. Returns the ``model_args``.
     """
     import json

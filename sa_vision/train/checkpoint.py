@@ -2,12 +2,12 @@
 
 :func:`read_checkpoint` opens, without unpickling arbitrary objects:
 
-* a checkpoint of ``scripts/train.py`` (``last.pth.tar``: ``arch``, ``model_args``, ``state_dict``, run state);
+* a checkpoint of ``sa-vision-train`` (``last.pth.tar``: ``arch``, ``model_args``, ``state_dict``, run state);
 * a checkpoint of timm's ``train.py`` (``checkpoint-*.pth.tar``, ``last.pth.tar``, ``model_best.pth.tar``): the
   model name and construction arguments come from its pickled ``argparse.Namespace``, the only class allowed
   besides what ``torch.load(weights_only=True)`` reads; ``use_ema=True`` takes ``state_dict_ema``;
 * a bare state dict (``.pth``, ``.pt``, ``.bin``) or a ``.safetensors`` file (``arch`` / ``model_args`` from its
-  metadata when present, as ``scripts/prune.py`` writes); the architecture of a sa_vision attention model is
+  metadata when present, as ``sa-vision-prune`` writes); the architecture of a sa_vision attention model is
   read off the tensor shapes, any other needs ``arch``;
 * a Hub folder (``config.json`` + ``model.safetensors``, as timm's ``save_for_hf`` writes).
 
@@ -37,7 +37,7 @@ __all__ = [
 CHECKPOINT_VERSION = 2
 PathLike = Union[str, os.PathLike]
 
-# scripts/train.py and timm train.py arguments that describe this machine or this run's files, not the training:
+# sa-vision-train and timm train.py arguments that describe this machine or this run's files, not the training:
 # left out of published recipes (a recipe must reproduce the run anywhere and leak no local paths)
 RUNTIME_ARGS = frozenset({
     'config', 'output', 'experiment', 'data_dir', 'data', 'resume', 'initial_checkpoint', 'no_resume_opt',
@@ -71,7 +71,7 @@ class Checkpoint:
         model_args: Every keyword given to ``timm.create_model(arch, ...)`` to build the model.
         state_dict: The weights.
         source: Where they came from (a path).
-        format: 'sa_vision' (scripts/train.py), 'timm' (timm train.py), 'state_dict', 'safetensors', 'hub_folder'.
+        format: 'sa_vision' (sa-vision-train), 'timm' (timm train.py), 'state_dict', 'safetensors', 'hub_folder'.
         meta: Everything else the file holds (epoch, num_updates, metrics, history, recipe, dataset, ...).
     """
     arch: str
@@ -146,7 +146,7 @@ def _torch_load(path: Path, map_location) -> Any:
         if 'Unsupported global' in str(e) or 'weights_only' in str(e):
             raise CheckpointError(
                 f'{path} holds pickled Python objects that are not allowed to load ({first}). Checkpoints of '
-                f'scripts/train.py and timm train.py, state dicts and safetensors files load; anything else '
+                f'sa-vision-train and timm train.py, state dicts and safetensors files load; anything else '
                 f'could run code on load. Re-save the weights as a state dict or .safetensors') from None
         raise CheckpointError(
             f'{path} cannot be read ({type(e).__name__}: {first}): the file is corrupted or truncated, or not a '
@@ -253,7 +253,7 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     config_path = folder / 'config.json'
     if not config_path.is_file():
         raise CheckpointError(f'folder {folder} has no config.json: not a Hub folder (timm save_for_hf format); '
-                              f'export one with scripts/push_to_hub.py --dry-run')
+                              f'export one with sa-vision-push-to-hub --dry-run')
     config = _read_json(config_path.read_text(), config_path, 'config.json')
     weights = folder / 'model.safetensors'
     if weights.is_file():
@@ -329,7 +329,7 @@ def read_checkpoint(
                        if 'model_args' in metadata else {})
         if not isinstance(stored_args, dict):
             raise CheckpointError(f"{path}: metadata 'model_args' must be a JSON object of create_model keywords, "
-                                  f'got {type(stored_args).__name__}; re-save the file with scripts/prune.py or '
+                                  f'got {type(stored_args).__name__}; re-save the file with sa-vision-prune or '
                                   f'drop the metadata and name the model')
         meta = {k: v for k, v in metadata.items() if k not in ('arch', 'model_args')}
         ckpt = _from_state_dict(state_dict, path, 'safetensors', metadata.get('arch') or arch,
@@ -383,7 +383,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
                                     {**stored, **model_args}, {})
     raise CheckpointError(
         f'{path} is a dict of {sorted(obj)[:8]} but holds no weights under any of {list(_STATE_DICT_KEYS)}: not a '
-        f'checkpoint of scripts/train.py or timm train.py, nor a state dict')
+        f'checkpoint of sa-vision-train or timm train.py, nor a state dict')
 
 
 def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
@@ -392,7 +392,7 @@ def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **k
 
     ``kwargs`` are construction arguments: for bare weights they override what is read off the shapes; for a
     timm name they go to ``timm.create_model`` (random init unless ``pretrained``). ``local-dir:`` and
-    ``hf-hub:`` name weights, so they always load them (as ``scripts/validate.py`` does), never a random model.
+    ``hf-hub:`` name weights, so they always load them (as ``sa-vision-validate`` does), never a random model.
     """
     import timm
 
@@ -401,7 +401,7 @@ def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **k
         folder = Path(source[len(LOCAL_DIR_PREFIX):])
         if not folder.is_dir():
             raise CheckpointError(f'{source}: {folder} is not a folder; local-dir: names an exported Hub folder '
-                                  f'(config.json + model.safetensors), e.g. from scripts/push_to_hub.py --dry-run')
+                                  f'(config.json + model.safetensors), e.g. from sa-vision-push-to-hub --dry-run')
         return read_checkpoint(folder, model_args=kwargs).create_model()
     path = Path(source)
     if path.exists() or source.endswith(_WEIGHT_SUFFIXES):

@@ -1,6 +1,6 @@
 """ Evaluation: loss, top-1 and top-5 of a model over a loader, summed over processes under DDP
 
-Used by ``scripts/train.py`` (every epoch) and ``scripts/validate.py``. The running totals stay on the images'
+Used by ``sa-vision-train`` (every epoch) and ``sa-vision-validate``. The running totals stay on the images'
 device (no host sync per batch) and are all-reduced there, as NCCL requires CUDA tensors.
 """
 from contextlib import nullcontext

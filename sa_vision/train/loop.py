@@ -1,21 +1,21 @@
 """ Training: a sa_vision model (or any timm model) with timm's library parts, no timm checkout needed
 
-``scripts/train.py`` and ``python -m sa_vision.train.loop`` run :func:`main`.
+``sa-vision-train`` (:mod:`sa_vision.cli.train`, which adds ``--export``) runs :func:`main`.
 
-Reads the recipes of ``scripts/configs`` (``-c``) in the argument names of timm's ``train.py``; command-line
+Reads the recipes of ``sa_vision/configs`` (``-c``) in the argument names of timm's ``train.py``; command-line
 arguments override the recipe. Offline quick start (digits from scikit-learn, a small model, ~2 min on 2 CPUs):
 
-    python scripts/train.py -c scripts/configs/sa_quadratic_cifar_digits.yaml --export
+    sa-vision-train -c sa_quadratic_cifar_digits --export
 
 CIFAR-10 with the paper's recipe (GPU: CUDA and bf16 autocast are used automatically, channels-last for
 convolutional models):
 
-    python scripts/train.py -c scripts/configs/sa_quadratic_cifar.yaml --data-dir data --dataset-download
+    sa-vision-train -c sa_quadratic_cifar --data-dir data --dataset-download
 
-Multi-process: ``torchrun --nproc_per_node N scripts/train.py ...`` (DDP; gloo on CPU, nccl on GPU).
+Multi-process: ``torchrun --nproc_per_node N -m sa_vision.cli.train ...`` (DDP; gloo on CPU, nccl on GPU).
 ``--resume <run>/last.pth.tar`` continues a run exactly where its last completed epoch ended, with the run's own
 arguments (saved in the checkpoint; explicit command-line options override them and are logged).
-``--initial-checkpoint`` starts from weights of any kind (``scripts/prune.py`` output, a timm train.py checkpoint,
+``--initial-checkpoint`` starts from weights of any kind (``sa-vision-prune`` output, a timm train.py checkpoint,
 safetensors, a Hub folder); the architecture arguments stored with them are the defaults of ``--model-kwargs``.
 A run's ``recipe.yaml`` (written beside its checkpoint and into exports) repeats it: ``-c recipe.yaml``.
 """
@@ -256,7 +256,7 @@ def _parse_run_args(argv=None):
         resume_ckpt = read_checkpoint(resume)
         if resume_ckpt.format != 'sa_vision' or 'optimizer' not in resume_ckpt.meta:
             raise CheckpointError(f'{resume} is a {resume_ckpt.format} checkpoint without the run state of '
-                                  f'scripts/train.py; --resume continues runs of this script. To start from its '
+                                  f'sa-vision-train; --resume continues runs of this script. To start from its '
                                   f'weights use --initial-checkpoint')
         run_args = _saved_run_args(resume_ckpt, resume)
         defaults.update({k: v for k, v in run_args.items() if k in known and k not in _NOT_RESUMED})

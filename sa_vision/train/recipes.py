@@ -2,11 +2,11 @@
 
 A recipe is a flat YAML mapping whose keys are the ``dest`` names of timm's ``train.py`` arguments
 (``batch_size``, ``weight_decay``, ``sched_on_updates``, ...). timm's ``train.py -c <recipe>`` and this
-repository's ``scripts/train.py -c <recipe>`` both read them with ``parser.set_defaults(**recipe)``, so
+repository's ``sa-vision-train -c <recipe>`` both read them with ``parser.set_defaults(**recipe)``, so
 arguments on the command line override the recipe. The recipe files are the single place the paper's
 hyper-parameters (paper App. A.4) are written down.
 
-A key that neither ``scripts/train.py`` nor timm's ``train.py`` reads is an error (:func:`check_recipe_keys`): a
+A key that neither ``sa-vision-train`` nor timm's ``train.py`` reads is an error (:func:`check_recipe_keys`): a
 misspelt ``lr_rate`` would otherwise leave the default learning rate in place without a word.
 """
 import difflib
@@ -18,9 +18,9 @@ from ..errors import RecipeError, RecipeNotFoundError
 
 __all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'check_recipe_keys']
 
-# Keys that timm's train.py reads (its argument dests, timm 1.0) and scripts/train.py does not implement: allowed in a
-# recipe, so one file serves both trainers, and ignored by scripts/train.py with a note. Every other key that
-# scripts/train.py does not know is an error.
+# Keys that timm's train.py reads (its argument dests, timm 1.0) and sa-vision-train does not implement: allowed in a
+# recipe, so one file serves both trainers, and ignored by sa-vision-train with a note. Every other key that
+# sa-vision-train does not know is an error.
 TIMM_ONLY_RECIPE_KEYS = frozenset({
     # dataset and input
     'data', 'class_map', 'test_split', 'train_num_samples', 'val_num_samples', 'input_img_mode', 'input_key',
@@ -88,7 +88,7 @@ def check_recipe_keys(keys: Iterable[str], known: Iterable[str], source: str = '
         for key in unknown:
             near = difflib.get_close_matches(key, candidates, n=1, cutoff=0.5)
             parts.append(f'{key!r}' + (f' (did you mean {near[0]!r}?)' if near else ''))
-        raise RecipeError(f'{source} has the unknown key(s) {", ".join(parts)}: neither scripts/train.py nor timm\'s '
+        raise RecipeError(f'{source} has the unknown key(s) {", ".join(parts)}: neither sa-vision-train nor timm\'s '
                           f'train.py reads them. Fix or remove them (timm-only keys are listed in '
                           f'sa_vision.train.recipes.TIMM_ONLY_RECIPE_KEYS)')
     return sorted(k for k in keys if k not in known)
