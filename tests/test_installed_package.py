@@ -51,7 +51,7 @@ def test_installed_copy_trains_a_recipe_and_renders_its_packaged_card(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert where.stdout.strip() == str(package / '__init__.py'), where.stdout + where.stderr  # not the checkout
     run = subprocess.run(
-        [sys.executable, '-m', 'sa_vision.train.loop', '-c', 'sa_quadratic_cifar_digits', '--epochs', '1',
+        [sys.executable, '-m', 'sa_vision.cli.train', '-c', 'sa_quadratic_cifar_digits', '--epochs', '1',
          '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
          '--experiment', 'run', '--output', str(out), '--export'],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -57,7 +57,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     assert first.stat().st_mtime_ns == first_mtime, 'a finished stage was trained again'
     # the resumed stage continued the killed run's weights and optimizer state: it ends where an uninterrupted
     # run of the same recipe ends (a resume that restarted from fresh weights or a fresh optimizer does not)
-    subprocess.run([sys.executable, '-m', 'sa_vision.train.loop', '-c', str(out / 'recipes' / 'sa_gen_cifar.yaml'),
+    subprocess.run([sys.executable, '-m', 'sa_vision.cli.train', '-c', str(out / 'recipes' / 'sa_gen_cifar.yaml'),
                     '--output', str(tmp_path / 'uninterrupted'), '--experiment', 'sa_gen_cifar'],
                    cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=600)
     reference = torch.load(tmp_path / 'uninterrupted' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
