@@ -1,27 +1,7 @@
-""" Measuring tools: MAC counts, the machine's matmul rate, peak memory and alternating A/B throughput
+""" Alternating A/B throughput of models and variants (images/s, paired ratios), the matmul rate, step profiles
 
-Used by ``sa-vision-benchmark`` (a thin CLI) and by the README / model cards (:func:`count_macs`).
-
-Conventions
-* MACs are multiply-accumulates of one forward pass at batch 1, counted by
-  ``torch.utils.flop_counter.FlopCounterMode`` (matrix products of every kind, attention included;
-  elementwise work such as softmax, GELU or LayerNorm is not counted) and halved: ``MACs = FLOPs / 2``.
-* Unavoidable MACs (:func:`unavoidable_macs`) are computed analytically from a model's configuration:
-  the Linear layers plus the attention products in their cheapest exact form (separable kinds
-  ``h*w*(h+w)*D`` per head, generalized ``(h*w)^2*D`` per head). A training step is counted as three
-  forward passes.
-* Peak memory is the peak of memory allocated *during* one step on top of what was alive before it
-  (parameters, optimizer state and the input are the baseline and are reported apart). The previous
-  step's gradients are freed before the step, so every peak includes the step's own gradients, on both
-  devices. On CUDA it is
-  ``torch.cuda.max_memory_allocated`` minus the allocation before the step; on CPU it is the peak total
-  size of the tensor storages produced by ATen operators while the step runs, tracked by a
-  ``TorchDispatchMode`` (:class:`LiveTensorMemory`). The CPU figure excludes kernel-internal scratch
-  buffers (oneDNN/BLAS workspaces) and allocator overhead, so it is a lower bound of the process's
-  resident growth; it is exact for what the model's own tensors need.
-* Throughput is images/s; every figure is the median over several timed runs after warm-up. Several
-  variants are timed alternately (A, B, A, B, ...) in one process, so background load hits them alike;
-  only their ratios are meant to be quoted: the median over rounds of each round's paired ratio.
+What every column means (MACs, unavoidable MACs, peak memory, paired ratios) is in ``docs/performance.md``,
+"What is measured"; only the ratios of variants timed in one run are meant to be quoted.
 """
 import contextlib
 import copy

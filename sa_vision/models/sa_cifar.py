@@ -10,16 +10,9 @@ https://arxiv.org/abs/1911.03584, original code https://github.com/epfml/attenti
   year={2020},
 }
 
-Architecture (paper Sec. 4.1, App. A.4): space-to-depth 2x2 + Linear embedding, no position embedding or class
-token; post-norm layers ``Y = LN(X + Dropout(Dense(Value(attention(X)))))`` and
-``X' = LN(Y + Dropout(MLP(Y)))`` with content-free positional attention (see
-:mod:`sa_vision.layers.attention`); mean over the grid and a linear classifier. Value and Dense are two
-stacked Linear maps, kept apart for parameter fidelity with the released implementation.
-
-Inside the network the token grid is grid-major, ``h x w x B x D`` (batch inside the grid): both axis
-products of the separable attention and the Value projection are then single large matrix products and
-no activation of the size of the concatenated heads is ever permuted. ``forward_features`` returns the
-usual channels-last ``B x h x w x D`` (a view; ``output_fmt = 'NHWC'``, like timm's Swin).
+Architecture (paper Sec. 4.1, App. A.4): 2x2 space-to-depth embedding; post-norm layers
+``Y = LN(X + Dense(Value(attention(X))))``, ``X' = LN(Y + MLP(Y))``; mean over the grid, linear classifier.
+Inside, tokens are grid-major ``h x w x B x D`` (see ``docs/attention.md``); ``forward_features`` returns NHWC.
 """
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
