@@ -70,7 +70,7 @@ def export_hub_folder(
     with open(out_dir / RECIPE_FILENAME, 'w') as f:
         trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
         f.write(f'# training arguments of {label.name} ({trainer}'
-                f' names): sa-vision-train -c {RECIPE_FILENAME} --data-dir DIR repeats the run\n')
+                f' argument names): sa-vision-train -c {RECIPE_FILENAME} --data-dir DIR repeats the run\n')
         yaml.safe_dump(_recipe(ckpt), f, sort_keys=False)
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
     readme = render_model_card(ckpt, model, label, repo_id, has_figure=has_figure)
