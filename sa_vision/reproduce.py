@@ -2,7 +2,7 @@
 
 Stages, in order (``sa-vision-reproduce`` runs them):
 
-1. train ``sa_quadratic_cifar``, ``sa_gen_cifar``, ``sa_learned_cifar``, ``resnet18_cifar`` (``sa_vision.train.loop``
+1. train ``sa_quadratic_cifar``, ``sa_gen_cifar``, ``sa_learned_cifar``, ``resnet18_cifar`` (``sa-vision-train``
    in a subprocess per model, from the model's recipe with the profile's changes);
 2. prune the trained ``sa_gen_cifar`` with the released thresholds (paper App. A.1) and evaluate the pruned model;
 3. fine-tune ``sa_gen_pruned`` from it with the pruned recipe (built with whatever heads survived);
