@@ -1,5 +1,6 @@
 """ The flat module paths of sa_vision 0.1 still import (the same module objects), with a DeprecationWarning """
 import importlib
+import os
 import subprocess
 import sys
 
@@ -25,9 +26,13 @@ def test_from_import_of_an_old_path():
     assert read_checkpoint is new
 
 
-def test_python_m_old_trainer_runs_the_train_command():
-    """``python -m sa_vision.training`` (0.1's way to train) runs sa-vision-train, --export included."""
-    proc = subprocess.run([sys.executable, '-m', 'sa_vision.training', '--help'], capture_output=True, text=True,
-                          timeout=120)
+def test_python_m_old_trainer_runs_the_train_command(tmp_path):
+    """``python -m sa_vision.training`` (0.1's way to train) runs sa-vision-train: a run with --export writes
+    its Hub folder (the bare loop refuses --export)."""
+    proc = subprocess.run(
+        [sys.executable, '-m', 'sa_vision.training', '-c', 'sa_quadratic_cifar_digits', '--epochs', '1',
+         '--model-kwargs', 'embed_dim=8', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=8',
+         '--output', str(tmp_path), '--experiment', 'run', '--export'],
+        capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert '--export' in proc.stdout and '--pos-lr-scale' in proc.stdout
+    assert (tmp_path / 'run' / 'hub' / 'config.json').is_file()
