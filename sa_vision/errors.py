@@ -9,7 +9,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'USAGE_ERROR_STATUS', 'run_cli']
+           'USAGE_ERROR_STATUS', 'run_cli', 'command']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 
@@ -44,3 +44,11 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
     except UserError as e:
         print(f'error: {e}', file=sys.stderr)
         return USAGE_ERROR_STATUS
+
+
+def command(module_name: str) -> Callable[[], int]:
+    """The installed command of the module ``module_name`` (``cli = command(__name__)``): its ``main`` through
+    :func:`run_cli`, looked up when called, so ``python -m`` (``__main__``) and a patched ``main`` are what run."""
+    def cli() -> int:
+        return run_cli(sys.modules[module_name].main)
+    return cli

@@ -21,7 +21,7 @@ import sys
 import torch
 from timm.utils import ParseKwargs
 
-from sa_vision.errors import run_cli
+from sa_vision.errors import command
 from sa_vision.measure import benchmark as sab
 
 
@@ -158,9 +158,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> int:
-    """The installed command: ``main`` with user errors as one ``error:`` line (status 2)."""
-    return run_cli(main)
+cli = command(__name__)
 
 
 if __name__ == '__main__':

@@ -10,6 +10,7 @@ import sys
 import timm
 
 import sa_vision  # noqa: F401  (registers the models)
+from sa_vision.errors import command
 from sa_vision.measure.benchmark import count_macs
 from sa_vision.paper import PAPER_RESULTS
 
@@ -48,8 +49,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> int:
-    return main() or 0
+cli = command(__name__)
 
 
 if __name__ == '__main__':

@@ -12,7 +12,7 @@ import argparse
 import os
 import sys
 
-from sa_vision.errors import run_cli
+from sa_vision.errors import command
 from sa_vision.research.analysis import (
     GAUSSIAN_KINDS,
     attention_layers,
@@ -60,9 +60,7 @@ def main(argv=None):
     return 0
 
 
-def cli() -> int:
-    """The installed command: ``main`` with user errors as one ``error:`` line (status 2)."""
-    return run_cli(main)
+cli = command(__name__)
 
 
 if __name__ == '__main__':

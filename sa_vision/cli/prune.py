@@ -15,7 +15,7 @@ or as the model of its kind, so every loader opens it and the pruned recipe fine
 import argparse
 import sys
 
-from sa_vision.errors import run_cli
+from sa_vision.errors import command
 from sa_vision.paper import PRUNED_HEADS_PER_LAYER
 from sa_vision.research.analysis import GAUSSIAN_KINDS, attention_layers
 from sa_vision.research.pruning import (
@@ -73,9 +73,7 @@ def main(argv=None):
     return 0
 
 
-def cli() -> int:
-    """The installed command: ``main`` with user errors as one ``error:`` line (status 2)."""
-    return run_cli(main)
+cli = command(__name__)
 
 
 if __name__ == '__main__':

@@ -17,7 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sa_vision.errors import run_cli
+from sa_vision.errors import command
 from sa_vision.hub import (
     HubPublishError,
     check_publish_target,
@@ -69,9 +69,7 @@ def main(argv=None):
     return 0
 
 
-def cli() -> int:
-    """The installed command: ``main`` with user errors as one ``error:`` line (status 2)."""
-    return run_cli(main)
+cli = command(__name__)
 
 
 if __name__ == '__main__':

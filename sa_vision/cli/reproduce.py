@@ -16,7 +16,7 @@ last epoch. ``--publish`` uploads the five Hub folders (a dry run lists them oth
 import argparse
 import sys
 
-from sa_vision.errors import run_cli
+from sa_vision.errors import command
 from sa_vision.reproduce import PROFILES, Reproduction, StageFailed
 
 
@@ -49,9 +49,7 @@ def main(argv=None):
     return 0
 
 
-def cli() -> int:
-    """The installed command: ``main`` with user errors as one ``error:`` line (status 2)."""
-    return run_cli(main)
+cli = command(__name__)
 
 
 if __name__ == '__main__':

@@ -9,7 +9,7 @@ loop is :mod:`sa_vision.train.loop`; this command adds the Hub folder of ``--exp
 """
 import sys
 
-from sa_vision.errors import run_cli
+from sa_vision.errors import command
 from sa_vision.hub import export_hub_folder
 from sa_vision.train import loop
 
@@ -18,9 +18,7 @@ def main(argv=None):
     return loop.main(argv, export=export_hub_folder)
 
 
-def cli() -> int:
-    """The installed command: ``main`` with user errors as one ``error:`` line (status 2)."""
-    return run_cli(main)
+cli = command(__name__)
 
 
 if __name__ == '__main__':

@@ -22,7 +22,7 @@ import torch
 from timm.utils import ParseKwargs
 
 import sa_vision  # noqa: F401  registers the models
-from sa_vision.errors import run_cli
+from sa_vision.errors import command
 from sa_vision.train.checkpoint import read_checkpoint
 from sa_vision.train.data import create_image_dataset, dataset_info, normalization, split_name
 from sa_vision.train.evaluation import evaluate
@@ -99,9 +99,7 @@ def main(argv=None):
     return 0
 
 
-def cli() -> int:
-    """The installed command: ``main`` with user errors as one ``error:`` line (status 2)."""
-    return run_cli(main)
+cli = command(__name__)
 
 
 if __name__ == '__main__':

@@ -91,14 +91,17 @@ class _Learned(nn.Module):
         return (positions[None, :] - positions[:, None]).clamp(-self.max_shift, self.max_shift) + self.max_shift
 
 
+def _check_kind(kind: str) -> None:
+    if kind not in PAPER_ATTENTION_KINDS:
+        raise ValueError(f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
+
+
 class PaperAttention(nn.Module):
     """Content-free multi-head attention, dense over the grid: ``B x h x w x D -> B x h x w x (heads*D)``."""
 
     def __init__(self, dim: int, num_heads: int, kind: str, attn_drop: float = 0.1, max_shift: int = 15):
         super().__init__()
-        if kind not in PAPER_ATTENTION_KINDS:
-            raise ValueError(
-                f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
+        _check_kind(kind)
         self.kind = kind
         self.num_heads = num_heads
         self.attn_drop = nn.Dropout(attn_drop)
@@ -187,9 +190,7 @@ class PaperDenseSA(nn.Module):
             attn_drop: float = 0.1,
     ):
         super().__init__()
-        if kind not in PAPER_ATTENTION_KINDS:
-            raise ValueError(
-                f'the paper formulation has no attention kind {kind!r}; use one of {PAPER_ATTENTION_KINDS}')
+        _check_kind(kind)
         self.kind = kind
         self.in_chans = in_chans
         self.embed_dim = embed_dim
