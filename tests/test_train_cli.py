@@ -5,6 +5,7 @@ import logging
 import os
 import subprocess
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,79 @@ def test_cpu_autocast_probe_measures_a_ratio():
     speedup = training.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2)
     assert 0.01 < speedup < 100
     assert training.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2) == speedup  # cached per process
+
+
+# --- --torchcompile: a backend, or 'auto' decided by a probe of the training step; checkpoints stay plain ------
+
+class _CountingCompile:
+    """Stands in for torch.compile: records the backend and counts the training forwards that go through it."""
+
+    def __init__(self):
+        self.backends, self.calls = [], 0
+
+    def __call__(self, model, backend='inductor', **kwargs):
+        self.backends.append(backend)
+        counter = self
+
+        class Compiled(torch.nn.Module):  # a Module, as torch.compile's OptimizedModule is
+            def __init__(self):
+                super().__init__()
+                self.model = model
+
+            def forward(self, *args):
+                counter.calls += 1
+                return self.model(*args)
+        return Compiled()
+
+
+@pytest.mark.parametrize('speedup, compiled', [(2.0, True), (1.05, False)])
+def test_torchcompile_auto_follows_the_probe(monkeypatch, tmp_path, speedup, compiled):
+    fake = _CountingCompile()
+    monkeypatch.setattr(torch, 'compile', fake)
+    monkeypatch.setattr(training, 'compile_speedup', lambda *a, **k: speedup)
+    training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '--torchcompile', 'auto',
+                                 '--output', tmp_path, '--experiment', 'auto'])))
+    assert fake.backends == ['inductor']
+    assert (fake.calls > 0) == compiled  # the epoch trained through the compiled model, or not at all
+    used = yaml.safe_load((tmp_path / 'auto' / 'args.yaml').read_text())
+    assert used['torchcompile'] == 'auto' and used['torchcompile_used'] == ('inductor' if compiled else False)
+    assert f'{speedup:.2f}x' in used['torchcompile_reason']
+    assert 'torchcompile_used' not in yaml.safe_load((tmp_path / 'auto' / 'recipe.yaml').read_text())
+
+
+def test_torchcompile_auto_trains_eagerly_when_compiling_fails():
+    def probe(compiled):
+        raise RuntimeError('no C++ compiler found\nmore')
+    model = torch.nn.Linear(2, 2)
+    trains, used, why = training.resolve_torchcompile('auto', model, probe)
+    assert trains is model and used is False
+    assert 'compiling failed (RuntimeError: no C++ compiler found)' in why
+
+
+def test_compile_speedup_leaves_weights_statistics_and_rng_as_they_were():
+    import timm
+    model = timm.create_model('resnet18_cifar', channels=(4, 8, 8, 8), stem_width=4, drop_rate=0.5)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    images, targets = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+    rng = torch.get_rng_state()
+    speedup = training.compile_speedup(model, torch.compile(model, backend='eager'), images, targets,
+                                       torch.nn.functional.cross_entropy, nullcontext, rounds=1, steps=1)
+    assert 0.01 < speedup < 100
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # running statistics included
+    assert all(p.grad is None for p in model.parameters())
+    assert torch.equal(torch.get_rng_state(), rng)  # the dropout draws of the probe are undone
+
+
+@pytest.mark.slow
+def test_compiled_training_writes_plain_checkpoints(tmp_path):
+    import timm
+    training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '--torchcompile', 'eager',
+                                 '--output', tmp_path, '--experiment', 'compiled'])))
+    ckpt = _load(tmp_path / 'compiled' / 'last.pth.tar')
+    assert not [k for k in ckpt['state_dict'] if '_orig_mod' in k]
+    timm.create_model(ckpt['arch'], **ckpt['model_args']).load_state_dict(ckpt['state_dict'])
+    assert ckpt['args']['torchcompile_used'] == 'eager'
 
 
 # --- a fine-tune's recipe.yaml names its starting weights ------------------------------------------------
