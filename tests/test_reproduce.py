@@ -117,7 +117,7 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path):
 
 
 def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
-    from sa_vision.reproduce import PROFILES
+    from sa_vision.reproduce import PROFILES, _training_script_keys
     from sa_vision.train.recipes import load_recipe
     for model in MODELS:  # the paper profile: the recipes unchanged, CIFAR-10's test split
         expected = load_recipe(model)
@@ -129,6 +129,9 @@ def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
     assert cpu['dataset'] == 'fashion-mnist' and cpu['epochs'] < 300
     # the CPU zoo decides bf16 on the machine that trains it (a recorded 'auto'); the paper's recipes do not
     assert all(PROFILES['cpu'].recipe(m, 'fashion-mnist')['amp'] == 'auto' for m in MODELS)
+    # and whether compiling pays there: the training script reads the key (it is not left out as timm-only)
+    assert all(PROFILES['cpu'].recipe(m, 'fashion-mnist')['torchcompile'] == 'auto' for m in MODELS)
+    assert 'torchcompile' in _training_script_keys()
     assert all(PROFILES['paper'].recipe(m, 'torch/cifar10').get('amp') != 'auto' for m in MODELS)
     assert 'heads_per_layer' not in PROFILES['cpu'].recipe('sa_gen_pruned', 'fashion-mnist').get('model_kwargs', {})
 
