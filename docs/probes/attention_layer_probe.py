@@ -13,6 +13,7 @@ Not part of the package and not a test: the measurements of that section, rerunn
   probabilities, all heads mixed by one ``(heads*h*w, h*w)`` GEMM, then concatenated and projected;
 * ``kron-project``: Value's per-head blocks applied first, then one ``(h*w, heads*h*w)`` GEMM mixes and sums
   the heads straight into the output layout;
+* ``kron-function``: ``kron-project`` as a hand-written Function without its heads-sized transposition;
 * ``chunked-N``: the separable products and Value run N samples at a time (all heads of a chunk mixed into
   Value's layout while they are in cache), with a hand-written backward that recomputes them.
 
@@ -88,6 +89,39 @@ class ChunkedMixProject(torch.autograd.Function):
                 grad_weight.to(weight.dtype), grad_bias, None)
 
 
+class KroneckerProject(torch.autograd.Function):
+    """``kron-project`` by hand, with no heads-sized transposition: every head's Value block written into its slice
+    of ``(heads, tokens, out)``, which is already the ``(heads*h*w, B*out)`` operand of the mixing GEMM, whose
+    output is grid-major; backward by hand, float32 accumulation of the input gradient over the heads."""
+
+    @staticmethod
+    def forward(ctx, x, probs, weight, bias):
+        H, W, B, D = x.shape
+        heads, out_features, tokens = weight.shape[1] // D, weight.shape[0], H * W * B
+        projected = x.new_empty(heads, tokens, out_features)
+        for n in range(heads):
+            torch.mm(x.reshape(tokens, D), weight[:, n * D:(n + 1) * D].t(), out=projected[n])
+        out = torch.mm(probs, projected.view(heads * H * W, B * out_features)).view(tokens, out_features)
+        ctx.save_for_backward(x, probs, weight, projected)
+        return out + bias
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, probs, weight, projected = ctx.saved_tensors
+        H, W, B, D = x.shape
+        heads, out_features, tokens = weight.shape[1] // D, weight.shape[0], H * W * B
+        grid_grad = grad_out.reshape(H * W, B * out_features)
+        grad_projected = torch.mm(probs.t(), grid_grad).view(heads, tokens, out_features)
+        grad_probs = torch.mm(grid_grad, projected.view(heads * H * W, B * out_features).t())
+        grad_x = torch.zeros(tokens, D)
+        grad_weight = weight.new_empty(weight.shape)
+        for n in range(heads):
+            grad_x += torch.mm(grad_projected[n], weight[:, n * D:(n + 1) * D])
+            grad_weight[:, n * D:(n + 1) * D] = torch.mm(grad_projected[n].t(), x.reshape(tokens, D))
+        return (grad_x.to(x.dtype).view(H, W, B, D), grad_probs, grad_weight,
+                grad_out.reshape(tokens, out_features).sum(0))
+
+
 def kronecker(row_probs, col_probs):
     """``P[(i, j), n, (k, l)] = row[n, i, k] * col[n, j, l]``: ``(h*w, heads, h*w)``."""
     H, W = row_probs.shape[1], col_probs.shape[1]
@@ -117,11 +151,15 @@ def layer_variants(x, row_probs, col_probs, weight, bias):
             projected = projected.permute(2, 0, 1, 3).reshape(heads * H * W, B * out_features)
             return (probs @ projected).view(-1, out_features) + bias
 
+    def kron_function():
+        probs = kronecker(row_probs, col_probs).reshape(H * W, heads * H * W)
+        return KroneckerProject.apply(x.to(DTYPE), probs.to(DTYPE), weight.to(DTYPE), bias.to(DTYPE))
+
     def chunked(samples):
         return lambda: ChunkedMixProject.apply(x.to(DTYPE), row_probs.to(DTYPE), col_probs.to(DTYPE),
                                                weight.to(DTYPE), bias.to(DTYPE), samples)
 
-    return {'separable': separable, 'kron-mix': kron_mix, 'kron-project': kron_project,
+    return {'separable': separable, 'kron-mix': kron_mix, 'kron-project': kron_project, 'kron-function': kron_function,
             'chunked-5': chunked(5), 'chunked-10': chunked(10), 'chunked-25': chunked(25)}
 
 
