@@ -2,7 +2,7 @@
 
 Not part of the package and not a test: the measurements of that section, rerunnable. Run from the repository root:
 
-    python docs/probes/attention_layer_probe.py layer   # one attention + Value layer, four formulations
+    python docs/probes/attention_layer_probe.py layer   # one attention + Value layer, five formulations
     python docs/probes/attention_layer_probe.py split   # the step with and without attention, and the ResNet
 
 ``layer`` times forward and backward of ``Value(attention(x))`` for one layer of the narrow model (embedding 64,
@@ -17,7 +17,7 @@ Not part of the package and not a test: the measurements of that section, rerunn
 * ``chunked-N``: the separable products and Value run N samples at a time (all heads of a chunk mixed into
   Value's layout while they are in cache), with a hand-written backward that recomputes them.
 
-All four equal each other to bf16 rounding (printed). ``split`` replaces every layer's attention + Value by a
+All equal each other to bf16 rounding (printed). ``split`` replaces every layer's attention + Value by a
 Linear of the same output to see what the rest of the step costs, and times the half-width ResNet18 beside it.
 """
 import statistics
