@@ -168,6 +168,14 @@ def test_torchcompile_auto_follows_the_probe(monkeypatch, tmp_path, speedup, com
     assert 'torchcompile_used' not in yaml.safe_load((tmp_path / 'auto' / 'recipe.yaml').read_text())
 
 
+def test_torchcompile_off_overrides_a_recipe_that_asks_for_it(tmp_path):
+    recipe = tmp_path / 'compiled.yaml'
+    recipe.write_text('model: sa_quadratic_cifar\ntorchcompile: auto\n')
+    assert training._parse_args(['-c', str(recipe)])[0].torchcompile == 'auto'
+    assert training._parse_args(['-c', str(recipe), '--torchcompile', 'off'])[0].torchcompile is None
+    assert training._parse_args(['--torchcompile'])[0].torchcompile == 'inductor'  # timm train.py's bare flag
+
+
 def test_torchcompile_auto_trains_eagerly_when_compiling_fails():
     def probe(compiled):
         raise RuntimeError('no C++ compiler found\nmore')

@@ -161,8 +161,20 @@ group.add_argument('--amp', nargs='?', const=True, default=None, type=_amp_reque
                         "cpu_autocast_speedup). Default: on with CUDA, off on a CPU. recipe.yaml keeps what was asked, "
                         "args.yaml and the log what was used and why")
 group.add_argument('--no-amp', dest='amp', action='store_const', const=False, help='float32 (as --amp off)')
-group.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND|auto',
-                   help="torch.compile the training step (timm train.py's option; default backend inductor). 'auto': "
+
+
+def _torchcompile_request(value):
+    """``--torchcompile`` value: a backend name, 'auto', or None for eager ('off' / 'none', to override a recipe)."""
+    text = '' if value is None or value is False else str(value).strip()
+    if text.lower() in ('off', 'none', 'false', '0', ''):
+        return None
+    return 'auto' if text.lower() == 'auto' else text
+
+
+group.add_argument('--torchcompile', nargs='?', const='inductor', default=None, type=_torchcompile_request,
+                   metavar='BACKEND|auto|off',
+                   help="torch.compile the training step (timm train.py's option; default backend inductor; 'off' "
+                        "trains eagerly whatever the recipe says). 'auto': "
                         "compile with inductor and keep it only where a short probe measures the model's training "
                         "step at least 1.1x as fast as eager on this machine (see compile_speedup); a compilation "
                         "that fails falls back to eager. Evaluation runs eager. args.yaml and the log say what was "
