@@ -4,6 +4,7 @@ Not part of the package and not a test: the measurements of that section, rerunn
 
     python docs/probes/attention_layer_probe.py layer   # one attention + Value layer, five formulations
     python docs/probes/attention_layer_probe.py split   # the step with and without attention, and the ResNet
+    python docs/probes/attention_layer_probe.py step [--compile]   # whole steps: separable against kron-mix
 
 ``layer`` times forward and backward of ``Value(attention(x))`` for one layer of the narrow model (embedding 64,
 9 heads, 16x16 grid, batch 100, bf16), alternating the formulations, median of 5 rounds:
@@ -240,7 +241,64 @@ def probe_split(rounds: int = 4, steps: int = 3) -> None:
               + ' '.join(f'{v:.0f}' for v in values) + ')')
 
 
+def probe_step(compiled: bool, rounds: int = 6, steps: int = 3, batch: int = 50) -> None:
+    """Whole training steps of the narrow model, the library's separable path against ``kron-mix`` in every layer
+    (same initial weights, alternating), bf16, eager or both compiled."""
+    import copy
+
+    real_attend_then_project = sa_cifar.attend_then_project
+
+    def kron_mix(attn, value, x):
+        H, W, B, D = x.shape
+        row_probs, col_probs = attn.mixing_probs(H, W)
+        heads = row_probs.shape[0]
+        probs = kronecker(row_probs, col_probs).reshape(H * W * heads, H * W)
+        mixed = (probs @ x.reshape(H * W, B * D)).view(H * W, heads, B, D).transpose(1, 2)
+        return F.linear(mixed.reshape(H * W * B, heads * D), value.weight, value.bias).view(H, W, B, -1)
+
+    narrow = dict(num_classes=10, embed_dim=DIM, mlp_hidden_dim=2 * DIM, proj_drop_rate=0., attn_drop_rate=0.)
+    model = timm.create_model('sa_quadratic_cifar', **narrow)
+    gen = torch.Generator().manual_seed(0)
+    images, targets = torch.randn(batch, 3, 32, 32, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+
+    def make_step(net, attend_then_project):
+        optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+        run = torch.compile(net) if compiled else net
+
+        def step():
+            sa_cifar.attend_then_project = attend_then_project
+            with torch.autocast('cpu', dtype=DTYPE):
+                loss = F.cross_entropy(run(images), targets)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        return step
+
+    variants = {'separable': make_step(model, real_attend_then_project),
+                'kron-mix': make_step(copy.deepcopy(model), kron_mix)}
+    for step in variants.values():
+        for _ in range(3):
+            step()
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, step in variants.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[name].append((time.perf_counter() - start) / steps * 1e3)
+    sa_cifar.attend_then_project = real_attend_then_project
+    ratios = [a / b for a, b in zip(times['separable'], times['kron-mix'])]
+    print(f'{"compiled" if compiled else "eager"}, batch {batch}: separable '
+          f'{statistics.median(times["separable"]):.0f} ms, kron-mix {statistics.median(times["kron-mix"]):.0f} ms '
+          f'per step; kron-mix {statistics.median(ratios):.3f}x as fast (rounds '
+          + ' '.join(f'{r:.2f}' for r in ratios) + ')')
+
+
 if __name__ == '__main__':
     retain_freed_memory()
     torch.set_num_threads(2)
-    {'layer': probe_layer, 'split': probe_split}[sys.argv[1] if len(sys.argv) > 1 else 'layer']()
+    mode = sys.argv[1] if len(sys.argv) > 1 else 'layer'
+    if mode == 'step':
+        probe_step(compiled='--compile' in sys.argv)
+    else:
+        {'layer': probe_layer, 'split': probe_split}[mode]()
