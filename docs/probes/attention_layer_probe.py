@@ -5,6 +5,7 @@ Not part of the package and not a test: the measurements of that section, rerunn
     python docs/probes/attention_layer_probe.py layer   # one attention + Value layer, five formulations
     python docs/probes/attention_layer_probe.py split   # the step with and without attention, and the ResNet
     python docs/probes/attention_layer_probe.py step [--compile]   # whole steps: separable against kron-mix
+    python docs/probes/attention_layer_probe.py split-full   # the full-size model's step, with and without mixing
 
 ``layer`` times forward and backward of ``Value(attention(x))`` for one layer of the narrow model (embedding 64,
 9 heads, 16x16 grid, batch 100, bf16), alternating the formulations, median of 5 rounds:
@@ -241,6 +242,47 @@ def probe_split(rounds: int = 4, steps: int = 3) -> None:
               + ' '.join(f'{v:.0f}' for v in values) + ')')
 
 
+def probe_split_full(rounds: int = 3, steps: int = 2, batch: int = 32) -> None:
+    """The full-size ``sa_quadratic_cifar``'s bf16 training step (forward and backward) at batch 32 as it is, with
+    Value applied to every head's unmixed input (Value's GEMM and its concatenated input kept, the mixing removed),
+    and with attention + Value replaced by a Linear of the same output, alternating."""
+    def value_without_mixing(attn, value, x):
+        H, W, B, D = x.shape
+        heads = value.in_features // D
+        concatenated = x.unsqueeze(-2).expand(H, W, B, heads, D).reshape(H, W, B, heads * D)
+        return F.linear(concatenated, value.weight, value.bias)
+
+    def linear_instead(attn, value, x):
+        return F.linear(x, value.weight[:, :x.shape[-1]])
+
+    variants = {'as it is': sa_cifar.attend_then_project, 'Value without the mixing': value_without_mixing,
+                'attention + Value replaced by a Linear': linear_instead}
+    real_attend_then_project = sa_cifar.attend_then_project
+    model = timm.create_model('sa_quadratic_cifar', num_classes=10, proj_drop_rate=0., attn_drop_rate=0.)
+    gen = torch.Generator().manual_seed(0)
+    images, targets = torch.randn(batch, 3, 32, 32, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+
+    def step(attend_then_project):
+        sa_cifar.attend_then_project = attend_then_project
+        with torch.autocast('cpu', dtype=DTYPE):
+            loss = F.cross_entropy(model(images), targets)
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    for variant in variants.values():
+        step(variant)
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, variant in variants.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step(variant)
+            times[name].append((time.perf_counter() - start) / steps * 1e3)
+    sa_cifar.attend_then_project = real_attend_then_project
+    for name, values in times.items():
+        print(f'full size, {name}: {statistics.median(values):.0f} ms per forward + backward of {batch}')
+
+
 def probe_step(compiled: bool, rounds: int = 6, steps: int = 3, batch: int = 50) -> None:
     """Whole training steps of the narrow model, the library's separable path against ``kron-mix`` in every layer
     (same initial weights, alternating), bf16, eager or both compiled."""
@@ -301,4 +343,4 @@ if __name__ == '__main__':
     if mode == 'step':
         probe_step(compiled='--compile' in sys.argv)
     else:
-        {'layer': probe_layer, 'split': probe_split}[mode]()
+        {'layer': probe_layer, 'split': probe_split, 'split-full': probe_split_full}[mode]()
