@@ -6,6 +6,9 @@ Not part of the package and not a test: the measurements of that section, rerunn
     python docs/probes/attention_layer_probe.py split   # the step with and without attention, and the ResNet
     python docs/probes/attention_layer_probe.py step [--compile]   # whole steps: separable against kron-mix
     python docs/probes/attention_layer_probe.py split-full   # the full-size model's step, with and without mixing
+    python docs/probes/attention_layer_probe.py compile [BATCH]   # eager, compiled, compiled with max-autotune
+    python docs/probes/attention_layer_probe.py products   # the mixing's matrix products alone
+    python docs/probes/attention_layer_probe.py profiler   # what torch.profiler(record_shapes=True) does to a step
 
 ``layer`` times forward and backward of ``Value(attention(x))`` for one layer of the narrow model (embedding 64,
 9 heads, 16x16 grid, batch 100, bf16), alternating the formulations, median of 5 rounds:
@@ -336,11 +339,116 @@ def probe_step(compiled: bool, rounds: int = 6, steps: int = 3, batch: int = 50)
           + ' '.join(f'{r:.2f}' for r in ratios) + ')')
 
 
+def narrow_training_step(model, batch: int):
+    """A bf16 training step of ``model`` (a callable) on a fixed random batch, SGD, as the benchmark times it."""
+    gen = torch.Generator().manual_seed(0)
+    images, targets = torch.randn(batch, 3, 32, 32, generator=gen), torch.randint(0, 10, (batch,), generator=gen)
+    module = getattr(model, '_orig_mod', model)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.01)
+
+    def step():
+        with torch.autocast('cpu', dtype=DTYPE):
+            loss = F.cross_entropy(model(images), targets)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return step
+
+
+def probe_compile(batch: int, rounds: int = 4, steps: int = 3) -> None:
+    """The narrow model's bf16 training step eager, compiled (inductor) and compiled with mode='max-autotune',
+    alternating (three copies of the same initial weights); compile times included in the printout."""
+    import copy
+
+    narrow = dict(num_classes=10, embed_dim=DIM, mlp_hidden_dim=2 * DIM, proj_drop_rate=0., attn_drop_rate=0.)
+    model = timm.create_model('sa_quadratic_cifar', **narrow)
+    variants = {'eager': narrow_training_step(model, batch),
+                'compiled': narrow_training_step(torch.compile(copy.deepcopy(model)), batch),
+                'max-autotune': narrow_training_step(torch.compile(copy.deepcopy(model), mode='max-autotune'), batch)}
+    for name, step in variants.items():
+        start = time.perf_counter()
+        for _ in range(2):
+            step()
+        print(f'{name}: first two steps (compilation included) {time.perf_counter() - start:.1f} s')
+    times = {name: [] for name in variants}
+    for _ in range(rounds):
+        for name, step in variants.items():
+            start = time.perf_counter()
+            for _ in range(steps):
+                step()
+            times[name].append((time.perf_counter() - start) / steps * 1e3)
+    for name, values in times.items():
+        print(f'{name}, batch {batch}: {statistics.median(values):.0f} ms per step (rounds '
+              + ' '.join(f'{v:.0f}' for v in values) + ')')
+
+
+def probe_products(iters: int = 10) -> None:
+    """The matrix products of one narrow layer's mixing alone, bf16, outputs written into reused buffers: the two
+    K = 16 products over the grid side (as the separable path runs them, and the row product in the tall
+    orientation) against the Kronecker form's K = 256 GEMM and Value's GEMM."""
+    H, B, D, heads = GRID, BATCH, DIM, HEADS
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(DTYPE)
+    x, rows_probs, cols = rand(H, H * B * D), rand(heads * H, H), rand(heads * H, H, H)
+    row_out, col_out = rand(heads * H, H * B * D), rand(heads * H, H, B * D)
+    tall_x, tall_probs, tall_out = rand(H * B * D, H), rand(H, heads * H), rand(H * B * D, heads * H)
+    kron, grid_x, kron_out = rand(heads * H * H, H * H), rand(H * H, B * D), rand(heads * H * H, B * D)
+    concatenated, value, value_out = rand(H * H * B, heads * D), rand(heads * D, D), rand(H * H * B, D)
+    products = {
+        'row mixing (144, 16) @ (16, 102400)':
+            (lambda: torch.mm(rows_probs, x, out=row_out), heads * H * H * H * B * D),
+        'column mixing bmm (144, 16, 16) @ (144, 16, 6400)':
+            (lambda: torch.bmm(cols, row_out.view(heads * H, H, B * D), out=col_out), heads * H * H * H * B * D),
+        'row mixing, tall (102400, 16) @ (16, 144)':
+            (lambda: torch.mm(tall_x, tall_probs, out=tall_out), heads * H * H * H * B * D),
+        'Kronecker mixing (2304, 256) @ (256, 6400)':
+            (lambda: torch.mm(kron, grid_x, out=kron_out), heads * H ** 4 * B * D),
+        'Value (25600, 576) @ (576, 64)':
+            (lambda: torch.mm(concatenated, value, out=value_out), H * H * B * heads * D * D),
+    }
+    for name, (product, macs) in products.items():
+        for _ in range(2):
+            product()
+        start = time.perf_counter()
+        for _ in range(iters):
+            product()
+        seconds = (time.perf_counter() - start) / iters
+        print(f'{name}: {seconds * 1e3:.2f} ms, {2 * macs / seconds / 1e9:,.0f} GFLOP/s')
+
+
+def probe_profiler(batch: int = BATCH) -> None:
+    """One narrow bf16 training step timed plainly and under torch.profiler(record_shapes=True): the profiler's
+    own effect on the step, and the K = 16 column product's time as the profiler reports it."""
+    from torch.profiler import profile
+
+    narrow = dict(num_classes=10, embed_dim=DIM, mlp_hidden_dim=2 * DIM, proj_drop_rate=0., attn_drop_rate=0.)
+    step = narrow_training_step(timm.create_model('sa_quadratic_cifar', **narrow), batch)
+    for _ in range(3):
+        step()
+    start = time.perf_counter()
+    for _ in range(3):
+        step()
+    print(f'plain: {(time.perf_counter() - start) / 3 * 1e3:.0f} ms per step')
+    start = time.perf_counter()
+    with profile(record_shapes=True) as prof:
+        step()
+    print(f'under the profiler: {(time.perf_counter() - start) * 1e3:.0f} ms for the step')
+    for event in prof.key_averages(group_by_input_shape=True):
+        if event.key == 'aten::bmm' and event.input_shapes and event.input_shapes[0] == [HEADS * GRID, GRID, GRID]:
+            print(f'  aten::bmm {event.input_shapes}: {event.self_cpu_time_total / event.count / 1e3:.1f} ms per call '
+                  f'({event.count} calls)')
+
+
 if __name__ == '__main__':
     retain_freed_memory()
     torch.set_num_threads(2)
     mode = sys.argv[1] if len(sys.argv) > 1 else 'layer'
     if mode == 'step':
         probe_step(compiled='--compile' in sys.argv)
+    elif mode == 'compile':
+        probe_compile(int(sys.argv[2]) if len(sys.argv) > 2 else 50)
     else:
-        {'layer': probe_layer, 'split': probe_split, 'split-full': probe_split_full}[mode]()
+        {'layer': probe_layer, 'split': probe_split, 'split-full': probe_split_full, 'products': probe_products,
+         'profiler': probe_profiler}[mode]()

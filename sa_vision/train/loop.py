@@ -419,7 +419,7 @@ def compile_speedup(model: nn.Module, compiled: Callable, images: torch.Tensor, 
     ``model`` itself (eager).
 
     Measured on the machine that trains, because the answer depends on it: the narrow SA model's bf16 step ran
-    1.25-1.37x as fast compiled on an Intel Xeon with AMX and 0.76x on an AMD EPYC (Zen 5; docs/performance.md). The
+    1.27-1.37x as fast compiled on an Intel Xeon with AMX and 0.76x on an AMD EPYC (Zen 5; docs/performance.md). The
     first compiled calls compile (forward and backward); then eager and compiled are timed alternately, ``steps``
     each, and the median of ``rounds`` ratios is returned. The weights, buffers (batch-norm statistics),
     gradients and RNG state are restored afterwards, so the probe leaves the run as it found it. Raises whatever
