@@ -55,6 +55,7 @@ _TIMM_MODEL_ARGS = (('num_classes', 'num_classes'), ('in_chans', 'in_chans'), ('
 _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
 # names of weights that timm.create_model takes: they load those weights (with pretrained=True in timm)
 LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
+RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, kept current every epoch
 _WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
 
 
@@ -311,18 +312,20 @@ def read_checkpoint(
     """Open weights of any supported kind (see the module docstring).
 
     Args:
-        source: A file or a Hub folder.
+        source: A file, a Hub folder, or a run folder of ``sa-vision-train`` (its ``last.pth.tar``).
         arch: Expected architecture: an error if the file names another; the architecture of bare weights.
         model_args: Construction arguments for bare weights (override what is read off the shapes).
         use_ema: Take the EMA weights of a timm train.py checkpoint (an error if it has none).
         map_location: Passed to ``torch.load``.
     """
     path = Path(source)
+    if path.is_dir() and not (path / 'config.json').is_file() and (path / RUN_CHECKPOINT).is_file():
+        path = path / RUN_CHECKPOINT  # a run folder of sa-vision-train: its latest checkpoint
     if path.is_dir():
         ckpt = _read_hub_folder(path)
     elif not path.is_file():
         raise CheckpointError(f'{path} does not exist: pass a checkpoint file (last.pth.tar of a run, a state dict, '
-                              f'a .safetensors file) or an exported Hub folder')
+                              f'a .safetensors file), a run folder or an exported Hub folder')
     elif path.suffix == '.safetensors':
         state_dict, metadata = _read_safetensors(path)
         stored_args = (_read_json(metadata['model_args'], path, "metadata 'model_args'")

@@ -61,17 +61,21 @@ class DatasetInfo:
     std: Tuple[float, ...]
     eval_split: str  # the held-out split evaluated by default
     hub_dataset: Optional[str] = None  # Hugging Face dataset id for the card's `datasets:` metadata
+    class_names: Tuple[str, ...] = ()  # label i is class_names[i]; empty for an image folder (its folder names)
 
 
 _DATASETS = {
     'torch/cifar10': DatasetInfo('torch/cifar10', 'cifar10', 'CIFAR-10', CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD,
-                                 'test', 'cifar10'),
+                                 'test', 'cifar10', ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog',
+                                                     'frog', 'horse', 'ship', 'truck')),
     DIGITS: DatasetInfo(DIGITS, 'digits', 'scikit-learn digits (8x8, upscaled to 32x32)', 10, CIFAR10_MEAN,
-                        CIFAR10_STD, 'test'),
+                        CIFAR10_STD, 'test', class_names=tuple(str(d) for d in range(10))),
     # per-pixel mean / std of the 60,000 training images' 28x28 pixels in [0, 1], before the zero padding to
     # 32x32 (as these stats are usually quoted; tests/test_data.py checks them); grey, repeated to 3 channels
     FASHION_MNIST: DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10,
-                               (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist'),
+                               (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist',
+                               ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker',
+                                'Bag', 'Ankle boot')),
 }
 _ALIASES = {'cifar10': 'torch/cifar10', 'fashion_mnist': FASHION_MNIST, 'fashionmnist': FASHION_MNIST}
 # timm's create_dataset prefixes: '<type>/<name>' is passed on to timm as it is

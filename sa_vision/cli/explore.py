@@ -1,0 +1,51 @@
+""" One self-contained HTML page to look into the attention heads of sa_vision models
+
+    sa-vision-explore local-dir:zoo/fashion-mnist-cpu/sa_quadratic_cifar --out explorer.html
+    sa-vision-explore output/train/<run> other/last.pth.tar hf-hub:sa-vision/sa_gen_cifar.cifar10 --out page.html
+
+A MODEL is anything sa-vision-validate takes: a run folder, a checkpoint file, a Hub folder, local-dir:<folder>,
+hf-hub:<repo> or a timm name (with its published weights; --no-pretrained builds it at random). The page opens
+from file:// and fetches nothing.
+"""
+import argparse
+import sys
+import time
+
+from sa_vision.errors import command
+from sa_vision.research.explorer import ExplorerModel, resolve_explorer_model, write_explorer
+from sa_vision.train.checkpoint import load_model
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('models', nargs='+', metavar='MODEL', help='run folder, checkpoint, Hub folder, local-dir:, '
+                                                                   'hf-hub: or timm name')
+    parser.add_argument('--out', required=True, metavar='FILE', help='the HTML page to write')
+    parser.add_argument('--dataset', default=None,
+                        help="the gallery's dataset (default: the one the models were trained on)")
+    parser.add_argument('--data-dir', default=None, metavar='DIR')
+    parser.add_argument('--images', type=int, default=24, metavar='N', help='test images in the gallery (default 24)')
+    parser.add_argument('--title', default='sa_vision attention explorer')
+    parser.add_argument('--pretrained', action=argparse.BooleanOptionalAction, default=True,
+                        help='timm names: load their published weights (default) or build them at random')
+    args = parser.parse_args(argv)
+    started = time.time()
+    models = []
+    for spec in args.models:
+        print(f'loading {spec} ...', flush=True)
+        if args.pretrained:
+            models.append(resolve_explorer_model(spec))
+        else:
+            models.append(ExplorerModel(spec, load_model(spec)))
+    out = write_explorer(models, args.out, dataset=args.dataset, num_images=args.images, data_dir=args.data_dir,
+                         title=args.title)
+    print(f'wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(models)} model(s), {args.images} images) in '
+          f'{time.time() - started:.0f} s; open it in a browser (file://, no server needed)')
+    return 0
+
+
+cli = command(__name__)
+
+
+if __name__ == '__main__':
+    sys.exit(cli())

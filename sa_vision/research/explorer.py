@@ -1,0 +1,275 @@
+""" The attention explorer: one self-contained HTML page to look into every head of every layer
+
+The page of the paper's authors ("Visualization of Self-Attention Maps") shows, for a test image and a query pixel,
+where each head attends; the paper's Figs. 2-6 show the centres, their contours and how they moved while training.
+:func:`write_explorer` writes all of that for one or more models into a single HTML file that needs no server and
+loads nothing from outside (``explorer.html`` in this folder is the template).
+
+The positional kinds' probabilities are computed in the page from the model's positional parameters (a few hundred
+numbers per layer), so every query of the grid works and the page stays small; the content kind ships each image's
+layer inputs and the query / key maps, from which the page computes its image-dependent probabilities.
+"""
+import base64
+import json
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import Tensor, nn
+
+from ..errors import UserError
+from ..layers import PositionalAttention
+from ..train.checkpoint import HF_HUB_PREFIX, LOCAL_DIR_PREFIX, RUN_CHECKPOINT, load_model, read_checkpoint
+from ..train.data import create_image_dataset, dataset_for_tag, dataset_info, normalization
+from .analysis import attention_layers
+
+__all__ = [
+    'POSITIONAL_EPOCHS_FILE', 'ExplorerModel', 'resolve_explorer_model', 'positional_params',
+    'positional_trajectory', 'save_positional_trajectory', 'load_positional_trajectory', 'gallery_indices',
+    'explorer_data', 'write_explorer',
+]
+
+# per-epoch centres and spreads of a model, kept beside its weights (Fig. 2 of the paper: how the heads moved)
+POSITIONAL_EPOCHS_FILE = 'positional_epochs.safetensors'
+_POSITIONAL_SUFFIXES = ('.attn.position.centers', '.attn.position.spreads')
+_PLACEHOLDER = '/*SA_EXPLORER_DATA*/null'
+
+
+@dataclass
+class ExplorerModel:
+    """A model to show, with where it came from and what it was trained on."""
+    name: str
+    model: nn.Module
+    dataset: str = ''  # '' when unknown (random weights)
+    epochs: Dict[str, Dict[str, Tensor]] = field(default_factory=dict)  # label -> positional state dict
+
+
+def positional_params(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """The Gaussian centres and spreads of a state dict (what moves the heads, paper Fig. 2)."""
+    return {k: v.detach().float().cpu() for k, v in state_dict.items() if k.endswith(_POSITIONAL_SUFFIXES)}
+
+
+def positional_trajectory(epochs: Dict[str, Dict[str, Tensor]]) -> Dict[str, Tensor]:
+    """Per-epoch positional parameters stacked along a first axis, ``{key: (epochs, ...)}``."""
+    labels = list(epochs)
+    keys = list(positional_params(epochs[labels[0]]))
+    return {key: torch.stack([epochs[label][key].float() for label in labels]) for key in keys}
+
+
+def save_positional_trajectory(epochs: Dict[str, Dict[str, Tensor]], path) -> Path:
+    """Write ``{label: state dict}`` as one small safetensors file of the centres and spreads (labels in metadata)."""
+    stacked = positional_trajectory({label: positional_params(sd) for label, sd in epochs.items()})
+    if not stacked:
+        raise UserError('these weights have no Gaussian centres or spreads: only the quadratic and generalized kinds '
+                        'have a trajectory to keep')
+    save_file({k: v.contiguous() for k, v in stacked.items()}, str(path), metadata={'epochs': json.dumps(list(epochs))})
+    return Path(path)
+
+
+def load_positional_trajectory(path) -> Dict[str, Dict[str, Tensor]]:
+    """The ``{label: positional state dict}`` written by :func:`save_positional_trajectory`."""
+    from safetensors import safe_open
+    with safe_open(str(path), 'pt') as f:
+        labels = json.loads((f.metadata() or {}).get('epochs', '[]'))
+    stacked = load_file(str(path))
+    return {label: {k: v[i] for k, v in stacked.items()} for i, label in enumerate(labels)}
+
+
+def _run_folder_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
+    """The weights a run saved after every epoch (``epoch-000`` is the initialisation), positional part only."""
+    return {path.stem: positional_params(read_checkpoint(path).state_dict)
+            for path in sorted(folder.glob('epoch-*.safetensors'))}
+
+
+def resolve_explorer_model(spec: str) -> ExplorerModel:
+    """Anything ``sa-vision-validate`` takes: a run folder, a checkpoint file, a Hub folder, ``local-dir:<folder>``,
+    ``hf-hub:<repo>`` or a timm name (with its published weights). Epoch parameters come along where they are kept:
+    a run folder's ``epoch-*.safetensors`` or a Hub folder's :data:`POSITIONAL_EPOCHS_FILE`."""
+    path = Path(spec[len(LOCAL_DIR_PREFIX):] if spec.startswith(LOCAL_DIR_PREFIX) else spec)
+    if path.exists():
+        ckpt = read_checkpoint(path)
+        folder = path if path.is_dir() else path.parent
+        if (folder / POSITIONAL_EPOCHS_FILE).is_file():
+            epochs = load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE)
+        elif path.is_dir() and (folder / RUN_CHECKPOINT).is_file() or path.name == RUN_CHECKPOINT:
+            epochs = _run_folder_epochs(folder)
+        else:
+            epochs = {}
+        return ExplorerModel(spec, ckpt.create_model(), ckpt.dataset, epochs)
+    model = load_model(spec, pretrained=True)
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    epochs = {}
+    if spec.startswith(HF_HUB_PREFIX):
+        epochs = _hub_epochs(spec[len(HF_HUB_PREFIX):])
+    return ExplorerModel(spec, model, dataset_for_tag(cfg.get('tag') or ''), epochs)
+
+
+def _hub_epochs(repo_id: str) -> Dict[str, Dict[str, Tensor]]:
+    """A Hub repository's kept epoch parameters, or none when it has no such file."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+    try:
+        return load_positional_trajectory(hf_hub_download(repo_id, POSITIONAL_EPOCHS_FILE))
+    except (EntryNotFoundError, LocalEntryNotFoundError):
+        return {}
+
+
+def gallery_indices(targets: Sequence[int], count: int) -> List[int]:
+    """``count`` images of the split, taking the classes in turn (the first image of each class, then the second...)."""
+    by_class: Dict[int, List[int]] = {}
+    for index, target in enumerate(targets):
+        by_class.setdefault(int(target), []).append(index)
+    order = sorted(by_class)
+    picked: List[int] = []
+    rank = 0
+    while len(picked) < count and any(rank < len(v) for v in by_class.values()):
+        picked += [by_class[c][rank] for c in order if rank < len(by_class[c])][:count - len(picked)]
+        rank += 1
+    return picked
+
+
+def _b64(tensor: Tensor, dtype: torch.dtype) -> str:
+    """Little-endian bytes of ``tensor`` in ``dtype`` as base64 (a Float64Array / Float32Array / Uint8Array in JS)."""
+    return base64.b64encode(tensor.detach().to('cpu', dtype).contiguous().numpy().tobytes()).decode('ascii')
+
+
+def _layer_record(layer: PositionalAttention, params: Optional[Dict[str, Tensor]] = None) -> Dict[str, Any]:
+    """What the page needs to compute a layer's positional scores: float64 values of the model's parameters."""
+    position = layer.position
+    if layer.kind in ('quadratic', 'generalized'):
+        centers = params['centers'] if params else position.centers
+        spreads = params['spreads'] if params else position.spreads
+        return {'centers': _b64(centers, torch.float64), 'spreads': _b64(spreads, torch.float64)}
+    with torch.no_grad():  # the tables after their key maps, (2m+1, heads): head h's score for the shift d - m
+        row = position.row_shift_embed.weight.double() @ position.row_keys.weight.double().t()
+        col = position.col_shift_embed.weight.double() @ position.col_keys.weight.double().t()
+    record = {'row': _b64(row.t(), torch.float64), 'col': _b64(col.t(), torch.float64),
+              'maxShift': position.max_shift}
+    if layer.content is not None:
+        content = layer.content
+        record.update(wq=_b64(content.query.weight, torch.float32), bq=_b64(content.query.bias, torch.float32),
+                      wk=_b64(content.key.weight, torch.float32), bk=_b64(content.key.bias, torch.float32))
+    return record
+
+
+def _layer_inputs(model: nn.Module, images: Tensor) -> List[Tensor]:
+    """Each attention layer's input tokens ``(B, h*w, D)`` for ``images`` (what the content kind's scores read)."""
+    layers = attention_layers(model)
+    blocks = {id(m.attn): m for m in model.modules() if isinstance(getattr(m, 'attn', None), PositionalAttention)}
+    captured: List[Tensor] = []
+
+    def capture(block: nn.Module, args: Tuple[Tensor, ...]) -> None:
+        x = args[0]  # grid-major h x w x B x D (the models' layout)
+        captured.append(x.reshape(-1, x.shape[2], x.shape[3]).transpose(0, 1).detach().float())
+
+    handles = [blocks[id(layer)].register_forward_pre_hook(capture) for layer in layers]
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str, Tensor]],
+                   names: List[str]) -> Optional[Dict[str, Any]]:
+    """Every layer's centres and spreads at every kept epoch, when they fit the model (same heads)."""
+    if not epochs or layers[0].kind not in ('quadratic', 'generalized'):
+        return None
+    records = []
+    for label, params in epochs.items():
+        per_layer = []
+        for name, layer in zip(names, layers):
+            centers, spreads = params.get(f'{name}.position.centers'), params.get(f'{name}.position.spreads')
+            if centers is None or spreads is None or centers.shape != layer.position.centers.shape:
+                return None  # e.g. the pruned model's fine-tuning kept the unpruned heads
+            per_layer.append(_layer_record(layer, {'centers': centers, 'spreads': spreads}))
+        records.append({'label': label, 'layers': per_layer})
+    return {'epochs': records}
+
+
+def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, class_names: Sequence[str],
+                  top: int = 3) -> Dict[str, Any]:
+    model = entry.model.eval().float()
+    layers = attention_layers(model)
+    names = [name for name, m in model.named_modules() if isinstance(m, PositionalAttention)]
+    with torch.no_grad():
+        probs = model(normalized).softmax(dim=-1)
+    top_probs, top_classes = probs.topk(min(top, probs.shape[-1]), dim=-1)
+    grid = (images.shape[-2] // 2, images.shape[-1] // 2)  # the 2x2 patch embedding (paper Sec. 4)
+    record = {
+        'name': entry.name,
+        'arch': getattr(model, 'pretrained_cfg', {}).get('architecture') or type(model).__name__,
+        'kind': layers[0].kind,
+        'grid': list(grid),
+        'heads': [layer.num_heads for layer in layers],
+        'dim': layers[0].dim,
+        'parameters': sum(p.numel() for p in model.parameters()),
+        'predictions': [[[int(c), float(p)] for c, p in zip(cs, ps)] for cs, ps in zip(top_classes, top_probs)],
+        'layers': [_layer_record(layer) for layer in layers],
+    }
+    if len(class_names) and probs.shape[-1] != len(class_names):
+        raise UserError(f'{entry.name} has {probs.shape[-1]} classes but the images come from a dataset of '
+                        f'{len(class_names)}; pass --dataset with the data it was trained on')
+    if layers[0].kind == 'content':  # image-dependent: each image's layer inputs
+        record['tokens'] = [[_b64(tokens[i], torch.float32) for tokens in _layer_inputs(model, normalized)]
+                            for i in range(len(images))]
+    epochs = _epoch_records(layers, entry.epochs, names)
+    if epochs:
+        record.update(epochs)
+    return record
+
+
+def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None, num_images: int = 24,
+                  data_dir: Optional[str] = None, title: str = 'sa_vision attention explorer') -> Dict[str, Any]:
+    """The page's data: the gallery of ``num_images`` test images and one record per model."""
+    if not models:
+        raise UserError('give at least one model to explore')
+    datasets = {m.dataset for m in models if m.dataset}
+    if dataset is None:
+        if len(datasets) > 1:
+            raise UserError(f'the models were trained on different datasets ({sorted(datasets)}): pass --dataset to '
+                            f'show them on one')
+        if not datasets:
+            raise UserError('the dataset of these models is unknown (random or bare weights): pass --dataset')
+        dataset = datasets.pop()
+    info = dataset_info(dataset)
+    raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir,
+                               mean=(0.,) * 3, std=(1.,) * 3)  # pixels in [0, 1]: the page shows them as they are
+    targets = getattr(raw, 'targets', None)
+    if targets is None:
+        targets = [raw[i][1] for i in range(len(raw))]
+    indices = gallery_indices([int(t) for t in targets], num_images)
+    images = torch.stack([raw[i][0] for i in indices])  # B, 3, H, W
+    cfg = {'mean': info.mean, 'std': info.std}
+    norm = normalization(info.name, cfg)
+    normalized = (images - torch.tensor(norm['mean'])[:, None, None]) / torch.tensor(norm['std'])[:, None, None]
+    grey = bool((images[:, :1] == images).all())
+    pixels = (images[:, :1] if grey else images).mul(255).round().clamp(0, 255).to(torch.uint8)
+    class_names = list(info.class_names) or [str(c) for c in range(max(int(t) for t in targets) + 1)]
+    return {
+        'title': title,
+        'dataset': {'name': info.name, 'title': info.title, 'split': info.eval_split, 'classes': class_names},
+        'images': {'count': len(indices), 'channels': pixels.shape[1], 'height': pixels.shape[2],
+                   'width': pixels.shape[3], 'pixels': _b64(pixels, torch.uint8), 'indices': indices,
+                   'labels': [int(targets[i]) for i in indices]},
+        'models': [_model_record(m, images, normalized, class_names) for m in models],
+    }
+
+
+def write_explorer(models: Sequence[ExplorerModel], out, **kwargs) -> Path:
+    """Write the explorer page for ``models`` to ``out`` (see :func:`explorer_data` for the options)."""
+    data = explorer_data(models, **kwargs)
+    template = resources.files(__package__).joinpath('explorer.html').read_text(encoding='utf-8')
+    # JSON inside a <script> element: "</" would end the element early
+    payload = json.dumps(data, separators=(',', ':')).replace('</', '<\\/')
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f'.{out.name}.tmp')
+    tmp.write_text(template.replace(_PLACEHOLDER, payload), encoding='utf-8')
+    tmp.replace(out)
+    return out

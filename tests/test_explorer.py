@@ -1,0 +1,254 @@
+""" The attention explorer page, opened from file:// in headless Chromium
+
+The page computes the positional kinds' probabilities itself from the models' parameters; these tests read them
+through ``window.saExplorer`` and compare them with sa_vision's own layers, evaluated in float64.
+"""
+import copy
+import json
+import random
+import re
+
+import pytest
+import timm
+import torch
+from browser import chromium_driver, console_errors, open_page, page_probs, requested_urls, require_browser
+
+from sa_vision.layers import PositionalAttention
+from sa_vision.research.explorer import (
+    ExplorerModel,
+    gallery_indices,
+    load_positional_trajectory,
+    positional_params,
+    save_positional_trajectory,
+    write_explorer,
+)
+from sa_vision.train.data import create_image_dataset, dataset_info
+
+SMALL = dict(embed_dim=16, depth=2, mlp_hidden_dim=32, heads_per_layer=3, num_classes=10)
+NUM_IMAGES = 6
+TOLERANCE = 1e-5
+
+
+def _trained_looking(model: torch.nn.Module, generator: torch.Generator) -> torch.nn.Module:
+    """Random positional parameters away from the init: spread-out centres, unequal (and anisotropic) precisions."""
+    with torch.no_grad():
+        for layer in (m for m in model.modules() if isinstance(m, PositionalAttention)):
+            position = layer.position
+            if layer.kind == 'quadratic':
+                position.centers.normal_(0, 3, generator=generator)
+                position.spreads.uniform_(0.3, 2.5, generator=generator)
+            elif layer.kind == 'generalized':
+                position.centers.normal_(0, 3, generator=generator)
+                position.spreads.normal_(0, 1, generator=generator)
+    return model.eval()
+
+
+@pytest.fixture(scope='module')
+def models():
+    generator = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)
+    quadratic = _trained_looking(timm.create_model('sa_quadratic_cifar', **SMALL), generator)
+    initial = _trained_looking(copy.deepcopy(quadratic), generator)  # the "epoch-000" centres
+    epochs = {'epoch-000': positional_params(initial.state_dict()),
+              'epoch-001': positional_params(quadratic.state_dict())}
+    pruned = _trained_looking(timm.create_model('sa_gen_cifar', **{**SMALL, 'heads_per_layer': (3, 2)}), generator)
+    return [
+        ExplorerModel('quadratic', quadratic, 'digits', epochs),
+        ExplorerModel('generalized, pruned', pruned, 'digits'),
+        ExplorerModel('learned', timm.create_model('sa_learned_cifar', **SMALL).eval(), 'digits'),
+        ExplorerModel('content', timm.create_model('sa_content_cifar', **SMALL).eval(), 'digits'),
+    ]
+
+
+@pytest.fixture(scope='module')
+def page(models, tmp_path_factory):
+    return write_explorer(models, tmp_path_factory.mktemp('explorer') / 'page.html', num_images=NUM_IMAGES)
+
+
+@pytest.fixture(scope='module')
+def driver(page):
+    require_browser()
+    driver = chromium_driver()
+    try:
+        open_page(driver, page)
+        yield driver
+    finally:
+        driver.quit()
+
+
+def _gallery(models):
+    """The gallery's images as the model sees them (normalised), picked independently of the page's code."""
+    info = dataset_info('digits')
+    ds = create_image_dataset('digits', 'test', is_training=False)
+    indices = gallery_indices(ds.targets.tolist(), NUM_IMAGES)
+    return torch.stack([ds[i][0] for i in indices]), [int(ds.targets[i]) for i in indices], info
+
+
+def _layer_inputs(model, images):
+    """The float32 input of every attention layer (grid-major h x w x B x D), read with hooks of the test's own."""
+    inputs = []
+    hooks = [m.register_forward_pre_hook(lambda _, args: inputs.append(args[0].detach()))
+             for m in model.modules() if isinstance(getattr(m, 'attn', None), PositionalAttention)]
+    with torch.no_grad():
+        model(images)
+    for hook in hooks:
+        hook.remove()
+    return inputs
+
+
+def reference_probs(model, layer_index, head, row, col, image=0, images=None, params=None):
+    """sa_vision's probabilities of one head and query in float64: ``PositionalAttention.position_probs``, or for
+    the content kind ``content_probs`` of the layer's own input."""
+    layers = [m for m in model.modules() if isinstance(m, PositionalAttention)]
+    layer = copy.deepcopy(layers[layer_index]).double()
+    if params:
+        layer.position.centers.data.copy_(params['centers'])
+        layer.position.spreads.data.copy_(params['spreads'])
+    grid_w = 16
+    with torch.no_grad():
+        if layer.kind == 'content':
+            x = _layer_inputs(model, images)[layer_index].double()
+            probs = layer.content_probs(x)[image, head]
+        else:
+            probs = layer.position_probs(16, grid_w)[head]
+    return probs[row * grid_w + col]
+
+
+def _max_error(driver, models, triples_per_model=12):
+    images, _, _ = _gallery(models)
+    rng = random.Random(0)
+    worst = 0.0
+    for index, entry in enumerate(models):
+        heads = [m.num_heads for m in entry.model.modules() if isinstance(m, PositionalAttention)]
+        for _ in range(triples_per_model):
+            layer = rng.randrange(len(heads))
+            head, row, col, image = rng.randrange(heads[layer]), rng.randrange(16), rng.randrange(16), \
+                rng.randrange(NUM_IMAGES)
+            got = torch.tensor(page_probs(driver, index, layer, head, row, col, image), dtype=torch.float64)
+            want = reference_probs(entry.model, layer, head, row, col, image, images)
+            worst = max(worst, float((got - want).abs().max()))
+    return worst
+
+
+def test_page_is_self_contained_and_error_free(driver, page):
+    urls = requested_urls(driver, page)
+    assert f'file://{page}' in urls and all(u.startswith(('file://', 'data:')) for u in urls), urls
+    assert not console_errors(driver)
+    html = page.read_text()
+    assert not re.search(r'(src|href)\s*=\s*"(https?:)?//', html), 'the page links to something outside itself'
+    driver.execute_script('saExplorer.setModel(3); saExplorer.setImage(2); saExplorer.setModel(0)')
+    assert not console_errors(driver)
+    assert not [u for u in requested_urls(driver, page) if not u.startswith(('file://', 'data:'))]
+
+
+def test_probabilities_are_the_models_own(driver, models):
+    """Random (layer, head, query, image) of every kind against sa_vision's layers in float64."""
+    assert _max_error(driver, models) < TOLERANCE
+
+
+def test_epoch_slider_moves_to_the_kept_epoch(driver, models):
+    epochs = models[0].epochs
+    driver.execute_script('saExplorer.setModel(0); saExplorer.setEpoch(0)')
+    assert driver.execute_script('return saExplorer.state().epoch') == 0
+    for layer, head, row, col in ((0, 1, 3, 12), (1, 2, 9, 4)):
+        params = {k.rsplit('.', 1)[-1]: v for k, v in epochs['epoch-000'].items() if k.startswith(f'blocks.{layer}.')}
+        got = torch.tensor(page_probs(driver, 0, layer, head, row, col, 0, 0), dtype=torch.float64)
+        want = reference_probs(models[0].model, layer, head, row, col, params=params)
+        assert (got - want).abs().max() < TOLERANCE
+        final = reference_probs(models[0].model, layer, head, row, col)
+        assert (got - final).abs().max() > 1e-3  # the initial centres are elsewhere
+    driver.execute_script('saExplorer.setEpoch(1)')
+
+
+def test_a_click_shows_that_querys_maps(driver, models):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    driver.find_elements(By.CSS_SELECTOR, '#models button')[1].click()  # the pruned generalized model
+    canvas = driver.find_element(By.ID, 'imageCanvas')
+    size = canvas.size['width']
+    row, col = 3, 11
+    cell = size / 16
+    ActionChains(driver).move_to_element_with_offset(
+        canvas, int((col + 0.5) * cell - size / 2), int((row + 0.5) * cell - size / 2)).click().perform()
+    rendered = driver.execute_script('return saExplorer.rendered()')
+    assert rendered['model'] == 1 and rendered['query'] == [row, col]
+    assert [len(layer) for layer in rendered['maps']] == [3, 2]  # the pruned model's heads
+    assert len(driver.find_elements(By.CSS_SELECTOR, '#maps canvas')) == 5
+    for layer, head in ((0, 0), (1, 1)):
+        want = reference_probs(models[1].model, layer, head, row, col)
+        assert (torch.tensor(rendered['maps'][layer][head], dtype=torch.float64) - want).abs().max() < TOLERANCE
+    ActionChains(driver).send_keys(Keys.ARROW_LEFT).send_keys(Keys.ARROW_UP).perform()
+    assert driver.execute_script('return saExplorer.rendered().query') == [row - 1, col - 1]
+
+
+def test_content_maps_follow_the_image(driver, models):
+    images, _, _ = _gallery(models)
+    maps = []
+    for image in (0, 4):
+        driver.execute_script(f'saExplorer.setModel(3); saExplorer.setImage({image}); saExplorer.setQuery(7, 7)')
+        rendered = driver.execute_script('return saExplorer.rendered()')
+        got = torch.tensor(rendered['maps'][1][2], dtype=torch.float64)
+        assert (got - reference_probs(models[3].model, 1, 2, 7, 7, image, images)).abs().max() < TOLERANCE
+        maps.append(got)
+    assert (maps[0] - maps[1]).abs().max() > 1e-4
+
+
+def test_gallery_shows_the_models_predictions(driver, models):
+    from selenium.webdriver.common.by import By
+    images, labels, info = _gallery(models)
+    for index, entry in enumerate(models):
+        driver.execute_script(f'saExplorer.setModel({index})')
+        with torch.no_grad():
+            predicted = entry.model(images).argmax(-1).tolist()
+        thumbs = driver.find_elements(By.CSS_SELECTOR, '.thumb')
+        assert len(thumbs) == NUM_IMAGES
+        for thumb, label, pred in zip(thumbs, labels, predicted):
+            lines = thumb.text.splitlines()
+            assert lines[0] == f'true: {info.class_names[label]}' and lines[1] == f'pred: {info.class_names[pred]}'
+
+
+def test_screenshot_holds_distinct_heat_maps(driver, tmp_path):
+    import io
+
+    import numpy as np
+    from PIL import Image
+    from selenium.webdriver.common.by import By
+    driver.execute_script('saExplorer.setModel(0); saExplorer.setQuery(8, 8)')
+    driver.save_screenshot(str(tmp_path / 'page.png'))
+    heads = [np.asarray(Image.open(io.BytesIO(c.screenshot_as_png)).convert('L'), dtype=np.float64)
+             for c in driver.find_elements(By.CSS_SELECTOR, '#maps canvas')]
+    assert len(heads) == 6
+    assert all(h.std() > 10 for h in heads), 'a blank heat map'
+    differences = [np.abs(a - b).mean() for i, a in enumerate(heads) for b in heads[i + 1:]]
+    assert min(differences) > 2, 'two heads drawn alike'
+
+
+def test_a_broken_formula_is_caught(driver, page, models, tmp_path):
+    """The comparison can fail: the page with the quadratic kind's precision dropped disagrees."""
+    html = page.read_text()
+    broken = html.replace('const s2 = spreads[h] * spreads[h];', 'const s2 = 1;')
+    assert broken != html
+    (tmp_path / 'broken.html').write_text(broken)
+    open_page(driver, tmp_path / 'broken.html')
+    try:
+        assert _max_error(driver, models[:1], triples_per_model=4) > 1e-3
+    finally:
+        open_page(driver, page)
+
+
+def test_positional_trajectory_round_trip(models, tmp_path):
+    path = save_positional_trajectory(models[0].epochs, tmp_path / 'epochs.safetensors')
+    loaded = load_positional_trajectory(path)
+    assert list(loaded) == list(models[0].epochs)
+    for label, params in models[0].epochs.items():
+        assert set(loaded[label]) == set(params) and all(torch.equal(loaded[label][k], v) for k, v in params.items())
+    assert path.stat().st_size < 4096  # centres and spreads only
+
+
+def test_page_data_is_embedded_once(page):
+    html = page.read_text()
+    data = json.loads(re.search(r'<script id="sa-data" type="application/json">(.*?)</script>', html, re.S)
+                      .group(1).replace('<\\/', '</'))
+    assert [m['heads'] for m in data['models']] == [[3, 3], [3, 2], [3, 3], [3, 3]]
+    assert data['images']['count'] == NUM_IMAGES and len(set(data['images']['labels'])) == NUM_IMAGES
