@@ -6,9 +6,14 @@ Stages, in order (``sa-vision-reproduce`` runs them):
    in a subprocess per model, from the model's recipe with the profile's changes);
 2. prune the trained ``sa_gen_cifar`` with the released thresholds (paper App. A.1) and evaluate the pruned model;
 3. fine-tune ``sa_gen_pruned`` from it with the pruned recipe (built with whatever heads survived);
-4. the results table (``results.md``, ``results.csv``): the final evaluation of each run on the test split;
-5. export five Hub folders (``hub/<arch>.<tag>``), figures of the trained attention (``figures/``);
+4. the results table (``results.md``, ``results.csv``): each run's final weights evaluated on the test split in
+   float32;
+5. export five Hub folders (``hub/<arch>.<tag>``, with the attention models' centres and spreads of every epoch),
+   figures of the trained attention (``figures/``) and the attention explorer (``explorer.html``);
 6. publish the folders, only with ``publish=True`` (a dry run lists them otherwise).
+
+:meth:`Reproduction.keep` copies the Hub folders into a checkout's ``zoo/``; :func:`check_kept_models` evaluates kept
+models against a results table and :func:`draw_figures` draws the figures from them.
 
 Resumable: every stage writes its result atomically and is skipped when that result exists; a training stage
 killed mid-run continues from its last epoch (``--resume``). A failed stage stops the run with its error and
@@ -35,7 +40,8 @@ from .train.checkpoint import plain_data, read_checkpoint
 from .train.data import dataset_info
 from .train.recipes import load_recipe
 
-__all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction']
+__all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction',
+           'evaluate_on_test_split', 'draw_figures', 'check_kept_models', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE']
 
 TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its order
 PRUNE_SOURCE = 'sa_gen_cifar'
@@ -45,8 +51,13 @@ TRAINED_MODELS = tuple(model for model in TABLE_ORDER if model != PRUNED_MODEL)
 # epoch-000 weights against its last), empty for the kinds without centres; for the pruned model, during fine-tuning
 # amp: the precision the run used ('auto' resolved on the machine that trained); pos_lr_scale: the positional
 # parameters' learning-rate multiplier
-TABLE_COLUMNS = ('model', 'dataset', 'epochs', 'parameters', 'macs_g', 'top1', 'top5', 'train_minutes',
-                 'center_shift_median', 'amp', 'pos_lr_scale', 'paper_cifar10_top1')
+# top1 / top5: the final weights evaluated on the dataset's test split in eval_precision (float32: the same figures
+# on any CPU, where a bfloat16 evaluation depends on the CPU's bfloat16 arithmetic)
+TABLE_COLUMNS = ('model', 'dataset', 'epochs', 'parameters', 'macs_g', 'top1', 'top5', 'eval_precision',
+                 'train_minutes', 'center_shift_median', 'amp', 'pos_lr_scale', 'paper_cifar10_top1')
+EVAL_PRECISION = 'float32'
+# a kept model's accuracy may differ from the table by one image in 10,000 (a float32 tie broken otherwise)
+ACCURACY_TOLERANCE = 0.01
 
 
 @dataclass(frozen=True)
@@ -311,15 +322,21 @@ class Reproduction:
         return out
 
     def _evaluate(self, model) -> Dict[str, float]:
-        import torch
+        return evaluate_on_test_split(model, self.dataset, self.data_dir, self.download)
 
-        from .train.data import create_image_dataset
-        from .train.evaluation import evaluate
-        info = dataset_info(self.dataset)
-        ds = create_image_dataset(self.dataset, info.eval_split, is_training=False, data_dir=self.data_dir,
-                                  download=self.download)
-        loader = torch.utils.data.DataLoader(ds, batch_size=500, shuffle=False)
-        return evaluate(model, loader, 'cpu')
+    def _final_metrics(self, run: str, ckpt) -> Dict[str, float]:
+        """Top-1 / top-5 of a finished run's final weights in :data:`EVAL_PRECISION`, evaluated once per checkpoint
+        (``final_eval.json`` beside it) whatever precision the run trained and validated in."""
+        last = self.run_dir(run) / 'last.pth.tar'
+        path = self.run_dir(run) / 'final_eval.json'
+        stamp = f'{last.stat().st_mtime_ns}:{last.stat().st_size}'
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved.get('checkpoint') == stamp:
+                return saved
+        metrics = {**self._evaluate(ckpt.create_model()), 'checkpoint': stamp, 'precision': EVAL_PRECISION}
+        _write_atomic(path, json.dumps(metrics, indent=1))
+        return metrics
 
     def table(self, models=TABLE_ORDER, quiet: bool = False) -> List[Dict[str, Any]]:
         """The results of the finished runs of ``models``, written as results.md and results.csv (and printed)."""
@@ -335,10 +352,11 @@ class Reproduction:
                 continue  # still training
             counts = count_params_and_macs(ckpt.create_model())
             paper = PAPER_RESULTS.get(model)
+            metrics = self._final_metrics(model, ckpt)
             rows.append({
                 'model': model, 'dataset': self.dataset, 'epochs': meta['epoch'], 'parameters': counts['params'],
-                'macs_g': round(counts['macs'] / 1e9, 4), 'top1': round(meta['metrics']['top1'], 2),
-                'top5': round(meta['metrics']['top5'], 2),
+                'macs_g': round(counts['macs'] / 1e9, 4), 'top1': round(metrics['top1'], 2),
+                'top5': round(metrics['top5'], 2), 'eval_precision': EVAL_PRECISION,
                 'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 3),
                 'center_shift_median': self._center_shift_median(model, ckpt.state_dict),
                 'amp': (meta.get('args') or {}).get('amp_used', (meta.get('args') or {}).get('amp')),
@@ -404,6 +422,7 @@ class Reproduction:
         redone by the next run instead of being taken for up to date.
         """
         from .hub import export_hub_folder, weights_label
+        from .research.explorer import run_epochs
         folders = []
         for model in (m for m in TABLE_ORDER if m in models):
             last = self.run_dir(model) / 'last.pth.tar'
@@ -417,7 +436,7 @@ class Reproduction:
                 if partial.exists():  # left by a killed export
                     shutil.rmtree(partial)
                 partial.parent.mkdir(parents=True, exist_ok=True)
-                export_hub_folder(ckpt, partial)
+                export_hub_folder(ckpt, partial, epochs=run_epochs(self.run_dir(model)))
                 if folder.exists():  # an export of an older checkpoint
                     shutil.rmtree(folder)
                 folder.parent.mkdir(parents=True, exist_ok=True)
@@ -426,35 +445,41 @@ class Reproduction:
             folders.append(folder)
         return folders
 
+    def hub_folders(self) -> List[Path]:
+        """The exported Hub folders (``hub/<model>.<tag>``), in the table's order."""
+        found = {f.name.split('.')[0]: f for f in sorted((self.out / 'hub').glob('*.*')) if f.is_dir()}
+        return [found[m] for m in TABLE_ORDER if m in found]
+
     def figures(self) -> List[Path]:
         """The paper's figures of the trained attention models (centres, maps, centre trajectories)."""
-        from .research.analysis import GAUSSIAN_KINDS
-        from .research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
-        from .train.checkpoint import load_model
-        out = self.out / 'figures'
-        out.mkdir(parents=True, exist_ok=True)
-        made = []
+        return draw_figures(self.hub_folders(), self.out / 'figures')
 
-        def figure(name, draw):
-            path = out / name
-            if not path.is_file():  # sa_vision.research.plots draws on its own Figure objects (no pyplot state)
-                draw(str(path) + '.tmp.png')
-                os.replace(str(path) + '.tmp.png', path)
-            made.append(path)
+    def explorer(self) -> Path:
+        """``explorer.html``: the attention explorer page of the trained attention models."""
+        from .research.explorer import resolve_explorer_model, write_explorer
+        path = self.out / 'explorer.html'
+        folders = [f for f in self.hub_folders() if f.name.split('.')[0] in SA_MODEL_ARGS]
+        newest = max(f.joinpath('README.md').stat().st_mtime for f in folders)
+        if path.is_file() and path.stat().st_mtime >= newest:
+            _say(f'explorer: {path} up to date, skipped')
+            return path
+        write_explorer([resolve_explorer_model(str(f)) for f in folders], path, data_dir=self.data_dir,
+                       title=f'sa_vision zoo, profile {self.profile.name!r}: attention explorer')
+        _say(f'explorer: {path} ({path.stat().st_size / 1e6:.2f} MB); open it in a browser')
+        return path
 
-        for model in (m for m in TABLE_ORDER if m in SA_MODEL_ARGS):  # the attention models
-            run = self.run_dir(model)
-            trained = read_checkpoint(run / 'last.pth.tar').create_model()
-            gaussian = SA_MODEL_ARGS[model]['attn_kind'] in GAUSSIAN_KINDS  # centres and spreads to draw
-            if gaussian:
-                figure(f'centers_{model}.png', lambda p, m=trained: plot_centers(m, p))
-            figure(f'maps_{model}.png', lambda p, m=trained: plot_attention_maps(m, p))
-            epochs = sorted(run.glob('epoch-*.safetensors'))
-            if gaussian and model in TRAINED_MODELS and len(epochs) > 1:  # from scratch, not the fine-tuned pruning
-                figure(f'trajectories_{model}.png', lambda p, e=epochs: plot_center_trajectories(
-                    [load_model(str(c)) for c in e], p, labels=[c.stem for c in e]))
-        _say(f'figures: {", ".join(p.name for p in made)} in {out}')
-        return made
+    def keep(self, dest) -> List[Path]:
+        """Copy the exported Hub folders to ``dest/<model>/`` (replacing older copies): the zoo as kept in a
+        repository, each folder what ``--publish`` uploads."""
+        kept = []
+        for folder in self.hub_folders():
+            target = Path(dest) / folder.name.split('.')[0]
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(folder, target)
+            kept.append(target)
+        _say(f'kept {len(kept)} Hub folders in {dest}')
+        return kept
 
     def publish(self, folders: List[Path], publish: bool) -> None:
         from .hub import publish_hub_folder
@@ -481,6 +506,7 @@ class Reproduction:
             ('results table', lambda: results.update(rows=self.table())),
             ('export Hub folders', lambda: results.update(folders=self.export())),
             ('figures', self.figures),
+            ('explorer', self.explorer),
             ('publish' if publish else 'publish (dry run)', lambda: self.publish(results['folders'], publish)),
         ]
         for index, (name, stage) in enumerate(stages, 1):
@@ -492,6 +518,86 @@ class Reproduction:
                 raise StageFailed(f'stage {name!r} failed: {what}') from e
         _say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
         return results['rows']
+
+
+def evaluate_on_test_split(model, dataset: str, data_dir: Optional[str] = None, download: bool = False,
+                           precision: str = EVAL_PRECISION) -> Dict[str, float]:
+    """Top-1 / top-5 / loss of ``model`` on ``dataset``'s held-out split, on the CPU, in ``precision``."""
+    import contextlib
+
+    import torch
+
+    from .train.data import create_image_dataset
+    from .train.evaluation import evaluate
+    info = dataset_info(dataset)
+    ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download)
+    loader = torch.utils.data.DataLoader(ds, batch_size=500, shuffle=False)
+    dtype = {'float32': None, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[precision]
+    amp_ctx = (lambda: torch.autocast('cpu', dtype=dtype)) if dtype else contextlib.nullcontext
+    return evaluate(model.float(), loader, 'cpu', amp_ctx=amp_ctx)
+
+
+def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[Path]:
+    """The paper's figures of the attention models among the Hub folders ``folders``: centres and contours (Figs.
+    3-4), maps (Figs. 5-6) and, where the folder keeps its epochs, centre trajectories (Fig. 2). Existing files are
+    kept unless ``redraw``."""
+    from .research.analysis import GAUSSIAN_KINDS
+    from .research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
+    from .research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+
+    def figure(name, draw):
+        path = out / name
+        if redraw or not path.is_file():  # sa_vision.research.plots draws on its own Figure objects (no pyplot state)
+            draw(str(path) + '.tmp.png')
+            os.replace(str(path) + '.tmp.png', path)
+        made.append(path)
+
+    for folder in folders:
+        model_name = folder.name.split('.')[0]
+        if model_name not in SA_MODEL_ARGS:
+            continue
+        trained = read_checkpoint(folder).create_model()
+        gaussian = SA_MODEL_ARGS[model_name].get('attn_kind', 'quadratic') in GAUSSIAN_KINDS
+        if gaussian:
+            figure(f'centers_{model_name}.png', lambda p, m=trained: plot_centers(m, p))
+        figure(f'maps_{model_name}.png', lambda p, m=trained: plot_attention_maps(m, p))
+        epochs_file = folder / POSITIONAL_EPOCHS_FILE
+        if gaussian and model_name in TRAINED_MODELS and epochs_file.is_file():  # not the fine-tuned pruning
+            epochs = load_positional_trajectory(epochs_file)
+            figure(f'trajectories_{model_name}.png', lambda p, m=trained, e=epochs: plot_center_trajectories(
+                models_at_epochs(m, e), p, labels=list(e)))
+    _say(f'figures: {", ".join(p.name for p in made)} in {out}')
+    return made
+
+
+def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -> List[Dict[str, Any]]:
+    """Evaluate every model of ``table`` (a results CSV) kept in ``zoo/<model>/`` and compare its top-1 and top-5
+    with the table's, in the precision the table states. Returns one row per model with ``ok`` and the figures."""
+    with open(table, newline='') as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise StageFailed(f'{table} holds no results')
+    checked = []
+    for row in rows:
+        folder = Path(zoo) / row['model']
+        if not folder.is_dir():
+            raise StageFailed(f'{table} lists {row["model"]} but {folder} does not exist: keep the zoo with '
+                              f'sa-vision-reproduce --keep {zoo}')
+        precision = row.get('eval_precision') or EVAL_PRECISION
+        ckpt = read_checkpoint(folder)
+        measured = evaluate_on_test_split(ckpt.create_model(), row['dataset'], data_dir, precision=precision)
+        result = {'model': row['model'], 'precision': precision, 'num_images': measured.get('num_images')}
+        for key in ('top1', 'top5'):
+            result[key], result[f'{key}_table'] = round(measured[key], 2), float(row[key])
+        result['ok'] = all(abs(result[k] - result[f'{k}_table']) <= ACCURACY_TOLERANCE + 1e-9 for k in ('top1', 'top5'))
+        _say(f'{row["model"]}: top-1 {result["top1"]:.2f} (table {result["top1_table"]:.2f}), top-5 '
+             f'{result["top5"]:.2f} (table {result["top5_table"]:.2f}) in {precision} on {result["num_images"]} '
+             f'images: {"ok" if result["ok"] else "DIFFERS"}')
+        checked.append(result)
+    return checked
 
 
 def _die_with_parent() -> None:

@@ -40,6 +40,8 @@ def test_installed_copy_trains_a_recipe_and_renders_its_packaged_card(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     package = site / 'sa_vision'
     assert not package.is_symlink() and (package / 'configs' / 'sa_quadratic_cifar_digits.yaml').is_file()
+    assert (package / 'research' / 'explorer.html').is_file()  # the explorer's template is package data
+    assert not list(site.rglob('*.safetensors')) and not (site / 'zoo').exists()  # the kept zoo stays out
     template = package / 'model_cards' / 'sa_quadratic_cifar.md'
     assert template.is_file() and not template.is_symlink()
     # a line only the installed template has: the export's card must come from it

@@ -94,10 +94,12 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
             assert torch.equal(model(x), trained(x)), folder.name
     assert (out / 'figures' / 'trajectories_sa_quadratic_cifar.png').is_file()
     assert 'dry run: would publish' in log
+    assert (out / 'explorer.html').stat().st_size > 10_000
+    _keep_check_and_draw_the_zoo(out, tmp_path)
 
     # everything done: a third run skips every stage
     _, log = _reproduce(out)
-    assert log.count('skipped') >= 5 + 5  # five trainings, five exports (pruning too)
+    assert log.count('skipped') >= 5 + 5 + 1  # five trainings, five exports (pruning too), the explorer
     assert 'Epoch' not in log and 'Train: ' not in log
 
     # a stage that fails stops the run, names itself, and leaves the finished stages as they were
@@ -300,3 +302,59 @@ def test_ablation_table_reads_each_variant_run(tmp_path, monkeypatch):
     assert [float(r['center_shift_median']) for r in csv_rows] == [0., 1., 2., 3.]
     assert all(float(r['top1']) == 50.0 for r in csv_rows) and len(rows) == 4
     assert '| paper init, positional lr x30 | 1 | 50.00 |' in (tmp_path / 'ablation.md').read_text()
+
+
+def _check(zoo, table):
+    return subprocess.run([sys.executable, '-m', 'sa_vision.cli.reproduce', '--check', str(zoo), '--table', str(table)],
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+
+
+def _keep_check_and_draw_the_zoo(out, tmp_path):
+    """The run's Hub folders kept as a checkout keeps the zoo: loadable by timm, publishable as they are, checked
+    against the results table (and failing the check once a weight or a table figure changes), and drawn."""
+    import timm
+    from safetensors.torch import load_file, save_file
+
+    from sa_vision.cli import push_to_hub
+    from sa_vision.reproduce import Reproduction, draw_figures
+    from sa_vision.research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
+    zoo = tmp_path / 'kept' / 'digits-tiny'
+    kept = Reproduction(out, 'tiny').keep(zoo)
+    assert sorted(p.name for p in kept) == sorted(MODELS)
+    epochs = load_positional_trajectory(zoo / 'sa_quadratic_cifar' / POSITIONAL_EPOCHS_FILE)
+    assert list(epochs) == ['epoch-000', 'epoch-001', 'epoch-002']
+    final = load_file(str(zoo / 'sa_quadratic_cifar' / 'model.safetensors'))
+    assert all(torch.equal(v, final[k]) for k, v in epochs['epoch-002'].items())
+    for folder in kept:
+        timm.create_model(f'local-dir:{folder}', pretrained=True)
+
+    # published file for file, nothing re-exported into it
+    before = sorted(p.name for p in (zoo / 'sa_quadratic_cifar').iterdir())
+    assert push_to_hub.main([str(zoo / 'sa_quadratic_cifar'), '--dry-run']) == 0
+    assert sorted(p.name for p in (zoo / 'sa_quadratic_cifar').iterdir()) == before
+    assert POSITIONAL_EPOCHS_FILE in before
+
+    table = out / 'results.csv'
+    check = _check(zoo, table)
+    assert check.returncode == 0 and check.stdout.count(': ok') == 5, check.stdout + check.stderr
+    with open(table) as f:
+        rows = list(csv.DictReader(f))
+    assert {r['eval_precision'] for r in rows} == {'float32'}
+    best = max(rows, key=lambda r: float(r['top1']))  # far enough from chance that mixed-up classes show
+    weights_path = zoo / best['model'] / 'model.safetensors'
+    weights = load_file(str(weights_path))
+    head = next(k for k in weights if k.endswith(('head.weight', 'fc.weight')))
+    original = weights_path.read_bytes()
+    save_file({**weights, head: weights[head].roll(1, dims=0)}, str(weights_path))
+    check = _check(zoo, table)
+    assert check.returncode == 1 and 'DIFFERS' in check.stdout, check.stdout + check.stderr
+    weights_path.write_bytes(original)
+    edited = tmp_path / 'edited.csv'
+    lowered = f',{float(best["top5"]) - 0.5:g},float32'
+    edited.write_text(table.read_text().replace(f',{best["top5"]},float32', lowered, 1))
+    assert edited.read_text() != table.read_text()
+    check = _check(zoo, edited)
+    assert check.returncode == 1 and check.stdout.count('DIFFERS') == 1, check.stdout + check.stderr
+
+    figures = draw_figures(kept, tmp_path / 'figures')
+    assert {p.name for p in figures} >= {'trajectories_sa_quadratic_cifar.png', 'centers_sa_gen_cifar.png'}

@@ -8,7 +8,8 @@
     sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar
 
 The weights may be a checkpoint of sa-vision-train or timm's train.py (``--use-ema`` for its EMA weights), a
-state dict, a .safetensors file or an exported folder. Checks before anything is uploaded: the weights are
+state dict, a .safetensors file or an exported folder; a complete exported folder (zoo/fashion-mnist-cpu/<model>)
+is published as it is, file for file. Checks before anything is uploaded: the weights are
 readable and of --model's architecture; the repository is named for that architecture and is not the registered
 one (``timm.create_model('<arch>', pretrained=True)``) unless these are CIFAR-10 weights of the paper's
 architecture; a token exists and may write to the repository.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from sa_vision.errors import command
 from sa_vision.hub import (
+    HUB_FOLDER_FILES,
     HubPublishError,
     check_publish_target,
     export_hub_folder,
@@ -27,6 +29,11 @@ from sa_vision.hub import (
     weights_label,
 )
 from sa_vision.train.checkpoint import CheckpointError, read_checkpoint
+
+
+def is_exported_folder(path: Path) -> bool:
+    """A complete export (config.json, weights, card, recipe), such as a folder kept in the repository's zoo/."""
+    return path.is_dir() and all((path / name).is_file() for name in HUB_FOLDER_FILES)
 
 
 def main(argv=None):
@@ -52,8 +59,11 @@ def main(argv=None):
         if not args.dry_run:
             resolve_token()  # fail on a missing token before the export
         source = Path(args.checkpoint).resolve()
-        out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
-        staged = export_hub_folder(ckpt, out_dir, repo_id=repo_id, figure=not args.no_figure)
+        if is_exported_folder(source) and not args.out_dir:  # a kept zoo folder: published as it is
+            out_dir, staged = source, sorted(p.name for p in source.iterdir() if p.is_file())
+        else:
+            out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
+            staged = export_hub_folder(ckpt, out_dir, repo_id=repo_id, figure=not args.no_figure)
         print(f'Staged {label.name} in {out_dir} for {repo_id}:')
         for name in staged:
             print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')

@@ -9,15 +9,22 @@
     # the ablation of the positional parameters (the quadratic model, paper or conv init, positional lr x1 or x30)
     sa-vision-reproduce --profile cpu --ablation --epochs 2 --out output/ablation-fmnist
 
+    # keep the zoo in a checkout: copy the Hub folders of a finished (or continued) run to zoo/<name>/<model>/
+    sa-vision-reproduce --profile cpu --out output/reproduce-fmnist --keep zoo/fashion-mnist-cpu
+    # check kept models against a results table, and redraw the figures from them
+    sa-vision-reproduce --check zoo/fashion-mnist-cpu --table docs/reproduction_fashion_mnist.csv
+    sa-vision-reproduce --figures-from zoo/fashion-mnist-cpu --out docs/img/reproduction
+
 Killed at any moment, the same command continues: finished stages are skipped and a training run resumes from its
 last epoch. ``--publish`` uploads the five Hub folders (a dry run lists them otherwise). See
 :mod:`sa_vision.reproduce`.
 """
 import argparse
 import sys
+from pathlib import Path
 
 from sa_vision.errors import command
-from sa_vision.reproduce import PROFILES, Reproduction, StageFailed
+from sa_vision.reproduce import PROFILES, Reproduction, StageFailed, check_kept_models, draw_figures
 
 
 def main(argv=None):
@@ -29,12 +36,34 @@ def main(argv=None):
     parser.add_argument('--data-dir', default=None, metavar='DIR')
     parser.add_argument('--dataset-download', action='store_true', default=False)
     parser.add_argument('--epochs', type=int, default=None, help="every training stage's epochs (fine-tuning aside)")
-    parser.add_argument('--out', required=True, metavar='DIR', help='the reproduction folder (rerun to continue)')
+    parser.add_argument('--out', metavar='DIR', help='the reproduction folder (rerun to continue); with '
+                                                     '--figures-from, the figures\' folder')
     parser.add_argument('--ablation', action='store_true', default=False,
                         help='train only the ablation of the positional parameters (ablation.md / ablation.csv)')
     parser.add_argument('--publish', action='store_true', default=False,
                         help='upload the five Hub folders (needs a write token: HF_TOKEN or `hf auth login`)')
+    parser.add_argument('--keep', default=None, metavar='ZOO',
+                        help='after the run, copy its Hub folders to ZOO/<model>/ (e.g. zoo/fashion-mnist-cpu)')
+    parser.add_argument('--check', default=None, metavar='ZOO',
+                        help='evaluate the models kept in ZOO against --table instead of running (exit 1 if any '
+                             'top-1 or top-5 differs by more than one image in 10,000)')
+    parser.add_argument('--table', default=None, metavar='CSV', help='with --check: the results table')
+    parser.add_argument('--figures-from', default=None, metavar='ZOO',
+                        help="draw the paper's figures of the models kept in ZOO into --out instead of running")
     args = parser.parse_args(argv)
+    if args.check:
+        if not args.table:
+            parser.error('--check needs --table, the results CSV to compare with')
+        rows = check_kept_models(Path(args.check), Path(args.table), data_dir=args.data_dir)
+        return 0 if all(r['ok'] for r in rows) else 1
+    if args.figures_from:
+        if not args.out:
+            parser.error('--figures-from needs --out, the folder of the figures')
+        folders = [p for p in sorted(Path(args.figures_from).iterdir()) if (p / 'config.json').is_file()]
+        draw_figures(folders, Path(args.out), redraw=True)
+        return 0
+    if not args.out:
+        parser.error('--out is required: the reproduction folder')
     try:
         reproduction = Reproduction(args.out, args.profile, dataset=args.dataset, data_dir=args.data_dir,
                                     download=args.dataset_download, epochs=args.epochs)
@@ -42,6 +71,8 @@ def main(argv=None):
             reproduction.ablation()
         else:
             reproduction.run(publish=args.publish)
+            if args.keep:
+                reproduction.keep(args.keep)
     except StageFailed as e:
         print(f'error: {e}. Finished stages are kept in {args.out}; fix the cause and run the same command to '
               f'continue', file=sys.stderr)

@@ -4,8 +4,11 @@
 """
 import os
 from pathlib import Path
-from typing import List, Optional, Union
+from typing import Dict, List, Optional, Union
 
+from torch import Tensor
+
+from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from .card import _recipe, render_model_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, weights_label
@@ -31,6 +34,7 @@ def export_hub_folder(
         repo_id: Optional[str] = None,
         figure: bool = True,
         use_ema: bool = False,
+        epochs: Optional[Dict[str, Dict[str, Tensor]]] = None,
 ) -> List[str]:
     """Write a Hub folder of trained weights; return the names of the files written.
 
@@ -44,6 +48,8 @@ def export_hub_folder(
             weights must not go to is refused (:func:`check_publish_target`).
         figure: Add the attention figure of ``sa_vision.research.plots`` when available.
         use_ema: Export the EMA weights of a timm train.py checkpoint.
+        epochs: ``{label: state dict}`` of the weights after each epoch: their Gaussian centres and spreads are kept
+            as ``positional_epochs.safetensors`` (the paper's Fig. 2; the explorer's epoch slider).
     """
     import yaml
     from timm.models import save_for_hf
@@ -57,7 +63,7 @@ def export_hub_folder(
 
     out_dir = Path(out_dir)
     if out_dir.exists():
-        ours = set(HUB_FOLDER_FILES) | {CARD_FIGURE_FILENAME}
+        ours = set(HUB_FOLDER_FILES) | {CARD_FIGURE_FILENAME, POSITIONAL_EPOCHS_FILE}
         foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours)
         if foreign:
             raise FileExistsError(f'{out_dir} holds files that are not part of an export ({foreign}); '
@@ -72,6 +78,8 @@ def export_hub_folder(
         f.write(f'# training arguments of {label.name} ({trainer}'
                 f' argument names): sa-vision-train -c {RECIPE_FILENAME} --data-dir DIR repeats the run\n')
         yaml.safe_dump(_recipe(ckpt), f, sort_keys=False)
+    if epochs and any(positional_params(sd) for sd in epochs.values()):
+        save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
     readme = render_model_card(ckpt, model, label, repo_id, has_figure=has_figure)
     (out_dir / 'README.md').write_text(readme, encoding='utf-8')

@@ -10,6 +10,7 @@ numbers per layer), so every query of the grid works and the page stays small; t
 layer inputs and the query / key maps, from which the page computes its image-dependent probabilities.
 """
 import base64
+import copy
 import json
 from dataclasses import dataclass, field
 from importlib import resources
@@ -27,8 +28,9 @@ from ..train.data import create_image_dataset, dataset_for_tag, dataset_info, no
 from .analysis import attention_layers
 
 __all__ = [
-    'POSITIONAL_EPOCHS_FILE', 'ExplorerModel', 'resolve_explorer_model', 'positional_params',
-    'positional_trajectory', 'save_positional_trajectory', 'load_positional_trajectory', 'gallery_indices',
+    'POSITIONAL_EPOCHS_FILE', 'ExplorerModel', 'resolve_explorer_model', 'positional_params', 'run_epochs',
+    'positional_trajectory', 'save_positional_trajectory', 'load_positional_trajectory', 'models_at_epochs',
+    'gallery_indices',
     'explorer_data', 'write_explorer',
 ]
 
@@ -69,6 +71,16 @@ def save_positional_trajectory(epochs: Dict[str, Dict[str, Tensor]], path) -> Pa
     return Path(path)
 
 
+def models_at_epochs(model: nn.Module, epochs: Dict[str, Dict[str, Tensor]]) -> List[nn.Module]:
+    """Copies of ``model`` with each kept epoch's centres and spreads (for the trajectory figure)."""
+    copies = []
+    for params in epochs.values():
+        epoch_model = copy.deepcopy(model)
+        epoch_model.load_state_dict(params, strict=False)  # only the positional parameters change
+        copies.append(epoch_model)
+    return copies
+
+
 def load_positional_trajectory(path) -> Dict[str, Dict[str, Tensor]]:
     """The ``{label: positional state dict}`` written by :func:`save_positional_trajectory`."""
     from safetensors import safe_open
@@ -78,7 +90,7 @@ def load_positional_trajectory(path) -> Dict[str, Dict[str, Tensor]]:
     return {label: {k: v[i] for k, v in stacked.items()} for i, label in enumerate(labels)}
 
 
-def _run_folder_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
+def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
     """The weights a run saved after every epoch (``epoch-000`` is the initialisation), positional part only."""
     return {path.stem: positional_params(read_checkpoint(path).state_dict)
             for path in sorted(folder.glob('epoch-*.safetensors'))}
@@ -95,7 +107,7 @@ def resolve_explorer_model(spec: str) -> ExplorerModel:
         if (folder / POSITIONAL_EPOCHS_FILE).is_file():
             epochs = load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE)
         elif path.is_dir() and (folder / RUN_CHECKPOINT).is_file() or path.name == RUN_CHECKPOINT:
-            epochs = _run_folder_epochs(folder)
+            epochs = run_epochs(folder)
         else:
             epochs = {}
         return ExplorerModel(spec, ckpt.create_model(), ckpt.dataset, epochs)
