@@ -5,9 +5,8 @@ Importing the package registers the models with timm::
     import sa_vision, timm
     model = timm.create_model('sa_quadratic_cifar')
 """
-from . import _moved, layers, models
+from . import layers, models
 from .models import CifarResNet, SelfAttentionNet
 
-_moved.install()  # the flat module paths of 0.1 (sa_vision.training, ...) still import, with a warning
 __version__ = '0.2.0'
 __all__ = ['CifarResNet', 'SelfAttentionNet', 'layers', 'models', '__version__']

@@ -10,11 +10,8 @@ from .labels import HUB_FOLDER_FILES, WeightsLabel
 __all__ = ['HubPublishError', 'check_publish_target', 'resolve_token', 'publish_hub_folder']
 
 
-class HubPublishError(UserError, RuntimeError):
-    """Publishing cannot start: no token, no write permission, or a repository these weights may not go to.
-
-    A :class:`~sa_vision.errors.UserError` (the commands print it as one ``error:`` line); still a RuntimeError
-    for code written against 0.1."""
+class HubPublishError(UserError):
+    """Publishing cannot start: no token, no write permission, or a repository these weights may not go to."""
 
 
 def check_publish_target(label: WeightsLabel, repo_id: str) -> None:
