@@ -252,3 +252,33 @@ def test_page_data_is_embedded_once(page):
                       .group(1).replace('<\\/', '</'))
     assert [m['heads'] for m in data['models']] == [[3, 3], [3, 2], [3, 3], [3, 3]]
     assert data['images']['count'] == NUM_IMAGES and len(set(data['images']['labels'])) == NUM_IMAGES
+
+
+def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path):
+    """sa-vision-explore takes a run folder of sa-vision-train: its checkpoint, its dataset and the weights it saved
+    after every epoch (only the centres and spreads go into the page)."""
+    from safetensors.torch import save_file
+
+    from sa_vision.cli import explore
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
+    model = models[0].model
+    run = tmp_path / 'run'
+    run.mkdir()
+    torch.save({'version': CHECKPOINT_VERSION, 'arch': 'sa_quadratic_cifar', 'model_args': SMALL,
+                'state_dict': model.state_dict(), 'epoch': 1, 'num_epochs': 1, 'dataset': 'digits'},
+               run / 'last.pth.tar')
+    for label, params in models[0].epochs.items():
+        save_file({**model.state_dict(), **params}, str(run / f'{label}.safetensors'),
+                  metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(SMALL)})
+    assert explore.main([str(run), '--images', '3', '--out', str(tmp_path / 'page.html')]) == 0
+    html = (tmp_path / 'page.html').read_text()
+    data = json.loads(re.search(r'type="application/json">(.*?)</script>', html, re.S).group(1).replace('<\\/', '</'))
+    assert data['dataset']['name'] == 'digits' and data['images']['count'] == 3
+    assert [e['label'] for e in data['models'][0]['epochs']] == ['epoch-000', 'epoch-001']
+
+
+def test_models_of_different_datasets_need_a_dataset(models, tmp_path):
+    from sa_vision.errors import UserError
+    mixed = [models[0], ExplorerModel('other', models[2].model, 'fashion-mnist')]
+    with pytest.raises(UserError, match='different datasets'):
+        write_explorer(mixed, tmp_path / 'page.html')

@@ -24,6 +24,8 @@ def main(argv=None):
     parser.add_argument('--dataset', default=None,
                         help="the gallery's dataset (default: the one the models were trained on)")
     parser.add_argument('--data-dir', default=None, metavar='DIR')
+    parser.add_argument('--dataset-download', action='store_true', default=False,
+                        help='download a torch/ dataset (CIFAR-10) into --data-dir')
     parser.add_argument('--images', type=int, default=24, metavar='N', help='test images in the gallery (default 24)')
     parser.add_argument('--title', default='sa_vision attention explorer')
     parser.add_argument('--pretrained', action=argparse.BooleanOptionalAction, default=True,
@@ -38,7 +40,7 @@ def main(argv=None):
         else:
             models.append(ExplorerModel(spec, load_model(spec)))
     out = write_explorer(models, args.out, dataset=args.dataset, num_images=args.images, data_dir=args.data_dir,
-                         title=args.title)
+                         download=args.dataset_download, title=args.title)
     print(f'wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(models)} model(s), {args.images} images) in '
           f'{time.time() - started:.0f} s; open it in a browser (file://, no server needed)')
     return 0

@@ -16,6 +16,8 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Dict, List, Optional
 
+from ..errors import UserError
+
 __all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'hub_repo_id', 'HUB_PROBE_TIMEOUT', 'PretrainedWeightsUnavailable',
            'registered_hf_hub_id', 'explain_unavailable_weights']
 
@@ -33,8 +35,11 @@ def hub_repo_id(arch: str, tag: str = PRETRAINED_TAG) -> str:
     return f'{HF_NAMESPACE}/{arch}.{tag}'
 
 
-class PretrainedWeightsUnavailable(RuntimeError):
-    """``pretrained=True`` but the weights cannot be fetched from the Hub (offline, or not published)."""
+class PretrainedWeightsUnavailable(UserError, RuntimeError):
+    """``pretrained=True`` but the weights cannot be fetched from the Hub (offline, or not published).
+
+    A RuntimeError as timm's own loading failures are; a UserError, so the commands print it as one ``error:`` line.
+    """
 
 
 def registered_hf_hub_id(arch: str) -> Optional[str]:

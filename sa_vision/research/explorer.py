@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from safetensors.torch import load_file, save_file
+from timm.data import resolve_data_config
 from torch import Tensor, nn
 
 from ..errors import UserError
@@ -237,7 +238,8 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, clas
 
 
 def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None, num_images: int = 24,
-                  data_dir: Optional[str] = None, title: str = 'sa_vision attention explorer') -> Dict[str, Any]:
+                  data_dir: Optional[str] = None, download: bool = False,
+                  title: str = 'sa_vision attention explorer') -> Dict[str, Any]:
     """The page's data: the gallery of ``num_images`` test images and one record per model."""
     if not models:
         raise UserError('give at least one model to explore')
@@ -250,15 +252,14 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
             raise UserError('the dataset of these models is unknown (random or bare weights): pass --dataset')
         dataset = datasets.pop()
     info = dataset_info(dataset)
-    raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir,
+    raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,
                                mean=(0.,) * 3, std=(1.,) * 3)  # pixels in [0, 1]: the page shows them as they are
     targets = getattr(raw, 'targets', None)
     if targets is None:
         targets = [raw[i][1] for i in range(len(raw))]
     indices = gallery_indices([int(t) for t in targets], num_images)
     images = torch.stack([raw[i][0] for i in indices])  # B, 3, H, W
-    cfg = {'mean': info.mean, 'std': info.std}
-    norm = normalization(info.name, cfg)
+    norm = normalization(info.name, resolve_data_config({}, model=models[0].model))  # as sa-vision-validate
     normalized = (images - torch.tensor(norm['mean'])[:, None, None]) / torch.tensor(norm['std'])[:, None, None]
     grey = bool((images[:, :1] == images).all())
     pixels = (images[:, :1] if grey else images).mul(255).round().clamp(0, 255).to(torch.uint8)
