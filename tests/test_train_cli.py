@@ -277,6 +277,57 @@ def test_timm_only_keys_are_allowed_and_listed(tmp_path, capsys):
         check_recipe_keys(load_recipe(path), ours, str(path))
 
 
+# --- argument checks come before anything is built ---------------------------------------------------------
+
+def _fail_when_anything_is_built(monkeypatch):
+    """Building a model or a dataset fails the test: the run's arguments must have been checked before."""
+    import timm
+
+    def built(*args, **kwargs):
+        pytest.fail(f'built {args[:1]} before the arguments were checked')
+    monkeypatch.setattr(timm, 'create_model', built)
+    monkeypatch.setattr(training, 'create_image_dataset', built)
+
+
+def test_unknown_scheduler_is_one_error_line_before_anything_is_built(monkeypatch, tmp_path):
+    _fail_when_anything_is_built(monkeypatch)
+    out = tmp_path / 'out'
+    line = _cli_error(['--sched', 'cosin', *TINY, '--output', str(out)])
+    assert "'cosin'" in line and "did you mean 'cosine'" in line
+    for name in ('cosine', 'multistep', 'plateau', 'none'):  # timm's own names, as create_scheduler_v2 takes them
+        assert f'{name},' in line or f'{name} ' in line or line.endswith(name), line
+    assert not out.exists()
+    # timm's plateau scheduler steps once per epoch on the evaluation metric
+    assert '--no-sched-on-updates' in _cli_error(['--sched', 'plateau', *TINY, '--output', str(out)])
+    assert not out.exists()
+
+
+def test_scheduler_names_are_the_ones_timm_takes():
+    from timm.scheduler import create_scheduler_v2
+    names = training.timm_scheduler_names()
+    assert {'cosine', 'step', 'multistep', 'plateau', 'none'} <= set(names)
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    for name in names:  # every name is accepted by timm itself
+        create_scheduler_v2(optimizer, sched=name, num_epochs=10, warmup_epochs=1)
+    with pytest.raises(ValueError, match='Unknown scheduler'):
+        create_scheduler_v2(optimizer, sched='cosin', num_epochs=10)
+
+
+@pytest.mark.slow
+def test_schedulers_without_a_per_step_schedule_train(tmp_path):
+    """'none' (timm: no scheduler, the optimizer's lr throughout) runs to the end and resumes; 'plateau' is
+    stepped with the evaluation metric (the best value torch's ReduceLROnPlateau has seen)."""
+    base = ['-c', DIGITS_RECIPE, *TINY, '-b', 64, '--output', tmp_path, '--log-interval', 100]
+    training.main(list(map(str, base + ['--sched', 'none', '--epochs', 1, '--experiment', 'none'])))
+    training.main(['--resume', str(tmp_path / 'none' / 'last.pth.tar'), '--epochs', '2'])
+    ckpt = _load(tmp_path / 'none' / 'last.pth.tar')
+    assert ckpt['epoch'] == 2 and [h['lr'] for h in ckpt['history']] == [0.005, 0.005]  # the recipe's lr, no warm-up
+    training.main(list(map(str, base + ['--sched', 'plateau', '--no-sched-on-updates', '--epochs', 1,
+                                        '--experiment', 'plateau'])))
+    ckpt = _load(tmp_path / 'plateau' / 'last.pth.tar')
+    assert ckpt['scheduler']['best'] == ckpt['metrics']['top1']
+
+
 # --- dataset names and folders -----------------------------------------------------------------------------
 
 def test_unknown_dataset_name_lists_the_known_ones():

@@ -20,20 +20,24 @@ safetensors, a Hub folder); the architecture arguments stored with them are the 
 A run's ``recipe.yaml`` (written beside its checkpoint and into exports) repeats it: ``-c recipe.yaml``.
 """
 import argparse
+import ast
+import difflib
 import functools
 import importlib
+import inspect
 import json
 import logging
 import os
 import random
 import statistics
 import sys
+import textwrap
 import time
 from contextlib import contextmanager, nullcontext
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import timm
@@ -49,7 +53,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .. import models  # noqa: F401  registers the models
-from ..errors import UserError, run_cli
+from ..errors import RecipeError, UserError, run_cli
 from ..models import param_groups_pos_lr
 from .checkpoint import (
     CHECKPOINT_VERSION,
@@ -292,6 +296,35 @@ def _parse_run_args(argv=None):
             if key in run_args and plain_data(getattr(args, key)) != run_args[key]:
                 args.resume_changes[key] = (run_args[key], plain_data(getattr(args, key)))
     return args, recipe, resume_ckpt
+
+
+@functools.lru_cache(maxsize=None)
+def timm_scheduler_names() -> Tuple[str, ...]:
+    """The ``--sched`` names timm's ``create_scheduler_v2`` takes: the strings its source compares ``sched`` with
+    (read with ``ast``, so they follow the installed timm); () where its source cannot be read."""
+    try:
+        source = textwrap.dedent(inspect.getsource(create_scheduler_v2))
+    except (OSError, TypeError):
+        return ()
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == 'sched':
+            names.update(c.value for comparator in node.comparators for c in ast.walk(comparator)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, str))
+    return tuple(sorted(names))
+
+
+def check_scheduler(sched: str, sched_on_updates: bool) -> None:
+    """A :class:`RecipeError` for a ``--sched`` timm does not know (naming the ones it does) or a schedule it cannot
+    step as asked; run before anything is built, where timm would only fail at the end of the first epoch."""
+    known = timm_scheduler_names()
+    if known and sched not in known:
+        near = difflib.get_close_matches(sched, known, n=1, cutoff=0.6)
+        raise RecipeError(f'--sched {sched!r} is not a scheduler of timm' + (f' (did you mean {near[0]!r}?)' if near
+                          else '') + f'; timm\'s schedulers are {", ".join(known)}')
+    if sched == 'plateau' and sched_on_updates:
+        raise RecipeError("--sched plateau lowers the lr when the evaluation metric stops improving, once per epoch: "
+                          "add --no-sched-on-updates (the recipe's sched_on_updates: false)")
 
 
 def _saved_run_args(ckpt, path) -> dict:
@@ -612,6 +645,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     if args.export and export is None:
         raise UserError('--export writes a Hub folder, which this entry point cannot: run sa-vision-train '
                         '(python -m sa_vision.cli.train) instead')
+    check_scheduler(args.sched, args.sched_on_updates)
     _init_distributed(args)
     for module in args.device_modules or ():
         importlib.import_module(module)
@@ -694,7 +728,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         optimizer, sched=args.sched, num_epochs=args.epochs, decay_milestones=args.decay_milestones,
         decay_rate=args.decay_rate, min_lr=args.min_lr, warmup_lr=args.warmup_lr,
         warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix, cooldown_epochs=args.cooldown_epochs,
-        step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch)
+        step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch,
+        plateau_mode='min' if args.eval_metric == 'loss' else 'max')  # None for --sched none: the optimizer's lr
     loss_fn = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
     amp_dtype = getattr(torch, args.amp_dtype)
     device_type = torch.device(args.device).type
@@ -716,7 +751,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         meta = resume_ckpt.meta
         model.load_state_dict(resume_ckpt.state_dict)
         optimizer.load_state_dict(meta['optimizer'])
-        lr_scheduler.load_state_dict(meta['scheduler'])
+        if lr_scheduler is not None:
+            lr_scheduler.load_state_dict(meta['scheduler'])
         if loss_scaler is not None and meta.get('loss_scaler'):
             loss_scaler.load_state_dict(meta['loss_scaler'])
         start_epoch, num_updates = meta['epoch'], meta['num_updates']
@@ -750,9 +786,10 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         train_metrics, num_updates = train_one_epoch(
             epoch, train_model, train_loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
             loss_scaler, num_epochs)
-        lr_scheduler.step(epoch + 1)
         metrics = evaluate(model, eval_loader, args.device, amp_ctx=amp_ctx, channels_last=args.channels_last,
                            distributed=args.distributed)
+        if lr_scheduler is not None:  # plateau decides on the evaluation metric; the others ignore it
+            lr_scheduler.step(epoch + 1, metrics[args.eval_metric] if args.sched == 'plateau' else None)
         _log(args, f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
                    f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
         history.append({'epoch': epoch, 'train_loss': train_metrics['loss'], 'lr': train_metrics['lr'],
@@ -767,7 +804,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
                 'model_args': dict(args.model_kwargs),
                 'state_dict': model.state_dict(),
                 'optimizer': optimizer.state_dict(),
-                'scheduler': lr_scheduler.state_dict(),
+                'scheduler': lr_scheduler.state_dict() if lr_scheduler is not None else None,
                 'epoch': epoch + 1,  # epochs completed
                 'num_epochs': num_epochs,
                 'num_updates': num_updates,
