@@ -203,7 +203,7 @@ def _tier(module: str) -> int:
     name = parts[1]
     if name in BASE_MODULES:
         return -1
-    assert name in TIERS, f'{module} is in no tier: add its folder to TIERS (and the README\'s package layout)'
+    assert name in TIERS, f'{module} is in no tier: add its folder to TIERS (and the package layout in CONTRIBUTING.md)'
     return TIERS.index(name)
 
 

@@ -1,5 +1,5 @@
 """Print the table of models: parameters and MACs counted with a FLOP counter (attention included)
-next to the paper's figures. Used for the README; `--format csv` for machines.
+next to the paper's figures. The table of docs/models.md; `--format csv` for machines.
 
     sa-vision-model-table
 """
