@@ -339,6 +339,27 @@ def test_unknown_dataset_name_lists_the_known_ones():
         "error: unknown dataset 'cifar-10'")
 
 
+@pytest.mark.parametrize('argv, message', [
+    (['--dataset', 'cifar-10'], "unknown dataset 'cifar-10'"),
+    (['--dataset', 'torch/cifar10'], "dataset 'torch/cifar10' needs --data-dir"),
+    (['--dataset', '', '--data-dir', '{tmp}/nope'], '--data-dir {tmp}/nope does not exist'),
+    (['--dataset', 'fashion-mnist', '--data-dir', '{tmp}/nope'], '--data-dir {tmp}/nope does not exist'),
+    (['--dataset', '', '--data-dir', '{tmp}/folder'], "the image folder {tmp}/folder has no 'validation' subfolder"),
+    (['--dataset', '', '--data-dir', '{tmp}/folder', '--train-split', 'fit', '--val-split', 'train'],
+     "the image folder {tmp}/folder has no 'fit' subfolder"),
+    (['--dataset', 'fashion-mnist', '--data-dir', '{tmp}/folder'], 'train-images-idx3-ubyte.gz (or'),
+    (['--dataset', 'digits', '--val-split', 'holdout'], "digits has the splits 'train' and 'test', got 'holdout'"),
+], ids=['unknown-name', 'no-data-dir', 'missing-data-dir', 'missing-fashion-dir', 'no-held-out-folder',
+        'no-train-folder', 'no-fashion-files', 'unknown-digits-split'])
+def test_dataset_errors_come_before_anything_is_built(argv, message, monkeypatch, tmp_path):
+    _fail_when_anything_is_built(monkeypatch)
+    (tmp_path / 'folder' / 'train' / 'cat').mkdir(parents=True)  # an image folder without a held-out split
+    out = tmp_path / 'out'
+    line = _cli_error([a.replace('{tmp}', str(tmp_path)) for a in argv] + [*TINY, '--output', str(out)])
+    assert message.replace('{tmp}', str(tmp_path)) in line, line
+    assert not out.exists()
+
+
 def test_missing_data_dir_says_so(tmp_path):
     from sa_vision.train.data import create_image_dataset
     for dataset in ('', 'fashion-mnist', 'torch/cifar10'):

@@ -24,7 +24,7 @@ from timm.utils import ParseKwargs
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import command
 from sa_vision.train.checkpoint import read_checkpoint
-from sa_vision.train.data import create_image_dataset, dataset_info, normalization, split_name
+from sa_vision.train.data import check_dataset, create_image_dataset, dataset_info, normalization, split_name
 from sa_vision.train.evaluation import evaluate
 
 
@@ -72,6 +72,7 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     info = dataset_info(args.dataset)
     args.split = split_name(args.dataset, args.split or info.eval_split)
+    check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download, eval_split=args.split)
     if args.workers is None:  # worker processes only compete for the cores when the images are already in memory
         args.workers = 0 if info.name in ('digits', 'fashion-mnist') else 2
     args.model_given = args.model is not None

@@ -25,7 +25,7 @@ import gzip
 import os
 import zlib
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.utils.data import Dataset
@@ -38,7 +38,7 @@ __all__ = [
     'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info',
     'dataset_for_tag', 'normalization',
     'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
-    'create_cifar_transform', 'create_image_dataset', 'known_dataset_names', 'split_name',
+    'check_dataset', 'create_cifar_transform', 'create_image_dataset', 'known_dataset_names', 'split_name',
 ]
 
 DIGITS = 'digits'
@@ -125,18 +125,22 @@ def dataset_info(dataset: str) -> DatasetInfo:
                        'validation')
 
 
+def _check_digits_split(split: str) -> None:
+    """The DatasetError of a split digits does not have, or of a missing scikit-learn (found, not imported)."""
+    import importlib.util
+    if importlib.util.find_spec('sklearn') is None:
+        raise DatasetError("the 'digits' dataset needs scikit-learn: pip install scikit-learn")
+    if split not in ('train', 'test', 'validation', 'val'):
+        raise DatasetError(f"digits has the splits 'train' and 'test', got {split!r}")
+
+
 class DigitsDataset(Dataset):
     """scikit-learn's handwritten digits as 3 x 32 x 32 float images in [0, 1] with a fixed train/test split."""
 
     def __init__(self, split: str = 'train', transform=None):
-        try:
-            from sklearn.datasets import load_digits
-            from sklearn.model_selection import train_test_split
-        except ImportError:
-            raise DatasetError(
-                "the 'digits' dataset needs scikit-learn: pip install scikit-learn") from None
-        if split not in ('train', 'test', 'validation', 'val'):
-            raise DatasetError(f"digits has the splits 'train' and 'test', got {split!r}")
+        _check_digits_split(split)
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
         digits = load_digits()
         images = torch.tensor(digits.images, dtype=torch.float32) / 16.  # 8x8, values 0..16
         targets = torch.tensor(digits.target, dtype=torch.long)
@@ -200,6 +204,30 @@ def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=header).view(*shape)
 
 
+def _fashion_mnist_files(split: str, data_dir: Optional[str] = None) -> List[str]:
+    """The (images, labels) IDX files of a fashion-mnist split, gzip'd or not, or the DatasetError saying what is
+    missing and where to get it."""
+    if split not in _FASHION_MNIST_SPLITS:
+        raise DatasetError(f"fashion-mnist has the splits 'train' and 'test' ('validation' and 'val' are 'test'), "
+                           f"got {split!r}")
+    folder = os.fspath(data_dir) if data_dir else FASHION_MNIST_DIR
+    paths, missing = [], []
+    for name in _FASHION_MNIST_FILES[_FASHION_MNIST_SPLITS[split]]:
+        found = [p for p in (os.path.join(folder, name + '.gz'), os.path.join(folder, name)) if os.path.isfile(p)]
+        if found:
+            paths.append(found[0])
+        else:
+            missing.append(f'{name}.gz (or {name})')
+    if missing:
+        raise DatasetNotFoundError(
+            f"fashion-mnist: {' and '.join(missing)} not found in {folder}. Install Debian's package "
+            f"(apt-get install dataset-fashion-mnist, into {FASHION_MNIST_DIR}) or pass --data-dir, a folder "
+            f"holding the four standard files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+            f"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, e.g. from "
+            f"https://github.com/zalandoresearch/fashion-mnist)")
+    return paths
+
+
 class FashionMnistDataset(Dataset):
     """Fashion-MNIST as 3 x 32 x 32 float images in [0, 1]: 28x28 grey, zero-padded by 2, repeated to 3 channels.
 
@@ -208,24 +236,7 @@ class FashionMnistDataset(Dataset):
     """
 
     def __init__(self, split: str = 'train', transform=None, data_dir: Optional[str] = None):
-        if split not in _FASHION_MNIST_SPLITS:
-            raise DatasetError(f"fashion-mnist has the splits 'train' and 'test' ('validation' and 'val' are 'test'), "
-                             f"got {split!r}")
-        folder = os.fspath(data_dir) if data_dir else FASHION_MNIST_DIR
-        paths, missing = [], []
-        for name in _FASHION_MNIST_FILES[_FASHION_MNIST_SPLITS[split]]:
-            found = [p for p in (os.path.join(folder, name + '.gz'), os.path.join(folder, name)) if os.path.isfile(p)]
-            if found:
-                paths.append(found[0])
-            else:
-                missing.append(f'{name}.gz (or {name})')
-        if missing:
-            raise DatasetNotFoundError(
-                f"fashion-mnist: {' and '.join(missing)} not found in {folder}. Install Debian's package "
-                f"(apt-get install dataset-fashion-mnist, into {FASHION_MNIST_DIR}) or pass --data-dir, a folder "
-                f"holding the four standard files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-                f"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, e.g. from "
-                f"https://github.com/zalandoresearch/fashion-mnist)")
+        paths = _fashion_mnist_files(split, data_dir)
         images = _read_idx_uint8(paths[0], 3)
         targets = _read_idx_uint8(paths[1], 1).long()
         if images.shape[1:] != (28, 28):
@@ -306,6 +317,47 @@ def _image_folder_split(root: str, split: str, is_training: bool = False) -> str
     return folder
 
 
+def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tuple[DatasetInfo, str, Optional[str]]:
+    """(info, name with aliases resolved, the folder to read) of a --dataset value, or the DatasetError of a name
+    that is not a dataset or a --data-dir that is missing where the dataset is read from it."""
+    info = dataset_info(dataset)
+    name = info.name.lower() if info.name else ''  # aliases resolved ('fashion_mnist' -> 'fashion-mnist')
+    known = info.num_classes is not None
+    if (data_dir and name != DIGITS and not os.path.isdir(data_dir)
+            and not (name.startswith(_TIMM_DATASET_TYPES) and download)):
+        raise DatasetNotFoundError(f'--data-dir {data_dir} does not exist' + (
+            ' (add --dataset-download to download the dataset there)' if name.startswith(_TIMM_DATASET_TYPES) else ''))
+    if name and not known and not name.startswith(_TIMM_DATASET_TYPES):
+        if os.path.isdir(dataset) and not data_dir:
+            data_dir = dataset  # --dataset <folder>: an image folder named by its path
+        elif not data_dir:
+            raise DatasetError(f'unknown dataset {dataset!r}: not one of {", ".join(known_dataset_names())}, not a '
+                               f'timm <type>/<name> (torch/cifar100, ...) and not an existing folder. For an image '
+                               f'folder pass --data-dir <folder> (with --dataset \'\' or a name for it)')
+    if name not in (DIGITS, FASHION_MNIST) and not data_dir:
+        raise DatasetError(f'dataset {dataset or "(image folder)"!r} needs --data-dir (the download target or the '
+                           f'image folder)')
+    return info, name, data_dir
+
+
+def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool = False,
+                  train_split: Optional[str] = None, eval_split: Optional[str] = None) -> None:
+    """Raise the :class:`~sa_vision.errors.DatasetError` that :func:`create_image_dataset` would raise for these
+    splits, without reading an image: an unknown name, a missing --data-dir, an image folder without the split's
+    subfolder, missing fashion-mnist files, a split digits does not have. Run before a model is built.
+    (A torch/ dataset's own files are looked for by torchvision when it is created.)"""
+    _, name, data_dir = _dataset_source(dataset, data_dir, download)
+    for split, is_training in ((train_split, True), (eval_split, False)):
+        if split is None:
+            continue
+        if name == DIGITS:
+            _check_digits_split(split)
+        elif name == FASHION_MNIST:
+            _fashion_mnist_files(split, data_dir)
+        elif not name.startswith(_TIMM_DATASET_TYPES):
+            _image_folder_split(data_dir, split, is_training)
+
+
 def create_image_dataset(
         dataset: str,
         split: str,
@@ -330,20 +382,7 @@ def create_image_dataset(
         download: Download torch/ datasets that are missing.
         mean, std: Normalisation; None: the dataset's own (:func:`dataset_info`).
     """
-    info = dataset_info(dataset)
-    name = info.name.lower() if info.name else ''  # aliases resolved ('fashion_mnist' -> 'fashion-mnist')
-    known = info.num_classes is not None
-    if (data_dir and name != DIGITS and not os.path.isdir(data_dir)
-            and not (name.startswith(_TIMM_DATASET_TYPES) and download)):
-        raise DatasetNotFoundError(f'--data-dir {data_dir} does not exist' + (
-            ' (add --dataset-download to download the dataset there)' if name.startswith(_TIMM_DATASET_TYPES) else ''))
-    if name and not known and not name.startswith(_TIMM_DATASET_TYPES):
-        if os.path.isdir(dataset) and not data_dir:
-            data_dir = dataset  # --dataset <folder>: an image folder named by its path
-        elif not data_dir:
-            raise DatasetError(f'unknown dataset {dataset!r}: not one of {", ".join(known_dataset_names())}, not a '
-                               f'timm <type>/<name> (torch/cifar100, ...) and not an existing folder. For an image '
-                               f'folder pass --data-dir <folder> (with --dataset \'\' or a name for it)')
+    info, name, data_dir = _dataset_source(dataset, data_dir, download)
     tensor_input = name in (DIGITS, FASHION_MNIST)
     transform = create_cifar_transform(
         is_training, img_size=img_size, crop_padding=crop_padding, hflip=hflip,
@@ -354,9 +393,6 @@ def create_image_dataset(
         return FashionMnistDataset(split, transform=transform, data_dir=data_dir)
 
     from timm.data import create_dataset
-    if not data_dir:
-        raise DatasetError(f'dataset {dataset or "(image folder)"!r} needs --data-dir (the download target or the '
-                           f'image folder)')
     if not name.startswith(_TIMM_DATASET_TYPES):  # an image folder: timm would fall back to the root, i.e.
         data_dir = _image_folder_split(data_dir, split, is_training)  # evaluate on the training images
     ds = create_dataset(dataset, root=data_dir, split=split, is_training=is_training, download=download)

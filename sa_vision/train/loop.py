@@ -63,7 +63,7 @@ from .checkpoint import (
     read_checkpoint,
     strip_runtime_args,
 )
-from .data import create_image_dataset, normalization, split_name
+from .data import check_dataset, create_image_dataset, normalization, split_name
 from .evaluation import evaluate
 from .recipes import check_recipe_keys, load_recipe
 
@@ -645,7 +645,10 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     if args.export and export is None:
         raise UserError('--export writes a Hub folder, which this entry point cannot: run sa-vision-train '
                         '(python -m sa_vision.cli.train) instead')
+    # the arguments that would only fail once the model and the data are built, checked before either
     check_scheduler(args.sched, args.sched_on_updates)
+    check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
+                  train_split=args.train_split, eval_split=args.val_split)
     _init_distributed(args)
     for module in args.device_modules or ():
         importlib.import_module(module)
