@@ -81,3 +81,30 @@ def test_hub_folder_with_broken_config_is_a_checkpoint_error(tmp_path, config, m
         with pytest.raises(CheckpointError, match=match) as info:
             load_model(source)
         assert str(folder) in str(info.value)
+
+
+def test_validate_evaluates_the_weights_of_every_source(tmp_path, capsys):
+    """sa-vision-validate's --model local-dir:, --checkpoint <folder> / <file> and --checkpoint with the expected
+    --model all evaluate the same weights: the accuracy counted here, image by image, over the digits test split."""
+    import json
+
+    from sa_vision.cli import validate
+    from sa_vision.paper import CIFAR10_MEAN, CIFAR10_STD
+    from sa_vision.train.data import DigitsDataset
+    folder, state_dict = _hub_folder(tmp_path, **dict(SMALL, num_classes=10))
+    weights = tmp_path / 'weights.pth'
+    torch.save(state_dict, weights)
+    model = timm.create_model('sa_gen_cifar', **dict(SMALL, num_classes=10)).eval()
+    model.load_state_dict(state_dict)
+    test = DigitsDataset('test')
+    mean, std = torch.tensor(CIFAR10_MEAN)[:, None, None], torch.tensor(CIFAR10_STD)[:, None, None]
+    with torch.no_grad():
+        predicted = model((test.images - mean) / std).argmax(-1)
+    expected = 100. * (predicted == test.targets).float().mean().item()
+    for source in (['--model', f'local-dir:{folder}'], ['--checkpoint', str(folder)], ['--checkpoint', str(weights)],
+                   ['--checkpoint', str(weights), '--model', 'sa_gen_cifar']):
+        assert validate.main([*source, '--dataset', 'digits', '--threads', '1', '-b', '360']) == 0
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert result['num_images'] == len(test) and result['top1'] == pytest.approx(expected, abs=1e-6), source
+    with pytest.raises(CheckpointError, match='holds a sa_gen_cifar model'):
+        validate.main(['--checkpoint', str(weights), '--model', 'sa_quadratic_cifar', '--dataset', 'digits'])

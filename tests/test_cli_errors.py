@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sa_vision.cli import benchmark as benchmark_script
-from sa_vision.cli import plot_attention, prune, push_to_hub
+from sa_vision.cli import plot_attention, prune, push_to_hub, validate
 from sa_vision.cli import reproduce as reproduce_script
 from sa_vision.errors import UserError, run_cli
 
@@ -29,8 +29,13 @@ def _run(main, argv, capsys):
     (benchmark_script, ['--model', 'no_such_model', '--bench', 'inference'], "unknown model 'no_such_model'"),
     (benchmark_script, ['--model', 'resnet18_cifar', '--compare', 'paper', '--bench', 'inference'],
      'no paper formulation'),
+    # sa-vision-validate resolves --model as every command does (sa_vision.train.checkpoint.load_model)
+    (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
+    (validate, ['--model', 'local-dir:{tmp}/missing', '--dataset', 'digits'], 'missing is not a folder'),
+    (validate, ['--checkpoint', 'sa_quadratic_cifar', '--dataset', 'digits'], 'sa_quadratic_cifar does not exist'),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'prune-missing-file', 'prune-learned-without-heads',
-        'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant'])
+        'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'validate-unknown-model',
+        'validate-missing-local-dir', 'validate-name-as-checkpoint'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
     status, err = _run(script.main, [a.replace('{tmp}', str(tmp_path)) for a in argv], capsys)
     assert status == 2, err

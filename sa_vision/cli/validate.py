@@ -16,6 +16,7 @@ import importlib
 import json
 import sys
 from contextlib import nullcontext
+from pathlib import Path
 
 import timm
 import torch
@@ -23,20 +24,26 @@ from timm.utils import ParseKwargs
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import command
-from sa_vision.train.checkpoint import read_checkpoint
+from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint
 from sa_vision.train.data import check_dataset, create_image_dataset, dataset_info, normalization, split_name
 from sa_vision.train.evaluation import evaluate
 
 
-def load_model(args):
-    """The model to evaluate, from weights of any kind, a local-dir:/hf-hub: name or a registered name."""
-    if args.checkpoint:
-        ckpt = read_checkpoint(args.checkpoint, arch=args.model if args.model_given else None,
-                               model_args=args.model_kwargs, use_ema=args.use_ema)
-        return ckpt.create_model()
-    # a Hub folder or repository always means its weights
-    pretrained = args.pretrained or args.model.startswith(('local-dir:', 'hf-hub:'))
-    return timm.create_model(args.model, pretrained=pretrained, **args.model_kwargs)
+def model_to_evaluate(args):
+    """The model to evaluate, resolved as every command resolves weights and names
+    (:func:`sa_vision.train.checkpoint.load_model`): --checkpoint names weights (a file or folder), --model a name
+    (a registered model, local-dir:<folder> or hf-hub:<repo>, whose weights it loads)."""
+    if not args.checkpoint:
+        return load_model(args.model, pretrained=args.pretrained, **args.model_kwargs)
+    if not Path(args.checkpoint).exists():  # never a name: load_model would build a model of that name
+        raise CheckpointError(f'--checkpoint {args.checkpoint} does not exist: pass a checkpoint file (last.pth.tar '
+                              f'of a run, a state dict, a .safetensors file), a run folder or an exported Hub '
+                              f'folder; a model name goes to --model')
+    if args.model_given:  # the architecture the weights must be, and that of bare non-SA weights:
+        # read_checkpoint's arch, which load_model (read_checkpoint(...).create_model() for files) does not take
+        return read_checkpoint(args.checkpoint, arch=args.model, model_args=args.model_kwargs,
+                               use_ema=args.use_ema).create_model()
+    return load_model(args.checkpoint, use_ema=args.use_ema, **args.model_kwargs)
 
 
 def main(argv=None):
@@ -80,7 +87,7 @@ def main(argv=None):
     for module in args.device_modules or ():
         importlib.import_module(module)
 
-    model = load_model(args).to(args.device)
+    model = model_to_evaluate(args).to(args.device)
     data_cfg = timm.data.resolve_data_config({}, model=model)
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
                               download=args.dataset_download, img_size=data_cfg['input_size'][-1],
