@@ -435,3 +435,42 @@ def test_user_errors_are_value_errors_and_checkpoint_errors_are_user_errors():
     from sa_vision.errors import UserError
     from sa_vision.train.checkpoint import CheckpointError
     assert issubclass(CheckpointError, UserError) and issubclass(UserError, ValueError)
+
+
+# --- --threads: one option of sa-vision-train and sa-vision-validate ------------------------------------------------
+
+def test_train_and_validate_have_the_same_threads_option(capsys):
+    import re
+
+    from sa_vision.cli import validate
+    helps = []
+    for main in (training.main, validate.main):
+        with pytest.raises(SystemExit):
+            main(['--help'])
+        text = capsys.readouterr().out
+        assert '\n  --threads N' in text
+        # the paragraph of --threads: up to the next option or group, whitespace (argparse's line breaks) removed
+        paragraph = re.split(r'\n  -|\n\n', text.split('\n  --threads N', 1)[1])[0]
+        helps.append(re.sub(r'\s+', '', paragraph))
+    assert helps[0] == helps[1] and 'default' in helps[0]
+
+
+def test_threads_default_is_torchs_capped_at_the_cores_of_this_process(monkeypatch, tmp_path):
+    from sa_vision.cli import validate
+    before = torch.get_num_threads()
+    monkeypatch.setattr(training, 'TORCH_DEFAULT_THREADS', 8, raising=False)  # torch's count on a bigger machine
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)  # this process may use 2 cores
+    try:
+        torch.set_num_threads(1)
+        _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path,
+                                     '--experiment', 'default'])
+        assert torch.get_num_threads() == 2
+        assert 'threads' not in yaml.safe_load((tmp_path / 'default' / 'recipe.yaml').read_text())  # machine's
+        _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path,
+                                     '--experiment', 'one', '--threads', 1])
+        assert torch.get_num_threads() == 1
+        monkeypatch.setattr(training, 'TORCH_DEFAULT_THREADS', 1)  # torch's own count when it is the smaller
+        assert validate.main(['--model', 'sa_quadratic_cifar', *TINY, '--dataset', 'digits', '-b', '360']) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -27,6 +27,7 @@ from sa_vision.errors import command
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint
 from sa_vision.train.data import check_dataset, create_image_dataset, dataset_info, normalization, split_name
 from sa_vision.train.evaluation import evaluate
+from sa_vision.train.loop import add_threads_argument, apply_threads
 
 
 def model_to_evaluate(args):
@@ -66,17 +67,14 @@ def main(argv=None):
     parser.add_argument('-b', '--batch-size', type=int, default=256)
     parser.add_argument('-j', '--workers', type=int, default=None,
                         help='data loading processes (default: 0 for the in-memory digits and fashion-mnist, else 2)')
-    parser.add_argument('--threads', type=int, default=None, metavar='N',
-                        help="torch's compute threads (default: torch's, one per core); 1 where other work keeps a "
-                             "core busy: waiting threads then slow every product down (as OMP_NUM_THREADS=1)")
+    add_threads_argument(parser)
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--amp', action=argparse.BooleanOptionalAction, default=None,
                         help='bf16 autocast (default: on with CUDA)')
     parser.add_argument('--device-modules', default=None, type=str, nargs='+',
                         help='python modules to import first (e.g. a package that registers models)')
     args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    apply_threads(args)
     info = dataset_info(args.dataset)
     args.split = split_name(args.dataset, args.split or info.eval_split)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download, eval_split=args.split)

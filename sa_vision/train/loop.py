@@ -69,6 +69,42 @@ from .recipes import check_recipe_keys, load_recipe
 
 _logger = logging.getLogger('train')
 
+# torch's own intra-op thread count (OMP_NUM_THREADS, else one per physical core it sees), read before any command
+# changes it: the default of --threads is this, capped at the cores this process may run on
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, which a container or ``taskset`` narrows; the
+    machine's count where the platform has no ``sched_getaffinity``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """The default of ``--threads``: torch's own count, never more than :func:`available_cores` (torch counts the
+    machine's cores, not those of this process, and threads beyond them only wait for each other)."""
+    return max(1, min(TORCH_DEFAULT_THREADS, available_cores()))
+
+
+def add_threads_argument(parser_or_group) -> None:
+    """``--threads N`` (torch's compute threads), the same in every command that computes: see :func:`apply_threads`."""
+    parser_or_group.add_argument(
+        '--threads', type=int, default=None, metavar='N',
+        help=f"torch's compute threads (default: torch's own count, capped at the cores this process may run on: "
+             f"{default_threads()} here). 1 where other work keeps a core busy: waiting threads then slow every "
+             f"product down (as OMP_NUM_THREADS=1)")
+
+
+def apply_threads(args) -> int:
+    """``torch.set_num_threads`` to ``args.threads``, or :func:`default_threads` when not given; returns the count."""
+    threads = args.threads or default_threads()
+    torch.set_num_threads(threads)
+    return threads
+
+
 config_parser = argparse.ArgumentParser(description='Training config', add_help=False)
 config_parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
                            help='YAML recipe (scripts/configs/<model>.yaml) whose values are argument defaults')
@@ -200,6 +236,7 @@ group.add_argument('--retain-freed-memory', action=argparse.BooleanOptionalActio
                    help='keep the memory a step frees in the process for the next step instead of returning it to '
                         'the kernel (glibc malloc; see retain_freed_memory). Default: on when training on the CPU')
 group.add_argument('-j', '--workers', type=int, default=4, metavar='N', help='data loading processes')
+add_threads_argument(group)
 
 group = parser.add_argument_group('Miscellaneous parameters')
 group.add_argument('--seed', type=int, default=42, metavar='S')
@@ -219,7 +256,7 @@ group.add_argument('--target-top1', type=float, default=None,
 
 # arguments of a run that --resume does not take from the run: they are this process's (or resolved for this machine)
 _NOT_RESUMED = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank', 'distributed', 'device', 'pin_mem',
-                          'channels_last', 'retain_freed_memory'})
+                          'channels_last', 'retain_freed_memory', 'threads'})
 
 
 _resume_parser = argparse.ArgumentParser(add_help=False)
@@ -649,10 +686,12 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     check_scheduler(args.sched, args.sched_on_updates)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
+    threads = apply_threads(args)
     _init_distributed(args)
     for module in args.device_modules or ():
         importlib.import_module(module)
     configure_backends(args)
+    _log(args, f'Threads: {threads} (--threads {args.threads or "default"})')
     if args.retain_freed_memory and not retain_freed_memory():
         _log(args, '--retain-freed-memory: the C library is not glibc; freed memory is returned as usual')
         args.retain_freed_memory = False
@@ -883,12 +922,15 @@ def _plain_args(args):
 
 # what a run resolved on its machine or process (written to args.yaml and the log), not what it asked for
 _RESOLVED_ARGS = ('amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_reason', 'resume_changes')
+# this machine's, like RUNTIME_ARGS: left out of recipe.yaml
+_MACHINE_ARGS = ('threads',)
 
 
 def _run_recipe(args) -> dict:
     """The run's recipe.yaml: the training arguments as asked (``amp: auto`` stays 'auto'), no machine fields,
     and the weights a fine-tune started from (without them ``-c recipe.yaml`` would train from scratch)."""
-    recipe = {k: v for k, v in strip_runtime_args(_plain_args(args)).items() if k not in _RESOLVED_ARGS}
+    recipe = {k: v for k, v in strip_runtime_args(_plain_args(args)).items()
+              if k not in _RESOLVED_ARGS and k not in _MACHINE_ARGS}
     if args.initial_checkpoint:
         recipe['initial_checkpoint'] = str(args.initial_checkpoint)
     return recipe
