@@ -36,7 +36,7 @@ from .models import SA_MODEL_ARGS
 from .models._pretrained import hub_repo_id
 from .paper import PAPER_RESULTS
 from .research.pruning import PRUNED_ARCH
-from .train.checkpoint import plain_data, read_checkpoint
+from .train.checkpoint import atomic_write, plain_data, read_checkpoint
 from .train.data import dataset_info
 from .train.recipes import load_recipe
 
@@ -551,8 +551,8 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
     def figure(name, draw):
         path = out / name
         if redraw or not path.is_file():  # sa_vision.research.plots draws on its own Figure objects (no pyplot state)
-            draw(str(path) + '.tmp.png')
-            os.replace(str(path) + '.tmp.png', path)
+            with atomic_write(path) as tmp:
+                draw(str(tmp))
         made.append(path)
 
     for folder in folders:
@@ -610,9 +610,8 @@ def _die_with_parent() -> None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f'.{path.name}.tmp')
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    with atomic_write(path) as tmp:
+        tmp.write_text(text)
 
 
 def _duration(minutes: float) -> str:
@@ -627,12 +626,10 @@ def _training_script_keys() -> frozenset:
 
 
 def _write_csv_atomic(path: Path, columns, rows: List[Dict[str, Any]]) -> None:
-    tmp = path.with_name(f'.{path.name}.tmp')
-    with open(tmp, 'w', newline='') as f:
+    with atomic_write(path) as tmp, open(tmp, 'w', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 def _markdown_table(rows: List[Dict[str, Any]], dataset_title: str) -> str:

@@ -24,7 +24,14 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..layers import PositionalAttention
-from ..train.checkpoint import HF_HUB_PREFIX, LOCAL_DIR_PREFIX, RUN_CHECKPOINT, load_model, read_checkpoint
+from ..train.checkpoint import (
+    HF_HUB_PREFIX,
+    LOCAL_DIR_PREFIX,
+    RUN_CHECKPOINT,
+    atomic_write,
+    load_model,
+    read_checkpoint,
+)
 from ..train.data import create_image_dataset, dataset_for_tag, dataset_info, normalization
 from .analysis import attention_layers
 
@@ -282,7 +289,6 @@ def write_explorer(models: Sequence[ExplorerModel], out, **kwargs) -> Path:
     payload = json.dumps(data, separators=(',', ':')).replace('</', '<\\/')
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f'.{out.name}.tmp')
-    tmp.write_text(template.replace(_PLACEHOLDER, payload), encoding='utf-8')
-    tmp.replace(out)
+    with atomic_write(out) as tmp:
+        tmp.write_text(template.replace(_PLACEHOLDER, payload), encoding='utf-8')
     return out

@@ -15,11 +15,12 @@ The result, a :class:`Checkpoint`, builds its model with :meth:`Checkpoint.creat
 also takes a timm model name.
 """
 import argparse
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Union
 
 import torch
 from timm.models import clean_state_dict
@@ -29,8 +30,8 @@ from ..errors import UserError
 from ..models import SA_MODEL_ARGS
 
 __all__ = [
-    'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_torch_save', 'read_checkpoint', 'load_model',
-    'infer_model_args', 'is_sa_state_dict', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
+    'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_write', 'atomic_torch_save', 'read_checkpoint',
+    'load_model', 'infer_model_args', 'is_sa_state_dict', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -109,18 +110,25 @@ class Checkpoint:
         return model.eval()
 
 
-def atomic_torch_save(obj: Any, path: PathLike) -> None:
-    """``torch.save`` to a temporary file beside ``path``, then rename over it: a crash never leaves a half file."""
+@contextlib.contextmanager
+def atomic_write(path: PathLike) -> Iterator[Path]:
+    """A temporary path beside ``path`` (same suffix) to write to; renamed over ``path`` when the block ends without
+    an error, so a crash or a kill never leaves a half-written file, and removed otherwise."""
     path = Path(path)
-    tmp = path.with_name(f'.{path.name}.tmp{os.getpid()}')
+    tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')
     try:
-        torch.save(obj, tmp)
+        yield tmp
         with open(tmp, 'rb') as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_torch_save(obj: Any, path: PathLike) -> None:
+    """``torch.save`` through :func:`atomic_write`."""
+    with atomic_write(path) as tmp:
+        torch.save(obj, tmp)
 
 
 def strip_runtime_args(args: Dict[str, Any]) -> Dict[str, Any]:
