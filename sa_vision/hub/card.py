@@ -116,7 +116,8 @@ def generate_model_card(arch: str) -> str:
     attn_kind = getattr(model, 'attn_kind', None)
     try:
         recipe_file = recipe_path(arch)
-        recipe = f'`scripts/configs/{recipe_file.name}` (timm `train.py` argument names):\n\n```yaml\n' \
+        recipe = f'`sa-vision-train -c {recipe_file.stem}`: the recipe `sa_vision/configs/{recipe_file.name}` ' \
+                 f'shipped in the package (timm `train.py` argument names):\n\n```yaml\n' \
                  f'{recipe_file.read_text().strip()}\n```'
     except FileNotFoundError:
         recipe = 'no recipe in this repository'
@@ -234,7 +235,9 @@ def _used_recipe_section(ckpt: Checkpoint) -> str:
 
     from ..train.recipes import recipe_path
     try:
-        reference = f' The paper\'s CIFAR-10 recipe is `scripts/configs/{recipe_path(ckpt.arch).name}` in sa_vision.'
+        name = recipe_path(ckpt.arch).stem
+        reference = (f' The paper\'s CIFAR-10 recipe ships with sa_vision: `sa-vision-train -c {name}` '
+                     f'(`sa_vision/configs/{name}.yaml`).')
     except FileNotFoundError:
         reference = ''
     tool = 'timm `train.py`' if ckpt.format == 'timm' else '`sa-vision-train`'

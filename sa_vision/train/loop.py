@@ -65,7 +65,7 @@ from .checkpoint import (
 )
 from .data import check_dataset, create_image_dataset, normalization, split_name
 from .evaluation import evaluate
-from .recipes import check_recipe_keys, load_recipe
+from .recipes import RECIPE_DIR, check_recipe_keys, load_recipe
 
 _logger = logging.getLogger('train')
 
@@ -106,10 +106,14 @@ def apply_threads(args) -> int:
 
 
 config_parser = argparse.ArgumentParser(description='Training config', add_help=False)
-config_parser.add_argument('-c', '--config', default='', type=str, metavar='FILE',
-                           help='YAML recipe (scripts/configs/<model>.yaml) whose values are argument defaults')
+config_parser.add_argument(
+    '-c', '--config', default='', type=str, metavar='NAME|FILE',
+    help='recipe whose values are argument defaults: the name of one shipped in the package '
+         f'(sa_vision/configs/NAME.yaml: {", ".join(sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")))}) or a YAML '
+         'file, such as the recipe.yaml of a run or an export')
 
-parser = argparse.ArgumentParser(description='Train sa_vision models with timm parts')
+# -c is parsed first, by config_parser; the main parser lists it too, so that --help shows it
+parser = argparse.ArgumentParser(description='Train sa_vision models with timm parts', parents=[config_parser])
 group = parser.add_argument_group('Dataset parameters')
 group.add_argument('--data-dir', metavar='DIR', default=None,
                    help='dataset root: download target of torch/ datasets or the ImageFolder (train/, validation/)')

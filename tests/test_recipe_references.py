@@ -1,0 +1,51 @@
+""" Help, recipes and model cards point an installed user to the recipes the package ships (``-c NAME``), not to the
+repository's ``scripts/configs/``, which ``pip install sa_vision`` does not give them """
+import pytest
+
+from sa_vision.hub.card import _used_recipe_section, generate_model_card
+from sa_vision.hub.labels import MODEL_CARD_DIR
+from sa_vision.train import loop as training
+from sa_vision.train.checkpoint import Checkpoint
+from sa_vision.train.recipes import RECIPE_DIR, recipe_path
+
+SHIPPED = sorted(p.stem for p in RECIPE_DIR.glob('*.yaml'))
+CARDS = sorted(p.stem for p in MODEL_CARD_DIR.glob('*.md'))
+
+
+def test_config_help_names_the_shipped_recipes():
+    help_text = ' '.join(training.parser.format_help().split())  # sa-vision-train --help
+    assert '-c NAME|FILE, --config NAME|FILE' in help_text
+    assert 'scripts/' not in help_text
+    assert 'sa_vision/configs/NAME.yaml' in help_text and 'recipe.yaml' in help_text
+    for name in SHIPPED:
+        assert name in help_text, name
+        recipe_path(name)  # what the help names, -c finds
+
+
+@pytest.mark.parametrize('name', SHIPPED)
+def test_recipe_headers_give_commands_an_installed_user_can_run(name):
+    text = (RECIPE_DIR / f'{name}.yaml').read_text()
+    assert 'scripts/' not in text
+    assert f'sa-vision-train -c {name} ' in text
+    if 'torch/cifar10' in text:  # the CIFAR-10 recipes also say how timm's train.py reads the installed file
+        assert f"recipe_path('{name}')" in text and 'python train.py -c' in text
+
+
+@pytest.mark.parametrize('arch', CARDS)
+def test_card_templates_point_to_the_shipped_recipe(arch):
+    text = (MODEL_CARD_DIR / f'{arch}.md').read_text(encoding='utf-8')
+    assert 'scripts/' not in text
+    assert f'`sa-vision-train -c {arch}`' in text and f'sa_vision/configs/{arch}.yaml' in text
+
+
+def test_exported_card_names_the_shipped_recipe():
+    ckpt = Checkpoint('sa_quadratic_cifar', {}, {}, 'run/last.pth.tar', 'sa_vision', {'recipe': {'lr': 0.1}})
+    text = _used_recipe_section(ckpt)
+    assert 'scripts/' not in text and '`sa-vision-train -c sa_quadratic_cifar`' in text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('arch', CARDS)
+def test_card_templates_are_what_write_model_cards_writes(arch):
+    """The templates are generated (``write_model_cards``): edited by hand they would drift from the generator."""
+    assert (MODEL_CARD_DIR / f'{arch}.md').read_text(encoding='utf-8') == generate_model_card(arch)
