@@ -4,7 +4,7 @@ The CPU stand-in for the ``cuda`` tests: those (marked ``cuda`` or run by the ``
 skipped without a GPU; these are not marked ``cuda`` and run everywhere. PyTorch's fake tensors
 (``torch._subclasses.fake_tensor.FakeTensorMode``) carry a shape, a dtype and a device but no values: the
 parameters and the batch are fake ``cuda`` tensors, so every branch on the device takes its CUDA side (the batched
-heads of ``use_batched_heads``, no eval cache in ``PositionalAttention._cached``) and ``torch.autocast('cuda')``
+heads of ``use_batched_heads``, no eval cache in ``PositionalAttention.mixing_probs``) and ``torch.autocast('cuda')``
 casts as on a GPU; the models are built on the CPU and converted, as ``model.to('cuda')`` would.
 
 What it catches: a tensor created on the CPU inside a CUDA forward or backward (an ``arange`` or ``zeros`` without

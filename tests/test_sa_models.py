@@ -258,8 +258,8 @@ def test_cached_probabilities_follow_edits_through_data(name):
 def test_eval_probabilities_are_computed_once_while_the_parameters_stay(monkeypatch):
     from sa_vision.layers import PositionalAttention
     computed = []
-    compute = PositionalAttention._without_autocast
-    monkeypatch.setattr(PositionalAttention, '_without_autocast',
+    compute = PositionalAttention._probs
+    monkeypatch.setattr(PositionalAttention, '_probs',
                         lambda self, *args: (computed.append(self), compute(self, *args))[1])
     model = small_model('sa_gen_cifar').eval()
     x = torch.randn(2, 3, 16, 16)

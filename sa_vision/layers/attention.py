@@ -6,7 +6,7 @@ and fast is written up in ``docs/attention.md``.
 """
 import contextlib
 import math
-from typing import Callable, ContextManager, Dict, Iterator, List, Tuple
+from typing import ContextManager, Dict, Iterator, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -43,11 +43,8 @@ def negligible_below(dtype: torch.dtype) -> float:
 def drop_negligible(probs: Tensor) -> Tensor:
     """Attention probabilities below :func:`negligible_below` set to exactly zero.
 
-    Far from its centre a Gaussian head's probabilities are astronomically small (``exp(-200)`` and
-    less), and their products with activations or gradients land in the subnormal range, which x86 CPUs
-    compute in microcode: every product with the probabilities ran about 3x slower. Zeroing them keeps
-    the products normal; the output changes below float rounding (see :func:`negligible_below`) and the
-    gradient of a zeroed entry, which is as small as the entry, is dropped with it.
+    A Gaussian head's far probabilities (``exp(-200)`` and less) would make subnormal products, which x86
+    CPUs compute in slow microcode (``docs/performance.md``); the output changes below float rounding.
     """
     return probs.masked_fill(probs < negligible_below(probs.dtype), 0.)
 
@@ -77,23 +74,32 @@ def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
     return mixed.view(grid_probs.shape[0], H, W, B, D)
 
 
+def _autocast_off(device_type: str) -> ContextManager:
+    """Autocast off on ``device_type``, for the positional scores and their softmax: they are differences of
+    squared shifts, which lose whole units at the far shifts in bfloat16 (wrong probabilities by tens of
+    percent), and only a few thousand numbers; the products that apply them still run under autocast."""
+    if not torch.amp.is_autocast_available(device_type):  # 'meta' and the like: no autocast to leave
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, enabled=False)
+
+
+def _same_values(seen: List[Tensor], now: List[Tensor]) -> bool:
+    """Whether the positional parameters ``now`` hold exactly the values ``seen`` (the eval cache's key).
+
+    An edit through ``.data`` bumps neither the storage nor the parameter's ``_version``, so the values
+    themselves are compared: a few dozen numbers per layer (measurements in ``docs/performance.md``).
+    """
+    return len(seen) == len(now) and all(
+        a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) for a, b in zip(seen, now))
+
+
 @register_notrace_module  # shapes drive the computation; FX keeps the layer whole
 class PositionalAttention(nn.Module):
-    """Multi-head positional self-attention over a token grid.
+    """Multi-head positional self-attention over a token grid (paper Sec. 2.3, Eq. 9).
 
-    ``forward``: ``B x h x w x D -> B x h x w x (heads*D)``; output channel ``n * D + d`` is channel ``d`` of
-    head ``n``'s weighted average of the input. With ``grid_major=True`` (as the models use it) ``forward``
-    is :meth:`mix`: the same on the layout ``h x w x B x D -> heads x h x w x B x D``, where every step is
-    one large matrix product and no tensor of the size of the output is ever permuted.
-
-    In eval mode on the CPU without autograd the probabilities are cached per grid size and recomputed
-    whenever a positional parameter holds other values than when they were computed (compared exactly, so
-    any edit, also through ``.data``, is seen). They are always computed in the parameters' dtype with
-    autocast off, so an autocast forward and a float32 forward share them; nothing is cached while
-    compiling or capturing a graph.
-
-    ``batched_heads`` (an attribute, not saved) asks :func:`attend_then_project` for the batched path on the
-    CPU too (see :func:`use_batched_heads`, :func:`batched_heads`).
+    ``B x h x w x D -> B x h x w x (heads*D)`` (channel ``n * D + d`` is channel ``d`` of head ``n``), or with
+    ``grid_major=True`` (as the models use it) :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``.
+    ``batched_heads`` (an attribute, not saved) asks :func:`attend_then_project` for the batched path.
     """
 
     def __init__(
@@ -158,50 +164,45 @@ class PositionalAttention(nn.Module):
 
     def mixing_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
         """What a content-free forward applies, dropout included: ``[row (heads, h, h), col (heads, w, w)]``
-        on the separable path, ``[grid (heads, h*w, h*w)]`` on the dense one (see :func:`apply_mixing`)."""
-        if self.separable and not self.dense:
-            axis_probs = self._axis_probs(grid_h, grid_w)
-            if self.training and self.attn_drop > 0.:
-                axis_drop = 1.0 - math.sqrt(1.0 - self.attn_drop)
-                axis_probs = [F.dropout(p, axis_drop, True) for p in axis_probs]
-            if len(axis_probs) == 1:  # square grid: [row; col] stacked, (2, heads, n, n)
-                return list(axis_probs[0].unbind(0))
-            return axis_probs
-        probs = self._grid_probs(grid_h, grid_w)
-        if self.training and self.attn_drop > 0.:
-            probs = F.dropout(probs, self.attn_drop, True)
-        return [probs]
+        on the separable path, ``[grid (heads, h*w, h*w)]`` on the dense one (see :func:`apply_mixing`).
 
-    def _axis_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
-        if torch.jit.is_scripting():
-            return self._compute_axis_probs(grid_h, grid_w)
-        else:
-            return self._cached(self._compute_axis_probs, grid_h, grid_w)
-
-    def _grid_probs(self, grid_h: int, grid_w: int) -> Tensor:
-        if torch.jit.is_scripting():
-            return self.position_probs(grid_h, grid_w)
-        else:
-            return self._cached(self.position_probs, grid_h, grid_w)
-
-    @torch.jit.unused
-    def _without_autocast(self, compute: Callable, grid_h: int, grid_w: int):
-        """``compute(grid_h, grid_w)`` in the parameters' dtype, autocast or not.
-
-        Positional scores are differences of squared shifts and products of the precision matrix; in
-        bfloat16 (8 bits of mantissa) they lose whole units at the grid's far shifts, and the softmax
-        turns that into probabilities wrong by tens of percent. They are a few thousand numbers, so they
-        are computed in float32 and only the products that apply them run in the autocast dtype.
+        Computed with autocast off (see :func:`_autocast_off`); in eval mode on the CPU without autograd,
+        reused while the positional parameters hold the same values (see :func:`_same_values`).
         """
-        device_type = next(self.position.parameters()).device.type
-        if not torch.amp.is_autocast_available(device_type):  # 'meta' and the like: no autocast to leave
-            return compute(grid_h, grid_w)
-        with torch.autocast(device_type, enabled=False):
-            return compute(grid_h, grid_w)
+        if torch.jit.is_scripting():
+            probs = self._probs(grid_h, grid_w)
+        else:
+            state = [t.detach() for t in (*self.position.parameters(), *self.position.buffers())]
+            device_type = state[0].device.type
+            # a compiled or captured graph computes the probabilities from the parameters (and any grid size);
+            # off the CPU a comparison would wait for the device in every layer
+            cacheable = not (self.training or torch.is_grad_enabled() or device_type != 'cpu'
+                             or torch.compiler.is_compiling() or is_capturing())
+            key = (self.dense, grid_h, grid_w)
+            entry = self._probs_cache.get(key) if cacheable else None
+            if entry is not None and _same_values(entry[0], state):
+                probs = entry[1]
+            else:
+                with _autocast_off(device_type):
+                    probs = self._probs(grid_h, grid_w)
+                if cacheable:
+                    self._probs_cache = {key: ([t.clone() for t in state], probs)}
+        if not self.separable or self.dense:
+            if self.training and self.attn_drop > 0.:
+                probs = [F.dropout(probs[0], self.attn_drop, True)]
+            return probs
+        if self.training and self.attn_drop > 0.:
+            axis_drop = 1.0 - math.sqrt(1.0 - self.attn_drop)  # separable mask: keeps each entry with 1 - attn_drop
+            probs = [F.dropout(p, axis_drop, True) for p in probs]
+        if len(probs) == 1:  # square grid: [row; col] stacked, (2, heads, n, n)
+            return list(probs[0].unbind(0))
+        return probs
 
-    def _compute_axis_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
-        """``[row (heads, h, h), col (heads, w, w)]``, or on a square grid ``[(2, heads, n, n)]`` with both
-        axes stacked, so that the softmax, the threshold and the dropout each run once instead of twice."""
+    def _probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
+        """The content-free probabilities, no dropout: ``[grid]`` on the dense path, else ``[row, col]``, or on a
+        square grid ``[(2, heads, n, n)]`` with both axes stacked (one softmax, threshold and dropout, not two)."""
+        if not self.separable or self.dense:
+            return [drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1))]
         if torch.jit.is_scripting():
             square = grid_h == grid_w
         else:
@@ -212,35 +213,6 @@ class PositionalAttention(nn.Module):
             return [drop_negligible(self.position.square_axis_scores(grid_h).softmax(dim=-1))]
         row_scores, col_scores = self.position.axis_scores(grid_h, grid_w)
         return [drop_negligible(row_scores.softmax(dim=-1)), drop_negligible(col_scores.softmax(dim=-1))]
-
-    @torch.jit.unused
-    def _cached(self, compute: Callable, grid_h: int, grid_w: int):
-        """``compute(grid_h, grid_w)``, reused while the positional parameters hold the same values (eval on the
-        CPU, no autograd).
-
-        The key is the parameter values themselves, compared exactly against a copy taken when the
-        probabilities were computed: an edit through ``.data`` or under ``no_grad`` changes neither a
-        tensor's storage nor always its ``_version``, so no cheaper key is safe. The copy is a few hundred
-        numbers and the comparison a few microseconds; recomputing costs ~60 ms per forward for
-        ``sa_gen_cifar`` (a quarter of a batch-1 forward on the CPU) and under 1 ms for the separable kinds.
-        Off the CPU nothing is cached: the comparison would wait for the device once per layer, and the
-        recomputation is a few small kernels there.
-        """
-        current = [t.detach() for t in (*self.position.parameters(), *self.position.buffers())]
-        if (torch.compiler.is_compiling() or is_capturing() or self.training or torch.is_grad_enabled()
-                or current[0].device.type != 'cpu'):
-            # a compiled or captured graph computes the probabilities from the parameters (and any grid size)
-            return self._without_autocast(compute, grid_h, grid_w)
-        # the probabilities are always in the parameters' dtype (never autocast's): no autocast state in the key
-        key = (compute.__name__, grid_h, grid_w)
-        entry = self._probs_cache.get(key)
-        if entry is not None and len(entry[0]) == len(current) and all(
-                seen.dtype == now.dtype and seen.shape == now.shape and torch.equal(seen, now)
-                for seen, now in zip(entry[0], current)):
-            return entry[1]
-        probs = self._without_autocast(compute, grid_h, grid_w)
-        self._probs_cache = {key: ([t.clone() for t in current], probs)}
-        return probs
 
     @torch.jit.unused
     def clear_probs_cache(self) -> None:
@@ -258,15 +230,14 @@ class PositionalAttention(nn.Module):
         if torch.jit.is_scripting():
             position_scores = self.position.grid_scores(H, W)  # heads, HW, HW
         else:
-            position_scores = self._without_autocast(self.position.grid_scores, H, W)
+            with _autocast_off(next(self.position.parameters()).device.type):
+                position_scores = self.position.grid_scores(H, W)
         return tokens, q, k, position_scores
 
     @torch.jit.unused
     def content_probs(self, x: Tensor) -> Tensor:
-        """Probabilities of the ``content`` kind for the layer's input ``x`` (grid-major ``h x w x B x D`` when
-        ``grid_major``, else ``B x h x w x D``), no dropout: ``(B, heads, h*w, h*w)`` as ``[sample, head, query,
-        key]``, the softmax over keys of ``q . k / sqrt(D)`` plus the positional scores, which :meth:`mix` applies
-        through fused attention without building them."""
+        """Probabilities ``(B, heads, h*w, h*w)`` of the ``content`` kind for the layer's input ``x``, no dropout:
+        the softmax of ``q . k / sqrt(D)`` plus the positional scores, which :meth:`mix` never builds."""
         if self.content is None:
             raise ValueError(f'content_probs is for the content kind; this layer is {self.kind!r}: its '
                              f'probabilities do not depend on the input, use position_probs(grid_h, grid_w)')
@@ -295,24 +266,10 @@ class PositionalAttention(nn.Module):
 
 
 def use_batched_heads(x: Tensor, requested: bool) -> bool:
-    """Whether attention + Value run on the batched path rather than the per-head kernels of
-    :mod:`sa_vision.layers.fused`. ``x`` is the layer input, ``requested`` the layers' ``batched_heads``.
-
-    The batched path applies every head in one batched product, concatenates the heads (one copy, tokens x
-    heads*D) and projects them with one Value GEMM, all in plain autograd. It goes:
-
-    * batched while compiling (``torch.compile``): Dynamo cannot trace the per-head Functions (their
-      varargs, the backward of the MLP's Function) and inductor fuses the plain graph by itself;
-    * batched while a graph is captured (export, tracing): the per-head kernels' ``out=`` products into
-      reused buffers and Python chunk counts do not survive capture (see :mod:`sa_vision.layers.tracing`);
-    * batched when asked (``requested``; :func:`batched_heads`), which is how the CPU tests it;
-    * batched off the CPU: there a kernel launch costs more than the cache misses the per-head loop saves,
-      and the per-head path launches ~10 kernels per head and layer;
-    * batched under autocast and in any dtype but float32 / float64: the per-head ``out=`` products
-      accumulate the heads in the output's dtype, rounding to bfloat16 after every head, while one GEMM
-      over the concatenated heads accumulates in float32 and rounds once;
-    * per head otherwise (float32 / float64 eager on the CPU): the fast path there, each head's
-      intermediates stay in cache and no heads-sized tensor is ever built, in forward or backward.
+    """Whether attention + Value take the batched path rather than the per-head kernels of
+    :mod:`sa_vision.layers.fused`: batched while compiling or capturing a graph, when ``requested`` (the layers'
+    ``batched_heads``), off the CPU, under autocast and in low precision; per head for float32 / float64 eager
+    on the CPU. Why each: ``docs/attention.md``.
     """
     if torch.compiler.is_compiling() or is_capturing() or requested:
         return True
@@ -321,20 +278,15 @@ def use_batched_heads(x: Tensor, requested: bool) -> bool:
 
 
 def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Tensor) -> Tensor:
-    """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``).
-
-    :func:`use_batched_heads` picks the path. Batched: ``attn.mix(x)`` (every head in one product) and one
-    Value GEMM over the concatenated heads. Per head (the CPU default): content-free kinds run one head at
-    a time without ever building the stacked heads. With autograd that means recomputing each head in
-    backward, which only pays on the separable path (two small products); the dense path and the content
-    kind then run as ``value(attn(x))`` with the per-head Value.
+    """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``), on the path
+    :func:`use_batched_heads` picks. Per head, content-free kinds never build the stacked heads; with autograd
+    that recomputes each head in backward, which pays only on the separable path.
     """
     if use_batched_heads(x, attn.batched_heads or value.batched_heads):
         if (torch.is_grad_enabled() and attn.separable and not attn.dense and not is_capturing()
                 and not torch.compiler.is_compiling()):
-            # autograd would keep the row-mixed heads for the column product's backward, on top of the
-            # concatenated heads Value keeps: a Function that recomputes them (one product over the input) needs
-            # 28 % less peak training memory for sa_quadratic_cifar (torch.compile decides what to save itself)
+            # a Function that recomputes the row-mixed heads in backward instead of keeping them beside the
+            # concatenated heads Value keeps (torch.compile decides what to save itself)
             row_probs, col_probs = attn.mixing_probs(x.shape[0], x.shape[1])
             return value.forward_batched(separable_mixing(*autocast_inputs(x, row_probs, col_probs)))
         return value.forward_batched(attn.mix(x))
@@ -349,10 +301,8 @@ def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Te
 class HeadsLinear(nn.Linear):
     """``Linear(heads*D -> out)`` applied to heads stacked in front: ``heads x ... x D -> ... x out``.
 
-    Same parameters (and state dict) as the Linear over the concatenated heads. On the per-head path (see
-    :func:`use_batched_heads`) it reads each head's block where it lies, as one accumulated matrix product
-    per head, so the stacked heads are never permuted into the concatenated layout; on the batched path it
-    concatenates them (one copy) and runs one GEMM.
+    The state dict of the Linear over the concatenated heads. Per head it reads each head's block where it
+    lies (one accumulated product per head); batched it concatenates the heads and runs one GEMM.
     """
     # set per layer by batched_heads(); a plain attribute, not part of the state dict
     batched_heads: bool = False
@@ -369,10 +319,7 @@ class HeadsLinear(nn.Linear):
             return out.view(list(x.shape[1:-1]) + [self.out_features])
 
     def forward_batched(self, x: Tensor) -> Tensor:
-        """One GEMM over the concatenated heads, in plain autograd (the batched path, TorchScript, export).
-
-        Under autocast the GEMM accumulates all ``heads * D`` products in float32 and rounds once.
-        """
+        """One GEMM over the concatenated heads, in plain autograd (the batched path, TorchScript, export)."""
         heads, D = x.shape[0], x.shape[-1]
         # heads x ... x D -> ... x heads x D -> (tokens, heads*D): channel n*D + d is channel d of head n
         concatenated = x.movedim(0, -2).reshape(-1, heads * D)
@@ -401,9 +348,5 @@ def dense_attention(model: nn.Module, enabled: bool = True) -> ContextManager[nn
 
 def batched_heads(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
     """Run every attention layer and Value of ``model`` on the batched path while active (``enabled=True``),
-    or leave the choice to :func:`use_batched_heads` (``enabled=False``).
-
-    The batched path is chosen by itself on GPUs, under autocast, ``torch.compile`` and export; this
-    forces it on the CPU too, e.g. to test it or to compare speeds.
-    """
+    e.g. to test it or compare speeds on the CPU, or leave the choice to :func:`use_batched_heads`."""
     return _switch(model, (PositionalAttention, HeadsLinear), 'batched_heads', enabled)
