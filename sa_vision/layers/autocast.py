@@ -1,13 +1,7 @@
 """ Mixed precision for the MLP's hand-written autograd Function
 
-(The attention layers need none of this: under autocast they take the batched path, plain autograd; see
-:func:`sa_vision.layers.attention.use_batched_heads`.) Imports only torch.
-
-Autocast casts the inputs of ``torch.nn.functional.linear`` and ``torch.mm`` to its lower precision, but
-not the operands of products that write into a given tensor (``out=``) and not anything inside a custom
-autograd Function's backward. The layers' Functions therefore take their inputs already cast, the way
-autocast would cast a Linear's: every floating-point input in the autocast dtype, so that forward and
-backward run in one dtype. Outside autocast nothing changes.
+Autocast casts neither the operands of ``out=`` products nor anything inside a custom Function's backward, so the
+Function takes its inputs already cast, as autocast would cast a Linear's.
 """
 from typing import List, Optional
 

@@ -1,17 +1,7 @@
-""" Space-to-depth 2x2 embedding (the paper's "invertible downsampling" + Linear)
+""" Space-to-depth 2x2 embedding of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 4.1): invertible downsampling + Linear
 
-Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020)
-
-Every 2x2 pixel block becomes one token: its ``4 * C`` values are flattened and mapped by a Linear layer
-to ``embed_dim``. That is exactly a ``Conv2d(C, embed_dim, kernel_size=2, stride=2)``, which is how it is
-stored here: same parameter count, one fused kernel, and timm's ``first_conv`` machinery (e.g. adapting
-pretrained weights to ``in_chans=1``) works unchanged.
-
-Channel order of the original implementation: the Linear input index ``6*di + 3*dj + c`` holds pixel
-``(2i+di, 2j+dj)`` and colour ``c`` (colour fastest). :meth:`SpaceToDepthEmbed.linear_weight` returns the
-kernel in that order, so weights convert both ways without retraining.
-
-Imports only torch and timm; no other sa_vision module.
+Stored as the equivalent ``Conv2d(C, embed_dim, 2, stride=2)`` (timm's ``first_conv`` machinery works unchanged);
+:meth:`SpaceToDepthEmbed.linear_weight` gives the original's Linear layout (input index ``6*di + 3*dj + c``).
 """
 from typing import Tuple
 

@@ -1,21 +1,8 @@
-""" Fused per-head kernels: attention + Value and the stacked-heads Linear, one head at a time
+""" Per-head kernels for the CPU (paper Sec. 4.2-4.3 scores, factorised over rows and columns)
 
-The CPU fast path of the layers (the content-free scores of Sec. 4.2-4.3, factorised over rows and columns; chosen
-by :func:`sa_vision.layers.attention.use_batched_heads`).
-Hand-written autograd Functions that never build a heads-sized tensor: each head is mixed (two small
-products on the separable path) and immediately projected by its block of the Value weight, accumulating
-into the output with ``out=`` products; backward recomputes each head the same way. On the CPU the batch is
-processed in chunks of a few samples so that one head's intermediates stay in the L2 cache.
-
-These kernels are eager-only: the products written into reused buffers and the Python chunk counts cannot
-be captured into a graph (see :mod:`sa_vision.layers.tracing`), and they are written for float32 / float64
-(an ``out=`` product accumulates every head in the output's dtype). Anything else takes the batched path.
-
-One Function here serves the batched path: :func:`separable_mixing` mixes every head at once (two batched
-products, any dtype) and recomputes the row-mixed heads in backward instead of keeping them, so an eager
-training step keeps one heads-sized tensor per layer (Value's input), not two.
-
-Imports only torch and :mod:`sa_vision.layers.tracing`; no other sa_vision module.
+Hand-written autograd Functions that mix one head at a time and add its share of the Value projection at once, in
+cache-sized chunks of the batch, recomputing the heads in backward: no heads-sized tensor is built. Eager-only and
+float32 / float64 (see :mod:`sa_vision.layers.tracing`); :func:`separable_mixing` serves the batched path.
 """
 from typing import List, Optional, Sequence, Tuple
 

@@ -1,11 +1,7 @@
 """ The post-norm layers' MLP: Linear -> exact GELU -> Linear -> Dropout
 
-Same parameters and names as timm's ``Mlp`` (``fc1``, ``fc2``). Training keeps only the hidden
-pre-activation for backward and recomputes the GELU there (an elementwise op), instead of holding both
-the pre-activation and the activation: one hidden-sized tensor less per layer. Under ``torch.compile``
-and graph capture it is the plain composition.
-
-Imports only torch and :mod:`sa_vision.layers` (autocast, tracing); no other sa_vision module.
+timm's ``Mlp`` parameters and names; training saves only the hidden pre-activation and recomputes the GELU in
+backward (one hidden-sized tensor less per layer); plain composition under ``torch.compile`` and graph capture.
 """
 import torch
 import torch.nn.functional as F

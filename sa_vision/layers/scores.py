@@ -1,27 +1,9 @@
-""" Positional attention scores of Cordonnier, Loukas & Jaggi: the four kinds, one module each
+""" Positional attention scores of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 2.3, Eq. 9; App. A.1)
 
-Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020),
-https://arxiv.org/abs/1911.03584
-
-Each kind owns its parameters and turns the relative shift ``delta = key - query`` (in grid units) into
-scores indexed ``[head, query, key]`` (paper Sec. 2.3, Eq. (9); App. A.1):
-
-* :class:`QuadraticScores`   isotropic Gaussian, ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``
-* :class:`GeneralizedScores` non-isotropic Gaussian, ``A_h(delta) = -1/2 (delta - mu_h)^T S_h S_h^T (delta - mu_h)``
-* :class:`LearnedScores`     relative row / column tables, ``A_h(delta) = k_v(E_v[delta_1])_h + k_u(E_u[delta_2])_h``
-* :class:`ContentScores`     query/key content scores ``q_h . k_h / sqrt(D)`` (used with ``learned``)
-
-Separable kinds (``quadratic``, ``learned``) also return their row and column terms apart
-(``axis_scores``), from which :mod:`sa_vision.layers.attention` builds the grid softmax as a Kronecker
-product. The parameter named ``spreads`` (the state-dict name of the released code, kept so published
-weights load) holds a *precision* factor: the larger it is, the narrower the head's attention.
-
-Initialisation (``init``): ``'paper'`` (the default) draws the centres ``mu_h ~ N(0, 2 I)`` as the paper does
-(Sec. 4.2) with unit precision; ``'conv'`` starts the heads as the construction of Theorem 1 / Lemma 2 leaves them:
-head ``h`` on the ``h``-th shift of a ``K x K`` kernel (:func:`kernel_offsets`) with the sharpness ``alpha``
-(the paper's ``alpha_h``, Eq. 9), as ConViT (d'Ascoli et al., 2021) starts its gated heads local.
-
-Imports only torch; no other sa_vision module.
+Each kind turns the relative shift ``delta = key - query`` (grid units) into scores ``[head, query, key]``; the
+separable kinds also return their row and column terms (``axis_scores``). ``spreads`` (the released code's name,
+kept so published weights load) holds a precision factor: larger is narrower. ``init='conv'`` starts the heads
+as Theorem 1 / Lemma 2 leave them (:func:`kernel_offsets`).
 """
 import math
 from typing import Tuple
@@ -41,14 +23,9 @@ CONV_INIT_ALPHA = 6.0
 
 
 def kernel_offsets(num_heads: int) -> Tensor:
-    """The shifts of Theorem 1's kernel for ``num_heads`` heads, ``(K*K, 2)`` as (row, col) in grid units.
-
-    ``K = floor(sqrt(num_heads))``; head ``h = K * i + j`` (row-major) gets the shift ``(i - K // 2, j - K // 2)``:
-    for 9 heads the 3x3 kernel ``{-1, 0, 1}^2`` (the paper's ``Delta Delta_K``), for 16 heads ``{-2, ..., 1}^2``
-    (an even kernel has no centre pixel; the grid is not shifted by half a unit, so every head sits on a pixel).
-    With a non-square head count the heads after the first ``K*K`` have no kernel shift (they keep the paper's
-    init), as in ConViT's ``local_init``.
-    """
+    """The shifts of Theorem 1's kernel, ``(K*K, 2)`` as (row, col), ``K = floor(sqrt(num_heads))``: head
+    ``K * i + j`` gets ``(i - K // 2, j - K // 2)`` (9 heads: the paper's 3x3 ``Delta Delta_K``); heads after the
+    first ``K*K`` have none and keep the paper's init, as in ConViT's ``local_init``."""
     k = math.isqrt(num_heads)
     steps = torch.arange(k, dtype=torch.float64) - k // 2
     return torch.stack(torch.meshgrid(steps, steps, indexing='ij'), dim=-1).reshape(k * k, 2)
@@ -78,13 +55,9 @@ def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dty
 
 
 class QuadraticScores(nn.Module):
-    """Isotropic Gaussian scores: a centre ``mu_h`` (row, col) and a precision factor ``s_h`` per head.
-
-    ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``; the paper's ``alpha_h = s_h^2 / 2`` (positive by
-    squaring) and ``Delta_h = mu_h``. ``spreads`` (the state-dict name kept from the released code) holds
-    ``s_h``: a larger value makes the head narrower, it is not a spread. ``centers`` holds ``mu_h``.
-    Separable: the row and column terms are returned apart. ``init='conv'``: the first ``K*K`` heads on the kernel
-    shifts with ``s_h = sqrt(2 alpha)`` (see the module's docstring).
+    """Isotropic Gaussian scores (Eq. 9), ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``: the paper's
+    ``alpha_h = s_h^2 / 2`` and ``Delta_h = mu_h`` (``centers``); ``spreads`` holds the precision factor ``s_h``.
+    Separable. ``init='conv'``: the first ``K*K`` heads on the kernel shifts with ``s_h = sqrt(2 alpha)``.
     """
     separable: bool = True
 
@@ -119,8 +92,7 @@ class QuadraticScores(nn.Module):
 
     def square_axis_scores(self, size: int) -> Tensor:
         """Row and column scores of a ``size x size`` grid in one tensor, ``(2, heads, size, size)`` indexed
-        ``[axis, head, query, key]``: half the small ops of :meth:`axis_scores` (every op here runs once
-        per layer and training step, and its count, not its size, is what it costs)."""
+        ``[axis, head, query, key]``: half the small ops of :meth:`axis_scores`."""
         shifts = relative_shifts(size, self.centers.device, self.centers.dtype)  # size, size
         offsets = shifts - self.centers.t().reshape(2, self.num_heads, 1, 1)  # 2, heads, size, size
         return offsets.square() * self.spreads.square().mul(-0.5).view(self.num_heads, 1, 1)
@@ -133,13 +105,9 @@ class QuadraticScores(nn.Module):
 
 
 class GeneralizedScores(nn.Module):
-    """Non-isotropic Gaussian scores: a centre ``mu_h`` and a 2x2 precision factor ``S_h`` per head.
-
-    ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)`` with the precision matrix ``M_h = S_h S_h^T``
-    (positive semi-definite by construction; ``S_h`` is a square root of ``Sigma_h^-1``). ``spreads`` (the
-    state-dict name kept from the released code) holds ``S_h``: larger entries make the head narrower.
-    The cross term makes it non-separable. ``init='conv'``: the first ``K*K`` heads on the kernel shifts with
-    ``S_h = sqrt(2 alpha) I`` (so ``M_h = 2 alpha I``, the isotropic head of Lemma 2).
+    """Non-isotropic Gaussian scores (App. A.1), ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)`` with
+    ``M_h = S_h S_h^T`` (positive semi-definite); ``spreads`` holds ``S_h``. The cross term makes it non-separable.
+    ``init='conv'``: ``S_h = sqrt(2 alpha) I``, the isotropic head of Lemma 2, on the kernel shifts.
     """
     separable: bool = False
 
@@ -188,18 +156,12 @@ class GeneralizedScores(nn.Module):
 
 
 class LearnedScores(nn.Module):
-    """Learned relative-position scores, no content: one table per axis and a key map per axis.
+    """Learned relative-position scores without content (Sec. 4.3), ``A_h(delta) = k_v(E_v[delta_row])_h +
+    k_u(E_u[delta_col])_h``; shifts beyond ``max_shift`` are clipped. Separable.
 
-    ``A_h(delta) = k_v(E_v[delta_row])_h + k_u(E_u[delta_col])_h``; shifts beyond ``max_shift`` are
-    clipped, so any grid size works. Separable: the row and column terms are returned apart.
-
-    ``init='conv'``: the tables and keys start random (PyTorch's defaults) and the tables are then moved by the
-    least-norm correction that makes every head's row term ``-alpha min((d - mu_h,row)^2, 4)`` (and its column
-    term likewise): head ``h`` scores like a quadratic head on its kernel shift ``mu_h`` (:func:`kernel_offsets`)
-    out to distance 2 and flat beyond, where ``e^(-4 alpha)`` is already negligible (the cap keeps the table
-    entries small enough for the optimizer to move). No entry is zeroed, so no direction of the tables or keys
-    loses its gradient. Needs ``dim >= num_heads`` (a key map of full row rank); heads after the first ``K*K``
-    keep the random init.
+    ``init='conv'``: the random tables get the least-norm correction that makes each kernel head's axis term
+    ``-alpha min((d - mu_h)^2, 4)``, a quadratic head out to distance 2 and flat beyond (the cap keeps the
+    entries small enough to train); needs ``dim >= num_heads``.
     """
     separable: bool = True
 

@@ -1,20 +1,9 @@
 """ Graph capture: the layers' plain tensor path for exporters and tracers
 
-The eager layers are written for speed: hand-written autograd Functions, products that write into
-reused buffers (``out=``) and, on the CPU, a batch split into chunks whose count Python computes from the
-batch size. None of that survives graph capture:
-
-* ``torch.export`` (and the default ``torch.onnx.export``, which is built on it) specialises the graph on
-  every Python int it computes from a shape, so a chunk count fixes the batch size;
-* the TorchScript tracer (``torch.jit.trace``, ``torch.onnx.export(..., dynamo=False)``) records products
-  written into views of a buffer (``out=``) without the write reaching the buffer: the buffer, which the
-  exporter then folds into a constant holding the example's values, becomes the result. The graph
-  silently returns the example input's attention output for every input.
-
-While a graph is being captured (:func:`is_capturing`), every layer therefore takes a plain path: whole-batch
-matrix products, out-of-place, no autograd Function and no cache. It computes the same function as the
-eager path (to float rounding). For the attention layers that plain path is the batched-heads path (see
-:func:`sa_vision.layers.attention.use_batched_heads`). Imports only torch.
+``torch.export`` specialises on every Python int computed from a shape (a chunk count fixes the batch size), and
+the TorchScript tracer loses products written with ``out=`` into reused buffers (the graph would return the
+example's output for every input). While :func:`is_capturing`, every layer takes a plain path: whole-batch
+out-of-place products, no autograd Function, no cache.
 """
 import torch
 

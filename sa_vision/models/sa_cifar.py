@@ -1,19 +1,4 @@
-""" Fully-attentional image classifiers of Cordonnier, Loukas & Jaggi
-
-Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020),
-https://arxiv.org/abs/1911.03584, original code https://github.com/epfml/attention-cnn
-
-@inproceedings{cordonnier2020relationship,
-  title={On the Relationship between Self-Attention and Convolutional Layers},
-  author={Jean-Baptiste Cordonnier and Andreas Loukas and Martin Jaggi},
-  booktitle={International Conference on Learning Representations},
-  year={2020},
-}
-
-Architecture (paper Sec. 4.1, App. A.4): 2x2 space-to-depth embedding; post-norm layers
-``Y = LN(X + Dense(Value(attention(X))))``, ``X' = LN(Y + MLP(Y))``; mean over the grid, linear classifier.
-Inside, tokens are grid-major ``h x w x B x D`` (see ``docs/attention.md``); ``forward_features`` returns NHWC.
-"""
+""" Fully-attentional classifiers of Cordonnier, Loukas & Jaggi, ICLR 2020 (https://arxiv.org/abs/1911.03584) """
 from typing import Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
@@ -49,9 +34,8 @@ __all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_ima
 def check_image_shape(x: Tensor, in_chans: int) -> None:
     """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W.
 
-    Skipped while the TorchScript tracer records (``torch.jit.trace``, ``torch.onnx.export(..., dynamo=False)``),
-    as timm's models skip what tracing cannot record: a traced graph keeps no Python branch, so the check would
-    test only the example input and warn (TracerWarning) on every trace. torch.export keeps it (as guards).
+    Skipped while the TorchScript tracer records: a traced graph keeps no Python branch (torch.export keeps
+    the check as guards).
     """
     if torch.jit.is_tracing():
         return
@@ -160,9 +144,9 @@ class SelfAttentionBlock(nn.Module):
 
 
 class SelfAttentionNet(nn.Module):
-    """Fully-attentional classifier of Cordonnier et al. with a per-layer head count.
-
-    A pruned model is the same class with fewer heads in some layers (``heads_per_layer``).
+    """Fully-attentional classifier (paper Sec. 4.1, App. A.4): a 2x2 space-to-depth embedding, post-norm
+    attention layers, the mean over the grid and a linear classifier. Tokens are grid-major ``h x w x B x D``
+    inside (``docs/attention.md``). A pruned model has fewer heads in some layers (``heads_per_layer``).
     """
 
     def __init__(
@@ -189,31 +173,15 @@ class SelfAttentionNet(nn.Module):
     ):
         """
         Args:
-            in_chans: Number of image channels.
-            num_classes: Number of classes of the classifier, 0 for none.
-            global_pool: 'avg' (mean over the grid) or '' (keep the grid).
-            embed_dim: Token width D (the head dimension too: every head attends over the raw input).
-            depth: Number of attention layers.
-            heads_per_layer: Heads in every layer (an int) or in each layer (a sequence of ``depth`` ints).
-            mlp_hidden_dim: Hidden width of the MLP.
-            attn_kind: 'quadratic', 'generalized', 'learned' or 'content' (see ``sa_vision.layers.attention``).
+            embed_dim: Token width D, also the head dimension (every head attends over the raw input).
+            heads_per_layer: Heads in every layer (an int) or in each layer (``depth`` ints).
+            attn_kind: 'quadratic', 'generalized', 'learned' or 'content' (paper Sec. 4.2-4.3).
             max_rel_shift: Largest relative shift of the learned tables; larger shifts are clipped.
             norm_eps: LayerNorm epsilon (1e-12 in the original).
-            drop_rate: Dropout before the classifier.
-            proj_drop_rate: Dropout after the attention projection and after the MLP.
-            attn_drop_rate: Dropout on the attention probabilities.
-            drop_path_rate: Stochastic depth rate (linear over layers).
-            pos_init: How the positional attention starts: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv'
-                (Theorem 1: the first K*K heads of every layer on the shifts of a K x K kernel, K = floor(sqrt(heads)),
-                the others as 'paper'; see ``sa_vision.layers.scores.kernel_offsets``). Only the initial values
-                change, never the parameters' names or shapes.
-            pos_init_alpha: Sharpness alpha (Eq. 9: score -alpha ||delta - Delta||^2) of the heads of the 'conv'
-                init; the default 6 puts >= 99 % of a head's attention on its kernel shift (Lemma 1).
-            pos_layer_group: Training switch for timm's ``train.py``: ``group_matcher`` puts the positional
-                parameters (``blocks.*.attn.position.*``) in a layer group of their own below all others, so
-                that timm's layer-wise lr decay ``--layer-decay S`` (lr_scale ``S ** (last group - group)``) trains
-                them at ``S`` x the learning rate and everything else at 1 x: the effect of ``--pos-lr-scale S``
-                of ``sa_vision.train.loop``. Changes no parameter.
+            pos_init: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv' (Theorem 1: the first K*K heads on
+                the shifts of a K x K kernel with sharpness ``pos_init_alpha``, Eq. 9); initial values only.
+            pos_layer_group: ``group_matcher`` puts the positional parameters in a group of their own below
+                all others, so that timm's ``--layer-decay S`` scales their lr by S (``docs/training.md``).
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
