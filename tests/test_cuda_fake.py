@@ -44,13 +44,14 @@ import torch.nn.functional as F
 from helpers import ALL_MODELS, SA_MODELS
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
+from timm.utils import NativeScaler
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
 from sa_vision.layers import PositionalAttention, batched_heads
 from sa_vision.layers.fused import _AttendThenProject, _HeadsLinearFunction
 from sa_vision.models import SA_MODEL_ARGS, param_groups_pos_lr
-from sa_vision.train import loop
+from sa_vision.train import loop, runtime
 from sa_vision.train.evaluation import evaluate
 
 PRECISIONS = {'float32': None, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
@@ -343,7 +344,7 @@ def test_training_step_on_fake_cuda(fake_cuda, name, precision):
     loss, backward, ``unscale_`` and clipping, not the optimizer step and the scale update.
     """
     model = small_model(name, drop_path_rate=0.1)
-    channels_last = loop.uses_channels_last(model, 'cuda')
+    channels_last = runtime.uses_channels_last(model, 'cuda')
     assert channels_last == (name not in SA_MODELS)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
@@ -358,7 +359,7 @@ def test_training_step_on_fake_cuda(fake_cuda, name, precision):
             param_group_fn=functools.partial(param_groups_pos_lr, weight_decay=1e-4, pos_lr_scale=3.0))
         scheduler, num_epochs = create_scheduler_v2(optimizer, sched='cosine', num_epochs=2, warmup_epochs=1,
                                                     step_on_epochs=False, updates_per_epoch=2)
-        scaler = torch.amp.GradScaler('cuda') if dtype == torch.float16 else None
+        scaler = NativeScaler('cuda') if dtype == torch.float16 else None
         loader = _OneBatch((torch.empty(4, 3, 32, 32), torch.zeros(4, dtype=torch.long)))
         step = functools.partial(loop.train_one_epoch, 0, model, loader, optimizer, nn.CrossEntropyLoss(),
                                  scheduler, args, 0, functools.partial(amp_context, precision), scaler, num_epochs)
@@ -371,7 +372,7 @@ def test_training_step_on_fake_cuda(fake_cuda, name, precision):
             in_scaler = [entry for entry in failure.traceback if Path(str(entry.path)).name == 'grad_scaler.py']
             assert in_scaler and '.item()' in str(in_scaler[-1].statement), 'stopped before the scaler\'s inf check'
             assert [found.device.type for found in
-                    scaler._per_optimizer_states[id(optimizer)]['found_inf_per_device'].values()] == ['cuda']
+                    scaler._scaler._per_optimizer_states[id(optimizer)]['found_inf_per_device'].values()] == ['cuda']
     for param_name, param in model.named_parameters():
         assert param.grad is not None, f'{param_name} got no gradient'
         _assert_on_cuda(param.grad, f'the gradient of {param_name}')

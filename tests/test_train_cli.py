@@ -14,7 +14,9 @@ import yaml
 
 pytest.importorskip('sklearn')
 
+from sa_vision.train import args as train_args  # noqa: E402
 from sa_vision.train import loop as training  # noqa: E402
+from sa_vision.train import runtime, state  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS_RECIPE = ROOT / 'scripts' / 'configs' / 'sa_quadratic_cifar_digits.yaml'
@@ -88,7 +90,7 @@ def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, 
 
 
 def test_resume_reports_explicit_changes_only(adamw_run):
-    args, _, _ = training._parse_run_args(['--resume', str(adamw_run), '--lr', '0.001', '--epochs', '2'])
+    args, _, _ = state.parse_run_args(['--resume', str(adamw_run), '--lr', '0.001', '--epochs', '2'])
     assert args.opt == 'adamw' and args.lr == 0.001 and args.epochs == 2
     assert args.resume_changes == {'lr': (0.005, 0.001)}  # --epochs 2 is given but equals the run's
     # parsing left the module's parser as it was: a plain command line gets the plain defaults again
@@ -104,7 +106,7 @@ def test_amp_auto_follows_the_probe(monkeypatch, tmp_path, speedup, expected):
     def probe(dtype, *size):
         calls.append((dtype, size))
         return speedup
-    monkeypatch.setattr(training, 'cpu_autocast_speedup', probe)
+    monkeypatch.setattr(runtime, 'cpu_autocast_speedup', probe)
     dtype = _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--amp', 'auto', '--device', 'cpu',
                                          '--output', tmp_path, '--experiment', 'auto'])
     assert dtype == expected
@@ -116,7 +118,7 @@ def test_amp_auto_follows_the_probe(monkeypatch, tmp_path, speedup, expected):
 
 
 def test_amp_default_stays_float32_on_cpu_and_explicit_on_is_kept(monkeypatch, tmp_path):
-    monkeypatch.setattr(training, 'cpu_autocast_speedup', lambda *a: pytest.fail('probe run without --amp auto'))
+    monkeypatch.setattr(runtime, 'cpu_autocast_speedup', lambda *a: pytest.fail('probe run without --amp auto'))
     base = ['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path]
     assert _run_until_first_train_step(base + ['--experiment', 'default']) == torch.float32
     assert _run_until_first_train_step(base + ['--experiment', 'on', '--amp']) == torch.bfloat16
@@ -125,9 +127,9 @@ def test_amp_default_stays_float32_on_cpu_and_explicit_on_is_kept(monkeypatch, t
 
 
 def test_cpu_autocast_probe_measures_a_ratio():
-    speedup = training.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2)
+    speedup = runtime.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2)
     assert 0.01 < speedup < 100
-    assert training.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2) == speedup  # cached per process
+    assert runtime.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2) == speedup  # cached per process
 
 
 # --- --torchcompile: a backend, or 'auto' decided by a probe of the training step; checkpoints stay plain ------
@@ -157,7 +159,7 @@ class _CountingCompile:
 def test_torchcompile_auto_follows_the_probe(monkeypatch, tmp_path, speedup, compiled):
     fake = _CountingCompile()
     monkeypatch.setattr(torch, 'compile', fake)
-    monkeypatch.setattr(training, 'compile_speedup', lambda *a, **k: speedup)
+    monkeypatch.setattr(runtime, 'compile_speedup', lambda *a, **k: speedup)
     training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '--torchcompile', 'auto',
                                  '--output', tmp_path, '--experiment', 'auto'])))
     assert fake.backends == ['inductor']
@@ -180,7 +182,7 @@ def test_torchcompile_auto_trains_eagerly_when_compiling_fails():
     def probe(compiled):
         raise RuntimeError('no C++ compiler found\nmore')
     model = torch.nn.Linear(2, 2)
-    trains, used, why = training.resolve_torchcompile('auto', model, probe)
+    trains, used, why = runtime.resolve_torchcompile('auto', model, probe)
     assert trains is model and used is False
     assert 'compiling failed (RuntimeError: no C++ compiler found)' in why
 
@@ -191,8 +193,8 @@ def test_compile_speedup_leaves_weights_statistics_and_rng_as_they_were():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     images, targets = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     rng = torch.get_rng_state()
-    speedup = training.compile_speedup(model, torch.compile(model, backend='eager'), images, targets,
-                                       torch.nn.functional.cross_entropy, nullcontext, rounds=1, steps=1)
+    speedup = runtime.compile_speedup(model, torch.compile(model, backend='eager'), images, targets,
+                                      torch.nn.functional.cross_entropy, nullcontext, rounds=1, steps=1)
     assert 0.01 < speedup < 100
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # running statistics included
@@ -304,7 +306,7 @@ def test_unknown_scheduler_is_one_error_line_before_anything_is_built(monkeypatc
 
 def test_scheduler_names_are_the_ones_timm_takes():
     from timm.scheduler import create_scheduler_v2
-    names = training.timm_scheduler_names()
+    names = train_args.timm_scheduler_names()
     assert {'cosine', 'step', 'multistep', 'plateau', 'none'} <= set(names)
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
     for name in names:  # every name is accepted by timm itself
@@ -458,7 +460,7 @@ def test_train_and_validate_have_the_same_threads_option(capsys):
 def test_threads_default_is_torchs_capped_at_the_cores_of_this_process(monkeypatch, tmp_path):
     from sa_vision.cli import validate
     before = torch.get_num_threads()
-    monkeypatch.setattr(training, 'TORCH_DEFAULT_THREADS', 8, raising=False)  # torch's count on a bigger machine
+    monkeypatch.setattr(runtime, 'TORCH_DEFAULT_THREADS', 8, raising=False)  # torch's count on a bigger machine
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)  # this process may use 2 cores
     try:
         torch.set_num_threads(1)
@@ -469,7 +471,7 @@ def test_threads_default_is_torchs_capped_at_the_cores_of_this_process(monkeypat
         _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path,
                                      '--experiment', 'one', '--threads', 1])
         assert torch.get_num_threads() == 1
-        monkeypatch.setattr(training, 'TORCH_DEFAULT_THREADS', 1)  # torch's own count when it is the smaller
+        monkeypatch.setattr(runtime, 'TORCH_DEFAULT_THREADS', 1)  # torch's own count when it is the smaller
         assert validate.main(['--model', 'sa_quadratic_cifar', *TINY, '--dataset', 'digits', '-b', '360']) == 0
         assert torch.get_num_threads() == 1
     finally:

@@ -14,6 +14,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sa_vision.train import loop as training
+from sa_vision.train import runtime
 
 
 class HostReads(TorchDispatchMode):
@@ -84,10 +85,11 @@ def test_train_epoch_reads_the_loss_only_at_log_lines(count_host_reads, caplog, 
 
 def test_pin_memory_defaults_to_on_with_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)  # no GPU needed to resolve the defaults
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     for device, explicit, expected in (('cuda', None, True), ('cpu', None, False), ('cuda', False, False),
                                        ('cpu', True, True)):
         args = argparse.Namespace(device=device, amp=None, pin_mem=explicit)
-        training._init_distributed(args)
+        runtime.init_distributed(args)
         assert args.pin_mem is expected, (device, explicit)
     args, _ = training._parse_args([])
     assert args.pin_mem is None and training._parse_args(['--no-pin-mem'])[0].pin_mem is False
@@ -96,9 +98,10 @@ def test_pin_memory_defaults_to_on_with_cuda(monkeypatch):
 def test_retain_freed_memory_defaults_to_on_for_the_cpu(monkeypatch):
     from sa_vision.train.checkpoint import RUNTIME_ARGS
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
     for device, explicit, expected in (('cpu', None, True), ('cuda', None, False), ('cpu', False, False)):
         args = argparse.Namespace(device=device, amp=None, pin_mem=None, retain_freed_memory=explicit)
-        training._init_distributed(args)
+        runtime.init_distributed(args)
         assert args.retain_freed_memory is expected, (device, explicit)
     assert training._parse_args(['--no-retain-freed-memory'])[0].retain_freed_memory is False
     assert 'retain_freed_memory' in RUNTIME_ARGS  # a switch of this machine's process, not of the recipe
@@ -110,13 +113,13 @@ def test_channels_last_default_follows_the_model_convolutions():
     import sa_vision  # noqa: F401
     resnet = timm.create_model('resnet18_cifar')
     sa_model = timm.create_model('sa_quadratic_cifar', embed_dim=8, depth=1, heads_per_layer=2, mlp_hidden_dim=16)
-    assert training.uses_channels_last(resnet, 'cuda')
-    assert training.uses_channels_last(resnet, torch.device('cuda:1'))
-    assert not training.uses_channels_last(resnet, 'cpu')
+    assert runtime.uses_channels_last(resnet, 'cuda')
+    assert runtime.uses_channels_last(resnet, torch.device('cuda:1'))
+    assert not runtime.uses_channels_last(resnet, 'cpu')
     # the SA models' only convolution is the 2x2 patch embedding (kernel = stride), a Linear per patch
-    assert not training.uses_channels_last(sa_model, 'cuda')
-    assert training.uses_channels_last(nn.Conv2d(3, 3, 1, stride=2), 'cuda')  # a strided 1x1 does subsample
-    assert not training.uses_channels_last(nn.Linear(3, 3), 'cuda')
+    assert not runtime.uses_channels_last(sa_model, 'cuda')
+    assert runtime.uses_channels_last(nn.Conv2d(3, 3, 1, stride=2), 'cuda')  # a strided 1x1 does subsample
+    assert not runtime.uses_channels_last(nn.Linear(3, 3), 'cuda')
 
 
 @pytest.fixture
@@ -129,11 +132,11 @@ def restore_backend_flags():
 def test_backends_are_exact_unless_asked(restore_backend_flags):
     torch.backends.cudnn.benchmark = torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
     args, _ = training._parse_args(['--device', 'cuda'])
-    training.configure_backends(args)
+    runtime.configure_backends(args)
     assert not torch.backends.cudnn.benchmark
     assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
     args, _ = training._parse_args(['--cudnn-benchmark', '--tf32'])
-    training.configure_backends(args)
+    runtime.configure_backends(args)
     assert torch.backends.cudnn.benchmark
     assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
 
@@ -148,7 +151,7 @@ def test_evaluation_reads_its_totals_once(count_host_reads, device):
 
 _FAULTS_PER_ALLOCATION = '''
 import resource, sys, torch
-from sa_vision.train.loop import retain_freed_memory
+from sa_vision.train.runtime import retain_freed_memory
 if sys.argv[1] == 'retain' and not retain_freed_memory():
     print('no-glibc')
     sys.exit()

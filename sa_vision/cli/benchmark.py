@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--retain-freed-memory', action='store_true',
                    help='keep freed memory in the process (glibc mallopt) instead of page-faulting the step\'s '
                         'large tensors in again every step, as sa-vision-train does on the CPU '
-                        '(sa_vision.train.loop.retain_freed_memory)')
+                        '(sa_vision.train.runtime.retain_freed_memory)')
     p.add_argument('--matmul-peak', action='store_true',
                    help='time the torch.mm rate (GFLOP/s) in every round, alternately with the models, in the dtype '
                         'the models compute in (the --amp-dtype with --amp, else --precision), and report training '
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
         print('--flush-denormal: this CPU does not support flushing subnormals (needs SSE3)', file=sys.stderr)
         return 2
     if args.retain_freed_memory:
-        from sa_vision.train.loop import retain_freed_memory
+        from sa_vision.train.runtime import retain_freed_memory
         if not retain_freed_memory():
             print('--retain-freed-memory: needs glibc\'s malloc; running without it', file=sys.stderr)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))

@@ -24,10 +24,11 @@ from timm.utils import ParseKwargs
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import command
+from sa_vision.train.args import add_threads_argument
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint
 from sa_vision.train.data import check_dataset, create_image_dataset, dataset_info, normalization, split_name
 from sa_vision.train.evaluation import evaluate
-from sa_vision.train.loop import add_threads_argument, apply_threads
+from sa_vision.train.runtime import apply_threads
 
 
 def model_to_evaluate(args):

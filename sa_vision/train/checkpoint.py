@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..models import SA_MODEL_ARGS
+from .args import RUNTIME_ARGS
 
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_write', 'atomic_torch_save', 'read_checkpoint',
@@ -38,17 +39,6 @@ __all__ = [
 CHECKPOINT_VERSION = 2
 PathLike = Union[str, os.PathLike]
 
-# sa-vision-train and timm train.py arguments that describe this machine or this run's files, not the training:
-# left out of published recipes (a recipe must reproduce the run anywhere and leak no local paths)
-RUNTIME_ARGS = frozenset({
-    'config', 'output', 'experiment', 'data_dir', 'data', 'resume', 'initial_checkpoint', 'no_resume_opt',
-    'rank', 'world_size', 'local_rank', 'distributed', 'device', 'device_modules', 'prefetcher', 'workers',
-    'pin_mem', 'channels_last', 'log_interval', 'recovery_interval', 'checkpoint_hist', 'export', 'target_top1',
-    'dataset_download', 'save_epoch_weights', 'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id',
-    'torchcompile', 'dist_backend', 'dist_url', 'no_ddp_bb', 'synchronize_step', 'save_images',
-    'use_multi_epochs_loader', 'cudnn_benchmark',
-    'retain_freed_memory',
-})
 # timm train.py's create_model(...) keywords and the args they come from
 _TIMM_MODEL_ARGS = (('num_classes', 'num_classes'), ('in_chans', 'in_chans'), ('drop_rate', 'drop'),
                     ('drop_path_rate', 'drop_path'), ('drop_block_rate', 'drop_block'), ('global_pool', 'gp'),
@@ -132,7 +122,8 @@ def atomic_torch_save(obj: Any, path: PathLike) -> None:
 
 
 def strip_runtime_args(args: Dict[str, Any]) -> Dict[str, Any]:
-    """The training arguments of a run without its machine, process and file fields (see RUNTIME_ARGS)."""
+    """The training arguments of a run without its machine, process, file and resolved fields
+    (:data:`sa_vision.train.args.RUNTIME_ARGS`)."""
     return {k: v for k, v in args.items() if k not in RUNTIME_ARGS}
 
 

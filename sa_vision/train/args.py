@@ -1,0 +1,256 @@
+""" The arguments of ``sa-vision-train``: timm ``train.py``'s names, built fresh by :func:`build_parser`
+
+A run's arguments fall into the groups below; every argument in none of them is a training argument, written to
+the run's ``recipe.yaml`` (``-c recipe.yaml`` repeats the run) and taken from the checkpoint by ``--resume``.
+"""
+import argparse
+import ast
+import difflib
+import functools
+import inspect
+import textwrap
+from typing import Optional, Tuple
+
+from timm.scheduler import create_scheduler_v2
+from timm.utils import ParseKwargs
+
+from ..errors import RecipeError
+from .recipes import RECIPE_DIR
+from .runtime import default_threads
+
+__all__ = [
+    'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
+    'build_parser', 'argument_names', 'add_threads_argument', 'timm_scheduler_names', 'check_scheduler',
+]
+
+# this process's and this machine's: set anew by every process, so --resume does not take them from the run
+PROCESS_ARGS = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank', 'distributed', 'device', 'pin_mem',
+                          'channels_last', 'retain_freed_memory', 'threads'})
+# this run's files and this machine's choices: resumed with the run, but no part of the recipe
+LOCAL_ARGS = frozenset({'output', 'experiment', 'data_dir', 'dataset_download', 'initial_checkpoint', 'device_modules',
+                        'workers', 'log_interval', 'save_epoch_weights', 'export', 'target_top1', 'torchcompile',
+                        'cudnn_benchmark'})
+# timm train.py's arguments of the same kinds, for the recipes of its checkpoints
+TIMM_LOCAL_ARGS = frozenset({'data', 'no_resume_opt', 'prefetcher', 'recovery_interval', 'checkpoint_hist',
+                             'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'dist_backend', 'dist_url',
+                             'no_ddp_bb', 'synchronize_step', 'save_images', 'use_multi_epochs_loader'})
+# decided on the machine that runs (args.yaml and the log say what and why), never asked for
+RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_reason', 'resume_changes'})
+# left out of published recipes: a recipe reproduces the run anywhere and leaks no local paths
+RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
+
+
+def build_config_parser() -> argparse.ArgumentParser:
+    """The parser of ``-c`` alone, read first: the recipe it names gives the defaults of :func:`build_parser`."""
+    parser = argparse.ArgumentParser(description='Training config', add_help=False)
+    parser.add_argument(
+        '-c', '--config', default='', type=str, metavar='NAME|FILE',
+        help='recipe whose values are argument defaults: the name of one shipped in the package '
+             f'(sa_vision/configs/NAME.yaml: {", ".join(sorted(p.stem for p in RECIPE_DIR.glob("*.yaml")))}) or a '
+             'YAML file, such as the recipe.yaml of a run or an export')
+    return parser
+
+
+def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
+    """The training arguments (``-c`` listed too, for ``--help``), with ``defaults`` (a recipe's, a resumed run's)
+    over the built-in ones."""
+    parser = argparse.ArgumentParser(description='Train sa_vision models with timm parts',
+                                     parents=[build_config_parser()])
+    for title, add in (('Dataset parameters', _dataset_arguments), ('Model parameters', _model_arguments),
+                       ('Optimizer parameters', _optimizer_arguments),
+                       ('Learning rate schedule parameters', _schedule_arguments),
+                       ('Augmentation and regularization parameters', _augmentation_arguments),
+                       ('Device parameters', _device_arguments), ('Miscellaneous parameters', _misc_arguments)):
+        add(parser.add_argument_group(title))
+    if defaults:
+        parser.set_defaults(**defaults)
+    return parser
+
+
+def argument_names() -> frozenset:
+    """The ``dest`` of every training argument."""
+    return frozenset(vars(build_parser().parse_args([])))
+
+
+def add_threads_argument(parser_or_group) -> None:
+    """``--threads N``, the same in every command that computes (:func:`sa_vision.train.runtime.apply_threads`)."""
+    parser_or_group.add_argument(
+        '--threads', type=int, default=None, metavar='N',
+        help=f"torch's compute threads (default: torch's own count, capped at the cores this process may run on: "
+             f"{default_threads()} here). 1 where other work keeps a core busy: waiting threads then slow every "
+             f"product down (as OMP_NUM_THREADS=1)")
+
+
+def _amp_request(value):
+    """``--amp`` value: True / False, or 'auto' (decided on the machine that runs, see resolve_amp)."""
+    if isinstance(value, bool) or value is None:
+        return value
+    text = str(value).strip().lower()
+    if text == 'auto':
+        return 'auto'
+    if text in ('1', 'true', 'on', 'yes'):
+        return True
+    if text in ('0', 'false', 'off', 'no'):
+        return False
+    raise argparse.ArgumentTypeError(f"--amp takes 'auto', 'on' or 'off', got {value!r}")
+
+
+def _torchcompile_request(value):
+    """``--torchcompile`` value: a backend name, 'auto', or None for eager ('off' / 'none', to override a recipe)."""
+    text = '' if value is None or value is False else str(value).strip()
+    if text.lower() in ('off', 'none', 'false', '0', ''):
+        return None
+    return 'auto' if text.lower() == 'auto' else text
+
+
+def _dataset_arguments(group) -> None:
+    group.add_argument('--data-dir', metavar='DIR', default=None,
+                       help='dataset root: download target of torch/ datasets or the ImageFolder (train/, validation/)')
+    group.add_argument('--dataset', metavar='NAME', default='digits',
+                       help="'digits' (offline, scikit-learn), 'fashion-mnist' (offline: Debian's "
+                            "dataset-fashion-mnist or the four IDX files in --data-dir), 'torch/cifar10', or '' for an "
+                            "ImageFolder (default: digits)")
+    group.add_argument('--train-split', metavar='NAME', default='train')
+    group.add_argument('--val-split', metavar='NAME', default='validation',
+                       help='held-out split (torch/cifar10, fashion-mnist and digits map it to their test split; an '
+                            'ImageFolder needs this subfolder)')
+    group.add_argument('--dataset-download', action='store_true', default=False,
+                       help='download torch/ datasets that are not in --data-dir')
+
+
+def _model_arguments(group) -> None:
+    group.add_argument('--model', default='sa_quadratic_cifar', type=str, metavar='MODEL')
+    group.add_argument('--pretrained', action='store_true', default=False, help='start from the published weights')
+    group.add_argument('--initial-checkpoint', default='', type=str, metavar='PATH',
+                       help='start from these weights (any checkpoint, .safetensors or Hub folder of --model; '
+                            'its stored architecture arguments are the defaults of --model-kwargs)')
+    group.add_argument('--resume', default='', type=str, metavar='PATH',
+                       help='continue the run of this checkpoint (model, optimizer, schedule, epoch, RNG)')
+    group.add_argument('--num-classes', type=int, default=None, metavar='N')
+    group.add_argument('--img-size', type=int, default=None, metavar='N', help='image size (default: the model cfg)')
+    group.add_argument('-b', '--batch-size', type=int, default=100, metavar='N', help='batch size per process')
+    group.add_argument('-vb', '--validation-batch-size', type=int, default=None, metavar='N')
+    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+                       help='architecture arguments, e.g. --model-kwargs embed_dim=64 depth=2 (update the recipe\'s)')
+    group.add_argument('--device-modules', default=None, type=str, nargs='+',
+                       help='python modules to import first (e.g. a package that registers models)')
+
+
+def _optimizer_arguments(group) -> None:
+    group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER')
+    group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON')
+    group.add_argument('--momentum', type=float, default=0.9, metavar='M')
+    group.add_argument('--weight-decay', type=float, default=1e-4)
+    group.add_argument('--pos-lr-scale', type=float, default=1.0, metavar='SCALE',
+                       help='learning-rate multiplier of the positional parameters (Gaussian centres and spreads, the '
+                            'learned kind\'s tables): their own optimizer groups follow the schedule at SCALE x lr '
+                            '(sa_vision.models.param_groups_pos_lr; default 1: one learning rate). Not a timm train.py '
+                            'argument; a resumed run keeps its checkpoint\'s scale')
+    group.add_argument('--clip-grad', type=float, default=None, metavar='NORM')
+    group.add_argument('--clip-mode', type=str, default='norm')
+
+
+def _schedule_arguments(group) -> None:
+    group.add_argument('--sched', type=str, default='cosine', metavar='SCHEDULER')
+    group.add_argument('--sched-on-updates', action=argparse.BooleanOptionalAction, default=True,
+                       help='step the schedule per iteration (default) rather than per epoch')
+    group.add_argument('--lr', type=float, default=0.1, metavar='LR')
+    group.add_argument('--warmup-lr', type=float, default=0., metavar='LR')
+    group.add_argument('--min-lr', type=float, default=0., metavar='LR')
+    group.add_argument('--epochs', type=int, default=300, metavar='N')
+    group.add_argument('--warmup-epochs', type=float, default=15, metavar='N',
+                       help='linear warm-up length in epochs (may be fractional: 5%% of all steps = 0.05 * epochs)')
+    group.add_argument('--warmup-prefix', action='store_true', default=False)
+    group.add_argument('--cooldown-epochs', type=int, default=0, metavar='N')
+    group.add_argument('--decay-milestones', default=[90, 180, 270], type=int, nargs='+', metavar='MILESTONES')
+    group.add_argument('--decay-rate', '--dr', type=float, default=0.1, metavar='RATE')
+
+
+def _augmentation_arguments(group) -> None:
+    group.add_argument('--hflip', type=float, default=0.5, help='horizontal flip probability')
+    group.add_argument('--train-crop-padding', type=int, default=4,
+                       help='zero padding before the random crop (paper App. A.4); not an argument of timm train.py')
+    group.add_argument('--smoothing', type=float, default=0., help='label smoothing')
+    group.add_argument('--drop', type=float, default=None, metavar='PCT', help='dropout before the classifier')
+    group.add_argument('--drop-path', type=float, default=None, metavar='PCT', help='stochastic depth rate')
+
+
+def _device_arguments(group) -> None:
+    group.add_argument('--device', default=None, type=str, help="'cuda', 'cpu', ... (default: cuda when present)")
+    group.add_argument('--amp', nargs='?', const=True, default=None, type=_amp_request, metavar='auto|on|off',
+                       help="autocast mixed precision: --amp (on), --no-amp (float32) or --amp auto (on with CUDA; "
+                            "on a CPU only where a short matmul probe measures --amp-dtype faster than float32, see "
+                            "cpu_autocast_speedup). Default: on with CUDA, off on a CPU. recipe.yaml keeps what was "
+                            "asked, args.yaml and the log what was used and why")
+    group.add_argument('--no-amp', dest='amp', action='store_const', const=False, help='float32 (as --amp off)')
+    group.add_argument('--torchcompile', nargs='?', const='inductor', default=None, type=_torchcompile_request,
+                       metavar='BACKEND|auto|off',
+                       help="torch.compile the training step (timm train.py's option; default backend inductor; 'off' "
+                            "trains eagerly whatever the recipe says). 'auto': "
+                            "compile with inductor and keep it only where a short probe measures the model's training "
+                            "step at least 1.1x as fast as eager on this machine (see compile_speedup); a compilation "
+                            "that fails falls back to eager. Evaluation runs eager. args.yaml and the log say what was "
+                            "used and why")
+    group.add_argument('--amp-dtype', default='bfloat16', type=str,
+                       help="'bfloat16' (default) or 'float16' (with a gradient scaler)")
+    group.add_argument('--channels-last', action=argparse.BooleanOptionalAction, default=None,
+                       help='channels-last memory layout (default: on with CUDA for models with real convolutions, '
+                            'such as resnet18_cifar; see uses_channels_last)')
+    group.add_argument('--pin-mem', action=argparse.BooleanOptionalAction, default=None,
+                       help='page-locked loader memory for faster host-to-device copies (default: on with CUDA)')
+    group.add_argument('--cudnn-benchmark', action='store_true', default=False,
+                       help='let cuDNN time its convolution algorithms and keep the fastest: faster on CUDA, but the '
+                            'choice may differ between processes, so a resumed run is no longer bit-exact')
+    group.add_argument('--tf32', action='store_true', default=False,
+                       help='TensorFloat-32 float32 matrix products and convolutions on CUDA (Ampere and later): '
+                            'faster, with a 10-bit mantissa in the products (default: off, full float32)')
+    group.add_argument('--retain-freed-memory', action=argparse.BooleanOptionalAction, default=None,
+                       help='keep the memory a step frees in the process for the next step instead of returning it to '
+                            'the kernel (glibc malloc; see retain_freed_memory). Default: on when training on the CPU')
+    group.add_argument('-j', '--workers', type=int, default=4, metavar='N', help='data loading processes')
+    add_threads_argument(group)
+
+
+def _misc_arguments(group) -> None:
+    group.add_argument('--seed', type=int, default=42, metavar='S')
+    group.add_argument('--log-interval', type=int, default=50, metavar='N', help='batches between log lines')
+    group.add_argument('--output', default='output/train', type=str, metavar='PATH', help='runs are written here')
+    group.add_argument('--experiment', default='', type=str, metavar='NAME', help='run folder name')
+    group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METRIC',
+                       help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
+    group.add_argument('--save-epoch-weights', action='store_true', default=False,
+                       help='also keep the weights of every epoch (<run>/epoch-NNN.safetensors, NNN = epochs done; '
+                            '000 = the initialisation), e.g. for the centre trajectories of sa_vision.research.plots')
+    group.add_argument('--export', action='store_true', default=False,
+                       help='after training, write a Hub folder (timm format + model card) to <run>/hub')
+    group.add_argument('--target-top1', type=float, default=None,
+                       help='exit with status 1 if the final top-1 is below this (for smoke runs)')
+
+
+@functools.lru_cache(maxsize=None)
+def timm_scheduler_names() -> Tuple[str, ...]:
+    """The ``--sched`` names timm's ``create_scheduler_v2`` takes: the strings its source compares ``sched`` with
+    (read with ``ast``, so they follow the installed timm); () where its source cannot be read."""
+    try:
+        source = textwrap.dedent(inspect.getsource(create_scheduler_v2))
+    except (OSError, TypeError):
+        return ()
+    names = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == 'sched':
+            names.update(c.value for comparator in node.comparators for c in ast.walk(comparator)
+                         if isinstance(c, ast.Constant) and isinstance(c.value, str))
+    return tuple(sorted(names))
+
+
+def check_scheduler(sched: str, sched_on_updates: bool) -> None:
+    """A :class:`RecipeError` for a ``--sched`` timm does not know (naming the ones it does) or a schedule it cannot
+    step as asked; run before anything is built, where timm would only fail at the end of the first epoch."""
+    known = timm_scheduler_names()
+    if known and sched not in known:
+        near = difflib.get_close_matches(sched, known, n=1, cutoff=0.6)
+        raise RecipeError(f'--sched {sched!r} is not a scheduler of timm' + (f' (did you mean {near[0]!r}?)' if near
+                          else '') + f'; timm\'s schedulers are {", ".join(known)}')
+    if sched == 'plateau' and sched_on_updates:
+        raise RecipeError("--sched plateau lowers the lr when the evaluation metric stops improving, once per epoch: "
+                          "add --no-sched-on-updates (the recipe's sched_on_updates: false)")

@@ -1,0 +1,265 @@
+""" The machine a run trains on: threads, devices and DDP, backend switches, allocator, AMP and compile probes
+
+What is decided here depends on the machine and the process, not on the recipe: these arguments are the
+``PROCESS_ARGS`` and ``RESOLVED_ARGS`` of :mod:`sa_vision.train.args`. Measurements: docs/performance.md.
+"""
+import ctypes
+import ctypes.util
+import functools
+import os
+import statistics
+import time
+from datetime import timedelta
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from timm.utils import init_distributed_device, random_seed
+
+__all__ = [
+    'TORCH_DEFAULT_THREADS', 'available_cores', 'default_threads', 'apply_threads', 'init_distributed',
+    'configure_backends', 'retain_freed_memory', 'uses_channels_last', 'seed_epoch', 'synchronize',
+    'format_duration', 'CPU_AUTOCAST_MIN_SPEEDUP', 'cpu_autocast_speedup', 'probe_size', 'resolve_amp',
+    'COMPILE_MIN_SPEEDUP', 'compile_speedup', 'probe_compile', 'resolve_torchcompile',
+]
+
+# read before any command changes it: the default of --threads is this, capped at this process's cores
+TORCH_DEFAULT_THREADS = torch.get_num_threads()
+
+
+def available_cores() -> int:
+    """The CPU cores this process may run on (its affinity mask, which a container or ``taskset`` narrows)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_threads() -> int:
+    """torch's own thread count, capped at :func:`available_cores`: torch counts the machine's cores, and threads
+    beyond this process's cores only wait for each other."""
+    return max(1, min(TORCH_DEFAULT_THREADS, available_cores()))
+
+
+def apply_threads(args) -> int:
+    """``torch.set_num_threads`` to ``args.threads``, or :func:`default_threads` when not given; returns the count."""
+    threads = args.threads or default_threads()
+    torch.set_num_threads(threads)
+    return threads
+
+
+def init_distributed(args) -> None:
+    """Set ``args.device``, ``rank``, ``world_size``, ``distributed`` (DDP under torchrun: nccl with CUDA, gloo on
+    a CPU) and the device-dependent defaults of ``--pin-mem`` and ``--retain-freed-memory``."""
+    args.device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    init_distributed_device(args)
+    on_cuda = torch.device(args.device).type == 'cuda'
+    args.pin_mem = on_cuda if args.pin_mem is None else args.pin_mem
+    retain = getattr(args, 'retain_freed_memory', None)
+    args.retain_freed_memory = (not on_cuda) if retain is None else retain
+
+
+def configure_backends(args) -> None:
+    """The process-wide cuDNN / TF32 switches, all off unless asked for.
+
+    ``cudnn.benchmark`` times convolution algorithms, so a run and its resume may round differently; off, a resumed
+    run repeats an uninterrupted one bit for bit. PyTorch allows TF32 convolutions by default: off here too, so
+    float32 means float32.
+    """
+    torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
+    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
+    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters of glibc's malloc.h
+
+
+def retain_freed_memory() -> bool:
+    """Keep the memory PyTorch frees on the CPU in the process instead of returning it to the kernel (glibc only).
+
+    glibc serves a block above its mmap threshold with a fresh ``mmap`` and unmaps it on ``free``, so a step that
+    frees and reallocates the same large tensors faults all their pages in again every step (docs/performance.md).
+    Setting both thresholds keeps freed blocks in the heap for the next step; the process then keeps its peak
+    memory until it exits. Returns False, changing nothing, where the C library is not glibc.
+    """
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
+        mallopt = libc.mallopt
+        _ = libc.gnu_get_libc_version  # other C libraries number mallopt's parameters differently
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    # glibc before 2.35 refuses more than 32 MiB, still above the tensors a step of the narrow model frees
+    mmapped = mallopt(_M_MMAP_THRESHOLD, 2 ** 30) or mallopt(_M_MMAP_THRESHOLD, 2 ** 25)
+    return bool(mmapped and mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1))
+
+
+def uses_channels_last(model: nn.Module, device) -> bool:
+    """Default of ``--channels-last``: on CUDA, for models with a real convolution.
+
+    A convolution whose kernel equals its stride (the SA models' 2x2 patch embedding) is a Linear layer per patch:
+    a model with no other convolution gains nothing from cuDNN's channels-last kernels and pays for the copies.
+    """
+    if torch.device(device).type != 'cuda':
+        return False
+    return any(isinstance(m, nn.Conv2d) and tuple(m.kernel_size) != tuple(m.stride) for m in model.modules())
+
+
+def seed_epoch(seed: int, epoch: int, rank: int) -> None:
+    """Reseed every RNG from (seed, epoch, rank), so that resuming at an epoch boundary repeats an uninterrupted
+    run exactly."""
+    random_seed((seed + 1000003 * epoch + 7919 * rank) % 2 ** 32)  # numpy takes seeds below 2**32
+
+
+def synchronize(device) -> None:
+    """Wait for the device's queued work (a no-op off CUDA): before reading a clock."""
+    device = torch.device(device)
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def format_duration(seconds: float) -> str:
+    """``2.5 s`` below a minute, else H:MM:SS (whole seconds)."""
+    return f'{seconds:.1f} s' if seconds < 60 else str(timedelta(seconds=int(seconds)))
+
+
+# --amp auto turns bf16 on on a CPU only from this probe speed-up: the matmuls are most but not all of a step
+CPU_AUTOCAST_MIN_SPEEDUP = 1.3
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_autocast_speedup(dtype: torch.dtype = torch.bfloat16, m: int = 1024, k: int = 512, n: int = 512,
+                         repeats: int = 5) -> float:
+    """How many times faster an (m x k) @ (k x n) matrix product runs on this CPU in ``dtype`` than in float32.
+
+    Measured, not read from CPU flags: a flag says an instruction exists, not that PyTorch's kernels use it well.
+    Best of ``repeats`` after a warm-up, at the current thread count; cached per process.
+    """
+    gen = torch.Generator().manual_seed(0)
+    a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
+
+    def best_time(x, y):
+        torch.mm(x, y)  # first-call allocations and kernel selection
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            torch.mm(x, y)
+            times.append(time.perf_counter() - start)
+        return min(times)
+    return best_time(a, b) / best_time(a.to(dtype), b.to(dtype))
+
+
+def probe_size(model: nn.Module, batch_size: int):
+    """(m, k, n) of a matrix product like the model's widest Linear layer at this batch size (capped for speed)."""
+    linears = [mod for mod in model.modules() if isinstance(mod, nn.Linear)]
+    if not linears:
+        return 1024, 512, 512
+    widest = max(linears, key=lambda mod: mod.in_features * mod.out_features)
+    return min(max(batch_size, 1) * 64, 4096), max(widest.in_features, 64), max(widest.out_features, 64)
+
+
+def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024, 512, 512)):
+    """(autocast on?, why) for the ``--amp`` value ``requested``: True, False, None (default) or 'auto'.
+
+    None: on with CUDA, off elsewhere. 'auto': on with CUDA; on a CPU where :func:`cpu_autocast_speedup` reaches
+    ``CPU_AUTOCAST_MIN_SPEEDUP``; off on other devices.
+    """
+    device_type = torch.device(device).type
+    if requested is True or requested is False:
+        return requested, f'--amp {"on" if requested else "off"} asked for'
+    if device_type == 'cuda':
+        return True, f'--amp {requested or "default"}: on with CUDA'
+    if requested is None:
+        return False, f'--amp default: off on {device_type} (--amp auto measures whether {amp_dtype} pays here)'
+    if device_type != 'cpu':
+        return False, f'--amp auto: off on {device_type}'
+    speedup = cpu_autocast_speedup(getattr(torch, amp_dtype), *probe_size)
+    m, k, n = probe_size
+    verdict = 'on' if speedup >= CPU_AUTOCAST_MIN_SPEEDUP else 'off'
+    return verdict == 'on', (f'--amp auto: {verdict}, a {m}x{k} @ {k}x{n} matrix product runs {speedup:.2f}x as fast '
+                             f'in {amp_dtype} as in float32 on this CPU (on from {CPU_AUTOCAST_MIN_SPEEDUP}x)')
+
+
+# --torchcompile auto keeps the compiled step only from this speed-up: less is within a shared machine's noise,
+# and compiled code is harder to debug and profile
+COMPILE_MIN_SPEEDUP = 1.1
+
+
+def compile_speedup(model: nn.Module, compiled: Callable, images: torch.Tensor, targets: torch.Tensor,
+                    loss_fn: Callable, amp_ctx: Callable, rounds: int = 3, steps: int = 2) -> float:
+    """How many times faster ``compiled`` runs a training forward and backward than ``model`` (eager).
+
+    Measured on the machine that trains: the answer differs between CPUs (docs/performance.md). After the warm-up
+    (which compiles), eager and compiled are timed alternately, ``steps`` each; the median of ``rounds`` ratios is
+    returned. Weights, buffers, gradients and RNG state are restored afterwards. Raises what compilation raises.
+    """
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    rng_state = torch.get_rng_state()
+    cuda_rng_states = torch.cuda.get_rng_state_all() if images.device.type == 'cuda' else None
+
+    def step(fn):
+        with amp_ctx():
+            loss = loss_fn(fn(images), targets)
+        loss.backward()
+
+    def timed(fn) -> float:
+        synchronize(images.device)
+        start = time.perf_counter()
+        for _ in range(steps):
+            step(fn)
+        synchronize(images.device)
+        return time.perf_counter() - start
+
+    model.train()
+    try:
+        for fn in (model, compiled, compiled):  # the first compiled step compiles forward and backward
+            step(fn)
+        return statistics.median(timed(model) / timed(compiled) for _ in range(rounds))
+    finally:
+        model.load_state_dict(state)
+        for p in model.parameters():
+            p.grad = None
+        torch.set_rng_state(rng_state)
+        if cuda_rng_states is not None:
+            torch.cuda.set_rng_state_all(cuda_rng_states)
+
+
+def probe_compile(model: nn.Module, args, input_size, loss_fn, amp_ctx, compiled) -> float:
+    """:func:`compile_speedup` on a random batch of the run's shape; every rank probes (DDP's collectives need
+    them all) and rank 0's figure decides."""
+    gen = torch.Generator().manual_seed(0)
+    images = torch.randn(args.batch_size, *input_size, generator=gen).to(args.device)
+    if args.channels_last:
+        images = images.contiguous(memory_format=torch.channels_last)
+    num_classes = getattr(model.module if args.distributed else model, 'num_classes', 1) or 1
+    targets = torch.randint(0, num_classes, (args.batch_size,), generator=gen).to(args.device)
+    speedup = compile_speedup(model, compiled, images, targets, loss_fn, amp_ctx)
+    if args.distributed:
+        shared = [speedup]
+        dist.broadcast_object_list(shared, src=0)
+        speedup = shared[0]
+    return speedup
+
+
+def resolve_torchcompile(requested: Optional[str], model: nn.Module, probe: Callable[[Callable], float]):
+    """(the callable that trains, backend used or False, why) for the ``--torchcompile`` value ``requested``.
+
+    None: eager. A backend name: ``torch.compile(model, backend=requested)``. 'auto': inductor if ``probe(compiled)``
+    reaches ``COMPILE_MIN_SPEEDUP``, else eager, also when compiling fails.
+    """
+    if not requested:
+        return model, False, 'eager (no --torchcompile)'
+    if requested != 'auto':
+        return torch.compile(model, backend=requested), requested, f'--torchcompile {requested} asked for'
+    compiled = torch.compile(model, backend='inductor')
+    try:
+        speedup = probe(compiled)
+    except Exception as e:  # noqa: BLE001 -- whatever stops compilation, 'auto' trains eagerly and says why
+        torch.compiler.reset()
+        first_line = (str(e).strip().splitlines() or [''])[0][:200]
+        return model, False, f'--torchcompile auto: eager, compiling failed ({type(e).__name__}: {first_line})'
+    verdict = speedup >= COMPILE_MIN_SPEEDUP
+    return (compiled if verdict else model), ('inductor' if verdict else False), (
+        f'--torchcompile auto: {"compiled (inductor)" if verdict else "eager"}, the compiled training step ran '
+        f'{speedup:.2f}x as fast as eager in a probe on this machine (compiled from {COMPILE_MIN_SPEEDUP}x)')

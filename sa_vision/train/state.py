@@ -1,0 +1,209 @@
+""" A run's state: its arguments (recipe, resumed run, command line), its model's arguments and initial weights,
+the checkpoint it writes every epoch and what ``--resume`` restores from it """
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Callable, Optional, Tuple
+
+import torch.nn as nn
+import yaml
+
+from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, build_parser
+from .checkpoint import (
+    CHECKPOINT_VERSION,
+    Checkpoint,
+    CheckpointError,
+    atomic_write,
+    plain_data,
+    read_checkpoint,
+    strip_runtime_args,
+)
+from .recipes import check_recipe_keys, load_recipe
+
+__all__ = ['parse_run_args', 'plain_args', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
+           'checkpoint_dict', 'write_run_files', 'save_epoch_weights']
+
+Log = Callable[[str], None]
+
+
+def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkpoint]]:
+    """(args, recipe, resume checkpoint or None) of a command line.
+
+    Defaults, lowest first: the parser's, the recipe's (``-c``), and with ``--resume`` the arguments the run was
+    started with, so a resumed run continues as configured. The command line wins over all; with ``--resume``, what
+    it changes from the run is in ``args.resume_changes``.
+    """
+    config, remaining = build_config_parser().parse_known_args(argv)
+    known = argument_names()
+    recipe = {}
+    if config.config:
+        recipe = load_recipe(config.config)
+        ignored = check_recipe_keys(recipe, known, source=f'recipe {config.config}')
+        if ignored:
+            print(f'note: recipe keys that only timm\'s train.py reads, ignored here: {ignored}', file=sys.stderr)
+    defaults = {k: v for k, v in recipe.items() if k in known}
+    resume_ckpt, run_args = None, {}
+    resume = _resume_path(remaining)
+    if resume:
+        resume_ckpt = read_checkpoint(resume)
+        if resume_ckpt.format != 'sa_vision' or 'optimizer' not in resume_ckpt.meta:
+            raise CheckpointError(f'{resume} is a {resume_ckpt.format} checkpoint without the run state of '
+                                  f'sa-vision-train; --resume continues runs of this script. To start from its '
+                                  f'weights use --initial-checkpoint')
+        run_args = {k: v for k, v in _saved_run_args(resume_ckpt, resume).items()
+                    if k in known and k not in PROCESS_ARGS}
+        defaults.update(run_args)
+    args = build_parser(defaults).parse_args(remaining)
+    # command-line --model-kwargs update the recipe's dict instead of replacing it
+    args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
+    args.config = config.config
+    # what the run had as defaults comes back unchanged: a difference was given on the command line
+    args.resume_changes = {k: (v, plain_data(getattr(args, k))) for k, v in sorted(run_args.items())
+                           if k != 'model_kwargs' and plain_data(getattr(args, k)) != v}
+    return args, recipe, resume_ckpt
+
+
+def _resume_path(argv) -> str:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument('--resume', default='')
+    return parser.parse_known_args(argv)[0].resume
+
+
+def _saved_run_args(ckpt: Checkpoint, path) -> dict:
+    """The arguments a run was started with: its checkpoint's, else the ``args.yaml`` beside it."""
+    saved = ckpt.meta.get('args')
+    if not saved:
+        args_file = Path(path).resolve().parent / 'args.yaml'
+        if not args_file.is_file():
+            raise CheckpointError(f'{path} holds no training arguments and there is no args.yaml beside it: '
+                                  f'--resume cannot tell how the run was configured')
+        with open(args_file) as f:
+            saved = yaml.safe_load(f) or {}
+    return {k: v for k, v in saved.items() if k not in RESOLVED_ARGS}
+
+
+def plain_args(args) -> dict:
+    """The arguments as plain YAML / ``weights_only``-safe values."""
+    return plain_data(dict(sorted(vars(args).items())))
+
+
+def run_recipe(args) -> dict:
+    """The run's recipe.yaml: the training arguments as asked (``amp: auto`` stays 'auto'), and the weights a
+    fine-tune started from (without them ``-c recipe.yaml`` would train from scratch)."""
+    recipe = strip_runtime_args(plain_args(args))
+    if args.initial_checkpoint:
+        recipe['initial_checkpoint'] = str(args.initial_checkpoint)
+    return recipe
+
+
+def resolve_model_args(args, resume_ckpt: Optional[Checkpoint], log: Log) -> Optional[Checkpoint]:
+    """Set ``args.model_kwargs`` to everything ``create_model`` gets (saved in checkpoints and the recipe); returns
+    the ``--initial-checkpoint`` to load, if any. A resumed run keeps its model and its optimizer groups."""
+    if resume_ckpt is None:
+        initial = read_checkpoint(args.initial_checkpoint, arch=args.model) if args.initial_checkpoint else None
+        model_kwargs = dict(initial.model_args) if initial else {}  # e.g. the heads a pruning kept
+        model_kwargs.update(args.model_kwargs)
+        for key, value in (('num_classes', args.num_classes), ('drop_rate', args.drop),
+                           ('drop_path_rate', args.drop_path)):
+            if value is not None:
+                model_kwargs[key] = value
+        args.model_kwargs = model_kwargs
+        return initial
+    if args.resume_changes:
+        log('resuming with changed arguments: ' + ', '.join(
+            f'{k} {old!r} -> {new!r}' for k, (old, new) in args.resume_changes.items()))
+    if args.config:
+        log(f'resuming: the run\'s own arguments take precedence over -c {args.config}')
+    if resume_ckpt.arch != args.model:
+        log(f'resuming {resume_ckpt.arch} from {args.resume} (ignoring --model {args.model})')
+    args.model = resume_ckpt.arch
+    args.model_kwargs = dict(resume_ckpt.model_args)
+    # the positional groups and their lr_scale are in the saved optimizer state
+    saved_scale = (resume_ckpt.meta.get('args') or {}).get('pos_lr_scale', 1.0)
+    if saved_scale != args.pos_lr_scale:
+        log(f'resuming with the run\'s --pos-lr-scale {saved_scale} (ignoring {args.pos_lr_scale})')
+    args.pos_lr_scale = saved_scale
+    return None
+
+
+def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log) -> None:
+    """Load ``--initial-checkpoint`` into ``model``; with another ``--num-classes``, all but the classifier, which
+    keeps its initialisation (as timm does for pretrained weights)."""
+    state_dict, model_kwargs = dict(initial.state_dict), args.model_kwargs
+    stored_classes = initial.model_args.get('num_classes')
+    classifier = (getattr(model, 'pretrained_cfg', None) or {}).get('classifier')
+    if stored_classes is not None and stored_classes != model_kwargs.get('num_classes', stored_classes) and classifier:
+        dropped = [k for k in state_dict if k.startswith(classifier + '.')]
+        for key in dropped:
+            del state_dict[key]
+        log(f'--num-classes {model_kwargs["num_classes"]}: {args.initial_checkpoint} was trained for '
+            f'{stored_classes} classes; its classifier ({", ".join(dropped)}) is left out and trained from its '
+            f'initialisation')
+        model_keys = {k for k in model.state_dict() if k.startswith(classifier + '.')}
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        if set(missing) - model_keys or unexpected:
+            raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}({model_kwargs}) '
+                                  f'beyond the classifier: missing {sorted(set(missing) - model_keys)[:5]}, '
+                                  f'unexpected {sorted(unexpected)[:5]}')
+        return
+    try:
+        model.load_state_dict(state_dict)
+    except RuntimeError as e:
+        first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
+        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}({model_kwargs}): '
+                              f'{first}. Drop the --model-kwargs that change the architecture') from None
+
+
+def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler):
+    """Load a run's state for ``--resume``; returns (epochs done, updates done, history, best)."""
+    meta = resume_ckpt.meta
+    model.load_state_dict(resume_ckpt.state_dict)
+    optimizer.load_state_dict(meta['optimizer'])
+    if lr_scheduler is not None:
+        lr_scheduler.load_state_dict(meta['scheduler'])
+    if loss_scaler is not None and meta.get('loss_scaler'):
+        loss_scaler.load_state_dict(meta['loss_scaler'])
+    return meta['epoch'], meta['num_updates'], list(meta.get('history', [])), meta.get('best')
+
+
+def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs_done: int, num_epochs: int,
+                    num_updates: int, data_config: dict, metrics: dict, history: list, best: dict) -> dict:
+    """What ``last.pth.tar`` holds: the model with its arguments, and everything ``--resume`` needs."""
+    return {
+        'version': CHECKPOINT_VERSION,
+        'arch': args.model,
+        'model_args': dict(args.model_kwargs),
+        'state_dict': model.state_dict(),
+        'optimizer': optimizer.state_dict(),
+        'scheduler': lr_scheduler.state_dict() if lr_scheduler is not None else None,
+        'epoch': epochs_done,
+        'num_epochs': num_epochs,
+        'num_updates': num_updates,
+        'loss_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
+        'args': plain_args(args),
+        'recipe': run_recipe(args),
+        'data_config': data_config,
+        'metrics': metrics,
+        'history': history,
+        'best': best,
+        'dataset': args.dataset,
+    }
+
+
+def write_run_files(args, run_dir: Path) -> None:
+    """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / 'args.yaml', 'w') as f:
+        yaml.safe_dump(plain_args(args), f, sort_keys=False)
+    with open(run_dir / 'recipe.yaml', 'w') as f:
+        yaml.safe_dump(run_recipe(args), f, sort_keys=False)
+
+
+def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) -> None:
+    """The weights after ``epochs_done`` epochs, with arch / model_args in the safetensors metadata."""
+    from safetensors.torch import save_file
+    state_dict = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    metadata = {'arch': args.model, 'model_args': json.dumps(plain_data(args.model_kwargs))}
+    with atomic_write(run_dir / f'epoch-{epochs_done:03d}.safetensors') as tmp:
+        save_file(state_dict, str(tmp), metadata=metadata)
