@@ -39,6 +39,7 @@ from .research.pruning import PRUNED_ARCH
 from .train.checkpoint import atomic_write, plain_data, read_checkpoint
 from .train.data import dataset_info
 from .train.recipes import load_recipe
+from .train.runtime import format_duration
 
 __all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction',
            'evaluate_on_test_split', 'draw_figures', 'check_kept_models', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE']
@@ -615,14 +616,13 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _duration(minutes: float) -> str:
-    """A training time for the table: seconds below a minute (a tiny run would read 0.0 min), else minutes."""
-    return f'{minutes * 60:.1f} s' if minutes < 1 else f'{minutes:.1f} min'
+    return format_duration(minutes * 60)
 
 
 def _training_script_keys() -> frozenset:
-    """The argument names of ``sa_vision.train.loop`` (the stages run it in a subprocess; only its parser is read)."""
-    from .train.loop import parser
-    return frozenset(action.dest for action in parser._actions)
+    """The argument names of ``sa-vision-train`` (the stages run it in a subprocess; only its parser is read)."""
+    from .train.args import argument_names
+    return argument_names()
 
 
 def _write_csv_atomic(path: Path, columns, rows: List[Dict[str, Any]]) -> None:

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..train.runtime import synchronize
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory, _peak_memory, _tensor_bytes
 
@@ -44,11 +45,11 @@ def matmul_rate(
         torch.mm(a, b, out=out)
     rates = []
     for _ in range(runs):
-        _sync(device)
+        synchronize(device)
         t0 = time.perf_counter()
         for _ in range(iters):
             torch.mm(a, b, out=out)
-        _sync(device)
+        synchronize(device)
         rates.append(2.0 * n ** 3 * iters / (time.perf_counter() - t0) / 1e9)
     return statistics.median(rates)
 
@@ -71,11 +72,6 @@ def compute_dtype(precision: str = 'float32', amp: bool = False, amp_dtype: str 
     if names not in DTYPES:
         raise UserError(f'unknown dtype {names!r}; use one of {sorted(DTYPES)}')
     return DTYPES[names]
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
 
 
 def paper_model_like(model_name: str, model: nn.Module) -> nn.Module:
@@ -227,11 +223,11 @@ class _Runner:
             self.infer_fn(self.x)
 
     def time(self, fn: Callable[[], None], iters: int) -> float:
-        _sync(self.device)
+        synchronize(self.device)
         t0 = time.perf_counter()
         for _ in range(iters):
             fn()
-        _sync(self.device)
+        synchronize(self.device)
         return self.batch_size * iters / (time.perf_counter() - t0)
 
     def peak(self, fn: Callable[[], None]) -> int:
@@ -364,7 +360,7 @@ def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32
         activities.append(ProfilerActivity.CUDA)
     with profile(activities=activities) as prof:
         runner.train_step()
-        _sync(device)
+        synchronize(device)
     sort_by = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
     return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
 
