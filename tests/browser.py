@@ -11,6 +11,7 @@ import time
 from typing import List, Optional
 
 import pytest
+from helpers import HANG_TIMEOUT_S
 
 CHROMIUM = shutil.which('chromium') or shutil.which('chromium-browser') or shutil.which('google-chrome')
 CHROMEDRIVER = shutil.which('chromedriver')
@@ -49,7 +50,7 @@ def chromium_driver():
     return webdriver.Chrome(options=options, service=Service(executable_path=CHROMEDRIVER))
 
 
-def open_page(driver, path, timeout: float = 120.0) -> None:
+def open_page(driver, path, timeout: float = HANG_TIMEOUT_S) -> None:
     """Open ``path`` from file:// and wait until the page says it is ready (an error on the page ends the wait)."""
     driver.get(f'file://{os.path.abspath(path)}')
     deadline = time.monotonic() + timeout

@@ -1,4 +1,5 @@
-""" What several test modules share: the model lists (derived from the registry) and float32 on a GPU """
+""" What several test modules share: the model lists (derived from the registry), float32 on a GPU and the hang limit
+"""
 import contextlib
 from typing import Iterator
 
@@ -6,6 +7,11 @@ import torch
 
 from sa_vision.models import SA_MODEL_ARGS
 from sa_vision.paper import PAPER_RESULTS
+
+# the wall-clock limit of every subprocess a test runs (subprocess.run, Popen.wait) and of the browser's page load:
+# it only catches hangs and is no speed check. A test's speed depends on how busy the machine is (two shared cores,
+# nice 19 beside a training run); what a test asserts never does, so this is many times the longest run's time.
+HANG_TIMEOUT_S = 1800
 
 SA_MODELS = tuple(SA_MODEL_ARGS)  # every registered attention model
 ALL_MODELS = SA_MODELS + ('resnet18_cifar',)

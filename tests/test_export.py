@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import timm
 import torch
-from helpers import ALL_MODELS, GAUSSIAN_MODELS, SA_MODELS
+from helpers import ALL_MODELS, GAUSSIAN_MODELS, HANG_TIMEOUT_S, SA_MODELS
 from torch.export import Dim
 
 import sa_vision  # noqa: F401  (registers the models)
@@ -210,7 +210,7 @@ def test_run_timm_runs_a_script_with_the_models_registered(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
     proc = subprocess.run(
         [sys.executable, '-m', 'sa_vision.train.run_timm', str(script), '--model', 'sa_quadratic_cifar', '-b', '4'],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=HANG_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert 'registered True' in lines
@@ -221,7 +221,7 @@ def test_run_timm_names_a_missing_script(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get('PYTHONPATH', '')]))
     missing = tmp_path / 'nowhere' / 'validate.py'
     proc = subprocess.run([sys.executable, '-m', 'sa_vision.train.run_timm', str(missing), '--model', 'x'],
-                          capture_output=True, text=True, env=env, timeout=120)
+                          capture_output=True, text=True, env=env, timeout=HANG_TIMEOUT_S)
     assert proc.returncode == 2
     assert str(missing) in proc.stderr and 'does not exist' in proc.stderr
     assert 'Traceback' not in proc.stderr

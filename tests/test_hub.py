@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import HANG_TIMEOUT_S
 
 pytest.importorskip('sklearn')
 
@@ -42,7 +43,7 @@ def _env():
 
 def _train(out, *args):
     cmd = [sys.executable, str(ROOT / 'scripts' / 'train.py'), *map(str, args), '--output', str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -174,7 +175,7 @@ def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, t
     """)
     env = dict(_env(), HF_HUB_CACHE=str(cache), HF_HUB_OFFLINE='1')
     proc = subprocess.run([sys.executable, '-c', script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=HANG_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = torch.load(tmp_path / 'out.pt', weights_only=True)
     for source in ('hf-hub', 'local-dir'):

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import HANG_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 MARKER = 'Marker line written into the installed card template by test_installed_package.'
@@ -36,7 +37,8 @@ def test_installed_copy_trains_a_recipe_and_renders_its_packaged_card(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ('PYTHONPATH', 'PYTHONHOME')}
     proc = subprocess.run(
         [sys.executable, '-m', 'pip', 'install', '--no-deps', '--no-build-isolation', '--no-index', '--quiet',
-         '--target', str(site), str(src)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+         '--target', str(site), str(src)],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     package = site / 'sa_vision'
     assert not package.is_symlink() and (package / 'configs' / 'sa_quadratic_cifar_digits.yaml').is_file()
@@ -50,13 +52,13 @@ def test_installed_copy_trains_a_recipe_and_renders_its_packaged_card(tmp_path):
 
     env = dict(env, PYTHONPATH=str(site), OMP_NUM_THREADS='1', HF_HUB_OFFLINE='1')
     where = subprocess.run([sys.executable, '-c', 'import sa_vision; print(sa_vision.__file__)'], cwd=tmp_path, env=env,
-                           capture_output=True, text=True, timeout=120)
+                           capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert where.stdout.strip() == str(package / '__init__.py'), where.stdout + where.stderr  # not the checkout
     run = subprocess.run(
         [sys.executable, '-m', 'sa_vision.cli.train', '-c', 'sa_quadratic_cifar_digits', '--epochs', '1',
          '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
          '--experiment', 'run', '--output', str(out), '--export'],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     readme = (out / 'run' / 'hub' / 'README.md').read_text(encoding='utf-8')
     assert MARKER in readme

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import PAPER_TABLE_MODELS
+from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS
 
 pytest.importorskip('sklearn')
 
@@ -24,7 +24,7 @@ def _env():
 
 def _reproduce(out, *extra, check=True):
     proc = subprocess.run([sys.executable, str(REPRODUCE), '--profile', 'tiny', '--out', str(out), *extra],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     log = proc.stdout + proc.stderr
     if check:
         assert proc.returncode == 0, log[-4000:]
@@ -43,7 +43,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
         if in_second_stage and line.startswith('Saved checkpoint epoch 1/2'):
             proc.send_signal(signal.SIGKILL)
             break
-    proc.wait(timeout=60)
+    proc.wait(timeout=HANG_TIMEOUT_S)
     first = out / 'runs' / 'sa_quadratic_cifar' / 'last.pth.tar'
     first_mtime = first.stat().st_mtime_ns
     killed = torch.load(out / 'runs' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
@@ -59,7 +59,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     # run of the same recipe ends (a resume that restarted from fresh weights or a fresh optimizer does not)
     subprocess.run([sys.executable, '-m', 'sa_vision.cli.train', '-c', str(out / 'recipes' / 'sa_gen_cifar.yaml'),
                     '--output', str(tmp_path / 'uninterrupted'), '--experiment', 'sa_gen_cifar'],
-                   cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=600)
+                   cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=HANG_TIMEOUT_S)
     reference = torch.load(tmp_path / 'uninterrupted' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
     resumed = torch.load(out / 'runs' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
     assert resumed['epoch'] == reference['epoch'] == 2
@@ -306,7 +306,7 @@ def test_ablation_table_reads_each_variant_run(tmp_path, monkeypatch):
 
 def _check(zoo, table):
     return subprocess.run([sys.executable, '-m', 'sa_vision.cli.reproduce', '--check', str(zoo), '--table', str(table)],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
 
 
 def _keep_check_and_draw_the_zoo(out, tmp_path):

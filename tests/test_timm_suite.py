@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import timm
-from helpers import ALL_MODELS
+from helpers import ALL_MODELS, HANG_TIMEOUT_S
 
 OUR_MODELS = ALL_MODELS
 # test_model_load_pretrained / test_model_features_pretrained fetch weights from the Hub
@@ -32,7 +32,7 @@ def timm_tests_folder() -> Path:
         subprocess.run(
             [sys.executable, '-m', 'pip', 'download', '--quiet', '--no-deps', '--no-binary', ':all:',
              f'timm=={timm.__version__}', '-d', download_dir],
-            check=True, timeout=600)
+            check=True, timeout=HANG_TIMEOUT_S)
         sdist = next(Path(download_dir).glob('timm-*.tar.gz'))
         with tarfile.open(sdist) as tar:
             members = [m for m in tar.getmembers() if re.match(r'[^/]+/tests/[^/]+$', m.name) and m.isfile()]
@@ -49,7 +49,7 @@ def test_timm_model_suite_passes_for_our_models():
     result = subprocess.run(
         [sys.executable, '-m', 'pytest', '-p', 'sa_vision', 'tests/test_models.py', '-k', selection,
          '-q', '-rs', '-p', 'no:cacheprovider'],
-        cwd=folder, env=dict(os.environ, HF_HUB_OFFLINE='1'), capture_output=True, text=True, timeout=1500)
+        cwd=folder, env=dict(os.environ, HF_HUB_OFFLINE='1'), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     summary = result.stdout.strip().splitlines()[-1] if result.stdout.strip() else result.stderr[-2000:]
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     passed = int(re.search(r'(\d+) passed', summary).group(1))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import HANG_TIMEOUT_S
 
 pytest.importorskip('sklearn')
 
@@ -25,7 +26,7 @@ def _env(threads: int = 1):
     return dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
 
 
-def run_train(args, threads=1, timeout=600):
+def run_train(args, threads=1, timeout=HANG_TIMEOUT_S):
     proc = subprocess.run([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, env=_env(threads),
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -65,7 +66,7 @@ def train_killed_after_first_epoch(args) -> None:
         if line.startswith('Saved checkpoint epoch 1/'):
             proc.send_signal(signal.SIGKILL)
             break
-    proc.wait(timeout=60)
+    proc.wait(timeout=HANG_TIMEOUT_S)
     assert proc.returncode == -signal.SIGKILL, 'the run ended before it was killed'
 
 
@@ -108,7 +109,8 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     cmd = [torchrun] if torchrun else [sys.executable, '-m', 'torch.distributed.run']
     cmd += ['--standalone', '--nproc_per_node', '2', str(TRAIN),
             *map(str, _mechanics_args(tmp_path, 'ddp', 1)), '-b', 32, '--workers', '0']
-    proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=HANG_TIMEOUT_S)
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert '2 process(es) on cpu' in log
