@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers import HANG_TIMEOUT_S
 
 pytest.importorskip('sklearn')
 
@@ -27,7 +28,7 @@ def _env():
     return dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
 
 
-def _script(name, *args, timeout=300):
+def _script(name, *args, timeout=HANG_TIMEOUT_S):
     return subprocess.run([sys.executable, str(ROOT / 'scripts' / name), *map(str, args)], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
