@@ -36,6 +36,7 @@ from .models import SA_MODEL_ARGS
 from .models._pretrained import hub_repo_id
 from .paper import PAPER_RESULTS
 from .research.pruning import PRUNED_ARCH
+from .tables import markdown_table
 from .train.checkpoint import atomic_write, plain_data, read_checkpoint
 from .train.data import dataset_info
 from .train.recipes import load_recipe
@@ -395,13 +396,11 @@ class Reproduction:
                 'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 3),
             })
         _write_csv_atomic(self.out / 'ablation.csv', ABLATION_COLUMNS, rows)
-        lines = ['| variant | epochs | top-1 % | top-5 % | median centre shift (grid units) | training time |',
-                 '|---|---:|---:|---:|---:|---:|']
-        for r in rows:
-            shift = '-' if r['center_shift_median'] is None else f'{r["center_shift_median"]:.2f}'
-            lines.append(f'| {r["variant"]} | {r["epochs"]} | {r["top1"]:.2f} | {r["top5"]:.2f} | {shift} | '
-                         f'{_duration(r["train_minutes"])} |')
-        markdown = '\n'.join(lines) + '\n'
+        markdown = markdown_table(
+            ['variant', 'epochs', 'top-1 %', 'top-5 %', 'median centre shift (grid units)', 'training time'],
+            [[r['variant'], r['epochs'], f'{r["top1"]:.2f}', f'{r["top5"]:.2f}',
+              '-' if r['center_shift_median'] is None else f'{r["center_shift_median"]:.2f}',
+              _duration(r['train_minutes'])] for r in rows], 'lrrrrr') + '\n'
         _write_atomic(self.out / 'ablation.md', markdown)
         _say(markdown)
         return rows
@@ -633,14 +632,11 @@ def _write_csv_atomic(path: Path, columns, rows: List[Dict[str, Any]]) -> None:
 
 
 def _markdown_table(rows: List[Dict[str, Any]], dataset_title: str) -> str:
-    lines = ['| model | dataset | epochs | parameters | MACs (G) | top-1 % | top-5 % | training time | '
-             'median centre shift | precision | positional lr scale | paper, CIFAR-10 top-1 % |',
-             '|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|']
-    for r in rows:
-        shift = r.get('center_shift_median')
-        lines.append(f'| `{r["model"]}` | {dataset_title} | {r["epochs"]} | {r["parameters"]:,} | {r["macs_g"]:.3f} | '
-                     f'{r["top1"]:.2f} | {r["top5"]:.2f} | {_duration(r["train_minutes"])} | '
-                     f'{"-" if shift is None else f"{shift:.2f}"} | {r.get("amp") or "-"} | '
-                     f'{r.get("pos_lr_scale", 1.0):g} | '
-                     f'{r["paper_cifar10_top1"] if r["paper_cifar10_top1"] is not None else "-"} |')
-    return '\n'.join(lines) + '\n'
+    header = ['model', 'dataset', 'epochs', 'parameters', 'MACs (G)', 'top-1 %', 'top-5 %', 'training time',
+              'median centre shift', 'precision', 'positional lr scale', 'paper, CIFAR-10 top-1 %']
+    cells = [[f'`{r["model"]}`', dataset_title, r['epochs'], f'{r["parameters"]:,}', f'{r["macs_g"]:.3f}',
+              f'{r["top1"]:.2f}', f'{r["top5"]:.2f}', _duration(r['train_minutes']),
+              '-' if r.get('center_shift_median') is None else f'{r["center_shift_median"]:.2f}',
+              r.get('amp') or '-', f'{r.get("pos_lr_scale", 1.0):g}',
+              '-' if r['paper_cifar10_top1'] is None else r['paper_cifar10_top1']] for r in rows]
+    return markdown_table(header, cells, 'llrrrrrrrlrr') + '\n'

@@ -19,7 +19,7 @@ PACKAGE = 'sa_vision'
 # (reproduce is one module: the orchestration of train, research and hub; cli holds the installed commands).
 TIERS = ('layers', 'models', 'train', 'research', 'measure', 'hub', 'reproduce', 'cli')
 # modules below every tier: facts and exception types, importing no sa_vision code
-BASE_MODULES = {'paper', 'errors'}
+BASE_MODULES = {'paper', 'errors', 'tables'}
 
 
 def _module_names(package_dir: Path, package: str) -> Dict[str, Path]:

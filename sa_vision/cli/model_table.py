@@ -13,6 +13,7 @@ import sa_vision  # noqa: F401  (registers the models)
 from sa_vision.errors import command
 from sa_vision.measure.benchmark import count_macs
 from sa_vision.paper import PAPER_RESULTS
+from sa_vision.tables import markdown_table
 
 
 def main(argv=None) -> int:
@@ -39,13 +40,14 @@ def main(argv=None) -> int:
         writer.writeheader()
         writer.writerows(rows)
         return 0
-    print('| model | parameters | GMACs (counted, attention included) | paper GFLOPs (Linear only, 2 x MACs) '
-          '| paper top-1 CIFAR-10 |')
-    print('|---|---:|---:|---:|---:|')
-    for r in rows:
-        fmt = lambda v, f: '-' if v is None else format(v, f)
-        print(f"| `{r['model']}` | {r['params']:,} | {r['gmacs']:.2f} | {fmt(r['paper_gflops_linear_only'], '.1f')} "
-              f"| {fmt(r['paper_top1'], '.1f')} % |".replace('- %', '-'))
+    def fmt(value, spec, unit=''):
+        return '-' if value is None else format(value, spec) + unit
+
+    print(markdown_table(
+        ['model', 'parameters', 'GMACs (counted, attention included)', 'paper GFLOPs (Linear only, 2 x MACs)',
+         'paper top-1 CIFAR-10'],
+        [[f'`{r["model"]}`', f'{r["params"]:,}', f'{r["gmacs"]:.2f}', fmt(r['paper_gflops_linear_only'], '.1f'),
+          fmt(r['paper_top1'], '.1f', ' %')] for r in rows], 'lrrrr'))
     return 0
 
 

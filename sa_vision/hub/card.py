@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
+from ..tables import markdown_table
 from ..train.checkpoint import Checkpoint, strip_runtime_args
 from ..train.data import dataset_info
 from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, RECIPE_FILENAME, WeightsLabel
@@ -266,7 +267,7 @@ def _training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
         lines.append(f'- Final evaluation ({metrics.get("num_images")} images): top-1 {metrics["top1"]:.2f} %, '
                      f'top-5 {metrics["top5"]:.2f} %, loss {metrics["loss"]:.4f}.')
     if history:
-        lines += ['', '| epoch | train loss | lr | eval loss | top-1 |', '|---|---|---|---|---|']
-        lines += [f'| {h["epoch"]} | {h["train_loss"]:.4f} | {h["lr"]:.2e} | {h["eval_loss"]:.4f} | '
-                  f'{h["eval_top1"]:.2f} |' for h in history]
+        lines += ['', markdown_table(['epoch', 'train loss', 'lr', 'eval loss', 'top-1'], [
+            [h['epoch'], f'{h["train_loss"]:.4f}', f'{h["lr"]:.2e}', f'{h["eval_loss"]:.4f}', f'{h["eval_top1"]:.2f}']
+            for h in history])]
     return '\n'.join(lines)

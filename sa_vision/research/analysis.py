@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..layers import PositionalAttention
+from ..tables import markdown_table
 from ..train.checkpoint import infer_model_args, load_model  # noqa: F401  (re-exported: the scripts' one loader)
 
 __all__ = [
@@ -322,15 +323,12 @@ def _format_value(value: Any) -> str:
 
 
 def format_table(rows: Sequence[Dict[str, Any]], columns: Optional[Sequence[str]] = None) -> str:
-    """A fixed-width text table of ``rows`` (dicts), for printing."""
+    """``rows`` (dicts) as a Markdown table aligned for printing."""
     if not rows:
         return '(no rows)'
     columns = list(columns or rows[0].keys())
-    cells = [[_format_value(row[c]) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(r[i]) for r in cells)) for i, c in enumerate(columns)]
-    lines = ['  '.join(c.rjust(w) for c, w in zip(columns, widths))]
-    lines += ['  '.join(v.rjust(w) for v, w in zip(r, widths)) for r in cells]
-    return '\n'.join(lines)
+    return markdown_table(columns, [[_format_value(row[c]) for c in columns] for row in rows], 'r' * len(columns),
+                          pad=True)
 
 
 def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:

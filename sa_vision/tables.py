@@ -1,0 +1,25 @@
+""" Markdown tables: the one formatter of the results, ablation, benchmark, analysis, card and model tables """
+from typing import Optional, Sequence
+
+__all__ = ['markdown_table']
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], align: Optional[str] = None,
+                   pad: bool = False) -> str:
+    """``header`` and ``rows`` (cells are str()-ed) as a Markdown table, one line per row, no final newline.
+
+    ``align``: one letter per column, ``l`` or ``r`` (default: all left). ``pad``: widen every cell to its column,
+    for reading in a terminal as well as rendered.
+    """
+    cells = [[str(c) for c in row] for row in rows]
+    if any(len(row) != len(header) for row in cells):
+        raise ValueError(f'every row needs {len(header)} cells (the header\'s)')
+    align = align or 'l' * len(header)
+    widths = [max([len(h)] + [len(row[i]) for row in cells]) if pad else 0 for i, h in enumerate(header)]
+
+    def line(values):
+        return '| ' + ' | '.join(v.rjust(w) if a == 'r' else v.ljust(w)
+                                 for v, w, a in zip(values, widths, align)) + ' |'
+
+    rule = '|' + '|'.join('-' * max(3, w + 1) + (':' if a == 'r' else '-') for w, a in zip(widths, align)) + '|'
+    return '\n'.join([line(header), rule] + [line(row) for row in cells])
