@@ -12,6 +12,7 @@ import pytest
 import timm
 import torch
 from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
+from helpers import HANG_TIMEOUT_S
 from torch import nn
 
 import sa_vision  # noqa: F401
@@ -220,7 +221,7 @@ def test_cli_compare_paper_runs_in_a_clone_without_shared(tmp_path):
         'print("SA_VISION", sys.modules["sa_vision"].__file__)\n')
     env = {k: v for k, v in os.environ.items() if k != 'PYTHONPATH'}
     proc = subprocess.run([sys.executable, '-c', script], cwd=clone, env=dict(env, OMP_NUM_THREADS='1'),
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f'SA_VISION {clone / "sa_vision" / "__init__.py"}' in proc.stdout
     ours, paper = json.loads((tmp_path / 'r.json').read_text())
@@ -334,3 +335,45 @@ def test_batched_variant_runs_the_batched_path_with_the_same_weights():
     with torch.no_grad():
         reference = copy.deepcopy(model.model).double()(x.double())
     assert_network_float32_close(out, reference, sa_model_reduction_lengths(model.model, 16))
+
+
+# the peers of --compare (sa_vision.measure.peers): timm's ViT and ConViT at patch 2, 6 layers of 9 heads, width 72
+PEER_WIDTH, PEER_HIDDEN, PEER_DEPTH, PEER_HEADS = 72, 144, 6, 9
+
+
+def _vit_peer_macs(img: int) -> int:
+    """A hand count of timm's ViT at patch 2 on an img x img RGB input: the patch embedding (a 2x2 stride-2 conv,
+    3 -> 72), per layer the qkv, output and MLP products of every token and attention's two (hw)^2 products
+    (scores and weighted sum, 8 channels per head over 9 heads: 72), then the classifier on the pooled token."""
+    tokens, d = (img // 2) ** 2, PEER_WIDTH
+    per_layer = tokens * (3 * d * d + d * d + 2 * d * PEER_HIDDEN) + 2 * tokens * tokens * d
+    return tokens * 3 * 4 * d + PEER_DEPTH * per_layer + d * CLASSES
+
+
+@pytest.mark.parametrize('img', [32, 64])
+def test_vit_peer_macs_count_its_attention(img):
+    # FlopCounterMode knows no CPU flash-attention kernel: without sa_vision.measure.macs' mapping for it the
+    # attention's (hw)^2 products would be missing from the count
+    vit = sab.build_variants('vit_peer', input_size=(3, img, img))[0].model
+    assert sab.count_macs(vit, (3, img, img)) == _vit_peer_macs(img)
+
+
+@pytest.mark.parametrize('peer', ['vit_peer', 'convit_peer'])
+def test_peers_are_built_for_the_input_size_at_patch_2(peer):
+    sa_model, peer_variant = sab.build_variants('sa_quadratic_cifar', [peer],
+                                                input_size=(3, 64, 64), embed_dim=64, mlp_hidden_dim=128)
+    model = peer_variant.model
+    assert peer_variant.name == peer
+    assert model.patch_embed.grid_size == (32, 32)  # patch 2 whatever the input size: a grid like ours
+    assert len(model.blocks) == PEER_DEPTH and model.num_features == PEER_WIDTH
+    out = model(torch.randn(2, 3, 64, 64))
+    assert out.shape == (2, CLASSES)
+    # about the narrow SA model's size: within a third of its parameters
+    ours, theirs = (sum(p.numel() for p in m.parameters()) for m in (sa_model.model, model))
+    assert abs(theirs - ours) < ours / 3
+
+
+def test_unknown_peer_or_comparison_names_the_peers():
+    with pytest.raises(sa_vision.errors.UserError, match='vit_peer'):
+        sab.build_variants('sa_quadratic_cifar', ['vit_pear'], embed_dim=8, depth=1, heads_per_layer=1,
+                           mlp_hidden_dim=8)

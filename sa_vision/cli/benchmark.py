@@ -5,6 +5,7 @@ Examples
   sa-vision-benchmark --model sa_quadratic_cifar sa_learned_cifar --results-format csv
   sa-vision-benchmark --model sa_quadratic_cifar --model-kwargs embed_dim=16 depth=1 -b 2
   sa-vision-benchmark --model sa_quadratic_cifar --reproduce-profile cpu --compare resnet18_cifar -b 100 --amp
+  sa-vision-benchmark --model sa_quadratic_cifar --reproduce-profile cpu --compare vit_peer,convit_peer -b 50
 
 With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
@@ -12,7 +13,9 @@ reported: those ratios are the speed figures we quote. 'dense' runs the same wei
 dense formula (sa_vision.layers.dense_attention); 'batched' the same weights on the batched-heads path
 (sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'paper' runs the
 same weights through the paper's dense
-formulation (sa_vision.research.paper_reference, part of the package).
+formulation (sa_vision.research.paper_reference, part of the package); 'vit_peer' and 'convit_peer' are timm's
+VisionTransformer and ConVit at patch 2 (a grid like ours) and about the narrow SA models' parameters, built for
+--img-size (sa_vision.measure.peers).
 All measuring code lives in sa_vision.measure.benchmark; this file is the command line only.
 """
 import argparse
@@ -57,8 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='',
-                   help='comma list of variants to time against: dense, batched, paper, or a model name (e.g. '
-                        'resnet18_cifar; built with the --reproduce-profile arguments, not --model-kwargs)')
+                   help='comma list of variants to time against: dense, batched, paper, a peer (vit_peer, '
+                        'convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the input size; '
+                        'sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
+                        '--reproduce-profile arguments, not --model-kwargs)')
     p.add_argument('--reproduce-profile', default='', metavar='NAME',
                    help='build every model (and compared model) as this profile of sa_vision.reproduce builds it, '
                         'e.g. cpu: the narrow SA models and the half-width ResNet18; --model-kwargs update it')
@@ -123,7 +128,7 @@ def main(argv=None) -> int:
     all_rows = []
     for name in models:
         variants = sab.build_variants(name, compare, fuse=args.fuse, compare_kwargs=compare_kwargs,
-                                      **{**profile_kwargs(name), **model_kwargs})
+                                      input_size=input_size, **{**profile_kwargs(name), **model_kwargs})
         rows = sab.benchmark_variants(
             variants, batch_size=args.batch_size, input_size=input_size, device=device, bench=args.bench,
             warmup=args.num_warm_iter, runs=args.runs, iters=args.num_bench_iter,

@@ -2,6 +2,7 @@
 from .benchmark import benchmark_variants, build_variants, format_results, matmul_rate, profile_train_step
 from .macs import count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory
+from .peers import PEERS, build_peer
 
 __all__ = ['count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'LiveTensorMemory', 'matmul_rate',
-           'build_variants', 'benchmark_variants', 'format_results', 'profile_train_step']
+           'build_variants', 'benchmark_variants', 'format_results', 'profile_train_step', 'PEERS', 'build_peer']

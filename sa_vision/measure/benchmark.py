@@ -15,9 +15,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..tables import markdown_table
 from ..train.runtime import synchronize
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory, _peak_memory, _tensor_bytes
+from .peers import PEERS, build_peer, is_peer
 
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
@@ -120,6 +122,7 @@ def build_variants(
         compare: Sequence[str] = (),
         fuse: bool = False,
         compare_kwargs: Optional[Dict[str, Dict[str, Any]]] = None,
+        input_size=(3, 32, 32),
         **model_kwargs,
 ) -> List[Variant]:
     """The model itself, then each of ``compare`` ('dense': same weights through the plain dense formula;
@@ -127,14 +130,21 @@ def build_variants(
     'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.research.paper_reference`; any
     other
     timm model name: that model, built with ``compare_kwargs[name]``, e.g. the ResNet a small SA model is weighed
-    against)."""
+    against; a peer of :mod:`sa_vision.measure.peers`, 'vit_peer' or 'convit_peer': timm's ViT or ConViT at the
+    narrow SA models' size, built for ``input_size`` (C, H, W) and updated by ``compare_kwargs[name]``).
+    ``model_name`` may be a peer too (built with ``model_kwargs`` as updates)."""
     import timm
 
     import sa_vision  # noqa: F401  (registers the models)
-    if not timm.is_model(model_name):
-        raise UserError(f'unknown model {model_name!r}: not a registered timm name (sa_vision: '
-                        f'{", ".join(timm.list_models("sa_*") + ["resnet18_cifar"])}; timm.list_models() lists all)')
-    model = timm.create_model(model_name, **model_kwargs)
+    c, h, w = _as_input_size(input_size)
+    if is_peer(model_name):
+        model = build_peer(model_name, img_size=(h, w), in_chans=c, **model_kwargs)
+    elif not timm.is_model(model_name):
+        raise UserError(f'unknown model {model_name!r}: not a registered timm name nor a peer (sa_vision: '
+                        f'{", ".join(timm.list_models("sa_*") + ["resnet18_cifar"])}; peers: {", ".join(PEERS)}; '
+                        f'timm.list_models() lists all)')
+    else:
+        model = timm.create_model(model_name, **model_kwargs)
     variants = [Variant(model_name, model, infer_model=_maybe_fused(model, fuse))]
     for other in compare:
         if other == 'dense':
@@ -149,10 +159,14 @@ def build_variants(
                 f'{model_name}[batched]', batched_model, context=lambda m=batched_model: batched_heads(m)))
         elif other == 'paper':
             variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model)))
+        elif is_peer(other):
+            variants.append(Variant(other, build_peer(other, img_size=(h, w), in_chans=c,
+                                                      **(compare_kwargs or {}).get(other, {}))))
         elif timm.is_model(other):
             variants.append(Variant(other, timm.create_model(other, **(compare_kwargs or {}).get(other, {}))))
         else:
-            raise UserError(f'unknown comparison {other!r}; use dense, batched, paper or a timm model name')
+            raise UserError(f'unknown comparison {other!r}; use dense, batched, paper, a peer '
+                            f'({", ".join(PEERS)}) or a timm model name')
     return variants
 
 
@@ -409,9 +423,4 @@ def format_results(rows: Sequence[Dict[str, Any]], fmt: str = 'table', columns: 
         return buf.getvalue()
     if fmt != 'table':
         raise UserError(f'unknown format {fmt!r}; use table, csv or json')
-    cells = [[_fmt(r.get(c)) for c in columns] for r in rows]
-    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(columns)]
-    lines = ['| ' + ' | '.join(c.ljust(w) for c, w in zip(columns, widths)) + ' |',
-             '|' + '|'.join('-' * (w + 2) for w in widths) + '|']
-    lines += ['| ' + ' | '.join(v.ljust(w) for v, w in zip(row, widths)) + ' |' for row in cells]
-    return '\n'.join(lines)
+    return markdown_table(columns, [[_fmt(r.get(c)) for c in columns] for r in rows], pad=True)

@@ -10,7 +10,7 @@ from typing import Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 from ..errors import UserError
 
@@ -28,12 +28,24 @@ def _as_input_size(input_size) -> Tuple[int, int, int]:
     return input_size
 
 
+def _sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+# fused attention kernels that FlopCounterMode does not know: the CPU's flash attention (F.scaled_dot_product_attention
+# on the CPU, e.g. timm's ViT and the content kind), counted like the GPU's (the two products, scores and weighted sum)
+_UNCOUNTED_ATTENTION = {
+    op: _sdpa_flop for name in ('_scaled_dot_product_flash_attention_for_cpu',)
+    if (op := getattr(torch.ops.aten, name, None)) is not None and op not in flop_registry}
+
+
 def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
     """Multiply-accumulates of one forward pass of ``model`` on a ``(batch_size, *input_size)`` input.
 
     Counted with ``FlopCounterMode`` in eval mode without gradients (every matrix product, attention
-    included; elementwise operations are not counted) and returned as ``FLOPs // 2``. A model whose
-    input is not an image may be given ``input_size`` as the full shape after the batch dimension.
+    included, the CPU's fused attention kernel too; elementwise operations are not counted) and returned as
+    ``FLOPs // 2``. A model whose input is not an image may be given ``input_size`` as the full shape after the batch
+    dimension.
     The input is made on the device and in the dtype of the model's parameters ('meta' too).
 
     The count runs on a copy of the model whose cached eval results (the attention probabilities of
@@ -54,7 +66,7 @@ def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
         if hasattr(module, 'clear_probs_cache'):
             module.clear_probs_cache()
     x = torch.zeros((batch_size,) + shape, device=device, dtype=dtype)
-    counter = FlopCounterMode(display=False)
+    counter = FlopCounterMode(display=False, custom_mapping=_UNCOUNTED_ATTENTION)
     with torch.no_grad(), counter:
         model(x)
     return int(counter.get_total_flops()) // 2
