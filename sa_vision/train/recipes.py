@@ -20,7 +20,8 @@ __all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 
 
 # Keys that timm's train.py reads (its argument dests, timm 1.0) and sa-vision-train does not implement: allowed in a
 # recipe, so one file serves both trainers, and ignored by sa-vision-train with a note. Every other key that
-# sa-vision-train does not know is an error.
+# sa-vision-train does not know is an error. tests/test_timm_train_args.py checks each against the parser of a timm
+# checkout's train.py (the script sa_vision.train.run_timm runs), and none against sa-vision-train's own arguments.
 TIMM_ONLY_RECIPE_KEYS = frozenset({
     # dataset and input
     'data', 'class_map', 'test_split', 'train_num_samples', 'val_num_samples', 'input_img_mode', 'input_key',
