@@ -361,7 +361,7 @@ class Reproduction:
                 'top5': round(metrics['top5'], 2), 'eval_precision': EVAL_PRECISION,
                 'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 3),
                 'center_shift_median': self._center_shift_median(model, ckpt.state_dict),
-                'amp': (meta.get('args') or {}).get('amp_used', (meta.get('args') or {}).get('amp')),
+                'amp': _training_precision(meta.get('args') or {}),
                 'pos_lr_scale': (meta.get('args') or {}).get('pos_lr_scale', 1.0),
                 'paper_cifar10_top1': paper.top1 if paper else None,
             })
@@ -390,7 +390,7 @@ class Reproduction:
             rows.append({
                 'variant': variant, 'run': run, 'model': ABLATION_MODEL, 'dataset': self.dataset,
                 'epochs': meta['epoch'], 'pos_init': ckpt.model_args.get('pos_init', 'paper'),
-                'pos_lr_scale': args.get('pos_lr_scale', 1.0), 'amp': args.get('amp_used', args.get('amp')),
+                'pos_lr_scale': args.get('pos_lr_scale', 1.0), 'amp': _training_precision(args),
                 'top1': round(meta['metrics']['top1'], 2), 'top5': round(meta['metrics']['top5'], 2),
                 'center_shift_median': self._center_shift_median(run, ckpt.state_dict),
                 'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 3),
@@ -612,6 +612,15 @@ def _die_with_parent() -> None:
 def _write_atomic(path: Path, text: str) -> None:
     with atomic_write(path) as tmp:
         tmp.write_text(text)
+
+
+def _training_precision(args: Dict[str, Any]) -> str:
+    """The precision a run trained in: its autocast dtype, or float32 where autocast was off (``amp_used``
+    False; ``--amp auto`` decided at run time, so the requested ``amp`` alone does not say)."""
+    used = args.get('amp_used', args.get('amp'))
+    if used is True or used == 'auto':
+        return args.get('amp_dtype', 'bfloat16')
+    return used if isinstance(used, str) and used else 'float32'
 
 
 def _duration(minutes: float) -> str:

@@ -21,8 +21,6 @@ RUNNABLE_PAGES = [ROOT / 'README.md', *sorted((ROOT / 'docs').glob('*.md'))]
 MARKER = '<!-- runnable -->'
 LANGUAGES = {'bash': 'bash', 'sh': 'bash', 'python': 'python'}
 TIMEOUT_S = 600
-# produced by the attention explorer's own work (docs/reproduction.md, "The attention explorer"); linked before it lands
-PENDING = {'docs/img/explorer.png', 'docs/explorer/index.html'}
 
 LINK = re.compile(r'\]\(\s*<?([^)\s>]+)>?(?:\s+"[^"]*")?\s*\)')  # [text](target), ![alt](target), [![..](..)](..)
 CODE_SPAN = re.compile(r'(`+)(?:(?!\1).)+?\1')
@@ -108,8 +106,8 @@ def links(page: Path):
 
 
 def broken_links(pages=PAGES):
-    """'page:line: target (why)' of every relative link whose file or anchor is missing; pending files apart."""
-    broken, pending = [], set()
+    """'page:line: target (why)' of every relative link whose file or anchor is missing."""
+    broken = []
     for page in pages:
         rel = page.relative_to(ROOT).as_posix()
         for line, target in links(page):
@@ -118,21 +116,15 @@ def broken_links(pages=PAGES):
             path, _, anchor = target.partition('#')
             file = (page.parent / path).resolve() if path else page
             if not file.exists():
-                in_repo = file.relative_to(ROOT).as_posix() if file.is_relative_to(ROOT) else str(file)
-                if in_repo in PENDING:
-                    pending.add(in_repo)
-                else:
-                    broken.append(f'{rel}:{line}: {target} (no such file)')
+                broken.append(f'{rel}:{line}: {target} (no such file)')
             elif anchor and file.suffix == '.md' and anchor not in github_anchors(file):
                 broken.append(f'{rel}:{line}: {target} (no heading with this anchor)')
-    return broken, pending
+    return broken
 
 
 def test_relative_links_and_images_point_to_existing_files():
-    broken, pending = broken_links()
+    broken = broken_links()
     assert not broken, 'broken links:\n' + '\n'.join(broken)
-    if pending:
-        pytest.skip(f'not landed yet (the attention explorer\'s page and screenshot): {sorted(pending)}')
 
 
 def test_link_checker_sees_a_broken_link_and_anchor(tmp_path, monkeypatch):
@@ -144,7 +136,7 @@ def test_link_checker_sees_a_broken_link_and_anchor(tmp_path, monkeypatch):
     page.write_text('[ok](docs/a.md#pretrainedtrue-without-a-network) ![no](docs/img/none.png)\n'
                     '[bad anchor](docs/a.md#nothing) `[code](not/checked)` [web](https://example.org/x)\n'
                     '```bash\n[in code](not/checked/either)\n```\n')
-    broken, _ = broken_links([page])
+    broken = broken_links([page])
     assert broken == ['README.md:1: docs/img/none.png (no such file)',
                       'README.md:2: docs/a.md#nothing (no heading with this anchor)'], broken
 
