@@ -4,6 +4,8 @@ Every model of ``docs/reproduction_fashion_mnist.csv`` is evaluated on the Fashi
 the table states, and its top-1 and top-5 must be the table's (one image in 10,000 of slack).
 """
 import csv
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -35,3 +37,15 @@ def test_kept_model_has_the_tables_accuracy(model, tmp_path):
         writer.writerows(rows)
     [result] = check_kept_models(ZOO, one_row)
     assert result['ok'], result
+
+
+def test_git_keeps_every_file_of_the_zoo():
+    # a .gitignore rule (*.safetensors) once kept the weights out of the commit: the working tree passed, clones failed
+    if shutil.which('git') is None or not (ROOT / '.git').exists():
+        pytest.skip('not a git checkout: nothing to ask git about')
+    files = sorted(str(p.relative_to(ROOT)) for p in ZOO.rglob('*') if p.is_file())
+    assert any(f.endswith('model.safetensors') for f in files), f'no weights under {ZOO.relative_to(ROOT)}'
+    # without --verbose, check-ignore prints only the paths that are ignored (a '!' rule un-ignores)
+    ignored = subprocess.run(['git', 'check-ignore', '--no-index', *files], cwd=ROOT,
+                             capture_output=True, text=True).stdout
+    assert not ignored, f'.gitignore keeps files of the kept zoo out of git, so a clone would lack them:\n{ignored}'
