@@ -1,7 +1,8 @@
 """ What several test modules share: the model lists (derived from the registry), float32 on a GPU and the hang limit
 """
 import contextlib
-from typing import Iterator
+import sys
+from typing import Iterator, List
 
 import torch
 
@@ -12,6 +13,11 @@ from sa_vision.paper import PAPER_RESULTS
 # it only catches hangs and is no speed check. A test's speed depends on how busy the machine is (two shared cores,
 # nice 19 beside a training run); what a test asserts never does, so this is many times the longest run's time.
 HANG_TIMEOUT_S = 1800
+
+
+def command(name: str) -> List[str]:
+    """The argv that runs the installed command ``sa-vision-<name>`` (``python -m sa_vision.cli.<name>``)."""
+    return [sys.executable, '-m', f'sa_vision.cli.{name}']
 
 SA_MODELS = tuple(SA_MODEL_ARGS)  # every registered attention model
 ALL_MODELS = SA_MODELS + ('resnet18_cifar',)

@@ -1,14 +1,13 @@
 """ Head statistics and pictures, checked against hand formulas (not pixels) """
 import json
 import math
-import os
 import subprocess
-import sys
 
 import numpy as np
 import pytest
 import timm
 import torch
+from helpers import command
 
 import sa_vision  # noqa: F401
 from sa_vision.research.analysis import (
@@ -22,7 +21,6 @@ from sa_vision.research.analysis import (
 )
 from sa_vision.research.plots import plot_attention_maps, plot_center_trajectories, plot_centers, save_card_figure
 
-ROOT = os.path.join(os.path.dirname(__file__), '..')
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=16)
 
 
@@ -207,7 +205,7 @@ def test_load_model_from_checkpoints_and_hub_folder(tmp_path):
 def test_plot_script_on_random_init(tmp_path):
     out = tmp_path / 'fig.png'
     result = subprocess.run(
-        [sys.executable, os.path.join(ROOT, 'scripts', 'plot_attention.py'), 'sa_quadratic_cifar', '--out', str(out),
+        [*command('plot_attention'), 'sa_quadratic_cifar', '--out', str(out),
          '--table', str(tmp_path / 'heads.csv')], check=True, capture_output=True, text=True)
     assert out.stat().st_size > 10_000 and 'wrote' in result.stdout
     assert (tmp_path / 'heads.csv').read_text().count('\n') == 1 + 54

@@ -1,4 +1,4 @@
-"""Fast checks of the measuring tools (sa_vision.measure.benchmark, scripts/benchmark.py). No timing thresholds."""
+"""Fast checks of the measuring tools (sa_vision.measure.benchmark, sa-vision-benchmark). No timing thresholds."""
 import copy
 import csv
 import io
@@ -201,21 +201,19 @@ def test_paper_variant_is_the_packaged_reference_with_the_same_weights():
 
 
 def test_cli_compare_paper_runs_in_a_clone_without_shared(tmp_path):
-    """scripts/benchmark.py --compare paper from a copy of the package and script alone: nothing beside the
-    repository (no ../shared) is needed, and the copy's own sa_vision is the one that runs."""
+    """sa-vision-benchmark --compare paper from a copy of the package alone: nothing beside the repository (no
+    ../shared) is needed, and the copy's own sa_vision is the one that runs."""
     clone = tmp_path / 'clone'
     shutil.copytree(os.path.join(REPO, 'sa_vision'), clone / 'sa_vision', ignore=shutil.ignore_patterns('__pycache__'))
-    (clone / 'scripts').mkdir()
-    shutil.copy(os.path.join(REPO, 'scripts', 'benchmark.py'), clone / 'scripts')
     assert not (tmp_path / 'shared').exists()
     argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
             '--runs', '1', '--num-warm-iter', '0', '--compare', 'paper', '--results-format', 'json',
             '--results-file', str(tmp_path / 'r.json'), '--quiet']
     script = (
         'import runpy, sys\n'
-        f'sys.argv = ["scripts/benchmark.py", *{argv!r}]\n'
+        f'sys.argv = ["sa-vision-benchmark", *{argv!r}]\n'
         'try:\n'
-        '    runpy.run_path("scripts/benchmark.py", run_name="__main__")\n'
+        '    runpy.run_module("sa_vision.cli.benchmark", run_name="__main__", alter_sys=True)\n'
         'except SystemExit as e:\n'
         '    assert not e.code, e.code\n'
         'print("SA_VISION", sys.modules["sa_vision"].__file__)\n')

@@ -29,7 +29,7 @@ def _hub_folder(tmp_path, name='sa_gen_cifar', **kwargs):
 
 
 def test_local_dir_name_loads_the_folder_weights(tmp_path):
-    """load_model('local-dir:<folder>') is the folder's model, not a random one (what scripts/prune.py prunes)."""
+    """load_model('local-dir:<folder>') is the folder's model, not a random one (what sa-vision-prune prunes)."""
     folder, expected = _hub_folder(tmp_path, **SMALL)
     _assert_same_weights(load_model(f'local-dir:{folder}'), expected)
     _assert_same_weights(load_model(str(folder)), expected)

@@ -1,7 +1,8 @@
 """ The command-line scripts report a user's mistake as one ``error:`` line on stderr with status 2, no traceback
 
 Each script runs in this process through ``sa_vision.errors.run_cli``, as its ``__main__`` block does; one of them
-(scripts/prune.py) also runs as a real subprocess in tests/test_pruning.py. """
+(sa-vision-prune) also runs as a real subprocess in tests/test_pruning.py. """
+from importlib.metadata import entry_points
 from pathlib import Path
 
 import pytest
@@ -64,7 +65,7 @@ def test_bugs_keep_their_traceback(monkeypatch):
 @pytest.mark.parametrize('script', ['train', 'validate', 'benchmark', 'plot_attention', 'prune', 'push_to_hub',
                                     'reproduce'])
 def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
-    """What the tests above call in-process is what the installed command and `python scripts/<script>.py` run."""
+    """What the tests above call in-process is what the installed command and `python -m sa_vision.cli.<script>` run."""
     import importlib
     module = importlib.import_module(f'sa_vision.cli.{script}')
 
@@ -72,5 +73,6 @@ def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
         raise UserError('a mistake')
     monkeypatch.setattr(module, 'main', mistaken)
     assert module.cli() == 2 and capsys.readouterr().err == 'error: a mistake\n'
-    source = (ROOT / 'scripts' / f'{script}.py').read_text()
-    assert f'from sa_vision.cli.{script} import cli' in source and source.rstrip().endswith('sys.exit(cli())'), script
+    installed = {ep.value for ep in entry_points(group='console_scripts')}
+    assert f'sa_vision.cli.{script}:cli' in installed, f'no installed command runs sa_vision.cli.{script}:cli'
+    assert 'sys.exit(cli())' in (ROOT / 'sa_vision' / 'cli' / f'{script}.py').read_text(), script  # python -m

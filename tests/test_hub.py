@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import HANG_TIMEOUT_S
+from helpers import HANG_TIMEOUT_S, command
 
 pytest.importorskip('sklearn')
 
@@ -27,6 +27,7 @@ from sa_vision.hub import (
     weights_label,
 )
 from sa_vision.train.checkpoint import RUNTIME_ARGS, Checkpoint, CheckpointError, read_checkpoint
+from sa_vision.train.recipes import RECIPE_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +43,7 @@ def _env():
 
 
 def _train(out, *args):
-    cmd = [sys.executable, str(ROOT / 'scripts' / 'train.py'), *map(str, args), '--output', str(out)]
+    cmd = [*command('train'), *map(str, args), '--output', str(out)]
     proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -51,7 +52,7 @@ def _train(out, *args):
 def trained(tmp_path_factory):
     """A 1-epoch digits run of a small 12-class sa_quadratic_cifar exported by train.py --export."""
     out = tmp_path_factory.mktemp('runs')
-    _train(out, '-c', ROOT / 'scripts/configs/sa_quadratic_cifar_digits.yaml', '--epochs', 1, '--experiment', 'run',
+    _train(out, '-c', RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml', '--epochs', 1, '--experiment', 'run',
            '--num-classes', NUM_CLASSES, '--export', '--model-kwargs', *[f'{k}={v}' for k, v in SMALL.items()])
     return out / 'run' / 'last.pth.tar', out / 'run' / 'hub'
 

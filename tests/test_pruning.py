@@ -2,12 +2,12 @@
 import copy
 import os
 import subprocess
-import sys
 
 import pytest
 import timm
 import torch
 from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
+from helpers import command
 
 import sa_vision  # noqa: F401
 from sa_vision.paper import PAPER_RESULTS, PRUNED_HEADS_PER_LAYER
@@ -113,7 +113,7 @@ def test_prune_script_writes_loadable_checkpoint(tmp_path):
     source = tmp_path / 'planted.pth'
     torch.save({'state_dict': planted_model().state_dict()}, source)
     out = tmp_path / 'pruned.safetensors'
-    subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'prune.py'), str(source), '--out', str(out)],
+    subprocess.run([*command('prune'), str(source), '--out', str(out)],
                    check=True, capture_output=True)
     model = load_model(str(out))
     assert model.heads_per_layer == (3, 3, 2)
@@ -156,7 +156,7 @@ def test_a_layer_of_degenerate_heads_keeps_its_least_degenerate_head():
 
 
 def _run_prune_script(*args):
-    return subprocess.run([sys.executable, os.path.join(ROOT, 'scripts', 'prune.py'), *map(str, args)],
+    return subprocess.run([*command('prune'), *map(str, args)],
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1'))
 
 

@@ -1,4 +1,4 @@
-""" scripts/reproduce.py end to end on digits with tiny models: five folders, a five-row table, kill and rerun """
+""" sa-vision-reproduce end to end on digits with tiny models: five folders, a five-row table, kill and rerun """
 import csv
 import json
 import os
@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS
+from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS, command
 
 pytest.importorskip('sklearn')
 
 ROOT = Path(__file__).resolve().parent.parent
-REPRODUCE = ROOT / 'scripts' / 'reproduce.py'
 MODELS = PAPER_TABLE_MODELS
 
 
@@ -23,7 +22,7 @@ def _env():
 
 
 def _reproduce(out, *extra, check=True):
-    proc = subprocess.run([sys.executable, str(REPRODUCE), '--profile', 'tiny', '--out', str(out), *extra],
+    proc = subprocess.run([*command('reproduce'), '--profile', 'tiny', '--out', str(out), *extra],
                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     log = proc.stdout + proc.stderr
     if check:
@@ -35,7 +34,7 @@ def _reproduce(out, *extra, check=True):
 def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     out = tmp_path / 'zoo'
     # killed (SIGKILL) in the middle of the second training stage, after its first epoch
-    proc = subprocess.Popen([sys.executable, str(REPRODUCE), '--profile', 'tiny', '--out', str(out)], cwd=ROOT,
+    proc = subprocess.Popen([*command('reproduce'), '--profile', 'tiny', '--out', str(out)], cwd=ROOT,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     in_second_stage = False
     for line in proc.stdout:

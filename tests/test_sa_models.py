@@ -368,7 +368,7 @@ def test_memory_saving_attention_matches_the_plain_composition(name, tokens_per_
 
 @pytest.mark.parametrize('name', CONTENT_FREE_MODELS + ('sa_content_cifar',))
 def test_bfloat16_autocast_trains_and_matches_float32(name):
-    """Mixed precision as scripts/train.py uses it on a GPU (bf16 autocast), here on the CPU: forward and
+    """Mixed precision as sa-vision-train uses it on a GPU (bf16 autocast), here on the CPU: forward and
     backward run, gradients arrive in the parameters' float32, and the logits stay within bf16 accuracy
     of the float32 model."""
     model = small_model(name, proj_drop_rate=0., attn_drop_rate=0.).train()

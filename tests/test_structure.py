@@ -224,19 +224,8 @@ def test_base_modules_import_no_sa_vision_code(graph):
     assert not importing, f'the base modules (facts, errors) must import no sa_vision code: {importing}'
 
 
-def test_scripts_are_thin_shims_of_the_installed_commands():
-    """Each script runs one command of sa_vision.cli and edits no sys.path (the package is installed)."""
-    for path in (ROOT / 'scripts').glob('*.py'):
-        source = path.read_text()
-        imported = set(_imported_modules(ast.parse(source), path.stem, False, set()))
-        assert imported <= {'sys', f'sa_vision.cli.{path.stem}'}, (path.name, imported)
-        assert 'sys.path' not in source, path.name
-
-
 def test_every_module_has_a_docstring():
-    """Every module and script opens with a docstring (one line plus the paper reference or the math)."""
+    """Every module opens with a docstring (one line plus the paper reference or the math)."""
     undocumented = [module for module, path in _module_names(ROOT / PACKAGE, PACKAGE).items()
                     if not ast.get_docstring(ast.parse(path.read_text()))]
-    undocumented += [f'scripts/{path.name}' for path in (ROOT / 'scripts').glob('*.py')
-                     if not ast.get_docstring(ast.parse(path.read_text()))]
     assert not undocumented, f'no module docstring: {sorted(undocumented)}'

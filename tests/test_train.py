@@ -1,4 +1,4 @@
-""" scripts/train.py end to end on the offline digits data: accuracy, exact resume, torchrun DDP, safe loading,
+""" sa-vision-train end to end on the offline digits data: accuracy, exact resume, torchrun DDP, safe loading,
 timm train.py checkpoints, recipes, pruned weights, fp16 loss scaling """
 import json
 import os
@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S
+from helpers import HANG_TIMEOUT_S, command
 
 pytest.importorskip('sklearn')
 
+from sa_vision.train.recipes import RECIPE_DIR  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
-TRAIN = ROOT / 'scripts' / 'train.py'
-DIGITS_RECIPE = ROOT / 'scripts' / 'configs' / 'sa_quadratic_cifar_digits.yaml'
+DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
 # a tiny model for the mechanics tests (accuracy does not matter there)
 TINY_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
 
@@ -27,7 +28,7 @@ def _env(threads: int = 1):
 
 
 def run_train(args, threads=1, timeout=HANG_TIMEOUT_S):
-    proc = subprocess.run([sys.executable, str(TRAIN), *map(str, args)], cwd=ROOT, env=_env(threads),
+    proc = subprocess.run([*command('train'), *map(str, args)], cwd=ROOT, env=_env(threads),
                           capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
@@ -59,8 +60,8 @@ def _mechanics_args(out, name, epochs):
 # dropout, a random crop and flips: every epoch draws random numbers, so a resumed run repeats an uninterrupted one
 # only if each epoch's RNG state is restored (the digits recipe alone draws none)
 def train_killed_after_first_epoch(args) -> None:
-    """Run scripts/train.py with ``args`` and kill it (SIGKILL) as soon as it has saved its first epoch."""
-    cmd = [sys.executable, str(TRAIN), *map(str, args)]
+    """Run sa-vision-train with ``args`` and kill it (SIGKILL) as soon as it has saved its first epoch."""
+    cmd = [*command('train'), *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
         if line.startswith('Saved checkpoint epoch 1/'):
@@ -107,7 +108,7 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     Without DDP each process would train on its own half and the saved (rank 0) weights would differ."""
     torchrun = shutil.which('torchrun')
     cmd = [torchrun] if torchrun else [sys.executable, '-m', 'torch.distributed.run']
-    cmd += ['--standalone', '--nproc_per_node', '2', str(TRAIN),
+    cmd += ['--standalone', '--nproc_per_node', '2', '-m', 'sa_vision.cli.train',
             *map(str, _mechanics_args(tmp_path, 'ddp', 1)), '-b', 32, '--workers', '0']
     proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=_env(), capture_output=True, text=True,
                           timeout=HANG_TIMEOUT_S)
@@ -257,17 +258,17 @@ def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path):
 
 @pytest.mark.slow
 def test_pruned_weights_start_a_fine_tuning_run(tmp_path):
-    """scripts/prune.py output -> train.py --model sa_gen_pruned --initial-checkpoint, whatever heads survive."""
+    """sa-vision-prune output -> train.py --model sa_gen_pruned --initial-checkpoint, whatever heads survive."""
     import timm
 
     import sa_vision  # noqa: F401
     source = timm.create_model('sa_gen_cifar', embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
     torch.save(source.state_dict(), tmp_path / 'gen.pth')  # a bare state dict: architecture read off the shapes
     pruned = tmp_path / 'pruned.pth'
-    subprocess.run([sys.executable, str(ROOT / 'scripts' / 'prune.py'), str(tmp_path / 'gen.pth'), '--heads', '0',
+    subprocess.run([*command('prune'), str(tmp_path / 'gen.pth'), '--heads', '0',
                     '1,2', '--out', str(pruned)], check=True, capture_output=True, env=_env())
     # lr 0: the run must end with exactly the pruned weights it started from
-    run_train(['-c', ROOT / 'scripts' / 'configs' / 'sa_gen_pruned.yaml', '--initial-checkpoint', pruned,
+    run_train(['-c', RECIPE_DIR / 'sa_gen_pruned.yaml', '--initial-checkpoint', pruned,
                '--dataset', 'digits', '--val-split', 'test', '-b', 64, '--epochs', 1, '--warmup-epochs', 0,
                '--lr', 0, '--workers', 0, '--output', tmp_path, '--experiment', 'finetune'])
     ckpt = load_ckpt(tmp_path / 'finetune' / 'last.pth.tar')

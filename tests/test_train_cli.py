@@ -1,26 +1,26 @@
-""" scripts/train.py and scripts/validate.py as a user meets them: resume keeps the run's arguments, --amp auto,
+""" sa-vision-train and sa-vision-validate as a user meets them: resume keeps the run's arguments, --amp auto,
 recipe checks, fine-tune recipes, dataset errors, image folders of any size, one-line errors """
 import json
 import logging
 import os
 import subprocess
-import sys
 from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from helpers import HANG_TIMEOUT_S
+from helpers import HANG_TIMEOUT_S, command
 
 pytest.importorskip('sklearn')
 
 from sa_vision.train import args as train_args  # noqa: E402
 from sa_vision.train import loop as training  # noqa: E402
 from sa_vision.train import runtime, state  # noqa: E402
+from sa_vision.train.recipes import RECIPE_DIR  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-DIGITS_RECIPE = ROOT / 'scripts' / 'configs' / 'sa_quadratic_cifar_digits.yaml'
+DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
 TINY = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
 
 
@@ -28,8 +28,8 @@ def _env():
     return dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
 
 
-def _script(name, *args, timeout=HANG_TIMEOUT_S):
-    return subprocess.run([sys.executable, str(ROOT / 'scripts' / name), *map(str, args)], cwd=ROOT, env=_env(),
+def _command(name, *args, timeout=HANG_TIMEOUT_S):
+    return subprocess.run([*command(name), *map(str, args)], cwd=ROOT, env=_env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -416,7 +416,7 @@ def test_image_folder_of_mixed_sizes_is_resized_to_the_input_size(tmp_path):
 
 @pytest.mark.slow
 def test_scripts_exit_2_with_one_error_line(tmp_path):
-    proc = _script('train.py', '--dataset', 'cifar-10', *TINY)
+    proc = _command('train', '--dataset', 'cifar-10', *TINY)
     # the log lines before it go to stderr too; the error is the last line, without a traceback
     assert proc.returncode == 2 and 'Traceback' not in proc.stderr, proc.stderr
     assert proc.stderr.strip().splitlines()[-1].startswith("error: unknown dataset 'cifar-10'"), proc.stderr
@@ -424,9 +424,9 @@ def test_scripts_exit_2_with_one_error_line(tmp_path):
 
 @pytest.mark.slow
 def test_validate_errors_are_one_line_and_split_names_agree(adamw_run, tmp_path):
-    proc = _script('validate.py', '--checkpoint', tmp_path / 'missing.pth')
+    proc = _command('validate', '--checkpoint', tmp_path / 'missing.pth')
     assert proc.returncode == 2 and 'Traceback' not in proc.stderr and proc.stderr.startswith('error: ')
-    proc = _script('validate.py', '--checkpoint', adamw_run, '--dataset', 'digits', '--threads', 1)
+    proc = _command('validate', '--checkpoint', adamw_run, '--dataset', 'digits', '--threads', 1)
     assert proc.returncode == 0, proc.stderr
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     # train.py: "Top-1 on the digits test split"; the same images are the 'test' split here

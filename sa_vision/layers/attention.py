@@ -29,6 +29,7 @@ ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
 def negligible_below(dtype: torch.dtype) -> float:
     """``eps**3`` of ``dtype``: a probability this small changes a weighted average by less than its
     rounding unless the averaged values span more than ``1 / eps**2`` (1e14 in float32)."""
+    # torch.finfo(dtype).eps written out: TorchScript (torch.jit.script of the models) cannot compile torch.finfo
     if dtype == torch.float64:
         eps = 2.220446049250313e-16
     elif dtype == torch.bfloat16:

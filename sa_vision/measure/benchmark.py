@@ -291,35 +291,9 @@ def benchmark_variants(
     runners = [_Runner(v, batch_size, input_size, device, **runner_kwargs) for v in variants]
     matmul_dtype = compute_dtype(
         **{k: runner_kwargs[k] for k in ('precision', 'amp', 'amp_dtype') if k in runner_kwargs})
-    rows = []
-    for v, r in zip(variants, runners):
-        row = dict(
-            model=v.name, device=device.type, batch_size=batch_size,
-            input_size='x'.join(str(s) for s in _as_input_size(input_size)),
-            param_count=sum(p.numel() for p in r.train_model.parameters()),
-            threads=torch.get_num_threads(),
-        )
-        try:
-            with v.context():
-                row['macs'] = count_macs(r.infer_model, _as_input_size(input_size))
-        except Exception as e:  # noqa: BLE001  counting must never stop the timing
-            log(f'{v.name}: MAC count failed: {e!r}')
-            row['macs'] = None
-        rows.append(row)
+    rows = [_describe(v, r, batch_size, input_size, device, log) for v, r in zip(variants, runners)]
     for v, r, row in zip(variants, runners, rows):
-        log(f'warm-up {v.name}')
-        for _ in range(warmup):
-            if do_train:
-                r.train_step()
-            if do_infer:
-                r.infer_step()
-        if measure_memory and not runner_kwargs.get('torchcompile'):
-            if do_train:
-                row['train_peak_mb'] = r.peak(r.train_step) / 2 ** 20
-                row['state_mb'] = r.baseline_bytes() / 2 ** 20
-            if do_infer:
-                row['infer_peak_mb'] = r.peak(r.infer_step) / 2 ** 20
-            log(f"peak memory {v.name}: train {row.get('train_peak_mb')} MB, infer {row.get('infer_peak_mb')} MB")
+        _warm_up(v, r, row, warmup, do_train, do_infer, measure_memory and not runner_kwargs.get('torchcompile'), log)
     train_runs = [[] for _ in variants]
     infer_runs = [[] for _ in variants]
     matmul_runs = []
@@ -332,18 +306,59 @@ def benchmark_variants(
             if do_infer:
                 infer_runs[i].append(r.time(r.infer_step, iters))
             log(f'run {k + 1}/{runs} {v.name}: train {train_runs[i][-1:] } infer {infer_runs[i][-1:]} img/s')
-    for i, row in enumerate(rows):
-        if do_train and train_runs[i]:
-            row['train_samples_per_sec'] = statistics.median(train_runs[i])
-            row['train_runs'] = [round(x, 3) for x in train_runs[i]]
-        if do_infer and infer_runs[i]:
-            row['infer_samples_per_sec'] = statistics.median(infer_runs[i])
-            row['infer_runs'] = [round(x, 3) for x in infer_runs[i]]
-    if matmul_runs:
-        for row in rows:
+    for row, train, infer in zip(rows, train_runs, infer_runs):
+        for runs_of_kind, key in ((train, 'train'), (infer, 'infer')):
+            if runs_of_kind:
+                row[f'{key}_samples_per_sec'] = statistics.median(runs_of_kind)
+                row[f'{key}_runs'] = [round(x, 3) for x in runs_of_kind]
+        if matmul_runs:
             row['matmul_gflops'] = statistics.median(matmul_runs)
             row['matmul_dtype'] = str(matmul_dtype).replace('torch.', '')
             row['matmul_runs'] = [round(x, 3) for x in matmul_runs]
+    _add_ratios_to_the_first(rows, train_runs, infer_runs)
+    return rows
+
+
+def _describe(variant: Variant, runner: '_Runner', batch_size: int, input_size, device: torch.device,
+              log: Callable[[str], None]) -> Dict[str, Any]:
+    """The result row of ``variant`` before timing: its setting, parameters and MACs."""
+    row = dict(
+        model=variant.name, device=device.type, batch_size=batch_size,
+        input_size='x'.join(str(s) for s in _as_input_size(input_size)),
+        param_count=sum(p.numel() for p in runner.train_model.parameters()),
+        threads=torch.get_num_threads(),
+    )
+    try:
+        with variant.context():
+            row['macs'] = count_macs(runner.infer_model, _as_input_size(input_size))
+    except Exception as e:  # noqa: BLE001  counting must never stop the timing
+        log(f'{variant.name}: MAC count failed: {e!r}')
+        row['macs'] = None
+    return row
+
+
+def _warm_up(variant: Variant, runner: '_Runner', row: Dict[str, Any], warmup: int, do_train: bool, do_infer: bool,
+             measure_memory: bool, log: Callable[[str], None]) -> None:
+    """``warmup`` untimed steps of each kind, then (``measure_memory``) one step of each kind that records its peak
+    memory into ``row``: the tracker slows that step down on a CPU, so it is never timed."""
+    log(f'warm-up {variant.name}')
+    for _ in range(warmup):
+        if do_train:
+            runner.train_step()
+        if do_infer:
+            runner.infer_step()
+    if measure_memory:
+        if do_train:
+            row['train_peak_mb'] = runner.peak(runner.train_step) / 2 ** 20
+            row['state_mb'] = runner.baseline_bytes() / 2 ** 20
+        if do_infer:
+            row['infer_peak_mb'] = runner.peak(runner.infer_step) / 2 ** 20
+        log(f"peak memory {variant.name}: train {row.get('train_peak_mb')} MB, infer {row.get('infer_peak_mb')} MB")
+
+
+def _add_ratios_to_the_first(rows: List[Dict[str, Any]], train_runs: List[List[float]],
+                             infer_runs: List[List[float]]) -> None:
+    """Speed and memory of every row after the first, relative to the first (> 1: the first is faster/smaller)."""
     first = rows[0]
     for i, row in enumerate(rows[1:], start=1):
         # speed: the two variants of one round ran back to back, so their ratio cancels slow drifts in load
@@ -355,7 +370,6 @@ def benchmark_variants(
         for key, ratio_key in (('train_peak_mb', 'train_mem_ratio'), ('infer_peak_mb', 'infer_mem_ratio')):
             if key in first and key in row and row[key]:
                 row[ratio_key] = first[key] / row[key]
-    return rows
 
 
 def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32, 32), row_limit: int = 15,

@@ -48,7 +48,7 @@ TIMM_ONLY_RECIPE_KEYS = frozenset({
     'wandb_resume_id', 'dist_backend', 'dist_url',
 })
 
-# shipped inside the package (package data), so an installed sa_vision finds them; scripts/configs links here
+# shipped inside the package (package data), so an installed sa_vision finds them
 RECIPE_DIR = Path(__file__).resolve().parent.parent / 'configs'
 
 
