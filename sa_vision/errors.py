@@ -1,10 +1,5 @@
-""" Errors a user can cause, and the one place the command-line scripts report them
-
-Library calls raise a :class:`UserError` subclass (a ``ValueError``, so ``except ValueError`` keeps working) whose
-message says what was wrong and what to do. The scripts run their ``main`` through :func:`run_cli`, which prints
-``error: <message>`` to stderr without a traceback and exits with status 2; anything else is a bug and keeps its
-traceback.
-"""
+""" Errors a user can cause (:class:`UserError`, a ``ValueError``), and the one place the command-line scripts
+report them: :func:`run_cli` prints ``error: <message>`` without a traceback and exits with status 2 """
 import sys
 from typing import Callable, Optional, Sequence
 
@@ -35,10 +30,7 @@ class DatasetNotFoundError(DatasetError, FileNotFoundError):
 
 
 def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:
-    """Run a script's ``main(argv)``; a :class:`UserError` is printed as one ``error:`` line and gives status 2.
-
-    Returns ``main``'s own status (``None`` counts as 0) for ``sys.exit``.
-    """
+    """Run a script's ``main(argv)``: its status (``None`` is 0), or 2 after printing a :class:`UserError`."""
     try:
         return main(argv) or 0
     except UserError as e:

@@ -1,8 +1,4 @@
-""" Facts from the paper and its released code, in one place
-
-Cordonnier, Loukas & Jaggi, `On the Relationship between Self-Attention and Convolutional Layers`,
-ICLR 2020 (https://arxiv.org/abs/1911.03584). See the paper's Table 1 (Sec. 4.2) and App. A.4.
-"""
+""" Facts from the paper and its released code, in one place (arXiv 1911.03584, Table 1 / Sec. 4.2, App. A.4) """
 from dataclasses import dataclass
 from typing import Dict, Optional
 

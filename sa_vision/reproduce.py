@@ -1,23 +1,9 @@
 """ The zoo, reproduced: one resumable command from a dataset to the five trained, evaluated, exported models
 
-Stages, in order (``sa-vision-reproduce`` runs them):
-
-1. train ``sa_quadratic_cifar``, ``sa_gen_cifar``, ``sa_learned_cifar``, ``resnet18_cifar`` (``sa-vision-train``
-   in a subprocess per model, from the model's recipe with the profile's changes);
-2. prune the trained ``sa_gen_cifar`` with the released thresholds (paper App. A.1) and evaluate the pruned model;
-3. fine-tune ``sa_gen_pruned`` from it with the pruned recipe (built with whatever heads survived);
-4. the results table (``results.md``, ``results.csv``): each run's final weights evaluated on the test split in
-   float32;
-5. export five Hub folders (``hub/<arch>.<tag>``, with the attention models' centres and spreads of every epoch),
-   figures of the trained attention (``figures/``) and the attention explorer (``explorer.html``);
-6. publish the folders, only with ``publish=True`` (a dry run lists them otherwise).
-
-:meth:`Reproduction.keep` copies the Hub folders into a checkout's ``zoo/``; :func:`check_kept_models` evaluates kept
-models against a results table and :func:`draw_figures` draws the figures from them.
-
-Resumable: every stage writes its result atomically and is skipped when that result exists; a training stage
-killed mid-run continues from its last epoch (``--resume``). A failed stage stops the run with its error and
-leaves finished stages intact; the same command continues.
+Stages (``sa-vision-reproduce``): train four models from scratch; prune the trained ``sa_gen_cifar`` (paper App. A.1)
+and fine-tune ``sa_gen_pruned`` from it; the results table (test split, float32); the Hub folders, figures and
+attention explorer; publish (``publish=True``, a dry run otherwise). Each stage writes its result atomically and is
+skipped when it exists; a killed training continues from its last epoch (docs/reproduction.md).
 """
 import csv
 import json
@@ -49,12 +35,8 @@ TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its or
 PRUNE_SOURCE = 'sa_gen_cifar'
 PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
 TRAINED_MODELS = tuple(model for model in TABLE_ORDER if model != PRUNED_MODEL)
-# center_shift_median: median over all heads of |final centre - initial centre| in grid units (the run's
-# epoch-000 weights against its last), empty for the kinds without centres; for the pruned model, during fine-tuning
-# amp: the precision the run used ('auto' resolved on the machine that trained); pos_lr_scale: the positional
-# parameters' learning-rate multiplier
-# top1 / top5: the final weights evaluated on the dataset's test split in eval_precision (float32: the same figures
-# on any CPU, where a bfloat16 evaluation depends on the CPU's bfloat16 arithmetic)
+# center_shift_median: median |final - initial centre| over all heads in grid units (empty without centres);
+# top1 / top5 in float32: the same figures on any CPU, where bfloat16 depends on the CPU's arithmetic
 TABLE_COLUMNS = ('model', 'dataset', 'epochs', 'parameters', 'macs_g', 'top1', 'top5', 'eval_precision',
                  'train_minutes', 'center_shift_median', 'amp', 'pos_lr_scale', 'paper_cifar10_top1')
 EVAL_PRECISION = 'float32'
@@ -87,9 +69,7 @@ class Profile:
         return recipe
 
 
-# narrower attention models that keep the paper's depth (6 layers) and heads (9 per layer)
-# pos_init / pos_init_alpha: the paper's random init or Theorem 1's kernel (paper Sec. 3); pos_lr_scale: the
-# positional parameters' learning-rate multiplier (training.py --pos-lr-scale); written out at their defaults
+# narrower attention models with the paper's depth (6 layers) and heads (9 per layer); positional defaults written out
 _NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0,
                                'pos_init': 'paper', 'pos_init_alpha': 6.0}, 'pos_lr_scale': 1.0}
 # few epochs: AdamW converges in far fewer steps than the paper's SGD at lr 0.1 (300 epochs)
@@ -106,16 +86,11 @@ PROFILES: Dict[str, Profile] = {
     'cpu': Profile(
         'cpu', "narrower models (embedding 64, MLP 128; the paper's 6 layers of 9 heads; ResNet18 at half width), "
                "AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU in about 100 minutes",
-        # amp 'auto': bf16 autocast where a matmul probe measures it faster than float32 on the CPU that trains.
-        # batch 50 and no pad-and-crop: in a budget of a few epochs these models underfit, and in probes (1/3 epoch)
-        # batch 50 gave +3 points over 100 at the same images/s and dropping the crop +9 (hflip kept).
-        # torchcompile 'auto': compiled where a probe measures it faster (1.37x for the narrow SA model on an Intel
-        # Xeon with AMX, slower on an AMD EPYC); speed only, it is left out of the runs' recipe.yaml
+# why each choice: docs/reproduction.md ("The `cpu` profile", "Choosing the profile"); torchcompile is speed only
         'fashion-mnist', common={**_FEW_EPOCHS, 'amp': 'auto', 'torchcompile': 'auto', 'batch_size': 50,
                                  'train_crop_padding': 0},
         per_model={
-            # pos_lr_scale 30: the Gaussian centres and spreads move (median shift >= 1 grid unit, the paper's
-            # Figs. 2-4) instead of staying at their random start; the learned kind's tables keep the base lr
+            # pos_lr_scale 30: otherwise the Gaussian centres stay at their random start (paper Figs. 2-4)
             'sa_quadratic_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 6, 'warmup_epochs': 0.3},
             'sa_gen_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 5, 'warmup_epochs': 0.25},
             'sa_learned_cifar': {**_NARROW_SA, 'epochs': 6, 'warmup_epochs': 0.3},
@@ -161,9 +136,7 @@ def apply_recipe_changes(recipe: Dict[str, Any], changes: Dict[str, Any]) -> Dic
     return recipe
 
 
-# The ablation of the positional parameters (paper Sec. 4.2 claims that the heads move from their random start to a
-# grid around the query): the profile's quadratic model at equal epochs, started from the paper's random init or
-# from Theorem 1's kernel (Sec. 3), with the base learning rate or a larger one for the centres and spreads.
+# the ablation of the positional parameters (paper Sec. 4.2): random or Theorem 1 init, base or 30x positional lr
 ABLATION_MODEL = 'sa_quadratic_cifar'
 ABLATION_POS_LR_SCALE = 30.0
 ABLATION_VARIANTS: Dict[str, Dict[str, Any]] = {
@@ -193,16 +166,8 @@ def _say(msg: str) -> None:
 
 
 class Reproduction:
-    """The stages above for one profile, dataset and output folder (see :meth:`run`).
-
-    Args:
-        out_dir: Everything goes here: ``runs/<model>/`` (training runs), ``recipes/``, ``pruned.pth``,
-            ``pruning.json``, ``results.md`` / ``.csv``, ``hub/<arch>.<tag>/``, ``figures/``.
-        profile: A name of :data:`PROFILES`.
-        dataset: Default: the profile's.
-        data_dir, download: As for ``sa-vision-train`` (CIFAR-10 download, Fashion-MNIST files, ...).
-        epochs: Override every training stage's epochs (the fine-tuning keeps the profile's).
-    """
+    """The stages above for one profile, dataset and output folder (see :meth:`run`); ``epochs`` overrides every
+    training stage's epochs but the fine-tuning's."""
 
     def __init__(self, out_dir, profile: str = 'cpu', dataset: Optional[str] = None, data_dir: Optional[str] = None,
                  download: bool = False, epochs: Optional[int] = None):
@@ -215,7 +180,6 @@ class Reproduction:
         self.started = time.time()
         self._noted_ignored_keys = False
 
-    # -- bookkeeping ------------------------------------------------------------------------------------
     def _check_same_setup(self) -> None:
         """A folder holds one reproduction: the same command (profile, dataset, epochs) continues it."""
         setup = {'profile': self.profile.name, 'dataset': self.dataset, 'epochs': self.epochs}
@@ -236,20 +200,14 @@ class Reproduction:
         elapsed = time.time() - self.started
         _say(f'\n== [{index}/{count}] {text}  (elapsed {elapsed / 60:.1f} min) ==')
 
-    # -- stages -----------------------------------------------------------------------------------------
     def train(self, model: str, initial_checkpoint: Optional[Path] = None, run: Optional[str] = None,
               changes: Optional[Dict[str, Any]] = None) -> Path:
-        """Train one model (or continue its killed run); skipped when its run has finished.
-
-        ``run`` names the run folder (default: the model's name) and ``changes`` are applied to the profile's recipe
-        (the ablation's variants).
-        """
+        """Train one model into ``runs/<run or model>`` with ``changes`` to the profile's recipe; skipped when done."""
         run = run or model
         recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
         apply_recipe_changes(recipe, changes or {})
         recipe['save_epoch_weights'] = model in SA_MODEL_ARGS  # centre trajectories of the attention models
-        # the paper's recipes also hold keys that only timm's train.py reads: left out of the stage recipes (the
-        # training script would note them at every stage) and said once here
+        # keys that only timm's train.py reads: left out of the stage recipes and noted once
         read = _training_script_keys()
         ignored = {k: v for k, v in recipe.items() if k not in read}
         if ignored and not self._noted_ignored_keys:
@@ -327,8 +285,7 @@ class Reproduction:
         return evaluate_on_test_split(model, self.dataset, self.data_dir, self.download)
 
     def _final_metrics(self, run: str, ckpt) -> Dict[str, float]:
-        """Top-1 / top-5 of a finished run's final weights in :data:`EVAL_PRECISION`, evaluated once per checkpoint
-        (``final_eval.json`` beside it) whatever precision the run trained and validated in."""
+        """Top-1 / top-5 of a run's final weights in :data:`EVAL_PRECISION`, cached in ``final_eval.json``."""
         last = self.run_dir(run) / 'last.pth.tar'
         path = self.run_dir(run) / 'final_eval.json'
         stamp = f'{last.stat().st_mtime_ns}:{last.stat().st_size}'
@@ -375,8 +332,7 @@ class Reproduction:
         return rows
 
     def ablation(self) -> List[Dict[str, Any]]:
-        """Train :data:`ABLATION_MODEL` once per :data:`ABLATION_VARIANTS` (same profile recipe and epochs) and
-        write ``ablation.md`` / ``ablation.csv``: top-1 and the median centre shift of each variant."""
+        """Train :data:`ABLATION_MODEL` once per :data:`ABLATION_VARIANTS`; writes ``ablation.md`` / ``.csv``."""
         self._check_same_setup()
         _say(f'Ablation of the positional parameters: {ABLATION_MODEL}, profile {self.profile.name!r}, {self.dataset}')
         rows = []
@@ -417,9 +373,7 @@ class Reproduction:
     def export(self, models=TABLE_ORDER) -> List[Path]:
         """A Hub folder per trained model (re-exported when its checkpoint is newer).
 
-        Each folder is written under ``.partial/`` and renamed into ``hub/`` when complete, so a folder in
-        ``hub/`` is a finished export: an export killed half-way (after ``config.json``, before the card) is
-        redone by the next run instead of being taken for up to date.
+        Written under ``.partial/`` and renamed when complete, so a killed export is redone, not taken for done.
         """
         from .hub import export_hub_folder, weights_label
         from .research.explorer import run_epochs
@@ -469,8 +423,7 @@ class Reproduction:
         return path
 
     def keep(self, dest) -> List[Path]:
-        """Copy the exported Hub folders to ``dest/<model>/`` (replacing older copies): the zoo as kept in a
-        repository, each folder what ``--publish`` uploads."""
+        """Copy the exported Hub folders to ``dest/<model>/`` (the zoo as kept in a repository)."""
         kept = []
         for folder in self.hub_folders():
             target = Path(dest) / folder.name.split('.')[0]
@@ -491,7 +444,6 @@ class Reproduction:
             commit = publish_hub_folder(folder, repo_id)
             _say(f'published {repo_id}: {getattr(commit, "commit_url", commit)}')
 
-    # -- all of it --------------------------------------------------------------------------------------
     def run(self, publish: bool = False) -> List[Dict[str, Any]]:
         """All stages; a failing one raises :class:`StageFailed` naming it (earlier results stay)."""
         self._check_same_setup()
@@ -538,9 +490,8 @@ def evaluate_on_test_split(model, dataset: str, data_dir: Optional[str] = None, 
 
 
 def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[Path]:
-    """The paper's figures of the attention models among the Hub folders ``folders``: centres and contours (Figs.
-    3-4), maps (Figs. 5-6) and, where the folder keeps its epochs, centre trajectories (Fig. 2). Existing files are
-    kept unless ``redraw``."""
+    """The paper's figures of the attention models in ``folders``: centres (Figs. 3-4), maps (Figs. 5-6) and, where
+    the folder keeps its epochs, centre trajectories (Fig. 2). Existing files are kept unless ``redraw``."""
     from .research.analysis import GAUSSIAN_KINDS
     from .research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
     from .research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
@@ -574,8 +525,7 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
 
 
 def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -> List[Dict[str, Any]]:
-    """Evaluate every model of ``table`` (a results CSV) kept in ``zoo/<model>/`` and compare its top-1 and top-5
-    with the table's, in the precision the table states. Returns one row per model with ``ok`` and the figures."""
+    """Evaluate the models of ``table`` (a results CSV) kept in ``zoo/<model>/`` against its top-1 / top-5."""
     with open(table, newline='') as f:
         rows = list(csv.DictReader(f))
     if not rows:
@@ -601,8 +551,7 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) ->
 
 
 def _die_with_parent() -> None:
-    """In the training process: end when the reproduction is killed (Linux), so that no orphaned run keeps
-    writing the checkpoint that the next invocation resumes from."""
+    """End the training process with the reproduction (Linux): no orphan writes the checkpoint the next run resumes."""
     if sys.platform.startswith('linux'):
         import ctypes
         import signal
@@ -615,8 +564,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _training_precision(args: Dict[str, Any]) -> str:
-    """The precision a run trained in: its autocast dtype, or float32 where autocast was off (``amp_used``
-    False; ``--amp auto`` decided at run time, so the requested ``amp`` alone does not say)."""
+    """A run's precision: its autocast dtype, or float32 where ``--amp auto`` turned autocast off (``amp_used``)."""
     used = args.get('amp_used', args.get('amp'))
     if used is True or used == 'auto':
         return args.get('amp_dtype', 'bfloat16')

@@ -6,11 +6,8 @@ __all__ = ['markdown_table']
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], align: Optional[str] = None,
                    pad: bool = False) -> str:
-    """``header`` and ``rows`` (cells are str()-ed) as a Markdown table, one line per row, no final newline.
-
-    ``align``: one letter per column, ``l`` or ``r`` (default: all left). ``pad``: widen every cell to its column,
-    for reading in a terminal as well as rendered.
-    """
+    """``header`` and ``rows`` (cells are str()-ed) as a Markdown table, no final newline; ``align`` is one letter
+    per column, ``l`` or ``r``; ``pad`` widens every cell to its column for reading in a terminal."""
     cells = [[str(c) for c in row] for row in rows]
     if any(len(row) != len(header) for row in cells):
         raise ValueError(f'every row needs {len(header)} cells (the header\'s)')

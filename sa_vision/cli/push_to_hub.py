@@ -2,17 +2,10 @@
 
     # stage only: write the folder and list what would be uploaded
     sa-vision-push-to-hub output/train/<run>/last.pth.tar --dry-run
-    # publish to the default repository, sa-vision/<arch>.<tag> (tag: the dataset, e.g. cifar10, fashion_mnist,
-    # digits; '_custom' for a configuration other than the paper's); the token comes from HF_TOKEN or
-    # `hf auth login` and is never printed
+    # publish to sa-vision/<arch>.<tag> (tag: the dataset; '_custom' for another configuration than the paper's)
     sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar
 
-The weights may be a checkpoint of sa-vision-train or timm's train.py (``--use-ema`` for its EMA weights), a
-state dict, a .safetensors file or an exported folder; a complete exported folder (zoo/fashion-mnist-cpu/<model>)
-is published as it is, file for file. Checks before anything is uploaded: the weights are
-readable and of --model's architecture; the repository is named for that architecture and is not the registered
-one (``timm.create_model('<arch>', pretrained=True)``) unless these are CIFAR-10 weights of the paper's
-architecture; a token exists and may write to the repository.
+A complete exported folder is published as it is. What is checked before any upload: docs/hub.md, "Publishing".
 """
 import argparse
 import sys

@@ -32,17 +32,15 @@ from sa_vision.train.runtime import apply_threads
 
 
 def model_to_evaluate(args):
-    """The model to evaluate, resolved as every command resolves weights and names
-    (:func:`sa_vision.train.checkpoint.load_model`): --checkpoint names weights (a file or folder), --model a name
-    (a registered model, local-dir:<folder> or hf-hub:<repo>, whose weights it loads)."""
+    """The model to evaluate, resolved as every command resolves weights and names (:func:`load_model`): --checkpoint
+    names weights (a file or folder), --model a name (registered, local-dir:<folder> or hf-hub:<repo>)."""
     if not args.checkpoint:
         return load_model(args.model, pretrained=args.pretrained, **args.model_kwargs)
     if not Path(args.checkpoint).exists():  # never a name: load_model would build a model of that name
         raise CheckpointError(f'--checkpoint {args.checkpoint} does not exist: pass a checkpoint file (last.pth.tar '
                               f'of a run, a state dict, a .safetensors file), a run folder or an exported Hub '
                               f'folder; a model name goes to --model')
-    if args.model_given:  # the architecture the weights must be, and that of bare non-SA weights:
-        # read_checkpoint's arch, which load_model (read_checkpoint(...).create_model() for files) does not take
+    if args.model_given:  # the architecture the weights must be (read_checkpoint's arch; load_model takes none)
         return read_checkpoint(args.checkpoint, arch=args.model, model_args=args.model_kwargs,
                                use_ema=args.use_ema).create_model()
     return load_model(args.checkpoint, use_ema=args.use_ema, **args.model_kwargs)

@@ -36,21 +36,8 @@ def export_hub_folder(
         use_ema: bool = False,
         epochs: Optional[Dict[str, Dict[str, Tensor]]] = None,
 ) -> List[str]:
-    """Write a Hub folder of trained weights; return the names of the files written.
-
-    Args:
-        source: Weights of any kind :func:`~sa_vision.train.checkpoint.read_checkpoint` opens (``last.pth.tar`` of
-            ``sa-vision-train`` or timm's ``train.py``, ...), or an opened
-            :class:`~sa_vision.train.checkpoint.Checkpoint`.
-        out_dir: Folder to (re)write. Files of an earlier export are replaced; other files are an error.
-        expected_arch: Fail unless the weights are of this architecture.
-        repo_id: Repository the folder is meant for (default: ``<HF_NAMESPACE>/<arch>.<tag>``); a repository the
-            weights must not go to is refused (:func:`check_publish_target`).
-        figure: Add the attention figure of ``sa_vision.research.plots`` when available.
-        use_ema: Export the EMA weights of a timm train.py checkpoint.
-        epochs: ``{label: state dict}`` of the weights after each epoch: their Gaussian centres and spreads are kept
-            as ``positional_epochs.safetensors`` (the paper's Fig. 2; the explorer's epoch slider).
-    """
+    """Write a Hub folder of trained weights (files of an earlier export are replaced, others are an error); return
+    the names of the files written. ``epochs`` keeps the centres and spreads per epoch (paper Fig. 2)."""
     import yaml
     from timm.models import save_for_hf
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, arch=expected_arch, use_ema=use_ema)

@@ -1,8 +1,6 @@
 """ Content-free positional multi-head self-attention of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 2-4, Eq. 9)
 
-Paper: `On the Relationship between Self-Attention and Convolutional Layers`, https://arxiv.org/abs/1911.03584.
-Every head attends over the raw input (head dimension = embedding dimension); how each path computes it exactly
-and fast is written up in ``docs/attention.md``.
+Paper: https://arxiv.org/abs/1911.03584. How each path computes it exactly and fast: ``docs/attention.md``.
 """
 import contextlib
 import math
@@ -27,8 +25,7 @@ ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
 
 
 def negligible_below(dtype: torch.dtype) -> float:
-    """``eps**3`` of ``dtype``: a probability this small changes a weighted average by less than its
-    rounding unless the averaged values span more than ``1 / eps**2`` (1e14 in float32)."""
+    """``eps**3`` of ``dtype``: a probability this small changes a weighted average by less than its rounding."""
     # torch.finfo(dtype).eps written out: TorchScript (torch.jit.script of the models) cannot compile torch.finfo
     if dtype == torch.float64:
         eps = 2.220446049250313e-16
@@ -42,30 +39,22 @@ def negligible_below(dtype: torch.dtype) -> float:
 
 
 def drop_negligible(probs: Tensor) -> Tensor:
-    """Attention probabilities below :func:`negligible_below` set to exactly zero.
-
-    A Gaussian head's far probabilities (``exp(-200)`` and less) would make subnormal products, which x86
-    CPUs compute in slow microcode (``docs/performance.md``); the output changes below float rounding.
-    """
+    """Attention probabilities below :func:`negligible_below` set to exactly zero: far Gaussian probabilities make
+    subnormal products, slow on x86 CPUs (docs/attention.md)."""
     return probs.masked_fill(probs < negligible_below(probs.dtype), 0.)
 
 
 def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
-    """Apply content-free probabilities to a grid-major ``x`` (``h x w x B x D``) for every head at once.
-
-    ``probs`` is ``[row (heads, h, h), col (heads, w, w)]`` (separable: the grid probabilities are their
-    Kronecker product) or ``[grid (heads, h*w, h*w)]``; the result is ``heads x h x w x B x D``.
-    """
+    """Apply content-free probabilities to a grid-major ``x`` (``h x w x B x D -> heads x h x w x B x D``);
+    ``probs``: ``[row (heads, h, h), col (heads, w, w)]`` (separable) or ``[grid (heads, h*w, h*w)]``."""
     H, W, B, D = x.shape
     if len(probs) == 2:
         row_probs, col_probs = probs[0], probs[1]
         heads = row_probs.shape[0]
         # rows of every head at once: (heads*H, H) @ (H, W*B*D) -> (heads*H, W*B*D)
         mixed = torch.mm(row_probs.reshape(heads * H, H), x.reshape(H, W * B * D))
-        # columns: every (head, row) pair applies the head's (W, W) matrix,
-        # (heads*H, W, W) @ (heads*H, W, B*D) -> (heads*H, W, B*D); an explicit bmm on a copy of the
-        # probabilities per row, because matmul's broadcasting of (heads, 1, W, W) adds half a dozen
-        # view / expand ops around the same copy: (heads, W, W) -> (heads, H*W, W) -> (heads*H, W, W)
+        # columns: (heads*H, W, W) @ (heads*H, W, B*D) -> (heads*H, W, B*D); an explicit bmm on a per-row copy of
+        # the probabilities, where matmul's broadcasting would add half a dozen view / expand ops
         col_per_row = col_probs.repeat(1, H, 1).view(heads * H, W, W)
         mixed = torch.bmm(col_per_row, mixed.view(heads * H, W, B * D))
         return mixed.view(heads, H, W, B, D)
@@ -76,20 +65,16 @@ def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
 
 
 def _autocast_off(device_type: str) -> ContextManager:
-    """Autocast off on ``device_type``, for the positional scores and their softmax: they are differences of
-    squared shifts, which lose whole units at the far shifts in bfloat16 (wrong probabilities by tens of
-    percent), and only a few thousand numbers; the products that apply them still run under autocast."""
+    """Autocast off for the positional scores and their softmax: in bfloat16 the far shifts' squared differences
+    lose whole units (docs/attention.md); the products that apply them still run under autocast."""
     if not torch.amp.is_autocast_available(device_type):  # 'meta' and the like: no autocast to leave
         return contextlib.nullcontext()
     return torch.autocast(device_type, enabled=False)
 
 
 def _same_values(seen: List[Tensor], now: List[Tensor]) -> bool:
-    """Whether the positional parameters ``now`` hold exactly the values ``seen`` (the eval cache's key).
-
-    An edit through ``.data`` bumps neither the storage nor the parameter's ``_version``, so the values
-    themselves are compared: a few dozen numbers per layer (measurements in ``docs/performance.md``).
-    """
+    """Whether the positional parameters ``now`` hold exactly the values ``seen`` (the eval cache's key): an edit
+    through ``.data`` bumps no version counter, so the values themselves are compared."""
     return len(seen) == len(now) and all(
         a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b) for a, b in zip(seen, now))
 
@@ -99,9 +84,7 @@ class PositionalAttention(nn.Module):
     """Multi-head positional self-attention over a token grid (paper Sec. 2.3, Eq. 9).
 
     ``B x h x w x D -> B x h x w x (heads*D)`` (channel ``n * D + d`` is channel ``d`` of head ``n``), or with
-    ``grid_major=True`` (as the models use it) :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``.
-    ``batched_heads`` (an attribute, not saved) asks :func:`attend_then_project` for the batched path.
-    """
+    ``grid_major=True`` :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``."""
 
     def __init__(
             self,
@@ -144,10 +127,8 @@ class PositionalAttention(nn.Module):
         self._probs_cache: Dict = {}
 
     def position_probs(self, grid_h: int, grid_w: int) -> Tensor:
-        """Content-free attention probabilities ``(heads, h*w, h*w)`` as ``[head, query, key]``, no dropout.
-
-        For the ``content`` kind this is the positional part alone.
-        """
+        """Content-free probabilities ``(heads, h*w, h*w)`` as ``[head, query, key]``, no dropout (for ``content``
+        the positional part alone)."""
         return drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1))
 
     def forward(self, x: Tensor) -> Tensor:
@@ -164,19 +145,14 @@ class PositionalAttention(nn.Module):
         return apply_mixing(x, self.mixing_probs(x.shape[0], x.shape[1]))
 
     def mixing_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
-        """What a content-free forward applies, dropout included: ``[row (heads, h, h), col (heads, w, w)]``
-        on the separable path, ``[grid (heads, h*w, h*w)]`` on the dense one (see :func:`apply_mixing`).
-
-        Computed with autocast off (see :func:`_autocast_off`); in eval mode on the CPU without autograd,
-        reused while the positional parameters hold the same values (see :func:`_same_values`).
-        """
+        """What a content-free forward applies, dropout included: ``[row, col]`` on the separable path, ``[grid]``
+        on the dense one (:func:`apply_mixing`); cached in eval mode on the CPU without autograd."""
         if torch.jit.is_scripting():
             probs = self._probs(grid_h, grid_w)
         else:
             state = [t.detach() for t in (*self.position.parameters(), *self.position.buffers())]
             device_type = state[0].device.type
-            # a compiled or captured graph computes the probabilities from the parameters (and any grid size);
-            # off the CPU a comparison would wait for the device in every layer
+            # compiled or captured graphs compute from the parameters; off the CPU a comparison waits for the device
             cacheable = not (self.training or torch.is_grad_enabled() or device_type != 'cpu'
                              or torch.compiler.is_compiling() or is_capturing())
             key = (self.dense, grid_h, grid_w)
@@ -200,15 +176,14 @@ class PositionalAttention(nn.Module):
         return probs
 
     def _probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
-        """The content-free probabilities, no dropout: ``[grid]`` on the dense path, else ``[row, col]``, or on a
-        square grid ``[(2, heads, n, n)]`` with both axes stacked (one softmax, threshold and dropout, not two)."""
+        """The content-free probabilities, no dropout: ``[grid]``, ``[row, col]``, or on a square grid
+        ``[(2, heads, n, n)]`` (one softmax, threshold and dropout for both axes)."""
         if not self.separable or self.dense:
             return [drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1))]
         if torch.jit.is_scripting():
             square = grid_h == grid_w
         else:
-            # a captured graph must serve every grid size: no Python branch on the shape (with symbolic
-            # sizes even evaluating the comparison would fix it by a guard), so it is not compared at all
+            # a captured graph must serve every grid size: even comparing symbolic sizes would fix them by a guard
             square = not is_capturing() and grid_h == grid_w
         if square:
             return [drop_negligible(self.position.square_axis_scores(grid_h).softmax(dim=-1))]
@@ -221,8 +196,7 @@ class PositionalAttention(nn.Module):
         self._probs_cache = {}
 
     def _content_inputs(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-        """Tokens ``(B, HW, D)``, queries and keys ``(B, heads, HW, D)`` and positional scores ``(heads, HW, HW)``
-        of the ``content`` kind for grid-major ``x`` (``h x w x B x D``)."""
+        """Tokens ``(B, HW, D)``, queries and keys ``(B, heads, HW, D)`` and positional scores ``(heads, HW, HW)``."""
         H, W, B, D = x.shape
         content = self.content
         assert content is not None
@@ -237,8 +211,7 @@ class PositionalAttention(nn.Module):
 
     @torch.jit.unused
     def content_probs(self, x: Tensor) -> Tensor:
-        """Probabilities ``(B, heads, h*w, h*w)`` of the ``content`` kind for the layer's input ``x``, no dropout:
-        the softmax of ``q . k / sqrt(D)`` plus the positional scores, which :meth:`mix` never builds."""
+        """Probabilities ``(B, heads, h*w, h*w)`` of the ``content`` kind for input ``x``, no dropout."""
         if self.content is None:
             raise ValueError(f'content_probs is for the content kind; this layer is {self.kind!r}: its '
                              f'probabilities do not depend on the input, use position_probs(grid_h, grid_w)')
@@ -268,10 +241,7 @@ class PositionalAttention(nn.Module):
 
 def use_batched_heads(x: Tensor, requested: bool) -> bool:
     """Whether attention + Value take the batched path rather than the per-head kernels of
-    :mod:`sa_vision.layers.fused`: batched while compiling or capturing a graph, when ``requested`` (the layers'
-    ``batched_heads``), off the CPU, under autocast and in low precision; per head for float32 / float64 eager
-    on the CPU. Why each: ``docs/attention.md``.
-    """
+    :mod:`sa_vision.layers.fused` (why each: ``docs/attention.md``)."""
     if torch.compiler.is_compiling() or is_capturing() or requested:
         return True
     return (x.device.type != 'cpu' or torch.is_autocast_enabled(x.device.type)
@@ -280,14 +250,11 @@ def use_batched_heads(x: Tensor, requested: bool) -> bool:
 
 def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Tensor) -> Tensor:
     """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``), on the path
-    :func:`use_batched_heads` picks. Per head, content-free kinds never build the stacked heads; with autograd
-    that recomputes each head in backward, which pays only on the separable path.
-    """
+    :func:`use_batched_heads` picks."""
     if use_batched_heads(x, attn.batched_heads or value.batched_heads):
         if (torch.is_grad_enabled() and attn.separable and not attn.dense and not is_capturing()
                 and not torch.compiler.is_compiling()):
-            # a Function that recomputes the row-mixed heads in backward instead of keeping them beside the
-            # concatenated heads Value keeps (torch.compile decides what to save itself)
+            # recomputes the row-mixed heads in backward instead of keeping them beside Value's concatenated heads
             row_probs, col_probs = attn.mixing_probs(x.shape[0], x.shape[1])
             return value.forward_batched(separable_mixing(*autocast_inputs(x, row_probs, col_probs)))
         return value.forward_batched(attn.mix(x))
@@ -300,12 +267,9 @@ def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Te
 
 @register_notrace_module  # loops over the stacked heads; FX keeps it whole
 class HeadsLinear(nn.Linear):
-    """``Linear(heads*D -> out)`` applied to heads stacked in front: ``heads x ... x D -> ... x out``.
-
-    The state dict of the Linear over the concatenated heads. Per head it reads each head's block where it
-    lies (one accumulated product per head); batched it concatenates the heads and runs one GEMM.
-    """
-    # set per layer by batched_heads(); a plain attribute, not part of the state dict
+    """``Linear(heads*D -> out)`` on heads stacked in front, ``heads x ... x D -> ... x out``, with the state dict
+    of the Linear over the concatenated heads."""
+    # set by batched_heads(); not in the state dict
     batched_heads: bool = False
 
     def forward(self, x: Tensor) -> Tensor:
@@ -348,6 +312,5 @@ def dense_attention(model: nn.Module, enabled: bool = True) -> ContextManager[nn
 
 
 def batched_heads(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
-    """Run every attention layer and Value of ``model`` on the batched path while active (``enabled=True``),
-    e.g. to test it or compare speeds on the CPU, or leave the choice to :func:`use_batched_heads`."""
+    """Run every attention layer and Value of ``model`` on the batched path while active (``enabled=True``)."""
     return _switch(model, (PositionalAttention, HeadsLinear), 'batched_heads', enabled)

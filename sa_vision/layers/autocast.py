@@ -1,8 +1,5 @@
-""" Mixed precision for the MLP's hand-written autograd Function
-
-Autocast casts neither the operands of ``out=`` products nor anything inside a custom Function's backward, so the
-Function takes its inputs already cast, as autocast would cast a Linear's.
-"""
+""" Mixed precision for the MLP's autograd Function: autocast casts neither ``out=`` operands nor anything inside a
+custom Function's backward, so the Function takes its inputs already cast, as autocast would a Linear's """
 from typing import List, Optional
 
 import torch

@@ -1,7 +1,6 @@
 """ Space-to-depth 2x2 embedding of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 4.1): invertible downsampling + Linear
 
-Stored as the equivalent ``Conv2d(C, embed_dim, 2, stride=2)`` (timm's ``first_conv`` machinery works unchanged);
-:meth:`SpaceToDepthEmbed.linear_weight` gives the original's Linear layout (input index ``6*di + 3*dj + c``).
+Stored as the equivalent ``Conv2d(C, embed_dim, 2, stride=2)``, so timm's ``first_conv`` machinery works unchanged.
 """
 from typing import Tuple
 
@@ -14,10 +13,8 @@ __all__ = ['SpaceToDepthEmbed']
 
 @register_notrace_module  # shapes drive the reshapes; FX keeps the layer whole
 class SpaceToDepthEmbed(nn.Module):
-    """Image ``B x C x H x W`` (H, W even) to a grid-major token grid ``H/2 x W/2 x B x embed_dim``.
-
-    Grid-major (batch inside the grid) is the layout the attention layers work in without copies.
-    """
+    """Image ``B x C x H x W`` (H, W even) to a grid-major token grid ``H/2 x W/2 x B x embed_dim`` (the layout the
+    attention layers work in without copies)."""
 
     def __init__(self, in_chans: int = 3, embed_dim: int = 400, device=None, dtype=None):
         super().__init__()

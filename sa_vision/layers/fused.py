@@ -1,9 +1,7 @@
 """ Per-head kernels for the CPU (paper Sec. 4.2-4.3 scores, factorised over rows and columns)
 
-Hand-written autograd Functions that mix one head at a time and add its share of the Value projection at once, in
-cache-sized chunks of the batch, recomputing the heads in backward: no heads-sized tensor is built. Eager-only and
-float32 / float64 (see :mod:`sa_vision.layers.tracing`); :func:`separable_mixing` serves the batched path.
-"""
+Autograd Functions that mix one head at a time and add its share of Value at once, in cache-sized batch chunks,
+recomputing the heads in backward; eager-only (:mod:`sa_vision.layers.tracing`). """
 from typing import List, Optional, Sequence, Tuple
 
 import torch
@@ -61,15 +59,14 @@ class _HeadsLinearFunction(torch.autograd.Function):
         return _project_heads_backward(heads, weight, grad_out, needs)
 
 
-# Samples per chunk of _AttendThenProject on the CPU: about this many tokens, so that a chunk of one head
-# (1024 tokens x 400 channels = 1.6 MB in float32) and its intermediates stay in the core's L2 cache while
-# the head's two small products and its share of Value run; whole-batch intermediates went to DRAM.
+# tokens per chunk of _AttendThenProject on the CPU: one head's chunk (1024 x 400 float32 = 1.6 MB) and its
+# intermediates stay in the core's L2 cache; whole-batch intermediates went to DRAM
 CPU_TOKENS_PER_CHUNK = 1024
 
 
 def _samples_per_chunk(x: Tensor) -> int:
-    """Batch samples per chunk for grid-major ``x`` (``h x w x B x D``): the whole batch off the CPU, where
-    every extra chunk is another round of kernel launches and bandwidth is plentiful."""
+    """Batch samples per chunk for grid-major ``x`` (``h x w x B x D``): the whole batch off the CPU, where an
+    extra chunk is another round of kernel launches."""
     H, W, B = x.shape[0], x.shape[1], x.shape[2]
     if x.device.type != 'cpu':
         return B
@@ -108,14 +105,8 @@ def _batch_chunks(x: Tensor) -> List[Tuple[int, int]]:
 
 
 class _AttendThenProject(torch.autograd.Function):
-    """``Value(apply_mixing(x, probs))`` one head at a time, keeping only ``x`` and the probabilities.
-
-    The stacked heads are ``heads`` times larger than ``x`` and cheap to recompute (two small products on
-    the separable path). Forward mixes one head and immediately adds its share of the projection; backward
-    recomputes each head the same way and applies the transposed products by hand. On the CPU the batch is
-    processed in chunks of a few samples (the mixing is per sample), so each head's intermediates stay in
-    cache. No heads-sized tensor ever exists, in forward or backward.
-    """
+    """``Value(apply_mixing(x, probs))`` one head at a time, keeping only ``x`` and the probabilities: backward
+    recomputes each head (cheap) in cache-sized batch chunks, so no heads-sized tensor ever exists."""
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Optional[Tensor], *probs: Tensor) -> Tensor:
@@ -204,13 +195,9 @@ class _AttendThenProject(torch.autograd.Function):
 
 
 class _SeparableMixing(torch.autograd.Function):
-    """Every head's separable mixing of grid-major ``x`` (``h x w x B x D -> heads x h x w x B x D``), keeping
-    only ``x`` and the probabilities for backward (the batched path's training step).
-
-    Autograd would keep the row-mixed heads (a heads-sized tensor) for the column product's backward, on top
-    of the concatenated heads that Value keeps; recomputing them is one product over the input. Exactly the
-    products of :func:`sa_vision.layers.attention.apply_mixing`, in whatever dtype the inputs come in.
-    """
+    """Every head's separable mixing of grid-major ``x`` (``h x w x B x D -> heads x h x w x B x D``), the products
+    of :func:`~sa_vision.layers.attention.apply_mixing`, keeping only ``x`` and the probabilities for backward:
+    autograd would keep the heads-sized row-mixed heads on top of the concatenated heads Value keeps."""
 
     @staticmethod
     def forward(ctx, x: Tensor, row_probs: Tensor, col_probs: Tensor) -> Tensor:
@@ -221,7 +208,7 @@ class _SeparableMixing(torch.autograd.Function):
         all_rows = row_probs.reshape(heads * H, H)
         # each head's (W, W) column probabilities once per grid row, for one bmm: (heads*H, W, W)
         col_per_row = col_probs.repeat(1, H, 1).view(heads * H, W, W)
-        # rows of every head at once, (heads*H, H) @ (H, W*B*D), then columns, (heads*H, W, W) @ (heads*H, W, B*D)
+        # rows of every head, (heads*H, H) @ (H, W*B*D), then columns, (heads*H, W, W) @ (heads*H, W, B*D)
         rows = torch.mm(all_rows, tokens).view(heads * H, W, B * D)
         ctx.save_for_backward(tokens, all_rows, col_per_row)
         ctx.grid = (H, W, B, D)

@@ -1,8 +1,5 @@
-""" The post-norm layers' MLP: Linear -> exact GELU -> Linear -> Dropout
-
-timm's ``Mlp`` parameters and names; training saves only the hidden pre-activation and recomputes the GELU in
-backward (one hidden-sized tensor less per layer); plain composition under ``torch.compile`` and graph capture.
-"""
+""" The post-norm layers' MLP: Linear -> exact GELU -> Linear -> Dropout, with timm ``Mlp``'s names; training
+saves only the hidden pre-activation and recomputes the GELU in backward (one hidden-sized tensor less per layer) """
 import torch
 import torch.nn.functional as F
 from timm.layers import Mlp

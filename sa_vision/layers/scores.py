@@ -1,10 +1,7 @@
 """ Positional attention scores of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 2.3, Eq. 9; App. A.1)
 
-Each kind turns the relative shift ``delta = key - query`` (grid units) into scores ``[head, query, key]``; the
-separable kinds also return their row and column terms (``axis_scores``). ``spreads`` (the released code's name,
-kept so published weights load) holds a precision factor: larger is narrower. ``init='conv'`` starts the heads
-as Theorem 1 / Lemma 2 leave them (:func:`kernel_offsets`).
-"""
+Scores are ``[head, query, key]`` of the shift ``delta = key - query`` (grid units); ``spreads`` (the released code's
+name, so published weights load) holds a precision factor: larger is narrower. """
 import math
 from typing import Tuple
 
@@ -17,15 +14,14 @@ __all__ = [
 ]
 
 POSITION_INITS = ('paper', 'conv')
-# Lemma 2 takes alpha -> infinity; 6 is the smallest integer alpha for which a head centred on a grid shift puts
-# >= 99 % of its mass there (the 4 neighbours at distance 1 each get e^-alpha of the peak: 1 / (1 + 2 e^-6)^2 = 0.990)
+# Lemma 2 takes alpha -> infinity; 6 is the smallest integer alpha that puts >= 99 % of a head's mass on its grid
+# shift (1 / (1 + 2 e^-6)^2 = 0.990)
 CONV_INIT_ALPHA = 6.0
 
 
 def kernel_offsets(num_heads: int) -> Tensor:
-    """The shifts of Theorem 1's kernel, ``(K*K, 2)`` as (row, col), ``K = floor(sqrt(num_heads))``: head
-    ``K * i + j`` gets ``(i - K // 2, j - K // 2)`` (9 heads: the paper's 3x3 ``Delta Delta_K``); heads after the
-    first ``K*K`` have none and keep the paper's init, as in ConViT's ``local_init``."""
+    """The shifts of Theorem 1's kernel, ``(K*K, 2)`` as (row, col), ``K = floor(sqrt(num_heads))``; heads after the
+    first ``K*K`` keep the paper's init, as in ConViT's ``local_init``."""
     k = math.isqrt(num_heads)
     steps = torch.arange(k, dtype=torch.float64) - k // 2
     return torch.stack(torch.meshgrid(steps, steps, indexing='ij'), dim=-1).reshape(k * k, 2)
@@ -47,8 +43,7 @@ def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tens
 
 def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """``shifts[q, k] = (row_k - row_q, col_k - col_q)`` for row-major grid positions, ``(h*w, h*w, 2)``."""
-    # row and column of every position, written as broadcasts (repeat_interleave with a symbolic size
-    # exports to a wrong ONNX graph)
+    # broadcasts, not repeat_interleave: with a symbolic size that exports to a wrong ONNX graph
     rows = torch.arange(grid_h, device=device, dtype=dtype)[:, None].expand(grid_h, grid_w).reshape(-1)
     cols = torch.arange(grid_w, device=device, dtype=dtype)[None, :].expand(grid_h, grid_w).reshape(-1)
     return torch.stack([rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]], dim=-1)
@@ -56,9 +51,7 @@ def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dty
 
 class QuadraticScores(nn.Module):
     """Isotropic Gaussian scores (Eq. 9), ``A_h(delta) = -(s_h^2 / 2) ||delta - mu_h||^2``: the paper's
-    ``alpha_h = s_h^2 / 2`` and ``Delta_h = mu_h`` (``centers``); ``spreads`` holds the precision factor ``s_h``.
-    Separable. ``init='conv'``: the first ``K*K`` heads on the kernel shifts with ``s_h = sqrt(2 alpha)``.
-    """
+    ``alpha_h = s_h^2 / 2``, ``Delta_h = mu_h`` (``centers``). Separable. ``init='conv'``: kernel shifts, ``alpha``."""
     separable: bool = True
 
     def __init__(self, num_heads: int, init: str = 'paper', init_alpha: float = CONV_INIT_ALPHA,
@@ -91,8 +84,7 @@ class QuadraticScores(nn.Module):
         return row, col
 
     def square_axis_scores(self, size: int) -> Tensor:
-        """Row and column scores of a ``size x size`` grid in one tensor, ``(2, heads, size, size)`` indexed
-        ``[axis, head, query, key]``: half the small ops of :meth:`axis_scores`."""
+        """Row and column scores of a ``size x size`` grid stacked, ``(2, heads, size, size)`` (half the small ops)."""
         shifts = relative_shifts(size, self.centers.device, self.centers.dtype)  # size, size
         offsets = shifts - self.centers.t().reshape(2, self.num_heads, 1, 1)  # 2, heads, size, size
         return offsets.square() * self.spreads.square().mul(-0.5).view(self.num_heads, 1, 1)
@@ -105,10 +97,8 @@ class QuadraticScores(nn.Module):
 
 
 class GeneralizedScores(nn.Module):
-    """Non-isotropic Gaussian scores (App. A.1), ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)`` with
-    ``M_h = S_h S_h^T`` (positive semi-definite); ``spreads`` holds ``S_h``. The cross term makes it non-separable.
-    ``init='conv'``: ``S_h = sqrt(2 alpha) I``, the isotropic head of Lemma 2, on the kernel shifts.
-    """
+    """Non-isotropic Gaussian scores (App. A.1), ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)``,
+    ``M_h = S_h S_h^T`` (``spreads`` holds ``S_h``); the cross term makes it non-separable."""
     separable: bool = False
 
     def __init__(self, num_heads: int, init: str = 'paper', init_alpha: float = CONV_INIT_ALPHA,
@@ -134,7 +124,7 @@ class GeneralizedScores(nn.Module):
                 self.spreads[:len(offsets)] = math.sqrt(2.0 * self.init_alpha) * eye
 
     def precisions(self) -> Tensor:
-        """The precision matrices ``M_h = S_h S_h^T`` from the factors held in ``spreads``, ``(heads, 2, 2)``."""
+        """The precision matrices ``M_h = S_h S_h^T``, ``(heads, 2, 2)``."""
         return self.spreads @ self.spreads.transpose(-1, -2)
 
     def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
@@ -157,12 +147,8 @@ class GeneralizedScores(nn.Module):
 
 class LearnedScores(nn.Module):
     """Learned relative-position scores without content (Sec. 4.3), ``A_h(delta) = k_v(E_v[delta_row])_h +
-    k_u(E_u[delta_col])_h``; shifts beyond ``max_shift`` are clipped. Separable.
-
-    ``init='conv'``: the random tables get the least-norm correction that makes each kernel head's axis term
-    ``-alpha min((d - mu_h)^2, 4)``, a quadratic head out to distance 2 and flat beyond (the cap keeps the
-    entries small enough to train); needs ``dim >= num_heads``.
-    """
+    k_u(E_u[delta_col])_h``, shifts clipped at ``max_shift``. ``init='conv'``: a least-norm correction of the
+    tables gives each kernel head ``-alpha min((d - mu_h)^2, 4)`` per axis (capped so it still trains)."""
     separable: bool = True
 
     def __init__(self, dim: int, num_heads: int, max_shift: int = 15, init: str = 'paper',

@@ -1,9 +1,7 @@
 """ Graph capture: the layers' plain tensor path for exporters and tracers
 
-``torch.export`` specialises on every Python int computed from a shape (a chunk count fixes the batch size), and
-the TorchScript tracer loses products written with ``out=`` into reused buffers (the graph would return the
-example's output for every input). While :func:`is_capturing`, every layer takes a plain path: whole-batch
-out-of-place products, no autograd Function, no cache.
+``torch.export`` specialises on Python ints from shapes (a chunk count fixes the batch size) and the TorchScript
+tracer loses ``out=`` products into reused buffers, so while :func:`is_capturing` every layer takes a plain path.
 """
 import torch
 

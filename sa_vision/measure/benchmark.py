@@ -1,7 +1,6 @@
 """ Alternating A/B throughput of models and variants (images/s, paired ratios), the matmul rate, step profiles
 
-What every column means (MACs, unavoidable MACs, peak memory, paired ratios) is in ``docs/performance.md``,
-"What is measured"; only the ratios of variants timed in one run are meant to be quoted.
+Columns: docs/performance.md, "What is measured"; only ratios of variants timed in one run are meant to be quoted.
 """
 import contextlib
 import copy
@@ -37,8 +36,7 @@ def matmul_rate(
         device=None,
         dtype: torch.dtype = torch.float32,
 ) -> float:
-    """The machine's matrix-multiply rate in GFLOP/s: median over ``runs`` of ``iters`` ``n x n`` torch.mm,
-    at the current ``torch.get_num_threads()``."""
+    """The machine's matrix-multiply rate in GFLOP/s: median over ``runs`` of ``iters`` ``n x n`` torch.mm."""
     device = resolve_device(device)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
@@ -56,12 +54,6 @@ def matmul_rate(
     return statistics.median(rates)
 
 
-# ----------------------------------------------------------------------------------------------------------
-# memory
-
-# ----------------------------------------------------------------------------------------------------------
-# variants
-
 def resolve_device(device=None) -> torch.device:
     if device is None or device == 'auto' or device == '':
         return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
@@ -77,8 +69,8 @@ def compute_dtype(precision: str = 'float32', amp: bool = False, amp_dtype: str 
 
 
 def paper_model_like(model_name: str, model: nn.Module) -> nn.Module:
-    """The paper's dense formulation (:class:`sa_vision.research.paper_reference.PaperDenseSA`) with ``model``'s kind,
-    heads, sizes, dropout rates and weights (a copy): the same function computed the released code's way."""
+    """The paper's dense formulation (:class:`~sa_vision.research.paper_reference.PaperDenseSA`) with a copy of
+    ``model``'s kind, sizes, dropout rates and weights."""
     from sa_vision.research.paper_reference import PAPER_ATTENTION_KINDS, PaperDenseSA
     kind = getattr(model, 'attn_kind', None)
     if kind not in PAPER_ATTENTION_KINDS:
@@ -99,8 +91,8 @@ class Variant:
 
 
 def _to_channels_last(model: nn.Module) -> None:
-    """Channels-last 4-D parameters and buffers. ``Module.to(memory_format=)`` refuses models that hold other
-    5-D tensors, such as the paper formulation's relative-position buffer."""
+    """Channels-last 4-D parameters and buffers (``Module.to(memory_format=)`` refuses the paper formulation's
+    5-D buffer)."""
     with torch.no_grad():
         for t in list(model.parameters()) + list(model.buffers()):
             if t.dim() == 4:
@@ -125,14 +117,9 @@ def build_variants(
         input_size=(3, 32, 32),
         **model_kwargs,
 ) -> List[Variant]:
-    """The model itself, then each of ``compare`` ('dense': same weights through the plain dense formula;
-    'batched': same weights on the batched-heads path, which GPUs, autocast and torch.compile take by themselves;
-    'paper': the same weights through the paper's dense formulation, :mod:`sa_vision.research.paper_reference`; any
-    other
-    timm model name: that model, built with ``compare_kwargs[name]``, e.g. the ResNet a small SA model is weighed
-    against; a peer of :mod:`sa_vision.measure.peers`, 'vit_peer' or 'convit_peer': timm's ViT or ConViT at the
-    narrow SA models' size, built for ``input_size`` (C, H, W) and updated by ``compare_kwargs[name]``).
-    ``model_name`` may be a peer too (built with ``model_kwargs`` as updates)."""
+    """The model itself, then each of ``compare``: 'dense' / 'batched' (same weights on that path), 'paper' (same
+    weights through :mod:`sa_vision.research.paper_reference`), a peer of :mod:`sa_vision.measure.peers` built for
+    ``input_size``, or any timm model name (built with ``compare_kwargs[name]``)."""
     import timm
 
     import sa_vision  # noqa: F401  (registers the models)
@@ -170,9 +157,6 @@ def build_variants(
     return variants
 
 
-# ----------------------------------------------------------------------------------------------------------
-# timing
-
 class _Runner:
     """Training step (forward, backward, SGD step) and inference for one variant."""
 
@@ -209,8 +193,8 @@ class _Runner:
             self.infer_fn = torch.compile(self.infer_model, backend=torchcompile)
 
     def _prime_optimizer(self) -> None:
-        """Create the optimizer state (momentum buffers) with a zero-gradient step, which leaves the weights
-        unchanged, so the state belongs to the baseline and not to the first measured step."""
+        """Create the momentum buffers with a zero-gradient step (weights unchanged), so that the state belongs to
+        the baseline, not to the first measured step."""
         params = [p for p in self.train_model.parameters() if p.requires_grad]
         for p in params:
             p.grad = torch.zeros_like(p)
@@ -245,9 +229,7 @@ class _Runner:
         return self.batch_size * iters / (time.perf_counter() - t0)
 
     def peak(self, fn: Callable[[], None]) -> int:
-        # the previous step's gradients go first: otherwise they are part of CUDA's 'before' and the step's own
-        # gradients (allocated after they are freed) are left out of its peak, while the CPU tracker, which
-        # ignores what existed before, counts them; freed, both count each step's own gradients
+        # the previous step's gradients go first, so CUDA's and the CPU tracker's peaks both count each step's own
         self.optimizer.zero_grad(set_to_none=True)
         with _peak_memory(self.device) as r:
             fn()
@@ -272,19 +254,10 @@ def benchmark_variants(
         log: Optional[Callable[[str], None]] = None,
         **runner_kwargs,
 ) -> List[Dict[str, Any]]:
-    """Time ``variants`` alternately (round r: A, B, ...; training then inference) and return one result row
-    per variant with median images/s, peak step memory and MACs. Ratios are added for every variant
-    after the first, relative to the first: ``train_ratio`` is the median over rounds of
-    ``first / this`` images/s of the same round (``train_ratio_runs`` lists them), i.e. > 1 means the first
-    is faster; ``train_mem_ratio = peak(first) / peak(this)``.
-
-    With ``matmul_size``, every round also times the ``matmul_size``^2 ``torch.mm`` rate (:func:`matmul_rate`)
-    in the dtype the steps' products run in (:func:`compute_dtype`: bfloat16 under bfloat16 autocast), so it
-    sees the same load as the variants; its median is ``matmul_gflops``, the dtype ``matmul_dtype``.
-
-    Warm-up: ``warmup`` plain steps of each kind, then one more step of each kind with peak-memory
-    tracking (on CPU the dispatch-mode tracker slows that step down, so it is never timed).
-    """
+    """Time ``variants`` alternately (round r: A, B, ...; training then inference): one row per variant with median
+    images/s, peak step memory (from an untimed step) and MACs, and for rows after the first the paired ratios to it
+    (``train_ratio``: median of ``first / this`` per round, > 1: the first is faster); ``matmul_size`` adds the
+    :func:`matmul_rate` of every round, in the steps' dtype, under the same load."""
     device = resolve_device(device)
     log = log or (lambda s: None)
     do_train, do_infer = bench in ('both', 'train'), bench in ('both', 'inference')
@@ -339,8 +312,7 @@ def _describe(variant: Variant, runner: '_Runner', batch_size: int, input_size, 
 
 def _warm_up(variant: Variant, runner: '_Runner', row: Dict[str, Any], warmup: int, do_train: bool, do_infer: bool,
              measure_memory: bool, log: Callable[[str], None]) -> None:
-    """``warmup`` untimed steps of each kind, then (``measure_memory``) one step of each kind that records its peak
-    memory into ``row``: the tracker slows that step down on a CPU, so it is never timed."""
+    """``warmup`` untimed steps of each kind, then (``measure_memory``) one that records its peak memory."""
     log(f'warm-up {variant.name}')
     for _ in range(warmup):
         if do_train:
@@ -374,10 +346,8 @@ def _add_ratios_to_the_first(rows: List[Dict[str, Any]], train_runs: List[List[f
 
 def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32, 32), row_limit: int = 15,
                        warmup: int = 1, device=None, **runner_kwargs) -> str:
-    """torch.profiler table of one training step after ``warmup`` steps (at least one, which compiles a
-    ``torchcompile`` model), run as the timed steps run: on ``device`` with the :class:`_Runner` options
-    ``runner_kwargs`` (``precision``, ``amp``, ``amp_dtype``, ``channels_last``, ``torchcompile``). Top ops by
-    self device time on CUDA, by self CPU time otherwise."""
+    """torch.profiler table of one training step after ``warmup`` steps, run as the timed steps run (``runner_kwargs``
+    of :class:`_Runner`); top ops by self device time on CUDA, by self CPU time otherwise."""
     from torch.profiler import ProfilerActivity, profile
     device = resolve_device(device)
     runner = _Runner(Variant('profile', model), batch_size, input_size, device, **runner_kwargs)
@@ -392,9 +362,6 @@ def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32
     sort_by = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
     return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
 
-
-# ----------------------------------------------------------------------------------------------------------
-# output
 
 TABLE_COLUMNS = (
     'model', 'batch_size', 'train_samples_per_sec', 'infer_samples_per_sec', 'train_peak_mb', 'infer_peak_mb',

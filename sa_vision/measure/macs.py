@@ -1,10 +1,5 @@
-""" Multiply-accumulates of a forward pass: counted (``FlopCounterMode``) and the unavoidable ones (analytic)
-
-MACs are multiply-accumulates of one forward pass at batch 1, counted by ``torch.utils.flop_counter.FlopCounterMode``
-(matrix products of every kind, attention included; elementwise work is not counted) and halved: ``MACs = FLOPs / 2``.
-Unavoidable MACs: the Linear layers plus the attention products in their cheapest exact form (separable kinds
-``h*w*(h+w)*D`` per head, generalized ``(h*w)^2*D`` per head, paper Sec. 4.2).
-"""
+""" Multiply-accumulates of a forward pass: counted (``FlopCounterMode``, ``FLOPs / 2``, matrix products only) and
+the unavoidable ones (the Linear layers plus the attention products in their cheapest exact form, paper Sec. 4.2) """
 import copy
 from typing import Sequence, Tuple
 
@@ -32,8 +27,7 @@ def _sdpa_flop(query_shape, key_shape, value_shape, *args, out_shape=None, **kwa
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-# fused attention kernels that FlopCounterMode does not know: the CPU's flash attention (F.scaled_dot_product_attention
-# on the CPU, e.g. timm's ViT and the content kind), counted like the GPU's (the two products, scores and weighted sum)
+# fused attention kernels FlopCounterMode does not know (the CPU's flash attention), counted like the GPU's
 _UNCOUNTED_ATTENTION = {
     op: _sdpa_flop for name in ('_scaled_dot_product_flash_attention_for_cpu',)
     if (op := getattr(torch.ops.aten, name, None)) is not None and op not in flop_registry}
@@ -42,15 +36,8 @@ _UNCOUNTED_ATTENTION = {
 def count_macs(model: nn.Module, input_size, batch_size: int = 1) -> int:
     """Multiply-accumulates of one forward pass of ``model`` on a ``(batch_size, *input_size)`` input.
 
-    Counted with ``FlopCounterMode`` in eval mode without gradients (every matrix product, attention
-    included, the CPU's fused attention kernel too; elementwise operations are not counted) and returned as
-    ``FLOPs // 2``. A model whose input is not an image may be given ``input_size`` as the full shape after the batch
-    dimension.
-    The input is made on the device and in the dtype of the model's parameters ('meta' too).
-
-    The count runs on a copy of the model whose cached eval results (the attention probabilities of
-    :class:`~sa_vision.layers.PositionalAttention`) are cleared, so every call counts a full forward pass,
-    whatever ran before.
+    Counted in eval mode without gradients, on the model's device and dtype ('meta' too), on a copy whose cached
+    attention probabilities are cleared, so every call counts a full forward pass.
     """
     if isinstance(input_size, int):
         shape = _as_input_size(input_size)
@@ -81,14 +68,9 @@ def unavoidable_macs_from_config(
         in_chans: int = 3,
         num_classes: int = 10,
 ) -> int:
-    """Forward MACs per image that an exact implementation cannot avoid (see the module docstring).
-
-    Linear layers: embedding ``(4*in_chans) -> D`` per token; per layer Value ``heads*D -> D``, Dense
-    ``D -> D`` and the MLP ``D -> M -> D`` per token; the learned kind's key maps on the ``h x h`` and
-    ``w x w`` shift tables; the content kind's query/key maps; the classifier once per image. Attention:
-    ``h*w*(h+w)*D`` per head for the separable kinds (quadratic, learned), ``(h*w)^2*D`` per head for
-    generalized, and ``2*(h*w)^2*D`` per head (scores and weighted sum) for content.
-    """
+    """Forward MACs per image that an exact implementation cannot avoid (see the module docstring): the Linear
+    layers (and the learned kind's key maps on the shift tables) plus the attention products, ``2*(h*w)^2*D`` per
+    head for content (scores and weighted sum)."""
     h, w = grid
     n, d = h * w, embed_dim
     macs = n * 4 * in_chans * d

@@ -13,10 +13,8 @@ __all__ = ['LiveTensorMemory']
 class LiveTensorMemory(TorchDispatchMode):
     """Tracks the total size of tensor storages created by ATen operators while active, and its peak.
 
-    Every operator output whose storage was not seen before is added when it is produced and removed
-    when its storage is freed (a weakref finalizer on the storage). Storages alive before the mode was
-    entered (parameters, inputs, optimizer state) are not counted. Kernel-internal scratch memory that
-    never becomes a tensor is invisible to it.
+    Storages alive before the mode was entered (parameters, inputs, optimizer state) and kernel-internal scratch
+    memory are not counted; a storage leaves the count when freed (a weakref finalizer).
     """
 
     def __init__(self):

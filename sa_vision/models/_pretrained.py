@@ -1,15 +1,9 @@
 """ Where published weights live, and the error for ``pretrained=True`` weights that cannot be fetched
 
-Weights trained on CIFAR-10 with the paper's recipe and architecture are published at
-``<HF_NAMESPACE>/<arch>.<PRETRAINED_TAG>``; that repository is what ``timm.create_model('<arch>', pretrained=True)``
-downloads.
-
-Offline: when the weights are not in the local Hub cache, huggingface_hub retries an unreachable Hub with a backoff
-of 1+2+4+8+8 s per file, and timm asks for two files (``model.safetensors``, then ``pytorch_model.bin``): about
-47 s of retry warnings before any error. So before such a download the factories ask the Hub once, bounded by
-``HUB_PROBE_TIMEOUT`` seconds, whether it answers at all, and raise ``PretrainedWeightsUnavailable`` at once when
-it does not. Weights in the cache skip the check (huggingface_hub then falls back to the cache itself, without
-retries), as does ``HF_HUB_OFFLINE=1`` (which never touches the network); no global setting is changed.
+Weights trained with the paper's recipe are published at ``<HF_NAMESPACE>/<arch>.<PRETRAINED_TAG>``. Uncached,
+the factories first ask the Hub once, bounded by ``HUB_PROBE_TIMEOUT``, and raise ``PretrainedWeightsUnavailable``
+at once when it does not answer, instead of huggingface_hub's retries per file (docs/training.md, "`pretrained=True`
+without a network"). No global setting is changed.
 """
 import sys
 import threading
@@ -24,22 +18,18 @@ __all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'hub_repo_id', 'HUB_PROBE_TIMEOUT',
 HF_NAMESPACE = 'sa-vision'
 # the tag of the registered (published) weights: CIFAR-10, the paper's recipe and architecture
 PRETRAINED_TAG = 'cifar10'
-# seconds the Hub may take to answer one request before pretrained=True gives up on an uncached download
-# (huggingface_hub's own HF_HUB_ETAG_TIMEOUT, when set, takes its place)
+# seconds the Hub may take to answer before an uncached pretrained=True gives up (HF_HUB_ETAG_TIMEOUT overrides)
 HUB_PROBE_TIMEOUT = 3.0
 
 
 def hub_repo_id(arch: str, tag: str = PRETRAINED_TAG) -> str:
-    """The repository of ``<arch>.<tag>`` weights in this project's namespace (with the default tag, the registered one
-    that ``pretrained=True`` downloads)."""
+    """The repository of ``<arch>.<tag>`` weights in this project's namespace."""
     return f'{HF_NAMESPACE}/{arch}.{tag}'
 
 
 class PretrainedWeightsUnavailable(UserError, RuntimeError):
-    """``pretrained=True`` but the weights cannot be fetched from the Hub (offline, or not published).
-
-    A RuntimeError as timm's own loading failures are; a UserError, so the commands print it as one ``error:`` line.
-    """
+    """``pretrained=True`` but the weights cannot be fetched from the Hub (offline, or not published); a
+    RuntimeError like timm's loading failures, a UserError so the commands print one ``error:`` line."""
 
 
 def registered_hf_hub_id(arch: str) -> Optional[str]:
@@ -62,8 +52,8 @@ def _hub_fetch_errors():
 
 
 def _hub_source(cfg: Dict[str, Any]) -> Optional[str]:
-    """The Hub repository id (maybe ``id@revision``) timm's ``load_pretrained`` downloads for ``cfg``, or None when
-    it loads from elsewhere (a file, a state dict, a local folder); mirrors ``timm.models._builder``."""
+    """The Hub repository id (maybe ``id@revision``) timm's ``load_pretrained`` downloads for ``cfg``, or None
+    (mirrors ``timm.models._builder``)."""
     if cfg.get('source') == 'hf-hub':
         return cfg.get('hf_hub_id')
     if cfg.get('source') == 'local-dir' or cfg.get('state_dict') is not None or cfg.get('file'):
@@ -92,9 +82,8 @@ def _is_network_error(error: BaseException) -> bool:
 def _probe_hub(url: str, timeout: float) -> Optional[str]:
     """Ask the Hub once for ``url``'s metadata; None when it answered (any HTTP status), else why it did not.
 
-    The request runs in a daemon thread and is given ``timeout`` seconds in all: the client's own timeout is per
-    request, does not bound a hanging name lookup, and huggingface_hub may make a request of its own first (the
-    user-agent registry of version 2.x)."""
+    Runs in a daemon thread bounded by ``timeout`` in all: the client's timeout is per request and does not bound a
+    hanging name lookup."""
     from huggingface_hub import get_hf_file_metadata
     from huggingface_hub.errors import HfHubHTTPError
     outcome = {}
@@ -117,8 +106,8 @@ def _probe_hub(url: str, timeout: float) -> Optional[str]:
 
 
 def _fail_fast_if_hub_unreachable(variant: str, cfg: Dict[str, Any], cache_dir=None) -> None:
-    """Raise ``PretrainedWeightsUnavailable`` within about ``HUB_PROBE_TIMEOUT`` s when the weights would have to be
-    downloaded and the Hub does not answer, instead of huggingface_hub's minute of retries."""
+    """Raise ``PretrainedWeightsUnavailable`` within about ``HUB_PROBE_TIMEOUT`` s when uncached weights would be
+    downloaded and the Hub does not answer."""
     from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
     hub_id = _hub_source(cfg)
     if hub_id is None or constants.HF_HUB_OFFLINE:
@@ -168,7 +157,7 @@ def _resolved_cfg(variant: str, pretrained_cfg=None, pretrained_cfg_overlay=None
 def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=None, pretrained_cfg_overlay=None,
                                 cache_dir=None):
     """For ``pretrained=True``: fail fast when uncached weights cannot be downloaded, and turn the Hub client's
-    errors for unreachable weights into one clear message."""
+    errors into one clear message."""
     if not pretrained:
         yield
         return

@@ -1,11 +1,7 @@
-""" ResNet18 for CIFAR (the paper's convolutional baseline)
+""" ResNet18 for CIFAR (the paper's convolutional baseline, Sec. 4.1; He et al., https://arxiv.org/abs/1512.03385)
 
-Papers: `Deep Residual Learning for Image Recognition` (He et al., 2015), https://arxiv.org/abs/1512.03385;
-baseline of `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020).
-
-timm's ResNet with the CIFAR stem (paper Sec. 4.1): a 3x3 stride-1 convolution of 64 channels without bias,
-BN, ReLU and no max-pool, then the usual four stages of two BasicBlocks (64/128/256/512, strides 1/2/2/2,
-1x1 conv + BN shortcuts), global average pooling and a Linear classifier. 11,173,962 parameters at 10 classes.
+timm's ResNet (BasicBlocks 64/128/256/512, strides 1/2/2/2) with the CIFAR stem: 3x3 stride-1 conv, BN, ReLU, no
+max-pool.
 """
 from typing import Any, Dict
 

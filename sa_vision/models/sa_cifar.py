@@ -32,11 +32,8 @@ __all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_ima
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
 def check_image_shape(x: Tensor, in_chans: int) -> None:
-    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W.
-
-    Skipped while the TorchScript tracer records: a traced graph keeps no Python branch (torch.export keeps
-    the check as guards).
-    """
+    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W
+    (skipped while tracing: a traced graph keeps no Python branch)."""
     if torch.jit.is_tracing():
         return
     if x.dim() != 4:
@@ -54,10 +51,7 @@ def check_image_shape(x: Tensor, in_chans: int) -> None:
 
 
 class SampleDropPath(nn.Module):
-    """Stochastic depth on the grid-major layout ``h x w x B x D``: one keep/drop draw per sample.
-
-    timm's ``DropPath`` draws along dim 0, which here is a grid row, not the batch.
-    """
+    """Stochastic depth on the grid-major ``h x w x B x D``: timm's ``DropPath`` would draw per grid row."""
 
     def __init__(self, drop_prob: float = 0.):
         super().__init__()
@@ -75,10 +69,7 @@ class SampleDropPath(nn.Module):
 
 @register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
 class SelfAttentionBlock(nn.Module):
-    """One post-norm layer: positional attention, Value, Dense, residual + LN; MLP, residual + LN.
-
-    Works on the grid-major layout ``h x w x B x D``.
-    """
+    """One post-norm layer on grid-major ``h x w x B x D``: attention, Value, Dense, residual, LN; MLP, residual, LN."""
 
     def __init__(
             self,
@@ -128,11 +119,8 @@ class SelfAttentionBlock(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> 'SelfAttentionBlock':
-        """Fold Dense into Value (two stacked Linear maps -> one) for inference; exact up to rounding.
-
-        Returns the block itself, fused in place: timm's ``reparameterize_model`` (``--reparam`` of its
-        scripts) replaces every child that has ``fuse()`` with what it returns.
-        """
+        """Fold Dense into Value (two stacked Linear maps -> one) for inference, in place; timm's
+        ``reparameterize_model`` (``--reparam``) calls it."""
         if isinstance(self.proj, nn.Identity):
             return self
         fused = HeadsLinear(self.value.in_features, self.proj.out_features,
@@ -175,13 +163,10 @@ class SelfAttentionNet(nn.Module):
         Args:
             embed_dim: Token width D, also the head dimension (every head attends over the raw input).
             heads_per_layer: Heads in every layer (an int) or in each layer (``depth`` ints).
-            attn_kind: 'quadratic', 'generalized', 'learned' or 'content' (paper Sec. 4.2-4.3).
-            max_rel_shift: Largest relative shift of the learned tables; larger shifts are clipped.
-            norm_eps: LayerNorm epsilon (1e-12 in the original).
-            pos_init: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv' (Theorem 1: the first K*K heads on
-                the shifts of a K x K kernel with sharpness ``pos_init_alpha``, Eq. 9); initial values only.
-            pos_layer_group: ``group_matcher`` puts the positional parameters in a group of their own below
-                all others, so that timm's ``--layer-decay S`` scales their lr by S (``docs/training.md``).
+            pos_init: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv' (Theorem 1's kernel, sharpness
+                ``pos_init_alpha``, Eq. 9); initial values only.
+            pos_layer_group: Positional parameters in a ``group_matcher`` group of their own, so that timm's
+                ``--layer-decay S`` scales their lr by S (``docs/training.md``).
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -272,16 +257,8 @@ class SelfAttentionNet(nn.Module):
             output_fmt: str = 'NCHW',
             intermediates_only: bool = False,
     ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
-        """Forward that also returns the outputs of the selected layers.
-
-        Args:
-            x: Image batch ``B x C x H x W``.
-            indices: Take the last n layers if int, all if None, the listed ones if a sequence.
-            norm: Unused (the layers are post-norm, every output is already normalised); timm API.
-            stop_early: Stop after the last selected layer.
-            output_fmt: 'NCHW' or 'NHWC' for the intermediates.
-            intermediates_only: Return only the intermediates.
-        """
+        """Forward that also returns the outputs of the selected layers (timm API; ``norm`` is unused: the layers
+        are post-norm). Intermediates are ``output_fmt`` 'NCHW' or 'NHWC'."""
         if output_fmt not in ('NCHW', 'NHWC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
         check_image_shape(x, self.in_chans)
@@ -298,8 +275,7 @@ class SelfAttentionNet(nn.Module):
             else:
                 x = blk(x)
             if i in take_indices:
-                # grid-major (h, w, B, D) -> NCHW or NHWC
-                # h x w x B x D -> B x D x h x w (NCHW) or B x h x w x D (NHWC)
+                # grid-major h x w x B x D -> B x D x h x w (NCHW) or B x h x w x D (NHWC)
                 intermediates.append(
                     x.permute(2, 3, 0, 1).contiguous() if output_fmt == 'NCHW' else x.permute(2, 0, 1, 3))
         if intermediates_only:
@@ -350,8 +326,7 @@ class SelfAttentionNet(nn.Module):
         return x
 
 
-# the registered attention models and the construction arguments that make each one (beyond the defaults of
-# SelfAttentionNet); the one list of them: default_cfgs, the factories, checkpoint and benchmark read it
+# the registered attention models and their arguments beyond SelfAttentionNet's defaults (the one list of them)
 SA_MODEL_ARGS: Dict[str, Dict] = {
     'sa_quadratic_cifar': dict(attn_kind='quadratic'),
     'sa_gen_cifar': dict(attn_kind='generalized'),
@@ -362,9 +337,8 @@ SA_MODEL_ARGS: Dict[str, Dict] = {
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: nn.Module) -> Dict[str, Tensor]:
-    """Weights with the released code's Linear embedding (``patch_embed.weight``, ``(D, 4*C)``, input index
-    ``(2*di + dj) * C + c``) as ours, the equivalent 2x2 stride-2 convolution ``(D, C, di, dj)``; timm's loaders
-    (``pretrained=True``, ``local-dir:``, ``hf-hub:``) call it. Our own state dicts pass through unchanged."""
+    """Convert the released code's Linear embedding (``patch_embed.weight``, ``(D, 4*C)``, input index
+    ``(2*di + dj) * C + c``) to our 2x2 stride-2 conv ``(D, C, di, dj)``; our own state dicts pass unchanged."""
     out = {}
     for key, value in state_dict.items():
         if key == 'patch_embed.weight' and value.ndim == 2:

@@ -1,28 +1,11 @@
-""" Where the attention heads look: per-head statistics of a trained (or random) SA model
+""" Where the attention heads look: per-head statistics of a trained (or random) SA model (paper Sec. 4)
 
-Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020), section 4.
-
-For every layer and head of a :class:`~sa_vision.models.SelfAttentionNet`, :func:`head_statistics` reports,
-from the attention probabilities of one interior query pixel:
-
-* ``center_row``, ``center_col``: the head's centre of attention, in grid units relative to the query.
-  For the Gaussian kinds the parameter ``mu_h``; otherwise the probability-weighted mean shift.
-* ``mean_row``, ``mean_col``: the probability-weighted mean shift (differs from ``mu_h`` near borders).
-* ``cov_rr``, ``cov_rc``, ``cov_cc``: the Gaussian's covariance (Gaussian kinds only, NaN otherwise):
-  ``M_h^-1`` for ``generalized`` (``inf`` when ``M_h`` is singular) and ``I / s_h^2`` for ``quadratic``.
-* ``r50``, ``r90``: the smallest radius around the mean shift whose disc holds 50 % / 90 % of the mass.
-* ``peak``: the largest probability; ``entropy``: ``-sum p log p`` in nats (0 for hard attention,
-  ``log(h*w)`` for uniform attention).
-* ``nearest_row``, ``nearest_col``: the grid shift nearest to the centre.
-
-:func:`layer_summary` says per layer how convolutional it is: how many heads are near-hard (``peak`` at
-least ``hard_threshold``), how many distinct grid shifts those hard heads sit on, and whether the shifts
-cover a full 3x3 kernel. :func:`format_table` prints, :func:`write_table` writes CSV or JSON.
-
+:func:`head_statistics` reports per layer and head, from the attention of one interior query pixel:
+``center_row/col`` (``mu_h`` for the Gaussian kinds, else the mean shift), ``mean_row/col`` (the probability-weighted
+mean shift, which differs from ``mu_h`` near borders), ``cov_*`` (``M_h^-1``, Gaussian kinds only, NaN otherwise),
+``r50`` / ``r90`` (radius around the mean holding 50 / 90 % of the mass), ``peak``, ``entropy`` (nats) and
+``nearest_row/col``. :func:`layer_summary` says per layer how convolutional it is (docs/research.md).
 Shifts are (row, col) = (down, right) in grid units; one grid unit is 2 image pixels (space-to-depth).
-
-:func:`load_model` (from :mod:`sa_vision.train.checkpoint`) opens a timm model name, any checkpoint file or a Hub
-folder.
 """
 import csv
 import json
@@ -81,9 +64,7 @@ def attention_probs(
 ) -> List[Tensor]:
     """Per layer, the attention probabilities ``(heads, h*w, h*w)`` as ``[head, query, key]`` (float64).
 
-    Content-free kinds need no input. For the ``content`` kind the probabilities depend on the image:
-    they are computed for ``images`` (``B x C x H x W``; default 16 standard-normal images of the default
-    input size, seed 0) and averaged over the batch.
+    The ``content`` kind's depend on the input: averaged over ``images`` (default 16 standard-normal images, seed 0).
     """
     layers = attention_layers(model)
     kind = layers[0].kind
@@ -148,13 +129,8 @@ CENTERS_KEY_SUFFIX = 'attn.position.centers'  # state-dict name of the Gaussian 
 
 
 def center_shifts(initial: Dict[str, Tensor], final: Dict[str, Tensor]) -> Tensor:
-    """How far every head's centre moved: ``|final mu_h - initial mu_h|`` (Euclidean, grid units), ``(all heads,)``
-    over the layers in state-dict order, float64.
-
-    ``initial`` and ``final`` are state dicts of the same Gaussian-kind model (e.g. a run's ``epoch-000.safetensors``,
-    written before the first step, and its last weights). Empty for models without centres (learned, content,
-    ResNet). Raises a ValueError if the two do not hold the same centres (other models, other heads).
-    """
+    """How far every head's centre moved between two state dicts of one run, ``|final mu_h - initial mu_h|`` in grid
+    units, ``(all heads,)`` float64; empty for models without centres."""
     keys = [k for k in final if k.endswith(CENTERS_KEY_SUFFIX)]
     if sorted(keys) != sorted(k for k in initial if k.endswith(CENTERS_KEY_SUFFIX)):
         raise ValueError('the initial and final state dicts hold centres of different layers; pass two states of '
@@ -170,10 +146,8 @@ def center_shifts(initial: Dict[str, Tensor], final: Dict[str, Tensor]) -> Tenso
 
 
 def center_shift_median(initial: Dict[str, Tensor], final: Dict[str, Tensor]) -> Optional[float]:
-    """Median over all heads of :func:`center_shifts` (grid units); None for a model without centres.
-
-    With an even number of heads this is the mean of the two middle values (``torch.median`` would take the lower).
-    """
+    """Median over all heads of :func:`center_shifts` (the mean of the two middle values, unlike ``torch.median``);
+    None for a model without centres."""
     shifts = center_shifts(initial, final)
     if shifts.numel() == 0:
         return None
@@ -181,11 +155,8 @@ def center_shift_median(initial: Dict[str, Tensor], final: Dict[str, Tensor]) ->
 
 
 def head_precisions(model: nn.Module) -> List[Tensor]:
-    """Per layer, the Gaussian precision ``M_h`` ``(heads, 2, 2)`` of every head (Gaussian kinds only).
-
-    ``generalized``: ``M_h = S_h S_h^T``. ``quadratic``: the score ``-(s_h^2 / 2) ||delta - mu_h||^2`` is
-    ``-1/2 delta^T M_h delta`` with ``M_h = s_h^2 I``.
-    """
+    """Per layer, the Gaussian precision ``M_h`` ``(heads, 2, 2)``: ``S_h S_h^T`` (generalized), ``s_h^2 I``
+    (quadratic)."""
     layers = attention_layers(model)
     kind = layers[0].kind
     if kind not in GAUSSIAN_KINDS:
@@ -235,14 +206,8 @@ def mass_radius(query_map: Tensor, center: Tuple[float, float], mass: float, que
 
 def gaussian_contour(center: Tensor, precision: Tensor, mass: float, num_points: int = 100,
                      max_radius: float = 1e3) -> Tensor:
-    """Points ``(num_points, 2)`` (row, col) of the ellipse holding ``mass`` of the 2-D Gaussian
-    ``N(center, M^-1)`` given its precision ``M``.
-
-    The mass inside ``(x - mu)^T M (x - mu) <= c`` is ``1 - exp(-c / 2)`` (chi-square with 2 degrees of
-    freedom), so the contour is at ``c = -2 log(1 - mass)``: ``x = mu + sqrt(c) V diag(1 / sqrt(lambda)) u``
-    for ``M = V diag(lambda) V^T`` and ``u`` on the unit circle. Semi-axes are capped at ``max_radius``
-    (a singular ``M`` has an infinite axis).
-    """
+    """Points ``(num_points, 2)`` (row, col) of the ellipse holding ``mass`` of ``N(center, M^-1)``: chi-square
+    with 2 dof, ``c = -2 log(1 - mass)``; semi-axes capped at ``max_radius`` (a singular ``M`` has an infinite one)."""
     if not 0 < mass < 1:
         raise UserError(f'mass must be in (0, 1), got {mass}')
     scale = math.sqrt(-2.0 * math.log1p(-mass))
@@ -294,13 +259,8 @@ def head_statistics(
 
 
 def layer_summary(rows: Sequence[Dict[str, Any]], hard_threshold: float = 0.5) -> List[Dict[str, Any]]:
-    """Per layer, how convolutional it is, from :func:`head_statistics` rows.
-
-    ``hard_heads``: heads whose peak probability is at least ``hard_threshold`` (they attend mostly to one
-    pixel, as the heads of Lemma 1). ``distinct_shifts``: the number of different grid shifts those hard
-    heads peak on (a ``K x K`` convolution needs ``K*K``); ``covers_3x3``: whether they include every shift
-    of a 3x3 kernel around the query; ``mean_entropy`` over all heads.
-    """
+    """Per layer, how convolutional it is: ``hard_heads`` peak at ``hard_threshold`` or more (as in Lemma 1),
+    ``distinct_shifts`` counts the grid shifts they peak on (a ``K x K`` convolution needs ``K*K``)."""
     summary = []
     for layer in sorted({r['layer'] for r in rows}):
         heads = [r for r in rows if r['layer'] == layer]

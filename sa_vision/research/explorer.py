@@ -1,14 +1,7 @@
-""" The attention explorer: one self-contained HTML page to look into every head of every layer
+""" The attention explorer: one self-contained HTML page to look into every head of every layer (paper Figs. 2-6)
 
-The page of the paper's authors ("Visualization of Self-Attention Maps") shows, for a test image and a query pixel,
-where each head attends; the paper's Figs. 2-6 show the centres, their contours and how they moved while training.
-:func:`write_explorer` writes all of that for one or more models into a single HTML file that needs no server and
-loads nothing from outside (``explorer.html`` in this folder is the template).
-
-The positional kinds' probabilities are computed in the page from the model's positional parameters (a few hundred
-numbers per layer), so every query of the grid works and the page stays small; the content kind ships each image's
-layer inputs and the query / key maps, from which the page computes its image-dependent probabilities.
-"""
+Needs no server (``explorer.html`` here is the template); the page computes the positional kinds' probabilities
+from their parameters, so every query works and the page stays small (docs/reproduction.md). """
 import base64
 import copy
 import json
@@ -105,9 +98,8 @@ def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
 
 
 def resolve_explorer_model(spec: str) -> ExplorerModel:
-    """Anything ``sa-vision-validate`` takes: a run folder, a checkpoint file, a Hub folder, ``local-dir:<folder>``,
-    ``hf-hub:<repo>`` or a timm name (with its published weights). Epoch parameters come along where they are kept:
-    a run folder's ``epoch-*.safetensors`` or a Hub folder's :data:`POSITIONAL_EPOCHS_FILE`."""
+    """Anything ``sa-vision-validate`` takes, with its epoch parameters where they are kept (a run folder's
+    ``epoch-*.safetensors`` or a Hub folder's :data:`POSITIONAL_EPOCHS_FILE`)."""
     path = Path(spec[len(LOCAL_DIR_PREFIX):] if spec.startswith(LOCAL_DIR_PREFIX) else spec)
     if path.exists():
         ckpt = read_checkpoint(path)

@@ -1,33 +1,12 @@
 """ The paper's dense formulation, as a reference: the released implementation's way of computing the models
 
-Paper: `On the Relationship between Self-Attention and Convolutional Layers` (Cordonnier, Loukas & Jaggi,
-ICLR 2020), https://arxiv.org/abs/1911.03584; Sec. 2.3, 4.1-4.3 and App. A.1, A.4 of the paper.
-
-This module is the project's own restatement of how the authors' code computes the content-free models, kept
-deliberately plain and independent of :mod:`sa_vision.layers` (it imports only torch), so that it can check our
-fast models and serve as the baseline of ``sa-vision-benchmark --compare paper``:
-
-* the image is cut into 2x2 blocks with the original channel order ``6*di + 3*dj + c`` and embedded by one
-  ``Linear(4*C -> D)``;
-* Gaussian kinds score a shift through a relative-position encoding ``r_delta`` and a per-head target vector
-  ``v_h`` (paper eq. 9 and appendix A.1): ``r_delta = (d1, d2, d1^2, d2^2, d1*d2)`` is kept as a
-  ``(h, w, h, w, 5)`` buffer over the whole grid, and the scores are one einsum,
-  ``A[i, j, n, k, l] = r[i, j, k, l] . v_n``. With ``M_n = S_n S_n^T`` (generalized) or ``M_n = s_n^2 I``
-  (quadratic) and centre ``mu_n``, ``v_n = ((M mu)_1, (M mu)_2, -M_11 / 2, -M_22 / 2, -M_12)``: the expansion
-  of ``-1/2 (delta - mu)^T M (delta - mu)`` without its constant term, which the softmax ignores;
-* the learned kind looks every row and column shift up in its tables, maps them to per-head scores with the
-  bias-free key maps, and adds them into the same ``(h, w, heads, h, w)`` score tensor;
-* the softmax runs over all ``h*w`` keys of every query; dropout draws one mask over the whole probability
-  tensor, shared by the batch; every head is applied by the einsum ``(h, w, heads, h, w) x (B, h, w, D)``
-  over the whole grid, and the heads are concatenated head-major (channel ``n*D + d``) for Value.
-
-Nothing is separable, cached or chunked here: memory and time grow with ``(h*w)^2``, as in the original. Shift
-``delta = key - query`` in grid units; axis 1 is the row (vertical) shift, axis 2 the column shift.
-
-The parameters carry the names and shapes of :class:`sa_vision.models.SelfAttentionNet`'s, except the embedding,
-kept as the original's Linear (``patch_embed.weight`` of shape ``(D, 4*C)``; ours is a 2x2 stride-2 convolution,
-``patch_embed.proj.weight`` of shape ``(D, C, 2, 2)``). :func:`paper_state_dict` converts a state dict of ours,
-and :meth:`PaperDenseSA.from_state_dict` builds the reference with the same weights.
+Paper: https://arxiv.org/abs/1911.03584, Sec. 2.3, 4.1-4.3 and App. A.1, A.4. Kept plain and independent of
+:mod:`sa_vision.layers` (torch only), to check our fast models and as the baseline of ``sa-vision-benchmark --compare
+paper``. Gaussian kinds score a shift through ``r_delta = (d1, d2, d1^2, d2^2, d1*d2)``, an ``(h, w, h, w, 5)``
+buffer, and per-head ``v_n = ((M mu)_1, (M mu)_2, -M_11 / 2, -M_22 / 2, -M_12)`` (Eq. 9, App. A.1): the expansion
+of ``-1/2 (delta - mu)^T M (delta - mu)`` without the constant the softmax ignores. Nothing is separable, cached or
+chunked: memory and time grow with ``(h*w)^2``, as in the original. Parameters keep our names and shapes except the
+embedding, the original's ``Linear(4*C -> D)`` (:func:`paper_state_dict` converts).
 """
 from typing import Dict, Mapping, Optional, Sequence
 
@@ -51,8 +30,7 @@ def relative_encoding(grid_h: int, grid_w: int, device=None, dtype=None) -> Tens
 
 
 class _Gaussian(nn.Module):
-    """Centres ``mu`` (heads, 2) and spreads: ``s`` (heads,) for the quadratic kind, ``S`` (heads, 2, 2) for the
-    generalized one."""
+    """Centres ``mu`` (heads, 2) and spreads: ``s`` (heads,) quadratic, ``S`` (heads, 2, 2) generalized."""
 
     def __init__(self, num_heads: int, isotropic: bool):
         super().__init__()
@@ -109,7 +87,7 @@ class PaperAttention(nn.Module):
             self.position = _Learned(dim, num_heads, max_shift)
         else:
             self.position = _Gaussian(num_heads, isotropic=kind == 'quadratic')
-        # the relative encoding of the last grid size (h, w, h, w, 5), as the original kept it; not saved
+        # the relative encoding of the last grid size, as the original kept it; not saved
         self.register_buffer('encoding', torch.empty(0), persistent=False)
 
     def _relative_encoding(self, grid_h: int, grid_w: int, like: Tensor) -> Tensor:
@@ -171,10 +149,8 @@ class PaperLayer(nn.Module):
 
 
 class PaperDenseSA(nn.Module):
-    """The paper's fully-attentional classifier computed the released implementation's (dense) way.
-
-    Image ``B x C x H x W`` (H, W even) to logits. ``heads_per_layer`` may differ per layer (a pruned model).
-    """
+    """The paper's fully-attentional classifier computed the released implementation's (dense) way: image
+    ``B x C x H x W`` (H, W even) to logits."""
 
     def __init__(
             self,
@@ -223,9 +199,8 @@ class PaperDenseSA(nn.Module):
     @classmethod
     def from_state_dict(cls, state_dict: Mapping[str, Tensor], kind: Optional[str] = None,
                         **kwargs) -> 'PaperDenseSA':
-        """The reference with the weights of a :class:`sa_vision.models.SelfAttentionNet` state dict (or of a
-        reference's own). Sizes come from the weights; ``kind`` is checked against them when given;
-        ``kwargs`` are the rest (``norm_eps``, ``proj_drop``, ``attn_drop``)."""
+        """The reference with the weights of a :class:`sa_vision.models.SelfAttentionNet` state dict (or its own);
+        sizes come from the weights, ``kind`` is checked against them."""
         converted = paper_state_dict(state_dict)
         found = kind_of_state_dict(converted)
         if kind is not None and kind != found:
@@ -262,10 +237,8 @@ def kind_of_state_dict(state_dict: Mapping[str, Tensor]) -> str:
 
 
 def paper_state_dict(state_dict: Mapping[str, Tensor]) -> Dict[str, Tensor]:
-    """A :class:`sa_vision.models.SelfAttentionNet` state dict in the reference's layout: the 2x2 stride-2
-    embedding kernel ``(D, C, di, dj)`` becomes the original Linear weight ``(D, 4C)`` with index
-    ``(2*di + dj) * C + c``; every other entry keeps its name and tensor. A reference state dict passes
-    through unchanged."""
+    """A :class:`sa_vision.models.SelfAttentionNet` state dict in the reference's layout: the embedding kernel
+    ``(D, C, di, dj)`` becomes the original Linear ``(D, 4C)`` with index ``(2*di + dj) * C + c``."""
     out = {}
     for key, value in state_dict.items():
         if key == 'patch_embed.proj.weight':

@@ -1,19 +1,9 @@
-""" Pictures of where the attention heads look (paper figures 2-6)
+""" Pictures of where the attention heads look (paper Figs. 2-6)
 
-Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020), section 4.
-
-* :func:`plot_centers` (a): per layer, every head's centre of attention with the contours holding 50 %
-  (solid) and 90 % (dotted) of its Gaussian, around the query pixel (black square). Gaussian kinds only
-  (paper Fig. 3-4).
-* :func:`plot_attention_maps` (b): a layers x heads grid of the attention probabilities of one query pixel,
-  zoomed around it, for every kind (the ``content`` kind averaged over a batch of images; Fig. 5-6).
-* :func:`plot_center_trajectories` (c): how the centres moved over a list of checkpoints (Fig. 2).
-* :func:`save_card_figure`: figure (a) for Gaussian kinds, (b) otherwise, as one file for a model card.
-
-Every plotting function returns ``(figure, data)``: the matplotlib ``Figure`` and a dict with the arrays it
-draws, computed by :mod:`sa_vision.research.analysis`. Figures are built without pyplot (no global state, any
-backend); the file type follows the path's suffix (``.png``, ``.svg``, ``.pdf``).
-Axes: x = column shift (right), y = row shift (down, as in an image), in grid units (2 image pixels).
+(a) :func:`plot_centers`: centres with their 50 % / 90 % contours, Gaussian kinds (Figs. 3-4); (b)
+:func:`plot_attention_maps`: the attention of one query pixel per layer and head (Figs. 5-6); (c)
+:func:`plot_center_trajectories`: how the centres moved (Fig. 2). Each returns ``(figure, data)``, built without
+pyplot (no global state). Axes: x = column shift (right), y = row shift (down), in grid units (2 image pixels).
 """
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -87,12 +77,8 @@ def plot_centers(
         extent: Optional[float] = None,
         masses: Sequence[float] = CONTOUR_MASSES,
 ) -> Tuple[Figure, Dict[str, Any]]:
-    """Figure (a): per layer, every head's centre ``mu_h`` and its Gaussian's 50 % / 90 % contours.
-
-    Returns the figure and ``{'centers': [(heads, 2)] per layer, 'contours': {mass: [(heads, n, 2)] per
-    layer}}`` as (row, col) arrays, from :func:`~sa_vision.research.analysis.head_centers` and
-    :func:`~sa_vision.research.analysis.gaussian_contour`.
-    """
+    """Figure (a): per layer, every head's centre ``mu_h`` and its Gaussian's 50 % / 90 % contours; data
+    ``{'centers': [(heads, 2)], 'contours': {mass: [(heads, n, 2)]}}`` per layer, as (row, col)."""
     kind = attention_layers(model)[0].kind
     if kind not in GAUSSIAN_KINDS:
         raise UserError(
@@ -134,15 +120,8 @@ def plot_attention_maps(
         grid_size: Optional[Tuple[int, int]] = None,
         images: Optional[Tensor] = None,
 ) -> Tuple[Figure, Dict[str, Any]]:
-    """Figure (b): layers x heads grid of the attention probabilities of the ``query`` pixel (default the grid
-    centre), cropped to ``zoom`` grid units around it (outside the grid: blank).
-
-    Returns the figure and ``{'maps': (layers, max heads, 2*zoom+1, 2*zoom+1) array (NaN where a layer has
-    fewer heads or the window leaves the grid), 'query': (row, col), 'grid_size': (h, w)}``; the maps are
-    :func:`~sa_vision.research.analysis.query_maps` of :func:`~sa_vision.research.analysis.attention_probs`
-    (averaged over
-    ``images`` for the ``content`` kind).
-    """
+    """Figure (b): layers x heads grid of the attention of the ``query`` pixel (default the grid centre), cropped to
+    ``zoom`` grid units around it; NaN where a layer has fewer heads or the window leaves the grid."""
     kind = attention_layers(model)[0].kind
     if grid_size is None and images is not None:
         grid_size = (images.shape[-2] // 2, images.shape[-1] // 2)
@@ -196,11 +175,8 @@ def plot_center_trajectories(
         extent: Optional[float] = None,
 ) -> Tuple[Figure, Dict[str, Any]]:
     """Figure (c): per layer, the path of every head's centre over ``checkpoints`` (models or anything
-    :func:`~sa_vision.research.analysis.load_model` opens, in training order); a dot at the start, a cross at the end.
-
-    Returns the figure and ``{'centers': (checkpoints, layers, heads, 2) array}`` from
-    :func:`~sa_vision.research.analysis.head_centers` (row, col).
-    """
+    :func:`~sa_vision.research.analysis.load_model` opens, in training order); data ``{'centers': (checkpoints,
+    layers, heads, 2)}``."""
     if len(checkpoints) < 1:
         raise UserError('give at least one checkpoint (two or more to see the centres move)')
     models = [load_model(c) if isinstance(c, str) else c for c in checkpoints]
@@ -240,8 +216,7 @@ def _ragged(centers: List[Tensor]) -> np.ndarray:
 
 
 def save_card_figure(model: nn.Module, path: str) -> str:
-    """Write one picture of the heads' attention for a model card: figure (a) for the Gaussian kinds,
-    figure (b) otherwise. Returns ``path``."""
+    """One picture for a model card: figure (a) for the Gaussian kinds, figure (b) otherwise; returns ``path``."""
     if attention_layers(model)[0].kind in GAUSSIAN_KINDS:
         plot_centers(model, path)
     else:

@@ -1,18 +1,8 @@
-""" Pruning degenerate attention heads (how ``sa_gen_pruned`` is made)
+""" Pruning degenerate attention heads (how ``sa_gen_pruned`` is made; paper App. A.1)
 
-Paper: `On the Relationship between Self-Attention and Convolutional Layers` (ICLR 2020), appendix A.1;
-App. A.1 of the paper.
-
-A generalized (non-isotropic Gaussian) head with precision ``M_h = S_h S_h^T`` is degenerate when it
-attends to almost everything uniformly (largest eigenvalue of ``M_h`` tiny) or to a thin stripe
-(``M_h`` nearly singular, condition number huge). The released code drops every head with largest
-eigenvalue ``< 1e-5`` or condition number ``> 1000`` (the paper text says 1e5 for the latter); both are
-arguments here. Dropping head ``n`` of a layer removes its parameters (centre and ``S_h`` for the Gaussian
-kinds; its rows of the key maps for the learned kinds) and its ``D`` input columns ``n*D:(n+1)*D`` of the
-layer's Value map. The result is the state dict of the same model with fewer heads in some layers; it
-loads strictly into ``timm.create_model(<name>, heads_per_layer=<kept heads>)`` (for the paper's
-[2,4,1,2,6,0] that is ``sa_gen_pruned``). Fine-tune it afterwards with the pruned recipe (paper App. A.4).
-"""
+A head with precision ``M_h = S_h S_h^T`` is degenerate when it attends almost uniformly (largest eigenvalue
+``< 1e-5``) or to a thin stripe (condition number ``> 1000``; the paper text says 1e5, the released code 1000).
+Dropping it removes its parameters and Value input columns; fine-tune afterwards (paper App. A.4). """
 import copy
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -44,8 +34,8 @@ def find_degenerate_heads(
         max_eigenvalue_below: float = MAX_EIGENVALUE_BELOW,
         max_condition: float = MAX_CONDITION,
 ) -> List[List[int]]:
-    """Per layer, the indices of the heads whose ``M_h`` has largest eigenvalue ``< max_eigenvalue_below``
-    or condition number (largest / smallest eigenvalue, ``inf`` when singular) ``> max_condition``."""
+    """Per layer, the heads whose ``M_h`` has largest eigenvalue ``< max_eigenvalue_below`` or condition number
+    (``inf`` when singular) ``> max_condition``."""
     degenerate = []
     for eigenvalues in head_eigenvalues(model):
         smallest, largest = eigenvalues[:, 0].abs(), eigenvalues[:, 1].abs()
@@ -61,9 +51,8 @@ def select_heads_to_prune(
         max_eigenvalue_below: float = MAX_EIGENVALUE_BELOW,
         max_condition: float = MAX_CONDITION,
 ) -> List[List[int]]:
-    """The heads to prune per layer: :func:`find_degenerate_heads`, except that a layer whose heads are all
-    degenerate keeps its least degenerate one, the head whose ``M_h`` has the largest eigenvalue (the most
-    concentrated attention), since a layer without heads does not exist (its Value map would have no input)."""
+    """The heads to prune per layer: :func:`find_degenerate_heads`, but a layer keeps at least its least degenerate
+    head (largest eigenvalue of ``M_h``): a layer without heads would leave its Value map without input."""
     selected = []
     for drop, eigenvalues, num_heads in zip(find_degenerate_heads(model, max_eigenvalue_below, max_condition),
                                             head_eigenvalues(model), model.heads_per_layer):
@@ -94,18 +83,8 @@ def prune_state_dict(
         embed_dim: int,
         attn_kind: str = 'generalized',
 ) -> Tuple[Dict[str, Tensor], Tuple[int, ...]]:
-    """Remove heads from a :class:`~sa_vision.models.SelfAttentionNet` state dict.
-
-    Args:
-        state_dict: The model's state dict (not modified).
-        heads_to_prune: Per layer, the head indices to drop.
-        heads_per_layer: The model's heads per layer.
-        embed_dim: The model's token width ``D``.
-        attn_kind: The model's attention kind.
-
-    Returns:
-        The pruned state dict and the heads per layer it holds.
-    """
+    """Remove ``heads_to_prune`` (per layer) from a :class:`~sa_vision.models.SelfAttentionNet` state dict (not
+    modified); returns the pruned state dict and the heads per layer it holds."""
     if len(heads_to_prune) != len(heads_per_layer):
         raise PruningError(
             f'heads_to_prune has {len(heads_to_prune)} layers but the model has {len(heads_per_layer)}; '
@@ -133,7 +112,7 @@ def prune_state_dict(
 @torch.no_grad()
 def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int]]] = None, **thresholds) -> nn.Module:
     """A copy of ``model`` with the given heads (default: :func:`find_degenerate_heads` with ``thresholds``)
-    removed; its ``heads_per_layer`` is the pruned one and it holds the remaining weights unchanged."""
+    removed, the remaining weights unchanged."""
     kind = attention_layers(model)[0].kind
     if heads_to_prune is None:
         heads_to_prune = find_degenerate_heads(model, **thresholds)
@@ -151,7 +130,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
             attn.content = type(attn.content)(attn.dim, num_heads, **dd)
         attn.clear_probs_cache()
         block.num_heads = num_heads
-        # same Linear class (the model's heads-stacked Linear), Value may have Dense fused into it
+        # same class as Value (Dense may be fused into it)
         block.value = type(block.value)(num_heads * attn.dim, block.value.out_features, **dd)
     pruned.heads_per_layer = kept
     pruned.load_state_dict(state_dict, strict=True)
@@ -159,20 +138,15 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
 
 
 def pruned_arch(attn_kind: str) -> str:
-    """The registered model that pruned weights of ``attn_kind`` load into (with the kept ``heads_per_layer``):
-    ``sa_gen_pruned`` for the generalized kind (the paper's pruned model), else the kind's own model."""
+    """The registered model that pruned weights of ``attn_kind`` load into: ``sa_gen_pruned`` for generalized
+    weights, else the kind's own model."""
     from ..train.checkpoint import KIND_TO_MODEL
     return PRUNED_ARCH if attn_kind == 'generalized' else KIND_TO_MODEL[attn_kind]
 
 
 def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequence[int]]] = None) -> Dict:
-    """Write a pruned model as a checkpoint of :func:`pruned_arch` (``sa_gen_pruned`` for generalized weights)
-    with the kept heads in its ``model_args``.
-
-    ``.safetensors`` keeps ``arch`` / ``model_args`` in the metadata; any other suffix is a checkpoint of the
-    training script's format. Every loader opens it, and ``sa-vision-train --model sa_gen_pruned
-    --initial-checkpoint <path>`` builds the model with those heads. Returns the ``model_args``.
-    """
+    """Write a pruned model as a checkpoint of :func:`pruned_arch` with the kept heads in its ``model_args``
+    (``.safetensors``: in the metadata); returns the ``model_args``."""
     import json
 
     from ..train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save, infer_model_args

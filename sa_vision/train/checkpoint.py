@@ -1,19 +1,8 @@
 """ Checkpoints: one reader for every kind of weights file a user has, and the atomic writer of training runs
 
-:func:`read_checkpoint` opens, without unpickling arbitrary objects:
-
-* a checkpoint of ``sa-vision-train`` (``last.pth.tar``: ``arch``, ``model_args``, ``state_dict``, run state);
-* a checkpoint of timm's ``train.py`` (``checkpoint-*.pth.tar``, ``last.pth.tar``, ``model_best.pth.tar``): the
-  model name and construction arguments come from its pickled ``argparse.Namespace``, the only class allowed
-  besides what ``torch.load(weights_only=True)`` reads; ``use_ema=True`` takes ``state_dict_ema``;
-* a bare state dict (``.pth``, ``.pt``, ``.bin``) or a ``.safetensors`` file (``arch`` / ``model_args`` from its
-  metadata when present, as ``sa-vision-prune`` writes); the architecture of a sa_vision attention model is
-  read off the tensor shapes, any other needs ``arch``;
-* a Hub folder (``config.json`` + ``model.safetensors``, as timm's ``save_for_hf`` writes).
-
-The result, a :class:`Checkpoint`, builds its model with :meth:`Checkpoint.create_model`. :func:`load_model`
-also takes a timm model name.
-"""
+:func:`read_checkpoint` opens, without unpickling arbitrary objects (timm's ``argparse.Namespace`` is the one class
+allowed beyond ``weights_only``): checkpoints of ``sa-vision-train`` and timm's ``train.py``, bare state dicts and
+``.safetensors`` (a sa_vision attention model's architecture is read off the shapes) and Hub folders. """
 import argparse
 import contextlib
 import json
@@ -44,7 +33,7 @@ _TIMM_MODEL_ARGS = (('num_classes', 'num_classes'), ('in_chans', 'in_chans'), ('
                     ('drop_path_rate', 'drop_path'), ('drop_block_rate', 'drop_block'), ('global_pool', 'gp'),
                     ('bn_momentum', 'bn_momentum'), ('bn_eps', 'bn_eps'))
 _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
-# names of weights that timm.create_model takes: they load those weights (with pretrained=True in timm)
+# weight names timm.create_model takes (it loads them, as with pretrained=True)
 LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
 RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, kept current every epoch
 _WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
@@ -56,16 +45,8 @@ class CheckpointError(UserError):
 
 @dataclass
 class Checkpoint:
-    """Weights and what is known about them.
-
-    Attributes:
-        arch: timm model name.
-        model_args: Every keyword given to ``timm.create_model(arch, ...)`` to build the model.
-        state_dict: The weights.
-        source: Where they came from (a path).
-        format: 'sa_vision' (sa-vision-train), 'timm' (timm train.py), 'state_dict', 'safetensors', 'hub_folder'.
-        meta: Everything else the file holds (epoch, num_updates, metrics, history, recipe, dataset, ...).
-    """
+    """Weights and what is known about them: ``model_args`` are every keyword ``timm.create_model(arch, ...)``
+    takes, ``meta`` everything else the file holds (epoch, metrics, history, ...)."""
     arch: str
     model_args: Dict[str, Any]
     state_dict: Dict[str, Tensor]
@@ -102,8 +83,8 @@ class Checkpoint:
 
 @contextlib.contextmanager
 def atomic_write(path: PathLike) -> Iterator[Path]:
-    """A temporary path beside ``path`` (same suffix) to write to; renamed over ``path`` when the block ends without
-    an error, so a crash or a kill never leaves a half-written file, and removed otherwise."""
+    """A temporary path beside ``path`` to write to, renamed over it when the block succeeds (removed otherwise):
+    a crash or kill never leaves a half-written file."""
     path = Path(path)
     tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')
     try:
@@ -122,8 +103,7 @@ def atomic_torch_save(obj: Any, path: PathLike) -> None:
 
 
 def strip_runtime_args(args: Dict[str, Any]) -> Dict[str, Any]:
-    """The training arguments of a run without its machine, process, file and resolved fields
-    (:data:`sa_vision.train.args.RUNTIME_ARGS`)."""
+    """The training arguments of a run without :data:`~sa_vision.train.args.RUNTIME_ARGS`."""
     return {k: v for k, v in args.items() if k not in RUNTIME_ARGS}
 
 
@@ -163,10 +143,8 @@ def is_sa_state_dict(state_dict: Dict[str, Tensor]) -> bool:
 
 
 def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
-    """Architecture kwargs of a :class:`~sa_vision.models.SelfAttentionNet`, read off a state dict's shapes.
-
-    Includes ``attn_kind``; :data:`KIND_TO_MODEL` names the registered model of each kind.
-    """
+    """Architecture kwargs (with ``attn_kind``) of a :class:`~sa_vision.models.SelfAttentionNet`, read off a state
+    dict's shapes."""
     if not is_sa_state_dict(state_dict):
         missing = [k for k in _SA_KEYS if k not in state_dict]
         raise CheckpointError(f'not a sa_vision self-attention state dict (no {", ".join(missing)}); the '
@@ -192,8 +170,7 @@ def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
     return args
 
 
-# the registered model of each attention kind in its default configuration (sa_gen_pruned sets its own heads):
-# what bare weights of that kind load as
+# the registered model of each attention kind in its default configuration: what bare weights of that kind load as
 KIND_TO_MODEL = {args['attn_kind']: name for name, args in SA_MODEL_ARGS.items() if 'heads_per_layer' not in args}
 _KIND_OF_MODEL = {name: args['attn_kind'] for name, args in SA_MODEL_ARGS.items()}
 
@@ -225,8 +202,7 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
 
 
 def _classifier_width(arch: str, state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
-    """``num_classes`` of timm model ``arch`` read off its classifier's weight (the key its pretrained cfg names,
-    as timm's own loading does when num_classes changes), or {} when unknown."""
+    """``num_classes`` of timm model ``arch`` read off its classifier weight (as timm's loading does), or {}."""
     import timm
     from timm.models import get_pretrained_cfg_value
     try:
@@ -308,15 +284,8 @@ def read_checkpoint(
         use_ema: bool = False,
         map_location='cpu',
 ) -> Checkpoint:
-    """Open weights of any supported kind (see the module docstring).
-
-    Args:
-        source: A file, a Hub folder, or a run folder of ``sa-vision-train`` (its ``last.pth.tar``).
-        arch: Expected architecture: an error if the file names another; the architecture of bare weights.
-        model_args: Construction arguments for bare weights (override what is read off the shapes).
-        use_ema: Take the EMA weights of a timm train.py checkpoint (an error if it has none).
-        map_location: Passed to ``torch.load``.
-    """
+    """Open weights of any supported kind (see the module docstring); ``source`` may be a run folder, ``arch``
+    names bare weights and is checked against the file's, ``model_args`` override what the shapes say."""
     path = Path(source)
     if path.is_dir() and not (path / 'config.json').is_file() and (path / RUN_CHECKPOINT).is_file():
         path = path / RUN_CHECKPOINT  # a run folder of sa-vision-train: its latest checkpoint
@@ -390,12 +359,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
 
 def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
     """A model in eval mode from a file or Hub folder (:func:`read_checkpoint`), a timm model name, or a name of
-    weights: ``local-dir:<folder>`` (an exported Hub folder, read like the folder itself) or ``hf-hub:<repo>``.
-
-    ``kwargs`` are construction arguments: for bare weights they override what is read off the shapes; for a
-    timm name they go to ``timm.create_model`` (random init unless ``pretrained``). ``local-dir:`` and
-    ``hf-hub:`` name weights, so they always load them (as ``sa-vision-validate`` does), never a random model.
-    """
+    weights (``local-dir:<folder>``, ``hf-hub:<repo>``: always loaded); ``kwargs`` are construction arguments."""
     import timm
 
     from .. import models  # noqa: F401  registers the models

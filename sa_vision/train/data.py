@@ -1,26 +1,8 @@
-""" Datasets and transforms for training and evaluating the CIFAR models
+""" Datasets and transforms for training and evaluating the CIFAR models (docs/training.md, "Datasets")
 
-* ``torch/cifar10``: CIFAR-10 through timm's ``create_dataset`` (torchvision underneath, ``download=True``
-  fetches it into ``data_dir``).
-* an ImageFolder (``data_dir/<split>/<class>/*.png``) through timm's ``create_dataset``.
-* ``digits``: the 1,797 8x8 handwritten digits that ship with scikit-learn, upscaled to 32x32 and repeated to
-  3 channels, with a fixed stratified train/test split. Fully offline: the embedded default for trying things.
-* ``fashion-mnist``: Zalando's Fashion-MNIST (60,000 train / 10,000 test, 28x28 grey, 10 classes) read from the four
-  standard IDX files (gzip'd or not) in ``/usr/share/datasets/fashion-mnist/`` (Debian package
-  ``dataset-fashion-mnist``) or ``data_dir``. The images are zero-padded by 2 pixels to 32x32, so the paper's
-  architectures run unchanged on their 16x16 grid, and the grey channel is repeated to 3 channels, so every model keeps
-  ``in_chans=3`` and the pretrained configs stay as they are.
-
-Transforms follow the paper's CIFAR-10 recipe (Section 4 of the paper): train = random 32x32 crop of the 4-pixel
-zero-padded image + horizontal flip + normalise; eval = normalise only. Image-folder images of another size are
-first resized as timm's eval transform does with ``crop_pct=1`` (shorter side to the model's input size, then the
-centre square): a timm user expects any folder of images to load, and the models' grid is fixed by the input size.
-Mean and std are each dataset's own (its
-:class:`DatasetInfo`; CIFAR-10's come from :mod:`sa_vision.paper`).
-
-A --dataset that is neither a known name, a timm ``<type>/<name>`` nor an existing folder is a
-:class:`~sa_vision.errors.DatasetError` listing the known names.
-"""
+``digits`` and ``fashion-mnist`` (zero-padded 28x28 -> 32x32, so the paper's architectures run unchanged on their
+16x16 grid) are read here, repeated to 3 channels; the rest comes through timm's ``create_dataset``. Transforms
+follow the paper's CIFAR-10 recipe (Sec. 4). """
 import gzip
 import os
 import zlib
@@ -70,8 +52,7 @@ _DATASETS = {
                                                      'frog', 'horse', 'ship', 'truck')),
     DIGITS: DatasetInfo(DIGITS, 'digits', 'scikit-learn digits (8x8, upscaled to 32x32)', 10, CIFAR10_MEAN,
                         CIFAR10_STD, 'test', class_names=tuple(str(d) for d in range(10))),
-    # per-pixel mean / std of the 60,000 training images' 28x28 pixels in [0, 1], before the zero padding to
-    # 32x32 (as these stats are usually quoted; tests/test_data.py checks them); grey, repeated to 3 channels
+    # mean / std of the 28x28 training pixels before the padding, as usually quoted (tests/test_data.py checks them)
     FASHION_MNIST: DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10,
                                (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist',
                                ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker',
@@ -90,8 +71,7 @@ def known_dataset_names() -> Tuple[str, ...]:
 
 
 def split_name(dataset: str, split: str) -> str:
-    """The split that ``split`` reads for ``dataset``: digits, fashion-mnist and torch/cifar10 read their test split
-    for 'validation' / 'val' (so train.py and validate.py name the same images alike); others keep their name."""
+    """The split ``split`` reads: the fixed-split datasets read 'test' for 'validation' / 'val'."""
     info = dataset_info(dataset)
     if info.num_classes is not None and info.eval_split == 'test' and split in _TEST_SPLIT_SYNONYMS:
         return 'test'
@@ -99,16 +79,14 @@ def split_name(dataset: str, split: str) -> str:
 
 
 def normalization(dataset: str, data_cfg: Dict[str, Any]) -> Dict[str, Tuple[float, ...]]:
-    """``mean`` / ``std`` to train and evaluate with: a known dataset's own statistics, for an image folder the
-    model's (``data_cfg`` from ``timm.data.resolve_data_config``)."""
+    """``mean`` / ``std``: a known dataset's own, for an image folder the model's (``data_cfg``)."""
     info = dataset_info(dataset)
     source = {'mean': info.mean, 'std': info.std} if info.num_classes else data_cfg
     return {'mean': tuple(source['mean']), 'std': tuple(source['std'])}
 
 
 def dataset_for_tag(tag: str) -> str:
-    """The --dataset value of a pretrained tag ('fashion_mnist' or 'fashion_mnist_custom' -> 'fashion-mnist'),
-    '' when the tag names no known dataset."""
+    """The --dataset of a pretrained tag ('fashion_mnist_custom' -> 'fashion-mnist'), '' for no known dataset."""
     for info in _DATASETS.values():
         if tag == info.tag or tag.startswith(info.tag + '_'):
             return info.name
@@ -126,7 +104,7 @@ def dataset_info(dataset: str) -> DatasetInfo:
 
 
 def _check_digits_split(split: str) -> None:
-    """The DatasetError of a split digits does not have, or of a missing scikit-learn (found, not imported)."""
+    """Raise for a split digits lacks or a missing scikit-learn (found, not imported)."""
     import importlib.util
     if importlib.util.find_spec('sklearn') is None:
         raise DatasetError("the 'digits' dataset needs scikit-learn: pip install scikit-learn")
@@ -177,11 +155,8 @@ _FASHION_MNIST_SPLITS = {'train': 'train', 'test': 'test', 'validation': 'test',
 
 
 def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
-    """An IDX file of unsigned bytes with ``ndim`` dimensions, gzip'd (``*.gz``) or not, as a uint8 tensor.
-
-    Parsed here rather than with torchvision's ``read_image_file`` / ``read_label_file``: those open a path with
-    plain ``open`` (no gzip) and check the header with ``assert``, so a malformed file would fail without its name.
-    """
+    """An IDX file of unsigned bytes, gzip'd or not, as a uint8 tensor; a malformed file raises naming the path
+    (torchvision's readers ``assert`` and take no gzip)."""
     with open(path, 'rb') as f:
         data = f.read()
     if path.endswith('.gz'):
@@ -189,7 +164,7 @@ def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
             data = gzip.decompress(data)  # in memory: no unpacked copy on disk
         except (OSError, EOFError, zlib.error) as e:
             raise DatasetError(f'{path} is not a valid gzip file ({e}); fetch it again') from None
-    # header: 2 zero bytes, type 0x08 (unsigned byte), number of dimensions, then each size as big-endian uint32
+    # header: 2 zero bytes, type 0x08 (unsigned byte), ndim, then each size as big-endian uint32
     header = 4 + 4 * ndim
     if len(data) < header or data[:4] != bytes((0, 0, 0x08, ndim)):
         raise DatasetError(f'{path} is not an IDX file of unsigned bytes with {ndim} dimension(s): its magic number is '
@@ -205,8 +180,7 @@ def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
 
 
 def _fashion_mnist_files(split: str, data_dir: Optional[str] = None) -> List[str]:
-    """The (images, labels) IDX files of a fashion-mnist split, gzip'd or not, or the DatasetError saying what is
-    missing and where to get it."""
+    """The (images, labels) IDX files of a fashion-mnist split, or the error saying where to get them."""
     if split not in _FASHION_MNIST_SPLITS:
         raise DatasetError(f"fashion-mnist has the splits 'train' and 'test' ('validation' and 'val' are 'test'), "
                            f"got {split!r}")
@@ -231,8 +205,7 @@ def _fashion_mnist_files(split: str, data_dir: Optional[str] = None) -> List[str
 class FashionMnistDataset(Dataset):
     """Fashion-MNIST as 3 x 32 x 32 float images in [0, 1]: 28x28 grey, zero-padded by 2, repeated to 3 channels.
 
-    ``images`` holds the padded grey images as uint8 (N x 1 x 32 x 32, 61 MB for the training split instead of
-    737 MB as float RGB); ``__getitem__`` converts and repeats one image at a time.
+    Kept as padded uint8 grey (N x 1 x 32 x 32, 12x smaller than float RGB) and converted per item.
     """
 
     def __init__(self, split: str = 'train', transform=None, data_dir: Optional[str] = None):
@@ -272,21 +245,11 @@ def create_cifar_transform(
         std: Sequence[float] = CIFAR10_STD,
         tensor_input: bool = False,
 ):
-    """The paper's transform: pad-and-crop + flip for training, normalise only for evaluation.
-
-    Args:
-        is_training: Add the random augmentation.
-        img_size: Output size. PIL images (image folders, torch/ datasets) of another size are resized first
-            (shorter side to ``img_size``, then the centre square), tensors (digits, fashion-mnist) are not.
-        crop_padding: Zero padding before the random crop, 0 for no crop.
-        hflip: Probability of a horizontal flip.
-        mean, std: Normalisation.
-        tensor_input: The dataset yields float tensors in [0, 1] (digits, fashion-mnist) rather than PIL images.
-    """
+    """The paper's transform: pad-and-crop + flip for training, normalise only for evaluation; PIL images of
+    another size are first resized (shorter side to ``img_size``, centre square)."""
     tfl = []
     if not tensor_input:
-        # any image size, as timm's eval transform with crop_pct=1: shorter side to img_size, centre square (PIL
-        # returns an image already of this size unchanged, so 32x32 CIFAR images are untouched)
+        # as timm's eval transform with crop_pct=1 (PIL returns a 32x32 image unchanged)
         tfl += [transforms.Resize(img_size), transforms.CenterCrop(img_size)]
     if is_training:
         if crop_padding > 0:
@@ -318,8 +281,7 @@ def _image_folder_split(root: str, split: str, is_training: bool = False) -> str
 
 
 def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tuple[DatasetInfo, str, Optional[str]]:
-    """(info, name with aliases resolved, the folder to read) of a --dataset value, or the DatasetError of a name
-    that is not a dataset or a --data-dir that is missing where the dataset is read from it."""
+    """(info, resolved name, folder to read) of a --dataset value, or its DatasetError."""
     info = dataset_info(dataset)
     name = info.name.lower() if info.name else ''  # aliases resolved ('fashion_mnist' -> 'fashion-mnist')
     known = info.num_classes is not None
@@ -342,10 +304,8 @@ def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tu
 
 def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool = False,
                   train_split: Optional[str] = None, eval_split: Optional[str] = None) -> None:
-    """Raise the :class:`~sa_vision.errors.DatasetError` that :func:`create_image_dataset` would raise for these
-    splits, without reading an image: an unknown name, a missing --data-dir, an image folder without the split's
-    subfolder, missing fashion-mnist files, a split digits does not have. Run before a model is built.
-    (A torch/ dataset's own files are looked for by torchvision when it is created.)"""
+    """Raise the DatasetError :func:`create_image_dataset` would raise for these splits, without reading an image
+    (run before a model is built; torch/ datasets' files are checked by torchvision later)."""
     _, name, data_dir = _dataset_source(dataset, data_dir, download)
     for split, is_training in ((train_split, True), (eval_split, False)):
         if split is None:
@@ -370,18 +330,8 @@ def create_image_dataset(
         mean: Optional[Sequence[float]] = None,
         std: Optional[Sequence[float]] = None,
 ):
-    """A dataset with the paper's transform attached.
-
-    Args:
-        dataset: 'digits', 'fashion-mnist', a timm dataset name such as 'torch/cifar10', or '' for an ImageFolder in
-            ``data_dir``.
-        split: 'train', 'test' / 'validation' (timm maps the torch/ splits).
-        is_training: Attach the training augmentation.
-        data_dir: Root folder (download target for torch/ datasets, the folder for ImageFolder, the folder of the
-            IDX files for fashion-mnist, which defaults to ``FASHION_MNIST_DIR``).
-        download: Download torch/ datasets that are missing.
-        mean, std: Normalisation; None: the dataset's own (:func:`dataset_info`).
-    """
+    """A dataset with the paper's transform attached: 'digits', 'fashion-mnist', a timm name such as
+    'torch/cifar10', or '' for an ImageFolder in ``data_dir``; ``mean`` / ``std`` None: the dataset's own."""
     info, name, data_dir = _dataset_source(dataset, data_dir, download)
     tensor_input = name in (DIGITS, FASHION_MNIST)
     transform = create_cifar_transform(

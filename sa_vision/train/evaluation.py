@@ -1,7 +1,6 @@
 """ Evaluation: loss, top-1 and top-5 of a model over a loader, summed over processes under DDP
 
-Used by ``sa-vision-train`` (every epoch) and ``sa-vision-validate``. The running totals stay on the images'
-device (no host sync per batch) and are all-reduced there, as NCCL requires CUDA tensors.
+The running totals stay on the images' device (no host sync per batch) and are all-reduced there (NCCL needs CUDA).
 """
 from contextlib import nullcontext
 from typing import Callable, Dict
@@ -17,10 +16,7 @@ __all__ = ['evaluate']
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device, amp_ctx: Callable = nullcontext, channels_last: bool = False,
              distributed: bool = False) -> Dict[str, float]:
-    """Loss, top-1 and top-5 (percent) over every image of the loader (summed over processes if distributed).
-
-    Under DDP each process passes its own disjoint shard; the totals are all-reduced on ``device``.
-    """
+    """Loss, top-1 and top-5 (percent) over the loader; under DDP over every process's disjoint shard."""
     model.eval()
     # loss sum, top-1 hits, top-5 hits, images; float64 so that hit counts stay exact
     totals = torch.zeros(4, dtype=torch.float64, device=device)

@@ -1,11 +1,7 @@
 """ Training: a sa_vision model (or any timm model) with timm's library parts, no timm checkout needed
 
-``sa-vision-train`` (:mod:`sa_vision.cli.train`, which adds ``--export``) runs :func:`main`: it reads a recipe of
-``sa_vision/configs`` (``-c``) in timm ``train.py``'s argument names, which the command line overrides, trains
-and evaluates every epoch, and writes ``last.pth.tar`` after each. Multi-process:
-``torchrun --nproc_per_node N -m sa_vision.cli.train ...`` (DDP). ``--resume <run>/last.pth.tar`` continues a
-run where its last completed epoch ended. The arguments are in :mod:`.args`, the machine in :mod:`.runtime`, the
-run's state in :mod:`.state`; docs/training.md explains them.
+``sa-vision-train`` runs :func:`main` on a recipe (``-c``) in timm ``train.py``'s argument names, overridden by the
+command line; it writes ``last.pth.tar`` every epoch, which ``--resume`` continues (docs/training.md).
 """
 import importlib
 import json
@@ -184,8 +180,7 @@ def _create_model(args, initial):
 
 
 def _create_optimizer(model, args):
-    # timm's weight-decay groups, and the positional parameters in groups of their own with
-    # lr_scale = --pos-lr-scale, which timm's schedulers multiply into the scheduled lr on every step
+    # timm's weight-decay groups, the positional ones with lr_scale = --pos-lr-scale (timm's schedulers apply it)
     return create_optimizer_v2(
         model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
         param_group_fn=partial(param_groups_pos_lr, weight_decay=args.weight_decay, pos_lr_scale=args.pos_lr_scale),

@@ -1,14 +1,7 @@
 """ Training recipes: ``sa_vision/configs/<name>.yaml`` in the argument names of timm's ``train.py``
 
-A recipe is a flat YAML mapping whose keys are the ``dest`` names of timm's ``train.py`` arguments
-(``batch_size``, ``weight_decay``, ``sched_on_updates``, ...). timm's ``train.py -c <recipe>`` and this
-repository's ``sa-vision-train -c <recipe>`` both read them with ``parser.set_defaults(**recipe)``, so
-arguments on the command line override the recipe. The recipe files are the single place the paper's
-hyper-parameters (paper App. A.4) are written down.
-
-A key that neither ``sa-vision-train`` nor timm's ``train.py`` reads is an error (:func:`check_recipe_keys`): a
-misspelt ``lr_rate`` would otherwise leave the default learning rate in place without a word.
-"""
+Read by both trainers with ``parser.set_defaults`` (the command line overrides them), the one place the paper's
+hyper-parameters (App. A.4) are written down. Unknown keys are errors: a misspelt ``lr_rate`` must not pass. """
 import difflib
 import os
 from pathlib import Path
@@ -18,10 +11,8 @@ from ..errors import RecipeError, RecipeNotFoundError
 
 __all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'check_recipe_keys']
 
-# Keys that timm's train.py reads (its argument dests, timm 1.0) and sa-vision-train does not implement: allowed in a
-# recipe, so one file serves both trainers, and ignored by sa-vision-train with a note. Every other key that
-# sa-vision-train does not know is an error. tests/test_timm_train_args.py checks each against the parser of a timm
-# checkout's train.py (the script sa_vision.train.run_timm runs), and none against sa-vision-train's own arguments.
+# keys that only timm's train.py reads: allowed, so one recipe serves both trainers, and ignored with a note
+# (tests/test_timm_train_args.py checks them against a timm checkout's train.py)
 TIMM_ONLY_RECIPE_KEYS = frozenset({
     # dataset and input
     'data', 'class_map', 'test_split', 'train_num_samples', 'val_num_samples', 'input_img_mode', 'input_key',
@@ -76,11 +67,8 @@ def load_recipe(name: Union[str, os.PathLike]) -> Dict[str, Any]:
 
 
 def check_recipe_keys(keys: Iterable[str], known: Iterable[str], source: str = 'the recipe') -> List[str]:
-    """The keys that only timm's train.py reads (to be ignored with a note); any other unknown key is an error.
-
-    Raises:
-        RecipeError: naming every key that no trainer reads and the nearest known key of each (``difflib``).
-    """
+    """The keys that only timm's train.py reads (to be ignored with a note); any other unknown key raises a
+    RecipeError naming the nearest known key."""
     known = set(known)
     unknown = sorted(k for k in keys if k not in known and k not in TIMM_ONLY_RECIPE_KEYS)
     if unknown:

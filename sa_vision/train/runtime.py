@@ -1,7 +1,6 @@
 """ The machine a run trains on: threads, devices and DDP, backend switches, allocator, AMP and compile probes
 
-What is decided here depends on the machine and the process, not on the recipe: these arguments are the
-``PROCESS_ARGS`` and ``RESOLVED_ARGS`` of :mod:`sa_vision.train.args`. Measurements: docs/performance.md.
+They decide the ``PROCESS_ARGS`` / ``RESOLVED_ARGS`` of :mod:`sa_vision.train.args` (measured: docs/performance.md).
 """
 import ctypes
 import ctypes.util
@@ -37,8 +36,7 @@ def available_cores() -> int:
 
 
 def default_threads() -> int:
-    """torch's own thread count, capped at :func:`available_cores`: torch counts the machine's cores, and threads
-    beyond this process's cores only wait for each other."""
+    """torch's own thread count, capped at :func:`available_cores` (torch counts the machine's cores)."""
     return max(1, min(TORCH_DEFAULT_THREADS, available_cores()))
 
 
@@ -50,8 +48,8 @@ def apply_threads(args) -> int:
 
 
 def init_distributed(args) -> None:
-    """Set ``args.device``, ``rank``, ``world_size``, ``distributed`` (DDP under torchrun: nccl with CUDA, gloo on
-    a CPU) and the device-dependent defaults of ``--pin-mem`` and ``--retain-freed-memory``."""
+    """Set ``args.device``, ``rank``, ``world_size``, ``distributed`` (DDP under torchrun) and the device-dependent
+    defaults of ``--pin-mem`` and ``--retain-freed-memory``."""
     args.device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
     init_distributed_device(args)
     on_cuda = torch.device(args.device).type == 'cuda'
@@ -61,12 +59,8 @@ def init_distributed(args) -> None:
 
 
 def configure_backends(args) -> None:
-    """The process-wide cuDNN / TF32 switches, all off unless asked for.
-
-    ``cudnn.benchmark`` times convolution algorithms, so a run and its resume may round differently; off, a resumed
-    run repeats an uninterrupted one bit for bit. PyTorch allows TF32 convolutions by default: off here too, so
-    float32 means float32.
-    """
+    """The process-wide cuDNN / TF32 switches, all off unless asked for: with ``cudnn.benchmark`` a resumed run may
+    round differently from an uninterrupted one, and with TF32 float32 is not float32."""
     torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
     torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
     torch.backends.cudnn.allow_tf32 = bool(args.tf32)
@@ -76,13 +70,8 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters of glibc's m
 
 
 def retain_freed_memory() -> bool:
-    """Keep the memory PyTorch frees on the CPU in the process instead of returning it to the kernel (glibc only).
-
-    glibc serves a block above its mmap threshold with a fresh ``mmap`` and unmaps it on ``free``, so a step that
-    frees and reallocates the same large tensors faults all their pages in again every step (docs/performance.md).
-    Setting both thresholds keeps freed blocks in the heap for the next step; the process then keeps its peak
-    memory until it exits. Returns False, changing nothing, where the C library is not glibc.
-    """
+    """Keep the memory PyTorch frees on the CPU in the process (glibc only; False where nothing changed): glibc
+    unmaps large freed blocks, so every step faults their pages in again (docs/performance.md)."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library('c') or 'libc.so.6')
         mallopt = libc.mallopt
@@ -96,19 +85,15 @@ def retain_freed_memory() -> bool:
 
 
 def uses_channels_last(model: nn.Module, device) -> bool:
-    """Default of ``--channels-last``: on CUDA, for models with a real convolution.
-
-    A convolution whose kernel equals its stride (the SA models' 2x2 patch embedding) is a Linear layer per patch:
-    a model with no other convolution gains nothing from cuDNN's channels-last kernels and pays for the copies.
-    """
+    """Default of ``--channels-last``: on CUDA, for models with a real convolution (a kernel-equals-stride patch
+    embedding is a per-patch Linear and gains nothing from it)."""
     if torch.device(device).type != 'cuda':
         return False
     return any(isinstance(m, nn.Conv2d) and tuple(m.kernel_size) != tuple(m.stride) for m in model.modules())
 
 
 def seed_epoch(seed: int, epoch: int, rank: int) -> None:
-    """Reseed every RNG from (seed, epoch, rank), so that resuming at an epoch boundary repeats an uninterrupted
-    run exactly."""
+    """Reseed every RNG from (seed, epoch, rank): resuming at an epoch boundary repeats an uninterrupted run."""
     random_seed((seed + 1000003 * epoch + 7919 * rank) % 2 ** 32)  # numpy takes seeds below 2**32
 
 
@@ -131,11 +116,8 @@ CPU_AUTOCAST_MIN_SPEEDUP = 1.3
 @functools.lru_cache(maxsize=None)
 def cpu_autocast_speedup(dtype: torch.dtype = torch.bfloat16, m: int = 1024, k: int = 512, n: int = 512,
                          repeats: int = 5) -> float:
-    """How many times faster an (m x k) @ (k x n) matrix product runs on this CPU in ``dtype`` than in float32.
-
-    Measured, not read from CPU flags: a flag says an instruction exists, not that PyTorch's kernels use it well.
-    Best of ``repeats`` after a warm-up, at the current thread count; cached per process.
-    """
+    """How many times faster an (m x k) @ (k x n) matrix product runs on this CPU in ``dtype`` than in float32:
+    measured, since a CPU flag says an instruction exists, not that PyTorch's kernels use it well."""
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
 
@@ -160,11 +142,8 @@ def probe_size(model: nn.Module, batch_size: int):
 
 
 def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024, 512, 512)):
-    """(autocast on?, why) for the ``--amp`` value ``requested``: True, False, None (default) or 'auto'.
-
-    None: on with CUDA, off elsewhere. 'auto': on with CUDA; on a CPU where :func:`cpu_autocast_speedup` reaches
-    ``CPU_AUTOCAST_MIN_SPEEDUP``; off on other devices.
-    """
+    """(autocast on?, why) for ``--amp`` ``requested``: None is on with CUDA only; 'auto' is also on for a CPU
+    where :func:`cpu_autocast_speedup` reaches ``CPU_AUTOCAST_MIN_SPEEDUP``."""
     device_type = torch.device(device).type
     if requested is True or requested is False:
         return requested, f'--amp {"on" if requested else "off"} asked for'
@@ -181,19 +160,14 @@ def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024
                              f'in {amp_dtype} as in float32 on this CPU (on from {CPU_AUTOCAST_MIN_SPEEDUP}x)')
 
 
-# --torchcompile auto keeps the compiled step only from this speed-up: less is within a shared machine's noise,
-# and compiled code is harder to debug and profile
+# --torchcompile auto keeps the compiled step only from this speed-up: less is within a shared machine's noise
 COMPILE_MIN_SPEEDUP = 1.1
 
 
 def compile_speedup(model: nn.Module, compiled: Callable, images: torch.Tensor, targets: torch.Tensor,
                     loss_fn: Callable, amp_ctx: Callable, rounds: int = 3, steps: int = 2) -> float:
-    """How many times faster ``compiled`` runs a training forward and backward than ``model`` (eager).
-
-    Measured on the machine that trains: the answer differs between CPUs (docs/performance.md). After the warm-up
-    (which compiles), eager and compiled are timed alternately, ``steps`` each; the median of ``rounds`` ratios is
-    returned. Weights, buffers, gradients and RNG state are restored afterwards. Raises what compilation raises.
-    """
+    """How many times faster ``compiled`` runs a training forward and backward than eager ``model`` (median of
+    alternating rounds after the compiling warm-up); weights, gradients and RNG state are restored."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rng_state = torch.get_rng_state()
     cuda_rng_states = torch.cuda.get_rng_state_all() if images.device.type == 'cuda' else None
@@ -243,11 +217,8 @@ def probe_compile(model: nn.Module, args, input_size, loss_fn, amp_ctx, compiled
 
 
 def resolve_torchcompile(requested: Optional[str], model: nn.Module, probe: Callable[[Callable], float]):
-    """(the callable that trains, backend used or False, why) for the ``--torchcompile`` value ``requested``.
-
-    None: eager. A backend name: ``torch.compile(model, backend=requested)``. 'auto': inductor if ``probe(compiled)``
-    reaches ``COMPILE_MIN_SPEEDUP``, else eager, also when compiling fails.
-    """
+    """(the callable that trains, backend used or False, why) for ``--torchcompile`` ``requested``: 'auto' keeps
+    inductor if ``probe(compiled)`` reaches ``COMPILE_MIN_SPEEDUP``, else (or if compiling fails) eager."""
     if not requested:
         return model, False, 'eager (no --torchcompile)'
     if requested != 'auto':

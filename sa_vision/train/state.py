@@ -28,12 +28,8 @@ Log = Callable[[str], None]
 
 
 def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkpoint]]:
-    """(args, recipe, resume checkpoint or None) of a command line.
-
-    Defaults, lowest first: the parser's, the recipe's (``-c``), and with ``--resume`` the arguments the run was
-    started with, so a resumed run continues as configured. The command line wins over all; with ``--resume``, what
-    it changes from the run is in ``args.resume_changes``.
-    """
+    """(args, recipe, resume checkpoint or None) of a command line: the parser's defaults, then the recipe's, then
+    with ``--resume`` the run's own, then the command line (its changes to a resumed run in ``args.resume_changes``)."""
     config, remaining = build_config_parser().parse_known_args(argv)
     known = argument_names()
     recipe = {}
