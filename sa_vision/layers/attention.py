@@ -67,7 +67,9 @@ def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
 def _autocast_off(device_type: str) -> ContextManager:
     """Autocast off for the positional scores and their softmax: in bfloat16 the far shifts' squared differences
     lose whole units (docs/attention.md); the products that apply them still run under autocast."""
-    if not torch.amp.is_autocast_available(device_type):  # 'meta' and the like: no autocast to leave
+    # 'meta' and the like have no autocast to leave; torch.compile sees only real devices, and dynamo before
+    # torch 2.14 cannot trace is_autocast_available (fullgraph failed on CUDA under torch 2.11)
+    if not torch.compiler.is_compiling() and not torch.amp.is_autocast_available(device_type):
         return contextlib.nullcontext()
     return torch.autocast(device_type, enabled=False)
 
