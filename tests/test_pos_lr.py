@@ -4,18 +4,27 @@ across --resume
 The schedule is checked against the warm-up + cosine formula written out here, the groups against parameter names
 matched here by pattern.
 """
+import json
 import math
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from functools import partial
+from pathlib import Path
 
 import pytest
 import timm
 import torch
+from helpers import HANG_TIMEOUT_S
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.models import param_groups_pos_lr
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
 GAUSSIAN_PARAM = re.compile(r'^blocks\.\d+\.attn\.position\.(centers|spreads)$')
@@ -114,19 +123,57 @@ def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
         assert torch.equal(value, resumed['state_dict'][key]), key
 
 
+# builds its optimizer as timm's train.py does (create_optimizer_v2(model, **optimizer_kwargs(cfg=args)), names
+# imported from timm.optim at the top) and prints each group's parameter names, lr_scale and weight decay
+TIMM_TRAIN_LIKE = textwrap.dedent("""
+    import argparse, json
+    import timm
+    from timm.optim import create_optimizer_v2, optimizer_kwargs
+    parser = argparse.ArgumentParser()
+    parser.add_argument('--model')
+    parser.add_argument('--opt', default='adamw')
+    parser.add_argument('--lr', type=float, default=1e-3)
+    parser.add_argument('--weight-decay', type=float, default=0.05)
+    parser.add_argument('--momentum', type=float, default=0.9)
+    parser.add_argument('--layer-decay', type=float, default=None)
+    args = parser.parse_args()
+    model = timm.create_model(args.model, embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
+    optimizer = create_optimizer_v2(model, **optimizer_kwargs(cfg=args))
+    names = {id(p): n for n, p in model.named_parameters()}
+    print('GROUPS ' + json.dumps([dict(names=sorted(names[id(p)] for p in g['params']), lr_scale=g.get('lr_scale'),
+                                       weight_decay=g['weight_decay']) for g in optimizer.param_groups]))
+""")
+
+
+def _run_timm_train_like(tmp_path, run_timm_args, script_args):
+    script = tmp_path / 'train.py'
+    script.write_text(TIMM_TRAIN_LIKE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+    return subprocess.run([sys.executable, '-m', 'sa_vision.train.run_timm', *run_timm_args, str(script),
+                           *script_args], capture_output=True, text=True, env=env, cwd=tmp_path,
+                          timeout=HANG_TIMEOUT_S)
+
+
 @pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_learned_cifar'])
-def test_timm_layer_decay_scales_only_the_positional_groups_with_pos_layer_group(arch):
-    """timm train.py's path: --model-kwargs pos_layer_group=True --layer-decay S == our --pos-lr-scale S."""
+def test_run_timm_pos_lr_scale_reaches_a_train_py_optimizer(tmp_path, arch):
+    """timm train.py's route: ``run_timm --pos-lr-scale S train.py ...`` gives the positional parameters (matched
+    here by name) lr_scale S and leaves every other group and the weight decay as timm builds them."""
     pattern = GAUSSIAN_PARAM if arch == 'sa_quadratic_cifar' else LEARNED_PARAM
-    model = timm.create_model(arch, pos_layer_group=True, **SMALL)
-    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=30.)  # timm's own path
+    proc = _run_timm_train_like(tmp_path, ['--pos-lr-scale', '30'], ['--model', arch])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    groups = json.loads(proc.stdout.split('GROUPS ', 1)[1])
+    model = timm.create_model(arch, **SMALL)
     positional = {n for n, _ in model.named_parameters() if pattern.match(n)}
-    scaled = set()
-    for group, names in zip(optimizer.param_groups, _group_names(model, optimizer)):
-        assert group['lr_scale'] in (1., 30.)
-        if group['lr_scale'] == 30.:
-            scaled |= names
+    scaled = {n for g in groups if g['lr_scale'] == 30. for n in g['names']}
     assert scaled == positional
-    # without the switch, timm's layer decay groups by block, as for any timm model
-    plain = create_optimizer_v2(timm.create_model(arch, **SMALL), 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.5)
-    assert len({g['lr_scale'] for g in plain.param_groups}) == 4  # stem, 2 blocks, head
+    assert all(g['lr_scale'] in (None, 30.) for g in groups)
+    plain = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05)  # timm's own groups, unscaled
+    decay = {n: g['weight_decay'] for g, names in zip(plain.param_groups, _group_names(model, plain)) for n in names}
+    assert {n: g['weight_decay'] for g in groups for n in g['names']} == decay
+
+
+def test_run_timm_pos_lr_scale_refuses_layer_decay(tmp_path):
+    proc = _run_timm_train_like(tmp_path, ['--pos-lr-scale', '30'], ['--model', 'sa_quadratic_cifar',
+                                                                      '--layer-decay', '0.7'])
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert 'error: --pos-lr-scale and --layer-decay' in proc.stderr and 'Traceback' not in proc.stderr

@@ -155,7 +155,6 @@ class SelfAttentionNet(nn.Module):
             drop_path_rate: float = 0.,
             pos_init: str = 'paper',
             pos_init_alpha: float = CONV_INIT_ALPHA,
-            pos_layer_group: bool = False,
             device=None,
             dtype=None,
     ):
@@ -165,8 +164,6 @@ class SelfAttentionNet(nn.Module):
             heads_per_layer: Heads in every layer (an int) or in each layer (``depth`` ints).
             pos_init: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv' (Theorem 1's kernel, sharpness
                 ``pos_init_alpha``, Eq. 9); initial values only.
-            pos_layer_group: Positional parameters in a ``group_matcher`` group of their own, so that timm's
-                ``--layer-decay S`` scales their lr by S (``docs/training.md``).
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -186,7 +183,6 @@ class SelfAttentionNet(nn.Module):
         self.attn_kind = attn_kind
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.drop_rate = drop_rate
-        self.pos_layer_group = pos_layer_group
         self.output_fmt = 'NHWC'
         self.grad_checkpointing = False
 
@@ -222,8 +218,6 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict:
-        if self.pos_layer_group:  # two groups: positional (0) and everything else (1); see pos_layer_group
-            return dict(positional=r'^blocks\.\d+\.attn\.position\.', rest=r'^')
         return dict(stem=r'^patch_embed', blocks=r'^blocks\.(\d+)')
 
     @torch.jit.ignore

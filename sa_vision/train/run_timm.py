@@ -1,43 +1,79 @@
 """ Run one of timm's top-level scripts with the sa_vision models registered
 
-timm's ``validate.py``, ``benchmark.py``, ``inference.py`` and ``onnx_export.py`` (in a timm checkout) create
-models by name but have no option to import a plugin. This imports ``sa_vision`` (registering its models)
+timm's ``train.py``, ``validate.py``, ``benchmark.py``, ``inference.py`` and ``onnx_export.py`` (in a timm checkout)
+create models by name but have no option to import a plugin. This imports ``sa_vision`` (registering its models)
 and then runs the given script as ``__main__`` with the remaining arguments::
 
     python -m sa_vision.train.run_timm path/to/timm/validate.py --model sa_quadratic_cifar --pretrained ...
-    python -m sa_vision.train.run_timm path/to/timm/onnx_export.py sa_quadratic_cifar.onnx --model sa_quadratic_cifar
+    python -m sa_vision.train.run_timm --pos-lr-scale 30 path/to/timm/train.py --model sa_quadratic_cifar ...
 
 The script sees ``sys.argv == [script, *arguments]`` and its own folder first on ``sys.path``, as when run
 with ``python script ...``.
 """
+import argparse
+import functools
 import os
 import runpy
 import sys
 from typing import List, Optional
 
 import sa_vision  # noqa: F401  (registers the models with timm)
+from ..errors import UserError, run_cli
+from ..models import param_groups_pos_lr
 
-__all__ = ['main']
+__all__ = ['main', 'use_pos_lr_scale']
 
-USAGE = 'usage: python -m sa_vision.train.run_timm SCRIPT [ARGS...]   (SCRIPT: e.g. validate.py of a timm checkout)'
+
+def use_pos_lr_scale(pos_lr_scale: float) -> None:
+    """Make ``timm.optim.create_optimizer_v2`` group a model's parameters with ``param_groups_pos_lr``.
+
+    timm's ``train.py`` builds its optimizer with ``create_optimizer_v2(model, **optimizer_kwargs(cfg=args))``; its
+    ``--opt-kwargs`` are Python literals, so no ``param_group_fn`` can reach it from the command line. Call this
+    before the script imports timm.optim's names."""
+    import timm.optim
+    create_optimizer_v2 = timm.optim.create_optimizer_v2
+
+    @functools.wraps(create_optimizer_v2)
+    def with_pos_lr(model_or_params, *args, **kwargs):
+        if hasattr(model_or_params, 'named_parameters') and kwargs.get('param_group_fn') is None:
+            if kwargs.get('layer_decay') is not None:
+                raise UserError('--pos-lr-scale and --layer-decay both set the learning rate per parameter group; '
+                                'pass one of them')
+            kwargs['param_group_fn'] = functools.partial(
+                param_groups_pos_lr, weight_decay=kwargs.get('weight_decay', 0.), pos_lr_scale=pos_lr_scale)
+        return create_optimizer_v2(model_or_params, *args, **kwargs)
+
+    timm.optim.create_optimizer_v2 = with_pos_lr
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog='python -m sa_vision.train.run_timm', description=__doc__.strip().splitlines()[0],
+        epilog='Everything after SCRIPT is passed to the script unchanged.')
+    parser.add_argument('--pos-lr-scale', type=float, default=None, metavar='SCALE',
+                        help='train the positional parameters at SCALE x the scheduled learning rate '
+                             '(sa_vision.models.param_groups_pos_lr; for train.py)')
+    parser.add_argument('script', help='a top-level script of a timm checkout, e.g. path/to/timm/validate.py')
+    parser.add_argument('script_args', nargs=argparse.REMAINDER, metavar='ARGS', help="the script's arguments")
+    return parser
 
 
 def main(argv: Optional[List[str]] = None) -> None:
-    """Run ``argv[0]`` (a script path) as ``__main__`` with ``argv[1:]`` as its arguments."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ('-h', '--help'):
-        print(f'{USAGE}\n\n{__doc__.strip()}', file=sys.stderr if not argv else sys.stdout)
-        raise SystemExit(2 if not argv else 0)
-    script = argv[0]
-    if not os.path.isfile(script):
-        what = 'is a directory, not a script' if os.path.isdir(script) else 'does not exist'
-        print(f'sa_vision.train.run_timm: {script} {what}; pass the path of a script such as validate.py, '
-              f'benchmark.py, inference.py or onnx_export.py of a timm checkout\n{USAGE}', file=sys.stderr)
-        raise SystemExit(2)
-    sys.argv = argv
-    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    runpy.run_path(script, run_name='__main__')
+    """Run ``SCRIPT`` as ``__main__`` with ``ARGS`` as its arguments."""
+    parser = _parser()
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if not os.path.isfile(args.script):
+        what = 'is a directory, not a script' if os.path.isdir(args.script) else 'does not exist'
+        parser.error(f'{args.script} {what}; pass the path of a script such as train.py, validate.py, benchmark.py, '
+                     f'inference.py or onnx_export.py of a timm checkout')
+    if args.pos_lr_scale is not None:
+        if not args.pos_lr_scale > 0:
+            parser.error(f'--pos-lr-scale must be > 0 (a multiplier of the learning rate), got {args.pos_lr_scale}')
+        use_pos_lr_scale(args.pos_lr_scale)
+    sys.argv = [args.script, *args.script_args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
+    runpy.run_path(args.script, run_name='__main__')
 
 
 if __name__ == '__main__':
-    main()
+    sys.exit(run_cli(main))
