@@ -105,7 +105,11 @@ def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=N
     """For ``pretrained=True``: fail fast when uncached weights cannot be downloaded, and turn the Hub client's
     errors into one clear message."""
     from huggingface_hub.errors import (  # LocalEntryNotFoundError is an EntryNotFoundError
-        EntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError)
+        EntryNotFoundError,
+        OfflineModeIsEnabled,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
     if not pretrained:
         yield
         return

@@ -18,6 +18,7 @@ import sys
 from typing import List, Optional
 
 import sa_vision  # noqa: F401  (registers the models with timm)
+
 from ..errors import UserError, run_cli
 from ..models import param_groups_pos_lr
 
