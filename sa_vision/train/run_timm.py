@@ -12,10 +12,13 @@ with ``python script ...``.
 """
 import argparse
 import functools
+import inspect
 import os
 import runpy
 import sys
 from typing import List, Optional
+
+from torch import nn
 
 import sa_vision  # noqa: F401  (registers the models with timm)
 
@@ -33,15 +36,17 @@ def use_pos_lr_scale(pos_lr_scale: float) -> None:
     before the script imports timm.optim's names."""
     import timm.optim
     create_optimizer_v2 = timm.optim.create_optimizer_v2
+    signature = inspect.signature(create_optimizer_v2)
 
     @functools.wraps(create_optimizer_v2)
     def with_pos_lr(model_or_params, *args, **kwargs):
-        if hasattr(model_or_params, 'named_parameters') and kwargs.get('param_group_fn') is None:
-            if kwargs.get('layer_decay') is not None:
+        given = signature.bind_partial(model_or_params, *args, **kwargs).arguments
+        if isinstance(model_or_params, nn.Module) and given.get('param_group_fn') is None:
+            if given.get('layer_decay') is not None:
                 raise UserError('--pos-lr-scale and --layer-decay both set the learning rate per parameter group; '
                                 'pass one of them')
             kwargs['param_group_fn'] = functools.partial(
-                param_groups_pos_lr, weight_decay=kwargs.get('weight_decay', 0.), pos_lr_scale=pos_lr_scale)
+                param_groups_pos_lr, weight_decay=given.get('weight_decay', 0.), pos_lr_scale=pos_lr_scale)
         return create_optimizer_v2(model_or_params, *args, **kwargs)
 
     timm.optim.create_optimizer_v2 = with_pos_lr
