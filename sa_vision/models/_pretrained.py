@@ -45,7 +45,7 @@ def _probe_hub(url: str, timeout: float) -> Optional[str]:
     try:
         get_hf_file_metadata(url, timeout=timeout)
     except HfHubHTTPError:
-        return None
+        pass
     except Exception as e:  # noqa: BLE001  no answer: a refused or timed-out connection, a failed name lookup
         return f'{type(e).__name__}: {e}'
     return None
@@ -62,14 +62,15 @@ def _fail_fast_if_hub_unreachable(variant: str, cfg: Dict[str, Any], cache_dir=N
         return  # not a Hub download, or huggingface_hub answers from the cache alone
     hub_id, filename = location if isinstance(location, tuple) else (location, 'pytorch_model.bin')
     repo_id, _, revision = hub_id.partition('@')  # timm's hf_split
+    revision = revision or None
     files = [*_get_safe_alternatives(filename), filename]
-    if any(isinstance(try_to_load_from_cache(repo_id, f, cache_dir=cache_dir, revision=revision or None), str)
+    if any(isinstance(try_to_load_from_cache(repo_id, f, cache_dir=cache_dir, revision=revision), str)
            for f in files):
         return
     timeout = HUB_PROBE_TIMEOUT
     if constants.HF_HUB_ETAG_TIMEOUT != constants.DEFAULT_ETAG_TIMEOUT:
         timeout = float(constants.HF_HUB_ETAG_TIMEOUT)
-    reason = _probe_hub(hf_hub_url(repo_id, files[0], revision=revision or None), timeout)
+    reason = _probe_hub(hf_hub_url(repo_id, files[0], revision=revision), timeout)
     if reason is not None:
         raise PretrainedWeightsUnavailable(_unavailable_message(
             variant, hub_id, f'the Hub at {constants.ENDPOINT} could not be reached ({reason}) and the weights are '
@@ -104,15 +105,15 @@ def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=N
                                 cache_dir=None):
     """For ``pretrained=True``: fail fast when uncached weights cannot be downloaded, and turn the Hub client's
     errors into one clear message."""
+    if not pretrained:
+        yield
+        return
     from huggingface_hub.errors import (  # LocalEntryNotFoundError is an EntryNotFoundError
         EntryNotFoundError,
         OfflineModeIsEnabled,
         RepositoryNotFoundError,
         RevisionNotFoundError,
     )
-    if not pretrained:
-        yield
-        return
     cfg = _resolved_cfg(variant, pretrained_cfg, pretrained_cfg_overlay)
     _fail_fast_if_hub_unreachable(variant, cfg, cache_dir)
     try:

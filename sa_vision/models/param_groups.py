@@ -8,9 +8,10 @@ from typing import Any, Collection, Dict, List, Optional, Set
 from timm.optim import param_groups_weight_decay
 from torch import nn
 
+from ..errors import UserError
 from ..layers import PositionalAttention
 
-__all__ = ['positional_parameter_names', 'param_groups_pos_lr']
+__all__ = ['positional_parameter_names', 'check_pos_lr_scale', 'param_groups_pos_lr']
 
 
 def positional_parameter_names(model: nn.Module) -> Set[str]:
@@ -24,6 +25,11 @@ def positional_parameter_names(model: nn.Module) -> Set[str]:
     return names
 
 
+def check_pos_lr_scale(pos_lr_scale: float) -> None:
+    if not pos_lr_scale > 0:
+        raise UserError(f'pos_lr_scale must be > 0 (a multiplier of the learning rate), got {pos_lr_scale}')
+
+
 def param_groups_pos_lr(
         model: nn.Module,
         weight_decay: float = 1e-5,
@@ -32,8 +38,7 @@ def param_groups_pos_lr(
 ) -> List[Dict[str, Any]]:
     """timm's weight-decay groups with the positional parameters split off, carrying ``lr_scale = pos_lr_scale``;
     at 1 exactly timm's groups, so optimizer states saved before this option existed still load."""
-    if not pos_lr_scale > 0:
-        raise ValueError(f'pos_lr_scale must be > 0 (a multiplier of the learning rate), got {pos_lr_scale}')
+    check_pos_lr_scale(pos_lr_scale)
     if no_weight_decay_list is None:
         no_weight_decay_list = set(getattr(model, 'no_weight_decay', lambda: set())())
     groups = param_groups_weight_decay(model, weight_decay=weight_decay, no_weight_decay_list=no_weight_decay_list)

@@ -23,7 +23,7 @@ from torch import nn
 import sa_vision  # noqa: F401  (registers the models with timm)
 
 from ..errors import UserError, run_cli
-from ..models import param_groups_pos_lr
+from ..models.param_groups import check_pos_lr_scale, param_groups_pos_lr
 
 __all__ = ['main', 'use_pos_lr_scale']
 
@@ -35,6 +35,7 @@ def use_pos_lr_scale(pos_lr_scale: float) -> None:
     ``--opt-kwargs`` are Python literals, so no ``param_group_fn`` can reach it from the command line. Call this
     before the script imports timm.optim's names."""
     import timm.optim
+    check_pos_lr_scale(pos_lr_scale)
     create_optimizer_v2 = timm.optim.create_optimizer_v2
     signature = inspect.signature(create_optimizer_v2)
 
@@ -73,8 +74,6 @@ def main(argv: Optional[List[str]] = None) -> None:
         parser.error(f'{args.script} {what}; pass the path of a script such as train.py, validate.py, benchmark.py, '
                      f'inference.py or onnx_export.py of a timm checkout')
     if args.pos_lr_scale is not None:
-        if not args.pos_lr_scale > 0:
-            parser.error(f'--pos-lr-scale must be > 0 (a multiplier of the learning rate), got {args.pos_lr_scale}')
         use_pos_lr_scale(args.pos_lr_scale)
     sys.argv = [args.script, *args.script_args]
     sys.path.insert(0, os.path.dirname(os.path.abspath(args.script)))
