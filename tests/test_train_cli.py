@@ -156,47 +156,90 @@ class _CountingCompile:
         return Compiled()
 
 
-@pytest.mark.parametrize('speedup, compiled', [(2.0, True), (1.05, False)])
-def test_torchcompile_auto_follows_the_probe(monkeypatch, tmp_path, speedup, compiled):
+# eager 40 ms/step; compiled 30 ms/step after a compile of 0.1 s (pays within a 1-epoch run) or of 1 hour (does not)
+@pytest.mark.parametrize('compile_s', [0.1, 3600.])
+def test_torchcompile_auto_weighs_compile_time_against_the_steps_left(monkeypatch, tmp_path, compile_s):
     fake = _CountingCompile()
     monkeypatch.setattr(torch, 'compile', fake)
-    monkeypatch.setattr(runtime, 'compile_speedup', lambda *a, **k: speedup)
+    measured = {'eager': (0., 0.040), 'inductor': (compile_s, 0.030)}
+    monkeypatch.setattr(runtime, 'time_training_steps', lambda *a, **k: measured)
     training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '--torchcompile', 'auto',
                                  '--output', tmp_path, '--experiment', 'auto'])))
-    assert fake.backends == ['inductor']
-    assert (fake.calls > 0) == compiled  # the epoch trained through the compiled model, or not at all
+    steps = 1437 // 32  # digits' training split, the recipe's batch size, the short batch dropped
+    compiled = compile_s + steps * 0.030 < steps * 0.040
+    assert fake.backends == ['inductor']  # on the CPU: no CUDA-graph choice
+    assert (fake.calls > 0) == compiled  # the epoch trained (and evaluated) through the compiled model, or not
     used = yaml.safe_load((tmp_path / 'auto' / 'args.yaml').read_text())
     assert used['torchcompile'] == 'auto' and used['torchcompile_used'] == ('inductor' if compiled else False)
-    assert f'{speedup:.2f}x' in used['torchcompile_reason']
+    assert 'eager 40.0 ms/step; --torchcompile auto: inductor 30.0 ms/step after a' in used['torchcompile_reason']
+    assert f'over {steps:,} steps' in used['torchcompile_reason']
     assert 'torchcompile_used' not in yaml.safe_load((tmp_path / 'auto' / 'recipe.yaml').read_text())
 
 
-def test_torchcompile_off_overrides_a_recipe_that_asks_for_it(tmp_path):
-    recipe = tmp_path / 'compiled.yaml'
-    recipe.write_text('model: sa_quadratic_cifar\ntorchcompile: auto\n')
-    assert training._parse_args(['-c', str(recipe)])[0].torchcompile == 'auto'
-    assert training._parse_args(['-c', str(recipe), '--torchcompile', 'off'])[0].torchcompile is None
-    assert training._parse_args(['--torchcompile'])[0].torchcompile == 'inductor'  # timm train.py's bare flag
+def test_choose_compile_minimises_compile_time_plus_steps_left_times_step_time():
+    measured = {'eager': (0., 0.041), 'inductor': (10., 0.030), 'inductor (reduce-overhead)': (60., 0.020)}
+    for steps_left in (100, 1000, 20000):
+        cost = {label: c + steps_left * s for label, (c, s) in measured.items()}
+        best, lines = runtime.choose_compile(measured, steps_left)
+        assert best == min(cost, key=cost.get)
+        assert len(lines) == len(measured) + 1 and lines[-1].startswith(f'-> {best}: ')
+    assert runtime.choose_compile(measured, 100)[0] == 'eager'  # 4.1 s against 13 s and 62 s
+    assert runtime.choose_compile(measured, 1000)[0] == 'inductor'  # 10 + 30 s against 41 s eager, 80 s graphs
+    assert runtime.choose_compile(measured, 20000)[1] == [  # 820 s eager, 610 s, 460 s
+        'eager 41.0 ms/step', 'inductor 30.0 ms/step after a 10.0 s compile',
+        'inductor (reduce-overhead) 20.0 ms/step after a 0:01:00 compile',
+        '-> inductor (reduce-overhead): saves ~0:06:00 over 20,000 steps against eager']
+    assert runtime.choose_compile(measured, 100)[1][-1] == '-> eager: inductor would take ~8.9 s longer over 100 steps'
+
+
+def test_auto_weighs_cuda_graphs_on_cuda_only():
+    assert list(runtime.compile_choices('cpu')) == ['eager', 'inductor']
+    assert runtime.compile_choices('cuda') == {'eager': (None, None), 'inductor': ('inductor', None),
+                                               'inductor (reduce-overhead)': ('inductor', 'reduce-overhead')}
+    assert runtime.compile_choices('cuda', 'max-autotune') == {'eager': (None, None),
+                                                               'inductor (max-autotune)': ('inductor', 'max-autotune')}
+
+
+def test_torchcompile_mode_reaches_torch_compile_and_is_a_recipe_key(monkeypatch, tmp_path):
+    recipe = tmp_path / 'graphs.yaml'
+    recipe.write_text('model: sa_quadratic_cifar\ntorchcompile: inductor\ntorchcompile_mode: reduce-overhead\n')
+    args = training._parse_args(['-c', str(recipe)])[0]
+    assert (args.torchcompile, args.torchcompile_mode) == ('inductor', 'reduce-overhead')
+    assert training._parse_args(['-c', str(recipe), '--torchcompile-mode', 'none'])[0].torchcompile_mode is None
+    with pytest.raises(SystemExit):
+        training._parse_args(['--torchcompile-mode', 'reduce_overhead'])
+
+    modes = []
+
+    def compile_(model, backend='inductor', mode=None, **kwargs):
+        modes.append((backend, mode))
+        return model
+    monkeypatch.setattr(torch, 'compile', compile_)
+    _, used, used_mode, _ = runtime.resolve_torchcompile('inductor', torch.nn.Linear(2, 2), None,
+                                                        mode='reduce-overhead')
+    assert modes == [('inductor', 'reduce-overhead')] and (used, used_mode) == ('inductor', 'reduce-overhead')
 
 
 def test_torchcompile_auto_trains_eagerly_when_compiling_fails():
-    def probe(compiled):
+    def probe(callables):
         raise RuntimeError('no C++ compiler found\nmore')
     model = torch.nn.Linear(2, 2)
-    trains, used, why = runtime.resolve_torchcompile('auto', model, probe)
-    assert trains is model and used is False
-    assert 'compiling failed (RuntimeError: no C++ compiler found)' in why
+    trains, used, mode, why = runtime.resolve_torchcompile('auto', model, probe)
+    assert trains is model and used is False and mode is None
+    assert why == ['--torchcompile auto: eager, compiling failed (RuntimeError: no C++ compiler found)']
 
 
-def test_compile_speedup_leaves_weights_statistics_and_rng_as_they_were():
+def test_time_training_steps_leaves_weights_statistics_and_rng_as_they_were():
     import timm
     model = timm.create_model('resnet18_cifar', channels=(4, 8, 8, 8), stem_width=4, drop_rate=0.5)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     images, targets = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     rng = torch.get_rng_state()
-    speedup = runtime.compile_speedup(model, torch.compile(model, backend='eager'), images, targets,
-                                      torch.nn.functional.cross_entropy, nullcontext, rounds=1, steps=1)
-    assert 0.01 < speedup < 100
+    measured = runtime.time_training_steps(
+        model, {'eager': model, 'compiled': torch.compile(model, backend='eager')}, images, targets,
+        torch.nn.functional.cross_entropy, nullcontext, rounds=1, steps=1, warmup=1)
+    assert set(measured) == {'eager', 'compiled'} and measured['eager'][0] == 0.
+    assert all(compile_s >= 0 and step_s > 0 for compile_s, step_s in measured.values())
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # running statistics included
     assert all(p.grad is None for p in model.parameters())

@@ -16,7 +16,7 @@ from timm.utils import ParseKwargs
 
 from ..errors import RecipeError
 from .recipes import RECIPE_DIR
-from .runtime import default_threads
+from .runtime import COMPILE_MODES, default_threads
 
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
@@ -29,13 +29,14 @@ PROCESS_ARGS = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank'
 # this run's files and this machine's choices: resumed with the run, but no part of the recipe
 LOCAL_ARGS = frozenset({'output', 'experiment', 'data_dir', 'dataset_download', 'initial_checkpoint', 'device_modules',
                         'workers', 'log_interval', 'save_epoch_weights', 'export', 'target_top1', 'torchcompile',
-                        'cudnn_benchmark'})
+                        'torchcompile_mode', 'cudnn_benchmark'})
 # timm train.py's arguments of the same kinds, for the recipes of its checkpoints
 TIMM_LOCAL_ARGS = frozenset({'data', 'no_resume_opt', 'prefetcher', 'recovery_interval', 'checkpoint_hist',
                              'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'dist_backend', 'dist_url',
                              'no_ddp_bb', 'synchronize_step', 'save_images', 'use_multi_epochs_loader'})
 # decided on the machine that runs (args.yaml and the log say what and why), never asked for
-RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_reason', 'resume_changes'})
+RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_mode_used',
+                           'torchcompile_reason', 'resume_changes'})
 # left out of published recipes: a recipe reproduces the run anywhere and leaks no local paths
 RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
 
@@ -101,6 +102,17 @@ def _torchcompile_request(value):
     if text.lower() in ('off', 'none', 'false', '0', ''):
         return None
     return 'auto' if text.lower() == 'auto' else text
+
+
+def _torchcompile_mode(value):
+    """``--torchcompile-mode`` value: one of torch.compile's modes, or None ('none' / 'off', to override a recipe)."""
+    text = '' if value is None else str(value).strip()
+    if text.lower() in ('none', 'off', ''):
+        return None
+    if text not in COMPILE_MODES:
+        raise argparse.ArgumentTypeError(f'--torchcompile-mode takes one of torch.compile\'s modes '
+                                         f'({", ".join(m for m in COMPILE_MODES if m)}) or none, got {value!r}')
+    return text
 
 
 def _dataset_arguments(group) -> None:
@@ -186,12 +198,17 @@ def _device_arguments(group) -> None:
     group.add_argument('--no-amp', dest='amp', action='store_const', const=False, help='float32 (as --amp off)')
     group.add_argument('--torchcompile', nargs='?', const='inductor', default=None, type=_torchcompile_request,
                        metavar='BACKEND|auto|off',
-                       help="torch.compile the training step (timm train.py's option; default backend inductor; 'off' "
-                            "trains eagerly whatever the recipe says). 'auto': "
-                            "compile with inductor and keep it only where a short probe measures the model's training "
-                            "step at least 1.1x as fast as eager on this machine (see compile_speedup); a compilation "
-                            "that fails falls back to eager. Evaluation runs eager. args.yaml and the log say what was "
-                            "used and why")
+                       help="torch.compile the model (timm train.py's option; default backend inductor; 'off' trains "
+                            "eagerly whatever the recipe says); training and evaluation run the compiled model. "
+                            "'auto': time the training step eager, compiled with inductor and, on CUDA, compiled "
+                            "with CUDA graphs (mode reduce-overhead), each after its compilation, and keep the "
+                            "choice of least compile time + remaining steps x step time (see choose_compile); a "
+                            "compilation that fails falls back to eager. args.yaml and the log say what was used "
+                            "and why")
+    group.add_argument('--torchcompile-mode', default=None, type=_torchcompile_mode, metavar='MODE',
+                       help="torch.compile's mode (timm train.py's option): default, reduce-overhead (CUDA graphs on "
+                            "CUDA), max-autotune, max-autotune-no-cudagraphs (default: torch's default). With "
+                            "--torchcompile auto: weigh eager against this mode only")
     group.add_argument('--amp-dtype', default='bfloat16', type=str,
                        help="'bfloat16' (default) or 'float16' (with a gradient scaler)")
     group.add_argument('--channels-last', action=argparse.BooleanOptionalAction, default=None,

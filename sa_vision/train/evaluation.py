@@ -1,6 +1,7 @@
 """ Evaluation: loss, top-1 and top-5 of a model over a loader, summed over processes under DDP
 
 The running totals stay on the images' device (no host sync per batch) and are all-reduced there (NCCL needs CUDA).
+The model may be a compiled one (the training loop evaluates through the module it trains).
 """
 from contextlib import nullcontext
 from typing import Callable, Dict
@@ -10,34 +11,51 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from .runtime import host_sync_allowed
+
 __all__ = ['evaluate']
 
 
 @torch.no_grad()
 def evaluate(model: nn.Module, loader, device, amp_ctx: Callable = nullcontext, channels_last: bool = False,
-             distributed: bool = False) -> Dict[str, float]:
-    """Loss, top-1 and top-5 (percent) over the loader; under DDP over every process's disjoint shard."""
+             distributed: bool = False, pad_last_batch: bool = False) -> Dict[str, float]:
+    """Loss, top-1 and top-5 (percent) over the loader; under DDP over every process's disjoint shard.
+
+    ``pad_last_batch`` (for a compiled ``model``) pads a short batch with zero images to the loader's batch size
+    (the first batch's where the loader has none) and counts only its real rows. The compiled model then sees one
+    shape, compiled once in the first epoch, and CUDA graphs record once; a short batch would compile a second
+    graph (a dynamic-shape one) or record a second CUDA graph. Marking the batch dimension dynamic instead would
+    trade static-shape kernels for it. The cost: at most one batch of padding per evaluation."""
     model.eval()
-    # loss sum, top-1 hits, top-5 hits, images; float64 so that hit counts stay exact
-    totals = torch.zeros(4, dtype=torch.float64, device=device)
+    # loss sum, top-1 hits, top-5 hits; float64 so that hit counts stay exact
+    totals = torch.zeros(3, dtype=torch.float64, device=device)
+    batch_size, num_images = getattr(loader, 'batch_size', None), 0
     for images, targets in loader:
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+        rows = images.size(0)
+        batch_size = batch_size or rows
+        if pad_last_batch and rows < batch_size:
+            images = torch.cat([images, images.new_zeros(batch_size - rows, *images.shape[1:])])
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
+        torch.compiler.cudagraph_mark_step_begin()  # CUDA graphs ('reduce-overhead'): the last batch is done with
         with amp_ctx():
             logits = model(images)
-        logits = logits.float()
+        logits = logits[:rows].float()
         k = min(5, logits.shape[-1])
         hits = logits.topk(k, dim=-1).indices == targets[:, None]  # (B, k)
         totals += torch.stack([
             F.cross_entropy(logits, targets, reduction='sum').double(),
             hits[:, 0].sum().double(),
             hits.any(dim=-1).sum().double(),
-            torch.tensor(float(images.size(0)), dtype=torch.float64, device=totals.device),
         ])
+        num_images += rows
+    # the image count joins the totals on the device (filled from a Python number: no copy that waits)
+    totals = torch.cat([totals, totals.new_full((1,), float(num_images))])
     if distributed:
         dist.all_reduce(totals)
-    loss_sum, top1, top5, num_images = totals.tolist()  # the one host sync
+    with host_sync_allowed():
+        loss_sum, top1, top5, num_images = totals.tolist()  # the one host sync
     count = max(num_images, 1.)
     return {
         'loss': loss_sum / count,

@@ -36,6 +36,7 @@ from .runtime import (
     apply_threads,
     configure_backends,
     format_duration,
+    host_sync_allowed,
     init_distributed,
     probe_compile,
     probe_size,
@@ -103,7 +104,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     else:
         run_dir = Path(args.output) / (args.experiment or '-'.join([
             datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
-    train_model = _training_model(model, args, data_cfg, loss_fn, amp_ctx)
+    train_model, eval_model = _training_model(model, args, data_cfg, loss_fn, amp_ctx,
+                                              steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
         write_run_files(args, run_dir)
         log(f'Run folder {run_dir}; {num_epochs} epochs of {len(train_loader)} steps, '
@@ -118,8 +120,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         train_metrics, num_updates = train_one_epoch(
             epoch, train_model, train_loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
             loss_scaler, num_epochs)
-        metrics = evaluate(model, eval_loader, args.device, amp_ctx=amp_ctx, channels_last=args.channels_last,
-                           distributed=args.distributed)
+        metrics = evaluate(eval_model, eval_loader, args.device, amp_ctx=amp_ctx, channels_last=args.channels_last,
+                           distributed=args.distributed, pad_last_batch=eval_model is not model)
         if lr_scheduler is not None:  # plateau decides on the evaluation metric; the others ignore it
             lr_scheduler.step(epoch + 1, metrics[args.eval_metric] if args.sched == 'plateau' else None)
         log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
@@ -235,14 +237,17 @@ def _precision(model, args):
     return amp_ctx, NativeScaler(device_type) if use_amp and amp_dtype == torch.float16 else None
 
 
-def _training_model(model, args, data_cfg, loss_fn, amp_ctx):
-    """What the epochs train through: DDP around the model, then torch.compile as timm's train.py does;
-    evaluation and checkpoints use the model itself."""
-    ddp_model = DistributedDataParallel(model) if args.distributed else model
-    train_model, args.torchcompile_used, args.torchcompile_reason = resolve_torchcompile(
-        args.torchcompile, ddp_model, partial(probe_compile, ddp_model, args, data_cfg['input_size'], loss_fn, amp_ctx))
-    _log(args, f'Compilation: {args.torchcompile_reason}')
-    return train_model
+def _training_model(model, args, data_cfg, loss_fn, amp_ctx, steps_left: int):
+    """(what the epochs train through, what they evaluate through): torch.compile (--torchcompile, of the model
+    itself, before DDP wraps it, as timm's train.py does: DDP stays out of the graph and evaluation runs the same
+    compiled module without DDP); checkpoints use the model itself."""
+    probe = partial(probe_compile, model, args, data_cfg['input_size'], loss_fn, amp_ctx)
+    compiled, args.torchcompile_used, args.torchcompile_mode_used, reason = resolve_torchcompile(
+        args.torchcompile, model, probe, mode=args.torchcompile_mode, steps_left=steps_left, device=args.device)
+    args.torchcompile_reason = '; '.join(reason)
+    for line in reason:
+        _log(args, f'Compilation: {line}')
+    return (DistributedDataParallel(compiled) if args.distributed else compiled), compiled
 
 
 def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
@@ -259,6 +264,7 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         targets = targets.to(args.device, non_blocking=True)
         if args.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
+        torch.compiler.cudagraph_mark_step_begin()  # CUDA graphs ('reduce-overhead'): the last step is done with
         with amp_ctx():
             loss = loss_fn(model(images), targets)
         optimizer.zero_grad(set_to_none=True)
@@ -278,7 +284,8 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         loss_count += images.size(0)
         seen += images.size(0)
         if batch_idx == num_batches - 1 or (batch_idx + 1) % args.log_interval == 0:
-            loss_val, loss_avg = torch.stack([loss.double(), loss_sum / loss_count]).tolist()  # the one host sync
+            with host_sync_allowed():
+                loss_val, loss_avg = torch.stack([loss.double(), loss_sum / loss_count]).tolist()  # the one host sync
             now = time.time()
             rate = seen * args.world_size / max(now - batch_start, 1e-9)
             # time left in this run at this epoch's pace so far (evaluation not counted)
@@ -308,6 +315,7 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
     split = split_name(args.dataset, args.val_split)
     result = {'model': args.model, 'dataset': args.dataset or 'folder', 'split': split, 'epochs': num_epochs,
               **metrics, 'amp': args.amp_used, 'amp_reason': args.amp_reason, 'torchcompile': args.torchcompile_used,
+              'torchcompile_mode': args.torchcompile_mode_used,
               'checkpoint': str(checkpoint)}
     if args.export:
         export_dir = run_dir / 'hub'

@@ -20,7 +20,7 @@ TIMM_ONLY_RECIPE_KEYS = frozenset({
     'interpolation', 'train_interpolation',
     # model and compilation
     'pretrained_path', 'no_resume_opt', 'fuser', 'grad_accum_steps', 'grad_checkpointing', 'fast_norm',
-    'head_init_scale', 'head_init_bias', 'torchscript', 'torchcompile_mode', 'model_dtype',
+    'head_init_scale', 'head_init_bias', 'torchscript', 'model_dtype',
     # optimizer and schedule
     'opt_betas', 'layer_decay', 'layer_decay_min_scale', 'layer_decay_no_opt_scale', 'opt_kwargs', 'lr_base',
     'lr_base_size', 'lr_base_scale', 'lr_noise', 'lr_noise_pct', 'lr_noise_std', 'lr_cycle_mul', 'lr_cycle_decay',

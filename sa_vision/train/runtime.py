@@ -2,6 +2,7 @@
 
 They decide the ``PROCESS_ARGS`` / ``RESOLVED_ARGS`` of :mod:`sa_vision.train.args` (measured: docs/performance.md).
 """
+import contextlib
 import ctypes
 import ctypes.util
 import functools
@@ -9,7 +10,7 @@ import os
 import statistics
 import time
 from datetime import timedelta
-from typing import Callable, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -19,8 +20,10 @@ from timm.utils import init_distributed_device, random_seed
 __all__ = [
     'TORCH_DEFAULT_THREADS', 'available_cores', 'default_threads', 'apply_threads', 'init_distributed',
     'configure_backends', 'retain_freed_memory', 'uses_channels_last', 'seed_epoch', 'synchronize',
+    'host_sync_allowed',
     'format_duration', 'CPU_AUTOCAST_MIN_SPEEDUP', 'cpu_autocast_speedup', 'probe_size', 'resolve_amp',
-    'COMPILE_MIN_SPEEDUP', 'compile_speedup', 'probe_compile', 'resolve_torchcompile',
+    'COMPILE_MODES', 'compile_model', 'compile_choices', 'time_training_steps', 'probe_compile',
+    'choose_compile', 'resolve_torchcompile',
 ]
 
 # read before any command changes it: the default of --threads is this, capped at this process's cores
@@ -104,6 +107,21 @@ def synchronize(device) -> None:
         torch.cuda.synchronize(device)
 
 
+@contextlib.contextmanager
+def host_sync_allowed():
+    """Where the training loop and evaluation read device values on purpose (a log line, the metrics): CUDA's sync
+    debug mode (``torch.cuda.set_sync_debug_mode('error')``, which a check of the training step turns on) is off
+    inside, so every other host sync in a step still raises."""
+    mode = torch.cuda.get_sync_debug_mode() if torch.cuda.is_available() else 0
+    if mode:
+        torch.cuda.set_sync_debug_mode(0)
+    try:
+        yield
+    finally:
+        if mode:
+            torch.cuda.set_sync_debug_mode(mode)
+
+
 def format_duration(seconds: float) -> str:
     """``2.5 s`` below a minute, else H:MM:SS (whole seconds)."""
     return f'{seconds:.1f} s' if seconds < 60 else str(timedelta(seconds=int(seconds)))
@@ -160,36 +178,63 @@ def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024
                              f'in {amp_dtype} as in float32 on this CPU (on from {CPU_AUTOCAST_MIN_SPEEDUP}x)')
 
 
-# --torchcompile auto keeps the compiled step only from this speed-up: less is within a shared machine's noise
-COMPILE_MIN_SPEEDUP = 1.1
+# torch.compile's modes (timm train.py's --torchcompile-mode passes one through); 'reduce-overhead' adds CUDA graphs
+COMPILE_MODES = (None, 'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
 
 
-def compile_speedup(model: nn.Module, compiled: Callable, images: torch.Tensor, targets: torch.Tensor,
-                    loss_fn: Callable, amp_ctx: Callable, rounds: int = 3, steps: int = 2) -> float:
-    """How many times faster ``compiled`` runs a training forward and backward than eager ``model`` (median of
-    alternating rounds after the compiling warm-up); weights, gradients and RNG state are restored."""
+def compile_model(model: nn.Module, backend: str = 'inductor', mode: Optional[str] = None) -> Callable:
+    """``torch.compile(model, backend=backend, mode=mode)``, as timm's train.py compiles (None: torch's default)."""
+    return torch.compile(model, backend=backend, mode=mode)
+
+
+def compile_choices(device, mode: Optional[str] = None) -> Dict[str, Tuple[Optional[str], Optional[str]]]:
+    """What ``--torchcompile auto`` weighs, label -> (backend, mode): eager, inductor in ``mode`` (default: torch's
+    default mode) and, on CUDA without a ``mode``, inductor with CUDA graphs ('reduce-overhead')."""
+    choices = {'eager': (None, None), _label('inductor', mode): ('inductor', mode)}
+    if mode is None and torch.device(device).type == 'cuda':
+        choices[_label('inductor', 'reduce-overhead')] = ('inductor', 'reduce-overhead')
+    return choices
+
+
+def _label(backend: str, mode: Optional[str]) -> str:
+    return backend if mode in (None, 'default') else f'{backend} ({mode})'
+
+
+def time_training_steps(model: nn.Module, callables: Dict[str, Callable], images: torch.Tensor,
+                        targets: torch.Tensor, loss_fn: Callable, amp_ctx: Callable, rounds: int = 3,
+                        steps: int = 2, warmup: int = 3) -> Dict[str, Tuple[float, float]]:
+    """label -> (compile seconds, steady seconds per training step) of each callable training ``model`` (forward
+    and backward). Each first runs ``warmup`` steps (compiling; CUDA graphs record on the second or third), then
+    ``rounds`` of ``steps`` steps alternate between the callables, order reversed every round; the step time is
+    the median, the compile time what the warm-up took beyond ``warmup`` steady steps (0 for a callable that is
+    ``model`` itself). Weights, gradients and RNG state are restored."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rng_state = torch.get_rng_state()
     cuda_rng_states = torch.cuda.get_rng_state_all() if images.device.type == 'cuda' else None
 
-    def step(fn):
-        with amp_ctx():
-            loss = loss_fn(fn(images), targets)
-        loss.backward()
-
-    def timed(fn) -> float:
+    def run(fn, count: int) -> float:
         synchronize(images.device)
         start = time.perf_counter()
-        for _ in range(steps):
-            step(fn)
+        for _ in range(count):
+            torch.compiler.cudagraph_mark_step_begin()  # CUDA graphs: the last step's outputs are done with
+            with amp_ctx():
+                loss = loss_fn(fn(images), targets)
+            loss.backward()
         synchronize(images.device)
         return time.perf_counter() - start
 
     model.train()
     try:
-        for fn in (model, compiled, compiled):  # the first compiled step compiles forward and backward
-            step(fn)
-        return statistics.median(timed(model) / timed(compiled) for _ in range(rounds))
+        warmups = {label: run(fn, warmup) for label, fn in callables.items()}
+        per_step = {label: [] for label in callables}
+        order = list(callables)
+        for _ in range(rounds):
+            for label in order:
+                per_step[label].append(run(callables[label], steps) / steps)
+            order.reverse()
+        step_s = {label: statistics.median(times) for label, times in per_step.items()}
+        return {label: (0. if fn is model else max(warmups[label] - warmup * step_s[label], 0.), step_s[label])
+                for label, fn in callables.items()}
     finally:
         model.load_state_dict(state)
         for p in model.parameters():
@@ -199,38 +244,68 @@ def compile_speedup(model: nn.Module, compiled: Callable, images: torch.Tensor, 
             torch.cuda.set_rng_state_all(cuda_rng_states)
 
 
-def probe_compile(model: nn.Module, args, input_size, loss_fn, amp_ctx, compiled) -> float:
-    """:func:`compile_speedup` on a random batch of the run's shape; every rank probes (DDP's collectives need
-    them all) and rank 0's figure decides."""
+def probe_compile(model: nn.Module, args, input_size, loss_fn, amp_ctx,
+                  callables: Dict[str, Callable]) -> Dict[str, Tuple[float, float]]:
+    """:func:`time_training_steps` on a random batch of the run's shape. Every rank probes its own model (no DDP:
+    an all-reduce would add the same time to every choice) and rank 0's figures decide."""
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(args.batch_size, *input_size, generator=gen).to(args.device)
     if args.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
-    num_classes = getattr(model.module if args.distributed else model, 'num_classes', 1) or 1
+    num_classes = getattr(model, 'num_classes', 1) or 1
     targets = torch.randint(0, num_classes, (args.batch_size,), generator=gen).to(args.device)
-    speedup = compile_speedup(model, compiled, images, targets, loss_fn, amp_ctx)
+    measured = time_training_steps(model, callables, images, targets, loss_fn, amp_ctx)
     if args.distributed:
-        shared = [speedup]
+        shared = [measured]
         dist.broadcast_object_list(shared, src=0)
-        speedup = shared[0]
-    return speedup
+        measured = shared[0]
+    return measured
 
 
-def resolve_torchcompile(requested: Optional[str], model: nn.Module, probe: Callable[[Callable], float]):
-    """(the callable that trains, backend used or False, why) for ``--torchcompile`` ``requested``: 'auto' keeps
-    inductor if ``probe(compiled)`` reaches ``COMPILE_MIN_SPEEDUP``, else (or if compiling fails) eager."""
+def choose_compile(measured: Dict[str, Tuple[float, float]], steps_left: int) -> Tuple[str, List[str]]:
+    """(the label of least ``compile seconds + steps_left * seconds per step``, one log line per choice and the
+    verdict). The probe has compiled every choice by then; the compile time still counts as what the choice costs
+    each process that runs it (a resumed run compiles again). No margin for noise: choices within it cost about the
+    same either way."""
+    def cost(label):
+        compile_s, step_s = measured[label]
+        return compile_s + steps_left * step_s
+    best = min(measured, key=cost)
+    lines = [f'{label} {1e3 * step_s:.1f} ms/step' + (f' after a {format_duration(compile_s)} compile'
+                                                      if compile_s else '')
+             for label, (compile_s, step_s) in measured.items()]
+    if best != 'eager':
+        verdict = f'saves ~{format_duration(cost("eager") - cost(best))} over {steps_left:,} steps against eager'
+    else:
+        runner_up = min((label for label in measured if label != best), key=cost)
+        verdict = f'{runner_up} would take ~{format_duration(cost(runner_up) - cost(best))} longer over ' \
+                  f'{steps_left:,} steps'
+    return best, lines + [f'-> {best}: {verdict}']
+
+
+def resolve_torchcompile(requested: Optional[str], model: nn.Module,
+                         probe: Callable[[Dict[str, Callable]], Dict[str, Tuple[float, float]]],
+                         mode: Optional[str] = None, steps_left: int = 0, device='cpu'):
+    """(the callable that trains, backend used or False, mode used, why: a list of lines) for ``--torchcompile``
+    ``requested`` and ``--torchcompile-mode`` ``mode``. 'auto' compiles every :func:`compile_choices`, times them
+    with ``probe`` and keeps the cheapest over ``steps_left`` steps (:func:`choose_compile`); a compilation that
+    fails trains eagerly."""
     if not requested:
-        return model, False, 'eager (no --torchcompile)'
+        return model, False, None, ['eager (no --torchcompile)' + (f'; --torchcompile-mode {mode} ignored'
+                                                                   if mode else '')]
     if requested != 'auto':
-        return torch.compile(model, backend=requested), requested, f'--torchcompile {requested} asked for'
-    compiled = torch.compile(model, backend='inductor')
+        return compile_model(model, requested, mode), requested, mode, [
+            f'--torchcompile {requested}{f" --torchcompile-mode {mode}" if mode else ""} asked for']
+    choices = compile_choices(device, mode)
+    callables = {label: model if backend is None else compile_model(model, backend, choice_mode)
+                 for label, (backend, choice_mode) in choices.items()}
     try:
-        speedup = probe(compiled)
+        measured = probe(callables)
     except Exception as e:  # noqa: BLE001 -- whatever stops compilation, 'auto' trains eagerly and says why
         torch.compiler.reset()
         first_line = (str(e).strip().splitlines() or [''])[0][:200]
-        return model, False, f'--torchcompile auto: eager, compiling failed ({type(e).__name__}: {first_line})'
-    verdict = speedup >= COMPILE_MIN_SPEEDUP
-    return (compiled if verdict else model), ('inductor' if verdict else False), (
-        f'--torchcompile auto: {"compiled (inductor)" if verdict else "eager"}, the compiled training step ran '
-        f'{speedup:.2f}x as fast as eager in a probe on this machine (compiled from {COMPILE_MIN_SPEEDUP}x)')
+        return model, False, None, [f'--torchcompile auto: eager, compiling failed ({type(e).__name__}: '
+                                    f'{first_line})']
+    best, lines = choose_compile(measured, steps_left)
+    backend, best_mode = choices[best]
+    return callables[best], backend or False, best_mode, [f'--torchcompile auto: {line}' for line in lines]
