@@ -1,7 +1,14 @@
 """ Compiled training: sa-vision-train compiles once and evaluates through the same compiled module, and timm's own
 train.py trains our models compiled (through sa_vision.train.run_timm) """
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
+from helpers import HANG_TIMEOUT_S
+from test_timm_train_args import timm_train_script
 
 pytest.importorskip('sklearn')
 
@@ -9,6 +16,7 @@ from sa_vision.train import evaluation  # noqa: E402
 from sa_vision.train import loop as training  # noqa: E402
 from sa_vision.train.recipes import RECIPE_DIR  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
 DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
 TINY = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=16']
 
@@ -37,3 +45,44 @@ def test_compiled_run_compiles_in_the_first_epoch_only(monkeypatch, tmp_path):
     assert graphs_after_epoch[0] == 2, f'graphs compiled in the first epoch: {graphs_after_epoch[0]} (expected 2)'
     assert graphs_after_epoch[1] == graphs_after_epoch[0], (
         f'the second epoch compiled {graphs_after_epoch[1] - graphs_after_epoch[0]} new graph(s)')
+
+
+def _write_image_folder(root, per_class):
+    """An ImageFolder of 32x32 noise PNGs, two classes, ``per_class`` = {split: images per class}."""
+    from PIL import Image
+    gen = torch.Generator().manual_seed(0)
+    for split, count in per_class.items():
+        for label in ('a', 'b'):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = torch.randint(0, 256, (32, 32, 3), dtype=torch.uint8, generator=gen)
+                Image.fromarray(pixels.numpy()).save(folder / f'{i}.png')
+
+
+@pytest.mark.slow
+def test_timm_train_py_trains_our_model_compiled(tmp_path):
+    """timm's own train.py (a checkout's, through run_timm) trains a tiny SA model with --torchcompile
+    --torchcompile-mode reduce-overhead and bf16 autocast on the CPU (where reduce-overhead compiles without CUDA
+    graphs) and writes its checkpoint, whose weights load into our model."""
+    import timm
+    script = timm_train_script()
+    if script is None:
+        pytest.skip('no timm train.py: set SA_VISION_TIMM_CHECKOUT to a pytorch-image-models checkout (pip ships no '
+                    'train.py)')
+    _write_image_folder(tmp_path / 'data', {'train': 8, 'validation': 4})
+    kwargs = {'embed_dim': 16, 'depth': 1, 'heads_per_layer': 2, 'mlp_hidden_dim': 16}
+    proc = subprocess.run(
+        [sys.executable, '-m', 'sa_vision.train.run_timm', str(script), '--data-dir', str(tmp_path / 'data'),
+         '--model', 'sa_quadratic_cifar', '--model-kwargs', *(f'{k}={v}' for k, v in kwargs.items()),
+         '--num-classes', '2', '-b', '4', '--epochs', '1',
+         '--device', 'cpu', '--torchcompile', '--torchcompile-mode', 'reduce-overhead', '--amp', '--amp-dtype',
+         'bfloat16', '--workers', '0', '--output', str(tmp_path / 'out'), '--experiment', 'compiled'],
+        cwd=tmp_path, env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT)), capture_output=True, text=True,
+        timeout=HANG_TIMEOUT_S)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert 'Compiling task components with backend=inductor, mode=reduce-overhead' in log, log[-3000:]
+    ckpt = torch.load(tmp_path / 'out' / 'compiled' / 'last.pth.tar', map_location='cpu', weights_only=False)
+    model = timm.create_model('sa_quadratic_cifar', num_classes=2, **kwargs)
+    model.load_state_dict(ckpt['state_dict'])  # plain weights: no '_orig_mod.' prefixes of the compiled module
