@@ -21,6 +21,26 @@ DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
 TINY = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=16']
 
 
+def test_padded_evaluation_counts_only_the_real_rows():
+    """With pad_last_batch the model sees full batches only, and the metrics are those of the real images: the
+    same as a plain evaluation and, for top-1, a count written here."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 3)
+    seen = []
+
+    def model(x):
+        seen.append(x.shape[0])
+        return linear(x)
+    model.eval = lambda: None
+    loader = [(torch.randn(n, 4), torch.randint(0, 3, (n,))) for n in (4, 4, 2)]
+    padded = evaluation.evaluate(model, loader, 'cpu', pad_last_batch=True)
+    assert seen == [4, 4, 4]
+    plain = evaluation.evaluate(linear, loader, 'cpu')
+    assert padded == pytest.approx(plain) and padded['num_images'] == 10
+    hits = sum(int((linear(x).argmax(-1) == y).sum()) for x, y in loader)
+    assert padded['top1'] == pytest.approx(100. * hits / 10)
+
+
 @pytest.mark.slow
 def test_compiled_run_compiles_in_the_first_epoch_only(monkeypatch, tmp_path):
     """Two epochs, each with an evaluation whose last batch is short (360 test digits in batches of 64, as training's
