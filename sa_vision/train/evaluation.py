@@ -38,7 +38,6 @@ def evaluate(model: nn.Module, loader, device, amp_ctx: Callable = nullcontext, 
             images = torch.cat([images, images.new_zeros(batch_size - rows, *images.shape[1:])])
         if channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        torch.compiler.cudagraph_mark_step_begin()  # CUDA graphs ('reduce-overhead'): the last batch is done with
         with amp_ctx():
             logits = model(images)
         logits = logits[:rows].float()

@@ -264,7 +264,6 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         targets = targets.to(args.device, non_blocking=True)
         if args.channels_last:
             images = images.contiguous(memory_format=torch.channels_last)
-        torch.compiler.cudagraph_mark_step_begin()  # CUDA graphs ('reduce-overhead'): the last step is done with
         with amp_ctx():
             loss = loss_fn(model(images), targets)
         optimizer.zero_grad(set_to_none=True)

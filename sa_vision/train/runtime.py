@@ -216,7 +216,6 @@ def time_training_steps(model: nn.Module, callables: Dict[str, Callable], images
         synchronize(images.device)
         start = time.perf_counter()
         for _ in range(count):
-            torch.compiler.cudagraph_mark_step_begin()  # CUDA graphs: the last step's outputs are done with
             with amp_ctx():
                 loss = loss_fn(fn(images), targets)
             loss.backward()
