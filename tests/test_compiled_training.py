@@ -106,3 +106,35 @@ def test_timm_train_py_trains_our_model_compiled(tmp_path):
     ckpt = torch.load(tmp_path / 'out' / 'compiled' / 'last.pth.tar', map_location='cpu', weights_only=False)
     model = timm.create_model('sa_quadratic_cifar', num_classes=2, **kwargs)
     model.load_state_dict(ckpt['state_dict'])  # plain weights: no '_orig_mod.' prefixes of the compiled module
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.parametrize('compile_args', [
+    [], ['--torchcompile', 'inductor'], ['--torchcompile', 'inductor', '--torchcompile-mode', 'reduce-overhead']],
+    ids=['eager', 'inductor', 'cuda-graphs'])
+def test_cuda_steps_and_evaluation_never_wait_for_the_host(monkeypatch, tmp_path, compile_args):
+    """The second epoch, its graphs compiled and CUDA graphs recorded in the first, trains and evaluates with CUDA's
+    sync debug mode at 'error': no forward, backward or optimizer step waits for the host. The log lines and the
+    metrics read the device on purpose, inside host_sync_allowed."""
+    checked = []
+
+    def strict(fn, name):
+        def run(*args, **kwargs):
+            calls = sum(1 for n in checked if n.startswith(name))
+            if calls == 0:  # the first epoch compiles and records, which synchronizes
+                checked.append(f'{name} (not checked)')
+                return fn(*args, **kwargs)
+            torch.cuda.set_sync_debug_mode('error')
+            try:
+                result = fn(*args, **kwargs)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+            checked.append(name)
+            return result
+        return run
+    monkeypatch.setattr(training, 'train_one_epoch', strict(training.train_one_epoch, 'train'))
+    monkeypatch.setattr(training, 'evaluate', strict(training.evaluate, 'evaluate'))
+    training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64, '-vb', 64, '--device', 'cuda',
+                                 *compile_args, '--output', tmp_path, '--experiment', 'strict'])))
+    assert checked[-2:] == ['train', 'evaluate']
