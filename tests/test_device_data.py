@@ -136,6 +136,18 @@ def test_same_seed_same_batches_bit_for_bit_other_seed_or_epoch_others():
         assert not torch.equal(first[0][0], other[0][0])
 
 
+def test_crops_and_flips_are_drawn_anew_per_seed_epoch_and_rank():
+    def first_batch(seed, epoch, rank):  # of identical images: only the augmentation tells batches apart
+        loader = DeviceTrainLoader(PATTERN.expand(200, -1, -1, -1), torch.zeros(200), 50, device='cpu', seed=seed,
+                                   rank=rank, world_size=2, crop_padding=PAD, **IDENTITY)
+        loader.set_epoch(epoch)
+        return next(iter(loader))[0]
+    base = first_batch(1, 0, 0)
+    assert torch.equal(base, first_batch(1, 0, 0))
+    for seed, epoch, rank in ((2, 0, 0), (1, 1, 0), (1, 0, 1)):
+        assert not torch.equal(base, first_batch(seed, epoch, rank)), (seed, epoch, rank)
+
+
 def test_ranks_train_disjoint_slices_of_distributed_samplers_order():
     n, batch, seed, epoch = 103, 10, 7, 3
     seen = []
@@ -174,17 +186,45 @@ def test_on_refuses_what_it_cannot_hold(monkeypatch):
     assert resolve_device_data('on', 'cpu', ds, ds, 32, 4)[0] is not None
 
 
-def test_training_end_to_end_with_the_data_on_the_device(tmp_path):
+class _Killed(Exception):
+    pass
+
+
+@pytest.mark.slow
+def test_training_with_the_data_on_the_device_end_to_end_and_resumed(tmp_path, monkeypatch):
     from sa_vision.train import loop as training
-    training.main(['--dataset', 'digits', '--device-data', 'on', '--device', 'cpu', '--epochs', '1', '-b', '64',
-                   '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
-                   '--output', str(tmp_path), '--experiment', 'run'])
-    run = tmp_path / 'run'
+    from sa_vision.train.checkpoint import read_checkpoint
+    args = ['--dataset', 'digits', '--device-data', 'on', '--device', 'cpu', '--epochs', '2', '-b', '64',
+            '--hflip', '0.5', '--train-crop-padding', '4', '--model-kwargs', 'embed_dim=16', 'depth=1',
+            'heads_per_layer=2', 'mlp_hidden_dim=32', '--output', str(tmp_path)]
+    epochs = []
+    set_epoch = DeviceTrainLoader.set_epoch
+    monkeypatch.setattr(DeviceTrainLoader, 'set_epoch', lambda self, epoch: (epochs.append(epoch),
+                                                                             set_epoch(self, epoch)))
+    training.main(args + ['--experiment', 'straight'])
+    assert epochs == [0, 1]  # the loop starts every epoch of the loader
+    run = tmp_path / 'straight'
     used = yaml.safe_load((run / 'args.yaml').read_text())
     assert used['device_data'] == 'on' and used['device_data_used'] is True
     assert 'device_data' not in yaml.safe_load((run / 'recipe.yaml').read_text())  # a choice of this machine
-    history = torch.load(run / 'last.pth.tar', weights_only=True)['history']
-    row, = csv.DictReader(open(run / 'summary.csv'))
-    assert history[0]['train_img_per_s'] > 0 and float(row['train_img_per_s']) == pytest.approx(
-        history[0]['train_img_per_s'])
-    assert history[0]['train_img_per_s'] == pytest.approx(1437 // 64 * 64 / history[0]['train_time'])
+    straight = read_checkpoint(run / 'last.pth.tar')
+    history = straight.meta['history']
+    rows = list(csv.DictReader(open(run / 'summary.csv')))
+    for h, row in zip(history, rows):
+        assert h['train_img_per_s'] == pytest.approx(1437 // 64 * 64 / h['train_time'])
+        assert float(row['train_img_per_s']) == pytest.approx(h['train_img_per_s'])
+
+    save = training._save
+
+    def save_and_stop(ckpt, *rest):  # as if killed right after the first epoch's checkpoint
+        save(ckpt, *rest)
+        raise _Killed
+    monkeypatch.setattr(training, '_save', save_and_stop)
+    with pytest.raises(_Killed):
+        training.main(args + ['--experiment', 'killed'])
+    monkeypatch.setattr(training, '_save', save)
+    training.main(['--resume', str(tmp_path / 'killed' / 'last.pth.tar')])
+    resumed = read_checkpoint(tmp_path / 'killed' / 'last.pth.tar')
+    assert resumed.meta['epoch'] == 2 and resumed.state_dict.keys() == straight.state_dict.keys()
+    for key, value in straight.state_dict.items():
+        assert torch.equal(value, resumed.state_dict[key]), key
