@@ -120,10 +120,10 @@ def test_training_batches_without_augmentation_equal_the_cpu_pipeline_exactly():
     assert targets.tolist() == [ds[i][1] for i in order[:64].tolist()]
 
 
-def _batches(seed, epoch, n=300):
+def _batches(seed, epoch, n=300, device='cpu'):
     gen = torch.Generator().manual_seed(0)
     loader = DeviceTrainLoader(torch.randint(0, 256, (n, 3, SIZE, SIZE), generator=gen, dtype=torch.uint8),
-                               torch.arange(n), 32, (0.5,) * 3, (0.25,) * 3, 'cpu', seed=seed)
+                               torch.arange(n), 32, (0.5,) * 3, (0.25,) * 3, device, seed=seed)
     loader.set_epoch(epoch)
     return list(loader)
 
@@ -146,6 +146,14 @@ def test_crops_and_flips_are_drawn_anew_per_seed_epoch_and_rank():
     assert torch.equal(base, first_batch(1, 0, 0))
     for seed, epoch, rank in ((2, 0, 0), (1, 1, 0), (1, 0, 1)):
         assert not torch.equal(base, first_batch(seed, epoch, rank)), (seed, epoch, rank)
+
+
+@pytest.mark.cuda
+def test_cuda_trains_on_the_batches_the_cpu_draws():
+    cpu, cuda = ([(x.to('cpu'), y.to('cpu')) for x, y in _batches(1, 0, device=device)] for device in ('cpu', 'cuda'))
+    for (x, y), (x_cuda, y_cuda) in zip(cpu, cuda):
+        assert torch.equal(y, y_cuda)
+        torch.testing.assert_close(x_cuda, x, rtol=0, atol=1e-6)
 
 
 def test_ranks_train_disjoint_slices_of_distributed_samplers_order():

@@ -79,7 +79,9 @@ class DeviceTrainLoader(_HeldSplit):
         # padded once: each batch is then one gather from the zero border (the value RandomCrop pads with)
         super().__init__(F.pad(images, (p, p, p, p)) if p else images, targets, batch_size, mean, std, device,
                          channels)
-        self.height, self.width = images.shape[-2:]
+        height, width = images.shape[-2:]
+        self._rows, self._cols = torch.arange(height, device=self.device), torch.arange(width, device=self.device)
+        self._channels = torch.arange(images.size(1), device=self.device)
         self.hflip, self.crop_padding = hflip, crop_padding
         self.seed, self.rank = seed, rank
         self.sampler = DistributedSampler(range(len(targets)), num_replicas=world_size, rank=rank, shuffle=True,
@@ -102,11 +104,10 @@ class DeviceTrainLoader(_HeldSplit):
 
     def augment(self, indices: torch.Tensor, offsets: torch.Tensor, flips: torch.Tensor) -> torch.Tensor:
         """The crops at ``offsets`` of the padded images ``indices``, mirrored where ``flips``, normalised."""
-        rows = offsets[:, :1] + torch.arange(self.height, device=self.device)
-        cols = offsets[:, 1:] + torch.arange(self.width, device=self.device)
+        rows = offsets[:, :1] + self._rows
+        cols = offsets[:, 1:] + self._cols
         cols = torch.where(flips[:, None], cols.flip(1), cols)
-        channels = torch.arange(self.images.size(1), device=self.device)
-        crops = self.images[indices[:, None, None, None], channels[None, :, None, None], rows[:, None, :, None],
+        crops = self.images[indices[:, None, None, None], self._channels[None, :, None, None], rows[:, None, :, None],
                             cols[:, None, None, :]]
         return _normalize(crops, self.mean, self.std, self.channels)
 
