@@ -194,6 +194,15 @@ def test_on_refuses_what_it_cannot_hold(monkeypatch):
     assert resolve_device_data('on', 'cpu', ds, ds, 32, 4)[0] is not None
 
 
+@pytest.mark.parametrize('device_data', ['on', 'off'])
+def test_a_batch_larger_than_the_split_is_refused_on_both_paths(device_data, tmp_path):
+    from sa_vision.train import loop as training
+    with pytest.raises(UserError, match='fewer than one batch of 2000'):
+        training.main(['--dataset', 'digits', '--device-data', device_data, '--device', 'cpu', '-b', '2000', '-j', '0',
+                       '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
+                       '--output', str(tmp_path)])
+
+
 class _Killed(Exception):
     pass
 

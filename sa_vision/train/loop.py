@@ -205,31 +205,28 @@ def _create_loaders(args, data_cfg):
         args.device_data, args.device, train_ds, eval_ds, data_cfg['input_size'][-1], args.train_crop_padding)
     args.device_data_used = held is not None
     _log(args, f'Data: {args.device_data_reason}')
+    eval_batch_size = args.validation_batch_size or args.batch_size
     if held is not None:
         (train_images, train_targets), (eval_images, eval_targets) = held
         train_loader = DeviceTrainLoader(
             train_images, train_targets, args.batch_size, device=args.device, hflip=args.hflip,
             crop_padding=args.train_crop_padding, seed=args.seed, rank=args.rank, world_size=args.world_size, **norm)
-        eval_loader = DeviceEvalLoader(
-            eval_images, eval_targets, args.validation_batch_size or args.batch_size, device=args.device,
-            rank=args.rank, world_size=args.world_size, **norm)
-        if len(train_loader) == 0:
-            raise UserError(f'the training split has {len(train_ds)} images, fewer than one batch of '
-                            f'{args.batch_size} x {args.world_size} processes; lower --batch-size')
-        return train_loader, eval_loader
-    # one sampler for 1 and N processes: the shuffle order depends only on (seed, epoch)
-    train_sampler = DistributedSampler(
-        train_ds, num_replicas=args.world_size, rank=args.rank, shuffle=True, seed=args.seed, drop_last=True)
-    train_loader = DataLoader(
-        train_ds, batch_size=args.batch_size, sampler=train_sampler, num_workers=args.workers,
-        pin_memory=args.pin_mem, drop_last=True, persistent_workers=False)
+        eval_loader = DeviceEvalLoader(eval_images, eval_targets, eval_batch_size, device=args.device,
+                                       rank=args.rank, world_size=args.world_size, **norm)
+    else:
+        # one sampler for 1 and N processes: the shuffle order depends only on (seed, epoch)
+        train_sampler = DistributedSampler(
+            train_ds, num_replicas=args.world_size, rank=args.rank, shuffle=True, seed=args.seed, drop_last=True)
+        train_loader = DataLoader(
+            train_ds, batch_size=args.batch_size, sampler=train_sampler, num_workers=args.workers,
+            pin_memory=args.pin_mem, drop_last=True, persistent_workers=False)
+        eval_indices = list(range(args.rank, len(eval_ds), args.world_size))  # disjoint shards, no padding
+        eval_loader = DataLoader(
+            torch.utils.data.Subset(eval_ds, eval_indices), batch_size=eval_batch_size, shuffle=False,
+            num_workers=args.workers, pin_memory=args.pin_mem)
     if len(train_loader) == 0:
         raise UserError(f'the training split has {len(train_ds)} images, fewer than one batch of '
                         f'{args.batch_size} x {args.world_size} processes; lower --batch-size')
-    eval_indices = list(range(args.rank, len(eval_ds), args.world_size))  # disjoint shards, no padding
-    eval_loader = DataLoader(
-        torch.utils.data.Subset(eval_ds, eval_indices), batch_size=args.validation_batch_size or args.batch_size,
-        shuffle=False, num_workers=args.workers, pin_memory=args.pin_mem)
     return train_loader, eval_loader
 
 
