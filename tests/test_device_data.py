@@ -5,16 +5,27 @@ zero-padded image, ``torch.randperm`` as DistributedSampler documents its order,
 """
 import csv
 import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
+from helpers import HANG_TIMEOUT_S
 
 from sa_vision.errors import UserError
 from sa_vision.train.data import create_cifar_transform, create_image_dataset, held_tensors
 from sa_vision.train.device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data
+from sa_vision.train.recipes import RECIPE_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
+TINY = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
 
 SIZE, PAD = 8, 2
 # pixel (r, c) = 1 + 8 r + c: every crop of the zero-padded image and its mirror image differ
@@ -194,13 +205,48 @@ def test_on_refuses_what_it_cannot_hold(monkeypatch):
     assert resolve_device_data('on', 'cpu', ds, ds, 32, 4)[0] is not None
 
 
+def test_without_augmentation_both_paths_train_the_same_weights(tmp_path):
+    # the same images in the same order: bit for bit the same steps (the digits recipe draws no crop or flip)
+    from sa_vision.train import loop as training
+    from sa_vision.train.checkpoint import read_checkpoint
+    weights = {}
+    for device_data in ('on', 'off'):
+        training.main(['-c', str(DIGITS_RECIPE), '--device-data', device_data, '--device', 'cpu', '--epochs', '1',
+                       '-b', '64', *TINY, '--output', str(tmp_path), '--experiment', device_data])
+        weights[device_data] = read_checkpoint(tmp_path / device_data / 'last.pth.tar').state_dict
+    for key, value in weights['off'].items():
+        assert torch.equal(weights['on'][key], value), key
+
+
+@pytest.mark.slow
+def test_torchrun_two_processes_hold_their_slices_like_one_process_with_the_global_batch(tmp_path):
+    # DDP averages the gradients of two disjoint halves of each global batch: 2 x 32 trains as 1 x 64
+    torchrun = shutil.which('torchrun')
+    cmd = [torchrun] if torchrun else [sys.executable, '-m', 'torch.distributed.run']
+    args = ['-c', DIGITS_RECIPE, '--device-data', 'on', '--device', 'cpu', '--epochs', 1, *TINY, '--output',
+            tmp_path]
+    cmd += ['--standalone', '--nproc_per_node', 2, '-m', 'sa_vision.cli.train', *args, '-b', 32, '--experiment', 'ddp']
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
+    proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=HANG_TIMEOUT_S)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-4000:]
+    assert '2 process(es) on cpu' in log and 'Data: --device-data on' in log and '(360 images)' in log
+    from sa_vision.train import loop as training
+    from sa_vision.train.checkpoint import read_checkpoint
+    training.main(list(map(str, args + ['-b', 64, '--experiment', 'single'])))
+    ddp, single = (read_checkpoint(tmp_path / run / 'last.pth.tar') for run in ('ddp', 'single'))
+    assert ddp.meta['num_updates'] == single.meta['num_updates'] == 1437 // 64
+    for key, value in single.state_dict.items():
+        torch.testing.assert_close(ddp.state_dict[key], value, rtol=1e-3, atol=1e-4, msg=key)
+
+
 @pytest.mark.parametrize('device_data', ['on', 'off'])
 def test_a_batch_larger_than_the_split_is_refused_on_both_paths(device_data, tmp_path):
     from sa_vision.train import loop as training
     with pytest.raises(UserError, match='fewer than one batch of 2000'):
         training.main(['--dataset', 'digits', '--device-data', device_data, '--device', 'cpu', '-b', '2000', '-j', '0',
-                       '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
-                       '--output', str(tmp_path)])
+                       *TINY, '--output', str(tmp_path)])
 
 
 class _Killed(Exception):
@@ -212,8 +258,7 @@ def test_training_with_the_data_on_the_device_end_to_end_and_resumed(tmp_path, m
     from sa_vision.train import loop as training
     from sa_vision.train.checkpoint import read_checkpoint
     args = ['--dataset', 'digits', '--device-data', 'on', '--device', 'cpu', '--epochs', '2', '-b', '64',
-            '--hflip', '0.5', '--train-crop-padding', '4', '--model-kwargs', 'embed_dim=16', 'depth=1',
-            'heads_per_layer=2', 'mlp_hidden_dim=32', '--output', str(tmp_path)]
+            '--hflip', '0.5', '--train-crop-padding', '4', *TINY, '--output', str(tmp_path)]
     epochs = []
     set_epoch = DeviceTrainLoader.set_epoch
     monkeypatch.setattr(DeviceTrainLoader, 'set_epoch', lambda self, epoch: (epochs.append(epoch),
