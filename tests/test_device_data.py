@@ -201,6 +201,8 @@ def test_on_refuses_what_it_cannot_hold(monkeypatch):
     images = ImageFolder.__new__(ImageFolder)  # reads its files per item
     with pytest.raises(UserError, match='--device-data on .* not held in memory'):
         resolve_device_data('on', 'cpu', images, ds, 32, 4)
+    with pytest.raises(UserError, match='--device-data on .* images are 32x32, the model takes 64x64'):
+        resolve_device_data('on', 'cpu', ds, ds, 64, 4)
     assert resolve_device_data('auto', 'cpu', ds, ds, 32, 4)[0] is None  # the CPU keeps its DataLoader
     assert resolve_device_data('on', 'cpu', ds, ds, 32, 4)[0] is not None
 

@@ -1,13 +1,13 @@
-""" Datasets held on the device: shuffled, sharded and augmented there in whole batches (docs/training.md, "Data")
+""" Data held on the device, shuffled and augmented there in whole batches (docs/training.md, "Data on the device")
 
 A loader that transforms one image at a time in Python cannot keep up with a GPU that trains tens of thousands of
 images a second, while CIFAR-10 or Fashion-MNIST fits in its memory many times over. :class:`DeviceTrainLoader`
-holds the training split as it is stored (uint8, N x C x H x W) and draws each epoch what
+holds the training split as it is stored (uint8 N x C x H x W; digits float) and draws each epoch what
 :func:`~sa_vision.train.data.create_cifar_transform` draws per image: the paper's augmentation (Sec. 4, App. A.4),
 a crop at an offset uniform in ``[0, 2 * padding]`` of each axis of the zero-padded image and a horizontal flip with
 probability ``hflip``, then float conversion and the dataset's normalisation. The order of the images is
 ``DistributedSampler(..., shuffle=True, drop_last=True)``'s, so every rank trains its disjoint slice; the
-augmentation is drawn on the CPU from (seed, epoch, rank), so a CPU and a GPU run see the same batches.
+augmentation is drawn on the CPU from (seed, epoch, rank), so a CPU and a GPU run see the same crops and flips.
 """
 from typing import Iterator, Optional, Sequence, Tuple
 
@@ -173,8 +173,8 @@ def resolve_device_data(requested: str, device, train_ds, eval_ds, img_size: int
         problem = 'the dataset is not held in memory (an image folder, or a torch/ dataset other than CIFAR-10/100)'
     elif any(tuple(h[0].shape[-2:]) != (img_size, img_size) for h in held):
         size = 'x'.join(map(str, held[0][0].shape[-2:]))
-        problem = f'its images are {size}, the model takes {img_size}x{img_size} (the DataLoader path resizes)'
-    device = torch.device(device)
+        problem = f'its images are {size}, the model takes {img_size}x{img_size}'
+    device, room = torch.device(device), ''
     if not problem and device.type == 'cuda':
         needed = device_data_bytes(held[0], held[1], crop_padding)
         free, total = torch.cuda.mem_get_info(device)
@@ -183,15 +183,15 @@ def resolve_device_data(requested: str, device, train_ds, eval_ds, img_size: int
             problem = (f'it needs {_gib(needed)} of device memory and {device} has {_gib(free)} free of '
                        f'{_gib(total)}' + (f' (auto holds data in at most {AUTO_MAX_FREE_FRACTION:.0%} of it)'
                                            if requested == 'auto' else ''))
-        else:
-            fits = f'{_gib(needed)} of {_gib(free)} free'
+        room = f' ({_gib(needed)} of {_gib(free)} free)'
     if requested == 'on':
         if problem:
             raise UserError(f'--device-data on cannot hold this dataset on {device}: {problem}. Use --device-data off '
                             f'(or auto)')
-        return held, f'--device-data on: dataset held on {device}' + (f' ({fits})' if device.type == 'cuda' else '')
+        return held, f'--device-data on: dataset held on {device}{room}'
     if problem:
         return None, f'--device-data auto: DataLoader, {problem}'
     if device.type != 'cuda':
-        return None, f'--device-data auto: DataLoader on {device.type} (holding the data there was no faster)'
-    return held, f'--device-data auto: dataset held on {device} ({fits})'
+        return None, f'--device-data auto: DataLoader on {device.type} (held data only with CUDA; on a CPU it was no ' \
+                     f'faster)'
+    return held, f'--device-data auto: dataset held on {device}{room}'
