@@ -29,14 +29,14 @@ PROCESS_ARGS = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank'
 # this run's files and this machine's choices: resumed with the run, but no part of the recipe
 LOCAL_ARGS = frozenset({'output', 'experiment', 'data_dir', 'dataset_download', 'initial_checkpoint', 'device_modules',
                         'workers', 'log_interval', 'save_epoch_weights', 'export', 'target_top1', 'torchcompile',
-                        'torchcompile_mode', 'cudnn_benchmark'})
+                        'torchcompile_mode', 'cudnn_benchmark', 'device_data'})
 # timm train.py's arguments of the same kinds, for the recipes of its checkpoints
 TIMM_LOCAL_ARGS = frozenset({'data', 'no_resume_opt', 'prefetcher', 'recovery_interval', 'checkpoint_hist',
                              'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'dist_backend', 'dist_url',
                              'no_ddp_bb', 'synchronize_step', 'save_images', 'use_multi_epochs_loader'})
 # decided on the machine that runs (args.yaml and the log say what and why), never asked for
 RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_mode_used',
-                           'torchcompile_reason', 'resume_changes'})
+                           'torchcompile_reason', 'resume_changes', 'device_data_used', 'device_data_reason'})
 # left out of published recipes: a recipe reproduces the run anywhere and leaks no local paths
 RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
 
@@ -225,6 +225,13 @@ def _device_arguments(group) -> None:
     group.add_argument('--retain-freed-memory', action=argparse.BooleanOptionalAction, default=None,
                        help='keep the memory a step frees in the process for the next step instead of returning it to '
                             'the kernel (glibc malloc; see retain_freed_memory). Default: on when training on the CPU')
+    group.add_argument('--device-data', default='auto', choices=('auto', 'on', 'off'),
+                       help="hold the dataset on the training device and shuffle, crop, flip and normalise it there in "
+                            "whole batches (sa_vision.train.device_data) instead of a DataLoader: 'on' (an error "
+                            "where it cannot: an image folder, too little free memory), 'off', or 'auto' (default: on "
+                            "with CUDA for digits, fashion-mnist and torch/cifar10/100 within a safe share of the free "
+                            "memory, off on a CPU). The log and args.yaml (device_data_used, device_data_reason) say "
+                            "which and why")
     group.add_argument('-j', '--workers', type=int, default=4, metavar='N', help='data loading processes')
     add_threads_argument(group)
 

@@ -20,7 +20,8 @@ __all__ = [
     'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info',
     'dataset_for_tag', 'normalization',
     'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
-    'check_dataset', 'create_cifar_transform', 'create_image_dataset', 'known_dataset_names', 'split_name',
+    'check_dataset', 'create_cifar_transform', 'create_image_dataset', 'held_tensors', 'known_dataset_names',
+    'split_name',
 ]
 
 DIGITS = 'digits'
@@ -348,3 +349,19 @@ def create_image_dataset(
     ds = create_dataset(dataset, root=data_dir, split=split, is_training=is_training, download=download)
     ds.transform = transform
     return ds
+
+
+def held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(images N x C x H x W, targets) of a dataset whose images are in memory, as its transform receives them
+    (uint8, or float in [0, 1] for digits), else None (an image folder reads its files per item).
+
+    Grey datasets give one channel (their items repeat it to 3); torchvision's CIFAR-10 / CIFAR-100 (``torch/``
+    names) keep H x W x C uint8 arrays, which its items turn into PIL images of the same pixels."""
+    if isinstance(dataset, DigitsDataset):
+        return dataset.images[:, :1], dataset.targets  # its 3 channels are one expanded
+    if isinstance(dataset, FashionMnistDataset):
+        return dataset.images, dataset.targets
+    from torchvision.datasets import CIFAR10  # CIFAR100 is a subclass
+    if isinstance(dataset, CIFAR10):
+        return torch.from_numpy(dataset.data).permute(0, 3, 1, 2), torch.as_tensor(dataset.targets, dtype=torch.long)
+    return None

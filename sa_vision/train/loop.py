@@ -31,6 +31,7 @@ from ..models import param_groups_pos_lr
 from .args import build_parser, check_scheduler
 from .checkpoint import atomic_torch_save
 from .data import check_dataset, create_image_dataset, normalization, split_name
+from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate
 from .runtime import (
     apply_threads,
@@ -116,10 +117,14 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     metrics = resume_ckpt.meta.get('metrics') if resume_ckpt else None
     for epoch in range(start_epoch, num_epochs):
         seed_epoch(args.seed, epoch, args.rank)
-        train_loader.sampler.set_epoch(epoch)
+        set_epoch(train_loader, epoch)
         train_metrics, num_updates = train_one_epoch(
             epoch, train_model, train_loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
             loss_scaler, num_epochs)
+        # end to end: the epoch's wall time with its data loading, evaluation apart
+        train_metrics['img_per_s'] = len(train_loader) * args.batch_size * args.world_size / train_metrics['time']
+        log(f'Epoch {epoch}: {train_metrics["img_per_s"]:,.0f} img/s end to end ('
+            f'{"data on the device" if args.device_data_used else "DataLoader"}, evaluation apart)')
         metrics = evaluate(eval_model, eval_loader, args.device, amp_ctx=amp_ctx, channels_last=args.channels_last,
                            distributed=args.distributed, pad_last_batch=eval_model is not model)
         if lr_scheduler is not None:  # plateau decides on the evaluation metric; the others ignore it
@@ -127,7 +132,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
             f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
         history.append({'epoch': epoch, 'train_loss': train_metrics['loss'], 'lr': train_metrics['lr'],
-                        'train_time': train_metrics['time'], **{f'eval_{k}': v for k, v in metrics.items()}})
+                        'train_time': train_metrics['time'], 'train_img_per_s': train_metrics['img_per_s'],
+                        **{f'eval_{k}': v for k, v in metrics.items()}})
         if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
             best = {'metric': metrics[args.eval_metric], 'epoch': epoch}
         if is_primary(args):
@@ -197,19 +203,32 @@ def _create_loaders(args, data_cfg):
     train_ds = create_image_dataset(args.dataset, args.train_split, is_training=True, hflip=args.hflip,
                                     crop_padding=args.train_crop_padding, **ds_kwargs)
     eval_ds = create_image_dataset(args.dataset, args.val_split, is_training=False, **ds_kwargs)
-    # one sampler for 1 and N processes: the shuffle order depends only on (seed, epoch)
-    train_sampler = DistributedSampler(
-        train_ds, num_replicas=args.world_size, rank=args.rank, shuffle=True, seed=args.seed, drop_last=True)
-    train_loader = DataLoader(
-        train_ds, batch_size=args.batch_size, sampler=train_sampler, num_workers=args.workers,
-        pin_memory=args.pin_mem, drop_last=True, persistent_workers=False)
+    held, args.device_data_reason = resolve_device_data(
+        args.device_data, args.device, train_ds, eval_ds, data_cfg['input_size'][-1], args.train_crop_padding)
+    args.device_data_used = held is not None
+    _log(args, f'Data: {args.device_data_reason}')
+    eval_batch_size = args.validation_batch_size or args.batch_size
+    if held is not None:
+        (train_images, train_targets), (eval_images, eval_targets) = held
+        train_loader = DeviceTrainLoader(
+            train_images, train_targets, args.batch_size, device=args.device, hflip=args.hflip,
+            crop_padding=args.train_crop_padding, seed=args.seed, rank=args.rank, world_size=args.world_size, **norm)
+        eval_loader = DeviceEvalLoader(eval_images, eval_targets, eval_batch_size, device=args.device,
+                                       rank=args.rank, world_size=args.world_size, **norm)
+    else:
+        # one sampler for 1 and N processes: the shuffle order depends only on (seed, epoch)
+        train_sampler = DistributedSampler(
+            train_ds, num_replicas=args.world_size, rank=args.rank, shuffle=True, seed=args.seed, drop_last=True)
+        train_loader = DataLoader(
+            train_ds, batch_size=args.batch_size, sampler=train_sampler, num_workers=args.workers,
+            pin_memory=args.pin_mem, drop_last=True, persistent_workers=False)
+        eval_indices = list(range(args.rank, len(eval_ds), args.world_size))  # disjoint shards, no padding
+        eval_loader = DataLoader(
+            torch.utils.data.Subset(eval_ds, eval_indices), batch_size=eval_batch_size, shuffle=False,
+            num_workers=args.workers, pin_memory=args.pin_mem)
     if len(train_loader) == 0:
         raise UserError(f'the training split has {len(train_ds)} images, fewer than one batch of '
                         f'{args.batch_size} x {args.world_size} processes; lower --batch-size')
-    eval_indices = list(range(args.rank, len(eval_ds), args.world_size))  # disjoint shards, no padding
-    eval_loader = DataLoader(
-        torch.utils.data.Subset(eval_ds, eval_indices), batch_size=args.validation_batch_size or args.batch_size,
-        shuffle=False, num_workers=args.workers, pin_memory=args.pin_mem)
     return train_loader, eval_loader
 
 
