@@ -174,6 +174,28 @@ def test_refuses_mismatched_shapes():
         mix_and_project(x, probs, weight[:, :5], bias)
 
 
+@pytest.mark.slow
+@needs_triton
+@pytest.mark.parametrize('dtype,has_bias', [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
+def test_compiles_for_an_h100(monkeypatch, tmp_path, dtype, has_bias):
+    """The kernel as the narrow model's forward and backward launch it, compiled for sm_90 (H100) without a GPU:
+    the interpreter accepts what the GPU compiler may refuse (tile shapes, dtypes of a dot), and a kernel whose
+    shared memory exceeds the H100's 227 KiB per block compiles but cannot launch."""
+    pytest.importorskip('triton.backends.nvidia')
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))
+    kernel = triton_mixing._compiled_kernel(False)
+    pointer = {torch.bfloat16: '*bf16', torch.float32: '*fp32'}[dtype]
+    signature = {p.name: 'constexpr' if p.is_constexpr else pointer if p.name.endswith('_ptr') else 'i32'
+                 for p in kernel.params}
+    constants = triton_mixing._constants(dtype, (16 * 16, 16 * 16, 64, 64), has_bias)
+    compiled = triton_mixing.triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget('cuda', 90, 32))
+    assert 'cubin' in compiled.asm
+    assert compiled.metadata.shared <= 227 * 1024
+
+
 @pytest.mark.cuda
 @needs_triton
 @pytest.mark.parametrize('dtype', (torch.float32, torch.bfloat16))

@@ -119,26 +119,32 @@ def _block(n: int) -> int:
     return min(MAX_BLOCK, max(16, triton.next_power_of_2(n)))  # 16: tl.dot's smallest tile side
 
 
-def _chain(out: Tensor, out_dims: Tuple[int, int, int], lhs: Operand, mid: Operand, rhs: Operand,
-           sizes: Tuple[int, int, int, int], terms: int, bias: Optional[Tensor] = None) -> Tensor:
-    """Launch :func:`_chain_kernel` writing ``out`` (dimensions ``out_dims`` = group, row, column);
-    ``sizes`` = (rows, k1, k2, columns)."""
+def _constants(dtype: torch.dtype, sizes: Tuple[int, int, int, int], has_bias: bool) -> dict:
+    """The kernel's compile-time arguments for inputs of ``dtype`` and ``sizes`` = (rows, k1, k2, columns)."""
     rows, k1, k2, cols = sizes
-    blocks = dict(BLOCK_ROWS=_block(rows), BLOCK_COLS=_block(cols), BLOCK_K1=_block(k1), BLOCK_K2=_block(k2))
-    dtype = out.dtype
     in_dtype = _TL_DTYPES[dtype]
     # the interpreter multiplies bfloat16 tiles as their raw uint16 bits: there the products run in float32, which
     # is exact for products of bfloat16 numbers and sums them in float32 as the GPU's bfloat16 dot does
     dot_dtype = tl.float32 if dtype == torch.bfloat16 and interpreting() else in_dtype
     # float32 products in full precision unless torch itself allows TF32 (the unfused path follows that flag)
     tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not interpreting()
-    grid = (triton.cdiv(rows, blocks['BLOCK_ROWS']) * triton.cdiv(cols, blocks['BLOCK_COLS']), out.shape[out_dims[0]])
+    return dict(HAS_BIAS=has_bias, IN_DTYPE=in_dtype, DOT_DTYPE=dot_dtype,
+                ACC_DTYPE=tl.float64 if dtype == torch.float64 else tl.float32,
+                INPUT_PRECISION='tf32' if tf32 else 'ieee',
+                BLOCK_ROWS=_block(rows), BLOCK_COLS=_block(cols), BLOCK_K1=_block(k1), BLOCK_K2=_block(k2))
+
+
+def _chain(out: Tensor, out_dims: Tuple[int, int, int], lhs: Operand, mid: Operand, rhs: Operand,
+           sizes: Tuple[int, int, int, int], terms: int, bias: Optional[Tensor] = None) -> Tensor:
+    """Launch :func:`_chain_kernel` writing ``out`` (dimensions ``out_dims`` = group, row, column);
+    ``sizes`` = (rows, k1, k2, columns)."""
+    rows, k1, k2, cols = sizes
+    constants = _constants(out.dtype, sizes, bias is not None)
+    grid = (triton.cdiv(rows, constants['BLOCK_ROWS']) * triton.cdiv(cols, constants['BLOCK_COLS']),
+            out.shape[out_dims[0]])
     _compiled_kernel(interpreting())[grid](
         lhs[0], mid[0], rhs[0], out, bias if bias is not None else out,
-        rows, k1, k2, cols, terms, *lhs[1], *mid[1], *rhs[1], *(out.stride(d) for d in out_dims),
-        HAS_BIAS=bias is not None, IN_DTYPE=in_dtype, DOT_DTYPE=dot_dtype,
-        ACC_DTYPE=tl.float64 if dtype == torch.float64 else tl.float32, INPUT_PRECISION='tf32' if tf32 else 'ieee',
-        **blocks)
+        rows, k1, k2, cols, terms, *lhs[1], *mid[1], *rhs[1], *(out.stride(d) for d in out_dims), **constants)
     return out
 
 
