@@ -72,6 +72,21 @@ def test_float64_matches_dense_formula(grid, with_bias):
 
 @needs_triton
 @pytest.mark.usefixtures('interpret', 'small_blocks')
+def test_strided_views():
+    """Inputs and output gradient that are views with other strides (the kernel reads every operand through its
+    strides): batch-major ``x`` permuted to grid-major, transposed probabilities and weight, a broadcast gradient."""
+    (x, probs, weight, bias), grad_out = random_inputs((4, 5), 3, 20, 2, 18, True, torch.float64)
+    views = [x.detach().permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3), probs.detach().mT.contiguous().mT,
+             weight.detach().t().contiguous().t(), bias.detach()]
+    assert not any(v.is_contiguous() for v in views[:3])
+    views = [v.requires_grad_() for v in views]
+    grad_out = grad_out[:, :, :1].expand_as(grad_out)  # stride 0 along the batch
+    for got, want in zip(run(mix_and_project, views, grad_out), run(reference, views, grad_out)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret', 'small_blocks')
 @pytest.mark.parametrize('grid', GRIDS)
 def test_float32_within_rounding_of_float64(grid):
     (H, W), B, D, heads, C = grid, 3, 20, 2, 18
