@@ -3,7 +3,8 @@ model's own attention + Value layers.
 
 On the CPU the kernels run in Triton's interpreter: the ``interpret`` fixture sets ``TRITON_INTERPRET=1`` for each
 test, which the module reads when it first wraps its kernel in that mode, so this works in a process (a pytest-xdist
-worker) that imported triton before. The CUDA case compiles the kernel for the GPU (skipped without one).
+worker) that imported triton before. A slow test compiles the kernel for an H100 without a GPU; the CUDA case
+runs it on one (skipped without).
 """
 import importlib.util
 import sys
