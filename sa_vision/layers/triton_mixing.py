@@ -1,0 +1,227 @@
+""" Content-free attention and the Value projection in one Triton kernel (paper Sec. 2.3, Eq. 9), for GPUs
+
+``out = bias + sum_n (P_n x) W_n^T`` without ever storing the mixed heads ``P_n x``: a heads-sized tensor is the
+memory traffic that bounds a training step on a GPU. Opt-in, not wired into :func:`attend_then_project`; how it is
+tested: ``docs/attention.md``. Runs on the CPU (slowly, for tests) under ``TRITON_INTERPRET=1``. """
+from __future__ import annotations  # the kernel's ``tl.constexpr`` annotations stay strings when triton is absent
+
+import functools
+import os
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from ..errors import UserError
+from .autocast import autocast_inputs
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the module imports without triton; calling the kernel says what is missing
+    triton = tl = None
+
+__all__ = ['mix_and_project', 'triton_available', 'interpreting']
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (``TRITON_INTERPRET=1``, read by triton when a kernel is
+    compiled, so setting it after import still counts here)."""
+    return os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+def triton_available() -> bool:
+    """Whether :func:`mix_and_project` can run here: triton importable, and a CUDA device or the interpreter."""
+    return triton is not None and (interpreting() or torch.cuda.is_available())
+
+
+def _chain_kernel(
+        l_ptr, m_ptr, r_ptr, out_ptr, bias_ptr,
+        ROWS, K1, K2, COLS, TERMS,
+        l_g, l_s, l_row, l_col,
+        m_g, m_s, m_row, m_col,
+        r_g, r_s, r_row, r_col,
+        out_g, out_row, out_col,
+        HAS_BIAS: tl.constexpr, IN_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, ACC_DTYPE: tl.constexpr,
+        INPUT_PRECISION: tl.constexpr,
+        BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_K2: tl.constexpr,
+):
+    """``out[g] = bias + sum_s (L[g, s] @ M[g, s]) @ R[g, s]`` for one (row block, column block) of group ``g``.
+
+    Every operand is addressed by four strides (group, term, row, column; 0 where it does not depend on one), so
+    the forward pass and all three backward products are this one kernel on views of the same tensors. The
+    ``BLOCK_ROWS x BLOCK_K2`` tile ``L @ M`` lives only in registers: it is rounded to the inputs' dtype (as the
+    stored heads of the unfused path are) and multiplied straight into the float32 (float64) accumulator.
+
+    Only triton's builtins (``tl.full``, not ``tl.zeros`` or ``tl.cdiv``): the standard library's functions are
+    jit-compiled when triton is imported, and the interpreter cannot call them when ``TRITON_INTERPRET`` was set
+    later (a test in a process that imported triton before)."""
+    col_blocks = (COLS + BLOCK_COLS - 1) // BLOCK_COLS
+    pid = tl.program_id(0)
+    g = tl.program_id(1)
+    rows = (pid // col_blocks) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    cols = (pid % col_blocks) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
+    row_ok = rows < ROWS
+    col_ok = cols < COLS
+    acc = tl.full((BLOCK_ROWS, BLOCK_COLS), 0, ACC_DTYPE)
+    for s in range(TERMS):
+        l_base = l_ptr + g * l_g + s * l_s
+        m_base = m_ptr + g * m_g + s * m_s
+        r_base = r_ptr + g * r_g + s * r_s
+        for k2_start in range(0, K2, BLOCK_K2):
+            k2 = k2_start + tl.arange(0, BLOCK_K2)
+            k2_ok = k2 < K2
+            inner = tl.full((BLOCK_ROWS, BLOCK_K2), 0, ACC_DTYPE)
+            for k1_start in range(0, K1, BLOCK_K1):
+                k1 = k1_start + tl.arange(0, BLOCK_K1)
+                k1_ok = k1 < K1
+                lhs = tl.load(l_base + rows[:, None] * l_row + k1[None, :] * l_col,
+                              mask=row_ok[:, None] & k1_ok[None, :], other=0.).to(DOT_DTYPE)
+                mid = tl.load(m_base + k1[:, None] * m_row + k2[None, :] * m_col,
+                              mask=k1_ok[:, None] & k2_ok[None, :], other=0.).to(DOT_DTYPE)
+                inner = tl.dot(lhs, mid, inner, input_precision=INPUT_PRECISION)
+            rhs = tl.load(r_base + k2[:, None] * r_row + cols[None, :] * r_col,
+                          mask=k2_ok[:, None] & col_ok[None, :], other=0.).to(DOT_DTYPE)
+            mixed = inner.to(IN_DTYPE).to(DOT_DTYPE)
+            acc = tl.dot(mixed, rhs, acc, input_precision=INPUT_PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.).to(ACC_DTYPE)[None, :]
+    out = out_ptr + g * out_g + rows[:, None] * out_row + cols[None, :] * out_col
+    tl.store(out, acc.to(IN_DTYPE), mask=row_ok[:, None] & col_ok[None, :])
+
+
+@functools.lru_cache(maxsize=2)
+def _compiled_kernel(interpret: bool):
+    """The kernel through ``triton.jit``, which picks the interpreter or the compiler when it wraps a function:
+    wrapping at first use (per mode) lets a test set ``TRITON_INTERPRET`` after this module was imported."""
+    return triton.jit(_chain_kernel)
+
+
+_TL_DTYPES = {} if tl is None else {
+    torch.float64: tl.float64, torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+# (tensor, (group, term, row, column) strides) of one operand of the kernel
+Operand = Tuple[Tensor, Tuple[int, int, int, int]]
+
+
+def _operand(t: Tensor, group: Optional[int], term: Optional[int], row: int, col: int) -> Operand:
+    """``t`` read with its dimension ``group`` / ``term`` / ``row`` / ``col`` as the kernel's (``None``: does not
+    vary, stride 0)."""
+    return t, tuple(0 if dim is None else t.stride(dim) for dim in (group, term, row, col))
+
+
+# the largest tile side: bounds the registers of the kernel's two tiles (not tuned on a GPU yet); tests lower it
+# to run several blocks of every loop on tiny sizes
+MAX_BLOCK = 64
+
+
+def _block(n: int) -> int:
+    return min(MAX_BLOCK, max(16, triton.next_power_of_2(n)))  # 16: tl.dot's smallest tile side
+
+
+def _constants(dtype: torch.dtype, sizes: Tuple[int, int, int, int], has_bias: bool) -> dict:
+    """The kernel's compile-time arguments for inputs of ``dtype`` and ``sizes`` = (rows, k1, k2, columns)."""
+    rows, k1, k2, cols = sizes
+    in_dtype = _TL_DTYPES[dtype]
+    # the interpreter multiplies bfloat16 tiles as their raw uint16 bits: there the products run in float32, which
+    # is exact for products of bfloat16 numbers and sums them in float32 as the GPU's bfloat16 dot does
+    dot_dtype = tl.float32 if dtype == torch.bfloat16 and interpreting() else in_dtype
+    # float32 products in full precision unless torch itself allows TF32 (the unfused path follows that flag)
+    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not interpreting()
+    return dict(HAS_BIAS=has_bias, IN_DTYPE=in_dtype, DOT_DTYPE=dot_dtype,
+                ACC_DTYPE=tl.float64 if dtype == torch.float64 else tl.float32,
+                INPUT_PRECISION='tf32' if tf32 else 'ieee',
+                BLOCK_ROWS=_block(rows), BLOCK_COLS=_block(cols), BLOCK_K1=_block(k1), BLOCK_K2=_block(k2))
+
+
+def _chain(out: Tensor, out_dims: Tuple[int, int, int], lhs: Operand, mid: Operand, rhs: Operand,
+           sizes: Tuple[int, int, int, int], terms: int, bias: Optional[Tensor] = None) -> Tensor:
+    """Launch :func:`_chain_kernel` writing ``out`` (dimensions ``out_dims`` = group, row, column);
+    ``sizes`` = (rows, k1, k2, columns)."""
+    rows, k1, k2, cols = sizes
+    constants = _constants(out.dtype, sizes, bias is not None)
+    grid = (triton.cdiv(rows, constants['BLOCK_ROWS']) * triton.cdiv(cols, constants['BLOCK_COLS']),
+            out.shape[out_dims[0]])
+    _compiled_kernel(interpreting())[grid](
+        lhs[0], mid[0], rhs[0], out, bias if bias is not None else out,
+        rows, k1, k2, cols, terms, *lhs[1], *mid[1], *rhs[1], *(out.stride(d) for d in out_dims), **constants)
+    return out
+
+
+class _MixAndProject(torch.autograd.Function):
+    """``x (T, B, D)``, ``probs (heads, T, T)``, ``weight (out, heads*D)``, ``bias (out,)`` of one dtype ->
+    ``(T, B, out)``; backward recomputes the mixed heads tile by tile and stores none."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, probs: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        (T, B, D), heads, C = x.shape, probs.shape[0], weight.shape[0]
+        w = weight.unflatten(1, (heads, D))  # w[o, n, d] = W[o, n*D + d]
+        out = x.new_empty(T, B, C)
+        # group b, term n: out[:, b] = sum_n (P_n @ x[:, b]) @ W_n^T
+        _chain(out, (1, 0, 2), _operand(probs, None, 0, 1, 2), _operand(x, 1, None, 0, 2),
+               _operand(w, None, 1, 2, 0), (T, T, D, C), heads, bias)
+        ctx.save_for_backward(x, probs, weight)
+        ctx.has_bias = bias is not None
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        x, probs, weight = ctx.saved_tensors
+        (T, B, D), heads, C = x.shape, probs.shape[0], weight.shape[0]
+        w = weight.unflatten(1, (heads, D))
+        grad_x = grad_probs = grad_weight = grad_bias = None
+        g = grad_out
+        if ctx.needs_input_grad[0]:  # group b, term n: grad_x[:, b] = sum_n (P_n^T @ g[:, b]) @ W_n
+            grad_x = _chain(x.new_empty(T, B, D), (1, 0, 2), _operand(probs, None, 0, 2, 1), _operand(g, 1, None, 0, 2),
+                            _operand(w, None, 1, 0, 2), (T, T, C, D), heads)
+        if ctx.needs_input_grad[1]:  # group n, term b: grad_P[n] = sum_b (g[:, b] @ W_n) @ x[:, b]^T
+            grad_probs = _chain(probs.new_empty(heads, T, T), (0, 1, 2), _operand(g, None, 1, 0, 2),
+                                _operand(w, 1, None, 0, 2), _operand(x, None, 1, 2, 0), (T, C, D, T), B)
+        if ctx.needs_input_grad[2]:  # group n, term b: grad_W_n = sum_b (g[:, b]^T @ P_n) @ x[:, b]
+            grad_w = _chain(weight.new_empty(C, heads, D), (1, 0, 2), _operand(g, None, 1, 2, 0),
+                            _operand(probs, 0, None, 1, 2), _operand(x, None, 1, 0, 2), (C, T, T, D), B)
+            grad_weight = grad_w.flatten(1)
+        if ctx.has_bias and ctx.needs_input_grad[3]:
+            grad_bias = g.sum((0, 1))
+        return grad_x, grad_probs, grad_weight, grad_bias
+
+
+def _dense(probs: Union[Tensor, Sequence[Tensor]], H: int, W: int) -> Tensor:
+    """``(heads, H*W, H*W)`` from a dense tensor or :meth:`PositionalAttention.mixing_probs`' ``[grid]`` or
+    ``[row, col]`` (the Kronecker product of the separable factors, a few thousand numbers per head)."""
+    if isinstance(probs, Tensor):
+        return probs
+    if len(probs) == 1:
+        return probs[0]
+    row, col = probs
+    return torch.einsum('nik,njl->nijkl', row, col).reshape(row.shape[0], H * W, H * W)
+
+
+def mix_and_project(x: Tensor, probs: Union[Tensor, List[Tensor]], weight: Tensor,
+                    bias: Optional[Tensor] = None) -> Tensor:
+    """``bias + sum_n mix_n(x) @ weight[:, n*D:(n+1)*D]^T`` for grid-major ``x`` (``h x w x B x D -> h x w x B x
+    out``) in one Triton kernel, forward and backward, with no heads-sized tensor.
+
+    ``probs``: dense ``(heads, h*w, h*w)`` (``[head, query, key]``), or the ``[grid]`` / ``[row, col]`` list of
+    :meth:`PositionalAttention.mixing_probs`. Under autocast every input is cast to its dtype, else ``probs``,
+    ``weight`` and ``bias`` to ``x``'s; the products accumulate in float32 (float64 for float64)."""
+    if not triton_available():
+        why = 'triton is not installed' if triton is None else 'there is no CUDA device'
+        raise UserError(f'mix_and_project needs triton and a CUDA device, or TRITON_INTERPRET=1 to run in the CPU '
+                        f'interpreter; {why} (pip install triton, or use attend_then_project)')
+    H, W, B, D = x.shape
+    probs = _dense(probs, H, W)
+    heads = probs.shape[0]
+    if probs.shape != (heads, H * W, H * W) or weight.dim() != 2 or weight.shape[1] != heads * D:
+        raise UserError(f'mix_and_project: probs {tuple(probs.shape)} must be (heads, {H * W}, {H * W}) for the '
+                        f'{H}x{W} grid and weight {tuple(weight.shape)} (out, heads*{D})')
+    if bias is not None and bias.shape != (weight.shape[0],):
+        raise UserError(f'mix_and_project: bias {tuple(bias.shape)} must be ({weight.shape[0]},)')
+    if not interpreting() and x.device.type != 'cuda':
+        raise UserError(f'mix_and_project runs on CUDA tensors (x is on {x.device}); set TRITON_INTERPRET=1 to run '
+                        f'it on the CPU')
+    x, probs, weight, bias = autocast_inputs(x, probs, weight, bias)  # a Function's inputs escape autocast
+    dtype = x.dtype
+    out = _MixAndProject.apply(x.reshape(H * W, B, D), probs.to(dtype), weight.to(dtype),
+                               None if bias is None else bias.to(dtype))
+    return out.view(H, W, B, weight.shape[0])

@@ -1,0 +1,233 @@
+"""The fused Triton kernel (``mix_and_project``) against the dense formula of Eq. (9) written here, and against the
+model's own attention + Value layers.
+
+On the CPU the kernels run in Triton's interpreter: the ``interpret`` fixture sets ``TRITON_INTERPRET=1`` for each
+test, which the module reads when it first wraps its kernel in that mode, so this works in a process (a pytest-xdist
+worker) that imported triton before. A slow test compiles the kernel for an H100 without a GPU; the CUDA case
+runs it on one (skipped without).
+"""
+import importlib.util
+import sys
+
+import pytest
+import torch
+from float32_bounds import assert_float32_close
+
+from sa_vision.errors import UserError
+from sa_vision.layers import HeadsLinear, PositionalAttention, triton_mixing
+from sa_vision.layers.triton_mixing import mix_and_project
+
+needs_triton = pytest.mark.skipif(triton_mixing.triton is None, reason='triton is not installed')
+
+
+@pytest.fixture
+def interpret(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """16x16 tiles: the tiny sizes below then take several blocks in every loop, and the masks of the last one."""
+    monkeypatch.setattr(triton_mixing, 'MAX_BLOCK', 16)
+
+
+def reference(x, probs, weight, bias):
+    """``bias + sum_n (P_n x) W_n^T``, each head mixed over all tokens by the dense formula."""
+    H, W, B, D = x.shape
+    heads = torch.einsum('nts,sbd->ntbd', probs, x.reshape(H * W, B, D))  # heads, tokens, B, D
+    out = torch.einsum('ntbd,cnd->tbc', heads, weight.unflatten(1, (probs.shape[0], D)))
+    return (out if bias is None else out + bias).view(H, W, B, -1)
+
+
+def random_inputs(grid, batch, dim, num_heads, out_features, with_bias, dtype, device='cpu'):
+    H, W = grid
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(H, W, batch, dim, generator=g, dtype=torch.float64)
+    probs = (3 * torch.randn(num_heads, H * W, H * W, generator=g, dtype=torch.float64)).softmax(-1)
+    weight = torch.randn(out_features, num_heads * dim, generator=g, dtype=torch.float64) / dim ** 0.5
+    bias = torch.randn(out_features, generator=g, dtype=torch.float64) if with_bias else None
+    grad_out = torch.randn(H, W, batch, out_features, generator=g, dtype=torch.float64)
+    inputs = [t if t is None else t.to(device, dtype).requires_grad_() for t in (x, probs, weight, bias)]
+    return inputs, grad_out.to(device, dtype)
+
+
+def run(fn, inputs, grad_out):
+    out = fn(*inputs)
+    wanted = [t for t in inputs if t is not None]
+    return [out] + list(torch.autograd.grad(out, wanted, grad_out))
+
+
+GRIDS = ((4, 4), (3, 5))  # square, and a non-square grid (rows != columns)
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret', 'small_blocks')
+@pytest.mark.parametrize('grid', GRIDS)
+@pytest.mark.parametrize('with_bias', (True, False))
+def test_float64_matches_dense_formula(grid, with_bias):
+    inputs, grad_out = random_inputs(grid, 3, 20, 2, 18, with_bias, torch.float64)
+    for got, want, name in zip(run(mix_and_project, inputs, grad_out), run(reference, inputs, grad_out),
+                               ('output', 'grad x', 'grad probs', 'grad weight', 'grad bias')):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12, msg=lambda m, name=name: f'{name}: {m}')
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret', 'small_blocks')
+def test_strided_views():
+    """Inputs and output gradient that are views with other strides (the kernel reads every operand through its
+    strides): batch-major ``x`` permuted to grid-major, transposed probabilities and weight, a broadcast gradient."""
+    (x, probs, weight, bias), grad_out = random_inputs((4, 5), 3, 20, 2, 18, True, torch.float64)
+    views = [x.detach().permute(2, 0, 1, 3).contiguous().permute(1, 2, 0, 3), probs.detach().mT.contiguous().mT,
+             weight.detach().t().contiguous().t(), bias.detach()]
+    assert not any(v.is_contiguous() for v in views[:3])
+    views = [v.requires_grad_() for v in views]
+    grad_out = grad_out[:, :, :1].expand_as(grad_out)  # stride 0 along the batch
+    for got, want in zip(run(mix_and_project, views, grad_out), run(reference, views, grad_out)):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret', 'small_blocks')
+@pytest.mark.parametrize('grid', GRIDS)
+def test_float32_within_rounding_of_float64(grid):
+    (H, W), B, D, heads, C = grid, 3, 20, 2, 18
+    inputs, grad_out = random_inputs(grid, B, D, heads, C, True, torch.float32)
+    reference_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    got = run(mix_and_project, inputs, grad_out)
+    want = run(reference, reference_inputs, grad_out.double())
+    T = H * W
+    # each result's nested reductions: (mixing over tokens) then (projection), or the sums of a gradient
+    lengths = {'output': T + heads * D, 'grad x': T + heads * C, 'grad probs': C + B * D,
+               'grad weight': T + B * T, 'grad bias': B * T}
+    for g, w, (name, n) in zip(got, want, lengths.items()):
+        assert g.dtype == torch.float32
+        assert_float32_close(g, w, n, msg=name)
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret')
+@pytest.mark.parametrize('dtype', (torch.bfloat16, torch.float16))
+def test_half_precision_within_its_rounding(dtype):
+    """Within a few units of the dtype's rounding of the float64 formula on the same (rounded) inputs: the kernel
+    rounds the mixed tile and the result once each (the interpreter rounds bfloat16 toward zero, the GPU to
+    nearest), and a wrong formula misses by tens of percent."""
+    inputs, grad_out = random_inputs((4, 5), 3, 20, 2, 18, True, dtype)
+    reference_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    eps = torch.finfo(dtype).eps
+    for g, w in zip(run(mix_and_project, inputs, grad_out), run(reference, reference_inputs, grad_out.double())):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.double(), w, rtol=0, atol=3 * eps * w.abs().max().item())
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret')
+def test_runs_in_the_autocast_dtype():
+    """float32 inputs under autocast: the kernel runs in bfloat16, as the unfused products would."""
+    inputs, grad_out = random_inputs((2, 3), 2, 5, 2, 4, True, torch.float32)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = mix_and_project(*inputs)
+    assert out.dtype == torch.bfloat16
+    want = reference(*[t.detach().bfloat16().double() for t in inputs])
+    eps = torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(out.double(), want, rtol=0, atol=3 * eps * want.abs().max().item())
+    out.backward(grad_out.bfloat16())
+    assert all(t.grad is not None and t.grad.dtype == torch.float32 for t in inputs)
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret')
+@pytest.mark.parametrize('kind,grid', [('quadratic', (4, 4)), ('learned', (3, 5)), ('generalized', (3, 5))])
+def test_equals_the_model_layers(kind, grid):
+    """The layers' own path, ``value(attn.mix(x))``, in float64 eval mode: the output and the gradients of every
+    parameter, through the probabilities' ``[row, col]`` (separable kinds) or ``[grid]`` list."""
+    (H, W), B, D, heads = grid, 2, 6, 3
+    torch.manual_seed(0)
+    attn = PositionalAttention(D, heads, kind=kind, grid_major=True, max_shift=4, dtype=torch.float64).eval()
+    value = HeadsLinear(heads * D, D, dtype=torch.float64)
+    x = torch.randn(H, W, B, D, dtype=torch.float64, requires_grad=True)
+    params = [x, *attn.parameters(), *value.parameters()]
+    probs = attn.mixing_probs(H, W)
+    assert len(probs) == (1 if kind == 'generalized' else 2)
+    out = mix_and_project(x, probs, value.weight, value.bias)
+    want = value(attn(x))
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-12)
+    grad_out = torch.randn_like(out)
+    got_grads = torch.autograd.grad(out, params, grad_out)
+    want_grads = torch.autograd.grad(want, params, grad_out)
+    for g, w in zip(got_grads, want_grads):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+def test_imports_without_triton_and_refuses_to_run(monkeypatch):
+    """A fresh copy of the module with triton unimportable: it imports, and calling it says what is missing."""
+    monkeypatch.setitem(sys.modules, 'triton', None)  # None in sys.modules: the import raises ImportError
+    monkeypatch.setitem(sys.modules, 'triton.language', None)
+    spec = importlib.util.spec_from_file_location('sa_vision.layers._triton_mixing_copy', triton_mixing.__file__)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.triton is None and not module.triton_available()
+    (x, probs, weight, bias), _ = random_inputs((2, 2), 1, 3, 1, 2, True, torch.float32)
+    with pytest.raises(UserError, match='needs triton'):
+        module.mix_and_project(x, probs, weight, bias)
+
+
+@needs_triton
+def test_refuses_cpu_tensors_without_the_interpreter(monkeypatch):
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    (x, probs, weight, bias), _ = random_inputs((2, 2), 1, 3, 1, 2, True, torch.float32)
+    with pytest.raises(UserError, match='CUDA tensors'):
+        mix_and_project(x, probs, weight, bias)
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret')
+def test_refuses_mismatched_shapes():
+    (x, probs, weight, bias), _ = random_inputs((2, 3), 1, 3, 2, 4, True, torch.float32)
+    with pytest.raises(UserError, match='probs'):
+        mix_and_project(x, probs[:, :4, :4], weight, bias)
+    with pytest.raises(UserError, match='weight'):
+        mix_and_project(x, probs, weight[:, :5], bias)
+
+
+@pytest.mark.slow
+@needs_triton
+@pytest.mark.parametrize('dtype,has_bias', [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
+def test_compiles_for_an_h100(monkeypatch, tmp_path, dtype, has_bias):
+    """The kernel as the narrow model's forward and backward launch it, compiled for sm_90 (H100) without a GPU:
+    the interpreter accepts what the GPU compiler may refuse (tile shapes, dtypes of a dot), and a kernel whose
+    shared memory exceeds the H100's 227 KiB per block compiles but cannot launch."""
+    pytest.importorskip('triton.backends.nvidia')
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setenv('TRITON_CACHE_DIR', str(tmp_path))
+    kernel = triton_mixing._compiled_kernel(False)
+    pointer = {torch.bfloat16: '*bf16', torch.float32: '*fp32'}[dtype]
+    signature = {p.name: 'constexpr' if p.is_constexpr else pointer if p.name.endswith('_ptr') else 'i32'
+                 for p in kernel.params}
+    constants = triton_mixing._constants(dtype, (16 * 16, 16 * 16, 64, 64), has_bias)
+    compiled = triton_mixing.triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget('cuda', 90, 32))
+    assert 'cubin' in compiled.asm
+    assert compiled.metadata.shared <= 227 * 1024
+
+
+@pytest.mark.cuda
+@needs_triton
+@pytest.mark.parametrize('dtype', (torch.float32, torch.bfloat16))
+def test_cuda_compiled_kernel(monkeypatch, dtype):
+    """The compiled kernel at the narrow model's sizes (16x16 grid, D=64, 9 heads), against float64 on the GPU."""
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
+    (H, W), B, D, heads, C = (16, 16), 4, 64, 9, 64
+    inputs, grad_out = random_inputs((H, W), B, D, heads, C, True, dtype, device='cuda')
+    reference_inputs = [t.detach().double().requires_grad_() for t in inputs]
+    got = run(mix_and_project, inputs, grad_out)
+    want = run(reference, reference_inputs, grad_out.double())
+    for g, w in zip(got, want):
+        assert g.dtype == dtype
+        if dtype == torch.float32:
+            # the longest reduction of any result: a weight's gradient sums tokens x batch after a token mixing
+            assert_float32_close(g, w, H * W + B * H * W)
+        else:
+            torch.testing.assert_close(g.double(), w, rtol=0, atol=3 * torch.finfo(dtype).eps * w.abs().max().item())
