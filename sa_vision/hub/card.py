@@ -261,9 +261,10 @@ def _training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
         + (f' of {steps // max(epochs, 1)} steps' if steps else '')
         + f', batch {args.get("batch_size")} x {args.get("world_size", 1)} process(es) on `{args.get("device")}`, '
           f'seed {args.get("seed")}; the arguments are `{RECIPE_FILENAME}`.')
-    is_best = best.get('epoch') == epochs - 1
-    lines.append(f'- Weights: after epoch {epochs} of {num_epochs}'
-                 + (f', the best by `--eval-metric {args.get("eval_metric", "top1")}`' if is_best else '') + '.')
+    if ckpt.format == 'sa_vision':  # timm's checkpoints count epochs from 0 and keep no 'best' record
+        is_best = best.get('epoch') == epochs - 1
+        lines.append(f'- Weights: after epoch {epochs} of {num_epochs}'
+                     + (f', the best by `--eval-metric {args.get("eval_metric", "top1")}`' if is_best else '') + '.')
     if args.get('initial_checkpoint'):
         lines.append('- Started from earlier weights (`--initial-checkpoint`), e.g. a pruned model.')
     if {'top1', 'top5', 'loss'} <= set(metrics):
