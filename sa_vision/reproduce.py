@@ -235,8 +235,12 @@ class Reproduction:
                 return last
             _say(f'{run}: continuing the killed run at epoch {meta["epoch"]}')
             cmd += ['--resume', str(last)]
-        elif initial_checkpoint is not None:
-            cmd += ['--initial-checkpoint', str(initial_checkpoint)]
+        else:
+            if self.run_dir(run).exists():  # killed before its first checkpoint: sa-vision-train starts only anew
+                _say(f'{run}: {self.run_dir(run)} holds no finished epoch, removed; training from the start')
+                shutil.rmtree(self.run_dir(run))
+            if initial_checkpoint is not None:
+                cmd += ['--initial-checkpoint', str(initial_checkpoint)]
         _say(f'{run}: {recipe["epochs"]} epochs of {model} on {self.dataset}, recipe {recipe_path}')
         proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=_die_with_parent)
         if proc.returncode != 0:

@@ -16,31 +16,20 @@ for a dtype, cuDNN / cuBLAS algorithm choice), numerics (TF32, bf16 / fp16 round
 speed, streams and synchronisation, NCCL and DDP, CUDA graphs, torch.compile on CUDA, and every host read of a
 value (``.item()``, ``.tolist()``).
 
-Two stand-ins make it run without a device, both installed by the ``fake_cuda`` fixture:
-
-* autocast: ``torch.autocast('cuda')`` switches itself off (with a warning) while ``torch.cuda.is_available()`` is
-  False and refuses bfloat16 while ``torch.cuda.is_bf16_supported()`` is; both questions are answered as a GPU
-  would. The tests check that the logits come out in the autocast dtype.
-* backward: PyTorch's autograd engine syncs the streams of every CUDA device a backward touches and needs a CUDA
-  context for it ("hasPrimaryContext expects a valid device index"), fake tensors or not. :func:`_backward` walks
-  the autograd graph in Python instead, calling every node's own backward (the same derivative formulas, the
-  package's autograd Functions) and conforming each gradient to its input's metadata as the engine does (sum to
-  the shape, cast to the dtype, same device or fail); ``Tensor.backward`` and ``torch.autograd.grad`` are routed
-  to it. ``test_backward_walk_matches_autograd`` checks it against the engine on the CPU.
-
-The fixture also makes the per-head CPU kernels of ``sa_vision.layers.fused`` fail if called: off the CPU the
-layers must take the batched path. The host reads that fake tensors cannot answer bound what runs of the loop: the
-training step's log line, the evaluation's totals and the float16 loss scaler's inf check (see the tests).
+The harness (fake tensors, CUDA autocast and a backward without a CUDA context, the per-head CPU kernels forbidden)
+is tests/fake_cuda.py. The host reads that fake tensors cannot answer bound what runs of the loop: the training
+step's log line, the evaluation's totals and the float16 loss scaler's inf check (see the tests).
 """
 import argparse
 import functools
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import List
 
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from fake_cuda import PRECISIONS, amp_context, install_fake_cuda, to_fake_cuda, use_backward_walk
 from helpers import ALL_MODELS, SA_MODELS
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -49,12 +38,9 @@ from torch import Tensor, nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
 from sa_vision.layers import PositionalAttention, batched_heads
-from sa_vision.layers.fused import _AttendThenProject, _HeadsLinearFunction
 from sa_vision.models import SA_MODEL_ARGS, param_groups_pos_lr
 from sa_vision.train import loop, runtime
 from sa_vision.train.evaluation import evaluate
-
-PRECISIONS = {'float32': None, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
 
 
 def small_model(name: str, **kwargs) -> nn.Module:
@@ -69,138 +55,12 @@ def small_model(name: str, **kwargs) -> nn.Module:
     return timm.create_model(name, **kwargs)
 
 
-# ---- the backward walk: PyTorch's autograd engine needs a CUDA context; this needs none ----
-
-def _topological_order(roots: Sequence) -> List:
-    """Every node reachable from ``roots``, each before the nodes it sends gradients to (reverse DFS post-order)."""
-    order, seen = [], set(roots)
-    for root in roots:
-        stack = [(root, iter(root.next_functions))]
-        while stack:
-            node, edges = stack[-1]
-            for child, _ in edges:
-                if child is not None and child not in seen:
-                    seen.add(child)
-                    stack.append((child, iter(child.next_functions)))
-                    break
-            else:
-                stack.pop()
-                order.append(node)
-    return order[::-1]
-
-
-def _conform(grad: Tensor, meta) -> Tensor:
-    """``grad`` as the engine hands it to a node's input of metadata ``meta``: summed to its shape, in its dtype;
-    a gradient on another device is an error, as in the engine (``validate_outputs``)."""
-    if grad.device != meta.device:
-        raise RuntimeError(f'a gradient on {grad.device} for an input on {meta.device}')
-    if tuple(grad.shape) != tuple(meta.shape):
-        grad = grad.sum_to_size(meta.shape)
-    return grad if grad.dtype == meta.dtype else grad.to(meta.dtype)
-
-
-def _backward(outputs: Sequence[Tensor], grad_outputs: Sequence[Tensor],
-              inputs: Optional[Sequence[Tensor]] = None) -> Optional[tuple]:
-    """Backpropagate ``grad_outputs`` from ``outputs`` by calling each node of the autograd graph in turn.
-
-    Without ``inputs`` the leaves' gradients accumulate into ``.grad`` (``Tensor.backward``); with them the
-    gradients of ``inputs`` are returned instead (``torch.autograd.grad``). Runs without grad mode, as the engine
-    does without ``create_graph``; autograd Functions get zeros for missing gradients (their default). Tensor and
-    node hooks are not run (the models register none). The graph is kept (``retain_graph`` in effect).
-    """
-    pending: Dict = {}
-
-    def add(node, index: int, grad: Tensor) -> None:
-        slots = pending.setdefault(node, [None] * len(node._input_metadata))
-        slots[index] = grad if slots[index] is None else slots[index] + grad
-
-    roots = []
-    for out, grad in zip(outputs, grad_outputs):
-        if out.grad_fn is None:
-            raise RuntimeError('an output without grad_fn: nothing to backpropagate')
-        roots.append(out.grad_fn)
-        add(out.grad_fn, out.output_nr, grad)
-    wanted = {id(t): i for i, t in enumerate(inputs)} if inputs is not None else None
-    captured: Dict[int, Tensor] = {}
-    with torch.no_grad():
-        for node in _topological_order(roots):
-            grads = pending.pop(node, None)
-            if grads is None:
-                continue
-            if type(node).__name__ == 'AccumulateGrad':
-                leaf, grad = node.variable, grads[0]
-                if wanted is None:
-                    leaf.grad = grad if leaf.grad is None else leaf.grad + grad
-                elif id(leaf) in wanted:
-                    captured[wanted[id(leaf)]] = grad
-                continue
-            if isinstance(node, torch.autograd.function.BackwardCFunction):
-                grads = [torch.zeros(m.shape, dtype=m.dtype, device=m.device) if g is None else g
-                         for g, m in zip(grads, node._input_metadata)]
-                results = node.apply(*grads)  # the Function's own backward
-            else:
-                results = node(*grads)  # the node's derivative formula
-            results = results if isinstance(results, tuple) else (results,)
-            for (child, index), grad in zip(node.next_functions, results):
-                if child is not None and grad is not None:
-                    add(child, index, _conform(grad, child._input_metadata[index]))
-    return tuple(captured.get(i) for i in range(len(inputs))) if inputs is not None else None
-
-
-def _tensor_backward(self: Tensor, gradient: Optional[Tensor] = None, retain_graph=None, create_graph=False,
-                     inputs=None) -> None:
-    if create_graph or inputs is not None:
-        raise NotImplementedError('the backward walk supports neither create_graph nor inputs')
-    _backward((self,), (torch.ones_like(self) if gradient is None else gradient,))
-
-
-def _autograd_grad(outputs, inputs, grad_outputs=None, retain_graph=None, create_graph=False, allow_unused=None,
-                   **kwargs) -> tuple:
-    if create_graph:
-        raise NotImplementedError('the backward walk does not support create_graph')
-    outputs = (outputs,) if isinstance(outputs, Tensor) else tuple(outputs)
-    inputs = (inputs,) if isinstance(inputs, Tensor) else tuple(inputs)
-    if grad_outputs is None:
-        grad_outputs = tuple(torch.ones_like(out) for out in outputs)
-    grad_outputs = (grad_outputs,) if isinstance(grad_outputs, Tensor) else tuple(grad_outputs)
-    grads = _backward(outputs, grad_outputs, inputs)
-    if not allow_unused and any(g is None for g in grads):
-        raise RuntimeError('one of the inputs was not used in the graph (allow_unused=False)')
-    return grads
-
-
-def _use_backward_walk(monkeypatch) -> None:
-    monkeypatch.setattr(torch.Tensor, 'backward', _tensor_backward)
-    monkeypatch.setattr(torch.autograd, 'grad', _autograd_grad)
-
-
-# ---- fake CUDA ----
-
-def _cpu_only_kernel(*args, **kwargs):
-    raise AssertionError('a per-head CPU kernel of sa_vision.layers.fused ran on CUDA: use_batched_heads must pick '
-                         'the batched path off the CPU')
 
 
 @pytest.fixture
 def fake_cuda(monkeypatch) -> FakeTensorMode:
-    """A fake tensor mode with CUDA autocast and the backward walk in place; the per-head CPU kernels forbidden."""
-    monkeypatch.setattr(torch.cuda.amp.common, 'amp_definitely_not_available', lambda: False)
-    monkeypatch.setattr(torch.cuda, 'is_bf16_supported', lambda *args, **kwargs: True)
-    _use_backward_walk(monkeypatch)
-    monkeypatch.setattr(_AttendThenProject, 'apply', _cpu_only_kernel)
-    monkeypatch.setattr(_HeadsLinearFunction, 'apply', _cpu_only_kernel)
-    return FakeTensorMode(allow_non_fake_inputs=False)
-
-
-def to_fake_cuda(model: nn.Module, mode: FakeTensorMode) -> nn.Module:
-    """Every parameter and buffer of ``model`` replaced by a fake CUDA tensor of its shape, dtype and layout."""
-    with mode:  # outside a fake mode, .to('cuda') initialises CUDA
-        return model._apply(lambda t: mode.from_tensor(t).to('cuda'))
-
-
-def amp_context(precision: str):
-    dtype = PRECISIONS[precision]
-    return torch.autocast('cuda', dtype=dtype) if dtype is not None else torch.autocast('cuda', enabled=False)
+    """The fake tensor mode of :func:`fake_cuda.install_fake_cuda`, undone after the test."""
+    return install_fake_cuda(monkeypatch)
 
 
 def _assert_on_cuda(tensor: Tensor, what: str) -> None:
@@ -260,7 +120,7 @@ def test_backward_walk_matches_autograd(monkeypatch, one_thread, name):
         with batched_heads(model, batched):
             loss = F.cross_entropy(model(images), targets)
         with monkeypatch.context() as patch:
-            _use_backward_walk(patch)
+            use_backward_walk(patch)
             walked = torch.autograd.grad(loss, params)
         reference = torch.autograd.grad(loss, params)
         for (param_name, _), got, expected in zip(model.named_parameters(), walked, reference):
@@ -378,3 +238,55 @@ def test_training_step_on_fake_cuda(fake_cuda, name, precision):
         _assert_on_cuda(param.grad, f'the gradient of {param_name}')
         if scaler is None:
             _assert_on_cuda(optimizer.state[param]['momentum_buffer'], f'the momentum of {param_name}')
+
+
+@pytest.mark.parametrize('amp_dtype', ['bfloat16', 'float16'])
+def test_the_loops_precision_casts_on_cuda(fake_cuda, amp_dtype):
+    """What ``main`` trains and evaluates under for ``--device cuda`` (the loop's own ``_precision``, not this
+    module's ``amp_context``): CUDA autocast in the asked dtype, the loss scaler with float16 only."""
+    model = to_fake_cuda(small_model('sa_quadratic_cifar'), fake_cuda)
+    args = argparse.Namespace(amp=None, amp_dtype=amp_dtype, device='cuda', batch_size=4, rank=0, world_size=1)
+    amp_ctx, scaler = loop._precision(model, args)
+    assert args.amp_used == amp_dtype
+    assert (scaler is not None) == (amp_dtype == 'float16')
+    with fake_cuda:
+        with amp_ctx():
+            assert torch.is_autocast_enabled('cuda'), 'the training autocast is not CUDA\'s'
+            assert torch.get_autocast_dtype('cuda') == getattr(torch, amp_dtype)
+            logits = model(torch.empty(2, 3, 32, 32, device='cuda'))
+    assert logits.dtype == getattr(torch, amp_dtype), 'the loop\'s autocast did not cast the CUDA model'
+
+
+_SCORE_METHODS = ('grid_scores', 'axis_scores', 'square_axis_scores')
+
+
+@pytest.mark.parametrize('name', SA_MODELS)
+def test_positional_scores_and_softmax_leave_cuda_autocast(fake_cuda, monkeypatch, name):
+    """Under CUDA autocast the positional scores and their softmax run with CUDA's autocast off and come out in
+    float32: in bfloat16 the far shifts' squared differences lose whole units (docs/attention.md). Recorded inside
+    the score methods, which the softmax follows in the same autocast-off block."""
+    model = to_fake_cuda(small_model(name), fake_cuda)
+    calls = []
+
+    def recording(method):
+        @functools.wraps(method)
+        def scores(self, *args, **kwargs):
+            out = method(self, *args, **kwargs)
+            for tensor in out if isinstance(out, tuple) else (out,):
+                calls.append((type(self).__name__, method.__name__, torch.is_autocast_enabled('cuda'), tensor.dtype))
+            return out
+        return scores
+    for cls in {type(layer.position) for layer in _attention_layers(model)}:
+        for method in _SCORE_METHODS:
+            monkeypatch.setattr(cls, method, recording(getattr(cls, method)))
+    with fake_cuda:
+        for precision in ('bfloat16', 'float16'):
+            for training in (True, False):  # the batched training path, and evaluation without gradients
+                model.train(training)
+                with torch.set_grad_enabled(training), amp_context(precision):
+                    assert torch.is_autocast_enabled('cuda')
+                    model(torch.empty(2, 3, 32, 24, device='cuda'))
+                    model(torch.empty(2, 3, 32, 32, device='cuda'))  # the square grid's one stacked softmax
+    assert calls, 'no positional scores were computed'
+    wrong = sorted({call for call in calls if call[2] or call[3] != torch.float32})
+    assert not wrong, f'positional scores under CUDA autocast (class, method, autocast on, dtype): {wrong}'

@@ -321,3 +321,14 @@ def test_wrong_architecture_gives_a_clear_error(trained, tmp_path, recording_api
     with pytest.raises(CheckpointError, match='do not fit resnet18_cifar'):
         export_hub_folder(relabelled, tmp_path / 'c')
     assert recording_api.calls == []
+
+
+def test_exported_files_have_the_mode_a_new_file_gets(trained):
+    """safetensors writes model.safetensors through a 0600 temporary file; the export gives it (and every file)
+    the mode open() gives under this process's umask, as its neighbours have."""
+    import stat
+    _, export_dir = trained
+    umask = os.umask(0)
+    os.umask(umask)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in export_dir.iterdir()}
+    assert 'model.safetensors' in modes and set(modes.values()) == {oct(0o666 & ~umask)}, modes

@@ -357,3 +357,19 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
 
     figures = draw_figures(kept, tmp_path / 'figures')
     assert {p.name for p in figures} >= {'trajectories_sa_quadratic_cifar.png', 'centers_sa_gen_cifar.png'}
+
+
+@pytest.mark.slow
+def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(tmp_path, capsys):
+    """A training killed before its first epoch was saved leaves a run folder without last.pth.tar; the training
+    script refuses a new run into a folder that holds files, so the stage clears it and trains anew."""
+    from sa_vision.reproduce import Reproduction
+    zoo = Reproduction(tmp_path, 'tiny', epochs=1)
+    run = zoo.run_dir('sa_quadratic_cifar')
+    run.mkdir(parents=True)
+    (run / 'args.yaml').write_text('model: sa_quadratic_cifar\n')  # what the killed training had written
+    (run / 'epoch-000.safetensors').write_bytes(b'the killed run\'s initialisation')
+    last = zoo.train('sa_quadratic_cifar')
+    assert 'holds no finished epoch, removed' in capsys.readouterr().out
+    assert torch.load(last, weights_only=True)['epoch'] == 1
+    assert (run / 'epoch-000.safetensors').read_bytes() != b'the killed run\'s initialisation'

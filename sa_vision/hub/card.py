@@ -255,17 +255,21 @@ def _training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
     if ckpt.format == 'hub_folder' or epochs is None:
         lines.append(f'- Exported from {ckpt.format.replace("_", " ")} weights; no training record.')
         return '\n'.join(lines)
-    steps = meta.get('num_updates')
+    steps, num_epochs, best = meta.get('num_updates'), meta.get('num_epochs') or epochs, meta.get('best') or {}
     lines.append(
-        f'- Data: {label.dataset.title}; {epochs} epochs'
+        f'- Data: {label.dataset.title}; {num_epochs} epochs'
         + (f' of {steps // max(epochs, 1)} steps' if steps else '')
         + f', batch {args.get("batch_size")} x {args.get("world_size", 1)} process(es) on `{args.get("device")}`, '
           f'seed {args.get("seed")}; the arguments are `{RECIPE_FILENAME}`.')
+    if ckpt.format == 'sa_vision':  # timm's checkpoints count epochs from 0 and keep no 'best' record
+        is_best = best.get('epoch') == epochs - 1
+        lines.append(f'- Weights: after epoch {epochs} of {num_epochs}'
+                     + (f', the best by `--eval-metric {args.get("eval_metric", "top1")}`' if is_best else '') + '.')
     if args.get('initial_checkpoint'):
         lines.append('- Started from earlier weights (`--initial-checkpoint`), e.g. a pruned model.')
     if {'top1', 'top5', 'loss'} <= set(metrics):
-        lines.append(f'- Final evaluation ({metrics.get("num_images")} images): top-1 {metrics["top1"]:.2f} %, '
-                     f'top-5 {metrics["top5"]:.2f} %, loss {metrics["loss"]:.4f}.')
+        lines.append(f'- Evaluation of these weights ({metrics.get("num_images")} images): top-1 '
+                     f'{metrics["top1"]:.2f} %, top-5 {metrics["top5"]:.2f} %, loss {metrics["loss"]:.4f}.')
     if history:
         lines += ['', markdown_table(['epoch', 'train loss', 'lr', 'eval loss', 'top-1'], [
             [h['epoch'], f'{h["train_loss"]:.4f}', f'{h["lr"]:.2e}', f'{h["eval_loss"]:.4f}', f'{h["eval_top1"]:.2f}']

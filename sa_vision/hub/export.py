@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Union
 from torch import Tensor
 
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
-from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint, usual_file_mode
 from .card import _recipe, render_model_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, weights_label
 from .publish import check_publish_target
@@ -70,4 +70,7 @@ def export_hub_folder(
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
     readme = render_model_card(ckpt, model, label, repo_id, has_figure=has_figure)
     (out_dir / 'README.md').write_text(readme, encoding='utf-8')
-    return sorted(p.name for p in out_dir.iterdir())
+    written = sorted(out_dir.iterdir())
+    for path in written:  # safetensors writes through a temporary file of mode 0600
+        usual_file_mode(path)
+    return [path.name for path in written]

@@ -7,6 +7,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, Optional, Union
@@ -20,8 +21,9 @@ from ..models import SA_MODEL_ARGS
 from .args import RUNTIME_ARGS
 
 __all__ = [
-    'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'atomic_write', 'atomic_torch_save', 'read_checkpoint',
-    'load_model', 'infer_model_args', 'is_sa_state_dict', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
+    'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'atomic_write',
+    'atomic_torch_save', 'atomic_duplicate', 'usual_file_mode', 'read_checkpoint', 'load_model',
+    'infer_model_args', 'is_sa_state_dict', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -36,6 +38,7 @@ _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
 # weight names timm.create_model takes (it loads them, as with pretrained=True)
 LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
 RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, kept current every epoch
+BEST_CHECKPOINT = 'model_best.pth.tar'  # the epoch best by --eval-metric, named as timm's CheckpointSaver names it
 _WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
 
 
@@ -91,9 +94,28 @@ def atomic_write(path: PathLike) -> Iterator[Path]:
         yield tmp
         with open(tmp, 'rb') as f:
             os.fsync(f.fileno())
+        usual_file_mode(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def usual_file_mode(path: PathLike) -> None:
+    """Give ``path`` the mode ``open()`` gives a new file (0644 under the usual umask 022): writers that go through
+    a temporary file of their own (safetensors' ``save_file``, ``tempfile``) leave it 0600."""
+    umask = os.umask(0)  # reading the umask means setting it: set it straight back
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def atomic_duplicate(src: PathLike, dst: PathLike) -> None:
+    """``dst`` becomes a copy of ``src`` at once: a hard link where the file system allows (no second copy of the
+    tensors, as timm's ``CheckpointSaver`` keeps ``model_best``), else a copy, renamed over ``dst``."""
+    with atomic_write(dst) as tmp:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
 
 
 def atomic_torch_save(obj: Any, path: PathLike) -> None:

@@ -1,11 +1,14 @@
 """ Training: a sa_vision model (or any timm model) with timm's library parts, no timm checkout needed
 
 ``sa-vision-train`` runs :func:`main` on a recipe (``-c``) in timm ``train.py``'s argument names, overridden by the
-command line; it writes ``last.pth.tar`` every epoch, which ``--resume`` continues (docs/training.md).
+command line; it writes ``last.pth.tar`` every epoch, which ``--resume`` continues, and ``model_best.pth.tar`` when
+an epoch is the best by ``--eval-metric`` (docs/training.md).
 """
 import importlib
 import json
 import logging
+import os
+import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -29,7 +32,7 @@ from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
 from ..models import param_groups_pos_lr
 from .args import build_parser, check_scheduler
-from .checkpoint import atomic_torch_save
+from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, atomic_duplicate, atomic_torch_save
 from .data import check_dataset, create_image_dataset, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate
@@ -86,6 +89,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     if args.export and export is None:
         raise UserError('--export writes a Hub folder, which this entry point cannot: run sa-vision-train '
                         '(python -m sa_vision.cli.train) instead')
+    run_dir = _run_dir(args, resume_ckpt)  # before anything is written
     _set_up_process(args)
     log = partial(_log, args)
     initial = resolve_model_args(args, resume_ckpt, log)
@@ -100,11 +104,10 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     start_epoch, num_updates, history, best = 0, 0, [], None
     if resume_ckpt is not None:
         start_epoch, num_updates, history, best = restore(resume_ckpt, model, optimizer, lr_scheduler, loss_scaler)
-        run_dir = Path(args.resume).resolve().parent  # a resumed run continues in its own folder
         log(f'Resuming {run_dir} at epoch {start_epoch}, update {num_updates}')
-    else:
-        run_dir = Path(args.output) / (args.experiment or '-'.join([
-            datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
+        if (run_dir / 'hub').is_dir() and not args.export:
+            log(f'note: {run_dir / "hub"} stays the export of an earlier epoch (its README.md says which); '
+                f'--export replaces it')
     train_model, eval_model = _training_model(model, args, data_cfg, loss_fn, amp_ctx,
                                               steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
@@ -151,6 +154,31 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     if args.target_top1 is not None and metrics is not None and metrics['top1'] < args.target_top1:
         log(f'top-1 {metrics["top1"]:.2f}% is below --target-top1 {args.target_top1}')
         sys.exit(1)
+
+
+def _run_dir(args, resume_ckpt) -> Path:
+    """The run folder: a resumed run's own, else ``--output/--experiment``, which must be new or empty."""
+    if resume_ckpt is not None:
+        resumed = Path(resume_ckpt.source).resolve()  # --resume may name the run folder
+        run_dir, last = resumed.parent, resumed.parent / RUN_CHECKPOINT
+        if resumed != last and last.is_file():
+            raise UserError(f'--resume {args.resume}: a run continues from its latest checkpoint, {last}; from '
+                            f'{resumed.name} its folder would hold epochs of two histories. Resume from {last}, or '
+                            f'start a new run from these weights: --initial-checkpoint {resumed} --experiment NEW')
+        return run_dir
+    run_dir = Path(args.output) / (args.experiment or '-'.join([
+        datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
+    # refused, not renamed as timm's get_outdir(inc=True) would: a run is found by its --experiment (the docs,
+    # sa-vision-reproduce), and a silent "-1" folder would leave the old files looking like this run's
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        held = sorted(p.name for p in run_dir.iterdir())
+        last = run_dir / RUN_CHECKPOINT
+        go_on = (f'Continue it with --resume {last}, or start' if last.is_file() else
+                 f'It has no {RUN_CHECKPOINT} (killed before its first epoch ended?): delete it, or start')
+        raise UserError(f'the run folder {run_dir} already holds a run ({", ".join(held[:6])}'
+                        f'{", ..." if len(held) > 6 else ""}); a new run would overwrite it. {go_on} a new one '
+                        f'with another --experiment (or --output)')
+    return run_dir
 
 
 def _set_up_process(args) -> None:
@@ -318,31 +346,58 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
 
 
 def _save(ckpt: dict, model, args, run_dir: Path, train_metrics: dict) -> None:
-    """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, a row of ``summary.csv``."""
+    """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
+    epoch is the best so far, a row of ``summary.csv``."""
     epoch, num_epochs = ckpt['epoch'] - 1, ckpt['num_epochs']
     if args.save_epoch_weights:
         save_epoch_weights(model, args, run_dir, epoch + 1)
-    atomic_torch_save(ckpt, run_dir / 'last.pth.tar')
-    update_summary(epoch, train_metrics, ckpt['metrics'], run_dir / 'summary.csv', write_header=epoch == 0)
-    _log(args, f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / "last.pth.tar"}')
+    atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
+    summary = run_dir / 'summary.csv'
+    update_summary(epoch, train_metrics, ckpt['metrics'], summary, write_header=not summary.is_file())
+    _log(args, f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
+    if ckpt['best']['epoch'] == epoch:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
+        atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
+        _log(args, f'Best {args.eval_metric} so far ({ckpt["best"]["metric"]:.4g}): {run_dir / BEST_CHECKPOINT}')
 
 
 def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None:
-    """The result line (and the Hub folder of --export)."""
-    checkpoint = run_dir / 'last.pth.tar'
+    """The result line (and the Hub folder of --export: the best epoch's weights)."""
+    checkpoint, best = run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT
     split = split_name(args.dataset, args.val_split)
     result = {'model': args.model, 'dataset': args.dataset or 'folder', 'split': split, 'epochs': num_epochs,
               **metrics, 'amp': args.amp_used, 'amp_reason': args.amp_reason, 'torchcompile': args.torchcompile_used,
               'torchcompile_mode': args.torchcompile_mode_used,
-              'checkpoint': str(checkpoint)}
+              'checkpoint': str(checkpoint), 'best_checkpoint': str(best) if best.is_file() else None}
     if args.export:
+        # the best epoch, as a timm user publishes model_best.pth.tar; a run resumed from before model_best was
+        # written may lack it (its best epoch is older than the resume): then the last epoch
+        exported = best if best.is_file() else checkpoint
+        saved = torch.load(exported, map_location='cpu', weights_only=True, mmap=True)
+        _log(args, f'Exporting {exported.name}: the weights after epoch {saved["epoch"]} of {num_epochs} '
+                   f'({args.eval_metric} {saved["metrics"][args.eval_metric]:.4g}'
+                   f'{", the best" if exported == best else ""})')
         export_dir = run_dir / 'hub'
-        staged = export(checkpoint, export_dir)
-        result['hub_folder'] = str(export_dir)
+        staged = _export_replacing(export, exported, export_dir)
+        result['hub_folder'], result['hub_epoch'] = str(export_dir), saved['epoch']
         _log(args, f'Exported Hub folder {export_dir}: {", ".join(staged)}')
     _log(args, 'Result ' + json.dumps(result))
     _log(args, f'Top-1 on the {args.dataset or "folder"} {split} split: {metrics["top1"]:.2f}%  '
                f'(checkpoint {checkpoint})')
+
+
+def _export_replacing(export, checkpoint: Path, export_dir: Path) -> List[str]:
+    """``export(checkpoint, export_dir)`` written beside it and swapped in when complete: the folder never mixes
+    two exports, and a killed export leaves the earlier one (or none), never half a folder."""
+    partial, old = export_dir.with_name(f'.{export_dir.name}.partial'), export_dir.with_name(f'.{export_dir.name}.old')
+    for leftover in (partial, old):  # of a killed export
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    staged = export(checkpoint, partial)
+    if export_dir.exists():
+        os.replace(export_dir, old)
+    os.replace(partial, export_dir)
+    shutil.rmtree(old, ignore_errors=True)
+    return staged
 
 
 if __name__ == '__main__':

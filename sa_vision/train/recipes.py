@@ -15,7 +15,7 @@ __all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 
 # (tests/test_timm_train_args.py checks them against a timm checkout's train.py)
 TIMM_ONLY_RECIPE_KEYS = frozenset({
     # dataset and input
-    'data', 'class_map', 'test_split', 'train_num_samples', 'val_num_samples', 'input_img_mode', 'input_key',
+    'data', 'class_map', 'train_num_samples', 'val_num_samples', 'input_img_mode', 'input_key',
     'target_key', 'dataset_trust_remote_code', 'gp', 'in_chans', 'input_size', 'crop_pct', 'mean', 'std',
     'interpolation', 'train_interpolation',
     # model and compilation
@@ -34,9 +34,9 @@ TIMM_ONLY_RECIPE_KEYS = frozenset({
     'bn_momentum', 'bn_eps', 'sync_bn', 'dist_bn', 'split_bn', 'model_ema', 'model_ema_force_cpu', 'model_ema_decay',
     'model_ema_warmup',
     # machine, process and logging
-    'amp_impl', 'no_ddp_bb', 'synchronize_step', 'no_prefetcher', 'worker_seeding', 'recovery_interval',
+    'no_ddp_bb', 'synchronize_step', 'no_prefetcher', 'worker_seeding', 'recovery_interval',
     'checkpoint_hist', 'save_images', 'tta', 'use_multi_epochs_loader', 'log_wandb', 'wandb_project', 'wandb_tags',
-    'wandb_resume_id', 'dist_backend', 'dist_url',
+    'wandb_resume_id',
 })
 
 # shipped inside the package (package data), so an installed sa_vision finds them

@@ -1,0 +1,145 @@
+""" A run folder holds one run: a second run into it is refused before anything is written, ``model_best.pth.tar``
+keeps the best epoch by ``--eval-metric``, ``--export`` publishes it, a resumed ``--export`` swaps the Hub folder
+whole, and the files written through a temporary file get the mode ``open()`` gives (the process umask) """
+import csv
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import HANG_TIMEOUT_S, command
+
+from sa_vision.errors import UserError
+from sa_vision.train import loop
+from sa_vision.train.checkpoint import atomic_write
+from sa_vision.train.recipes import RECIPE_DIR
+
+ROOT = Path(__file__).resolve().parent.parent
+DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
+TINY_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
+
+
+def _train_args(out, name, epochs):
+    return ['-c', DIGITS_RECIPE, *TINY_ARGS, '--epochs', epochs, '--warmup-epochs', 0.5, '-b', 64,
+            '--output', out, '--experiment', name, '--log-interval', 50]
+
+
+def _train(args):
+    """(exit status, stdout + stderr) of sa-vision-train with ``args``."""
+    proc = subprocess.run([*command('train'), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT)), timeout=HANG_TIMEOUT_S)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def _files(folder: Path) -> dict:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
+
+
+def _usual_mode() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
+def _best_epoch(summary: Path) -> int:
+    """The epochs done at the best top-1 of summary.csv: the first of equal ones (a later epoch must beat it)."""
+    with open(summary) as f:
+        top1 = [float(row['eval_top1']) for row in csv.DictReader(f)]
+    return top1.index(max(top1)) + 1
+
+
+def _assert_same_weights(state_dict, safetensors_file: Path):
+    from safetensors.torch import load_file
+    reference = load_file(str(safetensors_file))
+    assert set(state_dict) == set(reference)
+    for key, value in reference.items():
+        assert torch.equal(state_dict[key], value), key
+
+
+def test_a_second_run_into_a_run_folder_is_refused_before_anything_is_written(tmp_path):
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'last.pth.tar').write_bytes(b'an earlier run')
+    (run / 'summary.csv').write_text('epoch,eval_top1\n0,95.0\n')
+    before = _files(run)
+    with pytest.raises(UserError, match='already holds a run') as refused:
+        loop.main(['-c', str(DIGITS_RECIPE), '--output', str(tmp_path), '--experiment', 'run'])
+    assert f'--resume {run / "last.pth.tar"}' in str(refused.value) and 'another --experiment' in str(refused.value)
+    assert _files(run) == before
+
+
+def test_a_new_or_empty_run_folder_is_taken(tmp_path):
+    (tmp_path / 'empty').mkdir()
+    for name in ('new', 'empty'):
+        args = loop.parser.parse_args(['--output', str(tmp_path), '--experiment', name])
+        assert loop._run_dir(args, None) == tmp_path / name
+
+
+def test_export_replaces_the_hub_folder_whole_or_not_at_all(tmp_path):
+    hub = tmp_path / 'hub'
+    hub.mkdir()
+    (hub / 'model.safetensors').write_text('epoch 2')
+    (hub / 'attention.png').write_text('a figure of epoch 2')
+
+    def killed(checkpoint, folder):
+        folder.mkdir(exist_ok=True)
+        (folder / 'model.safetensors').write_text('epoch 3')
+        raise KeyboardInterrupt('killed while exporting')
+    with pytest.raises(KeyboardInterrupt):
+        loop._export_replacing(killed, tmp_path / 'last.pth.tar', hub)
+    assert _files(hub) == {'model.safetensors': b'epoch 2', 'attention.png': b'a figure of epoch 2'}
+
+    def export(checkpoint, folder):  # an export without a figure (e.g. a ResNet)
+        folder.mkdir(exist_ok=True)
+        (folder / 'model.safetensors').write_text('epoch 3')
+        return ['model.safetensors']
+    assert loop._export_replacing(export, tmp_path / 'last.pth.tar', hub) == ['model.safetensors']
+    assert _files(hub) == {'model.safetensors': b'epoch 3'}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hub']
+
+
+def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
+    from safetensors.torch import save_file
+    with atomic_write(tmp_path / 'w.safetensors') as tmp:
+        save_file({'w': torch.zeros(2)}, str(tmp))  # safetensors writes through a 0600 file of its own
+    assert stat.S_IMODE((tmp_path / 'w.safetensors').stat().st_mode) == _usual_mode()
+
+
+@pytest.mark.slow
+def test_a_run_folder_holds_one_run(tmp_path):
+    run = tmp_path / 'run'
+    status, log = _train(_train_args(tmp_path, 'run', 2) + ['--save-epoch-weights', '--export'])
+    assert status == 0, log[-3000:]
+    best = _best_epoch(run / 'summary.csv')
+    best_ckpt = torch.load(run / 'model_best.pth.tar', weights_only=True)
+    assert best_ckpt['epoch'] == best and best_ckpt['best']['epoch'] == best - 1
+    _assert_same_weights(best_ckpt['state_dict'], run / f'epoch-{best:03d}.safetensors')
+    # --export publishes the best epoch and says so, in the log and on the card
+    _assert_same_weights(torch.load(run / 'model_best.pth.tar', weights_only=True)['state_dict'],
+                         run / 'hub' / 'model.safetensors')
+    assert f'Exporting model_best.pth.tar: the weights after epoch {best} of 2' in log
+    assert f'- Weights: after epoch {best} of 2, the best by `--eval-metric top1`.' in (
+        run / 'hub' / 'README.md').read_text()
+    for path in [*(run / 'hub').iterdir(), *run.glob('*.safetensors'), *run.glob('*.pth.tar')]:
+        assert stat.S_IMODE(path.stat().st_mode) == _usual_mode(), path
+
+    # the same recipe again into the same folder (a new run): refused, the run left as it was
+    before = _files(run)
+    status, log = _train(_train_args(tmp_path, 'run', 1))
+    assert status == 2 and 'already holds a run' in log, log[-3000:]
+    # continuing from model_best would mix two histories in the folder: refused too
+    status, log = _train(['--resume', run / 'model_best.pth.tar', '--epochs', 3])
+    assert status == 2 and f'Resume from {run / "last.pth.tar"}' in log, log[-3000:]
+    assert _files(run) == before
+
+    # the run continued for a third epoch, exported again: one summary, the Hub folder of the new best
+    status, log = _train(['--resume', run / 'last.pth.tar', '--epochs', 3, '--export'])
+    assert status == 0, log[-3000:]
+    assert (run / 'summary.csv').read_text().count('epoch,') == 1
+    best = _best_epoch(run / 'summary.csv')
+    assert torch.load(run / 'model_best.pth.tar', weights_only=True)['epoch'] == best
+    _assert_same_weights(torch.load(run / 'model_best.pth.tar', weights_only=True)['state_dict'],
+                         run / 'hub' / 'model.safetensors')
+    assert sorted(p.name for p in run.iterdir() if p.name.startswith('.')) == []
