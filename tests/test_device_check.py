@@ -121,6 +121,7 @@ def test_epoch_rates_are_an_epochs_images_over_its_train_time(tmp_path):
     text = ('Run folder x; 2 epochs of 10 steps, 1 process(es) on cuda, amp=bfloat16\n'
             'Train: 0 [   5/10 ( 50%)]  Loss: 2.30 (2.30)  LR: 1.000e-03     12.5 img/s  ETA 1s\n'
             'Train: 0 [  10/10 (100%)]  Loss: 2.20 (2.25)  LR: 1.000e-03   1234.5 img/s  ETA 1s\n'
+            'Epoch 0: 1,100 img/s end to end (data on the device, evaluation apart)\n'
             'Train: 1 [  10/10 (100%)]  Loss: 2.10 (2.15)  LR: 1.000e-03  20000.0 img/s  ETA 0s\n')
     summary = tmp_path / 'summary.csv'
     with open(summary, 'w', newline='') as f:
@@ -129,8 +130,8 @@ def test_epoch_rates_are_an_epochs_images_over_its_train_time(tmp_path):
         writer.writerows([{'epoch': 0, 'train_time': 8.0, 'eval_top1': 50.0},
                           {'epoch': 1, 'train_time': 0.5, 'eval_top1': 60.0}])
     epochs = dc.epoch_rates(text, summary, batch_size=128)['epochs']
-    assert [(e['images'], e['img_s'], e['log_img_s']) for e in epochs] == [
-        (1280, 160.0, 1234.5), (1280, 2560.0, 20000.0)]
+    assert [(e['images'], e['img_s'], e['log_img_s'], e['end_to_end_img_s']) for e in epochs] == [
+        (1280, 160.0, 1234.5, 1100.0), (1280, 2560.0, 20000.0, None)]
 
 
 def test_goals_pass_only_where_one_mode_meets_both_bounds(tmp_path):

@@ -392,13 +392,14 @@ class Check:
             result = epoch_rates(text, Path(tmp) / size / 'summary.csv', self.s.batch_size)
         result.update(size=size, status=status, wall_s=round(wall, 1), command=argv)
         shown = [line for line in text.splitlines()
-                 if line.startswith(('Compilation', 'Precision', 'Run folder', 'Top-1 on', 'Traceback', 'Error'))
+                 if line.startswith(('Compilation', 'Precision', 'Data', 'Run folder', 'Top-1 on', 'Traceback'))
                  or 'device' in line.lower() or 'error' in line.lower()]
         for line in shown[:16]:
             self.log(f'  | {line[:200]}')
         for epoch in result['epochs']:
             self.log(f'  epoch {epoch["epoch"]}: {epoch["images"]} images in {epoch["train_s"]:.1f} s = '
-                     f'{epoch["img_s"]:,.0f} img/s (the log\'s last interval: {epoch.get("log_img_s")} img/s)')
+                     f'{epoch["img_s"]:,.0f} img/s (the log\'s last interval: {epoch["log_img_s"]} img/s; its end '
+                     f'to end line: {epoch["end_to_end_img_s"]} img/s)')
         self.log(f'sa-vision-train {size}: exit {status}, {wall:.0f} s wall (process start, compile and evaluation '
                  f'included); its log: train_e2e.log')
         self.log.results.setdefault('train_e2e', {})[size] = result
@@ -494,11 +495,14 @@ def trace_summary(trace: Dict[str, Any], top: int = 12) -> Dict[str, Any]:
 
 def epoch_rates(text: str, summary_csv: Path, batch_size: int) -> Dict[str, Any]:
     """Each epoch's images/s from a training run: images (its steps x batch) over the epoch's train time in
-    ``summary.csv``, and the rate of the log's last ``Train:`` line of that epoch."""
+    ``summary.csv``, the rate of the log's last ``Train:`` line of that epoch and its ``Epoch N: ... img/s end to
+    end`` line (where the trainer writes one)."""
     steps = re.search(r'epochs of (\d+) steps', text)
     last_rate: Dict[int, float] = {}
     for m in re.finditer(r'Train: (\d+) \[.*?([\d.]+) img/s', text):
         last_rate[int(m.group(1))] = float(m.group(2))
+    end_to_end = {int(m.group(1)): float(m.group(2).replace(',', ''))
+                  for m in re.finditer(r'Epoch (\d+): ([\d,.]+) img/s end to end', text)}
     epochs = []
     if steps and summary_csv.is_file():
         images = int(steps.group(1)) * batch_size
@@ -506,6 +510,7 @@ def epoch_rates(text: str, summary_csv: Path, batch_size: int) -> Dict[str, Any]
             train_s = float(row['train_time'])
             epochs.append({'epoch': int(row['epoch']), 'images': images, 'train_s': train_s,
                            'img_s': images / train_s, 'log_img_s': last_rate.get(int(row['epoch'])),
+                           'end_to_end_img_s': end_to_end.get(int(row['epoch'])),
                            'top1': float(row.get('eval_top1') or 'nan')})
     return {'epochs': epochs}
 
