@@ -433,7 +433,7 @@ class Check:
             pruned = reproduction.prune()
             train(PRUNED_MODEL, initial_checkpoint=pruned)
         total = time.time() - t0
-        kept = {row['model']: row for row in csv.DictReader(open(KEPT_TABLE))}
+        kept = {row['model']: row for row in csv.DictReader(KEPT_TABLE.read_text().splitlines())}
         rows = []
         for model in (*TRAINED_MODELS, PRUNED_MODEL):
             meta = read_checkpoint(reproduction.run_dir(model) / 'last.pth.tar').meta
@@ -506,7 +506,7 @@ def epoch_rates(text: str, summary_csv: Path, batch_size: int) -> Dict[str, Any]
     epochs = []
     if steps and summary_csv.is_file():
         images = int(steps.group(1)) * batch_size
-        for row in csv.DictReader(open(summary_csv)):
+        for row in csv.DictReader(summary_csv.read_text().splitlines()):
             train_s = float(row['train_time'])
             epochs.append({'epoch': int(row['epoch']), 'images': images, 'train_s': train_s,
                            'img_s': images / train_s, 'log_img_s': last_rate.get(int(row['epoch'])),
