@@ -338,7 +338,11 @@ class Check:
 
     def usable_speed_flags(self, what: str) -> Optional[List[str]]:
         """:meth:`speed_flags` as sa-vision-train takes them: on the GPU without the flags it lacks (said), while
-        the smoke run skips (None)."""
+        the smoke run skips (None); None without the data folder."""
+        if not self.smoke and not self.data_dir:
+            self.log(f'{what}: skipped: no Fashion-MNIST folder (carry data/ with data/fashion-mnist, or --data-dir)')
+            self.log.results.setdefault('skipped', {})[what] = 'no data folder'
+            return None
         help_text = build_train_parser().format_help()
         missing = [f for f in NEW_TRAIN_FLAGS if f not in help_text]
         if not missing:
