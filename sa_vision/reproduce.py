@@ -14,7 +14,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -167,16 +167,18 @@ def _say(msg: str) -> None:
 
 class Reproduction:
     """The stages above for one profile, dataset and output folder (see :meth:`run`); ``epochs`` overrides every
-    training stage's epochs but the fine-tuning's."""
+    training stage's epochs but the fine-tuning's; ``train_args`` (``sa-vision-train`` arguments, e.g. the device
+    and speed flags) follow the recipe on every training stage's command line, so they win over it."""
 
     def __init__(self, out_dir, profile: str = 'cpu', dataset: Optional[str] = None, data_dir: Optional[str] = None,
-                 download: bool = False, epochs: Optional[int] = None):
+                 download: bool = False, epochs: Optional[int] = None, train_args: Sequence[str] = ()):
         if profile not in PROFILES:
             raise ValueError(f'unknown profile {profile!r}; choose one of {sorted(PROFILES)}')
         self.profile = PROFILES[profile]
         self.dataset = dataset_info(dataset or self.profile.dataset).name
         self.out = Path(out_dir)
         self.data_dir, self.download, self.epochs = data_dir, download, epochs
+        self.train_args = list(train_args)
         self.started = time.time()
         self._noted_ignored_keys = False
 
@@ -228,6 +230,7 @@ class Reproduction:
             cmd += ['--data-dir', str(self.data_dir)]
         if self.download:
             cmd.append('--dataset-download')
+        cmd += self.train_args
         if last.is_file():
             meta = read_checkpoint(last).meta
             if meta['epoch'] >= meta.get('num_epochs', recipe['epochs']):

@@ -6,6 +6,8 @@
     sa-vision-reproduce --profile paper --data-dir data --dataset-download --out output/reproduce-cifar10
     # the mechanics in two minutes
     sa-vision-reproduce --profile tiny --out output/reproduce-tiny
+    # the cpu profile on a GPU, with training's speed flags on every stage
+    sa-vision-reproduce --profile cpu --out output/reproduce-fmnist-gpu --train-args="--amp --torchcompile inductor"
     # the ablation of the positional parameters (the quadratic model, paper or conv init, positional lr x1 or x30)
     sa-vision-reproduce --profile cpu --ablation --epochs 2 --out output/ablation-fmnist
 
@@ -20,11 +22,13 @@ last epoch. ``--publish`` uploads the five Hub folders (a dry run lists them oth
 :mod:`sa_vision.reproduce`.
 """
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
 from sa_vision.errors import command
 from sa_vision.reproduce import PROFILES, Reproduction, StageFailed, check_kept_models, draw_figures
+from sa_vision.train.args import build_parser as build_train_parser
 
 
 def main(argv=None):
@@ -36,6 +40,10 @@ def main(argv=None):
     parser.add_argument('--data-dir', default=None, metavar='DIR')
     parser.add_argument('--dataset-download', action='store_true', default=False)
     parser.add_argument('--epochs', type=int, default=None, help="every training stage's epochs (fine-tuning aside)")
+    parser.add_argument('--train-args', default='', metavar='"ARGS"',
+                        help='sa-vision-train arguments added to every training stage\'s command line after its '
+                             'recipe, so they win over it (device, speed: e.g. --train-args="--device cuda:1 --amp"); '
+                             'write it with "=" so that the value may start with --')
     parser.add_argument('--out', metavar='DIR', help='the reproduction folder (rerun to continue); with '
                                                      '--figures-from, the figures\' folder')
     parser.add_argument('--ablation', action='store_true', default=False,
@@ -64,9 +72,14 @@ def main(argv=None):
         return 0
     if not args.out:
         parser.error('--out is required: the reproduction folder')
+    train_args = shlex.split(args.train_args)
+    try:
+        build_train_parser().parse_args(train_args)
+    except SystemExit:
+        parser.error(f'--train-args {args.train_args!r}: sa-vision-train does not take these (its error is above)')
     try:
         reproduction = Reproduction(args.out, args.profile, dataset=args.dataset, data_dir=args.data_dir,
-                                    download=args.dataset_download, epochs=args.epochs)
+                                    download=args.dataset_download, epochs=args.epochs, train_args=train_args)
         if args.ablation:
             reproduction.ablation()
         else:

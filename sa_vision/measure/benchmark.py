@@ -164,9 +164,12 @@ class _Runner:
             self, variant: Variant, batch_size: int, input_size, device: torch.device,
             precision: str = 'float32', amp: bool = False, amp_dtype: str = 'bfloat16',
             channels_last: bool = False, torchcompile: Optional[str] = None, lr: float = 1e-4,
-            num_classes: Optional[int] = None,
+            num_classes: Optional[int] = None, torchcompile_mode: Optional[str] = None,
     ):
         self.variant, self.device, self.batch_size = variant, device, batch_size
+        self.torchcompile = torchcompile
+        # CUDA graphs replay into the same output buffers: each step starts a new generation (torch.compile docs)
+        self.cudagraphs = bool(torchcompile) and torchcompile_mode in ('reduce-overhead', 'max-autotune')
         dtype = DTYPES[precision]
         self.amp = amp
         self.amp_dtype = DTYPES[amp_dtype]
@@ -189,8 +192,8 @@ class _Runner:
         self.train_fn = self.train_model
         self.infer_fn = self.infer_model
         if torchcompile:
-            self.train_fn = torch.compile(self.train_model, backend=torchcompile)
-            self.infer_fn = torch.compile(self.infer_model, backend=torchcompile)
+            self.train_fn = torch.compile(self.train_model, backend=torchcompile, mode=torchcompile_mode)
+            self.infer_fn = torch.compile(self.infer_model, backend=torchcompile, mode=torchcompile_mode)
 
     def _prime_optimizer(self) -> None:
         """Create the momentum buffers with a zero-gradient step (weights unchanged), so that the state belongs to
@@ -208,6 +211,8 @@ class _Runner:
 
     def train_step(self) -> None:
         self.train_model.train()
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with self.variant.context():
             self.optimizer.zero_grad(set_to_none=True)
             with self._autocast():
@@ -217,6 +222,8 @@ class _Runner:
 
     def infer_step(self) -> None:
         self.infer_model.eval()
+        if self.cudagraphs:
+            torch.compiler.cudagraph_mark_step_begin()
         with self.variant.context(), torch.no_grad(), self._autocast():
             self.infer_fn(self.x)
 
@@ -252,21 +259,24 @@ def benchmark_variants(
         measure_memory: bool = True,
         matmul_size: Optional[int] = None,
         log: Optional[Callable[[str], None]] = None,
+        runners: Optional[Sequence['_Runner']] = None,
         **runner_kwargs,
 ) -> List[Dict[str, Any]]:
     """Time ``variants`` alternately (round r: A, B, ...; training then inference): one row per variant with median
     images/s, peak step memory (from an untimed step) and MACs, and for rows after the first the paired ratios to it
     (``train_ratio``: median of ``first / this`` per round, > 1: the first is faster); ``matmul_size`` adds the
-    :func:`matmul_rate` of every round, in the steps' dtype, under the same load."""
+    :func:`matmul_rate` of every round, in the steps' dtype, under the same load. ``runners``: the variants' step
+    runners built beforehand (compiled ones stay compiled across calls), else built from ``runner_kwargs``."""
     device = resolve_device(device)
     log = log or (lambda s: None)
     do_train, do_infer = bench in ('both', 'train'), bench in ('both', 'inference')
-    runners = [_Runner(v, batch_size, input_size, device, **runner_kwargs) for v in variants]
+    if runners is None:
+        runners = [_Runner(v, batch_size, input_size, device, **runner_kwargs) for v in variants]
     matmul_dtype = compute_dtype(
         **{k: runner_kwargs[k] for k in ('precision', 'amp', 'amp_dtype') if k in runner_kwargs})
     rows = [_describe(v, r, batch_size, input_size, device, log) for v, r in zip(variants, runners)]
     for v, r, row in zip(variants, runners, rows):
-        _warm_up(v, r, row, warmup, do_train, do_infer, measure_memory and not runner_kwargs.get('torchcompile'), log)
+        _warm_up(v, r, row, warmup, do_train, do_infer, measure_memory and not r.torchcompile, log)
     train_runs = [[] for _ in variants]
     infer_runs = [[] for _ in variants]
     matmul_runs = []

@@ -1,0 +1,744 @@
+"""The GPU device check: throughput in three compile modes, dense mixing, a profile, syncs, training, the zoo.
+
+One script for a lent GPU (how to run it, the data folder and the time: device_check.md beside this file). Full-size
+``sa_quadratic_cifar`` (the paper's width, Sec. 4) and the ``cpu`` profile's narrow one (embedding 64, MLP 128), bf16
+autocast, batch 128. Numbered sections, run in order of importance and skipped with a ``skipped: budget`` line
+once ``--budget-s`` would be exceeded:
+
+1. training and inference throughput, eager / ``torch.compile`` / ``torch.compile(mode='reduce-overhead')``, each
+   paired (alternating rounds, median ratio; ``sa_vision.measure.benchmark``) against the paper's formulation and
+   timm's ViT at matched MACs, compiled the same way;
+2. separable against dense (Kronecker) mixing, compiled, with ``sa_gen_cifar`` (never separable) beside them;
+3. the zoo's half-width ResNet18 against the narrow model;
+4. a profiler summary of one compiled training step (GPU busy time, kernels, the top kernels; a trace file);
+5. the sync check: training steps under ``torch.cuda.set_sync_debug_mode('error')``;
+6. ``sa-vision-train`` end to end on Fashion-MNIST with the data on the device, its epochs' images/s;
+7. the ``cpu`` zoo profile's five stages trained on the GPU (``Reproduction(train_args=...)``).
+
+It ends with a PASS / MISS line for each goal. ``--smoke`` runs every section on the CPU with tiny models, a few
+steps and dynamo's ``eager`` backend (tests/test_device_check.py), so that a slip cannot cost device time.
+"""
+import argparse
+import contextlib
+import csv
+import gzip
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import timm
+import torch
+from torch._dynamo.utils import counters
+
+import sa_vision
+from sa_vision.measure import benchmark as sab
+from sa_vision.reproduce import PROFILES, PRUNED_MODEL, TRAINED_MODELS, Reproduction
+from sa_vision.train.args import build_parser as build_train_parser
+from sa_vision.train.checkpoint import read_checkpoint
+
+ROOT = Path(__file__).resolve().parents[3]
+KEPT_TABLE = ROOT / 'docs' / 'reproduction_fashion_mnist.csv'  # the kept zoo's results (zoo/fashion-mnist-cpu)
+MODES = ('eager', 'default', 'reduce-overhead')
+# the goals this check reports against
+FULL_MIN_IMG_S, FULL_MIN_VS_PAPER = 15_000, 1.5
+NARROW_MIN_IMG_S, NARROW_MIN_VS_VIT = 25_000, 1.2
+ZOO_MAX_MINUTES = 5.0
+# sa-vision-train flags of the device-data path; until they exist a section says so (smoke: skips)
+NEW_TRAIN_FLAGS = ('--device-data', '--torchcompile-mode')
+SPEED_FLAGS = ('--device-data', 'on', '--torchcompile', 'inductor', '--torchcompile-mode', 'reduce-overhead', '--amp',
+               '--amp-dtype', 'bfloat16')
+
+
+@dataclass
+class Setting:
+    """Sizes and step counts: the GPU's, or the smoke run's tiny ones on the CPU."""
+    device: str
+    batch_size: int
+    backend: str  # torch.compile backend: inductor, or dynamo's 'eager' for the smoke run
+    warmup: int
+    runs: int
+    iters: int
+    full: Dict[str, Any]  # model kwargs of sa_quadratic_cifar / sa_gen_cifar at the paper's width
+    narrow: Dict[str, Any]
+    vit_full: Dict[str, Any]  # vit_peer overrides (sa_vision.measure.peers) matching the full model's MACs
+    vit_narrow: Dict[str, Any]
+    resnet: Dict[str, Any]
+    zoo_profile: str
+    dataset: str
+    matmul_size: int
+    copy_mb: int
+    e2e_epochs: int
+    zoo_epochs: Optional[int] = None
+
+
+def gpu_setting() -> Setting:
+    cpu = PROFILES['cpu'].per_model
+    return Setting(
+        device='cuda', batch_size=128, backend='inductor', warmup=3, runs=5, iters=20,
+        full={}, narrow=dict(cpu['sa_quadratic_cifar']['model_kwargs']),
+        # width 486 = 9 heads x 54: 3.29 GMAC and 11.5 M parameters against our 3.26 GMAC and 12.1 M (patch 2)
+        vit_full={'embed_dim': 486}, vit_narrow={}, resnet=dict(cpu['resnet18_cifar']['model_kwargs']),
+        zoo_profile='cpu', dataset='fashion-mnist', matmul_size=8192, copy_mb=1024, e2e_epochs=2)
+
+
+def smoke_setting() -> Setting:
+    tiny = dict(embed_dim=16, depth=1, heads_per_layer=3, mlp_hidden_dim=32, proj_drop_rate=0.0, attn_drop_rate=0.0)
+    vit = dict(embed_dim=12, depth=1, num_heads=3)
+    return Setting(
+        device='cpu', batch_size=4, backend='eager', warmup=1, runs=2, iters=1,
+        full=tiny, narrow=tiny, vit_full=vit, vit_narrow=vit,  # one size twice: dynamo reuses its graphs
+        resnet=dict(PROFILES['tiny'].per_model['resnet18_cifar']['model_kwargs']),
+        zoo_profile='tiny', dataset='digits', matmul_size=128, copy_mb=1, e2e_epochs=1, zoo_epochs=1)
+
+
+class Log:
+    """One text log: every line to stdout and to ``device_check.log``; results to ``device_check.json``."""
+
+    def __init__(self, out: Path):
+        self.out = out
+        self.file = open(out / 'device_check.log', 'a', buffering=1)
+        self.results: Dict[str, Any] = {'items': []}
+
+    def __call__(self, msg: str = '') -> None:
+        print(msg, flush=True)
+        self.file.write(msg + '\n')
+
+    def save(self) -> None:
+        path = self.out / 'device_check.json'
+        path.with_suffix('.tmp').write_text(json.dumps(self.results, indent=1, default=str))
+        os.replace(path.with_suffix('.tmp'), path)
+
+
+@dataclass
+class Item:
+    section: int
+    name: str
+    run: Callable[[], None]
+    estimate_s: float  # device seconds it is expected to take on an H100, compile included
+
+
+@dataclass
+class Budget:
+    seconds: float
+    start: float = field(default_factory=time.time)
+    spent: List = field(default_factory=list)  # (estimate, actual) of the items run
+
+    def left(self) -> float:
+        return self.seconds - (time.time() - self.start)
+
+    def expected(self, estimate: float) -> float:
+        """``estimate`` scaled by how the items so far compared to theirs (between 0.5x and 3x)."""
+        done = [(e, a) for e, a in self.spent if e >= 20]
+        if not done:
+            return estimate
+        scale = sum(a for _, a in done) / sum(e for e, _ in done)
+        return estimate * min(max(scale, 0.5), 3.0)
+
+
+class Check:
+    """The sections' shared state: models and their step runners, kept so that compiled ones are compiled once."""
+
+    def __init__(self, setting: Setting, log: Log, data_dir: Optional[str], budget: Budget, smoke: bool,
+                 zoo_parallel: int):
+        self.s, self.log, self.data_dir, self.budget, self.smoke = setting, log, data_dir, budget, smoke
+        self.zoo_parallel = zoo_parallel
+        self.device = torch.device(setting.device)
+        self.families: Dict[Any, Dict[str, sab.Variant]] = {}
+        self.runners: Dict[Any, Any] = {}
+        self.input_size = (3, 32, 32)
+
+    # ---- models and runners
+
+    def family(self, size: str, mode: str) -> Dict[str, sab.Variant]:
+        """The variants of one size, built once per compile mode (each mode compiles its own copies): ours, the
+        paper's formulation and ours on the dense path (same weights), timm's ViT, sa_gen_cifar, the ResNet."""
+        key = (size, mode)
+        if key not in self.families:
+            kwargs = self.s.full if size == 'full' else self.s.narrow
+            vit = self.s.vit_full if size == 'full' else self.s.vit_narrow
+            torch.manual_seed(0)
+            variants = sab.build_variants(
+                'sa_quadratic_cifar', ['paper', 'dense', 'vit_peer', 'sa_gen_cifar', 'resnet18_cifar'],
+                compare_kwargs={'vit_peer': vit, 'sa_gen_cifar': kwargs, 'resnet18_cifar': self.s.resnet},
+                input_size=self.input_size, **kwargs)
+            self.families[key] = dict(zip(('ours', 'paper', 'dense', 'vit', 'gen', 'resnet'), variants))
+        return self.families[key]
+
+    def runner(self, size: str, mode: str, role: str):
+        key = (size, mode, role)
+        if key not in self.runners:
+            variant = self.family(size, mode)[role]
+            self.runners[key] = sab._Runner(
+                variant, self.s.batch_size, self.input_size, self.device, amp=True, amp_dtype='bfloat16',
+                torchcompile=None if mode == 'eager' else self.s.backend,
+                torchcompile_mode=mode if mode == 'reduce-overhead' else None)
+        return self.runners[key]
+
+    def first_steps(self, runner, name: str, bench: str) -> None:
+        """Time a runner's first steps (compilation, CUDA graph recording) once, apart from the timed ones."""
+        for kind in {'both': ('train', 'infer'), 'train': ('train',), 'inference': ('infer',)}[bench]:
+            if getattr(runner, f'_first_{kind}', None) is not None:
+                continue
+            t0, skips = time.time(), counters['inductor']['cudagraph_skips']
+            for _ in range(3 if runner.cudagraphs else 1):  # warm-up, recording, first replay
+                getattr(runner, f'{kind}_step')()
+            self.sync()
+            setattr(runner, f'_first_{kind}', time.time() - t0)
+            if runner.torchcompile:
+                self.log(f'  {name}: first {kind} steps (compile included) {time.time() - t0:.1f} s')
+            skipped = counters['inductor']['cudagraph_skips'] - skips
+            if runner.cudagraphs and skipped:  # inductor then runs the compiled graph without CUDA graphs
+                self.log(f'  {name}: CUDA GRAPHS SKIPPED for {skipped} graph(s) of the {kind} step (inductor\'s '
+                         f'reason: "skipping cudagraphs due to ..." in the console output)')
+                self.log.results.setdefault('cudagraph_skips', {})[f'{name} {kind}'] = skipped
+
+    def sync(self) -> None:
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize()
+
+    # ---- section 1-3: paired throughput
+
+    def paired(self, size: str, mode: str, roles, bench: str = 'train', key: Optional[str] = None) -> List[Dict]:
+        variants = self.family(size, mode)
+        runners = [self.runner(size, mode, r) for r in roles]
+        for role, runner in zip(roles, runners):
+            self.first_steps(runner, variants[role].name, bench)
+        rows = sab.benchmark_variants(
+            [variants[r] for r in roles], runners=runners, batch_size=self.s.batch_size, input_size=self.input_size,
+            device=self.device, bench=bench, warmup=self.s.warmup, runs=self.s.runs, iters=self.s.iters,
+            measure_memory=mode == 'eager', log=lambda m: None)
+        for role, row in zip(roles, rows):
+            row.update(role=role, size=size, mode=mode)
+        self.log(f'{size}, {mode}, batch {self.s.batch_size}, bf16 autocast ({bench}; ratios: '
+                 f'{variants[roles[0]].name} / the row, > 1: it is faster)')
+        self.log(sab.format_results(rows))
+        self.log.results.setdefault('paired', {})[key or f'{size}/{mode}/{bench}'] = rows
+        return rows
+
+    # ---- section 4: profile
+
+    def profile(self, size: str, mode: str, trace_name: Optional[str]) -> None:
+        from torch.profiler import ProfilerActivity, profile
+        runner = self.runner(size, mode, 'ours')
+        self.first_steps(runner, f'{size} {mode}', 'train')
+        step_ms = 1000 * self.s.batch_size / runner.time(runner.train_step, max(self.s.iters, 2))
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == 'cuda' else [])
+        with profile(activities=activities) as prof:
+            runner.train_step()
+            self.sync()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / 'trace.json'
+            prof.export_chrome_trace(str(path))
+            summary = trace_summary(json.loads(path.read_text()))
+            if trace_name:
+                with open(path, 'rb') as f, gzip.open(self.log.out / trace_name, 'wb') as g:
+                    shutil.copyfileobj(f, g)
+        summary['step_ms_unprofiled'] = round(step_ms, 3)
+        summary['gpu_busy_fraction_of_step'] = round(summary['gpu_busy_ms'] / step_ms, 3) if step_ms else None
+        self.log(f'{size} sa_quadratic_cifar, {mode}, one training step: {step_ms:.2f} ms unprofiled (mean of '
+                 f'{max(self.s.iters, 2)}), GPU busy {summary["gpu_busy_ms"]:.2f} ms '
+                 f'({100 * (summary["gpu_busy_fraction_of_step"] or 0):.0f} % of it), profiled window '
+                 f'{summary["window_ms"]:.2f} ms; {summary["kernels"]} kernels, {summary["memcpy"]} copies, '
+                 f'{summary["memset"]} memsets, {summary["cpu_ops"]} CPU ops, {summary["graph_launches"]} graph '
+                 f'launches{"; trace " + trace_name if trace_name else ""}')
+        for name, (total, count) in summary['top_kernels']:
+            self.log(f'  {total:8.3f} ms  {count:4d}x  {name[:110]}')
+        self.log.results.setdefault('profile', {})[f'{size}/{mode}'] = summary
+
+    # ---- section 5: syncs
+
+    def sync_check(self, size: str, mode: str) -> None:
+        runner = self.runner(size, mode, 'ours')
+        self.first_steps(runner, f'{size} {mode}', 'train')
+        # the training's optimizer (the cpu profile's AdamW through timm), not the benchmark's SGD, for these steps
+        sgd, runner.optimizer = runner.optimizer, timm.optim.create_optimizer_v2(
+            runner.train_model, opt='adamw', lr=1e-4, weight_decay=0.05)
+        label = f'{size} sa_quadratic_cifar, {mode}'
+        try:
+            for _ in range(2):
+                runner.train_step()
+            self.sync()
+            if self.device.type == 'cuda':
+                self.find_syncs(runner, label)
+            else:
+                runner.train_step()
+                self.log(f'{label}: the sync debug mode needs CUDA; the steps ran without it (smoke)')
+                self.log.results.setdefault('sync', {})[label] = 'not checked (no CUDA)'
+        finally:
+            runner.optimizer = sgd
+
+    def find_syncs(self, runner, label: str, debug_mode=None) -> None:
+        """One training step under the sync debug mode 'error'; after a sync, one under 'warn' for all of them."""
+        debug_mode = debug_mode or torch.cuda.set_sync_debug_mode
+        first = None
+        debug_mode('error')
+        try:
+            runner.train_step()
+        except RuntimeError:
+            first = traceback.format_exc(limit=-14)
+        finally:
+            debug_mode(0)
+        self.sync()
+        if first is None:
+            self.log(f'{label}: no synchronizing CUDA call in a training step (forward, backward, AdamW step)')
+            self.log.results.setdefault('sync', {})[label] = []
+            return
+        self.log(f'{label}: SYNC in a training step; the first, with its stack:\n{first}')
+        stacks = self.all_syncs(runner, debug_mode)
+        self.log(f'{label}: {len(stacks)} synchronizing call(s) in one step (sync debug mode "warn"); distinct stacks:')
+        for stack, count in sorted(stacks.items(), key=lambda kv: -kv[1]):
+            self.log(f'--- {count}x\n{stack}')
+        self.log.results.setdefault('sync', {})[label] = [{'count': c, 'stack': s} for s, c in stacks.items()]
+
+    def all_syncs(self, runner, debug_mode) -> Dict[str, int]:
+        stacks: Dict[str, int] = {}
+
+        def record(message, category, filename, lineno, file=None, line=None):
+            if 'synchroniz' in str(message):
+                stack = ''.join(traceback.format_stack(limit=14)[:-2])
+                stacks[stack] = stacks.get(stack, 0) + 1
+        shown = warnings.showwarning
+        with warnings.catch_warnings():
+            warnings.simplefilter('always')
+            warnings.showwarning = record
+            debug_mode('warn')
+            try:
+                runner.train_step()
+            finally:
+                debug_mode(0)
+                warnings.showwarning = shown
+        self.sync()
+        return stacks
+
+    # ---- section 6: sa-vision-train end to end
+
+    def speed_flags(self, missing=()) -> List[str]:
+        """The training flags of the device-data path, less ``missing`` ones; smoke: dynamo's eager backend (no
+        C++ compile) on the CPU."""
+        flags = list(SPEED_FLAGS)
+        for flag in missing:  # each takes one value
+            i = flags.index(flag)
+            del flags[i:i + 2]
+        if self.smoke:
+            flags[flags.index('inductor')] = 'eager'
+            flags += ['--device', 'cpu']
+        return flags
+
+    def usable_speed_flags(self, what: str) -> Optional[List[str]]:
+        """:meth:`speed_flags` as sa-vision-train takes them: on the GPU without the flags it lacks (said), while
+        the smoke run skips (None); None without the data folder."""
+        if not self.smoke and not self.data_dir:
+            self.log(f'{what}: skipped: no Fashion-MNIST folder (carry data/ with data/fashion-mnist, or --data-dir)')
+            self.log.results.setdefault('skipped', {})[what] = 'no data folder'
+            return None
+        help_text = build_train_parser().format_help()
+        missing = [f for f in NEW_TRAIN_FLAGS if f not in help_text]
+        if not missing:
+            return self.speed_flags()
+        reason = f'sa-vision-train --help does not list {", ".join(missing)} yet'
+        if self.smoke:
+            self.log(f'{what}: skipped: {reason}')
+            self.log.results.setdefault('skipped', {})[what] = reason
+            return None
+        flags = self.speed_flags(missing)
+        if '--device-data' in missing:  # the recipes' single-process loader would starve the GPU
+            flags += ['--workers', '6']
+        self.log(f'{what}: {reason}; running without them: {" ".join(flags)}')
+        return flags
+
+    @staticmethod
+    def e2e_argv(setting: Setting, size: str, flags: List[str], out: str, data_dir: Optional[str]) -> List[str]:
+        kwargs = setting.full if size == 'full' else setting.narrow
+        argv = ['--model', 'sa_quadratic_cifar', '--dataset', setting.dataset, '--epochs', str(setting.e2e_epochs),
+                '-b', str(setting.batch_size), '--opt', 'adamw', '--lr', '2e-3', '--weight-decay', '0.05',
+                '--sched', 'cosine', '--warmup-epochs', '0.1', '--workers', '0', '--train-crop-padding', '0',
+                '--log-interval', '100', '--output', out, '--experiment', size, *flags]
+        if kwargs:
+            argv[2:2] = ['--model-kwargs', *(f'{k}={v}' for k, v in kwargs.items())]
+        return argv + (['--data-dir', data_dir] if data_dir else [])
+
+    def train_e2e(self, size: str) -> None:
+        flags = self.usable_speed_flags(f'sa-vision-train, {size}')
+        if flags is None:
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            if self.smoke:  # the GPU's command line parses
+                build_train_parser().parse_args(
+                    self.e2e_argv(gpu_setting(), size, list(SPEED_FLAGS), tmp, 'data/fashion-mnist'))
+            argv = self.e2e_argv(self.s, size, flags, tmp, None if self.smoke else self.data_dir)
+            cmd = [sys.executable, '-m', 'sa_vision.cli.train', *argv]
+            self.log(f'$ sa-vision-train {" ".join(argv)}')
+            log_path = self.log.out / 'train_e2e.log'
+            t0 = time.time()
+            with open(log_path, 'a') as f:
+                f.write(f'\n$ {" ".join(cmd)}\n')
+                f.flush()
+                try:
+                    proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(self.budget.left(), 30),
+                                          env=dict(os.environ, PYTHONUNBUFFERED='1'))
+                    status = proc.returncode
+                except subprocess.TimeoutExpired:
+                    status = 'stopped: budget'
+            wall = time.time() - t0
+            text = log_path.read_text().rsplit('\n$ ', 1)[-1].split('\n', 1)[-1]  # this run's output
+            result = epoch_rates(text, Path(tmp) / size / 'summary.csv', self.s.batch_size)
+        result.update(size=size, status=status, wall_s=round(wall, 1), command=argv)
+        shown = [line for line in text.splitlines()
+                 if line.startswith(('Compilation', 'Precision', 'Data', 'Run folder', 'Top-1 on', 'Traceback'))
+                 or 'device' in line.lower() or 'error' in line.lower()]
+        for line in shown[:16]:
+            self.log(f'  | {line[:200]}')
+        for epoch in result['epochs']:
+            self.log(f'  epoch {epoch["epoch"]}: {epoch["images"]} images in {epoch["train_s"]:.1f} s = '
+                     f'{epoch["img_s"]:,.0f} img/s (the log\'s last interval: {epoch["log_img_s"]} img/s; its end '
+                     f'to end line: {epoch["end_to_end_img_s"]} img/s)')
+        self.log(f'sa-vision-train {size}: exit {status}, {wall:.0f} s wall (process start, compile and evaluation '
+                 f'included); its log: train_e2e.log')
+        self.log.results.setdefault('train_e2e', {})[size] = result
+
+    # ---- section 7: the zoo
+
+    def zoo(self) -> None:
+        flags = self.usable_speed_flags('the zoo')
+        if flags is None:
+            return
+        with tempfile.TemporaryDirectory(prefix='zoo-') as tmp:
+            self._zoo(Path(tmp), flags)
+
+    def _zoo(self, out: Path, flags: List[str]) -> None:
+        reproduction = Reproduction(out, self.s.zoo_profile, data_dir=None if self.smoke else self.data_dir,
+                                    epochs=self.s.zoo_epochs, train_args=flags)
+        self.log(f'the {self.s.zoo_profile!r} profile\'s stages in {out}, {self.zoo_parallel} at a time, training '
+                 f'arguments {" ".join(flags)}; their output: zoo_train.log')
+        stage_s: Dict[str, float] = {}
+
+        def train(model, **kwargs):
+            t0 = time.time()
+            reproduction.train(model, **kwargs)
+            stage_s[model] = round(time.time() - t0, 1)
+
+        t0 = time.time()
+        with redirect_fds(self.log.out / 'zoo_train.log'):
+            with ThreadPoolExecutor(self.zoo_parallel) as pool:
+                list(pool.map(train, TRAINED_MODELS))
+            trained = time.time() - t0
+            pruned = reproduction.prune()
+            train(PRUNED_MODEL, initial_checkpoint=pruned)
+        total = time.time() - t0
+        kept = {row['model']: row for row in csv.DictReader(KEPT_TABLE.read_text().splitlines())}
+        rows = []
+        for model in (*TRAINED_MODELS, PRUNED_MODEL):
+            meta = read_checkpoint(reproduction.run_dir(model) / 'last.pth.tar').meta
+            history = meta.get('history', [])
+            rows.append({'model': model, 'stage_s': stage_s.get(model), 'epochs': meta.get('epoch'),
+                         'train_s': round(sum(h.get('train_time', 0.) for h in history), 1),
+                         'top1_run': round(meta['metrics']['top1'], 2),
+                         'top1_kept': float(kept[model]['top1']) if model in kept else None})
+        self.log(f'the five stages: {total / 60:.2f} device minutes (the four trainings {trained / 60:.2f}, then '
+                 f'pruning with its CPU evaluation and the fine-tuning), compile included')
+        self.log('| model | stage wall s | epochs | epochs\' train s | top-1 % (run\'s evaluation) | kept top-1 % |')
+        self.log('|---|---:|---:|---:|---:|---:|')
+        for r in rows:
+            self.log(f'| {r["model"]} | {r["stage_s"]} | {r["epochs"]} | {r["train_s"]} | {r["top1_run"]:.2f} | '
+                     f'{r["top1_kept"]} |')
+        result = {'minutes': round(total / 60, 3), 'trainings_minutes': round(trained / 60, 3), 'rows': rows,
+                  'train_args': flags, 'profile': self.s.zoo_profile}
+        self.log.results['zoo'] = result
+        self.log.save()
+        if self.budget.left() < self.budget.expected(120):
+            self.log(f'the results table (float32, CPU): skipped: budget ({self.budget.left():.0f} s left)')
+            return
+        table = reproduction.table(quiet=True)
+        for row in table:
+            self.log(f'  {row["model"]}: top-1 {row["top1"]:.2f} % float32 (kept table: '
+                     f'{kept.get(row["model"], {}).get("top1", "-")}), training {row["train_minutes"]:.2f} min, '
+                     f'{row["amp"]}')
+        shutil.copy(out / 'results.md', self.log.out / 'zoo_results.md')
+        result['table'] = table
+
+
+def trace_summary(trace: Dict[str, Any], top: int = 12) -> Dict[str, Any]:
+    """GPU busy time (the union of kernel, copy and memset intervals), counts and top kernels of a Chrome trace."""
+    events = [e for e in trace.get('traceEvents', []) if e.get('ph') == 'X']
+    gpu = [e for e in events if e.get('cat') in ('kernel', 'gpu_memcpy', 'gpu_memset')]
+    cpu_ops = [e for e in events if e.get('cat') == 'cpu_op']
+    busy, end = 0.0, float('-inf')
+    for e in sorted(gpu, key=lambda e: e['ts']):
+        start, stop = e['ts'], e['ts'] + e.get('dur', 0)
+        busy += max(0.0, stop - max(start, end))
+        end = max(end, stop)
+    kernels: Dict[str, List[float]] = {}
+    for e in gpu:
+        if e.get('cat') == 'kernel':
+            entry = kernels.setdefault(e['name'], [0.0, 0])
+            entry[0] += e.get('dur', 0) / 1000
+            entry[1] += 1
+    window = events and (max(e['ts'] + e.get('dur', 0) for e in events) - min(e['ts'] for e in events))
+    return {
+        'gpu_busy_ms': busy / 1000, 'window_ms': (window or 0) / 1000,
+        'kernels': sum(1 for e in gpu if e.get('cat') == 'kernel'),
+        'memcpy': sum(1 for e in gpu if e.get('cat') == 'gpu_memcpy'),
+        'memset': sum(1 for e in gpu if e.get('cat') == 'gpu_memset'),
+        'cpu_ops': len(cpu_ops),
+        'graph_launches': sum(1 for e in events if e.get('name', '').startswith('cudaGraphLaunch')),
+        'top_kernels': sorted(((n, (round(t, 4), c)) for n, (t, c) in kernels.items()), key=lambda kv: -kv[1][0])[:top],
+    }
+
+
+def epoch_rates(text: str, summary_csv: Path, batch_size: int) -> Dict[str, Any]:
+    """Each epoch's images/s from a training run: images (its steps x batch) over the epoch's train time in
+    ``summary.csv``, the rate of the log's last ``Train:`` line of that epoch and its ``Epoch N: ... img/s end to
+    end`` line (where the trainer writes one)."""
+    steps = re.search(r'epochs of (\d+) steps', text)
+    last_rate: Dict[int, float] = {}
+    for m in re.finditer(r'Train: (\d+) \[.*?([\d.]+) img/s', text):
+        last_rate[int(m.group(1))] = float(m.group(2))
+    end_to_end = {int(m.group(1)): float(m.group(2).replace(',', ''))
+                  for m in re.finditer(r'Epoch (\d+): ([\d,.]+) img/s end to end', text)}
+    epochs = []
+    if steps and summary_csv.is_file():
+        images = int(steps.group(1)) * batch_size
+        for row in csv.DictReader(summary_csv.read_text().splitlines()):
+            train_s = float(row['train_time'])
+            epochs.append({'epoch': int(row['epoch']), 'images': images, 'train_s': train_s,
+                           'img_s': images / train_s, 'log_img_s': last_rate.get(int(row['epoch'])),
+                           'end_to_end_img_s': end_to_end.get(int(row['epoch'])),
+                           'top1': float(row.get('eval_top1') or 'nan')})
+    return {'epochs': epochs}
+
+
+@contextlib.contextmanager
+def redirect_fds(path: Path):
+    """Send this process's and its children's stdout and stderr to ``path`` (the training subprocesses inherit the
+    file descriptors, not ``sys.stdout``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, 'ab') as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+def environment(check: Check) -> None:
+    """The versions, the GPU, and its two ceilings measured once (bf16 matmul rate, device-to-device copy)."""
+    log, s = check.log, check.s
+    env: Dict[str, Any] = {
+        'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'), 'python': platform.python_version(),
+        'torch': torch.__version__, 'cuda': torch.version.cuda, 'timm': timm.__version__,
+        'sa_vision': getattr(sa_vision, '__version__', '?'), 'cpus': os.cpu_count(), 'device': s.device,
+        'smoke': check.smoke,
+    }
+    try:
+        import triton
+        env['triton'] = triton.__version__
+    except ImportError:
+        env['triton'] = 'not installed'
+    with contextlib.suppress(Exception):
+        env['commit'] = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True,
+                                       text=True, timeout=10).stdout.strip() or None
+    if check.device.type == 'cuda':
+        props = torch.cuda.get_device_properties(0)
+        env.update(gpu=props.name, capability=f'{props.major}.{props.minor}', sms=props.multi_processor_count,
+                   memory_gb=round(props.total_memory / 2 ** 30, 1), cudnn=torch.backends.cudnn.version())
+        with contextlib.suppress(Exception):
+            env['nvidia_smi'] = subprocess.run(
+                ['nvidia-smi', '--query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit',
+                 '--format=csv,noheader'], capture_output=True, text=True, timeout=20).stdout.strip()
+    for key in ('gpu', 'capability', 'sms', 'memory_gb', 'nvidia_smi', 'torch', 'cuda', 'cudnn', 'triton', 'timm',
+                'sa_vision', 'commit', 'python', 'cpus', 'date'):
+        if key in env:
+            log(f'{key}: {env[key]}')
+    env['matmul_bf16_tflops'] = round(sab.matmul_rate(s.matmul_size, iters=10, runs=3, device=check.device,
+                                                      dtype=torch.bfloat16) / 1000, 2)
+    n = s.copy_mb * 2 ** 20 // 4
+    src, dst = torch.randn(n, device=check.device), torch.empty(n, device=check.device)
+    dst.copy_(src)
+    check.sync()
+    t0 = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    check.sync()
+    env['copy_gb_s'] = round(10 * 2 * n * 4 / (time.perf_counter() - t0) / 1e9, 1)  # bytes read + written
+    del src, dst
+    log(f'ceilings: bf16 matmul {s.matmul_size}^3 {env["matmul_bf16_tflops"]} TFLOP/s (random data), '
+        f'device copy {env["copy_gb_s"]} GB/s (read + written)')
+    log.results['env'] = env
+
+
+def goals(log: Log, zoo_selected: bool) -> None:
+    """A PASS / MISS line for each goal (UNKNOWN where its measurement did not run)."""
+    paired = log.results.get('paired', {})
+    verdicts = []
+
+    def rows_by_role(size, mode):
+        return {r['role']: r for r in paired.get(f'{size}/{mode}/train', paired.get(f'{size}/{mode}/both', []))}
+
+    def judge(title, size, peer, min_img_s, min_ratio):
+        seen = []
+        for mode in MODES:
+            rows = rows_by_role(size, mode)
+            if 'ours' in rows and peer in rows:
+                img_s, ratio = rows['ours']['train_samples_per_sec'], rows[peer]['train_ratio']
+                seen.append((img_s >= min_img_s and ratio >= min_ratio, img_s, mode, ratio))
+        if not seen:
+            line = f'UNKNOWN {title}: not measured'
+        else:
+            ok, img_s, mode, ratio = max(seen, key=lambda t: (t[0], t[1]))
+            others = '; '.join(f'{m}: {i:,.0f} img/s, {r:.2f}x' for _, i, m, r in seen)
+            line = f'{"PASS" if ok else "MISS"} {title}: best {mode} {img_s:,.0f} img/s, {ratio:.2f}x ({others})'
+        verdicts.append(line)
+
+    judge(f'full-size training >= {FULL_MIN_IMG_S:,} img/s and >= {FULL_MIN_VS_PAPER}x the paper\'s formulation '
+          f'compiled the same way', 'full', 'paper', FULL_MIN_IMG_S, FULL_MIN_VS_PAPER)
+    judge(f'narrow training >= {NARROW_MIN_IMG_S:,} img/s and >= {NARROW_MIN_VS_VIT}x timm\'s ViT compiled the '
+          f'same way', 'narrow', 'vit', NARROW_MIN_IMG_S, NARROW_MIN_VS_VIT)
+    if zoo_selected:
+        zoo = log.results.get('zoo')
+        title = f'the five stages <= {ZOO_MAX_MINUTES:g} device minutes, compile included'
+        verdicts.append(f'UNKNOWN {title}: not measured' if not zoo else
+                        f'{"PASS" if zoo["minutes"] <= ZOO_MAX_MINUTES else "MISS"} {title}: {zoo["minutes"]:.2f} min')
+    log('\n== goals')
+    for line in verdicts:
+        log(line)
+    log.results['goals'] = verdicts
+
+
+def items(check: Check) -> List[Item]:
+    """Everything the check does, most important first; each names its section."""
+    c = check
+    main3 = ('ours', 'paper', 'vit')
+    out = [
+        Item(1, 'full-size, eager', lambda: c.paired('full', 'eager', main3, 'both'), 25),
+        Item(1, 'narrow, eager', lambda: c.paired('narrow', 'eager', main3, 'both'), 20),
+        Item(1, 'full-size, reduce-overhead, training', lambda: c.paired('full', 'reduce-overhead', main3), 120),
+        Item(1, 'narrow, reduce-overhead, training', lambda: c.paired('narrow', 'reduce-overhead', main3), 90),
+        Item(4, 'profile full-size reduce-overhead',
+             lambda: c.profile('full', 'reduce-overhead', 'trace_full_reduce-overhead.json.gz'), 10),
+        Item(4, 'profile narrow reduce-overhead',
+             lambda: c.profile('narrow', 'reduce-overhead', 'trace_narrow_reduce-overhead.json.gz'), 10),
+        Item(4, 'profile full-size eager', lambda: c.profile('full', 'eager', None), 10),
+        Item(5, 'sync check, eager', lambda: c.sync_check('full', 'eager'), 10),
+        Item(5, 'sync check, reduce-overhead', lambda: c.sync_check('full', 'reduce-overhead'), 20),
+        Item(6, 'sa-vision-train narrow', lambda: c.train_e2e('narrow'), 80),
+        Item(2, 'full-size separable / dense / sa_gen, reduce-overhead',
+             lambda: c.paired('full', 'reduce-overhead', ('ours', 'dense', 'gen'), key='dense/full/reduce-overhead'),
+             100),
+        Item(2, 'narrow separable / dense / sa_gen, reduce-overhead',
+             lambda: c.paired('narrow', 'reduce-overhead', ('ours', 'dense', 'gen'),
+                              key='dense/narrow/reduce-overhead'), 70),
+        Item(2, 'full-size separable / dense / sa_gen, eager',
+             lambda: c.paired('full', 'eager', ('ours', 'dense', 'gen'), 'both', key='dense/full/eager'), 20),
+        Item(2, 'narrow separable / dense / sa_gen, eager',
+             lambda: c.paired('narrow', 'eager', ('ours', 'dense', 'gen'), 'both', key='dense/narrow/eager'), 15),
+        Item(6, 'sa-vision-train full-size', lambda: c.train_e2e('full'), 100),
+        Item(1, 'full-size, default compile, training', lambda: c.paired('full', 'default', main3), 70),
+        Item(1, 'narrow, default compile, training', lambda: c.paired('narrow', 'default', main3), 50),
+        Item(5, 'sync check, default compile', lambda: c.sync_check('full', 'default'), 10),
+        Item(4, 'profile full-size default compile', lambda: c.profile('full', 'default', None), 10),
+        Item(3, 'narrow / half-width ResNet18, eager',
+             lambda: c.paired('narrow', 'eager', ('ours', 'resnet'), 'both', key='resnet/eager'), 10),
+        Item(3, 'narrow / half-width ResNet18, reduce-overhead',
+             lambda: c.paired('narrow', 'reduce-overhead', ('ours', 'resnet'), 'both', key='resnet/reduce-overhead'),
+             70),
+        Item(1, 'full-size, reduce-overhead, inference',
+             lambda: c.paired('full', 'reduce-overhead', main3, 'inference'), 60),
+        Item(1, 'narrow, reduce-overhead, inference',
+             lambda: c.paired('narrow', 'reduce-overhead', main3, 'inference'), 45),
+        Item(3, 'narrow / half-width ResNet18, default compile',
+             lambda: c.paired('narrow', 'default', ('ours', 'resnet'), 'both', key='resnet/default'), 40),
+        Item(1, 'full-size, default compile, inference', lambda: c.paired('full', 'default', main3, 'inference'), 40),
+        Item(1, 'narrow, default compile, inference', lambda: c.paired('narrow', 'default', main3, 'inference'), 30),
+        Item(7, 'the zoo: the cpu profile\'s five stages', c.zoo, 240),
+    ]
+    return out
+
+
+def configure_torch() -> None:
+    # every size and mode compiles its own copies of one model class: dynamo's per-code cache must hold them all
+    for name, value in (('cache_size_limit', 64), ('recompile_limit', 64), ('accumulated_cache_size_limit', 1024),
+                        ('accumulated_recompile_limit', 1024)):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, value)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument('--out', required=True, type=Path, help='folder of the log, the JSON results and the traces')
+    p.add_argument('--smoke', action='store_true', help='the CPU with tiny models and a few steps: seconds')
+    p.add_argument('--budget-s', type=float, default=480, help='skip what would end later than this (default 480)')
+    p.add_argument('--section', default='all',
+                   help='comma list of the sections to run, 1-7 (default all; the zoo, 7, needs its own call)')
+    p.add_argument('--data-dir', default=None,
+                   help='the folder of Fashion-MNIST\'s four .gz files (sections 6, 7; default data/fashion-mnist '
+                        'where it exists)')
+    p.add_argument('--zoo-parallel', type=int, default=None,
+                   help='the zoo\'s four trainings run this many at a time (default 4 on the GPU, 2 in the smoke run)')
+    args = p.parse_args(argv)
+    sections = set(range(1, 8)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
+    if not sections <= set(range(1, 8)):
+        p.error(f'--section {args.section!r}: sections are 1 to 7')
+    if not args.smoke and not torch.cuda.is_available():
+        p.error('no CUDA device: run with --smoke on the CPU')
+    if args.data_dir is None and (ROOT / 'data' / 'fashion-mnist').is_dir():
+        args.data_dir = str(ROOT / 'data' / 'fashion-mnist')
+    args.out.mkdir(parents=True, exist_ok=True)
+    log = Log(args.out)
+    budget = Budget(args.budget_s)
+    configure_torch()
+    check = Check(smoke_setting() if args.smoke else gpu_setting(), log, args.data_dir, budget, args.smoke,
+                  args.zoo_parallel or (2 if args.smoke else 4))
+    log(f'== sa_vision device check{" (smoke, CPU)" if args.smoke else ""}: sections {sorted(sections)}, budget '
+        f'{args.budget_s:.0f} s')
+    environment(check)
+    log.save()
+    for item in (i for i in items(check) if i.section in sections):
+        expected = budget.expected(item.estimate_s if not args.smoke else 0)
+        if budget.left() < expected or budget.left() <= 0:
+            log(f'\n== [{item.section}] {item.name}: skipped: budget ({budget.left():.0f} s left, needs '
+                f'~{expected:.0f})')
+            log.results['items'].append({'section': item.section, 'name': item.name, 'status': 'skipped: budget'})
+            log.save()
+            continue
+        log(f'\n== [{item.section}] {item.name}  ({time.time() - budget.start:.0f} s in)')
+        t0 = time.time()
+        try:
+            item.run()
+            status = 'done'
+        except Exception:  # noqa: BLE001  one failing measurement must not cost the others
+            status = 'FAILED'
+            log(f'FAILED: {traceback.format_exc(limit=-12)}')
+        spent = time.time() - t0
+        budget.spent.append((item.estimate_s, spent))
+        log(f'-- {status} in {spent:.1f} s')
+        log.results['items'].append({'section': item.section, 'name': item.name, 'status': status,
+                                     'seconds': round(spent, 1)})
+        log.save()
+    goals(log, 7 in sections)
+    log(f'\n== done in {time.time() - budget.start:.0f} s; files: {", ".join(sorted(os.listdir(args.out)))}')
+    log.save()
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,238 @@
+""" The GPU device check (docs/probes/gpu/device_check.py) in its CPU smoke mode, its readers, and its two hooks:
+``Reproduction(train_args=)`` / ``--train-args`` and the benchmark's compile mode and prebuilt runners
+"""
+import csv
+import gzip
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import HANG_TIMEOUT_S
+from torch import nn
+
+from sa_vision import reproduce
+from sa_vision.measure import benchmark as sab
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / 'docs' / 'probes' / 'gpu' / 'device_check.py'
+MAX_FILES_BACK = 8  # what the device tool brings back from $OUT
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location('device_check', SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+dc = _module()
+
+
+def _run(out, *args):
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
+    proc = subprocess.run([sys.executable, str(SCRIPT), '--smoke', '--out', str(out), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    log = (out / 'device_check.log').read_text()
+    assert 'FAILED' not in log, log[-4000:]
+    assert len(os.listdir(out)) <= MAX_FILES_BACK
+    return log, json.loads((out / 'device_check.json').read_text())
+
+
+def test_no_budget_skips_every_section_and_still_reports(tmp_path):
+    dc.main(['--smoke', '--budget-s', '0', '--out', str(tmp_path)])
+    log = (tmp_path / 'device_check.log').read_text()
+    results = json.loads((tmp_path / 'device_check.json').read_text())
+    for key in ('torch', 'timm', 'cuda', 'triton'):  # the versions at the top
+        assert f'\n{key}: ' in log
+    assert results['items'] and all(i['status'] == 'skipped: budget' for i in results['items'])
+    assert {i['section'] for i in results['items']} == set(range(1, 8))
+    assert log.count(': skipped: budget') == len(results['items'])
+    assert [g.split()[0] for g in results['goals']] == ['UNKNOWN'] * 3
+
+
+@pytest.mark.slow
+def test_smoke_measures_profiles_and_checks_syncs(tmp_path):
+    log, results = _run(tmp_path, '--section', '1,2,3,4,5')
+    items = results['items']
+    assert items and all(i['status'] == 'done' for i in items)
+    assert {i['section'] for i in items} == {1, 2, 3, 4, 5}
+    paired = results['paired']
+    for size in ('full', 'narrow'):
+        for mode in dc.MODES:
+            rows = paired[f'{size}/{mode}/both' if mode == 'eager' else f'{size}/{mode}/train']
+            assert [r['role'] for r in rows] == ['ours', 'paper', 'vit']
+            assert all(r['train_samples_per_sec'] > 0 for r in rows) and rows[1]['train_ratio'] > 0
+    assert [r['model'] for r in paired['dense/full/reduce-overhead']] == [
+        'sa_quadratic_cifar', 'sa_quadratic_cifar[dense]', 'sa_gen_cifar']
+    assert [r['model'] for r in paired['resnet/reduce-overhead']] == ['sa_quadratic_cifar', 'resnet18_cifar']
+    # the compiled steps ran through torch.compile (dynamo's eager backend in the smoke run)
+    assert 'first train steps (compile included)' in log
+    assert set(results['profile']) == {'full/reduce-overhead', 'narrow/reduce-overhead', 'full/eager', 'full/default'}
+    with gzip.open(tmp_path / 'trace_full_reduce-overhead.json.gz') as f:
+        assert json.load(f)['traceEvents']
+    assert len(results['sync']) == 3
+    # tiny models on a CPU reach no goal: each is judged, none passes
+    assert [g.split()[0] for g in results['goals']] == ['MISS', 'MISS']
+
+
+@pytest.mark.slow
+def test_smoke_trains_end_to_end_and_the_zoo_or_says_why_not(tmp_path):
+    log, results = _run(tmp_path, '--section', '6,7')
+    help_text = subprocess.run([sys.executable, '-m', 'sa_vision.cli.train', '--help'], capture_output=True,
+                               text=True, env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=HANG_TIMEOUT_S).stdout
+    if not all(flag in help_text for flag in ('--device-data', '--torchcompile-mode')):
+        reason = 'skipped: sa-vision-train --help does not list'
+        assert log.count(reason) == 3, log  # two trainings, the zoo
+        return
+    for size in ('full', 'narrow'):
+        run = results['train_e2e'][size]
+        assert run['status'] == 0 and run['epochs'] and all(e['img_s'] > 0 for e in run['epochs'])
+    zoo = results['zoo']
+    assert [r['model'] for r in zoo['rows']] == [*reproduce.TRAINED_MODELS, reproduce.PRUNED_MODEL]
+    assert all(0 <= r['top1_run'] <= 100 for r in zoo['rows'])
+    assert (tmp_path / 'zoo_results.md').is_file() and (tmp_path / 'zoo_train.log').is_file()
+
+
+def test_trace_summary_counts_gpu_busy_time_once_where_kernels_overlap():
+    trace = {'traceEvents': [
+        {'ph': 'X', 'cat': 'cpu_op', 'name': 'aten::mm', 'ts': 0, 'dur': 50},
+        {'ph': 'X', 'cat': 'cuda_runtime', 'name': 'cudaGraphLaunch', 'ts': 1, 'dur': 2},
+        {'ph': 'X', 'cat': 'kernel', 'name': 'gemm', 'ts': 10, 'dur': 10},
+        {'ph': 'X', 'cat': 'kernel', 'name': 'softmax', 'ts': 15, 'dur': 10},  # overlaps gemm by 5 us
+        {'ph': 'X', 'cat': 'gpu_memcpy', 'name': 'Memcpy DtoD', 'ts': 40, 'dur': 4},
+        {'ph': 'X', 'cat': 'kernel', 'name': 'gemm', 'ts': 90, 'dur': 10},
+        {'ph': 'i', 'cat': 'kernel', 'name': 'marker', 'ts': 200},  # an instant event, not an interval
+    ]}
+    s = dc.trace_summary(trace)
+    assert s['gpu_busy_ms'] == pytest.approx((15 + 4 + 10) / 1000)  # [10, 25], [40, 44], [90, 100]
+    assert s['window_ms'] == pytest.approx(100 / 1000)
+    assert (s['kernels'], s['memcpy'], s['memset'], s['cpu_ops'], s['graph_launches']) == (3, 1, 0, 1, 1)
+    assert s['top_kernels'][0] == ('gemm', (0.02, 2))
+
+
+def test_epoch_rates_are_an_epochs_images_over_its_train_time(tmp_path):
+    text = ('Run folder x; 2 epochs of 10 steps, 1 process(es) on cuda, amp=bfloat16\n'
+            'Train: 0 [   5/10 ( 50%)]  Loss: 2.30 (2.30)  LR: 1.000e-03     12.5 img/s  ETA 1s\n'
+            'Train: 0 [  10/10 (100%)]  Loss: 2.20 (2.25)  LR: 1.000e-03   1234.5 img/s  ETA 1s\n'
+            'Epoch 0: 1,100 img/s end to end (data on the device, evaluation apart)\n'
+            'Train: 1 [  10/10 (100%)]  Loss: 2.10 (2.15)  LR: 1.000e-03  20000.0 img/s  ETA 0s\n')
+    summary = tmp_path / 'summary.csv'
+    with open(summary, 'w', newline='') as f:
+        writer = csv.DictWriter(f, ['epoch', 'train_loss', 'train_lr', 'train_time', 'eval_top1'])
+        writer.writeheader()
+        writer.writerows([{'epoch': 0, 'train_time': 8.0, 'eval_top1': 50.0},
+                          {'epoch': 1, 'train_time': 0.5, 'eval_top1': 60.0}])
+    epochs = dc.epoch_rates(text, summary, batch_size=128)['epochs']
+    assert [(e['images'], e['img_s'], e['log_img_s'], e['end_to_end_img_s']) for e in epochs] == [
+        (1280, 160.0, 1234.5, 1100.0), (1280, 2560.0, 20000.0, None)]
+
+
+def test_goals_pass_only_where_one_mode_meets_both_bounds(tmp_path):
+    log = dc.Log(tmp_path)
+
+    def rows(ours, peer_role, ratio):
+        return [{'role': 'ours', 'train_samples_per_sec': ours}, {'role': peer_role, 'train_ratio': ratio}]
+    log.results['paired'] = {
+        # the brief's bounds: full >= 15,000 img/s and >= 1.5x the paper; narrow >= 25,000 img/s and >= 1.2x ViT
+        'full/eager/both': rows(4_000, 'paper', 2.0),
+        'full/reduce-overhead/train': rows(16_000, 'paper', 1.49),  # fast enough, too little over the paper
+        'narrow/default/train': rows(24_000, 'vit', 1.3),
+        'narrow/reduce-overhead/train': rows(26_000, 'vit', 1.21),
+    }
+    log.results['zoo'] = {'minutes': 5.01}
+    dc.goals(log, zoo_selected=True)
+    verdicts = [g.split()[0] for g in log.results['goals']]
+    assert verdicts == ['MISS', 'PASS', 'MISS']
+    assert 'best reduce-overhead 26,000 img/s, 1.21x' in log.results['goals'][1]
+
+
+class _SyncingRunner:
+    """A training step that synchronises twice, as the sync debug mode reports it ('error': raises, 'warn': warns)."""
+
+    def __init__(self):
+        self.mode = 0
+
+    def train_step(self):
+        for _ in range(2):
+            if self.mode == 'error':
+                raise RuntimeError('called a synchronizing CUDA operation')
+            if self.mode == 'warn':
+                warnings.warn('called a synchronizing CUDA operation', stacklevel=1)
+
+
+def test_sync_check_reports_the_first_sync_and_then_every_one(tmp_path):
+    check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 2)
+    runner = _SyncingRunner()
+    check.find_syncs(runner, 'syncing', debug_mode=lambda mode: setattr(runner, 'mode', mode))
+    assert runner.mode == 0  # left off
+    (found,) = check.log.results['sync']['syncing']
+    assert found['count'] == 2 and 'train_step' in found['stack']
+    log = (tmp_path / 'device_check.log').read_text()
+    assert 'SYNC in a training step' in log and 'RuntimeError: called a synchronizing CUDA operation' in log
+
+    quiet = _SyncingRunner()
+    quiet.train_step = lambda: None
+    check.find_syncs(quiet, 'quiet', debug_mode=lambda mode: None)
+    assert check.log.results['sync']['quiet'] == []
+
+
+def test_reproduction_train_args_win_over_every_stage_recipe(tmp_path, monkeypatch):
+    from sa_vision.train.state import parse_run_args
+    commands = []
+    monkeypatch.setattr(reproduce.subprocess, 'run',
+                        lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
+    # the cpu profile's recipes say torchcompile: auto, amp: auto
+    zoo = reproduce.Reproduction(tmp_path, 'cpu', train_args=['--torchcompile', 'inductor', '--amp', '--device', 'cpu'])
+    zoo.train('sa_quadratic_cifar')
+    zoo.train(reproduce.PRUNED_MODEL, initial_checkpoint=tmp_path / 'pruned.pth')
+    for cmd in commands:
+        args, recipe, _ = parse_run_args(cmd[cmd.index('-c'):])
+        assert recipe['torchcompile'] == 'auto' and recipe['amp'] == 'auto'
+        assert (args.torchcompile, args.amp, args.device) == ('inductor', True, 'cpu')
+
+
+def test_reproduce_command_refuses_train_args_the_trainer_does_not_take(tmp_path, capsys):
+    from sa_vision.cli.reproduce import main
+    with pytest.raises(SystemExit) as exit_info:
+        main(['--profile', 'tiny', '--out', str(tmp_path), '--train-args=--amp --no-such-flag 3'])
+    assert exit_info.value.code == 2
+    assert "--train-args '--amp --no-such-flag 3'" in capsys.readouterr().err
+    assert not (tmp_path / 'reproduction.json').exists()
+
+
+def test_runner_compiles_in_the_asked_mode_and_starts_a_cuda_graph_step_each_time(monkeypatch):
+    compiled, steps_begun = [], []
+    monkeypatch.setattr(sab.torch, 'compile', lambda model, **kwargs: compiled.append(kwargs) or model)
+    monkeypatch.setattr(sab.torch.compiler, 'cudagraph_mark_step_begin', lambda: steps_begun.append(1))
+    model = nn.Sequential(nn.Flatten(), nn.Linear(12, 10))
+    runner = sab._Runner(sab.Variant('m', model), 4, (3, 2, 2), torch.device('cpu'), torchcompile='inductor',
+                         torchcompile_mode='reduce-overhead')
+    assert compiled == [{'backend': 'inductor', 'mode': 'reduce-overhead'}] * 2  # training and inference
+    runner.train_step()
+    runner.infer_step()
+    assert len(steps_begun) == 2
+    sab._Runner(sab.Variant('m', model), 4, (3, 2, 2), torch.device('cpu'), torchcompile='inductor').train_step()
+    assert compiled[-1] == {'backend': 'inductor', 'mode': None} and len(steps_begun) == 2
+
+
+def test_benchmark_times_prebuilt_runners_without_building_others(monkeypatch):
+    variants = [sab.Variant(name, nn.Sequential(nn.Flatten(), nn.Linear(12, 10))) for name in ('a', 'b')]
+    runners = [sab._Runner(v, 4, (3, 2, 2), torch.device('cpu')) for v in variants]
+    calls = []
+    for r in runners:
+        r.train_step = (lambda step, name: lambda: (calls.append(name), step()))(r.train_step, r.variant.name)
+
+    def no_new_runner(*args, **kwargs):
+        raise AssertionError('built a runner although prebuilt ones were given')
+    monkeypatch.setattr(sab, '_Runner', no_new_runner)
+    rows = sab.benchmark_variants(variants, runners=runners, batch_size=4, input_size=(3, 2, 2), device='cpu',
+                                  bench='train', warmup=0, runs=2, measure_memory=False)
+    assert calls == ['a', 'b', 'a', 'b']  # alternately, round by round
+    assert [r['model'] for r in rows] == ['a', 'b'] and rows[1]['train_ratio'] > 0
