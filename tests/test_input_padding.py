@@ -55,3 +55,21 @@ def test_registered_models_do_not_pad():
         with torch.device('meta'):
             model = timm.create_model(arch)
         assert not any(type(m).__name__ in ('InputPad', 'InputPadConv2d') for m in model.modules())
+
+
+@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_learned_cifar'])
+def test_tools_that_feed_padded_images_see_the_model_as_trained(arch):
+    """The attention explorer shows the dataset's 32x32 images (black border included) and feeds a model that pads
+    itself the images without the border; analysis counts the padded model's token grid."""
+    from sa_vision.research.analysis import default_grid_size
+    from sa_vision.research.explorer import ExplorerModel, _model_record
+    torch.manual_seed(0)
+    plain = timm.create_model(arch, **SMALL[arch]).eval()
+    padded = timm.create_model(arch, input_padding=2, input_pad_value=black_after_normalization(MEAN, STD),
+                               pretrained_cfg_overlay={'input_size': (3, 28, 28)}, **SMALL[arch]).eval()
+    padded.load_state_dict(plain.state_dict())
+    images = F.pad(torch.rand(3, 3, 28, 28), (2, 2, 2, 2), value=0.)
+    normalized = Normalize(MEAN, STD)(images)
+    records = [_model_record(ExplorerModel(arch, m), images, normalized, []) for m in (plain, padded)]
+    assert records[0]['predictions'] == records[1]['predictions'] and records[1]['grid'] == [16, 16]
+    assert default_grid_size(padded) == default_grid_size(plain) == (16, 16)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import fashion_mnist_test_images
 
 import sa_vision  # noqa: F401
 from sa_vision.reproduce import (
@@ -57,27 +58,6 @@ def _one_row_table(model, folder: Path) -> Path:
     return table
 
 
-def _pil_test_images(count):
-    """The first ``count`` Fashion-MNIST test images as PIL RGB, as timm's ImageDataset opens images
-    (``Image.open(f).convert('RGB')``), and their labels, read from the IDX files with numpy."""
-    import gzip
-
-    import numpy as np
-    from PIL import Image
-
-    from sa_vision.train.data import FASHION_MNIST_DIR
-
-    def read(name, offset):
-        path = Path(FASHION_MNIST_DIR) / name
-        data = gzip.open(path).read() if path.suffix == '.gz' else path.read_bytes()
-        return np.frombuffer(data, dtype=np.uint8, offset=offset)
-    found = {p.name.split('.')[0]: p.name for p in Path(FASHION_MNIST_DIR).iterdir()}
-    images = read(found['t10k-images-idx3-ubyte'], 16).reshape(-1, 28, 28)[:count]
-    labels = read(found['t10k-labels-idx1-ubyte'], 8)[:count]
-    return [Image.fromarray(img).convert('RGB') for img in images], torch.tensor(labels.astype('int64'))
-
-
-@pytest.mark.slow
 def test_kept_weights_and_logits_are_the_recorded_ones():
     results = check_kept_models(ZOO, TABLE, accuracy=False)
     assert [r['model'] for r in results] == _models()
@@ -127,7 +107,7 @@ def test_timms_own_preprocessing_gives_the_kept_accuracy(model):
     assert cfg['input_size'] == (3, 28, 28) and cfg['crop_pct'] == 1.0
     assert kept.pretrained_cfg['label_names'][9] == 'Ankle boot'
     transform = timm.data.create_transform(**cfg)
-    images, labels = _pil_test_images(SUBSET_IMAGES)
+    images, labels = fashion_mnist_test_images(SUBSET_IMAGES)
     batch = torch.stack([transform(img) for img in images])
     with torch.no_grad():
         logits = torch.cat([kept(chunk) for chunk in batch.split(250)])
@@ -167,7 +147,7 @@ def test_the_kept_cards_usage_runs_on_a_grey_png(tmp_path, capsys):
     model = 'sa_quadratic_cifar'
     card = (ZOO / model / 'README.md').read_text(encoding='utf-8')
     usage = re.search(r'<!-- sa_vision:usage -->\n```python\n(.*?)```', card, re.S).group(1)
-    images, labels = _pil_test_images(1)
+    images, labels = fashion_mnist_test_images(1)
     images[0].convert('L').save(tmp_path / 'image.png')
     code = re.sub(r"'hf-hub:[^']+'", repr(f'local-dir:{ZOO / model}'), usage).replace(
         "'image.png'", repr(str(tmp_path / 'image.png')))

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
+from ..models.input_pad import model_input_padding
 from ..tables import markdown_table
 from ..train.checkpoint import Checkpoint, strip_runtime_args
 from ..train.data import dataset_info
@@ -20,8 +21,9 @@ def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[st
     counted by :func:`sa_vision.measure.macs.count_macs` (on the model's device)."""
     from ..measure.macs import count_macs
     in_chans = getattr(model, 'in_chans', 3)
+    size = img_size - 2 * model_input_padding(model)  # a model that pads its input reaches img_size inside
     return {'params': sum(p.numel() for p in model.parameters()),
-            'macs': count_macs(model, (in_chans, img_size, img_size))}
+            'macs': count_macs(model, (in_chans, size, size))}
 
 
 _ATTENTION_FORMULAS = {

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ['InputPad', 'create_input_pad', 'black_after_normalization']
+__all__ = ['InputPad', 'create_input_pad', 'black_after_normalization', 'model_input_padding']
 
 
 def black_after_normalization(mean: Sequence[float], std: Sequence[float]) -> list:
@@ -50,3 +50,9 @@ def create_input_pad(padding: int, value: Union[float, Sequence[float]], in_chan
     if padding < 0:
         raise ValueError(f'input_padding must be 0 or more pixels, got {padding}')
     return InputPad(padding, value, in_chans, device=device, dtype=dtype) if padding else nn.Identity()
+
+
+def model_input_padding(model: nn.Module) -> int:
+    """The border ``model`` adds to its input itself (0 for a model without one): a tool that feeds it images
+    already padded the dataset's way crops this much off, and its token grid is that much larger than its input."""
+    return max((m.padding for m in model.modules() if isinstance(m, InputPad)), default=0)
