@@ -685,7 +685,9 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
                          f'(tolerance {result["logits_tolerance"]:.1e})')
         if accuracy:
             precision = row.get('eval_precision') or EVAL_PRECISION
+            start = time.monotonic()
             measured = evaluate_on_test_split(model, row['dataset'], data_dir, precision=precision)
+            result['accuracy_seconds'] = round(time.monotonic() - start, 1)
             result.update(precision=precision, num_images=measured.get('num_images'))
             for key in ('top1', 'top5'):
                 result[key], result[f'{key}_table'] = round(measured[key], 2), float(row[key])
@@ -693,7 +695,7 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
                                         for k in ('top1', 'top5'))
             notes.append(f'top-1 {result["top1"]:.2f} (table {result["top1_table"]:.2f}), top-5 '
                          f'{result["top5"]:.2f} (table {result["top5_table"]:.2f}) in {precision} on '
-                         f'{result["num_images"]} images')
+                         f'{result["num_images"]} images ({result["accuracy_seconds"]:.0f} s)')
         result['ok'] = all(result[k] for k in ('digest_ok', 'logits_ok', 'accuracy_ok') if k in result)
         _say(f'{row["model"]}: {"; ".join(notes)}: {"ok" if result["ok"] else "DIFFERS"}')
         checked.append(result)
