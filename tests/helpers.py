@@ -43,3 +43,23 @@ def exact_float32() -> Iterator[None]:
         yield
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def fashion_mnist_test_images(count: int):
+    """The first ``count`` Fashion-MNIST test images as PIL RGB images, as timm's ImageDataset opens image files
+    (``Image.open(f).convert('RGB')``), and their labels, read from the IDX files with numpy (not sa_vision)."""
+    import gzip
+    from pathlib import Path
+
+    import numpy as np
+    from PIL import Image
+
+    from sa_vision.train.data import FASHION_MNIST_DIR
+
+    def read(stem, header):
+        path = next(p for p in Path(FASHION_MNIST_DIR).iterdir() if p.name.split('.')[0] == stem)
+        data = gzip.open(path).read() if path.suffix == '.gz' else path.read_bytes()
+        return np.frombuffer(data, dtype=np.uint8, offset=header)
+    images = read('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:count]
+    labels = read('t10k-labels-idx1-ubyte', 8)[:count]
+    return [Image.fromarray(img).convert('RGB') for img in images], torch.tensor(labels.astype('int64'))

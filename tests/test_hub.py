@@ -134,6 +134,38 @@ def test_export_reloads_with_its_classes(trained):
         assert torch.equal(model(x), expected)
 
 
+def test_fashion_mnist_export_takes_timms_transform_of_the_28x28_images(trained, tmp_path):
+    """Weights trained on Fashion-MNIST zero-padded 28 -> 32 are exported with the border inside the model: timm's
+    resolve_data_config + create_transform on the 28x28 PIL image feed the exported model what the training
+    pipeline (the padded 32x32 tensor) fed the trained one."""
+    import timm
+    from PIL import Image
+
+    from sa_vision.train.data import FashionMnistDataset, create_cifar_transform, dataset_info
+    info = dataset_info('fashion-mnist')
+    ckpt = torch.load(trained[0], weights_only=True)  # the digits weights, relabelled as trained on Fashion-MNIST
+    ckpt['dataset'] = ckpt['args']['dataset'] = 'fashion-mnist'
+    ckpt['data_config'] = {'mean': list(info.mean), 'std': list(info.std), 'input_size': [3, 32, 32]}
+    torch.save(ckpt, tmp_path / 'fmnist.pth.tar')
+    export_hub_folder(tmp_path / 'fmnist.pth.tar', tmp_path / 'hub', figure=False)
+    config = json.loads((tmp_path / 'hub' / 'config.json').read_text())
+    assert config['model_args']['input_padding'] == 2
+    assert config['pretrained_cfg']['input_size'] == [3, 28, 28] and config['pretrained_cfg']['crop_pct'] == 1.0
+    assert 'label_names' not in config  # 12 classes are not Fashion-MNIST's 10: no names are claimed for them
+
+    raw = FashionMnistDataset('test', img_size=28)  # uint8, unpadded
+    pil = [Image.fromarray(raw.images[i, 0].numpy()).convert('RGB') for i in range(8)]
+    exported = timm.create_model(f'local-dir:{tmp_path / "hub"}', pretrained=True).eval()
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=exported))
+    padded = FashionMnistDataset('test', transform=create_cifar_transform(
+        False, mean=info.mean, std=info.std, tensor_input=True))  # the training pipeline: black border, 32x32
+    trained_model = read_checkpoint(trained[0]).create_model()
+    with torch.no_grad():
+        out = exported(torch.stack([transform(img) for img in pil]))
+        reference = trained_model(torch.stack([padded[i][0] for i in range(8)]))
+    assert torch.equal(out, reference)
+
+
 def test_only_cifar10_weights_of_the_paper_architecture_may_take_the_registered_repository():
     def label(dataset, **model_args):
         return weights_label(Checkpoint('sa_quadratic_cifar', model_args, {}, 'x', 'sa_vision', {'dataset': dataset}))

@@ -455,6 +455,33 @@ def test_image_folder_of_mixed_sizes_is_resized_to_the_input_size(tmp_path):
     torch.testing.assert_close(ds[index][0], expected, rtol=0, atol=1e-5)
 
 
+def _three_class_folder(root):
+    """An image folder of 3 classes (train/ and validation/, 2 tiny PNGs per class), as a user's own data."""
+    from PIL import Image
+    for split in ('train', 'validation'):
+        for k, cls in enumerate(('boot', 'coat', 'shirt')):
+            (root / split / cls).mkdir(parents=True)
+            for i in range(2):
+                Image.new('RGB', (8, 8), (80 * k, 40 * i, 200)).save(root / split / cls / f'{i}.png')
+    return root
+
+
+def test_num_classes_follows_the_image_folder(tmp_path):
+    folder = _three_class_folder(tmp_path / 'mine')
+    training.main(['--dataset', '', '--data-dir', str(folder), *TINY, '--epochs', '1', '-b', '3', '--threads', '1',
+                   '--sched', 'none', '--workers', '0', '--output', str(tmp_path / 'out'), '--experiment', 'run'])
+    ckpt = _load(tmp_path / 'out' / 'run' / 'last.pth.tar')
+    assert ckpt['model_args']['num_classes'] == 3 and ckpt['state_dict']['head.weight'].shape[0] == 3
+
+
+@pytest.mark.parametrize('argv', [['--num-classes', '5'], ['num_classes=5']], ids=['flag', 'model-kwargs'])
+def test_a_num_classes_other_than_the_folders_is_an_error_naming_both(argv, tmp_path, monkeypatch):
+    _fail_when_anything_is_built(monkeypatch)
+    folder = _three_class_folder(tmp_path / 'mine')
+    line = _cli_error(['--dataset', '', '--data-dir', str(folder), *TINY, *argv, '--output', str(tmp_path / 'out')])
+    assert 'asked for 5 classes' in line and '3 class folders (boot, coat, shirt)' in line, line
+
+
 # --- one place for user errors; validate.py's split names ----------------------------------------------------------
 
 @pytest.mark.slow

@@ -13,7 +13,8 @@
 
     # keep the zoo in a checkout: copy the Hub folders of a finished (or continued) run to zoo/<name>/<model>/
     sa-vision-reproduce --profile cpu --out output/reproduce-fmnist --keep zoo/fashion-mnist-cpu
-    # check kept models against a results table, and redraw the figures from them
+    # check kept models against a results table (--no-accuracy: only the weights' SHA-256 and 64 images' logits,
+    # --record: write that guard), and redraw the figures from them
     sa-vision-reproduce --check zoo/fashion-mnist-cpu --table docs/reproduction_fashion_mnist.csv
     sa-vision-reproduce --figures-from zoo/fashion-mnist-cpu --out docs/img/reproduction
 
@@ -27,7 +28,14 @@ import sys
 from pathlib import Path
 
 from sa_vision.errors import command
-from sa_vision.reproduce import PROFILES, Reproduction, StageFailed, check_kept_models, draw_figures
+from sa_vision.reproduce import (
+    PROFILES,
+    Reproduction,
+    StageFailed,
+    check_kept_models,
+    draw_figures,
+    record_kept_models,
+)
 from sa_vision.train.args import build_parser as build_train_parser
 
 
@@ -53,16 +61,31 @@ def main(argv=None):
     parser.add_argument('--keep', default=None, metavar='ZOO',
                         help='after the run, copy its Hub folders to ZOO/<model>/ (e.g. zoo/fashion-mnist-cpu)')
     parser.add_argument('--check', default=None, metavar='ZOO',
-                        help='evaluate the models kept in ZOO against --table instead of running (exit 1 if any '
-                             'top-1 or top-5 differs by more than one image in 10,000)')
+                        help='check the models kept in ZOO against --table instead of running (exit 1 on a '
+                             'difference): their weights\' SHA-256 and the logits of 64 test images against the '
+                             'guard beside the table, and top-1 / top-5 on the whole test split (one image in '
+                             '10,000 of slack; minutes per model on a CPU)')
     parser.add_argument('--table', default=None, metavar='CSV', help='with --check: the results table')
+    parser.add_argument('--no-accuracy', dest='accuracy', action='store_false', default=True,
+                        help='with --check: only the guard (SHA-256 and logits, seconds), not the whole test split')
+    parser.add_argument('--record', action='store_true', default=False,
+                        help='with --check: (re)write the guard beside --table from the kept models instead')
     parser.add_argument('--figures-from', default=None, metavar='ZOO',
                         help="draw the paper's figures of the models kept in ZOO into --out instead of running")
     args = parser.parse_args(argv)
     if args.check:
         if not args.table:
             parser.error('--check needs --table, the results CSV to compare with')
-        rows = check_kept_models(Path(args.check), Path(args.table), data_dir=args.data_dir)
+        if args.record:
+            paths = record_kept_models(Path(args.check), Path(args.table), data_dir=args.data_dir)
+            print('wrote ' + ', '.join(map(str, paths.values())))
+            return 0
+        try:
+            rows = check_kept_models(Path(args.check), Path(args.table), data_dir=args.data_dir,
+                                     accuracy=args.accuracy)
+        except StageFailed as e:
+            print(f'error: {e}', file=sys.stderr)
+            return 1
         return 0 if all(r['ok'] for r in rows) else 1
     if args.figures_from:
         if not args.out:

@@ -1,4 +1,4 @@
-""" Top-1 / top-5 accuracy and loss of a model on a dataset (CIFAR-10 test split by default)
+""" Top-1 / top-5 accuracy and loss of a model on a dataset (by default the one its weights were trained on)
 
 What to evaluate (one of):
     --checkpoint output/train/<run>/last.pth.tar     a checkpoint of sa-vision-train or timm's train.py
@@ -10,6 +10,11 @@ What to evaluate (one of):
 
     sa-vision-validate --model sa_quadratic_cifar --pretrained --data-dir data --dataset-download
     sa-vision-validate --checkpoint output/train/<run>/last.pth.tar --dataset digits
+    sa-vision-validate --model local-dir:zoo/fashion-mnist-cpu/sa_quadratic_cifar    # its tag: fashion-mnist
+
+Without --dataset, the weights' own dataset is evaluated: a checkpoint's training dataset, or the dataset of the
+pretrained tag (``fashion_mnist_custom`` -> fashion-mnist); CIFAR-10 where neither names one. On a terminal a
+progress bar shows images/s and the time left (not in logs: only when stderr is a terminal).
 """
 import argparse
 import importlib
@@ -25,25 +30,55 @@ from timm.utils import ParseKwargs
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import command
 from sa_vision.train.args import add_threads_argument
-from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint
-from sa_vision.train.data import check_dataset, create_image_dataset, dataset_info, normalization, split_name
+from sa_vision.train.checkpoint import LOCAL_DIR_PREFIX, CheckpointError, load_model, read_checkpoint
+from sa_vision.train.data import (
+    check_dataset,
+    create_image_dataset,
+    dataset_for_tag,
+    dataset_info,
+    normalization,
+    split_name,
+)
 from sa_vision.train.evaluation import evaluate
 from sa_vision.train.runtime import apply_threads
 
+DEFAULT_DATASET = 'torch/cifar10'  # where the weights name no dataset: the paper's
+
 
 def model_to_evaluate(args):
-    """The model to evaluate, resolved as every command resolves weights and names (:func:`load_model`): --checkpoint
-    names weights (a file or folder), --model a name (registered, local-dir:<folder> or hf-hub:<repo>)."""
+    """(the model to evaluate, the --dataset its weights were trained on or ''), resolved as every command resolves
+    weights and names (:func:`load_model`): --checkpoint names weights (a file or folder), --model a name
+    (registered, local-dir:<folder> or hf-hub:<repo>)."""
     if not args.checkpoint:
-        return load_model(args.model, pretrained=args.pretrained, **args.model_kwargs)
+        if args.model.startswith(LOCAL_DIR_PREFIX) and Path(args.model[len(LOCAL_DIR_PREFIX):]).is_dir():
+            ckpt = read_checkpoint(Path(args.model[len(LOCAL_DIR_PREFIX):]), model_args=args.model_kwargs)
+            return ckpt.create_model(), ckpt.dataset
+        model = load_model(args.model, pretrained=args.pretrained, **args.model_kwargs)
+        return model, dataset_for_tag(model.pretrained_cfg.get('tag') or '')
     if not Path(args.checkpoint).exists():  # never a name: load_model would build a model of that name
         raise CheckpointError(f'--checkpoint {args.checkpoint} does not exist: pass a checkpoint file (last.pth.tar '
                               f'of a run, a state dict, a .safetensors file), a run folder or an exported Hub '
                               f'folder; a model name goes to --model')
-    if args.model_given:  # the architecture the weights must be (read_checkpoint's arch; load_model takes none)
-        return read_checkpoint(args.checkpoint, arch=args.model, model_args=args.model_kwargs,
-                               use_ema=args.use_ema).create_model()
-    return load_model(args.checkpoint, use_ema=args.use_ema, **args.model_kwargs)
+    # --model with --checkpoint: the architecture the weights must be (read_checkpoint's arch)
+    ckpt = read_checkpoint(args.checkpoint, arch=args.model if args.model_given else None,
+                           model_args=args.model_kwargs, use_ema=args.use_ema)
+    return ckpt.create_model(), ckpt.dataset
+
+
+def with_progress(loader, num_images: int, stream=None):
+    """``loader``, with a progress bar of images/s and the time left on ``stream`` (stderr) where it is a terminal;
+    unchanged elsewhere (CI logs)."""
+    stream = stream or sys.stderr
+    if not stream.isatty():
+        return loader
+    from tqdm import tqdm
+
+    def batches():
+        with tqdm(total=num_images, unit='img', desc='evaluating', file=stream, dynamic_ncols=True) as bar:
+            for images, targets in loader:
+                yield images, targets
+                bar.update(len(targets))
+    return batches()
 
 
 def main(argv=None):
@@ -57,8 +92,10 @@ def main(argv=None):
                         help='the EMA weights of a timm train.py checkpoint')
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
     parser.add_argument('--data-dir', default=None, metavar='DIR')
-    parser.add_argument('--dataset', default='torch/cifar10',
-                        help="'torch/cifar10' (default), 'fashion-mnist', 'digits', '' (an ImageFolder)")
+    parser.add_argument('--dataset', default=None,
+                        help="'torch/cifar10', 'fashion-mnist', 'digits', '' (an ImageFolder); default: the "
+                             "dataset the weights were trained on (their checkpoint or pretrained tag), else "
+                             "'torch/cifar10'")
     parser.add_argument('--split', default=None,
                         help="split (default: the dataset's held-out split: 'test' for torch/cifar10, fashion-mnist "
                              "and digits, which also read it for 'validation'; 'validation' for an image folder)")
@@ -74,22 +111,27 @@ def main(argv=None):
                         help='python modules to import first (e.g. a package that registers models)')
     args = parser.parse_args(argv)
     apply_threads(args)
-    info = dataset_info(args.dataset)
-    args.split = split_name(args.dataset, args.split or info.eval_split)
-    check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download, eval_split=args.split)
-    if args.workers is None:  # worker processes only compete for the cores when the images are already in memory
-        args.workers = 0 if info.name in ('digits', 'fashion-mnist') else 2
+    if args.dataset is not None:  # a missing dataset fails before any model is built
+        _check_dataset(args)
     args.model_given = args.model is not None
     args.model = args.model or 'sa_quadratic_cifar'
     for module in args.device_modules or ():
         importlib.import_module(module)
 
-    model = model_to_evaluate(args).to(args.device)
+    model, trained_on = model_to_evaluate(args)
+    model = model.to(args.device)
+    if args.dataset is None:
+        args.dataset = trained_on or DEFAULT_DATASET
+        print(f'dataset: {args.dataset or "(image folder)"} ('
+              + ('the weights were trained on it' if trained_on else 'the weights name none')
+              + '; --dataset chooses another)', file=sys.stderr)
+        _check_dataset(args)
     data_cfg = timm.data.resolve_data_config({}, model=model)
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
                               download=args.dataset_download, img_size=data_cfg['input_size'][-1],
                               **normalization(args.dataset, data_cfg))  # as sa-vision-train normalises
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=False, num_workers=args.workers)
+    loader = with_progress(loader, len(ds))
     use_amp = torch.device(args.device).type == 'cuda' if args.amp is None else args.amp
     device_type = torch.device(args.device).type
 
@@ -102,6 +144,16 @@ def main(argv=None):
           f'top-5 {metrics["top5"]:.2f}%  loss {metrics["loss"]:.4f}  ({metrics["num_images"]} images)')
     print(json.dumps({'model': name, 'dataset': args.dataset, 'split': args.split, **metrics}))
     return 0
+
+
+def _check_dataset(args) -> None:
+    """The split to read (the dataset's held-out one by default), the loader workers, and the DatasetError a
+    missing dataset would raise later."""
+    info = dataset_info(args.dataset)
+    args.split = split_name(args.dataset, args.split or info.eval_split)
+    check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download, eval_split=args.split)
+    if args.workers is None:  # worker processes only compete for the cores when the images are already in memory
+        args.workers = 0 if info.name in ('digits', 'fashion-mnist') else 2
 
 
 cli = command(__name__)

@@ -7,12 +7,13 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
+from ..models.input_pad import model_input_padding
 from ..tables import markdown_table
 from ..train.checkpoint import Checkpoint, strip_runtime_args
 from ..train.data import dataset_info
 from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, RECIPE_FILENAME, WeightsLabel
 
-__all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card']
+__all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'usage_section']
 
 
 def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
@@ -20,8 +21,9 @@ def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[st
     counted by :func:`sa_vision.measure.macs.count_macs` (on the model's device)."""
     from ..measure.macs import count_macs
     in_chans = getattr(model, 'in_chans', 3)
+    size = img_size - 2 * model_input_padding(model)  # a model that pads its input reaches img_size inside
     return {'params': sum(p.numel() for p in model.parameters()),
-            'macs': count_macs(model, (in_chans, img_size, img_size))}
+            'macs': count_macs(model, (in_chans, size, size))}
 
 
 _ATTENTION_FORMULAS = {
@@ -62,7 +64,10 @@ def _results_section(arch: str, measured: Optional[str]) -> str:
             f'| this repository | {measured or "not yet trained on CIFAR-10"} |')
 
 
-def _usage_section(arch: str, repo_id: str, registered: bool) -> str:
+def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 32, padding: int = 0,
+                   label_names: bool = False) -> str:
+    """How to run the weights with timm's own preprocessing (``input_size``: what ``resolve_data_config`` says;
+    ``padding``: the black border the model adds itself)."""
     if registered:
         create = f"timm.create_model('{arch}', pretrained=True).eval()  # weights from {repo_id}"
         also = (f"The same weights load with `timm.create_model('hf-hub:{repo_id}', pretrained=True)` or, exported "
@@ -71,16 +76,23 @@ def _usage_section(arch: str, repo_id: str, registered: bool) -> str:
         create = f"timm.create_model('hf-hub:{repo_id}', pretrained=True).eval()"
         also = (f"These are not the weights of `timm.create_model('{arch}', pretrained=True)`. Exported locally they "
                 f"load with `timm.create_model('local-dir:<folder>', pretrained=True)`.")
+    border = (f'\n# {input_size}x{input_size} input: the model adds the {padding}-pixel black border of its training '
+              f'images itself' if padding else '')
+    names = "\nprint(model.pretrained_cfg['label_names'][logits.argmax()])" if label_names else ''
     return f"""```python
 import timm, torch
+from PIL import Image
 import sa_vision  # registers the models with timm
 
 model = {create}
-cfg = timm.data.resolve_data_config({{}}, model=model)
-transform = timm.data.create_transform(**cfg)  # the normalisation these weights were trained with
-logits = model(transform(image).unsqueeze(0))  # image: a 32x32 PIL image
+cfg = timm.data.resolve_data_config({{}}, model=model)  # input size and normalisation of these weights{border}
+transform = timm.data.create_transform(**cfg)  # resizes any image to the input size
+image = Image.open('image.png').convert('RGB')  # RGB, as timm's ImageDataset opens images (grey ones too)
+logits = model(transform(image).unsqueeze(0)){names}
 ```
-{also}"""
+{also} timm's own `validate.py` evaluates them on an image folder as
+`python -m sa_vision.train.run_timm path/to/timm/validate.py --data-dir <folder> --model <the name above>`
+(the launcher imports `sa_vision` first)."""
 
 
 def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True,
@@ -222,12 +234,23 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     body = _replace_section(body, 'results', results)
     body = _replace_section(body, 'training', _training_summary(ckpt, label))
     body = _replace_section(body, 'recipe', _used_recipe_section(ckpt))
-    body = _replace_section(body, 'usage', _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch)))
+    body = _replace_section(body, 'usage', usage_section(arch, repo_id, model, info))
     if has_figure:
         figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
         body = _replace_section(body, 'figure', figure)
     card.text = body
     return str(card)
+
+
+def usage_section(arch: str, repo_id: str, model: torch.nn.Module, info, input_size=None) -> str:
+    """The usage text of an export: ``model`` as trained (no border of its own) on ``info``'s dataset, exported
+    with the border inside the model where the dataset had one (:func:`sa_vision.hub.export.exported_input_config`);
+    ``input_size``: the exported config's, where known."""
+    size = (input_size or model.pretrained_cfg['input_size'])[-1]
+    if input_size is None and info.input_padding:
+        size -= 2 * info.input_padding
+    return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=size,
+                          padding=info.input_padding, label_names=len(info.class_names) == model.num_classes)
 
 
 def _used_recipe_section(ckpt: Checkpoint) -> str:

@@ -4,17 +4,36 @@
 """
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import Tensor
 
+from ..models.input_pad import black_after_normalization
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint, usual_file_mode
+from ..train.data import DatasetInfo
 from .card import _recipe, render_model_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, weights_label
 from .publish import check_publish_target
 
-__all__ = ['export_hub_folder']
+__all__ = ['export_hub_folder', 'exported_input_config']
+
+
+def exported_input_config(info: DatasetInfo, trained_input_size: Sequence[int], model_args: Dict[str, Any],
+                          mean: Sequence[float], std: Sequence[float]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(model_args to add, data config) of weights trained on ``info``'s images at ``trained_input_size``, such
+    that timm's ``resolve_data_config`` + ``create_transform`` feed the exported model what training fed it.
+
+    A dataset padded with black for training (Fashion-MNIST 28 -> 32) is exported with the border inside the model
+    (``input_padding``, filled with black's value after the normalisation) and the images' own size as
+    ``input_size``: timm's transforms can only stretch or pad with the mean's grey."""
+    data_config = {'mean': tuple(mean), 'std': tuple(std), 'crop_pct': 1.0}
+    pad = info.input_padding
+    if not pad or model_args.get('input_padding'):  # nothing padded, or the model pads already
+        return {}, data_config
+    channels, height, width = trained_input_size
+    data_config['input_size'] = (channels, height - 2 * pad, width - 2 * pad)
+    return {'input_padding': pad, 'input_pad_value': black_after_normalization(mean, std)}, data_config
 
 
 def _save_card_figure(model, path: Path) -> bool:
@@ -58,8 +77,14 @@ def export_hub_folder(
         for name in ours:
             (out_dir / name).unlink(missing_ok=True)
     data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
-    save_for_hf(model, out_dir, safe_serialization=True, model_config={'pretrained_cfg': {'tag': label.tag}},
-                data_config={k: tuple(v) for k, v in data_cfg.items() if k in ('mean', 'std')})
+    pad_args, input_cfg = exported_input_config(
+        label.dataset, data_cfg.get('input_size') or model.pretrained_cfg['input_size'], ckpt.model_args,
+        data_cfg['mean'], data_cfg['std'])
+    model_config = {'pretrained_cfg': {'tag': label.tag}}
+    if len(label.dataset.class_names) == model.num_classes:  # timm's name: pretrained_cfg['label_names']
+        model_config['label_names'] = list(label.dataset.class_names)
+    save_for_hf(model, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
+                data_config=input_cfg)
     with open(out_dir / RECIPE_FILENAME, 'w') as f:
         trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
         f.write(f'# training arguments of {label.name} ({trainer}'

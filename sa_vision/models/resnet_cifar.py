@@ -3,31 +3,54 @@
 timm's ResNet (BasicBlocks 64/128/256/512, strides 1/2/2/2) with the CIFAR stem: 3x3 stride-1 conv, BN, ReLU, no
 max-pool.
 """
-from typing import Any, Dict
+from typing import Any, Dict, Sequence, Union
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.resnet import BasicBlock, ResNet
-from torch import nn
+from torch import Tensor, nn
 
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
+from .input_pad import create_input_pad
 
-__all__ = ['CifarResNet']
+__all__ = ['CifarResNet', 'InputPadConv2d']
 
 # the ImageNet stem (7x7 stride 2 + max-pool) reduces by 4 before the first stage; this one by 1
 _IMAGENET_STEM_REDUCTION = 4
 
 
-class CifarResNet(ResNet):
-    """timm ResNet whose stem keeps the input resolution: 3x3 stride-1 conv, BN, ReLU, no max-pool."""
+class InputPadConv2d(nn.Conv2d):
+    """A convolution that first adds the model's input border (``sa_vision.models.input_pad``); its state dict is
+    the plain ``nn.Conv2d``'s."""
 
-    def __init__(self, *, in_chans: int = 3, output_stride: int = 32, device=None, dtype=None, **kwargs: Any):
+    def __init__(self, input_pad: nn.Module, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.input_pad = input_pad
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._conv_forward(self.input_pad(x), self.weight, self.bias)
+
+
+class CifarResNet(ResNet):
+    """timm ResNet whose stem keeps the input resolution: 3x3 stride-1 conv, BN, ReLU, no max-pool.
+
+    ``input_padding`` pixels filled with ``input_pad_value`` per channel are added around the (normalised) input
+    first, as in :class:`sa_vision.models.SelfAttentionNet` (``sa_vision.models.input_pad``).
+    """
+
+    def __init__(self, *, in_chans: int = 3, output_stride: int = 32, input_padding: int = 0,
+                 input_pad_value: Union[float, Sequence[float]] = 0., device=None, dtype=None, **kwargs: Any):
         if output_stride != 32:
             raise ValueError('CifarResNet supports only output_stride=32 (the network reduces by 8 in all)')
         super().__init__(in_chans=in_chans, device=device, dtype=dtype, **kwargs)
         stem_width = self.conv1.out_channels
-        self.conv1 = nn.Conv2d(in_chans, stem_width, kernel_size=3, stride=1, padding=1, bias=False,
-                               device=device, dtype=dtype)
+        conv_args = dict(kernel_size=3, stride=1, padding=1, bias=False, device=device, dtype=dtype)
+        if input_padding:  # the border goes into the stem: forward_features and forward_intermediates stay timm's
+            self.conv1 = InputPadConv2d(
+                create_input_pad(input_padding, input_pad_value, in_chans, device=device, dtype=dtype),
+                in_chans, stem_width, **conv_args)
+        else:
+            self.conv1 = nn.Conv2d(in_chans, stem_width, **conv_args)
         nn.init.kaiming_normal_(self.conv1.weight, mode='fan_out', nonlinearity='relu')
         self.maxpool = nn.Identity()
         for info in self.feature_info:

@@ -26,6 +26,7 @@ from ..layers import (
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
+from .input_pad import create_input_pad
 
 __all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape', 'checkpoint_filter_fn']
 
@@ -155,6 +156,8 @@ class SelfAttentionNet(nn.Module):
             drop_path_rate: float = 0.,
             pos_init: str = 'paper',
             pos_init_alpha: float = CONV_INIT_ALPHA,
+            input_padding: int = 0,
+            input_pad_value: Union[float, Sequence[float]] = 0.,
             device=None,
             dtype=None,
     ):
@@ -164,6 +167,9 @@ class SelfAttentionNet(nn.Module):
             heads_per_layer: Heads in every layer (an int) or in each layer (``depth`` ints).
             pos_init: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv' (Theorem 1's kernel, sharpness
                 ``pos_init_alpha``, Eq. 9); initial values only.
+            input_padding: Pixels the model adds on every side of its (normalised) input, filled with
+                ``input_pad_value`` per channel: weights trained on zero-padded images (Fashion-MNIST 28 -> 32)
+                then take the unpadded images (``sa_vision.models.input_pad``).
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -186,6 +192,7 @@ class SelfAttentionNet(nn.Module):
         self.output_fmt = 'NHWC'
         self.grad_checkpointing = False
 
+        self.input_pad = create_input_pad(input_padding, input_pad_value, in_chans, **dd)
         self.patch_embed = SpaceToDepthEmbed(in_chans, embed_dim, **dd)
         dpr = calculate_drop_path_rates(drop_path_rate, depth)
         self.blocks = nn.Sequential(*[
@@ -255,6 +262,7 @@ class SelfAttentionNet(nn.Module):
         are post-norm). Intermediates are ``output_fmt`` 'NCHW' or 'NHWC'."""
         if output_fmt not in ('NCHW', 'NHWC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        x = self.input_pad(x)
         check_image_shape(x, self.in_chans)
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
@@ -291,7 +299,8 @@ class SelfAttentionNet(nn.Module):
         return take_indices
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Image ``B x C x H x W`` (H, W even) to the token grid ``B x H/2 x W/2 x D``."""
+        """Image ``B x C x H x W`` (H, W even once padded) to the token grid ``B x H/2 x W/2 x D``."""
+        x = self.input_pad(x)
         check_image_shape(x, self.in_chans)
         x = self.patch_embed(x)  # H/2, W/2, B, D: the blocks work grid-major
         if self.grad_checkpointing and not torch.jit.is_scripting():

@@ -18,6 +18,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..layers import PositionalAttention
+from ..models.input_pad import model_input_padding
 from ..tables import markdown_table
 from ..train.checkpoint import infer_model_args, load_model  # noqa: F401  (re-exported: the scripts' one loader)
 
@@ -48,7 +49,8 @@ def default_grid_size(model: nn.Module) -> Tuple[int, int]:
     """Token grid of the model's default input (half the image size), 16x16 for 32x32 CIFAR images."""
     cfg = getattr(model, 'pretrained_cfg', None) or {}
     _, height, width = cfg.get('input_size', (3, 32, 32))
-    return height // 2, width // 2
+    pad = model_input_padding(model)  # a border the model adds itself (Fashion-MNIST exports: 28 + 2 x 2)
+    return (height + 2 * pad) // 2, (width + 2 * pad) // 2
 
 
 def interior_query(grid_size: Tuple[int, int]) -> Tuple[int, int]:

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..layers import PositionalAttention
+from ..models.input_pad import model_input_padding
 from ..train.checkpoint import (
     HF_HUB_PREFIX,
     LOCAL_DIR_PREFIX,
@@ -209,6 +210,9 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, clas
     model = entry.model.eval().float()
     layers = attention_layers(model)
     names = [name for name, m in model.named_modules() if isinstance(m, PositionalAttention)]
+    pad = model_input_padding(model)  # the model adds the dataset's border itself: it gets the images without it
+    if pad:
+        normalized = normalized[..., pad:normalized.shape[-2] - pad, pad:normalized.shape[-1] - pad]
     with torch.no_grad():
         probs = model(normalized).softmax(dim=-1)
     top_probs, top_classes = probs.topk(min(top, probs.shape[-1]), dim=-1)

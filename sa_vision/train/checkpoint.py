@@ -69,8 +69,11 @@ class Checkpoint:
         if not timm.is_model(self.arch):
             raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
                                   f'that registers it (--device-modules) or pass the right --model')
+        # a Hub folder's preprocessing (input size, mean / std, label names) as timm's local-dir: loading keeps it
+        overlay = self.meta.get('pretrained_cfg') if self.format == 'hub_folder' else None
         try:
-            model = timm.create_model(self.arch, **self.model_args)
+            model = timm.create_model(self.arch, **self.model_args,
+                                      **({'pretrained_cfg_overlay': overlay} if overlay else {}))
         except TypeError as e:
             raise CheckpointError(f'{self.source}: {self.arch} does not accept the stored arguments '
                                   f'{self.model_args} ({e})') from None

@@ -20,7 +20,8 @@ __all__ = [
     'DIGITS', 'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'DatasetInfo', 'dataset_info',
     'dataset_for_tag', 'normalization',
     'FASHION_MNIST', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
-    'check_dataset', 'create_cifar_transform', 'create_image_dataset', 'held_tensors', 'known_dataset_names',
+    'check_dataset', 'image_folder_classes', 'create_cifar_transform', 'create_image_dataset', 'held_tensors',
+    'known_dataset_names',
     'split_name',
 ]
 
@@ -30,6 +31,7 @@ DIGITS_TEST_FRACTION = 0.2  # 1437 train / 360 test images
 DIGITS_SPLIT_SEED = 0  # fixed, so every run and every test sees the same split
 FASHION_MNIST = 'fashion-mnist'
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'  # where Debian's dataset-fashion-mnist puts the IDX files
+FASHION_MNIST_SIZE = 28
 FASHION_MNIST_PAD = 2  # 28x28 -> 32x32
 
 
@@ -45,6 +47,9 @@ class DatasetInfo:
     eval_split: str  # the held-out split evaluated by default
     hub_dataset: Optional[str] = None  # Hugging Face dataset id for the card's `datasets:` metadata
     class_names: Tuple[str, ...] = ()  # label i is class_names[i]; empty for an image folder (its folder names)
+    # the black border added around the dataset's own images (28x28 Fashion-MNIST -> the paper's 32x32); an export
+    # moves it into the model (input_padding), so that timm's transform at the images' own size feeds it
+    input_padding: int = 0
 
 
 _DATASETS = {
@@ -57,7 +62,7 @@ _DATASETS = {
     FASHION_MNIST: DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10,
                                (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist',
                                ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker',
-                                'Bag', 'Ankle boot')),
+                                'Bag', 'Ankle boot'), input_padding=FASHION_MNIST_PAD),
 }
 _ALIASES = {'cifar10': 'torch/cifar10', 'fashion_mnist': FASHION_MNIST, 'fashionmnist': FASHION_MNIST}
 # timm's create_dataset prefixes: '<type>/<name>' is passed on to timm as it is
@@ -204,23 +209,28 @@ def _fashion_mnist_files(split: str, data_dir: Optional[str] = None) -> List[str
 
 
 class FashionMnistDataset(Dataset):
-    """Fashion-MNIST as 3 x 32 x 32 float images in [0, 1]: 28x28 grey, zero-padded by 2, repeated to 3 channels.
+    """Fashion-MNIST as 3 x 32 x 32 float images in [0, 1]: 28x28 grey, zero-padded by 2, repeated to 3 channels
+    (``img_size`` 28: unpadded, for a model that pads its input itself, ``input_padding=2``).
 
     Kept as padded uint8 grey (N x 1 x 32 x 32, 12x smaller than float RGB) and converted per item.
     """
 
-    def __init__(self, split: str = 'train', transform=None, data_dir: Optional[str] = None):
+    def __init__(self, split: str = 'train', transform=None, data_dir: Optional[str] = None, img_size: int = 32):
+        if img_size < FASHION_MNIST_SIZE or (img_size - FASHION_MNIST_SIZE) % 2:
+            raise DatasetError(f'fashion-mnist images are {FASHION_MNIST_SIZE}x{FASHION_MNIST_SIZE}, zero-padded '
+                               f'evenly to the input size: {img_size} is not {FASHION_MNIST_SIZE} + an even number '
+                               f'(32, the paper\'s size, or 28 for a model with input_padding=2)')
         paths = _fashion_mnist_files(split, data_dir)
         images = _read_idx_uint8(paths[0], 3)
         targets = _read_idx_uint8(paths[1], 1).long()
-        if images.shape[1:] != (28, 28):
+        if images.shape[1:] != (FASHION_MNIST_SIZE, FASHION_MNIST_SIZE):
             raise DatasetError(
                 f'{paths[0]} holds {images.shape[1]}x{images.shape[2]} images, Fashion-MNIST\'s are 28x28')
         if len(images) != len(targets):
             raise DatasetError(f'{paths[0]} holds {len(images)} images but {paths[1]} {len(targets)} labels')
         if len(targets) and int(targets.max()) >= 10:
             raise DatasetError(f'{paths[1]} holds label {int(targets.max())}, Fashion-MNIST has the classes 0..9')
-        p = FASHION_MNIST_PAD
+        p = (img_size - FASHION_MNIST_SIZE) // 2
         self.images = torch.nn.functional.pad(images.unsqueeze(1), (p, p, p, p))  # zeros = black border
         self.targets = targets
         self.transform = transform
@@ -299,8 +309,18 @@ def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tu
                                f'folder pass --data-dir <folder> (with --dataset \'\' or a name for it)')
     if name not in (DIGITS, FASHION_MNIST) and not data_dir:
         raise DatasetError(f'dataset {dataset or "(image folder)"!r} needs --data-dir (the download target or the '
-                           f'image folder)')
+                           f'image folder); --dataset {FASHION_MNIST} and --dataset {DIGITS} are read without one')
     return info, name, data_dir
+
+
+def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> Optional[List[str]]:
+    """The class subfolders of an image folder's ``split`` (``<split>/<class>/<image>``, timm's layout), in
+    timm's label order; None for a named dataset (its classes are fixed) or a timm ``<type>/<name>``."""
+    _, name, data_dir = _dataset_source(dataset, data_dir, download=False)
+    if name in (DIGITS, FASHION_MNIST) or name.startswith(_TIMM_DATASET_TYPES) or dataset_info(dataset).num_classes:
+        return None
+    folder = _image_folder_split(data_dir, split, is_training=True)
+    return sorted(e.name for e in os.scandir(folder) if e.is_dir())
 
 
 def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool = False,
@@ -341,7 +361,7 @@ def create_image_dataset(
     if name == DIGITS:
         return DigitsDataset(split, transform=transform)
     if name == FASHION_MNIST:
-        return FashionMnistDataset(split, transform=transform, data_dir=data_dir)
+        return FashionMnistDataset(split, transform=transform, data_dir=data_dir, img_size=img_size)
 
     from timm.data import create_dataset
     if not name.startswith(_TIMM_DATASET_TYPES):  # an image folder: timm would fall back to the root, i.e.

@@ -33,7 +33,7 @@ from ..errors import UserError, run_cli
 from ..models import param_groups_pos_lr
 from .args import build_parser, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, atomic_duplicate, atomic_torch_save
-from .data import check_dataset, create_image_dataset, normalization, split_name
+from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate
 from .runtime import (
@@ -92,6 +92,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     run_dir = _run_dir(args, resume_ckpt)  # before anything is written
     _set_up_process(args)
     log = partial(_log, args)
+    if resume_ckpt is None:
+        _num_classes_of_folder(args, log)
     initial = resolve_model_args(args, resume_ckpt, log)
     seed_epoch(args.seed, 0, args.rank)
     model, data_cfg = _create_model(args, initial)
@@ -196,6 +198,24 @@ def _set_up_process(args) -> None:
     if args.retain_freed_memory and not retain_freed_memory():
         _log(args, '--retain-freed-memory: the C library is not glibc; freed memory is returned as usual')
         args.retain_freed_memory = False
+
+
+def _num_classes_of_folder(args, log) -> None:
+    """An image folder's classes decide ``--num-classes`` where it is not given; a different explicit number
+    (``--num-classes`` or ``--model-kwargs num_classes=``) is an error naming both."""
+    classes = image_folder_classes(args.dataset, args.data_dir, args.train_split)
+    if classes is None:
+        return
+    asked = args.num_classes if args.num_classes is not None else args.model_kwargs.get('num_classes')
+    if asked is None:
+        args.num_classes = len(classes)
+        log(f'--num-classes {len(classes)}: the class folders of the training split ({", ".join(classes[:10])}'
+            f'{", ..." if len(classes) > 10 else ""})')
+    elif int(asked) != len(classes):
+        raise UserError(f'the model is asked for {asked} classes (--num-classes / --model-kwargs num_classes) but '
+                        f'the training split of the image folder has {len(classes)} class folders '
+                        f'({", ".join(classes[:10])}{", ..." if len(classes) > 10 else ""}); leave --num-classes '
+                        f'out to follow the folder, or pass --num-classes {len(classes)}')
 
 
 def _create_model(args, initial):

@@ -1,0 +1,58 @@
+""" A border the model adds to its own input: weights trained on zero-padded images (Fashion-MNIST's 28x28, padded
+to the paper's 32x32) then take the dataset's own images through timm's standard transform
+
+timm's transforms cannot pad with black: ``crop_mode='border'`` fills with the mean's grey, and resizing 28 -> 32
+stretches the image. The model pads instead, after the normalisation, with the value black has there
+(``-mean / std`` per channel).
+"""
+from typing import Sequence, Union
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+__all__ = ['InputPad', 'create_input_pad', 'black_after_normalization', 'model_input_padding']
+
+
+def black_after_normalization(mean: Sequence[float], std: Sequence[float]) -> list:
+    """The value a black pixel (0) has after ``Normalize(mean, std)``, per channel, rounded as torchvision's
+    float32 ``(x - mean) / std`` rounds it (so the border equals a zero-padded image's, bit for bit)."""
+    mean32, std32 = torch.tensor(mean, dtype=torch.float32), torch.tensor(std, dtype=torch.float32)
+    return ((torch.zeros_like(mean32) - mean32) / std32).tolist()
+
+
+class InputPad(nn.Module):
+    """Pad a ``B x C x H x W`` batch by ``padding`` pixels on every side with a constant per channel."""
+
+    def __init__(self, padding: int, value: Union[float, Sequence[float]], in_chans: int, device=None, dtype=None):
+        super().__init__()
+        values = [float(value)] * in_chans if isinstance(value, (int, float)) else [float(v) for v in value]
+        if len(values) != in_chans:
+            raise ValueError(f'input_pad_value has {len(values)} values for {in_chans} input channels')
+        self.padding = int(padding)
+        # not in the state dict: the weights stay those of the unpadded model
+        self.register_buffer('value', torch.tensor(values, device=device, dtype=dtype).view(-1, 1, 1),
+                             persistent=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        pad = [self.padding] * 4
+        # x + 0 inside and 0 + value on the border: both exact, so the inside is the input bit for bit
+        border = F.pad(torch.zeros_like(x[:, :1]), pad, value=1.)
+        return F.pad(x, pad) + border * self.value.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f'padding={self.padding}, value={self.value.flatten().tolist()}'
+
+
+def create_input_pad(padding: int, value: Union[float, Sequence[float]], in_chans: int, device=None,
+                     dtype=None) -> nn.Module:
+    """:class:`InputPad`, or ``nn.Identity`` for ``padding=0`` (the registered models: nothing added to trace)."""
+    if padding < 0:
+        raise ValueError(f'input_padding must be 0 or more pixels, got {padding}')
+    return InputPad(padding, value, in_chans, device=device, dtype=dtype) if padding else nn.Identity()
+
+
+def model_input_padding(model: nn.Module) -> int:
+    """The border ``model`` adds to its input itself (0 for a model without one): a tool that feeds it images
+    already padded the dataset's way crops this much off, and its token grid is that much larger than its input."""
+    return max((m.padding for m in model.modules() if isinstance(m, InputPad)), default=0)

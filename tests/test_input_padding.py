@@ -1,0 +1,75 @@
+""" A model that pads its own input (``input_padding``): on the unpadded image it computes what the unpadded model
+computes on the image zero-padded in pixel space (``F.pad`` with zeros, then the normalisation), so that weights
+trained on Fashion-MNIST padded 28 -> 32 take timm's standard transform of the 28x28 images """
+import pytest
+import timm
+import torch
+import torch.nn.functional as F
+from torchvision.transforms import Normalize
+
+import sa_vision  # noqa: F401
+from sa_vision.models.input_pad import black_after_normalization
+
+MEAN, STD = (0.2860, 0.3, 0.3530), (0.3530, 0.25, 0.3)  # per-channel values, so a channel mix-up shows
+SMALL = {
+    'sa_quadratic_cifar': dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
+    'sa_learned_cifar': dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
+    'resnet18_cifar': dict(channels=(8, 8, 8, 8), stem_width=8),
+}
+
+
+@pytest.mark.parametrize('arch', list(SMALL))
+def test_padding_inside_the_model_equals_black_padding_in_pixel_space(arch):
+    torch.manual_seed(0)
+    plain = timm.create_model(arch, **SMALL[arch]).eval()
+    padded = timm.create_model(arch, input_padding=2, input_pad_value=black_after_normalization(MEAN, STD),
+                               **SMALL[arch]).eval()
+    assert padded.state_dict().keys() == plain.state_dict().keys()  # the kept weights load unchanged
+    padded.load_state_dict(plain.state_dict())
+    pixels = torch.rand(4, 3, 28, 28)
+    normalize = Normalize(MEAN, STD)
+    with torch.no_grad():
+        reference = plain(normalize(F.pad(pixels, (2, 2, 2, 2), value=0.)))  # black border, then normalised
+        out = padded(normalize(pixels))
+        features = padded.forward_intermediates(normalize(pixels), intermediates_only=True)
+    # the same input reaches the first layer bit for bit, so the same arithmetic follows
+    assert torch.equal(out, reference)
+    assert features[-1].shape[-1] == 32 // (2 if arch.startswith('sa_') else 8)  # the padded grid
+
+
+def test_pad_value_is_black_after_torchvisions_normalize():
+    black = torch.zeros(3, 1, 1)
+    expected = Normalize(MEAN, STD)(black).flatten().tolist()
+    assert black_after_normalization(MEAN, STD) == expected
+
+
+def test_bad_padding_arguments_are_refused():
+    with pytest.raises(ValueError, match='input_pad_value has 2 values for 3 input channels'):
+        timm.create_model('sa_quadratic_cifar', input_padding=2, input_pad_value=[0., 0.], embed_dim=16, depth=1)
+    with pytest.raises(ValueError, match='input_padding must be 0 or more'):
+        timm.create_model('resnet18_cifar', input_padding=-1)
+
+
+def test_registered_models_do_not_pad():
+    for arch in ('sa_quadratic_cifar', 'resnet18_cifar'):
+        with torch.device('meta'):
+            model = timm.create_model(arch)
+        assert not any(type(m).__name__ in ('InputPad', 'InputPadConv2d') for m in model.modules())
+
+
+@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'sa_learned_cifar'])
+def test_tools_that_feed_padded_images_see_the_model_as_trained(arch):
+    """The attention explorer shows the dataset's 32x32 images (black border included) and feeds a model that pads
+    itself the images without the border; analysis counts the padded model's token grid."""
+    from sa_vision.research.analysis import default_grid_size
+    from sa_vision.research.explorer import ExplorerModel, _model_record
+    torch.manual_seed(0)
+    plain = timm.create_model(arch, **SMALL[arch]).eval()
+    padded = timm.create_model(arch, input_padding=2, input_pad_value=black_after_normalization(MEAN, STD),
+                               pretrained_cfg_overlay={'input_size': (3, 28, 28)}, **SMALL[arch]).eval()
+    padded.load_state_dict(plain.state_dict())
+    images = F.pad(torch.rand(3, 3, 28, 28), (2, 2, 2, 2), value=0.)
+    normalized = Normalize(MEAN, STD)(images)
+    records = [_model_record(ExplorerModel(arch, m), images, normalized, []) for m in (plain, padded)]
+    assert records[0]['predictions'] == records[1]['predictions'] and records[1]['grid'] == [16, 16]
+    assert default_grid_size(padded) == default_grid_size(plain) == (16, 16)

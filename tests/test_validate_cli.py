@@ -1,0 +1,62 @@
+""" sa-vision-validate as a new user meets it: the dataset the weights were trained on by default, an error that
+names the flag which fixes it, and a progress bar on a terminal only """
+import io
+import json
+
+import pytest
+import timm
+import torch
+from timm.models._hub import save_for_hf
+
+import sa_vision  # noqa: F401  (registers the models)
+from sa_vision.cli import validate
+from sa_vision.errors import DatasetError
+
+pytest.importorskip('sklearn')
+
+SMALL = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
+
+
+def _folder(tmp_path, tag):
+    """A Hub folder of a small model whose pretrained tag is ``tag`` (as an export labels its dataset)."""
+    folder = tmp_path / tag
+    save_for_hf(timm.create_model('sa_quadratic_cifar', **SMALL), folder, safe_serialization=True,
+                model_config={'pretrained_cfg': {'tag': tag}})
+    return folder
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_the_weights_own_dataset_is_evaluated_without_dataset(tmp_path, capsys):
+    folder = _folder(tmp_path, 'digits_custom')
+    assert validate.main(['--model', f'local-dir:{folder}', '--threads', '1', '-b', '360']) == 0
+    out, err = capsys.readouterr()
+    result = json.loads(out.strip().splitlines()[-1])
+    assert result['dataset'] == 'digits' and result['num_images'] == 360  # the digits test split
+    assert 'dataset: digits (the weights were trained on it; --dataset chooses another)' in err
+
+
+def test_weights_of_no_known_dataset_default_to_cifar10_and_the_error_names_the_flags(tmp_path):
+    folder = _folder(tmp_path, 'my_pictures')
+    with pytest.raises(DatasetError, match=r"'torch/cifar10' needs --data-dir .*--dataset fashion-mnist and "
+                                           r"--dataset digits are read without one"):
+        validate.main(['--model', f'local-dir:{folder}', '--threads', '1'])
+
+
+def test_progress_shows_images_per_second_and_time_left_on_a_terminal_only():
+    batches = [(torch.zeros(5, 3, 2, 2), torch.zeros(5, dtype=torch.long))] * 4
+    terminal = _Terminal()
+    assert len(list(validate.with_progress(batches, 20, terminal))) == 4
+    shown = terminal.getvalue()
+    assert '20/20' in shown and 'img/s' in shown and '<' in shown  # tqdm's "elapsed<left, rate"
+    log = io.StringIO()  # CI logs: not a terminal, the loader itself
+    assert validate.with_progress(batches, 20, log) is batches and log.getvalue() == ''
+
+
+def test_no_progress_bar_in_a_log(tmp_path, capsys):
+    folder = _folder(tmp_path, 'digits_custom')
+    assert validate.main(['--model', f'local-dir:{folder}', '--threads', '1', '-b', '100']) == 0
+    assert 'img/s' not in capsys.readouterr().err
