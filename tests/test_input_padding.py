@@ -73,3 +73,14 @@ def test_tools_that_feed_padded_images_see_the_model_as_trained(arch):
     records = [_model_record(ExplorerModel(arch, m), images, normalized, []) for m in (plain, padded)]
     assert records[0]['predictions'] == records[1]['predictions'] and records[1]['grid'] == [16, 16]
     assert default_grid_size(padded) == default_grid_size(plain) == (16, 16)
+
+
+def test_training_feeds_a_padding_model_the_unpadded_images():
+    """Fine-tuning a kept Fashion-MNIST model: the data comes 28x28 (not padded again to 36 by the model)."""
+    from sa_vision.train.loop import _create_model, _parse_args
+    args, _ = _parse_args(['--model', 'sa_quadratic_cifar', '--dataset', 'fashion-mnist', '--device', 'cpu',
+                           '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
+                           'input_padding=2'])
+    args.channels_last, args.rank = False, 0
+    _, data_cfg = _create_model(args, None)
+    assert data_cfg['input_size'] == [3, 28, 28]

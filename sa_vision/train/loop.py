@@ -31,6 +31,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
 from ..models import param_groups_pos_lr
+from ..models.input_pad import model_input_padding
 from .args import build_parser, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, atomic_duplicate, atomic_torch_save
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
@@ -227,6 +228,9 @@ def _create_model(args, initial):
     _log(args, f'Model {args.model} {args.model_kwargs or ""} created, {num_params:,} parameters')
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)
     data_cfg = {**normalization(args.dataset, data_cfg), 'input_size': list(data_cfg['input_size'])}
+    border = model_input_padding(model)
+    if border and not args.img_size:  # e.g. a kept Fashion-MNIST model: it pads the unpadded images itself
+        data_cfg['input_size'][-2:] = [size - 2 * border for size in data_cfg['input_size'][-2:]]
     if args.channels_last is None:
         args.channels_last = uses_channels_last(model, args.device)
     model.to(args.device)
