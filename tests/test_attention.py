@@ -243,6 +243,16 @@ def test_far_probabilities_are_zero_not_subnormal(kind):
             row_probs, col_probs = layer.eval().mixing_probs(16, 16)
         assert not is_subnormal(row_probs).any() and not is_subnormal(col_probs).any()
 
+def test_a_layer_scripted_after_an_eval_forward_equals_eager():
+    """TorchScript after the eval cache has been filled (it cannot hold the cache; the scripted layer recomputes)."""
+    layer = make_layer('quadratic', torch.float64)
+    x = torch.randn(2, 5, 4, layer.dim, dtype=torch.float64)
+    with torch.no_grad():
+        expected = layer(x)
+        assert layer._probs_cache, 'the scenario needs a filled cache'
+        torch.testing.assert_close(torch.jit.script(layer)(x), expected, rtol=1e-12, atol=1e-14)
+
+
 def test_learned_clips_shifts_beyond_its_table():
     layer = make_layer('learned', torch.float64)
     scores = layer.position.grid_scores(1, 40)  # shifts up to 39 along columns, table holds 15

@@ -187,6 +187,8 @@ class PositionalAttention(nn.Module):
     ``grid_major=True`` :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``. ``dense``: ``True`` / ``False``
     force the dense / separable mixing, ``None`` leaves it to :func:`choose_path`."""
     dense: Optional[bool]
+    # eager-only (TorchScript has no tuple keys): a model scripted after an eval forward computes its probabilities
+    __jit_ignored_attributes__ = ['_probs_cache']
 
     def __init__(
             self,
