@@ -140,7 +140,7 @@ def use_backward_walk(monkeypatch) -> None:
 # ---- fake CUDA ----
 
 def _cpu_only_kernel(*args, **kwargs):
-    raise AssertionError('a per-head CPU kernel of sa_vision.layers.fused ran on CUDA: use_batched_heads must pick '
+    raise AssertionError('a per-head CPU kernel of sa_vision.layers.fused ran on CUDA: choose_path must pick '
                          'the batched path off the CPU')
 
 

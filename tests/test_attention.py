@@ -5,7 +5,7 @@ softmax over all keys and a weighted sum of the raw input; it shares only the pa
 the layer under test.
 
 The exactness tests also run on CUDA (the ``device`` fixture of conftest.py) with TF32 off: there the
-batched-heads path is the default (``use_batched_heads``) and the content kind goes through CUDA's fused attention.
+batched-heads path is the default (``choose_path``) and the content kind goes through CUDA's fused attention.
 """
 import copy
 import math
@@ -243,6 +243,16 @@ def test_far_probabilities_are_zero_not_subnormal(kind):
             row_probs, col_probs = layer.eval().mixing_probs(16, 16)
         assert not is_subnormal(row_probs).any() and not is_subnormal(col_probs).any()
 
+def test_a_layer_scripted_after_an_eval_forward_equals_eager():
+    """TorchScript after the eval cache has been filled (it cannot hold the cache; the scripted layer recomputes)."""
+    layer = make_layer('quadratic', torch.float64)
+    x = torch.randn(2, 5, 4, layer.dim, dtype=torch.float64)
+    with torch.no_grad():
+        expected = layer(x)
+        assert layer._probs_cache, 'the scenario needs a filled cache'
+        torch.testing.assert_close(torch.jit.script(layer)(x), expected, rtol=1e-12, atol=1e-14)
+
+
 def test_learned_clips_shifts_beyond_its_table():
     layer = make_layer('learned', torch.float64)
     scores = layer.position.grid_scores(1, 40)  # shifts up to 39 along columns, table holds 15
@@ -253,9 +263,10 @@ def test_learned_clips_shifts_beyond_its_table():
 
 def test_dense_attention_context_manager_restores_the_mode():
     model = torch.nn.Sequential(make_layer('quadratic', torch.float32), make_layer('learned', torch.float32))
-    with dense_attention(model):
-        assert all(m.dense for m in model)
-    assert not any(m.dense for m in model)
+    for enabled in (True, False):
+        with dense_attention(model, enabled):
+            assert all(m.dense is enabled for m in model)
+        assert all(m.dense is None for m in model), 'the device default again'
 
 
 def test_unknown_kind_is_a_clear_error():
@@ -490,17 +501,70 @@ def test_batched_value_accumulates_the_heads_in_float32_under_autocast():
     assert error <= bound_error * 1.01, (float(error), float(bound_error))
 
 
-def test_dispatch_rule():
-    """The per-head kernels run only for float32 / float64 eager on the CPU; everything else is batched."""
-    from sa_vision.layers import use_batched_heads
-    x = torch.zeros(2, 2, 1, 3)
-    assert not use_batched_heads(x, requested=False)
-    assert not use_batched_heads(x.double(), requested=False)
-    assert use_batched_heads(x, requested=True)
-    assert use_batched_heads(x.bfloat16(), requested=False)
-    assert use_batched_heads(torch.zeros(2, 2, 1, 3, device='meta'), requested=False)
+def path(device_type='cpu', dtype=torch.float32, autocast=False, compiling=False, capturing=False, grad=True,
+         training=True, separable=True, content=False, dense=None, batched=False, cuda_dense=False):
+    from sa_vision.layers import choose_path
+    return choose_path(device_type, dtype, autocast, compiling, capturing, grad, training, separable, content, dense,
+                       batched, cuda_dense)
+
+
+def test_choose_path_batches_everything_but_float32_and_float64_eager_on_the_cpu():
+    assert not path().batched and not path(dtype=torch.float64).batched
+    batched = [dict(batched=True), dict(dtype=torch.bfloat16), dict(dtype=torch.float16), dict(device_type='cuda'),
+               dict(device_type='meta'), dict(autocast=True), dict(compiling=True), dict(capturing=True)]
+    for case in batched:
+        assert path(**case).batched, case
+
+
+def test_choose_path_mixing_form_and_its_overrides():
+    """Separable kinds mix by their factors unless forced dense, or on CUDA where ``cuda_dense`` (the constant
+    ``CUDA_DENSE_MIXING``) says so; the generalized and content kinds are always dense; an override wins."""
+    from sa_vision.layers import CUDA_DENSE_MIXING
+    assert CUDA_DENSE_MIXING is False, 'separable on CUDA until the compiled pair is measured (docs/attention.md)'
+    assert not path().dense and path(dense=True).dense
+    assert path(separable=False).dense and path(separable=False, dense=False).dense
+    assert path(content=True, separable=False).dense
+    assert not path(device_type='cuda').dense and path(device_type='cuda', cuda_dense=True).dense
+    assert not path(device_type='cpu', cuda_dense=True).dense
+    assert not path(device_type='cuda', cuda_dense=True, dense=False).dense
+    assert path(device_type='cuda', dense=True).dense
+
+
+def test_choose_path_functions_and_cache():
+    """Which hand-written Function runs: per head, attention + Value in one Function where recomputing the heads
+    is cheap (separable) or there is no backward; batched, separable_mixing in eager training only. The eval
+    cache only on the CPU, without autograd, in eval mode, outside graphs."""
+    assert path().attend_then_project and path(grad=False, separable=False).attend_then_project
+    assert not path(separable=False).attend_then_project and not path(dense=True).attend_then_project
+    assert not path(content=True, separable=False, grad=False).attend_then_project
+    assert not path(batched=True, grad=False).attend_then_project
+    assert path(batched=True).recompute_mixing and path(device_type='cuda', autocast=True).recompute_mixing
+    for case in (dict(), dict(batched=True, grad=False), dict(batched=True, dense=True), dict(compiling=True),
+                 dict(capturing=True), dict(device_type='cuda', cuda_dense=True)):
+        assert not path(**case).recompute_mixing, case
+    assert path(grad=False, training=False).cache_probs
+    for case in (dict(grad=False), dict(training=False), dict(grad=False, training=False, device_type='cuda'),
+                 dict(grad=False, training=False, compiling=True), dict(grad=False, training=False, capturing=True)):
+        assert not path(**case).cache_probs, case
+
+
+def test_the_layers_ask_choose_path_with_the_runtime_state():
+    """What the layers pass: autocast, grad, the model's switches (the device type and dtype are the input's)."""
+    from sa_vision.layers import HeadsLinear, batched_heads
+    layer = make_layer('quadratic', torch.float32)
+    x = torch.zeros(2, 2, 1, layer.dim)
+    assert not layer.path(x).batched and layer.path(x).attend_then_project
+    assert layer.path(x.double()).dense is False and layer.path(x, batched=True).batched
+    assert layer.path(x.bfloat16()).batched
+    assert layer.path(torch.zeros(2, 2, 1, 3, device='meta')).batched
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert use_batched_heads(x, requested=False)
+        assert layer.path(x).batched
+    with torch.no_grad():
+        assert layer.eval().path(x).cache_probs and not layer.train().path(x).cache_probs
+    with batched_heads(torch.nn.ModuleList([layer, HeadsLinear(4, 4)])):
+        assert layer.path(x).batched
+    with dense_attention(layer):
+        assert layer.path(x).dense and not layer.path(x).attend_then_project
 
 
 def test_batched_heads_context_manager_restores_the_mode():

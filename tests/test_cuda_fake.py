@@ -4,7 +4,7 @@ The CPU stand-in for the ``cuda`` tests: those (marked ``cuda`` or run by the ``
 skipped without a GPU; these are not marked ``cuda`` and run everywhere. PyTorch's fake tensors
 (``torch._subclasses.fake_tensor.FakeTensorMode``) carry a shape, a dtype and a device but no values: the
 parameters and the batch are fake ``cuda`` tensors, so every branch on the device takes its CUDA side (the batched
-heads of ``use_batched_heads``, no eval cache in ``PositionalAttention.mixing_probs``) and ``torch.autocast('cuda')``
+heads of ``choose_path``, no eval cache in ``PositionalAttention.mixing_probs``) and ``torch.autocast('cuda')``
 casts as on a GPU; the models are built on the CPU and converted, as ``model.to('cuda')`` would.
 
 What it catches: a tensor created on the CPU inside a CUDA forward or backward (an ``arange`` or ``zeros`` without
@@ -37,7 +37,7 @@ from timm.utils import NativeScaler
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-from sa_vision.layers import PositionalAttention, batched_heads
+from sa_vision.layers import PositionalAttention, batched_heads, dense_attention
 from sa_vision.models import SA_MODEL_ARGS, param_groups_pos_lr
 from sa_vision.train import loop, runtime
 from sa_vision.train.evaluation import evaluate
@@ -149,6 +149,27 @@ def test_forward_backward_on_fake_cuda(fake_cuda, name, precision):
         assert param.grad is not None, f'{param_name} got no gradient'
         _assert_on_cuda(param.grad, f'the gradient of {param_name}')
         assert param.grad.dtype == param.dtype and param.grad.shape == param.shape, param_name
+
+
+@pytest.mark.parametrize('cuda_dense', (False, True), ids=('separable', 'dense'))
+def test_cuda_default_mixing_is_the_constant_and_an_override_wins(fake_cuda, monkeypatch, cuda_dense):
+    """A separable model on CUDA mixes by the form ``CUDA_DENSE_MIXING`` names, read when it runs, and trains in
+    either; ``dense_attention(model, False)`` forces the separable form, as a benchmark of the pair would."""
+    import sa_vision.layers.attention as attention
+    monkeypatch.setattr(attention, 'CUDA_DENSE_MIXING', cuda_dense)
+    forms = []
+    probs = PositionalAttention._probs
+    monkeypatch.setattr(PositionalAttention, '_probs',
+                        lambda self, h, w, dense: (forms.append(dense), probs(self, h, w, dense))[1])
+    model = to_fake_cuda(small_model('sa_quadratic_cifar'), fake_cuda)
+    with fake_cuda:
+        images = torch.empty(2, 3, 16, 16, device='cuda')
+        F.cross_entropy(model(images), torch.zeros(2, dtype=torch.long, device='cuda')).backward()
+        assert forms and set(forms) == {cuda_dense}
+        forms.clear()
+        with dense_attention(model, False):
+            model(images)
+        assert forms and set(forms) == {False}
 
 
 def _attention_layers(model: nn.Module) -> List[PositionalAttention]:

@@ -99,8 +99,11 @@ def test_tracing_the_eager_kernels_raises_instead_of_exporting_a_wrong_graph(nam
     error (the TorchScript tracer records them as a constant of the example's values)."""
     import sa_vision.layers.attention as attention
     import sa_vision.layers.mlp as mlp
-    # the one dispatch rule of the attention layers, and the MLP's check, both wrongly choosing the eager kernels
-    monkeypatch.setattr(attention, 'use_batched_heads', lambda x, requested: False)
+    # the one dispatch rule of the attention layers, and the MLP's check, both wrongly ignoring the capture
+    choose_path = attention.choose_path
+    monkeypatch.setattr(attention, 'choose_path',
+                        lambda device_type, dtype, autocast, compiling, capturing, *rest:
+                        choose_path(device_type, dtype, autocast, False, False, *rest))
     monkeypatch.setattr(mlp, 'is_capturing', lambda: False)
     model = make_model(name)
     with pytest.raises(RuntimeError, match='eager-only.*TorchScript tracer'):

@@ -1,15 +1,17 @@
 """ Building blocks: positional attention (paper Sec. 2-3, Eq. 9), the space-to-depth embedding, the MLP """
 from .attention import (
     ATTENTION_KINDS,
+    CUDA_DENSE_MIXING,
+    AttentionPath,
     HeadsLinear,
     PositionalAttention,
     apply_mixing,
     attend_then_project,
     batched_heads,
+    choose_path,
     dense_attention,
     drop_negligible,
     negligible_below,
-    use_batched_heads,
 )
 from .embed import SpaceToDepthEmbed
 from .mlp import GeluMlp
@@ -26,8 +28,9 @@ from .scores import (
 )
 
 __all__ = [
-    'ATTENTION_KINDS', 'HeadsLinear', 'PositionalAttention', 'apply_mixing', 'attend_then_project', 'batched_heads',
-    'dense_attention', 'drop_negligible', 'negligible_below', 'use_batched_heads', 'SpaceToDepthEmbed', 'GeluMlp',
+    'ATTENTION_KINDS', 'CUDA_DENSE_MIXING', 'AttentionPath', 'HeadsLinear', 'PositionalAttention', 'apply_mixing',
+    'attend_then_project', 'batched_heads', 'choose_path', 'dense_attention', 'drop_negligible', 'negligible_below',
+    'SpaceToDepthEmbed', 'GeluMlp',
     'CONV_INIT_ALPHA', 'POSITION_INITS', 'ContentScores', 'GeneralizedScores', 'LearnedScores', 'QuadraticScores',
     'grid_shifts', 'kernel_offsets', 'relative_shifts',
 ]

@@ -4,7 +4,7 @@ Paper: https://arxiv.org/abs/1911.03584. How each path computes it exactly and f
 """
 import contextlib
 import math
-from typing import ContextManager, Dict, Iterator, List, Tuple
+from typing import ContextManager, Dict, Iterator, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,10 +18,108 @@ from .tracing import is_capturing
 
 __all__ = [
     'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'dense_attention', 'batched_heads', 'apply_mixing',
-    'attend_then_project', 'use_batched_heads', 'drop_negligible', 'negligible_below',
+    'attend_then_project', 'AttentionPath', 'choose_path', 'CUDA_DENSE_MIXING', 'drop_negligible',
+    'negligible_below',
 ]
 
 ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
+
+CUDA_DENSE_MIXING = False
+"""Whether the separable kinds mix through the dense (Kronecker) ``(h*w) x (h*w)`` probabilities on CUDA by default.
+
+Decided by one measurement not made yet: the same separable model's training step in its separable form against
+its dense form, both compiled, on the GPU (``with dense_attention(model, False)`` / ``dense_attention(model)`` force
+either). The dense form does 8x the mixing MACs as one large GEMM; on the CPU with AMX it made the bf16 step 1.10x
+as fast (docs/performance.md, "The Kronecker form"). An H100 log showed dense ``sa_gen_cifar`` training at 5,152
+img/s against 4,724 for the separable ``sa_quadratic_cifar`` (eager bf16), but those are two different models, so
+CUDA stays separable until the pair is measured."""
+
+
+class AttentionPath(NamedTuple):
+    """How one attention layer and its Value run; :func:`choose_path` picks it."""
+    batched: bool  # every head in one product, the heads concatenated, one Value GEMM; else per head (fused.py)
+    dense: bool  # mix by (h*w) x (h*w) probabilities (a separable kind: the Kronecker product of its factors)
+    recompute_mixing: bool  # batched: the separable_mixing Function, recomputing the row-mixed heads in backward
+    attend_then_project: bool  # per head: _AttendThenProject, each head mixed and projected, recomputed in backward
+    cache_probs: bool  # eval without autograd: reuse the probabilities while the positional parameters are unchanged
+    # a fused Triton mixing + Value kernel would be one more field here, chosen only on CUDA when asked for
+
+
+def choose_path(
+        device_type: str,
+        dtype: torch.dtype,
+        autocast: bool,
+        compiling: bool,
+        capturing: bool,
+        grad: bool,
+        training: bool,
+        separable: bool,
+        content: bool,
+        dense: Optional[bool],
+        batched: bool,
+        cuda_dense: bool,
+) -> AttentionPath:
+    """The one choice of how attention + Value run (measurements: ``docs/attention.md``, "Why each path").
+
+    ``dense`` and ``batched`` are the overrides of :func:`dense_attention` and :func:`batched_heads` (``None``
+    / ``False``: the default here); ``cuda_dense``: CUDA's default mixing, :data:`CUDA_DENSE_MIXING` (an argument:
+    TorchScript reads no module global). Batched unless float32 / float64 eager on the CPU:
+
+    * ``torch.compile`` cannot trace the per-head Functions, and inductor fuses the plain graph by itself;
+    * a captured graph (export, tracing, TorchScript) loses the per-head ``out=`` products into reused buffers;
+    * off the CPU each of the per-head path's ~10 small products per head and layer is a kernel launch;
+    * under autocast and in low precision the per-head products would round the Value sum after every head,
+      where one GEMM over the concatenated heads accumulates in float32 and rounds once;
+    * on the CPU the per-head path trained 1.45x as fast as the batched one at 0.35x its peak memory
+      (``sa_quadratic_cifar``, batch 32, float32, docs/performance.md, "Two execution paths").
+
+    Separable kinds mix by their row and column factors (``O(h*w*(h+w))`` per head, 8x fewer mixing MACs than
+    the dense form at 16x16) except on CUDA when :data:`CUDA_DENSE_MIXING` says otherwise. Eager training of the
+    separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 28 % less peak
+    memory); compiled graphs choose what to keep by themselves.
+    """
+    graph = compiling or capturing
+    batched = (batched or graph or device_type != 'cpu' or autocast
+               or (dtype != torch.float32 and dtype != torch.float64))
+    if content or not separable:
+        mix_dense = True
+    elif dense is not None:
+        mix_dense = dense
+    else:
+        mix_dense = device_type == 'cuda' and cuda_dense
+    separable_mixing = not mix_dense
+    return AttentionPath(
+        batched=batched,
+        dense=mix_dense,
+        recompute_mixing=batched and grad and separable_mixing and not graph,
+        attend_then_project=not batched and not content and (not grad or separable_mixing),
+        # CPU only: checking the cache compares parameter values (torch.equal), which on a GPU waits for the
+        # device; a CUDA forward never waits for the host
+        cache_probs=device_type == 'cpu' and not (training or grad or graph or content),
+    )
+
+
+def _current_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
+                  batched: bool) -> AttentionPath:
+    """:func:`choose_path` for input ``x`` in the current state of autograd, autocast, compilation and capture."""
+    if torch.jit.is_scripting():
+        # a scripted model is a captured graph, made before any CUDA default was measured: separable on CUDA
+        return choose_path(x.device.type, x.dtype, False, False, True, False, training, separable, content, dense,
+                           batched, False)
+    else:
+        return _eager_path(x, training, separable, content, dense, batched)
+
+
+@torch.jit.unused
+def _eager_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
+                batched: bool) -> AttentionPath:
+    device_type, compiling, capturing = x.device.type, torch.compiler.is_compiling(), is_capturing()
+    # a graph is batched whatever autocast says; dynamo before torch 2.14 cannot trace is_autocast_available, and
+    # 'meta' and the like have no autocast to ask about
+    autocast = (not (compiling or capturing) and torch.amp.is_autocast_available(device_type)
+                and torch.is_autocast_enabled(device_type))
+    return choose_path(device_type, x.dtype, autocast, compiling, capturing, torch.is_grad_enabled(), training,
+                       separable, content, dense, batched, CUDA_DENSE_MIXING)
 
 
 def negligible_below(dtype: torch.dtype) -> float:
@@ -86,7 +184,11 @@ class PositionalAttention(nn.Module):
     """Multi-head positional self-attention over a token grid (paper Sec. 2.3, Eq. 9).
 
     ``B x h x w x D -> B x h x w x (heads*D)`` (channel ``n * D + d`` is channel ``d`` of head ``n``), or with
-    ``grid_major=True`` :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``."""
+    ``grid_major=True`` :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``. ``dense``: ``True`` / ``False``
+    force the dense / separable mixing, ``None`` leaves it to :func:`choose_path`."""
+    dense: Optional[bool]
+    # eager-only (TorchScript has no tuple keys): a model scripted after an eval forward computes its probabilities
+    __jit_ignored_attributes__ = ['_probs_cache']
 
     def __init__(
             self,
@@ -95,7 +197,7 @@ class PositionalAttention(nn.Module):
             kind: str = 'quadratic',
             attn_drop: float = 0.1,
             max_shift: int = 15,
-            dense: bool = False,
+            dense: Optional[bool] = None,
             grid_major: bool = False,
             pos_init: str = 'paper',
             pos_init_alpha: float = CONV_INIT_ALPHA,
@@ -124,7 +226,7 @@ class PositionalAttention(nn.Module):
         self.fused_attn = use_fused_attn()  # the content kind: SDPA, or the explicit formula (timm's switch)
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major
-        # all heads batched instead of the per-head kernels on the CPU (see use_batched_heads, batched_heads)
+        # all heads batched instead of the per-head kernels on the CPU (see choose_path, batched_heads)
         self.batched_heads = False
         self._probs_cache: Dict = {}
 
@@ -140,33 +242,40 @@ class PositionalAttention(nn.Module):
         mixed = self.mix(x.permute(1, 2, 0, 3).contiguous())  # heads, H, W, B, D
         return mixed.permute(3, 1, 2, 0, 4).reshape(B, H, W, self.num_heads * D)
 
-    def mix(self, x: Tensor) -> Tensor:
+    def path(self, x: Tensor, batched: bool = False) -> AttentionPath:
+        """How this layer runs on grid-major ``x`` now (:func:`choose_path`); ``batched``: Value asks for it."""
+        return _current_path(x, self.training, self.separable, self.content is not None, self.dense,
+                             self.batched_heads or batched)
+
+    def mix(self, x: Tensor, path: Optional[AttentionPath] = None) -> Tensor:
         """Grid-major attention: ``x`` is ``h x w x B x D``, the result ``heads x h x w x B x D``."""
         if self.content is not None:
             return self._mix_content(x)
-        return apply_mixing(x, self.mixing_probs(x.shape[0], x.shape[1]))
+        if path is None:
+            path = self.path(x)
+        return apply_mixing(x, self._mixing_probs(x.shape[0], x.shape[1], path))
 
+    @torch.jit.unused
     def mixing_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
-        """What a content-free forward applies, dropout included: ``[row, col]`` on the separable path, ``[grid]``
-        on the dense one (:func:`apply_mixing`); cached in eval mode on the CPU without autograd."""
+        """What a content-free forward on the parameters' device and dtype applies, dropout included: ``[row,
+        col]`` for separable mixing, ``[grid]`` for dense (:func:`apply_mixing`, :func:`choose_path`)."""
+        return self._mixing_probs(grid_h, grid_w, self.path(next(self.position.parameters())))
+
+    def _mixing_probs(self, grid_h: int, grid_w: int, path: AttentionPath) -> List[Tensor]:
         if torch.jit.is_scripting():
-            probs = self._probs(grid_h, grid_w)
+            probs = self._probs(grid_h, grid_w, path.dense)
         else:
             state = [t.detach() for t in (*self.position.parameters(), *self.position.buffers())]
-            device_type = state[0].device.type
-            # compiled or captured graphs compute from the parameters; off the CPU a comparison waits for the device
-            cacheable = not (self.training or torch.is_grad_enabled() or device_type != 'cpu'
-                             or torch.compiler.is_compiling() or is_capturing())
-            key = (self.dense, grid_h, grid_w)
-            entry = self._probs_cache.get(key) if cacheable else None
+            key = (path.dense, grid_h, grid_w)
+            entry = self._probs_cache.get(key) if path.cache_probs else None
             if entry is not None and _same_values(entry[0], state):
                 probs = entry[1]
             else:
-                with _autocast_off(device_type):
-                    probs = self._probs(grid_h, grid_w)
-                if cacheable:
+                with _autocast_off(state[0].device.type):
+                    probs = self._probs(grid_h, grid_w, path.dense)
+                if path.cache_probs:
                     self._probs_cache = {key: ([t.clone() for t in state], probs)}
-        if not self.separable or self.dense:
+        if path.dense:
             if self.training and self.attn_drop > 0.:
                 probs = [F.dropout(probs[0], self.attn_drop, True)]
             return probs
@@ -177,10 +286,10 @@ class PositionalAttention(nn.Module):
             return list(probs[0].unbind(0))
         return probs
 
-    def _probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
+    def _probs(self, grid_h: int, grid_w: int, dense: bool) -> List[Tensor]:
         """The content-free probabilities, no dropout: ``[grid]``, ``[row, col]``, or on a square grid
         ``[(2, heads, n, n)]`` (one softmax, threshold and dropout for both axes)."""
-        if not self.separable or self.dense:
+        if dense:
             return [drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1))]
         if torch.jit.is_scripting():
             square = grid_h == grid_w
@@ -240,50 +349,42 @@ class PositionalAttention(nn.Module):
         return f'dim={self.dim}, num_heads={self.num_heads}, kind={self.kind}, dense={self.dense}'
 
 
-
-def use_batched_heads(x: Tensor, requested: bool) -> bool:
-    """Whether attention + Value take the batched path rather than the per-head kernels of
-    :mod:`sa_vision.layers.fused` (why each: ``docs/attention.md``)."""
-    if torch.compiler.is_compiling() or is_capturing() or requested:
-        return True
-    return (x.device.type != 'cpu' or torch.is_autocast_enabled(x.device.type)
-            or x.dtype not in (torch.float32, torch.float64))
-
-
 def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Tensor) -> Tensor:
     """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``), on the path
-    :func:`use_batched_heads` picks."""
-    if use_batched_heads(x, attn.batched_heads or value.batched_heads):
-        if (torch.is_grad_enabled() and attn.separable and not attn.dense and not is_capturing()
-                and not torch.compiler.is_compiling()):
-            # recomputes the row-mixed heads in backward instead of keeping them beside Value's concatenated heads
-            row_probs, col_probs = attn.mixing_probs(x.shape[0], x.shape[1])
-            return value.forward_batched(separable_mixing(*autocast_inputs(x, row_probs, col_probs)))
-        return value.forward_batched(attn.mix(x))
-    cheap_to_recompute = attn.separable and not attn.dense
-    if attn.content is not None or (torch.is_grad_enabled() and not cheap_to_recompute):
-        return value(attn.mix(x))
-    probs = attn.mixing_probs(x.shape[0], x.shape[1])
-    return _AttendThenProject.apply(x, value.weight, value.bias, *probs)
+    :func:`choose_path` picks."""
+    path = attn.path(x, value.batched_heads)
+    if path.attend_then_project:
+        probs = attn._mixing_probs(x.shape[0], x.shape[1], path)
+        return _AttendThenProject.apply(x, value.weight, value.bias, *probs)
+    if path.recompute_mixing:
+        row_probs, col_probs = attn._mixing_probs(x.shape[0], x.shape[1], path)
+        mixed = separable_mixing(*autocast_inputs(x, row_probs, col_probs))
+    else:
+        mixed = attn.mix(x, path)
+    return value.forward_batched(mixed) if path.batched else value.forward_per_head(mixed)
 
 
 @register_notrace_module  # loops over the stacked heads; FX keeps it whole
 class HeadsLinear(nn.Linear):
     """``Linear(heads*D -> out)`` on heads stacked in front, ``heads x ... x D -> ... x out``, with the state dict
     of the Linear over the concatenated heads."""
-    # set by batched_heads(); not in the state dict
-    batched_heads: bool = False
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.batched_heads = False  # set by batched_heads(); not in the state dict
 
     def forward(self, x: Tensor) -> Tensor:
-        if torch.jit.is_scripting():
+        if _current_path(x, self.training, False, False, None, self.batched_heads).batched:
             return self.forward_batched(x)
-        elif use_batched_heads(x, self.batched_heads):
-            return self.forward_batched(x)
-        else:
-            heads, D = x.shape[0], x.shape[-1]
-            rows = x.reshape(heads, -1, D)  # heads, tokens, D
-            out = _HeadsLinearFunction.apply(rows, self.weight, self.bias)
-            return out.view(list(x.shape[1:-1]) + [self.out_features])
+        return self.forward_per_head(x)
+
+    @torch.jit.unused
+    def forward_per_head(self, x: Tensor) -> Tensor:
+        """Each head's block of the weight applied where the head lies, accumulated in place (the per-head path)."""
+        heads, D = x.shape[0], x.shape[-1]
+        rows = x.reshape(heads, -1, D)  # heads, tokens, D
+        out = _HeadsLinearFunction.apply(rows, self.weight, self.bias)
+        return out.view(list(x.shape[1:-1]) + [self.out_features])
 
     def forward_batched(self, x: Tensor) -> Tensor:
         """One GEMM over the concatenated heads, in plain autograd (the batched path, TorchScript, export)."""
@@ -309,7 +410,8 @@ def _switch(model: nn.Module, kinds: Tuple[type, ...], attribute: str, value: bo
 
 
 def dense_attention(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
-    """Run every :class:`PositionalAttention` in ``model`` through the plain dense formula while active."""
+    """Mix every :class:`PositionalAttention` in ``model`` by the dense ``(h*w) x (h*w)`` probabilities while
+    active (``enabled=False``: by the separable factors, whatever the device's default, :data:`CUDA_DENSE_MIXING`)."""
     return _switch(model, (PositionalAttention,), 'dense', enabled)
 
 
