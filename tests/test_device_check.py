@@ -52,7 +52,7 @@ def test_no_budget_skips_every_section_and_still_reports(tmp_path):
     for key in ('torch', 'timm', 'cuda', 'triton'):  # the versions at the top
         assert f'\n{key}: ' in log
     assert results['items'] and all(i['status'] == 'skipped: budget' for i in results['items'])
-    assert {i['section'] for i in results['items']} == set(range(1, 8))
+    assert {i['section'] for i in results['items']} == set(range(1, 9))
     assert log.count(': skipped: budget') == len(results['items'])
     assert [g.split()[0] for g in results['goals']] == ['UNKNOWN'] * 3
 
@@ -98,6 +98,16 @@ def test_smoke_trains_end_to_end_and_the_zoo_or_says_why_not(tmp_path):
     assert [r['model'] for r in zoo['rows']] == [*reproduce.TRAINED_MODELS, reproduce.PRUNED_MODEL]
     assert all(0 <= r['top1_run'] <= 100 for r in zoo['rows'])
     assert (tmp_path / 'zoo_results.md').is_file() and (tmp_path / 'zoo_train.log').is_file()
+
+
+@pytest.mark.slow
+def test_smoke_runs_the_fused_kernel_section(tmp_path):
+    """Section 8 on the CPU: the Triton kernel in the interpreter, against the batched path, at tiny sizes."""
+    _, results = _run(tmp_path, '--section', '8')
+    for size in ('full', 'narrow'):
+        run = results['fused_layer'][size]
+        assert run['ms']['batched'] > 0 and run['ms']['fused'] > 0
+        assert run['max_abs_difference_over_max'] < 0.05  # bf16 rounding of the same sums
 
 
 def test_trace_summary_counts_gpu_busy_time_once_where_kernels_overlap():

@@ -13,7 +13,9 @@ once ``--budget-s`` would be exceeded:
 4. a profiler summary of one compiled training step (GPU busy time, kernels, the top kernels; a trace file);
 5. the sync check: training steps under ``torch.cuda.set_sync_debug_mode('error')``;
 6. ``sa-vision-train`` end to end on Fashion-MNIST with the data on the device, its epochs' images/s;
-7. the ``cpu`` zoo profile's five stages trained on the GPU (``Reproduction(train_args=...)``).
+7. the ``cpu`` zoo profile's five stages trained on the GPU (``Reproduction(train_args=...)``);
+8. one attention layer's training step through the fused Triton kernel (``sa_vision.layers.triton_mixing``) against
+   the batched path: whether the kernel is worth wiring into the models.
 
 It ends with a PASS / MISS line for each goal. ``--smoke`` runs every section on the CPU with tiny models, a few
 steps and dynamo's ``eager`` backend (tests/test_device_check.py), so that a slip cannot cost device time.
@@ -27,6 +29,7 @@ import os
 import platform
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -321,6 +324,67 @@ class Check:
                 warnings.showwarning = shown
         self.sync()
         return stacks
+
+    # ---- section 8: the fused Triton kernel
+
+    def fused_layer(self, size: str) -> None:
+        """One attention layer's training step, bf16 autocast: the batched path's products (all heads mixed, then one
+        Value GEMM) against ``mix_and_project`` (one Triton kernel, no heads-sized tensor), alternating; whether to
+        wire the kernel into the models (it is not yet)."""
+        from sa_vision.layers import HeadsLinear, PositionalAttention, triton_mixing
+        if self.smoke:  # the kernel in triton's CPU interpreter: this code's correctness only, at tiny sizes
+            os.environ.setdefault('TRITON_INTERPRET', '1')
+        label = f'{size} one layer, fused Triton mix_and_project against the batched path'
+        if not triton_mixing.triton_available():
+            self.log(f'{label}: skipped: triton cannot run here')
+            self.log.results.setdefault('skipped', {})[label] = 'no triton'
+            return
+        kwargs = self.s.full if size == 'full' else self.s.narrow
+        dim, heads = kwargs.get('embed_dim', 400), kwargs.get('heads_per_layer', 9)
+        grid, batch = (4, 2) if self.smoke else (16, self.s.batch_size)
+        torch.manual_seed(0)
+        attn = PositionalAttention(dim, heads, 'quadratic', grid_major=True, device=self.device).eval()
+        value = HeadsLinear(heads * dim, dim, device=self.device)
+        x = torch.randn(grid, grid, batch, dim, device=self.device, requires_grad=True)
+        paths = {'batched': lambda: value.forward_batched(attn.mix(x)),
+                 'fused': lambda: triton_mixing.mix_and_project(x, attn.mixing_probs(grid, grid), value.weight,
+                                                                value.bias)}
+
+        def step(name):
+            with torch.autocast(self.device.type, dtype=torch.bfloat16):
+                out = paths[name]()
+            out.float().square().mean().backward()
+            return out.detach().float()
+
+        outs = {name: step(name) for name in paths}  # first calls: the kernel compiles
+        scale = outs['batched'].abs().max().item()
+        times = {name: [] for name in paths}
+        for _ in range(2 if self.smoke else 20):
+            for name in paths:
+                self.sync()
+                t0 = time.perf_counter()
+                step(name)
+                self.sync()
+                times[name].append(time.perf_counter() - t0)
+        median = {name: statistics.median(t) for name, t in times.items()}
+        peak = {}
+        for name in paths:
+            if self.device.type == 'cuda':
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base = torch.cuda.memory_allocated()
+            step(name)
+            peak[name] = (torch.cuda.max_memory_allocated() - base) / 2 ** 20 if self.device.type == 'cuda' else None
+        result = dict(size=size, dim=dim, heads=heads, grid=grid, batch=batch,
+                      ms={k: round(1e3 * v, 3) for k, v in median.items()},
+                      ratio_batched_over_fused=round(median['batched'] / median['fused'], 3),
+                      peak_mib=peak, max_abs_difference_over_max=(outs['fused'] - outs['batched']).abs().max().item()
+                      / max(scale, 1e-30))
+        self.log(f'{label} (D={dim}, {heads} heads, {grid}x{grid}, batch {batch}): batched '
+                 f'{result["ms"]["batched"]:.3f} ms, fused {result["ms"]["fused"]:.3f} ms per step (median of '
+                 f'{len(times["fused"])}): fused is {result["ratio_batched_over_fused"]:.2f}x as fast; peak MiB '
+                 f'{peak}; outputs differ by {result["max_abs_difference_over_max"]:.2e} of their largest')
+        self.log.results.setdefault('fused_layer', {})[size] = result
 
     # ---- section 6: sa-vision-train end to end
 
@@ -652,6 +716,8 @@ def items(check: Check) -> List[Item]:
         Item(2, 'narrow separable / dense / sa_gen, eager',
              lambda: c.paired('narrow', 'eager', ('ours', 'dense', 'gen'), 'both', key='dense/narrow/eager'), 15),
         Item(6, 'sa-vision-train full-size', lambda: c.train_e2e('full'), 100),
+        Item(8, 'full-size layer, fused Triton kernel', lambda: c.fused_layer('full'), 40),
+        Item(8, 'narrow layer, fused Triton kernel', lambda: c.fused_layer('narrow'), 30),
         Item(1, 'full-size, default compile, training', lambda: c.paired('full', 'default', main3), 70),
         Item(1, 'narrow, default compile, training', lambda: c.paired('narrow', 'default', main3), 50),
         Item(5, 'sync check, default compile', lambda: c.sync_check('full', 'default'), 10),
@@ -688,16 +754,16 @@ def main(argv=None) -> int:
     p.add_argument('--smoke', action='store_true', help='the CPU with tiny models and a few steps: seconds')
     p.add_argument('--budget-s', type=float, default=480, help='skip what would end later than this (default 480)')
     p.add_argument('--section', default='all',
-                   help='comma list of the sections to run, 1-7 (default all; the zoo, 7, needs its own call)')
+                   help='comma list of the sections to run, 1-8 (default all; the zoo, 7, needs its own call)')
     p.add_argument('--data-dir', default=None,
                    help='the folder of Fashion-MNIST\'s four .gz files (sections 6, 7; default data/fashion-mnist '
                         'where it exists)')
     p.add_argument('--zoo-parallel', type=int, default=None,
                    help='the zoo\'s four trainings run this many at a time (default 4 on the GPU, 2 in the smoke run)')
     args = p.parse_args(argv)
-    sections = set(range(1, 8)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
-    if not sections <= set(range(1, 8)):
-        p.error(f'--section {args.section!r}: sections are 1 to 7')
+    sections = set(range(1, 9)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
+    if not sections <= set(range(1, 9)):
+        p.error(f'--section {args.section!r}: sections are 1 to 8')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
     if args.data_dir is None and (ROOT / 'data' / 'fashion-mnist').is_dir():
