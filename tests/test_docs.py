@@ -3,9 +3,9 @@
 A shell or Python block of README.md or docs/*.md is run when the line right above its fence is
 ``<!-- runnable -->``: each in a fresh temporary working folder, offline (``HF_HUB_OFFLINE=1``), on one thread
 (``OMP_NUM_THREADS=1``), with ``bash -e`` or this Python; it must exit with status 0. The folder holds a link to the
-repository's ``zoo/``, as a clone's root does, so that blocks can load the kept models as the docs tell users to. Links and images are
-checked against the files of the repository (and ``#anchors`` against the headings of the page they point to,
-as GitHub makes them), skipping http(s) and mailto.
+repository's ``zoo/``, as a clone's root does, so that blocks can load the kept models as the docs tell users to.
+Links and images are checked against the files of the repository (and ``#anchors`` against the headings of the
+page they point to, as GitHub makes them), skipping http(s) and mailto.
 """
 import os
 import re
