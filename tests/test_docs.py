@@ -2,9 +2,10 @@
 
 A shell or Python block of README.md or docs/*.md is run when the line right above its fence is
 ``<!-- runnable -->``: each in a fresh temporary working folder, offline (``HF_HUB_OFFLINE=1``), on one thread
-(``OMP_NUM_THREADS=1``), with ``bash -e`` or this Python; it must exit with status 0. Links and images are
-checked against the files of the repository (and ``#anchors`` against the headings of the page they point to,
-as GitHub makes them), skipping http(s) and mailto.
+(``OMP_NUM_THREADS=1``), with ``bash -e`` or this Python; it must exit with status 0. The folder holds a link to the
+repository's ``zoo/``, as a clone's root does, so that blocks can load the kept models as the docs tell users to.
+Links and images are checked against the files of the repository (and ``#anchors`` against the headings of the
+page they point to, as GitHub makes them), skipping http(s) and mailto.
 """
 import os
 import re
@@ -151,6 +152,7 @@ def test_runnable_markers_sit_on_bash_or_python_blocks():
 def test_runnable_block(block, tmp_path):
     work = tmp_path / 'work'
     work.mkdir()
+    (work / 'zoo').symlink_to(ROOT / 'zoo', target_is_directory=True)
     script = tmp_path / ('block.sh' if block.language == 'bash' else 'block.py')
     script.write_text(block.code, encoding='utf-8')
     command = ['bash', '-e', str(script)] if block.language == 'bash' else [sys.executable, str(script)]

@@ -55,7 +55,7 @@ def models():
     return [
         ExplorerModel('quadratic', quadratic, 'digits', epochs),
         ExplorerModel('generalized, pruned', pruned, 'digits'),
-        ExplorerModel('learned', timm.create_model('sa_learned_cifar', **SMALL).eval(), 'digits'),
+        ExplorerModel('learned', timm.create_model('sa_learned_cifar', **SMALL).eval(), 'digits', trained=False),
         ExplorerModel('content', timm.create_model('sa_content_cifar', **SMALL).eval(), 'digits'),
     ]
 
@@ -166,11 +166,14 @@ def test_a_click_shows_that_querys_maps(driver, models):
     from selenium.webdriver.common.keys import Keys
     driver.find_elements(By.CSS_SELECTOR, '#models button')[1].click()  # the pruned generalized model
     canvas = driver.find_element(By.ID, 'imageCanvas')
-    size = canvas.size['width']
     row, col = 3, 11
-    cell = size / 16
-    ActionChains(driver).move_to_element_with_offset(
-        canvas, int((col + 0.5) * cell - size / 2), int((row + 0.5) * cell - size / 2)).click().perform()
+    driver.execute_script('saExplorer.setQuery(12, 2)')
+    # a click alone, with no pointer move before it: hovering sets the query too and would hide a broken click
+    driver.execute_script(
+        'const c = arguments[0], r = c.getBoundingClientRect(), [row, col] = arguments[1];'
+        'c.dispatchEvent(new MouseEvent("click", {bubbles: true, clientX: r.left + (col + 0.5) * r.width / 16,'
+        '                                          clientY: r.top + (row + 0.5) * r.height / 16}));',
+        canvas, [row, col])
     rendered = driver.execute_script('return saExplorer.rendered()')
     assert rendered['model'] == 1 and rendered['query'] == [row, col]
     assert [len(layer) for layer in rendered['maps']] == [3, 2]  # the pruned model's heads
@@ -203,9 +206,16 @@ def test_gallery_shows_the_models_predictions(driver, models):
             predicted = entry.model(images).argmax(-1).tolist()
         thumbs = driver.find_elements(By.CSS_SELECTOR, '.thumb')
         assert len(thumbs) == NUM_IMAGES
+        untrained = '' if entry.trained else ' – untrained (random weights)'
         for thumb, label, pred in zip(thumbs, labels, predicted):
             lines = thumb.text.splitlines()
-            assert lines[0] == f'true: {info.class_names[label]}' and lines[1] == f'pred: {info.class_names[pred]}'
+            assert lines[0] == f'true: {info.class_names[label]}'
+            assert lines[1] == f'pred: {info.class_names[pred]}{untrained}'
+            assert ('untrained' in thumb.find_element(By.CSS_SELECTOR, 'div:nth-of-type(2)').get_attribute('class')
+                    ) == (not entry.trained)
+        header = driver.find_element(By.ID, 'info').text
+        assert header.startswith('UNTRAINED') == (not entry.trained), header
+        assert ('untrained' in driver.find_element(By.ID, 'prediction').text) == (not entry.trained)
 
 
 def test_screenshot_holds_distinct_heat_maps(driver, tmp_path):
@@ -275,6 +285,17 @@ def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path):
     data = json.loads(re.search(r'type="application/json">(.*?)</script>', html, re.S).group(1).replace('<\\/', '</'))
     assert data['dataset']['name'] == 'digits' and data['images']['count'] == 3
     assert [e['label'] for e in data['models'][0]['epochs']] == ['epoch-000', 'epoch-001']
+
+
+def test_a_random_model_is_marked_untrained(tmp_path):
+    """The README's command (--no-pretrained) builds random weights: the page is told so."""
+    from sa_vision.cli import explore
+    out = tmp_path / 'page.html'
+    assert explore.main(['sa_quadratic_cifar', '--no-pretrained',
+                         '--dataset', 'digits', '--images', '2', '--out', str(out)]) == 0
+    data = json.loads(re.search(r'type="application/json">(.*?)</script>', out.read_text(), re.S).group(1)
+                      .replace('<\\/', '</'))
+    assert data['models'][0]['trained'] is False
 
 
 def test_models_of_different_datasets_need_a_dataset(models, tmp_path):

@@ -59,6 +59,8 @@ SCRIPT = textwrap.dedent("""
         kwargs = {} if name.startswith('resnet') else dict(small)
         if os.environ.get('OVERLAY_FILE'):
             kwargs['pretrained_cfg_overlay'] = dict(file=os.environ['OVERLAY_FILE'])
+        elif os.environ.get('PUBLISHED'):  # as the registered cfg will read once the weights are published
+            kwargs['pretrained_cfg_overlay'] = dict(hf_hub_id=json.loads(os.environ['PUBLISHED'])[name])
         try:
             model = timm.create_model(name, pretrained=True, **kwargs)
             error = None
@@ -92,12 +94,13 @@ def silent_endpoint():
         yield f'http://127.0.0.1:{s.getsockname()[1]}'
 
 
-def _run(tmp_path, names, endpoint, cache, **env):
+def _run(tmp_path, names, endpoint, cache, published=True, **env):
+    """Run SCRIPT; ``published``: the names' weights are on the Hub (their cfg names REPOS), as once uploaded."""
     out = tmp_path / 'out'
     out.mkdir(exist_ok=True)
     full_env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), HF_ENDPOINT=endpoint,
                     HF_HUB_CACHE=str(cache), HF_HOME=str(tmp_path / 'hf_home'), SMALL=json.dumps(SMALL),
-                    OUT=str(out), **env)
+                    OUT=str(out), **({'PUBLISHED': json.dumps(REPOS)} if published else {}), **env)
     for var in ('HF_HUB_OFFLINE', 'HF_HUB_ETAG_TIMEOUT', 'HF_HUB_DOWNLOAD_TIMEOUT', 'TRANSFORMERS_OFFLINE'):
         if var not in env:
             full_env.pop(var, None)
@@ -162,6 +165,21 @@ def test_unreachable_hub_fails_fast_with_the_repository_named(tmp_path, refusing
         assert 'could not be reached' in result[name]['error']
     assert 'Retrying' not in stderr and 'Retry ' not in stderr, stderr[-2000:]
     assert result['global_state_kept']
+
+
+def test_unpublished_weights_say_so_and_where_kept_ones_are(tmp_path, silent_endpoint):
+    """Registered names whose weights are not on the Hub: not listed by timm, and pretrained=True names the kept zoo
+    (which must exist) instead of asking the Hub or loading random weights."""
+    import timm
+    assert timm.list_pretrained('sa_*') == [] and timm.list_pretrained('resnet18_cifar*') == []
+    result, _ = _run(tmp_path, list(REPOS), silent_endpoint, tmp_path / 'empty_cache', published=False)
+    assert result['hub_probes'] == [] and result['connections'] == [], result
+    for name, repo in REPOS.items():
+        error = result[name]['error']
+        assert error and error.startswith('PretrainedWeightsUnavailable') and 'not published' in error, error
+        assert repo in error and 'network' not in error, error
+        kept = f'local-dir:zoo/fashion-mnist-cpu/{name}'
+        assert kept in error and (ROOT / kept[len('local-dir:'):] / 'model.safetensors').is_file(), error
 
 
 def test_silent_hub_fails_within_the_bound(tmp_path, silent_endpoint):

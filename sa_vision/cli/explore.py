@@ -38,7 +38,7 @@ def main(argv=None):
         if args.pretrained:
             models.append(resolve_explorer_model(spec))
         else:
-            models.append(ExplorerModel(spec, load_model(spec)))
+            models.append(ExplorerModel(spec, load_model(spec), trained=False))
     out = write_explorer(models, args.out, dataset=args.dataset, num_images=args.images, data_dir=args.data_dir,
                          download=args.dataset_download, title=args.title)
     print(f'wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(models)} model(s), {args.images} images) in '

@@ -1,21 +1,28 @@
 """ Where published weights live, and the error for ``pretrained=True`` weights that cannot be fetched
 
-Weights trained with the paper's recipe are published at ``<HF_NAMESPACE>/<arch>.<PRETRAINED_TAG>``. Uncached,
-the factories first ask the Hub once, bounded by ``HUB_PROBE_TIMEOUT``, and raise ``PretrainedWeightsUnavailable``
-when it does not answer, instead of huggingface_hub's minute of retries (docs/training.md, "`pretrained=True`
-without a network"). No global setting is changed.
+Weights trained with the paper's recipe are published at ``<HF_NAMESPACE>/<arch>.<PRETRAINED_TAG>``; only the
+architectures in ``PUBLISHED`` carry that repository in their pretrained cfg, so ``timm.list_pretrained`` lists only
+weights that exist, and ``pretrained=True`` for any other says they are not published and where trained ones are.
+Uncached, the factories first ask the Hub once, bounded by ``HUB_PROBE_TIMEOUT``, and raise
+``PretrainedWeightsUnavailable`` when it does not answer, instead of huggingface_hub's minute of retries
+(docs/training.md, "`pretrained=True` without a network"). No global setting is changed.
 """
 from contextlib import contextmanager
-from typing import Any, Dict, Optional
+from typing import Any, Dict, FrozenSet, Optional
 
 from ..errors import UserError
 
-__all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'hub_repo_id', 'HUB_PROBE_TIMEOUT', 'PretrainedWeightsUnavailable',
-           'registered_hf_hub_id', 'explain_unavailable_weights']
+__all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'PUBLISHED', 'KEPT_ZOO', 'hub_repo_id', 'published_source',
+           'HUB_PROBE_TIMEOUT', 'PretrainedWeightsUnavailable', 'registered_hf_hub_id', 'explain_unavailable_weights']
 
 HF_NAMESPACE = 'sa-vision'
 # the tag of the registered (published) weights: CIFAR-10, the paper's recipe and architecture
 PRETRAINED_TAG = 'cifar10'
+# the architectures whose <arch>.<PRETRAINED_TAG> weights are on the Hub: add one once its upload is done (docs/hub.md)
+PUBLISHED: FrozenSet[str] = frozenset()
+# where a clone of the repository keeps the weights trained here (docs/reproduction.md): named by the errors only,
+# since the installed package reads nothing outside itself
+KEPT_ZOO = 'zoo/fashion-mnist-cpu'
 # seconds one request may take before an uncached pretrained=True gives up (HF_HUB_ETAG_TIMEOUT overrides)
 HUB_PROBE_TIMEOUT = 3.0
 
@@ -30,11 +37,16 @@ class PretrainedWeightsUnavailable(UserError, RuntimeError):
     RuntimeError like timm's loading failures, a UserError so the commands print one ``error:`` line."""
 
 
+def published_source(arch: str) -> Dict[str, str]:
+    """The pretrained cfg entries that point ``<arch>.<PRETRAINED_TAG>`` at its Hub repository, once published."""
+    return {'hf_hub_id': hub_repo_id(arch)} if arch in PUBLISHED else {}
+
+
 def registered_hf_hub_id(arch: str) -> Optional[str]:
-    """The repository ``timm.create_model(arch, pretrained=True)`` downloads, or None for unknown names."""
+    """The repository ``timm.create_model(arch, pretrained=True)`` downloads once published (None for names without
+    a ``<PRETRAINED_TAG>`` cfg): publishing refuses other weights there."""
     from timm.models import get_pretrained_cfg
-    cfg = get_pretrained_cfg(f'{arch}.{PRETRAINED_TAG}')
-    return getattr(cfg, 'hf_hub_id', None) if cfg is not None else None
+    return hub_repo_id(arch) if get_pretrained_cfg(f'{arch}.{PRETRAINED_TAG}') is not None else None
 
 
 def _probe_hub(url: str, timeout: float) -> Optional[str]:
@@ -78,6 +90,18 @@ def _fail_fast_if_hub_unreachable(variant: str, cfg: Dict[str, Any], cache_dir=N
             f'HF_HUB_CACHE to a cache that holds them'))
 
 
+def _not_published_message(variant: str) -> str:
+    from ..paper import PAPER_RESULTS  # the paper's five models: the ones the zoo trains and keeps
+    arch = variant.split('.')[0]
+    kept = (f"Trained here on Fashion-MNIST, they are kept in the repository: from a clone, "
+            f"timm.create_model('local-dir:{KEPT_ZOO}/{arch}', pretrained=True) (docs/reproduction.md). "
+            if arch in PAPER_RESULTS else '')
+    return (
+        f'pretrained weights for {arch}.{PRETRAINED_TAG} are not published yet (they will be at '
+        f'{hub_repo_id(arch)}). {kept}Or train them: `sa-vision-train -c {arch} --data-dir data '
+        f"--dataset-download`, then timm.create_model('local-dir:<run folder>/hub', pretrained=True)")
+
+
 def _unavailable_message(variant: str, hf_hub_id: Optional[str], reason: str) -> str:
     return (
         f'pretrained weights for {variant} could not be fetched from the Hugging Face Hub repository '
@@ -115,6 +139,10 @@ def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=N
         RevisionNotFoundError,
     )
     cfg = _resolved_cfg(variant, pretrained_cfg, pretrained_cfg_overlay)
+    from timm.models._builder import _resolve_pretrained_source
+    if cfg and not _resolve_pretrained_source(cfg)[0]:
+        # timm would warn and return random weights: for a registered name that means "not published"
+        raise PretrainedWeightsUnavailable(_not_published_message(variant))
     _fail_fast_if_hub_unreachable(variant, cfg, cache_dir)
     try:
         yield

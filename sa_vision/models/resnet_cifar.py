@@ -10,7 +10,7 @@ from timm.models.resnet import BasicBlock, ResNet
 from torch import Tensor, nn
 
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
-from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
+from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
 
 __all__ = ['CifarResNet', 'InputPadConv2d']
@@ -75,7 +75,7 @@ def _cfg(**kwargs) -> Dict[str, Any]:
 
 
 default_cfgs = generate_default_cfgs({
-    f'resnet18_cifar.{PRETRAINED_TAG}': _cfg(hf_hub_id=hub_repo_id('resnet18_cifar')),
+    f'resnet18_cifar.{PRETRAINED_TAG}': _cfg(**published_source('resnet18_cifar')),
 })
 
 

@@ -25,7 +25,7 @@ from ..layers import (
     attend_then_project,
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
-from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, hub_repo_id
+from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
 
 __all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape', 'checkpoint_filter_fn']
@@ -384,7 +384,7 @@ def _cfg(**kwargs) -> Dict:
 
 
 default_cfgs = generate_default_cfgs({
-    f'{arch}.{PRETRAINED_TAG}': _cfg(hf_hub_id=hub_repo_id(arch))
+    f'{arch}.{PRETRAINED_TAG}': _cfg(**published_source(arch))
     for arch in SA_MODEL_ARGS
 })
 

@@ -49,6 +49,7 @@ class ExplorerModel:
     model: nn.Module
     dataset: str = ''  # '' when unknown (random weights)
     epochs: Dict[str, Dict[str, Tensor]] = field(default_factory=dict)  # label -> positional state dict
+    trained: bool = True  # False for random weights: the page says so instead of showing chance predictions as such
 
 
 def positional_params(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
@@ -225,6 +226,7 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, clas
         'heads': [layer.num_heads for layer in layers],
         'dim': layers[0].dim,
         'parameters': sum(p.numel() for p in model.parameters()),
+        'trained': entry.trained,
         'predictions': [[[int(c), float(p)] for c, p in zip(cs, ps)] for cs, ps in zip(top_classes, top_probs)],
         'layers': [_layer_record(layer) for layer in layers],
     }
