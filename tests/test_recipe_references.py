@@ -4,7 +4,7 @@ import pytest
 
 from sa_vision.hub.card import _used_recipe_section, generate_model_card
 from sa_vision.hub.labels import MODEL_CARD_DIR
-from sa_vision.train import loop as training
+from sa_vision.train.args import build_parser
 from sa_vision.train.checkpoint import Checkpoint
 from sa_vision.train.recipes import RECIPE_DIR, recipe_path
 
@@ -13,7 +13,7 @@ CARDS = sorted(p.stem for p in MODEL_CARD_DIR.glob('*.md'))
 
 
 def test_config_help_names_the_shipped_recipes():
-    help_text = ' '.join(training.parser.format_help().split())  # sa-vision-train --help
+    help_text = ' '.join(build_parser().format_help().split())  # sa-vision-train --help
     assert '-c NAME|FILE, --config NAME|FILE' in help_text
     assert 'scripts/' not in help_text
     assert 'sa_vision/configs/NAME.yaml' in help_text and 'recipe.yaml' in help_text

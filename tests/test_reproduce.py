@@ -185,7 +185,7 @@ def test_stage_recipes_leave_out_timm_only_keys_and_say_so_once(tmp_path, monkey
     """The paper's recipes hold keys only timm's train.py reads (color_jitter, ...): one note for the whole
     reproduction, not one per training stage, and the stage recipes hold only what the training script reads."""
     from sa_vision import reproduce
-    from sa_vision.train import loop as training
+    from sa_vision.train.args import build_parser
     from sa_vision.train.recipes import load_recipe
     commands = []
     monkeypatch.setattr(reproduce.subprocess, 'run',
@@ -196,7 +196,7 @@ def test_stage_recipes_leave_out_timm_only_keys_and_say_so_once(tmp_path, monkey
     log = capsys.readouterr().out
     assert len(commands) == 3
     assert log.count("recipe keys that only timm's train.py reads") == 1 and 'color_jitter' in log, log
-    script_keys = {action.dest for action in training.parser._actions}
+    script_keys = {action.dest for action in build_parser()._actions}
     for model in ('sa_quadratic_cifar', 'sa_gen_cifar', 'resnet18_cifar'):
         path = tmp_path / 'recipes' / f'{model}.yaml'
         assert set(load_recipe(path)) <= script_keys

@@ -13,6 +13,7 @@ from helpers import HANG_TIMEOUT_S, command
 
 from sa_vision.errors import UserError
 from sa_vision.train import loop
+from sa_vision.train.args import build_parser
 from sa_vision.train.checkpoint import atomic_write
 from sa_vision.train.recipes import RECIPE_DIR
 
@@ -73,7 +74,7 @@ def test_a_second_run_into_a_run_folder_is_refused_before_anything_is_written(tm
 def test_a_new_or_empty_run_folder_is_taken(tmp_path):
     (tmp_path / 'empty').mkdir()
     for name in ('new', 'empty'):
-        args = loop.parser.parse_args(['--output', str(tmp_path), '--experiment', name])
+        args = build_parser().parse_args(['--output', str(tmp_path), '--experiment', name])
         assert loop._run_dir(args, None) == tmp_path / name
 
 

@@ -216,8 +216,8 @@ def test_recipes_use_timm_argument_names():
 
 
 def test_command_line_model_kwargs_update_the_recipes(monkeypatch):
-    from sa_vision.train import loop as training
-    args, recipe = training._parse_args(['-c', str(DIGITS_RECIPE), '--model-kwargs', 'embed_dim=8'])
+    from sa_vision.train.state import parse_run_args
+    args, recipe, _ = parse_run_args(['-c', str(DIGITS_RECIPE), '--model-kwargs', 'embed_dim=8'])
     assert recipe['model_kwargs']['proj_drop_rate'] == 0.0
     assert args.model_kwargs == {**recipe['model_kwargs'], 'embed_dim': 8}
 

@@ -17,7 +17,9 @@ pytest.importorskip('sklearn')
 from sa_vision.train import args as train_args  # noqa: E402
 from sa_vision.train import loop as training  # noqa: E402
 from sa_vision.train import runtime, state  # noqa: E402
+from sa_vision.train.args import build_parser  # noqa: E402
 from sa_vision.train.recipes import RECIPE_DIR  # noqa: E402
+from sa_vision.train.state import parse_run_args  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
@@ -95,7 +97,7 @@ def test_resume_reports_explicit_changes_only(adamw_run):
     assert args.opt == 'adamw' and args.lr == 0.001 and args.epochs == 2
     assert args.resume_changes == {'lr': (0.005, 0.001)}  # --epochs 2 is given but equals the run's
     # parsing left the module's parser as it was: a plain command line gets the plain defaults again
-    assert training._parse_args([])[0].opt == 'sgd'
+    assert parse_run_args([])[0].opt == 'sgd'
 
 
 # --- --amp auto, decided by the measured probe; recipe.yaml keeps what was asked -------------
@@ -203,11 +205,11 @@ def test_auto_weighs_cuda_graphs_on_cuda_only():
 def test_torchcompile_mode_reaches_torch_compile_and_is_a_recipe_key(monkeypatch, tmp_path):
     recipe = tmp_path / 'graphs.yaml'
     recipe.write_text('model: sa_quadratic_cifar\ntorchcompile: inductor\ntorchcompile_mode: reduce-overhead\n')
-    args = training._parse_args(['-c', str(recipe)])[0]
+    args = parse_run_args(['-c', str(recipe)])[0]
     assert (args.torchcompile, args.torchcompile_mode) == ('inductor', 'reduce-overhead')
-    assert training._parse_args(['-c', str(recipe), '--torchcompile-mode', 'none'])[0].torchcompile_mode is None
+    assert parse_run_args(['-c', str(recipe), '--torchcompile-mode', 'none'])[0].torchcompile_mode is None
     with pytest.raises(SystemExit):
-        training._parse_args(['--torchcompile-mode', 'reduce_overhead'])
+        parse_run_args(['--torchcompile-mode', 'reduce_overhead'])
 
     modes = []
 
@@ -304,7 +306,7 @@ def test_unknown_recipe_keys_are_an_error_naming_the_nearest_key(tmp_path):
     recipe = tmp_path / 'typo.yaml'
     recipe.write_text('model: sa_quadratic_cifar\nepoch: 1\nlr_rate: 0.01\ncolor_jitter: 0.4\n')
     with pytest.raises(RecipeError) as e:
-        training._parse_args(['-c', str(recipe)])
+        parse_run_args(['-c', str(recipe)])
     msg = str(e.value)
     assert "'epoch' (did you mean 'epochs'?)" in msg and "'lr_rate'" in msg and 'color_jitter' not in msg
     assert _cli_error(['-c', str(recipe)]).startswith('error: recipe')
@@ -312,11 +314,11 @@ def test_unknown_recipe_keys_are_an_error_naming_the_nearest_key(tmp_path):
 
 def test_timm_only_keys_are_allowed_and_listed(tmp_path, capsys):
     from sa_vision.train.recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS, check_recipe_keys, load_recipe
-    ours = {a.dest for a in training.parser._actions}
+    ours = {a.dest for a in build_parser()._actions}
     assert not TIMM_ONLY_RECIPE_KEYS & ours  # listed as timm-only, so not read here
     recipe = tmp_path / 'timm.yaml'
     recipe.write_text('model: sa_quadratic_cifar\nmixup: 0.8\nscale: [1.0, 1.0]\n')
-    args, _ = training._parse_args(['-c', str(recipe)])
+    args, _, _ = parse_run_args(['-c', str(recipe)])
     assert args.model == 'sa_quadratic_cifar'
     assert "['mixup', 'scale']" in capsys.readouterr().err
     for path in RECIPE_DIR.glob('*.yaml'):  # the shipped recipes hold no unknown key

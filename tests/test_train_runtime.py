@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sa_vision.train import loop as training
 from sa_vision.train import runtime
+from sa_vision.train.state import parse_run_args
 
 
 class HostReads(TorchDispatchMode):
@@ -91,8 +92,8 @@ def test_pin_memory_defaults_to_on_with_cuda(monkeypatch):
         args = argparse.Namespace(device=device, amp=None, pin_mem=explicit)
         runtime.init_distributed(args)
         assert args.pin_mem is expected, (device, explicit)
-    args, _ = training._parse_args([])
-    assert args.pin_mem is None and training._parse_args(['--no-pin-mem'])[0].pin_mem is False
+    args, _, _ = parse_run_args([])
+    assert args.pin_mem is None and parse_run_args(['--no-pin-mem'])[0].pin_mem is False
 
 
 def test_retain_freed_memory_defaults_to_on_for_the_cpu(monkeypatch):
@@ -103,7 +104,7 @@ def test_retain_freed_memory_defaults_to_on_for_the_cpu(monkeypatch):
         args = argparse.Namespace(device=device, amp=None, pin_mem=None, retain_freed_memory=explicit)
         runtime.init_distributed(args)
         assert args.retain_freed_memory is expected, (device, explicit)
-    assert training._parse_args(['--no-retain-freed-memory'])[0].retain_freed_memory is False
+    assert parse_run_args(['--no-retain-freed-memory'])[0].retain_freed_memory is False
     assert 'retain_freed_memory' in RUNTIME_ARGS  # a switch of this machine's process, not of the recipe
 
 
@@ -131,11 +132,11 @@ def restore_backend_flags():
 
 def test_backends_are_exact_unless_asked(restore_backend_flags):
     torch.backends.cudnn.benchmark = torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = True
-    args, _ = training._parse_args(['--device', 'cuda'])
+    args, _, _ = parse_run_args(['--device', 'cuda'])
     runtime.configure_backends(args)
     assert not torch.backends.cudnn.benchmark
     assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
-    args, _ = training._parse_args(['--cudnn-benchmark', '--tf32'])
+    args, _, _ = parse_run_args(['--cudnn-benchmark', '--tf32'])
     runtime.configure_backends(args)
     assert torch.backends.cudnn.benchmark
     assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32

@@ -32,7 +32,7 @@ from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
 from ..models import param_groups_pos_lr
 from ..models.input_pad import model_input_padding
-from .args import build_parser, check_scheduler
+from .args import check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, atomic_duplicate, atomic_torch_save
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
@@ -62,15 +62,6 @@ from .state import (
 )
 
 _logger = logging.getLogger('train')
-
-parser = build_parser()  # the arguments with their built-in defaults, for readers of the argument list
-
-
-def _parse_args(argv=None):
-    """(args, recipe) of a command line (:func:`sa_vision.train.state.parse_run_args` without the checkpoint)."""
-    args, recipe, _ = parse_run_args(argv)
-    return args, recipe
-
 
 def _log(args, msg):
     if is_primary(args):
