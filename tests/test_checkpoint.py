@@ -8,6 +8,7 @@ from safetensors.torch import save_file
 from timm.models._hub import save_for_hf
 
 import sa_vision  # noqa: F401  (registers the models)
+from sa_vision.models import SA_MODEL_ARGS, infer_cifar_resnet_args, infer_sa_model_args
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint
 
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24, num_classes=7)
@@ -108,3 +109,29 @@ def test_validate_evaluates_the_weights_of_every_source(tmp_path, capsys):
         assert result['num_images'] == len(test) and result['top1'] == pytest.approx(expected, abs=1e-6), source
     with pytest.raises(CheckpointError, match='holds a sa_gen_cifar model'):
         validate.main(['--checkpoint', str(weights), '--model', 'sa_quadratic_cifar', '--dataset', 'digits'])
+
+
+# non-default values of every argument the weights' names and shapes carry, per family
+SA_SHAPE_ARGS = dict(in_chans=1, num_classes=7, embed_dim=12, depth=2, heads_per_layer=(2, 3), mlp_hidden_dim=20)
+RELATIVE_SHIFT_KINDS = ('learned', 'content')  # the kinds with tables of relative shifts, sized by max_rel_shift
+
+
+@pytest.mark.parametrize('name', [*SA_MODEL_ARGS, 'resnet18_cifar'])
+def test_the_model_arguments_are_read_back_off_the_weights(name, tmp_path):
+    """Each registered family built with non-default arguments: the inference beside the model's key names
+    recovers them, and bare weights read as a checkpoint rebuild the model that holds them."""
+    if name == 'resnet18_cifar':
+        given = dict(in_chans=1, num_classes=5)
+        model = timm.create_model(name, **given)
+        assert infer_cifar_resnet_args(model.state_dict()) == given
+        assert infer_sa_model_args(model.state_dict()) is None
+    else:
+        kind = SA_MODEL_ARGS[name].get('attn_kind', 'quadratic')
+        given = dict(SA_SHAPE_ARGS, **({'max_rel_shift': 4} if kind in RELATIVE_SHIFT_KINDS else {}))
+        model = timm.create_model(name, **given)
+        assert infer_sa_model_args(model.state_dict()) == dict(given, attn_kind=kind)
+        assert infer_cifar_resnet_args(model.state_dict()) is None
+    torch.save(model.state_dict(), tmp_path / 'weights.pth')
+    rebuilt = read_checkpoint(tmp_path / 'weights.pth').create_model()  # strict load: every shape must fit
+    assert type(rebuilt) is type(model)
+    assert sum(p.numel() for p in rebuilt.parameters()) == sum(p.numel() for p in model.parameters())

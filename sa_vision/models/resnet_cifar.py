@@ -3,7 +3,7 @@
 timm's ResNet (BasicBlocks 64/128/256/512, strides 1/2/2/2) with the CIFAR stem: 3x3 stride-1 conv, BN, ReLU, no
 max-pool.
 """
-from typing import Any, Dict, Sequence, Union
+from typing import Any, Dict, Optional, Sequence, Union
 
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.resnet import BasicBlock, ResNet
@@ -13,7 +13,7 @@ from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
 
-__all__ = ['CifarResNet', 'InputPadConv2d']
+__all__ = ['CifarResNet', 'InputPadConv2d', 'infer_cifar_resnet_args']
 
 # the ImageNet stem (7x7 stride 2 + max-pool) reduces by 4 before the first stage; this one by 1
 _IMAGENET_STEM_REDUCTION = 4
@@ -55,6 +55,14 @@ class CifarResNet(ResNet):
         self.maxpool = nn.Identity()
         for info in self.feature_info:
             info['reduction'] = max(1, info['reduction'] // _IMAGENET_STEM_REDUCTION)
+
+
+def infer_cifar_resnet_args(state_dict: Dict[str, Tensor]) -> Optional[Dict[str, Any]]:
+    """``in_chans`` and ``num_classes`` of :class:`CifarResNet` weights, read off the stem and the classifier, or
+    None where the state dict is not of a ResNet (no stem ``conv1``, no classifier ``fc``)."""
+    if 'conv1.weight' not in state_dict or 'fc.weight' not in state_dict:
+        return None
+    return {'in_chans': int(state_dict['conv1.weight'].shape[1]), 'num_classes': int(state_dict['fc.weight'].shape[0])}
 
 
 def _create_cifar_resnet(variant: str, pretrained: bool = False, **kwargs) -> CifarResNet:

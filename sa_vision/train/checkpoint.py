@@ -17,7 +17,8 @@ from timm.models import clean_state_dict
 from torch import Tensor, nn
 
 from ..errors import UserError
-from ..models import SA_MODEL_ARGS
+from ..models import SA_MODEL_ARGS, infer_cifar_resnet_args, infer_sa_model_args, is_sa_state_dict
+from ..models.sa_cifar import SA_STATE_DICT_KEYS
 from .args import RUNTIME_ARGS
 
 __all__ = [
@@ -158,40 +159,14 @@ def _torch_load(path: Path, map_location) -> Any:
             f'PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
 
 
-# keys every SelfAttentionNet state dict holds (timm's ViTs have patch_embed.proj.weight too, but no Value map)
-_SA_KEYS = ('patch_embed.proj.weight', 'blocks.0.value.weight', 'blocks.0.mlp.fc1.weight')
-
-
-def is_sa_state_dict(state_dict: Dict[str, Tensor]) -> bool:
-    """Whether ``state_dict`` is of a :class:`~sa_vision.models.SelfAttentionNet` (its shapes give its arguments)."""
-    return all(k in state_dict for k in _SA_KEYS)
-
-
 def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
     """Architecture kwargs (with ``attn_kind``) of a :class:`~sa_vision.models.SelfAttentionNet`, read off a state
-    dict's shapes."""
-    if not is_sa_state_dict(state_dict):
-        missing = [k for k in _SA_KEYS if k not in state_dict]
+    dict's shapes (:func:`~sa_vision.models.infer_sa_model_args`)."""
+    args = infer_sa_model_args(state_dict)
+    if args is None:
+        missing = [k for k in SA_STATE_DICT_KEYS if k not in state_dict]
         raise CheckpointError(f'not a sa_vision self-attention state dict (no {", ".join(missing)}); the '
                               f'architecture of other weights cannot be read off their shapes, name it instead')
-    embed_dim, in_chans = state_dict['patch_embed.proj.weight'].shape[:2]
-    depth = 1 + max(int(k.split('.')[1]) for k in state_dict if k.startswith('blocks.'))
-    heads = tuple(state_dict[f'blocks.{i}.value.weight'].shape[1] // embed_dim for i in range(depth))
-    if 'blocks.0.attn.content.query.weight' in state_dict:
-        kind = 'content'
-    elif 'blocks.0.attn.position.row_shift_embed.weight' in state_dict:
-        kind = 'learned'
-    elif state_dict['blocks.0.attn.position.spreads'].dim() == 3:
-        kind = 'generalized'
-    else:
-        kind = 'quadratic'
-    args = dict(
-        in_chans=int(in_chans), embed_dim=int(embed_dim), depth=depth, heads_per_layer=heads, attn_kind=kind,
-        mlp_hidden_dim=int(state_dict['blocks.0.mlp.fc1.weight'].shape[0]),
-        num_classes=int(state_dict['head.weight'].shape[0]) if 'head.weight' in state_dict else 0,
-    )
-    if kind in ('learned', 'content'):
-        args['max_rel_shift'] = (state_dict['blocks.0.attn.position.row_shift_embed.weight'].shape[0] - 1) // 2
     return args
 
 
@@ -212,9 +187,9 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
                                   f'pass weights of {arch} or use --model {KIND_TO_MODEL[kind]}')
         arch = arch or KIND_TO_MODEL[kind]
         model_args = {**inferred, **model_args}
-    elif arch is None and 'conv1.weight' in state_dict and 'fc.weight' in state_dict:
+    elif arch is None and (resnet_args := infer_cifar_resnet_args(state_dict)) is not None:
         arch = 'resnet18_cifar'
-        model_args = {'num_classes': int(state_dict['fc.weight'].shape[0]), **model_args}
+        model_args = {**resnet_args, **model_args}
     if arch is None:
         raise CheckpointError(
             f'{path} holds bare weights ({len(state_dict)} tensors, e.g. {sorted(state_dict)[:3]}) that are '
