@@ -1,4 +1,4 @@
-""" TIMM_ONLY_RECIPE_KEYS against the argument parser of timm's own train.py
+""" sa_vision.train.timm_args against timm: train.py's arguments and create_model keywords, timm's schedulers
 
 ``sa_vision.train.run_timm`` runs a top-level script of a timm checkout by its path (README: ``python -m
 sa_vision.train.run_timm $TIMM/train.py ...``); pip's timm wheel and sdist ship no train.py. The script checked is
@@ -9,15 +9,21 @@ another timm version need not import against the installed one.
 """
 import argparse
 import ast
+import inspect
 import os
+import textwrap
 from pathlib import Path
 from typing import Optional, Set
 
 import pytest
 import timm
+import torch
+from timm.scheduler import create_scheduler_v2
+from timm.utils import init_distributed_device
 
 from sa_vision.train.args import build_parser
 from sa_vision.train.recipes import TIMM_ONLY_RECIPE_KEYS
+from sa_vision.train.timm_args import OURS, TIMM_MODEL_KWARGS, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
 
 def argparse_dests(source: str) -> Set[str]:
@@ -70,16 +76,76 @@ def test_argparse_dests_are_the_ones_argparse_derives():
     assert argparse_dests(source) == {a.dest for a in namespace['parser']._actions}
 
 
-def test_timm_only_recipe_keys_are_arguments_of_timms_train_py():
+def args_attributes(source: str) -> Set[str]:
+    """The attributes of ``args`` that ``source`` assigns (``args.x = ...``) or reads with ``getattr(args, 'x')``."""
+    names = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(source))):
+        if (isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and isinstance(node.value, ast.Name)
+                and node.value.id == 'args'):
+            names.add(node.attr)
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == 'getattr'
+              and isinstance(node.args[0], ast.Name) and node.args[0].id == 'args'
+              and isinstance(node.args[1], ast.Constant)):
+            names.add(node.args[1].value)
+    return names
+
+
+def create_model_keywords(source: str) -> dict:
+    """``{keyword: argument}`` of the ``create_model(...)`` call in ``source`` whose values are ``args.<argument>``,
+    with ``None`` for keywords given by another expression."""
+    (call,) = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+               and n.func.id == 'create_model']
+    return {k.arg: k.value.attr if isinstance(k.value, ast.Attribute) and isinstance(k.value.value, ast.Name)
+            and k.value.value.id == 'args' else None for k in call.keywords if k.arg}
+
+
+def required_timm_train_script() -> Path:
     script = timm_train_script()
     if script is None:
-        pytest.skip(f'no timm train.py to check TIMM_ONLY_RECIPE_KEYS against: the installed timm '
+        pytest.skip(f'no timm train.py to check sa_vision.train.timm_args against: the installed timm '
                     f'{timm.__version__} ({Path(timm.__file__).parent}) has none beside it (pip ships no train.py); '
                     f'set SA_VISION_TIMM_CHECKOUT to a pytorch-image-models checkout of that version')
-    dests = argparse_dests(script.read_text(encoding='utf-8'))
+    return script
+
+
+def test_the_packaged_list_is_the_parser_of_timms_train_py():
+    script = required_timm_train_script()
+    source = script.read_text(encoding='utf-8')
+    dests = argparse_dests(source)
     assert {'model', 'sched', 'epochs'} <= dests, f'{script} does not look like timm\'s train.py'
-    assert not TIMM_ONLY_RECIPE_KEYS - dests, (
-        f'TIMM_ONLY_RECIPE_KEYS names keys that {script} has no argument for: '
-        f'{sorted(TIMM_ONLY_RECIPE_KEYS - dests)}')
-    # minimal: nothing that sa-vision-train reads itself (those are its own arguments, not timm-only ones)
-    assert not TIMM_ONLY_RECIPE_KEYS & {a.dest for a in build_parser()._actions}
+    assert set(TIMM_TRAIN_ARGS) == dests, (
+        f'sa_vision.train.timm_args.TIMM_TRAIN_ARGS differs from the parser of {script}: missing '
+        f'{sorted(dests - set(TIMM_TRAIN_ARGS))}, not there {sorted(set(TIMM_TRAIN_ARGS) - dests)}')
+    # what train.py and timm's init_distributed_device put on args beyond the parser (its checkpoints hold them)
+    set_later = args_attributes(source) | args_attributes(inspect.getsource(init_distributed_device))
+    assert set_later - dests == TIMM_SET_ARGS
+
+
+def test_the_model_keywords_are_the_ones_timms_train_py_passes_to_create_model():
+    keywords = create_model_keywords(required_timm_train_script().read_text(encoding='utf-8'))
+    loading = {'pretrained', 'scriptable', 'checkpoint_path'}  # how to load, not what the architecture is
+    assert keywords['in_chans'] is None  # train.py's own choice between --in-chans and --input-size
+    assert {k: v for k, v in keywords.items() if v and k not in loading} == {
+        k: v for k, v in TIMM_MODEL_KWARGS.items() if k != 'in_chans'}
+
+
+def test_ours_are_exactly_the_arguments_sa_vision_train_shares_with_timm():
+    ours = {a.dest for a in build_parser()._actions}
+    assert {name for name, use in TIMM_TRAIN_ARGS.items() if use == OURS} == ours & set(TIMM_TRAIN_ARGS)
+    # the recipe keys ignored with a note are the rest, nothing that sa-vision-train reads itself
+    assert TIMM_ONLY_RECIPE_KEYS == set(TIMM_TRAIN_ARGS) - ours
+
+
+def test_scheduler_names_are_the_ones_timm_takes():
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1)
+    for name in TIMM_SCHEDULERS:  # every name is accepted by timm itself
+        create_scheduler_v2(optimizer, sched=name, num_epochs=10, warmup_epochs=1)
+    with pytest.raises(ValueError, match='Unknown scheduler'):
+        create_scheduler_v2(optimizer, sched='cosin', num_epochs=10)
+    # and timm takes no other: the strings its source compares sched with
+    compared = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(create_scheduler_v2)))):
+        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == 'sched':
+            compared.update(c.value for comparator in node.comparators for c in ast.walk(comparator)
+                            if isinstance(c, ast.Constant) and isinstance(c.value, str))
+    assert 'cosine' in compared and set(TIMM_SCHEDULERS) == compared

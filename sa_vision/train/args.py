@@ -4,23 +4,19 @@ A run's arguments fall into the groups below; every argument in none of them is 
 the run's ``recipe.yaml`` (``-c recipe.yaml`` repeats the run) and taken from the checkpoint by ``--resume``.
 """
 import argparse
-import ast
 import difflib
-import functools
-import inspect
-import textwrap
-from typing import Optional, Tuple
+from typing import Optional
 
-from timm.scheduler import create_scheduler_v2
 from timm.utils import ParseKwargs
 
 from ..errors import RecipeError
 from .recipes import RECIPE_DIR
 from .runtime import COMPILE_MODES, default_threads
+from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
-    'build_parser', 'argument_names', 'add_threads_argument', 'timm_scheduler_names', 'check_scheduler',
+    'build_parser', 'argument_names', 'add_threads_argument', 'check_scheduler',
 ]
 
 # this process's and this machine's: set anew by every process, so --resume does not take them from the run
@@ -31,9 +27,7 @@ LOCAL_ARGS = frozenset({'output', 'experiment', 'data_dir', 'dataset_download', 
                         'workers', 'log_interval', 'save_epoch_weights', 'export', 'target_top1', 'torchcompile',
                         'torchcompile_mode', 'cudnn_benchmark', 'device_data'})
 # timm train.py's arguments of the same kinds, for the recipes of its checkpoints
-TIMM_LOCAL_ARGS = frozenset({'data', 'no_resume_opt', 'prefetcher', 'recovery_interval', 'checkpoint_hist',
-                             'log_wandb', 'wandb_project', 'wandb_tags', 'wandb_resume_id', 'dist_backend', 'dist_url',
-                             'no_ddp_bb', 'synchronize_step', 'save_images', 'use_multi_epochs_loader'})
+TIMM_LOCAL_ARGS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use == LOCAL) | TIMM_SET_ARGS
 # decided on the machine that runs (args.yaml and the log say what and why), never asked for
 RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_mode_used',
                            'torchcompile_reason', 'resume_changes', 'device_data_used', 'device_data_reason'})
@@ -252,30 +246,13 @@ def _misc_arguments(group) -> None:
                        help='exit with status 1 if the final top-1 is below this (for smoke runs)')
 
 
-@functools.lru_cache(maxsize=None)
-def timm_scheduler_names() -> Tuple[str, ...]:
-    """The ``--sched`` names timm's ``create_scheduler_v2`` takes: the strings its source compares ``sched`` with
-    (read with ``ast``, so they follow the installed timm); () where its source cannot be read."""
-    try:
-        source = textwrap.dedent(inspect.getsource(create_scheduler_v2))
-    except (OSError, TypeError):
-        return ()
-    names = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Compare) and isinstance(node.left, ast.Name) and node.left.id == 'sched':
-            names.update(c.value for comparator in node.comparators for c in ast.walk(comparator)
-                         if isinstance(c, ast.Constant) and isinstance(c.value, str))
-    return tuple(sorted(names))
-
-
 def check_scheduler(sched: str, sched_on_updates: bool) -> None:
     """A :class:`RecipeError` for a ``--sched`` timm does not know (naming the ones it does) or a schedule it cannot
     step as asked; run before anything is built, where timm would only fail at the end of the first epoch."""
-    known = timm_scheduler_names()
-    if known and sched not in known:
-        near = difflib.get_close_matches(sched, known, n=1, cutoff=0.6)
+    if sched not in TIMM_SCHEDULERS:
+        near = difflib.get_close_matches(sched, TIMM_SCHEDULERS, n=1, cutoff=0.6)
         raise RecipeError(f'--sched {sched!r} is not a scheduler of timm' + (f' (did you mean {near[0]!r}?)' if near
-                          else '') + f'; timm\'s schedulers are {", ".join(known)}')
+                          else '') + f'; timm\'s schedulers are {", ".join(TIMM_SCHEDULERS)}')
     if sched == 'plateau' and sched_on_updates:
         raise RecipeError("--sched plateau lowers the lr when the evaluation metric stops improving, once per epoch: "
                           "add --no-sched-on-updates (the recipe's sched_on_updates: false)")

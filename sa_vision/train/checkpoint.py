@@ -20,6 +20,7 @@ from ..errors import UserError
 from ..models import SA_MODEL_ARGS, infer_cifar_resnet_args, infer_sa_model_args, is_sa_state_dict
 from ..models.sa_cifar import SA_STATE_DICT_KEYS
 from .args import RUNTIME_ARGS
+from .timm_args import TIMM_MODEL_KWARGS
 
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'atomic_write',
@@ -31,10 +32,6 @@ __all__ = [
 CHECKPOINT_VERSION = 2
 PathLike = Union[str, os.PathLike]
 
-# timm train.py's create_model(...) keywords and the args they come from
-_TIMM_MODEL_ARGS = (('num_classes', 'num_classes'), ('in_chans', 'in_chans'), ('drop_rate', 'drop'),
-                    ('drop_path_rate', 'drop_path'), ('drop_block_rate', 'drop_block'), ('global_pool', 'gp'),
-                    ('bn_momentum', 'bn_momentum'), ('bn_eps', 'bn_eps'))
 _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
 # weight names timm.create_model takes (it loads them, as with pretrained=True)
 LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
@@ -218,7 +215,7 @@ def _classifier_width(arch: str, state_dict: Dict[str, Tensor]) -> Dict[str, Any
 
 def _timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
     """The create_model keywords of timm train.py, from its args (None values are dropped, as timm does)."""
-    model_args = {key: args.get(name) for key, name in _TIMM_MODEL_ARGS}
+    model_args = {key: args.get(name) for key, name in TIMM_MODEL_KWARGS.items()}
     if model_args['in_chans'] is None and args.get('input_size'):
         model_args['in_chans'] = args['input_size'][0]
     model_args.update(args.get('model_kwargs') or {})

@@ -1,0 +1,93 @@
+""" timm ``train.py``'s arguments, and what sa_vision does with each: the one list of them
+
+A recipe serves both trainers (``sa_vision/configs/*.yaml``), and a timm checkpoint holds train.py's ``args``, so
+every name of train.py's parser is listed here with its use:
+
+* ``OURS``: ``sa-vision-train`` has an argument of that name and meaning;
+* ``TIMM_ONLY``: a training choice only timm's train.py reads: a recipe may hold it (ignored here with a note);
+* ``LOCAL``: the run's files, logging or processes in train.py: a recipe may hold it, a published one never does.
+
+The list follows the parser of timm's train.py (main, 1.0.29.dev0); tests/test_timm_train_args.py derives it again
+from a checkout's train.py where one is at hand (``SA_VISION_TIMM_CHECKOUT``). The library reads only this module.
+"""
+from typing import Dict
+
+__all__ = ['OURS', 'TIMM_ONLY', 'LOCAL', 'TIMM_TRAIN_ARGS', 'TIMM_SET_ARGS', 'TIMM_MODEL_KWARGS', 'TIMM_SCHEDULERS']
+
+OURS, TIMM_ONLY, LOCAL = 'ours', 'timm-only', 'local'
+
+# the dest of every argument of train.py's parser, in its order and groups
+TIMM_TRAIN_ARGS: Dict[str, str] = {
+    'config': OURS,
+    # dataset
+    'data': LOCAL, 'data_dir': OURS, 'dataset': OURS, 'train_split': OURS, 'val_split': OURS,
+    'train_num_samples': TIMM_ONLY, 'val_num_samples': TIMM_ONLY, 'dataset_download': OURS, 'class_map': TIMM_ONLY,
+    'input_img_mode': TIMM_ONLY, 'input_key': TIMM_ONLY, 'target_key': TIMM_ONLY,
+    'dataset_trust_remote_code': TIMM_ONLY,
+    # model
+    'model': OURS, 'pretrained': OURS, 'pretrained_path': TIMM_ONLY, 'initial_checkpoint': OURS, 'resume': OURS,
+    'no_resume_opt': LOCAL, 'num_classes': OURS, 'gp': TIMM_ONLY, 'img_size': OURS, 'in_chans': TIMM_ONLY,
+    'input_size': TIMM_ONLY, 'crop_pct': TIMM_ONLY, 'mean': TIMM_ONLY, 'std': TIMM_ONLY, 'interpolation': TIMM_ONLY,
+    'batch_size': OURS, 'validation_batch_size': OURS, 'channels_last': OURS, 'fuser': TIMM_ONLY,
+    'grad_accum_steps': TIMM_ONLY, 'grad_checkpointing': TIMM_ONLY, 'fast_norm': TIMM_ONLY, 'model_kwargs': OURS,
+    'head_init_scale': TIMM_ONLY, 'head_init_bias': TIMM_ONLY, 'torchcompile_mode': OURS, 'torchscript': TIMM_ONLY,
+    'torchcompile': OURS,
+    # device
+    'device': OURS, 'amp': OURS, 'amp_dtype': OURS, 'model_dtype': TIMM_ONLY, 'no_ddp_bb': LOCAL,
+    'synchronize_step': LOCAL, 'local_rank': LOCAL, 'device_modules': OURS,
+    # optimizer
+    'opt': OURS, 'opt_eps': OURS, 'opt_betas': TIMM_ONLY, 'momentum': OURS, 'weight_decay': OURS, 'clip_grad': OURS,
+    'clip_mode': OURS, 'layer_decay': TIMM_ONLY, 'layer_decay_min_scale': TIMM_ONLY,
+    'layer_decay_no_opt_scale': TIMM_ONLY, 'opt_kwargs': TIMM_ONLY,
+    # learning-rate schedule
+    'sched': OURS, 'sched_on_updates': OURS, 'lr': OURS, 'lr_base': TIMM_ONLY, 'lr_base_size': TIMM_ONLY,
+    'lr_base_scale': TIMM_ONLY, 'lr_noise': TIMM_ONLY, 'lr_noise_pct': TIMM_ONLY, 'lr_noise_std': TIMM_ONLY,
+    'lr_cycle_mul': TIMM_ONLY, 'lr_cycle_decay': TIMM_ONLY, 'lr_cycle_limit': TIMM_ONLY, 'lr_k_decay': TIMM_ONLY,
+    'warmup_lr': OURS, 'min_lr': OURS, 'epochs': OURS, 'epoch_repeats': TIMM_ONLY, 'start_epoch': TIMM_ONLY,
+    'decay_milestones': OURS, 'decay_epochs': TIMM_ONLY, 'warmup_epochs': OURS, 'warmup_prefix': OURS,
+    'cooldown_epochs': OURS, 'patience_epochs': TIMM_ONLY, 'decay_rate': OURS,
+    # augmentation and regularization
+    'no_aug': TIMM_ONLY, 'train_crop_mode': TIMM_ONLY, 'scale': TIMM_ONLY, 'ratio': TIMM_ONLY, 'hflip': OURS,
+    'vflip': TIMM_ONLY, 'color_jitter': TIMM_ONLY, 'color_jitter_prob': TIMM_ONLY, 'grayscale_prob': TIMM_ONLY,
+    'gaussian_blur_prob': TIMM_ONLY, 'aa': TIMM_ONLY, 'aug_repeats': TIMM_ONLY, 'aug_splits': TIMM_ONLY,
+    'jsd_loss': TIMM_ONLY, 'bce_loss': TIMM_ONLY, 'bce_sum': TIMM_ONLY, 'bce_target_thresh': TIMM_ONLY,
+    'bce_pos_weight': TIMM_ONLY, 'reprob': TIMM_ONLY, 'remode': TIMM_ONLY, 'recount': TIMM_ONLY,
+    'resplit': TIMM_ONLY, 'mixup': TIMM_ONLY, 'cutmix': TIMM_ONLY, 'cutmix_minmax': TIMM_ONLY,
+    'mixup_prob': TIMM_ONLY, 'mixup_switch_prob': TIMM_ONLY, 'mixup_mode': TIMM_ONLY, 'mixup_off_epoch': TIMM_ONLY,
+    'smoothing': OURS, 'train_interpolation': TIMM_ONLY, 'drop': OURS, 'drop_connect': TIMM_ONLY, 'drop_path': OURS,
+    'drop_block': TIMM_ONLY,
+    # batch norm, EMA
+    'bn_momentum': TIMM_ONLY, 'bn_eps': TIMM_ONLY, 'sync_bn': TIMM_ONLY, 'dist_bn': TIMM_ONLY, 'split_bn': TIMM_ONLY,
+    'model_ema': TIMM_ONLY, 'model_ema_force_cpu': TIMM_ONLY, 'model_ema_decay': TIMM_ONLY,
+    'model_ema_warmup': TIMM_ONLY,
+    # miscellaneous
+    'seed': OURS, 'worker_seeding': TIMM_ONLY, 'log_interval': OURS, 'val_interval': TIMM_ONLY,
+    'recovery_interval': LOCAL, 'checkpoint_hist': LOCAL, 'workers': OURS, 'save_images': LOCAL, 'pin_mem': OURS,
+    'no_prefetcher': LOCAL, 'output': OURS, 'experiment': OURS, 'eval_metric': OURS, 'tta': TIMM_ONLY,
+    'use_multi_epochs_loader': LOCAL, 'log_wandb': LOCAL, 'wandb_project': LOCAL, 'wandb_tags': LOCAL,
+    'wandb_resume_id': LOCAL,
+    # variable input sizes and sequence lengths (NaFlex)
+    'train_img_sizes': TIMM_ONLY, 'train_batch_sizes': TIMM_ONLY, 'train_size_probs': TIMM_ONLY,
+    'train_size_schedule': TIMM_ONLY, 'train_size_schedule_spread': TIMM_ONLY, 'train_size_random_mix': TIMM_ONLY,
+    'train_batches_per_epoch': TIMM_ONLY, 'variable_batch_loss_scale': TIMM_ONLY, 'naflex_loader': TIMM_ONLY,
+    'naflex_train_seq_lens': TIMM_ONLY, 'naflex_max_seq_len': TIMM_ONLY, 'naflex_patch_sizes': TIMM_ONLY,
+    'naflex_patch_size_probs': TIMM_ONLY, 'naflex_loss_scale': TIMM_ONLY, 'naflex_patchify_channels_first': TIMM_ONLY,
+    # knowledge distillation
+    'kd_model_name': TIMM_ONLY, 'kd_distill_type': TIMM_ONLY, 'kd_loss_type': TIMM_ONLY,
+    'distill_loss_weight': TIMM_ONLY, 'task_loss_weight': TIMM_ONLY, 'kd_temperature': TIMM_ONLY,
+    'kd_student_feature_dim': TIMM_ONLY, 'kd_teacher_feature_dim': TIMM_ONLY, 'kd_token_distill_type': TIMM_ONLY,
+}
+
+# put on train.py's args after parsing (by train.py, or read there by timm.utils.init_distributed_device), so its
+# checkpoints hold them too: all local to a run
+TIMM_SET_ARGS = frozenset({'prefetcher', 'distributed', 'world_size', 'rank', 'dist_backend', 'dist_url'})
+
+# the architecture keywords train.py passes to timm.create_model, and the argument each comes from (in_chans: from
+# --in-chans, else the first of --input-size)
+TIMM_MODEL_KWARGS: Dict[str, str] = {
+    'num_classes': 'num_classes', 'in_chans': 'in_chans', 'drop_rate': 'drop', 'drop_path_rate': 'drop_path',
+    'drop_block_rate': 'drop_block', 'global_pool': 'gp', 'bn_momentum': 'bn_momentum', 'bn_eps': 'bn_eps',
+}
+
+# the --sched names timm.scheduler.create_scheduler_v2 takes
+TIMM_SCHEDULERS = ('constant', 'cosine', 'multistep', 'none', 'plateau', 'poly', 'rsqrt', 'step', 'tanh', 'wsd')
