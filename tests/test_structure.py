@@ -229,3 +229,35 @@ def test_every_module_has_a_docstring():
     undocumented = [module for module, path in _module_names(ROOT / PACKAGE, PACKAGE).items()
                     if not ast.get_docstring(ast.parse(path.read_text()))]
     assert not undocumented, f'no module docstring: {sorted(undocumented)}'
+
+
+def _tests_table(text: str) -> Dict[str, List[str]]:
+    """The module -> tests table of CONTRIBUTING.md's section 'Which tests cover a module': each module path (as
+    written, relative to sa_vision/) -> the test names of its row."""
+    section = text.split('## Which tests cover a module', 1)[1].split('\n## ', 1)[0]
+    table = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        if len(cells) == 2 and cells[0].startswith('`'):
+            for module in cells[0].split(','):
+                table[module.strip().strip('`')] = [t.strip() for t in cells[1].split(',')]
+    return table
+
+
+def test_tests_table_reader_reads_rows_of_several_modules():
+    text = '# x\n## Which tests cover a module\n\n| module | tests |\n|---|---|\n| `a.py`, `b/c.py` | one, two |\n' \
+           '| `d.py` | three |\n\n## Next\n| `e.py` | four |\n'
+    assert _tests_table(text) == {'a.py': ['one', 'two'], 'b/c.py': ['one', 'two'], 'd.py': ['three']}
+
+
+def test_every_module_has_a_row_in_the_tests_table():
+    """CONTRIBUTING.md names the tests of every module (the packages' __init__.py re-export): a new module needs a
+    row, and a row names modules and test files that exist."""
+    table = _tests_table((ROOT / 'CONTRIBUTING.md').read_text(encoding='utf-8'))
+    modules = {path.relative_to(ROOT / PACKAGE).as_posix() for path in (ROOT / PACKAGE).rglob('*.py')
+               if path.name != '__init__.py'}
+    assert not modules - set(table), f'modules without a row in the tests table: {sorted(modules - set(table))}'
+    assert not set(table) - modules, f'rows of the tests table naming no module: {sorted(set(table) - modules)}'
+    missing = {f'test_{name}.py' for names in table.values() for name in names} - {
+        path.name for path in (ROOT / 'tests').glob('test_*.py')}
+    assert not missing, f'CONTRIBUTING.md\'s tests table names test files that do not exist: {sorted(missing)}'
