@@ -1,4 +1,4 @@
-""" sa_vision.train.data: the fashion-mnist dataset (IDX files, padding, splits, normalisation, errors) """
+""" sa_vision.train.datasets: the fashion-mnist dataset (IDX files, padding, splits, normalisation, errors) """
 import gzip
 import os
 import struct
@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sa_vision.train.data import FASHION_MNIST_DIR, FashionMnistDataset, create_image_dataset, dataset_info
+from sa_vision.train.data import create_image_dataset, dataset_info
+from sa_vision.train.datasets import FASHION_MNIST_DIR, FashionMnistDataset
 
 MEAN, STD = 0.2860, 0.3530  # the registry's fashion-mnist values, restated to check the registry too
 FILES = {  # split -> (images, labels)
