@@ -153,7 +153,7 @@ def _check_dataset(args) -> None:
     args.split = split_name(args.dataset, args.split or info.eval_split)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download, eval_split=args.split)
     if args.workers is None:  # worker processes only compete for the cores when the images are already in memory
-        args.workers = 0 if info.name in ('digits', 'fashion-mnist') else 2
+        args.workers = 0 if info.tensor_images else 2
 
 
 cli = command(__name__)

@@ -1,10 +1,12 @@
-""" Datasets and transforms for training and evaluating the CIFAR models (docs/training.md, "Datasets")
+""" The datasets, one entry each, and the transforms for training and evaluating the CIFAR models
+(docs/training.md, "Datasets")
 
-``digits`` and ``fashion-mnist`` are read in ``datasets.py``; the rest comes through timm's ``create_dataset``.
-Transforms follow the paper's CIFAR-10 recipe (Sec. 4). """
+A dataset is one :class:`DatasetInfo` entry of ``_ENTRIES``: its labels and normalisation, and the reader and check
+of ``datasets.py`` it is read with. A timm ``<type>/<name>`` and an image folder get a generic entry. Transforms
+follow the paper's CIFAR-10 recipe (Sec. 4). """
 import os
-from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass, field, replace
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 import torch
 from torchvision import transforms
@@ -13,11 +15,20 @@ from ..errors import DatasetError, DatasetNotFoundError
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from .datasets import (
     FASHION_MNIST_PAD,
-    DigitsDataset,
-    FashionMnistDataset,
-    _check_digits_split,
-    _fashion_mnist_files,
-    _image_folder_split,
+    TRAIN_TEST_SPLITS,
+    Checker,
+    DataSource,
+    Reader,
+    check_digits,
+    check_fashion_mnist,
+    check_image_folder,
+    check_timm,
+    image_folder_split,
+    read_digits,
+    read_fashion_mnist,
+    read_image_folder,
+    read_timm,
+    torchvision_held_tensors,
 )
 
 __all__ = [
@@ -33,7 +44,8 @@ FASHION_MNIST = 'fashion-mnist'
 
 @dataclass(frozen=True)
 class DatasetInfo:
-    """What the rest of the package needs to know about a dataset: labels for exports, normalisation, classes."""
+    """What the rest of the package needs to know about a dataset: labels for exports, normalisation, classes, and
+    how it is read."""
     name: str  # the --dataset value
     tag: str  # pretrained tag of weights trained on it: timm.create_model('<arch>.<tag>')
     title: str  # for people (model cards, tables)
@@ -46,38 +58,48 @@ class DatasetInfo:
     # the black border added around the dataset's own images (28x28 Fashion-MNIST -> the paper's 32x32); an export
     # moves it into the model (input_padding), so that timm's transform at the images' own size feeds it
     input_padding: int = 0
+    aliases: Tuple[str, ...] = ()  # other --dataset values that name it (lower case)
+    read: Reader = read_image_folder  # datasets.py: the dataset of a split, without its transform
+    check: Checker = check_image_folder  # raises what read would, before a model is built
+    splits: Mapping[str, str] = field(default_factory=dict, hash=False)  # split asked for -> read; others as asked
+    tensor_images: bool = False  # held as tensors: the transform takes tensors, a loader needs no worker processes
+    # --data-dir: 'needed', 'optional' (the reader has a default folder) or 'unused' (it reads no files)
+    data_dir: Literal['needed', 'optional', 'unused'] = 'needed'
+    downloads: bool = False  # --dataset-download fetches it into --data-dir
+
+    @property
+    def is_image_folder(self) -> bool:
+        """An image folder: its classes are the folders of its splits."""
+        return self.read is read_image_folder
 
 
-_DATASETS = {
-    'torch/cifar10': DatasetInfo('torch/cifar10', 'cifar10', 'CIFAR-10', CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD,
-                                 'test', 'cifar10', ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog',
-                                                     'frog', 'horse', 'ship', 'truck')),
-    DIGITS: DatasetInfo(DIGITS, 'digits', 'scikit-learn digits (8x8, upscaled to 32x32)', 10, CIFAR10_MEAN,
-                        CIFAR10_STD, 'test', class_names=tuple(str(d) for d in range(10))),
+_ENTRIES = (
+    DatasetInfo('torch/cifar10', 'cifar10', 'CIFAR-10', CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, 'test', 'cifar10',
+                ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck'),
+                aliases=('cifar10',), read=read_timm, check=check_timm, splits=TRAIN_TEST_SPLITS, downloads=True),
     # mean / std of the 28x28 training pixels before the padding, as usually quoted (tests/test_data.py checks them)
-    FASHION_MNIST: DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10,
-                               (0.2860,) * 3, (0.3530,) * 3, 'test', 'fashion_mnist',
-                               ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat', 'Sandal', 'Shirt', 'Sneaker',
-                                'Bag', 'Ankle boot'), input_padding=FASHION_MNIST_PAD),
-}
-_ALIASES = {'cifar10': 'torch/cifar10', 'fashion_mnist': FASHION_MNIST, 'fashionmnist': FASHION_MNIST}
+    DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10, (0.2860,) * 3,
+                (0.3530,) * 3, 'test', 'fashion_mnist', ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat',
+                                                         'Sandal', 'Shirt', 'Sneaker', 'Bag', 'Ankle boot'),
+                input_padding=FASHION_MNIST_PAD, aliases=('fashion_mnist', 'fashionmnist'), read=read_fashion_mnist,
+                check=check_fashion_mnist, splits=TRAIN_TEST_SPLITS, tensor_images=True, data_dir='optional'),
+    DatasetInfo(DIGITS, 'digits', 'scikit-learn digits (8x8, upscaled to 32x32)', 10, CIFAR10_MEAN, CIFAR10_STD,
+                'test', class_names=tuple(str(d) for d in range(10)), read=read_digits, check=check_digits,
+                splits=TRAIN_TEST_SPLITS, tensor_images=True, data_dir='unused'),
+)
+_DATASETS = {name: info for info in _ENTRIES for name in (info.name, *info.aliases)}  # every --dataset value
 # timm's create_dataset prefixes: '<type>/<name>' is passed on to timm as it is
 _TIMM_DATASET_TYPES = ('torch/', 'tfds/', 'wds/', 'hfds/', 'hfids/')
-# split names a held-out split may be asked for by, for the datasets with a fixed train/test split
-_TEST_SPLIT_SYNONYMS = ('test', 'validation', 'val')
 
 
 def known_dataset_names() -> Tuple[str, ...]:
     """The --dataset names this package knows (aliases included), for error messages and help."""
-    return tuple(sorted(set(_DATASETS) | set(_ALIASES)))
+    return tuple(sorted(_DATASETS))
 
 
 def split_name(dataset: str, split: str) -> str:
     """The split ``split`` reads: the fixed-split datasets read 'test' for 'validation' / 'val'."""
-    info = dataset_info(dataset)
-    if info.num_classes is not None and info.eval_split == 'test' and split in _TEST_SPLIT_SYNONYMS:
-        return 'test'
-    return split
+    return dataset_info(dataset).splits.get(split, split)
 
 
 def normalization(dataset: str, data_cfg: Dict[str, Any]) -> Dict[str, Tuple[float, ...]]:
@@ -89,20 +111,24 @@ def normalization(dataset: str, data_cfg: Dict[str, Any]) -> Dict[str, Tuple[flo
 
 def dataset_for_tag(tag: str) -> str:
     """The --dataset of a pretrained tag ('fashion_mnist_custom' -> 'fashion-mnist'), '' for no known dataset."""
-    for info in _DATASETS.values():
+    for info in _ENTRIES:
         if tag == info.tag or tag.startswith(info.tag + '_'):
             return info.name
     return ''
 
 
 def dataset_info(dataset: str) -> DatasetInfo:
-    """The :class:`DatasetInfo` of a --dataset value; an ImageFolder ('' or any other name) gets a generic one."""
-    key = _ALIASES.get(dataset.lower(), dataset.lower()) if dataset else ''
+    """The :class:`DatasetInfo` of a --dataset value; a timm ``<type>/<name>`` and an ImageFolder ('' or any other
+    name) get a generic one."""
+    key = dataset.lower() if dataset else ''
     if key in _DATASETS:
         return _DATASETS[key]
     tag = ''.join(c if c.isalnum() else '_' for c in (dataset or 'folder').split('/')[-1].lower()).strip('_')
-    return DatasetInfo(dataset, tag or 'folder', dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
+    info = DatasetInfo(dataset, tag or 'folder', dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
                        'validation')
+    if key.startswith(_TIMM_DATASET_TYPES):
+        return replace(info, read=read_timm, check=check_timm, downloads=True)
+    return info
 
 
 def create_cifar_transform(
@@ -131,36 +157,32 @@ def create_cifar_transform(
     return transforms.Compose(tfl)
 
 
-
-def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tuple[DatasetInfo, str, Optional[str]]:
-    """(info, resolved name, folder to read) of a --dataset value, or its DatasetError."""
+def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tuple[DatasetInfo, DataSource]:
+    """(info, where to read it) of a --dataset value, or its DatasetError."""
     info = dataset_info(dataset)
-    name = info.name.lower() if info.name else ''  # aliases resolved ('fashion_mnist' -> 'fashion-mnist')
-    known = info.num_classes is not None
-    if (data_dir and name != DIGITS and not os.path.isdir(data_dir)
-            and not (name.startswith(_TIMM_DATASET_TYPES) and download)):
+    if data_dir and info.data_dir != 'unused' and not os.path.isdir(data_dir) and not (info.downloads and download):
         raise DatasetNotFoundError(f'--data-dir {data_dir} does not exist' + (
-            ' (add --dataset-download to download the dataset there)' if name.startswith(_TIMM_DATASET_TYPES) else ''))
-    if name and not known and not name.startswith(_TIMM_DATASET_TYPES):
-        if os.path.isdir(dataset) and not data_dir:
-            data_dir = dataset  # --dataset <folder>: an image folder named by its path
-        elif not data_dir:
+            ' (add --dataset-download to download the dataset there)' if info.downloads else ''))
+    if info.is_image_folder and dataset and not data_dir:
+        if not os.path.isdir(dataset):
             raise DatasetError(f'unknown dataset {dataset!r}: not one of {", ".join(known_dataset_names())}, not a '
                                f'timm <type>/<name> (torch/cifar100, ...) and not an existing folder. For an image '
                                f'folder pass --data-dir <folder> (with --dataset \'\' or a name for it)')
-    if name not in (DIGITS, FASHION_MNIST) and not data_dir:
+        data_dir = dataset  # --dataset <folder>: an image folder named by its path
+    if info.data_dir == 'needed' and not data_dir:
+        without = ' and '.join(f'--dataset {e.name}' for e in _ENTRIES if e.data_dir != 'needed')
         raise DatasetError(f'dataset {dataset or "(image folder)"!r} needs --data-dir (the download target or the '
-                           f'image folder); --dataset {FASHION_MNIST} and --dataset {DIGITS} are read without one')
-    return info, name, data_dir
+                           f'image folder); {without} are read without one')
+    return info, DataSource(info.name, data_dir, download)
 
 
 def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> Optional[List[str]]:
     """The class subfolders of an image folder's ``split`` (``<split>/<class>/<image>``, timm's layout), in
     timm's label order; None for a named dataset (its classes are fixed) or a timm ``<type>/<name>``."""
-    _, name, data_dir = _dataset_source(dataset, data_dir, download=False)
-    if name in (DIGITS, FASHION_MNIST) or name.startswith(_TIMM_DATASET_TYPES) or dataset_info(dataset).num_classes:
+    info, source = _dataset_source(dataset, data_dir, download=False)
+    if not info.is_image_folder:
         return None
-    folder = _image_folder_split(data_dir, split, is_training=True)
+    folder = image_folder_split(source.data_dir, split, is_training=True)
     return sorted(e.name for e in os.scandir(folder) if e.is_dir())
 
 
@@ -168,16 +190,10 @@ def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool =
                   train_split: Optional[str] = None, eval_split: Optional[str] = None) -> None:
     """Raise the DatasetError :func:`create_image_dataset` would raise for these splits, without reading an image
     (run before a model is built; torch/ datasets' files are checked by torchvision later)."""
-    _, name, data_dir = _dataset_source(dataset, data_dir, download)
+    info, source = _dataset_source(dataset, data_dir, download)
     for split, is_training in ((train_split, True), (eval_split, False)):
-        if split is None:
-            continue
-        if name == DIGITS:
-            _check_digits_split(split)
-        elif name == FASHION_MNIST:
-            _fashion_mnist_files(split, data_dir)
-        elif not name.startswith(_TIMM_DATASET_TYPES):
-            _image_folder_split(data_dir, split, is_training)
+        if split is not None:
+            info.check(source, split, is_training)
 
 
 def create_image_dataset(
@@ -194,21 +210,12 @@ def create_image_dataset(
 ):
     """A dataset with the paper's transform attached: 'digits', 'fashion-mnist', a timm name such as
     'torch/cifar10', or '' for an ImageFolder in ``data_dir``; ``mean`` / ``std`` None: the dataset's own."""
-    info, name, data_dir = _dataset_source(dataset, data_dir, download)
-    tensor_input = name in (DIGITS, FASHION_MNIST)
-    transform = create_cifar_transform(
+    info, source = _dataset_source(dataset, data_dir, download)
+    ds = info.read(source, split, is_training, img_size)
+    ds.transform = create_cifar_transform(
         is_training, img_size=img_size, crop_padding=crop_padding, hflip=hflip,
-        mean=info.mean if mean is None else mean, std=info.std if std is None else std, tensor_input=tensor_input)
-    if name == DIGITS:
-        return DigitsDataset(split, transform=transform)
-    if name == FASHION_MNIST:
-        return FashionMnistDataset(split, transform=transform, data_dir=data_dir, img_size=img_size)
-
-    from timm.data import create_dataset
-    if not name.startswith(_TIMM_DATASET_TYPES):  # an image folder: timm would fall back to the root, i.e.
-        data_dir = _image_folder_split(data_dir, split, is_training)  # evaluate on the training images
-    ds = create_dataset(dataset, root=data_dir, split=split, is_training=is_training, download=download)
-    ds.transform = transform
+        mean=info.mean if mean is None else mean, std=info.std if std is None else std,
+        tensor_input=info.tensor_images)
     return ds
 
 
@@ -216,13 +223,8 @@ def held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """(images N x C x H x W, targets) of a dataset whose images are in memory, as its transform receives them
     (uint8, or float in [0, 1] for digits), else None (an image folder reads its files per item).
 
-    Grey datasets give one channel (their items repeat it to 3); torchvision's CIFAR-10 / CIFAR-100 (``torch/``
-    names) keep H x W x C uint8 arrays, which its items turn into PIL images of the same pixels."""
-    if isinstance(dataset, DigitsDataset):
-        return dataset.images[:, :1], dataset.targets  # its 3 channels are one expanded
-    if isinstance(dataset, FashionMnistDataset):
-        return dataset.images, dataset.targets
-    from torchvision.datasets import CIFAR10  # CIFAR100 is a subclass
-    if isinstance(dataset, CIFAR10):
-        return torch.from_numpy(dataset.data).permute(0, 3, 1, 2), torch.as_tensor(dataset.targets, dtype=torch.long)
-    return None
+    Grey datasets give one channel (their items repeat it to 3): a reader's in-memory dataset says what it holds
+    (its ``held_tensors()``); torchvision's CIFAR-10 / CIFAR-100 (``torch/`` names) keep H x W x C uint8 arrays,
+    which its items turn into PIL images of the same pixels."""
+    held = getattr(dataset, 'held_tensors', None)
+    return held() if callable(held) else torchvision_held_tensors(dataset)

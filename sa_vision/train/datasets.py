@@ -1,12 +1,14 @@
-""" The readers of the datasets that are not timm's: scikit-learn's digits and Fashion-MNIST's IDX files, both held
-in memory as tensors, and the image folder's split (docs/training.md, "Datasets").
+""" The readers of the datasets (docs/training.md, "Datasets"): each ``DatasetInfo`` entry of ``data.py`` names one
+``read`` and one ``check`` of this module.
 
-``digits`` and ``fashion-mnist`` (zero-padded 28x28 -> 32x32, so the paper's architectures run unchanged on their
-16x16 grid) are repeated to 3 channels. """
+``digits`` (scikit-learn's) and ``fashion-mnist`` (Fashion-MNIST's IDX files, zero-padded 28x28 -> 32x32, so the
+paper's architectures run unchanged on their 16x16 grid) are held in memory as tensors and repeated to 3 channels;
+timm's ``create_dataset`` reads its ``<type>/<name>`` datasets and the image folders. """
 import gzip
 import os
 import zlib
-from typing import List, Optional, Tuple
+from types import MappingProxyType
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch.utils.data import Dataset
@@ -14,7 +16,10 @@ from torch.utils.data import Dataset
 from ..errors import DatasetError, DatasetNotFoundError
 
 __all__ = [
-    'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'FASHION_MNIST_DIR', 'FashionMnistDataset',
+    'DataSource', 'Reader', 'Checker', 'TRAIN_TEST_SPLITS', 'torchvision_held_tensors',
+    'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'read_digits', 'check_digits',
+    'FASHION_MNIST_DIR', 'FashionMnistDataset', 'read_fashion_mnist', 'check_fashion_mnist',
+    'read_timm', 'check_timm', 'read_image_folder', 'check_image_folder', 'image_folder_split',
 ]
 
 DIGITS_IMG_SIZE = 32
@@ -23,6 +28,21 @@ DIGITS_SPLIT_SEED = 0  # fixed, so every run and every test sees the same split
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'  # where Debian's dataset-fashion-mnist puts the IDX files
 FASHION_MNIST_SIZE = 28
 FASHION_MNIST_PAD = 2  # 28x28 -> 32x32
+# the split asked for -> the split read, for a dataset with a fixed train / test split
+TRAIN_TEST_SPLITS = MappingProxyType({'train': 'train', 'test': 'test', 'validation': 'test', 'val': 'test'})
+
+
+class DataSource(NamedTuple):
+    """Where a dataset is read from: its --dataset name (aliases resolved), folder, and whether timm may download."""
+    name: str
+    data_dir: Optional[str]
+    download: bool = False
+
+
+# read(source, split, is_training, img_size) -> the dataset, without a transform (create_image_dataset sets it)
+Reader = Callable[[DataSource, str, bool, int], Dataset]
+# check(source, split, is_training) raises the DatasetError read would raise, without reading an image
+Checker = Callable[[DataSource, str, bool], None]
 
 
 def _check_digits_split(split: str) -> None:
@@ -30,7 +50,7 @@ def _check_digits_split(split: str) -> None:
     import importlib.util
     if importlib.util.find_spec('sklearn') is None:
         raise DatasetError("the 'digits' dataset needs scikit-learn: pip install scikit-learn")
-    if split not in ('train', 'test', 'validation', 'val'):
+    if split not in TRAIN_TEST_SPLITS:
         raise DatasetError(f"digits has the splits 'train' and 'test', got {split!r}")
 
 
@@ -62,6 +82,10 @@ class DigitsDataset(Dataset):
     def __len__(self) -> int:
         return len(self.targets)
 
+    def held_tensors(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images N x 1 x 32 x 32 float in [0, 1], targets): its 3 channels are one expanded."""
+        return self.images[:, :1], self.targets
+
     def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
         img = self.images[index]
         if self.transform is not None:
@@ -73,7 +97,6 @@ _FASHION_MNIST_FILES = {  # split -> (images, labels), without the .gz
     'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
     'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
 }
-_FASHION_MNIST_SPLITS = {'train': 'train', 'test': 'test', 'validation': 'test', 'val': 'test'}
 
 
 def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
@@ -103,12 +126,12 @@ def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
 
 def _fashion_mnist_files(split: str, data_dir: Optional[str] = None) -> List[str]:
     """The (images, labels) IDX files of a fashion-mnist split, or the error saying where to get them."""
-    if split not in _FASHION_MNIST_SPLITS:
+    if split not in TRAIN_TEST_SPLITS:
         raise DatasetError(f"fashion-mnist has the splits 'train' and 'test' ('validation' and 'val' are 'test'), "
                            f"got {split!r}")
     folder = os.fspath(data_dir) if data_dir else FASHION_MNIST_DIR
     paths, missing = [], []
-    for name in _FASHION_MNIST_FILES[_FASHION_MNIST_SPLITS[split]]:
+    for name in _FASHION_MNIST_FILES[TRAIN_TEST_SPLITS[split]]:
         found = [p for p in (os.path.join(folder, name + '.gz'), os.path.join(folder, name)) if os.path.isfile(p)]
         if found:
             paths.append(found[0])
@@ -155,6 +178,10 @@ class FashionMnistDataset(Dataset):
     def __len__(self) -> int:
         return len(self.targets)
 
+    def held_tensors(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images N x 1 x H x W uint8, padded, targets), as stored."""
+        return self.images, self.targets
+
     def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
         # repeat copies: transforms may work in place, which an expand()ed view would not allow
         img = self.images[index].float().div_(255.).repeat(3, 1, 1)
@@ -163,7 +190,7 @@ class FashionMnistDataset(Dataset):
         return img, int(self.targets[index])
 
 
-def _image_folder_split(root: str, split: str, is_training: bool = False) -> str:
+def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
     """The subfolder of an image folder that holds ``split`` (timm's synonyms: val/valid/validation/eval/...)."""
     from timm.data.dataset_factory import _search_split
     folder = _search_split(root, split)
@@ -179,3 +206,51 @@ def _image_folder_split(root: str, split: str, is_training: bool = False) -> str
             f'or train/); its subfolders are {found}. Put the {split} images in {os.path.join(root, split)}/<class>/ '
             f'{advice}')
     return folder
+
+
+def read_digits(source: DataSource, split: str, is_training: bool, img_size: int) -> DigitsDataset:
+    return DigitsDataset(split)
+
+
+def check_digits(source: DataSource, split: str, is_training: bool) -> None:
+    _check_digits_split(split)
+
+
+def read_fashion_mnist(source: DataSource, split: str, is_training: bool, img_size: int) -> FashionMnistDataset:
+    return FashionMnistDataset(split, data_dir=source.data_dir, img_size=img_size)
+
+
+def check_fashion_mnist(source: DataSource, split: str, is_training: bool) -> None:
+    _fashion_mnist_files(split, source.data_dir)
+
+
+def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:
+    """A timm ``<type>/<name>`` dataset (torch/cifar10, tfds/..., ...) through timm's ``create_dataset``."""
+    from timm.data import create_dataset
+    return create_dataset(source.name, root=source.data_dir, split=split, is_training=is_training,
+                          download=source.download)
+
+
+def check_timm(source: DataSource, split: str, is_training: bool) -> None:
+    """Nothing to check before reading: torchvision checks a torch/ dataset's files when it reads them."""
+
+
+def read_image_folder(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:
+    """The image folder ``<data_dir>/<split>/<class>/<image>`` through timm's ``create_dataset``; a missing split
+    raises (timm would fall back to the root, i.e. evaluate on the training images)."""
+    from timm.data import create_dataset
+    folder = image_folder_split(source.data_dir, split, is_training)
+    return create_dataset(source.name, root=folder, split=split, is_training=is_training, download=source.download)
+
+
+def check_image_folder(source: DataSource, split: str, is_training: bool) -> None:
+    image_folder_split(source.data_dir, split, is_training)
+
+
+def torchvision_held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(images N x 3 x H x W uint8, targets) of torchvision's CIFAR-10 / CIFAR-100 (timm's ``torch/`` names), which
+    keep H x W x C uint8 arrays and turn them into PIL images of the same pixels per item; None for another."""
+    from torchvision.datasets import CIFAR10  # CIFAR100 is a subclass
+    if isinstance(dataset, CIFAR10):
+        return torch.from_numpy(dataset.data).permute(0, 3, 1, 2), torch.as_tensor(dataset.targets, dtype=torch.long)
+    return None
