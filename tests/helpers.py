@@ -54,7 +54,7 @@ def fashion_mnist_test_images(count: int):
     import numpy as np
     from PIL import Image
 
-    from sa_vision.train.data import FASHION_MNIST_DIR
+    from sa_vision.train.datasets import FASHION_MNIST_DIR
 
     def read(stem, header):
         path = next(p for p in Path(FASHION_MNIST_DIR).iterdir() if p.name.split('.')[0] == stem)

@@ -91,7 +91,7 @@ def test_validate_evaluates_the_weights_of_every_source(tmp_path, capsys):
 
     from sa_vision.cli import validate
     from sa_vision.paper import CIFAR10_MEAN, CIFAR10_STD
-    from sa_vision.train.data import DigitsDataset
+    from sa_vision.train.datasets import DigitsDataset
     folder, state_dict = _hub_folder(tmp_path, **dict(SMALL, num_classes=10))
     weights = tmp_path / 'weights.pth'
     torch.save(state_dict, weights)

@@ -1,4 +1,4 @@
-""" sa_vision.train.data: the fashion-mnist dataset (IDX files, padding, splits, normalisation, errors) """
+""" sa_vision.train.datasets: the fashion-mnist dataset (IDX files, padding, splits, normalisation, errors) """
 import gzip
 import os
 import struct
@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sa_vision.train.data import FASHION_MNIST_DIR, FashionMnistDataset, create_image_dataset, dataset_info
+from sa_vision.train.data import create_image_dataset, dataset_info
+from sa_vision.train.datasets import FASHION_MNIST_DIR, FashionMnistDataset
 
 MEAN, STD = 0.2860, 0.3530  # the registry's fashion-mnist values, restated to check the registry too
 FILES = {  # split -> (images, labels)
@@ -137,3 +138,63 @@ def test_real_files_and_registry_stats():
     std = float(((counts * (values - mean) ** 2).sum() / counts.sum()).sqrt())
     info = dataset_info('fashion-mnist')
     assert round(mean, 3) == round(info.mean[0], 3) == MEAN and round(std, 3) == round(info.std[0], 3) == STD
+
+
+class _ToyDataset(torch.utils.data.Dataset):
+    """Two 1 x 2 x 2 float images in memory, as a reader of sa_vision/train/datasets.py returns them."""
+
+    def __init__(self):
+        self.images, self.targets, self.transform = torch.tensor([[[[0., .5], [1., .25]]], [[[1., 1.], [0., 0.]]]]), \
+            torch.tensor([1, 0]), None
+
+    def __len__(self):
+        return 2
+
+    def held_tensors(self):
+        return self.images, self.targets
+
+    def __getitem__(self, index):
+        return self.transform(self.images[index].repeat(3, 1, 1)), int(self.targets[index])
+
+
+def test_a_dataset_is_one_entry(monkeypatch, tmp_path):
+    """An entry alone (no other edit) makes a dataset readable, checkable, split-mapped and held by name."""
+    from sa_vision.errors import DatasetError
+    from sa_vision.train import data
+    reads = []
+
+    def read(source, split, is_training, img_size):
+        reads.append((source.name, source.data_dir, split, is_training, img_size))
+        return _ToyDataset()
+
+    def check(source, split, is_training):
+        if split not in ('train', 'test', 'val'):
+            raise DatasetError(f'toy has no split {split!r}')
+
+    info = data.DatasetInfo('toy', 'toy', 'Toy', 2, (.5,) * 3, (.25,) * 3, 'test', aliases=('toy-set',), read=read,
+                            check=check, splits={'val': 'test'}, tensor_images=True, data_dir='unused')
+    for name in ('toy', 'toy-set'):
+        monkeypatch.setitem(data._DATASETS, name, info)
+    missing = str(tmp_path / 'nope')  # --data-dir is unused: not an error
+    ds = create_image_dataset('Toy-Set', 'val', is_training=False, data_dir=missing, img_size=2)
+    assert reads == [('toy', missing, 'val', False, 2)]
+    img, target = ds[0]  # the tensor transform: normalisation only, with the entry's mean and std
+    torch.testing.assert_close(img, ((torch.tensor([[0., .5], [1., .25]]) - .5) / .25).expand(3, -1, -1))
+    assert target == 1 and data.held_tensors(ds)[0] is ds.images
+    assert data.split_name('toy', 'val') == 'test' and data.split_name('toy', 'train') == 'train'
+    assert data.image_folder_classes('toy', None, 'train') is None and 'toy-set' in data.known_dataset_names()
+    data.check_dataset('toy', train_split='train', eval_split='val')
+    with pytest.raises(DatasetError, match="toy has no split 'holdout'"):
+        data.check_dataset('toy', eval_split='holdout')
+
+
+@pytest.mark.parametrize('dataset', ['cifar10', 'CIFAR10', 'torch/cifar10'])
+def test_cifar10_alias_reads_torchvisions_cifar10(dataset, monkeypatch, tmp_path):
+    """The alias is timm's torch/cifar10 (timm's create_dataset would read a bare 'cifar10' as an image folder)."""
+    import timm.data
+    asked = []
+    monkeypatch.setattr(timm.data, 'create_dataset', lambda name, **kwargs: asked.append((name, kwargs)) or
+                        torch.utils.data.TensorDataset(torch.zeros(1)))
+    create_image_dataset(dataset, 'test', is_training=False, data_dir=str(tmp_path), download=True)
+    assert asked == [('torch/cifar10', {'root': str(tmp_path), 'split': 'test', 'is_training': False,
+                                        'download': True})]

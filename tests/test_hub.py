@@ -141,7 +141,8 @@ def test_fashion_mnist_export_takes_timms_transform_of_the_28x28_images(trained,
     import timm
     from PIL import Image
 
-    from sa_vision.train.data import FashionMnistDataset, create_cifar_transform, dataset_info
+    from sa_vision.train.data import create_cifar_transform, dataset_info
+    from sa_vision.train.datasets import FashionMnistDataset
     info = dataset_info('fashion-mnist')
     ckpt = torch.load(trained[0], weights_only=True)  # the digits weights, relabelled as trained on Fashion-MNIST
     ckpt['dataset'] = ckpt['args']['dataset'] = 'fashion-mnist'

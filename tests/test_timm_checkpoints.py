@@ -17,7 +17,7 @@ import sa_vision  # noqa: E402,F401
 from sa_vision.cli import push_to_hub, validate  # noqa: E402
 from sa_vision.paper import CIFAR10_MEAN, CIFAR10_STD  # noqa: E402
 from sa_vision.train.checkpoint import CheckpointError, read_checkpoint  # noqa: E402
-from sa_vision.train.data import DigitsDataset  # noqa: E402
+from sa_vision.train.datasets import DigitsDataset  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -181,7 +181,7 @@ def test_evaluation_counts_top1_and_top5():
 
 
 def test_digits_dataset_split_is_fixed():
-    from sa_vision.train.data import DigitsDataset
+    from sa_vision.train.datasets import DigitsDataset
     train, test = DigitsDataset('train'), DigitsDataset('test')
     assert (len(train), len(test)) == (1437, 360)
     assert train.images.shape[1:] == (3, 32, 32)

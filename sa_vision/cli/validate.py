@@ -81,7 +81,7 @@ def with_progress(loader, num_images: int, stream=None):
     return batches()
 
 
-def main(argv=None):
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description='Evaluate a sa_vision model')
     parser.add_argument('--model', default=None,
                         help='registered name, local-dir:<folder> or hf-hub:<repo> (default sa_quadratic_cifar); '
@@ -109,7 +109,11 @@ def main(argv=None):
                         help='bf16 autocast (default: on with CUDA)')
     parser.add_argument('--device-modules', default=None, type=str, nargs='+',
                         help='python modules to import first (e.g. a package that registers models)')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
     apply_threads(args)
     if args.dataset is not None:  # a missing dataset fails before any model is built
         _check_dataset(args)
@@ -153,7 +157,7 @@ def _check_dataset(args) -> None:
     args.split = split_name(args.dataset, args.split or info.eval_split)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download, eval_split=args.split)
     if args.workers is None:  # worker processes only compete for the cores when the images are already in memory
-        args.workers = 0 if info.name in ('digits', 'fashion-mnist') else 2
+        args.workers = 0 if info.tensor_images else 2
 
 
 cli = command(__name__)

@@ -1,0 +1,256 @@
+""" The readers of the datasets (docs/training.md, "Datasets"): each ``DatasetInfo`` entry of ``data.py`` names one
+``read`` and one ``check`` of this module.
+
+``digits`` (scikit-learn's) and ``fashion-mnist`` (Fashion-MNIST's IDX files, zero-padded 28x28 -> 32x32, so the
+paper's architectures run unchanged on their 16x16 grid) are held in memory as tensors and repeated to 3 channels;
+timm's ``create_dataset`` reads its ``<type>/<name>`` datasets and the image folders. """
+import gzip
+import os
+import zlib
+from types import MappingProxyType
+from typing import Callable, List, NamedTuple, Optional, Tuple
+
+import torch
+from torch.utils.data import Dataset
+
+from ..errors import DatasetError, DatasetNotFoundError
+
+__all__ = [
+    'DataSource', 'Reader', 'Checker', 'TRAIN_TEST_SPLITS', 'torchvision_held_tensors',
+    'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'read_digits', 'check_digits',
+    'FASHION_MNIST_DIR', 'FashionMnistDataset', 'read_fashion_mnist', 'check_fashion_mnist',
+    'read_timm', 'check_timm', 'read_image_folder', 'check_image_folder', 'image_folder_split',
+]
+
+DIGITS_IMG_SIZE = 32
+DIGITS_TEST_FRACTION = 0.2  # 1437 train / 360 test images
+DIGITS_SPLIT_SEED = 0  # fixed, so every run and every test sees the same split
+FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'  # where Debian's dataset-fashion-mnist puts the IDX files
+FASHION_MNIST_SIZE = 28
+FASHION_MNIST_PAD = 2  # 28x28 -> 32x32
+# the split asked for -> the split read, for a dataset with a fixed train / test split
+TRAIN_TEST_SPLITS = MappingProxyType({'train': 'train', 'test': 'test', 'validation': 'test', 'val': 'test'})
+
+
+class DataSource(NamedTuple):
+    """Where a dataset is read from: its --dataset name (aliases resolved), folder, and whether timm may download."""
+    name: str
+    data_dir: Optional[str]
+    download: bool = False
+
+
+# read(source, split, is_training, img_size) -> the dataset, without a transform (create_image_dataset sets it)
+Reader = Callable[[DataSource, str, bool, int], Dataset]
+# check(source, split, is_training) raises the DatasetError read would raise, without reading an image
+Checker = Callable[[DataSource, str, bool], None]
+
+
+def _check_digits_split(split: str) -> None:
+    """Raise for a split digits lacks or a missing scikit-learn (found, not imported)."""
+    import importlib.util
+    if importlib.util.find_spec('sklearn') is None:
+        raise DatasetError("the 'digits' dataset needs scikit-learn: pip install scikit-learn")
+    if split not in TRAIN_TEST_SPLITS:
+        raise DatasetError(f"digits has the splits 'train' and 'test', got {split!r}")
+
+
+class DigitsDataset(Dataset):
+    """scikit-learn's handwritten digits as 3 x 32 x 32 float images in [0, 1] with a fixed train/test split."""
+
+    def __init__(self, split: str = 'train', transform=None):
+        _check_digits_split(split)
+        from sklearn.datasets import load_digits
+        from sklearn.model_selection import train_test_split
+        digits = load_digits()
+        images = torch.tensor(digits.images, dtype=torch.float32) / 16.  # 8x8, values 0..16
+        targets = torch.tensor(digits.target, dtype=torch.long)
+        train_idx, test_idx = train_test_split(
+            list(range(len(targets))),
+            test_size=DIGITS_TEST_FRACTION,
+            random_state=DIGITS_SPLIT_SEED,
+            stratify=digits.target,
+        )
+        idx = torch.tensor(train_idx if split == 'train' else test_idx)
+        images = torch.nn.functional.interpolate(
+            images[idx].unsqueeze(1), size=(DIGITS_IMG_SIZE, DIGITS_IMG_SIZE), mode='bilinear',
+            align_corners=False).clamp_(0., 1.)
+        self.images = images.expand(-1, 3, -1, -1).contiguous()
+        self.targets = targets[idx]
+        self.transform = transform
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def held_tensors(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images N x 1 x 32 x 32 float in [0, 1], targets): its 3 channels are one expanded."""
+        return self.images[:, :1], self.targets
+
+    def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
+        img = self.images[index]
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, int(self.targets[index])
+
+
+_FASHION_MNIST_FILES = {  # split -> (images, labels), without the .gz
+    'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
+    'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'),
+}
+
+
+def _read_idx_uint8(path: str, ndim: int) -> torch.Tensor:
+    """An IDX file of unsigned bytes, gzip'd or not, as a uint8 tensor; a malformed file raises naming the path
+    (torchvision's readers ``assert`` and take no gzip)."""
+    with open(path, 'rb') as f:
+        data = f.read()
+    if path.endswith('.gz'):
+        try:
+            data = gzip.decompress(data)  # in memory: no unpacked copy on disk
+        except (OSError, EOFError, zlib.error) as e:
+            raise DatasetError(f'{path} is not a valid gzip file ({e}); fetch it again') from None
+    # header: 2 zero bytes, type 0x08 (unsigned byte), ndim, then each size as big-endian uint32
+    header = 4 + 4 * ndim
+    if len(data) < header or data[:4] != bytes((0, 0, 0x08, ndim)):
+        raise DatasetError(f'{path} is not an IDX file of unsigned bytes with {ndim} dimension(s): its magic number is '
+                         f'{data[:4].hex() or "missing"}, expected {bytes((0, 0, 0x08, ndim)).hex()}')
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], 'big') for i in range(ndim)]
+    numel = 1
+    for n in shape:
+        numel *= n
+    if len(data) != header + numel:
+        raise DatasetError(f'{path} is truncated or corrupt: its header says {"x".join(map(str, shape))} values '
+                         f'({header + numel} bytes), the file holds {len(data)} bytes; fetch it again')
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8, offset=header).view(*shape)
+
+
+def _fashion_mnist_files(split: str, data_dir: Optional[str] = None) -> List[str]:
+    """The (images, labels) IDX files of a fashion-mnist split, or the error saying where to get them."""
+    if split not in TRAIN_TEST_SPLITS:
+        raise DatasetError(f"fashion-mnist has the splits 'train' and 'test' ('validation' and 'val' are 'test'), "
+                           f"got {split!r}")
+    folder = os.fspath(data_dir) if data_dir else FASHION_MNIST_DIR
+    paths, missing = [], []
+    for name in _FASHION_MNIST_FILES[TRAIN_TEST_SPLITS[split]]:
+        found = [p for p in (os.path.join(folder, name + '.gz'), os.path.join(folder, name)) if os.path.isfile(p)]
+        if found:
+            paths.append(found[0])
+        else:
+            missing.append(f'{name}.gz (or {name})')
+    if missing:
+        raise DatasetNotFoundError(
+            f"fashion-mnist: {' and '.join(missing)} not found in {folder}. Install Debian's package "
+            f"(apt-get install dataset-fashion-mnist, into {FASHION_MNIST_DIR}) or pass --data-dir, a folder "
+            f"holding the four standard files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
+            f"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, e.g. from "
+            f"https://github.com/zalandoresearch/fashion-mnist)")
+    return paths
+
+
+class FashionMnistDataset(Dataset):
+    """Fashion-MNIST as 3 x 32 x 32 float images in [0, 1]: 28x28 grey, zero-padded by 2, repeated to 3 channels
+    (``img_size`` 28: unpadded, for a model that pads its input itself, ``input_padding=2``).
+
+    Kept as padded uint8 grey (N x 1 x 32 x 32, 12x smaller than float RGB) and converted per item.
+    """
+
+    def __init__(self, split: str = 'train', transform=None, data_dir: Optional[str] = None, img_size: int = 32):
+        if img_size < FASHION_MNIST_SIZE or (img_size - FASHION_MNIST_SIZE) % 2:
+            raise DatasetError(f'fashion-mnist images are {FASHION_MNIST_SIZE}x{FASHION_MNIST_SIZE}, zero-padded '
+                               f'evenly to the input size: {img_size} is not {FASHION_MNIST_SIZE} + an even number '
+                               f'(32, the paper\'s size, or 28 for a model with input_padding=2)')
+        paths = _fashion_mnist_files(split, data_dir)
+        images = _read_idx_uint8(paths[0], 3)
+        targets = _read_idx_uint8(paths[1], 1).long()
+        if images.shape[1:] != (FASHION_MNIST_SIZE, FASHION_MNIST_SIZE):
+            raise DatasetError(
+                f'{paths[0]} holds {images.shape[1]}x{images.shape[2]} images, Fashion-MNIST\'s are 28x28')
+        if len(images) != len(targets):
+            raise DatasetError(f'{paths[0]} holds {len(images)} images but {paths[1]} {len(targets)} labels')
+        if len(targets) and int(targets.max()) >= 10:
+            raise DatasetError(f'{paths[1]} holds label {int(targets.max())}, Fashion-MNIST has the classes 0..9')
+        p = (img_size - FASHION_MNIST_SIZE) // 2
+        self.images = torch.nn.functional.pad(images.unsqueeze(1), (p, p, p, p))  # zeros = black border
+        self.targets = targets
+        self.transform = transform
+        self.split = split
+
+    def __len__(self) -> int:
+        return len(self.targets)
+
+    def held_tensors(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(images N x 1 x H x W uint8, padded, targets), as stored."""
+        return self.images, self.targets
+
+    def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
+        # repeat copies: transforms may work in place, which an expand()ed view would not allow
+        img = self.images[index].float().div_(255.).repeat(3, 1, 1)
+        if self.transform is not None:
+            img = self.transform(img)
+        return img, int(self.targets[index])
+
+
+def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
+    """The subfolder of an image folder that holds ``split`` (timm's synonyms: val/valid/validation/eval/...)."""
+    from timm.data.dataset_factory import _search_split
+    folder = _search_split(root, split)
+    if os.path.normpath(folder) == os.path.normpath(root):
+        found = sorted(e.name for e in os.scandir(root) if e.is_dir()) if os.path.isdir(root) else []
+        if is_training:
+            advice = 'or name the training folder with --train-split'
+        else:
+            advice = ('or name the held-out folder with --val-split; the training images are never evaluated as a '
+                      'held-out split')
+        raise DatasetNotFoundError(
+            f'the image folder {root} has no {split!r} subfolder (nor a synonym such as val/, validation/, eval/ '
+            f'or train/); its subfolders are {found}. Put the {split} images in {os.path.join(root, split)}/<class>/ '
+            f'{advice}')
+    return folder
+
+
+def read_digits(source: DataSource, split: str, is_training: bool, img_size: int) -> DigitsDataset:
+    return DigitsDataset(split)
+
+
+def check_digits(source: DataSource, split: str, is_training: bool) -> None:
+    _check_digits_split(split)
+
+
+def read_fashion_mnist(source: DataSource, split: str, is_training: bool, img_size: int) -> FashionMnistDataset:
+    return FashionMnistDataset(split, data_dir=source.data_dir, img_size=img_size)
+
+
+def check_fashion_mnist(source: DataSource, split: str, is_training: bool) -> None:
+    _fashion_mnist_files(split, source.data_dir)
+
+
+def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:
+    """A timm ``<type>/<name>`` dataset (torch/cifar10, tfds/..., ...) through timm's ``create_dataset``."""
+    from timm.data import create_dataset
+    return create_dataset(source.name, root=source.data_dir, split=split, is_training=is_training,
+                          download=source.download)
+
+
+def check_timm(source: DataSource, split: str, is_training: bool) -> None:
+    """Nothing to check before reading: torchvision checks a torch/ dataset's files when it reads them."""
+
+
+def read_image_folder(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:
+    """The image folder ``<data_dir>/<split>/<class>/<image>`` through timm's ``create_dataset``; a missing split
+    raises (timm would fall back to the root, i.e. evaluate on the training images)."""
+    from timm.data import create_dataset
+    folder = image_folder_split(source.data_dir, split, is_training)
+    return create_dataset(source.name, root=folder, split=split, is_training=is_training, download=source.download)
+
+
+def check_image_folder(source: DataSource, split: str, is_training: bool) -> None:
+    image_folder_split(source.data_dir, split, is_training)
+
+
+def torchvision_held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """(images N x 3 x H x W uint8, targets) of torchvision's CIFAR-10 / CIFAR-100 (timm's ``torch/`` names), which
+    keep H x W x C uint8 arrays and turn them into PIL images of the same pixels per item; None for another."""
+    from torchvision.datasets import CIFAR10  # CIFAR100 is a subclass
+    if isinstance(dataset, CIFAR10):
+        return torch.from_numpy(dataset.data).permute(0, 3, 1, 2), torch.as_tensor(dataset.targets, dtype=torch.long)
+    return None
