@@ -367,11 +367,14 @@ def _save(ckpt: dict, model, args, run_dir: Path, train_metrics: dict) -> None:
     if args.save_epoch_weights:
         save_epoch_weights(model, args, run_dir, epoch + 1)
     atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
+    is_best = ckpt['best']['epoch'] == epoch
+    if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
+        atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
     summary = run_dir / 'summary.csv'
     update_summary(epoch, train_metrics, ckpt['metrics'], summary, write_header=not summary.is_file())
+    # said once every file of the epoch is written
     _log(args, f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
-    if ckpt['best']['epoch'] == epoch:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
-        atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
+    if is_best:
         _log(args, f'Best {args.eval_metric} so far ({ckpt["best"]["metric"]:.4g}): {run_dir / BEST_CHECKPOINT}')
 
 
