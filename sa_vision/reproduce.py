@@ -18,12 +18,13 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
+from .io import atomic_write, atomic_write_text, plain_data
 from .models import SA_MODEL_ARGS
 from .models._pretrained import hub_repo_id
 from .paper import PAPER_RESULTS
 from .research.pruning import PRUNED_ARCH
 from .tables import markdown_table
-from .train.checkpoint import Checkpoint, atomic_write, plain_data, read_checkpoint
+from .train.checkpoint import Checkpoint, read_checkpoint
 from .train.data import dataset_info
 from .train.recipes import load_recipe
 from .train.runtime import format_duration
@@ -197,7 +198,7 @@ class Reproduction:
                                   f'same options or choose another --out')
         else:
             self.out.mkdir(parents=True, exist_ok=True)
-            _write_atomic(path, json.dumps(setup, indent=1))
+            atomic_write_text(path, json.dumps(setup, indent=1))
 
     def run_dir(self, model: str) -> Path:
         return self.out / 'runs' / model
@@ -225,7 +226,7 @@ class Reproduction:
         header = (f"# left out, only timm's train.py reads them: "
                   f"{yaml.safe_dump(plain_data(ignored), default_flow_style=True, width=10**6).strip()}\n"
                   if ignored else '')
-        _write_atomic(recipe_path, header + yaml.safe_dump(
+        atomic_write_text(recipe_path, header + yaml.safe_dump(
             plain_data({k: v for k, v in recipe.items() if k in read}), sort_keys=False))
         last = self.run_dir(run) / 'last.pth.tar'
         cmd = [sys.executable, '-m', 'sa_vision.cli.train', '-c', str(recipe_path), '--output', str(self.out / 'runs'),
@@ -286,7 +287,7 @@ class Reproduction:
             'top1_before_pruning': source.meta['metrics']['top1'], 'top1_after_pruning': after['top1'],
             'top5_before_pruning': source.meta['metrics']['top5'], 'top5_after_pruning': after['top5'],
         }
-        _write_atomic(report_path, json.dumps(report, indent=1))
+        atomic_write_text(report_path, json.dumps(report, indent=1))
         _say(f'pruning: removed {report["heads_removed_per_layer"]} heads per layer, kept '
              f'{report["kept_heads_per_layer"]}; top-1 {report["top1_before_pruning"]:.2f} % before, '
              f'{after["top1"]:.2f} % after pruning (before fine-tuning)')
@@ -305,7 +306,7 @@ class Reproduction:
             if saved.get('checkpoint') == stamp:
                 return saved
         metrics = {**self._evaluate(ckpt.create_model()), 'checkpoint': stamp, 'precision': EVAL_PRECISION}
-        _write_atomic(path, json.dumps(metrics, indent=1))
+        atomic_write_text(path, json.dumps(metrics, indent=1))
         return metrics
 
     def table(self, models=TABLE_ORDER, quiet: bool = False) -> List[Dict[str, Any]]:
@@ -337,7 +338,7 @@ class Reproduction:
         markdown = _markdown_table(rows, dataset_info(self.dataset).title)
         if self.profile.table_note:
             markdown += f'\n{self.profile.table_note}\n'
-        _write_atomic(self.out / 'results.md', markdown)
+        atomic_write_text(self.out / 'results.md', markdown)
         if not quiet:
             _say(markdown)
         return rows
@@ -368,7 +369,7 @@ class Reproduction:
             [[r['variant'], r['epochs'], f'{r["top1"]:.2f}', f'{r["top5"]:.2f}',
               '-' if r['center_shift_median'] is None else f'{r["center_shift_median"]:.2f}',
               _duration(r['train_minutes'])] for r in rows], 'lrrrrr') + '\n'
-        _write_atomic(self.out / 'ablation.md', markdown)
+        atomic_write_text(self.out / 'ablation.md', markdown)
         _say(markdown)
         return rows
 
@@ -634,7 +635,7 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
         loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, range(SUBSET_IMAGES)), batch_size=500)
         subset_top1[row['model']] = round(evaluate(model, loader, 'cpu')['top1'], 2)
         _say(f'{row["model"]}: recorded; top-1 {subset_top1[row["model"]]:.2f} on the first {SUBSET_IMAGES} images')
-    _write_atomic(paths['digests'], '\n'.join(digests) + '\n')
+    atomic_write_text(paths['digests'], '\n'.join(digests) + '\n')
     with atomic_write(paths['logits']) as tmp:
         save_file(logits, str(tmp), metadata={'images': f'the first {GUARD_IMAGES} of the test split',
                                               'subset_images': str(SUBSET_IMAGES),
@@ -715,11 +716,6 @@ def _die_with_parent() -> None:
         import ctypes
         import signal
         ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    with atomic_write(path) as tmp:
-        tmp.write_text(text)
 
 
 def _training_precision(args: Dict[str, Any]) -> str:

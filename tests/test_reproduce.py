@@ -221,8 +221,9 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
     from safetensors.torch import save_file
 
     import sa_vision  # noqa: F401
+    from sa_vision.io import atomic_torch_save
     from sa_vision.reproduce import Reproduction
-    from sa_vision.train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
     kwargs = dict(embed_dim=8, depth=1, heads_per_layer=4, mlp_hidden_dim=8, num_classes=10)
     zoo = Reproduction(tmp_path, 'tiny')
     for arch in ('sa_quadratic_cifar', 'sa_learned_cifar'):

@@ -12,8 +12,8 @@ import torch
 from helpers import HANG_TIMEOUT_S, command
 
 from sa_vision.errors import UserError
+from sa_vision.io import atomic_write
 from sa_vision.train import loop
-from sa_vision.train.checkpoint import atomic_write
 from sa_vision.train.recipes import RECIPE_DIR
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -30,10 +30,11 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
+from ..io import atomic_duplicate, atomic_torch_save
 from ..models import param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from .args import build_parser, check_scheduler
-from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, atomic_duplicate, atomic_torch_save
+from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate
