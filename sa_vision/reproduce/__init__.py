@@ -18,16 +18,16 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-from .io import atomic_write, atomic_write_text, plain_data
-from .models import SA_MODEL_ARGS
-from .models._pretrained import hub_repo_id
-from .paper import PAPER_RESULTS
-from .research.pruning import PRUNED_ARCH
-from .tables import markdown_table
-from .train.checkpoint import Checkpoint, read_checkpoint
-from .train.data import dataset_info
-from .train.recipes import load_recipe
-from .train.runtime import format_duration
+from ..io import atomic_write, atomic_write_text, plain_data
+from ..models import SA_MODEL_ARGS
+from ..models._pretrained import hub_repo_id
+from ..paper import PAPER_RESULTS
+from ..research.pruning import PRUNED_ARCH
+from ..tables import markdown_table
+from ..train.checkpoint import Checkpoint, read_checkpoint
+from ..train.data import dataset_info
+from ..train.recipes import load_recipe
+from ..train.runtime import format_duration
 
 __all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction',
            'evaluate_on_test_split', 'draw_figures', 'check_kept_models', 'record_kept_models', 'kept_guard_paths',
@@ -262,7 +262,7 @@ class Reproduction:
             _say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
                  f'skipped')
             return out
-        from .research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
+        from ..research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
         source_path = self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'
         _say(f'pruning: reading {source_path}')
         source = read_checkpoint(source_path)
@@ -311,7 +311,7 @@ class Reproduction:
 
     def table(self, models=TABLE_ORDER, quiet: bool = False) -> List[Dict[str, Any]]:
         """The results of the finished runs of ``models``, written as results.md and results.csv (and printed)."""
-        from .hub import count_params_and_macs
+        from ..hub import count_params_and_macs
         rows = []
         for model in (m for m in TABLE_ORDER if m in models):
             last = self.run_dir(model) / 'last.pth.tar'
@@ -375,7 +375,7 @@ class Reproduction:
 
     def _center_shift_median(self, run: str, final_state) -> Optional[float]:
         """Median centre shift of the run ``run`` (grid units, 3 decimals); None without centres or epoch-000."""
-        from .research.analysis import center_shift_median
+        from ..research.analysis import center_shift_median
         initial = self.run_dir(run) / 'epoch-000.safetensors'  # written by the trainer before the first step
         if not initial.is_file():
             return None
@@ -387,8 +387,8 @@ class Reproduction:
 
         Written under ``.partial/`` and renamed when complete, so a killed export is redone, not taken for done.
         """
-        from .hub import export_hub_folder, weights_label
-        from .research.explorer import run_epochs
+        from ..hub import export_hub_folder, weights_label
+        from ..research.explorer import run_epochs
         folders = []
         for model in (m for m in TABLE_ORDER if m in models):
             last = self.run_dir(model) / 'last.pth.tar'
@@ -422,7 +422,7 @@ class Reproduction:
 
     def explorer(self) -> Path:
         """``explorer.html``: the attention explorer page of the trained attention models."""
-        from .research.explorer import resolve_explorer_model, write_explorer
+        from ..research.explorer import resolve_explorer_model, write_explorer
         path = self.out / 'explorer.html'
         folders = [f for f in self.hub_folders() if f.name.split('.')[0] in SA_MODEL_ARGS]
         newest = max(f.joinpath('README.md').stat().st_mtime for f in folders)
@@ -447,7 +447,7 @@ class Reproduction:
         return kept
 
     def publish(self, folders: List[Path], publish: bool) -> None:
-        from .hub import publish_hub_folder
+        from ..hub import publish_hub_folder
         for folder in folders:
             repo_id = hub_repo_id(*folder.name.split('.', 1))  # the export named it <arch>.<tag>
             if not publish:
@@ -491,8 +491,8 @@ def evaluate_on_test_split(model, dataset: str, data_dir: Optional[str] = None, 
 
     import torch
 
-    from .train.data import create_image_dataset
-    from .train.evaluation import evaluate
+    from ..train.data import create_image_dataset
+    from ..train.evaluation import evaluate
     info = dataset_info(dataset)
     ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,
                               img_size=_input_size(model))
@@ -505,9 +505,9 @@ def evaluate_on_test_split(model, dataset: str, data_dir: Optional[str] = None, 
 def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[Path]:
     """The paper's figures of the attention models in ``folders``: centres (Figs. 3-4), maps (Figs. 5-6) and, where
     the folder keeps its epochs, centre trajectories (Fig. 2). Existing files are kept unless ``redraw``."""
-    from .research.analysis import GAUSSIAN_KINDS
-    from .research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
-    from .research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
+    from ..research.analysis import GAUSSIAN_KINDS
+    from ..research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
+    from ..research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made = []
@@ -575,7 +575,7 @@ def _guard_batch(dataset: str, data_dir: Optional[str], img_size: int):
     preprocessing at ``img_size``."""
     import torch
 
-    from .train.data import create_image_dataset
+    from ..train.data import create_image_dataset
     info = dataset_info(dataset)
     ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, img_size=img_size)
     items = [ds[i] for i in range(GUARD_IMAGES)]
@@ -591,7 +591,7 @@ def logits_tolerance(model, scale: float) -> float:
 
     from torch import nn
 
-    from .layers import PositionalAttention
+    from ..layers import PositionalAttention
     lengths = []
     for module in model.modules():
         if isinstance(module, nn.Conv2d):
@@ -614,7 +614,7 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
     import torch
     from safetensors.torch import save_file
 
-    from .train.evaluation import evaluate
+    from ..train.evaluation import evaluate
     paths = kept_guard_paths(table)
     with open(table, newline='') as f:
         rows = list(csv.DictReader(f))
@@ -629,7 +629,7 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
         images, _ = _guard_batch(row['dataset'], data_dir, 32)
         with torch.no_grad():
             logits[row['model']] = model(images).float().contiguous()
-        from .train.data import create_image_dataset
+        from ..train.data import create_image_dataset
         info = dataset_info(row['dataset'])
         ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir)
         loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, range(SUBSET_IMAGES)), batch_size=500)
@@ -732,7 +732,7 @@ def _duration(minutes: float) -> str:
 
 def _training_script_keys() -> frozenset:
     """The argument names of ``sa-vision-train`` (the stages run it in a subprocess; only its parser is read)."""
-    from .train.args import argument_names
+    from ..train.args import argument_names
     return argument_names()
 
 
