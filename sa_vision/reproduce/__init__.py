@@ -29,10 +29,10 @@ from .profiles import (
     StageFailed,
     ablation_run_name,
 )
-from .report import EVAL_PRECISION, TABLE_COLUMNS, draw_figures, evaluate_on_test_split
+from .report import EVAL_PRECISION, draw_figures, evaluate_on_test_split
 from .stages import Reproduction
 
 __all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction',
-           'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'TABLE_COLUMNS', 'evaluate_on_test_split',
+           'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'evaluate_on_test_split',
            'draw_figures', 'check_kept_models', 'record_kept_models', 'kept_guard_paths', 'kept_subset_top1',
            'logits_tolerance', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES']

@@ -20,7 +20,6 @@ from ..io import atomic_write_text, plain_data
 from ..models import SA_MODEL_ARGS
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
-from ..tables import markdown_table
 from ..train.checkpoint import read_checkpoint
 from ..train.data import dataset_info
 from .profiles import (
@@ -38,14 +37,13 @@ from .profiles import (
 from .report import (
     ABLATION_COLUMNS,
     EVAL_PRECISION,
-    TABLE_COLUMNS,
-    _duration,
-    _markdown_table,
+    RESULT_COLUMNS,
     _say,
-    _training_precision,
-    _write_csv_atomic,
     draw_figures,
     evaluate_on_test_split,
+    run_row,
+    write_table,
+    write_zoo_explorer,
 )
 
 __all__ = ['Reproduction']
@@ -204,22 +202,11 @@ class Reproduction:
                 continue  # still training
             counts = count_params_and_macs(ckpt.create_model())
             paper = PAPER_RESULTS.get(model)
-            metrics = self._final_metrics(model, ckpt)
-            rows.append({
-                'model': model, 'dataset': self.dataset, 'epochs': meta['epoch'], 'parameters': counts['params'],
-                'macs_g': round(counts['macs'] / 1e9, 4), 'top1': round(metrics['top1'], 2),
-                'top5': round(metrics['top5'], 2), 'eval_precision': EVAL_PRECISION,
-                'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 3),
-                'center_shift_median': self._center_shift_median(model, ckpt.state_dict),
-                'amp': _training_precision(meta.get('args') or {}),
-                'pos_lr_scale': (meta.get('args') or {}).get('pos_lr_scale', 1.0),
-                'paper_cifar10_top1': paper.top1 if paper else None,
-            })
-        _write_csv_atomic(self.out / 'results.csv', TABLE_COLUMNS, rows)
-        markdown = _markdown_table(rows, dataset_info(self.dataset).title)
-        if self.profile.table_note:
-            markdown += f'\n{self.profile.table_note}\n'
-        atomic_write_text(self.out / 'results.md', markdown)
+            rows.append({'model': model, **run_row(ckpt, self.run_dir(model), self.dataset,
+                                                     self._final_metrics(model, ckpt)),
+                         'parameters': counts['params'], 'macs_g': round(counts['macs'] / 1e9, 4),
+                         'eval_precision': EVAL_PRECISION, 'paper_cifar10_top1': paper.top1 if paper else None})
+        markdown = write_table(self.out, 'results', RESULT_COLUMNS, rows, self.profile.table_note)
         if not quiet:
             _say(markdown)
         return rows
@@ -234,34 +221,11 @@ class Reproduction:
             run = ablation_run_name(variant)
             last = self.train(ABLATION_MODEL, run=run, changes=changes)
             ckpt = read_checkpoint(last)
-            meta = ckpt.meta
-            args = meta.get('args') or {}
-            rows.append({
-                'variant': variant, 'run': run, 'model': ABLATION_MODEL, 'dataset': self.dataset,
-                'epochs': meta['epoch'], 'pos_init': ckpt.model_args.get('pos_init', 'paper'),
-                'pos_lr_scale': args.get('pos_lr_scale', 1.0), 'amp': _training_precision(args),
-                'top1': round(meta['metrics']['top1'], 2), 'top5': round(meta['metrics']['top5'], 2),
-                'center_shift_median': self._center_shift_median(run, ckpt.state_dict),
-                'train_minutes': round(sum(h.get('train_time', 0.) for h in meta.get('history', [])) / 60, 3),
-            })
-        _write_csv_atomic(self.out / 'ablation.csv', ABLATION_COLUMNS, rows)
-        markdown = markdown_table(
-            ['variant', 'epochs', 'top-1 %', 'top-5 %', 'median centre shift (grid units)', 'training time'],
-            [[r['variant'], r['epochs'], f'{r["top1"]:.2f}', f'{r["top5"]:.2f}',
-              '-' if r['center_shift_median'] is None else f'{r["center_shift_median"]:.2f}',
-              _duration(r['train_minutes'])] for r in rows], 'lrrrrr') + '\n'
-        atomic_write_text(self.out / 'ablation.md', markdown)
-        _say(markdown)
+            rows.append({'variant': variant, 'run': run, 'model': ABLATION_MODEL,
+                         'pos_init': ckpt.model_args.get('pos_init', 'paper'),
+                         **run_row(ckpt, self.run_dir(run), self.dataset, ckpt.meta['metrics'])})
+        _say(write_table(self.out, 'ablation', ABLATION_COLUMNS, rows))
         return rows
-
-    def _center_shift_median(self, run: str, final_state) -> Optional[float]:
-        """Median centre shift of the run ``run`` (grid units, 3 decimals); None without centres or epoch-000."""
-        from ..research.analysis import center_shift_median
-        initial = self.run_dir(run) / 'epoch-000.safetensors'  # written by the trainer before the first step
-        if not initial.is_file():
-            return None
-        shift = center_shift_median(read_checkpoint(initial).state_dict, final_state)
-        return None if shift is None else round(shift, 3)
 
     def export(self, models=TABLE_ORDER) -> List[Path]:
         """A Hub folder per trained model (re-exported when its checkpoint is newer).
@@ -303,17 +267,8 @@ class Reproduction:
 
     def explorer(self) -> Path:
         """``explorer.html``: the attention explorer page of the trained attention models."""
-        from ..research.explorer import resolve_explorer_model, write_explorer
-        path = self.out / 'explorer.html'
-        folders = [f for f in self.hub_folders() if f.name.split('.')[0] in SA_MODEL_ARGS]
-        newest = max(f.joinpath('README.md').stat().st_mtime for f in folders)
-        if path.is_file() and path.stat().st_mtime >= newest:
-            _say(f'explorer: {path} up to date, skipped')
-            return path
-        write_explorer([resolve_explorer_model(str(f)) for f in folders], path, data_dir=self.data_dir,
-                       title=f'sa_vision zoo, profile {self.profile.name!r}: attention explorer')
-        _say(f'explorer: {path} ({path.stat().st_size / 1e6:.2f} MB); open it in a browser')
-        return path
+        return write_zoo_explorer(self.hub_folders(), self.out / 'explorer.html', self.data_dir,
+                                  f'sa_vision zoo, profile {self.profile.name!r}: attention explorer')
 
     def keep(self, dest) -> List[Path]:
         """Copy the exported Hub folders to ``dest/<model>/`` (the zoo as kept in a repository)."""
