@@ -1,6 +1,7 @@
-""" Writing files so that a crash or kill never leaves half of one: :func:`atomic_write` and the writers built on
-it (text, ``torch.save``, a duplicate of a file), each with the mode ``open()`` gives a new file; and
-:func:`plain_data`, a value as data any of these files can hold. Imports no sa_vision code. """
+""" Writing files and folders so that a crash or kill never leaves half of one: :func:`atomic_write` and the
+writers built on it (text, ``torch.save``, a duplicate of a file), each with the mode ``open()`` gives a new file,
+and :func:`atomic_folder`; and :func:`plain_data`, a value as data any of these files can hold. Imports no sa_vision
+code. """
 import contextlib
 import os
 import shutil
@@ -9,8 +10,8 @@ from typing import Any, Iterator, Union
 
 import torch
 
-__all__ = ['atomic_write', 'atomic_write_text', 'atomic_torch_save', 'atomic_duplicate', 'usual_file_mode',
-           'plain_data']
+__all__ = ['atomic_write', 'atomic_write_text', 'atomic_torch_save', 'atomic_duplicate', 'atomic_folder',
+           'usual_file_mode', 'plain_data']
 
 PathLike = Union[str, os.PathLike]
 
@@ -59,6 +60,27 @@ def atomic_duplicate(src: PathLike, dst: PathLike) -> None:
             os.link(src, tmp)
         except OSError:
             shutil.copyfile(src, tmp)
+
+
+@contextlib.contextmanager
+def atomic_folder(folder: PathLike) -> Iterator[Path]:
+    """A path beside ``folder`` to build its new contents at, swapped in for ``folder`` when the block succeeds
+    (removed otherwise): the folder never mixes two versions, and a killed writer leaves the earlier one (or none),
+    never half a folder. What a killed writer left beside it is removed first."""
+    folder = Path(folder)
+    partial, old = folder.with_name(f'.{folder.name}.partial'), folder.with_name(f'.{folder.name}.old')
+    for leftover in (partial, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield partial
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(partial, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
 
 
 def plain_data(value: Any) -> Any:

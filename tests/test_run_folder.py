@@ -100,6 +100,25 @@ def test_export_replaces_the_hub_folder_whole_or_not_at_all(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ['hub']
 
 
+def test_atomic_folder_replaces_a_folder_whole_or_not_at_all(tmp_path):
+    from sa_vision.io import atomic_folder
+    hub = tmp_path / 'hub'
+    hub.mkdir()
+    (hub / 'model.safetensors').write_text('epoch 2')
+    (hub / 'attention.png').write_text('a figure of epoch 2')
+    with pytest.raises(KeyboardInterrupt), atomic_folder(hub) as partial:
+        partial.mkdir()
+        (partial / 'model.safetensors').write_text('epoch 3')
+        raise KeyboardInterrupt('killed while exporting')
+    assert _files(hub) == {'model.safetensors': b'epoch 2', 'attention.png': b'a figure of epoch 2'}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hub']
+    with atomic_folder(hub) as partial:  # a new version without a figure
+        partial.mkdir()
+        (partial / 'model.safetensors').write_text('epoch 3')
+    assert _files(hub) == {'model.safetensors': b'epoch 3'}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hub']
+
+
 def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
     from safetensors.torch import save_file
     with atomic_write(tmp_path / 'w.safetensors') as tmp:

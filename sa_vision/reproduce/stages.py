@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-from ..io import atomic_write_text, plain_data
+from ..io import atomic_folder, atomic_write_text, plain_data
 from ..models import SA_MODEL_ARGS
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
@@ -230,7 +230,8 @@ class Reproduction:
     def export(self, models=TABLE_ORDER) -> List[Path]:
         """A Hub folder per trained model (re-exported when its checkpoint is newer).
 
-        Written under ``.partial/`` and renamed when complete, so a killed export is redone, not taken for done.
+        Written beside its folder and swapped in when complete (:func:`~sa_vision.io.atomic_folder`), so a killed
+        export is redone, not taken for done.
         """
         from ..hub import export_hub_folder, weights_label
         from ..research.explorer import run_epochs
@@ -243,15 +244,8 @@ class Reproduction:
             if card.is_file() and card.stat().st_mtime >= last.stat().st_mtime:
                 _say(f'export {folder.name}: up to date, skipped')
             else:
-                partial = self.out / '.partial' / folder.name
-                if partial.exists():  # left by a killed export
-                    shutil.rmtree(partial)
-                partial.parent.mkdir(parents=True, exist_ok=True)
-                export_hub_folder(ckpt, partial, epochs=run_epochs(self.run_dir(model)))
-                if folder.exists():  # an export of an older checkpoint
-                    shutil.rmtree(folder)
-                folder.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(partial, folder)  # the folder appears complete, or not at all
+                with atomic_folder(folder) as partial:  # replaces an export of an older checkpoint
+                    export_hub_folder(ckpt, partial, epochs=run_epochs(self.run_dir(model)))
                 _say(f'export {folder.name}: {folder}')
             folders.append(folder)
         return folders
