@@ -11,7 +11,7 @@ from ..io import atomic_write, atomic_write_text
 from ..train.checkpoint import Checkpoint, read_checkpoint
 from ..train.data import dataset_info
 from .profiles import StageFailed
-from .report import EVAL_PRECISION, _input_size, _say, evaluate_on_test_split
+from .report import EVAL_PRECISION, evaluate_on_test_split, model_input_size, say
 
 __all__ = ['ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES', 'kept_guard_paths', 'logits_tolerance',
            'record_kept_models', 'kept_subset_top1', 'check_kept_models']
@@ -113,7 +113,7 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
         ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir)
         loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, range(SUBSET_IMAGES)), batch_size=500)
         subset_top1[row['model']] = round(evaluate(model, loader, 'cpu')['top1'], 2)
-        _say(f'{row["model"]}: recorded; top-1 {subset_top1[row["model"]]:.2f} on the first {SUBSET_IMAGES} images')
+        say(f'{row["model"]}: recorded; top-1 {subset_top1[row["model"]]:.2f} on the first {SUBSET_IMAGES} images')
     atomic_write_text(paths['digests'], '\n'.join(digests) + '\n')
     with atomic_write(paths['logits']) as tmp:
         save_file(logits, str(tmp), metadata={'images': f'the first {GUARD_IMAGES} of the test split',
@@ -160,7 +160,7 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
             weights = folder / 'model.safetensors'
             expected = [d for name, d in digests.items() if Path(name).parts[-2:] == weights.parts[-2:]]
             result['digest_ok'] = expected == [_sha256(weights)]
-            images, _ = _guard_batch(row['dataset'], data_dir, _input_size(model))
+            images, _ = _guard_batch(row['dataset'], data_dir, model_input_size(model))
             with torch.no_grad():
                 logits = model.float()(images).float()
             reference = recorded[row['model']]
@@ -184,6 +184,6 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
                          f'{result["top5"]:.2f} (table {result["top5_table"]:.2f}) in {precision} on '
                          f'{result["num_images"]} images ({result["accuracy_seconds"]:.0f} s)')
         result['ok'] = all(result[k] for k in ('digest_ok', 'logits_ok', 'accuracy_ok') if k in result)
-        _say(f'{row["model"]}: {"; ".join(notes)}: {"ok" if result["ok"] else "DIFFERS"}')
+        say(f'{row["model"]}: {"; ".join(notes)}: {"ok" if result["ok"] else "DIFFERS"}')
         checked.append(result)
     return checked

@@ -14,13 +14,15 @@ from ..train.data import dataset_info
 from ..train.runtime import format_duration
 from .profiles import TRAINED_MODELS
 
-__all__ = ['EVAL_PRECISION', 'Column', 'RESULT_COLUMNS', 'ABLATION_COLUMNS', 'evaluate_on_test_split', 'run_row',
-           'train_minutes', 'center_shift_median', 'write_table', 'draw_figures', 'write_zoo_explorer']
+__all__ = ['EVAL_PRECISION', 'say', 'model_input_size', 'Column', 'RESULT_COLUMNS', 'ABLATION_COLUMNS',
+           'evaluate_on_test_split', 'run_row', 'train_minutes', 'center_shift_median', 'write_table', 'draw_figures',
+           'write_zoo_explorer']
 
 EVAL_PRECISION = 'float32'
 
 
-def _say(msg: str) -> None:
+def say(msg: str) -> None:
+    """Print a line of the reproduction's log at once (a training subprocess writes to the same terminal)."""
     print(msg, flush=True)
 
 
@@ -35,14 +37,14 @@ def evaluate_on_test_split(model, dataset: str, data_dir: Optional[str] = None, 
     from ..train.evaluation import evaluate
     info = dataset_info(dataset)
     ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,
-                              img_size=_input_size(model))
+                              img_size=model_input_size(model))
     loader = torch.utils.data.DataLoader(ds, batch_size=500, shuffle=False)
     dtype = {'float32': None, 'bfloat16': torch.bfloat16, 'float16': torch.float16}[precision]
     amp_ctx = (lambda: torch.autocast('cpu', dtype=dtype)) if dtype else contextlib.nullcontext
     return evaluate(model.float(), loader, 'cpu', amp_ctx=amp_ctx)
 
 
-def _input_size(model) -> int:
+def model_input_size(model) -> int:
     """The image size a model takes (a kept model that pads its input takes the dataset's unpadded images)."""
     from timm.data import resolve_data_config
     return resolve_data_config({}, model=model)['input_size'][-1]
@@ -79,7 +81,7 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
             epochs = load_positional_trajectory(epochs_file)
             figure(f'trajectories_{model_name}.png', lambda p, m=trained, e=epochs: plot_center_trajectories(
                 models_at_epochs(m, e), p, labels=list(e)))
-    _say(f'figures: {", ".join(p.name for p in made)} in {out}')
+    say(f'figures: {", ".join(p.name for p in made)} in {out}')
     return made
 
 
@@ -181,8 +183,8 @@ def write_zoo_explorer(folders: List[Path], path: Path, data_dir: Optional[str],
     folders = [f for f in folders if f.name.split('.')[0] in SA_MODEL_ARGS]
     newest = max(f.joinpath('README.md').stat().st_mtime for f in folders)
     if path.is_file() and path.stat().st_mtime >= newest:
-        _say(f'explorer: {path} up to date, skipped')
+        say(f'explorer: {path} up to date, skipped')
         return path
     write_explorer([resolve_explorer_model(str(f)) for f in folders], path, data_dir=data_dir, title=title)
-    _say(f'explorer: {path} ({path.stat().st_size / 1e6:.2f} MB); open it in a browser')
+    say(f'explorer: {path} ({path.stat().st_size / 1e6:.2f} MB); open it in a browser')
     return path

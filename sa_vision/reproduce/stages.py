@@ -38,10 +38,10 @@ from .report import (
     ABLATION_COLUMNS,
     EVAL_PRECISION,
     RESULT_COLUMNS,
-    _say,
     draw_figures,
     evaluate_on_test_split,
     run_row,
+    say,
     write_table,
     write_zoo_explorer,
 )
@@ -84,7 +84,7 @@ class Reproduction:
 
     def _header(self, index: int, count: int, text: str) -> None:
         elapsed = time.time() - self.started
-        _say(f'\n== [{index}/{count}] {text}  (elapsed {elapsed / 60:.1f} min) ==')
+        say(f'\n== [{index}/{count}] {text}  (elapsed {elapsed / 60:.1f} min) ==')
 
     def train(self, model: str, initial_checkpoint: Optional[Path] = None, run: Optional[str] = None,
               changes: Optional[Dict[str, Any]] = None) -> Path:
@@ -97,7 +97,7 @@ class Reproduction:
         read = _training_script_keys()
         ignored = {k: v for k, v in recipe.items() if k not in read}
         if ignored and not self._noted_ignored_keys:
-            _say(f'note: recipe keys that only timm\'s train.py reads are left out of the stage recipes: '
+            say(f'note: recipe keys that only timm\'s train.py reads are left out of the stage recipes: '
                  f'{sorted(ignored)}')
             self._noted_ignored_keys = True
         recipe_path = self.out / 'recipes' / f'{run}.yaml'
@@ -118,17 +118,17 @@ class Reproduction:
         if last.is_file():
             meta = read_checkpoint(last).meta
             if meta['epoch'] >= meta.get('num_epochs', recipe['epochs']):
-                _say(f'{run}: finished ({meta["epoch"]} epochs), skipped')
+                say(f'{run}: finished ({meta["epoch"]} epochs), skipped')
                 return last
-            _say(f'{run}: continuing the killed run at epoch {meta["epoch"]}')
+            say(f'{run}: continuing the killed run at epoch {meta["epoch"]}')
             cmd += ['--resume', str(last)]
         else:
             if self.run_dir(run).exists():  # killed before its first checkpoint: sa-vision-train starts only anew
-                _say(f'{run}: {self.run_dir(run)} holds no finished epoch, removed; training from the start')
+                say(f'{run}: {self.run_dir(run)} holds no finished epoch, removed; training from the start')
                 shutil.rmtree(self.run_dir(run))
             if initial_checkpoint is not None:
                 cmd += ['--initial-checkpoint', str(initial_checkpoint)]
-        _say(f'{run}: {recipe["epochs"]} epochs of {model} on {self.dataset}, recipe {recipe_path}')
+        say(f'{run}: {recipe["epochs"]} epochs of {model} on {self.dataset}, recipe {recipe_path}')
         proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=_die_with_parent)
         if proc.returncode != 0:
             raise StageFailed(f'the training process exited with status {proc.returncode} (its output is above)')
@@ -138,25 +138,25 @@ class Reproduction:
         """Prune the trained generalized model's degenerate heads; the pruned model is evaluated as it is."""
         out, report_path = self.out / 'pruned.pth', self.out / 'pruning.json'
         if out.is_file() and report_path.is_file():
-            _say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
+            say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
                  f'skipped')
             return out
         from ..research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
         source_path = self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'
-        _say(f'pruning: reading {source_path}')
+        say(f'pruning: reading {source_path}')
         source = read_checkpoint(source_path)
         model = source.create_model()
         degenerate = find_degenerate_heads(model)
         heads = select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
-        _say(f'pruning: degenerate heads per layer {degenerate}, pruning {heads} (released thresholds; a layer '
+        say(f'pruning: degenerate heads per layer {degenerate}, pruning {heads} (released thresholds; a layer '
              f'keeps at least one head)')
         pruned = prune_heads(model, heads)
         info = dataset_info(self.dataset)
-        _say(f'pruning: evaluating the pruned model ({list(pruned.heads_per_layer)} heads) on the {info.title} '
+        say(f'pruning: evaluating the pruned model ({list(pruned.heads_per_layer)} heads) on the {info.title} '
              f'{info.eval_split} split ...')
         started = time.time()
         after = self._evaluate(pruned)
-        _say(f'pruning: evaluated {after.get("num_images", "")} images in {time.time() - started:.0f} s; writing {out}')
+        say(f'pruning: evaluated {after.get("num_images", "")} images in {time.time() - started:.0f} s; writing {out}')
         save_pruned(pruned, out, heads)
         report = {
             'source': str(self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'),
@@ -167,7 +167,7 @@ class Reproduction:
             'top5_before_pruning': source.meta['metrics']['top5'], 'top5_after_pruning': after['top5'],
         }
         atomic_write_text(report_path, json.dumps(report, indent=1))
-        _say(f'pruning: removed {report["heads_removed_per_layer"]} heads per layer, kept '
+        say(f'pruning: removed {report["heads_removed_per_layer"]} heads per layer, kept '
              f'{report["kept_heads_per_layer"]}; top-1 {report["top1_before_pruning"]:.2f} % before, '
              f'{after["top1"]:.2f} % after pruning (before fine-tuning)')
         return out
@@ -208,13 +208,13 @@ class Reproduction:
                          'eval_precision': EVAL_PRECISION, 'paper_cifar10_top1': paper.top1 if paper else None})
         markdown = write_table(self.out, 'results', RESULT_COLUMNS, rows, self.profile.table_note)
         if not quiet:
-            _say(markdown)
+            say(markdown)
         return rows
 
     def ablation(self) -> List[Dict[str, Any]]:
         """Train :data:`ABLATION_MODEL` once per :data:`ABLATION_VARIANTS`; writes ``ablation.md`` / ``.csv``."""
         self._check_same_setup()
-        _say(f'Ablation of the positional parameters: {ABLATION_MODEL}, profile {self.profile.name!r}, {self.dataset}')
+        say(f'Ablation of the positional parameters: {ABLATION_MODEL}, profile {self.profile.name!r}, {self.dataset}')
         rows = []
         for index, (variant, changes) in enumerate(ABLATION_VARIANTS.items(), 1):
             self._header(index, len(ABLATION_VARIANTS), f'ablation: {variant}')
@@ -224,7 +224,7 @@ class Reproduction:
             rows.append({'variant': variant, 'run': run, 'model': ABLATION_MODEL,
                          'pos_init': ckpt.model_args.get('pos_init', 'paper'),
                          **run_row(ckpt, self.run_dir(run), self.dataset, ckpt.meta['metrics'])})
-        _say(write_table(self.out, 'ablation', ABLATION_COLUMNS, rows))
+        say(write_table(self.out, 'ablation', ABLATION_COLUMNS, rows))
         return rows
 
     def export(self, models=TABLE_ORDER) -> List[Path]:
@@ -242,11 +242,11 @@ class Reproduction:
             folder = self.out / 'hub' / weights_label(ckpt).name
             card = folder / 'README.md'  # written last (a folder of an older sa_vision may lack it)
             if card.is_file() and card.stat().st_mtime >= last.stat().st_mtime:
-                _say(f'export {folder.name}: up to date, skipped')
+                say(f'export {folder.name}: up to date, skipped')
             else:
                 with atomic_folder(folder) as partial:  # replaces an export of an older checkpoint
                     export_hub_folder(ckpt, partial, epochs=run_epochs(self.run_dir(model)))
-                _say(f'export {folder.name}: {folder}')
+                say(f'export {folder.name}: {folder}')
             folders.append(folder)
         return folders
 
@@ -273,7 +273,7 @@ class Reproduction:
                 shutil.rmtree(target)
             shutil.copytree(folder, target)
             kept.append(target)
-        _say(f'kept {len(kept)} Hub folders in {dest}')
+        say(f'kept {len(kept)} Hub folders in {dest}')
         return kept
 
     def publish(self, folders: List[Path], publish: bool) -> None:
@@ -281,15 +281,15 @@ class Reproduction:
         for folder in folders:
             repo_id = hub_repo_id(*folder.name.split('.', 1))  # the export named it <arch>.<tag>
             if not publish:
-                _say(f'dry run: would publish {folder} to {repo_id} ({len(list(folder.iterdir()))} files)')
+                say(f'dry run: would publish {folder} to {repo_id} ({len(list(folder.iterdir()))} files)')
                 continue
             commit = publish_hub_folder(folder, repo_id)
-            _say(f'published {repo_id}: {getattr(commit, "commit_url", commit)}')
+            say(f'published {repo_id}: {getattr(commit, "commit_url", commit)}')
 
     def run(self, publish: bool = False) -> List[Dict[str, Any]]:
         """All stages; a failing one raises :class:`StageFailed` naming it (earlier results stay)."""
         self._check_same_setup()
-        _say(f'Reproduction {self.profile.name!r} on {self.dataset} in {self.out}: {self.profile.description}')
+        say(f'Reproduction {self.profile.name!r} on {self.dataset} in {self.out}: {self.profile.description}')
         results: Dict[str, Any] = {}
         # the table grows after each training: the models trained so far
         stages = [(f'train {model}', lambda i=i: (self.train(TRAINED_MODELS[i]), self.table(TRAINED_MODELS[:i + 1])))
@@ -310,7 +310,7 @@ class Reproduction:
             except Exception as e:  # e.g. a failed training process or an unreadable checkpoint: stop, naming it
                 what = str(e) if isinstance(e, StageFailed) else f'{type(e).__name__}: {e}'
                 raise StageFailed(f'stage {name!r} failed: {what}') from e
-        _say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
+        say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
         return results['rows']
 
 
