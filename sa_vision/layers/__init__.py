@@ -1,4 +1,5 @@
-""" Building blocks: positional attention (paper Sec. 2-3, Eq. 9), the space-to-depth embedding, the MLP """
+""" Building blocks: positional attention (paper Sec. 2-3, Eq. 9), the space-to-depth embedding, the MLP,
+stochastic depth """
 from .attention import (
     ATTENTION_KINDS,
     CUDA_DENSE_MIXING,
@@ -13,6 +14,7 @@ from .attention import (
     drop_negligible,
     negligible_below,
 )
+from .drop import SampleDropPath
 from .embed import SpaceToDepthEmbed
 from .mlp import GeluMlp
 from .scores import (
@@ -30,7 +32,7 @@ from .scores import (
 __all__ = [
     'ATTENTION_KINDS', 'CUDA_DENSE_MIXING', 'AttentionPath', 'HeadsLinear', 'PositionalAttention', 'apply_mixing',
     'attend_then_project', 'batched_heads', 'choose_path', 'dense_attention', 'drop_negligible', 'negligible_below',
-    'SpaceToDepthEmbed', 'GeluMlp',
+    'SampleDropPath', 'SpaceToDepthEmbed', 'GeluMlp',
     'CONV_INIT_ALPHA', 'POSITION_INITS', 'ContentScores', 'GeneralizedScores', 'LearnedScores', 'QuadraticScores',
     'grid_shifts', 'kernel_offsets', 'relative_shifts',
 ]
