@@ -8,9 +8,7 @@ from .attention import (
     PositionalAttention,
     apply_mixing,
     attend_then_project,
-    batched_heads,
     choose_path,
-    dense_attention,
     drop_negligible,
     negligible_below,
 )
@@ -28,6 +26,7 @@ from .scores import (
     kernel_offsets,
     relative_shifts,
 )
+from .switches import batched_heads, dense_attention
 
 __all__ = [
     'ATTENTION_KINDS', 'CUDA_DENSE_MIXING', 'AttentionPath', 'HeadsLinear', 'PositionalAttention', 'apply_mixing',
