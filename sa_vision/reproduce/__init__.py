@@ -6,7 +6,7 @@ attention explorer; publish (``publish=True``, a dry run otherwise). Each stage 
 skipped when it exists; a killed training continues from its last epoch (docs/reproduction.md).
 
 Modules: ``profiles`` (what is trained), ``stages`` (:class:`Reproduction`, the pipeline), ``report`` (evaluation,
-tables, figures), ``kept`` (the check of a kept zoo).
+tables, figures, explorer), ``kept`` (the check of a kept zoo).
 """
 from .kept import (
     ACCURACY_TOLERANCE,

@@ -1,5 +1,5 @@
 """ What the reproduction trains: the models of the paper's table, the profiles (recipe changes per model, as
-data) and the ablation of the positional parameters (paper Sec. 4.2) """
+data) and the ablation of the positional parameters (paper Sec. 4.2); :class:`StageFailed`, how a stage fails """
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
