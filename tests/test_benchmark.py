@@ -17,6 +17,7 @@ from torch import nn
 
 import sa_vision  # noqa: F401
 from sa_vision.measure import benchmark as sab
+from sa_vision.measure import format_results
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -102,11 +103,11 @@ def test_matmul_rate_positive():
 def test_format_results():
     rows = [dict(model='a', batch_size=2, train_samples_per_sec=10.0, train_runs=[9.0, 10.0, 11.0]),
             dict(model='b', batch_size=2, train_samples_per_sec=5.0, train_ratio=2.0)]
-    table = sab.format_results(rows, 'table').splitlines()
+    table = format_results(rows, 'table').splitlines()
     assert table[0].startswith('| model') and 'train_ratio' in table[0] and len(table) == 4
-    parsed = list(csv.DictReader(io.StringIO(sab.format_results(rows, 'csv'))))
+    parsed = list(csv.DictReader(io.StringIO(format_results(rows, 'csv'))))
     assert [r['model'] for r in parsed] == ['a', 'b'] and float(parsed[1]['train_ratio']) == 2.0
-    assert json.loads(sab.format_results(rows, 'json')) == rows
+    assert json.loads(format_results(rows, 'json')) == rows
 
 
 @pytest.mark.parametrize('fmt', ['table', 'csv', 'json'])

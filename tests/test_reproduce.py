@@ -118,7 +118,8 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path):
 
 
 def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
-    from sa_vision.reproduce import PROFILES, _training_script_keys
+    from sa_vision.reproduce import PROFILES
+    from sa_vision.reproduce.stages import _training_script_keys
     from sa_vision.train.recipes import load_recipe
     for model in MODELS:  # the paper profile: the recipes unchanged, CIFAR-10's test split
         expected = load_recipe(model)
@@ -188,7 +189,7 @@ def test_stage_recipes_leave_out_timm_only_keys_and_say_so_once(tmp_path, monkey
     from sa_vision.train.args import build_parser
     from sa_vision.train.recipes import load_recipe
     commands = []
-    monkeypatch.setattr(reproduce.subprocess, 'run',
+    monkeypatch.setattr(subprocess, 'run',
                         lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
     reproduction = reproduce.Reproduction(tmp_path, 'tiny')
     for model in ('sa_quadratic_cifar', 'sa_gen_cifar', 'resnet18_cifar'):
@@ -221,8 +222,9 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
     from safetensors.torch import save_file
 
     import sa_vision  # noqa: F401
+    from sa_vision.io import atomic_torch_save
     from sa_vision.reproduce import Reproduction
-    from sa_vision.train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
     kwargs = dict(embed_dim=8, depth=1, heads_per_layer=4, mlp_hidden_dim=8, num_classes=10)
     zoo = Reproduction(tmp_path, 'tiny')
     for arch in ('sa_quadratic_cifar', 'sa_learned_cifar'):
@@ -253,7 +255,7 @@ def test_ablation_variants_reach_the_stage_recipes(tmp_path, monkeypatch):
 
     from sa_vision import reproduce
     commands = []
-    monkeypatch.setattr(reproduce.subprocess, 'run',
+    monkeypatch.setattr(subprocess, 'run',
                         lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
     reproduction = reproduce.Reproduction(tmp_path, 'cpu', epochs=2)
     base = reproduce.PROFILES['cpu'].recipe('sa_quadratic_cifar', 'fashion-mnist', epochs=2)

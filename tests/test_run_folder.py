@@ -12,9 +12,9 @@ import torch
 from helpers import HANG_TIMEOUT_S, command
 
 from sa_vision.errors import UserError
+from sa_vision.io import atomic_write
 from sa_vision.train import loop
 from sa_vision.train.args import build_parser
-from sa_vision.train.checkpoint import atomic_write
 from sa_vision.train.recipes import RECIPE_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -78,25 +78,21 @@ def test_a_new_or_empty_run_folder_is_taken(tmp_path):
         assert loop._run_dir(args, None) == tmp_path / name
 
 
-def test_export_replaces_the_hub_folder_whole_or_not_at_all(tmp_path):
+def test_atomic_folder_replaces_a_folder_whole_or_not_at_all(tmp_path):
+    from sa_vision.io import atomic_folder
     hub = tmp_path / 'hub'
     hub.mkdir()
     (hub / 'model.safetensors').write_text('epoch 2')
     (hub / 'attention.png').write_text('a figure of epoch 2')
-
-    def killed(checkpoint, folder):
-        folder.mkdir(exist_ok=True)
-        (folder / 'model.safetensors').write_text('epoch 3')
+    with pytest.raises(KeyboardInterrupt), atomic_folder(hub) as partial:
+        partial.mkdir()
+        (partial / 'model.safetensors').write_text('epoch 3')
         raise KeyboardInterrupt('killed while exporting')
-    with pytest.raises(KeyboardInterrupt):
-        loop._export_replacing(killed, tmp_path / 'last.pth.tar', hub)
     assert _files(hub) == {'model.safetensors': b'epoch 2', 'attention.png': b'a figure of epoch 2'}
-
-    def export(checkpoint, folder):  # an export without a figure (e.g. a ResNet)
-        folder.mkdir(exist_ok=True)
-        (folder / 'model.safetensors').write_text('epoch 3')
-        return ['model.safetensors']
-    assert loop._export_replacing(export, tmp_path / 'last.pth.tar', hub) == ['model.safetensors']
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['hub']
+    with atomic_folder(hub) as partial:  # a new version without a figure
+        partial.mkdir()
+        (partial / 'model.safetensors').write_text('epoch 3')
     assert _files(hub) == {'model.safetensors': b'epoch 3'}
     assert sorted(p.name for p in tmp_path.iterdir()) == ['hub']
 
@@ -135,9 +131,12 @@ def test_a_run_folder_holds_one_run(tmp_path):
     assert status == 2 and f'Resume from {run / "last.pth.tar"}' in log, log[-3000:]
     assert _files(run) == before
 
-    # the run continued for a third epoch, exported again: one summary, the Hub folder of the new best
+    # the run continued for a third epoch, exported again: one summary, the Hub folder of the new best, swapped in
+    # whole (a file of the earlier export that the new one does not write is gone with it)
+    (run / 'hub' / 'stale.txt').write_text('written by the earlier export only')
     status, log = _train(['--resume', run / 'last.pth.tar', '--epochs', 3, '--export'])
     assert status == 0, log[-3000:]
+    assert not (run / 'hub' / 'stale.txt').exists()
     assert (run / 'summary.csv').read_text().count('epoch,') == 1
     best = _best_epoch(run / 'summary.csv')
     assert torch.load(run / 'model_best.pth.tar', weights_only=True)['epoch'] == best

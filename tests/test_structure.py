@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = 'sa_vision'
 
 # The tiers, bottom to top: a module may import its own tier and those below it. Each is a folder of sa_vision
-# (reproduce is one module: the orchestration of train, research and hub; cli holds the installed commands).
+# (reproduce orchestrates train, research and hub; cli holds the installed commands).
 TIERS = ('layers', 'models', 'train', 'research', 'measure', 'hub', 'reproduce', 'cli')
-# modules below every tier: facts and exception types, importing no sa_vision code
-BASE_MODULES = {'paper', 'errors', 'tables'}
+# modules below every tier: facts, exception types, tables and atomic file writing, importing no sa_vision code
+BASE_MODULES = {'paper', 'errors', 'tables', 'io'}
 
 
 def _module_names(package_dir: Path, package: str) -> Dict[str, Path]:

@@ -189,7 +189,7 @@ def test_digits_dataset_split_is_fixed():
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
-    from sa_vision.train.checkpoint import atomic_torch_save
+    from sa_vision.io import atomic_torch_save
     path = tmp_path / 'last.pth.tar'
     atomic_torch_save({'epoch': 1}, path)
 

@@ -85,10 +85,11 @@ def test_the_guard_fails_on_a_changed_weight(tmp_path):
 def test_logits_tolerance_covers_float32_rounding_on_this_cpu(model):
     """The tolerance is a float32 bound: a float64 run of the same model and images is within half of it (the
     recorded run and a later one may each be that far from the exact logits) on whatever CPU runs this."""
-    from sa_vision.reproduce import _guard_batch, _input_size
+    from sa_vision.reproduce.kept import _guard_batch
+    from sa_vision.reproduce.report import model_input_size
     from sa_vision.train.checkpoint import read_checkpoint
     kept = read_checkpoint(ZOO / model).create_model()
-    images, _ = _guard_batch('fashion-mnist', None, _input_size(kept))
+    images, _ = _guard_batch('fashion-mnist', None, model_input_size(kept))
     with torch.no_grad():
         float32 = kept(images)
         float64 = kept.double()(images.double())

@@ -26,6 +26,7 @@ from timm.utils import ParseKwargs
 
 from sa_vision.errors import command
 from sa_vision.measure import benchmark as sab
+from sa_vision.measure import format_results
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
             print(sab.profile_train_step(variants[0].model, args.batch_size, input_size, device=device,
                                          **step_kwargs))
 
-    text = sab.format_results(all_rows, args.results_format)
+    text = format_results(all_rows, args.results_format)
     print(text)
     if args.results_file:
         with open(args.results_file, 'w') as f:

@@ -115,6 +115,17 @@ def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bo
             f'Architecture arguments are in config.json')
 
 
+def _shipped_recipe_text(arch: str) -> str:
+    """The card's recipe section of a template: the recipe shipped for ``arch``, in full."""
+    from ..train.recipes import recipe_path
+    try:
+        recipe_file = recipe_path(arch)
+    except FileNotFoundError:
+        return 'no recipe in this repository'
+    return (f'`sa-vision-train -c {recipe_file.stem}`: the recipe `sa_vision/configs/{recipe_file.name}` shipped in '
+            f'the package (timm `train.py` argument names):\n\n```yaml\n{recipe_file.read_text().strip()}\n```')
+
+
 def generate_model_card(arch: str) -> str:
     """The card template ``model_cards/<arch>.md``: facts from :mod:`sa_vision.paper`, counted size, recipe."""
     import timm
@@ -122,18 +133,11 @@ def generate_model_card(arch: str) -> str:
     import sa_vision  # noqa: F401
 
     from ..paper import PAPER_CITATION, PAPER_RESULTS
-    from ..train.recipes import recipe_path
     model = timm.create_model(arch)
     counts = count_params_and_macs(model)
     paper = PAPER_RESULTS.get(arch)
     attn_kind = getattr(model, 'attn_kind', None)
-    try:
-        recipe_file = recipe_path(arch)
-        recipe = f'`sa-vision-train -c {recipe_file.stem}`: the recipe `sa_vision/configs/{recipe_file.name}` ' \
-                 f'shipped in the package (timm `train.py` argument names):\n\n```yaml\n' \
-                 f'{recipe_file.read_text().strip()}\n```'
-    except FileNotFoundError:
-        recipe = 'no recipe in this repository'
+    recipe = _shipped_recipe_text(arch)
     paper_flops = ''
     if paper and paper.gflops:
         paper_flops = f' The paper reports {paper.gflops} GFLOPs' + (

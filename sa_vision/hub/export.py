@@ -8,9 +8,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from torch import Tensor
 
+from ..io import usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
-from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint, usual_file_mode
+from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
 from .card import _recipe, render_model_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, weights_label

@@ -1,4 +1,5 @@
-""" Building blocks: positional attention (paper Sec. 2-3, Eq. 9), the space-to-depth embedding, the MLP """
+""" Building blocks: positional attention (paper Sec. 2-3, Eq. 9), the space-to-depth embedding, the MLP,
+stochastic depth """
 from .attention import (
     ATTENTION_KINDS,
     CUDA_DENSE_MIXING,
@@ -7,12 +8,11 @@ from .attention import (
     PositionalAttention,
     apply_mixing,
     attend_then_project,
-    batched_heads,
     choose_path,
-    dense_attention,
     drop_negligible,
     negligible_below,
 )
+from .drop import SampleDropPath
 from .embed import SpaceToDepthEmbed
 from .mlp import GeluMlp
 from .scores import (
@@ -26,11 +26,12 @@ from .scores import (
     kernel_offsets,
     relative_shifts,
 )
+from .switches import batched_heads, dense_attention
 
 __all__ = [
     'ATTENTION_KINDS', 'CUDA_DENSE_MIXING', 'AttentionPath', 'HeadsLinear', 'PositionalAttention', 'apply_mixing',
     'attend_then_project', 'batched_heads', 'choose_path', 'dense_attention', 'drop_negligible', 'negligible_below',
-    'SpaceToDepthEmbed', 'GeluMlp',
+    'SampleDropPath', 'SpaceToDepthEmbed', 'GeluMlp',
     'CONV_INIT_ALPHA', 'POSITION_INITS', 'ContentScores', 'GeneralizedScores', 'LearnedScores', 'QuadraticScores',
     'grid_shifts', 'kernel_offsets', 'relative_shifts',
 ]

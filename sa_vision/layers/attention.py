@@ -4,7 +4,7 @@ Paper: https://arxiv.org/abs/1911.03584. How each path computes it exactly and f
 """
 import contextlib
 import math
-from typing import ContextManager, Dict, Iterator, List, NamedTuple, Optional, Tuple
+from typing import ContextManager, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -17,9 +17,8 @@ from .scores import CONV_INIT_ALPHA, ContentScores, GeneralizedScores, LearnedSc
 from .tracing import is_capturing
 
 __all__ = [
-    'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'dense_attention', 'batched_heads', 'apply_mixing',
-    'attend_then_project', 'AttentionPath', 'choose_path', 'CUDA_DENSE_MIXING', 'drop_negligible',
-    'negligible_below',
+    'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'apply_mixing', 'attend_then_project', 'AttentionPath',
+    'choose_path', 'CUDA_DENSE_MIXING', 'drop_negligible', 'negligible_below',
 ]
 
 ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
@@ -393,28 +392,3 @@ class HeadsLinear(nn.Linear):
         concatenated = x.movedim(0, -2).reshape(-1, heads * D)
         out = F.linear(concatenated, self.weight, self.bias)  # tokens, out
         return out.view(list(x.shape[1:-1]) + [self.out_features])
-
-
-@contextlib.contextmanager
-def _switch(model: nn.Module, kinds: Tuple[type, ...], attribute: str, value: bool) -> Iterator[nn.Module]:
-    """Set ``attribute`` of every module of ``kinds`` in ``model`` to ``value`` while active, then restore it."""
-    modules = [m for m in model.modules() if isinstance(m, kinds)]
-    previous = [getattr(m, attribute) for m in modules]
-    for m in modules:
-        setattr(m, attribute, value)
-    try:
-        yield model
-    finally:
-        for m, was in zip(modules, previous):
-            setattr(m, attribute, was)
-
-
-def dense_attention(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
-    """Mix every :class:`PositionalAttention` in ``model`` by the dense ``(h*w) x (h*w)`` probabilities while
-    active (``enabled=False``: by the separable factors, whatever the device's default, :data:`CUDA_DENSE_MIXING`)."""
-    return _switch(model, (PositionalAttention,), 'dense', enabled)
-
-
-def batched_heads(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
-    """Run every attention layer and Value of ``model`` on the batched path while active (``enabled=True``)."""
-    return _switch(model, (PositionalAttention, HeadsLinear), 'batched_heads', enabled)

@@ -14,7 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
-from ..tables import markdown_table
 from ..train.runtime import synchronize
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory, _peak_memory, _tensor_bytes
@@ -23,7 +22,7 @@ from .peers import PEERS, build_peer, is_peer
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
     'resolve_device', 'compute_dtype', 'paper_model_like',
-    'Variant', 'build_variants', 'benchmark_variants', 'format_results', 'profile_train_step',
+    'Variant', 'build_variants', 'benchmark_variants', 'profile_train_step',
 ]
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
@@ -371,47 +370,3 @@ def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32
         synchronize(device)
     sort_by = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
     return prof.key_averages().table(sort_by=sort_by, row_limit=row_limit)
-
-
-TABLE_COLUMNS = (
-    'model', 'batch_size', 'train_samples_per_sec', 'infer_samples_per_sec', 'train_peak_mb', 'infer_peak_mb',
-    'macs', 'param_count', 'train_ratio', 'infer_ratio', 'train_mem_ratio',
-    'unavoidable_macs', 'train_unavoidable_gflops', 'matmul_gflops', 'matmul_fraction', 'infer_matmul_fraction',
-)
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return ''
-    if isinstance(value, float):
-        if abs(value) >= 100:
-            return f'{value:.1f}'
-        return f'{value:.3f}'
-    if isinstance(value, list):
-        return ' '.join(_fmt(v) for v in value)
-    return str(value)
-
-
-def format_results(rows: Sequence[Dict[str, Any]], fmt: str = 'table', columns: Optional[Sequence[str]] = None) -> str:
-    """Render result rows as an aligned text table (markdown pipes), CSV or JSON."""
-    import csv
-    import io
-    import json
-    if fmt == 'json':
-        return json.dumps(list(rows), indent=2)
-    columns = list(columns or [c for c in TABLE_COLUMNS if any(c in r for r in rows)])
-    if fmt == 'csv':  # every field, the table keeps to the main ones
-        extra = [k for r in rows for k in r if k not in columns]
-        for k in extra:
-            if k not in columns:
-                columns.append(k)
-    if fmt == 'csv':
-        buf = io.StringIO()
-        writer = csv.DictWriter(buf, fieldnames=columns, extrasaction='ignore', lineterminator='\n')
-        writer.writeheader()
-        for r in rows:
-            writer.writerow({c: _fmt(r.get(c)) if isinstance(r.get(c), list) else r.get(c, '') for c in columns})
-        return buf.getvalue()
-    if fmt != 'table':
-        raise UserError(f'unknown format {fmt!r}; use table, csv or json')
-    return markdown_table(columns, [[_fmt(r.get(c)) for c in columns] for r in rows], pad=True)

@@ -21,6 +21,7 @@ from ..layers import (
     GeluMlp,
     HeadsLinear,
     PositionalAttention,
+    SampleDropPath,
     SpaceToDepthEmbed,
     attend_then_project,
 )
@@ -50,23 +51,6 @@ def check_image_shape(x: Tensor, in_chans: int) -> None:
         raise ValueError(
             f'expected an even height and width (the 2x2 space-to-depth embedding), shape (B, {in_chans}, H, W), '
             f'got shape {list(x.shape)}; crop or pad the image to an even size')
-
-
-class SampleDropPath(nn.Module):
-    """Stochastic depth on the grid-major ``h x w x B x D``: timm's ``DropPath`` would draw per grid row."""
-
-    def __init__(self, drop_prob: float = 0.):
-        super().__init__()
-        self.drop_prob = drop_prob
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.drop_prob == 0. or not self.training:
-            return x
-        keep_prob = 1. - self.drop_prob
-        keep = x.new_empty(1, 1, x.shape[2], 1).bernoulli_(keep_prob)  # the batch is dim 2 of h x w x B x D
-        if keep_prob > 0.:  # as timm's drop_path: at rate 1 every sample is dropped, nothing is rescaled
-            keep.div_(keep_prob)
-        return x * keep
 
 
 @register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
@@ -133,6 +117,19 @@ class SelfAttentionBlock(nn.Module):
         return self
 
 
+def _checked_heads_per_layer(heads_per_layer: Union[int, Sequence[int]], depth: int, attn_kind: str,
+                             global_pool: str) -> Tuple[int, ...]:
+    """The heads of each layer (an int: as many in every layer), after checking the network's arguments."""
+    heads = tuple(int(h) for h in ((heads_per_layer,) * depth if isinstance(heads_per_layer, int) else heads_per_layer))
+    if len(heads) != depth:
+        raise ValueError(f'heads_per_layer has {len(heads)} entries but depth is {depth}')
+    if attn_kind not in ATTENTION_KINDS:
+        raise ValueError(f'attn_kind {attn_kind!r} is not one of {ATTENTION_KINDS}')
+    if global_pool not in ('avg', ''):
+        raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+    return heads
+
+
 class SelfAttentionNet(nn.Module):
     """Fully-attentional classifier (paper Sec. 4.1, App. A.4): a 2x2 space-to-depth embedding, post-norm
     attention layers, the mean over the grid and a linear classifier. Tokens are grid-major ``h x w x B x D``
@@ -174,15 +171,7 @@ class SelfAttentionNet(nn.Module):
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        if isinstance(heads_per_layer, int):
-            heads_per_layer = (heads_per_layer,) * depth
-        heads_per_layer = tuple(int(h) for h in heads_per_layer)
-        if len(heads_per_layer) != depth:
-            raise ValueError(f'heads_per_layer has {len(heads_per_layer)} entries but depth is {depth}')
-        if attn_kind not in ATTENTION_KINDS:
-            raise ValueError(f'attn_kind {attn_kind!r} is not one of {ATTENTION_KINDS}')
-        if global_pool not in ('avg', ''):
-            raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+        heads_per_layer = _checked_heads_per_layer(heads_per_layer, depth, attn_kind, global_pool)
         self.num_classes = num_classes
         self.in_chans = in_chans
         self.global_pool = global_pool
@@ -196,22 +185,11 @@ class SelfAttentionNet(nn.Module):
         self.input_pad = create_input_pad(input_padding, input_pad_value, in_chans, **dd)
         self.patch_embed = SpaceToDepthEmbed(in_chans, embed_dim, **dd)
         dpr = calculate_drop_path_rates(drop_path_rate, depth)
-        self.blocks = nn.Sequential(*[
-            SelfAttentionBlock(
-                embed_dim,
-                num_heads,
-                mlp_hidden_dim=mlp_hidden_dim,
-                attn_kind=attn_kind,
-                proj_drop=proj_drop_rate,
-                attn_drop=attn_drop_rate,
-                drop_path=dpr[i],
-                max_rel_shift=max_rel_shift,
-                norm_eps=norm_eps,
-                pos_init=pos_init,
-                pos_init_alpha=pos_init_alpha,
-                **dd,
-            )
-            for i, num_heads in enumerate(heads_per_layer)])
+        block_args = dict(mlp_hidden_dim=mlp_hidden_dim, attn_kind=attn_kind, proj_drop=proj_drop_rate,
+                          attn_drop=attn_drop_rate, max_rel_shift=max_rel_shift, norm_eps=norm_eps, pos_init=pos_init,
+                          pos_init_alpha=pos_init_alpha, **dd)
+        self.blocks = nn.Sequential(*[SelfAttentionBlock(embed_dim, num_heads, drop_path=dpr[i], **block_args)
+                                      for i, num_heads in enumerate(heads_per_layer)])
         self.feature_info = [
             dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=2) for i in range(depth)]
         self.head_drop = nn.Dropout(drop_rate)

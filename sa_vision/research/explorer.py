@@ -16,13 +16,13 @@ from timm.data import resolve_data_config
 from torch import Tensor, nn
 
 from ..errors import UserError
+from ..io import atomic_write
 from ..layers import PositionalAttention
 from ..models.input_pad import model_input_padding
 from ..train.checkpoint import (
     HF_HUB_PREFIX,
     LOCAL_DIR_PREFIX,
     RUN_CHECKPOINT,
-    atomic_write,
     load_model,
     read_checkpoint,
 )

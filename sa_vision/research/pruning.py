@@ -149,7 +149,8 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
     (``.safetensors``: in the metadata); returns the ``model_args``."""
     import json
 
-    from ..train.checkpoint import CHECKPOINT_VERSION, atomic_torch_save, infer_model_args
+    from ..io import atomic_torch_save
+    from ..train.checkpoint import CHECKPOINT_VERSION, infer_model_args
     state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
     model_args = infer_model_args(state_dict)
     arch = pruned_arch(model_args.pop('attn_kind'))  # the registered model of the kind sets the kind itself

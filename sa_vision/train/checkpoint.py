@@ -1,31 +1,30 @@
-""" Checkpoints: one reader for every kind of weights file a user has, and the atomic writer of training runs
+""" Checkpoints: one reader for every kind of weights file a user has (files are written through
+:mod:`sa_vision.io`)
 
 :func:`read_checkpoint` opens, without unpickling arbitrary objects (timm's ``argparse.Namespace`` is the one class
 allowed beyond ``weights_only``): checkpoints of ``sa-vision-train`` and timm's ``train.py``, bare state dicts and
 ``.safetensors`` (a sa_vision attention model's architecture is read off the shapes) and Hub folders. """
 import argparse
-import contextlib
 import json
 import os
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Optional, Union
 
 import torch
 from timm.models import clean_state_dict
 from torch import Tensor, nn
 
 from ..errors import UserError
+from ..io import plain_data
 from ..models import SA_MODEL_ARGS, infer_cifar_resnet_args, infer_sa_model_args, is_sa_state_dict
 from ..models.sa_cifar import SA_STATE_DICT_KEYS
 from .args import RUNTIME_ARGS
 from .timm_args import TIMM_MODEL_KWARGS
 
 __all__ = [
-    'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'atomic_write',
-    'atomic_torch_save', 'atomic_duplicate', 'usual_file_mode', 'read_checkpoint', 'load_model',
-    'infer_model_args', 'is_sa_state_dict', 'plain_data', 'strip_runtime_args', 'RUNTIME_ARGS',
+    'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'read_checkpoint',
+    'load_model', 'infer_model_args', 'is_sa_state_dict', 'strip_runtime_args', 'RUNTIME_ARGS',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -85,58 +84,9 @@ class Checkpoint:
         return model.eval()
 
 
-@contextlib.contextmanager
-def atomic_write(path: PathLike) -> Iterator[Path]:
-    """A temporary path beside ``path`` to write to, renamed over it when the block succeeds (removed otherwise):
-    a crash or kill never leaves a half-written file."""
-    path = Path(path)
-    tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')
-    try:
-        yield tmp
-        with open(tmp, 'rb') as f:
-            os.fsync(f.fileno())
-        usual_file_mode(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def usual_file_mode(path: PathLike) -> None:
-    """Give ``path`` the mode ``open()`` gives a new file (0644 under the usual umask 022): writers that go through
-    a temporary file of their own (safetensors' ``save_file``, ``tempfile``) leave it 0600."""
-    umask = os.umask(0)  # reading the umask means setting it: set it straight back
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
-
-
-def atomic_duplicate(src: PathLike, dst: PathLike) -> None:
-    """``dst`` becomes a copy of ``src`` at once: a hard link where the file system allows (no second copy of the
-    tensors, as timm's ``CheckpointSaver`` keeps ``model_best``), else a copy, renamed over ``dst``."""
-    with atomic_write(dst) as tmp:
-        try:
-            os.link(src, tmp)
-        except OSError:
-            shutil.copyfile(src, tmp)
-
-
-def atomic_torch_save(obj: Any, path: PathLike) -> None:
-    """``torch.save`` through :func:`atomic_write`."""
-    with atomic_write(path) as tmp:
-        torch.save(obj, tmp)
-
-
 def strip_runtime_args(args: Dict[str, Any]) -> Dict[str, Any]:
     """The training arguments of a run without :data:`~sa_vision.train.args.RUNTIME_ARGS`."""
     return {k: v for k, v in args.items() if k not in RUNTIME_ARGS}
-
-
-def plain_data(value: Any) -> Any:
-    """A value as plain YAML / JSON / ``weights_only``-safe data (tuples as lists, other objects as str)."""
-    if isinstance(value, (list, tuple)):
-        return [plain_data(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): plain_data(v) for k, v in value.items()}
-    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def _torch_load(path: Path, map_location) -> Any:

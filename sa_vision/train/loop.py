@@ -7,8 +7,6 @@ an epoch is the best by ``--eval-metric`` (docs/training.md).
 import importlib
 import json
 import logging
-import os
-import shutil
 import sys
 import time
 from contextlib import nullcontext
@@ -30,10 +28,11 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
+from ..io import atomic_duplicate, atomic_folder, atomic_torch_save
 from ..models import param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from .args import check_scheduler
-from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, atomic_duplicate, atomic_torch_save
+from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate
@@ -395,27 +394,13 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
                    f'({args.eval_metric} {saved["metrics"][args.eval_metric]:.4g}'
                    f'{", the best" if exported == best else ""})')
         export_dir = run_dir / 'hub'
-        staged = _export_replacing(export, exported, export_dir)
+        with atomic_folder(export_dir) as partial:  # never half a folder, nor two exports mixed
+            staged = export(exported, partial)
         result['hub_folder'], result['hub_epoch'] = str(export_dir), saved['epoch']
         _log(args, f'Exported Hub folder {export_dir}: {", ".join(staged)}')
     _log(args, 'Result ' + json.dumps(result))
     _log(args, f'Top-1 on the {args.dataset or "folder"} {split} split: {metrics["top1"]:.2f}%  '
                f'(checkpoint {checkpoint})')
-
-
-def _export_replacing(export, checkpoint: Path, export_dir: Path) -> List[str]:
-    """``export(checkpoint, export_dir)`` written beside it and swapped in when complete: the folder never mixes
-    two exports, and a killed export leaves the earlier one (or none), never half a folder."""
-    partial, old = export_dir.with_name(f'.{export_dir.name}.partial'), export_dir.with_name(f'.{export_dir.name}.old')
-    for leftover in (partial, old):  # of a killed export
-        if leftover.exists():
-            shutil.rmtree(leftover)
-    staged = export(checkpoint, partial)
-    if export_dir.exists():
-        os.replace(export_dir, old)
-    os.replace(partial, export_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    return staged
 
 
 if __name__ == '__main__':

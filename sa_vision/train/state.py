@@ -9,13 +9,12 @@ from typing import Callable, Optional, Tuple
 import torch.nn as nn
 import yaml
 
+from ..io import atomic_write, plain_data
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, build_parser
 from .checkpoint import (
     CHECKPOINT_VERSION,
     Checkpoint,
     CheckpointError,
-    atomic_write,
-    plain_data,
     read_checkpoint,
     strip_runtime_args,
 )

@@ -47,6 +47,7 @@ from torch._dynamo.utils import counters
 
 import sa_vision
 from sa_vision.measure import benchmark as sab
+from sa_vision.measure import format_results
 from sa_vision.reproduce import PROFILES, PRUNED_MODEL, TRAINED_MODELS, Reproduction
 from sa_vision.train.args import build_parser as build_train_parser
 from sa_vision.train.checkpoint import read_checkpoint
@@ -226,7 +227,7 @@ class Check:
             row.update(role=role, size=size, mode=mode)
         self.log(f'{size}, {mode}, batch {self.s.batch_size}, bf16 autocast ({bench}; ratios: '
                  f'{variants[roles[0]].name} / the row, > 1: it is faster)')
-        self.log(sab.format_results(rows))
+        self.log(format_results(rows))
         self.log.results.setdefault('paired', {})[key or f'{size}/{mode}/{bench}'] = rows
         return rows
 

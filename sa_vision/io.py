@@ -1,0 +1,92 @@
+""" Writing files and folders so that a crash or kill never leaves half of one: :func:`atomic_write` and the
+writers built on it (text, ``torch.save``, a duplicate of a file), each with the mode ``open()`` gives a new file,
+and :func:`atomic_folder`; and :func:`plain_data`, a value as data any of these files can hold. Imports no sa_vision
+code. """
+import contextlib
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterator, Union
+
+import torch
+
+__all__ = ['atomic_write', 'atomic_write_text', 'atomic_torch_save', 'atomic_duplicate', 'atomic_folder',
+           'usual_file_mode', 'plain_data']
+
+PathLike = Union[str, os.PathLike]
+
+
+@contextlib.contextmanager
+def atomic_write(path: PathLike) -> Iterator[Path]:
+    """A temporary path beside ``path`` to write to, renamed over it when the block succeeds (removed otherwise):
+    a crash or kill never leaves a half-written file."""
+    path = Path(path)
+    tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')
+    try:
+        yield tmp
+        with open(tmp, 'rb') as f:
+            os.fsync(f.fileno())
+        usual_file_mode(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def usual_file_mode(path: PathLike) -> None:
+    """Give ``path`` the mode ``open()`` gives a new file (0644 under the usual umask 022): writers that go through
+    a temporary file of their own (safetensors' ``save_file``, ``tempfile``) leave it 0600."""
+    umask = os.umask(0)  # reading the umask means setting it: set it straight back
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+
+
+def atomic_write_text(path: PathLike, text: str) -> None:
+    """``path`` holds ``text`` (UTF-8) through :func:`atomic_write`."""
+    with atomic_write(path) as tmp:
+        tmp.write_text(text, encoding='utf-8')
+
+
+def atomic_torch_save(obj: Any, path: PathLike) -> None:
+    """``torch.save`` through :func:`atomic_write`."""
+    with atomic_write(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def atomic_duplicate(src: PathLike, dst: PathLike) -> None:
+    """``dst`` becomes a copy of ``src`` at once: a hard link where the file system allows (no second copy of the
+    tensors, as timm's ``CheckpointSaver`` keeps ``model_best``), else a copy, renamed over ``dst``."""
+    with atomic_write(dst) as tmp:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            shutil.copyfile(src, tmp)
+
+
+@contextlib.contextmanager
+def atomic_folder(folder: PathLike) -> Iterator[Path]:
+    """A path beside ``folder`` to build its new contents at, swapped in for ``folder`` when the block succeeds
+    (removed otherwise): the folder never mixes two versions, and a killed writer leaves the earlier one (or none),
+    never half a folder. What a killed writer left beside it is removed first."""
+    folder = Path(folder)
+    partial, old = folder.with_name(f'.{folder.name}.partial'), folder.with_name(f'.{folder.name}.old')
+    for leftover in (partial, old):
+        if leftover.exists():
+            shutil.rmtree(leftover)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield partial
+        if folder.exists():
+            os.replace(folder, old)
+        os.replace(partial, folder)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+
+
+def plain_data(value: Any) -> Any:
+    """A value as plain YAML / JSON / ``weights_only``-safe data (tuples as lists, other objects as str)."""
+    if isinstance(value, (list, tuple)):
+        return [plain_data(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): plain_data(v) for k, v in value.items()}
+    return value if value is None or isinstance(value, (bool, int, float, str)) else str(value)

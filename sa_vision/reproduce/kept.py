@@ -1,0 +1,189 @@
+""" The kept zoo, checked: each kept model's weights (SHA-256), its logits of a fixed batch (float32 rounding
+bound) and its accuracy on the test split against the results table; and the recording of that guard """
+import csv
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from ..io import atomic_write, atomic_write_text
+from ..train.checkpoint import Checkpoint, read_checkpoint
+from ..train.data import dataset_info
+from .profiles import StageFailed
+from .report import EVAL_PRECISION, evaluate_on_test_split, model_input_size, say
+
+__all__ = ['ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES', 'kept_guard_paths', 'logits_tolerance',
+           'record_kept_models', 'kept_subset_top1', 'check_kept_models']
+
+# a kept model's accuracy may differ from the table by one image in 10,000 (a float32 tie broken otherwise)
+ACCURACY_TOLERANCE = 0.01
+GUARD_IMAGES = 64  # the fixed batch whose logits guard a kept model
+SUBSET_IMAGES = 500  # the test images whose recorded top-1 a quick check of another pipeline compares with
+
+
+def kept_guard_paths(table: Path) -> Dict[str, Path]:
+    """The guard of a kept zoo, beside its table: the weights' SHA-256 digests (``sha256sum -c`` reads the file
+    in the table's folder) and the logits of a fixed batch of test images per model."""
+    table = Path(table)
+    return {'digests': table.with_name(f'{table.stem}_weights.sha256'),
+            'logits': table.with_name(f'{table.stem}_logits.safetensors')}
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for block in iter(lambda: f.read(1 << 20), b''):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_digests(path: Path) -> Dict[str, str]:
+    """``{file name as written: digest}`` of a ``sha256sum`` file."""
+    digests = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            digest, name = line.split(maxsplit=1)
+            digests[name.lstrip('*')] = digest
+    return digests
+
+
+def _guard_batch(dataset: str, data_dir: Optional[str], img_size: int):
+    """The first :data:`GUARD_IMAGES` images of the test split and their labels, in the training pipeline's
+    preprocessing at ``img_size``."""
+    import torch
+
+    from ..train.data import create_image_dataset
+    info = dataset_info(dataset)
+    ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, img_size=img_size)
+    items = [ds[i] for i in range(GUARD_IMAGES)]
+    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
+
+
+def logits_tolerance(model, scale: float) -> float:
+    """How far two float32 runs of ``model`` may differ, from float32 rounding alone: each reduction of ``n`` terms
+    of size ``scale`` is within ``4 sqrt(n) u scale`` (u = 2**-24) of the exact sum, the errors of the reductions
+    along the network add up, and two runs (the recorded one and this one) double it (tests/float32_bounds.py
+    explains the bound; it holds whatever order a CPU sums in)."""
+    import math
+
+    from torch import nn
+
+    from ..layers import PositionalAttention
+    lengths = []
+    for module in model.modules():
+        if isinstance(module, nn.Conv2d):
+            lengths.append(module.in_channels // module.groups * module.kernel_size[0] * module.kernel_size[1])
+        elif isinstance(module, nn.Linear):
+            lengths.append(module.in_features)
+        elif isinstance(module, (nn.LayerNorm, nn.BatchNorm2d)):
+            lengths.append(module.normalized_shape[0] if isinstance(module, nn.LayerNorm) else 1)
+        elif isinstance(module, PositionalAttention):  # a weighted sum over every key of the 16x16 grid
+            lengths.append(16 * 16)
+    lengths.append(32 * 32)  # the global average pool (at most 32x32 positions)
+    return 2 * sum(4. * math.sqrt(n) * 2. ** -24 * scale for n in lengths)
+
+
+def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -> Dict[str, Path]:
+    """Write the guard of the models of ``table`` kept in ``zoo``: each weights file's SHA-256, and each model's
+    float32 logits of the first :data:`GUARD_IMAGES` test images plus its top-1 on the first
+    :data:`SUBSET_IMAGES`, both through the training pipeline (the dataset's own zero padding, the model as it was
+    trained, without ``input_padding``)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from ..train.evaluation import evaluate
+    paths = kept_guard_paths(table)
+    with open(table, newline='') as f:
+        rows = list(csv.DictReader(f))
+    digests, logits, subset_top1 = [], {}, {}
+    for row in rows:
+        folder = Path(zoo) / row['model']
+        weights = folder / 'model.safetensors'
+        digests.append(f'{_sha256(weights)}  {os.path.relpath(weights, paths["digests"].parent)}')
+        ckpt = read_checkpoint(folder)
+        trained_args = {k: v for k, v in ckpt.model_args.items() if k not in ('input_padding', 'input_pad_value')}
+        model = Checkpoint(ckpt.arch, trained_args, ckpt.state_dict, ckpt.source, 'state_dict').create_model()
+        images, _ = _guard_batch(row['dataset'], data_dir, 32)
+        with torch.no_grad():
+            logits[row['model']] = model(images).float().contiguous()
+        from ..train.data import create_image_dataset
+        info = dataset_info(row['dataset'])
+        ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir)
+        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, range(SUBSET_IMAGES)), batch_size=500)
+        subset_top1[row['model']] = round(evaluate(model, loader, 'cpu')['top1'], 2)
+        say(f'{row["model"]}: recorded; top-1 {subset_top1[row["model"]]:.2f} on the first {SUBSET_IMAGES} images')
+    atomic_write_text(paths['digests'], '\n'.join(digests) + '\n')
+    with atomic_write(paths['logits']) as tmp:
+        save_file(logits, str(tmp), metadata={'images': f'the first {GUARD_IMAGES} of the test split',
+                                              'subset_images': str(SUBSET_IMAGES),
+                                              'subset_top1': json.dumps(subset_top1)})
+    return paths
+
+
+def kept_subset_top1(table: Path) -> Dict[str, float]:
+    """The recorded top-1 of each kept model on the first :data:`SUBSET_IMAGES` test images (training pipeline)."""
+    from safetensors import safe_open
+    with safe_open(str(kept_guard_paths(table)['logits']), 'pt') as f:
+        return json.loads(f.metadata()['subset_top1'])
+
+
+def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
+                      accuracy: bool = True) -> List[Dict[str, Any]]:
+    """Check the models of ``table`` (a results CSV) kept in ``zoo/<model>/``: their weights' SHA-256 and their
+    logits of a fixed batch against the guard beside the table (where it exists, :func:`record_kept_models`), and,
+    with ``accuracy``, top-1 / top-5 on the whole test split against the table (minutes per model on a CPU)."""
+    import torch
+    from safetensors.torch import load_file
+    with open(table, newline='') as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise StageFailed(f'{table} holds no results')
+    guard = kept_guard_paths(table)
+    guarded = all(p.is_file() for p in guard.values())
+    if not guarded and not accuracy:
+        raise StageFailed(f'{table} has no guard beside it ({guard["digests"].name}, {guard["logits"].name}): '
+                          f'record it with sa-vision-reproduce --check {zoo} --table {table} --record')
+    digests = _read_digests(guard['digests']) if guarded else {}
+    recorded = load_file(str(guard['logits'])) if guarded else {}
+    checked = []
+    for row in rows:
+        folder = Path(zoo) / row['model']
+        if not folder.is_dir():
+            raise StageFailed(f'{table} lists {row["model"]} but {folder} does not exist: keep the zoo with '
+                              f'sa-vision-reproduce --keep {zoo}')
+        ckpt = read_checkpoint(folder)
+        model = ckpt.create_model()
+        result, notes = {'model': row['model']}, []
+        if guarded:
+            weights = folder / 'model.safetensors'
+            expected = [d for name, d in digests.items() if Path(name).parts[-2:] == weights.parts[-2:]]
+            result['digest_ok'] = expected == [_sha256(weights)]
+            images, _ = _guard_batch(row['dataset'], data_dir, model_input_size(model))
+            with torch.no_grad():
+                logits = model.float()(images).float()
+            reference = recorded[row['model']]
+            result['logits_max_diff'] = (logits - reference).abs().max().item()
+            result['logits_tolerance'] = logits_tolerance(model, reference.abs().max().item())
+            result['logits_ok'] = result['logits_max_diff'] <= result['logits_tolerance']
+            notes.append(f'weights {"ok" if result["digest_ok"] else "CHANGED (SHA-256)"}, logits of '
+                         f'{GUARD_IMAGES} images within {result["logits_max_diff"]:.1e} '
+                         f'(tolerance {result["logits_tolerance"]:.1e})')
+        if accuracy:
+            precision = row.get('eval_precision') or EVAL_PRECISION
+            start = time.monotonic()
+            measured = evaluate_on_test_split(model, row['dataset'], data_dir, precision=precision)
+            result['accuracy_seconds'] = round(time.monotonic() - start, 1)
+            result.update(precision=precision, num_images=measured.get('num_images'))
+            for key in ('top1', 'top5'):
+                result[key], result[f'{key}_table'] = round(measured[key], 2), float(row[key])
+            result['accuracy_ok'] = all(abs(result[k] - result[f'{k}_table']) <= ACCURACY_TOLERANCE + 1e-9
+                                        for k in ('top1', 'top5'))
+            notes.append(f'top-1 {result["top1"]:.2f} (table {result["top1_table"]:.2f}), top-5 '
+                         f'{result["top5"]:.2f} (table {result["top5_table"]:.2f}) in {precision} on '
+                         f'{result["num_images"]} images ({result["accuracy_seconds"]:.0f} s)')
+        result['ok'] = all(result[k] for k in ('digest_ok', 'logits_ok', 'accuracy_ok') if k in result)
+        say(f'{row["model"]}: {"; ".join(notes)}: {"ok" if result["ok"] else "DIFFERS"}')
+        checked.append(result)
+    return checked

@@ -1,0 +1,136 @@
+""" What the reproduction trains: the models of the paper's table, the profiles (recipe changes per model, as
+data) and the ablation of the positional parameters (paper Sec. 4.2); :class:`StageFailed`, how a stage fails """
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from ..models import SA_MODEL_ARGS
+from ..paper import PAPER_RESULTS
+from ..research.pruning import PRUNED_ARCH
+from ..train.data import dataset_info
+from ..train.recipes import load_recipe
+
+__all__ = ['TABLE_ORDER', 'PRUNE_SOURCE', 'PRUNED_MODEL', 'TRAINED_MODELS', 'Profile', 'PROFILES',
+           'apply_recipe_changes', 'ABLATION_MODEL', 'ABLATION_POS_LR_SCALE', 'ABLATION_VARIANTS',
+           'ablation_run_name', 'StageFailed']
+
+TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its order
+PRUNE_SOURCE = 'sa_gen_cifar'
+PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
+TRAINED_MODELS = tuple(model for model in TABLE_ORDER if model != PRUNED_MODEL)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How the five models are trained: recipe changes per model (``{}``: the paper's recipe unchanged)."""
+    name: str
+    description: str
+    dataset: str  # the default dataset
+    common: Dict[str, Any] = field(default_factory=dict)  # changes to every recipe
+    per_model: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # and to one model's
+    table_note: str = ''  # printed under the results table: how to read its numbers
+
+    def recipe(self, model: str, dataset: str, epochs: Optional[int] = None) -> Dict[str, Any]:
+        """The recipe of ``model``'s stage: the paper's recipe of the model with this profile's changes."""
+        recipe = load_recipe(model)
+        for changes in (self.common, self.per_model.get(model, {})):
+            apply_recipe_changes(recipe, changes)
+        info = dataset_info(dataset)
+        recipe.update(dataset=info.name, val_split=info.eval_split, num_classes=info.num_classes or recipe.get(
+            'num_classes'))
+        if epochs is not None:
+            recipe['epochs'] = epochs
+            recipe['warmup_epochs'] = round(0.05 * epochs, 3)  # the paper's warm-up over 5 % of the steps
+        recipe.pop('initial_checkpoint', None)  # given per run
+        return recipe
+
+
+# narrower attention models with the paper's depth (6 layers) and heads (9 per layer); positional defaults written out
+_NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0,
+                               'pos_init': 'paper', 'pos_init_alpha': 6.0}, 'pos_lr_scale': 1.0}
+# few epochs: AdamW converges in far fewer steps than the paper's SGD at lr 0.1 (300 epochs)
+_FEW_EPOCHS = dict(opt='adamw', lr=2e-3, weight_decay=0.05, momentum=0.9, batch_size=100, validation_batch_size=500,
+                   sched='cosine', sched_on_updates=True, warmup_lr=0.0, min_lr=0.0, cooldown_epochs=0, workers=0,
+                   log_interval=100)
+_TINY_SA = {'model_kwargs': {'embed_dim': 16, 'depth': 2, 'heads_per_layer': 3, 'mlp_hidden_dim': 32,
+                             'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}}
+
+PROFILES: Dict[str, Profile] = {
+    'paper': Profile(
+        'paper', "CIFAR-10 with the paper's recipes unchanged (300 epochs; a GPU and the CIFAR-10 download)",
+        'torch/cifar10'),
+    'cpu': Profile(
+        'cpu', "narrower models (embedding 64, MLP 128; the paper's 6 layers of 9 heads; ResNet18 at half width), "
+               "AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU in about 100 minutes",
+# why each choice: docs/reproduction.md ("The `cpu` profile", "Choosing the profile"); torchcompile is speed only
+        'fashion-mnist', common={**_FEW_EPOCHS, 'amp': 'auto', 'torchcompile': 'auto', 'batch_size': 50,
+                                 'train_crop_padding': 0},
+        per_model={
+            # pos_lr_scale 30: otherwise the Gaussian centres stay at their random start (paper Figs. 2-4)
+            'sa_quadratic_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 6, 'warmup_epochs': 0.3},
+            'sa_gen_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 5, 'warmup_epochs': 0.25},
+            'sa_learned_cifar': {**_NARROW_SA, 'epochs': 6, 'warmup_epochs': 0.3},
+            # as many epochs as the quadratic model: the comparison is at equal epochs
+            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256), 'stem_width': 32}, 'epochs': 6,
+                               'warmup_epochs': 0.3},
+            # the pruned model's architecture comes from the pruned weights: only regularisation is set here
+            'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'pos_lr_scale': 30.0,
+                              'epochs': 1, 'lr': 5e-4, 'warmup_epochs': 0.05},
+        },
+        table_note=('Choices of the `cpu` profile (`sa_vision.reproduce.PROFILES[\'cpu\']`): AdamW lr 2e-3, batch 50, '
+                    'cosine per step, no pad-and-crop (horizontal flips only) because a few epochs underfit rather '
+                    'than overfit; `pos_lr_scale` 30 for the Gaussian kinds so that their centres and spreads learn '
+                    '(one learning rate leaves them at their random start); `amp: auto` decided bf16 or float32 by '
+                    'measuring the CPU (the `amp` column), and `torchcompile: auto` compiled the training step only '
+                    'where a probe measured it faster (speed only). The ResNet trains as many epochs as the quadratic '
+                    'model.')),
+    'tiny': Profile(
+        'tiny', 'tiny models, 2 epochs each: the mechanics in about two minutes (CI)', 'digits',
+        table_note=('The `tiny` profile checks the mechanics (training, resuming, pruning, fine-tuning, export), not '
+                    'the models: attention models of 2 layers of 3 heads of width 16 trained for 2 epochs stay close '
+                    'to chance (10 % top-1 on digits; the small ResNet learns faster), and their heads rarely become '
+                    'degenerate, so the pruned model usually keeps every head (pruning.json). This is expected; the '
+                    '`cpu` and `paper` profiles train real models.'),
+        common={**_FEW_EPOCHS, 'batch_size': 64, 'validation_batch_size': 360, 'log_interval': 10, 'hflip': 0.0,
+                'train_crop_padding': 0},
+        per_model={
+            **{model: {**_TINY_SA, 'epochs': 2, 'warmup_epochs': 0.1}
+               for model in TRAINED_MODELS if model in SA_MODEL_ARGS},
+            'resnet18_cifar': {'model_kwargs': {'channels': (8, 16, 32, 64), 'stem_width': 8}, 'epochs': 2,
+                               'warmup_epochs': 0.1},
+            'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'epochs': 1,
+                              'lr': 5e-4, 'warmup_epochs': 0.05},
+        }),
+}
+
+
+def apply_recipe_changes(recipe: Dict[str, Any], changes: Dict[str, Any]) -> Dict[str, Any]:
+    """``recipe`` with ``changes`` set in place; ``model_kwargs`` are updated key by key, as ``--model-kwargs`` does."""
+    for key, value in changes.items():
+        if key == 'model_kwargs':
+            recipe['model_kwargs'] = {**(recipe.get('model_kwargs') or {}), **value}
+        else:
+            recipe[key] = value
+    return recipe
+
+
+# the ablation of the positional parameters (paper Sec. 4.2): random or Theorem 1 init, base or 30x positional lr
+ABLATION_MODEL = 'sa_quadratic_cifar'
+ABLATION_POS_LR_SCALE = 30.0
+ABLATION_VARIANTS: Dict[str, Dict[str, Any]] = {
+    'paper init': {'model_kwargs': {'pos_init': 'paper'}, 'pos_lr_scale': 1.0},
+    f'paper init, positional lr x{ABLATION_POS_LR_SCALE:g}': {
+        'model_kwargs': {'pos_init': 'paper'}, 'pos_lr_scale': ABLATION_POS_LR_SCALE},
+    'conv init (Theorem 1)': {'model_kwargs': {'pos_init': 'conv'}, 'pos_lr_scale': 1.0},
+    f'conv init (Theorem 1), positional lr x{ABLATION_POS_LR_SCALE:g}': {
+        'model_kwargs': {'pos_init': 'conv'}, 'pos_lr_scale': ABLATION_POS_LR_SCALE},
+}
+
+
+def ablation_run_name(variant: str) -> str:
+    """The run folder of an ablation variant: ``ablation-paper-init-positional-lr-x30``, ..."""
+    slug = ''.join(c if c.isalnum() else '-' for c in variant.lower())
+    return 'ablation-' + '-'.join(part for part in slug.split('-') if part)
+
+
+class StageFailed(RuntimeError):
+    """A stage of the reproduction failed; the finished stages are kept."""

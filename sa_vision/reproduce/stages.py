@@ -1,0 +1,328 @@
+""" :class:`Reproduction`: one resumable command from a dataset to the five trained, evaluated, exported models
+
+Stages (``sa-vision-reproduce``): train four models from scratch; prune the trained ``sa_gen_cifar`` (paper App. A.1)
+and fine-tune ``sa_gen_pruned`` from it; the results table (test split, float32); the Hub folders, figures and
+attention explorer; publish (``publish=True``, a dry run otherwise). Each stage writes its result atomically and is
+skipped when it exists; a killed training continues from its last epoch (docs/reproduction.md).
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence
+
+import yaml
+
+from ..io import atomic_folder, atomic_write_text, plain_data
+from ..models import SA_MODEL_ARGS
+from ..models._pretrained import hub_repo_id
+from ..paper import PAPER_RESULTS
+from ..train.checkpoint import read_checkpoint
+from ..train.data import dataset_info
+from .profiles import (
+    ABLATION_MODEL,
+    ABLATION_VARIANTS,
+    PROFILES,
+    PRUNE_SOURCE,
+    PRUNED_MODEL,
+    TABLE_ORDER,
+    TRAINED_MODELS,
+    StageFailed,
+    ablation_run_name,
+    apply_recipe_changes,
+)
+from .report import (
+    ABLATION_COLUMNS,
+    EVAL_PRECISION,
+    RESULT_COLUMNS,
+    draw_figures,
+    evaluate_on_test_split,
+    run_row,
+    say,
+    write_table,
+    write_zoo_explorer,
+)
+
+__all__ = ['Reproduction']
+
+
+class Reproduction:
+    """The stages above for one profile, dataset and output folder (see :meth:`run`); ``epochs`` overrides every
+    training stage's epochs but the fine-tuning's; ``train_args`` (``sa-vision-train`` arguments, e.g. the device
+    and speed flags) follow the recipe on every training stage's command line, so they win over it."""
+
+    def __init__(self, out_dir, profile: str = 'cpu', dataset: Optional[str] = None, data_dir: Optional[str] = None,
+                 download: bool = False, epochs: Optional[int] = None, train_args: Sequence[str] = ()):
+        if profile not in PROFILES:
+            raise ValueError(f'unknown profile {profile!r}; choose one of {sorted(PROFILES)}')
+        self.profile = PROFILES[profile]
+        self.dataset = dataset_info(dataset or self.profile.dataset).name
+        self.out = Path(out_dir)
+        self.data_dir, self.download, self.epochs = data_dir, download, epochs
+        self.train_args = list(train_args)
+        self.started = time.time()
+        self._noted_ignored_keys = False
+
+    def _check_same_setup(self) -> None:
+        """A folder holds one reproduction: the same command (profile, dataset, epochs) continues it."""
+        setup = {'profile': self.profile.name, 'dataset': self.dataset, 'epochs': self.epochs}
+        path = self.out / 'reproduction.json'
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved != setup:
+                raise StageFailed(f'{self.out} holds a reproduction of {saved}, not {setup}; continue it with the '
+                                  f'same options or choose another --out')
+        else:
+            self.out.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(setup, indent=1))
+
+    def run_dir(self, model: str) -> Path:
+        return self.out / 'runs' / model
+
+    def _header(self, index: int, count: int, text: str) -> None:
+        elapsed = time.time() - self.started
+        say(f'\n== [{index}/{count}] {text}  (elapsed {elapsed / 60:.1f} min) ==')
+
+    def train(self, model: str, initial_checkpoint: Optional[Path] = None, run: Optional[str] = None,
+              changes: Optional[Dict[str, Any]] = None) -> Path:
+        """Train one model into ``runs/<run or model>`` with ``changes`` to the profile's recipe; skipped when done."""
+        run = run or model
+        recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
+        apply_recipe_changes(recipe, changes or {})
+        recipe['save_epoch_weights'] = model in SA_MODEL_ARGS  # centre trajectories of the attention models
+        # keys that only timm's train.py reads: left out of the stage recipes and noted once
+        read = _training_script_keys()
+        ignored = {k: v for k, v in recipe.items() if k not in read}
+        if ignored and not self._noted_ignored_keys:
+            say(f'note: recipe keys that only timm\'s train.py reads are left out of the stage recipes: '
+                 f'{sorted(ignored)}')
+            self._noted_ignored_keys = True
+        recipe_path = self.out / 'recipes' / f'{run}.yaml'
+        recipe_path.parent.mkdir(parents=True, exist_ok=True)
+        header = (f"# left out, only timm's train.py reads them: "
+                  f"{yaml.safe_dump(plain_data(ignored), default_flow_style=True, width=10**6).strip()}\n"
+                  if ignored else '')
+        atomic_write_text(recipe_path, header + yaml.safe_dump(
+            plain_data({k: v for k, v in recipe.items() if k in read}), sort_keys=False))
+        last = self.run_dir(run) / 'last.pth.tar'
+        cmd = [sys.executable, '-m', 'sa_vision.cli.train', '-c', str(recipe_path), '--output', str(self.out / 'runs'),
+               '--experiment', run]
+        if self.data_dir:
+            cmd += ['--data-dir', str(self.data_dir)]
+        if self.download:
+            cmd.append('--dataset-download')
+        cmd += self.train_args
+        if last.is_file():
+            meta = read_checkpoint(last).meta
+            if meta['epoch'] >= meta.get('num_epochs', recipe['epochs']):
+                say(f'{run}: finished ({meta["epoch"]} epochs), skipped')
+                return last
+            say(f'{run}: continuing the killed run at epoch {meta["epoch"]}')
+            cmd += ['--resume', str(last)]
+        else:
+            if self.run_dir(run).exists():  # killed before its first checkpoint: sa-vision-train starts only anew
+                say(f'{run}: {self.run_dir(run)} holds no finished epoch, removed; training from the start')
+                shutil.rmtree(self.run_dir(run))
+            if initial_checkpoint is not None:
+                cmd += ['--initial-checkpoint', str(initial_checkpoint)]
+        say(f'{run}: {recipe["epochs"]} epochs of {model} on {self.dataset}, recipe {recipe_path}')
+        proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=_die_with_parent)
+        if proc.returncode != 0:
+            raise StageFailed(f'the training process exited with status {proc.returncode} (its output is above)')
+        return last
+
+    def prune(self) -> Path:
+        """Prune the trained generalized model's degenerate heads; the pruned model is evaluated as it is."""
+        out, report_path = self.out / 'pruned.pth', self.out / 'pruning.json'
+        if out.is_file() and report_path.is_file():
+            say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
+                 f'skipped')
+            return out
+        from ..research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
+        source_path = self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'
+        say(f'pruning: reading {source_path}')
+        source = read_checkpoint(source_path)
+        model = source.create_model()
+        degenerate = find_degenerate_heads(model)
+        heads = select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
+        say(f'pruning: degenerate heads per layer {degenerate}, pruning {heads} (released thresholds; a layer '
+             f'keeps at least one head)')
+        pruned = prune_heads(model, heads)
+        info = dataset_info(self.dataset)
+        say(f'pruning: evaluating the pruned model ({list(pruned.heads_per_layer)} heads) on the {info.title} '
+             f'{info.eval_split} split ...')
+        started = time.time()
+        after = self._evaluate(pruned)
+        say(f'pruning: evaluated {after.get("num_images", "")} images in {time.time() - started:.0f} s; writing {out}')
+        save_pruned(pruned, out, heads)
+        report = {
+            'source': str(self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'),
+            'degenerate_heads': degenerate, 'pruned_heads': heads,
+            'heads_removed_per_layer': [len(h) for h in heads],
+            'kept_heads_per_layer': list(pruned.heads_per_layer),
+            'top1_before_pruning': source.meta['metrics']['top1'], 'top1_after_pruning': after['top1'],
+            'top5_before_pruning': source.meta['metrics']['top5'], 'top5_after_pruning': after['top5'],
+        }
+        atomic_write_text(report_path, json.dumps(report, indent=1))
+        say(f'pruning: removed {report["heads_removed_per_layer"]} heads per layer, kept '
+             f'{report["kept_heads_per_layer"]}; top-1 {report["top1_before_pruning"]:.2f} % before, '
+             f'{after["top1"]:.2f} % after pruning (before fine-tuning)')
+        return out
+
+    def _evaluate(self, model) -> Dict[str, float]:
+        return evaluate_on_test_split(model, self.dataset, self.data_dir, self.download)
+
+    def _final_metrics(self, run: str, ckpt) -> Dict[str, float]:
+        """Top-1 / top-5 of a run's final weights in :data:`EVAL_PRECISION`, cached in ``final_eval.json``."""
+        last = self.run_dir(run) / 'last.pth.tar'
+        path = self.run_dir(run) / 'final_eval.json'
+        stamp = f'{last.stat().st_mtime_ns}:{last.stat().st_size}'
+        if path.is_file():
+            saved = json.loads(path.read_text())
+            if saved.get('checkpoint') == stamp:
+                return saved
+        metrics = {**self._evaluate(ckpt.create_model()), 'checkpoint': stamp, 'precision': EVAL_PRECISION}
+        atomic_write_text(path, json.dumps(metrics, indent=1))
+        return metrics
+
+    def table(self, models=TABLE_ORDER, quiet: bool = False) -> List[Dict[str, Any]]:
+        """The results of the finished runs of ``models``, written as results.md and results.csv (and printed)."""
+        from ..hub import count_params_and_macs
+        rows = []
+        for model in (m for m in TABLE_ORDER if m in models):
+            last = self.run_dir(model) / 'last.pth.tar'
+            if not last.is_file():
+                continue
+            ckpt = read_checkpoint(last)
+            meta = ckpt.meta
+            if meta['epoch'] < meta.get('num_epochs', meta['epoch']):
+                continue  # still training
+            counts = count_params_and_macs(ckpt.create_model())
+            paper = PAPER_RESULTS.get(model)
+            rows.append({'model': model, **run_row(ckpt, self.run_dir(model), self.dataset,
+                                                     self._final_metrics(model, ckpt)),
+                         'parameters': counts['params'], 'macs_g': round(counts['macs'] / 1e9, 4),
+                         'eval_precision': EVAL_PRECISION, 'paper_cifar10_top1': paper.top1 if paper else None})
+        markdown = write_table(self.out, 'results', RESULT_COLUMNS, rows, self.profile.table_note)
+        if not quiet:
+            say(markdown)
+        return rows
+
+    def ablation(self) -> List[Dict[str, Any]]:
+        """Train :data:`ABLATION_MODEL` once per :data:`ABLATION_VARIANTS`; writes ``ablation.md`` / ``.csv``."""
+        self._check_same_setup()
+        say(f'Ablation of the positional parameters: {ABLATION_MODEL}, profile {self.profile.name!r}, {self.dataset}')
+        rows = []
+        for index, (variant, changes) in enumerate(ABLATION_VARIANTS.items(), 1):
+            self._header(index, len(ABLATION_VARIANTS), f'ablation: {variant}')
+            run = ablation_run_name(variant)
+            last = self.train(ABLATION_MODEL, run=run, changes=changes)
+            ckpt = read_checkpoint(last)
+            rows.append({'variant': variant, 'run': run, 'model': ABLATION_MODEL,
+                         'pos_init': ckpt.model_args.get('pos_init', 'paper'),
+                         **run_row(ckpt, self.run_dir(run), self.dataset, ckpt.meta['metrics'])})
+        say(write_table(self.out, 'ablation', ABLATION_COLUMNS, rows))
+        return rows
+
+    def export(self, models=TABLE_ORDER) -> List[Path]:
+        """A Hub folder per trained model (re-exported when its checkpoint is newer).
+
+        Written beside its folder and swapped in when complete (:func:`~sa_vision.io.atomic_folder`), so a killed
+        export is redone, not taken for done.
+        """
+        from ..hub import export_hub_folder, weights_label
+        from ..research.explorer import run_epochs
+        folders = []
+        for model in (m for m in TABLE_ORDER if m in models):
+            last = self.run_dir(model) / 'last.pth.tar'
+            ckpt = read_checkpoint(last)
+            folder = self.out / 'hub' / weights_label(ckpt).name
+            card = folder / 'README.md'  # written last (a folder of an older sa_vision may lack it)
+            if card.is_file() and card.stat().st_mtime >= last.stat().st_mtime:
+                say(f'export {folder.name}: up to date, skipped')
+            else:
+                with atomic_folder(folder) as partial:  # replaces an export of an older checkpoint
+                    export_hub_folder(ckpt, partial, epochs=run_epochs(self.run_dir(model)))
+                say(f'export {folder.name}: {folder}')
+            folders.append(folder)
+        return folders
+
+    def hub_folders(self) -> List[Path]:
+        """The exported Hub folders (``hub/<model>.<tag>``), in the table's order."""
+        found = {f.name.split('.')[0]: f for f in sorted((self.out / 'hub').glob('*.*')) if f.is_dir()}
+        return [found[m] for m in TABLE_ORDER if m in found]
+
+    def figures(self) -> List[Path]:
+        """The paper's figures of the trained attention models (centres, maps, centre trajectories)."""
+        return draw_figures(self.hub_folders(), self.out / 'figures')
+
+    def explorer(self) -> Path:
+        """``explorer.html``: the attention explorer page of the trained attention models."""
+        return write_zoo_explorer(self.hub_folders(), self.out / 'explorer.html', self.data_dir,
+                                  f'sa_vision zoo, profile {self.profile.name!r}: attention explorer')
+
+    def keep(self, dest) -> List[Path]:
+        """Copy the exported Hub folders to ``dest/<model>/`` (the zoo as kept in a repository)."""
+        kept = []
+        for folder in self.hub_folders():
+            target = Path(dest) / folder.name.split('.')[0]
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(folder, target)
+            kept.append(target)
+        say(f'kept {len(kept)} Hub folders in {dest}')
+        return kept
+
+    def publish(self, folders: List[Path], publish: bool) -> None:
+        from ..hub import publish_hub_folder
+        for folder in folders:
+            repo_id = hub_repo_id(*folder.name.split('.', 1))  # the export named it <arch>.<tag>
+            if not publish:
+                say(f'dry run: would publish {folder} to {repo_id} ({len(list(folder.iterdir()))} files)')
+                continue
+            commit = publish_hub_folder(folder, repo_id)
+            say(f'published {repo_id}: {getattr(commit, "commit_url", commit)}')
+
+    def run(self, publish: bool = False) -> List[Dict[str, Any]]:
+        """All stages; a failing one raises :class:`StageFailed` naming it (earlier results stay)."""
+        self._check_same_setup()
+        say(f'Reproduction {self.profile.name!r} on {self.dataset} in {self.out}: {self.profile.description}')
+        results: Dict[str, Any] = {}
+        # the table grows after each training: the models trained so far
+        stages = [(f'train {model}', lambda i=i: (self.train(TRAINED_MODELS[i]), self.table(TRAINED_MODELS[:i + 1])))
+                  for i, model in enumerate(TRAINED_MODELS)]
+        stages += [
+            ('prune sa_gen_cifar', lambda: results.update(pruned=self.prune())),
+            (f'fine-tune {PRUNED_MODEL}', lambda: self.train(PRUNED_MODEL, initial_checkpoint=results['pruned'])),
+            ('results table', lambda: results.update(rows=self.table())),
+            ('export Hub folders', lambda: results.update(folders=self.export())),
+            ('figures', self.figures),
+            ('explorer', self.explorer),
+            ('publish' if publish else 'publish (dry run)', lambda: self.publish(results['folders'], publish)),
+        ]
+        for index, (name, stage) in enumerate(stages, 1):
+            self._header(index, len(stages), name)
+            try:
+                stage()
+            except Exception as e:  # e.g. a failed training process or an unreadable checkpoint: stop, naming it
+                what = str(e) if isinstance(e, StageFailed) else f'{type(e).__name__}: {e}'
+                raise StageFailed(f'stage {name!r} failed: {what}') from e
+        say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
+        return results['rows']
+
+
+def _die_with_parent() -> None:
+    """End the training process with the reproduction (Linux): no orphan writes the checkpoint the next run resumes."""
+    if sys.platform.startswith('linux'):
+        import ctypes
+        import signal
+        ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def _training_script_keys() -> frozenset:
+    """The argument names of ``sa-vision-train`` (the stages run it in a subprocess; only its parser is read)."""
+    from ..train.args import argument_names
+    return argument_names()
