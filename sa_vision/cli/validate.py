@@ -6,9 +6,9 @@ What to evaluate (one of):
                                                       or an exported Hub folder
     --model local-dir:output/train/<run>/hub         an exported Hub folder
     --model hf-hub:sa-vision/sa_quadratic_cifar.cifar10
-    --model sa_quadratic_cifar --pretrained          the published weights
+    --model sa_quadratic_cifar --pretrained          the published weights (none is published yet)
 
-    sa-vision-validate --model sa_quadratic_cifar --pretrained --data-dir data --dataset-download
+    sa-vision-validate --checkpoint output/train/<run>/model_best.pth.tar --data-dir data --dataset-download
     sa-vision-validate --checkpoint output/train/<run>/last.pth.tar --dataset digits
     sa-vision-validate --model local-dir:zoo/fashion-mnist-cpu/sa_quadratic_cifar    # its tag: fashion-mnist
 
