@@ -91,6 +91,22 @@ def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, 
     assert 'resuming with changed arguments: log_interval 100 -> 7' in caplog.text
 
 
+def test_resume_with_more_epochs_follows_the_longer_schedule(adamw_run, tmp_path):
+    """A finished run resumed with a larger --epochs trains on the schedule of that many epochs, as a run asked for
+    them from the start does (timm's train.py rebuilds the schedule on resume), not at the old schedule's end."""
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(adamw_run.parent, run)
+    training.main(['--resume', str(run / 'last.pth.tar'), '--epochs', '4', '--log-interval', '100'])
+    resumed = _load(run / 'last.pth.tar')['history']
+    training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 4, '-b', 64, '--output', tmp_path,
+                                 '--experiment', 'long', '--log-interval', 100])))
+    asked = _load(tmp_path / 'long' / 'last.pth.tar')['history']
+    assert [h['epoch'] for h in resumed] == [0, 1, 2, 3]
+    assert resumed[2]['lr'] > 5e-4  # 3/4 through a cosine of 4 epochs (0.005 * 0.146), not at min_lr 0
+    assert [h['lr'] for h in resumed[2:]] == pytest.approx([h['lr'] for h in asked[2:]], rel=1e-12)
+
+
 def test_resume_reports_explicit_changes_only(adamw_run):
     args, _, _ = state.parse_run_args(['--resume', str(adamw_run), '--lr', '0.001', '--epochs', '2'])
     assert args.opt == 'adamw' and args.lr == 0.001 and args.epochs == 2

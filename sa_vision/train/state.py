@@ -8,6 +8,7 @@ from typing import Callable, Optional, Tuple
 
 import torch.nn as nn
 import yaml
+from timm.scheduler import PlateauLRScheduler
 
 from ..io import atomic_write, plain_data
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, build_parser
@@ -151,12 +152,21 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log) 
 
 
 def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler):
-    """Load a run's state for ``--resume``; returns (epochs done, updates done, history, best)."""
+    """Load a run's state for ``--resume``; returns (epochs done, updates done, history, best).
+
+    The schedule is the one the arguments describe now, stepped to where the run stands, as timm's train.py
+    resumes: loading the saved scheduler would bring back the run's old epoch count and learning rate, so that
+    ``--epochs`` raised on a finished run would train on at the old schedule's end (LR ``min_lr``). Only the
+    plateau scheduler keeps its saved state: its decisions depend on the metrics seen."""
     meta = resume_ckpt.meta
     model.load_state_dict(resume_ckpt.state_dict)
     optimizer.load_state_dict(meta['optimizer'])
-    if lr_scheduler is not None:
+    if isinstance(lr_scheduler, PlateauLRScheduler):
         lr_scheduler.load_state_dict(meta['scheduler'])
+    elif lr_scheduler is not None:
+        # each is a no-op for a schedule not counted in its unit (epochs or updates)
+        lr_scheduler.step(meta['epoch'])
+        lr_scheduler.step_update(meta['num_updates'])
     if loss_scaler is not None and meta.get('loss_scaler'):
         loss_scaler.load_state_dict(meta['loss_scaler'])
     return meta['epoch'], meta['num_updates'], list(meta.get('history', [])), meta.get('best')
