@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module, use_fused_attn
 from torch import Tensor, nn
 
+from .attention_autograd import _AttendThenProject, _HeadsLinearFunction, separable_mixing
 from .autocast import autocast_inputs
-from .fused import _AttendThenProject, _HeadsLinearFunction, separable_mixing
 from .scores import CONV_INIT_ALPHA, ContentScores, GeneralizedScores, LearnedScores, QuadraticScores
 from .tracing import is_capturing
 
@@ -36,7 +36,7 @@ CUDA stays separable until the pair is measured."""
 
 class AttentionPath(NamedTuple):
     """How one attention layer and its Value run; :func:`choose_path` picks it."""
-    batched: bool  # every head in one product, the heads concatenated, one Value GEMM; else per head (fused.py)
+    batched: bool  # every head in one product, the heads concatenated, one Value GEMM; else one head at a time
     dense: bool  # mix by (h*w) x (h*w) probabilities (a separable kind: the Kronecker product of its factors)
     recompute_mixing: bool  # batched: the separable_mixing Function, recomputing the row-mixed heads in backward
     attend_then_project: bool  # per head: _AttendThenProject, each head mixed and projected, recomputed in backward
