@@ -222,7 +222,9 @@ class PositionalAttention(nn.Module):
         else:
             self.position = LearnedScores(dim, num_heads, max_shift=max_shift, **init, **dd)
         self.content = ContentScores(dim, num_heads, **dd) if kind == 'content' else None
-        self.fused_attn = use_fused_attn()  # the content kind: SDPA, or the explicit formula (timm's switch)
+        # the content kind: SDPA, or the explicit formula; named as timm's attention modules name this switch
+        # (use_fused_attn, TIMM_FUSED_ATTN), so that setting fused_attn = False works on ours as on theirs
+        self.fused_attn = use_fused_attn()
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major
         # all heads batched instead of the per-head kernels on the CPU (see choose_path, batched_heads)

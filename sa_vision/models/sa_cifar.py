@@ -105,8 +105,9 @@ class SelfAttentionBlock(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> 'SelfAttentionBlock':
-        """Fold Dense into Value (two stacked Linear maps -> one) for inference, in place; timm's
-        ``reparameterize_model`` (``--reparam``) calls it."""
+        """Fold Dense into Value (two stacked Linear maps -> one) for inference, in place. The name is timm's
+        convention: its ``reparameterize_model`` (``--reparam``) replaces every child that has a ``fuse()`` with
+        what it returns."""
         if isinstance(self.proj, nn.Identity):
             return self
         fused = HeadsLinear(self.value.in_features, self.proj.out_features,
