@@ -204,7 +204,7 @@ def test_resnet18_cifar_keeps_the_resolution_in_its_stem():
 
 
 @pytest.mark.parametrize('name', SA_MODELS)
-def test_fuse_folds_value_and_dense_exactly(name):
+def test_fuse_folds_value_and_proj_exactly(name):
     model = small_model(name).eval()
     x = torch.randn(2, 3, 16, 16)
     expected = copy.deepcopy(model).double()(x.double())  # the unfused model, in float64

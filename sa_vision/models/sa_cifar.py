@@ -55,7 +55,7 @@ def check_image_shape(x: Tensor, in_chans: int) -> None:
 
 @register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
 class SelfAttentionBlock(nn.Module):
-    """One post-norm layer on grid-major ``h x w x B x D``: attention, Value, Dense, residual, LN; MLP, residual, LN."""
+    """One post-norm layer on grid-major ``h x w x B x D``: attention, Value, proj, residual, LN; MLP, residual, LN."""
 
     def __init__(
             self,
@@ -80,7 +80,7 @@ class SelfAttentionBlock(nn.Module):
             dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, grid_major=True,
             pos_init=pos_init, pos_init_alpha=pos_init_alpha, **dd)
         self.value = HeadsLinear(num_heads * dim, dim, **dd)  # reads the heads stacked by the attention
-        self.proj = nn.Linear(dim, dim, **dd)  # the original's "Dense"
+        self.proj = nn.Linear(dim, dim, **dd)  # the output projection, the released code's Dense
         self.proj_drop = nn.Dropout(proj_drop)
         self.drop_path1 = SampleDropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **dd)
@@ -105,9 +105,9 @@ class SelfAttentionBlock(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> 'SelfAttentionBlock':
-        """Fold Dense into Value (two stacked Linear maps -> one) for inference, in place. The name is timm's
-        convention: its ``reparameterize_model`` (``--reparam``) replaces every child that has a ``fuse()`` with
-        what it returns."""
+        """Fold the output projection into Value (two stacked Linear maps -> one) for inference, in place. The
+        name is timm's convention: its ``reparameterize_model`` (``--reparam``) replaces every child that has a
+        ``fuse()`` with what it returns."""
         if isinstance(self.proj, nn.Identity):
             return self
         fused = HeadsLinear(self.value.in_features, self.proj.out_features,
@@ -291,7 +291,7 @@ class SelfAttentionNet(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> 'SelfAttentionNet':
-        """Deploy switch: fold every layer's Value and Dense into one Linear. Inference only; the state
+        """Deploy switch: fold every layer's Value and output projection into one Linear. Inference only; the state
         dict then no longer matches the training layout."""
         for blk in self.blocks:
             blk.fuse()

@@ -130,7 +130,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
             attn.content = type(attn.content)(attn.dim, num_heads, **dd)
         attn.clear_probs_cache()
         block.num_heads = num_heads
-        # same class as Value (Dense may be fused into it)
+        # same class as Value (fuse() may have folded the output projection into it)
         block.value = type(block.value)(num_heads * attn.dim, block.value.out_features, **dd)
     pruned.heads_per_layer = kept
     pruned.load_state_dict(state_dict, strict=True)
