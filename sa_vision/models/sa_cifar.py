@@ -29,8 +29,8 @@ from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
 
-__all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape', 'checkpoint_filter_fn',
-           'is_sa_state_dict', 'infer_sa_model_args']
+__all__ = ['SA_MODEL_ARGS', 'DEFAULT_MODEL_OF_KIND', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape',
+           'checkpoint_filter_fn', 'is_sa_state_dict', 'infer_sa_model_args']
 
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
@@ -317,6 +317,10 @@ SA_MODEL_ARGS: Dict[str, Dict] = {
     'sa_learned_cifar': dict(attn_kind='learned'),
     'sa_content_cifar': dict(attn_kind='content'),
 }
+
+# the registered unpruned model of each attention kind: what bare weights of that kind load as
+DEFAULT_MODEL_OF_KIND: Dict[str, str] = {
+    args['attn_kind']: name for name, args in SA_MODEL_ARGS.items() if 'heads_per_layer' not in args}
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: nn.Module) -> Dict[str, Tensor]:
