@@ -15,8 +15,8 @@ Two stand-ins make it run without a device, both installed by :func:`install_fak
   the shape, cast to the dtype, same device or fail); ``Tensor.backward`` and ``torch.autograd.grad`` are routed
   to it. ``test_backward_walk_matches_autograd`` (tests/test_cuda_fake.py) checks it against the engine on the CPU.
 
-It also makes the per-head CPU kernels of ``sa_vision.layers.fused`` fail if called: off the CPU the layers must
-take the batched path.
+It also makes the per-head CPU kernels of ``sa_vision.layers.attention_autograd`` fail if called: off the CPU the
+layers must take the batched path.
 """
 from typing import Dict, List, Optional, Sequence
 
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from sa_vision.layers.fused import _AttendThenProject, _HeadsLinearFunction
+from sa_vision.layers.attention_autograd import _AttendThenProject, _HeadsLinearFunction
 
 __all__ = ['PRECISIONS', 'install_fake_cuda', 'to_fake_cuda', 'amp_context', 'use_backward_walk']
 
@@ -140,8 +140,8 @@ def use_backward_walk(monkeypatch) -> None:
 # ---- fake CUDA ----
 
 def _cpu_only_kernel(*args, **kwargs):
-    raise AssertionError('a per-head CPU kernel of sa_vision.layers.fused ran on CUDA: choose_path must pick '
-                         'the batched path off the CPU')
+    raise AssertionError('a per-head CPU kernel of sa_vision.layers.attention_autograd ran on CUDA: choose_path '
+                         'must pick the batched path off the CPU')
 
 
 def install_fake_cuda(monkeypatch) -> FakeTensorMode:

@@ -50,7 +50,8 @@ def assert_float32_gradients_close(grads: Sequence[torch.Tensor], reference_grad
 def sa_model_reduction_lengths(model: torch.nn.Module, tokens: int) -> List[int]:
     """The reductions along one path through a sa_vision attention model, in order: per block the attention
     over ``tokens`` keys (plus the head dimension for content scores), the Value over the concatenated heads,
-    Dense, the first LayerNorm, the two MLP layers and the second LayerNorm; then the pooled classifier."""
+    the output projection, the first LayerNorm, the two MLP layers and the second LayerNorm; then the pooled
+    classifier."""
     lengths = []
     for block in model.blocks:
         dim, heads = block.attn.dim, block.attn.num_heads

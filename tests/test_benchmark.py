@@ -25,7 +25,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(embed_dim=8, depth=1, heads_per_layer=2, mlp_hidden_dim=16)
 TINY_ARGS = ['embed_dim=8', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=16']
 D, HEADS, M, CLASSES, N, GH, GW = 8, 2, 16, 10, 16, 4, 4
-# hand count: embedding 12->D per token, Value (heads*D)->D and Dense D->D per token, MLP D->M->D per token,
+# hand count: embedding 12->D per token, Value (heads*D)->D and proj D->D per token, MLP D->M->D per token,
 # classifier once; attention: separable h*w*(h+w)*D per head, dense (h*w)^2*D per head
 LINEAR_MACS = N * 12 * D + N * (HEADS * D * D + D * D + 2 * D * M) + D * CLASSES
 SEPARABLE_MACS = LINEAR_MACS + HEADS * N * (GH + GW) * D

@@ -204,7 +204,7 @@ def test_resnet18_cifar_keeps_the_resolution_in_its_stem():
 
 
 @pytest.mark.parametrize('name', SA_MODELS)
-def test_fuse_folds_value_and_dense_exactly(name):
+def test_fuse_folds_value_and_proj_exactly(name):
     model = small_model(name).eval()
     x = torch.randn(2, 3, 16, 16)
     expected = copy.deepcopy(model).double()(x.double())  # the unfused model, in float64
@@ -324,10 +324,10 @@ def test_memory_saving_attention_matches_the_plain_composition(name, tokens_per_
     cheap, the batch in chunks of samples) equals value(attn(x)) with the same dropout masks, in outputs and
     gradients, and without autograd; on the separable path it holds nothing heads-sized."""
     import sa_vision.layers.attention as attention
-    import sa_vision.layers.fused as fused
+    import sa_vision.layers.attention_autograd as attention_autograd
     from sa_vision.layers import attend_then_project
     # a 6 x 8 grid: 144 tokens per chunk is 3 samples, so the batch of 8 runs as chunks of 3, 3 and 2
-    monkeypatch.setattr(fused, 'CPU_TOKENS_PER_CHUNK', tokens_per_chunk)
+    monkeypatch.setattr(attention_autograd, 'CPU_TOKENS_PER_CHUNK', tokens_per_chunk)
     model = small_model(name).double().train()
     blk = model.blocks[0]
     x = torch.randn(6, 8, 8, SMALL["embed_dim"], dtype=torch.float64, requires_grad=True)  # h, w, B, D
@@ -354,7 +354,7 @@ def test_memory_saving_attention_matches_the_plain_composition(name, tokens_per_
         forms.append([p.detach().requires_grad_() for p in blk.attn.mixing_probs(6, 8)])
     for probs in forms:
         inputs = [x, blk.value.weight, blk.value.bias, *probs]
-        out = fused._AttendThenProject.apply(x, blk.value.weight, blk.value.bias, *probs)
+        out = attention_autograd._AttendThenProject.apply(x, blk.value.weight, blk.value.bias, *probs)
         ref = blk.value(attention.apply_mixing(x, probs))
         torch.testing.assert_close(out, ref)
         for g, rg in zip(torch.autograd.grad((out * weights).sum(), inputs),

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 import sa_vision  # noqa: F401  (registers the models)
 import sa_vision.models.sa_cifar as sa_cifar
-from sa_vision.layers.fused import separable_mixing
+from sa_vision.layers.attention_autograd import separable_mixing
 from sa_vision.train.runtime import retain_freed_memory
 
 GRID, HEADS, DIM, BATCH = 16, 9, 64, 100

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_module, use_fused_attn
 from torch import Tensor, nn
 
+from .attention_autograd import _AttendThenProject, _HeadsLinearFunction, separable_mixing
 from .autocast import autocast_inputs
-from .fused import _AttendThenProject, _HeadsLinearFunction, separable_mixing
 from .scores import CONV_INIT_ALPHA, ContentScores, GeneralizedScores, LearnedScores, QuadraticScores
 from .tracing import is_capturing
 
@@ -36,7 +36,7 @@ CUDA stays separable until the pair is measured."""
 
 class AttentionPath(NamedTuple):
     """How one attention layer and its Value run; :func:`choose_path` picks it."""
-    batched: bool  # every head in one product, the heads concatenated, one Value GEMM; else per head (fused.py)
+    batched: bool  # every head in one product, the heads concatenated, one Value GEMM; else one head at a time
     dense: bool  # mix by (h*w) x (h*w) probabilities (a separable kind: the Kronecker product of its factors)
     recompute_mixing: bool  # batched: the separable_mixing Function, recomputing the row-mixed heads in backward
     attend_then_project: bool  # per head: _AttendThenProject, each head mixed and projected, recomputed in backward
@@ -222,7 +222,9 @@ class PositionalAttention(nn.Module):
         else:
             self.position = LearnedScores(dim, num_heads, max_shift=max_shift, **init, **dd)
         self.content = ContentScores(dim, num_heads, **dd) if kind == 'content' else None
-        self.fused_attn = use_fused_attn()  # the content kind: SDPA, or the explicit formula (timm's switch)
+        # the content kind: SDPA, or the explicit formula; named as timm's attention modules name this switch
+        # (use_fused_attn, TIMM_FUSED_ATTN), so that setting fused_attn = False works on ours as on theirs
+        self.fused_attn = use_fused_attn()
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major
         # all heads batched instead of the per-head kernels on the CPU (see choose_path, batched_heads)

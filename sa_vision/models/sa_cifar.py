@@ -29,8 +29,8 @@ from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
 
-__all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape', 'checkpoint_filter_fn',
-           'is_sa_state_dict', 'infer_sa_model_args']
+__all__ = ['SA_MODEL_ARGS', 'DEFAULT_MODEL_OF_KIND', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape',
+           'checkpoint_filter_fn', 'is_sa_state_dict', 'infer_sa_model_args']
 
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
@@ -55,7 +55,7 @@ def check_image_shape(x: Tensor, in_chans: int) -> None:
 
 @register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
 class SelfAttentionBlock(nn.Module):
-    """One post-norm layer on grid-major ``h x w x B x D``: attention, Value, Dense, residual, LN; MLP, residual, LN."""
+    """One post-norm layer on grid-major ``h x w x B x D``: attention, Value, proj, residual, LN; MLP, residual, LN."""
 
     def __init__(
             self,
@@ -80,7 +80,7 @@ class SelfAttentionBlock(nn.Module):
             dim, num_heads, attn_kind, attn_drop=attn_drop, max_shift=max_rel_shift, grid_major=True,
             pos_init=pos_init, pos_init_alpha=pos_init_alpha, **dd)
         self.value = HeadsLinear(num_heads * dim, dim, **dd)  # reads the heads stacked by the attention
-        self.proj = nn.Linear(dim, dim, **dd)  # the original's "Dense"
+        self.proj = nn.Linear(dim, dim, **dd)  # the output projection, the released code's Dense
         self.proj_drop = nn.Dropout(proj_drop)
         self.drop_path1 = SampleDropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps, **dd)
@@ -105,8 +105,9 @@ class SelfAttentionBlock(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> 'SelfAttentionBlock':
-        """Fold Dense into Value (two stacked Linear maps -> one) for inference, in place; timm's
-        ``reparameterize_model`` (``--reparam``) calls it."""
+        """Fold the output projection into Value (two stacked Linear maps -> one) for inference, in place. The
+        name is timm's convention: its ``reparameterize_model`` (``--reparam``) replaces every child that has a
+        ``fuse()`` with what it returns."""
         if isinstance(self.proj, nn.Identity):
             return self
         fused = HeadsLinear(self.value.in_features, self.proj.out_features,
@@ -290,7 +291,7 @@ class SelfAttentionNet(nn.Module):
 
     @torch.no_grad()
     def fuse(self) -> 'SelfAttentionNet':
-        """Deploy switch: fold every layer's Value and Dense into one Linear. Inference only; the state
+        """Deploy switch: fold every layer's Value and output projection into one Linear. Inference only; the state
         dict then no longer matches the training layout."""
         for blk in self.blocks:
             blk.fuse()
@@ -316,6 +317,10 @@ SA_MODEL_ARGS: Dict[str, Dict] = {
     'sa_learned_cifar': dict(attn_kind='learned'),
     'sa_content_cifar': dict(attn_kind='content'),
 }
+
+# the registered unpruned model of each attention kind: what bare weights of that kind load as
+DEFAULT_MODEL_OF_KIND: Dict[str, str] = {
+    args['attn_kind']: name for name, args in SA_MODEL_ARGS.items() if 'heads_per_layer' not in args}
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: nn.Module) -> Dict[str, Tensor]:

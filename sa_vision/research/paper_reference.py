@@ -130,14 +130,14 @@ class _Mlp(nn.Module):
 
 
 class PaperLayer(nn.Module):
-    """``Y = LN(X + Dropout(Dense(Value(attention(X)))))``, ``X' = LN(Y + Dropout(MLP(Y)))`` on ``B x h x w x D``."""
+    """``Y = LN(X + Dropout(proj(Value(attention(X)))))``, ``X' = LN(Y + Dropout(MLP(Y)))`` on ``B x h x w x D``."""
 
     def __init__(self, dim: int, num_heads: int, kind: str, mlp_hidden_dim: int = 512, proj_drop: float = 0.1,
                  attn_drop: float = 0.1, max_shift: int = 15, norm_eps: float = 1e-12):
         super().__init__()
         self.attn = PaperAttention(dim, num_heads, kind, attn_drop=attn_drop, max_shift=max_shift)
         self.value = nn.Linear(num_heads * dim, dim)
-        self.proj = nn.Linear(dim, dim)  # the original's "Dense"
+        self.proj = nn.Linear(dim, dim)  # the output projection, the released code's Dense
         self.proj_drop = nn.Dropout(proj_drop)
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = _Mlp(dim, mlp_hidden_dim, proj_drop)

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
+from ..models import DEFAULT_MODEL_OF_KIND
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 
 __all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'head_eigenvalues', 'find_degenerate_heads',
@@ -130,7 +131,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
             attn.content = type(attn.content)(attn.dim, num_heads, **dd)
         attn.clear_probs_cache()
         block.num_heads = num_heads
-        # same class as Value (Dense may be fused into it)
+        # same class as Value (fuse() may have folded the output projection into it)
         block.value = type(block.value)(num_heads * attn.dim, block.value.out_features, **dd)
     pruned.heads_per_layer = kept
     pruned.load_state_dict(state_dict, strict=True)
@@ -140,8 +141,7 @@ def prune_heads(model: nn.Module, heads_to_prune: Optional[Sequence[Sequence[int
 def pruned_arch(attn_kind: str) -> str:
     """The registered model that pruned weights of ``attn_kind`` load into: ``sa_gen_pruned`` for generalized
     weights, else the kind's own model."""
-    from ..train.checkpoint import KIND_TO_MODEL
-    return PRUNED_ARCH if attn_kind == 'generalized' else KIND_TO_MODEL[attn_kind]
+    return PRUNED_ARCH if attn_kind == 'generalized' else DEFAULT_MODEL_OF_KIND[attn_kind]
 
 
 def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequence[int]]] = None) -> Dict:

@@ -17,7 +17,13 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..io import plain_data
-from ..models import SA_MODEL_ARGS, infer_cifar_resnet_args, infer_sa_model_args, is_sa_state_dict
+from ..models import (
+    DEFAULT_MODEL_OF_KIND,
+    SA_MODEL_ARGS,
+    infer_cifar_resnet_args,
+    infer_sa_model_args,
+    is_sa_state_dict,
+)
 from ..models.sa_cifar import SA_STATE_DICT_KEYS
 from .args import RUNTIME_ARGS
 from .timm_args import TIMM_MODEL_KWARGS
@@ -117,11 +123,6 @@ def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
     return args
 
 
-# the registered model of each attention kind in its default configuration: what bare weights of that kind load as
-KIND_TO_MODEL = {args['attn_kind']: name for name, args in SA_MODEL_ARGS.items() if 'heads_per_layer' not in args}
-_KIND_OF_MODEL = {name: args['attn_kind'] for name, args in SA_MODEL_ARGS.items()}
-
-
 def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: Optional[str],
                      model_args: Dict[str, Any], meta: Dict[str, Any]) -> Checkpoint:
     """A checkpoint of bare weights: the architecture from ``arch`` / stored args, or read off SA shapes."""
@@ -129,10 +130,10 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
     if is_sa_state_dict(state_dict):
         inferred = infer_model_args(state_dict)
         kind = inferred.pop('attn_kind')  # the registered model of a kind sets it itself
-        if arch in _KIND_OF_MODEL and _KIND_OF_MODEL[arch] != kind:
-            raise CheckpointError(f'{path} holds a {KIND_TO_MODEL[kind]} model ({kind} attention), not {arch}; '
-                                  f'pass weights of {arch} or use --model {KIND_TO_MODEL[kind]}')
-        arch = arch or KIND_TO_MODEL[kind]
+        if arch in SA_MODEL_ARGS and SA_MODEL_ARGS[arch]['attn_kind'] != kind:
+            raise CheckpointError(f'{path} holds a {DEFAULT_MODEL_OF_KIND[kind]} model ({kind} attention), not {arch}; '
+                                  f'pass weights of {arch} or use --model {DEFAULT_MODEL_OF_KIND[kind]}')
+        arch = arch or DEFAULT_MODEL_OF_KIND[kind]
         model_args = {**inferred, **model_args}
     elif arch is None and (resnet_args := infer_cifar_resnet_args(state_dict)) is not None:
         arch = 'resnet18_cifar'
@@ -140,10 +141,10 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
     if arch is None:
         raise CheckpointError(
             f'{path} holds bare weights ({len(state_dict)} tensors, e.g. {sorted(state_dict)[:3]}) that are '
-            f'neither of a sa_vision model ({", ".join(sorted(_KIND_OF_MODEL) + ["resnet18_cifar"])}: read off the '
+            f'neither of a sa_vision model ({", ".join(sorted(SA_MODEL_ARGS) + ["resnet18_cifar"])}: read off the '
             f'shapes) nor named; pass the timm model name they are of, e.g. --model vit_tiny_patch16_224 '
             f'(timm.list_models() lists them)')
-    if arch not in _KIND_OF_MODEL and 'num_classes' not in model_args:
+    if arch not in SA_MODEL_ARGS and 'num_classes' not in model_args:
         model_args = {**_classifier_width(arch, state_dict), **model_args}
     return Checkpoint(arch, model_args, state_dict, str(path), fmt, meta)
 

@@ -21,7 +21,7 @@ from .checkpoint import (
 )
 from .recipes import check_recipe_keys, load_recipe
 
-__all__ = ['parse_run_args', 'plain_args', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
+__all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
            'checkpoint_dict', 'write_run_files', 'save_epoch_weights']
 
 Log = Callable[[str], None]
@@ -79,15 +79,16 @@ def _saved_run_args(ckpt: Checkpoint, path) -> dict:
     return {k: v for k, v in saved.items() if k not in RESOLVED_ARGS}
 
 
-def plain_args(args) -> dict:
-    """The arguments as plain YAML / ``weights_only``-safe values."""
+def args_as_saved(args) -> dict:
+    """The training arguments as saved in ``args.yaml`` and in the checkpoint's ``'args'``: plain YAML /
+    ``weights_only``-safe values."""
     return plain_data(dict(sorted(vars(args).items())))
 
 
 def run_recipe(args) -> dict:
     """The run's recipe.yaml: the training arguments as asked (``amp: auto`` stays 'auto'), and the weights a
     fine-tune started from (without them ``-c recipe.yaml`` would train from scratch)."""
-    recipe = strip_runtime_args(plain_args(args))
+    recipe = strip_runtime_args(args_as_saved(args))
     if args.initial_checkpoint:
         recipe['initial_checkpoint'] = str(args.initial_checkpoint)
     return recipe
@@ -186,7 +187,7 @@ def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs
         'num_epochs': num_epochs,
         'num_updates': num_updates,
         'loss_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
-        'args': plain_args(args),
+        'args': args_as_saved(args),
         'recipe': run_recipe(args),
         'data_config': data_config,
         'metrics': metrics,
@@ -200,7 +201,7 @@ def write_run_files(args, run_dir: Path) -> None:
     """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / 'args.yaml', 'w') as f:
-        yaml.safe_dump(plain_args(args), f, sort_keys=False)
+        yaml.safe_dump(args_as_saved(args), f, sort_keys=False)
     with open(run_dir / 'recipe.yaml', 'w') as f:
         yaml.safe_dump(run_recipe(args), f, sort_keys=False)
 

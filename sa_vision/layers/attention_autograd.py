@@ -1,7 +1,9 @@
-""" Per-head kernels for the CPU (paper Sec. 4.2-4.3 scores, factorised over rows and columns)
+""" Hand-written autograd Functions of attention + Value (paper Sec. 4.2-4.3 scores, factorised over rows and
+columns), eager-only (:mod:`sa_vision.layers.tracing`)
 
-Autograd Functions that mix one head at a time and add its share of Value at once, in cache-sized batch chunks,
-recomputing the heads in backward; eager-only (:mod:`sa_vision.layers.tracing`). """
+The per-head path's (float32 / float64 eager on the CPU): mix one head at a time and add its share of Value at once,
+in cache-sized batch chunks, recomputing the heads in backward. The batched path's :func:`separable_mixing`: every
+head's separable mixing, recomputing the row-mixed heads in backward. """
 from typing import List, Optional, Sequence, Tuple
 
 import torch
