@@ -278,15 +278,15 @@ def test_training_with_the_data_on_the_device_end_to_end_and_resumed(tmp_path, m
         assert h['train_img_per_s'] == pytest.approx(1437 // 64 * 64 / h['train_time'])
         assert float(row['train_img_per_s']) == pytest.approx(h['train_img_per_s'])
 
-    save = training._save
+    save = training.save_epoch
 
     def save_and_stop(ckpt, *rest):  # as if killed right after the first epoch's checkpoint
         save(ckpt, *rest)
         raise _Killed
-    monkeypatch.setattr(training, '_save', save_and_stop)
+    monkeypatch.setattr(training, 'save_epoch', save_and_stop)
     with pytest.raises(_Killed):
         training.main(args + ['--experiment', 'killed'])
-    monkeypatch.setattr(training, '_save', save)
+    monkeypatch.setattr(training, 'save_epoch', save)
     training.main(['--resume', str(tmp_path / 'killed' / 'last.pth.tar')])
     resumed = read_checkpoint(tmp_path / 'killed' / 'last.pth.tar')
     assert resumed.meta['epoch'] == 2 and resumed.state_dict.keys() == straight.state_dict.keys()

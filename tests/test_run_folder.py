@@ -16,6 +16,7 @@ from sa_vision.io import atomic_write
 from sa_vision.train import loop
 from sa_vision.train.args import build_parser
 from sa_vision.train.recipes import RECIPE_DIR
+from sa_vision.train.state import run_folder
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
@@ -75,7 +76,7 @@ def test_a_new_or_empty_run_folder_is_taken(tmp_path):
     (tmp_path / 'empty').mkdir()
     for name in ('new', 'empty'):
         args = build_parser().parse_args(['--output', str(tmp_path), '--experiment', name])
-        assert loop._run_dir(args, None) == tmp_path / name
+        assert run_folder(args, None) == tmp_path / name
 
 
 def test_atomic_folder_replaces_a_folder_whole_or_not_at_all(tmp_path):

@@ -10,7 +10,6 @@ import logging
 import sys
 import time
 from contextlib import nullcontext
-from datetime import datetime
 from functools import partial
 from pathlib import Path
 from typing import Callable, List, Optional
@@ -22,13 +21,13 @@ import torch.nn as nn
 from timm.loss import LabelSmoothingCrossEntropy
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
-from timm.utils import NativeScaler, dispatch_clip_grad, is_primary, update_summary
+from timm.utils import NativeScaler, dispatch_clip_grad, is_primary
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
-from ..io import atomic_duplicate, atomic_folder, atomic_torch_save
+from ..io import atomic_folder
 from ..models import param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from .args import check_scheduler
@@ -56,6 +55,8 @@ from .state import (
     parse_run_args,
     resolve_model_args,
     restore,
+    run_folder,
+    save_epoch,
     save_epoch_weights,
     write_run_files,
 )
@@ -80,7 +81,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     if args.export and export is None:
         raise UserError('--export writes a Hub folder, which this entry point cannot: run sa-vision-train '
                         '(python -m sa_vision.cli.train) instead')
-    run_dir = _run_dir(args, resume_ckpt)  # before anything is written
+    run_dir = run_folder(args, resume_ckpt)  # before anything is written
     _set_up_process(args)
     log = partial(_log, args)
     if resume_ckpt is None:
@@ -136,7 +137,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
             ckpt = checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, epochs_done=epoch + 1,
                                    num_epochs=num_epochs, num_updates=num_updates, data_config=data_cfg,
                                    metrics=metrics, history=history, best=best)
-            _save(ckpt, model, args, run_dir, train_metrics)
+            save_epoch(ckpt, model, args, run_dir, train_metrics, log)
         if args.distributed:
             dist.barrier()
 
@@ -147,31 +148,6 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     if args.target_top1 is not None and metrics is not None and metrics['top1'] < args.target_top1:
         log(f'top-1 {metrics["top1"]:.2f}% is below --target-top1 {args.target_top1}')
         sys.exit(1)
-
-
-def _run_dir(args, resume_ckpt) -> Path:
-    """The run folder: a resumed run's own, else ``--output/--experiment``, which must be new or empty."""
-    if resume_ckpt is not None:
-        resumed = Path(resume_ckpt.source).resolve()  # --resume may name the run folder
-        run_dir, last = resumed.parent, resumed.parent / RUN_CHECKPOINT
-        if resumed != last and last.is_file():
-            raise UserError(f'--resume {args.resume}: a run continues from its latest checkpoint, {last}; from '
-                            f'{resumed.name} its folder would hold epochs of two histories. Resume from {last}, or '
-                            f'start a new run from these weights: --initial-checkpoint {resumed} --experiment NEW')
-        return run_dir
-    run_dir = Path(args.output) / (args.experiment or '-'.join([
-        datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
-    # refused, not renamed as timm's get_outdir(inc=True) would: a run is found by its --experiment (the docs,
-    # sa-vision-reproduce), and a silent "-1" folder would leave the old files looking like this run's
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        held = sorted(p.name for p in run_dir.iterdir())
-        last = run_dir / RUN_CHECKPOINT
-        go_on = (f'Continue it with --resume {last}, or start' if last.is_file() else
-                 f'It has no {RUN_CHECKPOINT} (killed before its first epoch ended?): delete it, or start')
-        raise UserError(f'the run folder {run_dir} already holds a run ({", ".join(held[:6])}'
-                        f'{", ..." if len(held) > 6 else ""}); a new run would overwrite it. {go_on} a new one '
-                        f'with another --experiment (or --output)')
-    return run_dir
 
 
 def _set_up_process(args) -> None:
@@ -357,24 +333,6 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
                  f'{rate:>7.1f} img/s  ETA {format_duration(eta)}')
             batch_start, seen = time.time(), 0
     return {'loss': loss_avg, 'lr': optimizer.param_groups[0]['lr'], 'time': time.time() - start}, num_updates
-
-
-def _save(ckpt: dict, model, args, run_dir: Path, train_metrics: dict) -> None:
-    """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
-    epoch is the best so far, a row of ``summary.csv``."""
-    epoch, num_epochs = ckpt['epoch'] - 1, ckpt['num_epochs']
-    if args.save_epoch_weights:
-        save_epoch_weights(model, args, run_dir, epoch + 1)
-    atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
-    is_best = ckpt['best']['epoch'] == epoch
-    if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
-        atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
-    summary = run_dir / 'summary.csv'
-    update_summary(epoch, train_metrics, ckpt['metrics'], summary, write_header=not summary.is_file())
-    # said once every file of the epoch is written
-    _log(args, f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
-    if is_best:
-        _log(args, f'Best {args.eval_metric} so far ({ckpt["best"]["metric"]:.4g}): {run_dir / BEST_CHECKPOINT}')
 
 
 def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None:

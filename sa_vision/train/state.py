@@ -1,19 +1,24 @@
 """ A run's state: its arguments (recipe, resumed run, command line), its model's arguments and initial weights,
-the checkpoint it writes every epoch and what ``--resume`` restores from it """
+its folder, the files it writes there every epoch and what ``--resume`` restores from them """
 import argparse
 import json
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Callable, Optional, Tuple
 
 import torch.nn as nn
 import yaml
 from timm.scheduler import PlateauLRScheduler
+from timm.utils import update_summary
 
-from ..io import atomic_write, plain_data
+from ..errors import UserError
+from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, build_parser
 from .checkpoint import (
+    BEST_CHECKPOINT,
     CHECKPOINT_VERSION,
+    RUN_CHECKPOINT,
     Checkpoint,
     CheckpointError,
     read_checkpoint,
@@ -22,7 +27,7 @@ from .checkpoint import (
 from .recipes import check_recipe_keys, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
-           'checkpoint_dict', 'write_run_files', 'save_epoch_weights']
+           'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch']
 
 Log = Callable[[str], None]
 
@@ -197,6 +202,31 @@ def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs
     }
 
 
+def run_folder(args, resume_ckpt) -> Path:
+    """The run folder: a resumed run's own, else ``--output/--experiment``, which must be new or empty."""
+    if resume_ckpt is not None:
+        resumed = Path(resume_ckpt.source).resolve()  # --resume may name the run folder
+        run_dir, last = resumed.parent, resumed.parent / RUN_CHECKPOINT
+        if resumed != last and last.is_file():
+            raise UserError(f'--resume {args.resume}: a run continues from its latest checkpoint, {last}; from '
+                            f'{resumed.name} its folder would hold epochs of two histories. Resume from {last}, or '
+                            f'start a new run from these weights: --initial-checkpoint {resumed} --experiment NEW')
+        return run_dir
+    run_dir = Path(args.output) / (args.experiment or '-'.join([
+        datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
+    # refused, not renamed as timm's get_outdir(inc=True) would: a run is found by its --experiment (the docs,
+    # sa-vision-reproduce), and a silent "-1" folder would leave the old files looking like this run's
+    if run_dir.is_dir() and any(run_dir.iterdir()):
+        held = sorted(p.name for p in run_dir.iterdir())
+        last = run_dir / RUN_CHECKPOINT
+        go_on = (f'Continue it with --resume {last}, or start' if last.is_file() else
+                 f'It has no {RUN_CHECKPOINT} (killed before its first epoch ended?): delete it, or start')
+        raise UserError(f'the run folder {run_dir} already holds a run ({", ".join(held[:6])}'
+                        f'{", ..." if len(held) > 6 else ""}); a new run would overwrite it. {go_on} a new one '
+                        f'with another --experiment (or --output)')
+    return run_dir
+
+
 def write_run_files(args, run_dir: Path) -> None:
     """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run)."""
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -213,3 +243,21 @@ def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) 
     metadata = {'arch': args.model, 'model_args': json.dumps(plain_data(args.model_kwargs))}
     with atomic_write(run_dir / f'epoch-{epochs_done:03d}.safetensors') as tmp:
         save_file(state_dict, str(tmp), metadata=metadata)
+
+
+def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log: Log) -> None:
+    """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
+    epoch is the best so far, a row of ``summary.csv``."""
+    epoch, num_epochs = ckpt['epoch'] - 1, ckpt['num_epochs']
+    if args.save_epoch_weights:
+        save_epoch_weights(model, args, run_dir, epoch + 1)
+    atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
+    is_best = ckpt['best']['epoch'] == epoch
+    if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
+        atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
+    summary = run_dir / 'summary.csv'
+    update_summary(epoch, train_metrics, ckpt['metrics'], summary, write_header=not summary.is_file())
+    # said once every file of the epoch is written
+    log(f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
+    if is_best:
+        log(f'Best {args.eval_metric} so far ({ckpt["best"]["metric"]:.4g}): {run_dir / BEST_CHECKPOINT}')
