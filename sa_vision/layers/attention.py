@@ -183,8 +183,7 @@ class PositionalAttention(nn.Module):
     """Multi-head positional self-attention over a token grid (paper Sec. 2.3, Eq. 9).
 
     ``B x h x w x D -> B x h x w x (heads*D)`` (channel ``n * D + d`` is channel ``d`` of head ``n``), or with
-    ``grid_major=True`` :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``. ``dense``: ``True`` / ``False``
-    force the dense / separable mixing, ``None`` leaves it to :func:`choose_path`."""
+    ``grid_major=True`` :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``."""
     dense: Optional[bool]
     # eager-only (TorchScript has no tuple keys): a model scripted after an eval forward computes its probabilities
     __jit_ignored_attributes__ = ['_probs_cache']
@@ -203,6 +202,24 @@ class PositionalAttention(nn.Module):
             device=None,
             dtype=None,
     ):
+        """
+        Args:
+            dim: Token width D; every head attends over all D channels and returns D (``D_h = D_out``, Sec. 4.3).
+            num_heads: Heads N_h (Theorem 1: N_h heads can express a sqrt(N_h) x sqrt(N_h) convolution).
+            kind: The scores, one of ``ATTENTION_KINDS``: 'quadratic', the isotropic Gaussian of Eq. 9;
+                'generalized', the non-isotropic one of App. A.1 (Eq. 16); 'learned', a learned relative encoding
+                without content (Sec. 4.3); 'content', the learned one plus query/key content scores (Eq. 8 without
+                its query-position term).
+            attn_drop: Dropout probability of the attention probabilities in training (0.1 in App. A.4).
+            max_shift: 'learned' and 'content' only: the largest shift per axis, in grid cells, with its own
+                embedding; longer shifts share the last one.
+            dense: True / False force the dense / separable mixing of the separable kinds ('quadratic',
+                'learned'), None leaves it to :func:`choose_path` (docs/attention.md).
+            grid_major: Take and return grid-major ``h x w x B x D -> heads x h x w x B x D`` (the models' layers).
+            pos_init: 'paper', the paper's random start (Sec. 4.2, App. A.1; PyTorch's for the learned tables),
+                or 'conv', the first floor(sqrt(N_h))^2 heads on the shifts of Theorem 1's kernel.
+            pos_init_alpha: 'conv' only: those heads' sharpness, Eq. 9's alpha (Lemma 2 takes it to infinity).
+        """
         super().__init__()
         if kind not in ATTENTION_KINDS:
             raise ValueError(f'attention kind {kind!r} is not one of {ATTENTION_KINDS}')
@@ -371,6 +388,12 @@ class HeadsLinear(nn.Linear):
     of the Linear over the concatenated heads."""
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, device=None, dtype=None):
+        """
+        Args:
+            in_features: Width of the concatenated heads, ``heads * D``.
+            out_features: Output width.
+            bias: Whether to add a learned bias.
+        """
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.batched_heads = False  # set by batched_heads(); not in the state dict
 

@@ -8,6 +8,11 @@ class SampleDropPath(nn.Module):
     """Stochastic depth on the grid-major ``h x w x B x D``: timm's ``DropPath`` would draw per grid row."""
 
     def __init__(self, drop_prob: float = 0.):
+        """
+        Args:
+            drop_prob: Probability that a sample skips the branch in training; the kept samples are scaled by
+                ``1 / (1 - drop_prob)``.
+        """
         super().__init__()
         self.drop_prob = drop_prob
 

@@ -17,6 +17,12 @@ class SpaceToDepthEmbed(nn.Module):
     attention layers work in without copies)."""
 
     def __init__(self, in_chans: int = 3, embed_dim: int = 400, device=None, dtype=None):
+        """
+        Args:
+            in_chans: Image channels C.
+            embed_dim: Token width D, a Linear map of each 2 x 2 block's ``4 * C`` values (the 2 x 2 invertible
+                downsampling of Sec. 4.1, then the embedding; D = 400 in App. A.4).
+        """
         super().__init__()
         self.in_chans = in_chans
         self.embed_dim = embed_dim

@@ -42,6 +42,12 @@ class GeluMlp(Mlp):
     dropout only after ``fc2``; training saves only the hidden pre-activation (see the module docstring)."""
 
     def __init__(self, dim: int, hidden_dim: int, drop: float = 0., device=None, dtype=None):
+        """
+        Args:
+            dim: Input and output width D.
+            hidden_dim: Hidden width (the intermediate dimension, 512 in App. A.4).
+            drop: Dropout probability after ``fc2`` (none after the GELU).
+        """
         super().__init__(dim, hidden_dim, act_layer=nn.GELU, drop=(0., drop), device=device, dtype=dtype)
 
     def forward(self, x: Tensor) -> Tensor:

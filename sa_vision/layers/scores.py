@@ -56,6 +56,15 @@ class QuadraticScores(nn.Module):
 
     def __init__(self, num_heads: int, init: str = 'paper', init_alpha: float = CONV_INIT_ALPHA,
                  device=None, dtype=None):
+        """
+        Args:
+            num_heads: Heads N_h, each with a centre Delta_h (row, column; grid cells) and a precision factor s_h,
+                Eq. 9's alpha_h = s_h^2 / 2.
+            init: 'paper': centres with standard deviation 2 per coordinate (Sec. 4.2), s_h ~ N(1, 0.01^2);
+                'conv': the first K*K heads, K = floor(sqrt(N_h)), centred on the shifts of Theorem 1's K x K
+                kernel with alpha_h = ``init_alpha``, the others as 'paper'.
+            init_alpha: 'conv' only: the kernel heads' alpha_h (> 0).
+        """
         super().__init__()
         check_position_init(init, init_alpha)
         dd = {'device': device, 'dtype': dtype}
@@ -103,6 +112,15 @@ class GeneralizedScores(nn.Module):
 
     def __init__(self, num_heads: int, init: str = 'paper', init_alpha: float = CONV_INIT_ALPHA,
                  device=None, dtype=None):
+        """
+        Args:
+            num_heads: Heads N_h, each with a centre Delta_h (row, column; grid cells) and a 2 x 2 factor S_h of
+                its precision M_h = S_h S_h^T (App. A.1's Sigma^-1/2, Eq. 16).
+            init: 'paper': centres with standard deviation 2 per coordinate, S_h = I + N(0, 0.01^2) (App. A.1);
+                'conv': the first K*K heads, K = floor(sqrt(N_h)), centred on the shifts of Theorem 1's K x K
+                kernel with M_h = 2 ``init_alpha`` I (Eq. 9's alpha_h = ``init_alpha``), the others as 'paper'.
+            init_alpha: 'conv' only: the kernel heads' alpha_h (> 0).
+        """
         super().__init__()
         check_position_init(init, init_alpha)
         dd = {'device': device, 'dtype': dtype}
@@ -153,6 +171,18 @@ class LearnedScores(nn.Module):
 
     def __init__(self, dim: int, num_heads: int, max_shift: int = 15, init: str = 'paper',
                  init_alpha: float = CONV_INIT_ALPHA, device=None, dtype=None):
+        """
+        Args:
+            dim: Width of each axis's shift embedding (the row and column parts of Sec. 4.3's r_delta).
+            num_heads: Heads N_h: a key map per axis turns an embedding into one score per head.
+            max_shift: The largest shift per axis, in grid cells, with its own embedding; longer shifts share the
+                last one (each table has ``2 * max_shift + 1`` rows).
+            init: 'paper': PyTorch's default initialisation of the tables and key maps; 'conv': then a least-norm
+                correction of the tables gives the first K*K heads, K = floor(sqrt(N_h)), the scores
+                ``-init_alpha min((d - Delta_h)^2, 4)`` per axis around Theorem 1's kernel shifts Delta_h (needs
+                ``dim >= num_heads``).
+            init_alpha: 'conv' only: the kernel heads' sharpness (> 0).
+        """
         super().__init__()
         check_position_init(init, init_alpha)
         if init == 'conv' and dim < num_heads:
@@ -214,6 +244,11 @@ class ContentScores(nn.Module):
     """Query/key content scores ``q_h . k_h / sqrt(D)`` with ``q = X W_q + b``, ``k = X W_k + b``."""
 
     def __init__(self, dim: int, num_heads: int, device=None, dtype=None):
+        """
+        Args:
+            dim: Token width D, also the width of each head's queries and keys.
+            num_heads: Heads N_h; the query and key maps are ``Linear(D, N_h * D)``.
+        """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads

@@ -25,6 +25,13 @@ class InputPad(nn.Module):
     """Pad a ``B x C x H x W`` batch by ``padding`` pixels on every side with a constant per channel."""
 
     def __init__(self, padding: int, value: Union[float, Sequence[float]], in_chans: int, device=None, dtype=None):
+        """
+        Args:
+            padding: Pixels added on every side.
+            value: The border's value, one number or one per channel, in the units of the normalised input
+                (black is :func:`black_after_normalization`).
+            in_chans: Input channels C (``value`` as a sequence has C entries).
+        """
         super().__init__()
         values = [float(value)] * in_chans if isinstance(value, (int, float)) else [float(v) for v in value]
         if len(values) != in_chans:

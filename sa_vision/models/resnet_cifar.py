@@ -24,6 +24,12 @@ class InputPadConv2d(nn.Conv2d):
     the plain ``nn.Conv2d``'s."""
 
     def __init__(self, input_pad: nn.Module, *args: Any, **kwargs: Any):
+        """
+        Args:
+            input_pad: The border added to the input first (an ``InputPad``).
+            *args: ``nn.Conv2d``'s positional arguments.
+            **kwargs: ``nn.Conv2d``'s keyword arguments.
+        """
         super().__init__(*args, **kwargs)
         self.input_pad = input_pad
 
@@ -40,6 +46,14 @@ class CifarResNet(ResNet):
 
     def __init__(self, *, in_chans: int = 3, output_stride: int = 32, input_padding: int = 0,
                  input_pad_value: Union[float, Sequence[float]] = 0., device=None, dtype=None, **kwargs: Any):
+        """
+        Args:
+            in_chans: Image channels.
+            output_stride: Only 32, timm's default (the network reduces by 8 in all).
+            input_padding: Pixels added on every side of the (normalised) input before the stem.
+            input_pad_value: Their value, one number or one per channel.
+            **kwargs: timm ``ResNet``'s arguments (``block``, ``layers``, ``num_classes``, ...).
+        """
         if output_stride != 32:
             raise ValueError('CifarResNet supports only output_stride=32 (the network reduces by 8 in all)')
         super().__init__(in_chans=in_chans, device=device, dtype=dtype, **kwargs)

@@ -73,6 +73,21 @@ class SelfAttentionBlock(nn.Module):
             device=None,
             dtype=None,
     ):
+        """
+        Args:
+            dim: Token width D, in and out, and every head's width.
+            num_heads: Attention heads N_h of this layer.
+            mlp_hidden_dim: Hidden width of the MLP (the intermediate dimension, 512 in App. A.4).
+            attn_kind: The scores, one of ``ATTENTION_KINDS`` (:class:`PositionalAttention`'s ``kind``).
+            proj_drop: Dropout probability after the output projection and after the MLP (0.1 in App. A.4).
+            attn_drop: Dropout probability of the attention probabilities (0.1 in App. A.4).
+            drop_path: Stochastic depth: the probability that a sample skips each residual branch.
+            max_rel_shift: 'learned' and 'content' only: the largest shift per axis, in grid cells, with its own
+                embedding.
+            norm_eps: The LayerNorms' epsilon (1e-12 in App. A.4).
+            pos_init: 'paper' or 'conv', the positional parameters' start (:class:`PositionalAttention`).
+            pos_init_alpha: 'conv' only: the kernel heads' sharpness, Eq. 9's alpha.
+        """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         self.num_heads = num_heads
@@ -135,6 +150,29 @@ class SelfAttentionNet(nn.Module):
     """Fully-attentional classifier (paper Sec. 4.1, App. A.4): a 2x2 space-to-depth embedding, post-norm
     attention layers, the mean over the grid and a linear classifier. Tokens are grid-major ``h x w x B x D``
     inside (``docs/attention.md``). A pruned model has fewer heads in some layers (``heads_per_layer``).
+
+    Args:
+        in_chans: Image channels C.
+        num_classes: Classes of the linear classifier; 0 leaves it out (``head`` is an identity).
+        global_pool: 'avg', the mean over the grid (Sec. 4.1), or '' to keep the grid (timm's convention).
+        embed_dim: Token width D, also the head dimension (every head attends over the raw input; 400 in App. A.4).
+        depth: Attention layers (6 in App. A.4).
+        heads_per_layer: Heads in every layer (an int, 9 in App. A.4) or in each layer (``depth`` ints).
+        mlp_hidden_dim: Hidden width of each layer's MLP (the intermediate dimension, 512 in App. A.4).
+        attn_kind: The scores of every layer, one of ``ATTENTION_KINDS`` (:class:`PositionalAttention`).
+        max_rel_shift: 'learned' and 'content' only: the largest shift per axis, in grid cells, with its own embedding.
+        norm_eps: The LayerNorms' epsilon (1e-12 in App. A.4).
+        drop_rate: Dropout probability before the classifier.
+        proj_drop_rate: Dropout probability after each output projection and MLP (0.1 in App. A.4).
+        attn_drop_rate: Dropout probability of the attention probabilities (0.1 in App. A.4).
+        drop_path_rate: Stochastic depth of the last layer, rising linearly from 0 in the first.
+        pos_init: 'paper' (the paper's random start, Sec. 4.2) or 'conv' (Theorem 1's kernel, sharpness
+            ``pos_init_alpha``, Eq. 9); initial values only (:class:`PositionalAttention`).
+        pos_init_alpha: 'conv' only: the kernel heads' sharpness, Eq. 9's alpha.
+        input_padding: Pixels the model adds on every side of its (normalised) input, filled with
+            ``input_pad_value`` per channel: weights trained on zero-padded images (Fashion-MNIST 28 -> 32)
+            then take the unpadded images (``sa_vision.models.input_pad``).
+        input_pad_value: The border's value, one number or one per channel.
     """
 
     def __init__(
@@ -160,16 +198,6 @@ class SelfAttentionNet(nn.Module):
             device=None,
             dtype=None,
     ):
-        """
-        Args:
-            embed_dim: Token width D, also the head dimension (every head attends over the raw input).
-            heads_per_layer: Heads in every layer (an int) or in each layer (``depth`` ints).
-            pos_init: 'paper' (centres ~ N(0, 2 I), Sec. 4.2) or 'conv' (Theorem 1's kernel, sharpness
-                ``pos_init_alpha``, Eq. 9); initial values only.
-            input_padding: Pixels the model adds on every side of its (normalised) input, filled with
-                ``input_pad_value`` per channel: weights trained on zero-padded images (Fashion-MNIST 28 -> 32)
-                then take the unpadded images (``sa_vision.models.input_pad``).
-        """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
         heads_per_layer = _checked_heads_per_layer(heads_per_layer, depth, attn_kind, global_pool)
