@@ -6,6 +6,8 @@ one at module level (a lazy import only postpones a circle to the call that clos
 first on a small package written here, whose edges and circle are known, then applied to ``sa_vision``.
 """
 import ast
+import importlib
+import inspect
 import textwrap
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Set
@@ -261,3 +263,72 @@ def test_every_module_has_a_row_in_the_tests_table():
     missing = {f'test_{name}.py' for names in table.values() for name in names} - {
         path.name for path in (ROOT / 'tests').glob('test_*.py')}
     assert not missing, f'CONTRIBUTING.md\'s tests table names test files that do not exist: {sorted(missing)}'
+
+
+# --- the public classes of layers/ and models/ document their arguments ---
+
+def _args_section(doc: str) -> List[str]:
+    """The argument names of a Google-style ``Args:`` block (as timm writes it), in order; ``*args`` is ``args``."""
+    lines = inspect.cleandoc(doc or '').splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip() == 'Args:'), None)
+    if start is None:
+        return []
+    names, indent = [], None
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        depth = len(line) - len(line.lstrip())
+        if indent is None:
+            indent = depth
+        if depth < indent:  # the next section
+            break
+        if depth == indent:
+            names.append(line.strip().split(':', 1)[0].split(' (', 1)[0].lstrip('*'))
+    return names
+
+
+def test_args_section_reader():
+    doc = '''Summary.
+
+        Args:
+            dim: Width.
+            num_heads: Heads, with a
+                continuation: not a name.
+            *args: Positional.
+            **kwargs: Keyword.
+
+        Returns:
+            nothing: not an argument.
+        '''
+    assert _args_section(doc) == ['dim', 'num_heads', 'args', 'kwargs']
+    assert _args_section('No block.') == []
+
+
+def _public_classes(package: str) -> Dict[str, type]:
+    """``module.Class`` -> class, for every class in the ``__all__`` of a module of ``package``."""
+    found = {}
+    for module_name in _module_names(ROOT / PACKAGE / package.split('.')[-1], package):
+        module = importlib.import_module(module_name)
+        for name in getattr(module, '__all__', ()):
+            obj = getattr(module, name)
+            if inspect.isclass(obj) and obj.__module__ == module_name:
+                found[f'{module_name}.{name}'] = obj
+    return found
+
+
+def test_public_layers_and_models_document_their_arguments():
+    """Every public class of layers/ and models/ whose own ``__init__`` takes arguments (besides ``device`` and
+    ``dtype``) names each of them, and nothing else, in the ``Args:`` block of its ``__init__`` docstring, or of
+    the class docstring where the ``__init__`` would otherwise be over 60 lines (Google style allows either)."""
+    classes = {**_public_classes(f'{PACKAGE}.layers'), **_public_classes(f'{PACKAGE}.models')}
+    assert f'{PACKAGE}.layers.attention.PositionalAttention' in classes  # guards the walk against finding nothing
+    wrong = {}
+    for name, cls in classes.items():
+        if '__init__' not in vars(cls):  # inherited (a NamedTuple, an exception): documented where it is defined
+            continue
+        params = [p for p in inspect.signature(cls.__init__).parameters if p not in ('self', 'device', 'dtype')]
+        documented = _args_section(cls.__init__.__doc__) or _args_section(cls.__doc__)
+        if params and sorted(documented) != sorted(params):
+            wrong[name] = {'undocumented': [p for p in params if p not in documented],
+                           'not an argument': [d for d in documented if d not in params]}
+    assert not wrong, f'Args: blocks that do not match the __init__ signature: {wrong}'
