@@ -155,8 +155,8 @@ def test_forward_backward_on_fake_cuda(fake_cuda, name, precision):
 def test_cuda_default_mixing_is_the_constant_and_an_override_wins(fake_cuda, monkeypatch, cuda_dense):
     """A separable model on CUDA mixes by the form ``CUDA_DENSE_MIXING`` names, read when it runs, and trains in
     either; ``dense_attention(model, False)`` forces the separable form, as a benchmark of the pair would."""
-    import sa_vision.layers.attention as attention
-    monkeypatch.setattr(attention, 'CUDA_DENSE_MIXING', cuda_dense)
+    import sa_vision.layers.attention_path as attention_path
+    monkeypatch.setattr(attention_path, 'CUDA_DENSE_MIXING', cuda_dense)
     forms = []
     probs = PositionalAttention._probs
     monkeypatch.setattr(PositionalAttention, '_probs',

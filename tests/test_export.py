@@ -97,11 +97,11 @@ def test_torchscript_onnx_exporter_matches_eager(name, tmp_path):
 def test_tracing_the_eager_kernels_raises_instead_of_exporting_a_wrong_graph(name, tmp_path, monkeypatch):
     """Were the plain path ever skipped, the eager-only autograd Functions refuse graph capture with a clear
     error (the TorchScript tracer records them as a constant of the example's values)."""
-    import sa_vision.layers.attention as attention
+    import sa_vision.layers.attention_path as attention_path
     import sa_vision.layers.mlp as mlp
     # the one dispatch rule of the attention layers, and the MLP's check, both wrongly ignoring the capture
-    choose_path = attention.choose_path
-    monkeypatch.setattr(attention, 'choose_path',
+    choose_path = attention_path.choose_path
+    monkeypatch.setattr(attention_path, 'choose_path',
                         lambda device_type, dtype, autocast, compiling, capturing, *rest:
                         choose_path(device_type, dtype, autocast, False, False, *rest))
     monkeypatch.setattr(mlp, 'is_capturing', lambda: False)

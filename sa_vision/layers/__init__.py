@@ -2,16 +2,14 @@
 stochastic depth """
 from .attention import (
     ATTENTION_KINDS,
-    CUDA_DENSE_MIXING,
-    AttentionPath,
     HeadsLinear,
     PositionalAttention,
     apply_mixing,
     attend_then_project,
-    choose_path,
     drop_negligible,
     negligible_below,
 )
+from .attention_path import CUDA_DENSE_MIXING, AttentionPath, choose_path
 from .drop import SampleDropPath
 from .embed import SpaceToDepthEmbed
 from .mlp import GeluMlp

@@ -1,0 +1,107 @@
+""" The one choice of how a positional attention layer and its Value run (measurements: ``docs/attention.md``,
+"Why each path"): :func:`choose_path` and what it depends on """
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from .tracing import is_capturing
+
+__all__ = ['CUDA_DENSE_MIXING', 'AttentionPath', 'choose_path', 'current_path']
+
+CUDA_DENSE_MIXING = False
+"""Whether the separable kinds mix through the dense (Kronecker) ``(h*w) x (h*w)`` probabilities on CUDA by default.
+
+Decided by one measurement not made yet: the same separable model's training step in its separable form against
+its dense form, both compiled, on the GPU (``with dense_attention(model, False)`` / ``dense_attention(model)`` force
+either). The dense form does 8x the mixing MACs as one large GEMM; on the CPU with AMX it made the bf16 step 1.10x
+as fast (docs/performance.md, "The Kronecker form"). An H100 log showed dense ``sa_gen_cifar`` training at 5,152
+img/s against 4,724 for the separable ``sa_quadratic_cifar`` (eager bf16), but those are two different models, so
+CUDA stays separable until the pair is measured."""
+
+
+class AttentionPath(NamedTuple):
+    """How one attention layer and its Value run; :func:`choose_path` picks it."""
+    batched: bool  # every head in one product, the heads concatenated, one Value GEMM; else one head at a time
+    dense: bool  # mix by (h*w) x (h*w) probabilities (a separable kind: the Kronecker product of its factors)
+    recompute_mixing: bool  # batched: the separable_mixing Function, recomputing the row-mixed heads in backward
+    attend_then_project: bool  # per head: _AttendThenProject, each head mixed and projected, recomputed in backward
+    cache_probs: bool  # eval without autograd: reuse the probabilities while the positional parameters are unchanged
+    # a fused Triton mixing + Value kernel would be one more field here, chosen only on CUDA when asked for
+
+
+def choose_path(
+        device_type: str,
+        dtype: torch.dtype,
+        autocast: bool,
+        compiling: bool,
+        capturing: bool,
+        grad: bool,
+        training: bool,
+        separable: bool,
+        content: bool,
+        dense: Optional[bool],
+        batched: bool,
+        cuda_dense: bool,
+) -> AttentionPath:
+    """The one choice of how attention + Value run (measurements: ``docs/attention.md``, "Why each path").
+
+    ``dense`` and ``batched`` are the overrides of :func:`dense_attention` and :func:`batched_heads` (``None``
+    / ``False``: the default here); ``cuda_dense``: CUDA's default mixing, :data:`CUDA_DENSE_MIXING` (an argument:
+    TorchScript reads no module global). Batched unless float32 / float64 eager on the CPU:
+
+    * ``torch.compile`` cannot trace the per-head Functions, and inductor fuses the plain graph by itself;
+    * a captured graph (export, tracing, TorchScript) loses the per-head ``out=`` products into reused buffers;
+    * off the CPU each of the per-head path's ~10 small products per head and layer is a kernel launch;
+    * under autocast and in low precision the per-head products would round the Value sum after every head,
+      where one GEMM over the concatenated heads accumulates in float32 and rounds once;
+    * on the CPU the per-head path trained 1.45x as fast as the batched one at 0.35x its peak memory
+      (``sa_quadratic_cifar``, batch 32, float32, docs/performance.md, "Two execution paths").
+
+    Separable kinds mix by their row and column factors (``O(h*w*(h+w))`` per head, 8x fewer mixing MACs than
+    the dense form at 16x16) except on CUDA when :data:`CUDA_DENSE_MIXING` says otherwise. Eager training of the
+    separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 28 % less peak
+    memory); compiled graphs choose what to keep by themselves.
+    """
+    graph = compiling or capturing
+    batched = (batched or graph or device_type != 'cpu' or autocast
+               or (dtype != torch.float32 and dtype != torch.float64))
+    if content or not separable:
+        mix_dense = True
+    elif dense is not None:
+        mix_dense = dense
+    else:
+        mix_dense = device_type == 'cuda' and cuda_dense
+    separable_mixing = not mix_dense
+    return AttentionPath(
+        batched=batched,
+        dense=mix_dense,
+        recompute_mixing=batched and grad and separable_mixing and not graph,
+        attend_then_project=not batched and not content and (not grad or separable_mixing),
+        # CPU only: checking the cache compares parameter values (torch.equal), which on a GPU waits for the
+        # device; a CUDA forward never waits for the host
+        cache_probs=device_type == 'cpu' and not (training or grad or graph or content),
+    )
+
+
+def current_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
+                  batched: bool) -> AttentionPath:
+    """:func:`choose_path` for input ``x`` in the current state of autograd, autocast, compilation and capture."""
+    if torch.jit.is_scripting():
+        # a scripted model is a captured graph, made before any CUDA default was measured: separable on CUDA
+        return choose_path(x.device.type, x.dtype, False, False, True, False, training, separable, content, dense,
+                           batched, False)
+    else:
+        return _eager_path(x, training, separable, content, dense, batched)
+
+
+@torch.jit.unused
+def _eager_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
+                batched: bool) -> AttentionPath:
+    device_type, compiling, capturing = x.device.type, torch.compiler.is_compiling(), is_capturing()
+    # a graph is batched whatever autocast says; dynamo before torch 2.14 cannot trace is_autocast_available, and
+    # 'meta' and the like have no autocast to ask about
+    autocast = (not (compiling or capturing) and torch.amp.is_autocast_available(device_type)
+                and torch.is_autocast_enabled(device_type))
+    return choose_path(device_type, x.dtype, autocast, compiling, capturing, torch.is_grad_enabled(), training,
+                       separable, content, dense, batched, CUDA_DENSE_MIXING)
