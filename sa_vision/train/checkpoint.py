@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from ..errors import UserError
 from ..io import plain_data
 from ..models import SA_MODEL_ARGS, infer_cifar_resnet_args, infer_sa_model_args, is_sa_state_dict
-from ..models.sa_cifar import SA_STATE_DICT_KEYS
+from ..models.sa_state_dict import SA_STATE_DICT_KEYS
 from .args import RUNTIME_ARGS
 from .timm_args import TIMM_MODEL_KWARGS
 
