@@ -28,7 +28,7 @@ from ..layers import (
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
-from .sa_state_dict import checkpoint_filter_fn
+from .sa_state_dict import CENTERS, SPREADS, checkpoint_filter_fn
 
 __all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
 
@@ -200,7 +200,7 @@ class SelfAttentionNet(nn.Module):
         """Gaussian centres and precision factors (``spreads``) are trained without weight decay (paper App. A.4)."""
         return {
             name for name, _ in self.named_parameters()
-            if name.endswith(('attn.position.centers', 'attn.position.spreads'))}
+            if name.endswith((CENTERS, SPREADS))}
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict:

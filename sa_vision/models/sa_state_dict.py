@@ -1,11 +1,50 @@
 """ The state-dict key names of :class:`~sa_vision.models.SelfAttentionNet`, in one place: the released code's
 embedding converted (``checkpoint_filter_fn``), what marks a state dict as one of ours, and the model's arguments read
-back off its weights' names and shapes """
-from typing import Dict, Optional
+back off its weights' names and shapes. Other modules name a weight through these constants. """
+from typing import Dict, List, Mapping, Optional
 
 from torch import Tensor, nn
 
-__all__ = ['checkpoint_filter_fn', 'SA_STATE_DICT_KEYS', 'is_sa_state_dict', 'infer_sa_model_args']
+__all__ = [
+    'EMBED_WEIGHT', 'EMBED_BIAS', 'HEAD_WEIGHT', 'BLOCKS', 'VALUE_WEIGHT', 'MLP_FC1_WEIGHT', 'CENTERS', 'SPREADS',
+    'ROW_SHIFT_TABLE', 'ROW_KEYS', 'COL_KEYS', 'CONTENT_QUERY_WEIGHT', 'CONTENT_QUERY_BIAS', 'CONTENT_KEY_WEIGHT',
+    'CONTENT_KEY_BIAS', 'block_key', 'layer_indices', 'checkpoint_filter_fn', 'SA_STATE_DICT_KEYS',
+    'is_sa_state_dict', 'infer_sa_model_args',
+]
+
+EMBED_WEIGHT = 'patch_embed.proj.weight'  # the 2x2 stride-2 conv, (D, C, 2, 2)
+EMBED_BIAS = 'patch_embed.proj.bias'
+HEAD_WEIGHT = 'head.weight'  # the classifier, (num_classes, D); absent with num_classes=0
+BLOCKS = 'blocks'  # layer i's weights are named blocks.<i>.<name>, with <name> one of the names below
+VALUE_WEIGHT = 'value.weight'  # (D, heads * D): the heads stacked along its input
+MLP_FC1_WEIGHT = 'mlp.fc1.weight'  # (mlp_hidden_dim, D)
+# the Gaussian kinds' mu_h, (heads, 2), and the factor of their precision: s_h (heads,) or S_h (heads, 2, 2)
+CENTERS = 'attn.position.centers'
+SPREADS = 'attn.position.spreads'
+# the learned and content kinds' row shift table, (2 * max_rel_shift + 1, D), and key maps, (heads, D)
+ROW_SHIFT_TABLE = 'attn.position.row_shift_embed.weight'
+ROW_KEYS = 'attn.position.row_keys.weight'
+COL_KEYS = 'attn.position.col_keys.weight'
+# the content kind's query and key projections, (heads * D, D) and (heads * D,)
+CONTENT_QUERY_WEIGHT = 'attn.content.query.weight'
+CONTENT_QUERY_BIAS = 'attn.content.query.bias'
+CONTENT_KEY_WEIGHT = 'attn.content.key.weight'
+CONTENT_KEY_BIAS = 'attn.content.key.bias'
+
+# the released code's Linear(4*C -> D) embedding
+_RELEASED_EMBED_WEIGHT = 'patch_embed.weight'
+_RELEASED_EMBED_BIAS = 'patch_embed.bias'
+
+
+def block_key(layer: int, name: str) -> str:
+    """The state-dict key of weight ``name`` (e.g. :data:`VALUE_WEIGHT`) of layer ``layer``."""
+    return f'{BLOCKS}.{layer}.{name}'
+
+
+def layer_indices(state_dict: Mapping[str, Tensor]) -> List[int]:
+    """The layers that have weights in ``state_dict``, ascending."""
+    prefix = BLOCKS + '.'
+    return sorted({int(k[len(prefix):].split('.', 1)[0]) for k in state_dict if k.startswith(prefix)})
 
 
 def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: nn.Module) -> Dict[str, Tensor]:
@@ -13,19 +52,19 @@ def checkpoint_filter_fn(state_dict: Dict[str, Tensor], model: nn.Module) -> Dic
     ``(2*di + dj) * C + c``) to our 2x2 stride-2 conv ``(D, C, di, dj)``; our own state dicts pass unchanged."""
     out = {}
     for key, value in state_dict.items():
-        if key == 'patch_embed.weight' and value.ndim == 2:
+        if key == _RELEASED_EMBED_WEIGHT and value.ndim == 2:
             embed_dim, patch = value.shape
             # (D, 4C) -> (D, di, dj, C) -> (D, C, di, dj)
-            out['patch_embed.proj.weight'] = value.reshape(embed_dim, 2, 2, patch // 4).permute(0, 3, 1, 2)
-        elif key == 'patch_embed.bias':
-            out['patch_embed.proj.bias'] = value
+            out[EMBED_WEIGHT] = value.reshape(embed_dim, 2, 2, patch // 4).permute(0, 3, 1, 2)
+        elif key == _RELEASED_EMBED_BIAS:
+            out[EMBED_BIAS] = value
         else:
             out[key] = value
     return out
 
 
 # keys every SelfAttentionNet state dict holds (timm's ViTs have patch_embed.proj.weight too, but no Value map)
-SA_STATE_DICT_KEYS = ('patch_embed.proj.weight', 'blocks.0.value.weight', 'blocks.0.mlp.fc1.weight')
+SA_STATE_DICT_KEYS = (EMBED_WEIGHT, block_key(0, VALUE_WEIGHT), block_key(0, MLP_FC1_WEIGHT))
 
 
 def is_sa_state_dict(state_dict: Dict[str, Tensor]) -> bool:
@@ -39,22 +78,22 @@ def infer_sa_model_args(state_dict: Dict[str, Tensor]) -> Optional[Dict]:
     are not read."""
     if not is_sa_state_dict(state_dict):
         return None
-    embed_dim, in_chans = state_dict['patch_embed.proj.weight'].shape[:2]
-    depth = 1 + max(int(k.split('.')[1]) for k in state_dict if k.startswith('blocks.'))
-    heads = tuple(state_dict[f'blocks.{i}.value.weight'].shape[1] // embed_dim for i in range(depth))
-    if 'blocks.0.attn.content.query.weight' in state_dict:
+    embed_dim, in_chans = state_dict[EMBED_WEIGHT].shape[:2]
+    depth = 1 + layer_indices(state_dict)[-1]
+    heads = tuple(state_dict[block_key(i, VALUE_WEIGHT)].shape[1] // embed_dim for i in range(depth))
+    if block_key(0, CONTENT_QUERY_WEIGHT) in state_dict:
         kind = 'content'
-    elif 'blocks.0.attn.position.row_shift_embed.weight' in state_dict:
+    elif block_key(0, ROW_SHIFT_TABLE) in state_dict:
         kind = 'learned'
-    elif state_dict['blocks.0.attn.position.spreads'].dim() == 3:
+    elif state_dict[block_key(0, SPREADS)].dim() == 3:
         kind = 'generalized'
     else:
         kind = 'quadratic'
     args = dict(
         in_chans=int(in_chans), embed_dim=int(embed_dim), depth=depth, heads_per_layer=heads, attn_kind=kind,
-        mlp_hidden_dim=int(state_dict['blocks.0.mlp.fc1.weight'].shape[0]),
-        num_classes=int(state_dict['head.weight'].shape[0]) if 'head.weight' in state_dict else 0,
+        mlp_hidden_dim=int(state_dict[block_key(0, MLP_FC1_WEIGHT)].shape[0]),
+        num_classes=int(state_dict[HEAD_WEIGHT].shape[0]) if HEAD_WEIGHT in state_dict else 0,
     )
     if kind in ('learned', 'content'):
-        args['max_rel_shift'] = (state_dict['blocks.0.attn.position.row_shift_embed.weight'].shape[0] - 1) // 2
+        args['max_rel_shift'] = (state_dict[block_key(0, ROW_SHIFT_TABLE)].shape[0] - 1) // 2
     return args

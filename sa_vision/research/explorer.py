@@ -19,6 +19,7 @@ from ..errors import UserError
 from ..io import atomic_write
 from ..layers import PositionalAttention
 from ..models.input_pad import model_input_padding
+from ..models.sa_state_dict import CENTERS, SPREADS, block_key
 from ..train.checkpoint import (
     HF_HUB_PREFIX,
     LOCAL_DIR_PREFIX,
@@ -38,7 +39,7 @@ __all__ = [
 
 # per-epoch centres and spreads of a model, kept beside its weights (Fig. 2 of the paper: how the heads moved)
 POSITIONAL_EPOCHS_FILE = 'positional_epochs.safetensors'
-_POSITIONAL_SUFFIXES = ('.attn.position.centers', '.attn.position.spreads')
+_POSITIONAL_SUFFIXES = ('.' + CENTERS, '.' + SPREADS)
 _PLACEHOLDER = '/*SA_EXPLORER_DATA*/null'
 
 
@@ -189,16 +190,15 @@ def _layer_inputs(model: nn.Module, images: Tensor) -> List[Tensor]:
     return captured
 
 
-def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str, Tensor]],
-                   names: List[str]) -> Optional[Dict[str, Any]]:
+def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str, Tensor]]) -> Optional[Dict[str, Any]]:
     """Every layer's centres and spreads at every kept epoch, when they fit the model (same heads)."""
     if not epochs or layers[0].kind not in ('quadratic', 'generalized'):
         return None
     records = []
     for label, params in epochs.items():
         per_layer = []
-        for name, layer in zip(names, layers):
-            centers, spreads = params.get(f'{name}.position.centers'), params.get(f'{name}.position.spreads')
+        for i, layer in enumerate(layers):
+            centers, spreads = params.get(block_key(i, CENTERS)), params.get(block_key(i, SPREADS))
             if centers is None or spreads is None or centers.shape != layer.position.centers.shape:
                 return None  # e.g. the pruned model's fine-tuning kept the unpruned heads
             per_layer.append(_layer_record(layer, {'centers': centers, 'spreads': spreads}))
@@ -210,7 +210,6 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, clas
                   top: int = 3) -> Dict[str, Any]:
     model = entry.model.eval().float()
     layers = attention_layers(model)
-    names = [name for name, m in model.named_modules() if isinstance(m, PositionalAttention)]
     pad = model_input_padding(model)  # the model adds the dataset's border itself: it gets the images without it
     if pad:
         normalized = normalized[..., pad:normalized.shape[-2] - pad, pad:normalized.shape[-1] - pad]
@@ -236,7 +235,7 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, clas
     if layers[0].kind == 'content':  # image-dependent: each image's layer inputs
         record['tokens'] = [[_b64(tokens[i], torch.float32) for tokens in _layer_inputs(model, normalized)]
                             for i in range(len(images))]
-    epochs = _epoch_records(layers, entry.epochs, names)
+    epochs = _epoch_records(layers, entry.epochs)
     if epochs:
         record.update(epochs)
     return record
