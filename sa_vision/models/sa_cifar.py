@@ -28,7 +28,7 @@ from ..layers import (
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
-from .sa_state_dict import CENTERS, SPREADS, checkpoint_filter_fn
+from .sa_state_dict import CENTERS, PRECISION_FACTORS, checkpoint_filter_fn, rename_old_keys
 
 __all__ = ['SA_MODEL_ARGS', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
 
@@ -197,10 +197,16 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """Gaussian centres and precision factors (``spreads``) are trained without weight decay (paper App. A.4)."""
+        """Gaussian centres and precision factors are trained without weight decay (paper App. A.4)."""
         return {
             name for name, _ in self.named_parameters()
-            if name.endswith((CENTERS, SPREADS))}
+            if name.endswith((CENTERS, PRECISION_FACTORS))}
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+        # torch's load_state_dict (and so every timm loader) hands this module its part of the state dict, under
+        # prefix (e.g. 'module.' in DDP), before its layers': weights saved under an old name load too
+        rename_old_keys(state_dict, prefix)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     @torch.jit.ignore
     def group_matcher(self, coarse: bool = False) -> Dict:

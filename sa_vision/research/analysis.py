@@ -163,7 +163,8 @@ def head_precisions(model: nn.Module) -> List[Tensor]:
         raise UserError(f'precisions exist for the Gaussian kinds {GAUSSIAN_KINDS} only, this model is {kind!r}')
     if kind == 'quadratic':
         eye = torch.eye(2, dtype=torch.float64)[None]
-        return [eye * (layer.position.spreads.detach().double().cpu() ** 2)[:, None, None] for layer in layers]
+        return [eye * (layer.position.precision_factors.detach().double().cpu() ** 2)[:, None, None]
+                for layer in layers]
     return [layer.position.precisions().detach().double().cpu() for layer in layers]
 
 

@@ -21,11 +21,12 @@ from ..models.sa_state_dict import (
     EMBED_WEIGHT,
     HEAD_WEIGHT,
     MLP_FC1_WEIGHT,
+    PRECISION_FACTORS,
     ROW_SHIFT_TABLE,
-    SPREADS,
     VALUE_WEIGHT,
     block_key,
     layer_indices,
+    rename_old_keys,
 )
 
 __all__ = ['PAPER_ATTENTION_KINDS', 'PaperDenseSA', 'PaperLayer', 'PaperAttention', 'relative_encoding',
@@ -46,24 +47,25 @@ def relative_encoding(grid_h: int, grid_w: int, device=None, dtype=None) -> Tens
 
 
 class _Gaussian(nn.Module):
-    """Centres ``mu`` (heads, 2) and spreads: ``s`` (heads,) quadratic, ``S`` (heads, 2, 2) generalized."""
+    """Centres ``mu`` (heads, 2) and precision factors: ``s`` (heads,) quadratic, ``S`` (heads, 2, 2) generalized."""
 
     def __init__(self, num_heads: int, isotropic: bool):
         super().__init__()
         self.isotropic = isotropic
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * 2.0)
         if isotropic:
-            self.spreads = nn.Parameter(1.0 + 0.01 * torch.randn(num_heads))
+            self.precision_factors = nn.Parameter(1.0 + 0.01 * torch.randn(num_heads))
         else:
-            self.spreads = nn.Parameter(torch.eye(2) + 0.01 * torch.randn(num_heads, 2, 2))
+            self.precision_factors = nn.Parameter(torch.eye(2) + 0.01 * torch.randn(num_heads, 2, 2))
 
     def target_vectors(self) -> Tensor:
         """``v_n`` of the relative encoding, ``(heads, 5)``."""
         if self.isotropic:
-            eye = torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype)
-            precision = self.spreads[:, None, None] ** 2 * eye  # s^2 I: the paper's alpha = s^2 / 2
+            factors = self.precision_factors
+            eye = torch.eye(2, device=factors.device, dtype=factors.dtype)
+            precision = factors[:, None, None] ** 2 * eye  # s^2 I: the paper's alpha = s^2 / 2
         else:
-            precision = self.spreads @ self.spreads.transpose(1, 2)
+            precision = self.precision_factors @ self.precision_factors.transpose(1, 2)
         pulled = torch.einsum('nab,nb->na', precision, self.centers)  # M mu
         return torch.stack([pulled[:, 0], pulled[:, 1], -0.5 * precision[:, 0, 0], -0.5 * precision[:, 1, 1],
                             -precision[:, 0, 1]], dim=-1)
@@ -244,16 +246,17 @@ def kind_of_state_dict(state_dict: Mapping[str, Tensor]) -> str:
                          f'does not have; kinds: {PAPER_ATTENTION_KINDS}')
     if block_key(0, ROW_SHIFT_TABLE) in state_dict:
         return 'learned'
-    spreads = state_dict.get(block_key(0, SPREADS))
-    if spreads is None:
-        raise ValueError(f'not a state dict of a fully-attentional model: neither {block_key(0, SPREADS)} nor '
-                         f'{block_key(0, ROW_SHIFT_TABLE)}')
-    return 'quadratic' if spreads.dim() == 1 else 'generalized'
+    factors = state_dict.get(block_key(0, PRECISION_FACTORS))
+    if factors is None:
+        raise ValueError(f'not a state dict of a fully-attentional model: neither '
+                         f'{block_key(0, PRECISION_FACTORS)} nor {block_key(0, ROW_SHIFT_TABLE)}')
+    return 'quadratic' if factors.dim() == 1 else 'generalized'
 
 
 def paper_state_dict(state_dict: Mapping[str, Tensor]) -> Dict[str, Tensor]:
     """A :class:`sa_vision.models.SelfAttentionNet` state dict in the reference's layout: the embedding kernel
-    ``(D, C, di, dj)`` becomes the original Linear ``(D, 4C)`` with index ``(2*di + dj) * C + c``."""
+    ``(D, C, di, dj)`` becomes the original Linear ``(D, 4C)`` with index ``(2*di + dj) * C + c``; old key names
+    become today's (:data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
     out = {}
     for key, value in state_dict.items():
         if key == EMBED_WEIGHT:
@@ -262,4 +265,4 @@ def paper_state_dict(state_dict: Mapping[str, Tensor]) -> Dict[str, Tensor]:
             out[_PAPER_EMBED_BIAS] = value
         else:
             out[key] = value
-    return out
+    return rename_old_keys(out)

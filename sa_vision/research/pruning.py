@@ -17,8 +17,8 @@ from ..models.sa_state_dict import (
     CONTENT_KEY_WEIGHT,
     CONTENT_QUERY_BIAS,
     CONTENT_QUERY_WEIGHT,
+    PRECISION_FACTORS,
     ROW_KEYS,
-    SPREADS,
     VALUE_WEIGHT,
     block_key,
 )
@@ -78,7 +78,7 @@ def select_heads_to_prune(
 def _per_head_params(kind: str, dim: int) -> Dict[str, Tuple[int, int]]:
     """Parameter suffix within a block -> (dim holding the heads, entries per head)."""
     if kind in GAUSSIAN_KINDS:
-        return {CENTERS: (0, 1), SPREADS: (0, 1), VALUE_WEIGHT: (1, dim)}
+        return {CENTERS: (0, 1), PRECISION_FACTORS: (0, 1), VALUE_WEIGHT: (1, dim)}
     params = {ROW_KEYS: (0, 1), COL_KEYS: (0, 1), VALUE_WEIGHT: (1, dim)}
     if kind == 'content':
         params.update({name: (0, dim) for name in (CONTENT_QUERY_WEIGHT, CONTENT_QUERY_BIAS, CONTENT_KEY_WEIGHT,
