@@ -38,10 +38,10 @@ def gaussian_map(center, precision, grid=(16, 16), query=(8, 8)):
     return p / p.sum()
 
 
-def set_quadratic(model, layer, head, center, spread):
+def set_quadratic(model, layer, head, center, factor):
     with torch.no_grad():
         model.blocks[layer].attn.position.centers[head] = torch.tensor(center)
-        model.blocks[layer].attn.position.spreads[head] = spread
+        model.blocks[layer].attn.position.precision_factors[head] = factor
 
 
 def test_statistics_of_hard_and_soft_quadratic_heads():
@@ -82,8 +82,8 @@ def test_generalized_covariance_is_inverse_precision():
     model = small('sa_gen_cifar')
     s = torch.tensor([[1.5, 0.], [0.7, 0.4]])
     with torch.no_grad():
-        model.blocks[1].attn.position.spreads[2] = s
-        model.blocks[1].attn.position.spreads[0] = torch.tensor([[1., 1.], [1., 1.]])  # singular M
+        model.blocks[1].attn.position.precision_factors[2] = s
+        model.blocks[1].attn.position.precision_factors[0] = torch.tensor([[1., 1.], [1., 1.]])  # singular M
     cov = head_covariances(model)[1]
     expected = np.linalg.inv((s @ s.T).double().numpy())
     np.testing.assert_allclose(cov[2].numpy(), expected, rtol=1e-6)
@@ -121,7 +121,7 @@ def test_figure_a_draws_the_centres_and_contours():
         np.testing.assert_allclose(data['centers'][layer], centers)
         ax = fig.axes[layer]
         for head in range(3):
-            s = model.blocks[layer].attn.position.spreads[head].detach().double()
+            s = model.blocks[layer].attn.position.precision_factors[head].detach().double()
             for mass in (0.5, 0.9):
                 line = next(ln for ln in ax.lines if ln.get_gid() == f'contour-{layer}-{head}-{mass}')
                 # every contour point x satisfies (x - mu)^T M (x - mu) = -2 log(1 - mass)
@@ -235,7 +235,7 @@ def test_center_shift_median_of_a_hand_made_pair_of_state_dicts():
     from sa_vision.research.analysis import center_shift_median, center_shifts
     initial = {
         'blocks.0.attn.position.centers': torch.tensor([[0., 0.], [1., 1.], [2., -1.]]),
-        'blocks.0.attn.position.spreads': torch.ones(3),
+        'blocks.0.attn.position.precision_factors': torch.ones(3),
         'blocks.1.attn.position.centers': torch.zeros(3, 2),
         'head.weight': torch.zeros(10, 4),
     }

@@ -35,11 +35,11 @@ def reference_scores(layer, x):
     delta = coords[None, :, :] - coords[:, None, :]  # key - query, (hw, hw, 2)
     pos = layer.position
     if layer.kind == 'quadratic':
-        alpha = pos.spreads ** 2 / 2
+        alpha = pos.precision_factors ** 2 / 2
         diff = delta[None] - pos.centers[:, None, None, :]
         return -alpha[:, None, None] * (diff ** 2).sum(-1)
     if layer.kind == 'generalized':
-        M = torch.einsum('hij,hkj->hik', pos.spreads, pos.spreads)
+        M = torch.einsum('hij,hkj->hik', pos.precision_factors, pos.precision_factors)
         diff = delta[None] - pos.centers[:, None, None, :]
         return -0.5 * torch.einsum('hqki,hij,hqkj->hqk', diff, M, diff)
     # learned (and the positional part of content): tables indexed by the clipped shift per axis
@@ -73,9 +73,9 @@ def make_layer(kind, dtype, dim=6, num_heads=3, seed=0, device='cpu'):
     layer = PositionalAttention(dim, num_heads, kind, attn_drop=0.1).to(dtype).eval()
     with torch.no_grad():
         if kind in ('quadratic', 'generalized'):
-            # spreads that make the heads neither uniform nor one-hot, centres off the grid points
+            # precision factors that make the heads neither uniform nor one-hot, centres off the grid points
             layer.position.centers.copy_(torch.randn(num_heads, 2, dtype=dtype) * 2)
-            layer.position.spreads.mul_(0.7)
+            layer.position.precision_factors.mul_(0.7)
     return layer.to(device)
 
 
@@ -188,14 +188,14 @@ def test_dropout_keeps_the_expectation(dense):
     assert (mean - expected).abs().max() < 0.05 * expected.abs().max()
 
 
-def test_large_spread_peaks_at_the_centre():
+def test_large_precision_factor_peaks_at_the_centre():
     """A head's probabilities are a Gaussian centred at mu: for a sharp head the argmax is the nearest
     grid point to query + mu, and the probabilities fall off with the distance from it."""
     layer = PositionalAttention(4, 3, 'quadratic')
     centers = torch.tensor([[1.3, -2.2], [0.0, 0.0], [-3.6, 2.4]])
     with torch.no_grad():
         layer.position.centers.copy_(centers)
-        layer.position.spreads.fill_(3.0)
+        layer.position.precision_factors.fill_(3.0)
     H = W = 16
     query = (8, 7)
     probs = layer.position_probs(H, W).detach()[:, query[0] * W + query[1]].reshape(3, H, W)
@@ -228,7 +228,7 @@ def test_far_probabilities_are_zero_not_subnormal(kind):
     """Subnormal probabilities make every product with them slow on x86; they are zeroed, and the
     probabilities still equal a float64 softmax: relatively where they are kept (float32 scores near
     -100 carry ~1e-5 relative error into exp), absolutely below 1e-20 where they are dropped."""
-    layer = PositionalAttention(4, 2, kind)  # default init: spread ~1, far keys underflow
+    layer = PositionalAttention(4, 2, kind)  # default init: precision factor ~1, far keys underflow
     with torch.no_grad():
         layer.position.centers.zero_()
     exact = reference_scores(layer.double(), torch.zeros(1, 16, 16, 4, dtype=torch.float64)).softmax(-1)

@@ -36,10 +36,10 @@ def _trained_looking(model: torch.nn.Module, generator: torch.Generator) -> torc
             position = layer.position
             if layer.kind == 'quadratic':
                 position.centers.normal_(0, 3, generator=generator)
-                position.spreads.uniform_(0.3, 2.5, generator=generator)
+                position.precision_factors.uniform_(0.3, 2.5, generator=generator)
             elif layer.kind == 'generalized':
                 position.centers.normal_(0, 3, generator=generator)
-                position.spreads.normal_(0, 1, generator=generator)
+                position.precision_factors.normal_(0, 1, generator=generator)
     return model.eval()
 
 
@@ -103,7 +103,7 @@ def reference_probs(model, layer_index, head, row, col, image=0, images=None, pa
     layer = copy.deepcopy(layers[layer_index]).double()
     if params:
         layer.position.centers.data.copy_(params['centers'])
-        layer.position.spreads.data.copy_(params['spreads'])
+        layer.position.precision_factors.data.copy_(params['precision_factors'])
     grid_w = 16
     with torch.no_grad():
         if layer.kind == 'content':
@@ -237,7 +237,7 @@ def test_screenshot_holds_distinct_heat_maps(driver, tmp_path):
 def test_a_broken_formula_is_caught(driver, page, models, tmp_path):
     """The comparison can fail: the page with the quadratic kind's precision dropped disagrees."""
     html = page.read_text()
-    broken = html.replace('const s2 = spreads[h] * spreads[h];', 'const s2 = 1;')
+    broken = html.replace('const s2 = factors[h] * factors[h];', 'const s2 = 1;')
     assert broken != html
     (tmp_path / 'broken.html').write_text(broken)
     open_page(driver, tmp_path / 'broken.html')
@@ -253,7 +253,7 @@ def test_positional_trajectory_round_trip(models, tmp_path):
     assert list(loaded) == list(models[0].epochs)
     for label, params in models[0].epochs.items():
         assert set(loaded[label]) == set(params) and all(torch.equal(loaded[label][k], v) for k, v in params.items())
-    assert path.stat().st_size < 4096  # centres and spreads only
+    assert path.stat().st_size < 4096  # centres and precision factors only
 
 
 def test_page_data_is_embedded_once(page):
@@ -266,7 +266,7 @@ def test_page_data_is_embedded_once(page):
 
 def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path):
     """sa-vision-explore takes a run folder of sa-vision-train: its checkpoint, its dataset and the weights it saved
-    after every epoch (only the centres and spreads go into the page)."""
+    after every epoch (only the centres and precision factors go into the page)."""
     from safetensors.torch import save_file
 
     from sa_vision.cli import explore

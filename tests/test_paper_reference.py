@@ -26,7 +26,7 @@ def _ours(case, **kwargs):
     name, case_kwargs = CASES[case]
     torch.manual_seed(0)
     model = timm.create_model(name, **SMALL, **case_kwargs, **kwargs).double()
-    with torch.no_grad():  # away from the initialisation (spreads near 1, S near I)
+    with torch.no_grad():  # away from the initialisation (s near 1, S near I)
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     return model
@@ -89,8 +89,8 @@ def test_reference_scores_are_the_spec_gaussians():
         reference = PaperDenseSA(kind, (2,), embed_dim=4, mlp_hidden_dim=4).double()
         attn = reference.blocks[0].attn
         probs = attn.probs(4, 3)
-        mu, spread = attn.position.centers[1].detach(), attn.position.spreads[1].detach()
-        precision = spread ** 2 * torch.eye(2, dtype=torch.float64) if kind == 'quadratic' else spread @ spread.T
+        mu, factor = attn.position.centers[1].detach(), attn.position.precision_factors[1].detach()
+        precision = factor ** 2 * torch.eye(2, dtype=torch.float64) if kind == 'quadratic' else factor @ factor.T
         qi, qj = 2, 1
         shifts = [torch.tensor([k - qi, j - qj], dtype=torch.float64) for k in range(4) for j in range(3)]
         scores = torch.stack([-0.5 * (d - mu) @ precision @ (d - mu) for d in shifts])

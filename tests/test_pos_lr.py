@@ -27,7 +27,7 @@ from sa_vision.models import param_groups_pos_lr
 ROOT = Path(__file__).resolve().parent.parent
 
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
-GAUSSIAN_PARAM = re.compile(r'^blocks\.\d+\.attn\.position\.(centers|spreads)$')
+GAUSSIAN_PARAM = re.compile(r'^blocks\.\d+\.attn\.position\.(centers|precision_factors)$')
 LEARNED_PARAM = re.compile(r'^blocks\.\d+\.attn\.position\.(row|col)_(shift_embed|keys)\.weight$')
 
 
@@ -48,7 +48,7 @@ def test_positional_parameters_get_their_own_groups(arch, pattern):
     for group, names in zip(optimizer.param_groups, _group_names(model, optimizer)):
         (scaled if group.get('lr_scale') == 30. else plain).update(names)
         if arch != 'sa_learned_cifar' and names & positional:
-            assert group['weight_decay'] == 0.  # centres and spreads are not decayed (model.no_weight_decay())
+            assert group['weight_decay'] == 0.  # no decay on centres, precision factors (no_weight_decay())
     assert scaled == positional
     assert plain == {n for n, _ in model.named_parameters()} - positional
     # scale 1: exactly timm's groups (checkpoints of runs without the option still resume)

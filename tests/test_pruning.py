@@ -29,9 +29,9 @@ def planted_model():
     model = timm.create_model('sa_gen_cifar', **SMALL).eval()
     with torch.no_grad():
         for (layer, head), s in PLANTED.items():
-            model.blocks[layer].attn.position.spreads[head] = s
+            model.blocks[layer].attn.position.precision_factors[head] = s
         # a healthy head close to the thresholds stays: eigenvalues 1 and 2e-3 (condition 500)
-        model.blocks[0].attn.position.spreads[3] = torch.diag(torch.tensor([1.0, 0.002 ** 0.5]))
+        model.blocks[0].attn.position.precision_factors[3] = torch.diag(torch.tensor([1.0, 0.002 ** 0.5]))
     return model
 
 
@@ -65,7 +65,8 @@ def test_prune_state_dict_keeps_the_right_heads():
     sd, kept = prune_state_dict(model.state_dict(), [[1], [0, 4], [2]], model.heads_per_layer, 16)
     assert kept == (3, 3, 2)
     assert torch.equal(sd['blocks.1.attn.position.centers'], model.blocks[1].attn.position.centers[[1, 2, 3]])
-    assert torch.equal(sd['blocks.0.attn.position.spreads'], model.blocks[0].attn.position.spreads[[0, 2, 3]])
+    factors = model.blocks[0].attn.position.precision_factors
+    assert torch.equal(sd['blocks.0.attn.position.precision_factors'], factors[[0, 2, 3]])
     value = model.blocks[1].value.weight
     assert torch.equal(sd['blocks.1.value.weight'], torch.cat([value[:, 16:32], value[:, 32:48], value[:, 48:64]], 1))
 
@@ -142,9 +143,9 @@ def planted_model_with_a_dead_layer():
     eigenvalue 1e-8, against 1e-12 and 0)."""
     model = planted_model()
     with torch.no_grad():
-        model.blocks[2].attn.position.spreads.copy_(torch.zeros(3, 2, 2))
-        model.blocks[2].attn.position.spreads[0] = torch.eye(2) * 1e-6
-        model.blocks[2].attn.position.spreads[1] = torch.eye(2) * 1e-4
+        model.blocks[2].attn.position.precision_factors.copy_(torch.zeros(3, 2, 2))
+        model.blocks[2].attn.position.precision_factors[0] = torch.eye(2) * 1e-6
+        model.blocks[2].attn.position.precision_factors[1] = torch.eye(2) * 1e-4
     return model
 
 

@@ -104,9 +104,9 @@ def test_inconsistent_heads_per_layer_is_an_error():
         timm.create_model('sa_quadratic_cifar', depth=3, heads_per_layer=(1, 2))
 
 
-def test_no_weight_decay_lists_gaussian_centres_and_spreads():
+def test_no_weight_decay_lists_gaussian_centres_and_precision_factors():
     model = small_model('sa_gen_cifar')
-    expected = {f'blocks.{i}.attn.position.{p}' for i in range(2) for p in ('centers', 'spreads')}
+    expected = {f'blocks.{i}.attn.position.{p}' for i in range(2) for p in ('centers', 'precision_factors')}
     assert model.no_weight_decay() == expected
     optimizer = timm.optim.create_optimizer_v2(model, 'sgd', lr=0.1, weight_decay=1e-4)
     names = {id(p): n for n, p in model.named_parameters()}

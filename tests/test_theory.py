@@ -62,7 +62,7 @@ def test_heads_sit_on_kernel_shifts_with_alpha():
     assert layer.attn.kind == 'quadratic' and layer.attn.num_heads == 9 and layer.attn.dim == 2
     expected = torch.tensor([[r, c] for r in (-2, 0, 2) for c in (-2, 0, 2)], dtype=torch.float32)
     assert torch.equal(layer.attn.position.centers.detach(), expected)
-    assert torch.allclose(0.5 * layer.attn.position.spreads.detach() ** 2, torch.full((9,), 60.))
+    assert torch.allclose(0.5 * layer.attn.position.precision_factors.detach() ** 2, torch.full((9,), 60.))
 
 
 @pytest.mark.parametrize('kwargs,message', [

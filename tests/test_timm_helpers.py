@@ -19,8 +19,8 @@ EXPECTED = load_file(str(WEIGHTS_V0_1 / 'expected_logits.safetensors'))
 @pytest.mark.parametrize('name', sorted(k for k in EXPECTED if k != 'input'))
 def test_weights_exported_by_0_1_load_with_the_same_logits(name):
     """Hub folders written by 0.1's code (config.json + model.safetensors, timm's save_for_hf) load strictly and
-    give the logits 0.1 computed from them: no parameter or state-dict key changed. Both in float64, so the
-    tolerance is rounding of float64 (1e-10), whatever CPU runs it."""
+    give the logits 0.1 computed from them: no parameter changed, and keys renamed since (``spreads``) load under
+    their old names. Both in float64, so the tolerance is rounding of float64 (1e-10), whatever CPU runs it."""
     model = timm.create_model(f'local-dir:{WEIGHTS_V0_1 / name}', pretrained=True).eval().double()
     with torch.no_grad():
         logits = model(EXPECTED['input'])

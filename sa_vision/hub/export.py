@@ -57,7 +57,7 @@ def export_hub_folder(
         epochs: Optional[Dict[str, Dict[str, Tensor]]] = None,
 ) -> List[str]:
     """Write a Hub folder of trained weights (files of an earlier export are replaced, others are an error); return
-    the names of the files written. ``epochs`` keeps the centres and spreads per epoch (paper Fig. 2)."""
+    the names of the files written. ``epochs`` keeps the centres and precision factors per epoch (paper Fig. 2)."""
     import yaml
     from timm.models import save_for_hf
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, arch=expected_arch, use_ema=use_ema)

@@ -1,7 +1,8 @@
 """ Positional attention scores of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 2.3, Eq. 9; App. A.1)
 
-Scores are ``[head, query, key]`` of the shift ``delta = key - query`` (grid units); ``spreads`` (the released code's
-name, so published weights load) holds a precision factor: larger is narrower. """
+Scores are ``[head, query, key]`` of the shift ``delta = key - query`` (grid units); a Gaussian head's
+``precision_factors`` hold a factor of its precision (``s_h`` with ``alpha_h = s_h^2 / 2``, or ``S_h`` with
+``M_h = S_h S_h^T``): larger is narrower. """
 import math
 from typing import Tuple
 
@@ -71,21 +72,21 @@ class QuadraticScores(nn.Module):
         self.num_heads = num_heads
         self.init, self.init_alpha = init, init_alpha
         self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
-        self.spreads = nn.Parameter(torch.empty(num_heads, **dd))
+        self.precision_factors = nn.Parameter(torch.empty(num_heads, **dd))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.centers, std=2.0)
-        nn.init.normal_(self.spreads, mean=1.0, std=0.01)
+        nn.init.normal_(self.precision_factors, mean=1.0, std=0.01)
         if self.init == 'conv':
             with torch.no_grad():
                 offsets = kernel_offsets(self.num_heads)
                 self.centers[:len(offsets)] = offsets.to(self.centers)
-                self.spreads[:len(offsets)] = math.sqrt(2.0 * self.init_alpha)  # alpha_h = s_h^2 / 2
+                self.precision_factors[:len(offsets)] = math.sqrt(2.0 * self.init_alpha)  # alpha_h = s_h^2 / 2
 
     def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
         """Row scores ``(heads, h, h)`` and column scores ``(heads, w, w)``, indexed ``[head, query, key]``."""
-        scale = -0.5 * self.spreads.square()[:, None, None]  # -alpha_h from the precision factor s_h
+        scale = -0.5 * self.precision_factors.square()[:, None, None]  # -alpha_h from the precision factor s_h
         dy = relative_shifts(grid_h, self.centers.device, self.centers.dtype)
         dx = relative_shifts(grid_w, self.centers.device, self.centers.dtype)
         row = scale * (dy - self.centers[:, 0, None, None]).square()
@@ -96,18 +97,18 @@ class QuadraticScores(nn.Module):
         """Row and column scores of a ``size x size`` grid stacked, ``(2, heads, size, size)`` (half the small ops)."""
         shifts = relative_shifts(size, self.centers.device, self.centers.dtype)  # size, size
         offsets = shifts - self.centers.t().reshape(2, self.num_heads, 1, 1)  # 2, heads, size, size
-        return offsets.square() * self.spreads.square().mul(-0.5).view(self.num_heads, 1, 1)
+        return offsets.square() * self.precision_factors.square().mul(-0.5).view(self.num_heads, 1, 1)
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
         """Scores over the whole grid, ``(heads, h*w, h*w)`` indexed ``[head, query, key]``."""
         shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
         offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
-        return -(0.5 * self.spreads ** 2)[:, None, None] * (offsets ** 2).sum(-1)
+        return -(0.5 * self.precision_factors ** 2)[:, None, None] * (offsets ** 2).sum(-1)
 
 
 class GeneralizedScores(nn.Module):
     """Non-isotropic Gaussian scores (App. A.1), ``A_h(delta) = -1/2 (delta - mu_h)^T M_h (delta - mu_h)``,
-    ``M_h = S_h S_h^T`` (``spreads`` holds ``S_h``); the cross term makes it non-separable."""
+    ``M_h = S_h S_h^T`` (``precision_factors`` holds ``S_h``); the cross term makes it non-separable."""
     separable: bool = False
 
     def __init__(self, num_heads: int, init: str = 'paper', init_alpha: float = CONV_INIT_ALPHA,
@@ -127,23 +128,23 @@ class GeneralizedScores(nn.Module):
         self.num_heads = num_heads
         self.init, self.init_alpha = init, init_alpha
         self.centers = nn.Parameter(torch.empty(num_heads, 2, **dd))
-        self.spreads = nn.Parameter(torch.empty(num_heads, 2, 2, **dd))
+        self.precision_factors = nn.Parameter(torch.empty(num_heads, 2, 2, **dd))
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         nn.init.normal_(self.centers, std=2.0)
         with torch.no_grad():
-            nn.init.normal_(self.spreads, std=0.01)
-            self.spreads.add_(torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype))
+            eye = torch.eye(2, device=self.precision_factors.device, dtype=self.precision_factors.dtype)
+            nn.init.normal_(self.precision_factors, std=0.01)
+            self.precision_factors.add_(eye)
             if self.init == 'conv':
                 offsets = kernel_offsets(self.num_heads)
                 self.centers[:len(offsets)] = offsets.to(self.centers)
-                eye = torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype)
-                self.spreads[:len(offsets)] = math.sqrt(2.0 * self.init_alpha) * eye
+                self.precision_factors[:len(offsets)] = math.sqrt(2.0 * self.init_alpha) * eye
 
     def precisions(self) -> Tensor:
         """The precision matrices ``M_h = S_h S_h^T``, ``(heads, 2, 2)``."""
-        return self.spreads @ self.spreads.transpose(-1, -2)
+        return self.precision_factors @ self.precision_factors.transpose(-1, -2)
 
     def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
         raise RuntimeError('generalized (non-isotropic) Gaussian scores are not separable')

@@ -15,14 +15,11 @@ __all__ = ['positional_parameter_names', 'check_pos_lr_scale', 'param_groups_pos
 
 
 def positional_parameter_names(model: nn.Module) -> Set[str]:
-    """Names of the parameters of every :class:`PositionalAttention`'s scores (``<layer>.position.*``); not the
+    """Names of the parameters of every :class:`PositionalAttention`'s scores (its ``position``); not the
     ``content`` kind's query / key projections."""
-    names = set()
-    for module_name, module in model.named_modules():
-        if isinstance(module, PositionalAttention):
-            prefix = f'{module_name}.position.' if module_name else 'position.'
-            names.update(prefix + name for name, _ in module.position.named_parameters())
-    return names
+    positional = {id(p) for module in model.modules() if isinstance(module, PositionalAttention)
+                  for p in module.position.parameters()}
+    return {name for name, p in model.named_parameters() if id(p) in positional}
 
 
 def check_pos_lr_scale(pos_lr_scale: float) -> None:

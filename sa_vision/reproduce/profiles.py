@@ -78,11 +78,11 @@ PROFILES: Dict[str, Profile] = {
         },
         table_note=('Choices of the `cpu` profile (`sa_vision.reproduce.PROFILES[\'cpu\']`): AdamW lr 2e-3, batch 50, '
                     'cosine per step, no pad-and-crop (horizontal flips only) because a few epochs underfit rather '
-                    'than overfit; `pos_lr_scale` 30 for the Gaussian kinds so that their centres and spreads learn '
-                    '(one learning rate leaves them at their random start); `amp: auto` decided bf16 or float32 by '
-                    'measuring the CPU (the `amp` column), and `torchcompile: auto` compiled the training step only '
-                    'where a probe measured it faster (speed only). The ResNet trains as many epochs as the quadratic '
-                    'model.')),
+                    'than overfit; `pos_lr_scale` 30 for the Gaussian kinds so that their centres and precision '
+                    'factors learn (one learning rate leaves them at their random start); `amp: auto` decided bf16 or '
+                    'float32 by measuring the CPU (the `amp` column), and `torchcompile: auto` compiled the training '
+                    'step only where a probe measured it faster (speed only). The ResNet trains as many epochs as the '
+                    'quadratic model.')),
     'tiny': Profile(
         'tiny', 'tiny models, 2 epochs each: the mechanics in about two minutes (CI)', 'digits',
         table_note=('The `tiny` profile checks the mechanics (training, resuming, pruning, fine-tuning, export), not '

@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..errors import UserError
 from ..layers import PositionalAttention
 from ..models.input_pad import model_input_padding
+from ..models.sa_state_dict import CENTERS
 from ..tables import markdown_table
 from ..train.checkpoint import infer_model_args, load_model  # noqa: F401  (re-exported: the scripts' one loader)
 
@@ -127,14 +128,11 @@ def head_centers(model: nn.Module, grid_size: Optional[Tuple[int, int]] = None) 
     return centers
 
 
-CENTERS_KEY_SUFFIX = 'attn.position.centers'  # state-dict name of the Gaussian centres mu_h, one (heads, 2) per layer
-
-
 def center_shifts(initial: Dict[str, Tensor], final: Dict[str, Tensor]) -> Tensor:
     """How far every head's centre moved between two state dicts of one run, ``|final mu_h - initial mu_h|`` in grid
     units, ``(all heads,)`` float64; empty for models without centres."""
-    keys = [k for k in final if k.endswith(CENTERS_KEY_SUFFIX)]
-    if sorted(keys) != sorted(k for k in initial if k.endswith(CENTERS_KEY_SUFFIX)):
+    keys = [k for k in final if k.endswith(CENTERS)]
+    if sorted(keys) != sorted(k for k in initial if k.endswith(CENTERS)):
         raise ValueError('the initial and final state dicts hold centres of different layers; pass two states of '
                          'the same run (e.g. epoch-000.safetensors and last.pth.tar)')
     shifts = []
@@ -165,7 +163,8 @@ def head_precisions(model: nn.Module) -> List[Tensor]:
         raise UserError(f'precisions exist for the Gaussian kinds {GAUSSIAN_KINDS} only, this model is {kind!r}')
     if kind == 'quadratic':
         eye = torch.eye(2, dtype=torch.float64)[None]
-        return [eye * (layer.position.spreads.detach().double().cpu() ** 2)[:, None, None] for layer in layers]
+        return [eye * (layer.position.precision_factors.detach().double().cpu() ** 2)[:, None, None]
+                for layer in layers]
     return [layer.position.precisions().detach().double().cpu() for layer in layers]
 
 

@@ -19,6 +19,7 @@ from ..errors import UserError
 from ..io import atomic_write
 from ..layers import PositionalAttention
 from ..models.input_pad import model_input_padding
+from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, block_key, rename_old_keys
 from ..train.checkpoint import (
     HF_HUB_PREFIX,
     LOCAL_DIR_PREFIX,
@@ -36,9 +37,9 @@ __all__ = [
     'explorer_data', 'write_explorer',
 ]
 
-# per-epoch centres and spreads of a model, kept beside its weights (Fig. 2 of the paper: how the heads moved)
+# per-epoch centres and precision factors of a model, kept beside its weights (Fig. 2 of the paper: how the heads moved)
 POSITIONAL_EPOCHS_FILE = 'positional_epochs.safetensors'
-_POSITIONAL_SUFFIXES = ('.attn.position.centers', '.attn.position.spreads')
+_POSITIONAL_SUFFIXES = ('.' + CENTERS, '.' + PRECISION_FACTORS)
 _PLACEHOLDER = '/*SA_EXPLORER_DATA*/null'
 
 
@@ -53,7 +54,7 @@ class ExplorerModel:
 
 
 def positional_params(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    """The Gaussian centres and spreads of a state dict (what moves the heads, paper Fig. 2)."""
+    """The Gaussian centres and precision factors of a state dict (what moves the heads, paper Fig. 2)."""
     return {k: v.detach().float().cpu() for k, v in state_dict.items() if k.endswith(_POSITIONAL_SUFFIXES)}
 
 
@@ -65,17 +66,18 @@ def positional_trajectory(epochs: Dict[str, Dict[str, Tensor]]) -> Dict[str, Ten
 
 
 def save_positional_trajectory(epochs: Dict[str, Dict[str, Tensor]], path) -> Path:
-    """Write ``{label: state dict}`` as one small safetensors file of the centres and spreads (labels in metadata)."""
+    """Write ``{label: state dict}`` as one small safetensors file of the centres and precision factors (labels in
+    metadata)."""
     stacked = positional_trajectory({label: positional_params(sd) for label, sd in epochs.items()})
     if not stacked:
-        raise UserError('these weights have no Gaussian centres or spreads: only the quadratic and generalized kinds '
-                        'have a trajectory to keep')
+        raise UserError('these weights have no Gaussian centres or precision factors: only the quadratic and '
+                        'generalized kinds have a trajectory to keep')
     save_file({k: v.contiguous() for k, v in stacked.items()}, str(path), metadata={'epochs': json.dumps(list(epochs))})
     return Path(path)
 
 
 def models_at_epochs(model: nn.Module, epochs: Dict[str, Dict[str, Tensor]]) -> List[nn.Module]:
-    """Copies of ``model`` with each kept epoch's centres and spreads (for the trajectory figure)."""
+    """Copies of ``model`` with each kept epoch's centres and precision factors (for the trajectory figure)."""
     copies = []
     for params in epochs.values():
         epoch_model = copy.deepcopy(model)
@@ -85,11 +87,12 @@ def models_at_epochs(model: nn.Module, epochs: Dict[str, Dict[str, Tensor]]) -> 
 
 
 def load_positional_trajectory(path) -> Dict[str, Dict[str, Tensor]]:
-    """The ``{label: positional state dict}`` written by :func:`save_positional_trajectory`."""
+    """The ``{label: positional state dict}`` written by :func:`save_positional_trajectory` (old key names renamed,
+    :data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
     from safetensors import safe_open
     with safe_open(str(path), 'pt') as f:
         labels = json.loads((f.metadata() or {}).get('epochs', '[]'))
-    stacked = load_file(str(path))
+    stacked = rename_old_keys(load_file(str(path)))
     return {label: {k: v[i] for k, v in stacked.items()} for i, label in enumerate(labels)}
 
 
@@ -155,8 +158,8 @@ def _layer_record(layer: PositionalAttention, params: Optional[Dict[str, Tensor]
     position = layer.position
     if layer.kind in ('quadratic', 'generalized'):
         centers = params['centers'] if params else position.centers
-        spreads = params['spreads'] if params else position.spreads
-        return {'centers': _b64(centers, torch.float64), 'spreads': _b64(spreads, torch.float64)}
+        factors = params['precision_factors'] if params else position.precision_factors
+        return {'centers': _b64(centers, torch.float64), 'precisionFactors': _b64(factors, torch.float64)}
     with torch.no_grad():  # the tables after their key maps, (2m+1, heads): head h's score for the shift d - m
         row = position.row_shift_embed.weight.double() @ position.row_keys.weight.double().t()
         col = position.col_shift_embed.weight.double() @ position.col_keys.weight.double().t()
@@ -189,19 +192,18 @@ def _layer_inputs(model: nn.Module, images: Tensor) -> List[Tensor]:
     return captured
 
 
-def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str, Tensor]],
-                   names: List[str]) -> Optional[Dict[str, Any]]:
-    """Every layer's centres and spreads at every kept epoch, when they fit the model (same heads)."""
+def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str, Tensor]]) -> Optional[Dict[str, Any]]:
+    """Every layer's centres and precision factors at every kept epoch, when they fit the model (same heads)."""
     if not epochs or layers[0].kind not in ('quadratic', 'generalized'):
         return None
     records = []
     for label, params in epochs.items():
         per_layer = []
-        for name, layer in zip(names, layers):
-            centers, spreads = params.get(f'{name}.position.centers'), params.get(f'{name}.position.spreads')
-            if centers is None or spreads is None or centers.shape != layer.position.centers.shape:
+        for i, layer in enumerate(layers):
+            centers, factors = params.get(block_key(i, CENTERS)), params.get(block_key(i, PRECISION_FACTORS))
+            if centers is None or factors is None or centers.shape != layer.position.centers.shape:
                 return None  # e.g. the pruned model's fine-tuning kept the unpruned heads
-            per_layer.append(_layer_record(layer, {'centers': centers, 'spreads': spreads}))
+            per_layer.append(_layer_record(layer, {'centers': centers, 'precision_factors': factors}))
         records.append({'label': label, 'layers': per_layer})
     return {'epochs': records}
 
@@ -210,7 +212,6 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, clas
                   top: int = 3) -> Dict[str, Any]:
     model = entry.model.eval().float()
     layers = attention_layers(model)
-    names = [name for name, m in model.named_modules() if isinstance(m, PositionalAttention)]
     pad = model_input_padding(model)  # the model adds the dataset's border itself: it gets the images without it
     if pad:
         normalized = normalized[..., pad:normalized.shape[-2] - pad, pad:normalized.shape[-1] - pad]
@@ -236,7 +237,7 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, clas
     if layers[0].kind == 'content':  # image-dependent: each image's layer inputs
         record['tokens'] = [[_b64(tokens[i], torch.float32) for tokens in _layer_inputs(model, normalized)]
                             for i in range(len(images))]
-    epochs = _epoch_records(layers, entry.epochs, names)
+    epochs = _epoch_records(layers, entry.epochs)
     if epochs:
         record.update(epochs)
     return record

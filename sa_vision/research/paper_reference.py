@@ -1,12 +1,13 @@
 """ The paper's dense formulation, as a reference: the released implementation's way of computing the models
 
 Paper: https://arxiv.org/abs/1911.03584, Sec. 2.3, 4.1-4.3 and App. A.1, A.4. Kept plain and independent of
-:mod:`sa_vision.layers` (torch only), to check our fast models and as the baseline of ``sa-vision-benchmark --compare
-paper``. Gaussian kinds score a shift through ``r_delta = (d1, d2, d1^2, d2^2, d1*d2)``, an ``(h, w, h, w, 5)``
-buffer, and per-head ``v_n = ((M mu)_1, (M mu)_2, -M_11 / 2, -M_22 / 2, -M_12)`` (Eq. 9, App. A.1): the expansion
-of ``-1/2 (delta - mu)^T M (delta - mu)`` without the constant the softmax ignores. Nothing is separable, cached or
-chunked: memory and time grow with ``(h*w)^2``, as in the original. Parameters keep our names and shapes except the
-embedding, the original's ``Linear(4*C -> D)`` (:func:`paper_state_dict` converts).
+:mod:`sa_vision.layers` (torch only; the key names from :mod:`sa_vision.models.sa_state_dict`), to check our fast
+models and as the baseline of ``sa-vision-benchmark --compare paper``. Gaussian kinds score a shift through
+``r_delta = (d1, d2, d1^2, d2^2, d1*d2)``, an ``(h, w, h, w, 5)`` buffer, and per-head ``v_n = ((M mu)_1, (M mu)_2,
+-M_11 / 2, -M_22 / 2, -M_12)`` (Eq. 9, App. A.1): the expansion of ``-1/2 (delta - mu)^T M (delta - mu)`` without
+the constant the softmax ignores. Nothing is separable, cached or chunked: memory and time grow with ``(h*w)^2``, as
+in the original. Parameters keep our names and shapes except the embedding, the original's ``Linear(4*C -> D)``
+(:func:`paper_state_dict` converts).
 """
 from typing import Dict, Mapping, Optional, Sequence
 
@@ -14,10 +15,26 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..models.sa_state_dict import (
+    CONTENT_QUERY_WEIGHT,
+    EMBED_BIAS,
+    EMBED_WEIGHT,
+    HEAD_WEIGHT,
+    MLP_FC1_WEIGHT,
+    PRECISION_FACTORS,
+    ROW_SHIFT_TABLE,
+    VALUE_WEIGHT,
+    block_key,
+    layer_indices,
+    rename_old_keys,
+)
+
 __all__ = ['PAPER_ATTENTION_KINDS', 'PaperDenseSA', 'PaperLayer', 'PaperAttention', 'relative_encoding',
            'paper_state_dict', 'kind_of_state_dict']
 
 PAPER_ATTENTION_KINDS = ('quadratic', 'generalized', 'learned')
+# the reference's own Linear(4*C -> D) embedding, named as in the released code; its other weights have our names
+_PAPER_EMBED_WEIGHT, _PAPER_EMBED_BIAS = 'patch_embed.weight', 'patch_embed.bias'
 
 
 def relative_encoding(grid_h: int, grid_w: int, device=None, dtype=None) -> Tensor:
@@ -30,24 +47,25 @@ def relative_encoding(grid_h: int, grid_w: int, device=None, dtype=None) -> Tens
 
 
 class _Gaussian(nn.Module):
-    """Centres ``mu`` (heads, 2) and spreads: ``s`` (heads,) quadratic, ``S`` (heads, 2, 2) generalized."""
+    """Centres ``mu`` (heads, 2) and precision factors: ``s`` (heads,) quadratic, ``S`` (heads, 2, 2) generalized."""
 
     def __init__(self, num_heads: int, isotropic: bool):
         super().__init__()
         self.isotropic = isotropic
         self.centers = nn.Parameter(torch.randn(num_heads, 2) * 2.0)
         if isotropic:
-            self.spreads = nn.Parameter(1.0 + 0.01 * torch.randn(num_heads))
+            self.precision_factors = nn.Parameter(1.0 + 0.01 * torch.randn(num_heads))
         else:
-            self.spreads = nn.Parameter(torch.eye(2) + 0.01 * torch.randn(num_heads, 2, 2))
+            self.precision_factors = nn.Parameter(torch.eye(2) + 0.01 * torch.randn(num_heads, 2, 2))
 
     def target_vectors(self) -> Tensor:
         """``v_n`` of the relative encoding, ``(heads, 5)``."""
         if self.isotropic:
-            eye = torch.eye(2, device=self.spreads.device, dtype=self.spreads.dtype)
-            precision = self.spreads[:, None, None] ** 2 * eye  # s^2 I: the paper's alpha = s^2 / 2
+            factors = self.precision_factors
+            eye = torch.eye(2, device=factors.device, dtype=factors.dtype)
+            precision = factors[:, None, None] ** 2 * eye  # s^2 I: the paper's alpha = s^2 / 2
         else:
-            precision = self.spreads @ self.spreads.transpose(1, 2)
+            precision = self.precision_factors @ self.precision_factors.transpose(1, 2)
         pulled = torch.einsum('nab,nb->na', precision, self.centers)  # M mu
         return torch.stack([pulled[:, 0], pulled[:, 1], -0.5 * precision[:, 0, 0], -0.5 * precision[:, 1, 1],
                             -precision[:, 0, 1]], dim=-1)
@@ -205,18 +223,17 @@ class PaperDenseSA(nn.Module):
         found = kind_of_state_dict(converted)
         if kind is not None and kind != found:
             raise ValueError(f'the state dict holds {found!r} attention, not {kind!r}')
-        embed_dim, patch = converted['patch_embed.weight'].shape
-        layers = sorted({int(k.split('.')[1]) for k in converted if k.startswith('blocks.')})
-        heads = [converted[f'blocks.{i}.value.weight'].shape[1] // embed_dim for i in layers]
-        table = converted.get('blocks.0.attn.position.row_shift_embed.weight')
+        embed_dim, patch = converted[_PAPER_EMBED_WEIGHT].shape
+        heads = [converted[block_key(i, VALUE_WEIGHT)].shape[1] // embed_dim for i in layer_indices(converted)]
+        table = converted.get(block_key(0, ROW_SHIFT_TABLE))
         model = cls(
             found, heads, embed_dim=embed_dim,
-            mlp_hidden_dim=converted['blocks.0.mlp.fc1.weight'].shape[0],
-            num_classes=converted['head.weight'].shape[0] if 'head.weight' in converted else 0,
+            mlp_hidden_dim=converted[block_key(0, MLP_FC1_WEIGHT)].shape[0],
+            num_classes=converted[HEAD_WEIGHT].shape[0] if HEAD_WEIGHT in converted else 0,
             in_chans=patch // 4,
             max_shift=(table.shape[0] - 1) // 2 if table is not None else 15,
             **kwargs)
-        ref = converted['patch_embed.weight']
+        ref = converted[_PAPER_EMBED_WEIGHT]
         model.to(device=ref.device, dtype=ref.dtype)  # first, so that float64 weights load exactly
         model.load_state_dict(converted)
         return model
@@ -224,27 +241,28 @@ class PaperDenseSA(nn.Module):
 
 def kind_of_state_dict(state_dict: Mapping[str, Tensor]) -> str:
     """'quadratic', 'generalized' or 'learned', from the attention parameters of the first layer."""
-    prefix = 'blocks.0.attn.'
-    if any(k.startswith(prefix + 'content.') for k in state_dict):
+    if block_key(0, CONTENT_QUERY_WEIGHT) in state_dict:
         raise ValueError('the state dict holds content (query/key) attention, which the paper formulation '
                          f'does not have; kinds: {PAPER_ATTENTION_KINDS}')
-    if prefix + 'position.row_shift_embed.weight' in state_dict:
+    if block_key(0, ROW_SHIFT_TABLE) in state_dict:
         return 'learned'
-    spreads = state_dict.get(prefix + 'position.spreads')
-    if spreads is None:
-        raise ValueError('not a state dict of a fully-attentional model: no blocks.0.attn.position parameters')
-    return 'quadratic' if spreads.dim() == 1 else 'generalized'
+    factors = state_dict.get(block_key(0, PRECISION_FACTORS))
+    if factors is None:
+        raise ValueError(f'not a state dict of a fully-attentional model: neither '
+                         f'{block_key(0, PRECISION_FACTORS)} nor {block_key(0, ROW_SHIFT_TABLE)}')
+    return 'quadratic' if factors.dim() == 1 else 'generalized'
 
 
 def paper_state_dict(state_dict: Mapping[str, Tensor]) -> Dict[str, Tensor]:
     """A :class:`sa_vision.models.SelfAttentionNet` state dict in the reference's layout: the embedding kernel
-    ``(D, C, di, dj)`` becomes the original Linear ``(D, 4C)`` with index ``(2*di + dj) * C + c``."""
+    ``(D, C, di, dj)`` becomes the original Linear ``(D, 4C)`` with index ``(2*di + dj) * C + c``; old key names
+    become today's (:data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
     out = {}
     for key, value in state_dict.items():
-        if key == 'patch_embed.proj.weight':
-            out['patch_embed.weight'] = value.permute(0, 2, 3, 1).reshape(value.shape[0], -1)
-        elif key == 'patch_embed.proj.bias':
-            out['patch_embed.bias'] = value
+        if key == EMBED_WEIGHT:
+            out[_PAPER_EMBED_WEIGHT] = value.permute(0, 2, 3, 1).reshape(value.shape[0], -1)
+        elif key == EMBED_BIAS:
+            out[_PAPER_EMBED_BIAS] = value
         else:
             out[key] = value
-    return out
+    return rename_old_keys(out)

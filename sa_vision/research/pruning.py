@@ -11,6 +11,18 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..models import DEFAULT_MODEL_OF_KIND
+from ..models.sa_state_dict import (
+    CENTERS,
+    COL_KEYS,
+    CONTENT_KEY_BIAS,
+    CONTENT_KEY_WEIGHT,
+    CONTENT_QUERY_BIAS,
+    CONTENT_QUERY_WEIGHT,
+    PRECISION_FACTORS,
+    ROW_KEYS,
+    VALUE_WEIGHT,
+    block_key,
+)
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 
 __all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'head_eigenvalues', 'find_degenerate_heads',
@@ -67,13 +79,11 @@ def select_heads_to_prune(
 def _per_head_params(kind: str, dim: int) -> Dict[str, Tuple[int, int]]:
     """Parameter suffix within a block -> (dim holding the heads, entries per head)."""
     if kind in GAUSSIAN_KINDS:
-        return {'attn.position.centers': (0, 1), 'attn.position.spreads': (0, 1), 'value.weight': (1, dim)}
-    params = {'attn.position.row_keys.weight': (0, 1), 'attn.position.col_keys.weight': (0, 1),
-              'value.weight': (1, dim)}
+        return {CENTERS: (0, 1), PRECISION_FACTORS: (0, 1), VALUE_WEIGHT: (1, dim)}
+    params = {ROW_KEYS: (0, 1), COL_KEYS: (0, 1), VALUE_WEIGHT: (1, dim)}
     if kind == 'content':
-        params.update({
-            'attn.content.query.weight': (0, dim), 'attn.content.query.bias': (0, dim),
-            'attn.content.key.weight': (0, dim), 'attn.content.key.bias': (0, dim)})
+        params.update({name: (0, dim) for name in (CONTENT_QUERY_WEIGHT, CONTENT_QUERY_BIAS, CONTENT_KEY_WEIGHT,
+                                                   CONTENT_KEY_BIAS)})
     return params
 
 
@@ -102,7 +112,7 @@ def prune_state_dict(
             raise PruningError(f'pruning heads {drop} would leave layer {layer} without any head; keep at least one')
         kept_per_layer.append(len(keep))
         for suffix, (dim, width) in per_head.items():
-            key = f'blocks.{layer}.{suffix}'
+            key = block_key(layer, suffix)
             if key not in state_dict:
                 raise PruningError(f'state dict has no {key!r}; is it a {attn_kind!r} self-attention model?')
             index = torch.tensor([h * width + i for h in keep for i in range(width)], dtype=torch.long)

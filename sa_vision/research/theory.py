@@ -98,7 +98,7 @@ class ConvAsAttention(nn.Module):
         self.proj = nn.Linear(kh * kw * in_chans, out_chans, bias=bias, **dd)
         with torch.no_grad():
             self.attn.position.centers.copy_(self.kernel_shifts())
-            self.attn.position.spreads.fill_(math.sqrt(2.0 * self.alpha))  # alpha = spreads^2 / 2
+            self.attn.position.precision_factors.fill_(math.sqrt(2.0 * self.alpha))  # alpha = s^2 / 2
 
     def kernel_shifts(self) -> Tensor:
         """``(K_h*K_w, 2)`` (row, col) shift of each head, row-major over the kernel, dilation included."""

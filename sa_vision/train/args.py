@@ -148,11 +148,11 @@ def _optimizer_arguments(group) -> None:
     group.add_argument('--momentum', type=float, default=0.9, metavar='M')
     group.add_argument('--weight-decay', type=float, default=1e-4)
     group.add_argument('--pos-lr-scale', type=float, default=1.0, metavar='SCALE',
-                       help='learning-rate multiplier of the positional parameters (Gaussian centres and spreads, the '
-                            'learned kind\'s tables): their own optimizer groups follow the schedule at SCALE x lr '
-                            '(sa_vision.models.param_groups_pos_lr; default 1: one learning rate); a resumed run keeps '
-                            'its checkpoint\'s scale. For timm\'s train.py: python -m sa_vision.train.run_timm '
-                            '--pos-lr-scale SCALE train.py ...')
+                       help='learning-rate multiplier of the positional parameters (Gaussian centres and precision '
+                            'factors, the learned kind\'s tables): their own optimizer groups follow the schedule at '
+                            'SCALE x lr (sa_vision.models.param_groups_pos_lr; default 1: one learning rate); a '
+                            'resumed run keeps its checkpoint\'s scale. For timm\'s train.py: python -m '
+                            'sa_vision.train.run_timm --pos-lr-scale SCALE train.py ...')
     group.add_argument('--clip-grad', type=float, default=None, metavar='NORM')
     group.add_argument('--clip-mode', type=str, default='norm')
 

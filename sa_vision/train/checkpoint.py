@@ -24,7 +24,7 @@ from ..models import (
     infer_sa_model_args,
     is_sa_state_dict,
 )
-from ..models.sa_cifar import SA_STATE_DICT_KEYS
+from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
 from .timm_args import TIMM_MODEL_KWARGS
 
@@ -233,7 +233,8 @@ def read_checkpoint(
         map_location='cpu',
 ) -> Checkpoint:
     """Open weights of any supported kind (see the module docstring); ``source`` may be a run folder, ``arch``
-    names bare weights and is checked against the file's, ``model_args`` override what the shapes say."""
+    names bare weights and is checked against the file's, ``model_args`` override what the shapes say. The state
+    dict holds today's key names (:data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
     path = Path(source)
     if path.is_dir() and not (path / 'config.json').is_file() and (path / RUN_CHECKPOINT).is_file():
         path = path / RUN_CHECKPOINT  # a run folder of sa-vision-train: its latest checkpoint
@@ -264,6 +265,7 @@ def read_checkpoint(
     if arch and ckpt.arch != arch:
         raise CheckpointError(f'{path} holds a {ckpt.arch} model, not {arch}; pass weights of {arch} or use '
                               f'--model {ckpt.arch}')
+    ckpt.state_dict = rename_old_keys(dict(ckpt.state_dict))  # weights saved under an old name: today's names
     return ckpt
 
 
