@@ -4,11 +4,32 @@ Stored as the equivalent ``Conv2d(C, embed_dim, 2, stride=2)``, so timm's ``firs
 """
 from typing import Tuple
 
+import torch
 import torch.nn.functional as F
-from timm.layers import register_notrace_module
+from timm.layers import register_notrace_function, register_notrace_module
 from torch import Tensor, nn
 
-__all__ = ['SpaceToDepthEmbed']
+__all__ = ['SpaceToDepthEmbed', 'check_image_shape']
+
+
+@register_notrace_function  # data-dependent checks; FX keeps the call whole
+def check_image_shape(x: Tensor, in_chans: int) -> None:
+    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W
+    (skipped while tracing: a traced graph keeps no Python branch)."""
+    if torch.jit.is_tracing():
+        return
+    if x.dim() != 4:
+        raise ValueError(
+            f'expected an image batch of shape (B, {in_chans}, H, W) with H and W even, '
+            f'got a {x.dim()}-D tensor of shape {list(x.shape)}; add a batch dimension with x.unsqueeze(0)')
+    if x.shape[1] != in_chans:
+        raise ValueError(
+            f'expected {in_chans} input channels, shape (B, {in_chans}, H, W), got shape {list(x.shape)}; '
+            f'create the model with in_chans={x.shape[1]} to accept this input')
+    if x.shape[2] % 2 != 0 or x.shape[3] % 2 != 0:
+        raise ValueError(
+            f'expected an even height and width (the 2x2 space-to-depth embedding), shape (B, {in_chans}, H, W), '
+            f'got shape {list(x.shape)}; crop or pad the image to an even size')
 
 
 @register_notrace_module  # shapes drive the reshapes; FX keeps the layer whole

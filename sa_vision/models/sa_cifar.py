@@ -9,7 +9,6 @@ from timm.models import (
     checkpoint_seq,
     generate_default_cfgs,
     register_model,
-    register_notrace_function,
     register_notrace_module,
 )
 from timm.models._features import feature_take_indices
@@ -24,6 +23,7 @@ from ..layers import (
     SampleDropPath,
     SpaceToDepthEmbed,
     attend_then_project,
+    check_image_shape,
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
@@ -31,26 +31,6 @@ from .input_pad import create_input_pad
 from .sa_state_dict import CENTERS, PRECISION_FACTORS, checkpoint_filter_fn, rename_old_keys
 
 __all__ = ['SA_MODEL_ARGS', 'DEFAULT_MODEL_OF_KIND', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
-
-
-@register_notrace_function  # data-dependent checks; FX keeps the call whole
-def check_image_shape(x: Tensor, in_chans: int) -> None:
-    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W
-    (skipped while tracing: a traced graph keeps no Python branch)."""
-    if torch.jit.is_tracing():
-        return
-    if x.dim() != 4:
-        raise ValueError(
-            f'expected an image batch of shape (B, {in_chans}, H, W) with H and W even, '
-            f'got a {x.dim()}-D tensor of shape {list(x.shape)}; add a batch dimension with x.unsqueeze(0)')
-    if x.shape[1] != in_chans:
-        raise ValueError(
-            f'expected {in_chans} input channels, shape (B, {in_chans}, H, W), got shape {list(x.shape)}; '
-            f'create the model with in_chans={x.shape[1]} to accept this input')
-    if x.shape[2] % 2 != 0 or x.shape[3] % 2 != 0:
-        raise ValueError(
-            f'expected an even height and width (the 2x2 space-to-depth embedding), shape (B, {in_chans}, H, W), '
-            f'got shape {list(x.shape)}; crop or pad the image to an even size')
 
 
 @register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
@@ -77,16 +57,15 @@ class SelfAttentionBlock(nn.Module):
         Args:
             dim: Token width D, in and out, and every head's width.
             num_heads: Attention heads N_h of this layer.
-            mlp_hidden_dim: Hidden width of the MLP (the intermediate dimension, 512 in App. A.4).
-            attn_kind: The scores, one of ``ATTENTION_KINDS`` (:class:`PositionalAttention`'s ``kind``).
-            proj_drop: Dropout probability after the output projection and after the MLP (0.1 in App. A.4).
-            attn_drop: Dropout probability of the attention probabilities (0.1 in App. A.4).
+            mlp_hidden_dim: As :class:`SelfAttentionNet`'s.
+            attn_kind: As :class:`SelfAttentionNet`'s.
+            proj_drop: :class:`SelfAttentionNet`'s ``proj_drop_rate``.
+            attn_drop: :class:`SelfAttentionNet`'s ``attn_drop_rate``.
             drop_path: Stochastic depth: the probability that a sample skips each residual branch.
-            max_rel_shift: 'learned' and 'content' only: the largest shift per axis, in grid cells, with its own
-                embedding.
-            norm_eps: The LayerNorms' epsilon (1e-12 in App. A.4).
-            pos_init: 'paper' or 'conv', the positional parameters' start (:class:`PositionalAttention`).
-            pos_init_alpha: 'conv' only: the kernel heads' sharpness, Eq. 9's alpha.
+            max_rel_shift: As :class:`SelfAttentionNet`'s.
+            norm_eps: As :class:`SelfAttentionNet`'s.
+            pos_init: As :class:`SelfAttentionNet`'s.
+            pos_init_alpha: As :class:`SelfAttentionNet`'s.
         """
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
@@ -133,17 +112,20 @@ class SelfAttentionBlock(nn.Module):
         return self
 
 
-def _checked_heads_per_layer(heads_per_layer: Union[int, Sequence[int]], depth: int, attn_kind: str,
-                             global_pool: str) -> Tuple[int, ...]:
+def _checked_heads_per_layer(heads_per_layer: Union[int, Sequence[int]], depth: int, attn_kind: str) -> Tuple[int, ...]:
     """The heads of each layer (an int: as many in every layer), after checking the network's arguments."""
     heads = tuple(int(h) for h in ((heads_per_layer,) * depth if isinstance(heads_per_layer, int) else heads_per_layer))
     if len(heads) != depth:
         raise ValueError(f'heads_per_layer has {len(heads)} entries but depth is {depth}')
     if attn_kind not in ATTENTION_KINDS:
         raise ValueError(f'attn_kind {attn_kind!r} is not one of {ATTENTION_KINDS}')
+    return heads
+
+
+def _checked_global_pool(global_pool: str) -> str:
     if global_pool not in ('avg', ''):
         raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
-    return heads
+    return global_pool
 
 
 class SelfAttentionNet(nn.Module):
@@ -200,10 +182,10 @@ class SelfAttentionNet(nn.Module):
     ):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        heads_per_layer = _checked_heads_per_layer(heads_per_layer, depth, attn_kind, global_pool)
+        heads_per_layer = _checked_heads_per_layer(heads_per_layer, depth, attn_kind)
         self.num_classes = num_classes
         self.in_chans = in_chans
-        self.global_pool = global_pool
+        self.global_pool = _checked_global_pool(global_pool)
         self.heads_per_layer = heads_per_layer
         self.attn_kind = attn_kind
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
@@ -252,9 +234,7 @@ class SelfAttentionNet(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         self.num_classes = num_classes
         if global_pool is not None:
-            if global_pool not in ('avg', ''):
-                raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
-            self.global_pool = global_pool
+            self.global_pool = _checked_global_pool(global_pool)
         if num_classes > 0:
             # keep the new head on the device and dtype of the model
             ref = self.patch_embed.proj.weight
@@ -338,9 +318,7 @@ class SelfAttentionNet(nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x: Tensor) -> Tensor:
-        x = self.forward_features(x)
-        x = self.forward_head(x)
-        return x
+        return self.forward_head(self.forward_features(x))
 
 
 # the registered attention models and their arguments beyond SelfAttentionNet's defaults (the one list of them)
