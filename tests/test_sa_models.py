@@ -104,6 +104,16 @@ def test_inconsistent_heads_per_layer_is_an_error():
         timm.create_model('sa_quadratic_cifar', depth=3, heads_per_layer=(1, 2))
 
 
+def test_a_global_pool_other_than_avg_or_none_is_an_error_at_creation_and_reset():
+    with pytest.raises(ValueError, match="'avg' or ''"):
+        timm.create_model('sa_quadratic_cifar', global_pool='max')
+    model = small_model('sa_quadratic_cifar')
+    with pytest.raises(ValueError, match="'avg' or ''"):
+        model.reset_classifier(5, 'max')
+    model.reset_classifier(5, '')
+    assert model.global_pool == '' and model.forward_head(torch.zeros(2, 3, 3, model.embed_dim)).shape == (2, 3, 3, 5)
+
+
 def test_no_weight_decay_lists_gaussian_centres_and_precision_factors():
     model = small_model('sa_gen_cifar')
     expected = {f'blocks.{i}.attn.position.{p}' for i in range(2) for p in ('centers', 'precision_factors')}
