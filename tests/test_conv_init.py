@@ -98,7 +98,7 @@ def test_conv_init_keeps_names_shapes_and_the_default_stays_the_papers(arch):
     for key in default:  # the default is the paper's init, drawn from the same random stream as before
         assert torch.equal(default[key], paper[key]), key
     if arch != 'sa_learned_cifar':
-        # the paper's init: centres ~ N(0, 2 I), not on a kernel
+        # the paper's init: random centres (standard deviation 2 per coordinate), not on a kernel
         assert default['blocks.0.attn.position.centers'].tolist() != [list(map(float, o)) for o in KERNEL_3X3]
 
 
