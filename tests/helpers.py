@@ -1,6 +1,7 @@
-""" What several test modules share: the model lists (derived from the registry), float32 on a GPU and the hang limit
-"""
+""" What several test modules share: the model lists (derived from the registry), float32 on a GPU, the hang limit
+and a new file's mode """
 import contextlib
+import os
 import sys
 from typing import Iterator, List
 
@@ -63,3 +64,10 @@ def fashion_mnist_test_images(count: int):
     images = read('t10k-images-idx3-ubyte', 16).reshape(-1, 28, 28)[:count]
     labels = read('t10k-labels-idx1-ubyte', 8)[:count]
     return [Image.fromarray(img).convert('RGB') for img in images], torch.tensor(labels.astype('int64'))
+
+
+def usual_file_mode() -> int:
+    """The mode open() gives a new file under this process's umask (0644 under the usual 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask

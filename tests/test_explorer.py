@@ -7,11 +7,13 @@ import copy
 import json
 import random
 import re
+import stat
 
 import pytest
 import timm
 import torch
 from browser import chromium_driver, console_errors, open_page, page_probs, requested_urls, require_browser
+from helpers import usual_file_mode
 
 from sa_vision.layers import PositionalAttention
 from sa_vision.research.explorer import (
@@ -254,6 +256,7 @@ def test_positional_trajectory_round_trip(models, tmp_path):
     for label, params in models[0].epochs.items():
         assert set(loaded[label]) == set(params) and all(torch.equal(loaded[label][k], v) for k, v in params.items())
     assert path.stat().st_size < 4096  # centres and precision factors only
+    assert stat.S_IMODE(path.stat().st_mode) == usual_file_mode()  # safetensors' own writer leaves 0600
 
 
 def test_page_data_is_embedded_once(page):

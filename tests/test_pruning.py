@@ -1,13 +1,14 @@
 """ Pruning degenerate heads (paper App. A.1) """
 import copy
 import os
+import stat
 import subprocess
 
 import pytest
 import timm
 import torch
 from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
-from helpers import command
+from helpers import command, usual_file_mode
 
 import sa_vision  # noqa: F401
 from sa_vision.paper import PAPER_RESULTS, PRUNED_HEADS_PER_LAYER
@@ -132,6 +133,7 @@ def test_pruned_file_of_any_kind_loads_with_its_kind(tmp_path, name, suffix):
     pruned = prune_heads(model, [[0], [], [1, 2]])
     save_pruned(pruned, tmp_path / f'pruned{suffix}', [[0], [], [1, 2]])
     loaded = load_model(str(tmp_path / f'pruned{suffix}'))
+    assert stat.S_IMODE((tmp_path / f'pruned{suffix}').stat().st_mode) == usual_file_mode()
     assert loaded.heads_per_layer == (3, 5, 1)
     assert attention_layers(loaded)[0].kind == attention_layers(model)[0].kind
     for key, value in pruned.state_dict().items():

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S, command
+from helpers import HANG_TIMEOUT_S, command, usual_file_mode
 
 from sa_vision.errors import UserError
 from sa_vision.io import atomic_write
@@ -37,12 +37,6 @@ def _train(args):
 
 def _files(folder: Path) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
-
-
-def _usual_mode() -> int:
-    umask = os.umask(0)
-    os.umask(umask)
-    return 0o666 & ~umask
 
 
 def _best_epoch(summary: Path) -> int:
@@ -102,7 +96,7 @@ def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
     from safetensors.torch import save_file
     with atomic_write(tmp_path / 'w.safetensors') as tmp:
         save_file({'w': torch.zeros(2)}, str(tmp))  # safetensors writes through a 0600 file of its own
-    assert stat.S_IMODE((tmp_path / 'w.safetensors').stat().st_mode) == _usual_mode()
+    assert stat.S_IMODE((tmp_path / 'w.safetensors').stat().st_mode) == usual_file_mode()
 
 
 @pytest.mark.slow
@@ -121,7 +115,7 @@ def test_a_run_folder_holds_one_run(tmp_path):
     assert f'- Weights: after epoch {best} of 2, the best by `--eval-metric top1`.' in (
         run / 'hub' / 'README.md').read_text()
     for path in [*(run / 'hub').iterdir(), *run.glob('*.safetensors'), *run.glob('*.pth.tar')]:
-        assert stat.S_IMODE(path.stat().st_mode) == _usual_mode(), path
+        assert stat.S_IMODE(path.stat().st_mode) == usual_file_mode(), path
 
     # the same recipe again into the same folder (a new run): refused, the run left as it was
     before = _files(run)

@@ -72,7 +72,9 @@ def save_positional_trajectory(epochs: Dict[str, Dict[str, Tensor]], path) -> Pa
     if not stacked:
         raise UserError('these weights have no Gaussian centres or precision factors: only the quadratic and '
                         'generalized kinds have a trajectory to keep')
-    save_file({k: v.contiguous() for k, v in stacked.items()}, str(path), metadata={'epochs': json.dumps(list(epochs))})
+    with atomic_write(path) as tmp:
+        save_file({k: v.contiguous() for k, v in stacked.items()}, str(tmp),
+                  metadata={'epochs': json.dumps(list(epochs))})
     return Path(path)
 
 

@@ -159,14 +159,15 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
     (``.safetensors``: in the metadata); returns the ``model_args``."""
     import json
 
-    from ..io import atomic_torch_save
+    from ..io import atomic_torch_save, atomic_write
     from ..train.checkpoint import CHECKPOINT_VERSION, infer_model_args
     state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
     model_args = infer_model_args(state_dict)
     arch = pruned_arch(model_args.pop('attn_kind'))  # the registered model of the kind sets the kind itself
     if str(path).endswith('.safetensors'):
         from safetensors.torch import save_file
-        save_file(state_dict, str(path), metadata={'arch': arch, 'model_args': json.dumps(model_args)})
+        with atomic_write(path) as tmp:
+            save_file(state_dict, str(tmp), metadata={'arch': arch, 'model_args': json.dumps(model_args)})
     else:
         atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': model_args,
                            'state_dict': state_dict, 'pruned_heads': [list(h) for h in pruned_heads or []]}, path)
