@@ -332,3 +332,40 @@ def test_public_layers_and_models_document_their_arguments():
             wrong[name] = {'undocumented': [p for p in params if p not in documented],
                            'not an argument': [d for d in documented if d not in params]}
     assert not wrong, f'Args: blocks that do not match the __init__ signature: {wrong}'
+
+
+# what one reader takes in at a time: a module, a function; a command's main that reads top to bottom may be longer
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+MAX_COMMAND_MAIN_LINES = 80
+COMMAND_MAINS = {'sa_vision.train.loop'} | {f'sa_vision.cli.{p.stem}' for p in (ROOT / PACKAGE / 'cli').glob('*.py')}
+
+
+def _long_code(package_dir: Path, package: str) -> List[str]:
+    """Modules over :data:`MAX_MODULE_LINES` lines and functions over their limit, as 'module: what (lines)'."""
+    found = []
+    for module, path in _module_names(package_dir, package).items():
+        source = path.read_text()
+        if len(source.splitlines()) > MAX_MODULE_LINES:
+            found.append(f'{module}: the module ({len(source.splitlines())} lines)')
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                command_main = node.name == 'main' and module in COMMAND_MAINS
+                if lines > (MAX_COMMAND_MAIN_LINES if command_main else MAX_FUNCTION_LINES):
+                    found.append(f'{module}: {node.name} ({lines} lines)')
+    return found
+
+
+def test_long_code_reader_counts_modules_and_functions(tmp_path):
+    body = '\n'.join(f'    x{i} = {i}' for i in range(MAX_FUNCTION_LINES))  # with its def: one line too many
+    pkg = _write_package(tmp_path, {'__init__.py': '', 'a.py': f'def long():\n{body}\n',
+                                    'b.py': 'x = 1\n' * (MAX_MODULE_LINES + 1), 'c.py': 'def short():\n    pass\n'})
+    assert _long_code(pkg, 'pkg') == [f'pkg.a: long ({MAX_FUNCTION_LINES + 1} lines)',
+                                      f'pkg.b: the module ({MAX_MODULE_LINES + 1} lines)']
+
+
+def test_modules_and_functions_stay_short():
+    """No module over 400 lines, no function over 60 except a command's ``main`` (at most 80), which reads top to
+    bottom (CONTRIBUTING.md)."""
+    assert not _long_code(ROOT / PACKAGE, PACKAGE), 'split these where a reader would look for the parts'
