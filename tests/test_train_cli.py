@@ -179,7 +179,7 @@ def test_torchcompile_auto_weighs_compile_time_against_the_steps_left(monkeypatc
     fake = _CountingCompile()
     monkeypatch.setattr(torch, 'compile', fake)
     measured = {'eager': (0., 0.040), 'inductor': (compile_s, 0.030)}
-    monkeypatch.setattr(runtime, 'time_training_steps', lambda *a, **k: measured)
+    monkeypatch.setattr(runtime, 'time_training_steps', lambda *a, **k: (measured, {}))
     training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '--torchcompile', 'auto',
                                  '--output', tmp_path, '--experiment', 'auto'])))
     steps = 1437 // 32  # digits' training split, the recipe's batch size, the short batch dropped
@@ -246,16 +246,48 @@ def test_torchcompile_auto_trains_eagerly_when_compiling_fails():
     assert why == ['--torchcompile auto: eager, compiling failed (RuntimeError: no C++ compiler found)']
 
 
+def test_a_choice_that_fails_to_compile_is_left_out_and_the_others_still_weigh():
+    """One compiled choice raising in its warm-up (as CUDA graphs can where plain inductor works) leaves the
+    others in the race, and the log names it; with every compiled choice failing, eager is what is left."""
+    model = torch.nn.Linear(4, 3)
+    images, targets = torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+    calls = []
+
+    def works(x):
+        calls.append(x.shape)
+        return model(x)
+
+    def fails(x):
+        raise RuntimeError('CUDA graph capture failed\ntraceback')
+    measured, failures = runtime.time_training_steps(
+        model, {'eager': model, 'inductor': works, 'inductor (reduce-overhead)': fails}, images, targets,
+        torch.nn.functional.cross_entropy, nullcontext, rounds=2, steps=1, warmup=1)
+    assert set(measured) == {'eager', 'inductor'} and len(calls) == 1 + 2  # warm-up, then one step per round
+    assert failures == {'inductor (reduce-overhead)': 'RuntimeError: CUDA graph capture failed'}
+    wrong_width = torch.nn.Linear(5, 3)  # the model itself failing is no compile failure: it is raised
+    with pytest.raises(RuntimeError, match='shapes cannot be multiplied'):
+        runtime.time_training_steps(wrong_width, {'eager': wrong_width}, images, targets, None, nullcontext)
+
+    def probe(callables):
+        assert set(callables) == {'eager', 'inductor'}
+        return {'eager': (0., 0.040)}, {'inductor': 'BackendCompilerFailed: no C++ compiler'}
+    trains, used, mode, why = runtime.resolve_torchcompile('auto', model, probe, steps_left=10)
+    assert trains is model and used is False
+    assert why == ['--torchcompile auto: inductor failed to compile (BackendCompilerFailed: no C++ compiler), '
+                   'left out', '--torchcompile auto: eager 40.0 ms/step', '--torchcompile auto: -> eager: the only '
+                   'choice left']
+
+
 def test_time_training_steps_leaves_weights_statistics_and_rng_as_they_were():
     import timm
     model = timm.create_model('resnet18_cifar', channels=(4, 8, 8, 8), stem_width=4, drop_rate=0.5)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     images, targets = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     rng = torch.get_rng_state()
-    measured = runtime.time_training_steps(
+    measured, failures = runtime.time_training_steps(
         model, {'eager': model, 'compiled': torch.compile(model, backend='eager')}, images, targets,
         torch.nn.functional.cross_entropy, nullcontext, rounds=1, steps=1, warmup=1)
-    assert set(measured) == {'eager', 'compiled'} and measured['eager'][0] == 0.
+    assert set(measured) == {'eager', 'compiled'} and measured['eager'][0] == 0. and failures == {}
     assert all(compile_s >= 0 and step_s > 0 for compile_s, step_s in measured.values())
     after = model.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # running statistics included

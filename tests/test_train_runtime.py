@@ -190,3 +190,49 @@ def test_retained_memory_is_not_faulted_in_again():
     retained, default = faults('retain'), faults('default')
     assert retained < 1000, (retained, default)
     assert default > 8000, (retained, default)  # the measurement sees the faults it is meant to remove
+
+
+def _probe_on_rank(rank: int, world_size: int, port: int, results) -> None:
+    """One DDP rank of the test below: rank 1's 'inductor' fails to compile, rank 0's does not."""
+    import torch.distributed as dist
+    dist.init_process_group('gloo', init_method=f'tcp://127.0.0.1:{port}', rank=rank, world_size=world_size)
+    try:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 3)
+
+        def fails_on_rank_1(x):
+            if rank == 1:
+                raise RuntimeError('inductor: no C++ compiler on this node')
+            return model(x)
+        args = argparse.Namespace(batch_size=8, device='cpu', channels_last=False, distributed=True)
+        results.put((rank, runtime.probe_compile(model, args, (4,), nn.functional.cross_entropy, nullcontext,
+                                                 {'eager': model, 'inductor': fails_on_rank_1})))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_ranks_choose_among_the_choices_that_compiled_on_every_rank():
+    """A choice that fails on one rank only is left out on all of them (before, that rank skipped the broadcast
+    and rank 0 waited in it for ever), and every rank gets rank 0's figures for the rest."""
+    import socket
+
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context('spawn')
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_probe_on_rank, args=(rank, 2, port, results)) for rank in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = dict(results.get(timeout=300) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    assert all(p.exitcode == 0 for p in procs)
+    (measured_0, failures_0), (measured_1, failures_1) = got[0], got[1]
+    assert set(measured_0) == set(measured_1) == {'eager'} and measured_0 == measured_1
+    assert failures_0 == failures_1 == {'inductor': 'RuntimeError: inductor: no C++ compiler on this node'}

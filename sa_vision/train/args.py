@@ -197,7 +197,7 @@ def _device_arguments(group) -> None:
                             "'auto': time the training step eager, compiled with inductor and, on CUDA, compiled "
                             "with CUDA graphs (mode reduce-overhead), each after its compilation, and keep the "
                             "choice of least compile time + remaining steps x step time (see choose_compile); a "
-                            "compilation that fails falls back to eager. args.yaml and the log say what was used "
+                            "choice that fails to compile is left out. args.yaml and the log say what was used "
                             "and why")
     group.add_argument('--torchcompile-mode', default=None, type=_torchcompile_mode, metavar='MODE',
                        help="torch.compile's mode (timm train.py's option): default, reduce-overhead (CUDA graphs on "

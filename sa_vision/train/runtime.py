@@ -23,7 +23,7 @@ __all__ = [
     'host_sync_allowed',
     'format_duration', 'CPU_AUTOCAST_MIN_SPEEDUP', 'cpu_autocast_speedup', 'probe_size', 'resolve_amp',
     'COMPILE_MODES', 'compile_model', 'compile_choices', 'time_training_steps', 'probe_compile',
-    'choose_compile', 'resolve_torchcompile',
+    'choose_compile', 'first_error_line', 'resolve_torchcompile',
 ]
 
 # read before any command changes it: the default of --threads is this, capped at this process's cores
@@ -202,12 +202,14 @@ def _label(backend: str, mode: Optional[str]) -> str:
 
 def time_training_steps(model: nn.Module, callables: Dict[str, Callable], images: torch.Tensor,
                         targets: torch.Tensor, loss_fn: Callable, amp_ctx: Callable, rounds: int = 3,
-                        steps: int = 2, warmup: int = 3) -> Dict[str, Tuple[float, float]]:
-    """label -> (compile seconds, steady seconds per training step) of each callable training ``model`` (forward
-    and backward). Each first runs ``warmup`` steps (compiling; CUDA graphs record on the second or third), then
-    ``rounds`` of ``steps`` steps alternate between the callables, order reversed every round; the step time is
-    the median, the compile time what the warm-up took beyond ``warmup`` steady steps (0 for a callable that is
-    ``model`` itself). Weights, gradients and RNG state are restored."""
+                        steps: int = 2, warmup: int = 3) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, str]]:
+    """(label -> (compile seconds, steady seconds per training step), label -> why it failed) of each callable
+    training ``model`` (forward and backward). Each first runs ``warmup`` steps (compiling; CUDA graphs record on
+    the second or third), then ``rounds`` of ``steps`` steps alternate between the callables, order reversed every
+    round; the step time is the median, the compile time what the warm-up took beyond ``warmup`` steady steps (0
+    for a callable that is ``model`` itself). A compiled callable whose warm-up raises is left out and its error
+    kept (CUDA graphs can fail where plain inductor works); ``model`` itself raising is raised. Weights,
+    gradients and RNG state are restored."""
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     rng_state = torch.get_rng_state()
     cuda_rng_states = torch.cuda.get_rng_state_all() if images.device.type == 'cuda' else None
@@ -224,16 +226,23 @@ def time_training_steps(model: nn.Module, callables: Dict[str, Callable], images
 
     model.train()
     try:
-        warmups = {label: run(fn, warmup) for label, fn in callables.items()}
-        per_step = {label: [] for label in callables}
-        order = list(callables)
+        warmups, failures = {}, {}
+        for label, fn in callables.items():
+            try:
+                warmups[label] = run(fn, warmup)
+            except Exception as e:  # noqa: BLE001 -- whatever stops a compiled choice, the others stay
+                if fn is model:
+                    raise
+                failures[label] = first_error_line(e)
+        per_step = {label: [] for label in warmups}
+        order = list(warmups)
         for _ in range(rounds):
             for label in order:
                 per_step[label].append(run(callables[label], steps) / steps)
             order.reverse()
         step_s = {label: statistics.median(times) for label, times in per_step.items()}
-        return {label: (0. if fn is model else max(warmups[label] - warmup * step_s[label], 0.), step_s[label])
-                for label, fn in callables.items()}
+        return {label: (0. if callables[label] is model else max(warmups[label] - warmup * step_s[label], 0.),
+                        step_s[label]) for label in warmups}, failures
     finally:
         model.load_state_dict(state)
         for p in model.parameters():
@@ -243,22 +252,31 @@ def time_training_steps(model: nn.Module, callables: Dict[str, Callable], images
             torch.cuda.set_rng_state_all(cuda_rng_states)
 
 
+def first_error_line(e: BaseException) -> str:
+    """``Type: first line of the message`` (at most 200 characters): what a log line says of an error."""
+    return f'{type(e).__name__}: {(str(e).strip().splitlines() or [""])[0][:200]}'
+
+
 def probe_compile(model: nn.Module, args, input_size, loss_fn, amp_ctx,
-                  callables: Dict[str, Callable]) -> Dict[str, Tuple[float, float]]:
+                  callables: Dict[str, Callable]) -> Tuple[Dict[str, Tuple[float, float]], Dict[str, str]]:
     """:func:`time_training_steps` on a random batch of the run's shape. Every rank probes its own model (no DDP:
-    an all-reduce would add the same time to every choice) and rank 0's figures decide."""
+    an all-reduce would add the same time to every choice); rank 0's figures decide among the choices that
+    compiled on every rank, so that all ranks train through the same one."""
     gen = torch.Generator().manual_seed(0)
     images = torch.randn(args.batch_size, *input_size, generator=gen).to(args.device)
     if args.channels_last:
         images = images.contiguous(memory_format=torch.channels_last)
     num_classes = getattr(model, 'num_classes', 1) or 1
     targets = torch.randint(0, num_classes, (args.batch_size,), generator=gen).to(args.device)
-    measured = time_training_steps(model, callables, images, targets, loss_fn, amp_ctx)
+    measured, failures = time_training_steps(model, callables, images, targets, loss_fn, amp_ctx)
     if args.distributed:
+        every_rank = [None] * dist.get_world_size()
+        dist.all_gather_object(every_rank, failures)
+        failures = {label: why for rank_failures in reversed(every_rank) for label, why in rank_failures.items()}
         shared = [measured]
         dist.broadcast_object_list(shared, src=0)
-        measured = shared[0]
-    return measured
+        measured = {label: figures for label, figures in shared[0].items() if label not in failures}
+    return measured, failures
 
 
 def choose_compile(measured: Dict[str, Tuple[float, float]], steps_left: int) -> Tuple[str, List[str]]:
@@ -273,7 +291,9 @@ def choose_compile(measured: Dict[str, Tuple[float, float]], steps_left: int) ->
     lines = [f'{label} {1e3 * step_s:.1f} ms/step' + (f' after a {format_duration(compile_s)} compile'
                                                       if compile_s else '')
              for label, (compile_s, step_s) in measured.items()]
-    if best != 'eager':
+    if len(measured) == 1:
+        verdict = 'the only choice left'
+    elif best != 'eager':
         verdict = f'saves ~{format_duration(cost("eager") - cost(best))} over {steps_left:,} steps against eager'
     else:
         runner_up = min((label for label in measured if label != best), key=cost)
@@ -283,12 +303,13 @@ def choose_compile(measured: Dict[str, Tuple[float, float]], steps_left: int) ->
 
 
 def resolve_torchcompile(requested: Optional[str], model: nn.Module,
-                         probe: Callable[[Dict[str, Callable]], Dict[str, Tuple[float, float]]],
+                         probe: Callable[[Dict[str, Callable]],
+                                         Tuple[Dict[str, Tuple[float, float]], Dict[str, str]]],
                          mode: Optional[str] = None, steps_left: int = 0, device='cpu'):
     """(the callable that trains, backend used or False, mode used, why: a list of lines) for ``--torchcompile``
     ``requested`` and ``--torchcompile-mode`` ``mode``. 'auto' compiles every :func:`compile_choices`, times them
-    with ``probe`` and keeps the cheapest over ``steps_left`` steps (:func:`choose_compile`); a compilation that
-    fails trains eagerly."""
+    with ``probe`` and keeps the cheapest over ``steps_left`` steps (:func:`choose_compile`) among those that
+    compiled: a choice that fails is left out and named, and if the probe itself fails the run trains eagerly."""
     if not requested:
         return model, False, None, ['eager (no --torchcompile)' + (f'; --torchcompile-mode {mode} ignored'
                                                                    if mode else '')]
@@ -299,12 +320,11 @@ def resolve_torchcompile(requested: Optional[str], model: nn.Module,
     callables = {label: model if backend is None else compile_model(model, backend, choice_mode)
                  for label, (backend, choice_mode) in choices.items()}
     try:
-        measured = probe(callables)
+        measured, failures = probe(callables)
     except Exception as e:  # noqa: BLE001 -- whatever stops compilation, 'auto' trains eagerly and says why
         torch.compiler.reset()
-        first_line = (str(e).strip().splitlines() or [''])[0][:200]
-        return model, False, None, [f'--torchcompile auto: eager, compiling failed ({type(e).__name__}: '
-                                    f'{first_line})']
+        return model, False, None, [f'--torchcompile auto: eager, compiling failed ({first_error_line(e)})']
+    failed = [f'{label} failed to compile ({why}), left out' for label, why in failures.items()]
     best, lines = choose_compile(measured, steps_left)
     backend, best_mode = choices[best]
-    return callables[best], backend or False, best_mode, [f'--torchcompile auto: {line}' for line in lines]
+    return callables[best], backend or False, best_mode, [f'--torchcompile auto: {line}' for line in failed + lines]
