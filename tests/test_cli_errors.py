@@ -23,6 +23,7 @@ def _run(main, argv, capsys):
 @pytest.mark.parametrize('script, argv, message', [
     (plot_attention, ['no_such_model', '--out', 'x.png'], "'no_such_model' is neither a file"),
     (plot_attention, ['resnet18_cifar', '--out', 'x.png'], 'no PositionalAttention layer'),
+    (plot_attention, ['sa_learned_cifar', '--kernel-match'], 'the kernel match needs Gaussian centres'),
     (prune, ['{tmp}/missing.pth', '--out', '{tmp}/x.pth'], 'does not exist'),
     (prune, ['sa_learned_cifar', '--out', '{tmp}/x.pth'], 'name the heads to prune with --heads'),
     (push_to_hub, ['{tmp}/missing.pth', '--dry-run'], 'does not exist'),
@@ -33,7 +34,8 @@ def _run(main, argv, capsys):
     (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
     (validate, ['--model', 'local-dir:{tmp}/missing', '--dataset', 'digits'], 'missing is not a folder'),
     (validate, ['--checkpoint', 'sa_quadratic_cifar', '--dataset', 'digits'], 'sa_quadratic_cifar does not exist'),
-], ids=['plot-unknown-model', 'plot-not-attention', 'prune-missing-file', 'prune-learned-without-heads',
+], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'prune-missing-file',
+        'prune-learned-without-heads',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):

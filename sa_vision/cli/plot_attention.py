@@ -4,9 +4,12 @@
     sa-vision-plot sa_learned_cifar --figure maps --out maps.png  # (b) attention maps
     sa-vision-plot ep10.pth ep50.pth ep300.pth --out traj.png  # (c) centre trajectories
     sa-vision-plot run/best.safetensors --table heads.csv --out fig.svg
+    sa-vision-plot local-dir:zoo/fashion-mnist-cpu/sa_quadratic_cifar --kernel-match  # the table, no picture
 
 A source is a timm model name (random init, or --pretrained), a checkpoint file (.safetensors or a torch
-checkpoint) or a Hub folder (config.json + model.safetensors). Several sources draw figure (c).
+checkpoint) or a Hub folder (config.json + model.safetensors). Several sources draw figure (c). --kernel-match
+prints, per layer of a Gaussian model, the dilation d of the 3x3 kernel d * {-1, 0, 1}^2 its centres come closest
+to and their mean distance in grid units, heads and offsets matched one to one (sa_vision.research.kernel_match).
 """
 import argparse
 import os
@@ -22,20 +25,33 @@ from sa_vision.research.analysis import (
     load_model,
     write_table,
 )
+from sa_vision.research.kernel_match import KERNEL_MATCH_COLUMNS, layer_kernel_matches
 from sa_vision.research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('sources', nargs='+', help='timm model name, checkpoint file or Hub folder (several: figure c)')
-    parser.add_argument('--out', required=True, help='output picture, .png / .svg / .pdf')
+    parser.add_argument('--out', help='output picture, .png / .svg / .pdf (needed unless --kernel-match)')
     parser.add_argument('--figure', choices=('auto', 'centers', 'maps', 'trajectory'), default='auto',
                         help='auto: trajectory for several sources, centers for Gaussian kinds, else maps')
     parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
     parser.add_argument('--query', type=int, nargs=2, metavar=('ROW', 'COL'), help='query pixel (default grid centre)')
     parser.add_argument('--zoom', type=int, default=6, help='maps: grid units shown around the query')
     parser.add_argument('--table', help='also write the per-head statistics to this .csv or .json file')
+    parser.add_argument('--kernel-match', action='store_true',
+                        help='print how close each layer\'s centres come to a 3x3 kernel (per source); without '
+                             '--out, only that')
     args = parser.parse_args(argv)
+    if args.kernel_match:
+        for source in args.sources:
+            print(f'{source}: centres against a 3x3 kernel of dilation d (mean matched distance, grid units)')
+            print(format_table(layer_kernel_matches(load_model(source, pretrained=args.pretrained)),
+                               KERNEL_MATCH_COLUMNS))
+        if not args.out:
+            return 0
+    elif not args.out:
+        parser.error('--out is required (or --kernel-match alone, for its table)')
 
     if args.figure == 'trajectory' or (args.figure == 'auto' and len(args.sources) > 1):
         models = [load_model(s, pretrained=args.pretrained) for s in args.sources]
