@@ -70,6 +70,7 @@ class StagedZoo:
         rows = {**self.rows(), model: row}
         ordered = [rows[m] for m in STAGE_ORDER if m in rows]
         markdown = write_table(r.out, 'results', RESULT_COLUMNS, ordered, r.profile.table_note)
+        self.table.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(self.table) as tmp:
             shutil.copy(r.out / 'results.csv', tmp)
         say(f'kept {model} in {self.zoo / model}, its row in {self.table}\n{markdown}')
