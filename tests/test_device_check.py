@@ -246,3 +246,20 @@ def test_benchmark_times_prebuilt_runners_without_building_others(monkeypatch):
                                   bench='train', warmup=0, runs=2, measure_memory=False)
     assert calls == ['a', 'b', 'a', 'b']  # alternately, round by round
     assert [r['model'] for r in rows] == ['a', 'b'] and rows[1]['train_ratio'] > 0
+
+
+def test_gpu_long_script_with_no_budget_starts_no_stage_and_still_packs(tmp_path):
+    """docs/probes/gpu/zoo_gpu_long.py --smoke --budget-s 0: every stage is left for a later call, and what comes
+    back (within the tool's count of files) says so; its full smoke run is tests/test_zoo_gpu.py's."""
+    spec = importlib.util.spec_from_file_location('zoo_gpu_long', SCRIPT.with_name('zoo_gpu_long.py'))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / 'out'
+    assert script.main(['--smoke', '--budget-s', '0', '--out', str(out), '--zoo', str(tmp_path / 'zoo'),
+                        '--table', str(tmp_path / 't.csv')]) == 0
+    result = json.loads((out / 'zoo_gpu_long.json').read_text())
+    assert result['stages'] == {} and result['missing'] == list(reproduce.STAGE_ORDER) and 'failed' not in result
+    assert len(os.listdir(out)) <= MAX_FILES_BACK and (out / 'zoo.tar').is_file()
+    # the GPU's estimates: every stage of the gpu-long profile has one, from its recipe's epochs
+    gpu = reproduce.Reproduction(tmp_path / 'gpu', 'gpu-long')
+    assert all(script.estimate_s(gpu, m) > script.STAGE_OVERHEAD_S for m in reproduce.STAGE_ORDER)

@@ -375,3 +375,48 @@ def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(
     assert 'holds no finished epoch, removed' in capsys.readouterr().out
     assert torch.load(last, weights_only=True)['epoch'] == 1
     assert (run / 'epoch-000.safetensors').read_bytes() != b'the killed run\'s initialisation'
+
+
+def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
+    """A StagedZoo whose stages write the kept files and the row at once and take ``seconds[model]`` of a clock."""
+    from sa_vision.reproduce import Reproduction, staged
+    clock = [0.0]
+    monkeypatch.setattr(staged.time, 'time', lambda: clock[0])
+    zoo = staged.StagedZoo(Reproduction(tmp_path / 'out', 'tiny'), tmp_path / 'zoo', tmp_path / 't.csv')
+    ran = []
+
+    def stage(model):
+        ran.append(model)
+        clock[0] += seconds[model]
+        for name in staged.KEPT_FILES:
+            (zoo.zoo / model).mkdir(parents=True, exist_ok=True)
+            (zoo.zoo / model / name).write_text('x')
+        rows = [*zoo.rows(), model]
+        zoo.table.write_text('model\n' + ''.join(f'{m}\n' for m in rows))
+    monkeypatch.setattr(zoo, 'stage', stage)
+    return zoo, ran
+
+
+def test_staged_zoo_starts_only_the_stages_the_budget_fits_and_resumes(tmp_path, monkeypatch):
+    from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER
+    order = list(STAGE_ORDER)
+    assert order.index(PRUNED_MODEL) == order.index('sa_gen_cifar') + 1
+    seconds = {m: 100 for m in order}
+    zoo, ran = _fake_staged_zoo(tmp_path, monkeypatch, seconds)
+    # estimates of 100 s: two stages fit 250 s, the third would end at 300
+    assert zoo.run(250, lambda m: 100) == order[:2] and ran == order[:2]
+    assert PRUNED_MODEL in order
+    # the next call skips the kept ones; its first stage takes twice its estimate, so the next is expected to take
+    # 200 s too, more than the 150 left
+    seconds.update({m: 200 for m in order})
+    assert zoo.run(350, lambda m: 100) == order[2:3]
+    assert zoo.missing() == order[3:]
+
+
+def test_staged_zoo_prunes_only_from_a_kept_source(tmp_path, monkeypatch):
+    from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER
+    zoo, ran = _fake_staged_zoo(tmp_path, monkeypatch, {m: 1 for m in STAGE_ORDER})
+    # the generalized model's stage does not fit: the pruned one waits, the cheaper ones after it run
+    kept = zoo.run(100, lambda m: 200 if m == 'sa_gen_cifar' else 10)
+    assert 'sa_gen_cifar' not in kept and PRUNED_MODEL not in kept
+    assert kept == [m for m in STAGE_ORDER if m not in ('sa_gen_cifar', PRUNED_MODEL)]

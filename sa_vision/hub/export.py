@@ -2,10 +2,12 @@
 
 ``timm.create_model('local-dir:<folder>', pretrained=True)`` loads it; on the Hub, ``'hf-hub:<repo>'``.
 """
+import copy
 import os
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import torch
 from torch import Tensor
 
 from ..io import usual_file_mode
@@ -55,9 +57,12 @@ def export_hub_folder(
         figure: bool = True,
         use_ema: bool = False,
         epochs: Optional[Dict[str, Dict[str, Tensor]]] = None,
+        dtype: Optional[str] = None,
 ) -> List[str]:
     """Write a Hub folder of trained weights (files of an earlier export are replaced, others are an error); return
-    the names of the files written. ``epochs`` keeps the centres and precision factors per epoch (paper Fig. 2)."""
+    the names of the files written. ``epochs`` keeps the centres and precision factors per epoch (paper Fig. 2).
+    ``dtype`` (e.g. ``'bfloat16'``: half the bytes) stores the floating weights in that dtype; a float32 model loads
+    them as they were rounded."""
     import yaml
     from timm.models import save_for_hf
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, arch=expected_arch, use_ema=use_ema)
@@ -84,7 +89,8 @@ def export_hub_folder(
     model_config = {'pretrained_cfg': {'tag': label.tag}}
     if len(label.dataset.class_names) == model.num_classes:  # timm's name: pretrained_cfg['label_names']
         model_config['label_names'] = list(label.dataset.class_names)
-    save_for_hf(model, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
+    saved = model if dtype in (None, 'float32') else copy.deepcopy(model).to(getattr(torch, dtype))
+    save_for_hf(saved, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
                 data_config=input_cfg)
     with open(out_dir / RECIPE_FILENAME, 'w') as f:
         trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'

@@ -5,8 +5,9 @@ and fine-tune ``sa_gen_pruned`` from it; the results table (test split, float32)
 attention explorer; publish (``publish=True``, a dry run otherwise). Each stage writes its result atomically and is
 skipped when it exists; a killed training continues from its last epoch (docs/reproduction.md).
 
-Modules: ``profiles`` (what is trained), ``stages`` (:class:`Reproduction`, the pipeline), ``report`` (evaluation,
-tables, figures, explorer), ``kept`` (the check of a kept zoo).
+Modules: ``profiles`` (what is trained), ``stages`` (:class:`Reproduction`, the pipeline), ``staged``
+(:class:`StagedZoo`, the zoo kept model by model within a time budget), ``report`` (evaluation, tables, figures,
+explorer), ``kept`` (the check of a kept zoo).
 """
 from .kept import (
     ACCURACY_TOLERANCE,
@@ -30,9 +31,11 @@ from .profiles import (
     ablation_run_name,
 )
 from .report import EVAL_PRECISION, draw_figures, evaluate_on_test_split
+from .staged import STAGE_ORDER, StagedZoo
 from .stages import Reproduction
 
-__all__ = ['TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction',
+__all__ = ['STAGE_ORDER', 'StagedZoo',
+           'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction',
            'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'evaluate_on_test_split',
            'draw_figures', 'check_kept_models', 'record_kept_models', 'kept_guard_paths', 'kept_subset_top1',
            'logits_tolerance', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES']

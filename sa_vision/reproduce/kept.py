@@ -111,7 +111,8 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
         from ..train.data import create_image_dataset
         info = dataset_info(row['dataset'])
         ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir)
-        loader = torch.utils.data.DataLoader(torch.utils.data.Subset(ds, range(SUBSET_IMAGES)), batch_size=500)
+        subset = torch.utils.data.Subset(ds, range(min(SUBSET_IMAGES, len(ds))))
+        loader = torch.utils.data.DataLoader(subset, batch_size=500)
         subset_top1[row['model']] = round(evaluate(model, loader, 'cpu')['top1'], 2)
         say(f'{row["model"]}: recorded; top-1 {subset_top1[row["model"]]:.2f} on the first {SUBSET_IMAGES} images')
     atomic_write_text(paths['digests'], '\n'.join(digests) + '\n')

@@ -28,6 +28,7 @@ class Profile:
     common: Dict[str, Any] = field(default_factory=dict)  # changes to every recipe
     per_model: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # and to one model's
     table_note: str = ''  # printed under the results table: how to read its numbers
+    kept_dtype: str = 'float32'  # the dtype of the exported weights; the table reports the weights as kept
 
     def recipe(self, model: str, dataset: str, epochs: Optional[int] = None) -> Dict[str, Any]:
         """The recipe of ``model``'s stage: the paper's recipe of the model with this profile's changes."""
@@ -51,6 +52,8 @@ _NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_dro
 _FEW_EPOCHS = dict(opt='adamw', lr=2e-3, weight_decay=0.05, momentum=0.9, batch_size=100, validation_batch_size=500,
                    sched='cosine', sched_on_updates=True, warmup_lr=0.0, min_lr=0.0, cooldown_epochs=0, workers=0,
                    log_interval=100)
+# about 10x the cpu profile's 5-6 epochs; warm-up over 5 % of the steps, as there
+_GPU_LONG = {'epochs': 50, 'warmup_epochs': 2.5}
 _TINY_SA = {'model_kwargs': {'embed_dim': 16, 'depth': 2, 'heads_per_layer': 3, 'mlp_hidden_dim': 32,
                              'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}}
 
@@ -83,6 +86,31 @@ PROFILES: Dict[str, Profile] = {
                     'float32 by measuring the CPU (the `amp` column), and `torchcompile: auto` compiled the training '
                     'step only where a probe measured it faster (speed only). The ResNet trains as many epochs as the '
                     'quadratic model.')),
+    # how each choice was made and the device-minute estimate: docs/reproduction.md ("The gpu-long profile")
+    'gpu-long': Profile(
+        'gpu-long', "the cpu profile's five models and widths trained about 10x longer (50 epochs each from scratch) "
+                    'with batch 256 on a GPU; weights kept in bf16. Not yet run on a GPU',
+        'fashion-mnist',
+        common={**_FEW_EPOCHS, 'batch_size': 256, 'train_crop_padding': 0, 'amp': 'auto', 'amp_dtype': 'bfloat16',
+                'torchcompile': 'auto', 'torchcompile_mode': 'reduce-overhead', 'device_data': 'auto'},
+        per_model={
+            'sa_quadratic_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, **_GPU_LONG},
+            'sa_gen_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, **_GPU_LONG},
+            'sa_learned_cifar': {**_NARROW_SA, **_GPU_LONG},
+            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256), 'stem_width': 32},
+                               **_GPU_LONG},
+            # 10 % of the source's epochs, as in the cpu profile (1 of 5)
+            'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'pos_lr_scale': 30.0,
+                              'epochs': 5, 'warmup_epochs': 0.25, 'lr': 5e-4},
+        },
+        table_note=('Choices of the `gpu-long` profile (`sa_vision.reproduce.PROFILES[\'gpu-long\']`): the `cpu` '
+                    'profile\'s models, widths and recipe (AdamW lr 2e-3, no pad-and-crop, `pos_lr_scale` 30 for '
+                    'the Gaussian kinds, warm-up over 5 % of the steps, cosine per step) with 50 epochs for every '
+                    'model trained from scratch and 5 of fine-tuning for the pruned one, at batch 256 (the narrow '
+                    'models are bound by kernel launches on a GPU: a larger batch costs little more per step) in '
+                    'bf16 autocast, compiled with CUDA graphs where the run\'s probe measures it pays. The weights '
+                    'are kept in bf16; top-1 / top-5 are those of the kept bf16 weights, evaluated in float32.'),
+        kept_dtype='bfloat16'),
     'tiny': Profile(
         'tiny', 'tiny models, 2 epochs each: the mechanics in about two minutes (CI)', 'digits',
         table_note=('The `tiny` profile checks the mechanics (training, resuming, pruning, fine-tuning, export), not '

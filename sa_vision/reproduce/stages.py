@@ -5,6 +5,7 @@ and fine-tune ``sa_gen_pruned`` from it; the results table (test split, float32)
 attention explorer; publish (``publish=True``, a dry run otherwise). Each stage writes its result atomically and is
 skipped when it exists; a killed training continues from its last epoch (docs/reproduction.md).
 """
+import dataclasses
 import json
 import os
 import shutil
@@ -20,7 +21,7 @@ from ..io import atomic_folder, atomic_write_text, plain_data
 from ..models import SA_MODEL_ARGS
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
-from ..train.checkpoint import read_checkpoint
+from ..train.checkpoint import Checkpoint, read_checkpoint
 from ..train.data import dataset_info
 from .profiles import (
     ABLATION_MODEL,
@@ -52,13 +53,17 @@ __all__ = ['Reproduction']
 class Reproduction:
     """The stages above for one profile, dataset and output folder (see :meth:`run`); ``epochs`` overrides every
     training stage's epochs but the fine-tuning's; ``train_args`` (``sa-vision-train`` arguments, e.g. the device
-    and speed flags) follow the recipe on every training stage's command line, so they win over it."""
+    and speed flags) follow the recipe on every training stage's command line, so they win over it; ``kept_dtype``
+    overrides the profile's (the dtype of the exported weights, whose accuracy the table reports)."""
 
     def __init__(self, out_dir, profile: str = 'cpu', dataset: Optional[str] = None, data_dir: Optional[str] = None,
-                 download: bool = False, epochs: Optional[int] = None, train_args: Sequence[str] = ()):
+                 download: bool = False, epochs: Optional[int] = None, train_args: Sequence[str] = (),
+                 kept_dtype: Optional[str] = None):
         if profile not in PROFILES:
             raise ValueError(f'unknown profile {profile!r}; choose one of {sorted(PROFILES)}')
         self.profile = PROFILES[profile]
+        if kept_dtype:
+            self.profile = dataclasses.replace(self.profile, kept_dtype=kept_dtype)
         self.dataset = dataset_info(dataset or self.profile.dataset).name
         self.out = Path(out_dir)
         self.data_dir, self.download, self.epochs = data_dir, download, epochs
@@ -134,18 +139,23 @@ class Reproduction:
             raise StageFailed(f'the training process exited with status {proc.returncode} (its output is above)')
         return last
 
-    def prune(self) -> Path:
-        """Prune the trained generalized model's degenerate heads; the pruned model is evaluated as it is."""
+    def prune(self, source_path: Optional[Path] = None) -> Path:
+        """Prune the trained generalized model's degenerate heads; the pruned model is evaluated as it is.
+        ``source_path``: the weights to prune (a Hub folder of a kept zoo, say), by default its run's last
+        checkpoint."""
         out, report_path = self.out / 'pruned.pth', self.out / 'pruning.json'
         if out.is_file() and report_path.is_file():
             say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
                  f'skipped')
             return out
         from ..research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
-        source_path = self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'
+        source_path = Path(source_path or self.run_dir(PRUNE_SOURCE) / 'last.pth.tar')
         say(f'pruning: reading {source_path}')
         source = read_checkpoint(source_path)
-        model = source.create_model()
+        # a Hub folder's model pads the dataset's images itself; fine-tuning trains on the padded ones, as its source
+        model = Checkpoint(source.arch, {k: v for k, v in source.model_args.items() if not k.startswith('input_pad')},
+                           source.state_dict, source.source, source.format).create_model()
+        before = source.meta.get('metrics') or {}  # a Hub folder keeps no metrics
         degenerate = find_degenerate_heads(model)
         heads = select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
         say(f'pruning: degenerate heads per layer {degenerate}, pruning {heads} (released thresholds; a layer '
@@ -159,16 +169,16 @@ class Reproduction:
         say(f'pruning: evaluated {after.get("num_images", "")} images in {time.time() - started:.0f} s; writing {out}')
         save_pruned(pruned, out, heads)
         report = {
-            'source': str(self.run_dir(PRUNE_SOURCE) / 'last.pth.tar'),
+            'source': str(source_path),
             'degenerate_heads': degenerate, 'pruned_heads': heads,
             'heads_removed_per_layer': [len(h) for h in heads],
             'kept_heads_per_layer': list(pruned.heads_per_layer),
-            'top1_before_pruning': source.meta['metrics']['top1'], 'top1_after_pruning': after['top1'],
-            'top5_before_pruning': source.meta['metrics']['top5'], 'top5_after_pruning': after['top5'],
+            'top1_before_pruning': before.get('top1'), 'top1_after_pruning': after['top1'],
+            'top5_before_pruning': before.get('top5'), 'top5_after_pruning': after['top5'],
         }
         atomic_write_text(report_path, json.dumps(report, indent=1))
         say(f'pruning: removed {report["heads_removed_per_layer"]} heads per layer, kept '
-             f'{report["kept_heads_per_layer"]}; top-1 {report["top1_before_pruning"]:.2f} % before, '
+             f'{report["kept_heads_per_layer"]}; top-1 {before.get("top1", float("nan")):.2f} % before, '
              f'{after["top1"]:.2f} % after pruning (before fine-tuning)')
         return out
 
@@ -182,11 +192,18 @@ class Reproduction:
         stamp = f'{last.stat().st_mtime_ns}:{last.stat().st_size}'
         if path.is_file():
             saved = json.loads(path.read_text())
-            if saved.get('checkpoint') == stamp:
+            if saved.get('checkpoint') == stamp and saved.get('kept_dtype', 'float32') == self.profile.kept_dtype:
                 return saved
-        metrics = {**self._evaluate(ckpt.create_model()), 'checkpoint': stamp, 'precision': EVAL_PRECISION}
+        metrics = {**self._evaluate(self.as_kept(ckpt.create_model())), 'checkpoint': stamp,
+                   'precision': EVAL_PRECISION, 'kept_dtype': self.profile.kept_dtype}
         atomic_write_text(path, json.dumps(metrics, indent=1))
         return metrics
+
+    def as_kept(self, model):
+        """``model`` with its weights rounded to the profile's ``kept_dtype``, as the export stores them (float32:
+        unchanged), in float32: the weights whose accuracy the table reports."""
+        import torch
+        return model.to(getattr(torch, self.profile.kept_dtype)).float()
 
     def table(self, models=TABLE_ORDER, quiet: bool = False) -> List[Dict[str, Any]]:
         """The results of the finished runs of ``models``, written as results.md and results.csv (and printed)."""
@@ -245,7 +262,8 @@ class Reproduction:
                 say(f'export {folder.name}: up to date, skipped')
             else:
                 with atomic_folder(folder) as partial:  # replaces an export of an older checkpoint
-                    export_hub_folder(ckpt, partial, epochs=run_epochs(self.run_dir(model)))
+                    export_hub_folder(ckpt, partial, epochs=run_epochs(self.run_dir(model)),
+                                      dtype=self.profile.kept_dtype)
                 say(f'export {folder.name}: {folder}')
             folders.append(folder)
         return folders
