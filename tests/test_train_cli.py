@@ -520,6 +520,27 @@ def test_a_num_classes_other_than_the_folders_is_an_error_naming_both(argv, tmp_
     assert 'asked for 5 classes' in line and '3 class folders (boot, coat, shirt)' in line, line
 
 
+def test_a_paper_recipe_on_an_image_folder_names_the_recipe_as_the_source_of_its_classes(tmp_path, monkeypatch):
+    """The paper's recipes set num_classes 10 (CIFAR-10); on a 3-class folder the error says the number came from
+    the recipe and what to pass, before anything is built."""
+    _fail_when_anything_is_built(monkeypatch)
+    folder = _three_class_folder(tmp_path / 'mine')
+    line = _cli_error(['-c', 'sa_quadratic_cifar', '--dataset', '', '--data-dir', str(folder), *TINY,
+                       '--output', str(tmp_path / 'out')])
+    assert "recipe sa_quadratic_cifar sets num_classes: 10 for its dataset 'torch/cifar10'" in line, line
+    assert 'pass --num-classes 3' in line, line
+
+
+def test_cifar10_missing_from_the_data_dir_is_one_error_line_saying_what_to_do(tmp_path):
+    """torchvision's own RuntimeError (a traceback) becomes one line naming --dataset-download and --dataset ''."""
+    (tmp_path / 'empty').mkdir()  # a folder that exists but holds no CIFAR-10 (a missing one is refused earlier)
+    line = _cli_error(['--dataset', 'torch/cifar10', '--data-dir', str(tmp_path / 'empty'), *TINY, '--threads', '1',
+                       '--output', str(tmp_path / 'out')])
+    assert line.startswith(f'error: torch/cifar10 is not in {tmp_path / "empty"}'), line
+    assert '--dataset-download' in line and "--dataset ''" in line, line
+    assert not (tmp_path / 'out').exists()  # no run folder is left behind
+
+
 # --- one place for user errors; validate.py's split names ----------------------------------------------------------
 
 @pytest.mark.slow

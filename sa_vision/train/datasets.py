@@ -227,12 +227,22 @@ def check_fashion_mnist(source: DataSource, split: str, is_training: bool) -> No
 def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:
     """A timm ``<type>/<name>`` dataset (torch/cifar10, tfds/..., ...) through timm's ``create_dataset``."""
     from timm.data import create_dataset
-    return create_dataset(source.name, root=source.data_dir, split=split, is_training=is_training,
-                          download=source.download)
+    try:
+        return create_dataset(source.name, root=source.data_dir, split=split, is_training=is_training,
+                              download=source.download)
+    except RuntimeError as e:
+        # torchvision's datasets say so when their files are missing (and name download=True, a Python argument)
+        if source.download or 'download=True' not in str(e):
+            raise
+        raise DatasetNotFoundError(
+            f'{source.name} is not in {source.data_dir or "the current folder"} ({str(e).strip()}). Add '
+            f'--dataset-download to download it there, or point --data-dir at the folder that holds it; to train on '
+            f"an image folder of your own (train/<class>/, validation/<class>/), pass --dataset ''") from None
 
 
 def check_timm(source: DataSource, split: str, is_training: bool) -> None:
-    """Nothing to check before reading: torchvision checks a torch/ dataset's files when it reads them."""
+    """Nothing to check before reading: torchvision checks a torch/ dataset's files when it reads them (and
+    :func:`read_timm` says what to do when they are missing)."""
 
 
 def read_image_folder(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:

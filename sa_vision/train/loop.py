@@ -77,7 +77,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     """Train as the command line says; ``export(checkpoint, folder)`` writes the Hub folder of ``--export``
     (``sa_vision.cli.train`` passes ``sa_vision.hub.export_hub_folder``: the Hub is a tier above training)."""
     logging.basicConfig(level=logging.INFO, format='%(message)s')
-    args, _, resume_ckpt = parse_run_args(argv)
+    args, recipe, resume_ckpt = parse_run_args(argv)
     if args.export and export is None:
         raise UserError('--export writes a Hub folder, which this entry point cannot: run sa-vision-train '
                         '(python -m sa_vision.cli.train) instead')
@@ -85,7 +85,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     _set_up_process(args)
     log = partial(_log, args)
     if resume_ckpt is None:
-        _num_classes_of_folder(args, log)
+        _num_classes_of_folder(args, recipe, log)
     initial = resolve_model_args(args, resume_ckpt, log)
     seed_epoch(args.seed, 0, args.rank)
     model, data_cfg = _create_model(args, initial)
@@ -167,9 +167,9 @@ def _set_up_process(args) -> None:
         args.retain_freed_memory = False
 
 
-def _num_classes_of_folder(args, log) -> None:
-    """An image folder's classes decide ``--num-classes`` where it is not given; a different explicit number
-    (``--num-classes`` or ``--model-kwargs num_classes=``) is an error naming both."""
+def _num_classes_of_folder(args, recipe: dict, log) -> None:
+    """An image folder's classes decide ``--num-classes`` where it is not given; a different number (``--num-classes``,
+    ``--model-kwargs num_classes=`` or the recipe's) is an error naming both."""
     classes = image_folder_classes(args.dataset, args.data_dir, args.train_split)
     if classes is None:
         return
@@ -179,10 +179,13 @@ def _num_classes_of_folder(args, log) -> None:
         log(f'--num-classes {len(classes)}: the class folders of the training split ({", ".join(classes[:10])}'
             f'{", ..." if len(classes) > 10 else ""})')
     elif int(asked) != len(classes):
-        raise UserError(f'the model is asked for {asked} classes (--num-classes / --model-kwargs num_classes) but '
-                        f'the training split of the image folder has {len(classes)} class folders '
-                        f'({", ".join(classes[:10])}{", ..." if len(classes) > 10 else ""}); leave --num-classes '
-                        f'out to follow the folder, or pass --num-classes {len(classes)}')
+        # a paper recipe's num_classes is its dataset's (CIFAR-10): say where the number came from
+        source = (f'recipe {args.config} sets num_classes: {asked} for its dataset {recipe.get("dataset")!r}'
+                  if recipe.get('num_classes') == asked else '--num-classes / --model-kwargs num_classes')
+        raise UserError(f'the model is asked for {asked} classes (the {source}) but the training split of the image '
+                        f'folder has {len(classes)} class folders ({", ".join(classes[:10])}'
+                        f'{", ..." if len(classes) > 10 else ""}); pass --num-classes {len(classes)} to follow the '
+                        f'folder')
 
 
 def _create_model(args, initial):
