@@ -236,7 +236,7 @@ def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) 
             raise
         raise DatasetNotFoundError(
             f'{source.name} is not in {source.data_dir or "the current folder"} ({str(e).strip()}). Add '
-            f'--dataset-download to download it there, or point --data-dir at the folder that holds it; to train on '
+            f'--dataset-download to download it there, or point --data-dir at the folder that holds it; for '
             f"an image folder of your own (train/<class>/, validation/<class>/), pass --dataset ''") from None
 
 
