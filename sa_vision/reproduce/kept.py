@@ -1,6 +1,5 @@
 """ The kept zoo, checked: each kept model's weights (SHA-256), its logits of a fixed batch (float32 rounding
 bound) and its accuracy on the test split against the results table; and the recording of that guard """
-import csv
 import json
 import os
 import time
@@ -11,7 +10,7 @@ from ..io import atomic_write, atomic_write_text
 from ..train.checkpoint import Checkpoint, read_checkpoint
 from ..train.data import dataset_info
 from .profiles import StageFailed
-from .report import EVAL_PRECISION, evaluate_on_test_split, model_input_size, say
+from .report import EVAL_PRECISION, evaluate_on_test_split, model_input_size, read_table, say
 
 __all__ = ['ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES', 'kept_guard_paths', 'logits_tolerance',
            'record_kept_models', 'kept_subset_top1', 'check_kept_models']
@@ -95,8 +94,7 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
 
     from ..train.evaluation import evaluate
     paths = kept_guard_paths(table)
-    with open(table, newline='') as f:
-        rows = list(csv.DictReader(f))
+    rows = read_table(table)
     digests, logits, subset_top1 = [], {}, {}
     for row in rows:
         folder = Path(zoo) / row['model']
@@ -137,8 +135,7 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
     with ``accuracy``, top-1 / top-5 on the whole test split against the table (minutes per model on a CPU)."""
     import torch
     from safetensors.torch import load_file
-    with open(table, newline='') as f:
-        rows = list(csv.DictReader(f))
+    rows = read_table(table)
     if not rows:
         raise StageFailed(f'{table} holds no results')
     guard = kept_guard_paths(table)

@@ -16,7 +16,7 @@ from .profiles import TRAINED_MODELS
 
 __all__ = ['EVAL_PRECISION', 'say', 'model_input_size', 'Column', 'RESULT_COLUMNS', 'ABLATION_COLUMNS',
            'evaluate_on_test_split', 'run_row', 'train_minutes', 'center_shift_median', 'write_table', 'draw_figures',
-           'write_zoo_explorer']
+           'read_table', 'write_zoo_explorer']
 
 EVAL_PRECISION = 'float32'
 
@@ -174,6 +174,21 @@ def write_table(out: Path, stem: str, columns: Sequence[Column], rows: List[Dict
         markdown += f'\n{note}\n'
     atomic_write_text(out / f'{stem}.md', markdown)
     return markdown
+
+
+def read_table(path: Path) -> List[Dict[str, Any]]:
+    """The rows of a CSV that :func:`write_table` wrote, each cell as it was given: '' is None, numbers are numbers."""
+    def cell(value: str) -> Any:
+        if value == '':
+            return None
+        for kind in (int, float):
+            try:
+                return kind(value)
+            except ValueError:
+                pass
+        return value
+    with open(path, newline='') as f:
+        return [{k: cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 
 def write_zoo_explorer(folders: List[Path], path: Path, data_dir: Optional[str], title: str) -> Path:

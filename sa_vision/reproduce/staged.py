@@ -6,7 +6,6 @@ whose folder and row are both there is skipped, so the same call in a later sess
 ended. The pruned model is pruned from its source as kept in the zoo (the weights its row reports), so it needs
 ``ZOO/sa_gen_cifar/`` only, not the source's training run. No stage starts that the time left would not fit.
 """
-import csv
 import shutil
 import time
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..io import atomic_folder, atomic_write
 from .profiles import PRUNE_SOURCE, PRUNED_MODEL, TRAINED_MODELS
-from .report import RESULT_COLUMNS, say, write_table
+from .report import RESULT_COLUMNS, read_table, say, write_table
 from .stages import Reproduction
 
 __all__ = ['KEPT_FILES', 'STAGE_ORDER', 'StagedZoo']
@@ -23,18 +22,6 @@ KEPT_FILES = ('config.json', 'model.safetensors', 'README.md')  # the export wri
 # the models in the order the stages run: the pruned model right after its source
 STAGE_ORDER = tuple(m for source in TRAINED_MODELS for m in ((source, PRUNED_MODEL) if source == PRUNE_SOURCE
                                                              else (source,)))
-
-
-def _cell(value: str) -> Any:
-    """A results CSV cell as :func:`write_table` was given it: '' is None, numbers are numbers."""
-    if value == '':
-        return None
-    for kind in (int, float):
-        try:
-            return kind(value)
-        except ValueError:
-            pass
-    return value
 
 
 class StagedZoo:
@@ -48,8 +35,7 @@ class StagedZoo:
         """The rows of the zoo's table, by model."""
         if not self.table.is_file():
             return {}
-        with open(self.table, newline='') as f:
-            return {row['model']: {k: _cell(v) for k, v in row.items()} for row in csv.DictReader(f)}
+        return {row['model']: row for row in read_table(self.table)}
 
     def is_kept(self, model: str) -> bool:
         """Whether ``model``'s stage is done: its Hub folder is complete and the table has its row."""
