@@ -417,6 +417,47 @@ def test_staged_zoo_prunes_only_from_a_kept_source(tmp_path, monkeypatch):
     from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER
     zoo, ran = _fake_staged_zoo(tmp_path, monkeypatch, {m: 1 for m in STAGE_ORDER})
     # the generalized model's stage does not fit: the pruned one waits, the cheaper ones after it run
-    kept = zoo.run(100, lambda m: 200 if m == 'sa_gen_cifar' else 10)
+    kept = zoo.run(100, lambda m: 1000 if m == 'sa_gen_cifar' else 10)
     assert 'sa_gen_cifar' not in kept and PRUNED_MODEL not in kept
     assert kept == [m for m in STAGE_ORDER if m not in ('sa_gen_cifar', PRUNED_MODEL)]
+
+
+def test_staged_zoo_runs_stages_side_by_side_and_the_pruned_one_after_its_source(tmp_path, monkeypatch):
+    import threading
+
+    from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER
+    zoo, ran = _fake_staged_zoo(tmp_path, monkeypatch, {m: 0 for m in STAGE_ORDER})
+    fake_stage, both_running, ended = zoo.stage, threading.Barrier(2, timeout=20), []
+
+    def stage(model):
+        if len(ran) < 2:  # the first two wait for each other: they fail unless they run at the same time
+            ran.append(model)
+            both_running.wait()
+            ran.pop()
+        fake_stage(model)
+        ended.append(model)
+    monkeypatch.setattr(zoo, 'stage', stage)
+    assert sorted(zoo.run(100, lambda m: 1, parallel=2)) == sorted(STAGE_ORDER)
+    assert ended.index(PRUNED_MODEL) > ended.index('sa_gen_cifar')
+
+
+def test_staged_zoo_starts_a_stage_only_if_it_fits_behind_the_running_ones(tmp_path, monkeypatch):
+    from sa_vision.reproduce import Reproduction, staged
+    clock = [0.0]
+    monkeypatch.setattr(staged.time, 'time', lambda: clock[0])
+    reproduction = Reproduction(tmp_path / 'out', 'tiny', epochs=4)
+    budget = staged._Budget(staged.StagedZoo(reproduction, tmp_path / 'zoo', tmp_path / 't.csv'), 250,
+                            lambda m: 100)
+    first, second, third = [m for m in staged.STAGE_ORDER if m != staged.PRUNED_MODEL][:3]
+    assert budget.next_to_start({}) == first
+    assert budget.next_to_start({first: None}) == second  # 100 s of work, then 100 more: 200 s fit 250
+    assert budget.next_to_start({first: None, second: None}) is None  # 300 s do not
+    clock[0] = 100.0
+    budget.finished(first)
+    # nothing known of the second stage's progress: 1 s per second of estimate, its 100 s and 100 more > 150 left
+    assert budget.next_to_start({second: None}) is None
+    summary = reproduction.run_dir(second) / 'summary.csv'
+    summary.parent.mkdir(parents=True)
+    summary.write_text('epoch,loss\n0,1\n1,1\n2,1\n')  # 3 of its 4 epochs done
+    # 175 s of estimate done in 100 s: 4/7 s each; the second's last 25 s and the third's 100 take 500/7 < 150
+    assert budget.next_to_start({second: None}) == third

@@ -1,13 +1,16 @@
 """ :class:`StagedZoo`: a zoo kept model by model, so that GPU calls of a few minutes each can share one profile
 
 Each stage trains one model, evaluates its weights as they are kept (the profile's ``kept_dtype``), exports its Hub
-folder into ``ZOO/<model>/`` and adds its row to the zoo's results table, before the next stage starts. A model
-whose folder and row are both there is skipped, so the same call in a later session continues where the last
-ended. The pruned model is pruned from its source as kept in the zoo (the weights its row reports), so it needs
-``ZOO/sa_gen_cifar/`` only, not the source's training run. No stage starts that the time left would not fit.
+folder into ``ZOO/<model>/`` and adds its row to the zoo's results table. A model whose folder and row are both there
+is skipped, so the same call in a later session continues where the last ended. The pruned model is pruned from its
+source as kept in the zoo (the weights its row reports), so it needs ``ZOO/sa_gen_cifar/`` only, not the source's
+training run. Several stages may run at a time (their trainings share the device); no stage starts that the time
+left would not fit.
 """
 import shutil
+import threading
 import time
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
 
@@ -30,6 +33,7 @@ class StagedZoo:
 
     def __init__(self, reproduction: Reproduction, zoo, table):
         self.reproduction, self.zoo, self.table = reproduction, Path(zoo), Path(table)
+        self._table_lock = threading.Lock()  # stages running side by side each add their row
 
     def rows(self) -> Dict[str, Dict[str, Any]]:
         """The rows of the zoo's table, by model."""
@@ -47,43 +51,122 @@ class StagedZoo:
     def stage(self, model: str) -> Dict[str, Any]:
         """Train, evaluate, export and keep ``model``; returns its row of the table."""
         r = self.reproduction
-        initial = r.prune(self.zoo / PRUNE_SOURCE) if model == PRUNED_MODEL else None
+        initial = (r.prune(self.zoo / PRUNE_SOURCE, before=self.rows().get(PRUNE_SOURCE)) if model == PRUNED_MODEL
+                   else None)
         r.train(model, initial_checkpoint=initial)
-        [row] = r.table([model], quiet=True)
+        [row] = r.table([model], quiet=True, write=False)
         [folder] = r.export([model])
         with atomic_folder(self.zoo / model) as partial:
             shutil.copytree(folder, partial, dirs_exist_ok=True)
-        rows = {**self.rows(), model: row}
-        ordered = [rows[m] for m in STAGE_ORDER if m in rows]
-        markdown = write_table(r.out, 'results', RESULT_COLUMNS, ordered, r.profile.table_note)
-        self.table.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_write(self.table) as tmp:
-            shutil.copy(r.out / 'results.csv', tmp)
+        with self._table_lock:
+            rows = {**self.rows(), model: row}
+            ordered = [rows[m] for m in STAGE_ORDER if m in rows]
+            markdown = write_table(r.out, 'results', RESULT_COLUMNS, ordered, r.profile.table_note)
+            self.table.parent.mkdir(parents=True, exist_ok=True)
+            with atomic_write(self.table) as tmp:
+                shutil.copy(r.out / 'results.csv', tmp)
         say(f'kept {model} in {self.zoo / model}, its row in {self.table}\n{markdown}')
         return row
 
     def run(self, budget_s: float, estimate_s: Callable[[str], float],
-            on_stage: Optional[Callable[[str, float], None]] = None) -> List[str]:
-        """The missing stages, in :data:`STAGE_ORDER`, while the time left fits them: a stage starts only if its
-        ``estimate_s(model)`` (scaled by how the stages so far compared with theirs, 0.5x to 3x) fits the seconds
-        left of ``budget_s``; one that does not is left for the next call (a later, shorter one may still start).
-        The pruned model waits for its source. Returns the models kept; ``on_stage(model, seconds)`` after each."""
+            on_stage: Optional[Callable[[str, float], None]] = None, parallel: int = 1) -> List[str]:
+        """The missing stages, in :data:`STAGE_ORDER`, up to ``parallel`` at a time, while the time left fits them.
+
+        ``estimate_s(model)`` is a stage's seconds when it runs alone. A stage starts only if the seconds left of
+        ``budget_s`` fit it together with what the running stages have still to do (their fraction of epochs not
+        yet done), all as if run one after another at the rate measured so far (:class:`_Budget`): stages side by
+        side share the device, so that is the bound when they gain nothing from it. One that does not fit is left
+        for the next call (a later, shorter one may still start). The pruned model waits for its source. A failing
+        stage lets the running ones end, starts no other and is raised. Returns the models kept;
+        ``on_stage(model, seconds)`` after each.
+        """
         self.reproduction._check_same_setup()
-        start, spent, kept = time.time(), [], []
-        for model in self.missing():
-            if model == PRUNED_MODEL and not self.is_kept(PRUNE_SOURCE):
-                say(f'{model}: waits for {PRUNE_SOURCE} to be kept (it is pruned from the kept weights)')
-                continue
-            scale = min(max(sum(a for _, a in spent) / sum(e for e, _ in spent), 0.5), 3.0) if spent else 1.0
-            expected, left = estimate_s(model) * scale, budget_s - (time.time() - start)
-            if expected > left:
-                say(f'{model}: not started: it needs ~{expected:.0f} s, {left:.0f} s of the budget are left')
-                continue
-            say(f'{model}: starting (~{expected:.0f} s expected, {left:.0f} s left)')
-            t0 = time.time()
-            self.stage(model)
-            spent.append((estimate_s(model), time.time() - t0))
-            kept.append(model)
-            if on_stage:
-                on_stage(model, spent[-1][1])
+        self.reproduction.tag_output = parallel > 1  # the trainings' lines interleave in one log
+        budget, kept, failures = _Budget(self, budget_s, estimate_s), [], []
+        running: Dict[str, Future] = {}
+        with ThreadPoolExecutor(max(parallel, 1)) as pool:
+            while True:
+                for model in [m for m, future in running.items() if future.done()]:
+                    error = running.pop(model).exception()
+                    if error is not None:
+                        failures.append(error)
+                        continue
+                    seconds = budget.finished(model)
+                    kept.append(model)
+                    if on_stage:
+                        on_stage(model, seconds)
+                while not failures and len(running) < parallel:
+                    model = budget.next_to_start(running)
+                    if model is None:
+                        break
+                    running[model] = pool.submit(self.stage, model)
+                if not running:
+                    break
+                wait(running.values(), timeout=_POLL_S, return_when=FIRST_COMPLETED)
+        if failures:
+            raise failures[0]
+        budget.say_left_out()
         return kept
+
+
+_POLL_S = 5.0  # how often the running stages' progress is read while none ends
+
+
+class _Budget:
+    """When a stage of a :class:`StagedZoo` may start: the work of the running stages and of the new one, at the
+    rate measured so far, must fit the seconds left (see :meth:`StagedZoo.run`)."""
+
+    def __init__(self, staged: StagedZoo, budget_s: float, estimate_s: Callable[[str], float]):
+        self.staged, self.budget_s, self.estimate_s = staged, budget_s, estimate_s
+        self.start = time.time()
+        self.started: Dict[str, float] = {}
+        self.seconds: Dict[str, float] = {}  # of the stages kept
+
+    def progress(self, model: str) -> float:
+        """The fraction of a running stage's epochs done (the rows of its run's ``summary.csv``)."""
+        r = self.staged.reproduction
+        summary = r.run_dir(model) / 'summary.csv'
+        if not summary.is_file():
+            return 0.0
+        epochs = r.profile.recipe(model, r.dataset, None if model == PRUNED_MODEL else r.epochs)['epochs']
+        return min(max(len(summary.read_text().splitlines()) - 1, 0) / epochs, 1.0)
+
+    def scale(self, running) -> float:
+        """Seconds per second of estimate so far (1 until a stage has ended; 0.25x to 3x): the estimates' error, and
+        what running stages side by side gained."""
+        if not self.seconds:
+            return 1.0
+        done = (sum(self.estimate_s(m) for m in self.seconds)
+                + sum(self.progress(m) * self.estimate_s(m) for m in running))
+        return min(max((time.time() - self.start) / done, 0.25), 3.0)
+
+    def finished(self, model: str) -> float:
+        self.seconds[model] = time.time() - self.started[model]
+        return self.seconds[model]
+
+    def waiting(self) -> List[str]:
+        return [m for m in self.staged.missing() if m not in self.started]
+
+    def next_to_start(self, running) -> Optional[str]:
+        """The first waiting stage that fits the time left behind the running ones, marked started; else None."""
+        scale, left = self.scale(running), self.budget_s - (time.time() - self.start)
+        queued = scale * sum((1 - self.progress(m)) * self.estimate_s(m) for m in running)
+        for model in self.waiting():
+            if model == PRUNED_MODEL and not self.staged.is_kept(PRUNE_SOURCE):
+                continue
+            expected = scale * self.estimate_s(model)
+            if queued + expected <= left:
+                behind = f', behind ~{queued:.0f} s of the {len(running)} running' if running else ''
+                say(f'{model}: starting (~{expected:.0f} s expected{behind}, {left:.0f} s left)')
+                self.started[model] = time.time()
+                return model
+        return None
+
+    def say_left_out(self) -> None:
+        left = self.budget_s - (time.time() - self.start)
+        for model in self.waiting():
+            if model == PRUNED_MODEL and not self.staged.is_kept(PRUNE_SOURCE):
+                say(f'{model}: waits for {PRUNE_SOURCE} to be kept (it is pruned from the kept weights)')
+            else:
+                say(f'{model}: not started: it needs ~{self.scale([]) * self.estimate_s(model):.0f} s, {left:.0f} s '
+                    f'of the budget are left')

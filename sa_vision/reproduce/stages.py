@@ -70,6 +70,7 @@ class Reproduction:
         self.train_args = list(train_args)
         self.started = time.time()
         self._noted_ignored_keys = False
+        self.tag_output = False  # prefix each line of a training's output with its run (trainings side by side)
 
     def _check_same_setup(self) -> None:
         """A folder holds one reproduction: the same command (profile, dataset, epochs) continues it."""
@@ -134,15 +135,15 @@ class Reproduction:
             if initial_checkpoint is not None:
                 cmd += ['--initial-checkpoint', str(initial_checkpoint)]
         say(f'{run}: {recipe["epochs"]} epochs of {model} on {self.dataset}, recipe {recipe_path}')
-        proc = subprocess.run(cmd, env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=_die_with_parent)
-        if proc.returncode != 0:
-            raise StageFailed(f'the training process exited with status {proc.returncode} (its output is above)')
+        status = _run_training(cmd, f'[{run}] ' if self.tag_output else None)
+        if status != 0:
+            raise StageFailed(f'the training process of {run} exited with status {status} (its output is above)')
         return last
 
-    def prune(self, source_path: Optional[Path] = None) -> Path:
+    def prune(self, source_path: Optional[Path] = None, before: Optional[Dict[str, Any]] = None) -> Path:
         """Prune the trained generalized model's degenerate heads; the pruned model is evaluated as it is.
         ``source_path``: the weights to prune (a Hub folder of a kept zoo, say), by default its run's last
-        checkpoint."""
+        checkpoint; ``before``: the source's ``top1`` / ``top5`` where the weights keep none (a Hub folder)."""
         out, report_path = self.out / 'pruned.pth', self.out / 'pruning.json'
         if out.is_file() and report_path.is_file():
             say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
@@ -155,7 +156,7 @@ class Reproduction:
         # a Hub folder's model pads the dataset's images itself; fine-tuning trains on the padded ones, as its source
         model = Checkpoint(source.arch, {k: v for k, v in source.model_args.items() if not k.startswith('input_pad')},
                            source.state_dict, source.source, source.format).create_model()
-        before = source.meta.get('metrics') or {}  # a Hub folder keeps no metrics
+        before = before or source.meta.get('metrics') or {}  # a Hub folder keeps no metrics
         degenerate = find_degenerate_heads(model)
         heads = select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
         say(f'pruning: degenerate heads per layer {degenerate}, pruning {heads} (released thresholds; a layer '
@@ -205,8 +206,9 @@ class Reproduction:
         import torch
         return model.to(getattr(torch, self.profile.kept_dtype)).float()
 
-    def table(self, models=TABLE_ORDER, quiet: bool = False) -> List[Dict[str, Any]]:
-        """The results of the finished runs of ``models``, written as results.md and results.csv (and printed)."""
+    def table(self, models=TABLE_ORDER, quiet: bool = False, write: bool = True) -> List[Dict[str, Any]]:
+        """The results of the finished runs of ``models``, written as results.md and results.csv (``write``) and
+        printed (unless ``quiet``)."""
         from ..hub import count_params_and_macs
         rows = []
         for model in (m for m in TABLE_ORDER if m in models):
@@ -223,9 +225,10 @@ class Reproduction:
                                                      self._final_metrics(model, ckpt)),
                          'parameters': counts['params'], 'macs_g': round(counts['macs'] / 1e9, 4),
                          'eval_precision': EVAL_PRECISION, 'paper_cifar10_top1': paper.top1 if paper else None})
-        markdown = write_table(self.out, 'results', RESULT_COLUMNS, rows, self.profile.table_note)
-        if not quiet:
-            say(markdown)
+        if write:
+            markdown = write_table(self.out, 'results', RESULT_COLUMNS, rows, self.profile.table_note)
+            if not quiet:
+                say(markdown)
         return rows
 
     def ablation(self) -> List[Dict[str, Any]]:
@@ -330,6 +333,19 @@ class Reproduction:
                 raise StageFailed(f'stage {name!r} failed: {what}') from e
         say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
         return results['rows']
+
+
+def _run_training(cmd: List[str], tag: Optional[str]) -> int:
+    """Run a training process to its end: its output goes to ours, each line after ``tag`` where one is given."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    if tag is None:
+        return subprocess.run(cmd, env=env, preexec_fn=_die_with_parent).returncode
+    with subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, errors='replace') as proc:
+        for line in proc.stdout:
+            sys.stdout.write(tag + line)
+            sys.stdout.flush()
+    return proc.returncode
 
 
 def _die_with_parent() -> None:

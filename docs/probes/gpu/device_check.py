@@ -485,6 +485,7 @@ class Check:
     def _zoo(self, out: Path, flags: List[str]) -> None:
         reproduction = Reproduction(out, self.s.zoo_profile, data_dir=None if self.smoke else self.data_dir,
                                     epochs=self.s.zoo_epochs, train_args=flags)
+        reproduction.tag_output = self.zoo_parallel > 1  # the trainings' lines interleave in zoo_train.log
         self.log(f'the {self.s.zoo_profile!r} profile\'s stages in {out}, {self.zoo_parallel} at a time, training '
                  f'arguments {" ".join(flags)}; their output: zoo_train.log')
         stage_s: Dict[str, float] = {}

@@ -2,11 +2,13 @@
 
 How to call it, what comes back and how the next session continues: zoo_gpu_long.md beside this file. The stages
 (``sa_vision.reproduce.StagedZoo``) skip every model already kept in ``zoo/fashion-mnist-gpu/`` (with its row in
-``docs/reproduction_fashion_mnist_gpu.csv``), and start another only while ``--budget-s`` fits its estimate below;
+``docs/reproduction_fashion_mnist_gpu.csv``), run up to ``--parallel`` at a time, and start another only while
+``--budget-s`` fits its estimate below behind what the running ones have still to do;
 then the guard of the whole zoo is recorded (``record_kept_models``: weights' SHA-256, 64 images' logits, the top-1 of
 500) and the zoo, its table and the guard are packed into one ``zoo.tar`` (paths relative to the checkout: unpack it
 at the checkout's root). ``--smoke`` does the same on the CPU with the ``tiny`` profile, one epoch, on digits, the
-weights kept in bf16 as on the GPU (tests/test_device_check.py), so that a slip cannot cost device time.
+weights kept in bf16 as on the GPU, two stages at a time (tests/test_zoo_gpu.py), so that a slip cannot cost device
+time.
 """
 import argparse
 import json
@@ -66,25 +68,29 @@ def main(argv=None) -> int:
     p.add_argument('--budget-s', type=float, default=480, help='start no stage that would end later (default 480)')
     p.add_argument('--zoo', type=Path, default=ZOO, help=f'the kept zoo (default {ZOO.relative_to(ROOT)})')
     p.add_argument('--table', type=Path, default=TABLE, help=f'its table (default {TABLE.relative_to(ROOT)})')
+    p.add_argument('--parallel', type=int, default=None,
+                   help='stages at a time, their trainings sharing the GPU (default 4; 2 in the smoke run)')
     p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist)')
     args = p.parse_args(argv)
+    args.parallel = args.parallel or (2 if args.smoke else 4)
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
     if args.data_dir is None and not args.smoke and (ROOT / 'data' / 'fashion-mnist').is_dir():
         args.data_dir = str(ROOT / 'data' / 'fashion-mnist')
     args.out.mkdir(parents=True, exist_ok=True)
     start, log_path = time.time(), args.out / 'zoo_gpu_long.log'
-    result = {'budget_s': args.budget_s, 'smoke': args.smoke, 'stages': {}}
+    result = {'budget_s': args.budget_s, 'parallel': args.parallel, 'smoke': args.smoke, 'stages': {}}
     with tempfile.TemporaryDirectory(prefix='gpu-long-') as work, redirect_fds(log_path):
         reproduction = (Reproduction(work, 'tiny', epochs=1, kept_dtype='bfloat16', train_args=['--device', 'cpu'])
                         if args.smoke else Reproduction(work, 'gpu-long', data_dir=args.data_dir))
         staged = StagedZoo(reproduction, args.zoo, args.table)
-        print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, kept already '
+        print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, {args.parallel} '
+              f'stages at a time, kept already '
               f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}; '
               f'torch {torch.__version__}, {torch.cuda.get_device_name(0) if not args.smoke else "CPU"}', flush=True)
         try:
             staged.run(args.budget_s - FINAL_S, lambda m: 1.0 if args.smoke else estimate_s(reproduction, m),
-                       on_stage=lambda m, s: result['stages'].update({m: round(s, 1)}))
+                       on_stage=lambda m, s: result['stages'].update({m: round(s, 1)}), parallel=args.parallel)
             if staged.rows():
                 record_kept_models(args.zoo, args.table, data_dir=args.data_dir)
         except Exception:  # noqa: BLE001  the stages kept before the failing one still come back
