@@ -53,8 +53,18 @@ def test_the_check_holds_on_a_tiny_bf16_zoo_the_gpu_script_keeps(tmp_path, monke
     from safetensors.torch import load_file, save_file
     monkeypatch.setenv('OMP_NUM_THREADS', '1')
     script, back = _script(), tmp_path / 'out'
+    packed, write_back = [], script.write_back
+
+    def write_back_and_look(*args):  # what a call killed at this moment would return
+        tar = write_back(*args)
+        with tarfile.open(tar) as f:
+            packed.append({Path(name).parts[1] for name in f.getnames() if name.startswith('zoo/')})
+        return tar
+    monkeypatch.setattr(script, 'write_back', write_back_and_look)
     assert script.main(['--smoke', '--out', str(back), '--zoo', str(tmp_path / 'zoo'),
                         '--table', str(tmp_path / 'docs' / 't.csv')]) == 0
+    # after each kept stage the tar holds every model kept so far, and no folder still being written
+    assert [len(models) for models in packed] == [1, 2, 3, 4, 5, 5] and packed[-1] == set(STAGE_ORDER)
     assert len(os.listdir(back)) <= MAX_FILES_BACK and (back / 'zoo.tar').stat().st_size < 16 * 2 ** 20
     with tarfile.open(back / 'zoo.tar') as tar:
         tar.extractall(tmp_path / 'unpacked', filter='data')
@@ -75,3 +85,20 @@ def test_the_check_holds_on_a_tiny_bf16_zoo_the_gpu_script_keeps(tmp_path, monke
     assert script.main(['--smoke', '--out', str(back), '--zoo', str(tmp_path / 'zoo'),
                         '--table', str(tmp_path / 'docs' / 't.csv')]) == 0
     assert 'kept this call [], missing none' in (back / 'zoo_gpu_long.log').read_text()
+
+
+def test_the_tar_holds_only_kept_models_not_one_being_written(tmp_path):
+    from sa_vision.reproduce import Reproduction, StagedZoo
+    from sa_vision.reproduce.staged import KEPT_FILES
+    staged = StagedZoo(Reproduction(tmp_path / 'work', 'tiny'), tmp_path / 'zoo', tmp_path / 'docs' / 't.csv')
+    kept, unlisted = STAGE_ORDER[:2]
+    for folder in (kept, unlisted, f'.{kept}.partial'):  # unlisted: its folder is written, its row not yet
+        (staged.zoo / folder).mkdir(parents=True)
+        for name in KEPT_FILES:
+            (staged.zoo / folder / name).write_text('x')
+    staged.table.parent.mkdir()
+    staged.table.write_text(f'model\n{kept}\n')
+    (tmp_path / 'out').mkdir()
+    with tarfile.open(_script().pack(staged, tmp_path / 'out')) as tar:
+        names = set(tar.getnames())
+    assert names == {'docs/t.csv', f'zoo/{kept}', *(f'zoo/{kept}/{name}' for name in KEPT_FILES)}

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from sa_vision.reproduce import PRUNED_MODEL, Reproduction, StagedZoo, record_kept_models
+from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER, Reproduction, StagedZoo, record_kept_models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from device_check import redirect_fds  # noqa: E402  the sibling script's helper
@@ -49,16 +49,28 @@ def estimate_s(reproduction: Reproduction, model: str) -> float:
     return STAGE_OVERHEAD_S + epochs * TRAIN_IMAGES / IMAGES_PER_S[model]
 
 
-def pack(zoo: Path, table: Path, out: Path) -> Path:
-    """``out/zoo.tar``: the kept folders, the table and its guard, named relative to their common folder."""
+def pack(staged: StagedZoo, out: Path) -> Path:
+    """``out/zoo.tar``: the kept models' folders (not one being written beside them), the table and its guard, named
+    relative to their common folder; replaced whole, so a call killed while packing still returns the last one."""
+    zoo, table = staged.zoo, staged.table
     base = Path(os.path.commonpath([zoo.resolve(), table.resolve()]))
     guard = [table.with_name(f'{table.stem}_weights.sha256'), table.with_name(f'{table.stem}_logits.safetensors')]
-    path = out / 'zoo.tar'
-    with tarfile.open(path, 'w') as tar:
-        for item in (zoo, table, *guard):
+    path, partial = out / 'zoo.tar', out / '.zoo.tar.partial'
+    with tarfile.open(partial, 'w') as tar:
+        for item in (*(zoo / m for m in STAGE_ORDER if staged.is_kept(m)), table, *guard):
             if item.exists():
                 tar.add(item, arcname=str(item.resolve().relative_to(base)))
+    os.replace(partial, path)
     return path
+
+
+def write_back(staged: StagedZoo, out: Path, result: dict, start: float) -> Path:
+    """What comes back, as it stands: ``zoo.tar`` and ``zoo_gpu_long.json``. Written after each kept stage too, so
+    that a call killed at its time limit still returns every model kept before."""
+    tar = pack(staged, out)
+    result.update(missing=staged.missing(), seconds=round(time.time() - start, 1), tar_bytes=tar.stat().st_size)
+    (out / 'zoo_gpu_long.json').write_text(json.dumps(result, indent=1))
+    return tar
 
 
 def main(argv=None) -> int:
@@ -88,9 +100,13 @@ def main(argv=None) -> int:
               f'stages at a time, kept already '
               f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}; '
               f'torch {torch.__version__}, {torch.cuda.get_device_name(0) if not args.smoke else "CPU"}', flush=True)
+        def kept(model: str, seconds: float) -> None:
+            result['stages'][model] = round(seconds, 1)
+            write_back(staged, args.out, result, start)
+
         try:
             staged.run(args.budget_s - FINAL_S, lambda m: 1.0 if args.smoke else estimate_s(reproduction, m),
-                       on_stage=lambda m, s: result['stages'].update({m: round(s, 1)}), parallel=args.parallel)
+                       on_stage=kept, parallel=args.parallel)
             if staged.rows():
                 record_kept_models(args.zoo, args.table, data_dir=args.data_dir)
         except Exception:  # noqa: BLE001  the stages kept before the failing one still come back
@@ -98,9 +114,7 @@ def main(argv=None) -> int:
             print(f'FAILED: {result["failed"]}', flush=True)
         if (reproduction.out / 'results.md').is_file():
             shutil.copy(reproduction.out / 'results.md', args.out / 'results.md')
-    tar = pack(args.zoo, args.table, args.out)
-    result.update(missing=staged.missing(), seconds=round(time.time() - start, 1), tar_bytes=tar.stat().st_size)
-    (args.out / 'zoo_gpu_long.json').write_text(json.dumps(result, indent=1))
+    tar = write_back(staged, args.out, result, start)
     line = (f'== done in {result["seconds"]:.0f} s: kept this call {list(result["stages"])}, missing '
             f'{result["missing"] or "none"}; zoo.tar {tar.stat().st_size / 2 ** 20:.1f} MiB')
     if tar.stat().st_size > MAX_FILE_BYTES:
