@@ -376,3 +376,41 @@ def test_unknown_peer_or_comparison_names_the_peers():
     with pytest.raises(sa_vision.errors.UserError, match='vit_peer'):
         sab.build_variants('sa_quadratic_cifar', ['vit_pear'], embed_dim=8, depth=1, heads_per_layer=1,
                            mlp_hidden_dim=8)
+
+
+def _tensors_held(model: nn.Module) -> dict:
+    """Every tensor a model holds between calls: parameters, buffers, plain tensor attributes, by module."""
+    return {(name, key): t for name, module in model.named_modules()
+            for key, t in [*module._parameters.items(), *module._buffers.items(), *vars(module).items()]
+            if isinstance(t, torch.Tensor)}
+
+
+@pytest.mark.parametrize('compare', ['self', 'paper', 'dense', 'vit_peer', 'sa_gen_cifar', 'resnet18_cifar'])
+def test_compiled_steps_keep_no_tensor_of_theirs_in_the_model(compare):
+    """What torch.compile(mode='reduce-overhead') needs of every variant the GPU device check times: a compiled
+    call stores none of its own tensors in the model (a buffer cached in forward). CUDA graphs replay into the
+    same output memory, so such a tensor is overwritten by the next step, which then fails reading it ("accessing
+    tensor output of CUDAGraphs that has been overwritten"); dynamo's 'eager' backend shows it without a GPU.
+    Steady calls reuse their graphs (a second graph per call would be recorded again each time)."""
+    compare_kwargs = {'vit_peer': dict(embed_dim=12, depth=1, num_heads=3),
+                      'resnet18_cifar': dict(stem_width=8, channels=(8, 16, 32, 64))}
+    torch.manual_seed(0)
+    variants = sab.build_variants('sa_quadratic_cifar', [] if compare == 'self' else [compare],
+                                  compare_kwargs=compare_kwargs, input_size=(3, 8, 8), **TINY)
+    variant = variants[-1]
+    runner = sab._Runner(variant, 2, (3, 8, 8), torch.device('cpu'), torchcompile='eager',
+                         torchcompile_mode='reduce-overhead')
+    before = _tensors_held(variant.model)
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+    for _ in range(2):
+        runner.train_step()
+        runner.infer_step()
+    graphs = counters['stats']['unique_graphs']
+    runner.train_step()
+    runner.infer_step()
+    after = _tensors_held(variant.model)
+    assert after.keys() == before.keys()
+    assert [key for key, t in after.items() if t is not before[key]] == [], 'tensors replaced by a compiled call'
+    assert counters['stats']['unique_graphs'] == graphs, 'steady steps compiled again'

@@ -111,7 +111,12 @@ class PaperAttention(nn.Module):
     def _relative_encoding(self, grid_h: int, grid_w: int, like: Tensor) -> Tensor:
         if self.encoding.shape[:4] != (grid_h, grid_w, grid_h, grid_w) or self.encoding.dtype != like.dtype \
                 or self.encoding.device != like.device:
-            self.encoding = relative_encoding(grid_h, grid_w, device=like.device, dtype=like.dtype)
+            encoding = relative_encoding(grid_h, grid_w, device=like.device, dtype=like.dtype)
+            if torch.compiler.is_compiling():
+                # not kept: a tensor a compiled call stores in the module is an output that CUDA graphs
+                # (mode 'reduce-overhead') overwrite at the next replay, which would then read it
+                return encoding
+            self.encoding = encoding
         return self.encoding
 
     def scores(self, grid_h: int, grid_w: int) -> Tensor:
