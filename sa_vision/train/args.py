@@ -204,7 +204,8 @@ def _device_arguments(group) -> None:
                             "CUDA), max-autotune, max-autotune-no-cudagraphs (default: torch's default). With "
                             "--torchcompile auto: weigh eager against this mode only")
     group.add_argument('--amp-dtype', default='bfloat16', type=str,
-                       help="'bfloat16' (default) or 'float16' (with a gradient scaler)")
+                       help="'bfloat16' (default) or 'float16' (with a gradient scaler, whose every step waits for "
+                            "the GPU to say whether the gradients overflowed; bfloat16 steps never wait)")
     group.add_argument('--channels-last', action=argparse.BooleanOptionalAction, default=None,
                        help='channels-last memory layout (default: on with CUDA for models with real convolutions, '
                             'such as resnet18_cifar; see uses_channels_last)')
