@@ -461,3 +461,12 @@ def test_staged_zoo_starts_a_stage_only_if_it_fits_behind_the_running_ones(tmp_p
     summary.write_text('epoch,loss\n0,1\n1,1\n2,1\n')  # 3 of its 4 epochs done
     # 175 s of estimate done in 100 s: 4/7 s each; the second's last 25 s and the third's 100 take 500/7 < 150
     assert budget.next_to_start({second: None}) == third
+
+
+def test_a_training_side_by_side_tags_each_line_of_its_output(capfd):
+    import sys
+
+    from sa_vision.reproduce.stages import _run_training
+    script = 'import sys; print("epoch 1"); print("oops", file=sys.stderr); sys.exit(3)'
+    assert _run_training([sys.executable, '-c', script], '[sa_gen_cifar] ') == 3
+    assert capfd.readouterr().out.splitlines() == ['[sa_gen_cifar] epoch 1', '[sa_gen_cifar] oops']
