@@ -6,6 +6,7 @@ import gzip
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import warnings
@@ -52,7 +53,7 @@ def test_no_budget_skips_every_section_and_still_reports(tmp_path):
     for key in ('torch', 'timm', 'cuda', 'triton'):  # the versions at the top
         assert f'\n{key}: ' in log
     assert results['items'] and all(i['status'] == 'skipped: budget' for i in results['items'])
-    assert {i['section'] for i in results['items']} == set(range(1, 9))
+    assert {i['section'] for i in results['items']} == set(range(1, 10))
     assert log.count(': skipped: budget') == len(results['items'])
     assert [g.split()[0] for g in results['goals']] == ['UNKNOWN'] * 3
 
@@ -108,6 +109,16 @@ def test_smoke_runs_the_fused_kernel_section(tmp_path):
         run = results['fused_layer'][size]
         assert run['ms']['batched'] > 0 and run['ms']['fused'] > 0
         assert run['max_abs_difference_over_max'] < 0.05  # bf16 rounding of the same sums
+
+
+@pytest.mark.slow
+def test_smoke_runs_the_cuda_tests_section(tmp_path):
+    """Section 9 on the CPU: pytest selects the CUDA cases of one file, which skip here; the log has pytest's tally."""
+    log, results = _run(tmp_path, '--section', '9')
+    run = results['cuda_tests']
+    assert run['status'] == 0 and run['failed'] == []
+    assert re.fullmatch(r'\d+ skipped, \d+ deselected in [\d.]+s', run['summary']), run['summary']
+    assert (tmp_path / 'cuda_tests.log').is_file() and run['summary'] in log
 
 
 def test_trace_summary_counts_gpu_busy_time_once_where_kernels_overlap():

@@ -1,4 +1,5 @@
-"""The GPU device check: throughput in three compile modes, dense mixing, a profile, syncs, training, the zoo.
+"""The GPU device check: throughput in three compile modes, dense mixing, a profile, syncs, training, the zoo, the
+CUDA tests.
 
 One script for a lent GPU (how to run it, the data folder and the time: device_check.md beside this file). Full-size
 ``sa_quadratic_cifar`` (the paper's width, Sec. 4) and the ``cpu`` profile's narrow one (embedding 64, MLP 128), bf16
@@ -15,7 +16,9 @@ once ``--budget-s`` would be exceeded:
 6. ``sa-vision-train`` end to end on Fashion-MNIST with the data on the device, its epochs' images/s;
 7. the ``cpu`` zoo profile's five stages trained on the GPU (``Reproduction(train_args=...)``);
 8. one attention layer's training step through the fused Triton kernel (``sa_vision.layers.triton_mixing``) against
-   the batched path: whether the kernel is worth wiring into the models.
+   the batched path: whether the kernel is worth wiring into the models;
+9. the repository's CUDA test cases (``pytest -m cuda``): exactness of every path on the GPU, compiled training steps
+   that never wait for the host, the compiled Triton kernel.
 
 It ends with a PASS / MISS line for each goal. ``--smoke`` runs every section on the CPU with tiny models, a few
 steps and dynamo's ``eager`` backend (tests/test_device_check.py), so that a slip cannot cost device time.
@@ -325,6 +328,32 @@ class Check:
                 warnings.showwarning = shown
         self.sync()
         return stacks
+
+    # ---- section 9: the CUDA tests
+
+    def cuda_tests(self) -> None:
+        """``pytest -m cuda`` over the whole test suite (the smoke run: one file, whose CUDA cases skip on the CPU),
+        its output in cuda_tests.log, within the time left."""
+        tests = ROOT / 'tests'
+        cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-q', '-rfEs', '-p', 'no:cacheprovider',
+               str(tests / 'test_train_runtime.py' if self.smoke else tests)]
+        log_path, t0 = self.log.out / 'cuda_tests.log', time.time()
+        with open(log_path, 'w') as f:
+            try:
+                status = subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                        timeout=max(self.budget.left(), 30),
+                                        env=dict(os.environ, PYTHONUNBUFFERED='1')).returncode
+            except subprocess.TimeoutExpired:
+                status = 'stopped: budget'
+        lines = log_path.read_text().splitlines()
+        summary = next((line.strip('= ') for line in reversed(lines) if re.search(r'\d+ (passed|failed|skipped|error)',
+                                                                                  line)), 'no summary line')
+        failed = [line for line in lines if line.startswith(('FAILED', 'ERROR'))]
+        self.log(f'$ {" ".join(cmd[1:])}\nexit {status}: {summary} ({time.time() - t0:.0f} s); its output: '
+                 f'cuda_tests.log')
+        for line in failed[:20]:
+            self.log(f'  | {line[:200]}')
+        self.log.results['cuda_tests'] = {'status': status, 'summary': summary, 'failed': failed}
 
     # ---- section 8: the fused Triton kernel
 
@@ -720,6 +749,7 @@ def items(check: Check) -> List[Item]:
         Item(6, 'sa-vision-train full-size', lambda: c.train_e2e('full'), 100),
         Item(8, 'full-size layer, fused Triton kernel', lambda: c.fused_layer('full'), 40),
         Item(8, 'narrow layer, fused Triton kernel', lambda: c.fused_layer('narrow'), 30),
+        Item(9, 'the CUDA tests (pytest -m cuda)', c.cuda_tests, 150),
         Item(1, 'full-size, default compile, training', lambda: c.paired('full', 'default', main3), 70),
         Item(1, 'narrow, default compile, training', lambda: c.paired('narrow', 'default', main3), 50),
         Item(5, 'sync check, default compile', lambda: c.sync_check('full', 'default'), 10),
@@ -756,16 +786,16 @@ def main(argv=None) -> int:
     p.add_argument('--smoke', action='store_true', help='the CPU with tiny models and a few steps: seconds')
     p.add_argument('--budget-s', type=float, default=480, help='skip what would end later than this (default 480)')
     p.add_argument('--section', default='all',
-                   help='comma list of the sections to run, 1-8 (default all; the zoo, 7, needs its own call)')
+                   help='comma list of the sections to run, 1-9 (default all; the zoo, 7, needs its own call)')
     p.add_argument('--data-dir', default=None,
                    help='the folder of Fashion-MNIST\'s four .gz files (sections 6, 7; default data/fashion-mnist '
                         'where it exists)')
     p.add_argument('--zoo-parallel', type=int, default=None,
                    help='the zoo\'s four trainings run this many at a time (default 4 on the GPU, 2 in the smoke run)')
     args = p.parse_args(argv)
-    sections = set(range(1, 9)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
-    if not sections <= set(range(1, 9)):
-        p.error(f'--section {args.section!r}: sections are 1 to 8')
+    sections = set(range(1, 10)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
+    if not sections <= set(range(1, 10)):
+        p.error(f'--section {args.section!r}: sections are 1 to 9')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
     if args.data_dir is None and (ROOT / 'data' / 'fashion-mnist').is_dir():
