@@ -502,10 +502,10 @@ def test_batched_value_accumulates_the_heads_in_float32_under_autocast():
 
 
 def path(device_type='cpu', dtype=torch.float32, autocast=False, compiling=False, capturing=False, grad=True,
-         training=True, separable=True, content=False, dense=None, batched=False, cuda_dense=False):
+         training=True, separable=True, content=False, dense=None, batched=False, fused=False, cuda_dense=False):
     from sa_vision.layers import choose_path
     return choose_path(device_type, dtype, autocast, compiling, capturing, grad, training, separable, content, dense,
-                       batched, cuda_dense)
+                       batched, fused, cuda_dense)
 
 
 def test_choose_path_batches_everything_but_float32_and_float64_eager_on_the_cpu():
@@ -548,9 +548,23 @@ def test_choose_path_functions_and_cache():
         assert not path(**case).cache_probs, case
 
 
+def test_choose_path_fused_kernel_only_when_asked_outside_captured_graphs():
+    """The Triton kernel only when asked for (never a default: unmeasured on a GPU), for content-free kinds, in eager
+    and under torch.compile but in no captured graph; it replaces the other Functions, not the mixing form."""
+    for case in (dict(), dict(device_type='cuda'), dict(device_type='cuda', autocast=True), dict(grad=False)):
+        assert not path(**case).fused_kernel, case
+    for case in (dict(), dict(device_type='cuda'), dict(separable=False), dict(compiling=True), dict(grad=False),
+                 dict(dtype=torch.float64), dict(device_type='cuda', dtype=torch.bfloat16, autocast=True)):
+        chosen = path(fused=True, **case)
+        assert chosen.fused_kernel and not chosen.attend_then_project and not chosen.recompute_mixing, case
+        assert chosen.dense == path(**case).dense, case
+    for case in (dict(content=True, separable=False), dict(capturing=True), dict(capturing=True, compiling=True)):
+        assert not path(fused=True, **case).fused_kernel, case
+
+
 def test_the_layers_ask_choose_path_with_the_runtime_state():
     """What the layers pass: autocast, grad, the model's switches (the device type and dtype are the input's)."""
-    from sa_vision.layers import HeadsLinear, batched_heads
+    from sa_vision.layers import HeadsLinear, batched_heads, fused_mix_and_project
     layer = make_layer('quadratic', torch.float32)
     x = torch.zeros(2, 2, 1, layer.dim)
     assert not layer.path(x).batched and layer.path(x).attend_then_project
@@ -565,6 +579,11 @@ def test_the_layers_ask_choose_path_with_the_runtime_state():
         assert layer.path(x).batched
     with dense_attention(layer):
         assert layer.path(x).dense and not layer.path(x).attend_then_project
+    with fused_mix_and_project(layer):
+        assert layer.path(x).fused_kernel and layer.path(x.bfloat16()).fused_kernel
+        assert not torch.jit.script(layer).path(x).fused_kernel  # a scripted model launches no Triton kernel
+    assert not layer.fused_kernel and not layer.path(x).fused_kernel
+    assert 'fused_kernel' not in str(list(layer.state_dict()))
 
 
 def test_batched_heads_context_manager_restores_the_mode():

@@ -231,3 +231,103 @@ def test_cuda_compiled_kernel(monkeypatch, dtype):
             assert_float32_close(g, w, H * W + B * H * W)
         else:
             torch.testing.assert_close(g.double(), w, rtol=0, atol=3 * torch.finfo(dtype).eps * w.abs().max().item())
+
+
+# ---- the kernel wired into the models: fused_mix_and_project
+
+def tiny_model(name):
+    import timm
+
+    import sa_vision  # noqa: F401  (registers the models)
+    torch.manual_seed(0)
+    return timm.create_model(name, embed_dim=8, depth=2, heads_per_layer=2, mlp_hidden_dim=16, num_classes=3,
+                             max_rel_shift=3).double()
+
+
+@pytest.fixture
+def kernel_launches(monkeypatch):
+    """How many times the Triton kernel was launched since the test began (a list, one entry per launch)."""
+    launches, launch = [], triton_mixing._chain
+    monkeypatch.setattr(triton_mixing, '_chain', lambda *a, **k: launches.append(1) or launch(*a, **k))
+    return launches
+
+
+def step(model, x, switched, seed=1):
+    """The output and every parameter's gradient of one training forward and backward (dropout on, same seed)."""
+    from sa_vision.layers import fused_mix_and_project
+    with fused_mix_and_project(model, switched):
+        torch.manual_seed(seed)
+        out = model(x)
+        grads = torch.autograd.grad(out.square().sum(), list(model.parameters()))
+    return [out, *grads]
+
+
+MODEL_CASES = [('sa_quadratic_cifar', (8, 8)), ('sa_learned_cifar', (8, 10)), ('sa_gen_cifar', (8, 10))]
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret')
+@pytest.mark.parametrize('name,image', MODEL_CASES)
+def test_switched_model_equals_the_model(name, image, kernel_launches):
+    """The whole model in float64 training (dropout on, the same seed) with every layer through the kernel equals
+    the model on its own path (the per-head Functions here): the output and every parameter's gradient. Separable
+    kinds on a square and a non-square grid hand the kernel their dropped-out ``[row, col]`` factors."""
+    model = tiny_model(name).train()
+    x = torch.randn(2, 3, *image, dtype=torch.float64)
+    want = step(model, x, False)
+    assert not kernel_launches
+    got = step(model, x, True)
+    assert len(kernel_launches) == 2 * 4, 'two layers, each one forward and three backward products'
+    for g, w, what in zip(got, want, ['output'] + [n for n, _ in model.named_parameters()]):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12, msg=lambda m, what=what: f'{what}: {m}')
+    assert not any(m.fused_kernel for m in model.modules() if hasattr(m, 'fused_kernel')), 'switch restored'
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret')
+def test_content_kind_and_captured_graphs_do_not_take_the_kernel(kernel_launches):
+    """The content kind has no content-free probabilities to hand over; a TorchScript trace cannot record a
+    Triton launch: both run their own path under the switch (and equal the model without it)."""
+    from sa_vision.layers import fused_mix_and_project
+    content = tiny_model('sa_content_cifar').eval()
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    want = content(x)
+    with fused_mix_and_project(content):
+        torch.testing.assert_close(content(x), want, rtol=0, atol=0)
+    model = tiny_model('sa_quadratic_cifar').eval()
+    want = model(x)
+    with fused_mix_and_project(model), torch.no_grad():
+        traced = torch.jit.trace(model, (x,), check_trace=False)  # the check reruns the model in eager
+    assert not kernel_launches
+    torch.testing.assert_close(traced(x), want, rtol=0, atol=1e-12)
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret')
+@pytest.mark.parametrize('backend', ('eager', 'aot_eager'))
+def test_compiled_switched_model_runs_the_kernel_and_matches_eager(backend, kernel_launches):
+    """``torch.compile`` keeps the kernel's custom operators as calls in its graph (no graph break; aot_eager also
+    runs their shape functions): the compiled switched model launches it and equals the eager one."""
+    from torch._dynamo.utils import counters
+    model = tiny_model('sa_quadratic_cifar').train()
+    x = torch.randn(2, 3, 8, 10, dtype=torch.float64)
+    want = step(model, x, True)
+    kernel_launches.clear()
+    torch._dynamo.reset()
+    counters.clear()
+    got = step(torch.compile(model, backend=backend), x, True)
+    assert len(kernel_launches) == 2 * 4
+    assert not counters['graph_break'], dict(counters['graph_break'])
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
+
+
+@needs_triton
+def test_switched_model_refuses_to_run_where_triton_cannot(monkeypatch):
+    """No silent fallback to the model's own path (a benchmark would compare the model with itself)."""
+    from sa_vision.layers import fused_mix_and_project
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    model = tiny_model('sa_quadratic_cifar')
+    with fused_mix_and_project(model), pytest.raises(UserError, match='needs triton'):
+        model(torch.randn(1, 3, 8, 8, dtype=torch.float64))

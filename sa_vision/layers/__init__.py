@@ -24,11 +24,12 @@ from .scores import (
     kernel_offsets,
     relative_shifts,
 )
-from .switches import batched_heads, dense_attention
+from .switches import batched_heads, dense_attention, fused_mix_and_project
 
 __all__ = [
     'ATTENTION_KINDS', 'CUDA_DENSE_MIXING', 'AttentionPath', 'HeadsLinear', 'PositionalAttention', 'apply_mixing',
-    'attend_then_project', 'batched_heads', 'choose_path', 'dense_attention', 'drop_negligible', 'negligible_below',
+    'attend_then_project', 'batched_heads', 'choose_path', 'dense_attention', 'drop_negligible',
+    'fused_mix_and_project', 'negligible_below',
     'SampleDropPath', 'SpaceToDepthEmbed', 'check_image_shape', 'GeluMlp',
     'CONV_INIT_ALPHA', 'POSITION_INITS', 'ContentScores', 'GeneralizedScores', 'LearnedScores', 'QuadraticScores',
     'grid_shifts', 'kernel_offsets', 'relative_shifts',

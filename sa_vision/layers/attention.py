@@ -16,6 +16,7 @@ from .attention_path import AttentionPath, current_path
 from .autocast import autocast_inputs
 from .scores import CONV_INIT_ALPHA, ContentScores, GeneralizedScores, LearnedScores, QuadraticScores
 from .tracing import is_capturing
+from .triton_mixing import mix_and_project
 
 __all__ = [
     'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'apply_mixing', 'attend_then_project', 'drop_negligible',
@@ -147,8 +148,9 @@ class PositionalAttention(nn.Module):
         self.fused_attn = use_fused_attn()
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major
-        # all heads batched instead of the per-head kernels on the CPU (see choose_path, batched_heads)
-        self.batched_heads = False
+        # all heads batched instead of the per-head kernels on the CPU, or mixed and projected by the fused Triton
+        # kernel (see choose_path; set by batched_heads, fused_mix_and_project)
+        self.batched_heads = self.fused_kernel = False
         self._probs_cache: Dict = {}
 
     def position_probs(self, grid_h: int, grid_w: int) -> Tensor:
@@ -166,7 +168,7 @@ class PositionalAttention(nn.Module):
     def path(self, x: Tensor, batched: bool = False) -> AttentionPath:
         """How this layer runs on grid-major ``x`` now (:func:`choose_path`); ``batched``: Value asks for it."""
         return current_path(x, self.training, self.separable, self.content is not None, self.dense,
-                             self.batched_heads or batched)
+                             self.batched_heads or batched, self.fused_kernel)
 
     def mix(self, x: Tensor, path: Optional[AttentionPath] = None) -> Tensor:
         """Grid-major attention: ``x`` is ``h x w x B x D``, the result ``heads x h x w x B x D``."""
@@ -274,6 +276,8 @@ def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Te
     """``value(attn(x))`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``), on the path
     :func:`choose_path` picks."""
     path = attn.path(x, value.batched_heads)
+    if path.fused_kernel:  # no heads-sized tensor; raises where triton cannot run rather than falling back
+        return mix_and_project(x, attn._mixing_probs(x.shape[0], x.shape[1], path), value.weight, value.bias)
     if path.attend_then_project:
         probs = attn._mixing_probs(x.shape[0], x.shape[1], path)
         return _AttendThenProject.apply(x, value.weight, value.bias, *probs)

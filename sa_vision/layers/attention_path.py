@@ -1,5 +1,15 @@
 """ The one choice of how a positional attention layer and its Value run (measurements: ``docs/attention.md``,
-"Why each path"): :func:`choose_path` and what it depends on """
+"Why each path"): :func:`choose_path` and what it depends on
+
+The fused Triton kernel (``triton_mixing.mix_and_project``: mixing and Value in one kernel, forward and backward,
+never storing the heads-sized tensor whose memory traffic bounds a GPU training step) is opt-in
+(:func:`fused_mix_and_project`) because it is unmeasured on a GPU: the device check times the whole model with and
+without it (docs/probes/gpu/device_check.md). It takes over from the other Functions and mixes by the probabilities
+the ``dense`` choice makes, dropout included. Never in a captured graph: TorchScript, its tracer, export and ONNX
+cannot record a Triton launch (FX keeps the blocks whole, so they run it as in eager; ``torch.compile`` keeps it as
+a custom operator in its graph). Asked for where triton cannot run, it raises rather than falling back: a benchmark
+would compare a model with itself.
+"""
 from typing import NamedTuple, Optional
 
 import torch
@@ -27,7 +37,7 @@ class AttentionPath(NamedTuple):
     recompute_mixing: bool  # batched: the separable_mixing Function, recomputing the row-mixed heads in backward
     attend_then_project: bool  # per head: _AttendThenProject, each head mixed and projected, recomputed in backward
     cache_probs: bool  # eval without autograd: reuse the probabilities while the positional parameters are unchanged
-    # a fused Triton mixing + Value kernel would be one more field here, chosen only on CUDA when asked for
+    fused_kernel: bool  # triton_mixing.mix_and_project: mixing + Value in one Triton kernel, no heads-sized tensor
 
 
 def choose_path(
@@ -42,13 +52,15 @@ def choose_path(
         content: bool,
         dense: Optional[bool],
         batched: bool,
+        fused: bool,
         cuda_dense: bool,
 ) -> AttentionPath:
     """The one choice of how attention + Value run (measurements: ``docs/attention.md``, "Why each path").
 
-    ``dense`` and ``batched`` are the overrides of :func:`dense_attention` and :func:`batched_heads` (``None``
-    / ``False``: the default here); ``cuda_dense``: CUDA's default mixing, :data:`CUDA_DENSE_MIXING` (an argument:
-    TorchScript reads no module global). Batched unless float32 / float64 eager on the CPU:
+    ``dense``, ``batched`` and ``fused`` are the overrides of :func:`dense_attention`, :func:`batched_heads` and
+    :func:`fused_mix_and_project` (``None`` / ``False``: the default here); ``cuda_dense``: CUDA's default mixing,
+    :data:`CUDA_DENSE_MIXING` (an argument: TorchScript reads no module global). Batched unless float32 / float64
+    eager on the CPU:
 
     * ``torch.compile`` cannot trace the per-head Functions, and inductor fuses the plain graph by itself;
     * a captured graph (export, tracing, TorchScript) loses the per-head ``out=`` products into reused buffers;
@@ -62,6 +74,9 @@ def choose_path(
     the dense form at 16x16) except on CUDA when :data:`CUDA_DENSE_MIXING` says otherwise. Eager training of the
     separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 28 % less peak
     memory); compiled graphs choose what to keep by themselves.
+
+    The fused Triton kernel only when ``fused`` asks for it, for the content-free kinds, outside captured graphs
+    (why: this module's docstring).
     """
     graph = compiling or capturing
     batched = (batched or graph or device_type != 'cpu' or autocast
@@ -73,35 +88,38 @@ def choose_path(
     else:
         mix_dense = device_type == 'cuda' and cuda_dense
     separable_mixing = not mix_dense
+    fused_kernel = fused and not content and not capturing
     return AttentionPath(
         batched=batched,
         dense=mix_dense,
-        recompute_mixing=batched and grad and separable_mixing and not graph,
-        attend_then_project=not batched and not content and (not grad or separable_mixing),
+        recompute_mixing=batched and grad and separable_mixing and not graph and not fused_kernel,
+        attend_then_project=not batched and not content and (not grad or separable_mixing) and not fused_kernel,
         # CPU only: checking the cache compares parameter values (torch.equal), which on a GPU waits for the
         # device; a CUDA forward never waits for the host
         cache_probs=device_type == 'cpu' and not (training or grad or graph or content),
+        fused_kernel=fused_kernel,
     )
 
 
 def current_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
-                  batched: bool) -> AttentionPath:
+                  batched: bool, fused: bool = False) -> AttentionPath:
     """:func:`choose_path` for input ``x`` in the current state of autograd, autocast, compilation and capture."""
     if torch.jit.is_scripting():
-        # a scripted model is a captured graph, made before any CUDA default was measured: separable on CUDA
+        # a scripted model is a captured graph, made before any CUDA default was measured: separable on CUDA, and
+        # no Triton launch
         return choose_path(x.device.type, x.dtype, False, False, True, False, training, separable, content, dense,
-                           batched, False)
+                           batched, False, False)
     else:
-        return _eager_path(x, training, separable, content, dense, batched)
+        return _eager_path(x, training, separable, content, dense, batched, fused)
 
 
 @torch.jit.unused
 def _eager_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
-                batched: bool) -> AttentionPath:
+                batched: bool, fused: bool) -> AttentionPath:
     device_type, compiling, capturing = x.device.type, torch.compiler.is_compiling(), is_capturing()
     # a graph is batched whatever autocast says; dynamo before torch 2.14 cannot trace is_autocast_available, and
     # 'meta' and the like have no autocast to ask about
     autocast = (not (compiling or capturing) and torch.amp.is_autocast_available(device_type)
                 and torch.is_autocast_enabled(device_type))
     return choose_path(device_type, x.dtype, autocast, compiling, capturing, torch.is_grad_enabled(), training,
-                       separable, content, dense, batched, CUDA_DENSE_MIXING)
+                       separable, content, dense, batched, fused, CUDA_DENSE_MIXING)

@@ -1,5 +1,6 @@
 """ Switches of every attention layer of a model, for checks and speed comparisons: dense mixing
-(:func:`dense_attention`) and the batched path (:func:`batched_heads`); ``docs/attention.md`` explains both paths """
+(:func:`dense_attention`), the batched path (:func:`batched_heads`) and the fused Triton kernel
+(:func:`fused_mix_and_project`); ``docs/attention.md`` explains them """
 import contextlib
 from typing import ContextManager, Iterator, Tuple
 
@@ -7,7 +8,7 @@ from torch import nn
 
 from .attention import HeadsLinear, PositionalAttention
 
-__all__ = ['dense_attention', 'batched_heads']
+__all__ = ['dense_attention', 'batched_heads', 'fused_mix_and_project']
 
 
 @contextlib.contextmanager
@@ -33,3 +34,10 @@ def dense_attention(model: nn.Module, enabled: bool = True) -> ContextManager[nn
 def batched_heads(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
     """Run every attention layer and Value of ``model`` on the batched path while active (``enabled=True``)."""
     return _switch(model, (PositionalAttention, HeadsLinear), 'batched_heads', enabled)
+
+
+def fused_mix_and_project(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
+    """Run every content-free :class:`PositionalAttention` of ``model`` and its Value through the fused Triton
+    kernel (:func:`~sa_vision.layers.triton_mixing.mix_and_project`) while active, outside captured graphs. Opt-in
+    until measured on a GPU (:func:`choose_path`); where triton cannot run, a forward raises ``UserError``."""
+    return _switch(model, (PositionalAttention,), 'fused_kernel', enabled)

@@ -1,8 +1,9 @@
 """ Content-free attention and the Value projection in one Triton kernel (paper Sec. 2.3, Eq. 9), for GPUs
 
 ``out = bias + sum_n (P_n x) W_n^T`` without ever storing the mixed heads ``P_n x``: a heads-sized tensor is the
-memory traffic that bounds a training step on a GPU. Opt-in, not wired into :func:`attend_then_project`; how it is
-tested: ``docs/attention.md``. Runs on the CPU (slowly, for tests) under ``TRITON_INTERPRET=1``. """
+memory traffic that bounds a training step on a GPU. Opt-in: :func:`attend_then_project` calls it inside
+``fused_mix_and_project(model)`` (``sa_vision.layers``); why and how it is tested: ``docs/attention.md``. Runs on
+the CPU (slowly, for tests) under ``TRITON_INTERPRET=1``. """
 from __future__ import annotations  # the kernel's ``tl.constexpr`` annotations stay strings when triton is absent
 
 import functools
@@ -148,42 +149,76 @@ def _chain(out: Tensor, out_dims: Tuple[int, int, int], lhs: Operand, mid: Opera
     return out
 
 
-class _MixAndProject(torch.autograd.Function):
-    """``x (T, B, D)``, ``probs (heads, T, T)``, ``weight (out, heads*D)``, ``bias (out,)`` of one dtype ->
-    ``(T, B, out)``; backward recomputes the mixed heads tile by tile and stores none."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, probs: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+# The forward and the three backward products are custom operators (``torch.library``), their autograd formula
+# registered on the forward: ``torch.compile`` keeps each as one opaque call in its graph (inside CUDA graphs under
+# 'reduce-overhead') where dynamo could not trace the launch itself, neither the interpreter's nor the compiled
+# kernel's wrapping at first use. A copy of this module without triton (a test) registers nothing.
+if triton is not None:
+    @torch.library.custom_op('sa_vision::mix_and_project', mutates_args=())
+    def _forward(x: Tensor, probs: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+        """``x (T, B, D)``, ``probs (heads, T, T)``, ``weight (out, heads*D)``, ``bias (out,)`` of one dtype ->
+        ``(T, B, out)``; the backward recomputes the mixed heads tile by tile and stores none."""
         (T, B, D), heads, C = x.shape, probs.shape[0], weight.shape[0]
         w = weight.unflatten(1, (heads, D))  # w[o, n, d] = W[o, n*D + d]
-        out = x.new_empty(T, B, C)
         # group b, term n: out[:, b] = sum_n (P_n @ x[:, b]) @ W_n^T
-        _chain(out, (1, 0, 2), _operand(probs, None, 0, 1, 2), _operand(x, 1, None, 0, 2),
-               _operand(w, None, 1, 2, 0), (T, T, D, C), heads, bias)
+        return _chain(x.new_empty(T, B, C), (1, 0, 2), _operand(probs, None, 0, 1, 2), _operand(x, 1, None, 0, 2),
+                      _operand(w, None, 1, 2, 0), (T, T, D, C), heads, bias)
+
+    @torch.library.custom_op('sa_vision::mix_and_project_grad_x', mutates_args=())
+    def _grad_x(g: Tensor, probs: Tensor, weight: Tensor) -> Tensor:
+        (T, B, C), heads = g.shape, probs.shape[0]
+        D = weight.shape[1] // heads
+        # group b, term n: grad_x[:, b] = sum_n (P_n^T @ g[:, b]) @ W_n
+        return _chain(g.new_empty(T, B, D), (1, 0, 2), _operand(probs, None, 0, 2, 1), _operand(g, 1, None, 0, 2),
+                      _operand(weight.unflatten(1, (heads, D)), None, 1, 0, 2), (T, T, C, D), heads)
+
+    @torch.library.custom_op('sa_vision::mix_and_project_grad_probs', mutates_args=())
+    def _grad_probs(g: Tensor, x: Tensor, weight: Tensor) -> Tensor:
+        (T, B, D), C = x.shape, weight.shape[0]
+        heads = weight.shape[1] // D
+        # group n, term b: grad_P[n] = sum_b (g[:, b] @ W_n) @ x[:, b]^T
+        return _chain(x.new_empty(heads, T, T), (0, 1, 2), _operand(g, None, 1, 0, 2),
+                      _operand(weight.unflatten(1, (heads, D)), 1, None, 0, 2), _operand(x, None, 1, 2, 0),
+                      (T, C, D, T), B)
+
+    @torch.library.custom_op('sa_vision::mix_and_project_grad_weight', mutates_args=())
+    def _grad_weight(g: Tensor, x: Tensor, probs: Tensor) -> Tensor:
+        (T, B, D), heads, C = x.shape, probs.shape[0], g.shape[2]
+        # group n, term b: grad_W_n = sum_b (g[:, b]^T @ P_n) @ x[:, b]
+        grad_w = _chain(x.new_empty(C, heads, D), (1, 0, 2), _operand(g, None, 1, 2, 0), _operand(probs, 0, None, 1, 2),
+                        _operand(x, None, 1, 0, 2), (C, T, T, D), B)
+        return grad_w.flatten(1)
+
+    @_forward.register_fake
+    def _(x, probs, weight, bias):
+        return x.new_empty(x.shape[0], x.shape[1], weight.shape[0])
+
+    @_grad_x.register_fake
+    def _(g, probs, weight):
+        return g.new_empty(g.shape[0], g.shape[1], weight.shape[1] // probs.shape[0])
+
+    @_grad_probs.register_fake
+    def _(g, x, weight):
+        return x.new_empty(weight.shape[1] // x.shape[2], x.shape[0], x.shape[0])
+
+    @_grad_weight.register_fake
+    def _(g, x, probs):
+        return x.new_empty(g.shape[2], probs.shape[0] * x.shape[2])
+
+    def _setup_context(ctx, inputs, output):
+        x, probs, weight, bias = inputs
         ctx.save_for_backward(x, probs, weight)
         ctx.has_bias = bias is not None
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out: Tensor):
+    def _backward(ctx, grad_out: Tensor):
         x, probs, weight = ctx.saved_tensors
-        (T, B, D), heads, C = x.shape, probs.shape[0], weight.shape[0]
-        w = weight.unflatten(1, (heads, D))
-        grad_x = grad_probs = grad_weight = grad_bias = None
-        g = grad_out
-        if ctx.needs_input_grad[0]:  # group b, term n: grad_x[:, b] = sum_n (P_n^T @ g[:, b]) @ W_n
-            grad_x = _chain(x.new_empty(T, B, D), (1, 0, 2), _operand(probs, None, 0, 2, 1), _operand(g, 1, None, 0, 2),
-                            _operand(w, None, 1, 0, 2), (T, T, C, D), heads)
-        if ctx.needs_input_grad[1]:  # group n, term b: grad_P[n] = sum_b (g[:, b] @ W_n) @ x[:, b]^T
-            grad_probs = _chain(probs.new_empty(heads, T, T), (0, 1, 2), _operand(g, None, 1, 0, 2),
-                                _operand(w, 1, None, 0, 2), _operand(x, None, 1, 2, 0), (T, C, D, T), B)
-        if ctx.needs_input_grad[2]:  # group n, term b: grad_W_n = sum_b (g[:, b]^T @ P_n) @ x[:, b]
-            grad_w = _chain(weight.new_empty(C, heads, D), (1, 0, 2), _operand(g, None, 1, 2, 0),
-                            _operand(probs, 0, None, 1, 2), _operand(x, None, 1, 0, 2), (C, T, T, D), B)
-            grad_weight = grad_w.flatten(1)
-        if ctx.has_bias and ctx.needs_input_grad[3]:
-            grad_bias = g.sum((0, 1))
-        return grad_x, grad_probs, grad_weight, grad_bias
+        needs = ctx.needs_input_grad
+        return (_grad_x(grad_out, probs, weight) if needs[0] else None,
+                _grad_probs(grad_out, x, weight) if needs[1] else None,
+                _grad_weight(grad_out, x, probs) if needs[2] else None,
+                grad_out.sum((0, 1)) if ctx.has_bias and needs[3] else None)
+
+    _forward.register_autograd(_backward, setup_context=_setup_context)
 
 
 def _dense(probs: Union[Tensor, Sequence[Tensor]], H: int, W: int) -> Tensor:
@@ -222,6 +257,5 @@ def mix_and_project(x: Tensor, probs: Union[Tensor, List[Tensor]], weight: Tenso
                         f'it on the CPU')
     x, probs, weight, bias = autocast_inputs(x, probs, weight, bias)  # a Function's inputs escape autocast
     dtype = x.dtype
-    out = _MixAndProject.apply(x.reshape(H * W, B, D), probs.to(dtype), weight.to(dtype),
-                               None if bias is None else bias.to(dtype))
+    out = _forward(x.reshape(H * W, B, D), probs.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
     return out.view(H, W, B, weight.shape[0])
