@@ -336,6 +336,28 @@ def test_batched_variant_runs_the_batched_path_with_the_same_weights():
     assert_network_float32_close(out, reference, sa_model_reduction_lengths(model.model, 16))
 
 
+
+def test_fused_variant_runs_the_triton_kernel_with_the_same_weights(monkeypatch):
+    """'fused': a copy inside fused_mix_and_project, launching the kernel (in triton's CPU interpreter here), equal
+    to the model in float64."""
+    from sa_vision.layers import PositionalAttention, triton_mixing
+    if triton_mixing.triton is None:
+        pytest.skip('triton is not installed')
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    launches, launch = [], triton_mixing._chain
+    monkeypatch.setattr(triton_mixing, '_chain', lambda *a, **k: launches.append(1) or launch(*a, **k))
+    model, fused = sab.build_variants('sa_quadratic_cifar', ['fused'], **TINY)
+    assert fused.name == 'sa_quadratic_cifar[fused]'
+    layers = [m for m in fused.model.modules() if isinstance(m, PositionalAttention)]
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    model.model.double().eval(), fused.model.double().eval()
+    with torch.no_grad(), fused.context():
+        assert layers and all(m.fused_kernel for m in layers)
+        out = fused.model(x)
+    assert launches and not any(m.fused_kernel for m in layers)
+    with torch.no_grad():
+        torch.testing.assert_close(out, model.model(x), rtol=0, atol=1e-12)
+
 # the peers of --compare (sa_vision.measure.peers): timm's ViT and ConViT at patch 2, 6 layers of 9 heads, width 72
 PEER_WIDTH, PEER_HIDDEN, PEER_DEPTH, PEER_HEADS = 72, 144, 6, 9
 

@@ -11,8 +11,9 @@ With --compare, each model is timed alternately (A, B, A, B, ...) in one process
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
 reported: those ratios are the speed figures we quote. 'dense' runs the same weights through the plain
 dense formula (sa_vision.layers.dense_attention); 'batched' the same weights on the batched-heads path
-(sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'paper' runs the
-same weights through the paper's dense
+(sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'fused' the same
+weights with attention and Value in one Triton kernel (sa_vision.layers.fused_mix_and_project; a CUDA device, or
+TRITON_INTERPRET=1 on the CPU); 'paper' runs the same weights through the paper's dense
 formulation (sa_vision.research.paper_reference, part of the package); 'vit_peer' and 'convit_peer' are timm's
 VisionTransformer and ConVit at patch 2 (a grid like ours) and about the narrow SA models' parameters, built for
 --img-size (sa_vision.measure.peers).
@@ -61,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='',
-                   help='comma list of variants to time against: dense, batched, paper, a peer (vit_peer, '
+                   help='comma list of variants to time against: dense, batched, fused (the Triton kernel), '
+                        'paper, a peer (vit_peer, '
                         'convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the input size; '
                         'sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
                         '--reproduce-profile arguments, not --model-kwargs)')

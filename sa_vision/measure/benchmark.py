@@ -116,7 +116,8 @@ def build_variants(
         input_size=(3, 32, 32),
         **model_kwargs,
 ) -> List[Variant]:
-    """The model itself, then each of ``compare``: 'dense' / 'batched' (same weights on that path), 'paper' (same
+    """The model itself, then each of ``compare``: 'dense' / 'batched' / 'fused' (same weights on that path, the
+    last through the fused Triton kernel: it needs a CUDA device or ``TRITON_INTERPRET=1``), 'paper' (same
     weights through :mod:`sa_vision.research.paper_reference`), a peer of :mod:`sa_vision.measure.peers` built for
     ``input_size``, or any timm model name (built with ``compare_kwargs[name]``)."""
     import timm
@@ -132,17 +133,13 @@ def build_variants(
     else:
         model = timm.create_model(model_name, **model_kwargs)
     variants = [Variant(model_name, model, infer_model=_maybe_fused(model, fuse))]
+    from sa_vision.layers import batched_heads, dense_attention, fused_mix_and_project
+    switches = {'dense': dense_attention, 'batched': batched_heads, 'fused': fused_mix_and_project}
     for other in compare:
-        if other == 'dense':
-            from sa_vision.layers import dense_attention
-            dense_model = copy.deepcopy(model)  # same weights
-            variants.append(Variant(
-                f'{model_name}[dense]', dense_model, context=lambda m=dense_model: dense_attention(m)))
-        elif other == 'batched':
-            from sa_vision.layers import batched_heads
-            batched_model = copy.deepcopy(model)  # same weights
-            variants.append(Variant(
-                f'{model_name}[batched]', batched_model, context=lambda m=batched_model: batched_heads(m)))
+        if other in switches:
+            switched = copy.deepcopy(model)  # same weights, run inside the switch
+            variants.append(Variant(f'{model_name}[{other}]', switched,
+                                    context=lambda m=switched, switch=switches[other]: switch(m)))
         elif other == 'paper':
             variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model)))
         elif is_peer(other):
@@ -151,7 +148,7 @@ def build_variants(
         elif timm.is_model(other):
             variants.append(Variant(other, timm.create_model(other, **(compare_kwargs or {}).get(other, {}))))
         else:
-            raise UserError(f'unknown comparison {other!r}; use dense, batched, paper, a peer '
+            raise UserError(f'unknown comparison {other!r}; use dense, batched, fused, paper, a peer '
                             f'({", ".join(PEERS)}) or a timm model name')
     return variants
 
