@@ -331,3 +331,18 @@ def test_switched_model_refuses_to_run_where_triton_cannot(monkeypatch):
     model = tiny_model('sa_quadratic_cifar')
     with fused_mix_and_project(model), pytest.raises(UserError, match='needs triton'):
         model(torch.randn(1, 3, 8, 8, dtype=torch.float64))
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret')
+def test_mac_count_of_the_switched_model_is_the_dense_paths():
+    """The benchmark's MAC column (FlopCounterMode) counts the kernel's products: every head mixed densely, then
+    the Value projection, the products of the dense path (dense_attention) counted from its own matrix products."""
+    from sa_vision.layers import dense_attention, fused_mix_and_project
+    from sa_vision.measure.macs import count_macs
+    model = tiny_model('sa_quadratic_cifar')
+    with dense_attention(model):
+        dense = count_macs(model, (3, 8, 10))
+    with fused_mix_and_project(model):
+        assert count_macs(model, (3, 8, 10)) == dense
+    assert count_macs(model, (3, 8, 10)) < dense  # separable: fewer

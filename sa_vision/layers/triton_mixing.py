@@ -12,6 +12,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
+from torch.utils.flop_counter import register_flop_formula
 
 from ..errors import UserError
 from .autocast import autocast_inputs
@@ -219,6 +220,31 @@ if triton is not None:
                 grad_out.sum((0, 1)) if ctx.has_bias and needs[3] else None)
 
     _forward.register_autograd(_backward, setup_context=_setup_context)
+
+    # FlopCounterMode (sa_vision.measure's MAC counts) sees only these calls: each is groups x terms chains
+    # (rows x k1) @ (k1 x k2) @ (k2 x cols), with the sizes that _chain is launched with above
+    def _chain_flops(groups_x_terms: int, rows: int, k1: int, k2: int, cols: int) -> int:
+        return 2 * groups_x_terms * rows * k2 * (k1 + cols)
+
+    @register_flop_formula(torch.ops.sa_vision.mix_and_project)
+    def _(x_shape, probs_shape, weight_shape, bias_shape, out_shape=None, **kwargs) -> int:
+        (T, B, D), heads, C = x_shape, probs_shape[0], weight_shape[0]
+        return _chain_flops(B * heads, T, T, D, C)
+
+    @register_flop_formula(torch.ops.sa_vision.mix_and_project_grad_x)
+    def _(g_shape, probs_shape, weight_shape, out_shape=None, **kwargs) -> int:
+        (T, B, C), heads, D = g_shape, probs_shape[0], out_shape[2]
+        return _chain_flops(B * heads, T, T, C, D)
+
+    @register_flop_formula(torch.ops.sa_vision.mix_and_project_grad_probs)
+    def _(g_shape, x_shape, weight_shape, out_shape=None, **kwargs) -> int:
+        (T, B, D), heads, C = x_shape, out_shape[0], g_shape[2]
+        return _chain_flops(heads * B, T, C, D, T)
+
+    @register_flop_formula(torch.ops.sa_vision.mix_and_project_grad_weight)
+    def _(g_shape, x_shape, probs_shape, out_shape=None, **kwargs) -> int:
+        (T, B, D), heads, C = x_shape, probs_shape[0], g_shape[2]
+        return _chain_flops(heads * B, C, T, T, D)
 
 
 def _dense(probs: Union[Tensor, Sequence[Tensor]], H: int, W: int) -> Tensor:
