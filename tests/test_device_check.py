@@ -103,12 +103,20 @@ def test_smoke_trains_end_to_end_and_the_zoo_or_says_why_not(tmp_path):
 
 @pytest.mark.slow
 def test_smoke_runs_the_fused_kernel_section(tmp_path):
-    """Section 8 on the CPU: the Triton kernel in the interpreter, against the batched path, at tiny sizes."""
+    """Section 8 on the CPU: the Triton kernel in the interpreter, at tiny sizes: one layer against the batched
+    path, then the whole model with and without it (same weights), eager and reduce-overhead."""
     _, results = _run(tmp_path, '--section', '8')
     for size in ('full', 'narrow'):
         run = results['fused_layer'][size]
         assert run['ms']['batched'] > 0 and run['ms']['fused'] > 0
         assert run['max_abs_difference_over_max'] < 0.05  # bf16 rounding of the same sums
+    for key in ('fused/full/eager/both', 'fused/narrow/eager/both', 'fused/full/reduce-overhead/train',
+                'fused/narrow/reduce-overhead/train'):
+        ours, fused = results['paired'][key]
+        assert (ours['role'], fused['role']) == ('ours', 'fused'), key
+        assert (ours['model'], fused['model']) == ('sa_quadratic_cifar', 'sa_quadratic_cifar[fused]'), key
+        assert ours['param_count'] == fused['param_count'] and fused['train_ratio'] > 0, key
+    assert [i['status'] for i in results['items']] == ['done'] * 6
 
 
 @pytest.mark.slow

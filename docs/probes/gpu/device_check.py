@@ -15,8 +15,9 @@ once ``--budget-s`` would be exceeded:
 5. the sync check: training steps under ``torch.cuda.set_sync_debug_mode('error')``;
 6. ``sa-vision-train`` end to end on Fashion-MNIST with the data on the device, its epochs' images/s;
 7. the ``cpu`` zoo profile's five stages trained on the GPU (``Reproduction(train_args=...)``);
-8. one attention layer's training step through the fused Triton kernel (``sa_vision.layers.triton_mixing``) against
-   the batched path: whether the kernel is worth wiring into the models;
+8. the fused Triton kernel (``sa_vision.layers.triton_mixing``): one attention layer's training step through it
+   against the batched path, then the whole model with and without it (``fused_mix_and_project``, same weights;
+   eager training and inference, ``reduce-overhead`` training): whether it becomes the default on CUDA;
 9. the repository's CUDA test cases (``pytest -m cuda``): exactness of every path on the GPU, compiled training steps
    that never wait for the host, the compiled Triton kernel.
 
@@ -170,17 +171,18 @@ class Check:
 
     def family(self, size: str, mode: str) -> Dict[str, sab.Variant]:
         """The variants of one size, built once per compile mode (each mode compiles its own copies): ours, the
-        paper's formulation and ours on the dense path (same weights), timm's ViT, sa_gen_cifar, the ResNet."""
+        paper's formulation, ours on the dense path and through the fused Triton kernel (same weights), timm's ViT,
+        sa_gen_cifar, the ResNet."""
         key = (size, mode)
         if key not in self.families:
             kwargs = self.s.full if size == 'full' else self.s.narrow
             vit = self.s.vit_full if size == 'full' else self.s.vit_narrow
             torch.manual_seed(0)
             variants = sab.build_variants(
-                'sa_quadratic_cifar', ['paper', 'dense', 'vit_peer', 'sa_gen_cifar', 'resnet18_cifar'],
+                'sa_quadratic_cifar', ['paper', 'dense', 'fused', 'vit_peer', 'sa_gen_cifar', 'resnet18_cifar'],
                 compare_kwargs={'vit_peer': vit, 'sa_gen_cifar': kwargs, 'resnet18_cifar': self.s.resnet},
                 input_size=self.input_size, **kwargs)
-            self.families[key] = dict(zip(('ours', 'paper', 'dense', 'vit', 'gen', 'resnet'), variants))
+            self.families[key] = dict(zip(('ours', 'paper', 'dense', 'fused', 'vit', 'gen', 'resnet'), variants))
         return self.families[key]
 
     def runner(self, size: str, mode: str, role: str):
@@ -357,17 +359,32 @@ class Check:
 
     # ---- section 8: the fused Triton kernel
 
+    def triton_runs(self, label: str) -> bool:
+        """Whether the fused Triton kernel can run (smoke: in triton's CPU interpreter, this code's correctness
+        only); else says why ``label`` is skipped."""
+        from sa_vision.layers import triton_mixing
+        if self.smoke:
+            os.environ.setdefault('TRITON_INTERPRET', '1')
+            triton_mixing.MAX_BLOCK = 256  # the interpreter's time goes per program: whole tiles, 6x faster here
+        if triton_mixing.triton_available():
+            return True
+        self.log(f'{label}: skipped: triton cannot run here')
+        self.log.results.setdefault('skipped', {})[label] = 'no triton'
+        return False
+
+    def fused_model(self, size: str, mode: str, bench: str = 'train') -> None:
+        """The whole model through the fused Triton kernel (``fused_mix_and_project``) against itself without it,
+        same weights, alternating: whether the kernel becomes the default on CUDA."""
+        if self.triton_runs(f'{size} model with / without the fused Triton kernel, {mode}, {bench}'):
+            self.paired(size, mode, ('ours', 'fused'), bench, key=f'fused/{size}/{mode}/{bench}')
+
     def fused_layer(self, size: str) -> None:
         """One attention layer's training step, bf16 autocast: the batched path's products (all heads mixed, then one
-        Value GEMM) against ``mix_and_project`` (one Triton kernel, no heads-sized tensor), alternating; whether to
-        wire the kernel into the models (it is not yet)."""
+        Value GEMM) against ``mix_and_project`` (one Triton kernel, no heads-sized tensor), alternating: the kernel's
+        own speed, apart from the rest of the model (:meth:`fused_model` times the whole model)."""
         from sa_vision.layers import HeadsLinear, PositionalAttention, triton_mixing
-        if self.smoke:  # the kernel in triton's CPU interpreter: this code's correctness only, at tiny sizes
-            os.environ.setdefault('TRITON_INTERPRET', '1')
         label = f'{size} one layer, fused Triton mix_and_project against the batched path'
-        if not triton_mixing.triton_available():
-            self.log(f'{label}: skipped: triton cannot run here')
-            self.log.results.setdefault('skipped', {})[label] = 'no triton'
+        if not self.triton_runs(label):
             return
         kwargs = self.s.full if size == 'full' else self.s.narrow
         dim, heads = kwargs.get('embed_dim', 400), kwargs.get('heads_per_layer', 9)
@@ -749,6 +766,13 @@ def items(check: Check) -> List[Item]:
         Item(6, 'sa-vision-train full-size', lambda: c.train_e2e('full'), 100),
         Item(8, 'full-size layer, fused Triton kernel', lambda: c.fused_layer('full'), 40),
         Item(8, 'narrow layer, fused Triton kernel', lambda: c.fused_layer('narrow'), 30),
+        Item(8, 'full-size with / without the fused kernel, eager',
+             lambda: c.fused_model('full', 'eager', 'both'), 25),
+        Item(8, 'narrow with / without the fused kernel, eager', lambda: c.fused_model('narrow', 'eager', 'both'), 20),
+        Item(8, 'full-size with / without the fused kernel, reduce-overhead, training',
+             lambda: c.fused_model('full', 'reduce-overhead'), 100),
+        Item(8, 'narrow with / without the fused kernel, reduce-overhead, training',
+             lambda: c.fused_model('narrow', 'reduce-overhead'), 70),
         Item(9, 'the CUDA tests (pytest -m cuda)', c.cuda_tests, 150),
         Item(1, 'full-size, default compile, training', lambda: c.paired('full', 'default', main3), 70),
         Item(1, 'narrow, default compile, training', lambda: c.paired('narrow', 'default', main3), 50),
