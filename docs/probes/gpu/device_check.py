@@ -766,6 +766,8 @@ def items(check: Check) -> List[Item]:
         Item(6, 'sa-vision-train full-size', lambda: c.train_e2e('full'), 100),
         Item(8, 'full-size layer, fused Triton kernel', lambda: c.fused_layer('full'), 40),
         Item(8, 'narrow layer, fused Triton kernel', lambda: c.fused_layer('narrow'), 30),
+        # the tests before the whole model with the kernel: what runs today is checked before what may come
+        Item(9, 'the CUDA tests (pytest -m cuda)', c.cuda_tests, 150),
         Item(8, 'full-size with / without the fused kernel, eager',
              lambda: c.fused_model('full', 'eager', 'both'), 25),
         Item(8, 'narrow with / without the fused kernel, eager', lambda: c.fused_model('narrow', 'eager', 'both'), 20),
@@ -773,7 +775,6 @@ def items(check: Check) -> List[Item]:
              lambda: c.fused_model('full', 'reduce-overhead'), 100),
         Item(8, 'narrow with / without the fused kernel, reduce-overhead, training',
              lambda: c.fused_model('narrow', 'reduce-overhead'), 70),
-        Item(9, 'the CUDA tests (pytest -m cuda)', c.cuda_tests, 150),
         Item(1, 'full-size, default compile, training', lambda: c.paired('full', 'default', main3), 70),
         Item(1, 'narrow, default compile, training', lambda: c.paired('narrow', 'default', main3), 50),
         Item(5, 'sync check, default compile', lambda: c.sync_check('full', 'default'), 10),
