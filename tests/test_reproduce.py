@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -383,7 +384,7 @@ def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
     clock = [0.0]
     monkeypatch.setattr(staged.time, 'time', lambda: clock[0])
     zoo = staged.StagedZoo(Reproduction(tmp_path / 'out', 'tiny'), tmp_path / 'zoo', tmp_path / 't.csv')
-    ran = []
+    ran, table_lock = [], threading.Lock()
 
     def stage(model):
         ran.append(model)
@@ -391,8 +392,10 @@ def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
         for name in staged.KEPT_FILES:
             (zoo.zoo / model).mkdir(parents=True, exist_ok=True)
             (zoo.zoo / model / name).write_text('x')
-        rows = [*zoo.rows(), model]
-        zoo.table.write_text('model\n' + ''.join(f'{m}\n' for m in rows))
+        with table_lock:  # as StagedZoo.stage: one writer at a time, and readers see a whole file
+            rows = [*zoo.rows(), model]
+            with staged.atomic_write(zoo.table) as tmp:
+                Path(tmp).write_text('model\n' + ''.join(f'{m}\n' for m in rows))
     monkeypatch.setattr(zoo, 'stage', stage)
     return zoo, ran
 
@@ -423,8 +426,6 @@ def test_staged_zoo_prunes_only_from_a_kept_source(tmp_path, monkeypatch):
 
 
 def test_staged_zoo_runs_stages_side_by_side_and_the_pruned_one_after_its_source(tmp_path, monkeypatch):
-    import threading
-
     from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER
     zoo, ran = _fake_staged_zoo(tmp_path, monkeypatch, {m: 0 for m in STAGE_ORDER})
     fake_stage, both_running, ended = zoo.stage, threading.Barrier(2, timeout=20), []
