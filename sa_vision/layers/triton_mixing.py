@@ -269,7 +269,8 @@ def mix_and_project(x: Tensor, probs: Union[Tensor, List[Tensor]], weight: Tenso
     if not triton_available():
         why = 'triton is not installed' if triton is None else 'there is no CUDA device'
         raise UserError(f'mix_and_project needs triton and a CUDA device, or TRITON_INTERPRET=1 to run in the CPU '
-                        f'interpreter; {why} (pip install triton, or use attend_then_project)')
+                        f'interpreter; {why} (pip install triton, or run without the kernel: no fused_mix_and_project, '
+                        f'no --compare fused)')
     H, W, B, D = x.shape
     probs = _dense(probs, H, W)
     heads = probs.shape[0]
