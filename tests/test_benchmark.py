@@ -436,3 +436,14 @@ def test_compiled_steps_keep_no_tensor_of_theirs_in_the_model(compare):
     assert after.keys() == before.keys()
     assert [key for key, t in after.items() if t is not before[key]] == [], 'tensors replaced by a compiled call'
     assert counters['stats']['unique_graphs'] == graphs, 'steady steps compiled again'
+
+
+@pytest.mark.parametrize('name,switch', [('sa_gen_cifar', 'dense'), ('sa_content_cifar', 'fused'),
+                                         ('resnet18_cifar', 'batched')])
+def test_a_switch_that_would_change_nothing_is_refused(name, switch):
+    """A model without the layer a switch changes (the generalized kind is always dense, the content kind never
+    takes the kernel, the ResNet has no attention) would be timed against itself: a 1.00x that means nothing."""
+    kwargs = {} if name == 'resnet18_cifar' else TINY
+    with pytest.raises(sa_vision.errors.UserError, match=f'--compare {switch}: {name} has no'):
+        sab.build_variants(name, [switch], **kwargs)
+    assert len(sab.build_variants('sa_quadratic_cifar', [switch], **TINY)) == 2  # where it changes something

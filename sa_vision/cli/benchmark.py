@@ -62,8 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='',
-                   help='comma list of variants to time against: dense, batched, fused (the Triton kernel), '
-                        'paper, a peer (vit_peer, '
+                   help='comma list of variants to time against: dense, batched, fused (the Triton kernel; '
+                        'each refused for a model it would not change), paper, a peer (vit_peer, '
                         'convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the input size; '
                         'sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
                         '--reproduce-profile arguments, not --model-kwargs)')

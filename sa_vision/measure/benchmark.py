@@ -137,6 +137,7 @@ def build_variants(
     switches = {'dense': dense_attention, 'batched': batched_heads, 'fused': fused_mix_and_project}
     for other in compare:
         if other in switches:
+            _check_switch_changes(model, model_name, other)
             switched = copy.deepcopy(model)  # same weights, run inside the switch
             variants.append(Variant(f'{model_name}[{other}]', switched,
                                     context=lambda m=switched, switch=switches[other]: switch(m)))
@@ -151,6 +152,22 @@ def build_variants(
             raise UserError(f'unknown comparison {other!r}; use dense, batched, fused, paper, a peer '
                             f'({", ".join(PEERS)}) or a timm model name')
     return variants
+
+
+# what each switch changes: a model without such a layer would be timed against itself
+_SWITCHED_LAYERS = {
+    'dense': ('separable attention layer (the quadratic or learned kinds)', lambda attn: attn.separable),
+    'fused': ('content-free attention layer', lambda attn: attn.content is None),
+    'batched': ('attention layer', lambda attn: True),
+}
+
+
+def _check_switch_changes(model: nn.Module, model_name: str, switch: str) -> None:
+    from sa_vision.layers import PositionalAttention
+    what, switched = _SWITCHED_LAYERS[switch]
+    if not any(switched(m) for m in model.modules() if isinstance(m, PositionalAttention)):
+        raise UserError(f'--compare {switch}: {model_name} has no {what} for it to switch, so it would be timed '
+                        f'against itself; leave {switch} out for this model')
 
 
 class _Runner:
