@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -454,14 +455,36 @@ def test_staged_zoo_starts_a_stage_only_if_it_fits_behind_the_running_ones(tmp_p
     assert budget.next_to_start({first: None}) == second  # 100 s of work, then 100 more: 200 s fit 250
     assert budget.next_to_start({first: None, second: None}) is None  # 300 s do not
     clock[0] = 100.0
-    budget.finished(first)
-    # nothing known of the second stage's progress: 1 s per second of estimate, its 100 s and 100 more > 150 left
+    budget.finished(first)  # its own 100 s for an estimate of 100: 1 s per second of estimate
+    # nothing known of the second stage's progress: its 100 s and the third's 100 > 150 left
     assert budget.next_to_start({second: None}) is None
     summary = reproduction.run_dir(second) / 'summary.csv'
     summary.parent.mkdir(parents=True)
     summary.write_text('epoch,loss\n0,1\n1,1\n2,1\n')  # 3 of its 4 epochs done
-    # 175 s of estimate done in 100 s: 4/7 s each; the second's last 25 s and the third's 100 take 500/7 < 150
+    # its last quarter, 25 s, and the third's 100 fit 150
     assert budget.next_to_start({second: None}) == third
+    # with 100 s left they do not: the first stage's own wall time counts, not the 175 s of estimate that the two
+    # side by side did in 100 s (0.57 s per second: 71 s, which would have admitted the third to run on alone)
+    del budget.started[third]
+    budget.budget_s = 200
+    assert budget.next_to_start({second: None}) is None
+
+
+def test_a_failing_stage_side_by_side_is_named_and_stops_new_starts(tmp_path, monkeypatch):
+    from sa_vision.reproduce import STAGE_ORDER, StageFailed
+    zoo, ran = _fake_staged_zoo(tmp_path, monkeypatch, {m: 0 for m in STAGE_ORDER})
+    fake_stage, first = zoo.stage, STAGE_ORDER[0]
+
+    def stage(model):
+        if model == first:
+            raise OSError('disk full')
+        fake_stage(model)
+    monkeypatch.setattr(zoo, 'stage', stage)
+    with pytest.raises(StageFailed, match=f'stage {first} failed: disk full'):
+        zoo.run(100, lambda m: 1, parallel=2)
+    assert len(ran) <= 1  # the one started beside it may end; none starts after the failure
+    with pytest.raises(ValueError, match='parallel must be at least 1'):
+        zoo.run(100, lambda m: 1, parallel=0)
 
 
 def test_a_training_side_by_side_tags_each_line_of_its_output(capfd):
@@ -471,3 +494,30 @@ def test_a_training_side_by_side_tags_each_line_of_its_output(capfd):
     script = 'import sys; print("epoch 1"); print("oops", file=sys.stderr); sys.exit(3)'
     assert _run_training([sys.executable, '-c', script], '[sa_gen_cifar] ') == 3
     assert capfd.readouterr().out.splitlines() == ['[sa_gen_cifar] epoch 1', '[sa_gen_cifar] oops']
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='PR_SET_PDEATHSIG is Linux')
+def test_a_training_process_dies_with_the_reproduction_that_started_it():
+    """No orphan training process goes on writing the checkpoint that the next run resumes."""
+    parent_code = ('import subprocess, sys, time\n'
+                   'from sa_vision.reproduce.stages import _die_with_parent\n'
+                   'child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], '
+                   'preexec_fn=_die_with_parent)\n'
+                   'print(child.pid, flush=True)\n'
+                   'time.sleep(60)\n')
+    parent = subprocess.Popen([sys.executable, '-c', parent_code], env=_env(), stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    parent.kill()
+    parent.wait(timeout=HANG_TIMEOUT_S)
+    deadline = time.time() + 10  # a signal, not work: seconds are plenty
+    while time.time() < deadline:
+        try:
+            with open(f'/proc/{child}/status') as f:
+                if 'State:\tZ' in f.read():  # dead, not yet reaped by its new parent
+                    break
+        except FileNotFoundError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail('the training process outlived the reproduction')

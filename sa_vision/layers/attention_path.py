@@ -5,9 +5,10 @@ The fused Triton kernel (``triton_mixing.mix_and_project``: mixing and Value in 
 never storing the heads-sized tensor whose memory traffic bounds a GPU training step) is opt-in
 (:func:`fused_mix_and_project`) because it is unmeasured on a GPU: the device check times the whole model with and
 without it (docs/probes/gpu/device_check.md). It takes over from the other Functions and mixes by the probabilities
-the ``dense`` choice makes, dropout included. Never in a captured graph: TorchScript, its tracer, export and ONNX
-cannot record a Triton launch (FX keeps the blocks whole, so they run it as in eager; ``torch.compile`` keeps it as
-a custom operator in its graph). Asked for where triton cannot run, it raises rather than falling back: a benchmark
+the ``dense`` choice makes, dropout included. Never in a captured graph: TorchScript and its tracer cannot record
+a Triton launch, and an exported or ONNX graph holding the custom operator would run only where sa_vision and
+triton are (FX keeps the blocks whole, so they run it as in eager; ``torch.compile`` keeps it as a custom operator
+in its graph). Asked for where triton cannot run, it raises rather than falling back: a benchmark
 would compare a model with itself.
 """
 from typing import NamedTuple, Optional

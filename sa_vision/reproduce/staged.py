@@ -12,10 +12,10 @@ import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..io import atomic_folder, atomic_write
-from .profiles import PRUNE_SOURCE, PRUNED_MODEL, TRAINED_MODELS
+from .profiles import PRUNE_SOURCE, PRUNED_MODEL, TRAINED_MODELS, StageFailed
 from .report import RESULT_COLUMNS, read_table, say, write_table
 from .stages import Reproduction
 
@@ -41,9 +41,11 @@ class StagedZoo:
             return {}
         return {row['model']: row for row in read_table(self.table)}
 
-    def is_kept(self, model: str) -> bool:
-        """Whether ``model``'s stage is done: its Hub folder is complete and the table has its row."""
-        return all((self.zoo / model / name).is_file() for name in KEPT_FILES) and model in self.rows()
+    def is_kept(self, model: str, rows: Optional[Dict[str, Any]] = None) -> bool:
+        """Whether ``model``'s stage is done: its Hub folder is complete and the table (or ``rows`` read from it)
+        has its row."""
+        return (all((self.zoo / model / name).is_file() for name in KEPT_FILES)
+                and model in (self.rows() if rows is None else rows))
 
     def missing(self) -> List[str]:
         return [m for m in STAGE_ORDER if not self.is_kept(m)]
@@ -74,22 +76,39 @@ class StagedZoo:
 
         ``estimate_s(model)`` is a stage's seconds when it runs alone. A stage starts only if the seconds left of
         ``budget_s`` fit it together with what the running stages have still to do (their fraction of epochs not
-        yet done), all as if run one after another at the rate measured so far (:class:`_Budget`): stages side by
-        side share the device, so that is the bound when they gain nothing from it. One that does not fit is left
-        for the next call (a later, shorter one may still start). The pruned model waits for its source. A failing
-        stage lets the running ones end, starts no other and is raised. Returns the models kept;
-        ``on_stage(model, seconds)`` after each.
+        yet done), all as if run one after another, scaled by how the kept stages' own wall times compared with
+        their estimates (:class:`_Budget`). Sharing the device should be no worse than one after another, and a
+        stage's wall time side by side is at least its time alone, so a stage started ends in time if the
+        estimates hold. One that does not fit is left for the next call (a later, shorter one may still start).
+        The pruned model waits for its source. A failing stage lets the running ones end, starts no other and is
+        raised as :class:`StageFailed` naming it. Returns the models kept; ``on_stage(model, seconds)`` after each.
         """
+        if parallel < 1:
+            raise ValueError(f'parallel must be at least 1, got {parallel}')
         self.reproduction._check_same_setup()
-        self.reproduction.tag_output = parallel > 1  # the trainings' lines interleave in one log
-        budget, kept, failures = _Budget(self, budget_s, estimate_s), [], []
+        tagged, self.reproduction.tag_output = self.reproduction.tag_output, parallel > 1  # lines interleave
+        try:
+            kept, failures = self._run_stages(_Budget(self, budget_s, estimate_s), on_stage, parallel)
+        finally:
+            self.reproduction.tag_output = tagged
+        if failures:
+            model, error = failures[0]
+            raise StageFailed(f'stage {model} failed: {error}') from error
+        return kept
+
+    def _run_stages(self, budget: '_Budget', on_stage: Optional[Callable[[str, float], None]],
+                    parallel: int) -> Tuple[List[str], List[Tuple[str, BaseException]]]:
+        """:meth:`run`'s loop: the models kept, and the failed ones with their errors."""
+        kept: List[str] = []
+        failures: List[Tuple[str, BaseException]] = []
         running: Dict[str, Future] = {}
-        with ThreadPoolExecutor(max(parallel, 1)) as pool:
+        with ThreadPoolExecutor(parallel) as pool:
             while True:
                 for model in [m for m, future in running.items() if future.done()]:
                     error = running.pop(model).exception()
                     if error is not None:
-                        failures.append(error)
+                        say(f'{model}: failed: {type(error).__name__}: {error}')
+                        failures.append((model, error))
                         continue
                     seconds = budget.finished(model)
                     kept.append(model)
@@ -103,10 +122,9 @@ class StagedZoo:
                 if not running:
                     break
                 wait(running.values(), timeout=_POLL_S, return_when=FIRST_COMPLETED)
-        if failures:
-            raise failures[0]
-        budget.say_left_out()
-        return kept
+        if not failures:
+            budget.say_left_out()
+        return kept, failures
 
 
 _POLL_S = 5.0  # how often the running stages' progress is read while none ends
@@ -131,14 +149,13 @@ class _Budget:
         epochs = r.profile.recipe(model, r.dataset, None if model == PRUNED_MODEL else r.epochs)['epochs']
         return min(max(len(summary.read_text().splitlines()) - 1, 0) / epochs, 1.0)
 
-    def scale(self, running) -> float:
-        """Seconds per second of estimate so far (1 until a stage has ended; 0.25x to 3x): the estimates' error, and
-        what running stages side by side gained."""
+    def scale(self) -> float:
+        """The kept stages' own wall seconds per second of their estimates (1 until a stage has ended; 0.25x to 3x).
+        Each stage's own: a rate over the whole call would count what running side by side gained, and a stage
+        admitted on it that then runs alone would overrun."""
         if not self.seconds:
             return 1.0
-        done = (sum(self.estimate_s(m) for m in self.seconds)
-                + sum(self.progress(m) * self.estimate_s(m) for m in running))
-        return min(max((time.time() - self.start) / done, 0.25), 3.0)
+        return min(max(sum(self.seconds.values()) / sum(self.estimate_s(m) for m in self.seconds), 0.25), 3.0)
 
     def finished(self, model: str) -> float:
         self.seconds[model] = time.time() - self.started[model]
@@ -149,7 +166,7 @@ class _Budget:
 
     def next_to_start(self, running) -> Optional[str]:
         """The first waiting stage that fits the time left behind the running ones, marked started; else None."""
-        scale, left = self.scale(running), self.budget_s - (time.time() - self.start)
+        scale, left = self.scale(), self.budget_s - (time.time() - self.start)
         queued = scale * sum((1 - self.progress(m)) * self.estimate_s(m) for m in running)
         for model in self.waiting():
             if model == PRUNED_MODEL and not self.staged.is_kept(PRUNE_SOURCE):
@@ -168,5 +185,5 @@ class _Budget:
             if model == PRUNED_MODEL and not self.staged.is_kept(PRUNE_SOURCE):
                 say(f'{model}: waits for {PRUNE_SOURCE} to be kept (it is pruned from the kept weights)')
             else:
-                say(f'{model}: not started: it needs ~{self.scale([]) * self.estimate_s(model):.0f} s, {left:.0f} s '
+                say(f'{model}: not started: it needs ~{self.scale() * self.estimate_s(model):.0f} s, {left:.0f} s '
                     f'of the budget are left')

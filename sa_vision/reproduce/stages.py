@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -348,12 +348,20 @@ def _run_training(cmd: List[str], tag: Optional[str]) -> int:
     return proc.returncode
 
 
-def _die_with_parent() -> None:
-    """End the training process with the reproduction (Linux): no orphan writes the checkpoint the next run resumes."""
-    if sys.platform.startswith('linux'):
-        import ctypes
-        import signal
-        ctypes.CDLL('libc.so.6', use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+def _death_signal_setter() -> Optional[Callable[[], None]]:
+    """What a training process runs before it starts (Linux): it is killed with the reproduction, so no orphan
+    writes the checkpoint the next run resumes. prctl is looked up here, in the parent: the child, forked from a
+    parent that may run threads (stages side by side), must not load a library before it execs."""
+    if not sys.platform.startswith('linux'):
+        return None
+    import ctypes
+    import functools
+    import signal
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return functools.partial(prctl, 1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+_die_with_parent = _death_signal_setter()
 
 
 def _training_script_keys() -> frozenset:

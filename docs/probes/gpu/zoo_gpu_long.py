@@ -23,7 +23,9 @@ from pathlib import Path
 
 import torch
 
+from sa_vision.io import atomic_write_text
 from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER, Reproduction, StagedZoo, record_kept_models
+from sa_vision.reproduce.report import read_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from device_check import redirect_fds  # noqa: E402  the sibling script's helper
@@ -50,17 +52,27 @@ def estimate_s(reproduction: Reproduction, model: str) -> float:
 
 
 def pack(staged: StagedZoo, out: Path) -> Path:
-    """``out/zoo.tar``: the kept models' folders (not one being written beside them), the table and its guard, named
-    relative to their common folder; replaced whole, so a call killed while packing still returns the last one."""
+    """``out/zoo.tar``: the table as it is now, the folders of the models it lists (a stage writes its folder before
+    its row, so those are whole; not one still being written) and the guard, named relative to their common folder;
+    replaced whole, so a call killed while packing still returns the last one."""
     zoo, table = staged.zoo, staged.table
     base = Path(os.path.commonpath([zoo.resolve(), table.resolve()]))
     guard = [table.with_name(f'{table.stem}_weights.sha256'), table.with_name(f'{table.stem}_logits.safetensors')]
-    path, partial = out / 'zoo.tar', out / '.zoo.tar.partial'
+    path, partial, snapshot = out / 'zoo.tar', out / '.zoo.tar.partial', out / '.table.csv'
+    rows = {}
+    if table.is_file():  # one reading of the table: a stage ending meanwhile adds no row without its folder
+        shutil.copy(table, snapshot)
+        rows = {row['model']: row for row in read_table(snapshot)}
     with tarfile.open(partial, 'w') as tar:
-        for item in (*(zoo / m for m in STAGE_ORDER if staged.is_kept(m)), table, *guard):
+        for model in (m for m in STAGE_ORDER if staged.is_kept(m, rows)):
+            tar.add(zoo / model, arcname=str((zoo / model).resolve().relative_to(base)))
+        if rows:
+            tar.add(snapshot, arcname=str(table.resolve().relative_to(base)))
+        for item in guard:
             if item.exists():
                 tar.add(item, arcname=str(item.resolve().relative_to(base)))
     os.replace(partial, path)
+    snapshot.unlink(missing_ok=True)
     return path
 
 
@@ -69,7 +81,7 @@ def write_back(staged: StagedZoo, out: Path, result: dict, start: float) -> Path
     that a call killed at its time limit still returns every model kept before."""
     tar = pack(staged, out)
     result.update(missing=staged.missing(), seconds=round(time.time() - start, 1), tar_bytes=tar.stat().st_size)
-    (out / 'zoo_gpu_long.json').write_text(json.dumps(result, indent=1))
+    atomic_write_text(out / 'zoo_gpu_long.json', json.dumps(result, indent=1))
     return tar
 
 
@@ -84,7 +96,10 @@ def main(argv=None) -> int:
                    help='stages at a time, their trainings sharing the GPU (default 4; 2 in the smoke run)')
     p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist)')
     args = p.parse_args(argv)
-    args.parallel = args.parallel or (2 if args.smoke else 4)
+    if args.parallel is None:
+        args.parallel = 2 if args.smoke else 4
+    if args.parallel < 1:
+        p.error(f'--parallel {args.parallel}: at least 1 stage at a time')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
     if args.data_dir is None and not args.smoke and (ROOT / 'data' / 'fashion-mnist').is_dir():
@@ -100,6 +115,7 @@ def main(argv=None) -> int:
               f'stages at a time, kept already '
               f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}; '
               f'torch {torch.__version__}, {torch.cuda.get_device_name(0) if not args.smoke else "CPU"}', flush=True)
+
         def kept(model: str, seconds: float) -> None:
             result['stages'][model] = round(seconds, 1)
             write_back(staged, args.out, result, start)
