@@ -8,6 +8,7 @@ runs it on one (skipped without).
 """
 import importlib.util
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -29,6 +30,17 @@ def interpret(monkeypatch):
 def small_blocks(monkeypatch):
     """16x16 tiles: the tiny sizes below then take several blocks in every loop, and the masks of the last one."""
     monkeypatch.setattr(triton_mixing, 'MAX_BLOCK', 16)
+
+
+@pytest.fixture(params=(0, 3, 1000), ids=('one-chunk', 'chunks', 'chunk-per-term'))
+def term_chunks(request, monkeypatch):
+    """Every launch's terms summed in one program, in chunks of one or two (the default, with the interpreter's 4
+    SMs assumed), or one term per program; checks that the launches did split."""
+    chosen, choose = [], triton_mixing._term_splits
+    monkeypatch.setattr(triton_mixing, 'PROGRAMS_PER_SM', request.param)
+    monkeypatch.setattr(triton_mixing, '_term_splits', lambda *a: chosen.append(choose(*a)) or chosen[-1])
+    yield
+    assert chosen and (max(chosen) > 1) == (request.param > 0), chosen
 
 
 def reference(x, probs, weight, bias):
@@ -61,7 +73,7 @@ GRIDS = ((4, 4), (3, 5))  # square, and a non-square grid (rows != columns)
 
 
 @needs_triton
-@pytest.mark.usefixtures('interpret', 'small_blocks')
+@pytest.mark.usefixtures('interpret', 'small_blocks', 'term_chunks')
 @pytest.mark.parametrize('grid', GRIDS)
 @pytest.mark.parametrize('with_bias', (True, False))
 def test_float64_matches_dense_formula(grid, with_bias):
@@ -105,12 +117,13 @@ def test_float32_within_rounding_of_float64(grid):
 
 
 @needs_triton
-@pytest.mark.usefixtures('interpret')
+@pytest.mark.usefixtures('interpret', 'term_chunks')
 @pytest.mark.parametrize('dtype', (torch.bfloat16, torch.float16))
 def test_half_precision_within_its_rounding(dtype):
     """Within a few units of the dtype's rounding of the float64 formula on the same (rounded) inputs: the kernel
-    rounds the mixed tile and the result once each (the interpreter rounds bfloat16 toward zero, the GPU to
-    nearest), and a wrong formula misses by tens of percent."""
+    rounds the mixed tile and the result once each, also where chunks of the terms are summed in float32 first
+    (the interpreter rounds bfloat16 toward zero, the GPU to nearest), and a wrong formula misses by tens of
+    percent."""
     inputs, grad_out = random_inputs((4, 5), 3, 20, 2, 18, True, dtype)
     reference_inputs = [t.detach().double().requires_grad_() for t in inputs]
     eps = torch.finfo(dtype).eps
@@ -158,6 +171,71 @@ def test_equals_the_model_layers(kind, grid):
         torch.testing.assert_close(g, w, rtol=0, atol=1e-12)
 
 
+class GridRecorder:
+    """Stands in for the kernel: ``kernel[grid](...)`` records the grid and computes nothing."""
+
+    def __init__(self, grids):
+        self.grids = grids
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return lambda *args, **kwargs: None
+
+
+@needs_triton
+@pytest.mark.parametrize('width,split', [(64, ('grad probs', 'grad weight')), (400, ('grad probs',))])
+def test_launch_splits_the_batch_where_programs_are_few(monkeypatch, width, split):
+    """The launches of the narrow (width 64) and full-size (400) models, 9 heads on a 16x16 grid at batch 128, on
+    an H100's 132 SMs: where a launch has at most 2 programs per SM (gradients with the heads as groups), its
+    terms, the batch, are split so that it has 2 to 4; elsewhere (the batch as groups) it has one chunk."""
+    sms, T, B, heads = 132, 16 * 16, 128, 9
+    grids = []  # one (tiles, groups, chunks) per launch
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setattr(torch.cuda, 'get_device_properties', lambda device: SimpleNamespace(multi_processor_count=sms))
+    monkeypatch.setattr(triton_mixing, '_compiled_kernel', lambda interpret: GridRecorder(grids))
+    x, g, probs, weight = (torch.empty(*shape, dtype=torch.bfloat16)
+                           for shape in ((T, B, width), (T, B, width), (heads, T, T), (width, heads * width)))
+    token_blocks, width_blocks = -(-T // triton_mixing.MAX_BLOCK), -(-width // triton_mixing.MAX_BLOCK)
+    products = {'output': (lambda: triton_mixing._forward(x, probs, weight, None), token_blocks * width_blocks, B),
+                'grad x': (lambda: triton_mixing._grad_x(g, probs, weight), token_blocks * width_blocks, B),
+                'grad probs': (lambda: triton_mixing._grad_probs(g, x, weight), token_blocks ** 2, heads),
+                'grad weight': (lambda: triton_mixing._grad_weight(g, x, probs), width_blocks ** 2, heads)}
+    for name, (launch, tiles, groups) in products.items():
+        launch()
+        got_tiles, got_groups, chunks = grids.pop()
+        assert (got_tiles, got_groups) == (tiles, groups), name
+        programs = tiles * groups
+        if name in split:
+            assert programs <= 2 * sms and 1 < chunks <= B and 2 * sms <= programs * chunks <= 4 * sms, (name, chunks)
+        else:
+            assert programs > 2 * sms and chunks == 1, (name, chunks)
+
+
+@needs_triton
+def test_tf32_follows_torch_through_either_api(monkeypatch):
+    """float32 products in TF32 exactly where torch allows it, set through its new API (``fp32_precision``, after
+    which reading the legacy ``allow_tf32`` raises) or the legacy one, and on a torch with only the legacy one."""
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    matmul = torch.backends.cuda.matmul
+
+    def precision():
+        return triton_mixing._constants(torch.float32, (16, 16, 16, 16), False)['INPUT_PRECISION']
+
+    before = matmul.fp32_precision
+    try:
+        for value in ('tf32', 'ieee'):
+            matmul.fp32_precision = value
+            assert precision() == value
+        for allowed in (True, False):
+            matmul.allow_tf32 = allowed
+            assert precision() == ('tf32' if allowed else 'ieee')
+    finally:
+        matmul.fp32_precision = before
+    for allowed in (True, False):
+        monkeypatch.setattr(torch.backends.cuda, 'matmul', SimpleNamespace(allow_tf32=allowed))
+        assert precision() == ('tf32' if allowed else 'ieee')
+
+
 def test_imports_without_triton_and_refuses_to_run(monkeypatch):
     """A fresh copy of the module with triton unimportable: it imports, and calling it says what is missing."""
     monkeypatch.setitem(sys.modules, 'triton', None)  # None in sys.modules: the import raises ImportError
@@ -192,11 +270,13 @@ def test_refuses_mismatched_shapes():
 
 @pytest.mark.slow
 @needs_triton
-@pytest.mark.parametrize('dtype,has_bias', [(torch.bfloat16, True), (torch.bfloat16, False), (torch.float32, True)])
-def test_compiles_for_an_h100(monkeypatch, tmp_path, dtype, has_bias):
-    """The kernel as the narrow model's forward and backward launch it, compiled for sm_90 (H100) without a GPU:
-    the interpreter accepts what the GPU compiler may refuse (tile shapes, dtypes of a dot), and a kernel whose
-    shared memory exceeds the H100's 227 KiB per block compiles but cannot launch."""
+@pytest.mark.parametrize('dtype,has_bias,split', [(torch.bfloat16, True, False), (torch.bfloat16, False, False),
+                                                   (torch.bfloat16, False, True), (torch.float32, True, False)])
+def test_compiles_for_an_h100(monkeypatch, tmp_path, dtype, has_bias, split):
+    """The kernel as the narrow model's forward and backward launch it, compiled for sm_90 (H100) without a GPU,
+    also writing a float32 partial sum from bfloat16 inputs (a launch whose terms are split): the interpreter
+    accepts what the GPU compiler may refuse (tile shapes, dtypes of a dot), and a kernel whose shared memory
+    exceeds the H100's 227 KiB per block compiles but cannot launch."""
     pytest.importorskip('triton.backends.nvidia')
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -206,6 +286,8 @@ def test_compiles_for_an_h100(monkeypatch, tmp_path, dtype, has_bias):
     pointer = {torch.bfloat16: '*bf16', torch.float32: '*fp32'}[dtype]
     signature = {p.name: 'constexpr' if p.is_constexpr else pointer if p.name.endswith('_ptr') else 'i32'
                  for p in kernel.params}
+    if split:
+        signature['out_ptr'] = '*fp32'
     constants = triton_mixing._constants(dtype, (16 * 16, 16 * 16, 64, 64), has_bias)
     compiled = triton_mixing.triton.compile(ASTSource(kernel, signature, constants), target=GPUTarget('cuda', 90, 32))
     assert 'cubin' in compiled.asm

@@ -43,12 +43,14 @@ def _chain_kernel(
         l_g, l_s, l_row, l_col,
         m_g, m_s, m_row, m_col,
         r_g, r_s, r_row, r_col,
-        out_g, out_row, out_col,
+        out_g, out_row, out_col, out_split,
         HAS_BIAS: tl.constexpr, IN_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr, ACC_DTYPE: tl.constexpr,
         INPUT_PRECISION: tl.constexpr,
         BLOCK_ROWS: tl.constexpr, BLOCK_COLS: tl.constexpr, BLOCK_K1: tl.constexpr, BLOCK_K2: tl.constexpr,
 ):
-    """``out[g] = bias + sum_s (L[g, s] @ M[g, s]) @ R[g, s]`` for one (row block, column block) of group ``g``.
+    """``out[g] = bias + sum_s (L[g, s] @ M[g, s]) @ R[g, s]`` for one (row block, column block) of group ``g``,
+    its terms ``s`` split into contiguous chunks along the grid's third axis: chunk ``k`` writes its partial sum
+    (no bias then) in the accumulator's dtype to ``out + k * out_split``, and :func:`_chain` sums the chunks.
 
     Every operand is addressed by four strides (group, term, row, column; 0 where it does not depend on one), so
     the forward pass and all three backward products are this one kernel on views of the same tensors. The
@@ -65,8 +67,9 @@ def _chain_kernel(
     cols = (pid % col_blocks) * BLOCK_COLS + tl.arange(0, BLOCK_COLS)
     row_ok = rows < ROWS
     col_ok = cols < COLS
+    split, splits = tl.program_id(2), tl.num_programs(2)
     acc = tl.full((BLOCK_ROWS, BLOCK_COLS), 0, ACC_DTYPE)
-    for s in range(TERMS):
+    for s in range(split * TERMS // splits, (split + 1) * TERMS // splits):  # chunks differ by at most one term
         l_base = l_ptr + g * l_g + s * l_s
         m_base = m_ptr + g * m_g + s * m_s
         r_base = r_ptr + g * r_g + s * r_s
@@ -88,8 +91,9 @@ def _chain_kernel(
             acc = tl.dot(mixed, rhs, acc, input_precision=INPUT_PRECISION)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + cols, mask=col_ok, other=0.).to(ACC_DTYPE)[None, :]
-    out = out_ptr + g * out_g + rows[:, None] * out_row + cols[None, :] * out_col
-    tl.store(out, acc.to(IN_DTYPE), mask=row_ok[:, None] & col_ok[None, :])
+    out = out_ptr + split * out_split + g * out_g + rows[:, None] * out_row + cols[None, :] * out_col
+    # rounded to the output's dtype by the store: the inputs' one, or the accumulator's for a chunk's partial sum
+    tl.store(out, acc, mask=row_ok[:, None] & col_ok[None, :])
 
 
 @functools.lru_cache(maxsize=2)
@@ -121,6 +125,21 @@ def _block(n: int) -> int:
     return min(MAX_BLOCK, max(16, triton.next_power_of_2(n)))  # 16: tl.dot's smallest tile side
 
 
+# programs per SM that a launch aims at by splitting its terms (not tuned on a GPU yet), and the SM count assumed
+# under the interpreter: small, so that the tests' tiny sizes split their terms too
+PROGRAMS_PER_SM = 3
+INTERPRETER_SMS = 4
+
+
+def _term_splits(programs: int, terms: int, sms: int) -> int:
+    """Into how many chunks a launch of ``programs`` (tiles x groups) splits its ``terms``: the nearest count to
+    ``PROGRAMS_PER_SM`` programs per SM (2 to 4 where it splits and the terms allow), at most one chunk per term,
+    1 where the launch has more than 2 per SM already. The weight and probability gradients need it (groups =
+    heads, terms = the batch: 9 programs for the narrow model's weight gradient); the forward and the gradient of
+    ``x`` have the batch as groups."""
+    return max(1, min(terms, (2 * PROGRAMS_PER_SM * sms + programs) // (2 * programs)))
+
+
 def _constants(dtype: torch.dtype, sizes: Tuple[int, int, int, int], has_bias: bool) -> dict:
     """The kernel's compile-time arguments for inputs of ``dtype`` and ``sizes`` = (rows, k1, k2, columns)."""
     rows, k1, k2, cols = sizes
@@ -128,8 +147,11 @@ def _constants(dtype: torch.dtype, sizes: Tuple[int, int, int, int], has_bias: b
     # the interpreter multiplies bfloat16 tiles as their raw uint16 bits: there the products run in float32, which
     # is exact for products of bfloat16 numbers and sums them in float32 as the GPU's bfloat16 dot does
     dot_dtype = tl.float32 if dtype == torch.bfloat16 and interpreting() else in_dtype
-    # float32 products in full precision unless torch itself allows TF32 (the unfused path follows that flag)
-    tf32 = dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32 and not interpreting()
+    # float32 products in full precision unless torch itself allows TF32 (the unfused path follows that flag);
+    # torch's new fp32_precision API reads settings of either API, the legacy allow_tf32 raises after the new one
+    matmul = torch.backends.cuda.matmul
+    allowed = matmul.fp32_precision == 'tf32' if hasattr(matmul, 'fp32_precision') else matmul.allow_tf32
+    tf32 = dtype == torch.float32 and allowed and not interpreting()
     return dict(HAS_BIAS=has_bias, IN_DTYPE=in_dtype, DOT_DTYPE=dot_dtype,
                 ACC_DTYPE=tl.float64 if dtype == torch.float64 else tl.float32,
                 INPUT_PRECISION='tf32' if tf32 else 'ieee',
@@ -141,12 +163,22 @@ def _chain(out: Tensor, out_dims: Tuple[int, int, int], lhs: Operand, mid: Opera
     """Launch :func:`_chain_kernel` writing ``out`` (dimensions ``out_dims`` = group, row, column);
     ``sizes`` = (rows, k1, k2, columns)."""
     rows, k1, k2, cols = sizes
-    constants = _constants(out.dtype, sizes, bias is not None)
-    grid = (triton.cdiv(rows, constants['BLOCK_ROWS']) * triton.cdiv(cols, constants['BLOCK_COLS']),
-            out.shape[out_dims[0]])
+    groups = out.shape[out_dims[0]]
+    tiles = triton.cdiv(rows, _block(rows)) * triton.cdiv(cols, _block(cols))
+    sms = INTERPRETER_SMS if interpreting() else torch.cuda.get_device_properties(out.device).multi_processor_count
+    splits = _term_splits(tiles * groups, terms, sms)
+    # the chunks' partial sums in the accumulator's dtype, summed here and rounded once to the output's
+    partial = out.permute(out_dims) if splits == 1 else out.new_empty(
+        splits, groups, rows, cols, dtype=torch.float64 if out.dtype == torch.float64 else torch.float32)
+    constants = _constants(out.dtype, sizes, bias is not None and splits == 1)
+    grid = (tiles, groups, splits)  # CUDA caps the last two at 65,535: groups is the batch or the heads
     _compiled_kernel(interpreting())[grid](
-        lhs[0], mid[0], rhs[0], out, bias if bias is not None else out,
-        rows, k1, k2, cols, terms, *lhs[1], *mid[1], *rhs[1], *(out.stride(d) for d in out_dims), **constants)
+        lhs[0], mid[0], rhs[0], partial, bias if bias is not None else out,
+        rows, k1, k2, cols, terms, *lhs[1], *mid[1], *rhs[1], *partial.stride()[-3:],
+        partial.stride(0) if splits > 1 else 0, **constants)
+    if splits > 1:
+        total = partial.sum(0)
+        out.permute(out_dims).copy_(total if bias is None else total + bias)
     return out
 
 
