@@ -336,7 +336,6 @@ def test_batched_variant_runs_the_batched_path_with_the_same_weights():
     assert_network_float32_close(out, reference, sa_model_reduction_lengths(model.model, 16))
 
 
-
 def test_fused_variant_runs_the_triton_kernel_with_the_same_weights(monkeypatch):
     """'fused': a copy inside fused_mix_and_project, launching the kernel (in triton's CPU interpreter here), equal
     to the model in float64."""
