@@ -468,6 +468,8 @@ def test_staged_zoo_starts_a_stage_only_if_it_fits_behind_the_running_ones(tmp_p
     del budget.started[third]
     budget.budget_s = 200
     assert budget.next_to_start({second: None}) is None
+    summary.write_text('epoch,loss\n0,1\n1,1\n2,1\n3,1\n')  # every epoch done: its evaluation and export are not
+    assert budget.progress(second) == pytest.approx(0.8)
 
 
 def test_a_failing_stage_side_by_side_is_named_and_stops_new_starts(tmp_path, monkeypatch):
@@ -480,7 +482,7 @@ def test_a_failing_stage_side_by_side_is_named_and_stops_new_starts(tmp_path, mo
             raise OSError('disk full')
         fake_stage(model)
     monkeypatch.setattr(zoo, 'stage', stage)
-    with pytest.raises(StageFailed, match=f'stage {first} failed: disk full'):
+    with pytest.raises(StageFailed, match=f'stage {first} failed: OSError: disk full'):
         zoo.run(100, lambda m: 1, parallel=2)
     assert len(ran) <= 1  # the one started beside it may end; none starts after the failure
     with pytest.raises(ValueError, match='parallel must be at least 1'):

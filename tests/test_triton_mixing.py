@@ -84,6 +84,18 @@ def test_float64_matches_dense_formula(grid, with_bias):
 
 
 @needs_triton
+@pytest.mark.usefixtures('interpret')
+def test_an_empty_batch_gives_an_empty_result():
+    """A batch of 0 images launches no program (its groups are the batch) and returns empty outputs, as the model's
+    own path does, for the output and the gradients."""
+    (x, probs, weight, bias), grad_out = random_inputs((4, 4), 0, 8, 2, 6, True, torch.float64)
+    out = mix_and_project(x, probs, weight, bias)
+    assert out.shape == (4, 4, 0, 6)
+    out.backward(grad_out)
+    assert x.grad.shape == x.shape and not weight.grad.abs().any() and not bias.grad.abs().any()
+
+
+@needs_triton
 @pytest.mark.usefixtures('interpret', 'small_blocks')
 def test_strided_views():
     """Inputs and output gradient that are views with other strides (the kernel reads every operand through its

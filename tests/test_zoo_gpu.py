@@ -55,20 +55,22 @@ def test_the_check_holds_on_a_tiny_bf16_zoo_the_gpu_script_keeps(tmp_path, monke
     script, back = _script(), tmp_path / 'out'
     packed, write_back = [], script.write_back
 
-    def write_back_and_look(*args):  # what a call killed at this moment would return
-        tar = write_back(*args)
+    def write_back_and_look(*args, **kwargs):  # what a call killed at this moment would return
+        tar = write_back(*args, **kwargs)
         with tarfile.open(tar) as f:
             folders = {Path(name).parts[1] for name in f.getnames() if name.startswith('zoo/')}
             rows = {row['model'] for row in csv.DictReader(f.extractfile('docs/t.csv').read().decode().splitlines())}
-        packed.append((folders, rows))
+            guarded = any(name.endswith('_weights.sha256') for name in f.getnames())
+        packed.append((folders, rows, guarded))
         return tar
     monkeypatch.setattr(script, 'write_back', write_back_and_look)
     assert script.main(['--smoke', '--out', str(back), '--zoo', str(tmp_path / 'zoo'),
                         '--table', str(tmp_path / 'docs' / 't.csv')]) == 0
     # after each kept stage the tar holds the models kept so far, each with its folder and its row, and no folder
     # still being written; the last one all five
-    assert len(packed) == 6 and all(folders == rows for folders, rows in packed)
-    counts = [len(folders) for folders, _ in packed]
+    assert len(packed) == 6 and all(folders == rows for folders, rows, _ in packed)
+    assert [guarded for *_, guarded in packed] == [False] * 5 + [True]  # the guard only once recorded for all
+    counts = [len(folders) for folders, *_ in packed]
     assert counts[0] >= 1 and counts == sorted(counts) and packed[-1][0] == set(STAGE_ORDER)
     assert len(os.listdir(back)) <= MAX_FILES_BACK and (back / 'zoo.tar').stat().st_size < 16 * 2 ** 20
     with tarfile.open(back / 'zoo.tar') as tar:

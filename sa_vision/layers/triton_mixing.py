@@ -166,7 +166,7 @@ def _chain(out: Tensor, out_dims: Tuple[int, int, int], lhs: Operand, mid: Opera
     groups = out.shape[out_dims[0]]
     tiles = triton.cdiv(rows, _block(rows)) * triton.cdiv(cols, _block(cols))
     sms = INTERPRETER_SMS if interpreting() else torch.cuda.get_device_properties(out.device).multi_processor_count
-    splits = _term_splits(tiles * groups, terms, sms)
+    splits = _term_splits(max(tiles * groups, 1), terms, sms)  # no programs for an empty batch: one split
     # the chunks' partial sums in the accumulator's dtype, summed here and rounded once to the output's
     partial = out.permute(out_dims) if splits == 1 else out.new_empty(
         splits, groups, rows, cols, dtype=torch.float64 if out.dtype == torch.float64 else torch.float32)

@@ -75,13 +75,14 @@ class StagedZoo:
         """The missing stages, in :data:`STAGE_ORDER`, up to ``parallel`` at a time, while the time left fits them.
 
         ``estimate_s(model)`` is a stage's seconds when it runs alone. A stage starts only if the seconds left of
-        ``budget_s`` fit it together with what the running stages have still to do (their fraction of epochs not
-        yet done), all as if run one after another, scaled by how the kept stages' own wall times compared with
-        their estimates (:class:`_Budget`). Sharing the device should be no worse than one after another, and a
-        stage's wall time side by side is at least its time alone, so a stage started ends in time if the
-        estimates hold. One that does not fit is left for the next call (a later, shorter one may still start).
-        The pruned model waits for its source. A failing stage lets the running ones end, starts no other and is
-        raised as :class:`StageFailed` naming it. Returns the models kept; ``on_stage(model, seconds)`` after each.
+        ``budget_s`` fit it together with what the running stages have still to do (their share of epochs not yet
+        done, at least a fifth: evaluation and export follow the last epoch), all as if run one after another,
+        scaled by how the kept stages' own wall times compared with their estimates (:class:`_Budget`). Sharing
+        the device should be no worse than one after another, and a stage's wall time side by side is at least its
+        time alone, so a stage started ends in time if the estimates hold. One that does not fit is left for the
+        next call (a later, shorter one may still start). The pruned model waits for its source. A failing stage
+        lets the running ones end, starts no other and is raised as :class:`StageFailed` naming it. Returns the
+        models kept; ``on_stage(model, seconds)`` after each.
         """
         if parallel < 1:
             raise ValueError(f'parallel must be at least 1, got {parallel}')
@@ -93,7 +94,7 @@ class StagedZoo:
             self.reproduction.tag_output = tagged
         if failures:
             model, error = failures[0]
-            raise StageFailed(f'stage {model} failed: {error}') from error
+            raise StageFailed(f'stage {model} failed: {type(error).__name__}: {error}') from error
         return kept
 
     def _run_stages(self, budget: '_Budget', on_stage: Optional[Callable[[str, float], None]],
@@ -128,6 +129,7 @@ class StagedZoo:
 
 
 _POLL_S = 5.0  # how often the running stages' progress is read while none ends
+_MOST_PROGRESS = 0.8  # a running stage's share of its estimate counted as done at most (the rest: after training)
 
 
 class _Budget:
@@ -141,13 +143,14 @@ class _Budget:
         self.seconds: Dict[str, float] = {}  # of the stages kept
 
     def progress(self, model: str) -> float:
-        """The fraction of a running stage's epochs done (the rows of its run's ``summary.csv``)."""
+        """The fraction of a running stage's epochs done (the rows of its run's ``summary.csv``), at most
+        :data:`_MOST_PROGRESS` until the stage ends: its evaluation and export come after its last epoch."""
         r = self.staged.reproduction
         summary = r.run_dir(model) / 'summary.csv'
         if not summary.is_file():
             return 0.0
         epochs = r.profile.recipe(model, r.dataset, None if model == PRUNED_MODEL else r.epochs)['epochs']
-        return min(max(len(summary.read_text().splitlines()) - 1, 0) / epochs, 1.0)
+        return min(max(len(summary.read_text().splitlines()) - 1, 0) / epochs, _MOST_PROGRESS)
 
     def scale(self) -> float:
         """The kept stages' own wall seconds per second of their estimates (1 until a stage has ended; 0.25x to 3x).

@@ -54,6 +54,7 @@ import sa_vision
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
 from sa_vision.reproduce import PROFILES, PRUNED_MODEL, TRAINED_MODELS, Reproduction
+from sa_vision.reproduce.stages import _die_with_parent
 from sa_vision.train.args import build_parser as build_train_parser
 from sa_vision.train.checkpoint import read_checkpoint
 
@@ -342,16 +343,18 @@ class Check:
                '--continue-on-collection-errors', str(tests / 'test_train_runtime.py' if self.smoke else tests)]
         log_path, t0 = self.log.out / 'cuda_tests.log', time.time()
         with open(log_path, 'w') as f:
-            # a session of its own: at the budget the tests' own children (trainings) stop with pytest, and no
-            # process of theirs keeps the GPU busy while the next item is timed
+            # a session of its own, ended whole: no process the tests started (a training) keeps the GPU busy while
+            # the next item is timed; and pytest dies with this script, whatever stops it
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=dict(os.environ, PYTHONUNBUFFERED='1'))
+                                    env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=_die_with_parent)
             try:
                 status = proc.wait(timeout=max(self.budget.left(), 30))
             except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
                 status = 'stopped: budget'
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
         lines = log_path.read_text().splitlines()
         summary = next((line.strip('= ') for line in reversed(lines) if re.search(r'\d+ (passed|failed|skipped|error)',
                                                                                   line)), 'no summary line')

@@ -51,10 +51,11 @@ def estimate_s(reproduction: Reproduction, model: str) -> float:
     return STAGE_OVERHEAD_S + epochs * TRAIN_IMAGES / IMAGES_PER_S[model]
 
 
-def pack(staged: StagedZoo, out: Path) -> Path:
+def pack(staged: StagedZoo, out: Path, with_guard: bool = False) -> Path:
     """``out/zoo.tar``: the table as it is now, the folders of the models it lists (a stage writes its folder before
-    its row, so those are whole; not one still being written) and the guard, named relative to their common folder;
-    replaced whole, so a call killed while packing still returns the last one."""
+    its row, so those are whole; not one still being written) and, ``with_guard``, the guard recorded for them,
+    named relative to their common folder; replaced whole, so a call killed while packing still returns the last
+    one. A pack between stages leaves the guard out: the one on disk is an earlier call's, for other models."""
     zoo, table = staged.zoo, staged.table
     base = Path(os.path.commonpath([zoo.resolve(), table.resolve()]))
     guard = [table.with_name(f'{table.stem}_weights.sha256'), table.with_name(f'{table.stem}_logits.safetensors')]
@@ -68,7 +69,7 @@ def pack(staged: StagedZoo, out: Path) -> Path:
             tar.add(zoo / model, arcname=str((zoo / model).resolve().relative_to(base)))
         if rows:
             tar.add(snapshot, arcname=str(table.resolve().relative_to(base)))
-        for item in guard:
+        for item in guard if with_guard else ():
             if item.exists():
                 tar.add(item, arcname=str(item.resolve().relative_to(base)))
     os.replace(partial, path)
@@ -76,10 +77,10 @@ def pack(staged: StagedZoo, out: Path) -> Path:
     return path
 
 
-def write_back(staged: StagedZoo, out: Path, result: dict, start: float) -> Path:
+def write_back(staged: StagedZoo, out: Path, result: dict, start: float, with_guard: bool = False) -> Path:
     """What comes back, as it stands: ``zoo.tar`` and ``zoo_gpu_long.json``. Written after each kept stage too, so
     that a call killed at its time limit still returns every model kept before."""
-    tar = pack(staged, out)
+    tar = pack(staged, out, with_guard)
     result.update(missing=staged.missing(), seconds=round(time.time() - start, 1), tar_bytes=tar.stat().st_size)
     atomic_write_text(out / 'zoo_gpu_long.json', json.dumps(result, indent=1))
     return tar
@@ -120,17 +121,23 @@ def main(argv=None) -> int:
             result['stages'][model] = round(seconds, 1)
             write_back(staged, args.out, result, start)
 
+        guarded = False
         try:
             staged.run(args.budget_s - FINAL_S, lambda m: 1.0 if args.smoke else estimate_s(reproduction, m),
                        on_stage=kept, parallel=args.parallel)
-            if staged.rows():
-                record_kept_models(args.zoo, args.table, data_dir=args.data_dir)
-        except Exception:  # noqa: BLE001  the stages kept before the failing one still come back
+        except Exception:  # noqa: BLE001  the stages kept before the failing one still come back, guarded
             result['failed'] = traceback.format_exc(limit=-8)
             print(f'FAILED: {result["failed"]}', flush=True)
+        if staged.rows():
+            try:
+                record_kept_models(args.zoo, args.table, data_dir=args.data_dir)
+                guarded = True
+            except Exception:  # noqa: BLE001  the kept models still come back; the guard is recorded on the CPU
+                result['guard_failed'] = traceback.format_exc(limit=-8)
+                print(f'FAILED recording the guard: {result["guard_failed"]}', flush=True)
         if (reproduction.out / 'results.md').is_file():
             shutil.copy(reproduction.out / 'results.md', args.out / 'results.md')
-    tar = write_back(staged, args.out, result, start)
+    tar = write_back(staged, args.out, result, start, with_guard=guarded)
     line = (f'== done in {result["seconds"]:.0f} s: kept this call {list(result["stages"])}, missing '
             f'{result["missing"] or "none"}; zoo.tar {tar.stat().st_size / 2 ** 20:.1f} MiB')
     if tar.stat().st_size > MAX_FILE_BYTES:
