@@ -443,3 +443,21 @@ def test_mac_count_of_the_switched_model_is_the_dense_paths():
     with fused_mix_and_project(model):
         assert count_macs(model, (3, 8, 10)) == dense
     assert count_macs(model, (3, 8, 10)) < dense  # separable: fewer
+
+
+@needs_triton
+@pytest.mark.usefixtures('interpret', 'small_blocks')
+@pytest.mark.parametrize('with_bias', (True, False))
+def test_custom_operators_pass_torch_library_opcheck(with_bias):
+    """What torch.compile relies on for each of the kernel's four operators: the schema, the fake (shape, dtype and
+    strides of the outputs, as inductor lays them out), the autograd registration and AOT dispatch."""
+    (x, probs, weight, bias), grad_out = random_inputs((4, 4), 2, 8, 2, 6, with_bias, torch.float64)
+    T, B, D, C = 16, 2, 8, 6
+    x, grad_out = x.detach().reshape(T, B, D).requires_grad_(), grad_out.reshape(T, B, C)
+    ops = torch.ops.sa_vision
+    cases = [(ops.mix_and_project, (x, probs, weight, bias)),
+             (ops.mix_and_project_grad_x, (grad_out, probs.detach(), weight.detach())),
+             (ops.mix_and_project_grad_probs, (grad_out, x.detach(), weight.detach())),
+             (ops.mix_and_project_grad_weight, (grad_out, x.detach(), probs.detach()))]
+    for op, args in cases:
+        torch.library.opcheck(op, args)
