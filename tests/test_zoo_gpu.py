@@ -64,6 +64,8 @@ def test_the_check_holds_on_a_tiny_bf16_zoo_the_gpu_script_keeps(tmp_path, monke
         packed.append((folders, rows, guarded))
         return tar
     monkeypatch.setattr(script, 'write_back', write_back_and_look)
+    (tmp_path / 'docs').mkdir()
+    (tmp_path / 'docs' / 't_weights.sha256').write_text('an earlier call\'s guard\n')  # packed only once rewritten
     assert script.main(['--smoke', '--out', str(back), '--zoo', str(tmp_path / 'zoo'),
                         '--table', str(tmp_path / 'docs' / 't.csv')]) == 0
     # after each kept stage the tar holds the models kept so far, each with its folder and its row, and no folder
