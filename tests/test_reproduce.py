@@ -502,9 +502,9 @@ def test_a_training_side_by_side_tags_each_line_of_its_output(capfd):
 def test_a_training_process_dies_with_the_reproduction_that_started_it():
     """No orphan training process goes on writing the checkpoint that the next run resumes."""
     parent_code = ('import subprocess, sys, time\n'
-                   'from sa_vision.reproduce.stages import _die_with_parent\n'
+                   'from sa_vision.reproduce.stages import die_with_parent\n'
                    'child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], '
-                   'preexec_fn=_die_with_parent)\n'
+                   'preexec_fn=die_with_parent)\n'
                    'print(child.pid, flush=True)\n'
                    'time.sleep(60)\n')
     parent = subprocess.Popen([sys.executable, '-c', parent_code], env=_env(), stdout=subprocess.PIPE, text=True)

@@ -47,7 +47,7 @@ from .report import (
     write_zoo_explorer,
 )
 
-__all__ = ['Reproduction']
+__all__ = ['Reproduction', 'die_with_parent']
 
 
 class Reproduction:
@@ -339,8 +339,8 @@ def _run_training(cmd: List[str], tag: Optional[str]) -> int:
     """Run a training process to its end: its output goes to ours, each line after ``tag`` where one is given."""
     env = dict(os.environ, PYTHONUNBUFFERED='1')
     if tag is None:
-        return subprocess.run(cmd, env=env, preexec_fn=_die_with_parent).returncode
-    with subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent, stdout=subprocess.PIPE,
+        return subprocess.run(cmd, env=env, preexec_fn=die_with_parent).returncode
+    with subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, errors='replace') as proc:
         for line in proc.stdout:
             sys.stdout.write(tag + line)
@@ -361,7 +361,9 @@ def _death_signal_setter() -> Optional[Callable[[], None]]:
     return functools.partial(prctl, 1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
-_die_with_parent = _death_signal_setter()
+# a subprocess's preexec_fn (None off Linux): the training processes, and the device check's pytest. The signal
+# comes when the thread that started the process ends; a stage's thread waits for its training.
+die_with_parent = _death_signal_setter()
 
 
 def _training_script_keys() -> frozenset:

@@ -54,7 +54,7 @@ import sa_vision
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
 from sa_vision.reproduce import PROFILES, PRUNED_MODEL, TRAINED_MODELS, Reproduction
-from sa_vision.reproduce.stages import _die_with_parent
+from sa_vision.reproduce.stages import die_with_parent
 from sa_vision.train.args import build_parser as build_train_parser
 from sa_vision.train.checkpoint import read_checkpoint
 
@@ -346,7 +346,7 @@ class Check:
             # a session of its own, ended whole: no process the tests started (a training) keeps the GPU busy while
             # the next item is timed; and pytest dies with this script, whatever stops it
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
-                                    env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=_die_with_parent)
+                                    env=dict(os.environ, PYTHONUNBUFFERED='1'), preexec_fn=die_with_parent)
             try:
                 status = proc.wait(timeout=max(self.budget.left(), 30))
             except subprocess.TimeoutExpired:
