@@ -35,8 +35,14 @@ def _module():
 dc = _module()
 
 
-def _run(out, *args):
-    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
+def _declared_steps(sections):
+    """The compiled steps that the items of ``sections`` say they compile (what the warm phase compiles)."""
+    check = dc.Check(dc.smoke_setting(), None, None, dc.Budget(0), True, 1)
+    return {'/'.join(t) for item in dc.items(check) if item.section in sections for t in item.compiles}
+
+
+def _run(out, *args, **env_vars):
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1', **env_vars)
     proc = subprocess.run([sys.executable, str(SCRIPT), '--smoke', '--out', str(out), *args], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -79,6 +85,8 @@ def test_smoke_measures_profiles_and_checks_syncs(tmp_path):
     with gzip.open(tmp_path / 'trace_full_reduce-overhead.json.gz') as f:
         assert json.load(f)['traceEvents']
     assert len(results['sync']) == 3
+    # every compiled step the items ran is one they declare, so the warm phase compiles what they need
+    assert set(results['compile_cache']) == _declared_steps({1, 2, 3, 4, 5})
     # tiny models on a CPU reach no goal: each is judged, none passes
     assert [g.split()[0] for g in results['goals']] == ['MISS', 'MISS']
 
@@ -117,6 +125,41 @@ def test_smoke_runs_the_fused_kernel_section(tmp_path):
         assert (ours['model'], fused['model']) == ('sa_quadratic_cifar', 'sa_quadratic_cifar[fused]'), key
         assert ours['param_count'] == fused['param_count'] and fused['train_ratio'] > 0, key
     assert [i['status'] for i in results['items']] == ['done'] * 6
+    assert set(results['compile_cache']) == _declared_steps({8})
+
+
+@pytest.mark.slow
+def test_warm_phase_fills_the_compile_caches_that_the_items_then_load(tmp_path):
+    """With inductor (C++ on the CPU), the warm phase compiles the items' steps in processes of their own; the items'
+    first steps then find every graph in the on-disk caches and compile none."""
+    cache = tmp_path / 'inductor-cache'
+    log, results = _run(tmp_path / 'out', '--section', '4', '--smoke-backend', 'inductor', '--warm-s', '600',
+                        '--warm-parallel', '2', TORCHINDUCTOR_CACHE_DIR=str(cache))
+    warm = results['warm']
+    assert warm['verified'] is True and warm['left'] == [], log[-3000:]
+    compiled = {k: v for k, v in warm['done'].items() if '(again' not in k}
+    assert set(compiled) == _declared_steps({4})
+    assert all(v['inductor.fxgraph_cache_miss'] > 0 for v in compiled.values())  # each compiled, cold
+    steps = results['compile_cache']
+    assert 'full/reduce-overhead/ours/train' in steps and 'full/default/ours/train' in steps
+    for name, counts in steps.items():
+        if counts:  # the narrow tiny model is the full one: dynamo reuses its graphs in the process
+            assert counts.get('inductor.fxgraph_cache_hit', 0) > 0, (name, counts)
+            assert not any(k.endswith('cache_miss') for k in counts), (name, counts)
+    assert any(steps.values())
+
+
+@pytest.mark.slow
+def test_warm_phase_stops_where_a_fresh_process_finds_nothing_in_the_cache(tmp_path):
+    """Dynamo's eager backend caches nothing on disk: the second process compiling the first step finds nothing,
+    and the warm phase stops there, leaving the rest to the items."""
+    log, results = _run(tmp_path / 'out', '--section', '4', '--warm-s', '600', '--warm-parallel', '1',
+                        TORCHINDUCTOR_CACHE_DIR=str(tmp_path / 'inductor-cache'))
+    warm = results['warm']
+    assert warm['verified'] is False, log[-3000:]
+    assert warm['left'] == ['narrow/reduce-overhead/ours/train', 'full/default/ours/train']  # one at a time
+    assert 'warming stops' in log
+    assert [i['status'] for i in results['items']] == ['done'] * 4
 
 
 @pytest.mark.slow

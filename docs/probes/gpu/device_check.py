@@ -21,8 +21,10 @@ once ``--budget-s`` would be exceeded:
 9. the repository's CUDA test cases (``pytest -m cuda``): exactness of every path on the GPU, compiled training steps
    that never wait for the host, the compiled Triton kernel.
 
-It ends with a PASS / MISS line for each goal. ``--smoke`` runs every section on the CPU with tiny models, a few
-steps and dynamo's ``eager`` backend (tests/test_device_check.py), so that a slip cannot cost device time.
+Before the first item, a warm phase compiles the selected items' steps in parallel processes, which leave their graphs
+in inductor's on-disk caches for the items' first steps to load (:func:`warm`). It ends with a PASS / MISS line for
+each goal. ``--smoke`` runs every section on the CPU with tiny models, a few steps and dynamo's ``eager`` backend
+(tests/test_device_check.py), so that a slip cannot cost device time.
 """
 import argparse
 import contextlib
@@ -44,7 +46,7 @@ import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import timm
 import torch
@@ -65,6 +67,8 @@ MODES = ('eager', 'default', 'reduce-overhead')
 FULL_MIN_IMG_S, FULL_MIN_VS_PAPER = 15_000, 1.5
 NARROW_MIN_IMG_S, NARROW_MIN_VS_VIT = 25_000, 1.2
 ZOO_MAX_MINUTES = 5.0
+# the share of --budget-s that compiling the items' steps beforehand may take (the warm phase)
+WARM_SHARE = 0.3
 # sa-vision-train flags of the device-data path; until they exist a section says so (smoke: skips)
 NEW_TRAIN_FLAGS = ('--device-data', '--torchcompile-mode')
 SPEED_FLAGS = ('--device-data', 'on', '--torchcompile', 'inductor', '--torchcompile-mode', 'reduce-overhead', '--amp',
@@ -103,11 +107,11 @@ def gpu_setting() -> Setting:
         zoo_profile='cpu', dataset='fashion-mnist', matmul_size=8192, copy_mb=1024, e2e_epochs=2)
 
 
-def smoke_setting() -> Setting:
+def smoke_setting(backend: str = 'eager') -> Setting:
     tiny = dict(embed_dim=16, depth=1, heads_per_layer=3, mlp_hidden_dim=32, proj_drop_rate=0.0, attn_drop_rate=0.0)
     vit = dict(embed_dim=12, depth=1, num_heads=3)
     return Setting(
-        device='cpu', batch_size=4, backend='eager', warmup=1, runs=2, iters=1,
+        device='cpu', batch_size=4, backend=backend, warmup=1, runs=2, iters=1,
         full=tiny, narrow=tiny, vit_full=vit, vit_narrow=vit,  # one size twice: dynamo reuses its graphs
         resnet=dict(PROFILES['tiny'].per_model['resnet18_cifar']['model_kwargs']),
         zoo_profile='tiny', dataset='digits', matmul_size=128, copy_mb=1, e2e_epochs=1, zoo_epochs=1)
@@ -131,12 +135,25 @@ class Log:
         os.replace(path.with_suffix('.tmp'), path)
 
 
+# one compiled step of a runner: (size, mode, role, 'train' or 'infer')
+Target = Tuple[str, str, str, str]
+BENCH_KINDS = {'both': ('train', 'infer'), 'train': ('train',), 'inference': ('infer',)}
+
+
+def compiled_targets(size: str, mode: str, roles, bench: str = 'train') -> Tuple[Target, ...]:
+    """The compiled steps that :meth:`Check.paired` (and the items on its runners) compile: none in eager mode."""
+    if mode == 'eager':
+        return ()
+    return tuple((size, mode, role, kind) for role in roles for kind in BENCH_KINDS[bench])
+
+
 @dataclass
 class Item:
     section: int
     name: str
     run: Callable[[], None]
     estimate_s: float  # device seconds it is expected to take on an H100, compile included
+    compiles: Tuple[Target, ...] = ()  # what the warm phase compiles for it beforehand
 
 
 @dataclass
@@ -195,20 +212,24 @@ class Check:
                 variant, self.s.batch_size, self.input_size, self.device, amp=True, amp_dtype='bfloat16',
                 torchcompile=None if mode == 'eager' else self.s.backend,
                 torchcompile_mode=mode if mode == 'reduce-overhead' else None)
+            self.runners[key].label = '/'.join(key)
         return self.runners[key]
 
     def first_steps(self, runner, name: str, bench: str) -> None:
         """Time a runner's first steps (compilation, CUDA graph recording) once, apart from the timed ones."""
-        for kind in {'both': ('train', 'infer'), 'train': ('train',), 'inference': ('infer',)}[bench]:
+        for kind in BENCH_KINDS[bench]:
             if getattr(runner, f'_first_{kind}', None) is not None:
                 continue
-            t0, skips = time.time(), counters['inductor']['cudagraph_skips']
+            t0, skips, cached = time.time(), counters['inductor']['cudagraph_skips'], cache_counters()
             for _ in range(3 if runner.cudagraphs else 1):  # warm-up, recording, first replay
                 getattr(runner, f'{kind}_step')()
             self.sync()
             setattr(runner, f'_first_{kind}', time.time() - t0)
             if runner.torchcompile:
-                self.log(f'  {name}: first {kind} steps (compile included) {time.time() - t0:.1f} s')
+                cache = {k: v - cached.get(k, 0) for k, v in cache_counters().items() if v - cached.get(k, 0)}
+                self.log(f'  {name}: first {kind} steps (compile included) {time.time() - t0:.1f} s; compile '
+                         f'caches: {format_cache(cache)}')
+                self.log.results.setdefault('compile_cache', {})[f'{runner.label}/{kind}'] = cache
             skipped = counters['inductor']['cudagraph_skips'] - skips
             if runner.cudagraphs and skipped:  # inductor then runs the compiled graph without CUDA graphs
                 self.log(f'  {name}: CUDA GRAPHS SKIPPED for {skipped} graph(s) of the {kind} step (inductor\'s '
@@ -660,6 +681,100 @@ def redirect_fds(path: Path):
         os.close(saved[1])
 
 
+def cache_counters() -> Dict[str, int]:
+    """This process's counts of inductor's compiled-graph cache and AOTAutograd's cache, hits, misses and bypasses."""
+    return {f'{group}.{k}': v for group in ('inductor', 'aot_autograd') for k, v in counters[group].items()
+            if 'cache_hit' in k or 'cache_miss' in k or 'cache_bypass' in k}
+
+
+def format_cache(cache: Dict[str, int]) -> str:
+    return ', '.join(f'{k.split(".", 1)[1]} {v}' for k, v in sorted(cache.items())) or 'not used'
+
+
+def warm_one(check: Check, target: Target) -> Dict[str, Any]:
+    """A warm-up process's work: one compiled step of ``target``, which leaves its graphs in inductor's on-disk
+    caches; returns its seconds and cache counts."""
+    size, mode, role, kind = target
+    if role == 'fused' and not check.triton_runs(f'warm {"/".join(target)}'):
+        return {'skipped': 'no triton'}
+    t0 = time.time()
+    check.first_steps(check.runner(size, mode, role), '/'.join(target), 'train' if kind == 'train' else 'inference')
+    return {'seconds': round(time.time() - t0, 1), **cache_counters()}
+
+
+WARM_LINE = 'WARMED '  # a warm-up process's last line: this, then its result as JSON
+
+
+def warm(check: Check, targets: List[Target], seconds: float, parallel: int, argv: List[str]) -> None:
+    """Compile the items' steps beforehand, ``parallel`` processes at a time, each one step of one target, within
+    ``seconds``: inductor and AOTAutograd keep what they compile in caches on disk, so the items' first steps load
+    their graphs there instead of compiling them one after another on one core (on the CPU, the narrow model's
+    training step: 23 s cold, 1.4 s from the cache). The first target is compiled twice, the second time in a fresh
+    process: where that finds nothing in the cache, warming cannot help, and it stops. ``argv``: the command line of
+    this run (its --smoke and --smoke-backend), which the processes repeat."""
+    log = check.log
+    cache_dir = os.environ.get('TORCHINDUCTOR_CACHE_DIR', "inductor's default")
+    log(f'\n== warm: {len(targets)} compiled steps of the items below, {parallel} processes at a time, within '
+        f'{seconds:.0f} s (TORCHINDUCTOR_CACHE_DIR: {cache_dir})')
+    t_start, deadline = time.time(), time.time() + seconds
+    threads = max(1, (os.cpu_count() or 2) // parallel)
+    env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_COMPILE_THREADS=str(threads),
+               OMP_NUM_THREADS=str(threads))
+    pending = [(t, False) for t in targets]  # (target, whether it checks the cache)
+    running: Dict[Any, Any] = {}
+    done: Dict[str, Any] = {}
+    verified: Optional[bool] = None
+    with tempfile.TemporaryDirectory(prefix='warm-') as tmp:
+        def start(target, verify):
+            out = Path(tmp) / f'{len(done) + len(running)}-{"-".join(target)}{"-check" if verify else ""}.log'
+            cmd = [sys.executable, str(Path(__file__).resolve()), *argv, '--out', str(Path(tmp) / 'out'),
+                   '--warm-target', ','.join(target), '--warm-parallel', str(parallel)]
+            with open(out, 'w') as f:
+                proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True, preexec_fn=die_with_parent)
+            running[proc] = (target, verify, out, time.time())
+
+        try:
+            while (pending or running) and time.time() < deadline and verified is not False:
+                while pending and len(running) < parallel:
+                    start(*pending.pop(0))
+                time.sleep(0.2)
+                for proc in [p for p in running if p.poll() is not None]:
+                    target, verify, out, t0 = running.pop(proc)
+                    text = out.read_text()
+                    line = next((x for x in reversed(text.splitlines()) if x.startswith(WARM_LINE)), None)
+                    result = json.loads(line[len(WARM_LINE):]) if line and proc.returncode == 0 else None
+                    name = '/'.join(target) + (' (again, fresh process: the cache check)' if verify else '')
+                    if result is None:
+                        log(f'  {name}: FAILED (exit {proc.returncode}); its last lines:')
+                        for x in text.splitlines()[-6:]:
+                            log(f'    | {x[:200]}')
+                    else:
+                        cache = {k: v for k, v in result.items() if k not in ('seconds', 'skipped')}
+                        took = result.get('skipped') or f'{time.time() - t0:.0f} s'
+                        log(f'  {name}: {took}; compile caches: {format_cache(cache)}')
+                    done[name] = result
+                    if verify:
+                        verified = any(v for k, v in (result or {}).items() if k.endswith('cache_hit'))
+                        if not verified:
+                            log('  the cache check found no compiled graph in the cache: warming stops, the items '
+                                'compile as before')
+                    elif target == targets[0] and result is not None and 'skipped' not in result:
+                        pending.insert(0, (target, True))
+        finally:
+            for proc in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    left = [t for t, verify in pending if not verify] + [t for t, verify, *_ in running.values() if not verify]
+    compiled = sum(r is not None for name, r in done.items() if '(again' not in name)
+    check_said = {None: 'not run', True: 'passed', False: 'failed'}[verified]
+    log(f'-- warm: {compiled} of {len(targets)} steps compiled in {time.time() - t_start:.0f} s; the cache check: '
+        f'{check_said}' + (f'; left cold: {", ".join("/".join(t) for t in left)}' if left else ''))
+    check.log.results['warm'] = {'seconds': round(time.time() - t_start, 1), 'verified': verified,
+                                 'done': done, 'left': ['/'.join(t) for t in left]}
+
+
 def environment(check: Check) -> None:
     """The versions, the GPU, and its two ceilings measured once (bf16 matmul rate, device-to-device copy)."""
     log, s = check.log, check.s
@@ -745,64 +860,71 @@ def goals(log: Log, zoo_selected: bool) -> None:
 
 
 def items(check: Check) -> List[Item]:
-    """Everything the check does, most important first; each names its section."""
+    """Everything the check does, most important first; each names its section and the compiled steps it needs."""
     c = check
     main3 = ('ours', 'paper', 'vit')
-    out = [
-        Item(1, 'full-size, eager', lambda: c.paired('full', 'eager', main3, 'both'), 25),
-        Item(1, 'narrow, eager', lambda: c.paired('narrow', 'eager', main3, 'both'), 20),
-        Item(1, 'full-size, reduce-overhead, training', lambda: c.paired('full', 'reduce-overhead', main3), 120),
-        Item(1, 'narrow, reduce-overhead, training', lambda: c.paired('narrow', 'reduce-overhead', main3), 90),
-        Item(4, 'profile full-size reduce-overhead',
-             lambda: c.profile('full', 'reduce-overhead', 'trace_full_reduce-overhead.json.gz'), 10),
-        Item(4, 'profile narrow reduce-overhead',
-             lambda: c.profile('narrow', 'reduce-overhead', 'trace_narrow_reduce-overhead.json.gz'), 10),
-        Item(4, 'profile full-size eager', lambda: c.profile('full', 'eager', None), 10),
-        Item(5, 'sync check, eager', lambda: c.sync_check('full', 'eager'), 10),
-        Item(5, 'sync check, reduce-overhead', lambda: c.sync_check('full', 'reduce-overhead'), 20),
+
+    def pair(section, name, size, mode, roles, estimate, bench='train', key=None):
+        return Item(section, name, lambda: c.paired(size, mode, roles, bench, key), estimate,
+                    compiled_targets(size, mode, roles, bench))
+
+    def ours(section, name, run, size, mode, estimate):  # the profile and the sync check: ours, training
+        return Item(section, name, run, estimate, compiled_targets(size, mode, ('ours',)))
+
+    def fused(name, size, mode, estimate, bench='train'):
+        return Item(8, name, lambda: c.fused_model(size, mode, bench), estimate,
+                    compiled_targets(size, mode, ('ours', 'fused'), bench))
+
+    return [
+        pair(1, 'full-size, eager', 'full', 'eager', main3, 25, 'both'),
+        pair(1, 'narrow, eager', 'narrow', 'eager', main3, 20, 'both'),
+        pair(1, 'full-size, reduce-overhead, training', 'full', 'reduce-overhead', main3, 120),
+        pair(1, 'narrow, reduce-overhead, training', 'narrow', 'reduce-overhead', main3, 90),
+        ours(4, 'profile full-size reduce-overhead',
+             lambda: c.profile('full', 'reduce-overhead', 'trace_full_reduce-overhead.json.gz'),
+             'full', 'reduce-overhead', 10),
+        ours(4, 'profile narrow reduce-overhead',
+             lambda: c.profile('narrow', 'reduce-overhead', 'trace_narrow_reduce-overhead.json.gz'),
+             'narrow', 'reduce-overhead', 10),
+        ours(4, 'profile full-size eager', lambda: c.profile('full', 'eager', None), 'full', 'eager', 10),
+        ours(5, 'sync check, eager', lambda: c.sync_check('full', 'eager'), 'full', 'eager', 10),
+        ours(5, 'sync check, reduce-overhead', lambda: c.sync_check('full', 'reduce-overhead'), 'full',
+             'reduce-overhead', 20),
         Item(6, 'sa-vision-train narrow', lambda: c.train_e2e('narrow'), 80),
-        Item(2, 'full-size separable / dense / sa_gen, reduce-overhead',
-             lambda: c.paired('full', 'reduce-overhead', ('ours', 'dense', 'gen'), key='dense/full/reduce-overhead'),
-             100),
-        Item(2, 'narrow separable / dense / sa_gen, reduce-overhead',
-             lambda: c.paired('narrow', 'reduce-overhead', ('ours', 'dense', 'gen'),
-                              key='dense/narrow/reduce-overhead'), 70),
-        Item(2, 'full-size separable / dense / sa_gen, eager',
-             lambda: c.paired('full', 'eager', ('ours', 'dense', 'gen'), 'both', key='dense/full/eager'), 20),
-        Item(2, 'narrow separable / dense / sa_gen, eager',
-             lambda: c.paired('narrow', 'eager', ('ours', 'dense', 'gen'), 'both', key='dense/narrow/eager'), 15),
+        pair(2, 'full-size separable / dense / sa_gen, reduce-overhead', 'full', 'reduce-overhead',
+             ('ours', 'dense', 'gen'), 100, key='dense/full/reduce-overhead'),
+        pair(2, 'narrow separable / dense / sa_gen, reduce-overhead', 'narrow', 'reduce-overhead',
+             ('ours', 'dense', 'gen'), 70, key='dense/narrow/reduce-overhead'),
+        pair(2, 'full-size separable / dense / sa_gen, eager', 'full', 'eager', ('ours', 'dense', 'gen'), 20, 'both',
+             key='dense/full/eager'),
+        pair(2, 'narrow separable / dense / sa_gen, eager', 'narrow', 'eager', ('ours', 'dense', 'gen'), 15, 'both',
+             key='dense/narrow/eager'),
         Item(6, 'sa-vision-train full-size', lambda: c.train_e2e('full'), 100),
         Item(8, 'full-size layer, fused Triton kernel', lambda: c.fused_layer('full'), 40),
         Item(8, 'narrow layer, fused Triton kernel', lambda: c.fused_layer('narrow'), 30),
         # the tests before the whole model with the kernel: what runs today is checked before what may come
         Item(9, 'the CUDA tests (pytest -m cuda)', c.cuda_tests, 150),
-        Item(8, 'full-size with / without the fused kernel, eager',
-             lambda: c.fused_model('full', 'eager', 'both'), 25),
-        Item(8, 'narrow with / without the fused kernel, eager', lambda: c.fused_model('narrow', 'eager', 'both'), 20),
-        Item(8, 'full-size with / without the fused kernel, reduce-overhead, training',
-             lambda: c.fused_model('full', 'reduce-overhead'), 100),
-        Item(8, 'narrow with / without the fused kernel, reduce-overhead, training',
-             lambda: c.fused_model('narrow', 'reduce-overhead'), 70),
-        Item(1, 'full-size, default compile, training', lambda: c.paired('full', 'default', main3), 70),
-        Item(1, 'narrow, default compile, training', lambda: c.paired('narrow', 'default', main3), 50),
-        Item(5, 'sync check, default compile', lambda: c.sync_check('full', 'default'), 10),
-        Item(4, 'profile full-size default compile', lambda: c.profile('full', 'default', None), 10),
-        Item(3, 'narrow / half-width ResNet18, eager',
-             lambda: c.paired('narrow', 'eager', ('ours', 'resnet'), 'both', key='resnet/eager'), 10),
-        Item(3, 'narrow / half-width ResNet18, reduce-overhead',
-             lambda: c.paired('narrow', 'reduce-overhead', ('ours', 'resnet'), 'both', key='resnet/reduce-overhead'),
-             70),
-        Item(1, 'full-size, reduce-overhead, inference',
-             lambda: c.paired('full', 'reduce-overhead', main3, 'inference'), 60),
-        Item(1, 'narrow, reduce-overhead, inference',
-             lambda: c.paired('narrow', 'reduce-overhead', main3, 'inference'), 45),
-        Item(3, 'narrow / half-width ResNet18, default compile',
-             lambda: c.paired('narrow', 'default', ('ours', 'resnet'), 'both', key='resnet/default'), 40),
-        Item(1, 'full-size, default compile, inference', lambda: c.paired('full', 'default', main3, 'inference'), 40),
-        Item(1, 'narrow, default compile, inference', lambda: c.paired('narrow', 'default', main3, 'inference'), 30),
+        fused('full-size with / without the fused kernel, eager', 'full', 'eager', 25, 'both'),
+        fused('narrow with / without the fused kernel, eager', 'narrow', 'eager', 20, 'both'),
+        fused('full-size with / without the fused kernel, reduce-overhead, training', 'full', 'reduce-overhead', 100),
+        fused('narrow with / without the fused kernel, reduce-overhead, training', 'narrow', 'reduce-overhead', 70),
+        pair(1, 'full-size, default compile, training', 'full', 'default', main3, 70),
+        pair(1, 'narrow, default compile, training', 'narrow', 'default', main3, 50),
+        ours(5, 'sync check, default compile', lambda: c.sync_check('full', 'default'), 'full', 'default', 10),
+        ours(4, 'profile full-size default compile', lambda: c.profile('full', 'default', None), 'full', 'default',
+             10),
+        pair(3, 'narrow / half-width ResNet18, eager', 'narrow', 'eager', ('ours', 'resnet'), 10, 'both',
+             key='resnet/eager'),
+        pair(3, 'narrow / half-width ResNet18, reduce-overhead', 'narrow', 'reduce-overhead', ('ours', 'resnet'), 70,
+             'both', key='resnet/reduce-overhead'),
+        pair(1, 'full-size, reduce-overhead, inference', 'full', 'reduce-overhead', main3, 60, 'inference'),
+        pair(1, 'narrow, reduce-overhead, inference', 'narrow', 'reduce-overhead', main3, 45, 'inference'),
+        pair(3, 'narrow / half-width ResNet18, default compile', 'narrow', 'default', ('ours', 'resnet'), 40, 'both',
+             key='resnet/default'),
+        pair(1, 'full-size, default compile, inference', 'full', 'default', main3, 40, 'inference'),
+        pair(1, 'narrow, default compile, inference', 'narrow', 'default', main3, 30, 'inference'),
         Item(7, 'the zoo: the cpu profile\'s five stages', c.zoo, 240),
     ]
-    return out
 
 
 def configure_torch() -> None:
@@ -825,7 +947,18 @@ def main(argv=None) -> int:
                         'where it exists)')
     p.add_argument('--zoo-parallel', type=int, default=None,
                    help='the zoo\'s four trainings run this many at a time (default 4 on the GPU, 2 in the smoke run)')
+    p.add_argument('--smoke-backend', default='eager', choices=('eager', 'inductor'),
+                   help='the smoke run\'s torch.compile backend: dynamo\'s eager (default: no C++ compile) or '
+                        'inductor (slower; its compile caches are what the warm phase fills)')
+    p.add_argument('--warm-s', type=float, default=None,
+                   help=f'compile the items\' steps beforehand, in parallel processes, for at most this many seconds '
+                        f'(default {WARM_SHARE:.0%} of --budget-s on the GPU, none in the smoke run; 0: none)')
+    p.add_argument('--warm-parallel', type=int, default=max(1, min(6, (os.cpu_count() or 2) // 2)),
+                   help='warm-up processes at a time (default: half the CPUs, at most 6)')
+    p.add_argument('--warm-target', default=None, help=argparse.SUPPRESS)  # one warm-up process's target
     args = p.parse_args(argv)
+    if args.warm_parallel < 1:
+        p.error(f'--warm-parallel {args.warm_parallel}: at least 1')
     sections = set(range(1, 10)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
     if not sections <= set(range(1, 10)):
         p.error(f'--section {args.section!r}: sections are 1 to 9')
@@ -837,13 +970,27 @@ def main(argv=None) -> int:
     log = Log(args.out)
     budget = Budget(args.budget_s)
     configure_torch()
-    check = Check(smoke_setting() if args.smoke else gpu_setting(), log, args.data_dir, budget, args.smoke,
-                  args.zoo_parallel or (2 if args.smoke else 4))
+    check = Check(smoke_setting(args.smoke_backend) if args.smoke else gpu_setting(), log, args.data_dir, budget,
+                  args.smoke, args.zoo_parallel or (2 if args.smoke else 4))
+    if args.warm_target:
+        if check.device.type == 'cuda':  # the processes side by side share the GPU's memory
+            torch.cuda.set_per_process_memory_fraction(0.9 / args.warm_parallel)
+        print(WARM_LINE + json.dumps(warm_one(check, tuple(args.warm_target.split(',')))), flush=True)
+        return 0
     log(f'== sa_vision device check{" (smoke, CPU)" if args.smoke else ""}: sections {sorted(sections)}, budget '
         f'{args.budget_s:.0f} s')
     environment(check)
     log.save()
-    for item in (i for i in items(check) if i.section in sections):
+    selected = [i for i in items(check) if i.section in sections]
+    targets = list(dict.fromkeys(t for i in selected for t in i.compiles))
+    warm_s = args.warm_s if args.warm_s is not None else 0 if args.smoke else WARM_SHARE * args.budget_s
+    if targets and min(warm_s, budget.left()) > 0:
+        if check.device.type == 'cuda':
+            torch.cuda.empty_cache()  # the ceilings' buffers: the warm-up processes need the memory
+        warm(check, targets, min(warm_s, budget.left()), args.warm_parallel,
+             ['--smoke', '--smoke-backend', args.smoke_backend] if args.smoke else [])
+        log.save()
+    for item in selected:
         expected = budget.expected(item.estimate_s if not args.smoke else 0)
         if budget.left() < expected or budget.left() <= 0:
             log(f'\n== [{item.section}] {item.name}: skipped: budget ({budget.left():.0f} s left, needs '
