@@ -278,6 +278,26 @@ def test_a_choice_that_fails_to_compile_is_left_out_and_the_others_still_weigh()
                    'choice left']
 
 
+@pytest.mark.parametrize('kept, released', [('eager', True), ('inductor', True),
+                                             ('inductor (reduce-overhead)', False)])
+def test_auto_releases_the_cuda_graphs_of_a_choice_it_does_not_keep(monkeypatch, kept, released):
+    """On CUDA the probe records CUDA graphs for the reduce-overhead choice; kept or not, their private memory pool
+    stays allocated until the trees are reset: released unless that choice trains."""
+    from torch._inductor import cudagraph_trees
+    resets = []
+    monkeypatch.setattr(cudagraph_trees, 'reset_cudagraph_trees', lambda: resets.append(1))
+    monkeypatch.setattr(torch, 'compile', lambda model, **kwargs: model)
+    step_s = {'eager': 0.05, 'inductor': 0.05, 'inductor (reduce-overhead)': 0.05, kept: 0.01}
+
+    def probe(callables):
+        assert set(callables) == set(step_s)  # the CUDA choices
+        return {label: (0., s) for label, s in step_s.items()}, {}
+    _, used, mode, why = runtime.resolve_torchcompile('auto', torch.nn.Linear(2, 2), probe, steps_left=10,
+                                                      device='cuda')
+    assert why[-1].startswith(f'--torchcompile auto: -> {kept}:')
+    assert len(resets) == int(released)
+
+
 def test_time_training_steps_leaves_weights_statistics_and_rng_as_they_were():
     import timm
     model = timm.create_model('resnet18_cifar', channels=(4, 8, 8, 8), stem_width=4, drop_rate=0.5)

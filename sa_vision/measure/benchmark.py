@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
-from ..train.runtime import synchronize
+from ..train.runtime import CUDA_GRAPH_MODES, synchronize
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory, _peak_memory, _tensor_bytes
 from .peers import PEERS, build_peer, is_peer
@@ -182,7 +182,7 @@ class _Runner:
         self.variant, self.device, self.batch_size = variant, device, batch_size
         self.torchcompile = torchcompile
         # CUDA graphs replay into the same output buffers: each step starts a new generation (torch.compile docs)
-        self.cudagraphs = bool(torchcompile) and torchcompile_mode in ('reduce-overhead', 'max-autotune')
+        self.cudagraphs = bool(torchcompile) and torchcompile_mode in CUDA_GRAPH_MODES
         dtype = DTYPES[precision]
         self.amp = amp
         self.amp_dtype = DTYPES[amp_dtype]

@@ -180,6 +180,8 @@ def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024
 
 # torch.compile's modes (timm train.py's --torchcompile-mode passes one through); 'reduce-overhead' adds CUDA graphs
 COMPILE_MODES = (None, 'default', 'reduce-overhead', 'max-autotune', 'max-autotune-no-cudagraphs')
+# the modes whose compiled graphs run as CUDA graphs on CUDA
+CUDA_GRAPH_MODES = ('reduce-overhead', 'max-autotune')
 
 
 def compile_model(model: nn.Module, backend: str = 'inductor', mode: Optional[str] = None) -> Callable:
@@ -327,4 +329,9 @@ def resolve_torchcompile(requested: Optional[str], model: nn.Module,
     failed = [f'{label} failed to compile ({why}), left out' for label, why in failures.items()]
     best, lines = choose_compile(measured, steps_left)
     backend, best_mode = choices[best]
+    if best_mode not in CUDA_GRAPH_MODES and any(m in CUDA_GRAPH_MODES for _, m in choices.values()):
+        # the probe recorded CUDA graphs for a choice not kept: their private memory pool would stay allocated
+        # for the whole run. Nothing else has recorded any yet: the run's compiled evaluation starts after this
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+        reset_cudagraph_trees()
     return callables[best], backend or False, best_mode, [f'--torchcompile auto: {line}' for line in failed + lines]
