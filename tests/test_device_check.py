@@ -128,6 +128,20 @@ def test_smoke_runs_the_fused_kernel_section(tmp_path):
     assert set(results['compile_cache']) == _declared_steps({8})
 
 
+def test_items_that_compile_cold_are_not_admitted_on_the_pace_of_warmed_ones():
+    """The warm phase makes its items beat their estimates (which count a compilation): an item that compiles for
+    itself is never expected to take less than its estimate because of them, while warmed items scale by their own."""
+    budget = dc.Budget(600)
+    budget.spent = [(100, 30, True)]  # a warmed item, 0.3x its estimate
+    assert budget.expected(100, warmed=False) == 100
+    assert budget.expected(100, warmed=True) == 50  # scaled, at most by 0.5
+    budget.spent.append((100, 200, False))  # a cold one, 2x
+    assert budget.expected(50, warmed=False) == 100 and budget.expected(100, warmed=True) == 50
+    cold_only = dc.Budget(600, spent=[(100, 60, False)])
+    assert cold_only.expected(100, warmed=True) == pytest.approx(60)  # no warmed item yet: the cold items' pace
+    assert cold_only.expected(100, warmed=False) == pytest.approx(60)
+
+
 @pytest.mark.slow
 def test_warm_phase_fills_the_compile_caches_that_the_items_then_load(tmp_path):
     """With inductor (C++ on the CPU), the warm phase compiles the items' steps in processes of their own; the items'
@@ -139,14 +153,12 @@ def test_warm_phase_fills_the_compile_caches_that_the_items_then_load(tmp_path):
     assert warm['verified'] is True and warm['left'] == [], log[-3000:]
     compiled = {k: v for k, v in warm['done'].items() if '(again' not in k}
     assert set(compiled) == _declared_steps({4})
-    assert all(v['inductor.fxgraph_cache_miss'] > 0 for v in compiled.values())  # each compiled, cold
+    assert all(v.get('inductor.fxgraph_cache_miss', 0) > 0 for v in compiled.values())  # each compiled, cold
     steps = results['compile_cache']
-    assert 'full/reduce-overhead/ours/train' in steps and 'full/default/ours/train' in steps
+    assert set(steps) == set(compiled)
     for name, counts in steps.items():
-        if counts:  # the narrow tiny model is the full one: dynamo reuses its graphs in the process
-            assert counts.get('inductor.fxgraph_cache_hit', 0) > 0, (name, counts)
-            assert not any(k.endswith('cache_miss') for k in counts), (name, counts)
-    assert any(steps.values())
+        assert counts.get('inductor.fxgraph_cache_hit', 0) > 0, (name, counts)
+        assert not any(k.endswith('cache_miss') for k in counts), (name, counts)
 
 
 @pytest.mark.slow

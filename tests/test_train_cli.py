@@ -285,7 +285,9 @@ def test_auto_releases_the_cuda_graphs_of_a_choice_it_does_not_keep(monkeypatch,
     stays allocated until the trees are reset: released unless that choice trains."""
     from torch._inductor import cudagraph_trees
     resets = []
-    monkeypatch.setattr(cudagraph_trees, 'reset_cudagraph_trees', lambda: resets.append(1))
+    monkeypatch.setattr(cudagraph_trees, 'reset_cudagraph_trees', lambda: resets.append('reset'))
+    monkeypatch.setattr(torch.cuda, 'is_initialized', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'empty_cache', lambda: resets.append('emptied'))
     monkeypatch.setattr(torch, 'compile', lambda model, **kwargs: model)
     step_s = {'eager': 0.05, 'inductor': 0.05, 'inductor (reduce-overhead)': 0.05, kept: 0.01}
 
@@ -295,7 +297,7 @@ def test_auto_releases_the_cuda_graphs_of_a_choice_it_does_not_keep(monkeypatch,
     _, used, mode, why = runtime.resolve_torchcompile('auto', torch.nn.Linear(2, 2), probe, steps_left=10,
                                                       device='cuda')
     assert why[-1].startswith(f'--torchcompile auto: -> {kept}:')
-    assert len(resets) == int(released)
+    assert resets == (['reset', 'emptied'] if released else [])
 
 
 def test_time_training_steps_leaves_weights_statistics_and_rng_as_they_were():

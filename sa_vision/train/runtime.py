@@ -334,4 +334,6 @@ def resolve_torchcompile(requested: Optional[str], model: nn.Module,
         # for the whole run. Nothing else has recorded any yet: the run's compiled evaluation starts after this
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
         reset_cudagraph_trees()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()  # the pool's blocks, back to the GPU rather than held by the allocator
     return callables[best], backend or False, best_mode, [f'--torchcompile auto: {line}' for line in failed + lines]

@@ -112,7 +112,8 @@ def smoke_setting(backend: str = 'eager') -> Setting:
     vit = dict(embed_dim=12, depth=1, num_heads=3)
     return Setting(
         device='cpu', batch_size=4, backend=backend, warmup=1, runs=2, iters=1,
-        full=tiny, narrow=tiny, vit_full=vit, vit_narrow=vit,  # one size twice: dynamo reuses its graphs
+        # two widths, so that each size compiles its own graphs as on the GPU (the ViT: one size twice)
+        full=tiny, narrow=dict(tiny, embed_dim=24), vit_full=vit, vit_narrow=vit,
         resnet=dict(PROFILES['tiny'].per_model['resnet18_cifar']['model_kwargs']),
         zoo_profile='tiny', dataset='digits', matmul_size=128, copy_mb=1, e2e_epochs=1, zoo_epochs=1)
 
@@ -160,18 +161,22 @@ class Item:
 class Budget:
     seconds: float
     start: float = field(default_factory=time.time)
-    spent: List = field(default_factory=list)  # (estimate, actual) of the items run
+    spent: List = field(default_factory=list)  # (estimate, actual, warmed) of the items run
 
     def left(self) -> float:
         return self.seconds - (time.time() - self.start)
 
-    def expected(self, estimate: float) -> float:
-        """``estimate`` scaled by how the items so far compared to theirs (between 0.5x and 3x)."""
-        done = [(e, a) for e, a in self.spent if e >= 20]
-        if not done:
+    def expected(self, estimate: float, warmed: bool = False) -> float:
+        """``estimate`` scaled by how the items so far compared to theirs (between 0.5x and 3x). Items whose steps
+        the warm phase compiled are scaled by their own kind: their estimates count a compilation they skip. An item
+        that compiles for itself is never scaled below its estimate by them."""
+        done = [(e, a, w) for e, a, w in self.spent if e >= 20]
+        own = [(e, a) for e, a, w in done if w == warmed]
+        if not own and not done:
             return estimate
-        scale = sum(a for _, a in done) / sum(e for e, _ in done)
-        return estimate * min(max(scale, 0.5), 3.0)
+        pairs = own or [(e, a) for e, a, _ in done]
+        scale = sum(a for _, a in pairs) / sum(e for e, _ in pairs)
+        return estimate * min(max(scale, 0.5 if own or warmed else 1.0), 3.0)
 
 
 class Check:
@@ -682,9 +687,11 @@ def redirect_fds(path: Path):
 
 
 def cache_counters() -> Dict[str, int]:
-    """This process's counts of inductor's compiled-graph cache and AOTAutograd's cache, hits, misses and bypasses."""
+    """This process's counts of the two on-disk caches the warm phase fills, inductor's compiled graphs
+    (``fxgraph_cache_*``) and AOTAutograd's (``autograd_cache_*``): hits, misses and bypasses. Not inductor's
+    in-process ``async_compile_cache_*``, which counts a miss for every Triton kernel loaded, from the cache too."""
     return {f'{group}.{k}': v for group in ('inductor', 'aot_autograd') for k, v in counters[group].items()
-            if 'cache_hit' in k or 'cache_miss' in k or 'cache_bypass' in k}
+            if k.startswith(('fxgraph_cache_', 'autograd_cache_'))}
 
 
 def format_cache(cache: Dict[str, int]) -> str:
@@ -705,21 +712,22 @@ def warm_one(check: Check, target: Target) -> Dict[str, Any]:
 WARM_LINE = 'WARMED '  # a warm-up process's last line: this, then its result as JSON
 
 
-def warm(check: Check, targets: List[Target], seconds: float, parallel: int, argv: List[str]) -> None:
+def warm(check: Check, targets: List[Target], seconds: float, parallel: int, argv: List[str]) -> set:
     """Compile the items' steps beforehand, ``parallel`` processes at a time, each one step of one target, within
     ``seconds``: inductor and AOTAutograd keep what they compile in caches on disk, so the items' first steps load
     their graphs there instead of compiling them one after another on one core (on the CPU, the narrow model's
     training step: 23 s cold, 1.4 s from the cache). The first target is compiled twice, the second time in a fresh
     process: where that finds nothing in the cache, warming cannot help, and it stops. ``argv``: the command line of
-    this run (its --smoke and --smoke-backend), which the processes repeat."""
+    this run (its --smoke and --smoke-backend), which the processes repeat. Returns the targets compiled (none
+    where the cache check failed)."""
     log = check.log
     cache_dir = os.environ.get('TORCHINDUCTOR_CACHE_DIR', "inductor's default")
     log(f'\n== warm: {len(targets)} compiled steps of the items below, {parallel} processes at a time, within '
         f'{seconds:.0f} s (TORCHINDUCTOR_CACHE_DIR: {cache_dir})')
     t_start, deadline = time.time(), time.time() + seconds
-    threads = max(1, (os.cpu_count() or 2) // parallel)
-    env = dict(os.environ, PYTHONUNBUFFERED='1', TORCHINDUCTOR_COMPILE_THREADS=str(threads),
-               OMP_NUM_THREADS=str(threads))
+    # the compile workers shared out; not OMP_NUM_THREADS: the key of a CPU graph holds the thread count
+    env = dict(os.environ, PYTHONUNBUFFERED='1',
+               TORCHINDUCTOR_COMPILE_THREADS=str(max(1, (os.cpu_count() or 2) // parallel)))
     pending = [(t, False) for t in targets]  # (target, whether it checks the cache)
     running: Dict[Any, Any] = {}
     done: Dict[str, Any] = {}
@@ -741,9 +749,12 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
                 time.sleep(0.2)
                 for proc in [p for p in running if p.poll() is not None]:
                     target, verify, out, t0 = running.pop(proc)
-                    text = out.read_text()
+                    text = out.read_text(errors='replace')
                     line = next((x for x in reversed(text.splitlines()) if x.startswith(WARM_LINE)), None)
-                    result = json.loads(line[len(WARM_LINE):]) if line and proc.returncode == 0 else None
+                    result = None
+                    if line and proc.returncode == 0:
+                        with contextlib.suppress(ValueError):
+                            result = json.loads(line[len(WARM_LINE):])
                     name = '/'.join(target) + (' (again, fresh process: the cache check)' if verify else '')
                     if result is None:
                         log(f'  {name}: FAILED (exit {proc.returncode}); its last lines:')
@@ -754,8 +765,10 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
                         took = result.get('skipped') or f'{time.time() - t0:.0f} s'
                         log(f'  {name}: {took}; compile caches: {format_cache(cache)}')
                     done[name] = result
-                    if verify:
-                        verified = any(v for k, v in (result or {}).items() if k.endswith('cache_hit'))
+                    if verify and result is None:
+                        log('  the cache check did not run to its end: warming goes on unchecked')
+                    elif verify:
+                        verified = any(v for k, v in result.items() if k.endswith('cache_hit'))
                         if not verified:
                             log('  the cache check found no compiled graph in the cache: warming stops, the items '
                                 'compile as before')
@@ -767,12 +780,15 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     left = [t for t, verify in pending if not verify] + [t for t, verify, *_ in running.values() if not verify]
-    compiled = sum(r is not None for name, r in done.items() if '(again' not in name)
+    compiled = sum(r is not None and 'skipped' not in r for name, r in done.items() if '(again' not in name)
     check_said = {None: 'not run', True: 'passed', False: 'failed'}[verified]
     log(f'-- warm: {compiled} of {len(targets)} steps compiled in {time.time() - t_start:.0f} s; the cache check: '
         f'{check_said}' + (f'; left cold: {", ".join("/".join(t) for t in left)}' if left else ''))
     check.log.results['warm'] = {'seconds': round(time.time() - t_start, 1), 'verified': verified,
                                  'done': done, 'left': ['/'.join(t) for t in left]}
+    if verified is False:
+        return set()
+    return {t for t in targets if (result := done.get('/'.join(t))) is not None and 'skipped' not in result}
 
 
 def environment(check: Check) -> None:
@@ -975,6 +991,10 @@ def main(argv=None) -> int:
     if args.warm_target:
         if check.device.type == 'cuda':  # the processes side by side share the GPU's memory
             torch.cuda.set_per_process_memory_fraction(0.9 / args.warm_parallel)
+        # kernel configs benchmarked while the processes share the GPU are not kept: the items benchmark their own
+        # (no part of the compiled graphs' cache key)
+        from torch._inductor import config as inductor_config
+        inductor_config.autotune_local_cache = False
         print(WARM_LINE + json.dumps(warm_one(check, tuple(args.warm_target.split(',')))), flush=True)
         return 0
     log(f'== sa_vision device check{" (smoke, CPU)" if args.smoke else ""}: sections {sorted(sections)}, budget '
@@ -984,14 +1004,19 @@ def main(argv=None) -> int:
     selected = [i for i in items(check) if i.section in sections]
     targets = list(dict.fromkeys(t for i in selected for t in i.compiles))
     warm_s = args.warm_s if args.warm_s is not None else 0 if args.smoke else WARM_SHARE * args.budget_s
+    warmed_steps: set = set()
     if targets and min(warm_s, budget.left()) > 0:
         if check.device.type == 'cuda':
             torch.cuda.empty_cache()  # the ceilings' buffers: the warm-up processes need the memory
-        warm(check, targets, min(warm_s, budget.left()), args.warm_parallel,
-             ['--smoke', '--smoke-backend', args.smoke_backend] if args.smoke else [])
+        try:
+            warmed_steps = warm(check, targets, min(warm_s, budget.left()), args.warm_parallel,
+                 ['--smoke', '--smoke-backend', args.smoke_backend] if args.smoke else [])
+        except Exception:  # noqa: BLE001  the items compile for themselves
+            log(f'the warm phase FAILED: {traceback.format_exc(limit=-12)}')
         log.save()
     for item in selected:
-        expected = budget.expected(item.estimate_s if not args.smoke else 0)
+        warmed = bool(item.compiles) and set(item.compiles) <= warmed_steps
+        expected = budget.expected(item.estimate_s if not args.smoke else 0, warmed)
         if budget.left() < expected or budget.left() <= 0:
             log(f'\n== [{item.section}] {item.name}: skipped: budget ({budget.left():.0f} s left, needs '
                 f'~{expected:.0f})')
@@ -1007,7 +1032,7 @@ def main(argv=None) -> int:
             status = 'FAILED'
             log(f'FAILED: {traceback.format_exc(limit=-12)}')
         spent = time.time() - t0
-        budget.spent.append((item.estimate_s, spent))
+        budget.spent.append((item.estimate_s, spent, warmed))
         log(f'-- {status} in {spent:.1f} s')
         log.results['items'].append({'section': item.section, 'name': item.name, 'status': status,
                                      'seconds': round(spent, 1)})
