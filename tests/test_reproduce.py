@@ -498,6 +498,26 @@ def test_a_training_side_by_side_tags_each_line_of_its_output(capfd):
     assert capfd.readouterr().out.splitlines() == ['[sa_gen_cifar] epoch 1', '[sa_gen_cifar] oops']
 
 
+def _child_outlives_its_parent(parent_code: str, child_pid) -> bool:
+    """Run ``parent_code`` (it starts a child, a 60 s sleep), read the child's pid with ``child_pid(parent)``, kill
+    the parent: whether the child still runs 10 s later."""
+    parent = subprocess.Popen([sys.executable, '-c', parent_code], env=_env(), stdout=subprocess.PIPE, text=True)
+    child = child_pid(parent)
+    parent.kill()
+    parent.wait(timeout=HANG_TIMEOUT_S)
+    deadline = time.time() + 10  # a signal, not work: seconds are plenty
+    while time.time() < deadline:
+        try:
+            with open(f'/proc/{child}/status') as f:
+                if 'State:\tZ' in f.read():  # dead, not yet reaped by its new parent
+                    return False
+        except FileNotFoundError:
+            return False
+        time.sleep(0.1)
+    os.kill(child, signal.SIGKILL)
+    return True
+
+
 @pytest.mark.skipif(not sys.platform.startswith('linux'), reason='PR_SET_PDEATHSIG is Linux')
 def test_a_training_process_dies_with_the_reproduction_that_started_it():
     """No orphan training process goes on writing the checkpoint that the next run resumes."""
@@ -507,19 +527,28 @@ def test_a_training_process_dies_with_the_reproduction_that_started_it():
                    'preexec_fn=die_with_parent)\n'
                    'print(child.pid, flush=True)\n'
                    'time.sleep(60)\n')
-    parent = subprocess.Popen([sys.executable, '-c', parent_code], env=_env(), stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
-    parent.kill()
-    parent.wait(timeout=HANG_TIMEOUT_S)
-    deadline = time.time() + 10  # a signal, not work: seconds are plenty
-    while time.time() < deadline:
-        try:
-            with open(f'/proc/{child}/status') as f:
-                if 'State:\tZ' in f.read():  # dead, not yet reaped by its new parent
-                    break
-        except FileNotFoundError:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(child, signal.SIGKILL)
-        pytest.fail('the training process outlived the reproduction')
+    assert not _child_outlives_its_parent(parent_code, lambda parent: int(parent.stdout.readline())), \
+        'the training process outlived the reproduction'
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='PR_SET_PDEATHSIG is Linux')
+def test_a_training_process_dies_when_the_reproduction_ended_before_its_death_signal_was_set(tmp_path):
+    """The parent killed between the fork and the prctl (widened here by a sleep before it): no death signal can
+    come any more, and the child ends itself instead of running on."""
+    pid_file = tmp_path / 'child.pid'
+    parent_code = ('import os, subprocess, sys, time\n'
+                   'from sa_vision.reproduce.stages import die_with_parent\n'
+                   'def late():\n'
+                   f'    open({str(pid_file)!r}, "w").write(str(os.getpid()))\n'
+                   '    time.sleep(1.5)\n'
+                   '    die_with_parent()\n'
+                   'subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=late)\n'
+                   'time.sleep(60)\n')
+
+    def child_pid(parent):
+        deadline = time.time() + HANG_TIMEOUT_S
+        while not pid_file.is_file() or not pid_file.read_text():
+            assert time.time() < deadline and parent.poll() is None
+            time.sleep(0.05)
+        return int(pid_file.read_text())
+    assert not _child_outlives_its_parent(parent_code, child_pid), 'the training process outlived the reproduction'

@@ -355,10 +355,18 @@ def _death_signal_setter() -> Optional[Callable[[], None]]:
     if not sys.platform.startswith('linux'):
         return None
     import ctypes
-    import functools
     import signal
     prctl = ctypes.CDLL(None, use_errno=True).prctl
-    return functools.partial(prctl, 1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    # the forking process's pid, set in it just before each fork (subprocess runs these hooks when a child runs
+    # Python before its exec), so that the child holds its parent's pid in its copy of this dict
+    forked_by = {'pid': os.getpid()}
+    os.register_at_fork(before=lambda: forked_by.update(pid=os.getpid()))
+
+    def die_with_parent() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != forked_by['pid']:  # the parent ended before the prctl: no signal will come
+            os.kill(os.getpid(), signal.SIGKILL)
+    return die_with_parent
 
 
 # a subprocess's preexec_fn (None off Linux): the training processes, and the device check's pytest. The signal
