@@ -722,8 +722,8 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
     where the cache check failed)."""
     log = check.log
     cache_dir = os.environ.get('TORCHINDUCTOR_CACHE_DIR', "inductor's default")
-    log(f'\n== warm: {len(targets)} compiled steps of the items below, {parallel} processes at a time, within '
-        f'{seconds:.0f} s (TORCHINDUCTOR_CACHE_DIR: {cache_dir})')
+    log(f'\n== warm: {len(targets)} compiled steps of the items below, each in a process of its own, {parallel} at a '
+        f'time, within {seconds:.0f} s (TORCHINDUCTOR_CACHE_DIR: {cache_dir})')
     t_start, deadline = time.time(), time.time() + seconds
     # the compile workers shared out; not OMP_NUM_THREADS: the key of a CPU graph holds the thread count
     env = dict(os.environ, PYTHONUNBUFFERED='1',
@@ -782,8 +782,9 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
     left = [t for t, verify in pending if not verify] + [t for t, verify, *_ in running.values() if not verify]
     compiled = sum(r is not None and 'skipped' not in r for name, r in done.items() if '(again' not in name)
     check_said = {None: 'not run', True: 'passed', False: 'failed'}[verified]
+    cold = ', '.join('/'.join(t) for t in left) if len(left) <= 6 else f'{len(left)} (device_check.json, "warm")'
     log(f'-- warm: {compiled} of {len(targets)} steps compiled in {time.time() - t_start:.0f} s; the cache check: '
-        f'{check_said}' + (f'; left cold: {", ".join("/".join(t) for t in left)}' if left else ''))
+        f'{check_said}' + (f'; left cold: {cold}' if left else ''))
     check.log.results['warm'] = {'seconds': round(time.time() - t_start, 1), 'verified': verified,
                                  'done': done, 'left': ['/'.join(t) for t in left]}
     if verified is False:
