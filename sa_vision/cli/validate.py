@@ -82,7 +82,7 @@ def with_progress(loader, num_images: int, stream=None):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description='Evaluate a sa_vision model')
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default=None,
                         help='registered name, local-dir:<folder> or hf-hub:<repo> (default sa_quadratic_cifar); '
                              'with --checkpoint: the expected architecture, needed for bare non-SA weights')
