@@ -149,6 +149,62 @@ def test_an_unknown_keyword_without_a_near_one_lists_the_models_keywords(capsys)
                 assert name in line, (name, line)
 
 
+@pytest.mark.parametrize('argv, message', [
+    (['--epochs', '-1'], '--epochs is -1, it must be at least 1'),
+    (['--epochs', '0'], '--epochs is 0, it must be at least 1'),
+    (['-b', '0'], '--batch-size is 0, it must be at least 1'),
+    (['-vb', '0'], '--validation-batch-size is 0, it must be at least 1'),
+    (['--workers', '-1'], '--workers is -1, it must be at least 0'),
+    (['--lr', '-0.1'], '--lr is -0.1, it must be at least 0'),
+    (['--log-interval', '0'], '--log-interval is 0, it must be at least 1'),
+    (['--threads', '-2'], '--threads is -2, it must be at least 1'),
+])
+def test_train_numbers_below_their_least_value_are_one_error_line(argv, message, tmp_path, capsys):
+    line = _one_error(_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path, *argv], capsys)
+    assert line.startswith(f'error: {message}') and 'recipe sa_quadratic_cifar_digits' in line, line
+    assert not any(tmp_path.iterdir())
+
+
+def test_least_values_are_allowed():
+    import argparse
+
+    from sa_vision.train.args import check_least_values
+    check_least_values(argparse.Namespace(epochs=1, batch_size=1, validation_batch_size=None, workers=0, threads=None,
+                                          log_interval=1, lr=0.))
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['-b', '0'], '--batch-size is 0, it must be at least 1'),
+    (['-j', '-1'], '--workers is -1, it must be at least 0'),
+])
+def test_validate_numbers_below_their_least_value_are_one_error_line(argv, message, capsys):
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, *argv], capsys)
+    assert line == f'error: {message}', line
+
+
+@pytest.mark.parametrize('command', ['train', 'validate', 'benchmark'])
+def test_a_cuda_device_without_cuda_says_so(command, monkeypatch, tmp_path, capsys):
+    import torch
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    main, argv = {
+        'train': (_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path]),
+        'validate': (validate.main, ['--checkpoint', KEPT_SA]),
+        'benchmark': (benchmark_script.main, ['--model', 'resnet18_cifar', '--bench', 'inference']),
+    }[command]
+    line = _one_error(main, [*argv, '--device', 'cuda'], capsys)
+    assert 'CUDA is not available here' in line and 'drop --device or pass --device cpu' in line, line
+
+
+def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_error_line(monkeypatch, capsys):
+    import torch
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', 'gpu'], capsys)
+    assert "--device 'gpu' is not a device torch knows" in line, line
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', 'cuda:1'], capsys)
+    assert 'this machine has 1 CUDA device(s), cuda:0 to cuda:0' in line, line
+
+
 @pytest.mark.parametrize('argv, source, advice', [
     (['-c', 'sa_quadratic_cifar_digits'], 'The model_kwargs of recipe sa_quadratic_cifar_digits (embed_dim=32',
      'train without that recipe'),

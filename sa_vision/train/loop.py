@@ -30,7 +30,7 @@ from ..errors import UserError, run_cli
 from ..io import atomic_folder
 from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
-from .args import check_scheduler
+from .args import check_least_values, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
@@ -153,6 +153,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
 def _set_up_process(args) -> None:
     """Check what would only fail once the model and the data are built, then set up this process: threads,
     devices and DDP, the modules of --device-modules, backend switches, the allocator."""
+    check_least_values(args)
     check_scheduler(args.sched, args.sched_on_updates)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
