@@ -64,7 +64,7 @@ def test_bugs_keep_their_traceback(monkeypatch):
 
 
 @pytest.mark.parametrize('script', ['train', 'validate', 'benchmark', 'plot_attention', 'prune', 'push_to_hub',
-                                    'reproduce'])
+                                    'reproduce', 'model_table', 'explore'])
 def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
     """What the tests above call in-process is what the installed command and `python -m sa_vision.cli.<script>` run."""
     import importlib
@@ -80,3 +80,157 @@ def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
         commands = tomllib.load(f)['project']['scripts']
     assert f'sa_vision.cli.{script}:cli' in commands.values(), f'no installed command runs sa_vision.cli.{script}:cli'
     assert 'sys.exit(cli())' in (ROOT / 'sa_vision' / 'cli' / f'{script}.py').read_text(), script  # python -m
+
+
+# --- mistakes of a first hour with the commands: each one error line, status 2, no traceback -----------------------
+
+KEPT_SA = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'  # a Hub folder: embed_dim 64, depth 6
+
+
+def _one_error(main, argv, capsys) -> str:
+    """The error line of ``main(argv)`` under run_cli, which must exit 2 with exactly one ``error:`` line (log lines
+    of sa-vision-train may come before it) and no traceback."""
+    status, err = _run(main, argv, capsys)
+    errors = [line for line in err.splitlines() if line.startswith('error: ')]
+    assert status == 2 and len(errors) == 1 and 'Traceback' not in err, err
+    assert err.strip().splitlines()[-1] == errors[0], err
+    return errors[0]
+
+
+def _train_main():
+    from sa_vision.cli import train
+    return train.main
+
+
+def test_an_unknown_model_name_suggests_the_registered_one(tmp_path, capsys):
+    from sa_vision.cli import model_table
+    line = _one_error(_train_main(), ['--model', 'sa_quadratc_cifar', '--dataset', 'digits', '--output', tmp_path],
+                      capsys)
+    assert "unknown model 'sa_quadratc_cifar'" in line and "did you mean 'sa_quadratic_cifar'?" in line, line
+    line = _one_error(model_table.main, ['--models', 'sa_quadratc_cifar'], capsys)
+    assert "unknown model 'sa_quadratc_cifar'" in line and "did you mean 'sa_quadratic_cifar'?" in line, line
+    # validate, prune, plot and explore say the same through load_model
+    line = _one_error(validate.main, ['--model', 'sa_quadratc_cifar', '--dataset', 'digits'], capsys)
+    assert "is neither a file" in line and "did you mean 'sa_quadratic_cifar'?" in line, line
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize('command, argv, source', [
+    ('train', ['-c', 'sa_quadratic_cifar_digits', '--model-kwargs', 'embed_dim=16', 'depht=1'], '--model-kwargs'),
+    ('train', ['-c', '{tmp}/typo.yaml'], 'the model_kwargs of recipe {tmp}/typo.yaml'),
+    ('validate', ['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--model-kwargs', 'depht=1'],
+     '--model-kwargs'),
+    ('validate', ['--checkpoint', KEPT_SA, '--dataset', 'digits', '--model-kwargs', 'depht=1'], '--model-kwargs'),
+], ids=['train-command-line', 'train-recipe', 'validate-name', 'validate-hub-folder'])
+def test_an_unknown_model_keyword_names_where_it_came_from_and_the_nearest(command, argv, source, tmp_path, capsys):
+    import yaml
+    (tmp_path / 'typo.yaml').write_text(yaml.safe_dump(
+        {'model': 'sa_quadratic_cifar', 'model_kwargs': {'embed_dim': 16, 'depht': 1}, 'dataset': 'digits'}))
+    main = _train_main() if command == 'train' else validate.main
+    argv = [str(a).replace('{tmp}', str(tmp_path)) for a in argv]
+    line = _one_error(main, argv + (['--output', tmp_path / 'out'] if command == 'train' else []), capsys)
+    assert "sa_quadratic_cifar takes no keyword argument 'depht'" in line, line
+    assert f'from {source.replace("{tmp}", str(tmp_path))})' in line and "did you mean 'depth'?" in line, line
+
+
+def test_an_unknown_keyword_without_a_near_one_lists_the_models_keywords(capsys):
+    import inspect
+
+    from timm.models.resnet import ResNet
+
+    from sa_vision.models import CifarResNet
+    line = _one_error(validate.main, ['--model', 'resnet18_cifar', '--dataset', 'digits', '--model-kwargs',
+                                      'heads_per_layer=9'], capsys)
+    assert "resnet18_cifar takes no keyword argument 'heads_per_layer'" in line, line
+    # CifarResNet's own keywords and those its **kwargs passes on to timm's ResNet
+    for cls in (CifarResNet, ResNet):
+        for name in list(inspect.signature(cls.__init__).parameters)[1:]:
+            if name != 'kwargs':
+                assert name in line, (name, line)
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['--epochs', '-1'], '--epochs is -1, it must be at least 1'),
+    (['--epochs', '0'], '--epochs is 0, it must be at least 1'),
+    (['-b', '0'], '--batch-size is 0, it must be at least 1'),
+    (['-vb', '0'], '--validation-batch-size is 0, it must be at least 1'),
+    (['--workers', '-1'], '--workers is -1, it must be at least 0'),
+    (['--lr', '-0.1'], '--lr is -0.1, it must be at least 0'),
+    (['--log-interval', '0'], '--log-interval is 0, it must be at least 1'),
+    (['--threads', '-2'], '--threads is -2, it must be at least 1'),
+])
+def test_train_numbers_below_their_least_value_are_one_error_line(argv, message, tmp_path, capsys):
+    line = _one_error(_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path, *argv], capsys)
+    assert line.startswith(f'error: {message}') and 'recipe sa_quadratic_cifar_digits' in line, line
+    assert not any(tmp_path.iterdir())
+
+
+def test_least_values_are_allowed():
+    import argparse
+
+    from sa_vision.train.args import check_least_values
+    check_least_values(argparse.Namespace(epochs=1, batch_size=1, validation_batch_size=None, workers=0, threads=None,
+                                          log_interval=1, lr=0.))
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['-b', '0'], '--batch-size is 0, it must be at least 1'),
+    (['-j', '-1'], '--workers is -1, it must be at least 0'),
+])
+def test_validate_numbers_below_their_least_value_are_one_error_line(argv, message, capsys):
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, *argv], capsys)
+    assert line == f'error: {message}', line
+
+
+@pytest.mark.parametrize('command', ['train', 'validate', 'benchmark'])
+def test_a_cuda_device_without_cuda_says_so(command, monkeypatch, tmp_path, capsys):
+    import torch
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    main, argv = {
+        'train': (_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path]),
+        'validate': (validate.main, ['--checkpoint', KEPT_SA]),
+        'benchmark': (benchmark_script.main, ['--model', 'resnet18_cifar', '--bench', 'inference']),
+    }[command]
+    line = _one_error(main, [*argv, '--device', 'cuda'], capsys)
+    assert 'CUDA is not available here' in line and 'drop --device or pass --device cpu' in line, line
+
+
+def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_error_line(monkeypatch, capsys):
+    import torch
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', 'gpu'], capsys)
+    assert "--device 'gpu' is not a device torch knows" in line, line
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)
+    monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', 'cuda:1'], capsys)
+    assert 'this machine has 1 CUDA device(s), cuda:0 to cuda:0' in line, line
+
+
+@pytest.mark.parametrize('argv, source, advice', [
+    (['-c', 'sa_quadratic_cifar_digits'], 'The model_kwargs of recipe sa_quadratic_cifar_digits (embed_dim=32',
+     'train without that recipe'),
+    (['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--model-kwargs', 'embed_dim=32'],
+     '--model-kwargs (embed_dim=32)', 'drop them'),
+], ids=['recipe', 'command-line'])
+def test_initial_weights_of_another_architecture_name_where_the_arguments_came_from(argv, source, advice, tmp_path,
+                                                                                     capsys):
+    line = _one_error(_train_main(), [*argv, '--initial-checkpoint', KEPT_SA, '--output', tmp_path], capsys)
+    assert f'the weights of {KEPT_SA} do not fit sa_quadratic_cifar' in line, line
+    assert source in line and advice in line, line
+    if argv[0] == '-c':
+        assert '--model-kwargs' not in line, line
+
+
+def test_sa_safetensors_named_as_another_model_say_which_model_they_hold(capsys):
+    message = 'holds a sa_quadratic_cifar model, not resnet18_cifar; pass weights of resnet18_cifar or use --model'
+    for weights in (KEPT_SA / 'model.safetensors', KEPT_SA):
+        line = _one_error(validate.main, ['--model', 'resnet18_cifar', '--checkpoint', weights], capsys)
+        assert line == f'error: {weights} {message} sa_quadratic_cifar', line
+
+
+def test_validate_help_shows_what_its_options_refer_to(capsys):
+    with pytest.raises(SystemExit):
+        validate.main(['--help'])
+    text = capsys.readouterr().out
+    assert 'weights of any kind (see above)' in text
+    # "above": the kinds of weights, listed before the options
+    assert text.index('What to evaluate') < text.index('.safetensors') < text.index('options:')

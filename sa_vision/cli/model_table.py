@@ -7,11 +7,9 @@ import argparse
 import csv
 import sys
 
-import timm
-
-import sa_vision  # noqa: F401  (registers the models)
 from sa_vision.errors import command
 from sa_vision.measure.benchmark import count_macs
+from sa_vision.models import create_named_model
 from sa_vision.paper import PAPER_RESULTS
 from sa_vision.tables import markdown_table
 
@@ -24,7 +22,7 @@ def main(argv=None) -> int:
 
     rows = []
     for name in args.models:
-        model = timm.create_model(name)
+        model = create_named_model(name)
         paper = PAPER_RESULTS.get(name)
         macs = count_macs(model, model.pretrained_cfg['input_size'])
         rows.append({

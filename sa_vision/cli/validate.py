@@ -29,7 +29,7 @@ from timm.utils import ParseKwargs
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import command
-from sa_vision.train.args import add_threads_argument
+from sa_vision.train.args import add_threads_argument, check_least_values
 from sa_vision.train.checkpoint import LOCAL_DIR_PREFIX, CheckpointError, load_model, read_checkpoint
 from sa_vision.train.data import (
     check_dataset,
@@ -40,7 +40,7 @@ from sa_vision.train.data import (
     split_name,
 )
 from sa_vision.train.evaluation import evaluate
-from sa_vision.train.runtime import apply_threads
+from sa_vision.train.runtime import apply_threads, resolve_device
 
 DEFAULT_DATASET = 'torch/cifar10'  # where the weights name no dataset: the paper's
 
@@ -82,7 +82,7 @@ def with_progress(loader, num_images: int, stream=None):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description='Evaluate a sa_vision model')
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--model', default=None,
                         help='registered name, local-dir:<folder> or hf-hub:<repo> (default sa_quadratic_cifar); '
                              'with --checkpoint: the expected architecture, needed for bare non-SA weights')
@@ -104,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument('-j', '--workers', type=int, default=None,
                         help='data loading processes (default: 0 for the in-memory digits and fashion-mnist, else 2)')
     add_threads_argument(parser)
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--device', default=None, help="'cuda', 'cpu', ... (default: cuda when present)")
     parser.add_argument('--amp', action=argparse.BooleanOptionalAction, default=None,
                         help='bf16 autocast (default: on with CUDA)')
     parser.add_argument('--device-modules', default=None, type=str, nargs='+',
@@ -114,6 +114,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = _parser().parse_args(argv)
+    check_least_values(args)
+    args.device = resolve_device(args.device)
     apply_threads(args)
     if args.dataset is not None:  # a missing dataset fails before any model is built
         _check_dataset(args)

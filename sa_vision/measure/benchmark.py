@@ -15,6 +15,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..train.runtime import CUDA_GRAPH_MODES, synchronize
+from ..train.runtime import resolve_device as resolve_device_name
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory, _peak_memory, _tensor_bytes
 from .peers import PEERS, build_peer, is_peer
@@ -54,9 +55,8 @@ def matmul_rate(
 
 
 def resolve_device(device=None) -> torch.device:
-    if device is None or device == 'auto' or device == '':
-        return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    return torch.device(device)
+    """``--device`` as :func:`sa_vision.train.runtime.resolve_device` resolves it; a torch.device as it is."""
+    return device if isinstance(device, torch.device) else torch.device(resolve_device_name(device))
 
 
 def compute_dtype(precision: str = 'float32', amp: bool = False, amp_dtype: str = 'bfloat16') -> torch.dtype:

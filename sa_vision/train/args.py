@@ -16,7 +16,7 @@ from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
-    'build_parser', 'argument_names', 'add_threads_argument', 'check_scheduler',
+    'build_parser', 'argument_names', 'add_threads_argument', 'check_scheduler', 'LEAST_VALUES', 'check_least_values',
 ]
 
 # this process's and this machine's: set anew by every process, so --resume does not take them from the run
@@ -33,6 +33,10 @@ RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torch
                            'torchcompile_reason', 'resume_changes', 'device_data_used', 'device_data_reason'})
 # left out of published recipes: a recipe reproduces the run anywhere and leaks no local paths
 RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
+# the least value of the numbers below which timm and torch fail only deep inside (the scheduler's bare
+# AssertionError, the DataLoader's ValueError, a division by zero), of sa-vision-train and sa-vision-validate
+LEAST_VALUES = {'epochs': 1, 'batch_size': 1, 'validation_batch_size': 1, 'workers': 0, 'threads': 1,
+                'log_interval': 1, 'lr': 0.}
 
 
 def build_config_parser() -> argparse.ArgumentParser:
@@ -257,3 +261,14 @@ def check_scheduler(sched: str, sched_on_updates: bool) -> None:
     if sched == 'plateau' and sched_on_updates:
         raise RecipeError("--sched plateau lowers the lr when the evaluation metric stops improving, once per epoch: "
                           "add --no-sched-on-updates (the recipe's sched_on_updates: false)")
+
+
+def check_least_values(args) -> None:
+    """A :class:`RecipeError` for a number of ``args`` below its :data:`LEAST_VALUES` (given on the command line or
+    by a recipe); arguments that ``args`` lacks or leaves at None are not checked."""
+    for name, least in LEAST_VALUES.items():
+        value = getattr(args, name, None)
+        if value is not None and value < least:
+            recipe = getattr(args, 'config', '')
+            raise RecipeError(f'--{name.replace("_", "-")} is {value}, it must be at least {least}'
+                              + (f' (from the command line or recipe {recipe})' if recipe else ''))

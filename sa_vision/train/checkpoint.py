@@ -9,7 +9,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from timm.models import clean_state_dict
@@ -20,9 +20,14 @@ from ..io import plain_data
 from ..models import (
     DEFAULT_MODEL_OF_KIND,
     SA_MODEL_ARGS,
+    SelfAttentionNet,
+    UnknownModelError,
+    create_named_model,
     infer_cifar_resnet_args,
     infer_sa_model_args,
     is_sa_state_dict,
+    model_class,
+    model_name_hint,
 )
 from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
@@ -52,13 +57,15 @@ class CheckpointError(UserError):
 @dataclass
 class Checkpoint:
     """Weights and what is known about them: ``model_args`` are every keyword ``timm.create_model(arch, ...)``
-    takes, ``meta`` everything else the file holds (epoch, metrics, history, ...)."""
+    takes (``given_args`` names those the caller gave, e.g. ``--model-kwargs``, rather than the file), ``meta``
+    everything else the file holds (epoch, metrics, history, ...)."""
     arch: str
     model_args: Dict[str, Any]
     state_dict: Dict[str, Tensor]
     source: str
     format: str
     meta: Dict[str, Any] = field(default_factory=dict)
+    given_args: Tuple[str, ...] = ()
 
     @property
     def dataset(self) -> str:
@@ -74,9 +81,11 @@ class Checkpoint:
                                   f'that registers it (--device-modules) or pass the right --model')
         # a Hub folder's preprocessing (input size, mean / std, label names) as timm's local-dir: loading keeps it
         overlay = self.meta.get('pretrained_cfg') if self.format == 'hub_folder' else None
+        sources = {k: '--model-kwargs' if k in self.given_args else f'the arguments stored with {self.source}'
+                   for k in self.model_args}
         try:
-            model = timm.create_model(self.arch, **self.model_args,
-                                      **({'pretrained_cfg_overlay': overlay} if overlay else {}))
+            model = create_named_model(self.arch, kwargs_sources=sources, **self.model_args,
+                                       **({'pretrained_cfg_overlay': overlay} if overlay else {}))
         except TypeError as e:
             raise CheckpointError(f'{self.source}: {self.arch} does not accept the stored arguments '
                                   f'{self.model_args} ({e})') from None
@@ -133,7 +142,8 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
         if arch in SA_MODEL_ARGS and SA_MODEL_ARGS[arch]['attn_kind'] != kind:
             raise CheckpointError(f'{path} holds a {DEFAULT_MODEL_OF_KIND[kind]} model ({kind} attention), not {arch}; '
                                   f'pass weights of {arch} or use --model {DEFAULT_MODEL_OF_KIND[kind]}')
-        arch = arch or DEFAULT_MODEL_OF_KIND[kind]
+        if arch is None or not issubclass(model_class(arch) or SelfAttentionNet, SelfAttentionNet):
+            arch = DEFAULT_MODEL_OF_KIND[kind]  # not an attention model (e.g. resnet18_cifar): read_checkpoint says so
         model_args = {**inferred, **model_args}
     elif arch is None and (resnet_args := infer_cifar_resnet_args(state_dict)) is not None:
         arch = 'resnet18_cifar'
@@ -240,6 +250,7 @@ def read_checkpoint(
         path = path / RUN_CHECKPOINT  # a run folder of sa-vision-train: its latest checkpoint
     if path.is_dir():
         ckpt = _read_hub_folder(path)
+        ckpt.model_args.update(model_args or {})
     elif not path.is_file():
         raise CheckpointError(f'{path} does not exist: pass a checkpoint file (last.pth.tar of a run, a state dict, '
                               f'a .safetensors file), a run folder or an exported Hub folder')
@@ -265,6 +276,7 @@ def read_checkpoint(
     if arch and ckpt.arch != arch:
         raise CheckpointError(f'{path} holds a {ckpt.arch} model, not {arch}; pass weights of {arch} or use '
                               f'--model {ckpt.arch}')
+    ckpt.given_args = tuple(model_args or ())
     ckpt.state_dict = rename_old_keys(dict(ckpt.state_dict))  # weights saved under an old name: today's names
     return ckpt
 
@@ -310,9 +322,6 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
 def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
     """A model in eval mode from a file or Hub folder (:func:`read_checkpoint`), a timm model name, or a name of
     weights (``local-dir:<folder>``, ``hf-hub:<repo>``: always loaded); ``kwargs`` are construction arguments."""
-    import timm
-
-    from .. import models  # noqa: F401  registers the models
     if source.startswith(LOCAL_DIR_PREFIX):
         folder = Path(source[len(LOCAL_DIR_PREFIX):])
         if not folder.is_dir():
@@ -324,9 +333,7 @@ def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **k
         return read_checkpoint(path, model_args=kwargs, use_ema=use_ema).create_model()
     pretrained = pretrained or source.startswith(HF_HUB_PREFIX)
     try:
-        return timm.create_model(source, pretrained=pretrained, **kwargs).eval()
-    except RuntimeError as e:
-        if 'Unknown model' not in str(e):
-            raise
+        return create_named_model(source, pretrained=pretrained, **kwargs).eval()
+    except UnknownModelError:
         raise CheckpointError(f'{source!r} is neither a file, a Hub folder, local-dir:<folder>, hf-hub:<repo> nor '
-                              f'a timm model name ({e})') from None
+                              f'a timm model name ({model_name_hint(source)})') from None

@@ -28,9 +28,9 @@ from torch.utils.data import DataLoader, DistributedSampler
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
 from ..io import atomic_folder
-from ..models import param_groups_pos_lr
+from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
-from .args import check_scheduler
+from .args import check_least_values, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
@@ -86,9 +86,9 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     log = partial(_log, args)
     if resume_ckpt is None:
         _num_classes_of_folder(args, recipe, log)
-    initial = resolve_model_args(args, resume_ckpt, log)
+    initial, kwargs_sources = resolve_model_args(args, recipe, resume_ckpt, log)
     seed_epoch(args.seed, 0, args.rank)
-    model, data_cfg = _create_model(args, initial)
+    model, data_cfg = _create_model(args, initial, kwargs_sources)
     optimizer = _create_optimizer(model, args)
     train_loader, eval_loader = _create_loaders(args, data_cfg)
     lr_scheduler, num_epochs = _create_scheduler(optimizer, args, len(train_loader))
@@ -153,6 +153,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
 def _set_up_process(args) -> None:
     """Check what would only fail once the model and the data are built, then set up this process: threads,
     devices and DDP, the modules of --device-modules, backend switches, the allocator."""
+    check_least_values(args)
     check_scheduler(args.sched, args.sched_on_updates)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
@@ -188,11 +189,13 @@ def _num_classes_of_folder(args, recipe: dict, log) -> None:
                         f'folder')
 
 
-def _create_model(args, initial):
-    """The model on its device, and its data config (input size, with the dataset's normalisation)."""
-    model = timm.create_model(args.model, pretrained=args.pretrained, **args.model_kwargs)
+def _create_model(args, initial, kwargs_sources=None):
+    """The model on its device, and its data config (input size, with the dataset's normalisation);
+    ``kwargs_sources`` says where each of ``args.model_kwargs`` came from (:func:`resolve_model_args`)."""
+    model = create_named_model(args.model, pretrained=args.pretrained, kwargs_sources=kwargs_sources,
+                               **args.model_kwargs)
     if initial is not None:
-        load_initial_weights(model, initial, args, partial(_log, args))
+        load_initial_weights(model, initial, args, partial(_log, args), kwargs_sources)
     num_params = sum(p.numel() for p in model.parameters())
     _log(args, f'Model {args.model} {args.model_kwargs or ""} created, {num_params:,} parameters')
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)

@@ -17,8 +17,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from timm.utils import init_distributed_device, random_seed
 
+from ..errors import UserError
+
 __all__ = [
-    'TORCH_DEFAULT_THREADS', 'available_cores', 'default_threads', 'apply_threads', 'init_distributed',
+    'TORCH_DEFAULT_THREADS', 'available_cores', 'default_threads', 'apply_threads', 'resolve_device',
+    'init_distributed',
     'configure_backends', 'retain_freed_memory', 'uses_channels_last', 'seed_epoch', 'synchronize',
     'host_sync_allowed',
     'format_duration', 'CPU_AUTOCAST_MIN_SPEEDUP', 'cpu_autocast_speedup', 'probe_size', 'resolve_amp',
@@ -50,10 +53,30 @@ def apply_threads(args) -> int:
     return threads
 
 
+def resolve_device(requested: Optional[str] = None) -> str:
+    """The ``--device`` to run on: ``requested``, or cuda where present, else cpu (None, '' or 'auto'); a
+    :class:`UserError` for a name torch does not know or a CUDA device this machine does not have."""
+    if not requested or requested == 'auto':
+        return 'cuda' if torch.cuda.is_available() else 'cpu'
+    try:
+        device = torch.device(requested)
+    except (RuntimeError, ValueError):
+        raise UserError(f'--device {requested!r} is not a device torch knows; pass cpu, cuda or cuda:<index>, or '
+                        f'drop --device (cuda where present, else cpu)') from None
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        why = 'this torch is built without CUDA' if torch.version.cuda is None else 'no GPU or driver is found'
+        raise UserError(f'--device {requested}: CUDA is not available here ({why}); drop --device or pass '
+                        f'--device cpu')
+    if device.type == 'cuda' and device.index is not None and device.index >= torch.cuda.device_count():
+        raise UserError(f'--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s), '
+                        f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
+    return requested
+
+
 def init_distributed(args) -> None:
-    """Set ``args.device``, ``rank``, ``world_size``, ``distributed`` (DDP under torchrun) and the device-dependent
-    defaults of ``--pin-mem`` and ``--retain-freed-memory``."""
-    args.device = args.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    """Set ``args.device`` (:func:`resolve_device`), ``rank``, ``world_size``, ``distributed`` (DDP under
+    torchrun) and the device-dependent defaults of ``--pin-mem`` and ``--retain-freed-memory``."""
+    args.device = resolve_device(args.device)
     init_distributed_device(args)
     on_cuda = torch.device(args.device).type == 'cuda'
     args.pin_mem = on_cuda if args.pin_mem is None else args.pin_mem

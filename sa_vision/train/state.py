@@ -5,7 +5,7 @@ import json
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch.nn as nn
 import yaml
@@ -30,6 +30,9 @@ __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args'
            'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch']
 
 Log = Callable[[str], None]
+# the keywords of create_model that arguments of their own set: (keyword, argument, flag)
+_FLAG_KWARGS = (('num_classes', 'num_classes', '--num-classes'), ('drop_rate', 'drop', '--drop'),
+                ('drop_path_rate', 'drop_path', '--drop-path'))
 
 
 def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkpoint]]:
@@ -99,19 +102,25 @@ def run_recipe(args) -> dict:
     return recipe
 
 
-def resolve_model_args(args, resume_ckpt: Optional[Checkpoint], log: Log) -> Optional[Checkpoint]:
+def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
+                       log: Log) -> Tuple[Optional[Checkpoint], Dict[str, str]]:
     """Set ``args.model_kwargs`` to everything ``create_model`` gets (saved in checkpoints and the recipe); returns
-    the ``--initial-checkpoint`` to load, if any. A resumed run keeps its model and its optimizer groups."""
+    the ``--initial-checkpoint`` to load, if any, and where each keyword came from (the run's ``recipe``, the
+    command line, the weights), for the errors that name it. A resumed run keeps its model and optimizer groups."""
     if resume_ckpt is None:
         initial = read_checkpoint(args.initial_checkpoint, arch=args.model) if args.initial_checkpoint else None
         model_kwargs = dict(initial.model_args) if initial else {}  # e.g. the heads a pruning kept
+        sources = {key: _stored_with(initial) for key in model_kwargs}
+        recipe_kwargs = recipe.get('model_kwargs') or {}
+        for key, value in args.model_kwargs.items():
+            from_recipe = key in recipe_kwargs and recipe_kwargs[key] == value
+            sources[key] = f'the model_kwargs of recipe {args.config}' if from_recipe else '--model-kwargs'
         model_kwargs.update(args.model_kwargs)
-        for key, value in (('num_classes', args.num_classes), ('drop_rate', args.drop),
-                           ('drop_path_rate', args.drop_path)):
-            if value is not None:
-                model_kwargs[key] = value
+        for key, name, flag in _FLAG_KWARGS:
+            if getattr(args, name) is not None:
+                model_kwargs[key], sources[key] = getattr(args, name), flag
         args.model_kwargs = model_kwargs
-        return initial
+        return initial, sources
     if args.resume_changes:
         log('resuming with changed arguments: ' + ', '.join(
             f'{k} {old!r} -> {new!r}' for k, (old, new) in args.resume_changes.items()))
@@ -126,12 +135,36 @@ def resolve_model_args(args, resume_ckpt: Optional[Checkpoint], log: Log) -> Opt
     if saved_scale != args.pos_lr_scale:
         log(f'resuming with the run\'s --pos-lr-scale {saved_scale} (ignoring {args.pos_lr_scale})')
     args.pos_lr_scale = saved_scale
-    return None
+    return None, {key: _stored_with(resume_ckpt) for key in args.model_kwargs}
 
 
-def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log) -> None:
+def _stored_with(ckpt: Checkpoint) -> str:
+    return f'the arguments stored with {ckpt.source}'
+
+
+def _changed_architecture(initial: Checkpoint, model_kwargs: dict, sources: Optional[Dict[str, str]]) -> str:
+    """What to do about weights that do not fit: the model_kwargs the run gives that differ from those the weights
+    were built with, by where they came from (a recipe's model_kwargs, the command line's --model-kwargs)."""
+    given: Dict[str, list] = {}
+    # the weights' own, and the flags': --num-classes changes only the classifier, a drop rate no shape
+    not_given = {_stored_with(initial)} | {flag for _, _, flag in _FLAG_KWARGS}
+    for key, value in model_kwargs.items():
+        source = (sources or {}).get(key, '--model-kwargs')
+        if source not in not_given and (key not in initial.model_args or initial.model_args[key] != value):
+            given.setdefault(source, []).append(f'{key}={value!r}')
+    if not given:
+        return 'The file is of another architecture or configuration than --model'
+    return '; '.join(
+        f'{source[0].upper()}{source[1:]} ({", ".join(items)}) differ from the arguments the weights were built with: '
+        + ('drop them' if source == '--model-kwargs' else
+           'train without that recipe, or with a copy of it without model_kwargs')
+        for source, items in given.items())
+
+
+def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
+                         sources: Optional[Dict[str, str]] = None) -> None:
     """Load ``--initial-checkpoint`` into ``model``; with another ``--num-classes``, all but the classifier, which
-    keeps its initialisation (as timm does for pretrained weights)."""
+    keeps its initialisation (as timm does for pretrained weights). ``sources``: :func:`resolve_model_args`'s."""
     state_dict, model_kwargs = dict(initial.state_dict), args.model_kwargs
     stored_classes = initial.model_args.get('num_classes')
     classifier = (getattr(model, 'pretrained_cfg', None) or {}).get('classifier')
@@ -145,16 +178,17 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log) 
         model_keys = {k for k in model.state_dict() if k.startswith(classifier + '.')}
         missing, unexpected = model.load_state_dict(state_dict, strict=False)
         if set(missing) - model_keys or unexpected:
-            raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}({model_kwargs}) '
-                                  f'beyond the classifier: missing {sorted(set(missing) - model_keys)[:5]}, '
-                                  f'unexpected {sorted(unexpected)[:5]}')
+            raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model} beyond the '
+                                  f'classifier: missing {sorted(set(missing) - model_keys)[:5]}, unexpected '
+                                  f'{sorted(unexpected)[:5]}. {_changed_architecture(initial, model_kwargs, sources)}')
         return
     try:
         model.load_state_dict(state_dict)
     except RuntimeError as e:
         first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
-        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}({model_kwargs}): '
-                              f'{first}. Drop the --model-kwargs that change the architecture') from None
+        first = first.rstrip('.') if len(first) <= 200 else first[:200] + ' ...'
+        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}: {first}. '
+                              f'{_changed_architecture(initial, model_kwargs, sources)}') from None
 
 
 def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler):

@@ -1,0 +1,80 @@
+""" A registered model built from a name and keywords a user typed: ``timm.create_model``, with a
+:class:`~sa_vision.errors.UserError` for an unknown name (the registered names closest to it) or a keyword the model
+does not take (where it came from and the closest the model takes), the mistakes timm reports only as a
+``RuntimeError`` or ``TypeError`` from deep inside """
+import difflib
+import inspect
+import re
+from typing import List, Mapping, Optional
+
+import timm
+from timm.models import is_model, model_entrypoint
+from torch import nn
+
+from ..errors import UserError
+
+__all__ = ['UnknownModelError', 'model_name_hint', 'model_class', 'model_keywords', 'create_named_model']
+
+_UNEXPECTED_KEYWORD = re.compile(r"got an unexpected keyword argument '(\w+)'")
+
+
+class UnknownModelError(UserError):
+    """A model name timm has not registered: a typo, or the package that registers it is not imported."""
+
+
+def model_name_hint(name: str) -> str:
+    """What to tell a user whose model name timm does not know: the registered names closest to it."""
+    near = difflib.get_close_matches(name, timm.list_models(), n=1, cutoff=0.6)
+    if near:
+        return f'did you mean {near[0]!r}?'
+    return 'timm.list_models() lists the registered names'
+
+
+def model_class(name: str) -> Optional[type]:
+    """The class registered model ``name`` builds, read off the return annotation of timm's entry point (timm's
+    models and ours have one), or None where there is none."""
+    if not is_model(name):
+        return None
+    cls = inspect.signature(model_entrypoint(name)).return_annotation
+    return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
+
+
+def model_keywords(name: str) -> Optional[List[str]]:
+    """The keyword arguments the class of registered model ``name`` takes (its ``__init__``'s, and its bases' as
+    far as ``**kwargs`` passes them on), or None where the class is not known (:func:`model_class`)."""
+    cls = model_class(name)
+    if cls is None:
+        return None
+    names: List[str] = []
+    for klass in cls.__mro__:
+        if klass is nn.Module:
+            break
+        params = list(inspect.signature(klass.__init__).parameters.values())[1:]  # without self
+        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    return names
+
+
+def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Optional[Mapping[str, str]] = None,
+                       **kwargs) -> nn.Module:
+    """``timm.create_model(name, pretrained, **kwargs)``; ``kwargs_sources`` says where each keyword came from
+    (``--model-kwargs`` where it does not), for the error of a keyword the model does not take."""
+    try:
+        return timm.create_model(name, pretrained=pretrained, **kwargs)
+    except RuntimeError as e:
+        if 'Unknown model' not in str(e):
+            raise
+        raise UnknownModelError(f'unknown model {name!r}: {model_name_hint(name)}') from None
+    except TypeError as e:
+        match = _UNEXPECTED_KEYWORD.search(str(e))
+        if not match or match.group(1) not in kwargs:
+            raise
+        key = match.group(1)
+        source = (kwargs_sources or {}).get(key, '--model-kwargs')
+        accepted = model_keywords(name)
+        near = difflib.get_close_matches(key, accepted or [], n=1, cutoff=0.75)
+        hint = (f'did you mean {near[0]!r}?' if near else f'it takes {", ".join(accepted)}' if accepted else
+                str(e))
+        raise UserError(f'{name} takes no keyword argument {key!r} ({key}={kwargs[key]!r}, from {source}): '
+                        f'{hint}') from None
