@@ -67,3 +67,17 @@ def test_pruned_recipe_without_the_weights_it_fine_tunes_is_refused():
     assert started.model == 'sa_gen_pruned' and started.lr == pytest.approx(load_recipe('sa_gen_cifar')['lr'] / 10)
     scratch = parse_run_args(['-c', 'sa_gen_cifar', '--model', 'sa_gen_pruned'])[0]
     assert scratch.model == 'sa_gen_pruned' and not scratch.initial_checkpoint
+
+
+@pytest.mark.parametrize('dataset', [None, 'fashion-mnist'])
+def test_a_recipe_names_no_run_folder(dataset, tmp_path):
+    """A recipe holds training arguments: the run folder is named as a run without --experiment is,
+    ``<date>-<time>-<model>-<dataset>`` (docs/training.md), so the digits recipe run on Fashion-MNIST is not
+    written into a folder named for the digits."""
+    from sa_vision.train.state import parse_run_args, run_folder
+    for name in SHIPPED:
+        assert not {'experiment', 'output'} & set(load_recipe(name)), name
+    args = parse_run_args(['-c', 'sa_quadratic_cifar_digits', '--output', str(tmp_path),
+                           *(['--dataset', dataset] if dataset else [])])[0]
+    folder = run_folder(args, None)
+    assert folder.parent == tmp_path and folder.name.endswith(f'-sa_quadratic_cifar-{dataset or "digits"}'), folder
