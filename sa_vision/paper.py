@@ -4,7 +4,7 @@ from typing import Dict, Optional
 
 __all__ = [
     'ARXIV_ID', 'CIFAR10_MEAN', 'CIFAR10_STD', 'CIFAR10_CLASSES', 'PAPER_TITLE', 'PAPER_CITATION',
-    'PaperResult', 'PAPER_RESULTS', 'PRUNED_HEADS_PER_LAYER',
+    'PaperResult', 'PAPER_RESULTS', 'PRUNED_HEADS_PER_LAYER', 'PRUNED_FROM',
 ]
 
 ARXIV_ID = '1911.03584'
@@ -24,6 +24,9 @@ CIFAR10_CLASSES = 10
 
 # heads kept per layer after pruning the degenerate heads of a trained generalized model (paper App. A.1)
 PRUNED_HEADS_PER_LAYER = (7, 5, 8, 7, 3, 9)
+# the pruned model of the table -> the model it is made from: trained, its degenerate heads pruned, then fine-tuned at
+# a tenth of the learning rate (App. A.1); never trained from a random initialisation
+PRUNED_FROM: Dict[str, str] = {'sa_gen_pruned': 'sa_gen_cifar'}
 
 
 @dataclass(frozen=True)

@@ -273,6 +273,35 @@ def test_dry_run_stages_exactly_the_expected_files(trained, tmp_path, recording_
     assert recording_api.calls == []
 
 
+def test_staging_never_replaces_an_export_of_other_weights(trained, tmp_path, recording_api, capsys):
+    """--export wrote the best epoch into <run>/hub, push-to-hub's default staging folder: staging the run's later
+    last.pth.tar (other weights) there is refused, says what the folder holds and leaves it byte for byte; the same
+    weights are staged again; the folder itself is published as it is."""
+    run = tmp_path / 'run'
+    shutil.copytree(trained[0].parent, run)  # model_best.pth.tar (a hard link in the run) becomes its own file
+    best = torch.load(run / 'model_best.pth.tar', weights_only=True)
+    later = dict(best, epoch=2, state_dict={k: v + 1 if v.is_floating_point() else v
+                                            for k, v in best['state_dict'].items()})
+    torch.save(later, run / 'last.pth.tar')
+    export = run / 'hub'
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+
+    assert push_to_hub.main([str(run / 'last.pth.tar'), '--dry-run']) == 2
+    err = capsys.readouterr().err
+    assert err.count('error:') == 1 and 'other weights' in err
+    # what the folder holds, in the card's words: the epoch, and the top-1 recorded in the best checkpoint
+    assert 'after epoch 1 of 1, the best' in err and f'top-1 {best["metrics"]["top1"]:.2f} %' in err
+    assert f'sa-vision-push-to-hub {export}' in err and '--out-dir' in err
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+
+    assert push_to_hub.main([str(run / 'model_best.pth.tar'), '--dry-run', '--no-figure']) == 0
+    assert (export / 'model.safetensors').read_bytes() == before['model.safetensors']
+    assert push_to_hub.main([str(run / 'last.pth.tar'), '--dry-run', '--no-figure',
+                             '--out-dir', str(tmp_path / 'later')]) == 0
+    assert push_to_hub.main([str(export), '--dry-run']) == 0
+    assert recording_api.calls == []
+
+
 def test_publish_without_token_fails_before_any_upload(trained, tmp_path, recording_api, monkeypatch, capsys):
     import huggingface_hub
     ckpt_path, export_dir = trained

@@ -225,3 +225,43 @@ def test_local_weights_file_never_asks_the_hub(tmp_path, silent_endpoint):
     assert result['sa_quadratic_cifar']['error'] is None, result
     assert result['hub_probes'] == [] and result['connections'] == [], result  # not a single request
     _assert_loaded(tmp_path, 'sa_quadratic_cifar', state)
+
+
+class _Reached(Exception):
+    pass
+
+
+@pytest.mark.parametrize('arch', ['sa_gen_pruned', 'sa_quadratic_cifar'])
+def test_unpublished_weights_advice_is_commands_that_fit_together(arch, monkeypatch):
+    """pretrained=True's advice for weights not yet published: commands each accepted by its command, whose outputs
+    are the next one's inputs, ending in the Hub folder it names. The pruned model is a trained sa_gen_cifar,
+    pruned, then fine-tuned from the pruned weights (paper App. A.1), never its recipe from a random start."""
+    import shlex
+
+    import timm
+
+    from sa_vision.cli import prune
+    from sa_vision.models._pretrained import PretrainedWeightsUnavailable
+    from sa_vision.train.state import parse_run_args
+    with pytest.raises(PretrainedWeightsUnavailable) as raised:
+        timm.create_model(arch, pretrained=True)
+    error = str(raised.value)
+    commands = [shlex.split(c) for c in error.split('`')[1::2]]
+    *steps, final = commands
+    expected = [['sa-vision-train', 'sa-vision-prune', 'sa-vision-train'], ['sa-vision-train']][arch != 'sa_gen_pruned']
+    assert [c[0] for c in commands] == expected, error
+    if steps:  # the source model of the paper's Table 1 row, trained from scratch, then pruned
+        source, _, _ = parse_run_args(steps[0][1:])
+        assert source.model == 'sa_gen_cifar' and not source.initial_checkpoint
+        pruned_from = steps[1][1]
+        assert Path(pruned_from) == Path(source.output) / source.experiment / 'last.pth.tar'
+        monkeypatch.setattr(prune, 'load_model', lambda path, **kwargs: (_ for _ in ()).throw(_Reached(path)))
+        with pytest.raises(_Reached, match=pruned_from):  # its parser accepts the command line
+            prune.main(steps[1][1:])
+    args, _, _ = parse_run_args(final[1:])
+    assert args.model == arch and args.export and args.dataset == 'torch/cifar10'
+    if steps:
+        assert args.initial_checkpoint == steps[1][steps[1].index('--out') + 1]
+    else:
+        assert not args.initial_checkpoint
+    assert f"local-dir:{Path(args.output) / args.experiment / 'hub'}'" in error

@@ -6,7 +6,7 @@ from sa_vision.hub.card import _used_recipe_section, generate_model_card
 from sa_vision.hub.labels import MODEL_CARD_DIR
 from sa_vision.train.args import build_parser
 from sa_vision.train.checkpoint import Checkpoint
-from sa_vision.train.recipes import RECIPE_DIR, recipe_path
+from sa_vision.train.recipes import RECIPE_DIR, load_recipe, recipe_path
 
 SHIPPED = sorted(p.stem for p in RECIPE_DIR.glob('*.yaml'))
 CARDS = sorted(p.stem for p in MODEL_CARD_DIR.glob('*.md'))
@@ -49,3 +49,35 @@ def test_exported_card_names_the_shipped_recipe():
 def test_card_templates_are_what_write_model_cards_writes(arch):
     """The templates are generated (``write_model_cards``): edited by hand they would drift from the generator."""
     assert (MODEL_CARD_DIR / f'{arch}.md').read_text(encoding='utf-8') == generate_model_card(arch)
+
+
+def test_pruned_recipe_without_the_weights_it_fine_tunes_is_refused():
+    """sa_gen_pruned is a trained sa_gen_cifar with its degenerate heads pruned, then fine-tuned (paper App. A.1):
+    its recipe alone would start from a random initialisation, so it is refused with the commands that make the
+    pruned weights; with them, resumed, or with a from-scratch recipe it parses."""
+    from sa_vision.errors import RecipeError
+    from sa_vision.models._pretrained import training_commands
+    from sa_vision.train.state import parse_run_args
+    with pytest.raises(RecipeError, match='random initialisation') as raised:
+        parse_run_args(['-c', 'sa_gen_pruned', '--data-dir', 'data', '--dataset-download'])
+    assert training_commands('sa_gen_pruned') in str(raised.value)
+    assert '-c sa_gen_cifar --model sa_gen_pruned' in str(raised.value)
+    started = parse_run_args(['-c', 'sa_gen_pruned', '--initial-checkpoint', 'pruned.pth'])[0]
+    # the fine-tune recipe: the learning rate divided by 10 (paper App. A.1)
+    assert started.model == 'sa_gen_pruned' and started.lr == pytest.approx(load_recipe('sa_gen_cifar')['lr'] / 10)
+    scratch = parse_run_args(['-c', 'sa_gen_cifar', '--model', 'sa_gen_pruned'])[0]
+    assert scratch.model == 'sa_gen_pruned' and not scratch.initial_checkpoint
+
+
+@pytest.mark.parametrize('dataset', [None, 'fashion-mnist'])
+def test_a_recipe_names_no_run_folder(dataset, tmp_path):
+    """A recipe holds training arguments: the run folder is named as a run without --experiment is,
+    ``<date>-<time>-<model>-<dataset>`` (docs/training.md), so the digits recipe run on Fashion-MNIST is not
+    written into a folder named for the digits."""
+    from sa_vision.train.state import parse_run_args, run_folder
+    for name in SHIPPED:
+        assert not {'experiment', 'output'} & set(load_recipe(name)), name
+    args = parse_run_args(['-c', 'sa_quadratic_cifar_digits', '--output', str(tmp_path),
+                           *(['--dataset', dataset] if dataset else [])])[0]
+    folder = run_folder(args, None)
+    assert folder.parent == tmp_path and folder.name.endswith(f'-sa_quadratic_cifar-{dataset or "digits"}'), folder

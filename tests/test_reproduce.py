@@ -119,6 +119,22 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path):
         Reproduction(tmp_path, 'tiny').run()
 
 
+@pytest.mark.parametrize('argv, message', [
+    (['--dataset', 'fashon-mnist'], "unknown dataset 'fashon-mnist': not one of"),
+    (['--profile', 'paper'], "dataset 'torch/cifar10' needs --data-dir"),
+], ids=['misspelt', 'cifar10-without-data-dir'])
+def test_a_dataset_that_cannot_be_read_fails_before_anything_is_written(argv, message, tmp_path, capsys):
+    """A mistake in the dataset arguments is one error line with status 2 (as argparse's), and no folder, recipe
+    or training is started."""
+    from sa_vision.cli import reproduce as reproduce_script
+    from sa_vision.errors import run_cli
+    out = tmp_path / 'out'
+    status = run_cli(reproduce_script.main, [*argv, '--out', str(out)])
+    captured = capsys.readouterr()
+    assert status == 2 and captured.err.startswith('error: ') and captured.err.count('error:') == 1, captured.err
+    assert message in captured.err and not out.exists() and '== [1/' not in captured.out
+
+
 def test_profiles_keep_the_paper_depth_and_heads_and_the_paper_recipes():
     from sa_vision.reproduce import PROFILES
     from sa_vision.reproduce.stages import _training_script_keys

@@ -1,11 +1,14 @@
 """ Export trained weights as a Hub folder (timm format + model card) and publish it in one commit
 
-    # stage only: write the folder and list what would be uploaded
-    sa-vision-push-to-hub output/train/<run>/last.pth.tar --dry-run
-    # publish to sa-vision/<arch>.<tag> (tag: the dataset; '_custom' for another configuration than the paper's)
-    sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar
+    # the run's export of sa-vision-train --export (its best epoch): list what would be uploaded, then publish it
+    sa-vision-push-to-hub output/train/<run>/hub --dry-run
+    sa-vision-push-to-hub output/train/<run>/hub
+    # other weights (any checkpoint): staged in <run>/hub, or --out-dir, then published to sa-vision/<arch>.<tag>
+    # (tag: the dataset; '_custom' for another configuration than the paper's)
+    sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar --dry-run
 
-A complete exported folder is published as it is. What is checked before any upload: docs/hub.md, "Publishing".
+A complete exported folder is published as it is; an export of other weights in the staging folder is never
+replaced (an error says what it holds). What is checked before any upload: docs/hub.md, "Publishing".
 """
 import argparse
 import sys
@@ -36,7 +39,8 @@ def main(argv=None):
                         help='expected architecture (fail if the weights are of another; names bare weights)')
     parser.add_argument('--use-ema', action='store_true', help='the EMA weights of a timm train.py checkpoint')
     parser.add_argument('--repo-id', default=None, help='target repository (default: sa-vision/<arch>.<tag>)')
-    parser.add_argument('--out-dir', default=None, help='staging folder (default: <run>/hub)')
+    parser.add_argument('--out-dir', default=None,
+                        help='staging folder (default: <run>/hub; an export of other weights there is an error)')
     parser.add_argument('--dry-run', action='store_true', help='write the folder and list the files, upload nothing')
     parser.add_argument('--private', action='store_true')
     parser.add_argument('--create-pr', action='store_true', help='open a pull request instead of committing to main')

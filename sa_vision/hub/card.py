@@ -13,7 +13,8 @@ from ..train.checkpoint import Checkpoint, strip_runtime_args
 from ..train.data import dataset_info
 from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, RECIPE_FILENAME, WeightsLabel
 
-__all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'usage_section']
+__all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'usage_section',
+           'weights_described_by_card']
 
 
 def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
@@ -47,6 +48,11 @@ def _replace_section(text: str, name: str, body: str) -> str:
     if not pattern.search(text):
         return text.rstrip() + '\n\n' + _section(name, body) + '\n'
     return pattern.sub(lambda _: _section(name, body), text)
+
+
+def _section_body(text: str, name: str) -> str:
+    match = re.search(rf'<!-- sa_vision:{name} -->(.*?)<!-- /sa_vision:{name} -->', text, re.S)
+    return match.group(1) if match else ''
 
 
 def _size_section(counts: Dict[str, int], note: str = '') -> str:
@@ -272,6 +278,17 @@ def _used_recipe_section(ckpt: Checkpoint) -> str:
     used = yaml.safe_dump(_recipe(ckpt), sort_keys=False).strip()
     return (f'These weights were trained with the arguments below ({tool}; `{RECIPE_FILENAME}` in this repository: '
             f'`-c {RECIPE_FILENAME}` repeats the run).{reference}\n\n```yaml\n{used}\n```')
+
+
+# the lines of a card's training summary that say which weights the export holds
+_WEIGHTS_LINES = ('- Weights:', '- Evaluation of these weights', '- Exported from')
+
+
+def weights_described_by_card(card_text: str) -> str:
+    """Which weights an export holds, as its card's training summary says (the epoch, whether the best, their
+    evaluation): its lines joined for a message, or '' for a card without them."""
+    lines = _section_body(card_text, 'training').splitlines()
+    return '; '.join(line[2:].rstrip('.') for line in lines if line.startswith(_WEIGHTS_LINES))
 
 
 def _training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:

@@ -10,16 +10,23 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 from torch import Tensor
 
+from ..errors import UserError
 from ..io import usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
-from .card import _recipe, render_model_card
+from .card import _recipe, render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, weights_label
 from .publish import check_publish_target
 
-__all__ = ['export_hub_folder', 'exported_input_config']
+__all__ = ['ExportExistsError', 'export_hub_folder', 'exported_input_config']
+
+_EXPORT_FILES = (*HUB_FOLDER_FILES, CARD_FIGURE_FILENAME, POSITIONAL_EPOCHS_FILE)
+
+
+class ExportExistsError(UserError, FileExistsError):
+    """The folder to export into holds other files than an export of the same weights: it is never replaced."""
 
 
 def exported_input_config(info: DatasetInfo, trained_input_size: Sequence[int], model_args: Dict[str, Any],
@@ -49,6 +56,34 @@ def _save_card_figure(model, path: Path) -> bool:
     return path.is_file()
 
 
+def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str) -> None:
+    """Refuse to write into ``out_dir`` unless what it holds is an export of exactly ``tensors`` (re-staged, e.g.
+    with a new card) or of no weights at all: an export of other weights is never replaced silently."""
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in _EXPORT_FILES)
+    if foreign:
+        raise ExportExistsError(f'{out_dir} holds files that are not part of an export ({foreign}); '
+                                f'choose an empty or new folder')
+    weights = out_dir / 'model.safetensors'
+    if not weights.is_file() or _same_tensors(weights, tensors):
+        return
+    card = out_dir / 'README.md'
+    held = weights_described_by_card(card.read_text(encoding='utf-8')) if card.is_file() else ''
+    raise ExportExistsError(
+        f'{out_dir} already holds an export of other weights than {source} ({held or "its card names none"}), '
+        f'and is not replaced. Publish that folder as it is (sa-vision-push-to-hub {out_dir}), stage these '
+        f'weights in another folder (--out-dir), or remove {out_dir} first')
+
+
+def _same_tensors(path: Path, tensors: Dict[str, Tensor]) -> bool:
+    from safetensors.torch import load_file
+    try:
+        held = load_file(str(path))
+    except Exception:  # noqa: BLE001  an unreadable file holds no weights we could match
+        return False
+    return held.keys() == tensors.keys() and all(
+        held[k].dtype == t.dtype and torch.equal(held[k], t.cpu()) for k, t in tensors.items())
+
+
 def export_hub_folder(
         source: Union[str, os.PathLike, Checkpoint],
         out_dir: Union[str, os.PathLike],
@@ -59,10 +94,10 @@ def export_hub_folder(
         epochs: Optional[Dict[str, Dict[str, Tensor]]] = None,
         dtype: Optional[str] = None,
 ) -> List[str]:
-    """Write a Hub folder of trained weights (files of an earlier export are replaced, others are an error); return
-    the names of the files written. ``epochs`` keeps the centres and precision factors per epoch (paper Fig. 2).
-    ``dtype`` (e.g. ``'bfloat16'``: half the bytes) stores the floating weights in that dtype; a float32 model loads
-    them as they were rounded."""
+    """Write a Hub folder of trained weights (an earlier export of the same weights is replaced; one of other
+    weights, or other files, are an :class:`ExportExistsError`); return the names of the files written. ``epochs``
+    keeps the centres and precision factors per epoch (paper Fig. 2). ``dtype`` (e.g. ``'bfloat16'``: half the
+    bytes) stores the floating weights in that dtype; a float32 model loads them as they were rounded."""
     import yaml
     from timm.models import save_for_hf
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, arch=expected_arch, use_ema=use_ema)
@@ -73,14 +108,11 @@ def export_hub_folder(
     repo_id = repo_id or label.default_repo_id
     check_publish_target(label, repo_id)
 
+    saved = model if dtype in (None, 'float32') else copy.deepcopy(model).to(getattr(torch, dtype))
     out_dir = Path(out_dir)
     if out_dir.exists():
-        ours = set(HUB_FOLDER_FILES) | {CARD_FIGURE_FILENAME, POSITIONAL_EPOCHS_FILE}
-        foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in ours)
-        if foreign:
-            raise FileExistsError(f'{out_dir} holds files that are not part of an export ({foreign}); '
-                                  f'choose an empty or new folder')
-        for name in ours:
+        _check_replaceable(out_dir, saved.state_dict(), ckpt.source)
+        for name in _EXPORT_FILES:
             (out_dir / name).unlink(missing_ok=True)
     data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
     pad_args, input_cfg = exported_input_config(
@@ -89,7 +121,6 @@ def export_hub_folder(
     model_config = {'pretrained_cfg': {'tag': label.tag}}
     if len(label.dataset.class_names) == model.num_classes:  # timm's name: pretrained_cfg['label_names']
         model_config['label_names'] = list(label.dataset.class_names)
-    saved = model if dtype in (None, 'float32') else copy.deepcopy(model).to(getattr(torch, dtype))
     save_for_hf(saved, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
                 data_config=input_cfg)
     with open(out_dir / RECIPE_FILENAME, 'w') as f:

@@ -13,7 +13,8 @@ from typing import Any, Dict, FrozenSet, Optional
 from ..errors import UserError
 
 __all__ = ['HF_NAMESPACE', 'PRETRAINED_TAG', 'PUBLISHED', 'KEPT_ZOO', 'hub_repo_id', 'published_source',
-           'HUB_PROBE_TIMEOUT', 'PretrainedWeightsUnavailable', 'registered_hf_hub_id', 'explain_unavailable_weights']
+           'HUB_PROBE_TIMEOUT', 'PretrainedWeightsUnavailable', 'registered_hf_hub_id', 'explain_unavailable_weights',
+           'training_commands']
 
 HF_NAMESPACE = 'sa-vision'
 # the tag of the registered (published) weights: CIFAR-10, the paper's recipe and architecture
@@ -90,6 +91,28 @@ def _fail_fast_if_hub_unreachable(variant: str, cfg: Dict[str, Any], cache_dir=N
             f'HF_HUB_CACHE to a cache that holds them'))
 
 
+def training_commands(arch: str) -> str:
+    """The commands that make ``arch``'s CIFAR-10 weights with its recipe, exported to
+    ``output/train/<arch>/hub``. A pruned model is made as the paper made it (App. A.1): its source model trained,
+    its degenerate heads pruned (``sa-vision-prune``), then fine-tuned from the pruned weights."""
+    from ..paper import PRUNED_FROM
+
+    def train(name: str) -> str:
+        return f'sa-vision-train -c {name} --data-dir data --dataset-download --experiment {name}'
+    source = PRUNED_FROM.get(arch)
+    if source is None:
+        return f'`{train(arch)} --export`'
+    pruned = f'output/{arch}.pth'
+    return (f'train {source} (`{train(source)}`), prune its degenerate heads (`sa-vision-prune '
+            f'output/train/{source}/last.pth.tar --out {pruned}`) and fine-tune the pruned weights (`{train(arch)} '
+            f'--initial-checkpoint {pruned} --export`), as the paper made {arch} (App. A.1)')
+
+
+def _train_advice(arch: str) -> str:
+    return (f"{training_commands(arch)}, then timm.create_model('local-dir:output/train/{arch}/hub', "
+            f"pretrained=True)")
+
+
 def _not_published_message(variant: str) -> str:
     from ..paper import PAPER_RESULTS  # the paper's five models: the ones the zoo trains and keeps
     arch = variant.split('.')[0]
@@ -98,16 +121,13 @@ def _not_published_message(variant: str) -> str:
             if arch in PAPER_RESULTS else '')
     return (
         f'pretrained weights for {arch}.{PRETRAINED_TAG} are not published yet (they will be at '
-        f'{hub_repo_id(arch)}). {kept}Or train them: `sa-vision-train -c {arch} --data-dir data '
-        f"--dataset-download`, then timm.create_model('local-dir:<run folder>/hub', pretrained=True)")
+        f'{hub_repo_id(arch)}). {kept}Or make them yourself: {_train_advice(arch)}')
 
 
 def _unavailable_message(variant: str, hf_hub_id: Optional[str], reason: str) -> str:
     return (
         f'pretrained weights for {variant} could not be fetched from the Hugging Face Hub repository '
-        f'{hf_hub_id!r} ({reason}). Train them with '
-        f'`sa-vision-train -c {variant} --data-dir data --dataset-download` (or '
-        f'`python -m sa_vision.cli.train -c {variant} ...`), '
+        f'{hf_hub_id!r} ({reason}). Make them yourself: {_train_advice(variant.split(".")[0])}; '
         f"or load local weights: timm.create_model('local-dir:<exported folder>', pretrained=True) or "
         f"timm.create_model('{variant}', pretrained=True, "
         f"pretrained_cfg_overlay=dict(file='<folder>/model.safetensors'))")

@@ -4,7 +4,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 from ..models import SA_MODEL_ARGS
-from ..paper import PAPER_RESULTS
+from ..paper import PAPER_RESULTS, PRUNED_FROM
 from ..research.pruning import PRUNED_ARCH
 from ..train.data import dataset_info
 from ..train.recipes import load_recipe
@@ -14,8 +14,8 @@ __all__ = ['TABLE_ORDER', 'PRUNE_SOURCE', 'PRUNED_MODEL', 'TRAINED_MODELS', 'Pro
            'ablation_run_name', 'StageFailed']
 
 TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its order
-PRUNE_SOURCE = 'sa_gen_cifar'
 PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
+PRUNE_SOURCE = PRUNED_FROM[PRUNED_MODEL]
 TRAINED_MODELS = tuple(model for model in TABLE_ORDER if model != PRUNED_MODEL)
 
 

@@ -22,7 +22,7 @@ from ..models import SA_MODEL_ARGS
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
 from ..train.checkpoint import Checkpoint, read_checkpoint
-from ..train.data import dataset_info
+from ..train.data import check_dataset, dataset_info
 from .profiles import (
     ABLATION_MODEL,
     ABLATION_VARIANTS,
@@ -64,6 +64,8 @@ class Reproduction:
         self.profile = PROFILES[profile]
         if kept_dtype:
             self.profile = dataclasses.replace(self.profile, kept_dtype=kept_dtype)
+        # a misspelt or unreadable --dataset fails here, before the folder or a recipe is written
+        check_dataset(dataset or self.profile.dataset, data_dir, download)
         self.dataset = dataset_info(dataset or self.profile.dataset).name
         self.out = Path(out_dir)
         self.data_dir, self.download, self.epochs = data_dir, download, epochs

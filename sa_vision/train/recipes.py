@@ -2,15 +2,19 @@
 
 Read by both trainers with ``parser.set_defaults`` (the command line overrides them), the one place the paper's
 hyper-parameters (App. A.4) are written down. Unknown keys are errors: a misspelt ``lr_rate`` must not pass. """
+import argparse
 import difflib
 import os
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Union
 
 from ..errors import RecipeError, RecipeNotFoundError
+from ..models._pretrained import training_commands
+from ..paper import PRUNED_FROM
 from .timm_args import OURS, TIMM_TRAIN_ARGS
 
-__all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'check_recipe_keys']
+__all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'check_recipe_keys',
+           'check_recipe_start']
 
 # keys that only timm's train.py reads: allowed, so one recipe serves both trainers, and ignored with a note
 TIMM_ONLY_RECIPE_KEYS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use != OURS)
@@ -57,3 +61,16 @@ def check_recipe_keys(keys: Iterable[str], known: Iterable[str], source: str = '
                           f'train.py reads them. Fix or remove them (timm train.py\'s arguments are listed in '
                           f'sa_vision.train.timm_args.TIMM_TRAIN_ARGS)')
     return sorted(k for k in keys if k not in known)
+
+
+def check_recipe_start(recipe: Dict[str, Any], args: argparse.Namespace, source: str) -> None:
+    """Refuse the recipe of a pruned model without the weights it fine-tunes: the pruned model is a fine-tune of
+    pruned weights (paper App. A.1), and its recipe alone would train it from a random initialisation."""
+    model = recipe.get('model')
+    if model not in PRUNED_FROM or args.model != model or args.initial_checkpoint or args.resume or args.pretrained:
+        return
+    raise RecipeError(
+        f'recipe {source} fine-tunes pruned {model} weights, but no --initial-checkpoint names them: it would train '
+        f'{model} from a random initialisation. Make the pruned weights and start from them: '
+        f'{training_commands(model)}. To train the pruned architecture from scratch instead, use a from-scratch '
+        f'recipe: -c {PRUNED_FROM[model]} --model {model}')

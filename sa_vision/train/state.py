@@ -24,7 +24,7 @@ from .checkpoint import (
     read_checkpoint,
     strip_runtime_args,
 )
-from .recipes import check_recipe_keys, load_recipe
+from .recipes import check_recipe_keys, check_recipe_start, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
            'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch']
@@ -62,6 +62,7 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
     # command-line --model-kwargs update the recipe's dict instead of replacing it
     args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
     args.config = config.config
+    check_recipe_start(recipe, args, config.config)
     # what the run had as defaults comes back unchanged: a difference was given on the command line
     args.resume_changes = {k: (v, plain_data(getattr(args, k))) for k, v in sorted(run_args.items())
                            if k != 'model_kwargs' and plain_data(getattr(args, k)) != v}
