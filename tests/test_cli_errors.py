@@ -234,3 +234,42 @@ def test_validate_help_shows_what_its_options_refer_to(capsys):
     assert 'weights of any kind (see above)' in text
     # "above": the kinds of weights, listed before the options
     assert text.index('What to evaluate') < text.index('.safetensors') < text.index('options:')
+
+
+@pytest.mark.parametrize('command', ['train', 'validate'])
+def test_device_modules_are_imported_before_the_device_is_resolved(command, monkeypatch, tmp_path, capsys):
+    """A --device-modules package may add the device type that --device names (a torch backend such as torch_npu),
+    so it is imported first, as timm's train.py does; here one that records its import, then an unknown device."""
+    import sys
+    (tmp_path / 'records_its_import.py').write_text('import os\nos.environ["SA_VISION_TEST_IMPORTED"] = "1"\n')
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, 'records_its_import', raising=False)
+    monkeypatch.delenv('SA_VISION_TEST_IMPORTED', raising=False)
+    main, argv = {
+        'train': (_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path / 'out']),
+        'validate': (validate.main, ['--checkpoint', KEPT_SA]),
+    }[command]
+    line = _one_error(main, [*argv, '--device-modules', 'records_its_import', '--device', 'not_a_device'], capsys)
+    assert "--device 'not_a_device' is not a device torch knows" in line, line
+    import os
+    assert os.environ.get('SA_VISION_TEST_IMPORTED') == '1'
+    monkeypatch.delitem(sys.modules, 'records_its_import', raising=False)
+
+
+def test_benchmark_model_kwargs_typo_is_one_error_line(capsys):
+    line = _one_error(benchmark_script.main, ['--model', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dimm=16',
+                                              '--bench', 'inference', '--device', 'cpu'], capsys)
+    assert "sa_quadratic_cifar takes no keyword argument 'embed_dimm'" in line and "did you mean 'embed_dim'" in line
+
+
+def test_weights_of_an_unregistered_architecture_name_it(tmp_path):
+    """A local-dir: folder whose config.json names an architecture nothing imported registers: the error names that
+    architecture (timm's own message does), not the folder as if it were a mistyped model name."""
+    import json
+
+    from sa_vision.models.factory import UnknownModelError, create_named_model
+    (tmp_path / 'config.json').write_text(json.dumps({'architecture': 'foo_net', 'num_classes': 10}))
+    with pytest.raises(UnknownModelError, match="holds a 'foo_net' model, which no imported package registers"):
+        create_named_model(f'local-dir:{tmp_path}', pretrained=True)
+    with pytest.raises(UnknownModelError, match="unknown model 'sa_quadratc_cifar': did you mean 'sa_quadratic_cifar'"):
+        create_named_model('sa_quadratc_cifar')

@@ -17,7 +17,6 @@ pretrained tag (``fashion_mnist_custom`` -> fashion-mnist); CIFAR-10 where neith
 progress bar shows images/s and the time left (not in logs: only when stderr is a terminal).
 """
 import argparse
-import importlib
 import json
 import sys
 from contextlib import nullcontext
@@ -40,7 +39,7 @@ from sa_vision.train.data import (
     split_name,
 )
 from sa_vision.train.evaluation import evaluate
-from sa_vision.train.runtime import apply_threads, resolve_device
+from sa_vision.train.runtime import apply_threads, import_device_modules, resolve_device
 
 DEFAULT_DATASET = 'torch/cifar10'  # where the weights name no dataset: the paper's
 
@@ -115,14 +114,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv=None):
     args = _parser().parse_args(argv)
     check_least_values(args)
+    import_device_modules(args.device_modules)
     args.device = resolve_device(args.device)
     apply_threads(args)
     if args.dataset is not None:  # a missing dataset fails before any model is built
         _check_dataset(args)
     args.model_given = args.model is not None
     args.model = args.model or 'sa_quadratic_cifar'
-    for module in args.device_modules or ():
-        importlib.import_module(module)
 
     model, trained_on = model_to_evaluate(args)
     model = model.to(args.device)

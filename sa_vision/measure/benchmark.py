@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
+from ..models.factory import create_named_model
 from ..train.runtime import CUDA_GRAPH_MODES, synchronize
 from ..train.runtime import resolve_device as resolve_device_name
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
@@ -131,7 +132,7 @@ def build_variants(
                         f'{", ".join(timm.list_models("sa_*") + ["resnet18_cifar"])}; peers: {", ".join(PEERS)}; '
                         f'timm.list_models() lists all)')
     else:
-        model = timm.create_model(model_name, **model_kwargs)
+        model = create_named_model(model_name, **model_kwargs)
     variants = [Variant(model_name, model, infer_model=_maybe_fused(model, fuse))]
     from sa_vision.layers import batched_heads, dense_attention, fused_mix_and_project
     switches = {'dense': dense_attention, 'batched': batched_heads, 'fused': fused_mix_and_project}
@@ -147,7 +148,7 @@ def build_variants(
             variants.append(Variant(other, build_peer(other, img_size=(h, w), in_chans=c,
                                                       **(compare_kwargs or {}).get(other, {}))))
         elif timm.is_model(other):
-            variants.append(Variant(other, timm.create_model(other, **(compare_kwargs or {}).get(other, {}))))
+            variants.append(Variant(other, create_named_model(other, **(compare_kwargs or {}).get(other, {}))))
         else:
             raise UserError(f'unknown comparison {other!r}; use dense, batched, fused, paper, a peer '
                             f'({", ".join(PEERS)}) or a timm model name')

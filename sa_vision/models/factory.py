@@ -16,6 +16,7 @@ from ..errors import UserError
 __all__ = ['UnknownModelError', 'model_name_hint', 'model_class', 'model_keywords', 'create_named_model']
 
 _UNEXPECTED_KEYWORD = re.compile(r"got an unexpected keyword argument '(\w+)'")
+_UNKNOWN_MODEL = re.compile(r'Unknown model \((.*)\)')
 
 
 class UnknownModelError(UserError):
@@ -63,16 +64,22 @@ def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Opti
     try:
         return timm.create_model(name, pretrained=pretrained, **kwargs)
     except RuntimeError as e:
-        if 'Unknown model' not in str(e):
+        unknown = _UNKNOWN_MODEL.search(str(e))
+        if not unknown:
             raise
+        if unknown.group(1) != name:  # local-dir: / hf-hub: weights of an architecture nothing imported registers
+            raise UnknownModelError(
+                f'{name} holds a {unknown.group(1)!r} model, which no imported package registers: import the package '
+                f'that does (--device-modules PACKAGE), or {model_name_hint(unknown.group(1))}') from None
         raise UnknownModelError(f'unknown model {name!r}: {model_name_hint(name)}') from None
     except TypeError as e:
         match = _UNEXPECTED_KEYWORD.search(str(e))
-        if not match or match.group(1) not in kwargs:
+        accepted = model_keywords(name)
+        # a keyword the model takes, refused further down (a layer it builds), is no typo of the user's
+        if not match or match.group(1) not in kwargs or match.group(1) in (accepted or ()):
             raise
         key = match.group(1)
         source = (kwargs_sources or {}).get(key, '--model-kwargs')
-        accepted = model_keywords(name)
         near = difflib.get_close_matches(key, accepted or [], n=1, cutoff=0.75)
         hint = (f'did you mean {near[0]!r}?' if near else f'it takes {", ".join(accepted)}' if accepted else
                 str(e))

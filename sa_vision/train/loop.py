@@ -4,7 +4,6 @@
 command line; it writes ``last.pth.tar`` every epoch, which ``--resume`` continues, and ``model_best.pth.tar`` when
 an epoch is the best by ``--eval-metric`` (docs/training.md).
 """
-import importlib
 import json
 import logging
 import sys
@@ -40,6 +39,7 @@ from .runtime import (
     configure_backends,
     format_duration,
     host_sync_allowed,
+    import_device_modules,
     init_distributed,
     probe_compile,
     probe_size,
@@ -158,9 +158,8 @@ def _set_up_process(args) -> None:
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
     threads = apply_threads(args)
+    import_device_modules(args.device_modules)
     init_distributed(args)
-    for module in args.device_modules or ():
-        importlib.import_module(module)
     configure_backends(args)
     _log(args, f'Threads: {threads} (--threads {args.threads or "default"})')
     if args.retain_freed_memory and not retain_freed_memory():

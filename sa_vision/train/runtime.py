@@ -6,6 +6,7 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import importlib
 import os
 import statistics
 import time
@@ -20,7 +21,8 @@ from timm.utils import init_distributed_device, random_seed
 from ..errors import UserError
 
 __all__ = [
-    'TORCH_DEFAULT_THREADS', 'available_cores', 'default_threads', 'apply_threads', 'resolve_device',
+    'TORCH_DEFAULT_THREADS', 'available_cores', 'default_threads', 'apply_threads', 'import_device_modules',
+    'resolve_device',
     'init_distributed',
     'configure_backends', 'retain_freed_memory', 'uses_channels_last', 'seed_epoch', 'synchronize',
     'host_sync_allowed',
@@ -51,6 +53,13 @@ def apply_threads(args) -> int:
     threads = args.threads or default_threads()
     torch.set_num_threads(threads)
     return threads
+
+
+def import_device_modules(modules) -> None:
+    """Import ``--device-modules`` (as timm's train.py does, first): a package that registers models, datasets or a
+    device type (a torch backend such as torch_npu), so before ``--device`` is resolved."""
+    for module in modules or ():
+        importlib.import_module(module)
 
 
 def resolve_device(requested: Optional[str] = None) -> str:
