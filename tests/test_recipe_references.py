@@ -1,12 +1,16 @@
 """ Help, recipes and model cards point an installed user to the recipes the package ships (``-c NAME``), not to the
 repository's ``scripts/configs/``, which ``pip install sa_vision`` does not give them """
+from pathlib import Path
+
 import pytest
 
 from sa_vision.hub.card import _used_recipe_section, generate_model_card
 from sa_vision.hub.labels import MODEL_CARD_DIR
 from sa_vision.train.args import build_parser
 from sa_vision.train.checkpoint import Checkpoint
-from sa_vision.train.recipes import RECIPE_DIR, load_recipe, recipe_path
+from sa_vision.train.recipes import RECIPE_DIR, load_recipe, recipe_path, repeat_run_args
+
+ROOT = Path(__file__).resolve().parent.parent
 
 SHIPPED = sorted(p.stem for p in RECIPE_DIR.glob('*.yaml'))
 CARDS = sorted(p.stem for p in MODEL_CARD_DIR.glob('*.md'))
@@ -35,7 +39,7 @@ def test_recipe_headers_give_commands_an_installed_user_can_run(name):
 def test_card_templates_point_to_the_shipped_recipe(arch):
     text = (MODEL_CARD_DIR / f'{arch}.md').read_text(encoding='utf-8')
     assert 'scripts/' not in text
-    assert f'`sa-vision-train -c {arch}`' in text and f'sa_vision/configs/{arch}.yaml' in text
+    assert f'`sa-vision-train {repeat_run_args(arch, arch)}`' in text and f'sa_vision/configs/{arch}.yaml' in text
 
 
 def test_exported_card_names_the_shipped_recipe():
@@ -81,3 +85,24 @@ def test_a_recipe_names_no_run_folder(dataset, tmp_path):
                            *(['--dataset', dataset] if dataset else [])])[0]
     folder = run_folder(args, None)
     assert folder.parent == tmp_path and folder.name.endswith(f'-sa_quadratic_cifar-{dataset or "digits"}'), folder
+
+
+@pytest.mark.parametrize('arch', ['sa_gen_pruned', 'sa_quadratic_cifar'])
+def test_an_exported_recipe_says_how_to_repeat_its_run_in_arguments_that_parse(arch, tmp_path):
+    """An export's recipe.yaml header gives the command that repeats the run; a recipe keeps no local paths, so for
+    a pruned model it names the pruned weights too, else the command would be refused. The kept zoo's header,
+    filled in, parses to its model; a new export's header gives the same arguments."""
+    import re
+    import shlex
+
+    from sa_vision.hub import export_hub_folder
+    from sa_vision.train.state import parse_run_args
+    kept = ROOT / 'zoo' / 'fashion-mnist-cpu' / arch
+    export_hub_folder(str(kept), tmp_path / 'hub', figure=False)
+    headers = [(folder / 'recipe.yaml').read_text().splitlines()[0] for folder in (kept, tmp_path / 'hub')]
+    commands = [re.search(r': sa-vision-train (.*) repeats the run', header).group(1) for header in headers]
+    assert commands[0] == commands[1], headers
+    assert ('--initial-checkpoint PRUNED' in commands[0]) == (arch == 'sa_gen_pruned'), headers
+    filled = commands[0].replace('recipe.yaml', str(kept / 'recipe.yaml')).replace(
+        'PRUNED', str(tmp_path / 'pruned.pth')).replace('DIR', str(tmp_path))
+    assert parse_run_args(shlex.split(filled))[0].model == arch

@@ -123,12 +123,12 @@ def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bo
 
 def _shipped_recipe_text(arch: str) -> str:
     """The card's recipe section of a template: the recipe shipped for ``arch``, in full."""
-    from ..train.recipes import recipe_path
+    from ..train.recipes import recipe_path, repeat_run_args
     try:
         recipe_file = recipe_path(arch)
     except FileNotFoundError:
         return 'no recipe in this repository'
-    return (f'`sa-vision-train -c {recipe_file.stem}`: the recipe `sa_vision/configs/{recipe_file.name}` shipped in '
+    return (f'`sa-vision-train {repeat_run_args(arch, recipe_file.stem)}`: the recipe `sa_vision/configs/{recipe_file.name}` shipped in '
             f'the package (timm `train.py` argument names):\n\n```yaml\n{recipe_file.read_text().strip()}\n```')
 
 
@@ -267,17 +267,17 @@ def _used_recipe_section(ckpt: Checkpoint) -> str:
     """The arguments these weights were trained with (the template shows the paper's recipe instead)."""
     import yaml
 
-    from ..train.recipes import recipe_path
+    from ..train.recipes import recipe_path, repeat_run_args
     try:
         name = recipe_path(ckpt.arch).stem
-        reference = (f' The paper\'s CIFAR-10 recipe ships with sa_vision: `sa-vision-train -c {name}` '
-                     f'(`sa_vision/configs/{name}.yaml`).')
+        reference = (f' The paper\'s CIFAR-10 recipe ships with sa_vision: `sa-vision-train '
+                     f'{repeat_run_args(ckpt.arch, name)}` (`sa_vision/configs/{name}.yaml`).')
     except FileNotFoundError:
         reference = ''
     tool = 'timm `train.py`' if ckpt.format == 'timm' else '`sa-vision-train`'
     used = yaml.safe_dump(_recipe(ckpt), sort_keys=False).strip()
     return (f'These weights were trained with the arguments below ({tool}; `{RECIPE_FILENAME}` in this repository: '
-            f'`-c {RECIPE_FILENAME}` repeats the run).{reference}\n\n```yaml\n{used}\n```')
+            f'`{repeat_run_args(ckpt.arch, RECIPE_FILENAME)}` repeats the run).{reference}\n\n```yaml\n{used}\n```')
 
 
 # the lines of a card's training summary that say which weights the export holds

@@ -16,6 +16,7 @@ from ..models.input_pad import black_after_normalization
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
+from ..train.recipes import repeat_run_args
 from .card import _recipe, render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, weights_label
 from .publish import check_publish_target
@@ -125,8 +126,8 @@ def export_hub_folder(
                 data_config=input_cfg)
     with open(out_dir / RECIPE_FILENAME, 'w') as f:
         trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
-        f.write(f'# training arguments of {label.name} ({trainer}'
-                f' argument names): sa-vision-train -c {RECIPE_FILENAME} --data-dir DIR repeats the run\n')
+        f.write(f'# training arguments of {label.name} ({trainer} argument names): sa-vision-train '
+                f'{repeat_run_args(ckpt.arch, RECIPE_FILENAME)} --data-dir DIR repeats the run\n')
         yaml.safe_dump(_recipe(ckpt), f, sort_keys=False)
     if epochs and any(positional_params(sd) for sd in epochs.values()):
         save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)

@@ -13,7 +13,7 @@ from ..models._pretrained import training_commands
 from ..paper import PRUNED_FROM
 from .timm_args import OURS, TIMM_TRAIN_ARGS
 
-__all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'check_recipe_keys',
+__all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'check_recipe_keys', 'repeat_run_args',
            'check_recipe_start']
 
 # keys that only timm's train.py reads: allowed, so one recipe serves both trainers, and ignored with a note
@@ -63,6 +63,12 @@ def check_recipe_keys(keys: Iterable[str], known: Iterable[str], source: str = '
     return sorted(k for k in keys if k not in known)
 
 
+def repeat_run_args(model: str, recipe_file: str) -> str:
+    """The arguments that repeat a run from its recipe file: ``-c FILE``, with the pruned weights a pruned model
+    fine-tuned (a recipe keeps no local paths, and :func:`check_recipe_start` refuses it without them)."""
+    return f'-c {recipe_file}' + (' --initial-checkpoint PRUNED' if model in PRUNED_FROM else '')
+
+
 def check_recipe_start(recipe: Dict[str, Any], args: argparse.Namespace, source: str) -> None:
     """Refuse the recipe of a pruned model without the weights it fine-tunes: the pruned model is a fine-tune of
     pruned weights (paper App. A.1), and its recipe alone would train it from a random initialisation."""
@@ -71,6 +77,6 @@ def check_recipe_start(recipe: Dict[str, Any], args: argparse.Namespace, source:
         return
     raise RecipeError(
         f'recipe {source} fine-tunes pruned {model} weights, but no --initial-checkpoint names them: it would train '
-        f'{model} from a random initialisation. Make the pruned weights and start from them: '
-        f'{training_commands(model)}. To train the pruned architecture from scratch instead, use a from-scratch '
-        f'recipe: -c {PRUNED_FROM[model]} --model {model}')
+        f'{model} from a random initialisation. Add --initial-checkpoint with the pruned weights (sa-vision-prune '
+        f'of a trained {PRUNED_FROM[model]}). For CIFAR-10 from nothing: {training_commands(model)}. To train the '
+        f'pruned architecture from scratch instead: -c {PRUNED_FROM[model]} --model {model}')
