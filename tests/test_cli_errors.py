@@ -273,3 +273,14 @@ def test_weights_of_an_unregistered_architecture_name_it(tmp_path):
         create_named_model(f'local-dir:{tmp_path}', pretrained=True)
     with pytest.raises(UnknownModelError, match="unknown model 'sa_quadratc_cifar': did you mean 'sa_quadratic_cifar'"):
         create_named_model('sa_quadratc_cifar')
+
+
+@pytest.mark.parametrize('kwargs, message', [
+    (['embed_dim=abc'], "embed_dim='abc' (from --model-kwargs) is text, but embed_dim takes a whole number (default "),
+    (['proj_drop_rate=high'], "proj_drop_rate='high' (from --model-kwargs) is text, but proj_drop_rate takes a number"),
+])
+def test_a_model_keyword_given_text_where_it_takes_a_number_is_one_error_line(kwargs, message, capsys):
+    """timm's --model-kwargs parsing keeps what is no Python literal as text; the model would fail deep inside."""
+    line = _one_error(validate.main, ['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--model-kwargs',
+                                      *kwargs], capsys)
+    assert message in line, line

@@ -40,27 +40,47 @@ def model_class(name: str) -> Optional[type]:
     return cls if isinstance(cls, type) and issubclass(cls, nn.Module) else None
 
 
-def model_keywords(name: str) -> Optional[List[str]]:
-    """The keyword arguments the class of registered model ``name`` takes (its ``__init__``'s, and its bases' as
-    far as ``**kwargs`` passes them on), or None where the class is not known (:func:`model_class`)."""
+def _model_parameters(name: str) -> Optional[List[inspect.Parameter]]:
+    """The keyword parameters of the class of registered model ``name`` (its ``__init__``'s, and its bases' as far
+    as ``**kwargs`` passes them on), or None where the class is not known (:func:`model_class`)."""
     cls = model_class(name)
     if cls is None:
         return None
-    names: List[str] = []
+    found: List[inspect.Parameter] = []
     for klass in cls.__mro__:
         if klass is nn.Module:
             break
         params = list(inspect.signature(klass.__init__).parameters.values())[1:]  # without self
-        names += [p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name not in names]
+        found += [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                  and all(p.name != q.name for q in found)]
         if not any(p.kind is p.VAR_KEYWORD for p in params):
             break
-    return names
+    return found
+
+
+def model_keywords(name: str) -> Optional[List[str]]:
+    """The keyword arguments the class of registered model ``name`` takes, or None where the class is not known."""
+    params = _model_parameters(name)
+    return None if params is None else [p.name for p in params]
+
+
+def _check_number_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[Mapping[str, str]]) -> None:
+    """A text value for a keyword whose default is a number (``--model-kwargs embed_dim=abc``, parsed as text where
+    it is no literal) fails deep inside a layer's construction: say which keyword wants a number."""
+    for param in _model_parameters(name) or ():
+        value = kwargs.get(param.name)
+        if isinstance(value, str) and type(param.default) in (int, float, bool):
+            source = (kwargs_sources or {}).get(param.name, '--model-kwargs')
+            wanted = {int: 'a whole number', float: 'a number', bool: 'True or False'}[type(param.default)]
+            raise UserError(f'{name}: {param.name}={value!r} (from {source}) is text, but {param.name} takes '
+                            f'{wanted} (default {param.default!r})')
 
 
 def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Optional[Mapping[str, str]] = None,
                        **kwargs) -> nn.Module:
     """``timm.create_model(name, pretrained, **kwargs)``; ``kwargs_sources`` says where each keyword came from
     (``--model-kwargs`` where it does not), for the error of a keyword the model does not take."""
+    _check_number_keywords(name, kwargs, kwargs_sources)
     try:
         return timm.create_model(name, pretrained=pretrained, **kwargs)
     except RuntimeError as e:
