@@ -142,6 +142,21 @@ def test_items_that_compile_cold_are_not_admitted_on_the_pace_of_warmed_ones():
     assert cold_only.expected(100, warmed=False) == pytest.approx(60)
 
 
+def test_warm_phase_starts_no_step_it_expects_to_be_killed():
+    assert dc.may_start([], now=99, deadline=100)  # the first wave starts whatever the time
+    assert dc.may_start([10, 30, 20], now=0, deadline=25)  # the median, 20 s, ends before the deadline
+    assert not dc.may_start([10, 30, 20], now=6, deadline=25)
+
+
+def test_a_warm_step_counts_as_warmed_only_where_its_graphs_went_into_the_cache():
+    assert dc.stored({'seconds': 30, 'inductor.fxgraph_cache_miss': 2, 'aot_autograd.autograd_cache_miss': 1})
+    assert dc.stored({'seconds': 3, 'inductor.fxgraph_cache_hit': 2})  # already there
+    assert not dc.stored({'seconds': 30, 'inductor.fxgraph_cache_miss': 1, 'inductor.fxgraph_cache_bypass': 1})
+    assert not dc.stored({'seconds': 30, 'aot_autograd.autograd_cache_bypass': 1})  # the graphs were not cached
+    assert not dc.stored({'seconds': 1})  # compiled nothing (dynamo's eager backend)
+    assert not dc.stored({'skipped': 'no triton'}) and not dc.stored(None)
+
+
 @pytest.mark.slow
 def test_warm_phase_fills_the_compile_caches_that_the_items_then_load(tmp_path):
     """With inductor (C++ on the CPU), the warm phase compiles the items' steps in processes of their own; the items'

@@ -731,6 +731,7 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
     pending = [(t, False) for t in targets]  # (target, whether it checks the cache)
     running: Dict[Any, Any] = {}
     done: Dict[str, Any] = {}
+    took: List[float] = []  # seconds of the steps compiled so far
     verified: Optional[bool] = None
     with tempfile.TemporaryDirectory(prefix='warm-') as tmp:
         def start(target, verify):
@@ -744,8 +745,10 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
 
         try:
             while (pending or running) and time.time() < deadline and verified is not False:
-                while pending and len(running) < parallel:
+                while pending and len(running) < parallel and may_start(took, time.time(), deadline):
                     start(*pending.pop(0))
+                if not running:
+                    break
                 time.sleep(0.2)
                 for proc in [p for p in running if p.poll() is not None]:
                     target, verify, out, t0 = running.pop(proc)
@@ -762,8 +765,10 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
                             log(f'    | {x[:200]}')
                     else:
                         cache = {k: v for k, v in result.items() if k not in ('seconds', 'skipped')}
-                        took = result.get('skipped') or f'{time.time() - t0:.0f} s'
-                        log(f'  {name}: {took}; compile caches: {format_cache(cache)}')
+                        if not verify and 'skipped' not in result:
+                            took.append(time.time() - t0)
+                        said = result.get('skipped') or f'{time.time() - t0:.0f} s'
+                        log(f'  {name}: {said}; compile caches: {format_cache(cache)}')
                     done[name] = result
                     if verify and result is None:
                         log('  the cache check did not run to its end: warming goes on unchecked')
@@ -789,7 +794,23 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
                                  'done': done, 'left': ['/'.join(t) for t in left]}
     if verified is False:
         return set()
-    return {t for t in targets if (result := done.get('/'.join(t))) is not None and 'skipped' not in result}
+    return {t for t in targets if stored(done.get('/'.join(t)))}
+
+
+def may_start(took: List[float], now: float, deadline: float) -> bool:
+    """Whether the warm phase starts another step: always in the first wave (``took`` empty: no step has ended),
+    then only one that would end by the deadline if it took the median of those ended; one killed half-compiled
+    would only hold the items back."""
+    return not took or now + statistics.median(took) < deadline
+
+
+def stored(result: Optional[Dict[str, Any]]) -> bool:
+    """Whether a warm process's step left its graphs in the on-disk cache: it compiled them (a miss, then saved) or
+    found them there, and none bypassed the cache."""
+    if not result or 'skipped' in result:
+        return False
+    return (any(v for k, v in result.items() if k.endswith('fxgraph_cache_miss') or k.endswith('fxgraph_cache_hit'))
+            and not any(v for k, v in result.items() if k.endswith('cache_bypass')))
 
 
 def environment(check: Check) -> None:
@@ -997,7 +1018,8 @@ def main(argv=None) -> int:
         from torch._inductor import config as inductor_config
         inductor_config.autotune_local_cache = False
         print(WARM_LINE + json.dumps(warm_one(check, tuple(args.warm_target.split(',')))), flush=True)
-        return 0
+        sys.stderr.flush()
+        os._exit(0)  # what it had to leave is on disk: no teardown that could fail or take seconds
     log(f'== sa_vision device check{" (smoke, CPU)" if args.smoke else ""}: sections {sorted(sections)}, budget '
         f'{args.budget_s:.0f} s')
     environment(check)
