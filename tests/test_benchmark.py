@@ -446,3 +446,27 @@ def test_a_switch_that_would_change_nothing_is_refused(name, switch):
     with pytest.raises(sa_vision.errors.UserError, match=f'--compare {switch}: {name} has no'):
         sab.build_variants(name, [switch], **kwargs)
     assert len(sab.build_variants('sa_quadratic_cifar', [switch], **TINY)) == 2  # where it changes something
+
+
+@pytest.mark.parametrize('switch,setting,changes', [
+    ('batched', dict(), True),  # float32 eager on the CPU: one head at a time, unless switched
+    ('batched', dict(amp=True), False),  # autocast, low precision and graphs always run batched
+    ('batched', dict(precision='bfloat16'), False),
+    ('batched', dict(torchcompile='eager'), False),
+    ('dense', dict(amp=True), True),  # the CPU mixes separable kinds by their factors in every setting
+    ('dense', dict(torchcompile='eager'), True),
+])
+def test_a_switch_that_changes_no_path_in_the_steps_setting_is_refused(switch, setting, changes):
+    """The switch is timed in the steps' setting: where the model's own steps already run every layer the way the
+    switch asks (docs/attention.md, "Why each path": only float32 eager steps on the CPU take the per-head path),
+    the pair would be the model against itself; the refusal names the setting."""
+    variants = sab.build_variants('sa_quadratic_cifar', [switch], **TINY)
+    run = lambda: sab.benchmark_variants(variants, batch_size=2, input_size=(3, 8, 8), device='cpu', warmup=0,
+                                         runs=1, measure_memory=False, **setting)  # noqa: E731
+    if changes:
+        assert [row['model'] for row in run()] == ['sa_quadratic_cifar', f'sa_quadratic_cifar[{switch}]']
+    else:
+        with pytest.raises(sa_vision.errors.UserError, match=rf'--compare {switch}: sa_quadratic_cifar already '
+                                                               rf'runs every attention layer that way here \(cpu, '):
+            run()
+

@@ -30,13 +30,17 @@ def _run(main, argv, capsys):
     (benchmark_script, ['--model', 'no_such_model', '--bench', 'inference'], "unknown model 'no_such_model'"),
     (benchmark_script, ['--model', 'resnet18_cifar', '--compare', 'paper', '--bench', 'inference'],
      'no paper formulation'),
+    (benchmark_script, ['--model', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dim=8', 'depth=1',
+                        '--img-size', '8', '--compare', 'batched', '--amp', '--runs', '1', '--quiet'],
+     'sa_quadratic_cifar already runs every attention layer that way here (cpu, bfloat16 autocast)'),
     # sa-vision-validate resolves --model as every command does (sa_vision.train.checkpoint.load_model)
     (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
     (validate, ['--model', 'local-dir:{tmp}/missing', '--dataset', 'digits'], 'missing is not a folder'),
     (validate, ['--checkpoint', 'sa_quadratic_cifar', '--dataset', 'digits'], 'sa_quadratic_cifar does not exist'),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'prune-missing-file',
         'prune-learned-without-heads',
-        'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'validate-unknown-model',
+        'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
+        'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
     status, err = _run(script.main, [a.replace('{tmp}', str(tmp_path)) for a in argv], capsys)

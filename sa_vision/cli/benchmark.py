@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='',
                    help='comma list of variants to time against: dense, batched, fused (the Triton kernel; '
-                        'each refused for a model without the layers it switches), paper, a peer (vit_peer, '
+                        'each refused where it changes no layer\'s path: a model without the layers it '
+                        'switches, or batched on a GPU, under --amp, in bf16 or compiled, which run batched '
+                        'anyway), paper, a peer (vit_peer, '
                         'convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the input size; '
                         'sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
                         '--reproduce-profile arguments, not --model-kwargs)')
