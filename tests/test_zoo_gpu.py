@@ -12,8 +12,9 @@ import tarfile
 from pathlib import Path
 
 import pytest
+import torch
 
-from sa_vision.reproduce import STAGE_ORDER, check_kept_models
+from sa_vision.reproduce import STAGE_ORDER, check_kept_models, stages
 
 ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / 'zoo' / 'fashion-mnist-gpu'
@@ -64,6 +65,16 @@ def test_the_check_holds_on_a_tiny_bf16_zoo_the_gpu_script_keeps(tmp_path, monke
         packed.append((folders, rows, guarded))
         return tar
     monkeypatch.setattr(script, 'write_back', write_back_and_look)
+    threads, whole = {'stages': [], 'guard': []}, torch.get_num_threads()
+    monkeypatch.setattr(script, 'available_cores', lambda: whole + 3)  # more cores than this process's threads
+
+    def counting(kind, run):
+        def counted(*args, **kwargs):
+            threads[kind].append(torch.get_num_threads())
+            return run(*args, **kwargs)
+        return counted
+    monkeypatch.setattr(stages, 'evaluate_on_test_split', counting('stages', stages.evaluate_on_test_split))
+    monkeypatch.setattr(script, 'record_kept_models', counting('guard', script.record_kept_models))
     (tmp_path / 'docs').mkdir()
     (tmp_path / 'docs' / 't_weights.sha256').write_text('an earlier call\'s guard\n')  # packed only once rewritten
     assert script.main(['--smoke', '--out', str(back), '--zoo', str(tmp_path / 'zoo'),
@@ -71,6 +82,8 @@ def test_the_check_holds_on_a_tiny_bf16_zoo_the_gpu_script_keeps(tmp_path, monke
     # after each kept stage the tar holds the models kept so far, each with its folder and its row, and no folder
     # still being written; the last one all five
     assert len(packed) == 6 and all(folders == rows for folders, rows, _ in packed)
+    # the stages' evaluations leave a core to each of the two trainings beside them; the guard after them takes all
+    assert set(threads['stages']) == {whole + 1} and threads['guard'] == [whole], threads
     assert [guarded for *_, guarded in packed] == [False] * 5 + [True]  # the guard only once recorded for all
     counts = [len(folders) for folders, *_ in packed]
     assert counts[0] >= 1 and counts == sorted(counts) and packed[-1][0] == set(STAGE_ORDER)

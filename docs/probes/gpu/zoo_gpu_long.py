@@ -26,6 +26,7 @@ import torch
 from sa_vision.io import atomic_write_text
 from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER, Reproduction, StagedZoo, record_kept_models
 from sa_vision.reproduce.report import read_table
+from sa_vision.train.runtime import available_cores
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from device_check import redirect_fds  # noqa: E402  the sibling script's helper
@@ -112,8 +113,11 @@ def main(argv=None) -> int:
         reproduction = (Reproduction(work, 'tiny', epochs=1, kept_dtype='bfloat16', train_args=['--device', 'cpu'])
                         if args.smoke else Reproduction(work, 'gpu-long', data_dir=args.data_dir))
         staged = StagedZoo(reproduction, args.zoo, args.table)
+        # the parent evaluates each kept model on the CPU while other stages train: it leaves a core to each
+        # training's host loop, whose launches bound the narrow models' steps; the guard after them takes all
+        all_threads, eval_threads = torch.get_num_threads(), max(1, available_cores() - args.parallel)
         print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, {args.parallel} '
-              f'stages at a time, kept already '
+              f'stages at a time, evaluated beside them on {eval_threads} CPU threads, kept already '
               f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}; '
               f'torch {torch.__version__}, {torch.cuda.get_device_name(0) if not args.smoke else "CPU"}', flush=True)
 
@@ -122,12 +126,14 @@ def main(argv=None) -> int:
             write_back(staged, args.out, result, start)
 
         guarded = False
+        torch.set_num_threads(eval_threads)
         try:
             staged.run(args.budget_s - FINAL_S, lambda m: 1.0 if args.smoke else estimate_s(reproduction, m),
                        on_stage=kept, parallel=args.parallel)
         except Exception:  # noqa: BLE001  the stages kept before the failing one still come back, guarded
             result['failed'] = traceback.format_exc(limit=-8)
             print(f'FAILED: {result["failed"]}', flush=True)
+        torch.set_num_threads(all_threads)
         if staged.rows():
             try:
                 record_kept_models(args.zoo, args.table, data_dir=args.data_dir)
