@@ -138,3 +138,18 @@ def test_a_run_folder_holds_one_run(tmp_path):
     _assert_same_weights(torch.load(run / 'model_best.pth.tar', weights_only=True)['state_dict'],
                          run / 'hub' / 'model.safetensors')
     assert sorted(p.name for p in run.iterdir() if p.name.startswith('.')) == []
+
+
+@pytest.mark.parametrize('eval_metric, value, shown', [('top1', 95.0, '95.00'), ('top5', 99.5, '99.50'),
+                                                       ('loss', 0.25, '0.2500')])
+def test_the_best_metric_is_printed_as_the_eval_lines_print_it(tmp_path, eval_metric, value, shown):
+    """Accuracies in % with two decimals, a loss with four, whatever the value's digits."""
+    from types import SimpleNamespace
+
+    from sa_vision.train.state import save_epoch
+    lines = []
+    ckpt = {'epoch': 1, 'num_epochs': 2, 'best': {'metric': value, 'epoch': 0},
+            'metrics': {'loss': 0.25, 'top1': 95.0, 'top5': 99.5}}
+    save_epoch(ckpt, torch.nn.Linear(1, 1), SimpleNamespace(save_epoch_weights=False, eval_metric=eval_metric),
+               tmp_path, {'loss': 0.5}, lines.append)
+    assert f'Best {eval_metric} so far ({shown}): {tmp_path / "model_best.pth.tar"}' in lines

@@ -295,4 +295,6 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log:
     # said once every file of the epoch is written
     log(f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
     if is_best:
-        log(f'Best {args.eval_metric} so far ({ckpt["best"]["metric"]:.4g}): {run_dir / BEST_CHECKPOINT}')
+        metric = ckpt['best']['metric']  # as the Eval line prints it: accuracies in %, a loss to 4 decimals
+        shown = f'{metric:.4f}' if args.eval_metric == 'loss' else f'{metric:.2f}'
+        log(f'Best {args.eval_metric} so far ({shown}): {run_dir / BEST_CHECKPOINT}')
