@@ -352,3 +352,15 @@ def test_gpu_long_script_with_no_budget_starts_no_stage_and_still_packs(tmp_path
     # the GPU's estimates: every stage of the gpu-long profile has one, from its recipe's epochs
     gpu = reproduce.Reproduction(tmp_path / 'gpu', 'gpu-long')
     assert all(script.estimate_s(gpu, m) > script.STAGE_OVERHEAD_S for m in reproduce.STAGE_ORDER)
+
+
+@pytest.mark.parametrize('name', ['device_check.py', 'zoo_gpu_long.py'])
+def test_the_gpu_scripts_print_their_help(name, capsys):
+    """The runbook's first look at a script on the lent machine: --help prints every option (argparse formats each
+    help text with %, so a bare % in one broke it) and exits 0."""
+    spec = importlib.util.spec_from_file_location(name[:-3], SCRIPT.with_name(name))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    with pytest.raises(SystemExit) as exit_:
+        script.main(['--help'])
+    assert exit_.value.code == 0 and '--budget-s' in capsys.readouterr().out

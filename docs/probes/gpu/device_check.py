@@ -990,7 +990,7 @@ def main(argv=None) -> int:
                         'inductor (slower; its compile caches are what the warm phase fills)')
     p.add_argument('--warm-s', type=float, default=None,
                    help=f'compile the items\' steps beforehand, in parallel processes, for at most this many seconds '
-                        f'(default {WARM_SHARE:.0%} of --budget-s on the GPU, none in the smoke run; 0: none)')
+                        f'(default {WARM_SHARE * 100:.0f} %% of --budget-s on the GPU, none in the smoke run; 0: none)')
     p.add_argument('--warm-parallel', type=int, default=max(1, min(6, (os.cpu_count() or 2) // 2)),
                    help='warm-up processes at a time (default: half the CPUs, at most 6)')
     p.add_argument('--warm-target', default=None, help=argparse.SUPPRESS)  # one warm-up process's target
