@@ -20,6 +20,7 @@ from ..train.runtime import resolve_device as resolve_device_name
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory, _peak_memory, _tensor_bytes
 from .peers import PEERS, build_peer, is_peer
+from .switches import SWITCHES, check_switch_changes, check_switches_change_paths
 
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
@@ -135,14 +136,12 @@ def build_variants(
     else:
         model = create_named_model(model_name, **model_kwargs)
     variants = [Variant(model_name, model, infer_model=_maybe_fused(model, fuse))]
-    from sa_vision.layers import batched_heads, dense_attention, fused_mix_and_project
-    switches = {'dense': dense_attention, 'batched': batched_heads, 'fused': fused_mix_and_project}
     for other in compare:
-        if other in switches:
-            _check_switch_changes(model, model_name, other)
+        if other in SWITCHES:
+            check_switch_changes(model, model_name, other)
             switched = copy.deepcopy(model)  # same weights, run inside the switch
             variants.append(Variant(f'{model_name}[{other}]', switched,
-                                    context=lambda m=switched, switch=switches[other]: switch(m), switch=other))
+                                    context=lambda m=switched, switch=SWITCHES[other]: switch(m), switch=other))
         elif other == 'paper':
             variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model)))
         elif is_peer(other):
@@ -154,56 +153,6 @@ def build_variants(
             raise UserError(f'unknown comparison {other!r}; use dense, batched, fused, paper, a peer '
                             f'({", ".join(PEERS)}) or a timm model name')
     return variants
-
-
-# what each switch changes: a model without such a layer would be timed against itself
-_SWITCHED_LAYERS = {
-    'dense': ('separable attention layer (the quadratic or learned kinds)', lambda attn: attn.separable),
-    'fused': ('content-free attention layer', lambda attn: attn.content is None),
-    'batched': ('attention layer', lambda attn: True),
-}
-
-
-def _check_switch_changes(model: nn.Module, model_name: str, switch: str) -> None:
-    from sa_vision.layers import PositionalAttention
-    what, switched = _SWITCHED_LAYERS[switch]
-    if not any(switched(m) for m in model.modules() if isinstance(m, PositionalAttention)):
-        raise UserError(f'--compare {switch}: {model_name} has no {what} for it to switch, so it would be timed '
-                        f'against itself; leave {switch} out for this model')
-
-
-def _attention_paths(variant: Variant, runner: '_Runner') -> List[Any]:
-    """How each attention layer of ``variant`` runs in ``runner``'s training step, then in its inference step
-    (:func:`~sa_vision.layers.attention_path.choose_path`, with the runner's device, dtype, autocast and compile)."""
-    from sa_vision.layers import PositionalAttention
-    from sa_vision.layers.attention_path import CUDA_DENSE_MIXING, choose_path
-    paths = []
-    with variant.context():
-        for model, training in ((runner.train_model, True), (runner.infer_model, False)):
-            dtype = next(model.parameters()).dtype
-            paths += [choose_path(runner.device.type, dtype, runner.amp, bool(runner.torchcompile), False, training,
-                                  training, m.separable, m.content is not None, m.dense, m.batched_heads,
-                                  m.fused_kernel, CUDA_DENSE_MIXING)
-                      for m in model.modules() if isinstance(m, PositionalAttention)]
-    return paths
-
-
-def _check_switches_change_paths(variants: Sequence[Variant], runners: Sequence['_Runner']) -> None:
-    """Refuse a switched variant whose attention would run exactly as the model's own in these steps (e.g.
-    ``batched`` on CUDA, under autocast or compiled, where every step is batched already): a 1.00x that means
-    nothing. :func:`build_variants` refuses a model without the switched layers; this needs the steps' setting."""
-    own = None
-    for v, r in zip(variants, runners):
-        if v.switch is None:
-            continue
-        own = own if own is not None else _attention_paths(variants[0], runners[0])
-        if _attention_paths(v, r) == own:
-            setting = ', '.join([r.device.type, f'{r.amp_dtype} autocast'.replace('torch.', '') if r.amp
-                                 else str(next(r.train_model.parameters()).dtype).replace('torch.', '')]
-                                + (['compiled'] if r.torchcompile else []))
-            raise UserError(f'--compare {v.switch}: {variants[0].name} already runs every attention layer that '
-                            f'way here ({setting}), so it would be timed against itself; leave {v.switch} out '
-                            f'for this setting')
 
 
 class _Runner:
@@ -321,7 +270,7 @@ def benchmark_variants(
     do_train, do_infer = bench in ('both', 'train'), bench in ('both', 'inference')
     if runners is None:
         runners = [_Runner(v, batch_size, input_size, device, **runner_kwargs) for v in variants]
-    _check_switches_change_paths(variants, runners)
+    check_switches_change_paths(variants, runners)
     matmul_dtype = compute_dtype(
         **{k: runner_kwargs[k] for k in ('precision', 'amp', 'amp_dtype') if k in runner_kwargs})
     rows = [_describe(v, r, batch_size, input_size, device, log) for v, r in zip(variants, runners)]

@@ -1,0 +1,62 @@
+""" The attention switches a benchmark times a model against (:mod:`sa_vision.layers.switches`: dense mixing, the
+batched path, the fused kernel), and the refusals of a switched copy that would run as the model itself does: a
+1.00x that means nothing """
+from typing import Any, List, Sequence
+
+from torch import nn
+
+from ..errors import UserError
+from ..layers import PositionalAttention, batched_heads, dense_attention, fused_mix_and_project
+from ..layers.attention_path import CUDA_DENSE_MIXING, choose_path
+
+__all__ = ['SWITCHES', 'check_switch_changes', 'check_switches_change_paths']
+
+SWITCHES = {'dense': dense_attention, 'batched': batched_heads, 'fused': fused_mix_and_project}
+
+# what each switch changes: a model without such a layer would be timed against itself
+_SWITCHED_LAYERS = {
+    'dense': ('separable attention layer (the quadratic or learned kinds)', lambda attn: attn.separable),
+    'fused': ('content-free attention layer', lambda attn: attn.content is None),
+    'batched': ('attention layer', lambda attn: True),
+}
+
+
+def check_switch_changes(model: nn.Module, model_name: str, switch: str) -> None:
+    """Refuse a switch for a model without the layers it switches (the generalized kind always mixes densely, the
+    content kind never takes the kernel, a ResNet has no attention)."""
+    what, switched = _SWITCHED_LAYERS[switch]
+    if not any(switched(m) for m in model.modules() if isinstance(m, PositionalAttention)):
+        raise UserError(f'--compare {switch}: {model_name} has no {what} for it to switch, so it would be timed '
+                        f'against itself; leave {switch} out for this model')
+
+
+def _attention_paths(variant, runner) -> List[Any]:
+    """How each attention layer of ``variant`` runs in ``runner``'s training step, then in its inference step
+    (:func:`~sa_vision.layers.attention_path.choose_path`, with the runner's device, dtype, autocast and compile)."""
+    paths = []
+    with variant.context():
+        for model, training in ((runner.train_model, True), (runner.infer_model, False)):
+            dtype = next(model.parameters()).dtype
+            paths += [choose_path(runner.device.type, dtype, runner.amp, bool(runner.torchcompile), False, training,
+                                  training, m.separable, m.content is not None, m.dense, m.batched_heads,
+                                  m.fused_kernel, CUDA_DENSE_MIXING)
+                      for m in model.modules() if isinstance(m, PositionalAttention)]
+    return paths
+
+
+def check_switches_change_paths(variants: Sequence, runners: Sequence) -> None:
+    """Refuse a switched variant whose attention would run exactly as the model's own in these steps (e.g.
+    ``batched`` on CUDA, under autocast or compiled, where every step is batched already): a 1.00x that means
+    nothing. :func:`check_switch_changes` refuses a model without the switched layers; this needs the steps' setting."""
+    own = None
+    for v, r in zip(variants, runners):
+        if v.switch is None:
+            continue
+        own = own if own is not None else _attention_paths(variants[0], runners[0])
+        if _attention_paths(v, r) == own:
+            setting = ', '.join([r.device.type, f'{r.amp_dtype} autocast'.replace('torch.', '') if r.amp
+                                 else str(next(r.train_model.parameters()).dtype).replace('torch.', '')]
+                                + (['compiled'] if r.torchcompile else []))
+            raise UserError(f'--compare {v.switch}: {variants[0].name} already runs every attention layer that '
+                            f'way here ({setting}), so it would be timed against itself; leave {v.switch} out '
+                            f'for this setting')
