@@ -1,10 +1,14 @@
 """ A model that pads its own input (``input_padding``): on the unpadded image it computes what the unpadded model
 computes on the image zero-padded in pixel space (``F.pad`` with zeros, then the normalisation), so that weights
 trained on Fashion-MNIST padded 28 -> 32 take timm's standard transform of the 28x28 images """
+from pathlib import Path
+
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
+from torch import nn
 from torchvision.transforms import Normalize
 
 import sa_vision  # noqa: F401
@@ -16,6 +20,7 @@ SMALL = {
     'sa_learned_cifar': dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
     'resnet18_cifar': dict(channels=(8, 8, 8, 8), stem_width=8),
 }
+ZOO = Path(__file__).resolve().parent.parent / 'zoo' / 'fashion-mnist-cpu'  # padded, trained on grey images
 
 
 @pytest.mark.parametrize('arch', list(SMALL))
@@ -44,10 +49,41 @@ def test_pad_value_is_black_after_torchvisions_normalize():
 
 
 def test_bad_padding_arguments_are_refused():
-    with pytest.raises(ValueError, match='input_pad_value has 2 values for 3 input channels'):
-        timm.create_model('sa_quadratic_cifar', input_padding=2, input_pad_value=[0., 0.], embed_dim=16, depth=1)
+    with pytest.raises(ValueError, match=r'input_pad_value has 2 values \[0.0, 1.0\] for 3 input channels.*'
+                                         r'pass input_pad_value=<black after your normalisation>'):
+        timm.create_model('sa_quadratic_cifar', input_padding=2, input_pad_value=[0., 1.], embed_dim=16, depth=1)
     with pytest.raises(ValueError, match='input_padding must be 0 or more'):
         timm.create_model('resnet18_cifar', input_padding=-1)
+
+
+@pytest.mark.parametrize('in_chans', [1, 3, 4])
+def test_equal_pad_values_fit_any_number_of_channels(in_chans):
+    """A grey dataset's border (equal mean and std per channel, so equal values) is one value for any in_chans."""
+    model = timm.create_model('resnet18_cifar', in_chans=in_chans, input_padding=1, input_pad_value=[-0.5] * 3,
+                              **SMALL['resnet18_cifar'])
+    x = torch.randn(2, in_chans, 4, 4)
+    expected = F.pad(x, (1, 1, 1, 1), value=-0.5)
+    assert torch.equal(model.conv1.input_pad(x), expected)
+
+
+@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'resnet18_cifar'])
+def test_a_kept_grey_model_loads_with_one_input_channel(arch):
+    """Like timm's own models (``adapt_input_conv`` sums the stem's RGB weights), a kept Fashion-MNIST model loads
+    with ``in_chans=1`` and computes on a grey image what the 3-channel model computes on it repeated 3 times: the
+    reference is the kept model in float64, the bound float32 rounding along the network."""
+    if not (ZOO / arch).is_dir():
+        pytest.skip(f'the zoo is not kept in this checkout ({ZOO / arch} is missing)')
+    grey = timm.create_model(f'local-dir:{ZOO / arch}', pretrained=True, in_chans=1).eval()
+    rgb = timm.create_model(f'local-dir:{ZOO / arch}', pretrained=True).eval().double()
+    torch.manual_seed(0)
+    x = Normalize([0.286], [0.353])(torch.rand(4, 1, 28, 28))
+    with torch.no_grad():
+        out, reference = grey(x), rgb(x.double().expand(-1, 3, -1, -1))
+    if arch == 'resnet18_cifar':  # every convolution (an upper bound of one path), then the pooled classifier
+        lengths = [m.weight[0].numel() for m in grey.modules() if isinstance(m, nn.Conv2d)] + [16 + grey.num_features]
+    else:
+        lengths = sa_model_reduction_lengths(grey, (32 // 2) ** 2)
+    assert_network_float32_close(out, reference, lengths, f'{arch} with in_chans=1')
 
 
 def test_registered_models_do_not_pad():
@@ -85,3 +121,4 @@ def test_training_feeds_a_padding_model_the_unpadded_images():
     args.channels_last, args.rank = False, 0
     _, data_cfg = _create_model(args, None)
     assert data_cfg['input_size'] == [3, 28, 28]
+
