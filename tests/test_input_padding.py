@@ -86,6 +86,33 @@ def test_a_kept_grey_model_loads_with_one_input_channel(arch):
     assert_network_float32_close(out, reference, lengths, f'{arch} with in_chans=1')
 
 
+def _error(fn, x):
+    try:
+        fn(x)
+    except (ValueError, RuntimeError) as e:
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize('arch', list(SMALL))
+@pytest.mark.parametrize('shape', [(2, 1, 28, 28), (3, 28, 28), (2, 3, 27, 27)])
+def test_a_padded_model_checks_the_input_as_passed(arch, shape):
+    """A model that pads its input raises where the same model without the border does, about the shape passed
+    (not broadcasting one channel to three through the border, nor naming the padded size)."""
+    plain = timm.create_model(arch, **SMALL[arch]).eval()
+    padded = timm.create_model(arch, input_padding=2, input_pad_value=black_after_normalization(MEAN, STD),
+                               **SMALL[arch]).eval()
+    x = torch.randn(shape)
+    for call in ('__call__', 'forward_intermediates'):
+        expected, got = _error(getattr(plain, call), x), _error(getattr(padded, call), x)
+        assert (got is None) == (expected is None), (call, expected, got)
+        if got is None:  # timm's ResNet takes any size
+            continue
+        assert issubclass(got[0], ValueError) and str(list(shape)) in got[1], (call, got)
+        if arch.startswith('sa_'):
+            assert got == expected, call
+        else:  # torch's own errors in the plain ResNet: its convolution's channel check, or its BatchNorm's
+            assert ('channels' in got[1]) == ('channels' in expected[1]), (expected, got)
 def test_registered_models_do_not_pad():
     for arch in ('sa_quadratic_cifar', 'resnet18_cifar'):
         with torch.device('meta'):
@@ -122,3 +149,19 @@ def test_training_feeds_a_padding_model_the_unpadded_images():
     _, data_cfg = _create_model(args, None)
     assert data_cfg['input_size'] == [3, 28, 28]
 
+
+@pytest.mark.parametrize('arch', list(SMALL))
+def test_the_border_refuses_a_wrong_channel_count_in_a_graph(arch):
+    """A graph keeps no input check (timm's FX feature extraction drops the check, whose result is unused): the
+    border itself then refuses a channel count other than its own, where the unpadded model's first layer does,
+    rather than broadcasting one channel to the border's three."""
+    from timm.models import create_feature_extractor
+    node = 'blocks.0' if arch.startswith('sa_') else 'layer1'
+    plain = create_feature_extractor(timm.create_model(arch, **SMALL[arch]).eval(), [node])
+    padded = create_feature_extractor(timm.create_model(arch, input_padding=2, input_pad_value=-0.5,
+                                                        **SMALL[arch]).eval(), [node])
+    x = torch.randn(2, 1, 28, 28)
+    with pytest.raises(RuntimeError):
+        plain(x)
+    with pytest.raises(RuntimeError, match=r'shape \[2, 1, 32, 32\]'):
+        padded(x)

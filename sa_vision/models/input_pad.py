@@ -54,9 +54,11 @@ class InputPad(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         pad = [self.padding] * 4
-        # x + 0 inside and 0 + value on the border: both exact, so the inside is the input bit for bit
+        # x + 0 inside and 0 + value on the border: both exact, so the inside is the input bit for bit. In place, so
+        # that a wrong channel count fails here rather than broadcasting to the border's (also in graphs, which
+        # keep no input check)
         border = F.pad(torch.zeros_like(x[:, :1]), pad, value=1.)
-        return F.pad(x, pad) + border * self.value.to(x.dtype)
+        return F.pad(x, pad).add_(border * self.value.to(x.dtype))
 
     def extra_repr(self) -> str:
         return f'padding={self.padding}, value={self.value.flatten().tolist()}'

@@ -9,6 +9,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.resnet import BasicBlock, ResNet
 from torch import Tensor, nn
 
+from ..layers import check_image_shape
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
@@ -34,6 +35,8 @@ class InputPadConv2d(nn.Conv2d):
         self.input_pad = input_pad
 
     def forward(self, x: Tensor) -> Tensor:
+        # the border would broadcast one channel to in_channels: check the shape passed first
+        check_image_shape(x, self.in_channels, even=False)
         return self._conv_forward(self.input_pad(x), self.weight, self.bias)
 
 
