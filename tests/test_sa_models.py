@@ -289,7 +289,7 @@ def test_tracing_records_no_input_check_and_warns_nothing():
     model = small_model('sa_quadratic_cifar').eval()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        traced = torch.jit.trace(model, torch.randn(2, 3, 16, 16), check_trace=False)
+        traced = torch.jit.trace(model, torch.randn(2, 3, 16, 16))
     assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)], \
         [f'{w.filename}:{w.lineno}: {w.message}' for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     x = torch.randn(3, 3, 12, 20)
