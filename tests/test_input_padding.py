@@ -18,7 +18,7 @@ MEAN, STD = (0.2860, 0.3, 0.3530), (0.3530, 0.25, 0.3)  # per-channel values, so
 SMALL = {
     'sa_quadratic_cifar': dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
     'sa_learned_cifar': dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
-    'resnet18_cifar': dict(channels=(8, 8, 8, 8), stem_width=8),
+    'resnet18_cifar': dict(channels=(8, 8, 8, 8)),
 }
 ZOO = Path(__file__).resolve().parent.parent / 'zoo' / 'fashion-mnist-cpu'  # padded, trained on grey images
 
