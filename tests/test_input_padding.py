@@ -1,10 +1,14 @@
 """ A model that pads its own input (``input_padding``): on the unpadded image it computes what the unpadded model
 computes on the image zero-padded in pixel space (``F.pad`` with zeros, then the normalisation), so that weights
 trained on Fashion-MNIST padded 28 -> 32 take timm's standard transform of the 28x28 images """
+from pathlib import Path
+
 import pytest
 import timm
 import torch
 import torch.nn.functional as F
+from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
+from torch import nn
 from torchvision.transforms import Normalize
 
 import sa_vision  # noqa: F401
@@ -14,8 +18,9 @@ MEAN, STD = (0.2860, 0.3, 0.3530), (0.3530, 0.25, 0.3)  # per-channel values, so
 SMALL = {
     'sa_quadratic_cifar': dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
     'sa_learned_cifar': dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
-    'resnet18_cifar': dict(channels=(8, 8, 8, 8), stem_width=8),
+    'resnet18_cifar': dict(channels=(8, 8, 8, 8)),
 }
+ZOO = Path(__file__).resolve().parent.parent / 'zoo' / 'fashion-mnist-cpu'  # padded, trained on grey images
 
 
 @pytest.mark.parametrize('arch', list(SMALL))
@@ -44,12 +49,70 @@ def test_pad_value_is_black_after_torchvisions_normalize():
 
 
 def test_bad_padding_arguments_are_refused():
-    with pytest.raises(ValueError, match='input_pad_value has 2 values for 3 input channels'):
-        timm.create_model('sa_quadratic_cifar', input_padding=2, input_pad_value=[0., 0.], embed_dim=16, depth=1)
+    with pytest.raises(ValueError, match=r'input_pad_value has 2 values \[0.0, 1.0\] for 3 input channels.*'
+                                         r'pass input_pad_value=<black after your normalisation>'):
+        timm.create_model('sa_quadratic_cifar', input_padding=2, input_pad_value=[0., 1.], embed_dim=16, depth=1)
     with pytest.raises(ValueError, match='input_padding must be 0 or more'):
         timm.create_model('resnet18_cifar', input_padding=-1)
 
 
+@pytest.mark.parametrize('in_chans', [1, 3, 4])
+def test_equal_pad_values_fit_any_number_of_channels(in_chans):
+    """A grey dataset's border (equal mean and std per channel, so equal values) is one value for any in_chans."""
+    model = timm.create_model('resnet18_cifar', in_chans=in_chans, input_padding=1, input_pad_value=[-0.5] * 3,
+                              **SMALL['resnet18_cifar'])
+    x = torch.randn(2, in_chans, 4, 4)
+    expected = F.pad(x, (1, 1, 1, 1), value=-0.5)
+    assert torch.equal(model.conv1.input_pad(x), expected)
+
+
+@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'resnet18_cifar'])
+def test_a_kept_grey_model_loads_with_one_input_channel(arch):
+    """Like timm's own models (``adapt_input_conv`` sums the stem's RGB weights), a kept Fashion-MNIST model loads
+    with ``in_chans=1`` and computes on a grey image what the 3-channel model computes on it repeated 3 times: the
+    reference is the kept model in float64, the bound float32 rounding along the network."""
+    if not (ZOO / arch).is_dir():
+        pytest.skip(f'the zoo is not kept in this checkout ({ZOO / arch} is missing)')
+    grey = timm.create_model(f'local-dir:{ZOO / arch}', pretrained=True, in_chans=1).eval()
+    rgb = timm.create_model(f'local-dir:{ZOO / arch}', pretrained=True).eval().double()
+    torch.manual_seed(0)
+    x = Normalize([0.286], [0.353])(torch.rand(4, 1, 28, 28))
+    with torch.no_grad():
+        out, reference = grey(x), rgb(x.double().expand(-1, 3, -1, -1))
+    if arch == 'resnet18_cifar':  # every convolution (an upper bound of one path), then the pooled classifier
+        lengths = [m.weight[0].numel() for m in grey.modules() if isinstance(m, nn.Conv2d)] + [16 + grey.num_features]
+    else:
+        lengths = sa_model_reduction_lengths(grey, (32 // 2) ** 2)
+    assert_network_float32_close(out, reference, lengths, f'{arch} with in_chans=1')
+
+
+def _error(fn, x):
+    try:
+        fn(x)
+    except (ValueError, RuntimeError) as e:
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize('arch', list(SMALL))
+@pytest.mark.parametrize('shape', [(2, 1, 28, 28), (3, 28, 28), (2, 3, 27, 27)])
+def test_a_padded_model_checks_the_input_as_passed(arch, shape):
+    """A model that pads its input raises where the same model without the border does, about the shape passed
+    (not broadcasting one channel to three through the border, nor naming the padded size)."""
+    plain = timm.create_model(arch, **SMALL[arch]).eval()
+    padded = timm.create_model(arch, input_padding=2, input_pad_value=black_after_normalization(MEAN, STD),
+                               **SMALL[arch]).eval()
+    x = torch.randn(shape)
+    for call in ('__call__', 'forward_intermediates'):
+        expected, got = _error(getattr(plain, call), x), _error(getattr(padded, call), x)
+        assert (got is None) == (expected is None), (call, expected, got)
+        if got is None:  # timm's ResNet takes any size
+            continue
+        assert issubclass(got[0], ValueError) and str(list(shape)) in got[1], (call, got)
+        if arch.startswith('sa_'):
+            assert got == expected, call
+        else:  # torch's own errors in the plain ResNet: its convolution's channel check, or its BatchNorm's
+            assert ('channels' in got[1]) == ('channels' in expected[1]), (expected, got)
 def test_registered_models_do_not_pad():
     for arch in ('sa_quadratic_cifar', 'resnet18_cifar'):
         with torch.device('meta'):
@@ -85,3 +148,20 @@ def test_training_feeds_a_padding_model_the_unpadded_images():
     args.channels_last, args.rank = False, 0
     _, data_cfg = _create_model(args, None)
     assert data_cfg['input_size'] == [3, 28, 28]
+
+
+@pytest.mark.parametrize('arch', list(SMALL))
+def test_the_border_refuses_a_wrong_channel_count_in_a_graph(arch):
+    """A graph keeps no input check (timm's FX feature extraction drops the check, whose result is unused): the
+    border itself then refuses a channel count other than its own, where the unpadded model's first layer does,
+    rather than broadcasting one channel to the border's three."""
+    from timm.models import create_feature_extractor
+    node = 'blocks.0' if arch.startswith('sa_') else 'layer1'
+    plain = create_feature_extractor(timm.create_model(arch, **SMALL[arch]).eval(), [node])
+    padded = create_feature_extractor(timm.create_model(arch, input_padding=2, input_pad_value=-0.5,
+                                                        **SMALL[arch]).eval(), [node])
+    x = torch.randn(2, 1, 28, 28)
+    with pytest.raises(RuntimeError):
+        plain(x)
+    with pytest.raises(RuntimeError, match=r'shape \[2, 1, 32, 32\]'):
+        padded(x)

@@ -213,6 +213,18 @@ def test_resnet18_cifar_keeps_the_resolution_in_its_stem():
     assert features.feature_info.reduction() == [1, 1, 2, 4, 8]
 
 
+@pytest.mark.parametrize('stem_width', [8, 32, 64])
+def test_resnet18_cifar_stem_has_timms_plain_stem_width(stem_width):
+    """timm's plain stem has 64 channels whatever stem_width says (stem_width sizes only its deep stems): the CIFAR
+    stem keeps that width, so weights exported with a stem_width still load; timm's deep stems are refused."""
+    with torch.device('meta'):
+        ours = timm.create_model('resnet18_cifar', channels=(8, 16, 32, 64), stem_width=stem_width)
+        timms = timm.create_model('resnet18', channels=(8, 16, 32, 64), stem_width=stem_width)
+    assert ours.conv1.out_channels == ours.bn1.num_features == timms.conv1.out_channels == 64
+    with pytest.raises(ValueError, match="no stem_type 'deep'.*leave stem_type at ''"):
+        timm.create_model('resnet18_cifar', stem_type='deep', stem_width=stem_width)
+
+
 @pytest.mark.parametrize('name', SA_MODELS)
 def test_fuse_folds_value_and_proj_exactly(name):
     model = small_model(name).eval()
@@ -289,7 +301,7 @@ def test_tracing_records_no_input_check_and_warns_nothing():
     model = small_model('sa_quadratic_cifar').eval()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
-        traced = torch.jit.trace(model, torch.randn(2, 3, 16, 16), check_trace=False)
+        traced = torch.jit.trace(model, torch.randn(2, 3, 16, 16))
     assert not [w for w in caught if issubclass(w.category, torch.jit.TracerWarning)], \
         [f'{w.filename}:{w.lineno}: {w.message}' for w in caught if issubclass(w.category, torch.jit.TracerWarning)]
     x = torch.randn(3, 3, 12, 20)

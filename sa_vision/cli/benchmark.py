@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         '--reproduce-profile arguments, not --model-kwargs)')
     p.add_argument('--reproduce-profile', default='', metavar='NAME',
                    help='build every model (and compared model) as this profile of sa_vision.reproduce builds it, '
-                        'e.g. cpu: the narrow SA models and the half-width ResNet18; --model-kwargs update it')
+                        'e.g. cpu: the narrow SA models, the ResNet18 with halved stages; --model-kwargs update it')
     p.add_argument('--retain-freed-memory', action='store_true',
                    help='keep freed memory in the process (glibc mallopt) instead of page-faulting the step\'s '
                         'large tensors in again every step, as sa-vision-train does on the CPU '

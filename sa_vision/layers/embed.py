@@ -13,20 +13,22 @@ __all__ = ['SpaceToDepthEmbed', 'check_image_shape']
 
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
-def check_image_shape(x: Tensor, in_chans: int) -> None:
-    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W`` with even H, W
-    (skipped while tracing: a traced graph keeps no Python branch)."""
+def check_image_shape(x: Tensor, in_chans: int, even: bool = True) -> None:
+    """Raise a ValueError naming the expected shape unless ``x`` is ``B x in_chans x H x W``, with H and W even
+    where ``even`` (skipped while tracing: a traced graph keeps no Python branch). A model that pads its own input
+    checks it before the border: that is the shape the user passed, and a border adds an even 2 x its width."""
     if torch.jit.is_tracing():
         return
+    size = ' with H and W even' if even else ''
     if x.dim() != 4:
         raise ValueError(
-            f'expected an image batch of shape (B, {in_chans}, H, W) with H and W even, '
+            f'expected an image batch of shape (B, {in_chans}, H, W){size}, '
             f'got a {x.dim()}-D tensor of shape {list(x.shape)}; add a batch dimension with x.unsqueeze(0)')
     if x.shape[1] != in_chans:
         raise ValueError(
             f'expected {in_chans} input channels, shape (B, {in_chans}, H, W), got shape {list(x.shape)}; '
             f'create the model with in_chans={x.shape[1]} to accept this input')
-    if x.shape[2] % 2 != 0 or x.shape[3] % 2 != 0:
+    if even and (x.shape[2] % 2 != 0 or x.shape[3] % 2 != 0):
         raise ValueError(
             f'expected an even height and width (the 2x2 space-to-depth embedding), shape (B, {in_chans}, H, W), '
             f'got shape {list(x.shape)}; crop or pad the image to an even size')

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ..errors import UserError
+
 __all__ = ['InputPad', 'create_input_pad', 'black_after_normalization', 'model_input_padding']
 
 
@@ -30,12 +32,21 @@ class InputPad(nn.Module):
             padding: Pixels added on every side.
             value: The border's value, one number or one per channel, in the units of the normalised input
                 (black is :func:`black_after_normalization`).
-            in_chans: Input channels C (``value`` as a sequence has C entries).
+            in_chans: Input channels C (``value`` as a sequence has C entries, or equal ones: a grey dataset's
+                border fits any C).
         """
         super().__init__()
-        values = [float(value)] * in_chans if isinstance(value, (int, float)) else [float(v) for v in value]
+        values = [float(value)] if isinstance(value, (int, float)) else [float(v) for v in value]
+        if len(set(values)) == 1:
+            # one value (or as many equal ones as a grey dataset's channels): any in_chans, as timm's in_chans=1
+            # adapts the stem of weights saved with three
+            values = values[:1] * in_chans
         if len(values) != in_chans:
-            raise ValueError(f'input_pad_value has {len(values)} values for {in_chans} input channels')
+            raise UserError(
+                f'input_pad_value has {len(values)} values {values} for {in_chans} input channels (only equal values '
+                f'fit any channel count): pass input_pad_value=<black after your normalisation>, one value or one '
+                f'per channel, e.g. black_after_normalization(mean, std) of sa_vision.models.input_pad with the mean '
+                f'and std you normalise with')
         self.padding = int(padding)
         # not in the state dict: the weights stay those of the unpadded model
         self.register_buffer('value', torch.tensor(values, device=device, dtype=dtype).view(-1, 1, 1),
@@ -43,9 +54,11 @@ class InputPad(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         pad = [self.padding] * 4
-        # x + 0 inside and 0 + value on the border: both exact, so the inside is the input bit for bit
+        # x + 0 inside and 0 + value on the border: both exact, so the inside is the input bit for bit. In place, so
+        # that a wrong channel count fails here rather than broadcasting to the border's (also in graphs, which
+        # keep no input check)
         border = F.pad(torch.zeros_like(x[:, :1]), pad, value=1.)
-        return F.pad(x, pad) + border * self.value.to(x.dtype)
+        return F.pad(x, pad).add_(border * self.value.to(x.dtype))
 
     def extra_repr(self) -> str:
         return f'padding={self.padding}, value={self.value.flatten().tolist()}'

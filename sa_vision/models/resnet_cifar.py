@@ -9,6 +9,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models.resnet import BasicBlock, ResNet
 from torch import Tensor, nn
 
+from ..layers import check_image_shape
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
@@ -34,28 +35,38 @@ class InputPadConv2d(nn.Conv2d):
         self.input_pad = input_pad
 
     def forward(self, x: Tensor) -> Tensor:
+        # the border would broadcast one channel to in_channels: check the shape passed first
+        check_image_shape(x, self.in_channels, even=False)
         return self._conv_forward(self.input_pad(x), self.weight, self.bias)
 
 
 class CifarResNet(ResNet):
     """timm ResNet whose stem keeps the input resolution: 3x3 stride-1 conv, BN, ReLU, no max-pool.
 
+    The stem has 64 channels whatever ``stem_width`` says: timm's plain stem is 64 channels and its ``stem_width``
+    sizes only the deep stems, which this stem replaces (``stem_type`` other than '' is refused). ``stem_width`` is
+    accepted for timm compatibility and for old exports whose config.json holds it; ``channels`` sets the stages.
+
     ``input_padding`` pixels filled with ``input_pad_value`` per channel are added around the (normalised) input
     first, as in :class:`sa_vision.models.SelfAttentionNet` (``sa_vision.models.input_pad``).
     """
 
-    def __init__(self, *, in_chans: int = 3, output_stride: int = 32, input_padding: int = 0,
+    def __init__(self, *, in_chans: int = 3, output_stride: int = 32, stem_type: str = '', input_padding: int = 0,
                  input_pad_value: Union[float, Sequence[float]] = 0., device=None, dtype=None, **kwargs: Any):
         """
         Args:
             in_chans: Image channels.
             output_stride: Only 32, timm's default (the network reduces by 8 in all).
+            stem_type: Only '', timm's plain stem (the CIFAR stem replaces it; timm's deep stems are refused).
             input_padding: Pixels added on every side of the (normalised) input before the stem.
             input_pad_value: Their value, one number or one per channel.
             **kwargs: timm ``ResNet``'s arguments (``block``, ``layers``, ``num_classes``, ...).
         """
         if output_stride != 32:
             raise ValueError('CifarResNet supports only output_stride=32 (the network reduces by 8 in all)')
+        if stem_type:
+            raise ValueError(f"CifarResNet has no stem_type {stem_type!r}: its CIFAR stem (one 3x3 stride-1 conv of "
+                             f"64 channels) replaces timm's stems; leave stem_type at ''")
         super().__init__(in_chans=in_chans, device=device, dtype=dtype, **kwargs)
         stem_width = self.conv1.out_channels
         conv_args = dict(kernel_size=3, stride=1, padding=1, bias=False, device=device, dtype=dtype)

@@ -256,8 +256,8 @@ class SelfAttentionNet(nn.Module):
         are post-norm). Intermediates are ``output_fmt`` 'NCHW' or 'NHWC'."""
         if output_fmt not in ('NCHW', 'NHWC'):
             raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+        check_image_shape(x, self.in_chans)  # the shape passed, before the border (which keeps H, W even)
         x = self.input_pad(x)
-        check_image_shape(x, self.in_chans)
         intermediates = []
         take_indices, max_index = feature_take_indices(len(self.blocks), indices)
         x = self.patch_embed(x)
@@ -293,9 +293,9 @@ class SelfAttentionNet(nn.Module):
         return take_indices
 
     def forward_features(self, x: Tensor) -> Tensor:
-        """Image ``B x C x H x W`` (H, W even once padded) to the token grid ``B x H/2 x W/2 x D``."""
+        """Image ``B x C x H x W`` (H, W even) to the token grid ``B x H'/2 x W'/2 x D`` (H', W': once padded)."""
+        check_image_shape(x, self.in_chans)  # the shape passed, before the border (which keeps H, W even)
         x = self.input_pad(x)
-        check_image_shape(x, self.in_chans)
         x = self.patch_embed(x)  # H/2, W/2, B, D: the blocks work grid-major
         if self.grad_checkpointing and not torch.jit.is_scripting():
             x = checkpoint_seq(self.blocks, x)

@@ -62,8 +62,9 @@ PROFILES: Dict[str, Profile] = {
         'paper', "CIFAR-10 with the paper's recipes unchanged (300 epochs; a GPU and the CIFAR-10 download)",
         'torch/cifar10'),
     'cpu': Profile(
-        'cpu', "narrower models (embedding 64, MLP 128; the paper's 6 layers of 9 heads; ResNet18 at half width), "
-               "AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU in about 100 minutes",
+        'cpu', "narrower models (embedding 64, MLP 128; the paper's 6 layers of 9 heads; ResNet18's stages at half "
+               "width, timm's 64-channel stem), AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU in "
+               "about 100 minutes",
 # why each choice: docs/reproduction.md ("The `cpu` profile", "Choosing the profile"); torchcompile is speed only
         'fashion-mnist', common={**_FEW_EPOCHS, 'amp': 'auto', 'torchcompile': 'auto', 'batch_size': 50,
                                  'train_crop_padding': 0},
@@ -73,7 +74,7 @@ PROFILES: Dict[str, Profile] = {
             'sa_gen_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 5, 'warmup_epochs': 0.25},
             'sa_learned_cifar': {**_NARROW_SA, 'epochs': 6, 'warmup_epochs': 0.3},
             # as many epochs as the quadratic model: the comparison is at equal epochs
-            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256), 'stem_width': 32}, 'epochs': 6,
+            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256)}, 'epochs': 6,
                                'warmup_epochs': 0.3},
             # the pruned model's architecture comes from the pruned weights: only regularisation is set here
             'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'pos_lr_scale': 30.0,
@@ -97,7 +98,7 @@ PROFILES: Dict[str, Profile] = {
             'sa_quadratic_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, **_GPU_LONG},
             'sa_gen_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, **_GPU_LONG},
             'sa_learned_cifar': {**_NARROW_SA, **_GPU_LONG},
-            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256), 'stem_width': 32},
+            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256)},
                                **_GPU_LONG},
             # 10 % of the source's epochs, as in the cpu profile (1 of 5)
             'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'pos_lr_scale': 30.0,
@@ -124,7 +125,7 @@ PROFILES: Dict[str, Profile] = {
         per_model={
             **{model: {**_TINY_SA, 'epochs': 2, 'warmup_epochs': 0.1}
                for model in TRAINED_MODELS if model in SA_MODEL_ARGS},
-            'resnet18_cifar': {'model_kwargs': {'channels': (8, 16, 32, 64), 'stem_width': 8}, 'epochs': 2,
+            'resnet18_cifar': {'model_kwargs': {'channels': (8, 16, 32, 64)}, 'epochs': 2,
                                'warmup_epochs': 0.1},
             'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'epochs': 1,
                               'lr': 5e-4, 'warmup_epochs': 0.05},
