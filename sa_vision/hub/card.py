@@ -1,4 +1,4 @@
-""" Model cards: the templates ``model_cards/<arch>.md`` and the README.md of an export """
+""" Model cards: the templates ``sa_vision/model_cards/<arch>.md`` and the README.md of an export """
 import os
 import re
 from pathlib import Path
@@ -134,7 +134,7 @@ def _shipped_recipe_text(arch: str) -> str:
 
 
 def generate_model_card(arch: str) -> str:
-    """The card template ``model_cards/<arch>.md``: facts from :mod:`sa_vision.paper`, counted size, recipe."""
+    """The card template ``sa_vision/model_cards/<arch>.md``: facts of :mod:`sa_vision.paper`, counted size, recipe."""
     import timm
 
     import sa_vision  # noqa: F401
@@ -192,7 +192,7 @@ Attention: {_ATTENTION_FORMULAS[attn_kind]}.
 
 
 def write_model_cards(archs=None, out_dir: Union[str, os.PathLike] = MODEL_CARD_DIR) -> List[Path]:
-    """(Re)generate the card templates ``model_cards/<arch>.md`` (default: the paper's five models)."""
+    """(Re)generate the card templates ``sa_vision/model_cards/<arch>.md`` (default: the paper's five models)."""
     from ..paper import PAPER_RESULTS
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -63,8 +63,8 @@ PROFILES: Dict[str, Profile] = {
         'torch/cifar10'),
     'cpu': Profile(
         'cpu', "narrower models (embedding 64, MLP 128; the paper's 6 layers of 9 heads; ResNet18's stages at half "
-               "width, timm's 64-channel stem), AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU in "
-               "about 100 minutes",
+               "width, timm's 64-channel stem), AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU, "
+               "about 100 minutes in bf16 (AMX), 5-7 hours in float32",
 # why each choice: docs/reproduction.md ("The `cpu` profile", "Choosing the profile"); torchcompile is speed only
         'fashion-mnist', common={**_FEW_EPOCHS, 'amp': 'auto', 'torchcompile': 'auto', 'batch_size': 50,
                                  'train_crop_padding': 0},
