@@ -8,7 +8,7 @@ import gzip
 import os
 import zlib
 from types import MappingProxyType
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch.utils.data import Dataset
@@ -19,7 +19,7 @@ __all__ = [
     'DataSource', 'Reader', 'Checker', 'TRAIN_TEST_SPLITS', 'torchvision_held_tensors',
     'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'read_digits', 'check_digits',
     'FASHION_MNIST_DIR', 'FashionMnistDataset', 'read_fashion_mnist', 'check_fashion_mnist',
-    'read_timm', 'check_timm', 'read_image_folder', 'check_image_folder', 'image_folder_split',
+    'read_timm', 'check_timm', 'failed_download', 'read_image_folder', 'check_image_folder', 'image_folder_split',
 ]
 
 DIGITS_IMG_SIZE = 32
@@ -238,6 +238,18 @@ def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) 
             f'{source.name} is not in {source.data_dir or "the current folder"} ({str(e).strip()}). Add '
             f'--dataset-download to download it there, or point --data-dir at the folder that holds it; for '
             f"an image folder of your own (train/<class>/, validation/<class>/), pass --dataset ''") from None
+
+
+def failed_download(error: BaseException) -> Optional[Dict[str, str]]:
+    """Where torchvision's ``download_url`` was fetching when ``error`` was raised inside it (``url``, ``root``,
+    ``filename``), None when ``error`` came from elsewhere: then it is no failed download."""
+    from torchvision.datasets.utils import download_url
+    found, tb = None, error.__traceback__
+    while tb is not None:  # the innermost call of download_url on the way to the raise
+        if tb.tb_frame.f_code is download_url.__code__:
+            found = {k: os.fspath(tb.tb_frame.f_locals[k]) for k in ('url', 'root', 'filename')}
+        tb = tb.tb_next
+    return found
 
 
 def check_timm(source: DataSource, split: str, is_training: bool) -> None:
