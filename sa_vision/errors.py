@@ -4,7 +4,7 @@ import sys
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'USAGE_ERROR_STATUS', 'run_cli', 'command']
+           'USAGE_ERROR_STATUS', 'run_cli', 'command_name', 'command']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 
@@ -38,9 +38,21 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
         return USAGE_ERROR_STATUS
 
 
+def command_name(module_name: str) -> Optional[str]:
+    """The installed command (``sa-vision-train``) whose ``cli`` is in module ``module_name`` (``__main__`` under
+    ``python -m``: its spec's name), read from the package's entry points; None where none is installed."""
+    from importlib.metadata import entry_points
+    spec = getattr(sys.modules.get(module_name), '__spec__', None)
+    name = spec.name if spec is not None else module_name
+    return next((ep.name for ep in entry_points(group='console_scripts')
+                 if ep.module == name and ep.attr == 'cli'), None)
+
+
 def command(module_name: str) -> Callable[[], int]:
     """The installed command of the module ``module_name`` (``cli = command(__name__)``): its ``main`` through
     :func:`run_cli`, looked up when called, so ``python -m`` (``__main__``) and a patched ``main`` are what run."""
     def cli() -> int:
+        # argparse names the program after sys.argv[0]: under python -m that is the module's file (train.py)
+        sys.argv[0] = command_name(module_name) or sys.argv[0]
         return run_cli(sys.modules[module_name].main)
     return cli

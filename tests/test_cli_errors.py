@@ -86,6 +86,30 @@ def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
     assert 'sys.exit(cli())' in (ROOT / 'sa_vision' / 'cli' / f'{script}.py').read_text(), script  # python -m
 
 
+def _installed_commands():
+    """(module, command) of every installed command, as pyproject.toml declares them."""
+    try:
+        import tomllib
+    except ImportError:  # Python < 3.11
+        return []
+    with open(ROOT / 'pyproject.toml', 'rb') as f:
+        return sorted((value.split(':')[0], name) for name, value in tomllib.load(f)['project']['scripts'].items())
+
+
+@pytest.mark.parametrize('module, name', _installed_commands())
+@pytest.mark.filterwarnings('ignore:.*found in sys.modules after import of package:RuntimeWarning')  # runpy's, as -m
+def test_python_m_names_the_program_as_its_installed_command(module, name, monkeypatch, capsys):
+    """``python -m sa_vision.cli.train --help`` says ``usage: sa-vision-train``, not ``usage: train.py`` (argparse
+    names the program after sys.argv[0], the module's file under ``python -m``, which runpy runs as here)."""
+    import runpy
+    import sys
+    monkeypatch.setattr(sys, 'argv', ['placeholder', '--help'])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module(module, run_name='__main__', alter_sys=True)
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out.startswith(f'usage: {name} '), name
+
+
 # --- mistakes of a first hour with the commands: each one error line, status 2, no traceback -----------------------
 
 KEPT_SA = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'  # a Hub folder: embed_dim 64, depth 6

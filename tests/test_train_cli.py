@@ -3,6 +3,7 @@ recipe checks, fine-tune recipes, dataset errors, image folders of any size, one
 import json
 import logging
 import os
+import re
 import subprocess
 from contextlib import nullcontext
 from pathlib import Path
@@ -479,6 +480,50 @@ def test_train_split_message_does_not_advise_val_split(tmp_path):
     with pytest.raises(FileNotFoundError) as e:
         create_image_dataset('', 'train', is_training=True, data_dir=str(tmp_path))
     assert '--val-split' not in str(e.value) and '--train-split' in str(e.value)
+
+
+def _synonyms_named(line: str):
+    """The subfolder names the error line gives in its parentheses, as the names timm takes for the split."""
+    taken = line.split(' subfolder (', 1)[1].split(')', 1)[0]
+    return set(re.findall(r'(\w+)/', taken))
+
+
+def test_a_missing_held_out_split_names_only_timms_synonyms_and_the_flag_that_reads_a_present_one(tmp_path):
+    """The digits recipe asks for val_split 'test' (timm takes it by no other name) of a folder with train/ and
+    validation/: the error names no synonym and the --val-split that reads validation/, and that one passes."""
+    from timm.data.dataset_factory import _EVAL_SYNONYM, _TRAIN_SYNONYM
+
+    from sa_vision.train.data import check_dataset
+    imgs = tmp_path / 'imgs'
+    for split in ('train', 'validation'):
+        (imgs / split / 'cat').mkdir(parents=True)
+    line = _cli_error(['-c', 'sa_quadratic_cifar_digits', '--dataset', '', '--data-dir', str(imgs), *TINY,
+                       '--output', str(tmp_path / 'out')])
+    assert f"the image folder {imgs} has no 'test' subfolder" in line, line
+    assert 'test' not in _EVAL_SYNONYM and 'test' not in _TRAIN_SYNONYM and _synonyms_named(line) == set(), line
+    assert 'pass --val-split validation ' in line, line
+    check_dataset('', str(imgs), train_split='train', eval_split='validation')  # the advice works
+    # a folder without any held-out one: timm's other names for the split asked, no flag to pass
+    (imgs / 'validation' / 'cat').rmdir()
+    (imgs / 'validation').rmdir()
+    line = _cli_error(['--dataset', '', '--data-dir', str(imgs), *TINY, '--output', str(tmp_path / 'out')])
+    assert _synonyms_named(line) == set(_EVAL_SYNONYM) - {'validation'}, line
+    assert 'pass --val-split' not in line and 'the training images are never evaluated' in line, line
+    # a training split: timm's training synonyms, and the --train-split that reads train/
+    line = _cli_error(['--dataset', '', '--data-dir', str(imgs), '--train-split', 'fit', *TINY, '--output',
+                       str(tmp_path / 'out')])
+    assert _synonyms_named(line) == set() and 'pass --train-split train ' in line, line
+
+
+def test_validate_takes_the_val_split_the_image_folder_error_names(tmp_path, capsys):
+    from sa_vision.cli import validate
+    from sa_vision.errors import run_cli
+    (tmp_path / 'test' / 'cat').mkdir(parents=True)
+    assert run_cli(validate.main, ['--dataset', '', '--data-dir', str(tmp_path)]) == 2
+    line = capsys.readouterr().err.strip()
+    assert line.startswith(f"error: the image folder {tmp_path} has no 'validation' subfolder"), line
+    assert 'pass --val-split test ' in line, line
+    assert validate._parser().parse_args(['--val-split', 'test']).split == 'test'
 
 
 # --- image folders of any size -----------------------------------------------------------------------------

@@ -95,9 +95,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="'torch/cifar10', 'fashion-mnist', 'digits', '' (an ImageFolder); default: the "
                              "dataset the weights were trained on (their checkpoint or pretrained tag), else "
                              "'torch/cifar10'")
-    parser.add_argument('--split', default=None,
+    parser.add_argument('--split', '--val-split', default=None,
                         help="split (default: the dataset's held-out split: 'test' for torch/cifar10, fashion-mnist "
-                             "and digits, which also read it for 'validation'; 'validation' for an image folder)")
+                             "and digits, which also read it for 'validation'; 'validation' for an image folder); "
+                             "--val-split, as sa-vision-train names it, is the same")
     parser.add_argument('--dataset-download', action='store_true', default=False)
     parser.add_argument('-b', '--batch-size', type=int, default=256)
     parser.add_argument('-j', '--workers', type=int, default=None,

@@ -5,13 +5,15 @@ does not take (where it came from and the closest the model takes), the mistakes
 import difflib
 import inspect
 import re
+from contextlib import contextmanager
 from typing import List, Mapping, Optional
 
 import timm
-from timm.models import is_model, model_entrypoint
+from timm.models import is_model, model_entrypoint, parse_model_name
 from torch import nn
 
 from ..errors import UserError
+from ._pretrained import PretrainedWeightsUnavailable
 
 __all__ = ['UnknownModelError', 'model_name_hint', 'model_class', 'model_keywords', 'create_named_model']
 
@@ -76,13 +78,57 @@ def _check_number_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[
                             f'{wanted} (default {param.default!r})')
 
 
+# what the Hub client's errors for a repository it cannot read mean for a user, the most specific first
+# (GatedRepoError is a RepositoryNotFoundError, LocalEntryNotFoundError an EntryNotFoundError); names the installed
+# huggingface_hub lacks are skipped
+_HUB_ERRORS = (
+    ('OfflineModeIsEnabled', 'HF_HUB_OFFLINE is set'),
+    ('LocalEntryNotFoundError', 'the Hub could not be reached, or HF_HUB_OFFLINE is set, and the file is not in the '
+                                'local Hub cache'),
+    ('GatedRepoError', 'a gated repository: accept its conditions on the Hub and log in with hf auth login'),
+    ('RepositoryNotFoundError', 'no such repository, or a private one: check the name, or log in with hf auth login'),
+    ('RevisionNotFoundError', 'no such revision (the part after @)'),
+    ('EntryNotFoundError', 'the repository lacks a file timm reads (config.json, the weights)'),
+)
+
+
+def _hub_repo(name: str, kwargs: Mapping) -> Optional[str]:
+    """The Hub repository ``timm.create_model(name, pretrained=True, **kwargs)`` reads, None where none is named."""
+    source, model_id = parse_model_name(name)
+    if source == 'hf-hub':
+        return model_id
+    from timm.models import resolve_pretrained_cfg
+    cfg = resolve_pretrained_cfg(name, pretrained_cfg=kwargs.get('pretrained_cfg'),
+                                 pretrained_cfg_overlay=kwargs.get('pretrained_cfg_overlay'))
+    return getattr(cfg, 'hf_hub_id', None)
+
+
+@contextmanager
+def _hub_errors(name: str, kwargs: Mapping):
+    """The Hub client's "cannot reach / not found / not cached" errors for an ``hf-hub:`` name or pretrained
+    weights as one :class:`PretrainedWeightsUnavailable` naming the repository and what to do."""
+    from huggingface_hub import errors
+    known = [(getattr(errors, n), meaning) for n, meaning in _HUB_ERRORS if hasattr(errors, n)]
+    try:
+        yield
+    except tuple(cls for cls, _ in known) as e:
+        meaning = next(m for cls, m in known if isinstance(e, cls))
+        repo = _hub_repo(name, kwargs)
+        raise PretrainedWeightsUnavailable(
+            f'{name}: the Hugging Face Hub repository {repo or "of its weights"!r} could not be read '
+            f'({type(e).__name__}: {meaning}). Connect to the network with HF_HUB_OFFLINE unset, or set '
+            f'HF_HUB_CACHE to a cache that holds it, or copy its files (config.json, model.safetensors) into a '
+            f'folder and name that local-dir:<folder>') from e
+
+
 def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Optional[Mapping[str, str]] = None,
                        **kwargs) -> nn.Module:
     """``timm.create_model(name, pretrained, **kwargs)``; ``kwargs_sources`` says where each keyword came from
     (``--model-kwargs`` where it does not), for the error of a keyword the model does not take."""
     _check_number_keywords(name, kwargs, kwargs_sources)
     try:
-        return timm.create_model(name, pretrained=pretrained, **kwargs)
+        with _hub_errors(name, kwargs):
+            return timm.create_model(name, pretrained=pretrained, **kwargs)
     except RuntimeError as e:
         unknown = _UNKNOWN_MODEL.search(str(e))
         if not unknown:

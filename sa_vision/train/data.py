@@ -6,6 +6,7 @@ of ``datasets.py`` it is read with. A timm ``<type>/<name>`` and an image folder
 follow the paper's CIFAR-10 recipe (Sec. 4). """
 import os
 from dataclasses import dataclass, field, replace
+from http.client import HTTPException
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -23,6 +24,7 @@ from .datasets import (
     check_fashion_mnist,
     check_image_folder,
     check_timm,
+    failed_download,
     image_folder_split,
     read_digits,
     read_fashion_mnist,
@@ -178,10 +180,11 @@ def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tu
 
 def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> Optional[List[str]]:
     """The class subfolders of an image folder's ``split`` (``<split>/<class>/<image>``, timm's layout), in
-    timm's label order; None for a named dataset (its classes are fixed) or a timm ``<type>/<name>``."""
-    info, source = _dataset_source(dataset, data_dir, download=False)
-    if not info.is_image_folder:
+    timm's label order; None for a named dataset (its classes are fixed) or a timm ``<type>/<name>``, whose
+    folder is not looked at here: --dataset-download may yet create it."""
+    if not dataset_info(dataset).is_image_folder:
         return None
+    info, source = _dataset_source(dataset, data_dir, download=False)
     folder = image_folder_split(source.data_dir, split, is_training=True)
     return sorted(e.name for e in os.scandir(folder) if e.is_dir())
 
@@ -211,12 +214,29 @@ def create_image_dataset(
     """A dataset with the paper's transform attached: 'digits', 'fashion-mnist', a timm name such as
     'torch/cifar10', or '' for an ImageFolder in ``data_dir``; ``mean`` / ``std`` None: the dataset's own."""
     info, source = _dataset_source(dataset, data_dir, download)
-    ds = info.read(source, split, is_training, img_size)
+    try:
+        ds = info.read(source, split, is_training, img_size)
+    except (OSError, HTTPException, RuntimeError) as e:  # RuntimeError: torchvision's check of what it fetched
+        target = failed_download(e) if source.download else None
+        if target is None:
+            raise
+        raise DatasetError(_download_failure(info, target, e)) from e
     ds.transform = create_cifar_transform(
         is_training, img_size=img_size, crop_padding=crop_padding, hflip=hflip,
         mean=info.mean if mean is None else mean, std=info.std if std is None else std,
         tensor_input=info.tensor_images)
     return ds
+
+
+def _download_failure(info: DatasetInfo, target: Mapping[str, str], error: BaseException) -> str:
+    """What failed in a --dataset-download (the dataset, the file, why) and how to do without it."""
+    reason = ' '.join(f'{type(error).__name__}: {error}'.split())
+    offline = ', '.join(f'--dataset {e.name}' for e in _ENTRIES if not e.downloads)
+    return (f'downloading {info.name} from {target["url"]} into {target["root"]} failed ({reason}). Download that '
+            f'file elsewhere, copy it to {os.path.join(target["root"], target["filename"])} and run the same command: '
+            f'torchvision checks that file and uses it (unpacked where needed) instead of downloading it. Or use a '
+            f"dataset read without a network: {offline}, or an image folder of your own (--dataset '' --data-dir "
+            f'<folder>)')
 
 
 def held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:

@@ -8,7 +8,7 @@ import gzip
 import os
 import zlib
 from types import MappingProxyType
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import Callable, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from torch.utils.data import Dataset
@@ -19,7 +19,7 @@ __all__ = [
     'DataSource', 'Reader', 'Checker', 'TRAIN_TEST_SPLITS', 'torchvision_held_tensors',
     'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'read_digits', 'check_digits',
     'FASHION_MNIST_DIR', 'FashionMnistDataset', 'read_fashion_mnist', 'check_fashion_mnist',
-    'read_timm', 'check_timm', 'read_image_folder', 'check_image_folder', 'image_folder_split',
+    'read_timm', 'check_timm', 'failed_download', 'read_image_folder', 'check_image_folder', 'image_folder_split',
 ]
 
 DIGITS_IMG_SIZE = 32
@@ -191,21 +191,31 @@ class FashionMnistDataset(Dataset):
 
 
 def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
-    """The subfolder of an image folder that holds ``split`` (timm's synonyms: val/valid/validation/eval/...)."""
-    from timm.data.dataset_factory import _search_split
+    """The subfolder of an image folder that holds ``split``, as timm's ``_search_split`` finds it (by its name or
+    a synonym from timm's tables); a missing one raises naming the synonyms timm would have taken and the flag that
+    reads a subfolder of the kind asked for (training or held-out) where one is present."""
+    from timm.data.dataset_factory import _EVAL_SYNONYM, _TRAIN_SYNONYM, _search_split
     folder = _search_split(root, split)
-    if os.path.normpath(folder) == os.path.normpath(root):
-        found = sorted(e.name for e in os.scandir(root) if e.is_dir()) if os.path.isdir(root) else []
-        if is_training:
-            advice = 'or name the training folder with --train-split'
-        else:
-            advice = ('or name the held-out folder with --val-split; the training images are never evaluated as a '
-                      'held-out split')
-        raise DatasetNotFoundError(
-            f'the image folder {root} has no {split!r} subfolder (nor a synonym such as val/, validation/, eval/ '
-            f'or train/); its subfolders are {found}. Put the {split} images in {os.path.join(root, split)}/<class>/ '
-            f'{advice}')
-    return folder
+    if os.path.normpath(folder) != os.path.normpath(root):
+        return folder
+    found = sorted(e.name for e in os.scandir(root) if e.is_dir()) if os.path.isdir(root) else []
+    name = split.split('[')[0]  # as timm reads a split such as 'train[:90%]'
+    synonyms = [s for table in (_TRAIN_SYNONYM, _EVAL_SYNONYM) if name in table for s in table if s != name]
+    taken = (f'nor {", ".join(s + "/" for s in synonyms)}, which timm takes for it' if synonyms else
+             f'timm takes no other name for {name!r}')
+    flag = '--train-split' if is_training else '--val-split'
+    # the subfolders of the kind asked for: training ones, or held-out ones (timm's and the fixed-split datasets')
+    kind = set(_TRAIN_SYNONYM) if is_training else set(_EVAL_SYNONYM) | (set(TRAIN_TEST_SPLITS) - {'train'})
+    usable = [f for f in found if f in kind]
+    if usable:
+        advice = f'pass {flag} {usable[0]}' + (f' (or {", ".join(usable[1:])})' if usable[1:] else '') + \
+            f' to read {os.path.join(root, usable[0])}/'
+    else:
+        advice = (f'put the {split} images in {os.path.join(root, split)}/<class>/ or name the folder that holds '
+                  f'them with {flag}' + ('' if is_training else '; the training images are never evaluated as a '
+                                                                 'held-out split'))
+    raise DatasetNotFoundError(f'the image folder {root} has no {split!r} subfolder ({taken}); its subfolders '
+                               f'are {found}: {advice}')
 
 
 def read_digits(source: DataSource, split: str, is_training: bool, img_size: int) -> DigitsDataset:
@@ -238,6 +248,18 @@ def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) 
             f'{source.name} is not in {source.data_dir or "the current folder"} ({str(e).strip()}). Add '
             f'--dataset-download to download it there, or point --data-dir at the folder that holds it; for '
             f"an image folder of your own (train/<class>/, validation/<class>/), pass --dataset ''") from None
+
+
+def failed_download(error: BaseException) -> Optional[Dict[str, str]]:
+    """Where torchvision's ``download_url`` was fetching when ``error`` was raised inside it (``url``, ``root``,
+    ``filename``), None when ``error`` came from elsewhere: then it is no failed download."""
+    from torchvision.datasets.utils import download_url
+    found, tb = None, error.__traceback__
+    while tb is not None:  # the innermost call of download_url on the way to the raise
+        if tb.tb_frame.f_code is download_url.__code__:
+            found = {k: os.fspath(tb.tb_frame.f_locals[k]) for k in ('url', 'root', 'filename')}
+        tb = tb.tb_next
+    return found
 
 
 def check_timm(source: DataSource, split: str, is_training: bool) -> None:
