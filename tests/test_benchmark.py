@@ -171,7 +171,7 @@ def test_cli_compare_with_a_model_built_as_a_reproduction_profile_builds_it(tmp_
     count = lambda m: sum(p.numel() for p in m.parameters())
     assert sa['param_count'] == count(timm.create_model(
         'sa_quadratic_cifar', embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32))
-    assert resnet['param_count'] == count(timm.create_model('resnet18_cifar', channels=(8, 16, 32, 64), stem_width=8))
+    assert resnet['param_count'] == count(timm.create_model('resnet18_cifar', channels=(8, 16, 32, 64)))
     assert resnet['train_ratio'] > 0
 
 
@@ -414,7 +414,7 @@ def test_compiled_steps_keep_no_tensor_of_theirs_in_the_model(compare):
     tensor output of CUDAGraphs that has been overwritten"); dynamo's 'eager' backend shows it without a GPU.
     Steady calls reuse their graphs (a second graph per call would be recorded again each time)."""
     compare_kwargs = {'vit_peer': dict(embed_dim=12, depth=1, num_heads=3),
-                      'resnet18_cifar': dict(stem_width=8, channels=(8, 16, 32, 64))}
+                      'resnet18_cifar': dict(channels=(8, 16, 32, 64))}
     torch.manual_seed(0)
     variants = sab.build_variants('sa_quadratic_cifar', [] if compare == 'self' else [compare],
                                   compare_kwargs=compare_kwargs, input_size=(3, 8, 8), **TINY)

@@ -51,7 +51,7 @@ def small_model(name: str, **kwargs) -> nn.Module:
         if 'heads_per_layer' in SA_MODEL_ARGS[name]:
             kwargs['heads_per_layer'] = tuple(SA_MODEL_ARGS[name]['heads_per_layer'][:2])
     else:
-        kwargs = dict(stem_width=8, channels=(8, 16, 32, 64), **kwargs)
+        kwargs = dict(channels=(8, 16, 32, 64), **kwargs)
     return timm.create_model(name, **kwargs)
 
 

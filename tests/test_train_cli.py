@@ -303,7 +303,7 @@ def test_auto_releases_the_cuda_graphs_of_a_choice_it_does_not_keep(monkeypatch,
 
 def test_time_training_steps_leaves_weights_statistics_and_rng_as_they_were():
     import timm
-    model = timm.create_model('resnet18_cifar', channels=(4, 8, 8, 8), stem_width=4, drop_rate=0.5)
+    model = timm.create_model('resnet18_cifar', channels=(4, 8, 8, 8), drop_rate=0.5)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     images, targets = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     rng = torch.get_rng_state()

@@ -128,9 +128,9 @@ def _unavailable_message(variant: str, hf_hub_id: Optional[str], reason: str) ->
     return (
         f'pretrained weights for {variant} could not be fetched from the Hugging Face Hub repository '
         f'{hf_hub_id!r} ({reason}). Make them yourself: {_train_advice(variant.split(".")[0])}; '
-        f"or load local weights: timm.create_model('local-dir:<exported folder>', pretrained=True) or "
-        f"timm.create_model('{variant}', pretrained=True, "
-        f"pretrained_cfg_overlay=dict(file='<folder>/model.safetensors'))")
+        f"or load local weights: timm.create_model('local-dir:<exported folder>', pretrained=True) (it builds the "
+        f"architecture the folder's config.json names), or, for weights of {variant}'s own configuration, "
+        f"timm.create_model('{variant}', pretrained=True, pretrained_cfg_overlay=dict(file='<file>.safetensors'))")
 
 
 def _resolved_cfg(variant: str, pretrained_cfg=None, pretrained_cfg_overlay=None) -> Dict[str, Any]:
