@@ -223,6 +223,9 @@ def test_resnet18_cifar_stem_has_timms_plain_stem_width(stem_width):
     assert ours.conv1.out_channels == ours.bn1.num_features == timms.conv1.out_channels == 64
     with pytest.raises(ValueError, match="no stem_type 'deep'.*leave stem_type at ''"):
         timm.create_model('resnet18_cifar', stem_type='deep', stem_width=stem_width)
+    # timm's replace_stem_pool swaps the ImageNet stem's max-pool for a strided conv: the CIFAR stem has neither
+    with pytest.raises(ValueError, match='no stem pool to replace'):
+        timm.create_model('resnet18_cifar', replace_stem_pool=True)
 
 
 @pytest.mark.parametrize('name', SA_MODELS)

@@ -51,13 +51,15 @@ class CifarResNet(ResNet):
     first, as in :class:`sa_vision.models.SelfAttentionNet` (``sa_vision.models.input_pad``).
     """
 
-    def __init__(self, *, in_chans: int = 3, output_stride: int = 32, stem_type: str = '', input_padding: int = 0,
+    def __init__(self, *, in_chans: int = 3, output_stride: int = 32, stem_type: str = '',
+                 replace_stem_pool: bool = False, input_padding: int = 0,
                  input_pad_value: Union[float, Sequence[float]] = 0., device=None, dtype=None, **kwargs: Any):
         """
         Args:
             in_chans: Image channels.
             output_stride: Only 32, timm's default (the network reduces by 8 in all).
             stem_type: Only '', timm's plain stem (the CIFAR stem replaces it; timm's deep stems are refused).
+            replace_stem_pool: Only False: the CIFAR stem has no pool for timm to replace with a strided conv.
             input_padding: Pixels added on every side of the (normalised) input before the stem.
             input_pad_value: Their value, one number or one per channel.
             **kwargs: timm ``ResNet``'s arguments (``block``, ``layers``, ``num_classes``, ...).
@@ -67,6 +69,9 @@ class CifarResNet(ResNet):
         if stem_type:
             raise ValueError(f"CifarResNet has no stem_type {stem_type!r}: its CIFAR stem (one 3x3 stride-1 conv of "
                              f"64 channels) replaces timm's stems; leave stem_type at ''")
+        if replace_stem_pool:
+            raise ValueError("CifarResNet has no stem pool to replace (its stem keeps the input resolution, no "
+                             "max-pool): leave replace_stem_pool at False")
         super().__init__(in_chans=in_chans, device=device, dtype=dtype, **kwargs)
         stem_width = self.conv1.out_channels
         conv_args = dict(kernel_size=3, stride=1, padding=1, bias=False, device=device, dtype=dtype)
