@@ -39,6 +39,10 @@ def _hub_error(name: str) -> Exception:
 def hub_fails(monkeypatch):
     """Make timm's downloads from the Hub raise ``error``; the repositories asked for are recorded."""
     import timm.models._hub as timm_hub
+
+    from sa_vision.models import _pretrained
+    # the Hub answers its probe, then the download fails
+    monkeypatch.setattr(_pretrained, '_probe_hub', lambda url, timeout: None)
     asked = []
 
     def fail_with(error):
@@ -85,6 +89,23 @@ def test_every_command_resolving_a_model_name_says_so(script, argv, hub_fails, t
     line = _one_error_line(script, [a.replace('{tmp}', str(tmp_path)) for a in argv], capsys)
     assert asked and f"repository '{asked[0]}' could not be read (LocalEntryNotFoundError" in line, line
     assert not (tmp_path / 'out').exists()
+
+
+def test_an_unreachable_hub_fails_at_once_without_waiting_for_retries(hub_fails, monkeypatch, capsys):
+    """Without HF_HUB_OFFLINE and with nothing cached, huggingface_hub retries for about a minute before its
+    LocalEntryNotFoundError: one bounded request that gets no answer ends it first, and nothing is downloaded."""
+    from huggingface_hub import constants
+
+    from sa_vision.models import _pretrained
+    asked = hub_fails(_hub_error('LocalEntryNotFoundError'))
+    probed = []
+    monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', False)
+    monkeypatch.setattr(_pretrained, '_probe_hub', lambda url, timeout: probed.append(url) or 'ConnectError: no route')
+    line = _one_error_line(validate, ['--model', NAME, '--dataset', 'digits'], capsys)
+    assert asked == [] and len(probed) == 1 and probed[0].endswith(f'{REPO}/resolve/main/config.json'), probed
+    assert line.startswith(f"error: {NAME}: the Hugging Face Hub repository '{REPO}' could not be read (the Hub at "
+                           f'{constants.ENDPOINT} could not be reached (ConnectError: no route) and its config.json '
+                           f'is not in the local Hub cache'), line
 
 
 def test_other_errors_of_the_hub_client_keep_their_traceback(hub_fails):

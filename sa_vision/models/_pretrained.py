@@ -8,7 +8,7 @@ Uncached, the factories first ask the Hub once, bounded by ``HUB_PROBE_TIMEOUT``
 (docs/training.md, "`pretrained=True` without a network"). No global setting is changed.
 """
 from contextlib import contextmanager
-from typing import Any, Dict, FrozenSet, Optional
+from typing import Any, Dict, FrozenSet, Optional, Sequence
 
 from ..errors import UserError
 
@@ -64,31 +64,41 @@ def _probe_hub(url: str, timeout: float) -> Optional[str]:
     return None
 
 
-def _fail_fast_if_hub_unreachable(variant: str, cfg: Dict[str, Any], cache_dir=None) -> None:
-    """Raise ``PretrainedWeightsUnavailable`` after one bounded request when timm would download uncached weights
-    from a Hub that does not answer (huggingface_hub would retry for about a minute first)."""
+def hub_unreachable(repo: str, files: Sequence[str], cache_dir=None, what: str = 'the files are') -> Optional[str]:
+    """Why a download of ``files`` (the first one probed) from the Hub repository ``repo`` (``id[@revision]``)
+    would fail only after huggingface_hub's retries (about a minute): none of them is cached and the Hub did not
+    answer one bounded request. None where it answers at once: offline mode, a cached file, a Hub that answers."""
     from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
-    from timm.models._builder import _resolve_pretrained_source  # where timm's load_pretrained takes them from
-    from timm.models._hub import _get_safe_alternatives  # the files timm asks for, safetensors first
-    load_from, location = _resolve_pretrained_source(cfg)
-    if load_from != 'hf-hub' or constants.HF_HUB_OFFLINE:
-        return  # not a Hub download, or huggingface_hub answers from the cache alone
-    hub_id, filename = location if isinstance(location, tuple) else (location, 'pytorch_model.bin')
-    repo_id, _, revision = hub_id.partition('@')  # timm's hf_split
+    if constants.HF_HUB_OFFLINE:
+        return None  # huggingface_hub answers from the cache alone
+    repo_id, _, revision = repo.partition('@')  # timm's hf_split
     revision = revision or None
-    files = [*_get_safe_alternatives(filename), filename]
     if any(isinstance(try_to_load_from_cache(repo_id, f, cache_dir=cache_dir, revision=revision), str)
            for f in files):
-        return
+        return None
     timeout = HUB_PROBE_TIMEOUT
     if constants.HF_HUB_ETAG_TIMEOUT != constants.DEFAULT_ETAG_TIMEOUT:
         timeout = float(constants.HF_HUB_ETAG_TIMEOUT)
     reason = _probe_hub(hf_hub_url(repo_id, files[0], revision=revision), timeout)
+    if reason is None:
+        return None
+    return (f'the Hub at {constants.ENDPOINT} could not be reached ({reason}) and {what} not in the local Hub '
+            f'cache ({cache_dir or constants.HF_HUB_CACHE})')
+
+
+def _fail_fast_if_hub_unreachable(variant: str, cfg: Dict[str, Any], cache_dir=None) -> None:
+    """Raise ``PretrainedWeightsUnavailable`` after one bounded request when timm would download uncached weights
+    from a Hub that does not answer (:func:`hub_unreachable`)."""
+    from timm.models._builder import _resolve_pretrained_source  # where timm's load_pretrained takes them from
+    from timm.models._hub import _get_safe_alternatives  # the files timm asks for, safetensors first
+    load_from, location = _resolve_pretrained_source(cfg)
+    if load_from != 'hf-hub':
+        return
+    hub_id, filename = location if isinstance(location, tuple) else (location, 'pytorch_model.bin')
+    reason = hub_unreachable(hub_id, [*_get_safe_alternatives(filename), filename], cache_dir, 'the weights are')
     if reason is not None:
         raise PretrainedWeightsUnavailable(_unavailable_message(
-            variant, hub_id, f'the Hub at {constants.ENDPOINT} could not be reached ({reason}) and the weights are '
-            f'not in the local Hub cache ({cache_dir or constants.HF_HUB_CACHE}); connect to the network, or set '
-            f'HF_HUB_CACHE to a cache that holds them'))
+            variant, hub_id, f'{reason}; connect to the network, or set HF_HUB_CACHE to a cache that holds them'))
 
 
 def training_commands(arch: str) -> str:

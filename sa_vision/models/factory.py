@@ -13,7 +13,7 @@ from timm.models import is_model, model_entrypoint, parse_model_name
 from torch import nn
 
 from ..errors import UserError
-from ._pretrained import PretrainedWeightsUnavailable
+from ._pretrained import PretrainedWeightsUnavailable, hub_unreachable
 
 __all__ = ['UnknownModelError', 'model_name_hint', 'model_class', 'model_keywords', 'create_named_model']
 
@@ -103,22 +103,31 @@ def _hub_repo(name: str, kwargs: Mapping) -> Optional[str]:
     return getattr(cfg, 'hf_hub_id', None)
 
 
+def _unreadable_repo(name: str, repo: Optional[str], why: str) -> PretrainedWeightsUnavailable:
+    return PretrainedWeightsUnavailable(
+        f'{name}: the Hugging Face Hub repository {repo or "of its weights"!r} could not be read ({why}). Connect to '
+        f'the network with HF_HUB_OFFLINE unset, or set HF_HUB_CACHE to a cache that holds it, or copy its files '
+        f'(config.json, model.safetensors) into a folder and name that local-dir:<folder>')
+
+
 @contextmanager
 def _hub_errors(name: str, kwargs: Mapping):
     """The Hub client's "cannot reach / not found / not cached" errors for an ``hf-hub:`` name or pretrained
-    weights as one :class:`PretrainedWeightsUnavailable` naming the repository and what to do."""
+    weights as one :class:`PretrainedWeightsUnavailable` naming the repository and what to do; an ``hf-hub:``
+    name whose config.json is not cached fails after one bounded request to a Hub that does not answer, not
+    after huggingface_hub's minute of retries."""
     from huggingface_hub import errors
+    source, repo = parse_model_name(name)
+    if source == 'hf-hub':
+        reason = hub_unreachable(repo, ['config.json'], kwargs.get('cache_dir'), 'its config.json is')
+        if reason is not None:
+            raise _unreadable_repo(name, repo, reason)
     known = [(getattr(errors, n), meaning) for n, meaning in _HUB_ERRORS if hasattr(errors, n)]
     try:
         yield
     except tuple(cls for cls, _ in known) as e:
         meaning = next(m for cls, m in known if isinstance(e, cls))
-        repo = _hub_repo(name, kwargs)
-        raise PretrainedWeightsUnavailable(
-            f'{name}: the Hugging Face Hub repository {repo or "of its weights"!r} could not be read '
-            f'({type(e).__name__}: {meaning}). Connect to the network with HF_HUB_OFFLINE unset, or set '
-            f'HF_HUB_CACHE to a cache that holds it, or copy its files (config.json, model.safetensors) into a '
-            f'folder and name that local-dir:<folder>') from e
+        raise _unreadable_repo(name, _hub_repo(name, kwargs), f'{type(e).__name__}: {meaning}') from e
 
 
 def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Optional[Mapping[str, str]] = None,
