@@ -37,11 +37,13 @@ def _run(main, argv, capsys):
     (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
     (validate, ['--model', 'local-dir:{tmp}/missing', '--dataset', 'digits'], 'missing is not a folder'),
     (validate, ['--checkpoint', 'sa_quadratic_cifar', '--dataset', 'digits'], 'sa_quadratic_cifar does not exist'),
+    (validate, ['--model', 'resnet18_cifar', '--model-kwargs', 'stem_type=deep', '--dataset', 'digits'],
+     "CifarResNet has no stem_type 'deep'"),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'prune-missing-file',
         'prune-learned-without-heads',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
         'validate-unknown-model',
-        'validate-missing-local-dir', 'validate-name-as-checkpoint'])
+        'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
     status, err = _run(script.main, [a.replace('{tmp}', str(tmp_path)) for a in argv], capsys)
     assert status == 2, err

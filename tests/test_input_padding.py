@@ -165,3 +165,19 @@ def test_the_border_refuses_a_wrong_channel_count_in_a_graph(arch):
         plain(x)
     with pytest.raises(RuntimeError, match=r'shape \[2, 1, 32, 32\]'):
         padded(x)
+
+
+def test_plain_fx_traces_a_padded_resnet_with_its_input_check():
+    """torch.fx.symbolic_trace of a padded ResNet (the kept zoo's, torchvision's feature extraction): the input
+    check stays one call in the graph, which computes what the model computes and still refuses a wrong channel
+    count."""
+    from torchvision.models.feature_extraction import create_feature_extractor
+    model = timm.create_model('local-dir:' + str(ZOO / 'resnet18_cifar'), pretrained=True).eval()
+    graph = torch.fx.symbolic_trace(model)
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(graph(x), model(x))
+        assert torch.equal(create_feature_extractor(model, ['layer1'])(x)['layer1'], model.layer1(model.act1(
+            model.bn1(model.conv1(x)))))
+    with pytest.raises(ValueError, match=r'expected 3 input channels.*got shape \[2, 1, 28, 28\]'):
+        graph(torch.randn(2, 1, 28, 28))

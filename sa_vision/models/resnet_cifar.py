@@ -5,16 +5,22 @@ max-pool.
 """
 from typing import Any, Dict, Optional, Sequence, Union
 
+import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models.resnet import BasicBlock, ResNet
 from torch import Tensor, nn
 
+from ..errors import UserError
 from ..layers import check_image_shape
 from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
 
 __all__ = ['CifarResNet', 'InputPadConv2d', 'infer_cifar_resnet_args']
+
+# plain torch.fx keeps the input check as one call, as timm's FX tracer does (register_notrace_function): its
+# branches on the input's shape cannot be traced
+torch.fx.wrap('check_image_shape')
 
 # the ImageNet stem (7x7 stride 2 + max-pool) reduces by 4 before the first stage; this one by 1
 _IMAGENET_STEM_REDUCTION = 4
@@ -65,12 +71,12 @@ class CifarResNet(ResNet):
             **kwargs: timm ``ResNet``'s arguments (``block``, ``layers``, ``num_classes``, ...).
         """
         if output_stride != 32:
-            raise ValueError('CifarResNet supports only output_stride=32 (the network reduces by 8 in all)')
+            raise UserError('CifarResNet supports only output_stride=32 (the network reduces by 8 in all)')
         if stem_type:
-            raise ValueError(f"CifarResNet has no stem_type {stem_type!r}: its CIFAR stem (one 3x3 stride-1 conv of "
+            raise UserError(f"CifarResNet has no stem_type {stem_type!r}: its CIFAR stem (one 3x3 stride-1 conv of "
                              f"64 channels) replaces timm's stems; leave stem_type at ''")
         if replace_stem_pool:
-            raise ValueError("CifarResNet has no stem pool to replace (its stem keeps the input resolution, no "
+            raise UserError("CifarResNet has no stem pool to replace (its stem keeps the input resolution, no "
                              "max-pool): leave replace_stem_pool at False")
         super().__init__(in_chans=in_chans, device=device, dtype=dtype, **kwargs)
         stem_width = self.conv1.out_channels
