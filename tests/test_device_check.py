@@ -364,3 +364,13 @@ def test_the_gpu_scripts_print_their_help(name, capsys):
     with pytest.raises(SystemExit) as exit_:
         script.main(['--help'])
     assert exit_.value.code == 0 and '--budget-s' in capsys.readouterr().out
+
+
+def test_gpu_long_evaluations_leave_a_core_per_training_and_never_take_more_threads_than_asked():
+    spec = importlib.util.spec_from_file_location('zoo_gpu_long', SCRIPT.with_name('zoo_gpu_long.py'))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.evaluation_threads(16, 16, 4) == 12  # the GPU machine: 16 cores, 4 stages at a time
+    assert script.evaluation_threads(2, 16, 4) == 2  # OMP_NUM_THREADS=2 is kept
+    assert script.evaluation_threads(16, 4, 4) == script.evaluation_threads(16, 2, 4) == 1
+

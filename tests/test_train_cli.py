@@ -673,3 +673,17 @@ def test_threads_default_is_torchs_capped_at_the_cores_of_this_process(monkeypat
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_the_image_folder_error_names_the_commands_that_take_its_flag(tmp_path, capsys):
+    """sa-vision-explore reads an image folder's own held-out split and has no --val-split: the advice names the
+    commands that take the flag, and renaming the folder, which every command reads."""
+    from sa_vision.cli import explore
+    from sa_vision.errors import run_cli
+    (tmp_path / 'imgs' / 'test' / 'cat').mkdir(parents=True)
+    argv = ['sa_quadratic_cifar', '--no-pretrained', '--dataset', '', '--data-dir', str(tmp_path / 'imgs'),
+            '--out', str(tmp_path / 'page.html')]
+    assert run_cli(explore.main, argv) == 2
+    line = capsys.readouterr().err.strip()
+    assert ('pass --val-split test to read ' in line and '(sa-vision-train, sa-vision-validate), or rename that '
+            'folder validation/' in line), line

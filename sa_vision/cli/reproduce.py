@@ -1,7 +1,6 @@
 """ The zoo, reproduced: train the four models, prune and fine-tune the fifth, evaluate, export (and publish)
 
-    # 2-core CPU, offline: narrower models on Fashion-MNIST (Debian's dataset-fashion-mnist), about 100 minutes
-    # in bf16 (AMX), 5-7 hours in float32
+    # 2-core CPU, offline: narrower models on Fashion-MNIST (Debian's dataset-fashion-mnist); times: --profile below
     sa-vision-reproduce --profile cpu --out output/reproduce-fmnist
     # the paper: CIFAR-10 with the recipes unchanged, on a GPU
     sa-vision-reproduce --profile paper --data-dir data --dataset-download --out output/reproduce-cifar10

@@ -105,7 +105,8 @@ def _hub_repo(name: str, kwargs: Mapping) -> Optional[str]:
 
 def _unreadable_repo(name: str, repo: Optional[str], why: str) -> PretrainedWeightsUnavailable:
     return PretrainedWeightsUnavailable(
-        f'{name}: the Hugging Face Hub repository {repo or "of its weights"!r} could not be read ({why}). Connect to '
+        f'{name}: the Hugging Face Hub repository {repr(repo) if repo else "of its weights"} could not be read '
+        f'({why}). Connect to '
         f'the network with HF_HUB_OFFLINE unset, or set HF_HUB_CACHE to a cache that holds it, or copy its files '
         f'(config.json, model.safetensors) into a folder and name that local-dir:<folder>')
 

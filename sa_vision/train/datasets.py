@@ -203,13 +203,15 @@ def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
     synonyms = [s for table in (_TRAIN_SYNONYM, _EVAL_SYNONYM) if name in table for s in table if s != name]
     taken = (f'nor {", ".join(s + "/" for s in synonyms)}, which timm takes for it' if synonyms else
              f'timm takes no other name for {name!r}')
-    flag = '--train-split' if is_training else '--val-split'
+    # the commands that take the flag (sa-vision-explore and sa-vision-reproduce read the dataset's own splits)
+    flag = '--train-split (sa-vision-train)' if is_training else '--val-split (sa-vision-train, sa-vision-validate)'
     # the subfolders of the kind asked for: training ones, or held-out ones (timm's and the fixed-split datasets')
     kind = set(_TRAIN_SYNONYM) if is_training else set(_EVAL_SYNONYM) | (set(TRAIN_TEST_SPLITS) - {'train'})
     usable = [f for f in found if f in kind]
     if usable:
-        advice = f'pass {flag} {usable[0]}' + (f' (or {", ".join(usable[1:])})' if usable[1:] else '') + \
-            f' to read {os.path.join(root, usable[0])}/'
+        flag, commands = flag.split(' ', 1)
+        advice = (f'pass {flag} {usable[0]}' + (f' (or {", ".join(usable[1:])})' if usable[1:] else '') +
+                  f' to read {os.path.join(root, usable[0])}/ {commands}, or rename that folder {split}/')
     else:
         advice = (f'put the {split} images in {os.path.join(root, split)}/<class>/ or name the folder that holds '
                   f'them with {flag}' + ('' if is_training else '; the training images are never evaluated as a '

@@ -52,6 +52,13 @@ def estimate_s(reproduction: Reproduction, model: str) -> float:
     return STAGE_OVERHEAD_S + epochs * TRAIN_IMAGES / IMAGES_PER_S[model]
 
 
+def evaluation_threads(asked: int, cores: int, parallel: int) -> int:
+    """The threads the parent evaluates with while ``parallel`` stages train: a core left to each training's host
+    loop, whose launches bound the narrow models' steps, and never more than ``asked`` (torch's count: the guard
+    after the trainings takes those)."""
+    return max(1, min(asked, cores - parallel))
+
+
 def pack(staged: StagedZoo, out: Path, with_guard: bool = False) -> Path:
     """``out/zoo.tar``: the table as it is now, the folders of the models it lists (a stage writes its folder before
     its row, so those are whole; not one still being written) and, ``with_guard``, the guard recorded for them,
@@ -113,9 +120,8 @@ def main(argv=None) -> int:
         reproduction = (Reproduction(work, 'tiny', epochs=1, kept_dtype='bfloat16', train_args=['--device', 'cpu'])
                         if args.smoke else Reproduction(work, 'gpu-long', data_dir=args.data_dir))
         staged = StagedZoo(reproduction, args.zoo, args.table)
-        # the parent evaluates each kept model on the CPU while other stages train: it leaves a core to each
-        # training's host loop, whose launches bound the narrow models' steps; the guard after them takes all
-        all_threads, eval_threads = torch.get_num_threads(), max(1, available_cores() - args.parallel)
+        all_threads = torch.get_num_threads()
+        eval_threads = evaluation_threads(all_threads, available_cores(), args.parallel)
         print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, {args.parallel} '
               f'stages at a time, evaluated beside them on {eval_threads} CPU threads, kept already '
               f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}; '
