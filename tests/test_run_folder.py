@@ -111,7 +111,8 @@ def test_a_run_folder_holds_one_run(tmp_path):
     # --export publishes the best epoch and says so, in the log and on the card
     _assert_same_weights(torch.load(run / 'model_best.pth.tar', weights_only=True)['state_dict'],
                          run / 'hub' / 'model.safetensors')
-    assert f'Exporting model_best.pth.tar: the weights after epoch {best} of 2' in log
+    assert f'Exporting model_best.pth.tar: the weights after epoch {best} of 2 (top1 ' \
+           f'{best_ckpt["metrics"]["top1"]:.2f}, the best)' in log  # as the Eval lines print it
     assert f'- Weights: after epoch {best} of 2, the best by `--eval-metric top1`.' in (
         run / 'hub' / 'README.md').read_text()
     for path in [*(run / 'hub').iterdir(), *run.glob('*.safetensors'), *run.glob('*.pth.tar')]:

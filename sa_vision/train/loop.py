@@ -52,6 +52,7 @@ from .runtime import (
 from .state import (
     checkpoint_dict,
     load_initial_weights,
+    metric_text,
     parse_run_args,
     resolve_model_args,
     restore,
@@ -354,7 +355,7 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
         exported = best if best.is_file() else checkpoint
         saved = torch.load(exported, map_location='cpu', weights_only=True, mmap=True)
         _log(args, f'Exporting {exported.name}: the weights after epoch {saved["epoch"]} of {num_epochs} '
-                   f'({args.eval_metric} {saved["metrics"][args.eval_metric]:.4g}'
+                   f'({args.eval_metric} {metric_text(args.eval_metric, saved["metrics"][args.eval_metric])}'
                    f'{", the best" if exported == best else ""})')
         export_dir = run_dir / 'hub'
         with atomic_folder(export_dir) as partial:  # never half a folder, nor two exports mixed

@@ -27,7 +27,7 @@ from .checkpoint import (
 from .recipes import check_recipe_keys, check_recipe_start, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
-           'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch']
+           'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch', 'metric_text']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -295,6 +295,10 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log:
     # said once every file of the epoch is written
     log(f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
     if is_best:
-        metric = ckpt['best']['metric']  # as the Eval line prints it: accuracies in %, a loss to 4 decimals
-        shown = f'{metric:.4f}' if args.eval_metric == 'loss' else f'{metric:.2f}'
-        log(f'Best {args.eval_metric} so far ({shown}): {run_dir / BEST_CHECKPOINT}')
+        log(f'Best {args.eval_metric} so far ({metric_text(args.eval_metric, ckpt["best"]["metric"])}): '
+            f'{run_dir / BEST_CHECKPOINT}')
+
+
+def metric_text(name: str, value: float) -> str:
+    """A metric as the Eval lines print it: a loss to 4 decimals, an accuracy (in %) to 2."""
+    return f'{value:.4f}' if name == 'loss' else f'{value:.2f}'
