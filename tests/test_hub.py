@@ -293,6 +293,11 @@ def test_staging_never_replaces_an_export_of_other_weights(trained, tmp_path, re
     assert 'after epoch 1 of 1, the best' in err and f'top-1 {best["metrics"]["top1"]:.2f} %' in err
     assert f'sa-vision-push-to-hub {export}' in err and '--out-dir' in err
     assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+    # the library's error names no flag of one command (sa-vision-reproduce exports too, and has no --out-dir)
+    from sa_vision.hub import ExportExistsError, export_hub_folder
+    with pytest.raises(ExportExistsError, match='other weights') as refused:
+        export_hub_folder(str(run / 'last.pth.tar'), export, figure=False)
+    assert '--out-dir' not in str(refused.value)
 
     assert push_to_hub.main([str(run / 'model_best.pth.tar'), '--dry-run', '--no-figure']) == 0
     assert (export / 'model.safetensors').read_bytes() == before['model.safetensors']

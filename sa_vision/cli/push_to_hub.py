@@ -17,6 +17,7 @@ from pathlib import Path
 from sa_vision.errors import command
 from sa_vision.hub import (
     HUB_FOLDER_FILES,
+    ExportExistsError,
     HubPublishError,
     check_publish_target,
     export_hub_folder,
@@ -70,6 +71,9 @@ def main(argv=None):
         commit = publish_hub_folder(out_dir, repo_id, private=args.private, commit_message=args.commit_message,
                                     create_pr=args.create_pr)
         print(f'Published {repo_id} in one commit: {getattr(commit, "commit_url", commit)}')
+    except ExportExistsError as e:
+        print(f'error: {e} (another folder: --out-dir DIR)', file=sys.stderr)
+        return 2
     except (CheckpointError, HubPublishError, FileExistsError) as e:
         print(f'error: {e}', file=sys.stderr)
         return 2

@@ -72,7 +72,7 @@ def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str) -
     raise ExportExistsError(
         f'{out_dir} already holds an export of other weights than {source} ({held or "its card names none"}), '
         f'and is not replaced. Publish that folder as it is (sa-vision-push-to-hub {out_dir}), stage these '
-        f'weights in another folder (--out-dir), or remove {out_dir} first')
+        f'weights in another folder, or remove {out_dir} first')
 
 
 def _same_tensors(path: Path, tensors: Dict[str, Tensor]) -> bool:
