@@ -84,3 +84,21 @@ def test_errors_that_are_no_failed_download_keep_their_traceback(tmp_path, monke
     monkeypatch.setattr(CIFAR10, '__init__', broken_reader)
     with pytest.raises(OSError, match='a failure outside the download'):
         create_image_dataset('torch/cifar10', 'test', is_training=False, data_dir=str(tmp_path), download=True)
+
+
+@pytest.mark.parametrize('name, cls', [('torch/mnist', 'MNIST'), ('torch/fashion_mnist', 'FashionMNIST')])
+def test_the_mnist_familys_failed_download_is_one_error_line_too(name, cls, opened, tmp_path):
+    """torchvision's MNIST family tries each mirror, catches their errors and raises its own after the last: the
+    line names the first file, the first mirror's address and the folder torchvision reads it from."""
+    import torchvision.datasets
+
+    from sa_vision.errors import DatasetError
+    dataset = getattr(torchvision.datasets, cls)
+    filename = dataset.resources[0][0]
+    with pytest.raises(DatasetError) as failed:
+        create_image_dataset(name, 'test', is_training=False, data_dir=str(tmp_path), download=True)
+    raw = tmp_path / cls / 'raw'
+    assert opened and all(url.endswith(filename) for url in opened)
+    assert str(failed.value).startswith(f'downloading {name} from {dataset.mirrors[0]}{filename} into {raw} failed '
+                                        f'(RuntimeError: Error downloading {filename}'), failed.value
+    assert f'copy it to {raw / filename}' in str(failed.value)

@@ -253,13 +253,19 @@ def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) 
 
 
 def failed_download(error: BaseException) -> Optional[Dict[str, str]]:
-    """Where torchvision's ``download_url`` was fetching when ``error`` was raised inside it (``url``, ``root``,
-    ``filename``), None when ``error`` came from elsewhere: then it is no failed download."""
+    """Where torchvision was fetching when ``error`` was raised inside its ``download_url`` (``url``, ``root``,
+    ``filename``), or by the MNIST family's download after every mirror failed (it catches the first error and
+    raises its own); None when ``error`` came from elsewhere: then it is no failed download."""
+    from torchvision.datasets import MNIST
     from torchvision.datasets.utils import download_url
     found, tb = None, error.__traceback__
-    while tb is not None:  # the innermost call of download_url on the way to the raise
-        if tb.tb_frame.f_code is download_url.__code__:
-            found = {k: os.fspath(tb.tb_frame.f_locals[k]) for k in ('url', 'root', 'filename')}
+    while tb is not None:  # the innermost call of either on the way to the raise
+        frame = tb.tb_frame
+        if frame.f_code is download_url.__code__:
+            found = {k: os.fspath(frame.f_locals[k]) for k in ('url', 'root', 'filename')}
+        elif frame.f_code is MNIST.download.__code__ and tb.tb_next is None and 'filename' in frame.f_locals:
+            dataset, filename = frame.f_locals['self'], frame.f_locals['filename']
+            found = {'url': f'{dataset.mirrors[0]}{filename}', 'root': dataset.raw_folder, 'filename': filename}
         tb = tb.tb_next
     return found
 
