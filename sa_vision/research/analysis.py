@@ -156,7 +156,7 @@ def center_shift_median(initial: Dict[str, Tensor], final: Dict[str, Tensor]) ->
 
 def head_precisions(model: nn.Module) -> List[Tensor]:
     """Per layer, the Gaussian precision ``M_h`` ``(heads, 2, 2)``: ``S_h S_h^T`` (generalized), ``s_h^2 I``
-    (quadratic)."""
+    (quadratic), formed in float64 (a float32 product loses a near-singular head's small eigenvalue)."""
     layers = attention_layers(model)
     kind = layers[0].kind
     if kind not in GAUSSIAN_KINDS:
@@ -165,7 +165,8 @@ def head_precisions(model: nn.Module) -> List[Tensor]:
         eye = torch.eye(2, dtype=torch.float64)[None]
         return [eye * (layer.position.precision_factors.detach().double().cpu() ** 2)[:, None, None]
                 for layer in layers]
-    return [layer.position.precisions().detach().double().cpu() for layer in layers]
+    factors = [layer.position.precision_factors.detach().double().cpu() for layer in layers]
+    return [s @ s.transpose(-1, -2) for s in factors]
 
 
 def head_covariances(model: nn.Module) -> List[Tensor]:
