@@ -35,7 +35,7 @@ class PaperResult:
     description: str
     params: int  # exact, from the released implementation
     top1: float  # CIFAR-10 test accuracy, percent
-    gflops: Optional[float]  # as reported: Linear layers only, 2 x MACs
+    gflops: Optional[float]  # as reported; matches 2 x the MACs of the Linear layers (our reading, docs/models.md)
 
 
 PAPER_RESULTS: Dict[str, PaperResult] = {

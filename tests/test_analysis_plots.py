@@ -38,6 +38,12 @@ def gaussian_map(center, precision, grid=(16, 16), query=(8, 8)):
     return p / p.sum()
 
 
+def argmax_shift(p, query=(8, 8)):
+    """(row, col) shift from ``query`` of the largest probability of the map ``p``."""
+    row, col = np.unravel_index(np.argmax(p), p.shape)
+    return int(row) - query[0], int(col) - query[1]
+
+
 def set_quadratic(model, layer, head, center, factor):
     with torch.no_grad():
         model.blocks[layer].attn.position.centers[head] = torch.tensor(center)
@@ -48,11 +54,12 @@ def test_statistics_of_hard_and_soft_quadratic_heads():
     model = small('sa_quadratic_cifar')
     set_quadratic(model, 0, 0, (1., -1.), 20.)  # alpha = 200: hard on shift (1, -1)
     set_quadratic(model, 0, 1, (0.3, 0.2), 1.0)  # soft
-    set_quadratic(model, 0, 2, (0., 1.), 20.)
+    set_quadratic(model, 0, 2, (11.3, 0.6), 20.)  # centre beyond the grid's lower border (rows -8..7)
     rows = head_statistics(model)
-    hard, soft = rows[0], rows[1]
+    hard, soft, beyond = rows[0], rows[1], rows[2]
     assert hard['peak'] == pytest.approx(1.0, abs=1e-12) and hard['entropy'] == pytest.approx(0, abs=1e-12)
-    assert (hard['nearest_row'], hard['nearest_col']) == (1, -1) and hard['r50'] == 0 and hard['r90'] == 0
+    assert (hard['peak_row'], hard['peak_col']) == (1, -1) and hard['r50'] == 0 and hard['r90'] == 0
+    assert (beyond['peak_row'], beyond['peak_col']) == argmax_shift(gaussian_map((11.3, 0.6), 400 * np.eye(2)))
     p = gaussian_map((0.3, 0.2), np.eye(2))
     assert soft['peak'] == pytest.approx(p.max(), rel=1e-6)
     assert soft['entropy'] == pytest.approx(-(p * np.log(p)).sum(), rel=1e-6)
@@ -68,6 +75,21 @@ def test_statistics_of_hard_and_soft_quadratic_heads():
     assert soft['r90'] == pytest.approx(dist[order][np.searchsorted(cumulative, 0.9)])
     summary = layer_summary(rows)
     assert summary[0]['hard_heads'] == 2 and summary[0]['distinct_shifts'] == 2 and not summary[0]['covers_3x3']
+    assert summary[0]['shifts'] == [(1, -1), (7, 1)]
+
+
+def test_a_generalized_head_beyond_the_border_peaks_where_its_attention_does():
+    # the rounded centre (-11, 6), clipped to the grid, is (-8, 6); the tilted Gaussian peaks at (-8, 7)
+    model = small('sa_gen_cifar')
+    s = torch.tensor([[0.9, 4.1], [-0.36, -1.6]])
+    with torch.no_grad():
+        model.blocks[0].attn.position.centers[1] = torch.tensor([-11.1, 6.2])
+        model.blocks[0].attn.position.precision_factors[1] = s
+    row = head_statistics(model)[1]
+    expected = gaussian_map((-11.1, 6.2), (s @ s.T).double().numpy())
+    assert (row['peak_row'], row['peak_col']) == argmax_shift(expected) == (-8, 7)
+    assert row['peak'] == pytest.approx(expected.max(), rel=1e-6)
+    assert layer_summary(head_statistics(model))[0]['shifts'].count((-8, 7)) == 1
 
 
 def test_layer_summary_sees_a_full_3x3_kernel():

@@ -40,6 +40,21 @@ def test_planted_degenerate_heads_are_found():
     assert find_degenerate_heads(planted_model()) == [[1], [0, 4], [2]]
 
 
+def test_eigenvalues_of_a_near_singular_head_are_exact():
+    # det S = 2^-12 exactly, so det M = 2^-24 and the small eigenvalue is 2^-24 / the large one (about 3e-9,
+    # below float32's rounding of M's entries, about 1e-6: M must be formed in float64)
+    from sa_vision.research.pruning import head_eigenvalues
+    model = planted_model()
+    s = torch.tensor([[1.0, 4.0], [-0.25, -1.0 + 2 ** -12]])
+    with torch.no_grad():
+        model.blocks[0].attn.position.precision_factors[0] = s
+    smallest, largest = head_eigenvalues(model)[0][0].tolist()
+    m = s.double() @ s.double().T
+    trace = float(m.trace())
+    assert largest == pytest.approx(trace / 2 + ((trace / 2) ** 2 - 2 ** -24) ** 0.5, rel=1e-12)
+    assert smallest == pytest.approx(2 ** -24 / largest, rel=1e-6)
+
+
 def test_thresholds_are_overridable():
     model = planted_model()
     assert find_degenerate_heads(model, max_condition=100.) == [[1, 3], [0, 4], [2]]

@@ -42,7 +42,7 @@ def main(argv=None) -> int:
         return '-' if value is None else format(value, spec) + unit
 
     print(markdown_table(
-        ['model', 'parameters', 'GMACs (counted, attention included)', 'paper GFLOPs (Linear only, 2 x MACs)',
+        ['model', 'parameters', 'GMACs (counted, attention included)', 'paper GFLOPs',
          'paper top-1 CIFAR-10'],
         [[f'`{r["model"]}`', f'{r["params"]:,}', f'{r["gmacs"]:.2f}', fmt(r['paper_gflops_linear_only'], '.1f'),
           fmt(r['paper_top1'], '.1f', ' %')] for r in rows], 'lrrrr'))

@@ -3,12 +3,12 @@
     sa-vision-prune run/sa_gen_cifar.safetensors --out pruned.safetensors
     sa-vision-prune sa_gen_cifar --heads 0,1 0,1,2,3 0 0,1 0,1,2,3,4,5 "" --out pruned.pth
 
-A head is degenerate when its precision M_h = S_h S_h^T has largest eigenvalue < --max-eigenvalue-below
-(1e-5) or condition number > --max-condition (1000), the released thresholds; a layer whose heads are all
+A head is degenerate when its precision M_h = S_h S_h^T has largest eigenvalue < --max-eigenvalue-below (1e-5) or
+condition number > --max-condition (1000; App. A.1 says 1e5, the authors' script 1000); a layer whose heads are all
 degenerate keeps its least degenerate one. The rule needs M_h, so it is defined for the Gaussian kinds (generalized,
-and quadratic, where M_h = s_h^2 I and only the eigenvalue test can fire); prune other kinds with --heads. The output
-holds the pruned state dict with the kept heads (``model_args``) as an ``sa_gen_pruned`` model (generalized weights)
-or as the model of its kind, so every loader opens it and the pruned recipe fine-tunes it:
+and quadratic, where M_h = s_h^2 I and only the eigenvalue test can fire); prune other kinds with --heads. The
+output holds the pruned state dict with the kept heads (``model_args``) as an ``sa_gen_pruned`` model (generalized
+weights) or as the model of its kind, so every loader opens it and the pruned recipe fine-tunes it:
 
     sa-vision-train -c sa_gen_pruned --initial-checkpoint pruned.pth ...
 """

@@ -148,7 +148,7 @@ def generate_model_card(arch: str) -> str:
     paper_flops = ''
     if paper and paper.gflops:
         paper_flops = f' The paper reports {paper.gflops} GFLOPs' + (
-            ', counting only the Linear layers.' if attn_kind else '.')
+            ', which matches counting only the Linear layers (our reading; it does not say).' if attn_kind else '.')
     repo_id = hub_repo_id(arch)
     return f"""---
 library_name: timm

@@ -61,7 +61,9 @@ class QuadraticScores(nn.Module):
         Args:
             num_heads: Heads N_h, each with a centre Delta_h (row, column; grid cells) and a precision factor s_h,
                 Eq. 9's alpha_h = s_h^2 / 2.
-            init: 'paper': centres with standard deviation 2 per coordinate (Sec. 4.2), s_h ~ N(1, 0.01^2);
+            init: 'paper': centres with standard deviation 2 per coordinate, s_h = 1 + N(0, 0.01^2): the authors'
+                released values (gaussian_init_mu_std = 2, gaussian_init_sigma_std = 0.01); Sec. 4.2 writes the
+                centres' law N(0, 2 I_2) and gives none for s_h;
                 'conv': the first K*K heads, K = floor(sqrt(N_h)), centred on the shifts of Theorem 1's K x K
                 kernel with alpha_h = ``init_alpha``, the others as 'paper'.
             init_alpha: 'conv' only: the kernel heads' alpha_h (> 0).
@@ -117,7 +119,10 @@ class GeneralizedScores(nn.Module):
         Args:
             num_heads: Heads N_h, each with a centre Delta_h (row, column; grid cells) and a 2 x 2 factor S_h of
                 its precision M_h = S_h S_h^T (App. A.1's Sigma^-1/2, Eq. 16).
-            init: 'paper': centres with standard deviation 2 per coordinate, S_h = I + N(0, 0.01^2) (App. A.1);
+            init: 'paper': centres with standard deviation 2 per coordinate, S_h = I + N(0, 0.01^2) entrywise: the
+                authors' released values (gaussian_init_mu_std = 2, gaussian_init_sigma_std = 0.01); App. A.1 writes
+                Delta ~ N(0, 2 I_2) and Sigma^1/2 = I_2 + N(0, 0.01 I_2), standard deviations sqrt(2) and 0.1 if
+                read literally;
                 'conv': the first K*K heads, K = floor(sqrt(N_h)), centred on the shifts of Theorem 1's K x K
                 kernel with M_h = 2 ``init_alpha`` I (Eq. 9's alpha_h = ``init_alpha``), the others as 'paper'.
             init_alpha: 'conv' only: the kernel heads' alpha_h (> 0).

@@ -161,8 +161,8 @@ class Reproduction:
         before = before or source.meta.get('metrics') or {}  # a Hub folder keeps no metrics
         degenerate = find_degenerate_heads(model)
         heads = select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
-        say(f'pruning: degenerate heads per layer {degenerate}, pruning {heads} (released thresholds; a layer '
-             f'keeps at least one head)')
+        say(f'pruning: degenerate heads per layer {degenerate}, pruning {heads} (sa-vision-prune\'s default '
+            f'thresholds; a layer keeps at least one head)')
         pruned = prune_heads(model, heads)
         info = dataset_info(self.dataset)
         say(f'pruning: evaluating the pruned model ({list(pruned.heads_per_layer)} heads) on the {info.title} '

@@ -3,8 +3,9 @@
 :func:`head_statistics` reports per layer and head, from the attention of one interior query pixel:
 ``center_row/col`` (``mu_h`` for the Gaussian kinds, else the mean shift), ``mean_row/col`` (the probability-weighted
 mean shift, which differs from ``mu_h`` near borders), ``cov_*`` (``M_h^-1``, Gaussian kinds only, NaN otherwise),
-``r50`` / ``r90`` (radius around the mean holding 50 / 90 % of the mass), ``peak``, ``entropy`` (nats) and
-``nearest_row/col``. :func:`layer_summary` says per layer how convolutional it is (docs/research.md).
+``r50`` / ``r90`` (radius around the mean holding 50 / 90 % of the mass), ``peak`` (the largest probability),
+``entropy`` (nats) and ``peak_row/col`` (the grid shift holding ``peak``: a centre beyond the grid's border peaks on
+the border). :func:`layer_summary` says per layer how convolutional it is (docs/research.md).
 Shifts are (row, col) = (down, right) in grid units; one grid unit is 2 image pixels (space-to-depth).
 """
 import csv
@@ -33,7 +34,7 @@ __all__ = [
 GAUSSIAN_KINDS = ('quadratic', 'generalized')
 STAT_COLUMNS = (
     'layer', 'head', 'kind', 'center_row', 'center_col', 'mean_row', 'mean_col', 'cov_rr', 'cov_rc', 'cov_cc',
-    'r50', 'r90', 'peak', 'entropy', 'nearest_row', 'nearest_col')
+    'r50', 'r90', 'peak', 'entropy', 'peak_row', 'peak_col')
 
 
 def attention_layers(model: nn.Module) -> List[PositionalAttention]:
@@ -156,7 +157,7 @@ def center_shift_median(initial: Dict[str, Tensor], final: Dict[str, Tensor]) ->
 
 def head_precisions(model: nn.Module) -> List[Tensor]:
     """Per layer, the Gaussian precision ``M_h`` ``(heads, 2, 2)``: ``S_h S_h^T`` (generalized), ``s_h^2 I``
-    (quadratic)."""
+    (quadratic), formed in float64 (a float32 product loses a near-singular head's small eigenvalue)."""
     layers = attention_layers(model)
     kind = layers[0].kind
     if kind not in GAUSSIAN_KINDS:
@@ -165,7 +166,8 @@ def head_precisions(model: nn.Module) -> List[Tensor]:
         eye = torch.eye(2, dtype=torch.float64)[None]
         return [eye * (layer.position.precision_factors.detach().double().cpu() ** 2)[:, None, None]
                 for layer in layers]
-    return [layer.position.precisions().detach().double().cpu() for layer in layers]
+    factors = [layer.position.precision_factors.detach().double().cpu() for layer in layers]
+    return [s @ s.transpose(-1, -2) for s in factors]
 
 
 def head_covariances(model: nn.Module) -> List[Tensor]:
@@ -240,6 +242,7 @@ def head_statistics(
     for layer_index, layer_probs in enumerate(probs):
         maps = query_maps(layer_probs.cpu(), grid_size, query)
         means = _mean_shift(maps, grid_size, query)
+        peaks = maps.flatten(1).argmax(dim=1)  # the first of tied maxima (a uniform head: the top-left key)
         for head, head_map in enumerate(maps):
             mean = means[head]
             center = centers[layer_index][head] if centers is not None else mean
@@ -254,19 +257,21 @@ def head_statistics(
                 'r50': mass_radius(head_map, (float(mean[0]), float(mean[1])), 0.5, query),
                 'r90': mass_radius(head_map, (float(mean[0]), float(mean[1])), 0.9, query),
                 'peak': float(flat.max()), 'entropy': entropy,
-                'nearest_row': int(round(float(center[0]))), 'nearest_col': int(round(float(center[1]))),
+                'peak_row': int(peaks[head]) // grid_size[1] - query[0],
+                'peak_col': int(peaks[head]) % grid_size[1] - query[1],
             })
     return rows
 
 
 def layer_summary(rows: Sequence[Dict[str, Any]], hard_threshold: float = 0.5) -> List[Dict[str, Any]]:
-    """Per layer, how convolutional it is: ``hard_heads`` peak at ``hard_threshold`` or more (as in Lemma 1),
-    ``distinct_shifts`` counts the grid shifts they peak on (a ``K x K`` convolution needs ``K*K``)."""
+    """Per layer, how convolutional it is: ``hard_heads`` are near-hard, their ``peak`` is ``hard_threshold`` or more
+    (our threshold; Lemma 1's heads put probability exactly 1 on their shift), ``distinct_shifts`` counts the grid
+    shifts they peak on, ``peak_row/col`` (a ``K x K`` convolution needs ``K*K``)."""
     summary = []
     for layer in sorted({r['layer'] for r in rows}):
         heads = [r for r in rows if r['layer'] == layer]
         hard = [r for r in heads if r['peak'] >= hard_threshold]
-        shifts = {(r['nearest_row'], r['nearest_col']) for r in hard}
+        shifts = {(r['peak_row'], r['peak_col']) for r in hard}
         kernel_3x3 = {(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)}
         summary.append({
             'layer': layer, 'heads': len(heads), 'hard_heads': len(hard), 'distinct_shifts': len(shifts),
