@@ -130,8 +130,10 @@ def test_a_run_folder_holds_one_run(tmp_path):
     # the run continued for a third epoch, exported again: one summary, the Hub folder of the new best, swapped in
     # whole (a file of the earlier export that the new one does not write is gone with it)
     (run / 'hub' / 'stale.txt').write_text('written by the earlier export only')
-    status, log = _train(['--resume', run / 'last.pth.tar', '--epochs', 3, '--export'])
+    relative = Path(os.path.relpath(run, ROOT))  # as a user in another folder names it; the log keeps it so
+    status, log = _train(['--resume', relative / 'last.pth.tar', '--epochs', 3, '--export'])
     assert status == 0, log[-3000:]
+    assert f'Run folder {relative};' in log and f'Saved checkpoint epoch 3/3 to {relative / "last.pth.tar"}' in log
     assert not (run / 'hub' / 'stale.txt').exists()
     assert (run / 'summary.csv').read_text().count('epoch,') == 1
     best = _best_epoch(run / 'summary.csv')

@@ -240,9 +240,9 @@ def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs
 def run_folder(args, resume_ckpt) -> Path:
     """The run folder: a resumed run's own, else ``--output/--experiment``, which must be new or empty."""
     if resume_ckpt is not None:
-        resumed = Path(resume_ckpt.source).resolve()  # --resume may name the run folder
+        resumed = Path(resume_ckpt.source)  # --resume may name the run folder; kept as given (relative) for the log
         run_dir, last = resumed.parent, resumed.parent / RUN_CHECKPOINT
-        if resumed != last and last.is_file():
+        if resumed.resolve() != last.resolve() and last.is_file():
             raise UserError(f'--resume {args.resume}: a run continues from its latest checkpoint, {last}; from '
                             f'{resumed.name} its folder would hold epochs of two histories. Resume from {last}, or '
                             f'start a new run from these weights: --initial-checkpoint {resumed} --experiment NEW')
