@@ -50,6 +50,32 @@ def registered_hf_hub_id(arch: str) -> Optional[str]:
     return hub_repo_id(arch) if get_pretrained_cfg(f'{arch}.{PRETRAINED_TAG}') is not None else None
 
 
+# what the Hub client's errors for a repository it cannot read mean for a user, the most specific first
+# (GatedRepoError is a RepositoryNotFoundError, LocalEntryNotFoundError an EntryNotFoundError); names the installed
+# huggingface_hub lacks are skipped
+_HUB_ERRORS = (
+    ('OfflineModeIsEnabled', 'HF_HUB_OFFLINE is set'),
+    ('LocalEntryNotFoundError', 'the Hub could not be reached, or HF_HUB_OFFLINE is set, and the file is not in the '
+                                'local Hub cache'),
+    ('GatedRepoError', 'a gated repository: accept its conditions on the Hub and log in with hf auth login'),
+    ('RepositoryNotFoundError', 'no such repository, or a private one: check the name, or log in with hf auth login'),
+    ('RevisionNotFoundError', 'no such revision (the part after @)'),
+    ('EntryNotFoundError', 'the repository lacks a file timm reads (config.json, the weights)'),
+)
+
+
+def hub_read_errors() -> Dict[type, str]:
+    """The installed huggingface_hub's error classes for a repository it cannot read, most specific first, with
+    what each means for a user."""
+    from huggingface_hub import errors
+    return {getattr(errors, n): meaning for n, meaning in _HUB_ERRORS if hasattr(errors, n)}
+
+
+def hub_error_reason(error: BaseException, known: Dict[type, str]) -> str:
+    """``error``'s class and what it means (``known``: :func:`hub_read_errors`)."""
+    return f'{type(error).__name__}: {next(m for cls, m in known.items() if isinstance(error, cls))}'
+
+
 def _probe_hub(url: str, timeout: float) -> Optional[str]:
     """Ask the Hub once, without retries, for ``url``'s metadata: None when it answered (any HTTP status, a 404
     too: timm's download reports that), else why it did not."""
@@ -162,20 +188,15 @@ def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=N
     if not pretrained:
         yield
         return
-    from huggingface_hub.errors import (  # LocalEntryNotFoundError is an EntryNotFoundError
-        EntryNotFoundError,
-        OfflineModeIsEnabled,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
     cfg = _resolved_cfg(variant, pretrained_cfg, pretrained_cfg_overlay)
     from timm.models._builder import _resolve_pretrained_source
     if cfg and not _resolve_pretrained_source(cfg)[0]:
         # timm would warn and return random weights: for a registered name that means "not published"
         raise PretrainedWeightsUnavailable(_not_published_message(variant))
     _fail_fast_if_hub_unreachable(variant, cfg, cache_dir)
+    known = hub_read_errors()
     try:
         yield
-    except (EntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError) as e:
+    except tuple(known) as e:
         raise PretrainedWeightsUnavailable(_unavailable_message(
-            variant, cfg.get('hf_hub_id'), f'{type(e).__name__}: offline, or not published yet')) from None
+            variant, cfg.get('hf_hub_id'), hub_error_reason(e, known))) from None

@@ -13,7 +13,7 @@ from timm.models import is_model, model_entrypoint, parse_model_name
 from torch import nn
 
 from ..errors import UserError
-from ._pretrained import PretrainedWeightsUnavailable, hub_unreachable
+from ._pretrained import PretrainedWeightsUnavailable, hub_error_reason, hub_read_errors, hub_unreachable
 
 __all__ = ['UnknownModelError', 'model_name_hint', 'model_class', 'model_keywords', 'create_named_model']
 
@@ -78,20 +78,6 @@ def _check_number_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[
                             f'{wanted} (default {param.default!r})')
 
 
-# what the Hub client's errors for a repository it cannot read mean for a user, the most specific first
-# (GatedRepoError is a RepositoryNotFoundError, LocalEntryNotFoundError an EntryNotFoundError); names the installed
-# huggingface_hub lacks are skipped
-_HUB_ERRORS = (
-    ('OfflineModeIsEnabled', 'HF_HUB_OFFLINE is set'),
-    ('LocalEntryNotFoundError', 'the Hub could not be reached, or HF_HUB_OFFLINE is set, and the file is not in the '
-                                'local Hub cache'),
-    ('GatedRepoError', 'a gated repository: accept its conditions on the Hub and log in with hf auth login'),
-    ('RepositoryNotFoundError', 'no such repository, or a private one: check the name, or log in with hf auth login'),
-    ('RevisionNotFoundError', 'no such revision (the part after @)'),
-    ('EntryNotFoundError', 'the repository lacks a file timm reads (config.json, the weights)'),
-)
-
-
 def _hub_repo(name: str, kwargs: Mapping) -> Optional[str]:
     """The Hub repository ``timm.create_model(name, pretrained=True, **kwargs)`` reads, None where none is named."""
     source, model_id = parse_model_name(name)
@@ -117,18 +103,16 @@ def _hub_errors(name: str, kwargs: Mapping):
     weights as one :class:`PretrainedWeightsUnavailable` naming the repository and what to do; an ``hf-hub:``
     name whose config.json is not cached fails after one bounded request to a Hub that does not answer, not
     after huggingface_hub's minute of retries."""
-    from huggingface_hub import errors
     source, repo = parse_model_name(name)
     if source == 'hf-hub':
         reason = hub_unreachable(repo, ['config.json'], kwargs.get('cache_dir'), 'its config.json is')
         if reason is not None:
             raise _unreadable_repo(name, repo, reason)
-    known = [(getattr(errors, n), meaning) for n, meaning in _HUB_ERRORS if hasattr(errors, n)]
+    known = hub_read_errors()
     try:
         yield
-    except tuple(cls for cls, _ in known) as e:
-        meaning = next(m for cls, m in known if isinstance(e, cls))
-        raise _unreadable_repo(name, _hub_repo(name, kwargs), f'{type(e).__name__}: {meaning}') from e
+    except tuple(known) as e:
+        raise _unreadable_repo(name, _hub_repo(name, kwargs), hub_error_reason(e, known)) from e
 
 
 def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Optional[Mapping[str, str]] = None,
