@@ -204,18 +204,19 @@ def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
     taken = (f'nor {", ".join(s + "/" for s in synonyms)}, which timm takes for it' if synonyms else
              f'timm takes no other name for {name!r}')
     # the commands that take the flag (sa-vision-explore and sa-vision-reproduce read the dataset's own splits)
-    flag = '--train-split (sa-vision-train)' if is_training else '--val-split (sa-vision-train, sa-vision-validate)'
+    flag, commands = (('--train-split', '(sa-vision-train)') if is_training else
+                      ('--val-split', '(sa-vision-train, sa-vision-validate)'))
     # the subfolders of the kind asked for: training ones, or held-out ones (timm's and the fixed-split datasets')
     kind = set(_TRAIN_SYNONYM) if is_training else set(_EVAL_SYNONYM) | (set(TRAIN_TEST_SPLITS) - {'train'})
     usable = [f for f in found if f in kind]
     if usable:
-        flag, commands = flag.split(' ', 1)
         advice = (f'pass {flag} {usable[0]}' + (f' (or {", ".join(usable[1:])})' if usable[1:] else '') +
                   f' to read {os.path.join(root, usable[0])}/ {commands}, or rename that folder {split}/')
     else:
         advice = (f'put the {split} images in {os.path.join(root, split)}/<class>/ or name the folder that holds '
-                  f'them with {flag}' + ('' if is_training else '; the training images are never evaluated as a '
-                                                                 'held-out split'))
+                  f'them with {flag} {commands}')
+        if not is_training:
+            advice += '; the training images are never evaluated as a held-out split'
     raise DatasetNotFoundError(f'the image folder {root} has no {split!r} subfolder ({taken}); its subfolders '
                                f'are {found}: {advice}')
 
