@@ -26,6 +26,10 @@ def _run(main, argv, capsys):
     (plot_attention, ['sa_learned_cifar', '--kernel-match'], 'the kernel match needs Gaussian centres'),
     (prune, ['{tmp}/missing.pth', '--out', '{tmp}/x.pth'], 'does not exist'),
     (prune, ['sa_learned_cifar', '--out', '{tmp}/x.pth'], 'name the heads to prune with --heads'),
+    # a path that is not there, without a weights suffix: timm would say it lacks a source prefix
+    (prune, ['{tmp}/nope', '--out', '{tmp}/x.pth'], 'nope does not exist'),
+    (prune, ['nope/', '--out', '{tmp}/x.pth'], 'nope does not exist'),
+    (validate, ['--model', './nope', '--dataset', 'digits'], 'nope does not exist'),
     (push_to_hub, ['{tmp}/missing.pth', '--dry-run'], 'does not exist'),
     (benchmark_script, ['--model', 'no_such_model', '--bench', 'inference'], "unknown model 'no_such_model'"),
     (benchmark_script, ['--model', 'resnet18_cifar', '--compare', 'paper', '--bench', 'inference'],
@@ -40,7 +44,7 @@ def _run(main, argv, capsys):
     (validate, ['--model', 'resnet18_cifar', '--model-kwargs', 'stem_type=deep', '--dataset', 'digits'],
      "CifarResNet has no stem_type 'deep'"),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'prune-missing-file',
-        'prune-learned-without-heads',
+        'prune-learned-without-heads', 'prune-missing-path', 'prune-missing-folder', 'validate-missing-path',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
         'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])

@@ -7,6 +7,7 @@ allowed beyond ``weights_only``): checkpoints of ``sa-vision-train`` and timm's 
 import argparse
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
@@ -329,7 +330,8 @@ def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **k
                                   f'(config.json + model.safetensors), e.g. from sa-vision-push-to-hub --dry-run')
         return read_checkpoint(folder, model_args=kwargs).create_model()
     path = Path(source)
-    if path.exists() or source.endswith(_WEIGHT_SUFFIXES):
+    # a path that is not there (timm would only say it has no source prefix): read_checkpoint names it
+    if path.exists() or source.endswith(_WEIGHT_SUFFIXES) or _looks_like_path(source):
         return read_checkpoint(path, model_args=kwargs, use_ema=use_ema).create_model()
     pretrained = pretrained or source.startswith(HF_HUB_PREFIX)
     try:
@@ -337,3 +339,8 @@ def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **k
     except UnknownModelError:
         raise CheckpointError(f'{source!r} is neither a file, a Hub folder, local-dir:<folder>, hf-hub:<repo> nor '
                               f'a timm model name ({model_name_hint(source)})') from None
+
+
+def _looks_like_path(source: str) -> bool:
+    """A name with a folder separator and no ``<source>:`` prefix, which timm refuses as a model name."""
+    return any(sep in source for sep in ('/', os.sep)) and not re.match(r'[a-zA-Z][a-zA-Z0-9+.\-_]+:', source)
