@@ -30,6 +30,8 @@ def _run(main, argv, capsys):
     (prune, ['{tmp}/nope', '--out', '{tmp}/x.pth'], 'nope does not exist'),
     (prune, ['nope/', '--out', '{tmp}/x.pth'], 'nope does not exist'),
     (validate, ['--model', './nope', '--dataset', 'digits'], 'nope does not exist'),
+    (prune, ['sa_gen_cifar', '--max-condition', '-5', '--out', '{tmp}/x.pth'], 'every condition number is at least 1'),
+    (prune, ['sa_gen_cifar', '--out', '{tmp}'], 'is a folder: name the file to write'),
     (push_to_hub, ['{tmp}/missing.pth', '--dry-run'], 'does not exist'),
     (benchmark_script, ['--model', 'no_such_model', '--bench', 'inference'], "unknown model 'no_such_model'"),
     (benchmark_script, ['--model', 'resnet18_cifar', '--compare', 'paper', '--bench', 'inference'],
@@ -45,6 +47,7 @@ def _run(main, argv, capsys):
      "CifarResNet has no stem_type 'deep'"),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'prune-missing-file',
         'prune-learned-without-heads', 'prune-missing-path', 'prune-missing-folder', 'validate-missing-path',
+        'prune-condition-below-1', 'prune-out-is-a-folder',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
         'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
