@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -323,9 +324,9 @@ def test_ablation_table_reads_each_variant_run(tmp_path, monkeypatch):
     assert '| paper init, positional lr x30 | 1 | 50.00 |' in (tmp_path / 'ablation.md').read_text()
 
 
-def _check(zoo, table):
-    return subprocess.run([sys.executable, '-m', 'sa_vision.cli.reproduce', '--check', str(zoo), '--table', str(table)],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
+def _check(zoo, table, *extra):
+    return subprocess.run([sys.executable, '-m', 'sa_vision.cli.reproduce', '--check', str(zoo), '--table', str(table),
+                           *extra], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
 
 
 def _keep_check_and_draw_the_zoo(out, tmp_path):
@@ -335,7 +336,7 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     from safetensors.torch import load_file, save_file
 
     from sa_vision.cli import push_to_hub
-    from sa_vision.reproduce import Reproduction, draw_figures
+    from sa_vision.reproduce import Reproduction, draw_figures, kept_guard_paths
     from sa_vision.research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
     zoo = tmp_path / 'kept' / 'digits-tiny'
     kept = Reproduction(out, 'tiny').keep(zoo)
@@ -354,6 +355,10 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     assert POSITIONAL_EPOCHS_FILE in before
 
     table = out / 'results.csv'
+    check = _check(zoo, table)  # a check needs the guard: the weights' SHA-256 and logits
+    assert check.returncode == 2 and 'has no guard beside it' in check.stderr, check.stdout + check.stderr
+    record = _check(zoo, table, '--record')
+    assert record.returncode == 0 and 'on all 360 test images' in record.stdout, record.stdout + record.stderr
     check = _check(zoo, table)
     assert check.returncode == 0 and check.stdout.count(': ok') == 5, check.stdout + check.stderr
     with open(table) as f:
@@ -371,6 +376,8 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     edited = tmp_path / 'edited.csv'
     lowered = f',{float(best["top5"]) - 0.5:g},float32'
     edited.write_text(table.read_text().replace(f',{best["top5"]},float32', lowered, 1))
+    for kind, path in kept_guard_paths(table).items():
+        shutil.copy(path, kept_guard_paths(edited)[kind])
     assert edited.read_text() != table.read_text()
     check = _check(zoo, edited)
     assert check.returncode == 1 and check.stdout.count('DIFFERS') == 1, check.stdout + check.stderr

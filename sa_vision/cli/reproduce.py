@@ -63,8 +63,8 @@ def main(argv=None):
     parser.add_argument('--check', default=None, metavar='ZOO',
                         help='check the models kept in ZOO against --table instead of running (exit 1 on a '
                              'difference): their weights\' SHA-256 and the logits of 64 test images against the '
-                             'guard beside the table, and top-1 / top-5 on the whole test split (one image in '
-                             '10,000 of slack; minutes per model on a CPU)')
+                             'guard beside the table (--record writes it; an error without it), and top-1 / top-5 '
+                             'on the whole test split (one image in 10,000 of slack; minutes per model on a CPU)')
     parser.add_argument('--table', default=None, metavar='CSV', help='with --check: the results table')
     parser.add_argument('--no-accuracy', dest='accuracy', action='store_false', default=True,
                         help='with --check: only the guard (SHA-256 and logits, seconds), not the whole test split')
