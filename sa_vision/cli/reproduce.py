@@ -31,6 +31,7 @@ from sa_vision.errors import command
 from sa_vision.reproduce import (
     PROFILES,
     Reproduction,
+    ReproductionError,
     StageFailed,
     check_kept_models,
     draw_figures,
@@ -90,8 +91,7 @@ def main(argv=None):
     if args.figures_from:
         if not args.out:
             parser.error('--figures-from needs --out, the folder of the figures')
-        folders = [p for p in sorted(Path(args.figures_from).iterdir()) if (p / 'config.json').is_file()]
-        draw_figures(folders, Path(args.out), redraw=True)
+        draw_figures(_kept_folders(Path(args.figures_from), Path(args.out)), Path(args.out), redraw=True)
         return 0
     if not args.out:
         parser.error('--out is required: the reproduction folder')
@@ -114,6 +114,22 @@ def main(argv=None):
               f'continue', file=sys.stderr)
         return 1
     return 0
+
+
+def _kept_folders(zoo: Path, out: Path):
+    """The Hub folders (config.json) of the attention models kept in ``zoo``; a ReproductionError where there is
+    none to draw, or ``out`` is a file."""
+    from sa_vision.models import SA_MODEL_ARGS
+    if not zoo.is_dir():
+        raise ReproductionError(f'--figures-from {zoo} is not a folder: give the kept zoo, e.g. zoo/fashion-mnist-cpu')
+    if out.exists() and not out.is_dir():
+        raise ReproductionError(f'--out {out} is a file: give the folder to draw the figures into')
+    folders = [p for p in sorted(zoo.iterdir()) if (p / 'config.json').is_file()]
+    if not any(p.name.split('.')[0] in SA_MODEL_ARGS for p in folders):
+        raise ReproductionError(f'{zoo} holds no Hub folder (<model>/config.json) of an attention model '
+                                f'({", ".join(SA_MODEL_ARGS)}), found {[p.name for p in folders] or "none"}: give '
+                                f'the kept zoo, e.g. zoo/fashion-mnist-cpu')
+    return folders
 
 
 cli = command(__name__)
