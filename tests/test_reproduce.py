@@ -69,6 +69,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
         assert torch.equal(resumed['state_dict'][key], value), key
     # the silent stages say what they do, and recipe keys that the training script ignores are noted once
     assert 'pruning: evaluating the pruned model' in log
+    assert log.count('checks the mechanics') == 1  # the tiny profile's note, under the whole table only
     assert log.count("recipe keys that only timm's train.py reads") <= 1
     assert 'recipe keys not used by this script' not in log
 
