@@ -26,6 +26,16 @@ def _run(main, argv, capsys):
     (plot_attention, ['sa_learned_cifar', '--kernel-match'], 'the kernel match needs Gaussian centres'),
     (prune, ['{tmp}/missing.pth', '--out', '{tmp}/x.pth'], 'does not exist'),
     (prune, ['sa_learned_cifar', '--out', '{tmp}/x.pth'], 'name the heads to prune with --heads'),
+    # a path that is not there, without a weights suffix: timm would say it lacks a source prefix
+    (prune, ['{tmp}/nope', '--out', '{tmp}/x.pth'], 'nope does not exist'),
+    (prune, ['nope/', '--out', '{tmp}/x.pth'], 'nope does not exist'),
+    (validate, ['--model', './nope', '--dataset', 'digits'], 'nope does not exist'),
+    (prune, ['sa_gen_cifar', '--max-condition', '-5', '--out', '{tmp}/x.pth'], 'every condition number is at least 1'),
+    (prune, ['sa_gen_cifar', '--out', '{tmp}'], 'is a folder: name the file to write'),
+    (reproduce_script, ['--figures-from', '{tmp}/nope', '--out', '{tmp}/figs'], 'nope is not a folder'),
+    (reproduce_script, ['--figures-from', '{tmp}', '--out', '{tmp}/figs'], 'holds no Hub folder'),
+    (reproduce_script, ['--figures-from', ROOT / 'zoo' / 'fashion-mnist-cpu', '--out', ROOT / 'pyproject.toml'],
+     'pyproject.toml is a file'),
     (push_to_hub, ['{tmp}/missing.pth', '--dry-run'], 'does not exist'),
     (benchmark_script, ['--model', 'no_such_model', '--bench', 'inference'], "unknown model 'no_such_model'"),
     (benchmark_script, ['--model', 'resnet18_cifar', '--compare', 'paper', '--bench', 'inference'],
@@ -40,12 +50,14 @@ def _run(main, argv, capsys):
     (validate, ['--model', 'resnet18_cifar', '--model-kwargs', 'stem_type=deep', '--dataset', 'digits'],
      "CifarResNet has no stem_type 'deep'"),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'prune-missing-file',
-        'prune-learned-without-heads',
+        'prune-learned-without-heads', 'prune-missing-path', 'prune-missing-folder', 'validate-missing-path',
+        'prune-condition-below-1', 'prune-out-is-a-folder', 'figures-from-missing', 'figures-from-empty',
+        'figures-into-a-file',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
         'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
-    status, err = _run(script.main, [a.replace('{tmp}', str(tmp_path)) for a in argv], capsys)
+    status, err = _run(script.main, [str(a).replace('{tmp}', str(tmp_path)) for a in argv], capsys)
     assert status == 2, err
     assert err.startswith('error: ') and message in err and err.count('\n') == 1, err
 

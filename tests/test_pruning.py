@@ -88,13 +88,27 @@ def test_prune_state_dict_keeps_the_right_heads():
 
 
 def test_prune_errors():
+    """The layers are counted from 1 in the messages, as sa-vision-prune lists them ('layer 1: eigenvalues ...')."""
     model = planted_model()
     with pytest.raises(ValueError, match='layers'):
         prune_state_dict(model.state_dict(), [[0]], model.heads_per_layer, 16)
-    with pytest.raises(ValueError, match='without any head'):
+    with pytest.raises(ValueError, match='would leave layer 1 without any head'):
         prune_state_dict(model.state_dict(), [[0, 1, 2, 3], [], []], model.heads_per_layer, 16)
-    with pytest.raises(ValueError, match='cannot prune'):
-        prune_state_dict(model.state_dict(), [[7], [], []], model.heads_per_layer, 16)
+    with pytest.raises(ValueError, match=r'layer 3 has heads 0\.\.2, cannot prune heads \[7\]'):
+        prune_state_dict(model.state_dict(), [[], [], [7]], model.heads_per_layer, 16)
+
+
+@pytest.mark.parametrize('thresholds, message', [
+    (dict(max_condition=-5.), 'every condition number is at least 1'),
+    (dict(max_condition=0.5), 'every condition number is at least 1'),
+    (dict(max_eigenvalue_below=-1e-5), 'negative bound'),
+])
+def test_thresholds_that_mark_every_head_or_none_are_refused(thresholds, message):
+    """A condition number is at least 1, so a bound below it marks every head: refused, not pruned to one head
+    per layer."""
+    from sa_vision.research.pruning import PruningError, select_heads_to_prune
+    with pytest.raises(PruningError, match=message):
+        select_heads_to_prune(planted_model(), **thresholds)
 
 
 @pytest.mark.parametrize('kind', ['quadratic', 'learned', 'content'])
@@ -146,9 +160,10 @@ def test_pruned_file_of_any_kind_loads_with_its_kind(tmp_path, name, suffix):
     torch.manual_seed(0)
     model = timm.create_model(name, **SMALL).eval()
     pruned = prune_heads(model, [[0], [], [1, 2]])
-    save_pruned(pruned, tmp_path / f'pruned{suffix}', [[0], [], [1, 2]])
-    loaded = load_model(str(tmp_path / f'pruned{suffix}'))
-    assert stat.S_IMODE((tmp_path / f'pruned{suffix}').stat().st_mode) == usual_file_mode()
+    path = tmp_path / 'not' / 'there' / f'pruned{suffix}'  # its folder is created, as torch.save's users expect
+    save_pruned(pruned, path, [[0], [], [1, 2]])
+    loaded = load_model(str(path))
+    assert stat.S_IMODE(path.stat().st_mode) == usual_file_mode()
     assert loaded.heads_per_layer == (3, 5, 1)
     assert attention_layers(loaded)[0].kind == attention_layers(model)[0].kind
     for key, value in pruned.state_dict().items():
@@ -197,3 +212,71 @@ def test_prune_script_keeps_a_head_in_every_layer_and_reports_user_errors(tmp_pa
         assert 'Traceback' not in proc.stderr and proc.stderr.count('\n') == 1, proc.stderr
     proc = _run_prune_script('sa_learned_cifar', '--out', tmp_path / 'x.pth')
     assert proc.returncode == 2 and 'name the heads to prune with --heads' in proc.stderr, proc.stderr
+
+
+def test_a_pruned_kept_model_keeps_its_preprocessing_and_timm_builds_it_from_the_printed_lines(tmp_path, capsys):
+    """A kept zoo model (Fashion-MNIST, 28x28 with the border inside the model) pruned to a .safetensors file: its
+    data config and dataset are the source's as timm reads them from the Hub folder (so sa-vision-validate picks
+    Fashion-MNIST and timm's transform feeds it 28x28 images with their mean / std), and the create_model call and
+    train.py arguments printed build it in timm, as timm's train.py passes them (ParseKwargs, its create_model)."""
+    import shlex
+    from argparse import ArgumentParser
+
+    from PIL import Image
+    from timm.utils import ParseKwargs
+
+    from sa_vision.cli import prune as prune_script
+    from sa_vision.train.checkpoint import read_checkpoint
+    source = os.path.join(ROOT, 'zoo', 'fashion-mnist-cpu', 'sa_gen_cifar')
+    kept = timm.create_model(f'local-dir:{source}', pretrained=True).eval()
+    out = tmp_path / 'pr' / 'pruned.safetensors'
+    assert prune_script.main([source, '--out', str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    def data_config(model):  # JSON gives lists where timm's defaults are tuples
+        return {k: tuple(v) if isinstance(v, list) else v for k, v in
+                timm.data.resolve_data_config({}, model=model).items()}
+    kept_cfg = data_config(kept)
+    ckpt = read_checkpoint(out)
+    assert ckpt.dataset == 'fashion-mnist' and ckpt.model_args['input_padding'] == 2
+    pruned = ckpt.create_model()
+    assert data_config(pruned) == kept_cfg
+    assert pruned.pretrained_cfg['label_names'] == kept.pretrained_cfg['label_names']
+
+    call = next(line for line in lines if line.startswith('timm: ')).split(':', 1)[1].strip()
+    from_call = eval(call, {'timm': timm}).eval()  # noqa: S307  the line the command printed
+    assert data_config(from_call) == kept_cfg
+    args = shlex.split(next(line for line in lines if line.startswith('timm train.py: ')).split(':', 1)[1])
+    parser = ArgumentParser()  # the arguments of timm's train.py that the line gives, as train.py parses them
+    parser.add_argument('--model')
+    parser.add_argument('--initial-checkpoint')
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    parser.add_argument('--in-chans', type=int)
+    parser.add_argument('--num-classes', type=int)
+    parser.add_argument('--input-size', type=int, nargs=3)
+    parser.add_argument('--mean', type=float, nargs='+')
+    parser.add_argument('--std', type=float, nargs='+')
+    parser.add_argument('--crop-pct', type=float)
+    train = parser.parse_args(args)
+    from_train = timm.create_model(train.model, in_chans=train.in_chans, num_classes=train.num_classes,
+                                   checkpoint_path=train.initial_checkpoint, **train.model_kwargs).eval()
+    assert (train.input_size, train.mean, train.std) == (
+        list(kept_cfg['input_size']), list(kept_cfg['mean']), list(kept_cfg['std']))
+
+    # the same logits as the kept model with the pruned heads' Value columns zeroed, on 28x28 images fed by timm's
+    # transform of the kept folder's config (the border inside both models)
+    reference = copy.deepcopy(kept).double()
+    with torch.no_grad():
+        for block, kept_block in zip(reference.blocks, pruned.blocks):
+            centers, left = block.attn.position.centers, kept_block.attn.position.centers.double()
+            for head in range(len(centers)):
+                if not any(torch.equal(centers[head], c) for c in left):
+                    width = kept.embed_dim
+                    block.value.weight[:, head * width:(head + 1) * width] = 0
+    assert sum(pruned.heads_per_layer) < sum(kept.heads_per_layer)  # the kept sa_gen_cifar has a degenerate head
+    torch.manual_seed(0)
+    images = [Image.fromarray(a) for a in torch.randint(0, 256, (4, 28, 28), dtype=torch.uint8).numpy()]
+    x = torch.stack([timm.data.create_transform(**kept_cfg)(im.convert('RGB')) for im in images])
+    with torch.no_grad():
+        expected = reference(x.double())
+        for model in (pruned, from_call, from_train):
+            assert_network_float32_close(model(x), expected, sa_model_reduction_lengths(kept, 16 * 16))

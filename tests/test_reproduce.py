@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -68,6 +69,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
         assert torch.equal(resumed['state_dict'][key], value), key
     # the silent stages say what they do, and recipe keys that the training script ignores are noted once
     assert 'pruning: evaluating the pruned model' in log
+    assert log.count('checks the mechanics') == 1  # the tiny profile's note, under the whole table only
     assert log.count("recipe keys that only timm's train.py reads") <= 1
     assert 'recipe keys not used by this script' not in log
 
@@ -111,21 +113,93 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     assert first.stat().st_mtime_ns == first_mtime and len(list((out / 'hub').iterdir())) == 5
 
 
-def test_another_setup_in_the_same_folder_is_refused(tmp_path):
-    from sa_vision.reproduce import Reproduction, StageFailed
+def test_another_setup_in_the_same_folder_is_refused(tmp_path, capsys):
+    """A folder holds one reproduction: other options (the profile, or --train-args, which every training stage
+    takes) are refused in one error line that says how to go on, not 'run the same command' (which fails again)."""
+    from sa_vision.cli import reproduce as reproduce_script
+    from sa_vision.errors import run_cli
+    from sa_vision.reproduce import Reproduction, ReproductionError
     (tmp_path / 'reproduction.json').write_text(json.dumps({'profile': 'cpu', 'dataset': 'fashion-mnist',
                                                             'epochs': None}))
-    with pytest.raises(StageFailed, match='continue it with the same options'):
+    with pytest.raises(ReproductionError, match='made with --profile cpu --dataset fashion-mnist, not --profile tiny'):
         Reproduction(tmp_path, 'tiny').run()
+    other = tmp_path / 'other'
+    Reproduction(other, 'tiny')._check_same_setup()
+    assert json.loads((other / 'reproduction.json').read_text())['train_args'] == []
+    status = run_cli(reproduce_script.main, ['--profile', 'tiny', '--out', str(other), '--train-args=--seed 1'])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count('\n') == 1 and "differs in train_args" in err, err
+    assert "--train-args='--seed 1'" in err and 'run the same command' not in err, err
+
+
+def _in_process_training(cmd, tag):
+    """A stage's sa-vision-train run in this process (seconds for the tiny profile, no interpreter start)."""
+    from sa_vision.cli import train
+    from sa_vision.errors import run_cli
+    assert cmd[1:3] == ['-m', 'sa_vision.cli.train'], cmd
+    return run_cli(train.main, cmd[3:])
+
+
+def test_a_run_is_skipped_or_continued_only_as_the_run_of_its_stages_arguments(tmp_path, monkeypatch, capsys):
+    """A run trained with other arguments (one epoch with --seed 1, copied into the folder of another
+    reproduction) is neither skipped as finished nor continued: the error names what differs; the same
+    options skip it."""
+    import shutil
+
+    from sa_vision.reproduce import Reproduction, ReproductionError, stages
+    from sa_vision.train.args import build_parser
+    monkeypatch.setattr(stages, '_run_training', _in_process_training)
+    made = Reproduction(tmp_path / 'made', 'tiny', epochs=1, train_args=['--seed', '1'])
+    made.train('sa_quadratic_cifar')
+    trained = []
+    monkeypatch.setattr(stages, '_run_training', lambda cmd, tag: trained.append(cmd) or 0)
+    capsys.readouterr()
+    made.train('sa_quadratic_cifar')
+    assert 'sa_quadratic_cifar: finished (1 epoch), skipped' in capsys.readouterr().out
+    default_seed = build_parser().parse_args([]).seed
+    for name, options, differing in (
+            ('seed', dict(epochs=1), f'seed: 1 in the run, {default_seed} here'),
+            ('epochs', dict(epochs=2, train_args=['--seed', '1']), 'epochs: 1 in the run, 2 here')):
+        other = Reproduction(tmp_path / name, 'tiny', **options)
+        shutil.copytree(made.run_dir('sa_quadratic_cifar'), other.run_dir('sa_quadratic_cifar'))
+        with pytest.raises(ReproductionError) as error:  # the whole pipeline stops at its first stage, saying why
+            other.run()
+        assert differing in str(error.value) and 'Remove ' in str(error.value), str(error.value)
+    assert not trained
+
+
+def test_pruning_and_its_fine_tuning_are_made_again_when_the_source_weights_change(tmp_path, capsys):
+    """pruned.pth is the pruning of the source's weights as they are now: kept while they are the same, made again
+    (and the fine-tuning of the old ones removed) when the source stage was trained again."""
+    from sa_vision.reproduce import Reproduction
+    zoo = Reproduction(tmp_path, 'tiny')
+    source = _finished_run(tmp_path, 'sa_gen_cifar')
+    zoo.prune()
+    finetuned = zoo.run_dir('sa_gen_pruned')
+    finetuned.mkdir(parents=True)
+    (finetuned / 'last.pth.tar').write_bytes(b'the fine-tuning of these pruned weights')
+    zoo.prune()
+    assert 'pruning: done ([2] heads kept), skipped' in capsys.readouterr().out and finetuned.is_dir()
+
+    shutil.rmtree(tmp_path / 'runs' / 'sa_gen_cifar')  # the source trained again: other weights
+    torch.manual_seed(1)
+    retrained = _finished_run(tmp_path, 'sa_gen_cifar')
+    assert any(not torch.equal(retrained[k], source[k]) for k in source)
+    zoo.prune()
+    assert 'skipped' not in capsys.readouterr().out and not finetuned.exists()
+    pruned = torch.load(tmp_path / 'pruned.pth', weights_only=True)['state_dict']
+    assert pruned.keys() == retrained.keys() and all(torch.equal(pruned[k], retrained[k]) for k in retrained)
 
 
 @pytest.mark.parametrize('argv, message', [
     (['--dataset', 'fashon-mnist'], "unknown dataset 'fashon-mnist': not one of"),
     (['--profile', 'paper'], "dataset 'torch/cifar10' needs --data-dir"),
-], ids=['misspelt', 'cifar10-without-data-dir'])
+    (['--profile', 'tiny', '--epochs', '0'], '--epochs is 0, it must be at least 1'),
+    (['--profile', 'tiny', '--train-args=--batch-size 0'], '--batch-size is 0, it must be at least 1'),
+], ids=['misspelt', 'cifar10-without-data-dir', 'epochs-0', 'batch-size-0'])
 def test_a_dataset_that_cannot_be_read_fails_before_anything_is_written(argv, message, tmp_path, capsys):
-    """A mistake in the dataset arguments is one error line with status 2 (as argparse's), and no folder, recipe
-    or training is started."""
+    """A mistake in the dataset or training arguments is one error line with status 2 (as argparse's), and no
+    folder, recipe or training is started: the same folder takes the corrected options."""
     from sa_vision.cli import reproduce as reproduce_script
     from sa_vision.errors import run_cli
     out = tmp_path / 'out'
@@ -222,12 +296,17 @@ def test_stage_recipes_leave_out_timm_only_keys_and_say_so_once(tmp_path, monkey
         assert 'color_jitter: 0.0' in path.read_text().splitlines()[0]  # named in the header comment
 
 
-def test_results_table_reads_for_a_mechanics_check(tmp_path):
+def test_results_table_reads_for_a_mechanics_check(tmp_path, capsys):
     """A run of seconds shows seconds (not '0.0' minutes); the tiny profile's table says its models are not
-    meant to learn (near chance, pruning may remove nothing)."""
+    meant to learn (near chance, pruning may remove nothing), in results.md, and once in the output: under the
+    whole table, not under each partial one printed after a training stage."""
     from sa_vision.reproduce import Reproduction
     _finished_run(tmp_path)
-    Reproduction(tmp_path, 'tiny').table(['sa_quadratic_cifar'], quiet=True)
+    Reproduction(tmp_path, 'tiny').table(['sa_quadratic_cifar'])
+    printed = capsys.readouterr().out
+    assert '| `sa_quadratic_cifar`' in printed and 'checks the mechanics' not in printed, printed
+    Reproduction(tmp_path, 'tiny').table()
+    assert capsys.readouterr().out.count('checks the mechanics') == 1
     markdown = (tmp_path / 'results.md').read_text()
     row = next(line for line in markdown.splitlines() if line.startswith('| `sa_quadratic_cifar`'))
     assert row.split(' | ')[7] == '2.5 s', row  # history: train_time 2.5 s
@@ -323,9 +402,9 @@ def test_ablation_table_reads_each_variant_run(tmp_path, monkeypatch):
     assert '| paper init, positional lr x30 | 1 | 50.00 |' in (tmp_path / 'ablation.md').read_text()
 
 
-def _check(zoo, table):
-    return subprocess.run([sys.executable, '-m', 'sa_vision.cli.reproduce', '--check', str(zoo), '--table', str(table)],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
+def _check(zoo, table, *extra):
+    return subprocess.run([sys.executable, '-m', 'sa_vision.cli.reproduce', '--check', str(zoo), '--table', str(table),
+                           *extra], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
 
 
 def _keep_check_and_draw_the_zoo(out, tmp_path):
@@ -335,7 +414,7 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     from safetensors.torch import load_file, save_file
 
     from sa_vision.cli import push_to_hub
-    from sa_vision.reproduce import Reproduction, draw_figures
+    from sa_vision.reproduce import Reproduction, draw_figures, kept_guard_paths
     from sa_vision.research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
     zoo = tmp_path / 'kept' / 'digits-tiny'
     kept = Reproduction(out, 'tiny').keep(zoo)
@@ -354,6 +433,10 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     assert POSITIONAL_EPOCHS_FILE in before
 
     table = out / 'results.csv'
+    check = _check(zoo, table)  # a check needs the guard: the weights' SHA-256 and logits
+    assert check.returncode == 2 and 'has no guard beside it' in check.stderr, check.stdout + check.stderr
+    record = _check(zoo, table, '--record')
+    assert record.returncode == 0 and 'on all 360 test images' in record.stdout, record.stdout + record.stderr
     check = _check(zoo, table)
     assert check.returncode == 0 and check.stdout.count(': ok') == 5, check.stdout + check.stderr
     with open(table) as f:
@@ -371,6 +454,8 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     edited = tmp_path / 'edited.csv'
     lowered = f',{float(best["top5"]) - 0.5:g},float32'
     edited.write_text(table.read_text().replace(f',{best["top5"]},float32', lowered, 1))
+    for kind, path in kept_guard_paths(table).items():
+        shutil.copy(path, kept_guard_paths(edited)[kind])
     assert edited.read_text() != table.read_text()
     check = _check(zoo, edited)
     assert check.returncode == 1 and check.stdout.count('DIFFERS') == 1, check.stdout + check.stderr

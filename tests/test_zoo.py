@@ -155,3 +155,56 @@ def test_the_kept_cards_usage_runs_on_a_grey_png(tmp_path, capsys):
     assert code != usage
     exec(compile(code, 'usage', 'exec'), {})
     assert capsys.readouterr().out.strip() == 'Ankle boot' and labels[0] == 9
+
+
+def _reproduce_cli(argv, capsys):
+    from sa_vision.cli import reproduce as reproduce_script
+    from sa_vision.errors import run_cli
+    status = run_cli(reproduce_script.main, [str(a) for a in argv])
+    return status, capsys.readouterr()
+
+
+def test_a_check_without_its_table_zoo_or_guard_is_one_error_line(tmp_path, capsys):
+    """--check and --record name what is missing (the table, a kept model's folder, the guard or a model's entry in
+    it) in one error line with status 2, before any model is evaluated; a check never passes unguarded."""
+    model = 'sa_quadratic_cifar'
+    shutil.copytree(ZOO / model, tmp_path / 'zoo' / model)
+    guarded = _one_row_table(model, tmp_path)
+    unguarded = tmp_path / 'bare' / 'results.csv'
+    unguarded.parent.mkdir()
+    shutil.copy(guarded, unguarded)
+    # a model kept after the guard was recorded: its row and folder, no entry in the guard
+    shutil.copytree(ZOO / model, tmp_path / 'zoo' / 'sa_new_model')
+    extended = tmp_path / TABLE.name
+    extended.write_text(guarded.read_text() + guarded.read_text().splitlines()[1].replace(model, 'sa_new_model') + '\n')
+    cases = [
+        (['--check', tmp_path / 'zoo', '--table', tmp_path / 'nope.csv', '--no-accuracy'], 'nope.csv does not exist'),
+        (['--check', tmp_path / 'nope', '--table', guarded, '--record'], 'holds no kept model'),
+        (['--check', tmp_path / 'nope', '--table', guarded], 'holds no kept model'),
+        (['--check', tmp_path / 'zoo', '--table', unguarded], 'has no guard beside it'),
+        (['--check', tmp_path / 'zoo', '--table', extended, '--no-accuracy'], 'no guard for sa_new_model'),
+    ]
+    for argv, message in cases:
+        status, captured = _reproduce_cli(argv, capsys)
+        assert status == 2 and captured.err.startswith('error: ') and message in captured.err, (argv, captured)
+        assert captured.err.count('\n') == 1 and ': ok' not in captured.out, (argv, captured)
+    assert '--record' in _reproduce_cli(cases[3][0], capsys)[1].err  # how to make the guard
+    assert not kept_guard_paths(guarded)['digests'].with_name('nope').exists()
+
+
+def test_recording_says_how_many_test_images_its_top1_counts(tmp_path, capsys):
+    """digits has 360 test images: the record says so, not 'the first 500'."""
+    import timm
+
+    from sa_vision.hub import export_hub_folder
+    from sa_vision.reproduce import record_kept_models
+    from sa_vision.train.checkpoint import Checkpoint
+    model = timm.create_model('sa_quadratic_cifar', embed_dim=8, depth=1, heads_per_layer=2, mlp_hidden_dim=8)
+    export_hub_folder(Checkpoint('sa_quadratic_cifar', dict(embed_dim=8, depth=1, heads_per_layer=2,
+                                                            mlp_hidden_dim=8), model.state_dict(), 'test',
+                                 'state_dict', {'dataset': 'digits'}),
+                      tmp_path / 'zoo' / 'sa_quadratic_cifar', figure=False)
+    table = tmp_path / 'results.csv'
+    table.write_text('model,dataset,top1,top5\nsa_quadratic_cifar,digits,10.0,50.0\n')
+    record_kept_models(tmp_path / 'zoo', table)
+    assert 'on all 360 test images' in capsys.readouterr().out

@@ -11,9 +11,17 @@ output holds the pruned state dict with the kept heads (``model_args``) as an ``
 weights) or as the model of its kind, so every loader opens it and the pruned recipe fine-tunes it:
 
     sa-vision-train -c sa_gen_pruned --initial-checkpoint pruned.pth ...
+
+Pruned weights keep their source's preprocessing (input size, mean / std, label names, the border a model of a padded
+dataset adds itself: a Hub folder's config.json, a training checkpoint's dataset), which sa-vision-validate and the
+other commands apply. timm reads neither from the file: the last lines print the create_model call and the arguments
+of timm's train.py that build the pruned model and feed it as its source was fed.
 """
 import argparse
+import shlex
 import sys
+from pathlib import Path
+from typing import Any, Dict, Optional, Tuple
 
 from sa_vision.errors import command
 from sa_vision.paper import PRUNED_HEADS_PER_LAYER
@@ -22,6 +30,7 @@ from sa_vision.research.pruning import (
     MAX_CONDITION,
     MAX_EIGENVALUE_BELOW,
     PruningError,
+    check_thresholds,
     find_degenerate_heads,
     head_eigenvalues,
     prune_heads,
@@ -29,20 +38,30 @@ from sa_vision.research.pruning import (
     save_pruned,
     select_heads_to_prune,
 )
-from sa_vision.train.checkpoint import load_model
+from sa_vision.train.checkpoint import Checkpoint, load_model, read_checkpoint, weights_path
+from sa_vision.train.timm_args import TIMM_MODEL_KWARGS
+
+# what timm's data config takes from a pretrained_cfg: printed as create_model's overlay and train.py's flags
+_DATA_CFG_FLAGS = {'input_size': '--input-size', 'mean': '--mean', 'std': '--std', 'crop_pct': '--crop-pct'}
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('source', help='timm model name, checkpoint file or Hub folder')
-    parser.add_argument('--out', required=True, help='.safetensors (kwargs in its metadata) or a torch .pth file')
+    parser.add_argument('--out', required=True, help='.safetensors (kwargs in its metadata) or a torch .pth file; '
+                                                      'its folder is created')
     parser.add_argument('--max-eigenvalue-below', type=float, default=MAX_EIGENVALUE_BELOW)
     parser.add_argument('--max-condition', type=float, default=MAX_CONDITION)
     parser.add_argument('--heads', nargs='+', help='prune these heads instead: one comma list per layer ("" for none)')
     parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
     args = parser.parse_args(argv)
+    _check_out(Path(args.out))
+    if args.heads is None:
+        check_thresholds(args.max_eigenvalue_below, args.max_condition)
 
-    model = load_model(args.source, pretrained=args.pretrained)
+    path = weights_path(args.source)
+    source = read_checkpoint(path) if path is not None else None
+    model = source.create_model() if source is not None else load_model(args.source, pretrained=args.pretrained)
     kind = attention_layers(model)[0].kind
     if kind not in GAUSSIAN_KINDS and args.heads is None:
         raise PruningError(f'degenerate-head detection needs the Gaussian precision M_h, which {kind!r} attention '
@@ -68,9 +87,54 @@ def main(argv=None):
           f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
     if kind == 'generalized' and tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and pruned.embed_dim == 400:
         print('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
-    save_pruned(pruned, args.out, heads)
-    print(f'wrote {args.out} ({pruned_arch(kind)} with heads_per_layer={list(pruned.heads_per_layer)})')
+    border, cfg = _preprocessing(source, pruned) if source is not None else ({}, {})
+    model_args = save_pruned(pruned, args.out, heads, model_args=border, pretrained_cfg=cfg)
+    arch = pruned_arch(kind)
+    print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
+    print(_timm_usage(arch, args.out, model_args, cfg))
     return 0
+
+
+def _check_out(out: Path) -> None:
+    """Refuse an --out that cannot be written before any work: a folder, or a path below a file."""
+    if out.is_dir():
+        raise PruningError(f'--out {out} is a folder: name the file to write, e.g. {out / "pruned.safetensors"}')
+    parent = next((p for p in out.parents if p.exists()), None)
+    if parent is not None and not parent.is_dir():
+        raise PruningError(f'--out {out}: {parent} is a file, not a folder; choose another --out')
+
+
+def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """(model_args its weights do not show, timm's pretrained_cfg) of the pruned weights: what the Hub export would
+    write of them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the source was."""
+    from sa_vision.hub.export import exported_config
+    border = {k: v for k, v in source.model_args.items() if k.startswith('input_pad')}
+    ckpt = Checkpoint(pruned_arch(attention_layers(pruned)[0].kind), {**source.model_args, **border},
+                      pruned.state_dict(), source.source, source.format,
+                      {k: source.meta[k] for k in ('dataset', 'data_config') if k in source.meta})
+    model_config, pad_args, data_cfg = exported_config(ckpt, pruned)
+    cfg = {'input_size': list(pruned.pretrained_cfg['input_size']), **data_cfg, **model_config['pretrained_cfg']}
+    if 'label_names' in model_config:
+        cfg['label_names'] = model_config['label_names']
+    return {**border, **pad_args}, cfg
+
+
+def _timm_usage(arch: str, path: str, model_args: Dict[str, Any], cfg: Optional[Dict[str, Any]]) -> str:
+    """How timm builds the pruned model: create_model with every model argument (timm reads none from the file)
+    and the data config as an overlay; for train.py, --model-kwargs but for the keywords it passes from flags of its
+    own (--num-classes, ...), and the data config as flags."""
+    data = {k: tuple(v) if isinstance(v, list) else v for k, v in (cfg or {}).items() if k in _DATA_CFG_FLAGS}
+    overlay = ', '.join(f'{k}={v!r}' for k, v in {'file': str(path), **data}.items())
+    call = (f'timm.create_model({arch!r}, pretrained=True, pretrained_cfg_overlay=dict({overlay})'
+            + ''.join(f', {k}={v!r}' for k, v in model_args.items()) + ')')
+    flags = [f'--{TIMM_MODEL_KWARGS[k].replace("_", "-")} {v}' for k, v in model_args.items() if k in TIMM_MODEL_KWARGS]
+    flags += [f'{_DATA_CFG_FLAGS[k]} ' + (' '.join(map(str, v)) if isinstance(v, tuple) else str(v))
+              for k, v in data.items()]
+    kwargs = ' '.join(shlex.quote(f'{k}={v}' if isinstance(v, str) else f'{k}={v!r}')
+                      for k, v in model_args.items() if k not in TIMM_MODEL_KWARGS)
+    return (f'timm:          {call}\n'
+            f'timm train.py: --model {arch} --initial-checkpoint {shlex.quote(str(path))} --model-kwargs {kwargs} '
+            + ' '.join(flags))
 
 
 cli = command(__name__)

@@ -31,6 +31,7 @@ from sa_vision.errors import command
 from sa_vision.reproduce import (
     PROFILES,
     Reproduction,
+    ReproductionError,
     StageFailed,
     check_kept_models,
     draw_figures,
@@ -63,8 +64,8 @@ def main(argv=None):
     parser.add_argument('--check', default=None, metavar='ZOO',
                         help='check the models kept in ZOO against --table instead of running (exit 1 on a '
                              'difference): their weights\' SHA-256 and the logits of 64 test images against the '
-                             'guard beside the table, and top-1 / top-5 on the whole test split (one image in '
-                             '10,000 of slack; minutes per model on a CPU)')
+                             'guard beside the table (--record writes it; an error without it), and top-1 / top-5 '
+                             'on the whole test split (one image in 10,000 of slack; minutes per model on a CPU)')
     parser.add_argument('--table', default=None, metavar='CSV', help='with --check: the results table')
     parser.add_argument('--no-accuracy', dest='accuracy', action='store_false', default=True,
                         help='with --check: only the guard (SHA-256 and logits, seconds), not the whole test split')
@@ -90,8 +91,7 @@ def main(argv=None):
     if args.figures_from:
         if not args.out:
             parser.error('--figures-from needs --out, the folder of the figures')
-        folders = [p for p in sorted(Path(args.figures_from).iterdir()) if (p / 'config.json').is_file()]
-        draw_figures(folders, Path(args.out), redraw=True)
+        draw_figures(_kept_folders(Path(args.figures_from), Path(args.out)), Path(args.out), redraw=True)
         return 0
     if not args.out:
         parser.error('--out is required: the reproduction folder')
@@ -114,6 +114,22 @@ def main(argv=None):
               f'continue', file=sys.stderr)
         return 1
     return 0
+
+
+def _kept_folders(zoo: Path, out: Path):
+    """The Hub folders (config.json) of the attention models kept in ``zoo``; a ReproductionError where there is
+    none to draw, or ``out`` is a file."""
+    from sa_vision.models import SA_MODEL_ARGS
+    if not zoo.is_dir():
+        raise ReproductionError(f'--figures-from {zoo} is not a folder: give the kept zoo, e.g. zoo/fashion-mnist-cpu')
+    if out.exists() and not out.is_dir():
+        raise ReproductionError(f'--out {out} is a file: give the folder to draw the figures into')
+    folders = [p for p in sorted(zoo.iterdir()) if (p / 'config.json').is_file()]
+    if not any(p.name.split('.')[0] in SA_MODEL_ARGS for p in folders):
+        raise ReproductionError(f'{zoo} holds no Hub folder (<model>/config.json) of an attention model '
+                                f'({", ".join(SA_MODEL_ARGS)}), found {[p.name for p in folders] or "none"}: give '
+                                f'the kept zoo, e.g. zoo/fashion-mnist-cpu')
+    return folders
 
 
 cli = command(__name__)

@@ -18,10 +18,10 @@ from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
 from ..train.recipes import repeat_run_args
 from .card import _recipe, render_model_card, weights_described_by_card
-from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, weights_label
+from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
 from .publish import check_publish_target
 
-__all__ = ['ExportExistsError', 'export_hub_folder', 'exported_input_config']
+__all__ = ['ExportExistsError', 'export_hub_folder', 'exported_config', 'exported_input_config']
 
 _EXPORT_FILES = (*HUB_FOLDER_FILES, CARD_FIGURE_FILENAME, POSITIONAL_EPOCHS_FILE)
 
@@ -45,6 +45,22 @@ def exported_input_config(info: DatasetInfo, trained_input_size: Sequence[int], 
     channels, height, width = trained_input_size
     data_config['input_size'] = (channels, height - 2 * pad, width - 2 * pad)
     return {'input_padding': pad, 'input_pad_value': black_after_normalization(mean, std)}, data_config
+
+
+def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = None
+                    ) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
+    """What exported weights say of themselves beyond their tensors, as ``save_for_hf`` takes it: (model_config:
+    the tag and label names, model_args to add: the border of a padded dataset, data config: input size, mean /
+    std). The Hub export writes it to config.json, ``sa-vision-prune`` to the pruned file's metadata."""
+    label = label or weights_label(ckpt)
+    data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
+    pad_args, input_cfg = exported_input_config(
+        label.dataset, data_cfg.get('input_size') or model.pretrained_cfg['input_size'], ckpt.model_args,
+        data_cfg['mean'], data_cfg['std'])
+    model_config = {'pretrained_cfg': {'tag': label.tag}}
+    if len(label.dataset.class_names) == model.num_classes:  # timm's name: pretrained_cfg['label_names']
+        model_config['label_names'] = list(label.dataset.class_names)
+    return model_config, pad_args, input_cfg
 
 
 def _save_card_figure(model, path: Path) -> bool:
@@ -115,13 +131,7 @@ def export_hub_folder(
         _check_replaceable(out_dir, saved.state_dict(), ckpt.source)
         for name in _EXPORT_FILES:
             (out_dir / name).unlink(missing_ok=True)
-    data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
-    pad_args, input_cfg = exported_input_config(
-        label.dataset, data_cfg.get('input_size') or model.pretrained_cfg['input_size'], ckpt.model_args,
-        data_cfg['mean'], data_cfg['std'])
-    model_config = {'pretrained_cfg': {'tag': label.tag}}
-    if len(label.dataset.class_names) == model.num_classes:  # timm's name: pretrained_cfg['label_names']
-        model_config['label_names'] = list(label.dataset.class_names)
+    model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
     save_for_hf(saved, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
                 data_config=input_cfg)
     with open(out_dir / RECIPE_FILENAME, 'w') as f:

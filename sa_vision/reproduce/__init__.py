@@ -3,9 +3,10 @@
 Stages (``sa-vision-reproduce``): train four models from scratch; prune the trained ``sa_gen_cifar`` (paper App. A.1)
 and fine-tune ``sa_gen_pruned`` from it; the results table (test split, float32); the Hub folders, figures and
 attention explorer; publish (``publish=True``, a dry run otherwise). Each stage writes its result atomically and is
-skipped when it exists; a killed training continues from its last epoch (docs/reproduction.md).
+skipped when it exists and was made as asked; a killed training continues from its last epoch (docs/reproduction.md).
 
-Modules: ``profiles`` (what is trained), ``stages`` (:class:`Reproduction`, the pipeline), ``staged``
+Modules: ``profiles`` (what is trained), ``stages`` (:class:`Reproduction`, the pipeline), ``provenance`` (what a
+folder records of how its results were made), ``child_process`` (trainings that die with it), ``staged``
 (:class:`StagedZoo`, the zoo kept model by model within a time budget), ``report`` (evaluation, tables, figures,
 explorer), ``kept`` (the check of a kept zoo).
 """
@@ -27,6 +28,7 @@ from .profiles import (
     TABLE_ORDER,
     TRAINED_MODELS,
     Profile,
+    ReproductionError,
     StageFailed,
     ablation_run_name,
 )
@@ -35,7 +37,8 @@ from .staged import STAGE_ORDER, StagedZoo
 from .stages import Reproduction
 
 __all__ = ['STAGE_ORDER', 'StagedZoo',
-           'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction',
+           'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed',
+           'ReproductionError', 'Reproduction',
            'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'evaluate_on_test_split',
            'draw_figures', 'check_kept_models', 'record_kept_models', 'kept_guard_paths', 'kept_subset_top1',
            'logits_tolerance', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES']

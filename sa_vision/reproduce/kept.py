@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional
 from ..io import atomic_write, atomic_write_text
 from ..train.checkpoint import Checkpoint, read_checkpoint
 from ..train.data import dataset_info
-from .profiles import StageFailed
+from .profiles import ReproductionError
 from .report import EVAL_PRECISION, evaluate_on_test_split, model_input_size, read_table, say
 
 __all__ = ['ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES', 'kept_guard_paths', 'logits_tolerance',
@@ -46,6 +46,44 @@ def _read_digests(path: Path) -> Dict[str, str]:
             digest, name = line.split(maxsplit=1)
             digests[name.lstrip('*')] = digest
     return digests
+
+
+def _kept_rows(zoo: Path, table: Path) -> List[Dict[str, Any]]:
+    """The rows of ``table`` whose models are kept in ``zoo/<model>/``; a :class:`ReproductionError` for a table or
+    a model folder that is not there (what --check and --record both read)."""
+    table = Path(table)
+    if not table.is_file():
+        raise ReproductionError(f'--table {table} does not exist: give the results CSV of the kept zoo (a '
+                                f"reproduction's results.csv, e.g. docs/reproduction_fashion_mnist.csv)")
+    rows = read_table(table)
+    if not rows:
+        raise ReproductionError(f'{table} holds no results: give the results CSV of the kept zoo')
+    for row in rows:
+        folder = Path(zoo) / row['model']
+        if not (folder / 'model.safetensors').is_file():
+            raise ReproductionError(f'{table} lists {row["model"]} but {folder} holds no kept model '
+                                    f'(model.safetensors): check the zoo folder ({zoo}), or keep the zoo with '
+                                    f'sa-vision-reproduce --out <reproduction> --keep {zoo}')
+    return rows
+
+
+def _read_guard(zoo: Path, table: Path, rows: List[Dict[str, Any]]):
+    """(digests, logits) of the guard beside ``table``; a :class:`ReproductionError` where it or a model of the
+    table is missing from it: a check without the guard would check neither weights nor logits."""
+    from safetensors.torch import load_file
+    guard = kept_guard_paths(table)
+    record = f'record it with sa-vision-reproduce --check {zoo} --table {table} --record'
+    missing = [p.name for p in guard.values() if not p.is_file()]
+    if missing:
+        raise ReproductionError(f'{table} has no guard beside it ({", ".join(missing)} missing), so the weights '
+                                f'(SHA-256) and logits cannot be checked: {record}')
+    digests, logits = _read_digests(guard['digests']), load_file(str(guard['logits']))
+    named = {Path(name).parts[-2] for name in digests if len(Path(name).parts) >= 2}
+    unguarded = [row['model'] for row in rows if row['model'] not in logits or row['model'] not in named]
+    if unguarded:
+        raise ReproductionError(f'no guard for {", ".join(unguarded)} in {guard["digests"].name} / '
+                                f'{guard["logits"].name} (kept after the guard was recorded?): {record}')
+    return digests, logits
 
 
 def _guard_batch(dataset: str, data_dir: Optional[str], img_size: int):
@@ -94,7 +132,7 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
 
     from ..train.evaluation import evaluate
     paths = kept_guard_paths(table)
-    rows = read_table(table)
+    rows = _kept_rows(zoo, table)
     digests, logits, subset_top1 = [], {}, {}
     for row in rows:
         folder = Path(zoo) / row['model']
@@ -112,7 +150,8 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
         subset = torch.utils.data.Subset(ds, range(min(SUBSET_IMAGES, len(ds))))
         loader = torch.utils.data.DataLoader(subset, batch_size=500)
         subset_top1[row['model']] = round(evaluate(model, loader, 'cpu')['top1'], 2)
-        say(f'{row["model"]}: recorded; top-1 {subset_top1[row["model"]]:.2f} on the first {SUBSET_IMAGES} images')
+        images = 'all' if len(subset) == len(ds) else 'the first'
+        say(f'{row["model"]}: recorded; top-1 {subset_top1[row["model"]]:.2f} on {images} {len(subset)} test images')
     atomic_write_text(paths['digests'], '\n'.join(digests) + '\n')
     with atomic_write(paths['logits']) as tmp:
         save_file(logits, str(tmp), metadata={'images': f'the first {GUARD_IMAGES} of the test split',
@@ -131,43 +170,31 @@ def kept_subset_top1(table: Path) -> Dict[str, float]:
 def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
                       accuracy: bool = True) -> List[Dict[str, Any]]:
     """Check the models of ``table`` (a results CSV) kept in ``zoo/<model>/``: their weights' SHA-256 and their
-    logits of a fixed batch against the guard beside the table (where it exists, :func:`record_kept_models`), and,
-    with ``accuracy``, top-1 / top-5 on the whole test split against the table (minutes per model on a CPU)."""
+    logits of a fixed batch against the guard beside the table (:func:`record_kept_models`; a
+    :class:`ReproductionError` without it), and, with ``accuracy``, top-1 / top-5 on the whole test split against
+    the table (minutes per model on a CPU)."""
     import torch
-    from safetensors.torch import load_file
-    rows = read_table(table)
-    if not rows:
-        raise StageFailed(f'{table} holds no results')
-    guard = kept_guard_paths(table)
-    guarded = all(p.is_file() for p in guard.values())
-    if not guarded and not accuracy:
-        raise StageFailed(f'{table} has no guard beside it ({guard["digests"].name}, {guard["logits"].name}): '
-                          f'record it with sa-vision-reproduce --check {zoo} --table {table} --record')
-    digests = _read_digests(guard['digests']) if guarded else {}
-    recorded = load_file(str(guard['logits'])) if guarded else {}
+    rows = _kept_rows(zoo, table)
+    digests, recorded = _read_guard(zoo, table, rows)
     checked = []
     for row in rows:
         folder = Path(zoo) / row['model']
-        if not folder.is_dir():
-            raise StageFailed(f'{table} lists {row["model"]} but {folder} does not exist: keep the zoo with '
-                              f'sa-vision-reproduce --keep {zoo}')
         ckpt = read_checkpoint(folder)
         model = ckpt.create_model()
         result, notes = {'model': row['model']}, []
-        if guarded:
-            weights = folder / 'model.safetensors'
-            expected = [d for name, d in digests.items() if Path(name).parts[-2:] == weights.parts[-2:]]
-            result['digest_ok'] = expected == [_sha256(weights)]
-            images, _ = _guard_batch(row['dataset'], data_dir, model_input_size(model))
-            with torch.no_grad():
-                logits = model.float()(images).float()
-            reference = recorded[row['model']]
-            result['logits_max_diff'] = (logits - reference).abs().max().item()
-            result['logits_tolerance'] = logits_tolerance(model, reference.abs().max().item())
-            result['logits_ok'] = result['logits_max_diff'] <= result['logits_tolerance']
-            notes.append(f'weights {"ok" if result["digest_ok"] else "CHANGED (SHA-256)"}, logits of '
-                         f'{GUARD_IMAGES} images within {result["logits_max_diff"]:.1e} '
-                         f'(tolerance {result["logits_tolerance"]:.1e})')
+        weights = folder / 'model.safetensors'
+        expected = [d for name, d in digests.items() if Path(name).parts[-2:] == weights.parts[-2:]]
+        result['digest_ok'] = expected == [_sha256(weights)]
+        images, _ = _guard_batch(row['dataset'], data_dir, model_input_size(model))
+        with torch.no_grad():
+            logits = model.float()(images).float()
+        reference = recorded[row['model']]
+        result['logits_max_diff'] = (logits - reference).abs().max().item()
+        result['logits_tolerance'] = logits_tolerance(model, reference.abs().max().item())
+        result['logits_ok'] = result['logits_max_diff'] <= result['logits_tolerance']
+        notes.append(f'weights {"ok" if result["digest_ok"] else "CHANGED (SHA-256)"}, logits of '
+                     f'{GUARD_IMAGES} images within {result["logits_max_diff"]:.1e} '
+                     f'(tolerance {result["logits_tolerance"]:.1e})')
         if accuracy:
             precision = row.get('eval_precision') or EVAL_PRECISION
             start = time.monotonic()

@@ -1,8 +1,10 @@
 """ What the reproduction trains: the models of the paper's table, the profiles (recipe changes per model, as
-data) and the ablation of the positional parameters (paper Sec. 4.2); :class:`StageFailed`, how a stage fails """
+data) and the ablation of the positional parameters (paper Sec. 4.2); :class:`StageFailed`, how a stage fails, and
+:class:`ReproductionError`, options or files that do not fit """
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
+from ..errors import UserError
 from ..models import SA_MODEL_ARGS
 from ..paper import PAPER_RESULTS, PRUNED_FROM
 from ..research.pruning import PRUNED_ARCH
@@ -11,7 +13,7 @@ from ..train.recipes import load_recipe
 
 __all__ = ['TABLE_ORDER', 'PRUNE_SOURCE', 'PRUNED_MODEL', 'TRAINED_MODELS', 'Profile', 'PROFILES',
            'apply_recipe_changes', 'ABLATION_MODEL', 'ABLATION_POS_LR_SCALE', 'ABLATION_VARIANTS',
-           'ablation_run_name', 'StageFailed']
+           'ablation_run_name', 'StageFailed', 'ReproductionError']
 
 TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its order
 PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
@@ -164,3 +166,8 @@ def ablation_run_name(variant: str) -> str:
 
 class StageFailed(RuntimeError):
     """A stage of the reproduction failed; the finished stages are kept."""
+
+
+class ReproductionError(UserError):
+    """Options, folders or files that do not fit what was asked (a reproduction folder of other options, a kept zoo
+    or table that is not there): nothing was run; the message says what to do."""

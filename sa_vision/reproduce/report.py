@@ -161,7 +161,8 @@ ABLATION_COLUMNS = (
 
 
 def write_table(out: Path, stem: str, columns: Sequence[Column], rows: List[Dict[str, Any]], note: str = '') -> str:
-    """``out/<stem>.csv`` (every column) and ``out/<stem>.md`` (the titled ones, then ``note``); the Markdown."""
+    """``out/<stem>.csv`` (every column) and ``out/<stem>.md`` (the titled ones, then ``note``); the Markdown table
+    (without the note: a caller that prints the table as it grows says the note once)."""
     with atomic_write(out / f'{stem}.csv') as tmp, open(tmp, 'w', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=[column.name for column in columns])
         writer.writeheader()
@@ -170,9 +171,7 @@ def write_table(out: Path, stem: str, columns: Sequence[Column], rows: List[Dict
     markdown = markdown_table([column.title for column in shown],
                               [[column.cell(row[column.name]) for column in shown] for row in rows],
                               ''.join(column.align for column in shown)) + '\n'
-    if note:
-        markdown += f'\n{note}\n'
-    atomic_write_text(out / f'{stem}.md', markdown)
+    atomic_write_text(out / f'{stem}.md', markdown + (f'\n{note}\n' if note else ''))
     return markdown
 
 

@@ -3,7 +3,8 @@
 Stages (``sa-vision-reproduce``): train four models from scratch; prune the trained ``sa_gen_cifar`` (paper App. A.1)
 and fine-tune ``sa_gen_pruned`` from it; the results table (test split, float32); the Hub folders, figures and
 attention explorer; publish (``publish=True``, a dry run otherwise). Each stage writes its result atomically and is
-skipped when it exists; a killed training continues from its last epoch (docs/reproduction.md).
+skipped when it exists and was made as this stage asks (:mod:`.provenance`); a killed training continues from its
+last epoch (docs/reproduction.md).
 """
 import dataclasses
 import json
@@ -13,7 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -23,6 +24,7 @@ from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
 from ..train.checkpoint import Checkpoint, read_checkpoint
 from ..train.data import check_dataset, dataset_info
+from .child_process import die_with_parent
 from .profiles import (
     ABLATION_MODEL,
     ABLATION_VARIANTS,
@@ -31,10 +33,12 @@ from .profiles import (
     PRUNED_MODEL,
     TABLE_ORDER,
     TRAINED_MODELS,
+    ReproductionError,
     StageFailed,
     ablation_run_name,
     apply_recipe_changes,
 )
+from .provenance import check_run_arguments, check_setup, stage_arguments, weights_sha256, write_setup
 from .report import (
     ABLATION_COLUMNS,
     EVAL_PRECISION,
@@ -75,17 +79,23 @@ class Reproduction:
         self.tag_output = False  # prefix each line of a training's output with its run (trainings side by side)
 
     def _check_same_setup(self) -> None:
-        """A folder holds one reproduction: the same command (profile, dataset, epochs) continues it."""
-        setup = {'profile': self.profile.name, 'dataset': self.dataset, 'epochs': self.epochs}
-        path = self.out / 'reproduction.json'
-        if path.is_file():
-            saved = json.loads(path.read_text())
-            if saved != setup:
-                raise StageFailed(f'{self.out} holds a reproduction of {saved}, not {setup}; continue it with the '
-                                  f'same options or choose another --out')
-        else:
-            self.out.mkdir(parents=True, exist_ok=True)
-            atomic_write_text(path, json.dumps(setup, indent=1))
+        """A folder holds one reproduction: the same options (profile, dataset, epochs, train_args) continue it.
+        The options are checked first, every training stage's arguments as ``sa-vision-train`` would take them;
+        ``reproduction.json`` is written only then."""
+        setup = {'profile': self.profile.name, 'dataset': self.dataset, 'epochs': self.epochs,
+                 'train_args': self.train_args}
+        to_write = check_setup(self.out, setup)
+        for model in TRAINED_MODELS:
+            stage_arguments(self._recipe(model), self.train_args)
+        if to_write:
+            write_setup(self.out, setup)
+
+    def _recipe(self, model: str, changes: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+        """The recipe of ``model``'s stage: the profile's, with ``changes`` and this reproduction's epochs."""
+        recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
+        apply_recipe_changes(recipe, changes or {})
+        recipe['save_epoch_weights'] = model in SA_MODEL_ARGS  # centre trajectories of the attention models
+        return recipe
 
     def run_dir(self, model: str) -> Path:
         return self.out / 'runs' / model
@@ -98,9 +108,7 @@ class Reproduction:
               changes: Optional[Dict[str, Any]] = None) -> Path:
         """Train one model into ``runs/<run or model>`` with ``changes`` to the profile's recipe; skipped when done."""
         run = run or model
-        recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
-        apply_recipe_changes(recipe, changes or {})
-        recipe['save_epoch_weights'] = model in SA_MODEL_ARGS  # centre trajectories of the attention models
+        recipe = self._recipe(model, changes)
         # keys that only timm's train.py reads: left out of the stage recipes and noted once
         read = _training_script_keys()
         ignored = {k: v for k, v in recipe.items() if k not in read}
@@ -123,10 +131,14 @@ class Reproduction:
         if self.download:
             cmd.append('--dataset-download')
         cmd += self.train_args
+        initial = ['--initial-checkpoint', str(initial_checkpoint)] if initial_checkpoint is not None else []
         if last.is_file():
-            meta = read_checkpoint(last).meta
+            ckpt = read_checkpoint(last)
+            # skipped or continued only as the run of this stage's arguments (epochs, model, recipe, --train-args)
+            check_run_arguments(self.run_dir(run), ckpt, stage_arguments(recipe, cmd[3:] + initial))
+            meta = ckpt.meta
             if meta['epoch'] >= meta.get('num_epochs', recipe['epochs']):
-                say(f'{run}: finished ({meta["epoch"]} epochs), skipped')
+                say(f'{run}: finished ({_epochs(meta["epoch"])}), skipped')
                 return last
             say(f'{run}: continuing the killed run at epoch {meta["epoch"]}')
             cmd += ['--resume', str(last)]
@@ -134,9 +146,8 @@ class Reproduction:
             if self.run_dir(run).exists():  # killed before its first checkpoint: sa-vision-train starts only anew
                 say(f'{run}: {self.run_dir(run)} holds no finished epoch, removed; training from the start')
                 shutil.rmtree(self.run_dir(run))
-            if initial_checkpoint is not None:
-                cmd += ['--initial-checkpoint', str(initial_checkpoint)]
-        say(f'{run}: {recipe["epochs"]} epochs of {model} on {self.dataset}, recipe {recipe_path}')
+            cmd += initial
+        say(f'{run}: {_epochs(recipe["epochs"])} of {model} on {self.dataset}, recipe {recipe_path}')
         status = _run_training(cmd, f'[{run}] ' if self.tag_output else None)
         if status != 0:
             raise StageFailed(f'the training process of {run} exited with status {status} (its output is above)')
@@ -147,14 +158,20 @@ class Reproduction:
         ``source_path``: the weights to prune (a Hub folder of a kept zoo, say), by default its run's last
         checkpoint; ``before``: the source's ``top1`` / ``top5`` where the weights keep none (a Hub folder)."""
         out, report_path = self.out / 'pruned.pth', self.out / 'pruning.json'
-        if out.is_file() and report_path.is_file():
-            say(f'pruning: done ({json.loads(report_path.read_text())["kept_heads_per_layer"]} heads kept), '
-                 f'skipped')
-            return out
-        from ..research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
         source_path = Path(source_path or self.run_dir(PRUNE_SOURCE) / 'last.pth.tar')
-        say(f'pruning: reading {source_path}')
         source = read_checkpoint(source_path)
+        digest = weights_sha256(source.state_dict)
+        done = json.loads(report_path.read_text()) if out.is_file() and report_path.is_file() else {}
+        if done.get('source_weights_sha256') == digest:
+            say(f'pruning: done ({done["kept_heads_per_layer"]} heads kept), skipped')
+            return out
+        finetuned = self.run_dir(PRUNED_MODEL)
+        if done or finetuned.exists():  # of other weights, or of a pruning that kept no digest: made anew
+            say(f'pruning: {out.name} and {finetuned} are not of the weights now in {source_path} (pruning.json '
+                f'holds another digest, or none): pruning and fine-tuning anew')
+            shutil.rmtree(finetuned, ignore_errors=True)
+        from ..research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
+        say(f'pruning: reading {source_path}')
         # a Hub folder's model pads the dataset's images itself; fine-tuning trains on the padded ones, as its source
         model = Checkpoint(source.arch, {k: v for k, v in source.model_args.items() if not k.startswith('input_pad')},
                            source.state_dict, source.source, source.format).create_model()
@@ -172,7 +189,7 @@ class Reproduction:
         say(f'pruning: evaluated {after.get("num_images", "")} images in {time.time() - started:.0f} s; writing {out}')
         save_pruned(pruned, out, heads)
         report = {
-            'source': str(source_path),
+            'source': str(source_path), 'source_weights_sha256': digest,
             'degenerate_heads': degenerate, 'pruned_heads': heads,
             'heads_removed_per_layer': [len(h) for h in heads],
             'kept_heads_per_layer': list(pruned.heads_per_layer),
@@ -229,8 +246,9 @@ class Reproduction:
                          'eval_precision': EVAL_PRECISION, 'paper_cifar10_top1': paper.top1 if paper else None})
         if write:
             markdown = write_table(self.out, 'results', RESULT_COLUMNS, rows, self.profile.table_note)
-            if not quiet:
-                say(markdown)
+            if not quiet:  # the note once, under the whole table
+                complete = set(models) >= set(TABLE_ORDER) and self.profile.table_note
+                say(markdown + (f'\n{self.profile.table_note}\n' if complete else ''))
         return rows
 
     def ablation(self) -> List[Dict[str, Any]]:
@@ -330,11 +348,17 @@ class Reproduction:
             self._header(index, len(stages), name)
             try:
                 stage()
+            except ReproductionError:  # a run of other options: what to do is in the message, not a rerun
+                raise
             except Exception as e:  # e.g. a failed training process or an unreadable checkpoint: stop, naming it
                 what = str(e) if isinstance(e, StageFailed) else f'{type(e).__name__}: {e}'
                 raise StageFailed(f'stage {name!r} failed: {what}') from e
         say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
         return results['rows']
+
+
+def _epochs(count: int) -> str:
+    return f'{count} epoch' + ('' if count == 1 else 's')
 
 
 def _run_training(cmd: List[str], tag: Optional[str]) -> int:
@@ -348,32 +372,6 @@ def _run_training(cmd: List[str], tag: Optional[str]) -> int:
             sys.stdout.write(tag + line)
             sys.stdout.flush()
     return proc.returncode
-
-
-def _death_signal_setter() -> Optional[Callable[[], None]]:
-    """What a training process runs before it starts (Linux): it is killed with the reproduction, so no orphan
-    writes the checkpoint the next run resumes. prctl is looked up here, in the parent: the child, forked from a
-    parent that may run threads (stages side by side), must not load a library before it execs."""
-    if not sys.platform.startswith('linux'):
-        return None
-    import ctypes
-    import signal
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    # the forking process's pid, set in it just before each fork (subprocess runs these hooks when a child runs
-    # Python before its exec), so that the child holds its parent's pid in its copy of this dict
-    forked_by = {'pid': os.getpid()}
-    os.register_at_fork(before=lambda: forked_by.update(pid=os.getpid()))
-
-    def die_with_parent() -> None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != forked_by['pid']:  # the parent ended before the prctl: no signal will come
-            os.kill(os.getpid(), signal.SIGKILL)
-    return die_with_parent
-
-
-# a subprocess's preexec_fn (None off Linux): the training processes, and the device check's pytest. The signal
-# comes when the thread that started the process ends; a stage's thread waits for its training.
-die_with_parent = _death_signal_setter()
 
 
 def _training_script_keys() -> frozenset:

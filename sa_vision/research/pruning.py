@@ -27,8 +27,8 @@ from ..models.sa_state_dict import (
 )
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 
-__all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'head_eigenvalues', 'find_degenerate_heads',
-           'select_heads_to_prune', 'prune_state_dict', 'prune_heads']
+__all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'head_eigenvalues', 'check_thresholds',
+           'find_degenerate_heads', 'select_heads_to_prune', 'prune_state_dict', 'prune_heads']
 
 MAX_EIGENVALUE_BELOW = 1e-5  # App. A.1 and the authors' script: prune if M_h's largest eigenvalue is below this
 MAX_CONDITION = 1000.  # the authors' script (App. A.1: 1e5): prune if M_h's condition number is above this
@@ -44,6 +44,19 @@ def head_eigenvalues(model: nn.Module) -> List[Tensor]:
     return [torch.linalg.eigvalsh(precisions) for precisions in head_precisions(model)]
 
 
+def check_thresholds(max_eigenvalue_below: float, max_condition: float) -> None:
+    """A :class:`PruningError` for a threshold that cannot be meant: a negative eigenvalue bound (0 already turns
+    that test off: no largest eigenvalue of ``M_h`` is below it), a condition bound below 1 (every condition number
+    is at least 1: every head would be degenerate)."""
+    if not max_eigenvalue_below >= 0:
+        raise PruningError(f'--max-eigenvalue-below is {max_eigenvalue_below:g}: no eigenvalue of M_h is below a '
+                           f'negative bound; give a positive one (default {MAX_EIGENVALUE_BELOW:g}), or 0 to turn '
+                           f'that test off')
+    if not max_condition >= 1:
+        raise PruningError(f'--max-condition is {max_condition:g}: every condition number is at least 1, so every '
+                           f'head would be degenerate; give a bound of at least 1 (default {MAX_CONDITION:g})')
+
+
 def find_degenerate_heads(
         model: nn.Module,
         max_eigenvalue_below: float = MAX_EIGENVALUE_BELOW,
@@ -51,6 +64,7 @@ def find_degenerate_heads(
 ) -> List[List[int]]:
     """Per layer, the heads whose ``M_h`` has largest eigenvalue ``< max_eigenvalue_below`` or condition number
     (``inf`` when singular) ``> max_condition``."""
+    check_thresholds(max_eigenvalue_below, max_condition)
     degenerate = []
     for eigenvalues in head_eigenvalues(model):
         smallest, largest = eigenvalues[:, 0].abs(), eigenvalues[:, 1].abs()
@@ -107,11 +121,13 @@ def prune_state_dict(
     kept_per_layer = []
     for layer, (drop, num_heads) in enumerate(zip(heads_to_prune, heads_per_layer)):
         drop = sorted({int(h) for h in drop})
+        # layers counted from 1, as sa-vision-prune lists them; heads by their index, from 0, as --heads takes them
         if any(not 0 <= h < num_heads for h in drop):
-            raise PruningError(f'layer {layer} has heads 0..{num_heads - 1}, cannot prune heads {drop}')
+            raise PruningError(f'layer {layer + 1} has heads 0..{num_heads - 1}, cannot prune heads {drop}')
         keep = [h for h in range(num_heads) if h not in drop]
         if not keep:
-            raise PruningError(f'pruning heads {drop} would leave layer {layer} without any head; keep at least one')
+            raise PruningError(f'pruning heads {drop} would leave layer {layer + 1} without any head; keep at '
+                               f'least one')
         kept_per_layer.append(len(keep))
         for suffix, (dim, width) in per_head.items():
             key = block_key(layer, suffix)
@@ -156,21 +172,33 @@ def pruned_arch(attn_kind: str) -> str:
     return PRUNED_ARCH if attn_kind == 'generalized' else DEFAULT_MODEL_OF_KIND[attn_kind]
 
 
-def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequence[int]]] = None) -> Dict:
+def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequence[int]]] = None,
+                model_args: Optional[Dict] = None, pretrained_cfg: Optional[Dict] = None) -> Dict:
     """Write a pruned model as a checkpoint of :func:`pruned_arch` with the kept heads in its ``model_args``
-    (``.safetensors``: in the metadata); returns the ``model_args``."""
+    (``.safetensors``: in the metadata), creating the folder; returns the ``model_args``. ``model_args`` adds
+    arguments its weights do not show (the border a model adds to its input); ``pretrained_cfg`` is timm's
+    preprocessing of the weights (input size, mean / std, tag, label names), which loaders apply."""
     import json
+    from pathlib import Path
 
     from ..io import atomic_torch_save, atomic_write
     from ..train.checkpoint import CHECKPOINT_VERSION, infer_model_args
+    from ..train.data import dataset_for_tag
     state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
-    model_args = infer_model_args(state_dict)
-    arch = pruned_arch(model_args.pop('attn_kind'))  # the registered model of the kind sets the kind itself
+    args = infer_model_args(state_dict)
+    arch = pruned_arch(args.pop('attn_kind'))  # the registered model of the kind sets the kind itself
+    args.update(model_args or {})
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     if str(path).endswith('.safetensors'):
         from safetensors.torch import save_file
+        metadata = {'arch': arch, 'model_args': json.dumps(args)}
+        if pretrained_cfg:
+            metadata['pretrained_cfg'] = json.dumps(pretrained_cfg)
         with atomic_write(path) as tmp:
-            save_file(state_dict, str(tmp), metadata={'arch': arch, 'model_args': json.dumps(model_args)})
+            save_file(state_dict, str(tmp), metadata=metadata)
     else:
-        atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': model_args,
-                           'state_dict': state_dict, 'pruned_heads': [list(h) for h in pruned_heads or []]}, path)
-    return model_args
+        cfg = {'pretrained_cfg': pretrained_cfg, 'dataset': dataset_for_tag(pretrained_cfg.get('tag') or '')} \
+            if pretrained_cfg else {}
+        atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': args, 'state_dict': state_dict,
+                           'pruned_heads': [list(h) for h in pruned_heads or []], **cfg}, path)
+    return args

@@ -16,7 +16,8 @@ from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
-    'build_parser', 'argument_names', 'add_threads_argument', 'check_scheduler', 'LEAST_VALUES', 'check_least_values',
+    'build_parser', 'parse_over', 'argument_names', 'add_threads_argument', 'check_scheduler', 'LEAST_VALUES',
+    'check_least_values',
 ]
 
 # this process's and this machine's: set anew by every process, so --resume does not take them from the run
@@ -64,6 +65,14 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     if defaults:
         parser.set_defaults(**defaults)
     return parser
+
+
+def parse_over(defaults: dict, argv) -> argparse.Namespace:
+    """``argv`` parsed over ``defaults`` (a recipe's, a resumed run's): a command-line ``--model-kwargs`` updates
+    their ``model_kwargs`` instead of replacing them."""
+    args = build_parser(defaults).parse_args(argv)
+    args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
+    return args
 
 
 def argument_names() -> frozenset:

@@ -7,6 +7,7 @@ allowed beyond ``weights_only``): checkpoints of ``sa-vision-train`` and timm's 
 import argparse
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
@@ -35,7 +36,7 @@ from .timm_args import TIMM_MODEL_KWARGS
 
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'read_checkpoint',
-    'load_model', 'infer_model_args', 'is_sa_state_dict', 'strip_runtime_args', 'RUNTIME_ARGS',
+    'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict', 'strip_runtime_args', 'RUNTIME_ARGS',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -79,8 +80,9 @@ class Checkpoint:
         if not timm.is_model(self.arch):
             raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
                                   f'that registers it (--device-modules) or pass the right --model')
-        # a Hub folder's preprocessing (input size, mean / std, label names) as timm's local-dir: loading keeps it
-        overlay = self.meta.get('pretrained_cfg') if self.format == 'hub_folder' else None
+        # the preprocessing of a Hub folder or a pruned file (input size, mean / std, label names), kept as timm's
+        # local-dir: loading keeps a Hub folder's
+        overlay = self.meta.get('pretrained_cfg')
         sources = {k: '--model-kwargs' if k in self.given_args else f'the arguments stored with {self.source}'
                    for k in self.model_args}
         try:
@@ -205,10 +207,15 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     model_args = dict(model_args)
     if 'num_classes' in config:
         model_args.setdefault('num_classes', config['num_classes'])
-    cfg = config.get('pretrained_cfg') or {}
-    from .data import dataset_for_tag
     return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder',
-                      {'pretrained_cfg': cfg, 'dataset': dataset_for_tag(cfg.get('tag') or '')})
+                      _pretrained_meta(config.get('pretrained_cfg') or {}))
+
+
+def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """The meta of weights that carry timm's ``pretrained_cfg`` (a Hub folder's config.json, a pruned file's
+    metadata): the cfg, and the dataset its tag names (``fashion_mnist_custom`` -> fashion-mnist)."""
+    from .data import dataset_for_tag
+    return {'pretrained_cfg': cfg, 'dataset': dataset_for_tag(cfg.get('tag') or '')}
 
 
 def _read_json(text: str, path: Path, what: str) -> Any:
@@ -262,7 +269,13 @@ def read_checkpoint(
             raise CheckpointError(f"{path}: metadata 'model_args' must be a JSON object of create_model keywords, "
                                   f'got {type(stored_args).__name__}; re-save the file with sa-vision-prune or '
                                   f'drop the metadata and name the model')
-        meta = {k: v for k, v in metadata.items() if k not in ('arch', 'model_args')}
+        meta = {k: v for k, v in metadata.items() if k not in ('arch', 'model_args', 'pretrained_cfg')}
+        if 'pretrained_cfg' in metadata:  # sa-vision-prune's: the preprocessing of the weights it pruned
+            cfg = _read_json(metadata['pretrained_cfg'], path, "metadata 'pretrained_cfg'")
+            if not isinstance(cfg, dict):
+                raise CheckpointError(f"{path}: metadata 'pretrained_cfg' must be a JSON object of timm's "
+                                      f'pretrained_cfg keys, got {type(cfg).__name__}; prune the weights again')
+            meta.update(_pretrained_meta(cfg))
         ckpt = _from_state_dict(state_dict, path, 'safetensors', metadata.get('arch') or arch,
                                 {**stored_args, **(model_args or {})}, meta)
     else:
@@ -319,17 +332,27 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         f'checkpoint of sa-vision-train or timm train.py, nor a state dict')
 
 
-def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
-    """A model in eval mode from a file or Hub folder (:func:`read_checkpoint`), a timm model name, or a name of
-    weights (``local-dir:<folder>``, ``hf-hub:<repo>``: always loaded); ``kwargs`` are construction arguments."""
+def weights_path(source: str) -> Optional[Path]:
+    """The file or folder of weights that ``source`` names for :func:`load_model` (``local-dir:<folder>``, a path,
+    a name with a weights suffix or a folder separator), or None for a model name."""
     if source.startswith(LOCAL_DIR_PREFIX):
         folder = Path(source[len(LOCAL_DIR_PREFIX):])
         if not folder.is_dir():
             raise CheckpointError(f'{source}: {folder} is not a folder; local-dir: names an exported Hub folder '
                                   f'(config.json + model.safetensors), e.g. from sa-vision-push-to-hub --dry-run')
-        return read_checkpoint(folder, model_args=kwargs).create_model()
+        return folder
     path = Path(source)
-    if path.exists() or source.endswith(_WEIGHT_SUFFIXES):
+    # a path that is not there (timm would only say it has no source prefix): read_checkpoint names it
+    if path.exists() or source.endswith(_WEIGHT_SUFFIXES) or _looks_like_path(source):
+        return path
+    return None
+
+
+def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
+    """A model in eval mode from a file or Hub folder (:func:`read_checkpoint`), a timm model name, or a name of
+    weights (``local-dir:<folder>``, ``hf-hub:<repo>``: always loaded); ``kwargs`` are construction arguments."""
+    path = weights_path(source)
+    if path is not None:
         return read_checkpoint(path, model_args=kwargs, use_ema=use_ema).create_model()
     pretrained = pretrained or source.startswith(HF_HUB_PREFIX)
     try:
@@ -337,3 +360,8 @@ def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **k
     except UnknownModelError:
         raise CheckpointError(f'{source!r} is neither a file, a Hub folder, local-dir:<folder>, hf-hub:<repo> nor '
                               f'a timm model name ({model_name_hint(source)})') from None
+
+
+def _looks_like_path(source: str) -> bool:
+    """A name with a folder separator and no ``<source>:`` prefix, which timm refuses as a model name."""
+    return any(sep in source for sep in ('/', os.sep)) and not re.match(r'[a-zA-Z][a-zA-Z0-9+.\-_]+:', source)

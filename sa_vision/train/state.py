@@ -14,7 +14,7 @@ from timm.utils import update_summary
 
 from ..errors import UserError
 from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
-from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, build_parser
+from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
 from .checkpoint import (
     BEST_CHECKPOINT,
     CHECKPOINT_VERSION,
@@ -58,9 +58,7 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
         run_args = {k: v for k, v in _saved_run_args(resume_ckpt, resume).items()
                     if k in known and k not in PROCESS_ARGS}
         defaults.update(run_args)
-    args = build_parser(defaults).parse_args(remaining)
-    # command-line --model-kwargs update the recipe's dict instead of replacing it
-    args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
+    args = parse_over(defaults, remaining)
     args.config = config.config
     check_recipe_start(recipe, args, config.config)
     # what the run had as defaults comes back unchanged: a difference was given on the command line

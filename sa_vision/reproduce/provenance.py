@@ -1,0 +1,108 @@
+""" What a reproduction folder records of how its results were made, checked before a result is skipped or continued
+
+A folder holds one reproduction (``reproduction.json``: profile, dataset, epochs, the ``sa-vision-train`` arguments
+added to every stage); a run folder holds the training arguments it was started with (its checkpoint's ``args``, as
+``args.yaml``), which must be those of the stage that would skip or continue it; ``pruning.json`` holds the SHA-256
+of the weights it pruned, so that pruned weights and their fine-tuning are made again when their source changes.
+"""
+import hashlib
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Dict, List, Sequence
+
+import yaml
+
+from ..io import atomic_write_text
+from ..train.checkpoint import Checkpoint, strip_runtime_args
+from .profiles import ReproductionError
+
+__all__ = ['SETUP_FILE', 'check_setup', 'write_setup', 'stage_arguments', 'check_run_arguments', 'weights_sha256']
+
+SETUP_FILE = 'reproduction.json'
+
+
+def _as_options(setup: Dict[str, Any]) -> str:
+    """A setup as the options of sa-vision-reproduce that make it."""
+    options = f'--profile {setup.get("profile")} --dataset {setup.get("dataset")}'
+    if setup.get('epochs') is not None:
+        options += f' --epochs {setup["epochs"]}'
+    if setup.get('train_args'):
+        options += f' --train-args={shlex.quote(shlex.join(setup["train_args"]))}'
+    return options
+
+
+def check_setup(out: Path, setup: Dict[str, Any]) -> bool:
+    """A :class:`ReproductionError` where ``out`` holds a reproduction of another ``setup``; whether the setup is
+    still to be written (a new folder, or one written before ``train_args`` were recorded: its runs' own arguments
+    are checked stage by stage)."""
+    path = Path(out) / SETUP_FILE
+    if not path.is_file():
+        return True
+    saved = json.loads(path.read_text())
+    differ = [key for key in setup if key in saved and saved[key] != setup[key]]
+    if differ:
+        raise ReproductionError(
+            f'{out} holds a reproduction made with {_as_options(saved)}, not {_as_options(setup)} (it differs in '
+            f'{", ".join(differ)}). Continue it with its own options, or give these another --out')
+    return saved != setup
+
+
+def write_setup(out: Path, setup: Dict[str, Any]) -> None:
+    Path(out).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(out) / SETUP_FILE, json.dumps(setup, indent=1))
+
+
+def stage_arguments(recipe: Dict[str, Any], argv: Sequence[str]) -> Dict[str, Any]:
+    """The training arguments a stage's ``sa-vision-train`` run saves (its ``args.yaml``, the runtime ones left
+    out) for ``recipe`` with the command line ``argv`` after it; a :class:`~sa_vision.errors.RecipeError` for a value
+    the training would refuse (``--epochs 0``), raised here before anything is written or started."""
+    from ..train.args import argument_names, check_least_values, check_scheduler, parse_over
+    from ..train.state import args_as_saved, resolve_model_args
+    known = argument_names()
+    args = parse_over({k: v for k, v in recipe.items() if k in known}, list(argv))
+    check_least_values(args)
+    check_scheduler(args.sched, args.sched_on_updates)
+    resolve_model_args(args, recipe, None, lambda _: None)  # model_kwargs as saved: the flags', the weights'
+    return strip_runtime_args(args_as_saved(args))
+
+
+def _differences(saved: Dict[str, Any], expected: Dict[str, Any]) -> List[str]:
+    """``key: <run's> in the run, <stage's> here`` for every training argument that differs (model_kwargs by key)."""
+    def flat(args):
+        kwargs = args.get('model_kwargs') or {}
+        return {**{k: v for k, v in args.items() if k != 'model_kwargs'},
+                **{f'model_kwargs.{k}': v for k, v in kwargs.items()}}
+    saved, expected = flat(saved), flat(expected)
+    return [f'{key}: {saved.get(key)!r} in the run, {expected.get(key)!r} here'
+            for key in sorted(set(saved) | set(expected)) if saved.get(key) != expected.get(key)]
+
+
+def check_run_arguments(run_dir: Path, ckpt: Checkpoint, expected: Dict[str, Any]) -> None:
+    """A :class:`ReproductionError` unless the run in ``run_dir`` (``ckpt``, its last checkpoint) was started with
+    the ``expected`` training arguments (:func:`stage_arguments`): a run of another recipe is never skipped as
+    finished nor continued."""
+    saved = ckpt.meta.get('args')
+    if not saved and (run_dir / 'args.yaml').is_file():
+        saved = yaml.safe_load((run_dir / 'args.yaml').read_text())
+    what_to_do = (f'Remove {run_dir} to train it with this stage\'s arguments, or continue the reproduction it '
+                  f'came from with that one\'s options')
+    if not saved:
+        raise ReproductionError(f'{run_dir} holds a run without its training arguments (no args.yaml): it cannot '
+                                f'be told from another recipe\'s. {what_to_do}')
+    differences = _differences(strip_runtime_args(saved), expected)
+    if differences:
+        raise ReproductionError(f'{run_dir} holds a run of other training arguments than this stage\'s '
+                                f'({"; ".join(differences)}), so it is neither skipped nor continued. {what_to_do}')
+
+
+def weights_sha256(state_dict: Dict[str, Any]) -> str:
+    """SHA-256 of a state dict's tensors (names, dtypes, shapes and bytes, in name order): the same weights give
+    the same digest in a run's checkpoint or a Hub folder, whatever else the file holds."""
+    import torch
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f'{name}:{tensor.dtype}:{tuple(tensor.shape)};'.encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
