@@ -158,3 +158,28 @@ def test_checkpoint_of_a_newer_format_is_refused(tmp_path):
     assert read_checkpoint(tmp_path / f'v{CHECKPOINT_VERSION}.pth.tar').format == 'sa_vision'
     with pytest.raises(CheckpointError, match=f'newer sa_vision .*version {CHECKPOINT_VERSION + 1}'):
         read_checkpoint(tmp_path / f'v{CHECKPOINT_VERSION + 1}.pth.tar')
+
+
+@pytest.mark.parametrize('force_cpu', [False, True])
+def test_the_saved_score_belongs_to_the_weights_train_py_scored(tmp_path, force_cpu):
+    """timm's train.py with --model-ema evaluates the EMA and saves its score as the checkpoint's ``metric``
+    (with --model-ema-force-cpu it evaluates only the model): the score is read as the exported weights' only
+    where they are the weights scored."""
+    args = _timm_train_args(tmp_path)
+    args.model_ema_force_cpu = force_cpu
+    torch.manual_seed(0)
+    model = timm.create_model(args.model, num_classes=args.num_classes, **args.model_kwargs)
+    ema = ModelEmaV3(model, decay=args.model_ema_decay)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1)
+    scored = model if force_cpu else ema.module  # what train.py's validate() ran on last
+    saver = CheckpointSaver(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), args=args,
+                            model_ema=ema, checkpoint_dir=str(tmp_path), recovery_dir=str(tmp_path), decreasing=False)
+    saver.save_checkpoint(epoch=0, metric=_accuracy(scored))
+    for use_ema, weights in ((False, model), (True, ema.module)):
+        meta = read_checkpoint(tmp_path / 'last.pth.tar', use_ema=use_ema).meta
+        if weights is scored:
+            assert meta['metrics'] == {'top1': pytest.approx(_accuracy(weights), abs=1e-6)}
+        else:
+            assert 'metrics' not in meta, (use_ema, meta.get('metrics'))
