@@ -17,6 +17,7 @@ pytest.importorskip('sklearn')
 
 import sa_vision  # noqa: F401
 from sa_vision.cli import push_to_hub
+from sa_vision.errors import run_cli
 from sa_vision.hub import (
     CARD_FIGURE_FILENAME,
     HUB_FOLDER_FILES,
@@ -234,10 +235,12 @@ class _RecordingApi:
 
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(('create_repo', repo_id))
-        return type('RepoUrl', (), {'repo_id': repo_id})()
+        # as the Hub does: a name without a namespace goes to the token's user
+        return type('RepoUrl', (), {'repo_id': repo_id if '/' in repo_id else f'someone/{repo_id}'})()
 
     def upload_folder(self, **kwargs):
         self.calls.append(('upload_folder', kwargs['repo_id'], sorted(os.listdir(kwargs['folder_path']))))
+        type(self).uploaded_card = (Path(kwargs['folder_path']) / 'README.md').read_text(encoding='utf-8')
         return 'commit'
 
     def create_commit(self, *args, **kwargs):
@@ -303,6 +306,12 @@ def test_staging_never_replaces_an_export_of_other_weights(trained, tmp_path, re
     assert (export / 'model.safetensors').read_bytes() == before['model.safetensors']
     assert push_to_hub.main([str(run / 'last.pth.tar'), '--dry-run', '--no-figure',
                              '--out-dir', str(tmp_path / 'later')]) == 0
+    capsys.readouterr()
+    # refused in the --out-dir given: no advice to pass the flag just passed
+    assert push_to_hub.main([str(run / 'model_best.pth.tar'), '--dry-run', '--no-figure',
+                             '--out-dir', str(tmp_path / 'later')]) == 2
+    err = capsys.readouterr().err
+    assert 'other weights' in err and '--out-dir' not in err, err
     assert push_to_hub.main([str(export), '--dry-run']) == 0
     assert recording_api.calls == []
 
@@ -421,3 +430,53 @@ def test_bf16_kept_weights_load_into_float32_models_as_rounded(trained, tmp_path
         for name, value in trained_sd.items():
             assert loaded[name].dtype == value.dtype
             assert torch.equal(loaded[name], value.to(torch.bfloat16).to(value.dtype)), name
+
+
+@pytest.mark.parametrize('repo_id, created', [('someone/x', 'someone/x'), ('mymodel', 'someone/mymodel')])
+def test_the_published_card_and_output_name_the_repository_created(trained, tmp_path, recording_api, capsys,
+                                                                   repo_id, created):
+    """An export staged for its default repository and published to another (``--repo-id``; a bare name is put in
+    the token's user namespace by the Hub): the uploaded card's usage loads the repository created, the output
+    names it, and the local folder is left as it was."""
+    export = tmp_path / 'hub'
+    shutil.copytree(trained[1], export)
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    assert push_to_hub.main([str(export), '--repo-id', repo_id]) == 0
+    assert f'Published {created} in one commit' in capsys.readouterr().out
+    assert recording_api.calls[1:] == [('create_repo', repo_id), ('upload_folder', created, sorted(before))]
+    usage = recording_api.uploaded_card.split('<!-- sa_vision:usage -->')[1]
+    assert f"timm.create_model('hf-hub:{created}', pretrained=True)" in usage
+    assert DIGITS_REPO not in recording_api.uploaded_card and f"'hf-hub:{repo_id}'" not in usage.replace(created, '')
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+
+
+def test_repository_ids_the_hub_refuses_are_refused_before_any_export(trained, tmp_path, recording_api, capsys):
+    from huggingface_hub.utils import validate_repo_id
+    for repo_id in ('bad repo id', 'a/b/c', 'me/-x'):
+        with pytest.raises(ValueError):  # the Hub client's own verdict
+            validate_repo_id(repo_id)
+        argv = [str(trained[0]), '--repo-id', repo_id, '--out-dir', str(tmp_path / 'staged')]
+        for dry_run in ([], ['--dry-run']):
+            assert push_to_hub.main(argv + dry_run) == 2
+            err = capsys.readouterr().err
+            assert err.count('error:') == 1 and f"'{repo_id}' is not a Hub repository id" in err, err
+            assert 'member of' not in err and 'repo_type' not in err, err
+        with pytest.raises(HubPublishError, match='not a Hub repository id'):
+            publish_hub_folder(trained[1], repo_id)
+    assert not (tmp_path / 'staged').exists() and recording_api.calls == []
+
+
+@pytest.mark.parametrize('hub', ['offline', 'unreachable'])
+def test_publishing_without_the_hub_is_one_error_line(trained, monkeypatch, capsys, hub):
+    """The real Hub client: HF_HUB_OFFLINE set, or an endpoint where nothing answers (a closed local port)."""
+    from huggingface_hub import constants
+    monkeypatch.setenv('HF_TOKEN', 'hf_secret_value_never_printed')
+    if hub == 'offline':
+        monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
+    else:
+        monkeypatch.setattr(constants, 'ENDPOINT', 'http://127.0.0.1:9')
+    assert run_cli(push_to_hub.main, [str(trained[1])]) == 2
+    err = capsys.readouterr().err
+    assert err.count('error:') == 1 and 'Traceback' not in err, err
+    assert f'cannot publish to {DIGITS_REPO}: the Hugging Face Hub could not be reached' in err, err
+    assert ('HF_HUB_OFFLINE is set' if hub == 'offline' else 'no answer from the Hub') in err, err

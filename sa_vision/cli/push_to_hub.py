@@ -66,13 +66,16 @@ def main(argv=None):
         for name in staged:
             print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
         if args.dry_run:
-            print('Dry run: nothing uploaded.')
+            own = '' if '/' in repo_id else (f' ({repo_id} goes to the namespace of the token\'s user, '
+                                             f'<user>/{repo_id}: the uploaded card names that repository)')
+            print(f'Dry run: nothing uploaded{own}.')
             return 0
-        commit = publish_hub_folder(out_dir, repo_id, private=args.private, commit_message=args.commit_message,
-                                    create_pr=args.create_pr)
-        print(f'Published {repo_id} in one commit: {getattr(commit, "commit_url", commit)}')
+        published = publish_hub_folder(out_dir, repo_id, private=args.private, commit_message=args.commit_message,
+                                       create_pr=args.create_pr)
+        print(f'Published {published.repo_id} in one commit: '
+              f'{getattr(published.commit, "commit_url", published.commit)}')
     except ExportExistsError as e:
-        print(f'error: {e} (another folder: --out-dir DIR)', file=sys.stderr)
+        print(f'error: {e}{"" if args.out_dir else " (another folder: --out-dir DIR)"}', file=sys.stderr)
         return 2
     except (CheckpointError, HubPublishError, FileExistsError) as e:
         print(f'error: {e}', file=sys.stderr)

@@ -10,11 +10,11 @@ from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_
 from ..models.input_pad import model_input_padding
 from ..tables import markdown_table
 from ..train.checkpoint import Checkpoint, strip_runtime_args
-from ..train.data import dataset_info
+from ..train.data import dataset_for_tag, dataset_info
 from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, RECIPE_FILENAME, WeightsLabel
 
 __all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'usage_section',
-           'weights_described_by_card']
+           'card_for_repository', 'weights_described_by_card']
 
 
 def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
@@ -245,7 +245,8 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     body = _replace_section(body, 'results', results)
     body = _replace_section(body, 'training', _training_summary(ckpt, label))
     body = _replace_section(body, 'recipe', _used_recipe_section(ckpt))
-    body = _replace_section(body, 'usage', usage_section(arch, repo_id, model, info))
+    size = model.pretrained_cfg['input_size'][-1] - 2 * info.input_padding  # the export takes the unpadded size
+    body = _replace_section(body, 'usage', usage_section(arch, repo_id, info, model.num_classes, size))
     if has_figure:
         figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
         body = _replace_section(body, 'figure', figure)
@@ -253,15 +254,24 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     return str(card)
 
 
-def usage_section(arch: str, repo_id: str, model: torch.nn.Module, info, input_size=None) -> str:
-    """The usage text of an export: ``model`` as trained (no border of its own) on ``info``'s dataset, exported
-    with the border inside the model where the dataset had one (:func:`sa_vision.hub.export.exported_input_config`);
-    ``input_size``: the exported config's, where known."""
-    size = (input_size or model.pretrained_cfg['input_size'])[-1]
-    if input_size is None and info.input_padding:
-        size -= 2 * info.input_padding
-    return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=size,
-                          padding=info.input_padding, label_names=len(info.class_names) == model.num_classes)
+def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: int) -> str:
+    """The usage text of an export of weights of ``info``'s dataset, published to ``repo_id``; ``input_size``: the
+    exported config's (the border inside the model where the dataset had one,
+    :func:`sa_vision.hub.export.exported_input_config`)."""
+    return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=input_size,
+                          padding=info.input_padding, label_names=len(info.class_names) == num_classes)
+
+
+def card_for_repository(card_text: str, config: Dict[str, Any], repo_id: str) -> str:
+    """An export's card (``config``: its config.json) with the usage naming ``repo_id``, the repository it is
+    published to; a card without sa_vision's usage section is returned as it is."""
+    if not _section_body(card_text, 'usage'):
+        return card_text
+    cfg = config.get('pretrained_cfg') or {}
+    info = dataset_info(dataset_for_tag(cfg.get('tag') or ''))
+    usage = usage_section(config['architecture'], repo_id, info, config.get('num_classes', cfg.get('num_classes')),
+                          cfg.get('input_size', (3, 32, 32))[-1])
+    return _replace_section(card_text, 'usage', usage)
 
 
 def _used_recipe_section(ckpt: Checkpoint) -> str:
