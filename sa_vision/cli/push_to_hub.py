@@ -14,7 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from sa_vision.errors import command
+from sa_vision.errors import UserError, command
 from sa_vision.hub import (
     HUB_FOLDER_FILES,
     ExportExistsError,
@@ -25,6 +25,7 @@ from sa_vision.hub import (
     resolve_token,
     weights_label,
 )
+from sa_vision.io import folder_problem
 from sa_vision.train.checkpoint import CheckpointError, read_checkpoint
 
 
@@ -61,6 +62,10 @@ def main(argv=None):
             out_dir, staged = source, sorted(p.name for p in source.iterdir() if p.is_file())
         else:
             out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
+            problem = folder_problem(out_dir)
+            if problem:
+                raise UserError(f'{"--out-dir" if args.out_dir else "the staging folder"} {out_dir}: {problem}; '
+                                f'stage the export in a folder you can write to (--out-dir DIR)')
             staged = export_hub_folder(ckpt, out_dir, repo_id=repo_id, figure=not args.no_figure)
         print(f'Staged {label.name} in {out_dir} for {repo_id}:')
         for name in staged:
