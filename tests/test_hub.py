@@ -184,6 +184,35 @@ def test_only_cifar10_weights_of_the_paper_architecture_may_take_the_registered_
     assert label('torch/cifar10', embed_dim=16).tag == 'cifar10_custom'
 
 
+@pytest.mark.parametrize('model_args, same_logits', [
+    (dict(input_padding=2), False),
+    (dict(input_padding=2, input_pad_value=[-2.43, -2.42, -2.22]), False),
+    (dict(norm_eps=1e-6), False),
+    (dict(drop_path_rate=0.1, proj_drop_rate=0.0, attn_drop_rate=0.0, pos_init='conv'), True),
+])
+def test_weights_are_the_reference_only_where_pretrained_true_gives_their_logits(model_args, same_logits, tmp_path):
+    """CIFAR-10 weights of the paper's tensors take the registered name only where timm.create_model(arch,
+    pretrained=True), which builds the registered configuration, computes what the trained model computes:
+    a border the model adds (input_padding) changes the logits but no tensor."""
+    import timm
+    from safetensors.torch import save_file
+    arch = 'sa_quadratic_cifar'
+    torch.manual_seed(0)
+    trained = timm.create_model(arch, **model_args).eval()
+    with torch.no_grad():
+        for param in trained.parameters():  # as training leaves them: no zero-initialised head
+            param.add_(torch.randn_like(param) * 0.02)
+    save_file(trained.state_dict(), str(tmp_path / 'w.safetensors'))
+    downloaded = timm.create_model(arch, pretrained=True,
+                                   pretrained_cfg_overlay=dict(file=str(tmp_path / 'w.safetensors'))).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(trained(x), downloaded(x)) == same_logits  # the reference itself
+    label = weights_label(Checkpoint(arch, model_args, {}, 'x', 'sa_vision', {'dataset': 'torch/cifar10'}))
+    assert label.is_reference == same_logits and label.registered_architecture == same_logits
+    assert label.tag == ('cifar10' if same_logits else 'cifar10_custom')
+
+
 def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, tmp_path):
     ckpt_path, export_dir = trained
     cache = tmp_path / 'hub'
