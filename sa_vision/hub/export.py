@@ -132,6 +132,8 @@ def export_hub_folder(
         for name in _EXPORT_FILES:
             (out_dir / name).unlink(missing_ok=True)
     model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
+    # the registered cfg's label_names are CIFAR-10's: never carried over to weights of another dataset
+    saved.pretrained_cfg = {**saved.pretrained_cfg, 'label_names': None}
     save_for_hf(saved, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
                 data_config=input_cfg)
     with open(out_dir / RECIPE_FILENAME, 'w') as f:
