@@ -21,6 +21,7 @@ from sa_vision.errors import run_cli
 from sa_vision.hub import (
     CARD_FIGURE_FILENAME,
     HUB_FOLDER_FILES,
+    RECIPE_FILENAME,
     HubPublishError,
     check_publish_target,
     export_hub_folder,
@@ -294,7 +295,7 @@ def test_dry_run_stages_exactly_the_expected_files(trained, tmp_path, recording_
     out = tmp_path / 'staged'
     assert push_to_hub.main([str(ckpt_path), '--dry-run', '--out-dir', str(out)]) == 0
     # config.json, model.safetensors, README.md, the recipe, and the card's attention figure
-    expected = set(HUB_FOLDER_FILES) | {CARD_FIGURE_FILENAME}
+    expected = set(HUB_FOLDER_FILES) | {RECIPE_FILENAME, CARD_FIGURE_FILENAME}
     assert {p.name for p in out.iterdir()} == expected
     printed = capsys.readouterr().out
     assert all(name in printed for name in expected) and 'nothing uploaded' in printed
@@ -377,7 +378,7 @@ def test_publish_uploads_the_folder_to_its_repository_in_one_commit(trained, tmp
     ckpt_path, _ = trained
     assert push_to_hub.main([str(ckpt_path), '--out-dir', str(tmp_path / 'staged'), '--no-figure']) == 0
     assert recording_api.calls == ['whoami', ('create_repo', DIGITS_REPO),
-                                   ('upload_folder', DIGITS_REPO, sorted(HUB_FOLDER_FILES))]
+                                   ('upload_folder', DIGITS_REPO, sorted({*HUB_FOLDER_FILES, RECIPE_FILENAME}))]
     assert 'hf_secret_value_never_printed' not in capsys.readouterr().out
 
 

@@ -183,3 +183,29 @@ def test_the_saved_score_belongs_to_the_weights_train_py_scored(tmp_path, force_
             assert meta['metrics'] == {'top1': pytest.approx(_accuracy(weights), abs=1e-6)}
         else:
             assert 'metrics' not in meta, (use_ema, meta.get('metrics'))
+
+
+@pytest.mark.parametrize('use_ema', [False, True])
+def test_the_card_of_a_timm_checkpoint_names_its_epoch_and_weights(timm_run, tmp_path, use_ema):
+    """timm's train.py passes its 0-based loop index to CheckpointSaver: the fixture's checkpoint, saved after the
+    first of 2 epochs as epoch 0, is 'after epoch 1 of 2'. With --model-ema the saved score is the EMA's: it is
+    the card's number (model-index, picked by it, so optimistic) only for the EMA weights, and the card of the
+    model's own weights says whose score it is instead."""
+    run_dir, _, _ = timm_run
+    saved = torch.load(run_dir / 'model_best.pth.tar', map_location='cpu', weights_only=False)
+    assert saved['epoch'] == 0 and saved['args'].epochs == 2 and saved['args'].model_ema
+    argv = [str(run_dir / 'model_best.pth.tar'), '--dry-run', '--out-dir', str(tmp_path / 'hub'), '--no-figure']
+    assert push_to_hub.main(argv + (['--use-ema'] if use_ema else [])) == 0
+    card = (tmp_path / 'hub' / 'README.md').read_text()
+    front = yaml.safe_load(card.split('---\n')[1])
+    training = card.split('## Training summary')[1]
+    assert 'after epoch 1 of 2' in training and '2 epochs' in training and 'after epoch 0' not in training
+    assert 'the best by' in training and 'model_best.pth.tar' in training
+    if use_ema:
+        assert 'the EMA of the weights' in training
+        assert front['model-index'][0]['results'][0]['metrics'][0]['value'] == round(saved['metric'], 2)
+        assert 'so the accuracy is optimistic' in card
+    else:
+        assert 'the weights themselves, not their EMA' in training
+        assert 'model-index' not in front and 'optimistic' not in card
+        assert f'recorded top1 {saved["metric"]:.4g} for the EMA of the weights, not for these' in training

@@ -3,12 +3,13 @@
     # the run's export of sa-vision-train --export (its best epoch): list what would be uploaded, then publish it
     sa-vision-push-to-hub output/train/<run>/hub --dry-run
     sa-vision-push-to-hub output/train/<run>/hub
-    # other weights (any checkpoint): staged in <run>/hub, or --out-dir, then published to sa-vision/<arch>.<tag>
-    # (tag: the dataset; '_custom' for another configuration than the paper's)
+    # other weights (any checkpoint): staged in <the file's folder>/hub, or --out-dir (a Hub folder without a card
+    # needs it), then published to sa-vision/<arch>.<tag> (tag: the dataset; '_custom' for another configuration)
     sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar --dry-run
 
-A complete exported folder is published as it is; an export of other weights in the staging folder is never
-replaced (an error says what it holds). What is checked before any upload: docs/hub.md, "Publishing".
+A complete exported folder is published as it is, its card's usage naming the repository the Hub creates; an
+export of other weights in the staging folder is never replaced (an error says what it holds). What is checked
+before any upload: docs/hub.md, "Publishing".
 """
 import argparse
 import sys
@@ -26,11 +27,11 @@ from sa_vision.hub import (
     weights_label,
 )
 from sa_vision.io import folder_problem
-from sa_vision.train.checkpoint import CheckpointError, read_checkpoint
+from sa_vision.train.checkpoint import RUN_CHECKPOINT, CheckpointError, read_checkpoint
 
 
 def is_exported_folder(path: Path) -> bool:
-    """A complete export (config.json, weights, card, recipe), such as a folder kept in the repository's zoo/."""
+    """A complete export (config.json, weights, card), such as a folder kept in the repository's zoo/."""
     return path.is_dir() and all((path / name).is_file() for name in HUB_FOLDER_FILES)
 
 
@@ -61,6 +62,9 @@ def main(argv=None):
         if is_exported_folder(source) and not args.out_dir:  # a kept zoo folder: published as it is
             out_dir, staged = source, sorted(p.name for p in source.iterdir() if p.is_file())
         else:
+            if source.is_dir() and not args.out_dir and not (source / RUN_CHECKPOINT).is_file():
+                raise UserError(f'{source} is a Hub folder without a model card (README.md): export it with a card '
+                                f'into a folder of its own, --out-dir DIR (not staged inside it)')
             out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
             problem = folder_problem(out_dir)
             if problem:

@@ -14,7 +14,8 @@ __all__ = ['HUB_FOLDER_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTO
 
 RECIPE_FILENAME = 'recipe.yaml'
 CARD_FIGURE_FILENAME = 'attention.png'
-HUB_FOLDER_FILES = ('config.json', 'model.safetensors', 'README.md', RECIPE_FILENAME)  # + the figure if any
+# what every export holds; + the recipe of weights with a training record, the figure of attention models
+HUB_FOLDER_FILES = ('config.json', 'model.safetensors', 'README.md')
 MODEL_CARD_DIR = Path(__file__).resolve().parent.parent / 'model_cards'  # package data
 CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
 

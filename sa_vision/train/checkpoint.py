@@ -32,6 +32,7 @@ from ..models import (
 )
 from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
+from .recipes import recipe_if_any
 from .timm_args import TIMM_MODEL_KWARGS
 
 __all__ = [
@@ -218,8 +219,11 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     model_args = dict(model_args)
     if 'num_classes' in config:
         model_args.setdefault('num_classes', config['num_classes'])
-    return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder',
-                      _pretrained_meta(config.get('pretrained_cfg') or {}))
+    meta = _pretrained_meta(config.get('pretrained_cfg') or {})
+    recipe = recipe_if_any(folder / 'recipe.yaml')  # an export's training arguments
+    if recipe:
+        meta['recipe'] = recipe
+    return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder', meta)
 
 
 def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:
