@@ -1,17 +1,18 @@
 """ Writing files and folders so that a crash or kill never leaves half of one: :func:`atomic_write` and the
 writers built on it (text, ``torch.save``, a duplicate of a file), each with the mode ``open()`` gives a new file,
-and :func:`atomic_folder`; and :func:`plain_data`, a value as data any of these files can hold. Imports no sa_vision
-code. """
+and :func:`atomic_folder`; :func:`folder_problem`, what would stop a folder from being written; and
+:func:`plain_data`, a value as data any of these files can hold. Imports no sa_vision code. """
 import contextlib
 import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Union
+from typing import Any, Iterator, Optional, Union
 
 import torch
 
 __all__ = ['atomic_write', 'atomic_write_text', 'atomic_torch_save', 'atomic_duplicate', 'atomic_folder',
-           'usual_file_mode', 'plain_data']
+           'usual_file_mode', 'folder_problem', 'plain_data']
 
 PathLike = Union[str, os.PathLike]
 
@@ -81,6 +82,21 @@ def atomic_folder(folder: PathLike) -> Iterator[Path]:
         shutil.rmtree(old, ignore_errors=True)
     finally:
         shutil.rmtree(partial, ignore_errors=True)
+
+
+def folder_problem(folder: PathLike) -> Optional[str]:
+    """What would stop ``folder`` (and the folders above it) from being created and written, in words (a file in
+    the way, no permission, a file system that takes nothing new), or None; nothing is created (a probe folder in
+    the nearest existing one is removed at once)."""
+    folder = Path(folder)
+    existing = next(p for p in (folder, *folder.parents) if p.exists())  # the last parent, '.' or '/', exists
+    if not existing.is_dir():
+        return f'{existing} is a file, not a folder'
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=existing))
+    except OSError as e:
+        return f'nothing can be created in {existing} ({e.strerror or e})'
+    return None
 
 
 def plain_data(value: Any) -> Any:

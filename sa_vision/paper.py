@@ -3,8 +3,8 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 __all__ = [
-    'ARXIV_ID', 'CIFAR10_MEAN', 'CIFAR10_STD', 'CIFAR10_CLASSES', 'PAPER_TITLE', 'PAPER_CITATION',
-    'PaperResult', 'PAPER_RESULTS', 'PRUNED_HEADS_PER_LAYER', 'PRUNED_FROM',
+    'ARXIV_ID', 'CIFAR10_MEAN', 'CIFAR10_STD', 'CIFAR10_CLASSES', 'CIFAR10_LABEL_NAMES', 'PAPER_TITLE',
+    'PAPER_CITATION', 'PaperResult', 'PAPER_RESULTS', 'PRUNED_HEADS_PER_LAYER', 'PRUNED_FROM',
 ]
 
 ARXIV_ID = '1911.03584'
@@ -21,6 +21,9 @@ PAPER_CITATION = """@inproceedings{cordonnier2020relationship,
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 CIFAR10_CLASSES = 10
+# the dataset's own class names, label i first (its batches.meta; torchvision's CIFAR10.classes): the registered
+# cfgs' label_names and the cifar10 dataset entry's class names
+CIFAR10_LABEL_NAMES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
 
 # heads kept per layer after pruning the degenerate heads of a trained generalized model (paper App. A.1)
 PRUNED_HEADS_PER_LAYER = (7, 5, 8, 7, 3, 9)

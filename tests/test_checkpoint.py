@@ -135,3 +135,48 @@ def test_the_model_arguments_are_read_back_off_the_weights(name, tmp_path):
     rebuilt = read_checkpoint(tmp_path / 'weights.pth').create_model()  # strict load: every shape must fit
     assert type(rebuilt) is type(model)
     assert sum(p.numel() for p in rebuilt.parameters()) == sum(p.numel() for p in model.parameters())
+
+
+class _RunsCode:
+    """A pickle that calls a function on load (harmless here: os.getcwd), as a malicious file would."""
+
+    def __reduce__(self):
+        import os
+        return os.getcwd, ()
+
+
+def test_a_refused_pickle_names_the_blocked_object_and_never_advises_unsafe_loading(tmp_path):
+    """torch's own message advises re-running with weights_only=False, which would run the pickled call: the
+    error passes on only the object torch blocked."""
+    import os
+    model = timm.create_model('sa_quadratic_cifar', **SMALL)
+    torch.save({'state_dict': model.state_dict(), 'payload': _RunsCode()}, tmp_path / 'evil.pth.tar')
+    with pytest.raises(CheckpointError) as refused:
+        read_checkpoint(tmp_path / 'evil.pth.tar')
+    message = str(refused.value)
+    assert f'{os.getcwd.__module__}.{os.getcwd.__name__}' in message and 'run any code' in message, message
+    assert 'weights_only' not in message and 'False' not in message and 'succeed' not in message, message
+
+
+def test_an_unknown_model_name_is_called_unknown(tmp_path):
+    """--model with a typo: 'unknown model' and the registered name meant, not 'pass weights of <the typo>'."""
+    from sa_vision.models import UnknownModelError
+    torch.save(timm.create_model('sa_quadratic_cifar', **SMALL).state_dict(), tmp_path / 'weights.pth')
+    for typo in ('sa_quadratic_cifa', 'not_a_model'):
+        with pytest.raises(UnknownModelError, match=f"unknown model '{typo}'") as refused:
+            read_checkpoint(tmp_path / 'weights.pth', arch=typo)
+        assert 'pass weights of' not in str(refused.value)
+    with pytest.raises(UnknownModelError, match="did you mean 'sa_quadratic_cifar'"):
+        read_checkpoint(tmp_path / 'weights.pth', arch='sa_quadratic_cifa')
+
+
+def test_a_folder_without_weights_says_what_it_lacks(tmp_path):
+    (tmp_path / 'empty').mkdir()
+    with pytest.raises(CheckpointError, match='neither the last.pth.tar of a run .* nor the config.json') as e:
+        read_checkpoint(tmp_path / 'empty')
+    assert 'sa-vision-push-to-hub' not in str(e.value)
+    best_only = tmp_path / 'best_only'
+    best_only.mkdir()
+    torch.save(timm.create_model('sa_quadratic_cifar', **SMALL).state_dict(), best_only / 'model_best.pth.tar')
+    with pytest.raises(CheckpointError, match=f'holds model_best.pth.tar: pass that file, {best_only}'):
+        read_checkpoint(best_only)

@@ -326,3 +326,35 @@ def test_a_model_keyword_given_text_where_it_takes_a_number_is_one_error_line(kw
     line = _one_error(validate.main, ['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--model-kwargs',
                                       *kwargs], capsys)
     assert message in line, line
+
+
+@pytest.mark.parametrize('where', ['file', 'under-file', 'proc'])
+@pytest.mark.parametrize('command', ['push_to_hub', 'train'])
+def test_an_output_folder_that_cannot_be_written_is_one_error_line(command, where, tmp_path, capsys):
+    """--out-dir of sa-vision-push-to-hub and --output of sa-vision-train: an existing file, a folder under one,
+    or a folder the file system refuses (/proc takes no new entries); where os.mkdir fails, one error line names
+    the path, and nothing is written."""
+    import os
+
+    import timm
+    import torch
+    blocker = tmp_path / 'afile'
+    blocker.write_text('not a folder')
+    folder = {'file': blocker, 'under-file': blocker / 'sub', 'proc': Path('/proc/sa_vision_nope')}[where]
+    try:  # the reference: the operating system refuses the folder
+        os.mkdir(folder)
+    except OSError:
+        pass
+    else:
+        os.rmdir(folder)
+        pytest.skip(f'{folder} can be created on this machine')
+    if command == 'push_to_hub':
+        torch.save(timm.create_model('sa_quadratic_cifar', embed_dim=16, depth=1, heads_per_layer=2,
+                                     mlp_hidden_dim=32).state_dict(), tmp_path / 'w.pth')
+        line = _one_error(push_to_hub.main, [tmp_path / 'w.pth', '--dry-run', '--out-dir', folder], capsys)
+        assert line.startswith(f'error: --out-dir {folder}: '), line
+    else:
+        line = _one_error(_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', folder], capsys)
+        assert line.startswith(f'error: --output {folder}: '), line
+    assert ('afile is a file, not a folder' if where != 'proc' else 'nothing can be created in /proc') in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(['afile'] + (['w.pth'] if command != 'train' else []))

@@ -17,9 +17,11 @@ pytest.importorskip('sklearn')
 
 import sa_vision  # noqa: F401
 from sa_vision.cli import push_to_hub
+from sa_vision.errors import run_cli
 from sa_vision.hub import (
     CARD_FIGURE_FILENAME,
     HUB_FOLDER_FILES,
+    RECIPE_FILENAME,
     HubPublishError,
     check_publish_target,
     export_hub_folder,
@@ -183,6 +185,35 @@ def test_only_cifar10_weights_of_the_paper_architecture_may_take_the_registered_
     assert label('torch/cifar10', embed_dim=16).tag == 'cifar10_custom'
 
 
+@pytest.mark.parametrize('model_args, same_logits', [
+    (dict(input_padding=2), False),
+    (dict(input_padding=2, input_pad_value=[-2.43, -2.42, -2.22]), False),
+    (dict(norm_eps=1e-6), False),
+    (dict(drop_path_rate=0.1, proj_drop_rate=0.0, attn_drop_rate=0.0, pos_init='conv'), True),
+])
+def test_weights_are_the_reference_only_where_pretrained_true_gives_their_logits(model_args, same_logits, tmp_path):
+    """CIFAR-10 weights of the paper's tensors take the registered name only where timm.create_model(arch,
+    pretrained=True), which builds the registered configuration, computes what the trained model computes:
+    a border the model adds (input_padding) changes the logits but no tensor."""
+    import timm
+    from safetensors.torch import save_file
+    arch = 'sa_quadratic_cifar'
+    torch.manual_seed(0)
+    trained = timm.create_model(arch, **model_args).eval()
+    with torch.no_grad():
+        for param in trained.parameters():  # as training leaves them: no zero-initialised head
+            param.add_(torch.randn_like(param) * 0.02)
+    save_file(trained.state_dict(), str(tmp_path / 'w.safetensors'))
+    downloaded = timm.create_model(arch, pretrained=True,
+                                   pretrained_cfg_overlay=dict(file=str(tmp_path / 'w.safetensors'))).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(trained(x), downloaded(x)) == same_logits  # the reference itself
+    label = weights_label(Checkpoint(arch, model_args, {}, 'x', 'sa_vision', {'dataset': 'torch/cifar10'}))
+    assert label.is_reference == same_logits and label.registered_architecture == same_logits
+    assert label.tag == ('cifar10' if same_logits else 'cifar10_custom')
+
+
 def test_pretrained_true_from_offline_hub_cache_matches_trained_model(trained, tmp_path):
     ckpt_path, export_dir = trained
     cache = tmp_path / 'hub'
@@ -234,10 +265,12 @@ class _RecordingApi:
 
     def create_repo(self, repo_id, **kwargs):
         self.calls.append(('create_repo', repo_id))
-        return type('RepoUrl', (), {'repo_id': repo_id})()
+        # as the Hub does: a name without a namespace goes to the token's user
+        return type('RepoUrl', (), {'repo_id': repo_id if '/' in repo_id else f'someone/{repo_id}'})()
 
     def upload_folder(self, **kwargs):
         self.calls.append(('upload_folder', kwargs['repo_id'], sorted(os.listdir(kwargs['folder_path']))))
+        type(self).uploaded_card = (Path(kwargs['folder_path']) / 'README.md').read_text(encoding='utf-8')
         return 'commit'
 
     def create_commit(self, *args, **kwargs):
@@ -262,7 +295,7 @@ def test_dry_run_stages_exactly_the_expected_files(trained, tmp_path, recording_
     out = tmp_path / 'staged'
     assert push_to_hub.main([str(ckpt_path), '--dry-run', '--out-dir', str(out)]) == 0
     # config.json, model.safetensors, README.md, the recipe, and the card's attention figure
-    expected = set(HUB_FOLDER_FILES) | {CARD_FIGURE_FILENAME}
+    expected = set(HUB_FOLDER_FILES) | {RECIPE_FILENAME, CARD_FIGURE_FILENAME}
     assert {p.name for p in out.iterdir()} == expected
     printed = capsys.readouterr().out
     assert all(name in printed for name in expected) and 'nothing uploaded' in printed
@@ -303,6 +336,12 @@ def test_staging_never_replaces_an_export_of_other_weights(trained, tmp_path, re
     assert (export / 'model.safetensors').read_bytes() == before['model.safetensors']
     assert push_to_hub.main([str(run / 'last.pth.tar'), '--dry-run', '--no-figure',
                              '--out-dir', str(tmp_path / 'later')]) == 0
+    capsys.readouterr()
+    # refused in the --out-dir given: no advice to pass the flag just passed
+    assert push_to_hub.main([str(run / 'model_best.pth.tar'), '--dry-run', '--no-figure',
+                             '--out-dir', str(tmp_path / 'later')]) == 2
+    err = capsys.readouterr().err
+    assert 'other weights' in err and '--out-dir' not in err, err
     assert push_to_hub.main([str(export), '--dry-run']) == 0
     assert recording_api.calls == []
 
@@ -339,7 +378,7 @@ def test_publish_uploads_the_folder_to_its_repository_in_one_commit(trained, tmp
     ckpt_path, _ = trained
     assert push_to_hub.main([str(ckpt_path), '--out-dir', str(tmp_path / 'staged'), '--no-figure']) == 0
     assert recording_api.calls == ['whoami', ('create_repo', DIGITS_REPO),
-                                   ('upload_folder', DIGITS_REPO, sorted(HUB_FOLDER_FILES))]
+                                   ('upload_folder', DIGITS_REPO, sorted({*HUB_FOLDER_FILES, RECIPE_FILENAME}))]
     assert 'hf_secret_value_never_printed' not in capsys.readouterr().out
 
 
@@ -363,7 +402,7 @@ def test_corrupted_checkpoint_gives_a_clear_error(trained, tmp_path, recording_a
 
     unsafe = tmp_path / 'unsafe.pth.tar'  # a pickled class instance other than timm's argparse.Namespace
     torch.save({'arch': 'sa_quadratic_cifar', 'model_args': {}, 'state_dict': _Unsafe()}, unsafe)
-    with pytest.raises(CheckpointError, match='not allowed to load'):
+    with pytest.raises(CheckpointError, match='refuses to load'):
         read_checkpoint(unsafe)
     assert recording_api.calls == []
 
@@ -421,3 +460,53 @@ def test_bf16_kept_weights_load_into_float32_models_as_rounded(trained, tmp_path
         for name, value in trained_sd.items():
             assert loaded[name].dtype == value.dtype
             assert torch.equal(loaded[name], value.to(torch.bfloat16).to(value.dtype)), name
+
+
+@pytest.mark.parametrize('repo_id, created', [('someone/x', 'someone/x'), ('mymodel', 'someone/mymodel')])
+def test_the_published_card_and_output_name_the_repository_created(trained, tmp_path, recording_api, capsys,
+                                                                   repo_id, created):
+    """An export staged for its default repository and published to another (``--repo-id``; a bare name is put in
+    the token's user namespace by the Hub): the uploaded card's usage loads the repository created, the output
+    names it, and the local folder is left as it was."""
+    export = tmp_path / 'hub'
+    shutil.copytree(trained[1], export)
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    assert push_to_hub.main([str(export), '--repo-id', repo_id]) == 0
+    assert f'Published {created} in one commit' in capsys.readouterr().out
+    assert recording_api.calls[1:] == [('create_repo', repo_id), ('upload_folder', created, sorted(before))]
+    usage = recording_api.uploaded_card.split('<!-- sa_vision:usage -->')[1]
+    assert f"timm.create_model('hf-hub:{created}', pretrained=True)" in usage
+    assert DIGITS_REPO not in recording_api.uploaded_card and f"'hf-hub:{repo_id}'" not in usage.replace(created, '')
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+
+
+def test_repository_ids_the_hub_refuses_are_refused_before_any_export(trained, tmp_path, recording_api, capsys):
+    from huggingface_hub.utils import validate_repo_id
+    for repo_id in ('bad repo id', 'a/b/c', 'me/-x'):
+        with pytest.raises(ValueError):  # the Hub client's own verdict
+            validate_repo_id(repo_id)
+        argv = [str(trained[0]), '--repo-id', repo_id, '--out-dir', str(tmp_path / 'staged')]
+        for dry_run in ([], ['--dry-run']):
+            assert push_to_hub.main(argv + dry_run) == 2
+            err = capsys.readouterr().err
+            assert err.count('error:') == 1 and f"'{repo_id}' is not a Hub repository id" in err, err
+            assert 'member of' not in err and 'repo_type' not in err, err
+        with pytest.raises(HubPublishError, match='not a Hub repository id'):
+            publish_hub_folder(trained[1], repo_id)
+    assert not (tmp_path / 'staged').exists() and recording_api.calls == []
+
+
+@pytest.mark.parametrize('hub', ['offline', 'unreachable'])
+def test_publishing_without_the_hub_is_one_error_line(trained, monkeypatch, capsys, hub):
+    """The real Hub client: HF_HUB_OFFLINE set, or an endpoint where nothing answers (a closed local port)."""
+    from huggingface_hub import constants
+    monkeypatch.setenv('HF_TOKEN', 'hf_secret_value_never_printed')
+    if hub == 'offline':
+        monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
+    else:
+        monkeypatch.setattr(constants, 'ENDPOINT', 'http://127.0.0.1:9')
+    assert run_cli(push_to_hub.main, [str(trained[1])]) == 2
+    err = capsys.readouterr().err
+    assert err.count('error:') == 1 and 'Traceback' not in err, err
+    assert f'cannot publish to {DIGITS_REPO}: the Hugging Face Hub could not be reached' in err, err
+    assert ('HF_HUB_OFFLINE is set' if hub == 'offline' else 'no answer from the Hub') in err, err

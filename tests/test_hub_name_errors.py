@@ -69,6 +69,8 @@ def _one_error_line(script, argv, capsys) -> str:
     ('GatedRepoError', 'a gated repository'),
     ('RevisionNotFoundError', 'no such revision'),
     ('EntryNotFoundError', 'the repository lacks a file'),
+    ('HfHubHTTPError', 'the Hub answered with an error'),
+    ('HTTPError', 'no answer from the Hub'),  # the HTTP client's: a refused connection, a timeout
 ])
 def test_each_hub_error_is_one_line_naming_the_repository(error, meaning, hub_fails, capsys):
     asked = hub_fails(_hub_error(error))

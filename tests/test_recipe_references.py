@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from sa_vision.hub.card import _used_recipe_section, generate_model_card
+from sa_vision.hub.card import generate_model_card
 from sa_vision.hub.labels import MODEL_CARD_DIR
+from sa_vision.hub.record import recipe_section
 from sa_vision.train.args import build_parser
 from sa_vision.train.checkpoint import Checkpoint
 from sa_vision.train.recipes import RECIPE_DIR, load_recipe, recipe_path, repeat_run_args
@@ -44,7 +45,7 @@ def test_card_templates_point_to_the_shipped_recipe(arch):
 
 def test_exported_card_names_the_shipped_recipe():
     ckpt = Checkpoint('sa_quadratic_cifar', {}, {}, 'run/last.pth.tar', 'sa_vision', {'recipe': {'lr': 0.1}})
-    text = _used_recipe_section(ckpt)
+    text = recipe_section(ckpt)
     assert 'scripts/' not in text and '`sa-vision-train -c sa_quadratic_cifar`' in text
 
 

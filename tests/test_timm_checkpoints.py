@@ -158,3 +158,54 @@ def test_checkpoint_of_a_newer_format_is_refused(tmp_path):
     assert read_checkpoint(tmp_path / f'v{CHECKPOINT_VERSION}.pth.tar').format == 'sa_vision'
     with pytest.raises(CheckpointError, match=f'newer sa_vision .*version {CHECKPOINT_VERSION + 1}'):
         read_checkpoint(tmp_path / f'v{CHECKPOINT_VERSION + 1}.pth.tar')
+
+
+@pytest.mark.parametrize('force_cpu', [False, True])
+def test_the_saved_score_belongs_to_the_weights_train_py_scored(tmp_path, force_cpu):
+    """timm's train.py with --model-ema evaluates the EMA and saves its score as the checkpoint's ``metric``
+    (with --model-ema-force-cpu it evaluates only the model): the score is read as the exported weights' only
+    where they are the weights scored."""
+    args = _timm_train_args(tmp_path)
+    args.model_ema_force_cpu = force_cpu
+    torch.manual_seed(0)
+    model = timm.create_model(args.model, num_classes=args.num_classes, **args.model_kwargs)
+    ema = ModelEmaV3(model, decay=args.model_ema_decay)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.1)
+    scored = model if force_cpu else ema.module  # what train.py's validate() ran on last
+    saver = CheckpointSaver(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), args=args,
+                            model_ema=ema, checkpoint_dir=str(tmp_path), recovery_dir=str(tmp_path), decreasing=False)
+    saver.save_checkpoint(epoch=0, metric=_accuracy(scored))
+    for use_ema, weights in ((False, model), (True, ema.module)):
+        meta = read_checkpoint(tmp_path / 'last.pth.tar', use_ema=use_ema).meta
+        if weights is scored:
+            assert meta['metrics'] == {'top1': pytest.approx(_accuracy(weights), abs=1e-6)}
+        else:
+            assert 'metrics' not in meta, (use_ema, meta.get('metrics'))
+
+
+@pytest.mark.parametrize('use_ema', [False, True])
+def test_the_card_of_a_timm_checkpoint_names_its_epoch_and_weights(timm_run, tmp_path, use_ema):
+    """timm's train.py passes its 0-based loop index to CheckpointSaver: the fixture's checkpoint, saved after the
+    first of 2 epochs as epoch 0, is 'after epoch 1 of 2'. With --model-ema the saved score is the EMA's: it is
+    the card's number (model-index, picked by it, so optimistic) only for the EMA weights, and the card of the
+    model's own weights says whose score it is instead."""
+    run_dir, _, _ = timm_run
+    saved = torch.load(run_dir / 'model_best.pth.tar', map_location='cpu', weights_only=False)
+    assert saved['epoch'] == 0 and saved['args'].epochs == 2 and saved['args'].model_ema
+    argv = [str(run_dir / 'model_best.pth.tar'), '--dry-run', '--out-dir', str(tmp_path / 'hub'), '--no-figure']
+    assert push_to_hub.main(argv + (['--use-ema'] if use_ema else [])) == 0
+    card = (tmp_path / 'hub' / 'README.md').read_text()
+    front = yaml.safe_load(card.split('---\n')[1])
+    training = card.split('## Training summary')[1]
+    assert 'after epoch 1 of 2' in training and '2 epochs' in training and 'after epoch 0' not in training
+    assert 'the best by' in training and 'model_best.pth.tar' in training
+    if use_ema:
+        assert 'the EMA of the weights' in training
+        assert front['model-index'][0]['results'][0]['metrics'][0]['value'] == round(saved['metric'], 2)
+        assert 'so the accuracy is optimistic' in card
+    else:
+        assert 'the weights themselves, not their EMA' in training
+        assert 'model-index' not in front and 'optimistic' not in card
+        assert f'recorded top1 {saved["metric"]:.4g} for the EMA of the weights, not for these' in training

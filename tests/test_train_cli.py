@@ -92,6 +92,30 @@ def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, 
     assert 'resuming with changed arguments: log_interval 100 -> 7' in caplog.text
 
 
+def test_an_export_without_model_best_warns_where_an_earlier_epoch_was_better(adamw_run, tmp_path, caplog):
+    """A run resumed from before model_best.pth.tar was written (here: it is removed) exports its last epoch; where
+    the run's record names an earlier epoch as the best, the log says so."""
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(adamw_run.parent, run)
+    (run / 'model_best.pth.tar').unlink()
+    ckpt = _load(run / 'last.pth.tar')
+    # killed after its first of 2 epochs, which scored 100 %: the second cannot beat it
+    ckpt['epoch'], ckpt['history'], ckpt['best'] = 1, ckpt['history'][:1], {'metric': 100.0, 'epoch': 0}
+    torch.save(ckpt, run / 'last.pth.tar')
+    exported = []
+
+    def export(source, folder):
+        exported.append(source.name)
+        folder.mkdir()
+        return []
+    with caplog.at_level(logging.INFO, logger='train'):
+        training.main(['--resume', str(run / 'last.pth.tar'), '--export', '--log-interval', '100'], export=export)
+    assert exported == ['last.pth.tar'] and _load(run / 'last.pth.tar')['epoch'] == 2
+    assert (f'warning: no model_best.pth.tar in {run} (the run was resumed from before it was written): exporting '
+            f'the last epoch, 2, although its record names epoch 1 as the best by top1 (100.00)') in caplog.text
+
+
 def test_resume_with_more_epochs_follows_the_longer_schedule(adamw_run, tmp_path):
     """A finished run resumed with a larger --epochs trains on the schedule of that many epochs, as a run asked for
     them from the start does (timm's train.py rebuilds the schedule on resume), not at the old schedule's end."""

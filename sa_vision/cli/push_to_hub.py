@@ -3,18 +3,19 @@
     # the run's export of sa-vision-train --export (its best epoch): list what would be uploaded, then publish it
     sa-vision-push-to-hub output/train/<run>/hub --dry-run
     sa-vision-push-to-hub output/train/<run>/hub
-    # other weights (any checkpoint): staged in <run>/hub, or --out-dir, then published to sa-vision/<arch>.<tag>
-    # (tag: the dataset; '_custom' for another configuration than the paper's)
+    # other weights (any checkpoint): staged in <the file's folder>/hub, or --out-dir (a Hub folder without a card
+    # needs it), then published to sa-vision/<arch>.<tag> (tag: the dataset; '_custom' for another configuration)
     sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar --dry-run
 
-A complete exported folder is published as it is; an export of other weights in the staging folder is never
-replaced (an error says what it holds). What is checked before any upload: docs/hub.md, "Publishing".
+A complete exported folder is published as it is, its card's usage naming the repository the Hub creates; an
+export of other weights in the staging folder is never replaced (an error says what it holds). What is checked
+before any upload: docs/hub.md, "Publishing".
 """
 import argparse
 import sys
 from pathlib import Path
 
-from sa_vision.errors import command
+from sa_vision.errors import UserError, command
 from sa_vision.hub import (
     HUB_FOLDER_FILES,
     ExportExistsError,
@@ -25,11 +26,12 @@ from sa_vision.hub import (
     resolve_token,
     weights_label,
 )
-from sa_vision.train.checkpoint import CheckpointError, read_checkpoint
+from sa_vision.io import folder_problem
+from sa_vision.train.checkpoint import RUN_CHECKPOINT, CheckpointError, read_checkpoint
 
 
 def is_exported_folder(path: Path) -> bool:
-    """A complete export (config.json, weights, card, recipe), such as a folder kept in the repository's zoo/."""
+    """A complete export (config.json, weights, card), such as a folder kept in the repository's zoo/."""
     return path.is_dir() and all((path / name).is_file() for name in HUB_FOLDER_FILES)
 
 
@@ -60,19 +62,29 @@ def main(argv=None):
         if is_exported_folder(source) and not args.out_dir:  # a kept zoo folder: published as it is
             out_dir, staged = source, sorted(p.name for p in source.iterdir() if p.is_file())
         else:
+            if source.is_dir() and not args.out_dir and not (source / RUN_CHECKPOINT).is_file():
+                raise UserError(f'{source} is a Hub folder without a model card (README.md): export it with a card '
+                                f'into a folder of its own, --out-dir DIR (not staged inside it)')
             out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
+            problem = folder_problem(out_dir)
+            if problem:
+                raise UserError(f'{"--out-dir" if args.out_dir else "the staging folder"} {out_dir}: {problem}; '
+                                f'stage the export in a folder you can write to (--out-dir DIR)')
             staged = export_hub_folder(ckpt, out_dir, repo_id=repo_id, figure=not args.no_figure)
         print(f'Staged {label.name} in {out_dir} for {repo_id}:')
         for name in staged:
             print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
         if args.dry_run:
-            print('Dry run: nothing uploaded.')
+            own = '' if '/' in repo_id else (f' ({repo_id} goes to the namespace of the token\'s user, '
+                                             f'<user>/{repo_id}: the uploaded card names that repository)')
+            print(f'Dry run: nothing uploaded{own}.')
             return 0
-        commit = publish_hub_folder(out_dir, repo_id, private=args.private, commit_message=args.commit_message,
-                                    create_pr=args.create_pr)
-        print(f'Published {repo_id} in one commit: {getattr(commit, "commit_url", commit)}')
+        published = publish_hub_folder(out_dir, repo_id, private=args.private, commit_message=args.commit_message,
+                                       create_pr=args.create_pr)
+        print(f'Published {published.repo_id} in one commit: '
+              f'{getattr(published.commit, "commit_url", published.commit)}')
     except ExportExistsError as e:
-        print(f'error: {e} (another folder: --out-dir DIR)', file=sys.stderr)
+        print(f'error: {e}{"" if args.out_dir else " (another folder: --out-dir DIR)"}', file=sys.stderr)
         return 2
     except (CheckpointError, HubPublishError, FileExistsError) as e:
         print(f'error: {e}', file=sys.stderr)

@@ -11,11 +11,18 @@ from .labels import (
     is_registered_architecture,
     weights_label,
 )
-from .publish import HubPublishError, check_publish_target, publish_hub_folder, resolve_token
+from .publish import (
+    HubPublishError,
+    PublishedFolder,
+    check_publish_target,
+    check_repo_id,
+    publish_hub_folder,
+    resolve_token,
+)
 
 __all__ = [
     'HUB_FOLDER_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTOM_SUFFIX', 'MODEL_CARD_DIR', 'HubPublishError',
     'WeightsLabel', 'weights_label', 'is_registered_architecture', 'check_publish_target',
     'count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'export_hub_folder',
-    'ExportExistsError', 'resolve_token', 'publish_hub_folder',
+    'ExportExistsError', 'resolve_token', 'publish_hub_folder', 'PublishedFolder', 'check_repo_id',
 ]

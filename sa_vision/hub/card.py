@@ -8,13 +8,13 @@ import torch
 
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
 from ..models.input_pad import model_input_padding
-from ..tables import markdown_table
-from ..train.checkpoint import Checkpoint, strip_runtime_args
-from ..train.data import dataset_info
-from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, RECIPE_FILENAME, WeightsLabel
+from ..train.checkpoint import Checkpoint
+from ..train.data import dataset_for_tag, dataset_info
+from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, WeightsLabel
+from .record import picked_note, recipe_section, training_record, training_summary
 
 __all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'usage_section',
-           'weights_described_by_card']
+           'card_for_repository', 'weights_described_by_card']
 
 
 def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
@@ -37,6 +37,11 @@ _ATTENTION_FORMULAS = {
     'content': 'content plus learned relative encoding: `A_h(q, k) = q_hᵀ k_h / √D + k_v(E_v[δ₁])_h + k_u(E_u[δ₂])_h`',
     None: 'none (convolutional baseline): 3x3 convolutions, BasicBlocks 64/128/256/512',
 }
+
+
+# sa_vision is installed from its source (README.md), as the package sa-vision; no package index is named
+INSTALL_LINE = ('Needs `sa_vision`, installed from its source: `pip install -e .` in a clone of its repository (its '
+                'README.md); `import sa_vision` registers the models with timm.')
 
 
 def _section(name: str, body: str) -> str:
@@ -96,7 +101,7 @@ transform = timm.data.create_transform(**cfg)  # resizes any image to the input 
 image = Image.open('image.png').convert('RGB')  # RGB, as timm's ImageDataset opens images (grey ones too)
 logits = model(transform(image).unsqueeze(0)){names}
 ```
-{also} timm's own `validate.py` evaluates them on an image folder as
+{INSTALL_LINE} {also} timm's own `validate.py` evaluates them on an image folder as
 `python -m sa_vision.train.run_timm path/to/timm/validate.py --data-dir <folder> --model <the name above>`
 (the launcher imports `sa_vision` first)."""
 
@@ -204,11 +209,6 @@ def write_model_cards(archs=None, out_dir: Union[str, os.PathLike] = MODEL_CARD_
     return paths
 
 
-def _recipe(ckpt: Checkpoint) -> Dict[str, Any]:
-    """The training arguments to publish: no local paths, no machine or process fields."""
-    return strip_runtime_args(ckpt.meta.get('recipe') or ckpt.meta.get('args') or {})
-
-
 def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str,
                       has_figure: bool = False) -> str:
     """README.md of an export: the card template with the labels, measured size, accuracy and training summary."""
@@ -233,19 +233,11 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     counts = count_params_and_macs(model)
     body = _replace_section(body, 'size', _size_section(
         counts, f'\n- Architecture arguments of these weights: `{ckpt.model_args}`' if ckpt.model_args else ''))
-    on_cifar = info.tag == dataset_info('cifar10').tag  # the dataset, whatever the registered tag is called
-    measured = f'{metrics["top1"]:.2f} %' if 'top1' in metrics and label.is_reference else None
-    results = _results_section(arch, measured)
-    if 'top1' in metrics and not label.is_reference:
-        what = info.title if label.registered_architecture else f'{info.title} with a custom configuration'
-        results += (f'\n\nThese weights were trained on **{what}**'
-                    + ('' if on_cifar else ', not CIFAR-10')
-                    + ': ' + ', '.join(f'{name.lower()} {float(metrics[key]):.2f} %' for key, name in scores)
-                    + f' on its {info.eval_split} split.')
-    body = _replace_section(body, 'results', results)
-    body = _replace_section(body, 'training', _training_summary(ckpt, label))
-    body = _replace_section(body, 'recipe', _used_recipe_section(ckpt))
-    body = _replace_section(body, 'usage', usage_section(arch, repo_id, model, info))
+    body = _replace_section(body, 'results', _measured_results(ckpt, label, scores))
+    body = _replace_section(body, 'training', training_summary(ckpt, label))
+    body = _replace_section(body, 'recipe', recipe_section(ckpt))
+    size = model.pretrained_cfg['input_size'][-1] - 2 * info.input_padding  # the export takes the unpadded size
+    body = _replace_section(body, 'usage', usage_section(arch, repo_id, info, model.num_classes, size))
     if has_figure:
         figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
         body = _replace_section(body, 'figure', figure)
@@ -253,32 +245,42 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     return str(card)
 
 
-def usage_section(arch: str, repo_id: str, model: torch.nn.Module, info, input_size=None) -> str:
-    """The usage text of an export: ``model`` as trained (no border of its own) on ``info``'s dataset, exported
-    with the border inside the model where the dataset had one (:func:`sa_vision.hub.export.exported_input_config`);
-    ``input_size``: the exported config's, where known."""
-    size = (input_size or model.pretrained_cfg['input_size'])[-1]
-    if input_size is None and info.input_padding:
-        size -= 2 * info.input_padding
-    return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=size,
-                          padding=info.input_padding, label_names=len(info.class_names) == model.num_classes)
+def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores) -> str:
+    """The results table, with the accuracy of these weights where recorded: for the reference weights in the
+    table, for others below it; said to be optimistic where the same evaluation picked the epoch."""
+    metrics, info = ckpt.meta.get('metrics') or {}, label.dataset
+    measured = f'{metrics["top1"]:.2f} %' if 'top1' in metrics and label.is_reference else None
+    results = _results_section(ckpt.arch, measured)
+    if 'top1' in metrics and not label.is_reference:
+        what = info.title if label.registered_architecture else f'{info.title} with a custom configuration'
+        on_cifar = info.tag == dataset_info('cifar10').tag  # the dataset, whatever the registered tag is called
+        results += (f'\n\nThese weights were trained on **{what}**'
+                    + ('' if on_cifar else ', not CIFAR-10')
+                    + ': ' + ', '.join(f'{name.lower()} {float(metrics[key]):.2f} %' for key, name in scores)
+                    + f' on its {info.eval_split} split.')
+    if 'top1' in metrics:
+        results += ('' if label.is_reference else '\n') + picked_note(training_record(ckpt)).lstrip()
+    return results.rstrip()
 
 
-def _used_recipe_section(ckpt: Checkpoint) -> str:
-    """The arguments these weights were trained with (the template shows the paper's recipe instead)."""
-    import yaml
+def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: int) -> str:
+    """The usage text of an export of weights of ``info``'s dataset, published to ``repo_id``; ``input_size``: the
+    exported config's (the border inside the model where the dataset had one,
+    :func:`sa_vision.hub.export.exported_input_config`)."""
+    return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=input_size,
+                          padding=info.input_padding, label_names=len(info.class_names) == num_classes)
 
-    from ..train.recipes import recipe_path, repeat_run_args
-    try:
-        name = recipe_path(ckpt.arch).stem
-        reference = (f' The paper\'s CIFAR-10 recipe ships with sa_vision: `sa-vision-train '
-                     f'{repeat_run_args(ckpt.arch, name)}` (`sa_vision/configs/{name}.yaml`).')
-    except FileNotFoundError:
-        reference = ''
-    tool = 'timm `train.py`' if ckpt.format == 'timm' else '`sa-vision-train`'
-    used = yaml.safe_dump(_recipe(ckpt), sort_keys=False).strip()
-    return (f'These weights were trained with the arguments below ({tool}; `{RECIPE_FILENAME}` in this repository: '
-            f'`{repeat_run_args(ckpt.arch, RECIPE_FILENAME)}` repeats the run).{reference}\n\n```yaml\n{used}\n```')
+
+def card_for_repository(card_text: str, config: Dict[str, Any], repo_id: str) -> str:
+    """An export's card (``config``: its config.json) with the usage naming ``repo_id``, the repository it is
+    published to; a card without sa_vision's usage section is returned as it is."""
+    if not _section_body(card_text, 'usage'):
+        return card_text
+    cfg = config.get('pretrained_cfg') or {}
+    info = dataset_info(dataset_for_tag(cfg.get('tag') or ''))
+    usage = usage_section(config['architecture'], repo_id, info, config.get('num_classes', cfg.get('num_classes')),
+                          cfg.get('input_size', (3, 32, 32))[-1])
+    return _replace_section(card_text, 'usage', usage)
 
 
 # the lines of a card's training summary that say which weights the export holds
@@ -290,33 +292,3 @@ def weights_described_by_card(card_text: str) -> str:
     evaluation): its lines joined for a message, or '' for a card without them."""
     lines = _section_body(card_text, 'training').splitlines()
     return '; '.join(line[2:].rstrip('.') for line in lines if line.startswith(_WEIGHTS_LINES))
-
-
-def _training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
-    meta = ckpt.meta
-    args, metrics, history = meta.get('args') or {}, meta.get('metrics') or {}, meta.get('history') or []
-    epochs = meta.get('epoch')
-    lines = ['## Training summary']
-    if ckpt.format == 'hub_folder' or epochs is None:
-        lines.append(f'- Exported from {ckpt.format.replace("_", " ")} weights; no training record.')
-        return '\n'.join(lines)
-    steps, num_epochs, best = meta.get('num_updates'), meta.get('num_epochs') or epochs, meta.get('best') or {}
-    lines.append(
-        f'- Data: {label.dataset.title}; {num_epochs} epochs'
-        + (f' of {steps // max(epochs, 1)} steps' if steps else '')
-        + f', batch {args.get("batch_size")} x {args.get("world_size", 1)} process(es) on `{args.get("device")}`, '
-          f'seed {args.get("seed")}; the arguments are `{RECIPE_FILENAME}`.')
-    if ckpt.format == 'sa_vision':  # timm's checkpoints count epochs from 0 and keep no 'best' record
-        is_best = best.get('epoch') == epochs - 1
-        lines.append(f'- Weights: after epoch {epochs} of {num_epochs}'
-                     + (f', the best by `--eval-metric {args.get("eval_metric", "top1")}`' if is_best else '') + '.')
-    if args.get('initial_checkpoint'):
-        lines.append('- Started from earlier weights (`--initial-checkpoint`), e.g. a pruned model.')
-    if {'top1', 'top5', 'loss'} <= set(metrics):
-        lines.append(f'- Evaluation of these weights ({metrics.get("num_images")} images): top-1 '
-                     f'{metrics["top1"]:.2f} %, top-5 {metrics["top5"]:.2f} %, loss {metrics["loss"]:.4f}.')
-    if history:
-        lines += ['', markdown_table(['epoch', 'train loss', 'lr', 'eval loss', 'top-1'], [
-            [h['epoch'], f'{h["train_loss"]:.4f}', f'{h["lr"]:.2e}', f'{h["eval_loss"]:.4f}', f'{h["eval_top1"]:.2f}']
-            for h in history])]
-    return '\n'.join(lines)

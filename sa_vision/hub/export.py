@@ -17,13 +17,14 @@ from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_
 from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
 from ..train.recipes import repeat_run_args
-from .card import _recipe, render_model_card, weights_described_by_card
+from .card import render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
 from .publish import check_publish_target
+from .record import published_recipe
 
 __all__ = ['ExportExistsError', 'export_hub_folder', 'exported_config', 'exported_input_config']
 
-_EXPORT_FILES = (*HUB_FOLDER_FILES, CARD_FIGURE_FILENAME, POSITIONAL_EPOCHS_FILE)
+_EXPORT_FILES = (*HUB_FOLDER_FILES, RECIPE_FILENAME, CARD_FIGURE_FILENAME, POSITIONAL_EPOCHS_FILE)
 
 
 class ExportExistsError(UserError, FileExistsError):
@@ -132,13 +133,17 @@ def export_hub_folder(
         for name in _EXPORT_FILES:
             (out_dir / name).unlink(missing_ok=True)
     model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
+    # the registered cfg's label_names are CIFAR-10's: never carried over to weights of another dataset
+    saved.pretrained_cfg = {**saved.pretrained_cfg, 'label_names': None}
     save_for_hf(saved, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
                 data_config=input_cfg)
-    with open(out_dir / RECIPE_FILENAME, 'w') as f:
-        trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
-        f.write(f'# training arguments of {label.name} ({trainer} argument names): sa-vision-train '
-                f'{repeat_run_args(ckpt.arch, RECIPE_FILENAME)} --data-dir DIR repeats the run\n')
-        yaml.safe_dump(_recipe(ckpt), f, sort_keys=False)
+    recipe = published_recipe(ckpt)
+    if recipe:  # weights without a training record have no run to repeat (an empty recipe starts the default one)
+        with open(out_dir / RECIPE_FILENAME, 'w') as f:
+            trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
+            f.write(f'# training arguments of {label.name} ({trainer} argument names): sa-vision-train '
+                    f'{repeat_run_args(ckpt.arch, RECIPE_FILENAME)} --data-dir DIR repeats the run\n')
+            yaml.safe_dump(recipe, f, sort_keys=False)
     if epochs and any(positional_params(sd) for sd in epochs.values()):
         save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)

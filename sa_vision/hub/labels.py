@@ -14,20 +14,34 @@ __all__ = ['HUB_FOLDER_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTO
 
 RECIPE_FILENAME = 'recipe.yaml'
 CARD_FIGURE_FILENAME = 'attention.png'
-HUB_FOLDER_FILES = ('config.json', 'model.safetensors', 'README.md', RECIPE_FILENAME)  # + the figure if any
+# what every export holds; + the recipe of weights with a training record, the figure of attention models
+HUB_FOLDER_FILES = ('config.json', 'model.safetensors', 'README.md')
 MODEL_CARD_DIR = Path(__file__).resolve().parent.parent / 'model_cards'  # package data
 CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
 
 
 def is_registered_architecture(arch: str, model_args: Dict[str, Any]) -> bool:
-    """The model has exactly the tensors of ``timm.create_model(arch)`` (the paper's configuration, 10 classes)."""
+    """``timm.create_model(arch)``, what ``pretrained=True`` builds, is the model of ``model_args``: the same
+    tensors (the paper's configuration, 10 classes), and with the same weights the same logits in eval mode.
+    Arguments such as ``input_padding`` or ``norm_eps`` change the logits without changing a tensor; drop rates
+    and the initialisation change neither."""
     import timm
 
     from .. import models  # noqa: F401  registers the models
     with torch.device('meta'):  # shapes only, no memory or init cost
         reference = timm.create_model(arch).state_dict()
         built = timm.create_model(arch, **model_args).state_dict()
-    return {k: v.shape for k, v in reference.items()} == {k: v.shape for k, v in built.items()}
+    if {k: v.shape for k, v in reference.items()} != {k: v.shape for k, v in built.items()}:
+        return False
+    with torch.random.fork_rng(devices=[]), torch.no_grad():  # the caller's random state is left as it was
+        torch.manual_seed(0)
+        model = timm.create_model(arch, **model_args).eval()
+        for param in model.parameters():  # no zero-initialised layer (a head) hides a difference
+            param.add_(torch.randn_like(param) * 0.02)
+        registered = timm.create_model(arch).eval()
+        registered.load_state_dict(model.state_dict())
+        x = torch.randn(2, *registered.pretrained_cfg['input_size'])
+        return torch.equal(model(x), registered(x))
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,48 @@
 """ Publishing an exported folder to the Hugging Face Hub, after checking token, permission and target """
+import json
 import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Iterator, NamedTuple, Optional, Union
 
 from ..errors import UserError
-from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
+from ..models._pretrained import PRETRAINED_TAG, hub_error_reason, hub_read_errors, hub_repo_id, registered_hf_hub_id
+from .card import card_for_repository
 from .labels import HUB_FOLDER_FILES, WeightsLabel
 
-__all__ = ['HubPublishError', 'check_publish_target', 'resolve_token', 'publish_hub_folder']
+__all__ = ['HubPublishError', 'PublishedFolder', 'check_repo_id', 'check_publish_target', 'resolve_token',
+           'publish_hub_folder']
 
 
 class HubPublishError(UserError):
     """Publishing cannot start: no token, no write permission, or a repository these weights may not go to."""
 
 
+class PublishedFolder(NamedTuple):
+    """Where a folder went: the repository the Hub created (``<namespace>/<name>``), and its commit."""
+    repo_id: str
+    commit: Any
+
+
+def check_repo_id(repo_id: str) -> None:
+    """A repository id the Hub takes (``<name>`` or ``<namespace>/<name>``), by huggingface_hub's own check."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        reason = str(e).replace(' Use `repo_type` argument if needed.', '')  # an argument of the Python API only
+        raise HubPublishError(f'{repo_id!r} is not a Hub repository id ({reason}); name one as <namespace>/<name>, '
+                              f'or <name> for your own namespace; nothing was uploaded') from None
+
+
 def check_publish_target(label: WeightsLabel, repo_id: str) -> None:
-    """Refuse a repository that must not receive these weights (the registered one, another architecture's)."""
+    """Refuse a repository id the Hub does not take, or a repository that must not receive these weights (the
+    registered one, another architecture's)."""
     import timm
+    check_repo_id(repo_id)
     registered = registered_hf_hub_id(label.arch)
     if repo_id == registered and not label.is_reference:
         raise HubPublishError(
@@ -49,17 +75,43 @@ def publish_hub_folder(
         private: bool = False,
         commit_message: str = 'Add weights trained with sa_vision',
         create_pr: bool = False,
-):
-    """Upload an exported folder to ``repo_id`` in one commit, after checking files, token and permission."""
+) -> PublishedFolder:
+    """Upload an exported folder to ``repo_id`` in one commit, after checking files, token and permission; the
+    uploaded card names the repository the Hub created (``<name>`` goes to the token's own namespace)."""
     from huggingface_hub import HfApi
-    from huggingface_hub.errors import HfHubHTTPError
     folder = Path(folder)
+    check_repo_id(repo_id)
     missing = [name for name in HUB_FOLDER_FILES if not (folder / name).is_file()]
     if missing:
         raise HubPublishError(f'{folder} is not a complete export (missing {missing}); run the export first')
     _check_folder_target(folder, repo_id)
     token = resolve_token(token)
     api = HfApi(token=token, library_name='timm')
+    with _hub_answers(repo_id):
+        repo_id = _create_repo(api, repo_id, private)
+        _check_folder_target(folder, repo_id)  # '<name>' became '<namespace>/<name>'
+        with _card_naming(folder, repo_id) as upload:
+            commit = _upload(api, upload, repo_id, commit_message, create_pr)
+    return PublishedFolder(repo_id, commit)
+
+
+@contextmanager
+def _hub_answers(repo_id: str) -> Iterator[None]:
+    """The Hub client's "offline" and "no answer" errors (:func:`~sa_vision.models._pretrained.hub_read_errors`)
+    as one :class:`HubPublishError` saying what to do."""
+    known = hub_read_errors()
+    try:
+        yield
+    except tuple(known) as e:
+        raise HubPublishError(
+            f'cannot publish to {repo_id}: the Hugging Face Hub could not be reached ({hub_error_reason(e, known)}); '
+            f'publishing needs the network: connect, unset HF_HUB_OFFLINE, and run the same command again; '
+            f'nothing was uploaded') from None
+
+
+def _create_repo(api, repo_id: str, private: bool) -> str:
+    """The repository, created where the token may write to it: its id as the Hub gives it back."""
+    from huggingface_hub.errors import HfHubHTTPError
     try:
         who = api.whoami()
     except HfHubHTTPError as e:
@@ -73,17 +125,41 @@ def publish_hub_folder(
             f'{who.get("name")} cannot write to {repo_id} (token role {role!r}, namespaces {sorted(allowed)}); '
             f'use a write token of a member of {namespace!r} or another --repo-id; nothing was uploaded')
     try:
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        return api.create_repo(repo_id, private=private, exist_ok=True).repo_id
     except HfHubHTTPError as e:
         raise HubPublishError(f'cannot create or access {repo_id} ({_status(e)}); check the token\'s '
                               f'permission on {namespace!r}; nothing was uploaded') from None
-    return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
-                             create_pr=create_pr)
+
+
+def _upload(api, folder: Path, repo_id: str, commit_message: str, create_pr: bool):
+    from huggingface_hub.errors import HfHubHTTPError
+    try:
+        return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
+                                 create_pr=create_pr)
+    except HfHubHTTPError as e:
+        raise HubPublishError(f'the Hub refused the upload to {repo_id} ({_status(e)}); nothing was '
+                              f'committed') from None
+
+
+@contextmanager
+def _card_naming(folder: Path, repo_id: str) -> Iterator[Path]:
+    """The folder to upload: ``folder`` itself where its card names ``repo_id``, else a copy whose card does (an
+    export staged for one repository, published to another); ``folder`` is never changed (a kept zoo folder)."""
+    card = (folder / 'README.md').read_text(encoding='utf-8')
+    config = json.loads((folder / 'config.json').read_text())
+    retargeted = card_for_repository(card, config, repo_id)
+    if retargeted == card:
+        yield folder
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        staged = Path(tmp) / folder.name
+        shutil.copytree(folder, staged)
+        (staged / 'README.md').write_text(retargeted, encoding='utf-8')
+        yield staged
 
 
 def _check_folder_target(folder: Path, repo_id: str) -> None:
     """The registered repository takes only folders labelled as the reference weights (tag 'cifar10')."""
-    import json
     config = json.loads((folder / 'config.json').read_text())
     arch, tag = config.get('architecture', ''), (config.get('pretrained_cfg') or {}).get('tag')
     if arch and repo_id == registered_hf_hub_id(arch) and tag != PRETRAINED_TAG:

@@ -51,7 +51,8 @@ def registered_hf_hub_id(arch: str) -> Optional[str]:
 
 
 # what the Hub client's errors for a repository it cannot read mean for a user, the most specific first
-# (GatedRepoError is a RepositoryNotFoundError, LocalEntryNotFoundError an EntryNotFoundError); names the installed
+# (GatedRepoError is a RepositoryNotFoundError, LocalEntryNotFoundError an EntryNotFoundError, every HfHubHTTPError
+# an HTTPError: the HTTP client's base class, which huggingface_hub >= 1.0 re-exports); names the installed
 # huggingface_hub lacks are skipped
 _HUB_ERRORS = (
     ('OfflineModeIsEnabled', 'HF_HUB_OFFLINE is set'),
@@ -61,6 +62,8 @@ _HUB_ERRORS = (
     ('RepositoryNotFoundError', 'no such repository, or a private one: check the name, or log in with hf auth login'),
     ('RevisionNotFoundError', 'no such revision (the part after @)'),
     ('EntryNotFoundError', 'the repository lacks a file timm reads (config.json, the weights)'),
+    ('HfHubHTTPError', 'the Hub answered with an error'),
+    ('HTTPError', 'no answer from the Hub: no network, or a proxy or firewall in the way'),
 )
 
 

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from ..layers import check_image_shape
-from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from ..paper import CIFAR10_CLASSES, CIFAR10_LABEL_NAMES, CIFAR10_MEAN, CIFAR10_STD
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
 
@@ -109,7 +109,8 @@ def _create_cifar_resnet(variant: str, pretrained: bool = False, **kwargs) -> Ci
 
 def _cfg(**kwargs) -> Dict[str, Any]:
     return {
-        'num_classes': CIFAR10_CLASSES, 'input_size': (3, 32, 32), 'pool_size': (4, 4),
+        'num_classes': CIFAR10_CLASSES, 'label_names': CIFAR10_LABEL_NAMES,
+        'input_size': (3, 32, 32), 'pool_size': (4, 4),
         'crop_pct': 1.0, 'interpolation': 'bilinear',
         'mean': CIFAR10_MEAN, 'std': CIFAR10_STD,
         'first_conv': 'conv1', 'classifier': 'fc',

@@ -25,7 +25,7 @@ from ..layers import (
     attend_then_project,
     check_image_shape,
 )
-from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
+from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_LABEL_NAMES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
 from .sa_state_dict import CENTERS, PRECISION_FACTORS, checkpoint_filter_fn, rename_old_keys
@@ -352,7 +352,8 @@ def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentio
 
 def _cfg(**kwargs) -> Dict:
     return {
-        'num_classes': CIFAR10_CLASSES, 'input_size': (3, 32, 32), 'pool_size': (16, 16),
+        'num_classes': CIFAR10_CLASSES, 'label_names': CIFAR10_LABEL_NAMES,
+        'input_size': (3, 32, 32), 'pool_size': (16, 16),
         'crop_pct': 1.0, 'interpolation': 'bilinear', 'fixed_input_size': False,
         'mean': CIFAR10_MEAN, 'std': CIFAR10_STD,
         'first_conv': 'patch_embed.proj', 'classifier': 'head',

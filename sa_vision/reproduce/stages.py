@@ -324,8 +324,8 @@ class Reproduction:
             if not publish:
                 say(f'dry run: would publish {folder} to {repo_id} ({len(list(folder.iterdir()))} files)')
                 continue
-            commit = publish_hub_folder(folder, repo_id)
-            say(f'published {repo_id}: {getattr(commit, "commit_url", commit)}')
+            published = publish_hub_folder(folder, repo_id)
+            say(f'published {published.repo_id}: {getattr(published.commit, "commit_url", published.commit)}')
 
     def run(self, publish: bool = False) -> List[Dict[str, Any]]:
         """All stages; a failing one raises :class:`StageFailed` naming it (earlier results stay)."""

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
-from timm.models import clean_state_dict
+from timm.models import clean_state_dict, is_model
 from torch import Tensor, nn
 
 from ..errors import UserError
@@ -32,6 +32,7 @@ from ..models import (
 )
 from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
+from .recipes import recipe_if_any
 from .timm_args import TIMM_MODEL_KWARGS
 
 __all__ = [
@@ -49,6 +50,8 @@ LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
 RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, kept current every epoch
 BEST_CHECKPOINT = 'model_best.pth.tar'  # the epoch best by --eval-metric, named as timm's CheckpointSaver names it
 _WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
+# the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
+_BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
 
 
 class CheckpointError(UserError):
@@ -114,10 +117,15 @@ def _torch_load(path: Path, map_location) -> Any:
     except Exception as e:  # noqa: BLE001  torch.load raises many kinds on a bad file: all become CheckpointError
         first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ''
         if 'Unsupported global' in str(e) or 'weights_only' in str(e):
+            # torch's message advises weights_only=False, which would run whatever the pickle names: only the
+            # blocked name is passed on
+            blocked = _BLOCKED_GLOBAL.search(str(e))
+            what = f'the Python object {blocked.group(1)}' if blocked else 'a Python object'
             raise CheckpointError(
-                f'{path} holds pickled Python objects that are not allowed to load ({first}). Checkpoints of '
-                f'sa-vision-train and timm train.py, state dicts and safetensors files load; anything else '
-                f'could run code on load. Re-save the weights as a state dict or .safetensors') from None
+                f'{path} holds {what}, pickled, which sa_vision refuses to load: unpickling an object from a '
+                f'file of unknown origin can run any code. Checkpoints of sa-vision-train and timm train.py, '
+                f'state dicts and safetensors files load; re-save weights you trust as a state dict or '
+                f'.safetensors') from None
         raise CheckpointError(
             f'{path} cannot be read ({type(e).__name__}: {first}): the file is corrupted or truncated, or not a '
             f'PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
@@ -188,8 +196,12 @@ def _timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
 def _read_hub_folder(folder: Path) -> Checkpoint:
     config_path = folder / 'config.json'
     if not config_path.is_file():
-        raise CheckpointError(f'folder {folder} has no config.json: not a Hub folder (timm save_for_hf format); '
-                              f'export one with sa-vision-push-to-hub --dry-run')
+        best = folder / BEST_CHECKPOINT
+        raise CheckpointError(
+            f'{folder} holds neither the {RUN_CHECKPOINT} of a run (sa-vision-train, timm train.py) nor the '
+            f'config.json of a Hub folder'
+            + (f'; it holds {BEST_CHECKPOINT}: pass that file, {best}' if best.is_file() else
+               ': pass a checkpoint file, a run folder or an exported Hub folder'))
     config = _read_json(config_path.read_text(), config_path, 'config.json')
     weights = folder / 'model.safetensors'
     if weights.is_file():
@@ -207,8 +219,11 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     model_args = dict(model_args)
     if 'num_classes' in config:
         model_args.setdefault('num_classes', config['num_classes'])
-    return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder',
-                      _pretrained_meta(config.get('pretrained_cfg') or {}))
+    meta = _pretrained_meta(config.get('pretrained_cfg') or {})
+    recipe = recipe_if_any(folder / 'recipe.yaml')  # an export's training arguments
+    if recipe:
+        meta['recipe'] = recipe
+    return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder', meta)
 
 
 def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:
@@ -253,6 +268,8 @@ def read_checkpoint(
     names bare weights and is checked against the file's, ``model_args`` override what the shapes say. The state
     dict holds today's key names (:data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
     path = Path(source)
+    if arch is not None and not is_model(arch):  # else "holds X, not <typo>; pass weights of <typo>"
+        raise UnknownModelError(f'unknown model {arch!r}: {model_name_hint(arch)}')
     if path.is_dir() and not (path / 'config.json').is_file() and (path / RUN_CHECKPOINT).is_file():
         path = path / RUN_CHECKPOINT  # a run folder of sa-vision-train: its latest checkpoint
     if path.is_dir():
@@ -310,8 +327,13 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         meta['args'] = plain_data(args)
         meta['recipe'] = strip_runtime_args(meta['args'])
         meta['dataset'] = args.get('dataset', '')
+        meta['ema_weights'] = use_ema
         if 'metric' in obj:
-            meta['metrics'] = {args.get('eval_metric', 'top1'): obj['metric']}
+            # train.py saves the score of the EMA where it evaluates one (--model-ema without
+            # --model-ema-force-cpu): a score is the exported weights' only where they are the weights scored
+            meta['scored_weights'] = 'ema' if args.get('model_ema') and not args.get('model_ema_force_cpu') else 'model'
+            if (meta['scored_weights'] == 'ema') == use_ema:
+                meta['metrics'] = {args.get('eval_metric', 'top1'): obj['metric']}
         stored = _timm_model_args(args) if args else {}
         return Checkpoint(obj.get('arch') or args.get('model') or arch, {**stored, **model_args},
                           clean_state_dict(obj[key]), str(path), 'timm', meta)

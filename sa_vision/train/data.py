@@ -13,7 +13,7 @@ import torch
 from torchvision import transforms
 
 from ..errors import DatasetError, DatasetNotFoundError
-from ..paper import CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD
+from ..paper import CIFAR10_CLASSES, CIFAR10_LABEL_NAMES, CIFAR10_MEAN, CIFAR10_STD
 from .datasets import (
     FASHION_MNIST_PAD,
     TRAIN_TEST_SPLITS,
@@ -77,8 +77,8 @@ class DatasetInfo:
 
 _ENTRIES = (
     DatasetInfo('torch/cifar10', 'cifar10', 'CIFAR-10', CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, 'test', 'cifar10',
-                ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck'),
-                aliases=('cifar10',), read=read_timm, check=check_timm, splits=TRAIN_TEST_SPLITS, downloads=True),
+                CIFAR10_LABEL_NAMES, aliases=('cifar10',), read=read_timm, check=check_timm, splits=TRAIN_TEST_SPLITS,
+                downloads=True),
     # mean / std of the 28x28 training pixels before the padding, as usually quoted (tests/test_data.py checks them)
     DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10, (0.2860,) * 3,
                 (0.3530,) * 3, 'test', 'fashion_mnist', ('T-shirt/top', 'Trouser', 'Pullover', 'Dress', 'Coat',

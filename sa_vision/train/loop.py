@@ -354,6 +354,11 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
         # written may lack it (its best epoch is older than the resume): then the last epoch
         exported = best if best.is_file() else checkpoint
         saved = torch.load(exported, map_location='cpu', weights_only=True, mmap=True)
+        recorded = (saved.get('best') or {}).get('epoch')  # counted from 0, saved['epoch'] from 1
+        if exported == checkpoint and recorded is not None and recorded != saved['epoch'] - 1:
+            _log(args, f'warning: no {best.name} in {run_dir} (the run was resumed from before it was written): '
+                       f'exporting the last epoch, {saved["epoch"]}, although its record names epoch {recorded + 1} '
+                       f'as the best by {args.eval_metric} ({metric_text(args.eval_metric, saved["best"]["metric"])})')
         _log(args, f'Exporting {exported.name}: the weights after epoch {saved["epoch"]} of {num_epochs} '
                    f'({args.eval_metric} {metric_text(args.eval_metric, saved["metrics"][args.eval_metric])}'
                    f'{", the best" if exported == best else ""})')

@@ -13,8 +13,8 @@ from ..models._pretrained import training_commands
 from ..paper import PRUNED_FROM
 from .timm_args import OURS, TIMM_TRAIN_ARGS
 
-__all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'check_recipe_keys', 'repeat_run_args',
-           'check_recipe_start']
+__all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'recipe_if_any', 'check_recipe_keys',
+           'repeat_run_args', 'check_recipe_start']
 
 # keys that only timm's train.py reads: allowed, so one recipe serves both trainers, and ignored with a note
 TIMM_ONLY_RECIPE_KEYS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use != OURS)
@@ -44,6 +44,18 @@ def load_recipe(name: Union[str, os.PathLike]) -> Dict[str, Any]:
     if not isinstance(recipe, dict):
         raise RecipeError(f'recipe {path} must be a mapping of argument names to values, got {type(recipe).__name__}')
     return {k.replace('-', '_'): v for k, v in recipe.items()}
+
+
+def recipe_if_any(path: Union[str, os.PathLike]) -> Dict[str, Any]:
+    """The recipe in file ``path`` (an export's recipe.yaml), or {} where there is none or it does not read as a
+    recipe: the weights beside it load without it."""
+    import yaml
+    if not Path(path).is_file():
+        return {}
+    try:
+        return load_recipe(path)
+    except (RecipeError, yaml.YAMLError):
+        return {}
 
 
 def check_recipe_keys(keys: Iterable[str], known: Iterable[str], source: str = 'the recipe') -> List[str]:

@@ -13,7 +13,7 @@ from timm.scheduler import PlateauLRScheduler
 from timm.utils import update_summary
 
 from ..errors import UserError
-from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
+from ..io import atomic_duplicate, atomic_torch_save, atomic_write, folder_problem, plain_data
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
 from .checkpoint import (
     BEST_CHECKPOINT,
@@ -245,6 +245,9 @@ def run_folder(args, resume_ckpt) -> Path:
                             f'{resumed.name} its folder would hold epochs of two histories. Resume from {last}, or '
                             f'start a new run from these weights: --initial-checkpoint {resumed} --experiment NEW')
         return run_dir
+    problem = folder_problem(args.output)
+    if problem:
+        raise UserError(f'--output {args.output}: {problem}; pass --output a folder you can write to')
     run_dir = Path(args.output) / (args.experiment or '-'.join([
         datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
     # refused, not renamed as timm's get_outdir(inc=True) would: a run is found by its --experiment (the docs,

@@ -1,0 +1,142 @@
+""" What an exported card says: the usage that runs, the epoch and weights it names (EMA or not, best or last,
+picked by the accuracy it reports), and no claim where there is no training record """
+import json
+import re
+
+import pytest
+import timm
+import torch
+from safetensors.torch import save_file
+
+import sa_vision  # noqa: F401  (registers the models)
+from sa_vision.hub import export_hub_folder
+from sa_vision.hub.card import usage_section
+from sa_vision.train.data import dataset_info
+
+SMALL = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
+# CIFAR-10's classes, label i first, as its batches.meta (and torchvision's CIFAR10.classes) list them
+CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
+
+
+def _usage_code(card_text: str) -> str:
+    return re.search(r'```python\n(.*?)```', card_text, re.S).group(1)
+
+
+@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'resnet18_cifar'])
+def test_the_reference_cards_usage_runs_on_the_registered_model(arch, tmp_path, capsys):
+    """The usage of CIFAR-10 weights published to the registered repository loads them by the registered name
+    (pretrained=True; here the weights come from a file, the cfg stays the registered one) and prints the class
+    name of the prediction: the registered cfg must carry CIFAR-10's label names."""
+    from PIL import Image
+    code = _usage_code(usage_section(arch, f'sa-vision/{arch}.cifar10', dataset_info('cifar10'), 10, 32))
+    assert f"timm.create_model('{arch}', pretrained=True)" in code and "pretrained_cfg['label_names']" in code
+    torch.manual_seed(0)
+    save_file(timm.create_model(arch).state_dict(), str(tmp_path / 'w.safetensors'))
+    Image.new('RGB', (32, 32), (200, 30, 30)).save(tmp_path / 'image.png')
+    code = code.replace('pretrained=True)', f'pretrained=True, pretrained_cfg_overlay=dict(file='
+                                            f'{str(tmp_path / "w.safetensors")!r}))')
+    exec(compile(code.replace("'image.png'", repr(str(tmp_path / 'image.png'))), 'usage', 'exec'), {})
+    assert capsys.readouterr().out.strip() in CIFAR10_CLASSES
+    assert tuple(timm.create_model(arch).pretrained_cfg['label_names']) == CIFAR10_CLASSES
+
+
+def test_weights_of_no_known_dataset_claim_no_class_names(tmp_path):
+    """10-class weights with no dataset named (bare safetensors): the export's config.json names no classes, not
+    the registered cfg's CIFAR-10 ones, and timm's loading of the folder has none."""
+    torch.manual_seed(0)
+    save_file(timm.create_model('sa_quadratic_cifar', **SMALL).state_dict(), str(tmp_path / 'w.safetensors'))
+    export_hub_folder(tmp_path / 'w.safetensors', tmp_path / 'hub', figure=False)
+    config = json.loads((tmp_path / 'hub' / 'config.json').read_text())
+    assert 'label_names' not in config and 'label_names' not in config['pretrained_cfg'], config
+    loaded = timm.create_model(f'local-dir:{tmp_path / "hub"}', pretrained=True)
+    assert loaded.num_classes == 10 and not loaded.pretrained_cfg.get('label_names')
+    assert "label_names" not in _usage_code((tmp_path / 'hub' / 'README.md').read_text())
+
+
+@pytest.fixture(scope='module')
+def run(tmp_path_factory):
+    """A finished 2-epoch sa-vision-train run of a tiny model on the digits, exported with --export."""
+    from sa_vision.cli import train
+    out = tmp_path_factory.mktemp('runs')
+    train.main([str(a) for a in ['-c', 'sa_quadratic_cifar_digits', '--epochs', 2, '-b', 64, '--log-interval', 100,
+                                 '--model-kwargs', *[f'{k}={v}' for k, v in SMALL.items()], '--output', out,
+                                 '--experiment', 'run', '--export']])
+    return out / 'run'
+
+
+def _card(folder) -> str:
+    return (folder / 'README.md').read_text(encoding='utf-8')
+
+
+def _section(card: str, name: str) -> str:
+    return card.split(f'<!-- sa_vision:{name} -->')[1].split(f'<!-- /sa_vision:{name} -->')[0]
+
+
+def test_the_card_numbers_epochs_from_1_and_says_when_the_accuracy_picked_them(run, tmp_path):
+    """--export publishes model_best.pth.tar, picked by its test-split top-1, which the card reports: it says that
+    this makes the number optimistic. The last epoch, exported as it is, was picked by nothing. The epochs of the
+    training table count from 1, as 'after epoch N of M' does."""
+    ckpt = torch.load(run / 'last.pth.tar', weights_only=True)
+    best_epoch = ckpt['best']['epoch'] + 1  # the record counts from 0
+    picked = _card(run / 'hub')
+    assert f'after epoch {best_epoch} of 2, the best by `--eval-metric top1`' in picked
+    assert 'picked as the best by `--eval-metric top1` on this same split, so the accuracy is optimistic' in \
+        _section(picked, 'results')
+    rows = re.findall(r'^\| (\d+) \|', _section(picked, 'training'), re.M)
+    assert rows == [str(epoch) for epoch in range(1, best_epoch + 1)] and '2 epochs of' in picked
+    export_hub_folder(run / 'last.pth.tar', tmp_path / 'last', figure=False)
+    last = _card(tmp_path / 'last')
+    assert 'after epoch 2 of 2' in last and 'optimistic' not in last
+    assert re.findall(r'^\| (\d+) \|', _section(last, 'training'), re.M) == ['1', '2']
+    # one epoch is 'epoch', not 'epochs'
+    ckpt.update(epoch=1, num_epochs=1, history=ckpt['history'][:1], best={**ckpt['best'], 'epoch': 0})
+    torch.save(ckpt, tmp_path / 'one.pth.tar')
+    export_hub_folder(tmp_path / 'one.pth.tar', tmp_path / 'one', figure=False)
+    one = _card(tmp_path / 'one')
+    assert '; 1 epoch of' in one and '1 epochs' not in one and 'after epoch 1 of 1' in one
+
+
+@pytest.mark.parametrize('source', ['safetensors', 'state_dict'])
+def test_weights_without_a_training_record_make_no_recipe_claim(source, run, tmp_path):
+    """Bare tensors say nothing of their training: no recipe.yaml (an empty one would start the 300-epoch default
+    run), and the card says there is no record instead of '-c recipe.yaml repeats the run'."""
+    from sa_vision.cli import push_to_hub
+    state = torch.load(run / 'last.pth.tar', weights_only=True)['state_dict']
+    path = tmp_path / ('w.safetensors' if source == 'safetensors' else 'w.pth')
+    save_file(state, str(path)) if source == 'safetensors' else torch.save(state, path)
+    files = export_hub_folder(path, tmp_path / 'hub', figure=False)
+    assert 'recipe.yaml' not in files
+    card = _card(tmp_path / 'hub')
+    assert 'repeats the run' not in card and 'recipe.yaml' not in card.replace('no `recipe.yaml`', '')
+    assert 'no training record' in _section(card, 'training') and 'no run to repeat' in _section(card, 'recipe')
+    assert push_to_hub.main([str(tmp_path / 'hub'), '--dry-run']) == 0  # a complete export as it is
+
+
+def test_an_export_exported_again_keeps_its_recipe(run, tmp_path):
+    export_hub_folder(run / 'hub', tmp_path / 'again', figure=False)
+    assert (tmp_path / 'again' / 'recipe.yaml').read_text() == (run / 'hub' / 'recipe.yaml').read_text()
+    assert 'no record of the epochs' in _section(_card(tmp_path / 'again'), 'training')
+
+
+def test_a_hub_folder_without_a_card_is_not_staged_inside_itself(tmp_path, capsys):
+    """A plain save_for_hf folder has no card: its export goes to the --out-dir asked for, not to <folder>/hub."""
+    from timm.models import save_for_hf
+
+    from sa_vision.cli import push_to_hub
+    from sa_vision.errors import run_cli
+    save_for_hf(timm.create_model('sa_quadratic_cifar', **SMALL), str(tmp_path / 'plain'), safe_serialization=True)
+    assert run_cli(push_to_hub.main, [str(tmp_path / 'plain'), '--dry-run']) == 2
+    err = capsys.readouterr().err
+    assert err.count('error:') == 1 and 'without a model card' in err and '--out-dir DIR' in err, err
+    assert sorted(p.name for p in (tmp_path / 'plain').iterdir()) == ['config.json', 'model.safetensors']
+    assert push_to_hub.main([str(tmp_path / 'plain'), '--dry-run', '--out-dir', str(tmp_path / 'hub')]) == 0
+    assert (tmp_path / 'hub' / 'README.md').is_file()
+
+
+def test_the_card_says_how_to_install_sa_vision_as_the_readme_does(run):
+    """The package is installed from its source (README.md's own command); no package index is claimed."""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parent.parent / 'README.md').read_text(encoding='utf-8')
+    usage = _section(_card(run / 'hub'), 'usage')
+    assert 'pip install -e .' in readme and '`pip install -e .` in a clone' in usage
+    assert 'pip install sa' not in usage
