@@ -255,7 +255,7 @@ def test_unpublished_weights_advice_is_commands_that_fit_together(arch, monkeypa
         assert source.model == 'sa_gen_cifar' and not source.initial_checkpoint
         pruned_from = steps[1][1]
         assert Path(pruned_from) == Path(source.output) / source.experiment / 'last.pth.tar'
-        monkeypatch.setattr(prune, 'load_model', lambda path, **kwargs: (_ for _ in ()).throw(_Reached(path)))
+        monkeypatch.setattr(prune, 'read_checkpoint', lambda path, **kwargs: (_ for _ in ()).throw(_Reached(path)))
         with pytest.raises(_Reached, match=pruned_from):  # its parser accepts the command line
             prune.main(steps[1][1:])
     args, _, _ = parse_run_args(final[1:])
