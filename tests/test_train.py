@@ -109,7 +109,7 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     torchrun = shutil.which('torchrun')
     cmd = [torchrun] if torchrun else [sys.executable, '-m', 'torch.distributed.run']
     cmd += ['--standalone', '--nproc_per_node', '2', '-m', 'sa_vision.cli.train',
-            *map(str, _mechanics_args(tmp_path, 'ddp', 1)), '-b', 32, '--workers', '0']
+            *map(str, _mechanics_args(tmp_path, 'ddp', 1)), '-b', 32, '--workers', '0', '--export']
     proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=_env(), capture_output=True, text=True,
                           timeout=HANG_TIMEOUT_S)
     log = proc.stdout + proc.stderr
@@ -123,6 +123,11 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     for key, value in single['state_dict'].items():
         torch.testing.assert_close(ddp['state_dict'][key], value, rtol=1e-3, atol=1e-4, msg=key)
     assert ddp['metrics']['top1'] == pytest.approx(single['metrics']['top1'], abs=0.3)
+    # so its recipe (batch 32, each process's) repeats the run only under torchrun with two processes
+    repeat = 'torchrun --nproc_per_node 2 -m sa_vision.cli.train -c recipe.yaml'
+    hub = tmp_path / 'ddp' / 'hub'
+    assert repeat in (hub / 'recipe.yaml').read_text().splitlines()[0]
+    assert f'`{repeat}` repeats the run' in (hub / 'README.md').read_text()
 
 
 @pytest.mark.parametrize('device', ['meta', pytest.param('cuda', marks=pytest.mark.cuda)])

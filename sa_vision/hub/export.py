@@ -16,11 +16,10 @@ from ..models.input_pad import black_after_normalization
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
-from ..train.recipes import repeat_run_args
 from .card import render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
 from .publish import check_publish_target
-from .record import published_recipe
+from .record import published_recipe, repeat_command
 
 __all__ = ['ExportExistsError', 'export_hub_folder', 'exported_config', 'exported_input_config']
 
@@ -141,8 +140,8 @@ def export_hub_folder(
     if recipe:  # weights without a training record have no run to repeat (an empty recipe starts the default one)
         with open(out_dir / RECIPE_FILENAME, 'w') as f:
             trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
-            f.write(f'# training arguments of {label.name} ({trainer} argument names): sa-vision-train '
-                    f'{repeat_run_args(ckpt.arch, RECIPE_FILENAME)} --data-dir DIR repeats the run\n')
+            f.write(f'# training arguments of {label.name} ({trainer} argument names): '
+                    f'{repeat_command(ckpt, RECIPE_FILENAME)} --data-dir DIR repeats the run\n')
             yaml.safe_dump(recipe, f, sort_keys=False)
     if epochs and any(positional_params(sd) for sd in epochs.values()):
         save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)

@@ -8,10 +8,11 @@ from typing import Any, Dict, Optional
 
 from ..tables import markdown_table
 from ..train.checkpoint import BEST_CHECKPOINT, Checkpoint, strip_runtime_args
+from ..train.recipes import repeat_run_args
 from .labels import RECIPE_FILENAME, WeightsLabel
 
 __all__ = ['TrainingRecord', 'training_record', 'published_recipe', 'plural', 'training_summary', 'recipe_section',
-           'picked_note']
+           'picked_note', 'repeat_command']
 
 # what a card says of weights saved without a training record, by the checkpoint's format
 _NO_RECORD = {'state_dict': 'a state dict', 'safetensors': 'a safetensors file', 'hub_folder': 'a Hub folder'}
@@ -24,6 +25,14 @@ def plural(count: int, noun: str) -> str:
 def published_recipe(ckpt: Checkpoint) -> Dict[str, Any]:
     """The training arguments to publish: no local paths, no machine or process fields; {} without a record."""
     return strip_runtime_args(ckpt.meta.get('recipe') or ckpt.meta.get('args') or {})
+
+
+def repeat_command(ckpt: Checkpoint, recipe_file: str) -> str:
+    """The command that repeats the run of ``ckpt`` from its recipe file: under torchrun with the run's process
+    count where it ran on several, since the recipe's batch size is each process's."""
+    processes = int((ckpt.meta.get('args') or {}).get('world_size') or 1)
+    runner = f'torchrun --nproc_per_node {processes} -m sa_vision.cli.train' if processes > 1 else 'sa-vision-train'
+    return f'{runner} {repeat_run_args(ckpt.arch, recipe_file)}'
 
 
 @dataclass(frozen=True)
@@ -133,7 +142,7 @@ def recipe_section(ckpt: Checkpoint) -> str:
     there are none to repeat."""
     import yaml
 
-    from ..train.recipes import recipe_path, repeat_run_args
+    from ..train.recipes import recipe_path
     try:
         name = recipe_path(ckpt.arch).stem
         reference = (f' The paper\'s CIFAR-10 recipe ships with sa_vision: `sa-vision-train '
@@ -147,4 +156,4 @@ def recipe_section(ckpt: Checkpoint) -> str:
     tool = 'timm `train.py`' if ckpt.format == 'timm' else '`sa-vision-train`'
     used = yaml.safe_dump(used, sort_keys=False).strip()
     return (f'These weights were trained with the arguments below ({tool}; `{RECIPE_FILENAME}` in this repository: '
-            f'`{repeat_run_args(ckpt.arch, RECIPE_FILENAME)}` repeats the run).{reference}\n\n```yaml\n{used}\n```')
+            f'`{repeat_command(ckpt, RECIPE_FILENAME)}` repeats the run).{reference}\n\n```yaml\n{used}\n```')
