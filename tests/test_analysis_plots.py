@@ -225,12 +225,13 @@ def test_load_model_from_checkpoints_and_hub_folder(tmp_path):
 
 @pytest.mark.slow
 def test_plot_script_on_random_init(tmp_path):
-    out = tmp_path / 'fig.png'
+    """Into folders not made yet, as the other commands' outputs."""
+    out = tmp_path / 'figs' / 'fig.png'
     result = subprocess.run(
         [*command('plot_attention'), 'sa_quadratic_cifar', '--out', str(out),
-         '--table', str(tmp_path / 'heads.csv')], check=True, capture_output=True, text=True)
+         '--table', str(tmp_path / 'tables' / 'heads.csv')], check=True, capture_output=True, text=True)
     assert out.stat().st_size > 10_000 and 'wrote' in result.stdout
-    assert (tmp_path / 'heads.csv').read_text().count('\n') == 1 + 54
+    assert (tmp_path / 'tables' / 'heads.csv').read_text().count('\n') == 1 + 54
 
 
 class _MetaScalars(torch.utils._python_dispatch.TorchDispatchMode):

@@ -24,6 +24,10 @@ def _run(main, argv, capsys):
     (plot_attention, ['no_such_model', '--out', 'x.png'], "'no_such_model' is neither a file"),
     (plot_attention, ['resnet18_cifar', '--out', 'x.png'], 'no PositionalAttention layer'),
     (plot_attention, ['sa_learned_cifar', '--kernel-match'], 'the kernel match needs Gaussian centres'),
+    # the outputs are checked before the source is read (an unknown model would say so first otherwise)
+    (plot_attention, ['no_such_model', '--out', '{tmp}/x.pnx'], 'names no picture format matplotlib writes'),
+    (plot_attention, ['no_such_model', '--out', ROOT / 'pyproject.toml' / 'x.png'], 'pyproject.toml is a file'),
+    (plot_attention, ['no_such_model', '--out', '{tmp}/x.png', '--table', '{tmp}/h.txt'], 'must end in .csv'),
     (prune, ['{tmp}/missing.pth', '--out', '{tmp}/x.pth'], 'does not exist'),
     (prune, ['sa_learned_cifar', '--out', '{tmp}/x.pth'], 'name the heads to prune with --heads'),
     # a path that is not there, without a weights suffix: timm would say it lacks a source prefix
@@ -49,7 +53,8 @@ def _run(main, argv, capsys):
     (validate, ['--checkpoint', 'sa_quadratic_cifar', '--dataset', 'digits'], 'sa_quadratic_cifar does not exist'),
     (validate, ['--model', 'resnet18_cifar', '--model-kwargs', 'stem_type=deep', '--dataset', 'digits'],
      "CifarResNet has no stem_type 'deep'"),
-], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'prune-missing-file',
+], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',
+        'plot-out-below-a-file', 'plot-table-format', 'prune-missing-file',
         'prune-learned-without-heads', 'prune-missing-path', 'prune-missing-folder', 'validate-missing-path',
         'prune-condition-below-1', 'prune-out-is-a-folder', 'figures-from-missing', 'figures-from-empty',
         'figures-into-a-file',

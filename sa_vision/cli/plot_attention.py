@@ -15,7 +15,7 @@ import argparse
 import os
 import sys
 
-from sa_vision.errors import command
+from sa_vision.errors import UserError, command
 from sa_vision.research.analysis import (
     GAUSSIAN_KINDS,
     attention_layers,
@@ -23,16 +23,18 @@ from sa_vision.research.analysis import (
     head_statistics,
     layer_summary,
     load_model,
+    table_format,
     write_table,
 )
 from sa_vision.research.kernel_match import KERNEL_MATCH_COLUMNS, layer_kernel_matches
-from sa_vision.research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
+from sa_vision.research.plots import picture_problem, plot_attention_maps, plot_center_trajectories, plot_centers
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('sources', nargs='+', help='timm model name, checkpoint file or Hub folder (several: figure c)')
-    parser.add_argument('--out', help='output picture, .png / .svg / .pdf (needed unless --kernel-match)')
+    parser.add_argument('--out', help='output picture, .png / .svg / .pdf (needed unless --kernel-match); its '
+                                      'folder is made')
     parser.add_argument('--figure', choices=('auto', 'centers', 'maps', 'trajectory'), default='auto',
                         help='auto: trajectory for several sources, centers for Gaussian kinds, else maps')
     parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
@@ -43,6 +45,7 @@ def main(argv=None):
                         help='print how close each layer\'s centres come to a 3x3 kernel (per source); without '
                              '--out, only that')
     args = parser.parse_args(argv)
+    _check_outputs(args.out, args.table)
     if args.kernel_match:
         for source in args.sources:
             print(f'{source}: centres against a 3x3 kernel of dilation d (mean matched distance, grid units)')
@@ -74,6 +77,19 @@ def main(argv=None):
         print(f'wrote {args.table}')
     print(f'wrote {args.out}')
     return 0
+
+
+def _check_outputs(out, table) -> None:
+    """Refuse a picture or table that could not be written before any work; their folders are made."""
+    from sa_vision.io import folder_problem
+    problem = out and picture_problem(out)
+    if problem:
+        raise UserError(f'--out {problem}')
+    if table:
+        table_format(table)
+        problem = folder_problem(os.path.dirname(table) or '.')
+        if problem:
+            raise UserError(f'--table {table}: {problem}')
 
 
 cli = command(__name__)

@@ -27,8 +27,8 @@ from ..train.checkpoint import infer_model_args, load_model  # noqa: F401  (re-e
 __all__ = [
     'GAUSSIAN_KINDS', 'attention_layers', 'center_shifts', 'center_shift_median', 'default_grid_size',
     'interior_query', 'attention_probs', 'query_maps', 'head_centers', 'head_precisions', 'head_covariances',
-    'mass_radius', 'gaussian_contour', 'head_statistics', 'layer_summary', 'format_table', 'write_table',
-    'load_model', 'infer_model_args',
+    'mass_radius', 'gaussian_contour', 'head_statistics', 'layer_summary', 'format_table', 'table_format',
+    'write_table', 'load_model', 'infer_model_args',
 ]
 
 GAUSSIAN_KINDS = ('quadratic', 'generalized')
@@ -297,9 +297,18 @@ def format_table(rows: Sequence[Dict[str, Any]], columns: Optional[Sequence[str]
                           pad=True)
 
 
-def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:
-    """Write ``rows`` to ``path`` as CSV (``.csv``) or JSON (``.json``); returns ``path``."""
+def table_format(path: str) -> str:
+    """The format of a per-head table file by its name, 'csv' or 'json'; a UserError for another."""
     suffix = os.path.splitext(path)[1].lower()
+    if suffix not in ('.csv', '.json'):
+        raise UserError(f'table path {path!r} must end in .csv or .json')
+    return suffix[1:]
+
+
+def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:
+    """Write ``rows`` to ``path`` as CSV (``.csv``) or JSON (``.json``), its folder created; returns ``path``."""
+    suffix = '.' + table_format(path)
+    os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
     if suffix == '.json':
         with open(path, 'w') as f:
             json.dump([{k: (list(map(list, v)) if k == 'shifts' else v) for k, v in r.items()} for r in rows], f,
@@ -309,6 +318,4 @@ def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:
             writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
             writer.writeheader()
             writer.writerows(rows)
-    else:
-        raise UserError(f'table path {path!r} must end in .csv or .json')
     return path

@@ -6,6 +6,7 @@
 pyplot (no global state). Axes: x = column shift (right), y = row shift (down), in grid units (2 image pixels).
 """
 import math
+import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -28,7 +29,7 @@ from .analysis import (
     query_maps,
 )
 
-__all__ = ['plot_centers', 'plot_attention_maps', 'plot_center_trajectories', 'save_card_figure']
+__all__ = ['plot_centers', 'plot_attention_maps', 'plot_center_trajectories', 'save_card_figure', 'picture_problem']
 
 CONTOUR_MASSES = (0.5, 0.9)
 CONTOUR_STYLES = ('-', ':')
@@ -65,8 +66,20 @@ def _query_square(ax, row: float = 0., col: float = 0., color: str = 'black', fi
                            lw=1.2, zorder=3))
 
 
+def picture_problem(path: str) -> Optional[str]:
+    """What would stop a figure from being saved to ``path`` (a format matplotlib does not write, a folder that
+    cannot be made), in words, or None."""
+    from ..io import folder_problem
+    formats = Figure().canvas.get_supported_filetypes()
+    suffix = os.path.splitext(path)[1].lower().lstrip('.')
+    if suffix not in formats:
+        return f'{path} names no picture format matplotlib writes (end it in one of: .{", .".join(sorted(formats))})'
+    return folder_problem(os.path.dirname(path) or '.')
+
+
 def _save(fig: Figure, path: Optional[str]) -> None:
     if path is not None:
+        os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
         fig.savefig(path, dpi=110)
 
 
