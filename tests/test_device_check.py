@@ -285,8 +285,7 @@ def test_sync_check_reports_the_first_sync_and_then_every_one(tmp_path):
 def test_reproduction_train_args_win_over_every_stage_recipe(tmp_path, monkeypatch):
     from sa_vision.train.state import parse_run_args
     commands = []
-    monkeypatch.setattr(subprocess, 'run',
-                        lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
+    monkeypatch.setattr(reproduce.stages, 'run_training', lambda cmd, tag, trainings: commands.append(cmd) or 0)
     # the cpu profile's recipes say torchcompile: auto, amp: auto
     zoo = reproduce.Reproduction(tmp_path, 'cpu', train_args=['--torchcompile', 'inductor', '--amp', '--device', 'cpu'])
     zoo.train('sa_quadratic_cifar')

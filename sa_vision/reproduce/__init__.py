@@ -28,6 +28,7 @@ from .profiles import (
     TRAINED_MODELS,
     Profile,
     StageFailed,
+    StageStopped,
     ablation_run_name,
 )
 from .report import EVAL_PRECISION, draw_figures, evaluate_on_test_split
@@ -35,7 +36,8 @@ from .staged import STAGE_ORDER, StagedZoo
 from .stages import Reproduction
 
 __all__ = ['STAGE_ORDER', 'StagedZoo',
-           'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'Reproduction',
+           'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'StageStopped',
+           'Reproduction',
            'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'evaluate_on_test_split',
            'draw_figures', 'check_kept_models', 'record_kept_models', 'kept_guard_paths', 'kept_subset_top1',
            'logits_tolerance', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES']

@@ -7,13 +7,12 @@ skipped when it exists; a killed training continues from its last epoch (docs/re
 """
 import dataclasses
 import json
-import os
 import shutil
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
@@ -23,6 +22,7 @@ from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
 from ..train.checkpoint import Checkpoint, read_checkpoint
 from ..train.data import check_dataset, dataset_info
+from .processes import Trainings, run_training
 from .profiles import (
     ABLATION_MODEL,
     ABLATION_VARIANTS,
@@ -32,6 +32,7 @@ from .profiles import (
     TABLE_ORDER,
     TRAINED_MODELS,
     StageFailed,
+    StageStopped,
     ablation_run_name,
     apply_recipe_changes,
 )
@@ -47,7 +48,7 @@ from .report import (
     write_zoo_explorer,
 )
 
-__all__ = ['Reproduction', 'die_with_parent']
+__all__ = ['Reproduction']
 
 
 class Reproduction:
@@ -73,6 +74,17 @@ class Reproduction:
         self.started = time.time()
         self._noted_ignored_keys = False
         self.tag_output = False  # prefix each line of a training's output with its run (trainings side by side)
+        self._trainings = Trainings()
+
+    def stop(self) -> None:
+        """End the running trainings (SIGTERM) and start no other: each run folder keeps its last finished epoch
+        (``last.pth.tar``), which the next :meth:`train` of that folder continues; the stopped :meth:`train` calls
+        raise :class:`StageStopped`. For a caller with a deadline (a lent GPU's call)."""
+        self._trainings.stop()
+
+    @property
+    def stopped(self) -> bool:
+        return self._trainings.stopped.is_set()
 
     def _check_same_setup(self) -> None:
         """A folder holds one reproduction: the same command (profile, dataset, epochs) continues it."""
@@ -98,6 +110,8 @@ class Reproduction:
               changes: Optional[Dict[str, Any]] = None) -> Path:
         """Train one model into ``runs/<run or model>`` with ``changes`` to the profile's recipe; skipped when done."""
         run = run or model
+        if self.stopped:
+            raise StageStopped(f'{run}: not started, the reproduction was stopped')
         recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
         apply_recipe_changes(recipe, changes or {})
         recipe['save_epoch_weights'] = model in SA_MODEL_ARGS  # centre trajectories of the attention models
@@ -137,7 +151,11 @@ class Reproduction:
             if initial_checkpoint is not None:
                 cmd += ['--initial-checkpoint', str(initial_checkpoint)]
         say(f'{run}: {recipe["epochs"]} epochs of {model} on {self.dataset}, recipe {recipe_path}')
-        status = _run_training(cmd, f'[{run}] ' if self.tag_output else None)
+        status = run_training(cmd, f'[{run}] ' if self.tag_output else None, self._trainings)
+        if status != 0 and (self.stopped or status == -signal.SIGTERM):
+            done = read_checkpoint(last).meta['epoch'] if last.is_file() else 0
+            raise StageStopped(f'{run}: stopped after {done} of {recipe["epochs"]} epochs; {self.run_dir(run)} keeps '
+                               f'them for the next run to continue')
         if status != 0:
             raise StageFailed(f'the training process of {run} exited with status {status} (its output is above)')
         return last
@@ -335,45 +353,6 @@ class Reproduction:
                 raise StageFailed(f'stage {name!r} failed: {what}') from e
         say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
         return results['rows']
-
-
-def _run_training(cmd: List[str], tag: Optional[str]) -> int:
-    """Run a training process to its end: its output goes to ours, each line after ``tag`` where one is given."""
-    env = dict(os.environ, PYTHONUNBUFFERED='1')
-    if tag is None:
-        return subprocess.run(cmd, env=env, preexec_fn=die_with_parent).returncode
-    with subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors='replace') as proc:
-        for line in proc.stdout:
-            sys.stdout.write(tag + line)
-            sys.stdout.flush()
-    return proc.returncode
-
-
-def _death_signal_setter() -> Optional[Callable[[], None]]:
-    """What a training process runs before it starts (Linux): it is killed with the reproduction, so no orphan
-    writes the checkpoint the next run resumes. prctl is looked up here, in the parent: the child, forked from a
-    parent that may run threads (stages side by side), must not load a library before it execs."""
-    if not sys.platform.startswith('linux'):
-        return None
-    import ctypes
-    import signal
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    # the forking process's pid, set in it just before each fork (subprocess runs these hooks when a child runs
-    # Python before its exec), so that the child holds its parent's pid in its copy of this dict
-    forked_by = {'pid': os.getpid()}
-    os.register_at_fork(before=lambda: forked_by.update(pid=os.getpid()))
-
-    def die_with_parent() -> None:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-        if os.getppid() != forked_by['pid']:  # the parent ended before the prctl: no signal will come
-            os.kill(os.getpid(), signal.SIGKILL)
-    return die_with_parent
-
-
-# a subprocess's preexec_fn (None off Linux): the training processes, and the device check's pytest. The signal
-# comes when the thread that started the process ends; a stage's thread waits for its training.
-die_with_parent = _death_signal_setter()
 
 
 def _training_script_keys() -> frozenset:

@@ -56,7 +56,7 @@ import sa_vision
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
 from sa_vision.reproduce import PROFILES, PRUNED_MODEL, TRAINED_MODELS, Reproduction
-from sa_vision.reproduce.stages import die_with_parent
+from sa_vision.reproduce.processes import die_with_parent
 from sa_vision.train.args import build_parser as build_train_parser
 from sa_vision.train.checkpoint import read_checkpoint
 
