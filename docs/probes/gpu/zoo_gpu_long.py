@@ -21,15 +21,17 @@ import time
 import traceback
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
+from probe_env import redirect_fds, require_timm, versions
+
+require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
+
 import torch
 
 from sa_vision.io import atomic_write_text
 from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER, Reproduction, StagedZoo, record_kept_models
 from sa_vision.reproduce.report import read_table
 from sa_vision.train.runtime import available_cores
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from device_check import redirect_fds  # noqa: E402  the sibling script's helper
 
 ROOT = Path(__file__).resolve().parents[3]
 ZOO = ROOT / 'zoo' / 'fashion-mnist-gpu'
@@ -122,10 +124,12 @@ def main(argv=None) -> int:
         staged = StagedZoo(reproduction, args.zoo, args.table)
         all_threads = torch.get_num_threads()
         eval_threads = evaluation_threads(all_threads, available_cores(), args.parallel)
+        result['versions'] = versions()
         print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, {args.parallel} '
               f'stages at a time, evaluated beside them on {eval_threads} CPU threads, kept already '
               f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}; '
-              f'torch {torch.__version__}, {torch.cuda.get_device_name(0) if not args.smoke else "CPU"}', flush=True)
+              f'{torch.cuda.get_device_name(0) if not args.smoke else "CPU"}; '
+              f'{", ".join(f"{k} {v}" for k, v in result["versions"].items())}', flush=True)
 
         def kept(model: str, seconds: float) -> None:
             result['stages'][model] = round(seconds, 1)
