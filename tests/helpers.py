@@ -71,3 +71,14 @@ def usual_file_mode() -> int:
     umask = os.umask(0)
     os.umask(umask)
     return 0o666 & ~umask
+
+
+def untraceable_autocast_availability(monkeypatch) -> None:
+    """``torch.amp.is_autocast_available`` made a graph break, as dynamo before torch 2.14 has it (an H100 with torch
+    2.11 failed ``fullgraph`` there): compiled code that asks it breaks its graph, and fails under ``fullgraph``."""
+    ask = torch.amp.is_autocast_available
+
+    def asked(device_type: str) -> bool:
+        torch._dynamo.graph_break()
+        return ask(device_type)
+    monkeypatch.setattr(torch.amp, 'is_autocast_available', asked)

@@ -32,7 +32,7 @@ def opened(monkeypatch):
     return urls
 
 
-def _in_process_training(cmd, tag):
+def _in_process_training(cmd, tag, trainings=None):
     """A reproduction's training stage run in this process, so that it sees the test's opener."""
     assert cmd[1:3] == ['-m', 'sa_vision.cli.train'], cmd
     return run_cli(train.main, cmd[3:])
@@ -55,7 +55,7 @@ COMMANDS = {
 @pytest.mark.parametrize('name', list(COMMANDS))
 def test_a_failed_download_into_a_new_data_dir_is_one_error_line(name, opened, tmp_path, monkeypatch, capsys):
     script, argv, status = COMMANDS[name]
-    monkeypatch.setattr(stages, '_run_training', _in_process_training)
+    monkeypatch.setattr(stages, 'run_training', _in_process_training)
     data = tmp_path / 'data'
     argv = [a.replace('{data}', str(data)).replace('{out}', str(tmp_path / 'out')) for a in argv]
     assert run_cli(script.main, argv) == status

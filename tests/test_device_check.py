@@ -83,10 +83,14 @@ def test_smoke_measures_profiles_and_checks_syncs(tmp_path):
     assert 'first train steps (compile included)' in log
     assert set(results['profile']) == {'full/reduce-overhead', 'narrow/reduce-overhead', 'full/eager', 'full/default'}
     with gzip.open(tmp_path / 'trace_full_reduce-overhead.json.gz') as f:
-        assert json.load(f)['traceEvents']
+        steps = [e for e in json.load(f)['traceEvents'] if e.get('name', '').startswith('ProfilerStep#')]
+    assert len(steps) == dc.PROFILED_STEPS  # the schedule's recorded steps only, not its skipped and warm-up ones
     assert len(results['sync']) == 3
     # every compiled step the items ran is one they declare, so the warm phase compiles what they need
     assert set(results['compile_cache']) == _declared_steps({1, 2, 3, 4, 5})
+    # and dynamo compiled each whole
+    assert set(results['graph_breaks']) == _declared_steps({1, 2, 3, 4, 5})
+    assert not any(results['graph_breaks'].values()) and 'GRAPH BREAK' not in log
     # tiny models on a CPU reach no goal: each is judged, none passes
     assert [g.split()[0] for g in results['goals']] == ['MISS', 'MISS']
 
@@ -106,6 +110,8 @@ def test_smoke_trains_end_to_end_and_the_zoo_or_says_why_not(tmp_path):
     zoo = results['zoo']
     assert [r['model'] for r in zoo['rows']] == [*reproduce.TRAINED_MODELS, reproduce.PRUNED_MODEL]
     assert all(0 <= r['top1_run'] <= 100 for r in zoo['rows'])
+    # while the zoo ran, the goals after each stage said what had finished (a run killed then keeps that line)
+    assert re.search(r'MISS the five stages .*: not ended after [\d.]+ min; stages finished: \w', log), log[-3000:]
     assert (tmp_path / 'zoo_results.md').is_file() and (tmp_path / 'zoo_train.log').is_file()
 
 
@@ -201,19 +207,32 @@ def test_smoke_runs_the_cuda_tests_section(tmp_path):
 
 def test_trace_summary_counts_gpu_busy_time_once_where_kernels_overlap():
     trace = {'traceEvents': [
-        {'ph': 'X', 'cat': 'cpu_op', 'name': 'aten::mm', 'ts': 0, 'dur': 50},
+        {'ph': 'X', 'cat': 'cpu_op', 'name': 'aten::mm', 'ts': -5000, 'dur': 50},  # a misplaced first timestamp
         {'ph': 'X', 'cat': 'cuda_runtime', 'name': 'cudaGraphLaunch', 'ts': 1, 'dur': 2},
         {'ph': 'X', 'cat': 'kernel', 'name': 'gemm', 'ts': 10, 'dur': 10},
         {'ph': 'X', 'cat': 'kernel', 'name': 'softmax', 'ts': 15, 'dur': 10},  # overlaps gemm by 5 us
         {'ph': 'X', 'cat': 'gpu_memcpy', 'name': 'Memcpy DtoD', 'ts': 40, 'dur': 4},
         {'ph': 'X', 'cat': 'kernel', 'name': 'gemm', 'ts': 90, 'dur': 10},
+        {'ph': 'X', 'cat': 'gpu_memset', 'name': 'Memset', 'ts': 120, 'dur': 2},  # after the last kernel
         {'ph': 'i', 'cat': 'kernel', 'name': 'marker', 'ts': 200},  # an instant event, not an interval
     ]}
-    s = dc.trace_summary(trace)
-    assert s['gpu_busy_ms'] == pytest.approx((15 + 4 + 10) / 1000)  # [10, 25], [40, 44], [90, 100]
-    assert s['window_ms'] == pytest.approx(100 / 1000)
-    assert (s['kernels'], s['memcpy'], s['memset'], s['cpu_ops'], s['graph_launches']) == (3, 1, 0, 1, 1)
+    s = dc.trace_summary(trace, steps=2)
+    assert s['gpu_busy_ms'] == pytest.approx((15 + 4 + 10 + 2) / 1000 / 2)  # [10, 25], [40, 44], [90, 100], [120, 122]
+    assert s['window_ms'] == pytest.approx(90 / 1000)  # the kernels' first start to their last end
+    assert (s['kernels'], s['memcpy'], s['memset'], s['cpu_ops'], s['graph_launches']) == (3, 1, 1, 1, 1)
     assert s['top_kernels'][0] == ('gemm', (0.02, 2))
+
+
+def test_a_trace_that_cannot_be_right_is_named_and_not_raised():
+    good = {'kernels': 40, 'gpu_busy_ms': 2.0, 'step_ms_unprofiled': 2.5, 'window_ms': 5.5, 'profiled_wall_ms': 6.0}
+    assert dc.trace_problems(good, cuda=True) == []
+    assert dc.trace_problems({**good, 'kernels': 0, 'gpu_busy_ms': 0.0}, cuda=True) == [
+        'no kernel recorded (CUPTI gave none)']
+    (busy,) = dc.trace_problems({**good, 'gpu_busy_ms': 3.0}, cuda=True)
+    assert 'GPU busy 3.00 ms per step, longer than the unprofiled step (2.50 ms)' in busy
+    (spread,) = dc.trace_problems({**good, 'window_ms': 60.0}, cuda=True)
+    assert 'spread over 60.00 ms, longer than the profiled steps\' 6.00 ms' in spread
+    assert dc.trace_problems({**good, 'kernels': 0}, cuda=False) == []  # the CPU records no kernel
 
 
 def test_epoch_rates_are_an_epochs_images_over_its_train_time(tmp_path):
@@ -285,8 +304,7 @@ def test_sync_check_reports_the_first_sync_and_then_every_one(tmp_path):
 def test_reproduction_train_args_win_over_every_stage_recipe(tmp_path, monkeypatch):
     from sa_vision.train.state import parse_run_args
     commands = []
-    monkeypatch.setattr(subprocess, 'run',
-                        lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
+    monkeypatch.setattr(reproduce.stages, 'run_training', lambda cmd, tag, trainings: commands.append(cmd) or 0)
     # the cpu profile's recipes say torchcompile: auto, amp: auto
     zoo = reproduce.Reproduction(tmp_path, 'cpu', train_args=['--torchcompile', 'inductor', '--amp', '--device', 'cpu'])
     zoo.train('sa_quadratic_cifar')
@@ -374,3 +392,152 @@ def test_gpu_long_evaluations_leave_a_core_per_training_and_never_take_more_thre
     assert script.evaluation_threads(2, 16, 4) == 2  # OMP_NUM_THREADS=2 is kept
     assert script.evaluation_threads(16, 4, 4) == script.evaluation_threads(16, 2, 4) == 1
 
+
+
+def _probe_env():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import probe_env
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return probe_env
+
+
+def test_a_run_killed_inside_an_item_leaves_the_goals_of_the_items_before(tmp_path, monkeypatch):
+    """The goals are written after every item: a run that SIGKILL ends inside an item (here an exception that
+    nothing catches) leaves the lines of what it measured before, in the log and the JSON."""
+    def first(check):  # measures the full-size pair, far from the goal
+        check.log.results.setdefault('paired', {})['full/eager/both'] = [
+            {'role': 'ours', 'train_samples_per_sec': 100.0}, {'role': 'paper', 'train_ratio': 1.0}]
+
+    def killed():
+        raise KeyboardInterrupt
+    monkeypatch.setattr(dc, 'items', lambda c: [dc.Item(1, 'measured', lambda: first(c), 0),
+                                                dc.Item(1, 'killed', killed, 0)])
+    with pytest.raises(KeyboardInterrupt):
+        dc.main(['--smoke', '--budget-s', '60', '--section', '1', '--out', str(tmp_path)])
+    log = (tmp_path / 'device_check.log').read_text()
+    goals = log[log.rindex('== goals so far'):].splitlines()[1:3]
+    assert goals[0].startswith('MISS full-size training') and '100 img/s' in goals[0], log[-2000:]
+    assert goals[1].startswith('UNKNOWN narrow training')
+    assert json.loads((tmp_path / 'device_check.json').read_text())['goals'] == goals
+
+
+def test_the_zoo_goal_says_what_finished_where_the_zoo_did_not_end():
+    import time
+    partial = {'minutes': None, 'started': time.time() - 150, 'stage_s': {'sa_quadratic_cifar': 61.0}}
+    line = dc.zoo_goal(partial)
+    assert line.startswith('MISS the five stages') and 'stages finished: sa_quadratic_cifar (61 s)' in line
+    assert re.search(r'not ended after 2\.5\d min', line), line
+    assert dc.zoo_goal({'minutes': 4.5}).startswith('PASS') and dc.zoo_goal(None).startswith('UNKNOWN')
+
+
+@pytest.mark.slow
+def test_sigterm_leaves_the_goals_and_the_json(tmp_path):
+    """``timeout``'s SIGTERM inside an item: the script writes the goals and the JSON, then ends with status 143."""
+    import signal
+    import time
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), '--smoke', '--section', '1', '--out', str(tmp_path)],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    log_path, deadline = tmp_path / 'device_check.log', time.time() + HANG_TIMEOUT_S
+    while not (log_path.is_file() and '== [1] ' in log_path.read_text()) and time.time() < deadline:
+        assert proc.poll() is None, 'the check ended before its first item'
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=HANG_TIMEOUT_S) == 128 + signal.SIGTERM
+    tail = log_path.read_text().split('== stopped by SIGTERM after ')[1].splitlines()
+    assert tail[2:4] == ['== goals', 'UNKNOWN full-size training >= 15,000 img/s and >= 1.5x the paper\'s '
+                         'formulation compiled the same way: not measured'], tail
+    assert len(json.loads((tmp_path / 'device_check.json').read_text())['goals']) == 2
+
+
+def test_no_warm_phase_under_its_minimum_budget(tmp_path, monkeypatch):
+    """Below 400 s the GPU's 30 % share is shorter than a compile: the warm phase is skipped and says so."""
+    import argparse
+    asked = []
+    monkeypatch.setattr(dc, 'warm', lambda check, targets, seconds, *a: asked.append(seconds) or set(targets))
+    items = [dc.Item(1, 'compiled', lambda: None, 100, (('full', 'default', 'ours', 'train'),))]
+    for budget_s in (399, 400):
+        check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(budget_s), False, 1)
+        args = argparse.Namespace(smoke=False, budget_s=budget_s, warm_s=None, warm_parallel=1, smoke_backend='eager')
+        dc.warm_phase(check, items, args)
+    assert asked == [pytest.approx(120)]
+    assert 'warm: skipped: a budget of 399 s is under 400 s' in (tmp_path / 'device_check.log').read_text()
+
+
+def test_timm_range_is_pyprojects_and_a_timm_outside_it_stops_both_scripts_in_one_line(tmp_path):
+    tomllib = pytest.importorskip('tomllib')  # Python 3.11
+    probe_env = _probe_env()
+    declared = next(d for d in tomllib.loads((ROOT / 'pyproject.toml').read_text())['project']['dependencies']
+                    if re.match(r'timm\b', d))
+    assert 'timm' + probe_env.timm_requirement() == declared.replace(' ', '')
+    assert probe_env.timm_problem('1.0.31', '>=1.0.31,<1.1') is None
+    assert 'timm 1.0.30 is outside' in probe_env.timm_problem('1.0.30', '>=1.0.31,<1.1')
+    assert 'timm (not installed)' in probe_env.timm_problem(None, '>=1.0.31,<1.1')
+    # an older timm found first on the path, as on a machine whose image holds one
+    (tmp_path / 'timm-0.9.2.dist-info').mkdir()
+    (tmp_path / 'timm-0.9.2.dist-info' / 'METADATA').write_text('Metadata-Version: 2.1\nName: timm\nVersion: 0.9.2\n')
+    env = dict(os.environ, PYTHONPATH=f'{tmp_path}{os.pathsep}{ROOT}')
+    for name in ('device_check.py', 'zoo_gpu_long.py'):
+        proc = subprocess.run([sys.executable, str(SCRIPT.with_name(name)), '--help'], env=env, capture_output=True,
+                              text=True, timeout=HANG_TIMEOUT_S)
+        assert proc.returncode == 2 and not proc.stdout, proc.stdout[-2000:]
+        assert re.fullmatch(r'STOPPED: timm 0\.9\.2 is outside sa_vision\'s range timm>=1\.0\.31,<1\.1 \(pyproject'
+                            r'\.toml\): carry a wheel .*\n', proc.stderr), proc.stderr
+
+
+def test_the_commit_comes_from_the_environment_where_there_is_no_git(monkeypatch):
+    probe_env = _probe_env()
+    monkeypatch.setenv('SA_VISION_COMMIT', 'abc1234')
+    assert probe_env.commit() == 'abc1234'
+    monkeypatch.delenv('SA_VISION_COMMIT')
+    git = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True)
+    assert probe_env.commit() == (git.stdout.strip() if git.returncode == 0 else None)
+
+
+def test_a_graph_break_in_a_compiled_step_is_counted_and_flagged(tmp_path):
+    class Breaks(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(12, 10)
+
+        def forward(self, x):
+            x = x.flatten(1)
+            torch._dynamo.graph_break()
+            return self.head(x)
+    check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 1)
+    runner = sab._Runner(sab.Variant('breaks', Breaks()), 4, (3, 2, 2), torch.device('cpu'), torchcompile='eager')
+    runner.label = 'breaks'
+    torch._dynamo.reset()
+    check.first_steps(runner, 'breaks', 'train')
+    torch._dynamo.reset()
+    (reasons,) = check.log.results['graph_breaks'].values()
+    assert sum(reasons.values()) == 1, reasons
+    log = (tmp_path / 'device_check.log').read_text()
+    assert 'graph breaks: 1' in log and 'GRAPH BREAK (1x in the train step)' in log
+
+
+def test_runners_take_the_layout_that_training_takes(tmp_path, monkeypatch):
+    """sa-vision-train trains the ResNet channels-last on CUDA (``uses_channels_last``): its runner is timed so, with
+    its input and convolution weights channels-last, while the attention models stay NCHW. CUDA's rule is applied
+    on the CPU here."""
+    from sa_vision.train import runtime
+    monkeypatch.setattr(dc, 'uses_channels_last', lambda model, device: runtime.uses_channels_last(model, 'cuda'))
+    check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 1)
+    resnet, ours = check.runner('narrow', 'eager', 'resnet'), check.runner('narrow', 'eager', 'ours')
+    assert (resnet.layout, ours.layout) == ('channels-last', 'NCHW')
+    assert resnet.x.is_contiguous(memory_format=torch.channels_last) and ours.x.is_contiguous()
+    conv = next(m for m in resnet.train_model.modules() if isinstance(m, nn.Conv2d) and m.kernel_size != m.stride)
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last) and not conv.weight.is_contiguous()
+
+
+@pytest.mark.slow
+def test_the_zoo_stops_at_the_budgets_end_and_its_goal_says_what_finished(tmp_path, monkeypatch):
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(2), True, 2)
+    check.zoo()
+    log = (tmp_path / 'device_check.log').read_text()
+    assert "the zoo: stopped at the budget's end (" in log and 'finished: none' in log, log[-2000:]
+    assert check.log.results['zoo']['minutes'] is None
+    assert dc.zoo_goal(check.log.results['zoo']).endswith('stages finished: none')

@@ -153,6 +153,21 @@ def test_torch_compile_fullgraph_matches_eager(name, device):
         assert_compiled_matches_eager(name, 'aot_eager' if device == 'cpu' else 'inductor', device)
 
 
+def test_compiled_model_never_asks_whether_autocast_exists(monkeypatch):
+    """Dynamo before torch 2.14 cannot trace ``torch.amp.is_autocast_available`` (an H100 with torch 2.11 failed
+    ``fullgraph`` on it): with that call made a graph break, a bf16 autocast training step of the compiled model
+    still compiles whole."""
+    from helpers import untraceable_autocast_availability
+    untraceable_autocast_availability(monkeypatch)
+    torch._dynamo.reset()
+    model = small_model('sa_quadratic_cifar').train()
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = torch.compile(model, backend='eager', fullgraph=True)(torch.randn(2, 3, 16, 16))
+    out.float().sum().backward()
+    assert out.dtype == torch.bfloat16
+    torch._dynamo.reset()
+
+
 @pytest.mark.slow
 def test_torch_compile_fullgraph_inductor_matches_eager():
     assert_compiled_matches_eager('sa_quadratic_cifar', 'inductor')

@@ -132,7 +132,7 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path, capsys):
     assert "--train-args='--seed 1'" in err and 'run the same command' not in err, err
 
 
-def _in_process_training(cmd, tag):
+def _in_process_training(cmd, tag, trainings=None):
     """A stage's sa-vision-train run in this process (seconds for the tiny profile, no interpreter start)."""
     from sa_vision.cli import train
     from sa_vision.errors import run_cli
@@ -148,11 +148,11 @@ def test_a_run_is_skipped_or_continued_only_as_the_run_of_its_stages_arguments(t
 
     from sa_vision.reproduce import Reproduction, ReproductionError, stages
     from sa_vision.train.args import build_parser
-    monkeypatch.setattr(stages, '_run_training', _in_process_training)
+    monkeypatch.setattr(stages, 'run_training', _in_process_training)
     made = Reproduction(tmp_path / 'made', 'tiny', epochs=1, train_args=['--seed', '1'])
     made.train('sa_quadratic_cifar')
     trained = []
-    monkeypatch.setattr(stages, '_run_training', lambda cmd, tag: trained.append(cmd) or 0)
+    monkeypatch.setattr(stages, 'run_training', lambda cmd, tag, trainings: trained.append(cmd) or 0)
     capsys.readouterr()
     made.train('sa_quadratic_cifar')
     assert 'sa_quadratic_cifar: finished (1 epoch), skipped' in capsys.readouterr().out
@@ -281,8 +281,7 @@ def test_stage_recipes_leave_out_timm_only_keys_and_say_so_once(tmp_path, monkey
     from sa_vision.train.args import build_parser
     from sa_vision.train.recipes import load_recipe
     commands = []
-    monkeypatch.setattr(subprocess, 'run',
-                        lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
+    monkeypatch.setattr(reproduce.stages, 'run_training', lambda cmd, tag, trainings: commands.append(cmd) or 0)
     reproduction = reproduce.Reproduction(tmp_path, 'tiny')
     for model in ('sa_quadratic_cifar', 'sa_gen_cifar', 'resnet18_cifar'):
         reproduction.train(model)
@@ -352,8 +351,7 @@ def test_ablation_variants_reach_the_stage_recipes(tmp_path, monkeypatch):
 
     from sa_vision import reproduce
     commands = []
-    monkeypatch.setattr(subprocess, 'run',
-                        lambda cmd, **kwargs: (commands.append(cmd), subprocess.CompletedProcess(cmd, 0))[1])
+    monkeypatch.setattr(reproduce.stages, 'run_training', lambda cmd, tag, trainings: commands.append(cmd) or 0)
     reproduction = reproduce.Reproduction(tmp_path, 'cpu', epochs=2)
     base = reproduce.PROFILES['cpu'].recipe('sa_quadratic_cifar', 'fashion-mnist', epochs=2)
     expected = {  # written out here, independent of ABLATION_VARIANTS
@@ -573,6 +571,40 @@ def test_staged_zoo_starts_a_stage_only_if_it_fits_behind_the_running_ones(tmp_p
     assert budget.progress(second) == pytest.approx(0.8)
 
 
+def test_a_stage_the_budget_cannot_fit_starts_alone_where_a_later_call_continues_it(tmp_path):
+    """A stage longer than any call starts only where its run is kept for the next call (``resumable``), only with
+    nothing running beside it and more left than its part outside the epochs; a continued stage is expected to take
+    only what is left of its epochs."""
+    from sa_vision.reproduce import Reproduction, staged
+    reproduction = Reproduction(tmp_path / 'out', 'tiny', epochs=4)
+    zoo = staged.StagedZoo(reproduction, tmp_path / 'zoo', tmp_path / 't.csv')
+    first, second = staged.STAGE_ORDER[:2]
+    assert staged._Budget(zoo, 250, lambda m: 1000).next_to_start({}) is None  # kept by nobody: never
+    budget = staged._Budget(zoo, 250, lambda m: 1000, resumable=lambda m: m == second)
+    assert budget.next_to_start({first: None}) is None  # not beside a running stage
+    assert budget.next_to_start({}) == second
+    assert staged._Budget(zoo, 199, lambda m: 1000, resumable=lambda m: True).next_to_start({}) is None  # < 20 %
+    summary = reproduction.run_dir(first) / 'summary.csv'
+    summary.parent.mkdir(parents=True)
+    summary.write_text('epoch,loss\n0,1\n1,1\n2,1\n')  # continued: 3 of its 4 epochs done, 250 s of 1000 left
+    assert staged._Budget(zoo, 260, lambda m: 1000).next_to_start({}) == first
+
+
+def test_a_stopped_training_ends_at_once_and_no_other_starts(tmp_path, monkeypatch):
+    from sa_vision.reproduce import Reproduction, StageStopped, processes, stages
+    sleeping = [sys.executable, '-c', 'import time; time.sleep(60)']
+    monkeypatch.setattr(stages, 'run_training',
+                        lambda cmd, tag, trainings: processes.run_training(sleeping, tag, trainings))
+    zoo = Reproduction(tmp_path, 'tiny')
+    threading.Timer(1.0, zoo.stop).start()
+    started = time.time()
+    with pytest.raises(StageStopped, match='sa_quadratic_cifar: stopped after 0 of 2 epochs'):
+        zoo.train('sa_quadratic_cifar')
+    assert time.time() - started < 30
+    with pytest.raises(StageStopped, match='sa_learned_cifar: not started'):
+        zoo.train('sa_learned_cifar')
+
+
 def test_a_failing_stage_side_by_side_is_named_and_stops_new_starts(tmp_path, monkeypatch):
     from sa_vision.reproduce import STAGE_ORDER, StageFailed
     zoo, ran = _fake_staged_zoo(tmp_path, monkeypatch, {m: 0 for m in STAGE_ORDER})
@@ -593,9 +625,9 @@ def test_a_failing_stage_side_by_side_is_named_and_stops_new_starts(tmp_path, mo
 def test_a_training_side_by_side_tags_each_line_of_its_output(capfd):
     import sys
 
-    from sa_vision.reproduce.stages import _run_training
+    from sa_vision.reproduce.processes import run_training
     script = 'import sys; print("epoch 1"); print("oops", file=sys.stderr); sys.exit(3)'
-    assert _run_training([sys.executable, '-c', script], '[sa_gen_cifar] ') == 3
+    assert run_training([sys.executable, '-c', script], '[sa_gen_cifar] ') == 3
     assert capfd.readouterr().out.splitlines() == ['[sa_gen_cifar] epoch 1', '[sa_gen_cifar] oops']
 
 
@@ -623,7 +655,7 @@ def _child_outlives_its_parent(parent_code: str, child_pid) -> bool:
 def test_a_training_process_dies_with_the_reproduction_that_started_it():
     """No orphan training process goes on writing the checkpoint that the next run resumes."""
     parent_code = ('import subprocess, sys, time\n'
-                   'from sa_vision.reproduce.stages import die_with_parent\n'
+                   'from sa_vision.reproduce.processes import die_with_parent\n'
                    'child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], '
                    'preexec_fn=die_with_parent)\n'
                    'print(child.pid, flush=True)\n'
@@ -638,7 +670,7 @@ def test_a_training_process_dies_when_the_reproduction_ended_before_its_death_si
     come any more, and the child ends itself instead of running on."""
     pid_file = tmp_path / 'child.pid'
     parent_code = ('import os, subprocess, sys, time\n'
-                   'from sa_vision.reproduce.stages import die_with_parent\n'
+                   'from sa_vision.reproduce.processes import die_with_parent\n'
                    'def late():\n'
                    f'    open({str(pid_file)!r}, "w").write(str(os.getpid()))\n'
                    '    time.sleep(1.5)\n'

@@ -420,6 +420,24 @@ def test_compiled_switched_model_runs_the_kernel_and_matches_eager(backend, kern
 
 
 @needs_triton
+@pytest.mark.usefixtures('interpret')
+def test_compiled_switched_model_never_asks_whether_autocast_exists(monkeypatch, kernel_launches):
+    """Dynamo before torch 2.14 cannot trace ``torch.amp.is_autocast_available``, which the kernel's inputs ask
+    before they are cast: a graph break in every layer of the compiled model there. Under bf16 autocast, with that
+    call made a graph break, the compiled switched model compiles whole (``fullgraph``) and launches the kernel."""
+    from helpers import untraceable_autocast_availability
+
+    from sa_vision.layers import fused_mix_and_project
+    untraceable_autocast_availability(monkeypatch)
+    model = tiny_model('sa_quadratic_cifar').float().train()
+    torch._dynamo.reset()
+    with fused_mix_and_project(model), torch.autocast('cpu', dtype=torch.bfloat16):
+        out = torch.compile(model, backend='eager', fullgraph=True)(torch.randn(2, 3, 8, 8))
+    assert out.dtype == torch.bfloat16 and len(kernel_launches) == 2  # two layers' forward, in bf16
+    torch._dynamo.reset()
+
+
+@needs_triton
 def test_switched_model_refuses_to_run_where_triton_cannot(monkeypatch):
     """No silent fallback to the model's own path (a benchmark would compare the model with itself)."""
     from sa_vision.layers import fused_mix_and_project

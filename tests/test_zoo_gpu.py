@@ -7,6 +7,7 @@ same check runs on a tiny zoo that the GPU script's smoke mode keeps (bf16 weigh
 import csv
 import importlib.util
 import os
+import re
 import shutil
 import tarfile
 from pathlib import Path
@@ -126,3 +127,105 @@ def test_the_tar_holds_only_kept_models_not_one_being_written(tmp_path):
     with tarfile.open(_script().pack(staged, tmp_path / 'out')) as tar:
         names = set(tar.getnames())
     assert names == {'docs/t.csv', f'zoo/{kept}', *(f'zoo/{kept}/{name}' for name in KEPT_FILES)}
+
+
+@pytest.mark.slow
+def test_a_stage_stopped_at_the_budget_goes_on_from_resume_tar_to_the_uninterrupted_weights(tmp_path, monkeypatch,
+                                                                                          capfd):
+    """A stage that only a later call can finish is stopped after its first epoch (the budget's end); its run goes
+    into resume.tar (the checkpoint, not the whole epochs' weights), from which the next call's StagedZoo continues
+    it to the weights of a training never stopped; a room too small keeps nothing and says so."""
+    import threading
+    import time
+
+    from sa_vision.reproduce import Reproduction, StagedZoo
+    from sa_vision.train.checkpoint import read_checkpoint
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    script, model = _script(), STAGE_ORDER[0]
+
+    def staged(work):
+        return StagedZoo(Reproduction(work, 'tiny', epochs=2, train_args=['--device', 'cpu']), tmp_path / 'zoo',
+                         tmp_path / 'docs' / 't.csv')
+    first = staged(tmp_path / 'call1')
+    summary = first.reproduction.run_dir(model) / 'summary.csv'
+
+    def stop_after_the_first_epoch():
+        while not (summary.is_file() and len(summary.read_text().splitlines()) == 2):
+            time.sleep(0.02)
+        first.stop()
+    threading.Thread(target=stop_after_the_first_epoch, daemon=True).start()
+    # it does not fit (2,000 s of a 1,000 s budget), but its run is kept for the next call; no other stage fits
+    assert first.run(1000, lambda m: 2000 if m == model else 10 ** 9, resumable=lambda m: m == model) == []
+    assert first.stopped == [model] and first.missing() == list(STAGE_ORDER)
+    out = tmp_path / 'out'
+    out.mkdir()
+    said = script.pack_resume(first, out, 10_000)[model]
+    assert said.startswith('not kept: ') and 'it trains from the start' in said and not (out / 'resume.tar').exists()
+    assert script.pack_resume(first, out, 16 * 2 ** 20)[model].startswith('kept after 1 of 2 epochs')
+    run = f'runs/{model}'
+    with tarfile.open(out / 'resume.tar') as tar:
+        assert set(tar.getnames()) == {'reproduction.json', f'{run}/last.pth.tar', f'{run}/summary.csv',
+                                       f'{run}/args.yaml', f'{run}/recipe.yaml', f'{run}/epoch-000.safetensors',
+                                       f'{run}/epoch-001.safetensors'}
+        tar.extractall(tmp_path / 'call2', filter='data')
+    whole = first.reproduction.run_dir(model) / 'epoch-001.safetensors'
+    assert (tmp_path / 'call2' / run / 'epoch-001.safetensors').stat().st_size < whole.stat().st_size / 10
+    capfd.readouterr()
+    second = staged(tmp_path / 'call2')
+    assert second.run(1000, lambda m: 1 if m == model else 10 ** 9) == [model]
+    assert f'{model}: continuing the killed run at epoch 1' in capfd.readouterr().out
+    straight = Reproduction(tmp_path / 'straight', 'tiny', epochs=2, train_args=['--device', 'cpu']).train(model)
+    resumed, straight = read_checkpoint(second.reproduction.run_dir(model)), read_checkpoint(straight)
+    assert resumed.meta['epoch'] == straight.meta['epoch'] == 2
+    for key, value in straight.state_dict.items():
+        assert torch.equal(value, resumed.state_dict[key]), key
+    # the kept row's centre shift reads the cut epoch-000: the same as the straight run's whole one
+    from sa_vision.reproduce.report import center_shift_median
+    assert second.rows()[model]['center_shift_median'] == center_shift_median(
+        tmp_path / 'straight' / 'runs' / model, straight.state_dict) is not None
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_stages_and_still_returns_the_tar_and_the_json(tmp_path):
+    """``timeout``'s SIGTERM while the first stages train: the trainings end, zoo.tar and the JSON are written (the
+    stopped stages named), and the script ends with SIGTERM's status."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from helpers import HANG_TIMEOUT_S
+    out = tmp_path / 'out'
+    env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), '--smoke', '--out', str(out), '--zoo', str(tmp_path / 'zoo'),
+                             '--table', str(tmp_path / 't.csv')], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT)
+    log, deadline = out / 'zoo_gpu_long.log', time.time() + HANG_TIMEOUT_S
+    while not (log.is_file() and f'{STAGE_ORDER[0]}: starting' in log.read_text()) and time.time() < deadline:
+        assert proc.poll() is None, 'the script ended before a stage started'
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=HANG_TIMEOUT_S) == 128 + signal.SIGTERM
+    result = json.loads((out / 'zoo_gpu_long.json').read_text())
+    assert STAGE_ORDER[0] in result['stopped'] and result['stages'] == {}, result
+    assert '== stopped by SIGTERM' in log.read_text() and (out / 'zoo.tar').is_file()
+
+
+@pytest.mark.slow
+def test_the_budgets_end_stops_the_running_stages(tmp_path, monkeypatch, capsys):
+    """10 s of stages (--budget-s less the 60 s kept for the end), whose trainings take 100 epochs: those running
+    then are stopped, named in the JSON, and the call ends with what it kept."""
+    import json
+
+    from sa_vision.reproduce import Reproduction
+    monkeypatch.setenv('OMP_NUM_THREADS', '1')
+    script, out = _script(), tmp_path / 'out'
+    monkeypatch.setattr(script, 'Reproduction', lambda *a, **k: Reproduction(*a, **{**k, 'epochs': 100}))
+    assert script.main(['--smoke', '--budget-s', '70', '--out', str(out), '--zoo', str(tmp_path / 'zoo'),
+                        '--table', str(tmp_path / 't.csv')]) == 0
+    result = json.loads((out / 'zoo_gpu_long.json').read_text())
+    assert result['stopped'] == list(STAGE_ORDER[:2]) and result['stages'] == {}, result  # two at a time
+    assert result['seconds'] < 60 and result['missing'] == list(STAGE_ORDER)
+    said = capsys.readouterr().out  # in this process the stages' lines go to pytest's capture, not the log
+    assert re.search(rf'{STAGE_ORDER[0]}: stopped after \d+ of 100 epochs', said), said[-3000:]

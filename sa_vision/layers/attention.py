@@ -13,7 +13,7 @@ from torch import Tensor, nn
 
 from .attention_autograd import _AttendThenProject, _HeadsLinearFunction, separable_mixing
 from .attention_path import AttentionPath, current_path
-from .autocast import autocast_inputs
+from .autocast import autocast_inputs, has_autocast
 from .scores import CONV_INIT_ALPHA, ContentScores, GeneralizedScores, LearnedScores, QuadraticScores
 from .tracing import is_capturing
 from .triton_mixing import mix_and_project
@@ -68,9 +68,7 @@ def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
 def _autocast_off(device_type: str) -> ContextManager:
     """Autocast off for the positional scores and their softmax: in bfloat16 the far shifts' squared differences
     lose whole units (docs/attention.md); the products that apply them still run under autocast."""
-    # 'meta' and the like have no autocast to leave; torch.compile sees only real devices, and dynamo before
-    # torch 2.14 cannot trace is_autocast_available (fullgraph failed on CUDA under torch 2.11)
-    if not torch.compiler.is_compiling() and not torch.amp.is_autocast_available(device_type):
+    if not has_autocast(device_type):  # 'meta' and the like: no autocast to leave
         return contextlib.nullcontext()
     return torch.autocast(device_type, enabled=False)
 

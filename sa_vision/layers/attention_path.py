@@ -16,6 +16,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
+from .autocast import has_autocast
 from .tracing import is_capturing
 
 __all__ = ['CUDA_DENSE_MIXING', 'AttentionPath', 'choose_path', 'current_path']
@@ -118,9 +119,7 @@ def current_path(x: Tensor, training: bool, separable: bool, content: bool, dens
 def _eager_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
                 batched: bool, fused: bool) -> AttentionPath:
     device_type, compiling, capturing = x.device.type, torch.compiler.is_compiling(), is_capturing()
-    # a graph is batched whatever autocast says; dynamo before torch 2.14 cannot trace is_autocast_available, and
-    # 'meta' and the like have no autocast to ask about
-    autocast = (not (compiling or capturing) and torch.amp.is_autocast_available(device_type)
-                and torch.is_autocast_enabled(device_type))
+    # a graph is batched whatever autocast says
+    autocast = not (compiling or capturing) and has_autocast(device_type) and torch.is_autocast_enabled(device_type)
     return choose_path(device_type, x.dtype, autocast, compiling, capturing, torch.is_grad_enabled(), training,
                        separable, content, dense, batched, fused, CUDA_DENSE_MIXING)

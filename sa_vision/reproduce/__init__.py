@@ -6,9 +6,9 @@ attention explorer; publish (``publish=True``, a dry run otherwise). Each stage 
 skipped when it exists and was made as asked; a killed training continues from its last epoch (docs/reproduction.md).
 
 Modules: ``profiles`` (what is trained), ``stages`` (:class:`Reproduction`, the pipeline), ``provenance`` (what a
-folder records of how its results were made), ``child_process`` (trainings that die with it), ``staged``
-(:class:`StagedZoo`, the zoo kept model by model within a time budget), ``report`` (evaluation, tables, figures,
-explorer), ``kept`` (the check of a kept zoo).
+folder records of how its results were made), ``processes`` (its trainings, which die with it and which it can
+stop), ``staged`` (:class:`StagedZoo`, the zoo kept model by model within a time budget), ``report`` (evaluation,
+tables, figures, explorer), ``kept`` (the check of a kept zoo).
 """
 from .kept import (
     ACCURACY_TOLERANCE,
@@ -30,6 +30,7 @@ from .profiles import (
     Profile,
     ReproductionError,
     StageFailed,
+    StageStopped,
     ablation_run_name,
 )
 from .report import EVAL_PRECISION, draw_figures, evaluate_on_test_split
@@ -37,7 +38,7 @@ from .staged import STAGE_ORDER, StagedZoo
 from .stages import Reproduction
 
 __all__ = ['STAGE_ORDER', 'StagedZoo',
-           'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed',
+           'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'StageStopped',
            'ReproductionError', 'Reproduction',
            'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'evaluate_on_test_split',
            'draw_figures', 'check_kept_models', 'record_kept_models', 'kept_guard_paths', 'kept_subset_top1',

@@ -1,6 +1,7 @@
 """ What the reproduction trains: the models of the paper's table, the profiles (recipe changes per model, as
 data) and the ablation of the positional parameters (paper Sec. 4.2); :class:`StageFailed`, how a stage fails, and
-:class:`ReproductionError`, options or files that do not fit """
+the subclass :class:`StageStopped`, how it is stopped, and :class:`ReproductionError`, options or files that do not
+fit """
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -13,7 +14,7 @@ from ..train.recipes import load_recipe
 
 __all__ = ['TABLE_ORDER', 'PRUNE_SOURCE', 'PRUNED_MODEL', 'TRAINED_MODELS', 'Profile', 'PROFILES',
            'apply_recipe_changes', 'ABLATION_MODEL', 'ABLATION_POS_LR_SCALE', 'ABLATION_VARIANTS',
-           'ablation_run_name', 'StageFailed', 'ReproductionError']
+           'ablation_run_name', 'StageFailed', 'StageStopped', 'ReproductionError']
 
 TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its order
 PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
@@ -166,6 +167,11 @@ def ablation_run_name(variant: str) -> str:
 
 class StageFailed(RuntimeError):
     """A stage of the reproduction failed; the finished stages are kept."""
+
+
+class StageStopped(StageFailed):
+    """A training stopped from outside (``Reproduction.stop``, or a SIGTERM): its run folder keeps its last finished
+    epoch, which the next training of that folder continues."""
 
 
 class ReproductionError(UserError):

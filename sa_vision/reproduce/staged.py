@@ -5,7 +5,9 @@ folder into ``ZOO/<model>/`` and adds its row to the zoo's results table. A mode
 is skipped, so the same call in a later session continues where the last ended. The pruned model is pruned from its
 source as kept in the zoo (the weights its row reports), so it needs ``ZOO/sa_gen_cifar/`` only, not the source's
 training run. Several stages may run at a time (their trainings share the device); no stage starts that the time
-left would not fit.
+left would not fit, but one that only a later call can finish where the caller keeps its run folder for that call
+(:meth:`StagedZoo.stop` ends the trainings at the deadline; the next call's ``Reproduction`` continues each from its
+last epoch).
 """
 import shutil
 import threading
@@ -15,7 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..io import atomic_folder, atomic_write
-from .profiles import PRUNE_SOURCE, PRUNED_MODEL, TRAINED_MODELS, StageFailed
+from .profiles import PRUNE_SOURCE, PRUNED_MODEL, TRAINED_MODELS, StageFailed, StageStopped
 from .report import RESULT_COLUMNS, read_table, say, write_table
 from .stages import Reproduction
 
@@ -34,6 +36,13 @@ class StagedZoo:
     def __init__(self, reproduction: Reproduction, zoo, table):
         self.reproduction, self.zoo, self.table = reproduction, Path(zoo), Path(table)
         self._table_lock = threading.Lock()  # stages running side by side each add their row
+        self.stopped: List[str] = []  # the stages that :meth:`stop` ended, left to the next call
+        self.running: Dict[str, Future] = {}  # the stages running now (:meth:`run`)
+
+    def stop(self) -> None:
+        """End the running trainings and start no other stage (:meth:`Reproduction.stop`): each stopped stage's run
+        folder keeps its last finished epoch, from which a later call with that folder continues it."""
+        self.reproduction.stop()
 
     def rows(self) -> Dict[str, Dict[str, Any]]:
         """The rows of the zoo's table, by model."""
@@ -71,7 +80,8 @@ class StagedZoo:
         return row
 
     def run(self, budget_s: float, estimate_s: Callable[[str], float],
-            on_stage: Optional[Callable[[str, float], None]] = None, parallel: int = 1) -> List[str]:
+            on_stage: Optional[Callable[[str, float], None]] = None, parallel: int = 1,
+            resumable: Callable[[str], bool] = lambda model: False) -> List[str]:
         """The missing stages, in :data:`STAGE_ORDER`, up to ``parallel`` at a time, while the time left fits them.
 
         ``estimate_s(model)`` is a stage's seconds when it runs alone. A stage starts only if the seconds left of
@@ -80,16 +90,20 @@ class StagedZoo:
         scaled by how the kept stages' own wall times compared with their estimates (:class:`_Budget`). Sharing
         the device should be no worse than one after another, and a stage's wall time side by side is at least its
         time alone, so a stage started ends in time if the estimates hold. One that does not fit is left for the
-        next call (a later, shorter one may still start). The pruned model waits for its source. A failing stage
-        lets the running ones end, starts no other and is raised as :class:`StageFailed` naming it. Returns the
-        models kept; ``on_stage(model, seconds)`` after each.
+        next call (a later, shorter one may still start), except where ``resumable(model)`` says that the caller
+        keeps its run folder for the next call: then, with no stage running, the first that does not fit starts
+        anyway, to be stopped (:meth:`stop`) and continued. A stage whose run folder holds finished epochs (a
+        stage continued) is expected to take only the share of its estimate left. The pruned model waits for its
+        source. A failing stage lets the running ones end, starts no other and is raised as :class:`StageFailed`
+        naming it; stopped stages are listed in :attr:`stopped`. Returns the models kept; ``on_stage(model,
+        seconds)`` after each.
         """
         if parallel < 1:
             raise ValueError(f'parallel must be at least 1, got {parallel}')
         self.reproduction._check_same_setup()
         tagged, self.reproduction.tag_output = self.reproduction.tag_output, parallel > 1  # lines interleave
         try:
-            kept, failures = self._run_stages(_Budget(self, budget_s, estimate_s), on_stage, parallel)
+            kept, failures = self._run_stages(_Budget(self, budget_s, estimate_s, resumable), on_stage, parallel)
         finally:
             self.reproduction.tag_output = tagged
         if failures:
@@ -102,11 +116,16 @@ class StagedZoo:
         """:meth:`run`'s loop: the models kept, and the failed ones with their errors."""
         kept: List[str] = []
         failures: List[Tuple[str, BaseException]] = []
-        running: Dict[str, Future] = {}
+        running = self.running = {}
+        self.stopped = []
         with ThreadPoolExecutor(parallel) as pool:
             while True:
                 for model in [m for m, future in running.items() if future.done()]:
                     error = running.pop(model).exception()
+                    if isinstance(error, StageStopped):
+                        say(str(error))
+                        self.stopped.append(model)
+                        continue
                     if error is not None:
                         say(f'{model}: failed: {type(error).__name__}: {error}')
                         failures.append((model, error))
@@ -115,7 +134,7 @@ class StagedZoo:
                     kept.append(model)
                     if on_stage:
                         on_stage(model, seconds)
-                while not failures and len(running) < parallel:
+                while not failures and not self.reproduction.stopped and len(running) < parallel:
                     model = budget.next_to_start(running)
                     if model is None:
                         break
@@ -123,7 +142,7 @@ class StagedZoo:
                 if not running:
                     break
                 wait(running.values(), timeout=_POLL_S, return_when=FIRST_COMPLETED)
-        if not failures:
+        if not failures and not self.reproduction.stopped:
             budget.say_left_out()
         return kept, failures
 
@@ -136,10 +155,12 @@ class _Budget:
     """When a stage of a :class:`StagedZoo` may start: the work of the running stages and of the new one, at the
     rate measured so far, must fit the seconds left (see :meth:`StagedZoo.run`)."""
 
-    def __init__(self, staged: StagedZoo, budget_s: float, estimate_s: Callable[[str], float]):
-        self.staged, self.budget_s, self.estimate_s = staged, budget_s, estimate_s
+    def __init__(self, staged: StagedZoo, budget_s: float, estimate_s: Callable[[str], float],
+                 resumable: Callable[[str], bool] = lambda model: False):
+        self.staged, self.budget_s, self.estimate_s, self.resumable = staged, budget_s, estimate_s, resumable
         self.start = time.time()
         self.started: Dict[str, float] = {}
+        self.estimated: Dict[str, float] = {}  # each started stage's estimate of what it had left to do
         self.seconds: Dict[str, float] = {}  # of the stages kept
 
     def progress(self, model: str) -> float:
@@ -158,7 +179,11 @@ class _Budget:
         admitted on it that then runs alone would overrun."""
         if not self.seconds:
             return 1.0
-        return min(max(sum(self.seconds.values()) / sum(self.estimate_s(m) for m in self.seconds), 0.25), 3.0)
+        return min(max(sum(self.seconds.values()) / sum(self.estimated[m] for m in self.seconds), 0.25), 3.0)
+
+    def left_to_do(self, model: str) -> float:
+        """``model``'s estimate less the share of its epochs done (a running stage, or one continued)."""
+        return (1 - self.progress(model)) * self.estimate_s(model)
 
     def finished(self, model: str) -> float:
         self.seconds[model] = time.time() - self.started[model]
@@ -170,17 +195,26 @@ class _Budget:
     def next_to_start(self, running) -> Optional[str]:
         """The first waiting stage that fits the time left behind the running ones, marked started; else None."""
         scale, left = self.scale(), self.budget_s - (time.time() - self.start)
-        queued = scale * sum((1 - self.progress(m)) * self.estimate_s(m) for m in running)
-        for model in self.waiting():
-            if model == PRUNED_MODEL and not self.staged.is_kept(PRUNE_SOURCE):
-                continue
-            expected = scale * self.estimate_s(model)
+        queued = scale * sum(self.left_to_do(m) for m in running)
+        waiting = [m for m in self.waiting() if m != PRUNED_MODEL or self.staged.is_kept(PRUNE_SOURCE)]
+        for model in waiting:
+            expected = scale * self.left_to_do(model)
             if queued + expected <= left:
                 behind = f', behind ~{queued:.0f} s of the {len(running)} running' if running else ''
-                say(f'{model}: starting (~{expected:.0f} s expected{behind}, {left:.0f} s left)')
-                self.started[model] = time.time()
-                return model
+                return self._start(model, f'~{expected:.0f} s expected{behind}, {left:.0f} s left')
+        resumable = [m for m in waiting if self.resumable(m)]
+        # with less left than a stage's part outside its epochs (process start, compile; evaluation, export) it
+        # would train no epoch
+        if not running and resumable and left > (1 - _MOST_PROGRESS) * scale * self.left_to_do(resumable[0]):
+            model = resumable[0]
+            return self._start(model, f'~{scale * self.left_to_do(model):.0f} s expected, {left:.0f} s left: stopped '
+                                      f'at the end, its run kept for the next call')
         return None
+
+    def _start(self, model: str, why: str) -> str:
+        say(f'{model}: starting ({why})')
+        self.started[model], self.estimated[model] = time.time(), self.left_to_do(model)
+        return model
 
     def say_left_out(self) -> None:
         left = self.budget_s - (time.time() - self.start)
@@ -188,5 +222,5 @@ class _Budget:
             if model == PRUNED_MODEL and not self.staged.is_kept(PRUNE_SOURCE):
                 say(f'{model}: waits for {PRUNE_SOURCE} to be kept (it is pruned from the kept weights)')
             else:
-                say(f'{model}: not started: it needs ~{self.scale() * self.estimate_s(model):.0f} s, {left:.0f} s '
+                say(f'{model}: not started: it needs ~{self.scale() * self.left_to_do(model):.0f} s, {left:.0f} s '
                     f'of the budget are left')

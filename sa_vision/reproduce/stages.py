@@ -8,9 +8,8 @@ last epoch (docs/reproduction.md).
 """
 import dataclasses
 import json
-import os
 import shutil
-import subprocess
+import signal
 import sys
 import time
 from pathlib import Path
@@ -24,7 +23,7 @@ from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
 from ..train.checkpoint import Checkpoint, read_checkpoint
 from ..train.data import check_dataset, dataset_info
-from .child_process import die_with_parent
+from .processes import Trainings, run_training
 from .profiles import (
     ABLATION_MODEL,
     ABLATION_VARIANTS,
@@ -35,6 +34,7 @@ from .profiles import (
     TRAINED_MODELS,
     ReproductionError,
     StageFailed,
+    StageStopped,
     ablation_run_name,
     apply_recipe_changes,
 )
@@ -51,7 +51,7 @@ from .report import (
     write_zoo_explorer,
 )
 
-__all__ = ['Reproduction', 'die_with_parent']
+__all__ = ['Reproduction']
 
 
 class Reproduction:
@@ -77,6 +77,17 @@ class Reproduction:
         self.started = time.time()
         self._noted_ignored_keys = False
         self.tag_output = False  # prefix each line of a training's output with its run (trainings side by side)
+        self._trainings = Trainings()
+
+    def stop(self) -> None:
+        """End the running trainings (SIGTERM) and start no other: each run folder keeps its last finished epoch
+        (``last.pth.tar``), which the next :meth:`train` of that folder continues; the stopped :meth:`train` calls
+        raise :class:`StageStopped`. For a caller with a deadline (a lent GPU's call)."""
+        self._trainings.stop()
+
+    @property
+    def stopped(self) -> bool:
+        return self._trainings.stopped.is_set()
 
     def _check_same_setup(self) -> None:
         """A folder holds one reproduction: the same options (profile, dataset, epochs, train_args) continue it.
@@ -108,6 +119,8 @@ class Reproduction:
               changes: Optional[Dict[str, Any]] = None) -> Path:
         """Train one model into ``runs/<run or model>`` with ``changes`` to the profile's recipe; skipped when done."""
         run = run or model
+        if self.stopped:
+            raise StageStopped(f'{run}: not started, the reproduction was stopped')
         recipe = self._recipe(model, changes)
         # keys that only timm's train.py reads: left out of the stage recipes and noted once
         read = _training_script_keys()
@@ -148,7 +161,11 @@ class Reproduction:
                 shutil.rmtree(self.run_dir(run))
             cmd += initial
         say(f'{run}: {_epochs(recipe["epochs"])} of {model} on {self.dataset}, recipe {recipe_path}')
-        status = _run_training(cmd, f'[{run}] ' if self.tag_output else None)
+        status = run_training(cmd, f'[{run}] ' if self.tag_output else None, self._trainings)
+        if status != 0 and (self.stopped or status == -signal.SIGTERM):
+            done = read_checkpoint(last).meta['epoch'] if last.is_file() else 0
+            raise StageStopped(f'{run}: stopped after {done} of {_epochs(recipe["epochs"])}; {self.run_dir(run)} '
+                               f'keeps them for the next run to continue')
         if status != 0:
             raise StageFailed(f'the training process of {run} exited with status {status} (its output is above)')
         return last
@@ -359,19 +376,6 @@ class Reproduction:
 
 def _epochs(count: int) -> str:
     return f'{count} epoch' + ('' if count == 1 else 's')
-
-
-def _run_training(cmd: List[str], tag: Optional[str]) -> int:
-    """Run a training process to its end: its output goes to ours, each line after ``tag`` where one is given."""
-    env = dict(os.environ, PYTHONUNBUFFERED='1')
-    if tag is None:
-        return subprocess.run(cmd, env=env, preexec_fn=die_with_parent).returncode
-    with subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True, errors='replace') as proc:
-        for line in proc.stdout:
-            sys.stdout.write(tag + line)
-            sys.stdout.flush()
-    return proc.returncode
 
 
 def _training_script_keys() -> frozenset:

@@ -22,9 +22,10 @@ once ``--budget-s`` would be exceeded:
    that never wait for the host, the compiled Triton kernel.
 
 Before the first item, a warm phase compiles the selected items' steps in parallel processes, which leave their graphs
-in inductor's on-disk caches for the items' first steps to load (:func:`warm`). It ends with a PASS / MISS line for
-each goal. ``--smoke`` runs every section on the CPU with tiny models, a few steps and dynamo's ``eager`` backend
-(tests/test_device_check.py), so that a slip cannot cost device time.
+in inductor's on-disk caches for the items' first steps to load (:func:`warm`; none under a budget of 400 s). A PASS /
+MISS line for each goal is written after every item and on ``timeout``'s SIGTERM (:func:`goals`), so that a run
+killed at any point leaves them. ``--smoke`` runs every section on the CPU with tiny models, a few steps and dynamo's
+``eager`` backend (tests/test_device_check.py), so that a slip cannot cost device time.
 """
 import argparse
 import contextlib
@@ -32,7 +33,6 @@ import csv
 import gzip
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -40,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -48,6 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
+from probe_env import on_sigterm, redirect_fds, require_timm, versions
+
+require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
+
 import timm
 import torch
 from torch._dynamo.utils import counters
@@ -55,20 +61,24 @@ from torch._dynamo.utils import counters
 import sa_vision
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
-from sa_vision.reproduce import PROFILES, PRUNED_MODEL, TRAINED_MODELS, Reproduction
-from sa_vision.reproduce.stages import die_with_parent
+from sa_vision.reproduce import PROFILES, PRUNED_MODEL, TRAINED_MODELS, Reproduction, StageStopped
+from sa_vision.reproduce.processes import die_with_parent
 from sa_vision.train.args import build_parser as build_train_parser
 from sa_vision.train.checkpoint import read_checkpoint
+from sa_vision.train.runtime import uses_channels_last
 
 ROOT = Path(__file__).resolve().parents[3]
 KEPT_TABLE = ROOT / 'docs' / 'reproduction_fashion_mnist.csv'  # the kept zoo's results (zoo/fashion-mnist-cpu)
 MODES = ('eager', 'default', 'reduce-overhead')
+PROFILED_STEPS = 2  # section 4: the training steps recorded, after one skipped and one warming the profiler up
 # the goals this check reports against
 FULL_MIN_IMG_S, FULL_MIN_VS_PAPER = 15_000, 1.5
 NARROW_MIN_IMG_S, NARROW_MIN_VS_VIT = 25_000, 1.2
 ZOO_MAX_MINUTES = 5.0
-# the share of --budget-s that compiling the items' steps beforehand may take (the warm phase)
-WARM_SHARE = 0.3
+# the share of --budget-s that compiling the items' steps beforehand may take (the warm phase), and the budget
+# below which there is none: under it the share is shorter than the items' longest compiles (their estimates, up
+# to 120 s), so the cut could kill every process before it stored a step (not measured on a GPU)
+WARM_SHARE, WARM_MIN_BUDGET_S = 0.3, 400
 # sa-vision-train flags of the device-data path; until they exist a section says so (smoke: skips)
 NEW_TRAIN_FLAGS = ('--device-data', '--torchcompile-mode')
 SPEED_FLAGS = ('--device-data', 'on', '--torchcompile', 'inductor', '--torchcompile-mode', 'reduce-overhead', '--amp',
@@ -125,6 +135,8 @@ class Log:
         self.out = out
         self.file = open(out / 'device_check.log', 'a', buffering=1)
         self.results: Dict[str, Any] = {'items': []}
+        self.lock = threading.RLock()  # the zoo's stages report from their threads
+        self.goals_logged: List[str] = []
 
     def __call__(self, msg: str = '') -> None:
         print(msg, flush=True)
@@ -210,14 +222,18 @@ class Check:
         return self.families[key]
 
     def runner(self, size: str, mode: str, role: str):
+        """The step runner of one variant, laid out as sa-vision-train lays it out (channels-last on CUDA for a
+        model with a real convolution, the ResNet: ``uses_channels_last``)."""
         key = (size, mode, role)
         if key not in self.runners:
             variant = self.family(size, mode)[role]
-            self.runners[key] = sab._Runner(
+            channels_last = uses_channels_last(variant.model, self.device)
+            runner = sab._Runner(
                 variant, self.s.batch_size, self.input_size, self.device, amp=True, amp_dtype='bfloat16',
-                torchcompile=None if mode == 'eager' else self.s.backend,
+                channels_last=channels_last, torchcompile=None if mode == 'eager' else self.s.backend,
                 torchcompile_mode=mode if mode == 'reduce-overhead' else None)
-            self.runners[key].label = '/'.join(key)
+            runner.label, runner.layout = '/'.join(key), 'channels-last' if channels_last else 'NCHW'
+            self.runners[key] = runner
         return self.runners[key]
 
     def first_steps(self, runner, name: str, bench: str) -> None:
@@ -226,15 +242,21 @@ class Check:
             if getattr(runner, f'_first_{kind}', None) is not None:
                 continue
             t0, skips, cached = time.time(), counters['inductor']['cudagraph_skips'], cache_counters()
+            breaks_before = dict(counters['graph_break'])
             for _ in range(3 if runner.cudagraphs else 1):  # warm-up, recording, first replay
                 getattr(runner, f'{kind}_step')()
             self.sync()
             setattr(runner, f'_first_{kind}', time.time() - t0)
             if runner.torchcompile:
                 cache = {k: v - cached.get(k, 0) for k, v in cache_counters().items() if v - cached.get(k, 0)}
+                breaks = {k: v - breaks_before.get(k, 0) for k, v in counters['graph_break'].items()
+                          if v - breaks_before.get(k, 0)}
                 self.log(f'  {name}: first {kind} steps (compile included) {time.time() - t0:.1f} s; compile '
-                         f'caches: {format_cache(cache)}')
+                         f'caches: {format_cache(cache)}; graph breaks: {sum(breaks.values())}')
                 self.log.results.setdefault('compile_cache', {})[f'{runner.label}/{kind}'] = cache
+                self.log.results.setdefault('graph_breaks', {})[f'{runner.label}/{kind}'] = breaks
+                for reason, count in breaks.items():  # dynamo's reasons: a break costs a graph and a launch each
+                    self.log(f'  {name}: GRAPH BREAK ({count}x in the {kind} step): {reason[:300]}')
             skipped = counters['inductor']['cudagraph_skips'] - skips
             if runner.cudagraphs and skipped:  # inductor then runs the compiled graph without CUDA graphs
                 self.log(f'  {name}: CUDA GRAPHS SKIPPED for {skipped} graph(s) of the {kind} step (inductor\'s '
@@ -256,40 +278,54 @@ class Check:
             [variants[r] for r in roles], runners=runners, batch_size=self.s.batch_size, input_size=self.input_size,
             device=self.device, bench=bench, warmup=self.s.warmup, runs=self.s.runs, iters=self.s.iters,
             measure_memory=mode == 'eager', log=lambda m: None)
-        for role, row in zip(roles, rows):
-            row.update(role=role, size=size, mode=mode)
+        for role, row, runner in zip(roles, rows, runners):
+            row.update(role=role, size=size, mode=mode, layout=runner.layout)
         self.log(f'{size}, {mode}, batch {self.s.batch_size}, bf16 autocast ({bench}; ratios: '
                  f'{variants[roles[0]].name} / the row, > 1: it is faster)')
         self.log(format_results(rows))
+        self.log('  layout (as sa-vision-train trains it): ' + ', '.join(f'{r["model"]} {r["layout"]}' for r in rows))
         self.log.results.setdefault('paired', {})[key or f'{size}/{mode}/{bench}'] = rows
         return rows
 
     # ---- section 4: profile
 
     def profile(self, size: str, mode: str, trace_name: Optional[str]) -> None:
-        from torch.profiler import ProfilerActivity, profile
+        """Training steps under ``torch.profiler`` with a schedule (one step skipped, one to warm the profiler up,
+        :data:`PROFILED_STEPS` recorded): a later profiler session in one process can misplace its first
+        timestamps, and CUPTI 13.0 misreports kernels replayed from CUDA graphs, so the summary is checked
+        (:func:`trace_problems`) and a trace that looks wrong says so."""
+        from torch.profiler import ProfilerActivity, profile, schedule
         runner = self.runner(size, mode, 'ours')
         self.first_steps(runner, f'{size} {mode}', 'train')
         step_ms = 1000 * self.s.batch_size / runner.time(runner.train_step, max(self.s.iters, 2))
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == 'cuda' else [])
-        with profile(activities=activities) as prof:
-            runner.train_step()
-            self.sync()
         with tempfile.TemporaryDirectory() as tmp:
             path = Path(tmp) / 'trace.json'
-            prof.export_chrome_trace(str(path))
-            summary = trace_summary(json.loads(path.read_text()))
+            with profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=PROFILED_STEPS),
+                         on_trace_ready=lambda p: p.export_chrome_trace(str(path))) as prof:
+                for step in range(2 + PROFILED_STEPS):
+                    if step == 2:
+                        t0 = time.perf_counter()
+                    runner.train_step()
+                    self.sync()
+                    prof.step()
+                wall_ms = 1000 * (time.perf_counter() - t0)
+            summary = trace_summary(json.loads(path.read_text()), PROFILED_STEPS)
             if trace_name:
                 with open(path, 'rb') as f, gzip.open(self.log.out / trace_name, 'wb') as g:
                     shutil.copyfileobj(f, g)
-        summary['step_ms_unprofiled'] = round(step_ms, 3)
-        summary['gpu_busy_fraction_of_step'] = round(summary['gpu_busy_ms'] / step_ms, 3) if step_ms else None
-        self.log(f'{size} sa_quadratic_cifar, {mode}, one training step: {step_ms:.2f} ms unprofiled (mean of '
+        summary.update(step_ms_unprofiled=round(step_ms, 3), profiled_wall_ms=round(wall_ms, 3),
+                       gpu_busy_fraction_of_step=round(summary['gpu_busy_ms'] / step_ms, 3) if step_ms else None)
+        summary['problems'] = trace_problems(summary, self.device.type == 'cuda')
+        self.log(f'{size} sa_quadratic_cifar, {mode}, a training step: {step_ms:.2f} ms unprofiled (mean of '
                  f'{max(self.s.iters, 2)}), GPU busy {summary["gpu_busy_ms"]:.2f} ms '
-                 f'({100 * (summary["gpu_busy_fraction_of_step"] or 0):.0f} % of it), profiled window '
-                 f'{summary["window_ms"]:.2f} ms; {summary["kernels"]} kernels, {summary["memcpy"]} copies, '
-                 f'{summary["memset"]} memsets, {summary["cpu_ops"]} CPU ops, {summary["graph_launches"]} graph '
-                 f'launches{"; trace " + trace_name if trace_name else ""}')
+                 f'({100 * (summary["gpu_busy_fraction_of_step"] or 0):.0f} % of it); the {PROFILED_STEPS} profiled '
+                 f'steps: {wall_ms:.2f} ms wall, kernels from first start to last end {summary["window_ms"]:.2f} ms, '
+                 f'{summary["kernels"]} kernels, {summary["memcpy"]} copies, {summary["memset"]} memsets, '
+                 f'{summary["cpu_ops"]} CPU ops, {summary["graph_launches"]} graph launches'
+                 f'{"; trace " + trace_name if trace_name else ""}')
+        for problem in summary['problems']:
+            self.log(f'  WARNING: the trace looks wrong, its figures above are not to be read: {problem}')
         for name, (total, count) in summary['top_kernels']:
             self.log(f'  {total:8.3f} ms  {count:4d}x  {name[:110]}')
         self.log.results.setdefault('profile', {})[f'{size}/{mode}'] = summary
@@ -569,19 +605,31 @@ class Check:
         self.log(f'the {self.s.zoo_profile!r} profile\'s stages in {out}, {self.zoo_parallel} at a time, training '
                  f'arguments {" ".join(flags)}; their output: zoo_train.log')
         stage_s: Dict[str, float] = {}
+        t0 = time.time()
+        # until the five stages end: what finished, so that a run killed meanwhile says it (goals after each stage)
+        self.log.results['zoo'] = {'minutes': None, 'started': t0, 'stage_s': stage_s, 'profile': self.s.zoo_profile}
 
         def train(model, **kwargs):
-            t0 = time.time()
+            started = time.time()
             reproduction.train(model, **kwargs)
-            stage_s[model] = round(time.time() - t0, 1)
+            stage_s[model] = round(time.time() - started, 1)
+            goals(self.log, True, final=False)
 
-        t0 = time.time()
-        with redirect_fds(self.log.out / 'zoo_train.log'):
-            with ThreadPoolExecutor(self.zoo_parallel) as pool:
-                list(pool.map(train, TRAINED_MODELS))
-            trained = time.time() - t0
-            pruned = reproduction.prune()
-            train(PRUNED_MODEL, initial_checkpoint=pruned)
+        # the budget's end stops the trainings: the zoo's goal then says what finished
+        deadline = threading.Timer(max(self.budget.left(), 0), reproduction.stop)
+        deadline.start()
+        try:
+            with redirect_fds(self.log.out / 'zoo_train.log'):
+                with ThreadPoolExecutor(self.zoo_parallel) as pool:
+                    list(pool.map(train, TRAINED_MODELS))
+                trained = time.time() - t0
+                pruned = reproduction.prune()
+                train(PRUNED_MODEL, initial_checkpoint=pruned)
+        except StageStopped as e:
+            self.log(f'the zoo: stopped at the budget\'s end ({e}); finished: {stage_s or "none"}')
+            return
+        finally:
+            deadline.cancel()
         total = time.time() - t0
         kept = {row['model']: row for row in csv.DictReader(KEPT_TABLE.read_text().splitlines())}
         rows = []
@@ -615,32 +663,54 @@ class Check:
         result['table'] = table
 
 
-def trace_summary(trace: Dict[str, Any], top: int = 12) -> Dict[str, Any]:
-    """GPU busy time (the union of kernel, copy and memset intervals), counts and top kernels of a Chrome trace."""
+def trace_summary(trace: Dict[str, Any], steps: int = 1, top: int = 12) -> Dict[str, Any]:
+    """A Chrome trace of ``steps`` steps: the GPU's busy time per step (the union of kernel, copy and memset
+    intervals), the window from the first kernel's start to the last one's end (device kernels only: CPU events may
+    carry a later profiler session's misplaced first timestamps), counts and the top kernels over all steps."""
     events = [e for e in trace.get('traceEvents', []) if e.get('ph') == 'X']
     gpu = [e for e in events if e.get('cat') in ('kernel', 'gpu_memcpy', 'gpu_memset')]
-    cpu_ops = [e for e in events if e.get('cat') == 'cpu_op']
+    kernel_events = [e for e in gpu if e.get('cat') == 'kernel']
     busy, end = 0.0, float('-inf')
     for e in sorted(gpu, key=lambda e: e['ts']):
         start, stop = e['ts'], e['ts'] + e.get('dur', 0)
         busy += max(0.0, stop - max(start, end))
         end = max(end, stop)
     kernels: Dict[str, List[float]] = {}
-    for e in gpu:
-        if e.get('cat') == 'kernel':
-            entry = kernels.setdefault(e['name'], [0.0, 0])
-            entry[0] += e.get('dur', 0) / 1000
-            entry[1] += 1
-    window = events and (max(e['ts'] + e.get('dur', 0) for e in events) - min(e['ts'] for e in events))
+    for e in kernel_events:
+        entry = kernels.setdefault(e['name'], [0.0, 0])
+        entry[0] += e.get('dur', 0) / 1000
+        entry[1] += 1
+    window = kernel_events and (max(e['ts'] + e.get('dur', 0) for e in kernel_events)
+                                - min(e['ts'] for e in kernel_events))
     return {
-        'gpu_busy_ms': busy / 1000, 'window_ms': (window or 0) / 1000,
-        'kernels': sum(1 for e in gpu if e.get('cat') == 'kernel'),
+        'steps': steps, 'gpu_busy_ms': busy / 1000 / steps, 'window_ms': (window or 0) / 1000,
+        'kernels': len(kernel_events),
         'memcpy': sum(1 for e in gpu if e.get('cat') == 'gpu_memcpy'),
         'memset': sum(1 for e in gpu if e.get('cat') == 'gpu_memset'),
-        'cpu_ops': len(cpu_ops),
+        'cpu_ops': sum(1 for e in events if e.get('cat') == 'cpu_op'),
         'graph_launches': sum(1 for e in events if e.get('name', '').startswith('cudaGraphLaunch')),
         'top_kernels': sorted(((n, (round(t, 4), c)) for n, (t, c) in kernels.items()), key=lambda kv: -kv[1][0])[:top],
     }
+
+
+def trace_problems(summary: Dict[str, Any], cuda: bool, slack: float = 1.05) -> List[str]:
+    """Why a profile of CUDA steps cannot be right: no kernel recorded, the GPU busy longer per step than the
+    unprofiled step lasts, or kernels spread wider than the wall time of the steps profiled (``slack``: timing
+    noise between the runs); none off CUDA, which records no kernel."""
+    if not cuda:
+        return []
+    problems = []
+    if not summary['kernels']:
+        problems.append('no kernel recorded (CUPTI gave none)')
+    if summary['gpu_busy_ms'] > slack * summary['step_ms_unprofiled']:
+        problems.append(f'the GPU busy {summary["gpu_busy_ms"]:.2f} ms per step, longer than the unprofiled step '
+                        f'({summary["step_ms_unprofiled"]:.2f} ms): kernel times misreported (CUPTI 13.0 does so '
+                        f'for kernels replayed from CUDA graphs)')
+    if summary['window_ms'] > slack * summary['profiled_wall_ms']:
+        problems.append(f'kernels spread over {summary["window_ms"]:.2f} ms, longer than the profiled steps\' '
+                        f'{summary["profiled_wall_ms"]:.2f} ms of wall time: misplaced timestamps (as in a later '
+                        f'profiler session of one process)')
+    return problems
 
 
 def epoch_rates(text: str, summary_csv: Path, batch_size: int) -> Dict[str, Any]:
@@ -663,27 +733,6 @@ def epoch_rates(text: str, summary_csv: Path, batch_size: int) -> Dict[str, Any]
                            'end_to_end_img_s': end_to_end.get(int(row['epoch'])),
                            'top1': float(row.get('eval_top1') or 'nan')})
     return {'epochs': epochs}
-
-
-@contextlib.contextmanager
-def redirect_fds(path: Path):
-    """Send this process's and its children's stdout and stderr to ``path`` (the training subprocesses inherit the
-    file descriptors, not ``sys.stdout``)."""
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = os.dup(1), os.dup(2)
-    with open(path, 'ab') as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-    try:
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
 
 
 def cache_counters() -> Dict[str, int]:
@@ -817,19 +866,10 @@ def environment(check: Check) -> None:
     """The versions, the GPU, and its two ceilings measured once (bf16 matmul rate, device-to-device copy)."""
     log, s = check.log, check.s
     env: Dict[str, Any] = {
-        'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'), 'python': platform.python_version(),
-        'torch': torch.__version__, 'cuda': torch.version.cuda, 'timm': timm.__version__,
+        'date': time.strftime('%Y-%m-%d %H:%M:%S %Z'), **versions(),
         'sa_vision': getattr(sa_vision, '__version__', '?'), 'cpus': os.cpu_count(), 'device': s.device,
         'smoke': check.smoke,
     }
-    try:
-        import triton
-        env['triton'] = triton.__version__
-    except ImportError:
-        env['triton'] = 'not installed'
-    with contextlib.suppress(Exception):
-        env['commit'] = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True,
-                                       text=True, timeout=10).stdout.strip() or None
     if check.device.type == 'cuda':
         props = torch.cuda.get_device_properties(0)
         env.update(gpu=props.name, capability=f'{props.major}.{props.minor}', sms=props.multi_processor_count,
@@ -859,9 +899,23 @@ def environment(check: Check) -> None:
     log.results['env'] = env
 
 
-def goals(log: Log, zoo_selected: bool) -> None:
-    """A PASS / MISS line for each goal (UNKNOWN where its measurement did not run)."""
-    paired = log.results.get('paired', {})
+def goals(log: Log, zoo_selected: bool, final: bool = True) -> None:
+    """A PASS / MISS line for each goal (UNKNOWN where its measurement did not run), into the JSON and the log: after
+    every item too (``final`` False), where the log gets them only when they changed, so that a run killed at any
+    point leaves its latest lines (the last ``== goals`` block of the log)."""
+    with log.lock:
+        verdicts = goal_lines(log.results, zoo_selected)
+        log.results['goals'] = verdicts
+        if final or verdicts != log.goals_logged:
+            log(f'\n== goals{"" if final else " so far"}')
+            for line in verdicts:
+                log(line)
+            log.goals_logged = verdicts
+        log.save()
+
+
+def goal_lines(results: Dict[str, Any], zoo_selected: bool) -> List[str]:
+    paired = results.get('paired', {})
     verdicts = []
 
     def rows_by_role(size, mode):
@@ -887,14 +941,20 @@ def goals(log: Log, zoo_selected: bool) -> None:
     judge(f'narrow training >= {NARROW_MIN_IMG_S:,} img/s and >= {NARROW_MIN_VS_VIT}x timm\'s ViT compiled the '
           f'same way', 'narrow', 'vit', NARROW_MIN_IMG_S, NARROW_MIN_VS_VIT)
     if zoo_selected:
-        zoo = log.results.get('zoo')
-        title = f'the five stages <= {ZOO_MAX_MINUTES:g} device minutes, compile included'
-        verdicts.append(f'UNKNOWN {title}: not measured' if not zoo else
-                        f'{"PASS" if zoo["minutes"] <= ZOO_MAX_MINUTES else "MISS"} {title}: {zoo["minutes"]:.2f} min')
-    log('\n== goals')
-    for line in verdicts:
-        log(line)
-    log.results['goals'] = verdicts
+        verdicts.append(zoo_goal(results.get('zoo')))
+    return verdicts
+
+
+def zoo_goal(zoo: Optional[Dict[str, Any]]) -> str:
+    """The zoo's line: PASS / MISS by its device minutes; MISS with what finished where it did not end."""
+    title = f'the five stages <= {ZOO_MAX_MINUTES:g} device minutes, compile included'
+    if not zoo:
+        return f'UNKNOWN {title}: not measured'
+    if zoo.get('minutes') is None:
+        finished = ', '.join(f'{m} ({s:.0f} s)' for m, s in zoo['stage_s'].items()) or 'none'
+        return (f'MISS {title}: not ended after {(time.time() - zoo["started"]) / 60:.2f} min; stages finished: '
+                f'{finished}')
+    return f'{"PASS" if zoo["minutes"] <= ZOO_MAX_MINUTES else "MISS"} {title}: {zoo["minutes"]:.2f} min'
 
 
 def items(check: Check) -> List[Item]:
@@ -990,7 +1050,8 @@ def main(argv=None) -> int:
                         'inductor (slower; its compile caches are what the warm phase fills)')
     p.add_argument('--warm-s', type=float, default=None,
                    help=f'compile the items\' steps beforehand, in parallel processes, for at most this many seconds '
-                        f'(default {WARM_SHARE * 100:.0f} %% of --budget-s on the GPU, none in the smoke run; 0: none)')
+                        f'(default {WARM_SHARE * 100:.0f} %% of --budget-s on the GPU, none under a budget of '
+                        f'{WARM_MIN_BUDGET_S} s or in the smoke run; 0: none)')
     p.add_argument('--warm-parallel', type=int, default=max(1, min(6, (os.cpu_count() or 2) // 2)),
                    help='warm-up processes at a time (default: half the CPUs, at most 6)')
     p.add_argument('--warm-target', default=None, help=argparse.SUPPRESS)  # one warm-up process's target
@@ -1022,29 +1083,58 @@ def main(argv=None) -> int:
         os._exit(0)  # what it had to leave is on disk: no teardown that could fail or take seconds
     log(f'== sa_vision device check{" (smoke, CPU)" if args.smoke else ""}: sections {sorted(sections)}, budget '
         f'{args.budget_s:.0f} s')
-    environment(check)
-    log.save()
-    selected = [i for i in items(check) if i.section in sections]
-    targets = list(dict.fromkeys(t for i in selected for t in i.compiles))
-    warm_s = args.warm_s if args.warm_s is not None else 0 if args.smoke else WARM_SHARE * args.budget_s
-    warmed_steps: set = set()
-    if targets and min(warm_s, budget.left()) > 0:
-        if check.device.type == 'cuda':
-            torch.cuda.empty_cache()  # the ceilings' buffers: the warm-up processes need the memory
-        try:
-            warmed_steps = warm(check, targets, min(warm_s, budget.left()), args.warm_parallel,
-                 ['--smoke', '--smoke-backend', args.smoke_backend] if args.smoke else [])
-        except Exception:  # noqa: BLE001  the items compile for themselves
-            log(f'the warm phase FAILED: {traceback.format_exc(limit=-12)}')
+
+    def stopped() -> None:  # timeout's SIGTERM: the goals as they stand, in the log and the JSON
+        log(f'\n== stopped by SIGTERM after {time.time() - budget.start:.0f} s')
+        goals(log, 7 in sections)
+    with on_sigterm(stopped):
+        environment(check)
         log.save()
+        selected = [i for i in items(check) if i.section in sections]
+        run_items(check, selected, warm_phase(check, selected, args), 7 in sections)
+        goals(log, 7 in sections)
+        log(f'\n== done in {time.time() - budget.start:.0f} s; files: {", ".join(sorted(os.listdir(args.out)))}')
+        log.save()
+    return 0
+
+
+def warm_phase(check: Check, selected: List[Item], args) -> set:
+    """The warm phase before the items (:func:`warm`), within ``--warm-s``; by default 30 % of ``--budget-s`` on
+    the GPU, none in the smoke run, and none below :data:`WARM_MIN_BUDGET_S`, where the share is too short for the
+    processes to end before the cut that kills them."""
+    log, budget = check.log, check.budget
+    targets = list(dict.fromkeys(t for i in selected for t in i.compiles))
+    warm_s = args.warm_s
+    if warm_s is None:
+        warm_s = 0 if args.smoke or args.budget_s < WARM_MIN_BUDGET_S else WARM_SHARE * args.budget_s
+        if targets and not args.smoke and args.budget_s < WARM_MIN_BUDGET_S:
+            log(f'\n== warm: skipped: a budget of {args.budget_s:.0f} s is under {WARM_MIN_BUDGET_S} s (the items '
+                f'compile for themselves)')
+    if not targets or min(warm_s, budget.left()) <= 0:
+        return set()
+    if check.device.type == 'cuda':
+        torch.cuda.empty_cache()  # the ceilings' buffers: the warm-up processes need the memory
+    warmed: set = set()
+    try:
+        warmed = warm(check, targets, min(warm_s, budget.left()), args.warm_parallel,
+                      ['--smoke', '--smoke-backend', args.smoke_backend] if args.smoke else [])
+    except Exception:  # noqa: BLE001  the items compile for themselves
+        log(f'the warm phase FAILED: {traceback.format_exc(limit=-12)}')
+    log.save()
+    return warmed
+
+
+def run_items(check: Check, selected: List[Item], warmed_steps: set, zoo_selected: bool) -> None:
+    """Each item that its scaled estimate lets fit the time left, in order; the goals after each."""
+    log, budget = check.log, check.budget
     for item in selected:
         warmed = bool(item.compiles) and set(item.compiles) <= warmed_steps
-        expected = budget.expected(item.estimate_s if not args.smoke else 0, warmed)
+        expected = budget.expected(item.estimate_s if not check.smoke else 0, warmed)
         if budget.left() < expected or budget.left() <= 0:
             log(f'\n== [{item.section}] {item.name}: skipped: budget ({budget.left():.0f} s left, needs '
                 f'~{expected:.0f})')
             log.results['items'].append({'section': item.section, 'name': item.name, 'status': 'skipped: budget'})
-            log.save()
+            goals(log, zoo_selected, final=False)
             continue
         log(f'\n== [{item.section}] {item.name}  ({time.time() - budget.start:.0f} s in)')
         t0 = time.time()
@@ -1059,12 +1149,7 @@ def main(argv=None) -> int:
         log(f'-- {status} in {spent:.1f} s')
         log.results['items'].append({'section': item.section, 'name': item.name, 'status': status,
                                      'seconds': round(spent, 1)})
-        log.save()
-    goals(log, 7 in sections)
-    log(f'\n== done in {time.time() - budget.start:.0f} s; files: {", ".join(sorted(os.listdir(args.out)))}')
-    log.save()
-    return 0
-
+        goals(log, zoo_selected, final=False)
 
 if __name__ == '__main__':
     sys.exit(main())

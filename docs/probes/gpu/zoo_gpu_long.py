@@ -6,9 +6,11 @@ How to call it, what comes back and how the next session continues: zoo_gpu_long
 ``--budget-s`` fits its estimate below behind what the running ones have still to do;
 then the guard of the whole zoo is recorded (``record_kept_models``: weights' SHA-256, 64 images' logits, the top-1 of
 500) and the zoo, its table and the guard are packed into one ``zoo.tar`` (paths relative to the checkout: unpack it
-at the checkout's root). ``--smoke`` does the same on the CPU with the ``tiny`` profile, one epoch, on digits, the
-weights kept in bf16 as on the GPU, two stages at a time (tests/test_zoo_gpu.py), so that a slip cannot cost device
-time.
+at the checkout's root). At the budget's end (or on ``timeout``'s SIGTERM) the running trainings are stopped
+(``StagedZoo.stop``) and the run folders of the stages not kept go into ``resume.tar``, from which the next call's
+``Reproduction`` continues each at its last finished epoch (``--resume``). ``--smoke`` does the same on the CPU with
+the ``tiny`` profile, one epoch, on digits, the weights kept in bf16 as on the GPU, two stages at a time
+(tests/test_zoo_gpu.py), so that a slip cannot cost device time.
 """
 import argparse
 import json
@@ -17,39 +19,75 @@ import shutil
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Dict
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
+from probe_env import on_sigterm, redirect_fds, require_timm, versions
+
+require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
 
 import torch
 
 from sa_vision.io import atomic_write_text
 from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER, Reproduction, StagedZoo, record_kept_models
+from sa_vision.reproduce.profiles import PRUNE_SOURCE
 from sa_vision.reproduce.report import read_table
+from sa_vision.train.checkpoint import read_checkpoint
 from sa_vision.train.runtime import available_cores
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from device_check import redirect_fds  # noqa: E402  the sibling script's helper
 
 ROOT = Path(__file__).resolve().parents[3]
 ZOO = ROOT / 'zoo' / 'fashion-mnist-gpu'
 TABLE = ROOT / 'docs' / 'reproduction_fashion_mnist_gpu.csv'
+RESUME = ROOT / 'data' / 'gpu-long-resume.tar'  # the last call's resume.tar, carried in the ignored data folder
 MAX_FILE_BYTES = 16 * 2 ** 20  # what the device tool brings back per file
 TRAIN_IMAGES = 60_000  # Fashion-MNIST's training split
-# Estimated images/s on an H100 at batch 256 (bf16, CUDA graphs, data on the device), none measured yet: the GPU
-# speed goal for the narrow quadratic and learned models (25,000 img/s, against 5,714 measured eagerly at batch 128,
-# docs/performance.md), the generalized model at 0.4x of it (2.7x the MACs), the half-width ResNet at 0.5x (its
-# measured ratio at batch 128). The budget rescales them by how the first stages compared.
-IMAGES_PER_S = {'sa_quadratic_cifar': 25_000, 'sa_learned_cifar': 25_000, 'sa_gen_cifar': 10_000,
-                PRUNED_MODEL: 10_000, 'resnet18_cifar': 12_500}
-STAGE_OVERHEAD_S = 90  # process start, compile probe and CUDA-graph recording, the CPU evaluation, the export
-FINAL_S = 60  # the guard of the whole zoo (CPU) and the tar
+# Images/s of each stage's training on the GPU. The only measurement: an H100, eager, NCHW, batch 128, bf16
+# autocast (docs/performance.md, "On a GPU"): the narrow sa_quadratic_cifar 5,714, the half-width ResNet 11,874.
+# The others in the full-size models' ratios to sa_quadratic_cifar there (learned 0.94x, generalized 1.09x,
+# taken as 1x). The runbook (zoo_gpu_long.md, "Before the first call") replaces them with the device check's
+# figures at the profile's speed flags. The budget rescales them by how the first stages compared.
+IMAGES_PER_S = {'sa_quadratic_cifar': 5_700, 'sa_learned_cifar': 5_400, 'sa_gen_cifar': 5_700, PRUNED_MODEL: 5_700,
+                'resnet18_cifar': 11_900}
+# process start, compile probe and CUDA-graph recording, the CPU evaluation, the export: not measured
+STAGE_OVERHEAD_S = 90
+FINAL_S = 60  # the guard of the whole zoo (CPU) and the tars
+# what a continued stage needs of its run folder (Reproduction.train resumes last.pth.tar) beside its epochs' weights
+RESUME_FILES = ('last.pth.tar', 'summary.csv', 'args.yaml', 'recipe.yaml')
 
 
 def estimate_s(reproduction: Reproduction, model: str) -> float:
     """A stage's device seconds: its epochs of Fashion-MNIST at :data:`IMAGES_PER_S` plus the overhead."""
     epochs = reproduction.profile.recipe(model, reproduction.dataset)['epochs']
     return STAGE_OVERHEAD_S + epochs * TRAIN_IMAGES / IMAGES_PER_S[model]
+
+
+def checkpoint_bytes(reproduction: Reproduction, model: str) -> int:
+    """A stage's ``last.pth.tar``, estimated before it trains: float32 weights and AdamW's two moments, 12 bytes a
+    parameter, and 64 KiB of the rest (the pruned model: its source's count, an upper bound). Measured: 4.1 MiB for
+    the narrow sa_quadratic_cifar, 32.3 MiB for the half-width ResNet18."""
+    import timm
+    name = PRUNE_SOURCE if model == PRUNED_MODEL else model
+    kwargs = reproduction.profile.recipe(name, reproduction.dataset)['model_kwargs']
+    return 12 * sum(p.numel() for p in timm.create_model(name, num_classes=10, **kwargs).parameters()) + 2 ** 16
+
+
+def positional_only(epoch: Path, dest: Path) -> None:
+    """``epoch`` (an ``epoch-NNN.safetensors`` of a run) cut to its positional parameters, with its metadata: all
+    that the export (the centres' trajectory) and the table (the centre shift from ``epoch-000``) read of it, a few
+    KiB where the whole weights take a MiB per epoch."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    from sa_vision.research.explorer import positional_params
+    with safe_open(str(epoch), 'pt') as f:
+        metadata = f.metadata() or {}
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in positional_params(load_file(str(epoch))).items()}, str(dest),
+              metadata=metadata)
 
 
 def evaluation_threads(asked: int, cores: int, parallel: int) -> int:
@@ -85,6 +123,49 @@ def pack(staged: StagedZoo, out: Path, with_guard: bool = False) -> Path:
     return path
 
 
+def pack_resume(staged: StagedZoo, out: Path, room: int) -> Dict[str, str]:
+    """``out/resume.tar``: the run folder of each stage not kept that has a finished epoch, as the next call's
+    ``Reproduction.train`` continues it (:data:`RESUME_FILES`, and its epochs' weights cut by
+    :func:`positional_only`), the pruned weights for the pruned model, and ``reproduction.json`` (the next call's
+    folder must hold the same reproduction). Stages in :data:`STAGE_ORDER` while they fit ``room`` bytes; one that
+    does not trains from the start next call. Returns what became of each such stage; no tar where none is kept."""
+    r, said, path = staged.reproduction, {}, out / 'resume.tar'
+    with tempfile.TemporaryDirectory() as tmp:
+        members = [(r.out / 'reproduction.json', 'reproduction.json')]
+        used = members[0][0].stat().st_size
+        for model in staged.missing():
+            run = r.run_dir(model)
+            if not (run / 'last.pth.tar').is_file():
+                continue
+            files = [(run / name, f'runs/{model}/{name}') for name in RESUME_FILES if (run / name).is_file()]
+            for epoch in sorted(run.glob('epoch-*.safetensors')):
+                positional_only(epoch, Path(tmp) / model / epoch.name)
+                files.append((Path(tmp) / model / epoch.name, f'runs/{model}/{epoch.name}'))
+            if model == PRUNED_MODEL:
+                files += [(r.out / name, name) for name in ('pruned.pth', 'pruning.json') if (r.out / name).is_file()]
+            size, meta = sum(f.stat().st_size for f, _ in files), read_checkpoint(run / 'last.pth.tar').meta
+            if used + size > room:
+                said[model] = (f'not kept: {size / 2 ** 20:.1f} MiB after {meta["epoch"]} epochs, over the '
+                               f'{(room - used) / 2 ** 20:.1f} MiB left to resume.tar; it trains from the start')
+                continue
+            members, used = members + files, used + size
+            said[model] = f'kept after {meta["epoch"]} of {meta["num_epochs"]} epochs ({size / 2 ** 20:.1f} MiB)'
+        if len(members) == 1:
+            path.unlink(missing_ok=True)
+            return said
+        with tarfile.open(out / '.resume.tar.partial', 'w') as tar:
+            for file, name in members:
+                tar.add(file, arcname=name)
+        os.replace(out / '.resume.tar.partial', path)
+    return said
+
+
+def kept_bytes(staged: StagedZoo, models) -> int:
+    """The bytes of the zoo folders of ``models``: what the next call's checkout carries more once they are
+    committed."""
+    return sum(f.stat().st_size for m in models for f in (staged.zoo / m).rglob('*') if f.is_file())
+
+
 def write_back(staged: StagedZoo, out: Path, result: dict, start: float, with_guard: bool = False) -> Path:
     """What comes back, as it stands: ``zoo.tar`` and ``zoo_gpu_long.json``. Written after each kept stage too, so
     that a call killed at its time limit still returns every model kept before."""
@@ -96,14 +177,23 @@ def write_back(staged: StagedZoo, out: Path, result: dict, start: float, with_gu
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--out', required=True, type=Path, help='what comes back: zoo.tar, the log, results.md, JSON')
+    p.add_argument('--out', required=True, type=Path,
+                   help='what comes back: zoo.tar, resume.tar, the log, results.md, JSON')
     p.add_argument('--smoke', action='store_true', help='the CPU, the tiny profile, one epoch, digits: a minute')
-    p.add_argument('--budget-s', type=float, default=480, help='start no stage that would end later (default 480)')
+    p.add_argument('--budget-s', type=float, default=480,
+                   help='start no stage that would end later, stop the trainings then (default 480)')
     p.add_argument('--zoo', type=Path, default=ZOO, help=f'the kept zoo (default {ZOO.relative_to(ROOT)})')
     p.add_argument('--table', type=Path, default=TABLE, help=f'its table (default {TABLE.relative_to(ROOT)})')
     p.add_argument('--parallel', type=int, default=None,
                    help='stages at a time, their trainings sharing the GPU (default 4; 2 in the smoke run)')
     p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist)')
+    p.add_argument('--resume', type=Path, default=RESUME,
+                   help=f'the last call\'s resume.tar, whose stages this call continues (default '
+                        f'{RESUME.relative_to(ROOT)}, where it exists)')
+    p.add_argument('--carry-room-mib', type=float, default=MAX_FILE_BYTES / 2 ** 20,
+                   help='MiB of the next call\'s 64 that the tracked files, data/fashion-mnist and .whl leave, as '
+                        'measured before this call (zoo_gpu_long.md): resume.tar takes that less the models kept '
+                        'now, at most 16 (default 16, unchecked)')
     args = p.parse_args(argv)
     if args.parallel is None:
         args.parallel = 2 if args.smoke else 4
@@ -117,28 +207,75 @@ def main(argv=None) -> int:
     start, log_path = time.time(), args.out / 'zoo_gpu_long.log'
     result = {'budget_s': args.budget_s, 'parallel': args.parallel, 'smoke': args.smoke, 'stages': {}}
     with tempfile.TemporaryDirectory(prefix='gpu-long-') as work, redirect_fds(log_path):
+        if args.resume.is_file():
+            with tarfile.open(args.resume) as tar:
+                tar.extractall(work, filter='data')
+            result['continued'] = sorted(p.name for p in (Path(work) / 'runs').iterdir())
         reproduction = (Reproduction(work, 'tiny', epochs=1, kept_dtype='bfloat16', train_args=['--device', 'cpu'])
                         if args.smoke else Reproduction(work, 'gpu-long', data_dir=args.data_dir))
         staged = StagedZoo(reproduction, args.zoo, args.table)
-        all_threads = torch.get_num_threads()
-        eval_threads = evaluation_threads(all_threads, available_cores(), args.parallel)
-        print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, {args.parallel} '
-              f'stages at a time, evaluated beside them on {eval_threads} CPU threads, kept already '
-              f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}; '
-              f'torch {torch.__version__}, {torch.cuda.get_device_name(0) if not args.smoke else "CPU"}', flush=True)
+        guarded = run_stages(staged, args, result, start)
+        if (reproduction.out / 'results.md').is_file():
+            shutil.copy(reproduction.out / 'results.md', args.out / 'results.md')
+    tar = write_back(staged, args.out, result, start, with_guard=guarded)
+    line = (f'== done in {result["seconds"]:.0f} s: kept this call {list(result["stages"])}, missing '
+            f'{result["missing"] or "none"}; zoo.tar {tar.stat().st_size / 2 ** 20:.1f} MiB; resume.tar: '
+            f'{result["resume"] or "none"}')
+    if tar.stat().st_size > MAX_FILE_BYTES:
+        line += f' OVER THE {MAX_FILE_BYTES // 2 ** 20} MiB A FILE MAY HAVE TO COME BACK'
+    print(line)
+    with open(log_path, 'a') as f:
+        f.write(line + '\n')
+    return 0
 
-        def kept(model: str, seconds: float) -> None:
-            result['stages'][model] = round(seconds, 1)
-            write_back(staged, args.out, result, start)
 
-        guarded = False
-        torch.set_num_threads(eval_threads)
+def run_stages(staged: StagedZoo, args, result: dict, start: float) -> bool:
+    """The stages within the budget, stopped at its end (or on SIGTERM), then the guard of the zoo and resume.tar;
+    whether the guard was recorded."""
+    reproduction = staged.reproduction
+    room = int(args.carry_room_mib * 2 ** 20)
+    fits = {m: checkpoint_bytes(reproduction, m) <= min(room, MAX_FILE_BYTES) for m in staged.missing()}
+    all_threads = torch.get_num_threads()
+    eval_threads = evaluation_threads(all_threads, available_cores(), args.parallel)
+    result['versions'] = versions()
+    print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, {args.parallel} '
+          f'stages at a time, evaluated beside them on {eval_threads} CPU threads, kept already '
+          f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}, '
+          f'continued from {args.resume.name}: {result.get("continued", "none")}, whose checkpoints can come back '
+          f'for the next call: {[m for m, ok in fits.items() if ok]}; '
+          f'{torch.cuda.get_device_name(0) if not args.smoke else "CPU"}; '
+          f'{", ".join(f"{k} {v}" for k, v in result["versions"].items())}', flush=True)
+
+    def keep_for_next_call() -> None:
+        room_left = min(room - kept_bytes(staged, result['stages']), MAX_FILE_BYTES)
+        # on SIGTERM the stages stopped are still running: their threads end after this
+        result['stopped'] = [m for m in STAGE_ORDER if m in staged.stopped or m in staged.running]
+        result['resume'] = pack_resume(staged, args.out, room_left)
+
+    def stopped() -> None:  # timeout's SIGTERM: the trainings end at their last epoch; both tars and the JSON
+        print(f'== stopped by SIGTERM after {time.time() - start:.0f} s', flush=True)
+        staged.stop()
+        keep_for_next_call()
+        write_back(staged, args.out, result, start)
+
+    def kept(model: str, seconds: float) -> None:
+        result['stages'][model] = round(seconds, 1)
+        write_back(staged, args.out, result, start)
+
+    deadline = threading.Timer(max(args.budget_s - FINAL_S - (time.time() - start), 0), staged.stop)
+    guarded = False
+    torch.set_num_threads(eval_threads)
+    with on_sigterm(stopped):
+        deadline.start()
         try:
-            staged.run(args.budget_s - FINAL_S, lambda m: 1.0 if args.smoke else estimate_s(reproduction, m),
-                       on_stage=kept, parallel=args.parallel)
+            staged.run(args.budget_s - FINAL_S - (time.time() - start),
+                       lambda m: 1.0 if args.smoke else estimate_s(reproduction, m), on_stage=kept,
+                       parallel=args.parallel, resumable=fits.get)
         except Exception:  # noqa: BLE001  the stages kept before the failing one still come back, guarded
             result['failed'] = traceback.format_exc(limit=-8)
             print(f'FAILED: {result["failed"]}', flush=True)
+        finally:
+            deadline.cancel()
         torch.set_num_threads(all_threads)
         if staged.rows():
             try:
@@ -147,18 +284,8 @@ def main(argv=None) -> int:
             except Exception:  # noqa: BLE001  the kept models still come back; the guard is recorded on the CPU
                 result['guard_failed'] = traceback.format_exc(limit=-8)
                 print(f'FAILED recording the guard: {result["guard_failed"]}', flush=True)
-        if (reproduction.out / 'results.md').is_file():
-            shutil.copy(reproduction.out / 'results.md', args.out / 'results.md')
-    tar = write_back(staged, args.out, result, start, with_guard=guarded)
-    line = (f'== done in {result["seconds"]:.0f} s: kept this call {list(result["stages"])}, missing '
-            f'{result["missing"] or "none"}; zoo.tar {tar.stat().st_size / 2 ** 20:.1f} MiB')
-    if tar.stat().st_size > MAX_FILE_BYTES:
-        line += f' OVER THE {MAX_FILE_BYTES // 2 ** 20} MiB A FILE MAY HAVE TO COME BACK'
-    print(line)
-    with open(log_path, 'a') as f:
-        f.write(line + '\n')
-    return 0
-
+        keep_for_next_call()
+    return guarded
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -1,0 +1,116 @@
+"""What the two GPU scripts (``device_check.py``, ``zoo_gpu_long.py``) share: the timm they need, checked before
+``import sa_vision``; the versions and the commit they log; their output sent to a file that subprocesses inherit;
+what they save when ``timeout`` stops them.
+
+Imports nothing heavy at the top: :func:`require_timm` runs before torch and sa_vision are imported.
+"""
+import contextlib
+import importlib.metadata
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Dict, Optional
+
+ROOT = Path(__file__).resolve().parents[3]
+WHEEL_RECIPE = 'docs/probes/gpu/README.md, "timm and the commit"'  # where the runbook says how to carry the right timm
+
+
+def timm_requirement(pyproject: Path = ROOT / 'pyproject.toml') -> str:
+    """The version range of timm that sa_vision declares (its one place: ``pyproject.toml``), e.g. ``>=1.0.31,<1.1``."""
+    match = re.search(r'"timm\s*([<>=!~][^";]*)"', pyproject.read_text())
+    if not match:
+        raise RuntimeError(f'{pyproject} names no timm version range')
+    return match.group(1).strip()
+
+
+def timm_problem(installed: Optional[str], required: str) -> Optional[str]:
+    """Why the installed timm (None: not installed) cannot run sa_vision, in one line; None where it can."""
+    from packaging.specifiers import SpecifierSet
+    if installed is not None and installed in SpecifierSet(required):
+        return None
+    return (f'timm {installed or "(not installed)"} is outside sa_vision\'s range timm{required} (pyproject.toml): '
+            f'carry a wheel of the right one ({WHEEL_RECIPE}) and put it first on PYTHONPATH')
+
+
+def require_timm() -> None:
+    """Stop at once, with one line, where the timm found is outside pyproject's range (before ``import
+    sa_vision``, which would fail somewhere inside timm's private helpers)."""
+    try:
+        installed: Optional[str] = importlib.metadata.version('timm')
+    except importlib.metadata.PackageNotFoundError:
+        installed = None
+    problem = timm_problem(installed, timm_requirement())
+    if problem:
+        print(f'STOPPED: {problem}', file=sys.stderr, flush=True)
+        sys.exit(2)
+
+
+def commit() -> Optional[str]:
+    """The checkout's commit: ``SA_VISION_COMMIT`` (the copy sent to a lent GPU has no ``.git``: the runbook's
+    command names the hash), else ``git rev-parse``; None where neither says."""
+    if os.environ.get('SA_VISION_COMMIT'):
+        return os.environ['SA_VISION_COMMIT']
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        out = subprocess.run(['git', 'rev-parse', '--short', 'HEAD'], cwd=ROOT, capture_output=True, text=True,
+                             timeout=10)
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    return None
+
+
+def versions() -> Dict[str, Optional[str]]:
+    """What ran: Python, torch (and its CUDA), triton, timm, the commit."""
+    import platform
+
+    import timm
+    import torch
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = 'not installed'
+    return {'python': platform.python_version(), 'torch': torch.__version__, 'cuda': torch.version.cuda,
+            'triton': triton_version, 'timm': timm.__version__,
+            'commit': commit() or 'unknown (no SA_VISION_COMMIT, no git)'}
+
+
+@contextlib.contextmanager
+def redirect_fds(path: Path):
+    """Send this process's and its children's stdout and stderr to ``path`` (the training subprocesses inherit the
+    file descriptors, not ``sys.stdout``)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, 'ab') as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+        os.close(saved[0])
+        os.close(saved[1])
+
+
+@contextlib.contextmanager
+def on_sigterm(save: Callable[[], None]):
+    """Inside the block, SIGTERM (``timeout``'s first signal; its ``-k 20`` sends SIGKILL 20 s later) runs ``save()``
+    to leave what there is to bring back, then ends the process with SIGTERM's status (143) through the ``finally``
+    blocks that end subprocesses. The handler before is restored on leaving."""
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once; timeout signals its whole process group
+        try:
+            save()
+        finally:
+            raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

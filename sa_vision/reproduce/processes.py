@@ -1,0 +1,83 @@
+""" The training processes of a reproduction: each dies with the process that started it, its output tagged where
+several run side by side, all of them stopped at once by :meth:`Trainings.stop` """
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import threading
+from typing import Callable, List, Optional, Set
+
+__all__ = ['Trainings', 'die_with_parent', 'run_training']
+
+
+class Trainings:
+    """The training processes running (stages side by side run several), which :meth:`stop` ends."""
+
+    def __init__(self):
+        self.lock, self.stopped = threading.Lock(), threading.Event()
+        self.running: Set[subprocess.Popen] = set()
+
+    def stop(self, wait_s: float = 10.0) -> None:
+        """SIGTERM to every training, then up to ``wait_s`` for them to end (their files whole: each is written
+        atomically)."""
+        with self.lock:
+            self.stopped.set()
+            running = list(self.running)
+            for proc in running:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.terminate()
+        for proc in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=wait_s)
+
+    @contextlib.contextmanager
+    def holding(self, proc: subprocess.Popen):
+        with self.lock:
+            self.running.add(proc)
+            if self.stopped.is_set():  # stopped between the stage's check and this start
+                proc.terminate()
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.running.discard(proc)
+
+
+def run_training(cmd: List[str], tag: Optional[str], trainings: Optional[Trainings] = None) -> int:
+    """Run a training process to its end (or until ``trainings`` is stopped): its output goes to ours, each line
+    after ``tag`` where one is given."""
+    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    piped = {} if tag is None else dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors='replace')
+    with subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent, **piped) as proc:
+        with trainings.holding(proc) if trainings else contextlib.nullcontext():
+            for line in proc.stdout if tag is not None else ():
+                sys.stdout.write(tag + line)
+                sys.stdout.flush()
+            proc.wait()
+    return proc.returncode
+
+
+def _death_signal_setter() -> Optional[Callable[[], None]]:
+    """What a training process runs before it starts (Linux): it is killed with the reproduction, so no orphan
+    writes the checkpoint the next run resumes. prctl is looked up here, in the parent: the child, forked from a
+    parent that may run threads (stages side by side), must not load a library before it execs."""
+    if not sys.platform.startswith('linux'):
+        return None
+    import ctypes
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    # the forking process's pid, set in it just before each fork (subprocess runs these hooks when a child runs
+    # Python before its exec), so that the child holds its parent's pid in its copy of this dict
+    forked_by = {'pid': os.getpid()}
+    os.register_at_fork(before=lambda: forked_by.update(pid=os.getpid()))
+
+    def die_with_parent() -> None:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        if os.getppid() != forked_by['pid']:  # the parent ended before the prctl: no signal will come
+            os.kill(os.getpid(), signal.SIGKILL)
+    return die_with_parent
+
+
+# a subprocess's preexec_fn (None off Linux): the training processes, and the device check's pytest. The signal
+# comes when the thread that started the process ends; a stage's thread waits for its training.
+die_with_parent = _death_signal_setter()
