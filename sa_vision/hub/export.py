@@ -58,8 +58,9 @@ def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = Non
         label.dataset, data_cfg.get('input_size') or model.pretrained_cfg['input_size'], ckpt.model_args,
         data_cfg['mean'], data_cfg['std'])
     model_config = {'pretrained_cfg': {'tag': label.tag}}
-    if len(label.dataset.class_names) == model.num_classes:  # timm's name: pretrained_cfg['label_names']
-        model_config['label_names'] = list(label.dataset.class_names)
+    names = label.dataset.label_names(model.num_classes)
+    if names:
+        model_config['label_names'] = list(names)
     return model_config, pad_args, input_cfg
 
 

@@ -101,6 +101,11 @@ class Checkpoint:
                 f'the weights in {self.source} do not fit {self.arch}({self.model_args}): '
                 f'{str(e).splitlines()[0]} ... The file is of another architecture or configuration, or was '
                 f'edited') from None
+        if (overlay or self.dataset) and 'label_names' not in (overlay or {}):
+            # the registered cfg's names are CIFAR-10's: weights that say what they were trained on but carry no
+            # names get their dataset's, or none
+            from .data import dataset_info
+            model.pretrained_cfg['label_names'] = dataset_info(self.dataset).label_names(model.num_classes)
         return model.eval()
 
 
@@ -219,7 +224,10 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     model_args = dict(model_args)
     if 'num_classes' in config:
         model_args.setdefault('num_classes', config['num_classes'])
-    meta = _pretrained_meta(config.get('pretrained_cfg') or {})
+    # the top-level fields timm's local-dir: loading folds into the pretrained_cfg (timm.models._hub)
+    meta = _pretrained_meta({**(config.get('pretrained_cfg') or {}),
+                             **{k: config[k] for k in ('num_classes', 'label_names', 'label_descriptions')
+                                if k in config}})
     recipe = recipe_if_any(folder / 'recipe.yaml')  # an export's training arguments
     if recipe:
         meta['recipe'] = recipe
