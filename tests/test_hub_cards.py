@@ -2,6 +2,7 @@
 picked by the accuracy it reports), and no claim where there is no training record """
 import json
 import re
+from pathlib import Path
 
 import pytest
 import timm
@@ -13,6 +14,7 @@ from sa_vision.hub import export_hub_folder
 from sa_vision.hub.card import usage_section
 from sa_vision.train.data import dataset_info
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
 # CIFAR-10's classes, label i first, as its batches.meta (and torchvision's CIFAR10.classes) list them
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
@@ -135,8 +137,21 @@ def test_a_hub_folder_without_a_card_is_not_staged_inside_itself(tmp_path, capsy
 
 def test_the_card_says_how_to_install_sa_vision_as_the_readme_does(run):
     """The package is installed from its source (README.md's own command); no package index is claimed."""
-    from pathlib import Path
-    readme = (Path(__file__).resolve().parent.parent / 'README.md').read_text(encoding='utf-8')
+    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
     usage = _section(_card(run / 'hub'), 'usage')
     assert 'pip install -e .' in readme and '`pip install -e .` in a clone' in usage
     assert 'pip install sa' not in usage
+
+
+def test_a_padded_export_exported_again_says_the_input_size_of_its_config(tmp_path):
+    """A kept Fashion-MNIST folder (the border inside the model) and its pruning, exported again: the card's usage
+    names the input size timm resolves from the new folder's config.json, as the kept card does."""
+    from sa_vision.cli import prune
+    kept = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_gen_cifar'
+    assert prune.main([str(kept), '--out', str(tmp_path / 'pruned.safetensors')]) == 0
+    for source, out in ((kept, tmp_path / 'again'), (tmp_path / 'pruned.safetensors', tmp_path / 'pruned')):
+        export_hub_folder(source, out, figure=False)
+        size = timm.data.resolve_data_config({}, model=timm.create_model(f'local-dir:{out}'))['input_size']
+        usage = _section(_card(out), 'usage')
+        assert size == (3, 28, 28) and '# 28x28 input: the model adds the 2-pixel black border' in usage, usage
+    assert '# 28x28 input: the model adds the 2-pixel black border' in _card(kept)

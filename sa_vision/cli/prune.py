@@ -117,7 +117,7 @@ def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str
     ckpt = Checkpoint(*pruned_model_args(pruned, border), pruned.state_dict(), source.source, source.format,
                       {k: source.meta[k] for k in ('dataset', 'data_config') if k in source.meta})
     model_config, pad_args, data_cfg = exported_config(ckpt, pruned)
-    cfg = {'input_size': list(pruned.pretrained_cfg['input_size']), **data_cfg, **model_config['pretrained_cfg']}
+    cfg = {**data_cfg, **model_config['pretrained_cfg']}
     if 'label_names' in model_config:
         cfg['label_names'] = model_config['label_names']
     return {**border, **pad_args}, cfg

@@ -51,12 +51,14 @@ def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = Non
                     ) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
     """What exported weights say of themselves beyond their tensors, as ``save_for_hf`` takes it: (model_config:
     the tag and label names, model_args to add: the border of a padded dataset, data config: input size, mean /
-    std). The Hub export writes it to config.json, ``sa-vision-prune`` to the pruned file's metadata."""
+    std). The Hub export writes it to config.json and its card's usage, ``sa-vision-prune`` to the pruned file's
+    metadata."""
     label = label or weights_label(ckpt)
     data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
     pad_args, input_cfg = exported_input_config(
         label.dataset, data_cfg.get('input_size') or model.pretrained_cfg['input_size'], ckpt.model_args,
         data_cfg['mean'], data_cfg['std'])
+    input_cfg.setdefault('input_size', tuple(model.pretrained_cfg['input_size']))  # a border inside the model already
     model_config = {'pretrained_cfg': {'tag': label.tag}}
     names = label.dataset.label_names(model.num_classes)
     if names:
@@ -147,7 +149,7 @@ def export_hub_folder(
     if epochs and any(positional_params(sd) for sd in epochs.values()):
         save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
-    readme = render_model_card(ckpt, model, label, repo_id, has_figure=has_figure)
+    readme = render_model_card(ckpt, model, label, repo_id, input_cfg['input_size'][-1], has_figure=has_figure)
     (out_dir / 'README.md').write_text(readme, encoding='utf-8')
     written = sorted(out_dir.iterdir())
     for path in written:  # safetensors writes through a temporary file of mode 0600
