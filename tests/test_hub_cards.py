@@ -90,6 +90,13 @@ def test_the_card_numbers_epochs_from_1_and_says_when_the_accuracy_picked_them(r
     last = _card(tmp_path / 'last')
     assert 'after epoch 2 of 2' in last and 'optimistic' not in last
     assert re.findall(r'^\| (\d+) \|', _section(last, 'training'), re.M) == ['1', '2']
+    # a killed run's last.pth.tar (epoch 1 of 2, the best so far) is its latest epoch, picked by nothing
+    (tmp_path / 'killed').mkdir()
+    killed = {**ckpt, 'epoch': 1, 'history': ckpt['history'][:1], 'best': {**ckpt['best'], 'epoch': 0}}
+    torch.save(killed, tmp_path / 'killed' / 'last.pth.tar')
+    export_hub_folder(tmp_path / 'killed' / 'last.pth.tar', tmp_path / 'killed' / 'hub', figure=False)
+    card = _card(tmp_path / 'killed' / 'hub')
+    assert 'after epoch 1 of 2, the best by' in card and 'optimistic' not in card
     # one epoch is 'epoch', not 'epochs'
     ckpt.update(epoch=1, num_epochs=1, history=ckpt['history'][:1], best={**ckpt['best'], 'epoch': 0})
     torch.save(ckpt, tmp_path / 'one.pth.tar')
@@ -118,6 +125,21 @@ def test_an_export_exported_again_keeps_its_recipe(run, tmp_path):
     export_hub_folder(run / 'hub', tmp_path / 'again', figure=False)
     assert (tmp_path / 'again' / 'recipe.yaml').read_text() == (run / 'hub' / 'recipe.yaml').read_text()
     assert 'no record of the epochs' in _section(_card(tmp_path / 'again'), 'training')
+
+
+def test_an_export_of_a_two_process_run_exported_again_repeats_it_under_torchrun(run, tmp_path):
+    """The recipe's batch size is each process's: the export of a 2-process run, and the export of that export
+    (a Hub folder keeps no training arguments but the recipe), say torchrun with 2 processes repeats the run."""
+    ckpt = torch.load(run / 'last.pth.tar', weights_only=True)
+    ckpt['args']['world_size'] = 2
+    torch.save(ckpt, tmp_path / 'ddp.pth.tar')
+    repeat = 'torchrun --nproc_per_node 2 -m sa_vision.cli.train -c recipe.yaml'
+    source = tmp_path / 'ddp.pth.tar'
+    for out in ('hub', 'again', 'third'):
+        export_hub_folder(source, tmp_path / out, figure=False)
+        source = tmp_path / out
+        assert repeat in (source / 'recipe.yaml').read_text().splitlines()[0], out
+        assert f'`{repeat}` repeats the run' in _card(source), out
 
 
 def test_a_hub_folder_without_a_card_is_not_staged_inside_itself(tmp_path, capsys):

@@ -14,12 +14,12 @@ from ..errors import UserError
 from ..io import usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
-from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
 from .card import render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
 from .publish import check_publish_target
-from .record import published_recipe, repeat_command
+from .record import published_recipe, repeat_command, training_processes
 
 __all__ = ['ExportExistsError', 'export_hub_folder', 'exported_config', 'exported_input_config']
 
@@ -135,11 +135,13 @@ def export_hub_folder(
         for name in _EXPORT_FILES:
             (out_dir / name).unlink(missing_ok=True)
     model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
+    recipe = published_recipe(ckpt)
+    if recipe:  # kept for an export of this export, whose recipe.yaml repeats the run
+        model_config[TRAINING_PROCESSES] = training_processes(ckpt)
     # the registered cfg's label_names are CIFAR-10's: never carried over to weights of another dataset
     saved.pretrained_cfg = {**saved.pretrained_cfg, 'label_names': None}
     save_for_hf(saved, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
                 data_config=input_cfg)
-    recipe = published_recipe(ckpt)
     if recipe:  # weights without a training record have no run to repeat (an empty recipe starts the default one)
         with open(out_dir / RECIPE_FILENAME, 'w') as f:
             trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'

@@ -38,6 +38,7 @@ from .timm_args import TIMM_MODEL_KWARGS
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'read_checkpoint',
     'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict', 'strip_runtime_args', 'RUNTIME_ARGS',
+    'TRAINING_PROCESSES',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -49,6 +50,8 @@ _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
 LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
 RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, kept current every epoch
 BEST_CHECKPOINT = 'model_best.pth.tar'  # the epoch best by --eval-metric, named as timm's CheckpointSaver names it
+# config.json's record of the processes an exported run trained on (its recipe's batch size is each process's)
+TRAINING_PROCESSES = 'training_processes'
 _WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
 # the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
 _BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
@@ -231,6 +234,8 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     recipe = recipe_if_any(folder / 'recipe.yaml')  # an export's training arguments
     if recipe:
         meta['recipe'] = recipe
+    if TRAINING_PROCESSES in config:
+        meta[TRAINING_PROCESSES] = config[TRAINING_PROCESSES]
     return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder', meta)
 
 
@@ -335,6 +340,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         meta['args'] = plain_data(args)
         meta['recipe'] = strip_runtime_args(meta['args'])
         meta['dataset'] = args.get('dataset', '')
+        meta['num_epochs'] = _timm_num_epochs(args) if args else None
         meta['ema_weights'] = use_ema
         if 'metric' in obj:
             # train.py saves the score of the EMA where it evaluates one (--model-ema without
@@ -360,6 +366,19 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
     raise CheckpointError(
         f'{path} is a dict of {sorted(obj)[:8]} but holds no weights under any of {list(_STATE_DICT_KEYS)}: not a '
         f'checkpoint of sa-vision-train or timm train.py, nor a state dict')
+
+
+def _timm_num_epochs(args: Dict[str, Any]) -> Optional[int]:
+    """The epochs a timm train.py run trains, which its checkpoint does not keep: as train.py counts them, from
+    timm's ``create_scheduler_v2`` of its arguments (cooldown for cycle schedules, warmup with --warmup-prefix);
+    None where this timm cannot build that schedule."""
+    from timm.scheduler import create_scheduler_v2, scheduler_kwargs
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.)  # the count needs no real lr
+    try:
+        return int(create_scheduler_v2(optimizer, **scheduler_kwargs(argparse.Namespace(**args)),
+                                       updates_per_epoch=1)[1])
+    except (AssertionError, TypeError, ValueError):  # arguments of another timm version
+        return None
 
 
 def weights_path(source: str) -> Optional[Path]:
