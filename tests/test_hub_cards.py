@@ -143,15 +143,19 @@ def test_an_export_of_a_two_process_run_exported_again_repeats_it_under_torchrun
 
 
 def test_a_hub_folder_without_a_card_is_not_staged_inside_itself(tmp_path, capsys):
-    """A plain save_for_hf folder has no card: its export goes to the --out-dir asked for, not to <folder>/hub."""
+    """A plain save_for_hf folder has no card: its export goes to the --out-dir asked for, not to <folder>/hub. The
+    error names the files the folder lacks (a card, or safetensors weights beside pytorch_model.bin)."""
     from timm.models import save_for_hf
 
     from sa_vision.cli import push_to_hub
     from sa_vision.errors import run_cli
     save_for_hf(timm.create_model('sa_quadratic_cifar', **SMALL), str(tmp_path / 'plain'), safe_serialization=True)
-    assert run_cli(push_to_hub.main, [str(tmp_path / 'plain'), '--dry-run']) == 2
-    err = capsys.readouterr().err
-    assert err.count('error:') == 1 and 'without a model card' in err and '--out-dir DIR' in err, err
+    save_for_hf(timm.create_model('sa_quadratic_cifar', **SMALL), str(tmp_path / 'bin'), safe_serialization=False)
+    (tmp_path / 'bin' / 'README.md').write_text('# a card\n')
+    for folder, lacks in (('plain', 'without README.md,'), ('bin', 'without model.safetensors,')):
+        assert run_cli(push_to_hub.main, [str(tmp_path / folder), '--dry-run']) == 2
+        err = capsys.readouterr().err
+        assert err.count('error:') == 1 and lacks in err and '--out-dir DIR' in err, err
     assert sorted(p.name for p in (tmp_path / 'plain').iterdir()) == ['config.json', 'model.safetensors']
     assert push_to_hub.main([str(tmp_path / 'plain'), '--dry-run', '--out-dir', str(tmp_path / 'hub')]) == 0
     assert (tmp_path / 'hub' / 'README.md').is_file()

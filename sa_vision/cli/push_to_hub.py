@@ -63,8 +63,9 @@ def main(argv=None):
             out_dir, staged = source, sorted(p.name for p in source.iterdir() if p.is_file())
         else:
             if source.is_dir() and not args.out_dir and not (source / RUN_CHECKPOINT).is_file():
-                raise UserError(f'{source} is a Hub folder without a model card (README.md): export it with a card '
-                                f'into a folder of its own, --out-dir DIR (not staged inside it)')
+                missing = [name for name in HUB_FOLDER_FILES if not (source / name).is_file()]
+                raise UserError(f'{source} is a Hub folder without {" and ".join(missing)}, not a complete export: '
+                                f'export it into a folder of its own, --out-dir DIR (not staged inside it)')
             out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
             problem = folder_problem(out_dir)
             if problem:
