@@ -7,9 +7,9 @@
     # needs it), then published to sa-vision/<arch>.<tag> (tag: the dataset; '_custom' for another configuration)
     sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar --dry-run
 
-A complete exported folder is published as it is, its card's usage naming the repository the Hub creates; an
-export of other weights in the staging folder is never replaced (an error says what it holds). What is checked
-before any upload: docs/hub.md, "Publishing".
+A complete exported folder is published as it is but for its card's usage, rebuilt for the repository the Hub
+creates in the uploaded copy (the dry run lists that card); an export of other weights in the staging folder is
+never replaced (an error says what it holds). What is checked before any upload: docs/hub.md, "Publishing".
 """
 import argparse
 import sys
@@ -20,6 +20,7 @@ from sa_vision.hub import (
     HUB_FOLDER_FILES,
     ExportExistsError,
     HubPublishError,
+    card_to_upload,
     check_publish_target,
     export_hub_folder,
     publish_hub_folder,
@@ -73,8 +74,15 @@ def main(argv=None):
                                 f'stage the export in a folder you can write to (--out-dir DIR)')
             staged = export_hub_folder(ckpt, out_dir, repo_id=repo_id, figure=not args.no_figure)
         print(f'Staged {label.name} in {out_dir} for {repo_id}:')
+        card = card_to_upload(out_dir, repo_id)  # what the upload carries: the usage rebuilt for repo_id
+        rebuilt = card != (out_dir / 'README.md').read_text(encoding='utf-8')
         for name in staged:
-            print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
+            if name == 'README.md':
+                print(f'  {name}  ({len(card.encode("utf-8")):,} bytes'
+                      + (f' as uploaded: its usage rebuilt for {repo_id}; the folder\'s is left as it is)'
+                         if rebuilt else ')'))
+            else:
+                print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
         if args.dry_run:
             own = '' if '/' in repo_id else (f' ({repo_id} goes to the namespace of the token\'s user, '
                                              f'<user>/{repo_id}: the uploaded card names that repository)')
