@@ -33,7 +33,7 @@ from ..models import (
 from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
 from .recipes import recipe_if_any
-from .timm_args import TIMM_MODEL_KWARGS
+from .timm_args import timm_model_args, timm_num_epochs
 
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'read_checkpoint',
@@ -192,15 +192,6 @@ def _classifier_width(arch: str, state_dict: Dict[str, Tensor]) -> Dict[str, Any
     return {}
 
 
-def _timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
-    """The create_model keywords of timm train.py, from its args (None values are dropped, as timm does)."""
-    model_args = {key: args.get(name) for key, name in TIMM_MODEL_KWARGS.items()}
-    if model_args['in_chans'] is None and args.get('input_size'):
-        model_args['in_chans'] = args['input_size'][0]
-    model_args.update(args.get('model_kwargs') or {})
-    return {k: v for k, v in model_args.items() if v is not None}
-
-
 def _read_hub_folder(folder: Path) -> Checkpoint:
     config_path = folder / 'config.json'
     if not config_path.is_file():
@@ -340,7 +331,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         meta['args'] = plain_data(args)
         meta['recipe'] = strip_runtime_args(meta['args'])
         meta['dataset'] = args.get('dataset', '')
-        meta['num_epochs'] = _timm_num_epochs(args) if args else None
+        meta['num_epochs'] = timm_num_epochs(args) if args else None
         meta['ema_weights'] = use_ema
         if 'metric' in obj:
             # train.py saves the score of the EMA where it evaluates one (--model-ema without
@@ -348,7 +339,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
             meta['scored_weights'] = 'ema' if args.get('model_ema') and not args.get('model_ema_force_cpu') else 'model'
             if (meta['scored_weights'] == 'ema') == use_ema:
                 meta['metrics'] = {args.get('eval_metric', 'top1'): obj['metric']}
-        stored = _timm_model_args(args) if args else {}
+        stored = timm_model_args(args) if args else {}
         return Checkpoint(obj.get('arch') or args.get('model') or arch, {**stored, **model_args},
                           clean_state_dict(obj[key]), str(path), 'timm', meta)
     if all(k in obj for k in ('arch', 'model_args', 'state_dict')):
@@ -366,19 +357,6 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
     raise CheckpointError(
         f'{path} is a dict of {sorted(obj)[:8]} but holds no weights under any of {list(_STATE_DICT_KEYS)}: not a '
         f'checkpoint of sa-vision-train or timm train.py, nor a state dict')
-
-
-def _timm_num_epochs(args: Dict[str, Any]) -> Optional[int]:
-    """The epochs a timm train.py run trains, which its checkpoint does not keep: as train.py counts them, from
-    timm's ``create_scheduler_v2`` of its arguments (cooldown for cycle schedules, warmup with --warmup-prefix);
-    None where this timm cannot build that schedule."""
-    from timm.scheduler import create_scheduler_v2, scheduler_kwargs
-    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.)  # the count needs no real lr
-    try:
-        return int(create_scheduler_v2(optimizer, **scheduler_kwargs(argparse.Namespace(**args)),
-                                       updates_per_epoch=1)[1])
-    except (AssertionError, TypeError, ValueError):  # arguments of another timm version
-        return None
 
 
 def weights_path(source: str) -> Optional[Path]:
