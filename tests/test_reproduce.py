@@ -498,6 +498,7 @@ def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(
 
 def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
     """A StagedZoo whose stages write the kept files and the row at once and take ``seconds[model]`` of a clock."""
+    from sa_vision.hub import HUB_FOLDER_FILES
     from sa_vision.reproduce import Reproduction, staged
     clock = [0.0]
     monkeypatch.setattr(staged.time, 'time', lambda: clock[0])
@@ -507,7 +508,7 @@ def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
     def stage(model):
         ran.append(model)
         clock[0] += seconds[model]
-        for name in staged.KEPT_FILES:
+        for name in HUB_FOLDER_FILES:
             (zoo.zoo / model).mkdir(parents=True, exist_ok=True)
             (zoo.zoo / model / name).write_text('x')
         with table_lock:  # as StagedZoo.stage: one writer at a time, and readers see a whole file
