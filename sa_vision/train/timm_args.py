@@ -109,12 +109,15 @@ def timm_num_epochs(args: Dict[str, Any]) -> Optional[int]:
     timm's ``create_scheduler_v2`` of its arguments (cooldown for cycle schedules, warmup with --warmup-prefix);
     None where this timm cannot build that schedule."""
     import argparse
+    import warnings
 
     import torch
     from timm.scheduler import create_scheduler_v2, scheduler_kwargs
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.)  # the count needs no real lr
     try:
-        return int(create_scheduler_v2(optimizer, **scheduler_kwargs(argparse.Namespace(**args)),
-                                       updates_per_epoch=1)[1])
+        with warnings.catch_warnings():  # only counted: timm's advice on the schedule was the run's to read
+            warnings.simplefilter('ignore')
+            return int(create_scheduler_v2(optimizer, **scheduler_kwargs(argparse.Namespace(**args)),
+                                           updates_per_epoch=1)[1])
     except (AssertionError, TypeError, ValueError):  # arguments of another timm version
         return None
