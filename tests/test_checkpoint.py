@@ -1,6 +1,9 @@
 """ Loading weights (sa_vision.train.checkpoint): every source gives its own weights, and a broken one a CheckpointError
 that names the file and what is wrong """
 
+import json
+from pathlib import Path
+
 import pytest
 import timm
 import torch
@@ -9,9 +12,10 @@ from timm.models._hub import save_for_hf
 
 import sa_vision  # noqa: F401  (registers the models)
 from sa_vision.models import SA_MODEL_ARGS, infer_cifar_resnet_args, infer_sa_model_args
-from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint
+from sa_vision.train.checkpoint import Checkpoint, CheckpointError, load_model, read_checkpoint
 
 SMALL = dict(embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=24, num_classes=7)
+KEPT_FOLDER = Path(__file__).resolve().parent.parent / 'zoo' / 'fashion-mnist-cpu' / 'sa_gen_cifar'
 
 
 def _assert_same_weights(model, expected):
@@ -180,3 +184,34 @@ def test_a_folder_without_weights_says_what_it_lacks(tmp_path):
     torch.save(timm.create_model('sa_quadratic_cifar', **SMALL).state_dict(), best_only / 'model_best.pth.tar')
     with pytest.raises(CheckpointError, match=f'holds model_best.pth.tar: pass that file, {best_only}'):
         read_checkpoint(best_only)
+
+
+def _names(cfg):
+    return None if cfg.get('label_names') is None else list(cfg['label_names'])
+
+
+def test_a_hub_folders_label_names_are_those_timm_reads_off_it(tmp_path):
+    """A Hub folder's model has the label names and tag timm's local-dir: loading gives it (config.json keeps the
+    names at its top level), not the registered cfg's CIFAR-10 ones; a folder of no known dataset has none."""
+    torch.manual_seed(3)
+    model = timm.create_model('sa_gen_cifar', **SMALL)
+    model.pretrained_cfg = {**model.pretrained_cfg, 'label_names': None}  # as the export writes such weights
+    for name, names in (('named', list('abcdefg')), ('unnamed', None)):
+        save_for_hf(model, str(tmp_path / name), model_args=SMALL, safe_serialization=True, model_config={
+            'pretrained_cfg': {'tag': 'own_images'}, **({'label_names': names} if names else {})})
+    for folder, named in ((KEPT_FOLDER, True), (tmp_path / 'named', True), (tmp_path / 'unnamed', False)):
+        ours = read_checkpoint(folder).create_model().pretrained_cfg
+        timms = timm.create_model(f'local-dir:{folder}', pretrained=True).pretrained_cfg
+        assert (_names(ours), ours['tag']) == (_names(timms), timms['tag']), folder
+        assert (_names(ours) is not None) == named
+
+
+def test_weights_of_another_dataset_never_get_cifar10s_label_names():
+    """Weights that name their dataset but carry no label names (a training checkpoint) get that dataset's names
+    (those the kept Fashion-MNIST export holds), or none where it has not as many classes as the model."""
+    fashion_names = json.loads((KEPT_FOLDER / 'config.json').read_text())['label_names']
+    for num_classes, expected in ((10, fashion_names), (7, None)):
+        args = {**SMALL, 'num_classes': num_classes}
+        state_dict = timm.create_model('sa_quadratic_cifar', **args).state_dict()
+        ckpt = Checkpoint('sa_quadratic_cifar', args, state_dict, 'run', 'sa_vision', {'dataset': 'fashion-mnist'})
+        assert _names(ckpt.create_model().pretrained_cfg) == expected

@@ -480,6 +480,19 @@ def test_the_published_card_and_output_name_the_repository_created(trained, tmp_
     assert {p.name: p.read_bytes() for p in export.iterdir()} == before
 
 
+def test_the_dry_run_lists_the_card_as_it_is_uploaded(recording_api, capsys):
+    """A kept zoo folder's card is published with its usage rebuilt for the target repository (a copy; the folder is
+    left as it is): the dry run lists that card's size, the one the upload carries."""
+    import re
+    kept = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'
+    before = (kept / 'README.md').read_bytes()
+    assert push_to_hub.main([str(kept), '--dry-run']) == 0
+    listed = int(re.search(r'README\.md  \(([\d,]+) bytes', capsys.readouterr().out).group(1).replace(',', ''))
+    assert push_to_hub.main([str(kept)]) == 0
+    assert listed == len(recording_api.uploaded_card.encode('utf-8')) != len(before)
+    assert (kept / 'README.md').read_bytes() == before
+
+
 def test_repository_ids_the_hub_refuses_are_refused_before_any_export(trained, tmp_path, recording_api, capsys):
     from huggingface_hub.utils import validate_repo_id
     for repo_id in ('bad repo id', 'a/b/c', 'me/-x'):

@@ -2,6 +2,7 @@
 picked by the accuracy it reports), and no claim where there is no training record """
 import json
 import re
+from pathlib import Path
 
 import pytest
 import timm
@@ -13,6 +14,7 @@ from sa_vision.hub import export_hub_folder
 from sa_vision.hub.card import usage_section
 from sa_vision.train.data import dataset_info
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32)
 # CIFAR-10's classes, label i first, as its batches.meta (and torchvision's CIFAR10.classes) list them
 CIFAR10_CLASSES = ('airplane', 'automobile', 'bird', 'cat', 'deer', 'dog', 'frog', 'horse', 'ship', 'truck')
@@ -88,6 +90,13 @@ def test_the_card_numbers_epochs_from_1_and_says_when_the_accuracy_picked_them(r
     last = _card(tmp_path / 'last')
     assert 'after epoch 2 of 2' in last and 'optimistic' not in last
     assert re.findall(r'^\| (\d+) \|', _section(last, 'training'), re.M) == ['1', '2']
+    # a killed run's last.pth.tar (epoch 1 of 2, the best so far) is its latest epoch, picked by nothing
+    (tmp_path / 'killed').mkdir()
+    killed = {**ckpt, 'epoch': 1, 'history': ckpt['history'][:1], 'best': {**ckpt['best'], 'epoch': 0}}
+    torch.save(killed, tmp_path / 'killed' / 'last.pth.tar')
+    export_hub_folder(tmp_path / 'killed' / 'last.pth.tar', tmp_path / 'killed' / 'hub', figure=False)
+    card = _card(tmp_path / 'killed' / 'hub')
+    assert 'after epoch 1 of 2, the best by' in card and 'optimistic' not in card
     # one epoch is 'epoch', not 'epochs'
     ckpt.update(epoch=1, num_epochs=1, history=ckpt['history'][:1], best={**ckpt['best'], 'epoch': 0})
     torch.save(ckpt, tmp_path / 'one.pth.tar')
@@ -118,16 +127,35 @@ def test_an_export_exported_again_keeps_its_recipe(run, tmp_path):
     assert 'no record of the epochs' in _section(_card(tmp_path / 'again'), 'training')
 
 
+def test_an_export_of_a_two_process_run_exported_again_repeats_it_under_torchrun(run, tmp_path):
+    """The recipe's batch size is each process's: the export of a 2-process run, and the export of that export
+    (a Hub folder keeps no training arguments but the recipe), say torchrun with 2 processes repeats the run."""
+    ckpt = torch.load(run / 'last.pth.tar', weights_only=True)
+    ckpt['args']['world_size'] = 2
+    torch.save(ckpt, tmp_path / 'ddp.pth.tar')
+    repeat = 'torchrun --nproc_per_node 2 -m sa_vision.cli.train -c recipe.yaml'
+    source = tmp_path / 'ddp.pth.tar'
+    for out in ('hub', 'again', 'third'):
+        export_hub_folder(source, tmp_path / out, figure=False)
+        source = tmp_path / out
+        assert repeat in (source / 'recipe.yaml').read_text().splitlines()[0], out
+        assert f'`{repeat}` repeats the run' in _card(source), out
+
+
 def test_a_hub_folder_without_a_card_is_not_staged_inside_itself(tmp_path, capsys):
-    """A plain save_for_hf folder has no card: its export goes to the --out-dir asked for, not to <folder>/hub."""
+    """A plain save_for_hf folder has no card: its export goes to the --out-dir asked for, not to <folder>/hub. The
+    error names the files the folder lacks (a card, or safetensors weights beside pytorch_model.bin)."""
     from timm.models import save_for_hf
 
     from sa_vision.cli import push_to_hub
     from sa_vision.errors import run_cli
     save_for_hf(timm.create_model('sa_quadratic_cifar', **SMALL), str(tmp_path / 'plain'), safe_serialization=True)
-    assert run_cli(push_to_hub.main, [str(tmp_path / 'plain'), '--dry-run']) == 2
-    err = capsys.readouterr().err
-    assert err.count('error:') == 1 and 'without a model card' in err and '--out-dir DIR' in err, err
+    save_for_hf(timm.create_model('sa_quadratic_cifar', **SMALL), str(tmp_path / 'bin'), safe_serialization=False)
+    (tmp_path / 'bin' / 'README.md').write_text('# a card\n')
+    for folder, lacks in (('plain', 'without README.md,'), ('bin', 'without model.safetensors,')):
+        assert run_cli(push_to_hub.main, [str(tmp_path / folder), '--dry-run']) == 2
+        err = capsys.readouterr().err
+        assert err.count('error:') == 1 and lacks in err and '--out-dir DIR' in err, err
     assert sorted(p.name for p in (tmp_path / 'plain').iterdir()) == ['config.json', 'model.safetensors']
     assert push_to_hub.main([str(tmp_path / 'plain'), '--dry-run', '--out-dir', str(tmp_path / 'hub')]) == 0
     assert (tmp_path / 'hub' / 'README.md').is_file()
@@ -135,8 +163,21 @@ def test_a_hub_folder_without_a_card_is_not_staged_inside_itself(tmp_path, capsy
 
 def test_the_card_says_how_to_install_sa_vision_as_the_readme_does(run):
     """The package is installed from its source (README.md's own command); no package index is claimed."""
-    from pathlib import Path
-    readme = (Path(__file__).resolve().parent.parent / 'README.md').read_text(encoding='utf-8')
+    readme = (ROOT / 'README.md').read_text(encoding='utf-8')
     usage = _section(_card(run / 'hub'), 'usage')
     assert 'pip install -e .' in readme and '`pip install -e .` in a clone' in usage
     assert 'pip install sa' not in usage
+
+
+def test_a_padded_export_exported_again_says_the_input_size_of_its_config(tmp_path):
+    """A kept Fashion-MNIST folder (the border inside the model) and its pruning, exported again: the card's usage
+    names the input size timm resolves from the new folder's config.json, as the kept card does."""
+    from sa_vision.cli import prune
+    kept = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_gen_cifar'
+    assert prune.main([str(kept), '--out', str(tmp_path / 'pruned.safetensors')]) == 0
+    for source, out in ((kept, tmp_path / 'again'), (tmp_path / 'pruned.safetensors', tmp_path / 'pruned')):
+        export_hub_folder(source, out, figure=False)
+        size = timm.data.resolve_data_config({}, model=timm.create_model(f'local-dir:{out}'))['input_size']
+        usage = _section(_card(out), 'usage')
+        assert size == (3, 28, 28) and '# 28x28 input: the model adds the 2-pixel black border' in usage, usage
+    assert '# 28x28 input: the model adds the 2-pixel black border' in _card(kept)

@@ -125,6 +125,30 @@ def test_prune_other_kinds(kind):
         assert_network_float32_close(pruned(x), reference.double()(x.double()), sa_model_reduction_lengths(model, 16))
 
 
+def test_pruned_cifar10_weights_are_labelled_as_the_heads_they_keep(tmp_path, capsys):
+    """sa-vision-prune labels its output by the pruned model, not its source: CIFAR-10 weights pruned to the paper's
+    layout are sa_gen_pruned's registered weights (tag cifar10: timm.create_model('sa_gen_pruned') loads them
+    strictly), pruned otherwise they are custom; the printed create_model line says the same."""
+    from sa_vision.cli import prune as prune_script
+    from sa_vision.train.checkpoint import read_checkpoint
+    torch.manual_seed(0)
+    source = tmp_path / 'full.pth'
+    torch.save({'version': 2, 'arch': 'sa_gen_cifar', 'model_args': {}, 'dataset': 'torch/cifar10',
+                'state_dict': timm.create_model('sa_gen_cifar').state_dict()}, source)
+    paper_layout = [','.join(map(str, range(9 - k))) for k in PRUNED_HEADS_PER_LAYER]
+    for heads in (paper_layout, ['0', '', '', '', '', '']):
+        out = tmp_path / f'{len(heads[0])}.safetensors'
+        assert prune_script.main([str(source), '--heads', *heads, '--out', str(out)]) == 0
+        printed = capsys.readouterr().out
+        try:
+            timm.create_model('sa_gen_pruned').load_state_dict(read_checkpoint(out).state_dict, strict=True)
+            tag = 'cifar10'
+        except RuntimeError:
+            tag = 'cifar10_custom'
+        assert read_checkpoint(out).meta['pretrained_cfg']['tag'] == tag and f"tag='{tag}'" in printed, printed
+    assert tag == 'cifar10_custom'
+
+
 @pytest.mark.slow
 def test_paper_pruning_loads_strictly_into_sa_gen_pruned():
     model = timm.create_model('sa_gen_cifar')
@@ -245,6 +269,10 @@ def test_a_pruned_kept_model_keeps_its_preprocessing_and_timm_builds_it_from_the
     call = next(line for line in lines if line.startswith('timm: ')).split(':', 1)[1].strip()
     from_call = eval(call, {'timm': timm}).eval()  # noqa: S307  the line the command printed
     assert data_config(from_call) == kept_cfg
+    # what timm says the weights are: Fashion-MNIST's names and tag, not the registered cfg's CIFAR-10 ones
+    for model in (from_call, pruned):
+        assert list(model.pretrained_cfg['label_names']) == list(kept.pretrained_cfg['label_names'])
+        assert model.pretrained_cfg['tag'] == kept.pretrained_cfg['tag'] == 'fashion_mnist_custom'
     args = shlex.split(next(line for line in lines if line.startswith('timm train.py: ')).split(':', 1)[1])
     parser = ArgumentParser()  # the arguments of timm's train.py that the line gives, as train.py parses them
     parser.add_argument('--model')

@@ -125,11 +125,27 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path, capsys):
         Reproduction(tmp_path, 'tiny').run()
     other = tmp_path / 'other'
     Reproduction(other, 'tiny')._check_same_setup()
-    assert json.loads((other / 'reproduction.json').read_text())['train_args'] == []
+    assert json.loads((other / 'reproduction.json').read_text())['train_args'] == {}
     status = run_cli(reproduce_script.main, ['--profile', 'tiny', '--out', str(other), '--train-args=--seed 1'])
     err = capsys.readouterr().err
     assert status == 2 and err.count('\n') == 1 and "differs in train_args" in err, err
-    assert "--train-args='--seed 1'" in err and 'run the same command' not in err, err
+    assert "--train-args setting seed=1" in err and 'run the same command' not in err, err
+
+
+def test_a_reproduction_continues_on_another_device_or_worker_count(tmp_path):
+    """--train-args' device and speed flags (docs/reproduction.md) are no part of the setup a folder holds: a
+    killed reproduction continues with another --device or --workers, also in a folder whose reproduction.json
+    holds the command line (an older sa_vision's); a training argument (--seed) still differs."""
+    from sa_vision.reproduce import Reproduction, ReproductionError
+    Reproduction(tmp_path / 'a', 'tiny', train_args=['--device', 'cpu'])._check_same_setup()
+    Reproduction(tmp_path / 'a', 'tiny', train_args=['--device', 'cpu', '--workers', '0'])._check_same_setup()
+    (tmp_path / 'b').mkdir()
+    (tmp_path / 'b' / 'reproduction.json').write_text(json.dumps(
+        {'profile': 'tiny', 'dataset': 'digits', 'epochs': None, 'train_args': ['--device', 'cpu', '--seed', '1']}))
+    Reproduction(tmp_path / 'b', 'tiny', train_args=['--seed', '1', '--workers', '0'])._check_same_setup()
+    for folder in ('a', 'b'):
+        with pytest.raises(ReproductionError, match='differs in train_args'):
+            Reproduction(tmp_path / folder, 'tiny', train_args=['--device', 'cpu', '--seed', '2'])._check_same_setup()
 
 
 def _in_process_training(cmd, tag, trainings=None):
@@ -480,6 +496,7 @@ def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(
 
 def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
     """A StagedZoo whose stages write the kept files and the row at once and take ``seconds[model]`` of a clock."""
+    from sa_vision.hub import HUB_FOLDER_FILES
     from sa_vision.reproduce import Reproduction, staged
     clock = [0.0]
     monkeypatch.setattr(staged.time, 'time', lambda: clock[0])
@@ -489,7 +506,7 @@ def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
     def stage(model):
         ran.append(model)
         clock[0] += seconds[model]
-        for name in staged.KEPT_FILES:
+        for name in HUB_FOLDER_FILES:
             (zoo.zoo / model).mkdir(parents=True, exist_ok=True)
             (zoo.zoo / model / name).write_text('x')
         with table_lock:  # as StagedZoo.stage: one writer at a time, and readers see a whole file

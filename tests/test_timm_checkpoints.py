@@ -192,7 +192,8 @@ def test_the_card_of_a_timm_checkpoint_names_its_epoch_and_weights(timm_run, tmp
     the card's number (model-index, picked by it, so optimistic) only for the EMA weights, and the card of the
     model's own weights says whose score it is instead."""
     run_dir, _, _ = timm_run
-    saved = torch.load(run_dir / 'model_best.pth.tar', map_location='cpu', weights_only=False)
+    with torch.serialization.safe_globals([argparse.Namespace]):  # train.py pickles its args as a Namespace
+        saved = torch.load(run_dir / 'model_best.pth.tar', map_location='cpu', weights_only=True)
     assert saved['epoch'] == 0 and saved['args'].epochs == 2 and saved['args'].model_ema
     argv = [str(run_dir / 'model_best.pth.tar'), '--dry-run', '--out-dir', str(tmp_path / 'hub'), '--no-figure']
     assert push_to_hub.main(argv + (['--use-ema'] if use_ema else [])) == 0
@@ -209,3 +210,24 @@ def test_the_card_of_a_timm_checkpoint_names_its_epoch_and_weights(timm_run, tmp
         assert 'the weights themselves, not their EMA' in training
         assert 'model-index' not in front and 'optimistic' not in card
         assert f'recorded top1 {saved["metric"]:.4g} for the EMA of the weights, not for these' in training
+
+
+@pytest.mark.parametrize('schedule, epochs', [
+    (dict(sched='cosine', cooldown_epochs=1), 3),  # a cycle schedule adds the cooldown
+    (dict(sched='step', cooldown_epochs=1, decay_epochs=1), 2),  # others do not
+    (dict(sched='cosine', warmup_epochs=1, warmup_prefix=True), 3),  # --warmup-prefix adds the warmup
+    (dict(sched='cosine', warmup_epochs=1), 2)])
+def test_the_epochs_of_a_timm_run_are_those_its_scheduler_trains(tmp_path, schedule, epochs):
+    """A timm train.py checkpoint keeps no epoch count: the record's is what train.py's create_scheduler_v2 returns
+    for the run's arguments (--epochs 2 with the schedule's cooldown and warmup)."""
+    from timm.scheduler import create_scheduler_v2, scheduler_kwargs
+
+    from sa_vision.hub.record import training_record
+    args = _timm_train_args(tmp_path)
+    vars(args).update(schedule)
+    model = timm.create_model(args.model, num_classes=args.num_classes, **args.model_kwargs)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+    assert create_scheduler_v2(optimizer, **scheduler_kwargs(args), updates_per_epoch=10)[1] == epochs
+    CheckpointSaver(model=model, optimizer=optimizer, args=args, checkpoint_dir=str(tmp_path),
+                    recovery_dir=str(tmp_path)).save_checkpoint(epoch=0, metric=0.)
+    assert training_record(read_checkpoint(tmp_path / 'last.pth.tar')).num_epochs == epochs

@@ -113,20 +113,20 @@ def test_the_check_holds_on_a_tiny_bf16_zoo_the_gpu_script_keeps(tmp_path, monke
 
 
 def test_the_tar_holds_only_kept_models_not_one_being_written(tmp_path):
+    from sa_vision.hub import HUB_FOLDER_FILES
     from sa_vision.reproduce import Reproduction, StagedZoo
-    from sa_vision.reproduce.staged import KEPT_FILES
     staged = StagedZoo(Reproduction(tmp_path / 'work', 'tiny'), tmp_path / 'zoo', tmp_path / 'docs' / 't.csv')
     kept, unlisted = STAGE_ORDER[:2]
     for folder in (kept, unlisted, f'.{kept}.partial'):  # unlisted: its folder is written, its row not yet
         (staged.zoo / folder).mkdir(parents=True)
-        for name in KEPT_FILES:
+        for name in HUB_FOLDER_FILES:
             (staged.zoo / folder / name).write_text('x')
     staged.table.parent.mkdir()
     staged.table.write_text(f'model\n{kept}\n')
     (tmp_path / 'out').mkdir()
     with tarfile.open(_script().pack(staged, tmp_path / 'out')) as tar:
         names = set(tar.getnames())
-    assert names == {'docs/t.csv', f'zoo/{kept}', *(f'zoo/{kept}/{name}' for name in KEPT_FILES)}
+    assert names == {'docs/t.csv', f'zoo/{kept}', *(f'zoo/{kept}/{name}' for name in HUB_FOLDER_FILES)}
 
 
 @pytest.mark.slow

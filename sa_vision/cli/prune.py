@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from sa_vision.errors import command
+from sa_vision.io import folder_problem
 from sa_vision.paper import PRUNED_HEADS_PER_LAYER
 from sa_vision.research.analysis import GAUSSIAN_KINDS, attention_layers
 from sa_vision.research.pruning import (
@@ -35,6 +36,7 @@ from sa_vision.research.pruning import (
     head_eigenvalues,
     prune_heads,
     pruned_arch,
+    pruned_model_args,
     save_pruned,
     select_heads_to_prune,
 )
@@ -43,6 +45,8 @@ from sa_vision.train.timm_args import TIMM_MODEL_KWARGS
 
 # what timm's data config takes from a pretrained_cfg: printed as create_model's overlay and train.py's flags
 _DATA_CFG_FLAGS = {'input_size': '--input-size', 'mean': '--mean', 'std': '--std', 'crop_pct': '--crop-pct'}
+# what the pretrained_cfg says the weights are (their dataset's tag, its class names): printed in the overlay too
+_LABEL_CFG = ('tag', 'label_names')
 
 
 def main(argv=None):
@@ -96,12 +100,12 @@ def main(argv=None):
 
 
 def _check_out(out: Path) -> None:
-    """Refuse an --out that cannot be written before any work: a folder, or a path below a file."""
+    """Refuse an --out that cannot be written before any work: a folder, or one whose folder cannot be made."""
     if out.is_dir():
         raise PruningError(f'--out {out} is a folder: name the file to write, e.g. {out / "pruned.safetensors"}')
-    parent = next((p for p in out.parents if p.exists()), None)
-    if parent is not None and not parent.is_dir():
-        raise PruningError(f'--out {out}: {parent} is a file, not a folder; choose another --out')
+    problem = folder_problem(out.parent)
+    if problem:
+        raise PruningError(f'--out {out}: {problem}; choose another --out')
 
 
 def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:
@@ -109,11 +113,11 @@ def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str
     write of them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the source was."""
     from sa_vision.hub.export import exported_config
     border = {k: v for k, v in source.model_args.items() if k.startswith('input_pad')}
-    ckpt = Checkpoint(pruned_arch(attention_layers(pruned)[0].kind), {**source.model_args, **border},
-                      pruned.state_dict(), source.source, source.format,
+    # labelled as the pruned file's own model (its kept heads), not the source's
+    ckpt = Checkpoint(*pruned_model_args(pruned, border), pruned.state_dict(), source.source, source.format,
                       {k: source.meta[k] for k in ('dataset', 'data_config') if k in source.meta})
     model_config, pad_args, data_cfg = exported_config(ckpt, pruned)
-    cfg = {'input_size': list(pruned.pretrained_cfg['input_size']), **data_cfg, **model_config['pretrained_cfg']}
+    cfg = {**data_cfg, **model_config['pretrained_cfg']}
     if 'label_names' in model_config:
         cfg['label_names'] = model_config['label_names']
     return {**border, **pad_args}, cfg
@@ -121,10 +125,11 @@ def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str
 
 def _timm_usage(arch: str, path: str, model_args: Dict[str, Any], cfg: Optional[Dict[str, Any]]) -> str:
     """How timm builds the pruned model: create_model with every model argument (timm reads none from the file)
-    and the data config as an overlay; for train.py, --model-kwargs but for the keywords it passes from flags of its
-    own (--num-classes, ...), and the data config as flags."""
+    and the data config, tag and label names as an overlay; for train.py, --model-kwargs but for the keywords it
+    passes from flags of its own (--num-classes, ...), and the data config as flags."""
     data = {k: tuple(v) if isinstance(v, list) else v for k, v in (cfg or {}).items() if k in _DATA_CFG_FLAGS}
-    overlay = ', '.join(f'{k}={v!r}' for k, v in {'file': str(path), **data}.items())
+    label = {k: tuple(v) if isinstance(v, list) else v for k, v in (cfg or {}).items() if k in _LABEL_CFG}
+    overlay = ', '.join(f'{k}={v!r}' for k, v in {'file': str(path), **data, **label}.items())
     call = (f'timm.create_model({arch!r}, pretrained=True, pretrained_cfg_overlay=dict({overlay})'
             + ''.join(f', {k}={v!r}' for k, v in model_args.items()) + ')')
     flags = [f'--{TIMM_MODEL_KWARGS[k].replace("_", "-")} {v}' for k, v in model_args.items() if k in TIMM_MODEL_KWARGS]

@@ -7,9 +7,9 @@
     # needs it), then published to sa-vision/<arch>.<tag> (tag: the dataset; '_custom' for another configuration)
     sa-vision-push-to-hub output/train/<run>/last.pth.tar --model sa_quadratic_cifar --dry-run
 
-A complete exported folder is published as it is, its card's usage naming the repository the Hub creates; an
-export of other weights in the staging folder is never replaced (an error says what it holds). What is checked
-before any upload: docs/hub.md, "Publishing".
+A complete exported folder is published as it is but for its card's usage, rebuilt for the repository the Hub
+creates in the uploaded copy (the dry run lists that card); an export of other weights in the staging folder is
+never replaced (an error says what it holds). What is checked before any upload: docs/hub.md, "Publishing".
 """
 import argparse
 import sys
@@ -20,6 +20,7 @@ from sa_vision.hub import (
     HUB_FOLDER_FILES,
     ExportExistsError,
     HubPublishError,
+    card_to_upload,
     check_publish_target,
     export_hub_folder,
     publish_hub_folder,
@@ -63,8 +64,9 @@ def main(argv=None):
             out_dir, staged = source, sorted(p.name for p in source.iterdir() if p.is_file())
         else:
             if source.is_dir() and not args.out_dir and not (source / RUN_CHECKPOINT).is_file():
-                raise UserError(f'{source} is a Hub folder without a model card (README.md): export it with a card '
-                                f'into a folder of its own, --out-dir DIR (not staged inside it)')
+                missing = [name for name in HUB_FOLDER_FILES if not (source / name).is_file()]
+                raise UserError(f'{source} is a Hub folder without {" and ".join(missing)}, not a complete export: '
+                                f'export it into a folder of its own, --out-dir DIR (not staged inside it)')
             out_dir = Path(args.out_dir) if args.out_dir else (source if source.is_dir() else source.parent) / 'hub'
             problem = folder_problem(out_dir)
             if problem:
@@ -72,8 +74,15 @@ def main(argv=None):
                                 f'stage the export in a folder you can write to (--out-dir DIR)')
             staged = export_hub_folder(ckpt, out_dir, repo_id=repo_id, figure=not args.no_figure)
         print(f'Staged {label.name} in {out_dir} for {repo_id}:')
+        card = card_to_upload(out_dir, repo_id)  # what the upload carries: the usage rebuilt for repo_id
+        rebuilt = card != (out_dir / 'README.md').read_text(encoding='utf-8')
         for name in staged:
-            print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
+            if name == 'README.md':
+                print(f'  {name}  ({len(card.encode("utf-8")):,} bytes'
+                      + (f' as uploaded: its usage rebuilt for {repo_id}; the folder\'s is left as it is)'
+                         if rebuilt else ')'))
+            else:
+                print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
         if args.dry_run:
             own = '' if '/' in repo_id else (f' ({repo_id} goes to the namespace of the token\'s user, '
                                              f'<user>/{repo_id}: the uploaded card names that repository)')

@@ -14,6 +14,7 @@ from .labels import (
 from .publish import (
     HubPublishError,
     PublishedFolder,
+    card_to_upload,
     check_publish_target,
     check_repo_id,
     publish_hub_folder,
@@ -24,5 +25,5 @@ __all__ = [
     'HUB_FOLDER_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTOM_SUFFIX', 'MODEL_CARD_DIR', 'HubPublishError',
     'WeightsLabel', 'weights_label', 'is_registered_architecture', 'check_publish_target',
     'count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'export_hub_folder',
-    'ExportExistsError', 'resolve_token', 'publish_hub_folder', 'PublishedFolder', 'check_repo_id',
+    'ExportExistsError', 'resolve_token', 'publish_hub_folder', 'PublishedFolder', 'check_repo_id', 'card_to_upload',
 ]

@@ -209,9 +209,10 @@ def write_model_cards(archs=None, out_dir: Union[str, os.PathLike] = MODEL_CARD_
     return paths
 
 
-def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str,
+def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str, input_size: int,
                       has_figure: bool = False) -> str:
-    """README.md of an export: the card template with the labels, measured size, accuracy and training summary."""
+    """README.md of an export: the card template with the labels, measured size, accuracy and training summary;
+    ``input_size``: the exported config's (:func:`sa_vision.hub.export.exported_config`)."""
     from huggingface_hub import EvalResult, ModelCard
     arch, metrics, info = ckpt.arch, ckpt.meta.get('metrics') or {}, label.dataset
     template_path = MODEL_CARD_DIR / f'{arch}.md'
@@ -236,8 +237,7 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     body = _replace_section(body, 'results', _measured_results(ckpt, label, scores))
     body = _replace_section(body, 'training', training_summary(ckpt, label))
     body = _replace_section(body, 'recipe', recipe_section(ckpt))
-    size = model.pretrained_cfg['input_size'][-1] - 2 * info.input_padding  # the export takes the unpadded size
-    body = _replace_section(body, 'usage', usage_section(arch, repo_id, info, model.num_classes, size))
+    body = _replace_section(body, 'usage', usage_section(arch, repo_id, info, model.num_classes, input_size))
     if has_figure:
         figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
         body = _replace_section(body, 'figure', figure)
@@ -268,7 +268,7 @@ def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: i
     exported config's (the border inside the model where the dataset had one,
     :func:`sa_vision.hub.export.exported_input_config`)."""
     return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=input_size,
-                          padding=info.input_padding, label_names=len(info.class_names) == num_classes)
+                          padding=info.input_padding, label_names=info.label_names(num_classes) is not None)
 
 
 def card_for_repository(card_text: str, config: Dict[str, Any], repo_id: str) -> str:

@@ -14,12 +14,12 @@ from ..errors import UserError
 from ..io import usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
-from ..train.checkpoint import Checkpoint, CheckpointError, read_checkpoint
+from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
 from .card import render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
 from .publish import check_publish_target
-from .record import published_recipe, repeat_command
+from .record import published_recipe, repeat_command, training_processes
 
 __all__ = ['ExportExistsError', 'export_hub_folder', 'exported_config', 'exported_input_config']
 
@@ -51,15 +51,18 @@ def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = Non
                     ) -> Tuple[Dict[str, Any], Dict[str, Any], Dict[str, Any]]:
     """What exported weights say of themselves beyond their tensors, as ``save_for_hf`` takes it: (model_config:
     the tag and label names, model_args to add: the border of a padded dataset, data config: input size, mean /
-    std). The Hub export writes it to config.json, ``sa-vision-prune`` to the pruned file's metadata."""
+    std). The Hub export writes it to config.json and its card's usage, ``sa-vision-prune`` to the pruned file's
+    metadata."""
     label = label or weights_label(ckpt)
     data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
     pad_args, input_cfg = exported_input_config(
         label.dataset, data_cfg.get('input_size') or model.pretrained_cfg['input_size'], ckpt.model_args,
         data_cfg['mean'], data_cfg['std'])
+    input_cfg.setdefault('input_size', tuple(model.pretrained_cfg['input_size']))  # a border inside the model already
     model_config = {'pretrained_cfg': {'tag': label.tag}}
-    if len(label.dataset.class_names) == model.num_classes:  # timm's name: pretrained_cfg['label_names']
-        model_config['label_names'] = list(label.dataset.class_names)
+    names = label.dataset.label_names(model.num_classes)
+    if names:
+        model_config['label_names'] = list(names)
     return model_config, pad_args, input_cfg
 
 
@@ -132,11 +135,13 @@ def export_hub_folder(
         for name in _EXPORT_FILES:
             (out_dir / name).unlink(missing_ok=True)
     model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
+    recipe = published_recipe(ckpt)
+    if recipe:  # kept for an export of this export, whose recipe.yaml repeats the run
+        model_config[TRAINING_PROCESSES] = training_processes(ckpt)
     # the registered cfg's label_names are CIFAR-10's: never carried over to weights of another dataset
     saved.pretrained_cfg = {**saved.pretrained_cfg, 'label_names': None}
     save_for_hf(saved, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
                 data_config=input_cfg)
-    recipe = published_recipe(ckpt)
     if recipe:  # weights without a training record have no run to repeat (an empty recipe starts the default one)
         with open(out_dir / RECIPE_FILENAME, 'w') as f:
             trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
@@ -146,7 +151,7 @@ def export_hub_folder(
     if epochs and any(positional_params(sd) for sd in epochs.values()):
         save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
-    readme = render_model_card(ckpt, model, label, repo_id, has_figure=has_figure)
+    readme = render_model_card(ckpt, model, label, repo_id, input_cfg['input_size'][-1], has_figure=has_figure)
     (out_dir / 'README.md').write_text(readme, encoding='utf-8')
     written = sorted(out_dir.iterdir())
     for path in written:  # safetensors writes through a temporary file of mode 0600

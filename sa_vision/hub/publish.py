@@ -13,7 +13,7 @@ from .card import card_for_repository
 from .labels import HUB_FOLDER_FILES, WeightsLabel
 
 __all__ = ['HubPublishError', 'PublishedFolder', 'check_repo_id', 'check_publish_target', 'resolve_token',
-           'publish_hub_folder']
+           'card_to_upload', 'publish_hub_folder']
 
 
 class HubPublishError(UserError):
@@ -141,14 +141,20 @@ def _upload(api, folder: Path, repo_id: str, commit_message: str, create_pr: boo
                               f'committed') from None
 
 
+def card_to_upload(folder: Union[str, os.PathLike], repo_id: str) -> str:
+    """The card an upload of the exported ``folder`` to ``repo_id`` carries: its usage section rebuilt for that
+    repository (with this sa_vision's install line), the rest as the folder holds it."""
+    folder = Path(folder)
+    card = (folder / 'README.md').read_text(encoding='utf-8')
+    return card_for_repository(card, json.loads((folder / 'config.json').read_text()), repo_id)
+
+
 @contextmanager
 def _card_naming(folder: Path, repo_id: str) -> Iterator[Path]:
-    """The folder to upload: ``folder`` itself where its card names ``repo_id``, else a copy whose card does (an
-    export staged for one repository, published to another); ``folder`` is never changed (a kept zoo folder)."""
-    card = (folder / 'README.md').read_text(encoding='utf-8')
-    config = json.loads((folder / 'config.json').read_text())
-    retargeted = card_for_repository(card, config, repo_id)
-    if retargeted == card:
+    """The folder to upload: a copy with :func:`card_to_upload`'s card (``folder`` itself where that is its card);
+    ``folder`` is never changed (a kept zoo folder)."""
+    retargeted = card_to_upload(folder, repo_id)
+    if retargeted == (folder / 'README.md').read_text(encoding='utf-8'):
         yield folder
         return
     with tempfile.TemporaryDirectory() as tmp:

@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any, Dict, Optional
 
 from ..tables import markdown_table
-from ..train.checkpoint import BEST_CHECKPOINT, Checkpoint, strip_runtime_args
+from ..train.checkpoint import BEST_CHECKPOINT, TRAINING_PROCESSES, Checkpoint, strip_runtime_args
 from ..train.recipes import repeat_run_args
 from .labels import RECIPE_FILENAME, WeightsLabel
 
 __all__ = ['TrainingRecord', 'training_record', 'published_recipe', 'plural', 'training_summary', 'recipe_section',
-           'picked_note', 'repeat_command']
+           'picked_note', 'training_processes', 'repeat_command']
 
 # what a card says of weights saved without a training record, by the checkpoint's format
 _NO_RECORD = {'state_dict': 'a state dict', 'safetensors': 'a safetensors file', 'hub_folder': 'a Hub folder'}
@@ -27,10 +27,16 @@ def published_recipe(ckpt: Checkpoint) -> Dict[str, Any]:
     return strip_runtime_args(ckpt.meta.get('recipe') or ckpt.meta.get('args') or {})
 
 
+def training_processes(ckpt: Checkpoint) -> int:
+    """The processes the run of ``ckpt`` trained on: its arguments' ``world_size``, or what an export's config.json
+    keeps of it (:data:`~sa_vision.train.checkpoint.TRAINING_PROCESSES`)."""
+    return int((ckpt.meta.get('args') or {}).get('world_size') or ckpt.meta.get(TRAINING_PROCESSES) or 1)
+
+
 def repeat_command(ckpt: Checkpoint, recipe_file: str) -> str:
     """The command that repeats the run of ``ckpt`` from its recipe file: under torchrun with the run's process
     count where it ran on several, since the recipe's batch size is each process's."""
-    processes = int((ckpt.meta.get('args') or {}).get('world_size') or 1)
+    processes = training_processes(ckpt)
     runner = f'torchrun --nproc_per_node {processes} -m sa_vision.cli.train' if processes > 1 else 'sa-vision-train'
     return f'{runner} {repeat_run_args(ckpt.arch, recipe_file)}'
 
@@ -44,7 +50,7 @@ class TrainingRecord:
     steps_per_epoch: Optional[int]
     eval_metric: str
     best: bool  # the best epoch by eval_metric so far
-    picked: bool  # chosen for being the best (model_best.pth.tar, or an epoch before the last)
+    picked: bool  # chosen for being the best: model_best.pth.tar
     ema: Optional[bool]  # a run with an EMA (timm --model-ema): whether these are the EMA weights; None: no EMA
     scored_ema: Optional[bool]  # whose score the checkpoint's metric is (timm); None: not recorded
 
@@ -62,7 +68,7 @@ def training_record(ckpt: Checkpoint) -> Optional[TrainingRecord]:
     named_best = Path(ckpt.source).name == BEST_CHECKPOINT
     if ckpt.format == 'timm':
         epoch = meta['epoch'] + 1  # train.py numbers its epochs from 0
-        num_epochs = (args.get('epochs') or epoch) + (args.get('cooldown_epochs') or 0)  # as its scheduler counts
+        num_epochs = meta.get('num_epochs') or args.get('epochs') or epoch
         # its CheckpointSaver keeps no record of the best epoch but the file it copies it to
         return TrainingRecord('timm train.py', epoch, num_epochs, None, eval_metric, named_best, named_best,
                               bool(meta.get('ema_weights')) if args.get('model_ema') else None,
@@ -70,8 +76,10 @@ def training_record(ckpt: Checkpoint) -> Optional[TrainingRecord]:
     epoch, num_epochs = meta['epoch'], meta.get('num_epochs') or meta['epoch']
     best = (meta.get('best') or {}).get('epoch') == epoch - 1  # the record's best epoch counts from 0
     steps = meta['num_updates'] // epoch if meta.get('num_updates') else None
-    return TrainingRecord('sa-vision-train', epoch, num_epochs, steps, eval_metric, best,
-                          best and (named_best or epoch < num_epochs), None, None)
+    # picked: only model_best.pth.tar is written for being the best; last.pth.tar (of a killed run too) is the
+    # latest epoch, and the same bytes as model_best when that epoch is the best: the file name is what tells
+    return TrainingRecord('sa-vision-train', epoch, num_epochs, steps, eval_metric, best, best and named_best,
+                          None, None)
 
 
 def picked_note(record: Optional[TrainingRecord]) -> str:
@@ -123,7 +131,7 @@ def training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
         return '\n'.join(lines)
     steps = f' of {record.steps_per_epoch} steps' if record.steps_per_epoch else ''
     lines.append(f'- Data: {label.dataset.title}; {plural(record.num_epochs, "epoch")}{steps}, batch '
-                 f'{args.get("batch_size")} x {args.get("world_size", 1)} process(es) on `{args.get("device")}`, '
+                 f'{args.get("batch_size")} x {training_processes(ckpt)} process(es) on `{args.get("device")}`, '
                  f'seed {args.get("seed")}; the arguments are `{RECIPE_FILENAME}`.')
     lines.append(_weights_line(record))
     if args.get('initial_checkpoint'):

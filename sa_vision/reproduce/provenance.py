@@ -1,25 +1,36 @@
 """ What a reproduction folder records of how its results were made, checked before a result is skipped or continued
 
-A folder holds one reproduction (``reproduction.json``: profile, dataset, epochs, the ``sa-vision-train`` arguments
-added to every stage); a run folder holds the training arguments it was started with (its checkpoint's ``args``, as
-``args.yaml``), which must be those of the stage that would skip or continue it; ``pruning.json`` holds the SHA-256
-of the weights it pruned, so that pruned weights and their fine-tuning are made again when their source changes.
+A folder holds one reproduction (``reproduction.json``: profile, dataset, epochs, the training arguments that the
+``sa-vision-train`` arguments added to every stage set, without the runtime ones: a killed reproduction continues on
+another device or with other workers); a run folder holds the training arguments it was started with (its
+checkpoint's ``args``, as ``args.yaml``), which must be those of the stage that would skip or continue it;
+``pruning.json`` holds the SHA-256 of the weights it pruned, so that pruned weights and their fine-tuning are made
+again when their source changes.
 """
 import hashlib
 import json
-import shlex
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
 
 import yaml
 
-from ..io import atomic_write_text
+from ..io import atomic_write_text, plain_data
 from ..train.checkpoint import Checkpoint, strip_runtime_args
 from .profiles import ReproductionError
 
-__all__ = ['SETUP_FILE', 'check_setup', 'write_setup', 'stage_arguments', 'check_run_arguments', 'weights_sha256']
+__all__ = ['SETUP_FILE', 'training_overrides', 'check_setup', 'write_setup', 'stage_arguments', 'check_run_arguments',
+           'weights_sha256']
 
 SETUP_FILE = 'reproduction.json'
+_UNSET = object()
+
+
+def training_overrides(argv: Sequence[str]) -> Dict[str, Any]:
+    """The training arguments that the ``sa-vision-train`` command line ``argv`` sets, by name, without the runtime
+    ones (:data:`~sa_vision.train.args.RUNTIME_ARGS`: the device, workers, compilation, files)."""
+    from ..train.args import argument_names, build_parser
+    parsed = vars(build_parser({name: _UNSET for name in argument_names()}).parse_args(list(argv)))
+    return plain_data(strip_runtime_args({k: v for k, v in sorted(parsed.items()) if v is not _UNSET}))
 
 
 def _as_options(setup: Dict[str, Any]) -> str:
@@ -28,7 +39,7 @@ def _as_options(setup: Dict[str, Any]) -> str:
     if setup.get('epochs') is not None:
         options += f' --epochs {setup["epochs"]}'
     if setup.get('train_args'):
-        options += f' --train-args={shlex.quote(shlex.join(setup["train_args"]))}'
+        options += ' --train-args setting ' + ', '.join(f'{k}={v!r}' for k, v in setup['train_args'].items())
     return options
 
 
@@ -40,6 +51,8 @@ def check_setup(out: Path, setup: Dict[str, Any]) -> bool:
     if not path.is_file():
         return True
     saved = json.loads(path.read_text())
+    if isinstance(saved.get('train_args'), list):  # written as the command line by an older sa_vision
+        saved['train_args'] = training_overrides(saved['train_args'])
     differ = [key for key in setup if key in saved and saved[key] != setup[key]]
     if differ:
         raise ReproductionError(

@@ -16,14 +16,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..hub.labels import HUB_FOLDER_FILES
 from ..io import atomic_folder, atomic_write
 from .profiles import PRUNE_SOURCE, PRUNED_MODEL, TRAINED_MODELS, StageFailed, StageStopped
 from .report import RESULT_COLUMNS, read_table, say, write_table
 from .stages import Reproduction
 
-__all__ = ['KEPT_FILES', 'STAGE_ORDER', 'StagedZoo']
+__all__ = ['STAGE_ORDER', 'StagedZoo']
 
-KEPT_FILES = ('config.json', 'model.safetensors', 'README.md')  # the export writes README.md last
 # the models in the order the stages run: the pruned model right after its source
 STAGE_ORDER = tuple(m for source in TRAINED_MODELS for m in ((source, PRUNED_MODEL) if source == PRUNE_SOURCE
                                                              else (source,)))
@@ -53,7 +53,8 @@ class StagedZoo:
     def is_kept(self, model: str, rows: Optional[Dict[str, Any]] = None) -> bool:
         """Whether ``model``'s stage is done: its Hub folder is complete and the table (or ``rows`` read from it)
         has its row."""
-        return (all((self.zoo / model / name).is_file() for name in KEPT_FILES)
+        # a complete export (the export writes README.md last)
+        return (all((self.zoo / model / name).is_file() for name in HUB_FOLDER_FILES)
                 and model in (self.rows() if rows is None else rows))
 
     def missing(self) -> List[str]:

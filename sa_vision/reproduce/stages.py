@@ -38,7 +38,14 @@ from .profiles import (
     ablation_run_name,
     apply_recipe_changes,
 )
-from .provenance import check_run_arguments, check_setup, stage_arguments, weights_sha256, write_setup
+from .provenance import (
+    check_run_arguments,
+    check_setup,
+    stage_arguments,
+    training_overrides,
+    weights_sha256,
+    write_setup,
+)
 from .report import (
     ABLATION_COLUMNS,
     EVAL_PRECISION,
@@ -90,11 +97,11 @@ class Reproduction:
         return self._trainings.stopped.is_set()
 
     def _check_same_setup(self) -> None:
-        """A folder holds one reproduction: the same options (profile, dataset, epochs, train_args) continue it.
-        The options are checked first, every training stage's arguments as ``sa-vision-train`` would take them;
-        ``reproduction.json`` is written only then."""
+        """A folder holds one reproduction: the same options (profile, dataset, epochs, the training arguments
+        ``train_args`` set, runtime ones aside) continue it. The options are checked first, every training stage's
+        arguments as ``sa-vision-train`` would take them; ``reproduction.json`` is written only then."""
         setup = {'profile': self.profile.name, 'dataset': self.dataset, 'epochs': self.epochs,
-                 'train_args': self.train_args}
+                 'train_args': training_overrides(self.train_args)}
         to_write = check_setup(self.out, setup)
         for model in TRAINED_MODELS:
             stage_arguments(self._recipe(model), self.train_args)

@@ -27,8 +27,8 @@ from ..models.sa_state_dict import (
 )
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 
-__all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'head_eigenvalues', 'check_thresholds',
-           'find_degenerate_heads', 'select_heads_to_prune', 'prune_state_dict', 'prune_heads']
+__all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'pruned_model_args', 'head_eigenvalues',
+           'check_thresholds', 'find_degenerate_heads', 'select_heads_to_prune', 'prune_state_dict', 'prune_heads']
 
 MAX_EIGENVALUE_BELOW = 1e-5  # App. A.1 and the authors' script: prune if M_h's largest eigenvalue is below this
 MAX_CONDITION = 1000.  # the authors' script (App. A.1: 1e5): prune if M_h's condition number is above this
@@ -172,6 +172,15 @@ def pruned_arch(attn_kind: str) -> str:
     return PRUNED_ARCH if attn_kind == 'generalized' else DEFAULT_MODEL_OF_KIND[attn_kind]
 
 
+def pruned_model_args(pruned: nn.Module, model_args: Optional[Dict] = None) -> Tuple[str, Dict]:
+    """(architecture, ``model_args``) of a pruned model as :func:`save_pruned` writes it: what its weights show
+    (the kept heads), with ``model_args`` added (arguments its weights do not show)."""
+    from ..train.checkpoint import infer_model_args
+    args = infer_model_args(pruned.state_dict())
+    arch = pruned_arch(args.pop('attn_kind'))  # the registered model of the kind sets the kind itself
+    return arch, {**args, **(model_args or {})}
+
+
 def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequence[int]]] = None,
                 model_args: Optional[Dict] = None, pretrained_cfg: Optional[Dict] = None) -> Dict:
     """Write a pruned model as a checkpoint of :func:`pruned_arch` with the kept heads in its ``model_args``
@@ -182,12 +191,10 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
     from pathlib import Path
 
     from ..io import atomic_torch_save, atomic_write
-    from ..train.checkpoint import CHECKPOINT_VERSION, infer_model_args
+    from ..train.checkpoint import CHECKPOINT_VERSION
     from ..train.data import dataset_for_tag
     state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
-    args = infer_model_args(state_dict)
-    arch = pruned_arch(args.pop('attn_kind'))  # the registered model of the kind sets the kind itself
-    args.update(model_args or {})
+    arch, args = pruned_model_args(pruned, model_args)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     if str(path).endswith('.safetensors'):
         from safetensors.torch import save_file

@@ -33,11 +33,12 @@ from ..models import (
 from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
 from .recipes import recipe_if_any
-from .timm_args import TIMM_MODEL_KWARGS
+from .timm_args import timm_model_args, timm_num_epochs
 
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'read_checkpoint',
     'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict', 'strip_runtime_args', 'RUNTIME_ARGS',
+    'TRAINING_PROCESSES',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -49,6 +50,8 @@ _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
 LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
 RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, kept current every epoch
 BEST_CHECKPOINT = 'model_best.pth.tar'  # the epoch best by --eval-metric, named as timm's CheckpointSaver names it
+# config.json's record of the processes an exported run trained on (its recipe's batch size is each process's)
+TRAINING_PROCESSES = 'training_processes'
 _WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
 # the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
 _BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
@@ -101,6 +104,11 @@ class Checkpoint:
                 f'the weights in {self.source} do not fit {self.arch}({self.model_args}): '
                 f'{str(e).splitlines()[0]} ... The file is of another architecture or configuration, or was '
                 f'edited') from None
+        if (overlay or self.dataset) and 'label_names' not in (overlay or {}):
+            # the registered cfg's names are CIFAR-10's: weights that say what they were trained on but carry no
+            # names get their dataset's, or none
+            from .data import dataset_info
+            model.pretrained_cfg['label_names'] = dataset_info(self.dataset).label_names(model.num_classes)
         return model.eval()
 
 
@@ -184,15 +192,6 @@ def _classifier_width(arch: str, state_dict: Dict[str, Tensor]) -> Dict[str, Any
     return {}
 
 
-def _timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
-    """The create_model keywords of timm train.py, from its args (None values are dropped, as timm does)."""
-    model_args = {key: args.get(name) for key, name in TIMM_MODEL_KWARGS.items()}
-    if model_args['in_chans'] is None and args.get('input_size'):
-        model_args['in_chans'] = args['input_size'][0]
-    model_args.update(args.get('model_kwargs') or {})
-    return {k: v for k, v in model_args.items() if v is not None}
-
-
 def _read_hub_folder(folder: Path) -> Checkpoint:
     config_path = folder / 'config.json'
     if not config_path.is_file():
@@ -219,10 +218,15 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     model_args = dict(model_args)
     if 'num_classes' in config:
         model_args.setdefault('num_classes', config['num_classes'])
-    meta = _pretrained_meta(config.get('pretrained_cfg') or {})
+    # the top-level fields timm's local-dir: loading folds into the pretrained_cfg (timm.models._hub)
+    meta = _pretrained_meta({**(config.get('pretrained_cfg') or {}),
+                             **{k: config[k] for k in ('num_classes', 'label_names', 'label_descriptions')
+                                if k in config}})
     recipe = recipe_if_any(folder / 'recipe.yaml')  # an export's training arguments
     if recipe:
         meta['recipe'] = recipe
+    if TRAINING_PROCESSES in config:
+        meta[TRAINING_PROCESSES] = config[TRAINING_PROCESSES]
     return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder', meta)
 
 
@@ -327,6 +331,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         meta['args'] = plain_data(args)
         meta['recipe'] = strip_runtime_args(meta['args'])
         meta['dataset'] = args.get('dataset', '')
+        meta['num_epochs'] = timm_num_epochs(args) if args else None
         meta['ema_weights'] = use_ema
         if 'metric' in obj:
             # train.py saves the score of the EMA where it evaluates one (--model-ema without
@@ -334,7 +339,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
             meta['scored_weights'] = 'ema' if args.get('model_ema') and not args.get('model_ema_force_cpu') else 'model'
             if (meta['scored_weights'] == 'ema') == use_ema:
                 meta['metrics'] = {args.get('eval_metric', 'top1'): obj['metric']}
-        stored = _timm_model_args(args) if args else {}
+        stored = timm_model_args(args) if args else {}
         return Checkpoint(obj.get('arch') or args.get('model') or arch, {**stored, **model_args},
                           clean_state_dict(obj[key]), str(path), 'timm', meta)
     if all(k in obj for k in ('arch', 'model_args', 'state_dict')):

@@ -69,6 +69,11 @@ class DatasetInfo:
     data_dir: Literal['needed', 'optional', 'unused'] = 'needed'
     downloads: bool = False  # --dataset-download fetches it into --data-dir
 
+    def label_names(self, num_classes: int) -> Optional[Tuple[str, ...]]:
+        """timm's ``pretrained_cfg['label_names']`` of weights of ``num_classes`` classes trained on this dataset:
+        its class names where they are as many, else None (an image folder's classes are its folders)."""
+        return self.class_names if len(self.class_names) == num_classes else None
+
     @property
     def is_image_folder(self) -> bool:
         """An image folder: its classes are the folders of its splits."""

@@ -8,11 +8,13 @@ every name of train.py's parser is listed here with its use:
 * ``LOCAL``: the run's files, logging or processes in train.py: a recipe may hold it, a published one never does.
 
 The list follows the parser of timm's train.py (main, 1.0.29.dev0); tests/test_timm_train_args.py derives it again
-from a checkout's train.py where one is at hand (``SA_VISION_TIMM_CHECKOUT``). The library reads only this module.
+from a checkout's train.py where one is at hand (``SA_VISION_TIMM_CHECKOUT``). The library reads only this module,
+which also says what a timm checkpoint's ``args`` mean: the model train.py built, the epochs it trains.
 """
-from typing import Dict
+from typing import Any, Dict, Optional
 
-__all__ = ['OURS', 'TIMM_ONLY', 'LOCAL', 'TIMM_TRAIN_ARGS', 'TIMM_SET_ARGS', 'TIMM_MODEL_KWARGS', 'TIMM_SCHEDULERS']
+__all__ = ['OURS', 'TIMM_ONLY', 'LOCAL', 'TIMM_TRAIN_ARGS', 'TIMM_SET_ARGS', 'TIMM_MODEL_KWARGS', 'TIMM_SCHEDULERS',
+           'timm_model_args', 'timm_num_epochs']
 
 OURS, TIMM_ONLY, LOCAL = 'ours', 'timm-only', 'local'
 
@@ -91,3 +93,31 @@ TIMM_MODEL_KWARGS: Dict[str, str] = {
 
 # the --sched names timm.scheduler.create_scheduler_v2 takes
 TIMM_SCHEDULERS = ('constant', 'cosine', 'multistep', 'none', 'plateau', 'poly', 'rsqrt', 'step', 'tanh', 'wsd')
+
+
+def timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
+    """The create_model keywords of timm train.py, from its args (None values are dropped, as timm does)."""
+    model_args = {key: args.get(name) for key, name in TIMM_MODEL_KWARGS.items()}
+    if model_args['in_chans'] is None and args.get('input_size'):
+        model_args['in_chans'] = args['input_size'][0]
+    model_args.update(args.get('model_kwargs') or {})
+    return {k: v for k, v in model_args.items() if v is not None}
+
+
+def timm_num_epochs(args: Dict[str, Any]) -> Optional[int]:
+    """The epochs a timm train.py run trains, which its checkpoint does not keep: as train.py counts them, from
+    timm's ``create_scheduler_v2`` of its arguments (cooldown for cycle schedules, warmup with --warmup-prefix);
+    None where this timm cannot build that schedule."""
+    import argparse
+    import warnings
+
+    import torch
+    from timm.scheduler import create_scheduler_v2, scheduler_kwargs
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.)  # the count needs no real lr
+    try:
+        with warnings.catch_warnings():  # only counted: timm's advice on the schedule was the run's to read
+            warnings.simplefilter('ignore')
+            return int(create_scheduler_v2(optimizer, **scheduler_kwargs(argparse.Namespace(**args)),
+                                           updates_per_epoch=1)[1])
+    except (AssertionError, TypeError, ValueError):  # arguments of another timm version
+        return None
