@@ -265,20 +265,3 @@ def test_unpublished_weights_advice_is_commands_that_fit_together(arch, monkeypa
     else:
         assert not args.initial_checkpoint
     assert f"local-dir:{Path(args.output) / args.experiment / 'hub'}'" in error
-
-
-def test_the_no_answer_errors_of_huggingface_hub_before_1_0_are_one_clear_error(monkeypatch):
-    """huggingface_hub < 1.0 (which pyproject allows) talks through requests: a refused, failed or timed-out
-    connection raises requests' ConnectionError or Timeout, which are no HTTPError there. They read as no answer
-    from the Hub, and pretrained=True says so in one PretrainedWeightsUnavailable."""
-    requests = pytest.importorskip('requests')
-    from sa_vision.models import _pretrained
-    assert not issubclass(requests.ConnectionError, requests.HTTPError)  # why the table names them
-    monkeypatch.setattr(_pretrained, '_fail_fast_if_hub_unreachable', lambda *args, **kwargs: None)
-    known = _pretrained.hub_read_errors()
-    for error in (requests.ConnectionError('refused'), requests.ConnectTimeout('slow'), requests.ReadTimeout('mute')):
-        assert 'no answer from the Hub' in _pretrained.hub_error_reason(error, known)
-        with pytest.raises(_pretrained.PretrainedWeightsUnavailable, match=REPOS['sa_quadratic_cifar']):
-            with _pretrained.explain_unavailable_weights(
-                    'sa_quadratic_cifar', True, pretrained_cfg_overlay=dict(hf_hub_id=REPOS['sa_quadratic_cifar'])):
-                raise error

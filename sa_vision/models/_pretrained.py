@@ -50,7 +50,6 @@ def registered_hf_hub_id(arch: str) -> Optional[str]:
     return hub_repo_id(arch) if get_pretrained_cfg(f'{arch}.{PRETRAINED_TAG}') is not None else None
 
 
-_NO_ANSWER = 'no answer from the Hub: no network, or a proxy or firewall in the way'
 # what the Hub client's errors for a repository it cannot read mean for a user, the most specific first
 # (GatedRepoError is a RepositoryNotFoundError, LocalEntryNotFoundError an EntryNotFoundError, every HfHubHTTPError
 # an HTTPError: the HTTP client's base class, which huggingface_hub >= 1.0 re-exports); names the installed
@@ -64,25 +63,15 @@ _HUB_ERRORS = (
     ('RevisionNotFoundError', 'no such revision (the part after @)'),
     ('EntryNotFoundError', 'the repository lacks a file timm reads (config.json, the weights)'),
     ('HfHubHTTPError', 'the Hub answered with an error'),
-    ('HTTPError', _NO_ANSWER),
+    ('HTTPError', 'no answer from the Hub: no network, or a proxy or firewall in the way'),
 )
-# huggingface_hub < 1.0 talks through requests: its "no answer" errors (a refused, failed or timed-out connection)
-# are no HTTPError there, which is requests' error of an answer
-_REQUESTS_NO_ANSWER = ('ConnectionError', 'Timeout')
 
 
 def hub_read_errors() -> Dict[type, str]:
     """The installed huggingface_hub's error classes for a repository it cannot read, most specific first, with
     what each means for a user."""
     from huggingface_hub import errors
-    known = {getattr(errors, n): meaning for n, meaning in _HUB_ERRORS if hasattr(errors, n)}
-    try:
-        import requests
-    except ImportError:  # huggingface_hub >= 1.0 does not need it
-        return known
-    for name in _REQUESTS_NO_ANSWER:
-        known.setdefault(getattr(requests, name), _NO_ANSWER)
-    return known
+    return {getattr(errors, n): meaning for n, meaning in _HUB_ERRORS if hasattr(errors, n)}
 
 
 def hub_error_reason(error: BaseException, known: Dict[type, str]) -> str:
