@@ -1,7 +1,8 @@
-""" Markdown tables: the one formatter of the results, ablation, benchmark, analysis, card and model tables """
+""" Markdown tables: the one formatter of the results, ablation, benchmark, analysis, card and model tables; and
+counted nouns in the text around them """
 from typing import Optional, Sequence
 
-__all__ = ['markdown_table']
+__all__ = ['markdown_table', 'plural']
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], align: Optional[str] = None,
@@ -20,3 +21,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], alig
 
     rule = '|' + '|'.join('-' * max(3, w + 1) + (':' if a == 'r' else '-') for w, a in zip(widths, align)) + '|'
     return '\n'.join([line(header), rule] + [line(row) for row in cells])
+
+
+def plural(count: int, noun: str) -> str:
+    """``1 epoch``, ``2 epochs``: a count with its noun."""
+    return f'{count} {noun}{"" if count == 1 else "s"}'

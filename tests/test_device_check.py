@@ -250,6 +250,9 @@ def test_epoch_rates_are_an_epochs_images_over_its_train_time(tmp_path):
     epochs = dc.epoch_rates(text, summary, batch_size=128)['epochs']
     assert [(e['images'], e['img_s'], e['log_img_s'], e['end_to_end_img_s']) for e in epochs] == [
         (1280, 160.0, 1234.5, 1100.0), (1280, 2560.0, 20000.0, None)]
+    # a run of one epoch says 'epoch', as the trainer writes it
+    one = text.replace('2 epochs of', '1 epoch of')
+    assert [e['images'] for e in dc.epoch_rates(one, summary, batch_size=128)['epochs']] == [1280, 1280]
 
 
 def test_goals_pass_only_where_one_mode_meets_both_bounds(tmp_path):

@@ -6,20 +6,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from ..tables import markdown_table
+from ..tables import markdown_table, plural
 from ..train.checkpoint import BEST_CHECKPOINT, TRAINING_PROCESSES, Checkpoint, strip_runtime_args
 from ..train.recipes import repeat_run_args
 from .labels import RECIPE_FILENAME, WeightsLabel
 
-__all__ = ['TrainingRecord', 'training_record', 'published_recipe', 'plural', 'training_summary', 'recipe_section',
+__all__ = ['TrainingRecord', 'training_record', 'published_recipe', 'training_summary', 'recipe_section',
            'picked_note', 'training_processes', 'repeat_command']
 
 # what a card says of weights saved without a training record, by the checkpoint's format
 _NO_RECORD = {'state_dict': 'a state dict', 'safetensors': 'a safetensors file', 'hub_folder': 'a Hub folder'}
 
-
-def plural(count: int, noun: str) -> str:
-    return f'{count} {noun}{"" if count == 1 else "s"}'
 
 
 def published_recipe(ckpt: Checkpoint) -> Dict[str, Any]:

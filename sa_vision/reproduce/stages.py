@@ -21,6 +21,7 @@ from ..io import atomic_folder, atomic_write_text, plain_data
 from ..models import SA_MODEL_ARGS
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
+from ..tables import plural
 from ..train.checkpoint import Checkpoint, read_checkpoint
 from ..train.data import check_dataset, dataset_info
 from .processes import Trainings, run_training
@@ -158,7 +159,7 @@ class Reproduction:
             check_run_arguments(self.run_dir(run), ckpt, stage_arguments(recipe, cmd[3:] + initial))
             meta = ckpt.meta
             if meta['epoch'] >= meta.get('num_epochs', recipe['epochs']):
-                say(f'{run}: finished ({_epochs(meta["epoch"])}), skipped')
+                say(f'{run}: finished ({plural(meta["epoch"], "epoch")}), skipped')
                 return last
             say(f'{run}: continuing the killed run at epoch {meta["epoch"]}')
             cmd += ['--resume', str(last)]
@@ -167,12 +168,12 @@ class Reproduction:
                 say(f'{run}: {self.run_dir(run)} holds no finished epoch, removed; training from the start')
                 shutil.rmtree(self.run_dir(run))
             cmd += initial
-        say(f'{run}: {_epochs(recipe["epochs"])} of {model} on {self.dataset}, recipe {recipe_path}')
+        say(f'{run}: {plural(recipe["epochs"], "epoch")} of {model} on {self.dataset}, recipe {recipe_path}')
         status = run_training(cmd, f'[{run}] ' if self.tag_output else None, self._trainings)
         if status != 0 and (self.stopped or status == -signal.SIGTERM):
             done = read_checkpoint(last).meta['epoch'] if last.is_file() else 0
-            raise StageStopped(f'{run}: stopped after {done} of {_epochs(recipe["epochs"])}; {self.run_dir(run)} '
-                               f'keeps them for the next run to continue')
+            raise StageStopped(f'{run}: stopped after {done} of {plural(recipe["epochs"], "epoch")}; '
+                               f'{self.run_dir(run)} keeps them for the next run to continue')
         if status != 0:
             raise StageFailed(f'the training process of {run} exited with status {status} (its output is above)')
         return last
@@ -379,10 +380,6 @@ class Reproduction:
                 raise StageFailed(f'stage {name!r} failed: {what}') from e
         say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
         return results['rows']
-
-
-def _epochs(count: int) -> str:
-    return f'{count} epoch' + ('' if count == 1 else 's')
 
 
 def _training_script_keys() -> frozenset:

@@ -29,6 +29,7 @@ from ..errors import UserError, run_cli
 from ..io import atomic_folder
 from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
+from ..tables import plural
 from .args import check_least_values, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
@@ -107,7 +108,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
                                               steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
         write_run_files(args, run_dir)
-        log(f'Run folder {run_dir}; {num_epochs} epochs of {len(train_loader)} steps, '
+        log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)

@@ -717,7 +717,7 @@ def epoch_rates(text: str, summary_csv: Path, batch_size: int) -> Dict[str, Any]
     """Each epoch's images/s from a training run: images (its steps x batch) over the epoch's train time in
     ``summary.csv``, the rate of the log's last ``Train:`` line of that epoch and its ``Epoch N: ... img/s end to
     end`` line (where the trainer writes one)."""
-    steps = re.search(r'epochs of (\d+) steps', text)
+    steps = re.search(r'epochs? of (\d+) steps', text)
     last_rate: Dict[int, float] = {}
     for m in re.finditer(r'Train: (\d+) \[.*?([\d.]+) img/s', text):
         last_rate[int(m.group(1))] = float(m.group(2))
