@@ -75,15 +75,23 @@ def _section(card: str, name: str) -> str:
 
 
 def test_the_card_numbers_epochs_from_1_and_says_when_the_accuracy_picked_them(run, tmp_path):
-    """--export publishes model_best.pth.tar, picked by its test-split top-1, which the card reports: it says that
-    this makes the number optimistic. The last epoch, exported as it is, was picked by nothing. The epochs of the
-    training table count from 1, as 'after epoch N of M' does."""
+    """--export publishes model_best.pth.tar, picked by its test-split top-1, which the card reports: where that is
+    an epoch before the run's last, the card says that this makes the number optimistic. The last epoch was picked by
+    nothing, exported as it is or as the best. The epochs of the training table count from 1, as 'after epoch N of
+    M' does."""
     ckpt = torch.load(run / 'last.pth.tar', weights_only=True)
     best_epoch = ckpt['best']['epoch'] + 1  # the record counts from 0
     picked = _card(run / 'hub')
     assert f'after epoch {best_epoch} of 2, the best by `--eval-metric top1`' in picked
-    assert 'picked as the best by `--eval-metric top1` on this same split, so the accuracy is optimistic' in \
-        _section(picked, 'results')
+    optimistic = 'picked as the best by `--eval-metric top1` on this same split, so the accuracy is optimistic'
+    assert (optimistic in _section(picked, 'results')) == (best_epoch < 2)
+    for epoch, picked_by_score in ((1, True), (2, False)):  # model_best of either epoch
+        folder = tmp_path / f'best{epoch}'
+        folder.mkdir()
+        torch.save({**ckpt, 'epoch': epoch, 'history': ckpt['history'][:epoch],
+                    'best': {**ckpt['best'], 'epoch': epoch - 1}}, folder / 'model_best.pth.tar')
+        export_hub_folder(folder / 'model_best.pth.tar', folder / 'hub', figure=False)
+        assert (optimistic in _section(_card(folder / 'hub'), 'results')) == picked_by_score, epoch
     rows = re.findall(r'^\| (\d+) \|', _section(picked, 'training'), re.M)
     assert rows == [str(epoch) for epoch in range(1, best_epoch + 1)] and '2 epochs of' in picked
     export_hub_folder(run / 'last.pth.tar', tmp_path / 'last', figure=False)

@@ -67,7 +67,8 @@ def training_record(ckpt: Checkpoint) -> Optional[TrainingRecord]:
         epoch = meta['epoch'] + 1  # train.py numbers its epochs from 0
         num_epochs = meta.get('num_epochs') or args.get('epochs') or epoch
         # its CheckpointSaver keeps no record of the best epoch but the file it copies it to
-        return TrainingRecord('timm train.py', epoch, num_epochs, None, eval_metric, named_best, named_best,
+        return TrainingRecord('timm train.py', epoch, num_epochs, None, eval_metric, named_best,
+                              _picked(named_best, epoch, num_epochs),
                               bool(meta.get('ema_weights')) if args.get('model_ema') else None,
                               meta['scored_weights'] == 'ema' if 'scored_weights' in meta else None)
     epoch, num_epochs = meta['epoch'], meta.get('num_epochs') or meta['epoch']
@@ -75,8 +76,14 @@ def training_record(ckpt: Checkpoint) -> Optional[TrainingRecord]:
     steps = meta['num_updates'] // epoch if meta.get('num_updates') else None
     # picked: only model_best.pth.tar is written for being the best; last.pth.tar (of a killed run too) is the
     # latest epoch, and the same bytes as model_best when that epoch is the best: the file name is what tells
-    return TrainingRecord('sa-vision-train', epoch, num_epochs, steps, eval_metric, best, best and named_best,
-                          None, None)
+    return TrainingRecord('sa-vision-train', epoch, num_epochs, steps, eval_metric, best,
+                          _picked(named_best and best, epoch, num_epochs), None, None)
+
+
+def _picked(best_file: bool, epoch: int, num_epochs: int) -> bool:
+    """Whether the evaluation chose these weights: a best-epoch file of an epoch before the run's last (the last
+    epoch's weights are the run's result whatever their score, so its accuracy is no choice's)."""
+    return best_file and epoch < num_epochs
 
 
 def picked_note(record: Optional[TrainingRecord]) -> str:
