@@ -50,6 +50,8 @@ def _run(main, argv, capsys):
     (benchmark_script, ['--model', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dim=8', 'depth=1',
                         '--img-size', '8', '--compare', 'batched', '--amp', '--runs', '1', '--quiet'],
      'sa_quadratic_cifar already runs every attention layer that way here (cpu, bfloat16 autocast)'),
+    (benchmark_script, ['-m', 'sa_quadratic_cifar', '-b', '0'], '--batch-size is 0, it must be at least 1'),
+    (benchmark_script, ['-m', 'sa_quadratic_cifar', '-b', '-3'], '--batch-size is -3, it must be at least 1'),
     # sa-vision-validate resolves --model as every command does (sa_vision.train.checkpoint.load_model)
     (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
     (validate, ['--model', 'local-dir:{tmp}/missing', '--dataset', 'digits'], 'missing is not a folder'),
@@ -63,6 +65,7 @@ def _run(main, argv, capsys):
         'figures-from-missing', 'figures-from-empty',
         'figures-into-a-file',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
+        'benchmark-batch-size-0', 'benchmark-batch-size-negative',
         'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):

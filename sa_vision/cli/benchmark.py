@@ -28,6 +28,7 @@ from timm.utils import ParseKwargs
 from sa_vision.errors import command
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
+from sa_vision.train.args import check_least_values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    check_least_values(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.flush_denormal and not torch.set_flush_denormal(True):
