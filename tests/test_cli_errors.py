@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sa_vision.cli import benchmark as benchmark_script
-from sa_vision.cli import plot_attention, prune, push_to_hub, validate
+from sa_vision.cli import explore, plot_attention, prune, push_to_hub, validate
 from sa_vision.cli import reproduce as reproduce_script
 from sa_vision.errors import UserError, run_cli
 
@@ -52,6 +52,10 @@ def _run(main, argv, capsys):
      'sa_quadratic_cifar already runs every attention layer that way here (cpu, bfloat16 autocast)'),
     (benchmark_script, ['-m', 'sa_quadratic_cifar', '-b', '0'], '--batch-size is 0, it must be at least 1'),
     (benchmark_script, ['-m', 'sa_quadratic_cifar', '-b', '-3'], '--batch-size is -3, it must be at least 1'),
+    # checked before any model is loaded (an unknown model would say so first otherwise)
+    (explore, ['no_such_model', '--out', '{tmp}/x.html', '--images', '0'], '--images is 0, it must be at least 1'),
+    (explore, ['no_such_model', '--out', '{tmp}'], 'is a folder: name the file to write'),
+    (explore, ['no_such_model', '--out', ROOT / 'pyproject.toml' / 'x.html'], 'pyproject.toml is a file'),
     # sa-vision-validate resolves --model as every command does (sa_vision.train.checkpoint.load_model)
     (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
     (validate, ['--model', 'local-dir:{tmp}/missing', '--dataset', 'digits'], 'missing is not a folder'),
@@ -66,6 +70,7 @@ def _run(main, argv, capsys):
         'figures-into-a-file',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
         'benchmark-batch-size-0', 'benchmark-batch-size-negative',
+        'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file',
         'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
