@@ -52,6 +52,12 @@ def _run(main, argv, capsys):
      'sa_quadratic_cifar already runs every attention layer that way here (cpu, bfloat16 autocast)'),
     (benchmark_script, ['-m', 'sa_quadratic_cifar', '-b', '0'], '--batch-size is 0, it must be at least 1'),
     (benchmark_script, ['-m', 'sa_quadratic_cifar', '-b', '-3'], '--batch-size is -3, it must be at least 1'),
+    # checked before any model is built or timed (an unknown model would say so first otherwise)
+    (benchmark_script, ['-m', 'no_such_model', '--results-file', ROOT / 'pyproject.toml' / 'x.csv'],
+     'pyproject.toml is a file'),
+    (benchmark_script, ['-m', 'no_such_model', '--results-file', '{tmp}'], 'is a folder: name the file to write'),
+    (benchmark_script, ['--model-list', '{tmp}/nope.txt'], 'nope.txt cannot be read (No such file or directory)'),
+    (benchmark_script, ['-m', 'no_such_model', '--reproduce-profile', 'nosuch'], "'nosuch' is not one of ['cpu'"),
     # checked before any model is loaded (an unknown model would say so first otherwise)
     (explore, ['no_such_model', '--out', '{tmp}/x.html', '--images', '0'], '--images is 0, it must be at least 1'),
     (explore, ['no_such_model', '--out', '{tmp}'], 'is a folder: name the file to write'),
@@ -70,7 +76,8 @@ def _run(main, argv, capsys):
         'figures-into-a-file',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
         'benchmark-batch-size-0', 'benchmark-batch-size-negative',
-        'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file',
+        'benchmark-results-below-a-file', 'benchmark-results-is-a-folder', 'benchmark-missing-model-list',
+        'benchmark-unknown-profile', 'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file',
         'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
@@ -375,3 +382,16 @@ def test_an_output_folder_that_cannot_be_written_is_one_error_line(command, wher
         assert line.startswith(f'error: --output {folder}: '), line
     assert ('afile is a file, not a folder' if where != 'proc' else 'nothing can be created in /proc') in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(['afile'] + (['w.pth'] if command != 'train' else []))
+
+
+@pytest.mark.parametrize('command', ['benchmark', 'validate', 'train'])
+def test_a_model_keyword_without_its_value_is_a_usage_error_naming_it(command, capsys):
+    """timm's --model-kwargs parsing splits each item at '=' and raises a bare ValueError on one without it."""
+    from sa_vision.train.args import build_parser
+    parse = {'benchmark': benchmark_script.build_parser().parse_args,
+             'validate': lambda argv: validate.main(argv), 'train': build_parser().parse_args}[command]
+    with pytest.raises(SystemExit) as exit_:
+        parse(['--model-kwargs', 'depth=1', 'embed_dim'])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith("error: argument --model-kwargs: 'embed_dim': key=value expected, e.g. embed_dim=64"), last
