@@ -58,6 +58,10 @@ def _run(main, argv, capsys):
     (benchmark_script, ['-m', 'no_such_model', '--results-file', '{tmp}'], 'is a folder: name the file to write'),
     (benchmark_script, ['--model-list', '{tmp}/nope.txt'], 'nope.txt cannot be read (No such file or directory)'),
     (benchmark_script, ['-m', 'no_such_model', '--reproduce-profile', 'nosuch'], "'nosuch' is not one of ['cpu'"),
+    (benchmark_script, ['-m', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dim=8', 'depth=1', '--img-size', '15'],
+     'sa_quadratic_cifar cannot take input size (3, 15, 15) (--img-size / --input-size): expected an even height'),
+    (benchmark_script, ['-m', 'no_such_model', '--compare', 'fused', '--device', 'cpu'],
+     '--compare fused: mix_and_project'),
     # checked before any model is loaded (an unknown model would say so first otherwise)
     (explore, ['no_such_model', '--out', '{tmp}/x.html', '--images', '0'], '--images is 0, it must be at least 1'),
     (explore, ['no_such_model', '--out', '{tmp}'], 'is a folder: name the file to write'),
@@ -77,7 +81,8 @@ def _run(main, argv, capsys):
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
         'benchmark-batch-size-0', 'benchmark-batch-size-negative',
         'benchmark-results-below-a-file', 'benchmark-results-is-a-folder', 'benchmark-missing-model-list',
-        'benchmark-unknown-profile', 'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file',
+        'benchmark-unknown-profile', 'benchmark-odd-img-size', 'benchmark-fused-unavailable',
+        'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file',
         'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
@@ -395,3 +400,14 @@ def test_a_model_keyword_without_its_value_is_a_usage_error_naming_it(command, c
     assert exit_.value.code == 2
     last = capsys.readouterr().err.splitlines()[-1]
     assert last.endswith("error: argument --model-kwargs: 'embed_dim': key=value expected, e.g. embed_dim=64"), last
+
+
+def test_benchmark_compare_fused_runs_in_the_triton_interpreter(monkeypatch, capsys):
+    """Under TRITON_INTERPRET=1 the kernel runs on the CPU: the up-front refusal of --compare fused lets it through
+    (the next check, the unknown model, is what stops this run)."""
+    from sa_vision.layers import triton_mixing
+    if triton_mixing.triton is None:
+        pytest.skip('triton is not installed')
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    line = _one_error(benchmark_script.main, ['-m', 'no_such_model', '--compare', 'fused', '--device', 'cpu'], capsys)
+    assert "unknown model 'no_such_model'" in line, line
