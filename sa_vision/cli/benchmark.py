@@ -17,6 +17,9 @@ TRITON_INTERPRET=1 on the CPU); 'paper' runs the same weights through the paper'
 formulation (sa_vision.research.paper_reference, part of the package); 'vit_peer' and 'convit_peer' are timm's
 VisionTransformer and ConVit at patch 2 (a grid like ours) and about the narrow SA models' parameters, built for
 --img-size (sa_vision.measure.peers).
+Columns named as timm's benchmark.py names them count in other units: param_count is the raw parameter
+count (timm's: millions), macs the raw MACs of one image's forward (timm's infer_gmacs: GMACs); --amp
+autocasts to --amp-dtype bfloat16 by default (timm's: float16). See docs/performance.md, 'What is measured'.
 All measuring code lives in sa_vision.measure.benchmark; this file is the command line only.
 """
 import argparse
