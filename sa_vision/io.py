@@ -1,7 +1,8 @@
 """ Writing files and folders so that a crash or kill never leaves half of one: :func:`atomic_write` and the
 writers built on it (text, ``torch.save``, a duplicate of a file), each with the mode ``open()`` gives a new file,
-and :func:`atomic_folder`; :func:`folder_problem`, what would stop a folder from being written; and
-:func:`plain_data`, a value as data any of these files can hold. Imports no sa_vision code. """
+and :func:`atomic_folder`; :func:`folder_problem` and :func:`file_problem`, what would stop a folder or a file
+from being written; and :func:`plain_data`, a value as data any of these files can hold. Imports no sa_vision
+code. """
 import contextlib
 import os
 import shutil
@@ -12,7 +13,8 @@ from typing import Any, Iterator, Optional, Union
 import torch
 
 __all__ = ['atomic_write', 'atomic_write_text', 'atomic_torch_save', 'atomic_duplicate', 'atomic_folder',
-           'usual_file_mode', 'folder_problem', 'plain_data']
+           'usual_file_mode', 'folder_problem', 'file_problem',
+           'plain_data']
 
 PathLike = Union[str, os.PathLike]
 
@@ -97,6 +99,15 @@ def folder_problem(folder: PathLike) -> Optional[str]:
     except OSError as e:
         return f'nothing can be created in {existing} ({e.strerror or e})'
     return None
+
+
+def file_problem(path: PathLike) -> Optional[str]:
+    """What would stop the file ``path`` from being written (a folder of that name, a folder above it that cannot be
+    created, see :func:`folder_problem`), in words, or None; nothing is created."""
+    path = Path(path)
+    if path.is_dir():
+        return f'{path} is a folder: name the file to write'
+    return folder_problem(path.parent)
 
 
 def plain_data(value: Any) -> Any:

@@ -113,7 +113,7 @@ def test_format_results():
 @pytest.mark.parametrize('fmt', ['table', 'csv', 'json'])
 def test_cli_runs(fmt, tmp_path, capsys):
     cli = _load_cli()
-    out = tmp_path / f'results.{fmt}'
+    out = tmp_path / 'new' / f'results.{fmt}'  # its folder is made
     argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
             '--runs', '1', '--num-warm-iter', '0', '--results-format', fmt, '--results-file', str(out), '--quiet']
     assert cli.main(argv) == 0

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sa_vision.cli import benchmark as benchmark_script
-from sa_vision.cli import plot_attention, prune, push_to_hub, validate
+from sa_vision.cli import explore, plot_attention, prune, push_to_hub, validate
 from sa_vision.cli import reproduce as reproduce_script
 from sa_vision.errors import UserError, run_cli
 
@@ -50,6 +50,22 @@ def _run(main, argv, capsys):
     (benchmark_script, ['--model', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dim=8', 'depth=1',
                         '--img-size', '8', '--compare', 'batched', '--amp', '--runs', '1', '--quiet'],
      'sa_quadratic_cifar already runs every attention layer that way here (cpu, bfloat16 autocast)'),
+    (benchmark_script, ['-m', 'sa_quadratic_cifar', '-b', '0'], '--batch-size is 0, it must be at least 1'),
+    (benchmark_script, ['-m', 'sa_quadratic_cifar', '-b', '-3'], '--batch-size is -3, it must be at least 1'),
+    # checked before any model is built or timed (an unknown model would say so first otherwise)
+    (benchmark_script, ['-m', 'no_such_model', '--results-file', ROOT / 'pyproject.toml' / 'x.csv'],
+     'pyproject.toml is a file'),
+    (benchmark_script, ['-m', 'no_such_model', '--results-file', '{tmp}'], 'is a folder: name the file to write'),
+    (benchmark_script, ['--model-list', '{tmp}/nope.txt'], 'nope.txt cannot be read (No such file or directory)'),
+    (benchmark_script, ['-m', 'no_such_model', '--reproduce-profile', 'nosuch'], "'nosuch' is not one of ['cpu'"),
+    (benchmark_script, ['-m', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dim=8', 'depth=1', '--img-size', '15'],
+     'sa_quadratic_cifar cannot take input size (3, 15, 15) (--img-size / --input-size): expected an even height'),
+    (benchmark_script, ['-m', 'no_such_model', '--compare', 'fused', '--device', 'cpu'],
+     '--compare fused: mix_and_project'),
+    # checked before any model is loaded (an unknown model would say so first otherwise)
+    (explore, ['no_such_model', '--out', '{tmp}/x.html', '--images', '0'], '--images is 0, it must be at least 1'),
+    (explore, ['no_such_model', '--out', '{tmp}'], 'is a folder: name the file to write'),
+    (explore, ['no_such_model', '--out', ROOT / 'pyproject.toml' / 'x.html'], 'pyproject.toml is a file'),
     # sa-vision-validate resolves --model as every command does (sa_vision.train.checkpoint.load_model)
     (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
     (validate, ['--model', 'local-dir:{tmp}/missing', '--dataset', 'digits'], 'missing is not a folder'),
@@ -63,6 +79,10 @@ def _run(main, argv, capsys):
         'figures-from-missing', 'figures-from-empty',
         'figures-into-a-file',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',
+        'benchmark-batch-size-0', 'benchmark-batch-size-negative',
+        'benchmark-results-below-a-file', 'benchmark-results-is-a-folder', 'benchmark-missing-model-list',
+        'benchmark-unknown-profile', 'benchmark-odd-img-size', 'benchmark-fused-unavailable',
+        'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file',
         'validate-unknown-model',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
@@ -367,3 +387,27 @@ def test_an_output_folder_that_cannot_be_written_is_one_error_line(command, wher
         assert line.startswith(f'error: --output {folder}: '), line
     assert ('afile is a file, not a folder' if where != 'proc' else 'nothing can be created in /proc') in line, line
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(['afile'] + (['w.pth'] if command != 'train' else []))
+
+
+@pytest.mark.parametrize('command', ['benchmark', 'validate', 'train'])
+def test_a_model_keyword_without_its_value_is_a_usage_error_naming_it(command, capsys):
+    """timm's --model-kwargs parsing splits each item at '=' and raises a bare ValueError on one without it."""
+    from sa_vision.train.args import build_parser
+    parse = {'benchmark': benchmark_script.build_parser().parse_args,
+             'validate': lambda argv: validate.main(argv), 'train': build_parser().parse_args}[command]
+    with pytest.raises(SystemExit) as exit_:
+        parse(['--model-kwargs', 'depth=1', 'embed_dim'])
+    assert exit_.value.code == 2
+    last = capsys.readouterr().err.splitlines()[-1]
+    assert last.endswith("error: argument --model-kwargs: 'embed_dim': key=value expected, e.g. embed_dim=64"), last
+
+
+def test_benchmark_compare_fused_runs_in_the_triton_interpreter(monkeypatch, capsys):
+    """Under TRITON_INTERPRET=1 the kernel runs on the CPU: the up-front refusal of --compare fused lets it through
+    (the next check, the unknown model, is what stops this run)."""
+    from sa_vision.layers import triton_mixing
+    if triton_mixing.triton is None:
+        pytest.skip('triton is not installed')
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    line = _one_error(benchmark_script.main, ['-m', 'no_such_model', '--compare', 'fused', '--device', 'cpu'], capsys)
+    assert "unknown model 'no_such_model'" in line, line

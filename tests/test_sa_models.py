@@ -11,6 +11,7 @@ from helpers import CONTENT_FREE_MODELS, SA_MODELS
 from torch import nn
 
 import sa_vision  # noqa: F401  (registers the models)
+from sa_vision.layers import check_image_batch_shape
 from sa_vision.models._pretrained import PUBLISHED
 from sa_vision.research.paper_reference import PaperDenseSA
 
@@ -92,6 +93,10 @@ def test_wrong_input_shape_names_the_expected_shape(shape, message):
     with pytest.raises(ValueError, match=message) as excinfo:
         model(torch.randn(shape))
     assert '(B, 3, H, W)' in str(excinfo.value)
+    with pytest.raises(ValueError) as of_shape:  # asked of the shape alone, as sa-vision-benchmark does
+        check_image_batch_shape(list(shape), 3)
+    assert str(of_shape.value) == str(excinfo.value)
+    check_image_batch_shape([1, 3, 32, 30], 3)
 
 
 def test_in_chans_and_num_classes():

@@ -17,17 +17,23 @@ TRITON_INTERPRET=1 on the CPU); 'paper' runs the same weights through the paper'
 formulation (sa_vision.research.paper_reference, part of the package); 'vit_peer' and 'convit_peer' are timm's
 VisionTransformer and ConVit at patch 2 (a grid like ours) and about the narrow SA models' parameters, built for
 --img-size (sa_vision.measure.peers).
+Columns named as timm's benchmark.py names them count in other units: param_count is the raw parameter
+count (timm's: millions), macs the raw MACs of one image's forward (timm's infer_gmacs: GMACs); --amp
+autocasts to --amp-dtype bfloat16 by default (timm's: float16). See docs/performance.md, 'What is measured'.
 All measuring code lives in sa_vision.measure.benchmark; this file is the command line only.
 """
 import argparse
 import sys
+from pathlib import Path
 
 import torch
-from timm.utils import ParseKwargs
 
-from sa_vision.errors import command
+from sa_vision.errors import UserError, command
+from sa_vision.io import atomic_write_text, file_problem
+from sa_vision.layers.triton_mixing import kernel_problem
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
+from sa_vision.train.args import ModelKwargs, check_least_values
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog=__doc__)
     p.add_argument('--model', '-m', nargs='+', default=['sa_quadratic_cifar'], help='model name(s)')
     p.add_argument('--model-list', default='', help='text file with one model name per line')
-    p.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+    p.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs,
                    help='extra model arguments, e.g. embed_dim=16 depth=1 heads_per_layer=2')
     p.add_argument('--bench', default='both', choices=('both', 'train', 'inference'))
     p.add_argument('--batch-size', '-b', type=int, default=32)
@@ -86,14 +92,44 @@ def build_parser() -> argparse.ArgumentParser:
                    help='print a torch.profiler table of one training step per model as configured (device, '
                         'precision, --amp, --channels-last, --torchcompile): top ops by self device time on CUDA, '
                         'by self CPU time on the CPU')
-    p.add_argument('--results-file', default='', help='write results here (format from --results-format)')
+    p.add_argument('--results-file', default='', help='write results here (--results-format; its folder is made)')
     p.add_argument('--results-format', default='table', choices=('table', 'csv', 'json'))
     p.add_argument('--quiet', action='store_true')
     return p
 
 
+def _check_args(args, compare, device) -> None:
+    """Refuse what would fail only after models were built or timed (the timings would be lost)."""
+    check_least_values(args)
+    problem = args.results_file and file_problem(args.results_file)
+    if problem:
+        raise UserError(f'--results-file {args.results_file}: {problem}')
+    if args.reproduce_profile:
+        from sa_vision.reproduce import PROFILES
+        if args.reproduce_profile not in PROFILES:
+            raise UserError(f'--reproduce-profile {args.reproduce_profile!r} is not one of {sorted(PROFILES)}')
+    problem = 'fused' in compare and kernel_problem(device)
+    if problem:
+        raise UserError(f'--compare fused: {problem}')
+
+
+def _model_names(args):
+    """--model, or the names of --model-list."""
+    if not args.model_list:
+        return list(args.model)
+    try:
+        with open(args.model_list) as f:
+            return [line.strip() for line in f if line.strip() and not line.startswith('#')]
+    except OSError as e:
+        raise UserError(f'--model-list {args.model_list} cannot be read ({e.strerror or e})') from None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    compare = [c.strip() for c in args.compare.split(',') if c.strip()]
+    device = sab.resolve_device(args.device)
+    _check_args(args, compare, device)
+    models = _model_names(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.flush_denormal and not torch.set_flush_denormal(True):
@@ -104,17 +140,10 @@ def main(argv=None) -> int:
         if not retain_freed_memory():
             print('--retain-freed-memory: needs glibc\'s malloc; running without it', file=sys.stderr)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    models = list(args.model)
-    if args.model_list:
-        with open(args.model_list) as f:
-            models = [line.strip() for line in f if line.strip() and not line.startswith('#')]
     input_size = tuple(args.input_size) if args.input_size else (3, args.img_size or 32, args.img_size or 32)
-    compare = [c.strip() for c in args.compare.split(',') if c.strip()]
     model_kwargs = dict(args.model_kwargs)
     if args.num_classes is not None:
         model_kwargs['num_classes'] = args.num_classes
-
-    device = sab.resolve_device(args.device)
 
     # how every step runs: the timed ones and the profiled one
     step_kwargs = dict(precision=args.precision, amp=args.amp, amp_dtype=args.amp_dtype,
@@ -125,8 +154,6 @@ def main(argv=None) -> int:
         if not args.reproduce_profile:
             return {}
         from sa_vision.reproduce import PROFILES
-        if args.reproduce_profile not in PROFILES:
-            raise SystemExit(f'--reproduce-profile {args.reproduce_profile!r} is not one of {sorted(PROFILES)}')
         return dict(PROFILES[args.reproduce_profile].per_model.get(name, {}).get('model_kwargs', {}))
 
     compare_kwargs = {c: profile_kwargs(c) for c in compare}
@@ -163,8 +190,8 @@ def main(argv=None) -> int:
     text = format_results(all_rows, args.results_format)
     print(text)
     if args.results_file:
-        with open(args.results_file, 'w') as f:
-            f.write(text if text.endswith('\n') else text + '\n')
+        Path(args.results_file).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(args.results_file, text if text.endswith('\n') else text + '\n')
     return 0
 
 

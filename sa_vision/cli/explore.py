@@ -11,7 +11,8 @@ import argparse
 import sys
 import time
 
-from sa_vision.errors import command
+from sa_vision.errors import UserError, command
+from sa_vision.io import file_problem
 from sa_vision.research.explorer import ExplorerModel, resolve_explorer_model, write_explorer
 from sa_vision.train.checkpoint import load_model
 
@@ -31,6 +32,11 @@ def main(argv=None):
     parser.add_argument('--pretrained', action=argparse.BooleanOptionalAction, default=True,
                         help='timm names: load their published weights (default) or build them at random')
     args = parser.parse_args(argv)
+    if args.images < 1:
+        raise UserError(f'--images is {args.images}, it must be at least 1')
+    problem = file_problem(args.out)
+    if problem:
+        raise UserError(f'--out {args.out}: {problem}')
     started = time.time()
     models = []
     for spec in args.models:

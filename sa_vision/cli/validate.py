@@ -24,11 +24,10 @@ from pathlib import Path
 
 import timm
 import torch
-from timm.utils import ParseKwargs
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import command
-from sa_vision.train.args import add_threads_argument, check_least_values
+from sa_vision.train.args import ModelKwargs, add_threads_argument, check_least_values
 from sa_vision.train.checkpoint import LOCAL_DIR_PREFIX, CheckpointError, load_model, read_checkpoint
 from sa_vision.train.data import (
     check_dataset,
@@ -89,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument('--checkpoint', default='', help='weights of any kind (see above)')
     parser.add_argument('--use-ema', action='store_true', default=False,
                         help='the EMA weights of a timm train.py checkpoint')
-    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
+    parser.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
     parser.add_argument('--data-dir', default=None, metavar='DIR')
     parser.add_argument('--dataset', default=None,
                         help="'torch/cifar10', 'fashion-mnist', 'digits', '' (an ImageFolder); default: the "

@@ -2,14 +2,14 @@
 
 Stored as the equivalent ``Conv2d(C, embed_dim, 2, stride=2)``, so timm's ``first_conv`` machinery works unchanged.
 """
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function, register_notrace_module
 from torch import Tensor, nn
 
-__all__ = ['SpaceToDepthEmbed', 'check_image_shape']
+__all__ = ['SpaceToDepthEmbed', 'check_image_shape', 'check_image_batch_shape']
 
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
@@ -19,19 +19,24 @@ def check_image_shape(x: Tensor, in_chans: int, even: bool = True) -> None:
     checks it before the border: that is the shape the user passed, and a border adds an even 2 x its width."""
     if torch.jit.is_tracing():
         return
+    check_image_batch_shape(x.shape, in_chans, even)
+
+
+def check_image_batch_shape(shape: List[int], in_chans: int, even: bool = True) -> None:
+    """:func:`check_image_shape` for a batch of this ``shape``, without the tensor (to ask before building one)."""
     size = ' with H and W even' if even else ''
-    if x.dim() != 4:
+    if len(shape) != 4:
         raise ValueError(
             f'expected an image batch of shape (B, {in_chans}, H, W){size}, '
-            f'got a {x.dim()}-D tensor of shape {list(x.shape)}; add a batch dimension with x.unsqueeze(0)')
-    if x.shape[1] != in_chans:
+            f'got a {len(shape)}-D tensor of shape {list(shape)}; add a batch dimension with x.unsqueeze(0)')
+    if shape[1] != in_chans:
         raise ValueError(
-            f'expected {in_chans} input channels, shape (B, {in_chans}, H, W), got shape {list(x.shape)}; '
-            f'create the model with in_chans={x.shape[1]} to accept this input')
-    if even and (x.shape[2] % 2 != 0 or x.shape[3] % 2 != 0):
+            f'expected {in_chans} input channels, shape (B, {in_chans}, H, W), got shape {list(shape)}; '
+            f'create the model with in_chans={shape[1]} to accept this input')
+    if even and (shape[2] % 2 != 0 or shape[3] % 2 != 0):
         raise ValueError(
             f'expected an even height and width (the 2x2 space-to-depth embedding), shape (B, {in_chans}, H, W), '
-            f'got shape {list(x.shape)}; crop or pad the image to an even size')
+            f'got shape {list(shape)}; crop or pad the image to an even size')
 
 
 @register_notrace_module  # shapes drive the reshapes; FX keeps the layer whole

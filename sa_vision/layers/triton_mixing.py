@@ -23,7 +23,7 @@ try:
 except ImportError:  # the module imports without triton; calling the kernel says what is missing
     triton = tl = None
 
-__all__ = ['mix_and_project', 'triton_available', 'interpreting']
+__all__ = ['mix_and_project', 'triton_available', 'interpreting', 'kernel_problem']
 
 
 def interpreting() -> bool:
@@ -35,6 +35,19 @@ def interpreting() -> bool:
 def triton_available() -> bool:
     """Whether :func:`mix_and_project` can run here: triton importable, and a CUDA device or the interpreter."""
     return triton is not None and (interpreting() or torch.cuda.is_available())
+
+
+def kernel_problem(device: Optional[torch.device] = None) -> Optional[str]:
+    """What stops :func:`mix_and_project` from running here (on tensors on ``device``, where given), in words, or
+    None: asked by the kernel and by whoever would rather refuse before any work."""
+    if not triton_available():
+        why = 'triton is not installed' if triton is None else 'there is no CUDA device'
+        return (f'mix_and_project needs triton and a CUDA device, or TRITON_INTERPRET=1 to run in the CPU '
+                f'interpreter; {why} (pip install triton, or run without the kernel: no fused_mix_and_project, '
+                f'no --compare fused)')
+    if device is not None and not interpreting() and torch.device(device).type != 'cuda':
+        return f'mix_and_project runs on CUDA tensors (x is on {device}); set TRITON_INTERPRET=1 to run it on the CPU'
+    return None
 
 
 def _chain_kernel(
@@ -298,11 +311,9 @@ def mix_and_project(x: Tensor, probs: Union[Tensor, List[Tensor]], weight: Tenso
     ``probs``: dense ``(heads, h*w, h*w)`` (``[head, query, key]``), or the ``[grid]`` / ``[row, col]`` list of
     :meth:`PositionalAttention.mixing_probs`. Under autocast every input is cast to its dtype, else ``probs``,
     ``weight`` and ``bias`` to ``x``'s; the products accumulate in float32 (float64 for float64)."""
-    if not triton_available():
-        why = 'triton is not installed' if triton is None else 'there is no CUDA device'
-        raise UserError(f'mix_and_project needs triton and a CUDA device, or TRITON_INTERPRET=1 to run in the CPU '
-                        f'interpreter; {why} (pip install triton, or run without the kernel: no fused_mix_and_project, '
-                        f'no --compare fused)')
+    problem = kernel_problem()
+    if problem:
+        raise UserError(problem)
     H, W, B, D = x.shape
     probs = _dense(probs, H, W)
     heads = probs.shape[0]
@@ -311,9 +322,9 @@ def mix_and_project(x: Tensor, probs: Union[Tensor, List[Tensor]], weight: Tenso
                         f'{H}x{W} grid and weight {tuple(weight.shape)} (out, heads*{D})')
     if bias is not None and bias.shape != (weight.shape[0],):
         raise UserError(f'mix_and_project: bias {tuple(bias.shape)} must be ({weight.shape[0]},)')
-    if not interpreting() and x.device.type != 'cuda':
-        raise UserError(f'mix_and_project runs on CUDA tensors (x is on {x.device}); set TRITON_INTERPRET=1 to run '
-                        f'it on the CPU')
+    problem = kernel_problem(x.device)
+    if problem:
+        raise UserError(problem)
     x, probs, weight, bias = autocast_inputs(x, probs, weight, bias)  # a Function's inputs escape autocast
     dtype = x.dtype
     out = _forward(x.reshape(H * W, B, D), probs.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))

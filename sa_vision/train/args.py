@@ -17,7 +17,7 @@ from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
     'build_parser', 'parse_over', 'argument_names', 'add_threads_argument', 'check_scheduler', 'LEAST_VALUES',
-    'check_least_values',
+    'check_least_values', 'ModelKwargs',
 ]
 
 # this process's and this machine's: set anew by every process, so --resume does not take them from the run
@@ -38,6 +38,17 @@ RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
 # AssertionError, the DataLoader's ValueError, a division by zero), of sa-vision-train and sa-vision-validate
 LEAST_VALUES = {'epochs': 1, 'batch_size': 1, 'validation_batch_size': 1, 'workers': 0, 'threads': 1,
                 'log_interval': 1, 'lr': 0.}
+
+
+class ModelKwargs(ParseKwargs):
+    """timm's ``--model-kwargs`` action (``key=value`` items, values read as Python literals where they are one),
+    with an item lacking its ``=`` refused as a usage error naming it (timm's raises a bare ValueError)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        for value in values:
+            if value and '=' not in value:
+                raise argparse.ArgumentError(self, f'{value!r}: key=value expected, e.g. embed_dim=64')
+        super().__call__(parser, namespace, values, option_string)
 
 
 def build_config_parser() -> argparse.ArgumentParser:
@@ -149,7 +160,7 @@ def _model_arguments(group) -> None:
     group.add_argument('--img-size', type=int, default=None, metavar='N', help='image size (default: the model cfg)')
     group.add_argument('-b', '--batch-size', type=int, default=100, metavar='N', help='batch size per process')
     group.add_argument('-vb', '--validation-batch-size', type=int, default=None, metavar='N')
-    group.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs,
+    group.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs,
                        help='architecture arguments, e.g. --model-kwargs embed_dim=64 depth=2 (update the recipe\'s)')
     group.add_argument('--device-modules', default=None, type=str, nargs='+',
                        help='python modules to import first (e.g. a package that registers models)')
