@@ -20,11 +20,10 @@ of timm's train.py that build the pruned model and feed it as its source was fed
 import argparse
 import shlex
 import sys
-from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 from sa_vision.errors import command
-from sa_vision.io import folder_problem
+from sa_vision.io import file_problem
 from sa_vision.paper import PRUNED_HEADS_PER_LAYER
 from sa_vision.research.analysis import GAUSSIAN_KINDS, attention_layers
 from sa_vision.research.pruning import (
@@ -59,7 +58,9 @@ def main(argv=None):
     parser.add_argument('--heads', nargs='+', help='prune these heads instead: one comma list per layer ("" for none)')
     parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
     args = parser.parse_args(argv)
-    _check_out(Path(args.out))
+    problem = file_problem(args.out)  # before any work
+    if problem:
+        raise PruningError(f'--out {args.out}: {problem}')
     if args.heads is None:
         check_thresholds(args.max_eigenvalue_below, args.max_condition)
 
@@ -97,15 +98,6 @@ def main(argv=None):
     print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
     print(_timm_usage(arch, args.out, model_args, cfg))
     return 0
-
-
-def _check_out(out: Path) -> None:
-    """Refuse an --out that cannot be written before any work: a folder, or one whose folder cannot be made."""
-    if out.is_dir():
-        raise PruningError(f'--out {out} is a folder: name the file to write, e.g. {out / "pruned.safetensors"}')
-    problem = folder_problem(out.parent)
-    if problem:
-        raise PruningError(f'--out {out}: {problem}; choose another --out')
 
 
 def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:

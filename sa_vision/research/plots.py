@@ -69,12 +69,12 @@ def _query_square(ax, row: float = 0., col: float = 0., color: str = 'black', fi
 def picture_problem(path: str) -> Optional[str]:
     """What would stop a figure from being saved to ``path`` (a format matplotlib does not write, a folder that
     cannot be made), in words, or None."""
-    from ..io import folder_problem
+    from ..io import file_problem
     formats = Figure().canvas.get_supported_filetypes()
     suffix = os.path.splitext(path)[1].lower().lstrip('.')
     if suffix not in formats:
         return f'{path} names no picture format matplotlib writes (end it in one of: .{", .".join(sorted(formats))})'
-    return folder_problem(os.path.dirname(path) or '.')
+    return file_problem(path)
 
 
 def _save(fig: Figure, path: Optional[str]) -> None:
