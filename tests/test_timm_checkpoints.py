@@ -231,3 +231,19 @@ def test_the_epochs_of_a_timm_run_are_those_its_scheduler_trains(tmp_path, sched
     CheckpointSaver(model=model, optimizer=optimizer, args=args, checkpoint_dir=str(tmp_path),
                     recovery_dir=str(tmp_path)).save_checkpoint(epoch=0, metric=0.)
     assert training_record(read_checkpoint(tmp_path / 'last.pth.tar')).num_epochs == epochs
+
+
+def test_a_checkpoint_of_another_script_without_a_schedule_still_opens(tmp_path):
+    """timm's checkpoint layout with arguments of another script (no --sched): it opens, and its record counts the
+    epochs its arguments name, not timm's default schedule of 100."""
+    import argparse
+
+    from sa_vision.hub.record import training_record
+    model = timm.create_model('sa_quadratic_cifar', **MODEL_KWARGS)
+    args = argparse.Namespace(model='sa_quadratic_cifar', epochs=3, model_kwargs=MODEL_KWARGS, num_classes=10)
+    torch.save({'epoch': 2, 'arch': 'sa_quadratic_cifar', 'state_dict': model.state_dict(), 'args': args},
+               tmp_path / 'ck.pth.tar')
+    ckpt = read_checkpoint(tmp_path / 'ck.pth.tar')
+    assert training_record(ckpt).num_epochs == 3
+    for key, value in model.state_dict().items():
+        assert torch.equal(ckpt.state_dict[key], value), key

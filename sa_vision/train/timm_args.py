@@ -107,17 +107,20 @@ def timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
 def timm_num_epochs(args: Dict[str, Any]) -> Optional[int]:
     """The epochs a timm train.py run trains, which its checkpoint does not keep: as train.py counts them, from
     timm's ``create_scheduler_v2`` of its arguments (cooldown for cycle schedules, warmup with --warmup-prefix);
-    None where this timm cannot build that schedule."""
+    None where the arguments name no schedule and epochs (a checkpoint of another script) or this timm cannot
+    build that schedule."""
     import argparse
     import warnings
 
     import torch
     from timm.scheduler import create_scheduler_v2, scheduler_kwargs
+    if not {'sched', 'epochs'} <= set(args):  # timm's defaults (100 epochs) would be a guess, not the run's
+        return None
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.)  # the count needs no real lr
     try:
         with warnings.catch_warnings():  # only counted: timm's advice on the schedule was the run's to read
             warnings.simplefilter('ignore')
             return int(create_scheduler_v2(optimizer, **scheduler_kwargs(argparse.Namespace(**args)),
                                            updates_per_epoch=1)[1])
-    except (AssertionError, TypeError, ValueError):  # arguments of another timm version
+    except (AssertionError, AttributeError, TypeError, ValueError):  # arguments of another timm version
         return None
