@@ -544,3 +544,22 @@ def test_the_zoo_stops_at_the_budgets_end_and_its_goal_says_what_finished(tmp_pa
     assert "the zoo: stopped at the budget's end (" in log and 'finished: none' in log, log[-2000:]
     assert check.log.results['zoo']['minutes'] is None
     assert dc.zoo_goal(check.log.results['zoo']).endswith('stages finished: none')
+
+
+
+def test_the_json_is_written_though_a_stage_thread_changes_the_results_meanwhile(tmp_path, monkeypatch):
+    """The zoo's stage threads add to the results while the main thread (or the SIGTERM handler) saves them: json
+    then raises 'dictionary changed size during iteration' (a RuntimeError); the save writes it again instead of
+    losing the file."""
+    log = dc.Log(tmp_path)
+    log.results['zoo'] = {'stage_s': {'model0': 1.0}}
+    dumps, calls = dc.json.dumps, []
+
+    def dumps_while_a_stage_ends(obj, **kwargs):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError('dictionary changed size during iteration')
+        return dumps(obj, **kwargs)
+    monkeypatch.setattr(dc.json, 'dumps', dumps_while_a_stage_ends)
+    log.save()
+    assert json.loads((tmp_path / 'device_check.json').read_text())['zoo'] == {'stage_s': {'model0': 1.0}}

@@ -144,7 +144,15 @@ class Log:
 
     def save(self) -> None:
         path = self.out / 'device_check.json'
-        path.with_suffix('.tmp').write_text(json.dumps(self.results, indent=1, default=str))
+        for attempt in range(5):  # the zoo's stage threads add to the results without the lock
+            try:
+                text = json.dumps(self.results, indent=1, default=str)
+                break
+            except RuntimeError:  # a dict changed size while it was written out: write it again
+                if attempt == 4:
+                    raise
+                time.sleep(0.01)
+        path.with_suffix('.tmp').write_text(text)
         os.replace(path.with_suffix('.tmp'), path)
 
 
