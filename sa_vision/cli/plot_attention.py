@@ -81,13 +81,13 @@ def main(argv=None):
 
 def _check_outputs(out, table) -> None:
     """Refuse a picture or table that could not be written before any work; their folders are made."""
-    from sa_vision.io import folder_problem
+    from sa_vision.io import file_problem
     problem = out and picture_problem(out)
     if problem:
         raise UserError(f'--out {problem}')
     if table:
         table_format(table)
-        problem = folder_problem(os.path.dirname(table) or '.')
+        problem = file_problem(table)
         if problem:
             raise UserError(f'--table {table}: {problem}')
 

@@ -1,10 +1,12 @@
 """ What exported weights are: ``<arch>.<tag>``, the tag being their dataset (``_custom``: not the paper's model) """
+import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Dict, Tuple
 
 import torch
 
+from ..io import plain_data
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id
 from ..train.checkpoint import Checkpoint
 from ..train.data import DatasetInfo, dataset_info
@@ -20,11 +22,23 @@ MODEL_CARD_DIR = Path(__file__).resolve().parent.parent / 'model_cards'  # packa
 CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
 
 
+# is_registered_architecture's answers: an export asks for the label of the same weights several times (the command,
+# the export, the card), and each answer builds two models and runs them (up to 0.7 s for the paper's models)
+_REGISTERED: Dict[Tuple[str, str], bool] = {}
+
+
 def is_registered_architecture(arch: str, model_args: Dict[str, Any]) -> bool:
     """``timm.create_model(arch)``, what ``pretrained=True`` builds, is the model of ``model_args``: the same
     tensors (the paper's configuration, 10 classes), and with the same weights the same logits in eval mode.
     Arguments such as ``input_padding`` or ``norm_eps`` change the logits without changing a tensor; drop rates
     and the initialisation change neither."""
+    key = (arch, json.dumps(plain_data(model_args), sort_keys=True))
+    if key not in _REGISTERED:
+        _REGISTERED[key] = _same_model_as_registered(arch, model_args)
+    return _REGISTERED[key]
+
+
+def _same_model_as_registered(arch: str, model_args: Dict[str, Any]) -> bool:
     import timm
 
     from .. import models  # noqa: F401  registers the models
@@ -40,7 +54,7 @@ def is_registered_architecture(arch: str, model_args: Dict[str, Any]) -> bool:
             param.add_(torch.randn_like(param) * 0.02)
         registered = timm.create_model(arch).eval()
         registered.load_state_dict(model.state_dict())
-        x = torch.randn(2, *registered.pretrained_cfg['input_size'])
+        x = torch.randn(1, *registered.pretrained_cfg['input_size'])
         return torch.equal(model(x), registered(x))
 
 
