@@ -3,8 +3,9 @@
 
 The fused Triton kernel (``triton_mixing.mix_and_project``: mixing and Value in one kernel, forward and backward,
 never storing the heads-sized tensor whose memory traffic bounds a GPU training step) is opt-in
-(:func:`fused_mix_and_project`) because it is unmeasured on a GPU: the device check times the whole model with and
-without it (docs/probes/gpu/device_check.md). It takes over from the other Functions and mixes by the probabilities
+(:func:`fused_mix_and_project`): on an H100 one layer's training step through it ran 0.41x as fast as the batched
+products at full width (docs/attention.md), and the whole model with and without it, which decides, is not measured
+yet (docs/probes/gpu/device_check.md, section 8). It takes over from the other Functions and mixes by the probabilities
 the ``dense`` choice makes, dropout included. Never in a captured graph: TorchScript and its tracer cannot record
 a Triton launch, and an exported or ONNX graph holding the custom operator would run only where sa_vision and
 triton are (FX keeps the blocks whole, so they run it as in eager; ``torch.compile`` keeps it as a custom operator
@@ -21,15 +22,16 @@ from .tracing import is_capturing
 
 __all__ = ['CUDA_DENSE_MIXING', 'AttentionPath', 'choose_path', 'current_path']
 
-CUDA_DENSE_MIXING = False
+CUDA_DENSE_MIXING = True
 """Whether the separable kinds mix through the dense (Kronecker) ``(h*w) x (h*w)`` probabilities on CUDA by default.
 
-Decided by one measurement not made yet: the same separable model's training step in its separable form against
-its dense form, both compiled, on the GPU (``with dense_attention(model, False)`` / ``dense_attention(model)`` force
-either). The dense form does 8x the mixing MACs as one large GEMM; on the CPU with AMX it made the bf16 step 1.10x
-as fast (docs/performance.md, "The Kronecker form"). An H100 log showed dense ``sa_gen_cifar`` training at 5,152
-img/s against 4,724 for the separable ``sa_quadratic_cifar`` (eager bf16), but those are two different models, so
-CUDA stays separable until the pair is measured."""
+Measured on one NVIDIA H100 (torch 2.11, bf16 autocast, batch 128, training compiled with CUDA graphs, the same
+weights in both forms; docs/probes/gpu/h100_2026-11-26.log, section 2): the separable form ran 0.779x as fast as
+the dense one at full size (6,958 against 8,937 img/s) and 0.985x at the narrow width, so dense it is, by the rule
+written before the run (docs/probes/gpu/device_check.md, "What the results decide"). The dense form does 8x the
+mixing MACs as one large GEMM; in the separable form's profile one GEMM of the per-axis mixing, with a side of
+16, took 14 % of the step's GPU time. Eager, dense was as fast or faster too (0.98x and 1.00x training, 0.86x and 0.73x
+inference). ``dense_attention(model, False)`` forces the separable form."""
 
 
 class AttentionPath(NamedTuple):

@@ -45,15 +45,17 @@ TABLE = ROOT / 'docs' / 'reproduction_fashion_mnist_gpu.csv'
 RESUME = ROOT / 'data' / 'gpu-long-resume.tar'  # the last call's resume.tar, carried in the ignored data folder
 MAX_FILE_BYTES = 16 * 2 ** 20  # what the device tool brings back per file
 TRAIN_IMAGES = 60_000  # Fashion-MNIST's training split
-# Images/s of each stage's training on the GPU. The only measurement: an H100, eager, NCHW, batch 128, bf16
-# autocast (docs/performance.md, "On a GPU"): the narrow sa_quadratic_cifar 5,714, the half-width ResNet 11,874.
-# The others in the full-size models' ratios to sa_quadratic_cifar there (learned 0.94x, generalized 1.09x,
-# taken as 1x). The runbook (zoo_gpu_long.md, "Before the first call") replaces them with the device check's
-# figures at the profile's speed flags. The budget rescales them by how the first stages compared.
-IMAGES_PER_S = {'sa_quadratic_cifar': 5_700, 'sa_learned_cifar': 5_400, 'sa_gen_cifar': 5_700, PRUNED_MODEL: 5_700,
-                'resnet18_cifar': 11_900}
-# process start, compile probe and CUDA-graph recording, the CPU evaluation, the export: not measured
-STAGE_OVERHEAD_S = 90
+# Images/s of each stage's training on the GPU, from the device check on an H100 (docs/probes/gpu/h100_2026-11-26.log;
+# zoo_gpu_long.md, "Before the first call"): the narrow sa_quadratic_cifar's second epoch of sa-vision-train with the
+# profile's speed flags, 19,702 end to end at batch 128 (section 6); sa_gen_cifar and the pruned model by their
+# compiled ratio to it, 0.954 (section 2); sa_learned_cifar at 0.94x (no section measures it narrow); the half-width
+# ResNet at its eager rate of 2026-11-25, 11,874 (section 3 did not run; side by side in section 7 it trained 1.1-1.3x
+# as fast as the attention models). The budget rescales them by how the first stages compared.
+IMAGES_PER_S = {'sa_quadratic_cifar': 19_700, 'sa_learned_cifar': 18_500, 'sa_gen_cifar': 20_600,
+                PRUNED_MODEL: 20_600, 'resnet18_cifar': 11_900}
+# Section 7 (h100_2026-11-26_zoo.log): a stage's wall time less its epochs' train time, median 37 s (process start,
+# CPU evaluation, export), plus the compile in its first epoch, median 30 s (that epoch's time less a later one's)
+STAGE_OVERHEAD_S = 67
 FINAL_S = 60  # the guard of the whole zoo (CPU) and the tars
 # what a continued stage needs of its run folder (Reproduction.train resumes last.pth.tar) beside its epochs' weights
 RESUME_FILES = ('last.pth.tar', 'summary.csv', 'args.yaml', 'recipe.yaml')
