@@ -56,12 +56,12 @@ def _attention_paths(variant, runner) -> List[Any]:
 
 
 def check_switches_change_paths(variants: Sequence, runners: Sequence) -> None:
-    """Refuse a switched variant whose attention would run exactly as the model's own in these steps (e.g.
+    """Refuse a switched variant whose attention would run exactly as the first variant's in these steps (e.g.
     ``batched`` on CUDA, under autocast or compiled, where every step is batched already): a 1.00x that means
     nothing; and ``projfirst`` where no layer is projected first (it would run as ``dense``).
     :func:`check_switch_changes` refuses a model without the switched layers; this needs the steps' setting."""
     own = None
-    for v, r in zip(variants, runners):
+    for v, r in zip(variants[1:], runners[1:]):  # the first, switched or not, is what the others are timed against
         if v.switch is None:
             continue
         own = own if own is not None else _attention_paths(variants[0], runners[0])
