@@ -72,10 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help='comma list of variants to time against: dense, batched, fused (the Triton kernel), '
                         'projfirst (dense and projected first; each refused where it changes no layer\'s path: a '
                         'model without the layers it switches, batched on a GPU, under --amp, in bf16 or '
-                        'compiled, which run batched anyway, projfirst where nothing runs batched), paper, a peer '
-                        '(vit_peer, '
-                        'convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the input size; '
-                        'sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
+                        'compiled, which run batched anyway, projfirst where nothing runs batched), paper, a '
+                        'peer (vit_peer, convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the '
+                        'input size; sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
                         '--reproduce-profile arguments, not --model-kwargs)')
     p.add_argument('--reproduce-profile', default='', metavar='NAME',
                    help='build every model (and compared model) as this profile of sa_vision.reproduce builds it, '

@@ -171,12 +171,9 @@ class PositionalAttention(nn.Module):
         self.fused_attn = use_fused_attn()
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major
-        # all heads batched instead of the per-head kernels on the CPU, or mixed and projected by the fused Triton
-        # kernel (see choose_path; set by batched_heads, fused_mix_and_project)
-        self.batched_heads = self.fused_kernel = False
-        # True / False force project_then_mix on or off where the path allows it, None: choose_path's default (set
-        # by project_first)
-        self.project_first: Optional[bool] = None
+        # choose_path's overrides (set by batched_heads, fused_mix_and_project, project_first): all heads batched
+        # instead of the per-head kernels on the CPU, the fused Triton kernel, projected first (None: its default)
+        self.batched_heads, self.fused_kernel, self.project_first = False, False, None
         self._probs_cache: Dict = {}
 
     def position_probs(self, grid_h: int, grid_w: int) -> Tensor:

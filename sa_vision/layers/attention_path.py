@@ -68,8 +68,7 @@ def choose_path(
         batched: bool,
         fused: bool,
         cuda_dense: bool,
-        project_first: Optional[bool] = None,
-        cuda_project_first: bool = False,
+        project_first: Optional[bool] = None, cuda_project_first: bool = False,
 ) -> AttentionPath:
     """The one choice of how attention + Value run (measurements: ``docs/attention.md``, "Why each path").
 
@@ -94,25 +93,15 @@ def choose_path(
     The fused Triton kernel only when ``fused`` asks for it, for the content-free kinds, outside captured graphs
     (why: this module's docstring).
 
-    Projected first (``project_then_mix``) where the path is dense, batched, content-free and not fused: when the
-    ``project_first`` override of :func:`project_first` says so (``None``: the default), else on CUDA when
-    ``cuda_project_first`` (:data:`CUDA_PROJECT_FIRST`) does. Its products are plain ops, so captured graphs and
-    ``torch.compile`` take it as eager does; a TorchScript model never runs it (its blocks call the attention and
-    Value modules).
+    Projected first (``project_then_mix``, plain ops: in graphs too) where dense, batched, content-free and not fused,
+    if the ``project_first`` override asks, else on CUDA if ``cuda_project_first`` (:data:`CUDA_PROJECT_FIRST`) does.
     """
     graph = compiling or capturing
     batched = (batched or graph or device_type != 'cpu' or autocast
                or (dtype != torch.float32 and dtype != torch.float64))
-    if content or not separable:
-        mix_dense = True
-    elif dense is not None:
-        mix_dense = dense
-    else:
-        mix_dense = device_type == 'cuda' and cuda_dense
+    mix_dense = content or not separable or (dense if dense is not None else device_type == 'cuda' and cuda_dense)
     separable_mixing = not mix_dense
     fused_kernel = fused and not content and not capturing
-    wants_project_first = (project_first if project_first is not None
-                           else device_type == 'cuda' and cuda_project_first)
     return AttentionPath(
         batched=batched,
         dense=mix_dense,
@@ -122,7 +111,8 @@ def choose_path(
         # device; a CUDA forward never waits for the host
         cache_probs=device_type == 'cpu' and not (training or grad or graph or content),
         fused_kernel=fused_kernel,
-        project_first=wants_project_first and batched and mix_dense and not content and not fused_kernel,
+        project_first=(project_first if project_first is not None else device_type == 'cuda' and cuda_project_first)
+        and batched and mix_dense and not content and not fused_kernel,
     )
 
 
