@@ -66,18 +66,16 @@ def test_project_then_mix_equals_the_dense_formula(no_heads_copy, grid, dtype, d
     pair = make_pair(dtype, device)
     pair[0].attn_drop = 0.
     x = torch.randn(*grid, 3, DIM, dtype=dtype, device=device, requires_grad=True)  # h, w, B, D
+    ref_pair = pair if dtype == torch.float64 else make_pair(torch.float64, device)
+    ref_pair.load_state_dict(pair.state_dict())
+    ref_x = x.detach().double().requires_grad_()
     with batched_heads(pair), dense_attention(pair), project_first(pair), exact_float32():
         assert pair[0].path(x, True).project_first
         out = attend_then_project(pair[0], pair[1], x)
-    inputs = [x] + list(pair.parameters())
-    ref_pair = pair.to(torch.float64) if dtype == torch.float64 else make_pair(torch.float64, device)
-    if dtype != torch.float64:
-        ref_pair.load_state_dict(pair.state_dict())
-    ref_x = x.detach().double().requires_grad_()
-    ref = reference(ref_pair, ref_x)
-    weights = torch.randn_like(ref)
-    grads = torch.autograd.grad((out * weights.to(dtype)).sum(), inputs)
-    ref_grads = torch.autograd.grad((ref * weights).sum(), [ref_x] + list(ref_pair.parameters()))
+        ref = reference(ref_pair, ref_x)
+        weights = torch.randn_like(ref)
+        grads = torch.autograd.grad((out * weights.to(dtype)).sum(), [x] + list(pair.parameters()))
+        ref_grads = torch.autograd.grad((ref * weights).sum(), [ref_x] + list(ref_pair.parameters()))
     assert len(grads) == 5  # x, centres, precision factors, weight, bias
     if dtype == torch.float64:
         tol = dict(rtol=1e-10, atol=1e-12)
@@ -107,6 +105,28 @@ def test_attention_dropout_drops_as_the_dense_path(device):
         assert not torch.allclose(attend_then_project(pair[0], pair[1], x), results[0][0]), 'dropout is off'
     for projected, dense in zip(results[1], results[0]):
         torch.testing.assert_close(projected, dense, rtol=1e-10, atol=1e-12)
+
+
+def test_training_under_bfloat16_autocast():
+    """Under CPU bf16 autocast: the output in bf16 (the bias added in it, as ``F.linear`` does), the gradients in the
+    parameters' dtype and within bf16 rounding of the dense formula."""
+    pair = make_pair(torch.float32)
+    pair[0].attn_drop = 0.
+    x = torch.randn(4, 4, 3, DIM)
+    params = list(pair.parameters())
+    weights = torch.randn(4, 4, 3, OUT)
+    with batched_heads(pair), dense_attention(pair), project_first(pair):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            assert pair[0].path(x, True).project_first
+            out = attend_then_project(pair[0], pair[1], x)
+        grads = torch.autograd.grad((out.float() * weights).sum(), params)
+    ref = reference(pair, x)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), params)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+    for g, rg, p in zip(grads, ref_grads, params):
+        assert g.dtype == p.dtype
+        torch.testing.assert_close(g, rg, rtol=0.05, atol=0.05 * rg.abs().max().item())
 
 
 class _HeadsSizedWrites(TorchDispatchMode):
