@@ -448,6 +448,25 @@ def test_a_switch_that_would_change_nothing_is_refused(name, switch):
     assert len(sab.build_variants('sa_quadratic_cifar', [switch], **TINY)) == 2  # where it changes something
 
 
+def test_projfirst_is_dense_projected_first_and_refused_where_nothing_runs_batched():
+    """``projfirst`` times the same weights dense and projected first: refused for a model with no content-free layer
+    and in float32 eager steps on the CPU (per head: it would run as ``dense``), timed under autocast."""
+    with pytest.raises(sa_vision.errors.UserError, match='--compare projfirst: sa_content_cifar has no'):
+        sab.build_variants('sa_content_cifar', ['projfirst'], **TINY)
+    variants = sab.build_variants('sa_quadratic_cifar', ['dense', 'projfirst'], **TINY)
+    layer = next(m for m in variants[2].model.modules() if isinstance(m, sa_vision.layers.PositionalAttention))
+    with variants[2].context():
+        assert layer.dense and layer.project_first
+    assert layer.dense is None and layer.project_first is None
+    run = lambda **setting: sab.benchmark_variants(  # noqa: E731
+        variants, batch_size=2, input_size=(3, 8, 8), device='cpu', warmup=0, runs=1, measure_memory=False, **setting)
+    with pytest.raises(sa_vision.errors.UserError, match='--compare projfirst: no attention layer of '
+                                                         'sa_quadratic_cifar runs batched here'):
+        run()
+    assert [row['model'] for row in run(amp=True)] == [
+        'sa_quadratic_cifar', 'sa_quadratic_cifar[dense]', 'sa_quadratic_cifar[projfirst]']
+
+
 @pytest.mark.parametrize('switch,setting,changes', [
     ('batched', dict(), True),  # float32 eager on the CPU: one head at a time, unless switched
     ('batched', dict(amp=True), False),  # autocast, low precision and graphs always run batched

@@ -37,7 +37,7 @@ from timm.utils import NativeScaler
 from torch import Tensor, nn
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-from sa_vision.layers import PositionalAttention, batched_heads, dense_attention
+from sa_vision.layers import PositionalAttention, batched_heads, dense_attention, project_first
 from sa_vision.models import SA_MODEL_ARGS, param_groups_pos_lr
 from sa_vision.train import loop, runtime
 from sa_vision.train.evaluation import evaluate
@@ -170,6 +170,31 @@ def test_cuda_default_mixing_is_the_constant_and_an_override_wins(fake_cuda, mon
         with dense_attention(model, False):
             model(images)
         assert forms and set(forms) == {False}
+
+
+@pytest.mark.parametrize('cuda_project_first', (False, True), ids=('off', 'on'))
+def test_cuda_dense_path_projects_first_by_the_constant_and_an_override_wins(fake_cuda, monkeypatch,
+                                                                           cuda_project_first):
+    """On CUDA the dense path projects first (``project_then_mix``) when ``CUDA_PROJECT_FIRST`` says so, read when
+    it runs, and trains so; ``project_first(model, not constant)`` forces the other way, as a benchmark would."""
+    import sa_vision.layers.attention as attention
+    import sa_vision.layers.attention_path as attention_path
+    monkeypatch.setattr(attention_path, 'CUDA_PROJECT_FIRST', cuda_project_first)
+    calls = []
+    project_then_mix = attention.project_then_mix
+    monkeypatch.setattr(attention, 'project_then_mix', lambda *args: (calls.append(1), project_then_mix(*args))[1])
+    model = to_fake_cuda(small_model('sa_quadratic_cifar'), fake_cuda)
+    with fake_cuda, dense_attention(model):
+        images = torch.empty(2, 3, 16, 16, device='cuda')
+        F.cross_entropy(model(images), torch.zeros(2, dtype=torch.long, device='cuda')).backward()
+        assert len(calls) == (2 if cuda_project_first else 0)  # one per layer
+        calls.clear()
+        with project_first(model, not cuda_project_first):
+            model(images)
+        assert len(calls) == (0 if cuda_project_first else 2)
+        with dense_attention(model, False):
+            model(images)  # separable: never projected first
+        assert len(calls) == (0 if cuda_project_first else 2)
 
 
 def _attention_layers(model: nn.Module) -> List[PositionalAttention]:

@@ -78,6 +78,9 @@ def test_smoke_measures_profiles_and_checks_syncs(tmp_path):
             assert all(r['train_samples_per_sec'] > 0 for r in rows) and rows[1]['train_ratio'] > 0
     assert [r['model'] for r in paired['dense/full/reduce-overhead']] == [
         'sa_quadratic_cifar', 'sa_quadratic_cifar[dense]', 'sa_gen_cifar']
+    for size in ('full', 'narrow'):  # dense first: the decision reads the [projfirst] row's ratio to it
+        assert [r['model'] for r in paired[f'projfirst/{size}/reduce-overhead']] == [
+            'sa_quadratic_cifar[dense]', 'sa_quadratic_cifar[projfirst]']
     assert [r['model'] for r in paired['resnet/reduce-overhead']] == ['sa_quadratic_cifar', 'resnet18_cifar']
     # the compiled steps ran through torch.compile (dynamo's eager backend in the smoke run)
     assert 'first train steps (compile included)' in log

@@ -13,10 +13,11 @@ reported: those ratios are the speed figures we quote. 'dense' runs the same wei
 dense formula (sa_vision.layers.dense_attention); 'batched' the same weights on the batched-heads path
 (sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'fused' the same
 weights with attention and Value in one Triton kernel (sa_vision.layers.fused_mix_and_project; a CUDA device, or
-TRITON_INTERPRET=1 on the CPU); 'paper' runs the same weights through the paper's dense
-formulation (sa_vision.research.paper_reference, part of the package); 'vit_peer' and 'convit_peer' are timm's
-VisionTransformer and ConVit at patch 2 (a grid like ours) and about the narrow SA models' parameters, built for
---img-size (sa_vision.measure.peers).
+TRITON_INTERPRET=1 on the CPU); 'projfirst' the same weights dense and projected first (dense_attention and
+sa_vision.layers.project_first: the Value per head, then one mixing GEMM; batched steps only); 'paper' runs the
+same weights through the paper's dense formulation (sa_vision.research.paper_reference, part of the package);
+'vit_peer' and 'convit_peer' are timm's VisionTransformer and ConVit at patch 2 (a grid like ours) and about the
+narrow SA models' parameters, built for --img-size (sa_vision.measure.peers).
 Columns named as timm's benchmark.py names them count in other units: param_count is the raw parameter
 count (timm's: millions), macs the raw MACs of one image's forward (timm's infer_gmacs: GMACs); --amp
 autocasts to --amp-dtype bfloat16 by default (timm's: float16). See docs/performance.md, 'What is measured'.
@@ -68,12 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='',
-                   help='comma list of variants to time against: dense, batched, fused (the Triton kernel; '
-                        'each refused where it changes no layer\'s path: a model without the layers it '
-                        'switches, or batched on a GPU, under --amp, in bf16 or compiled, which run batched '
-                        'anyway), paper, a peer (vit_peer, '
-                        'convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the input size; '
-                        'sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
+                   help='comma list of variants to time against: dense, batched, fused (the Triton kernel), '
+                        'projfirst (dense and projected first; each refused where it changes no layer\'s path: a '
+                        'model without the layers it switches, batched on a GPU, under --amp, in bf16 or '
+                        'compiled, which run batched anyway, projfirst where nothing runs batched), paper, a '
+                        'peer (vit_peer, convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the '
+                        'input size; sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
                         '--reproduce-profile arguments, not --model-kwargs)')
     p.add_argument('--reproduce-profile', default='', metavar='NAME',
                    help='build every model (and compared model) as this profile of sa_vision.reproduce builds it, '

@@ -20,7 +20,7 @@ from .triton_mixing import mix_and_project
 
 __all__ = [
     'ATTENTION_KINDS', 'PositionalAttention', 'HeadsLinear', 'apply_mixing', 'attend_then_project', 'drop_negligible',
-    'negligible_below',
+    'negligible_below', 'project_then_mix',
 ]
 
 ATTENTION_KINDS = ('quadratic', 'generalized', 'learned', 'content')
@@ -65,6 +65,30 @@ def apply_mixing(x: Tensor, probs: List[Tensor]) -> Tensor:
     return mixed.view(grid_probs.shape[0], H, W, B, D)
 
 
+def project_then_mix(x: Tensor, probs: Tensor, weight: Tensor, bias: Optional[Tensor]) -> Tensor:
+    """Dense content-free attention + Value, projected first: ``out[q] = bias + sum_n sum_k probs[n, q, k] x[k]
+    W_n^T`` for grid-major ``x`` (``h x w x B x D -> h x w x B x out``), ``probs`` ``(heads, h*w, h*w)``, ``weight``
+    the Value's ``(out, heads*D)`` (``W_n``: head n's block), in plain autograd with no copy of a heads-sized tensor.
+
+    Head-major: ``Y[n, k, b, :] = x[k, b] W_n^T`` is one batched product over the heads (``x`` broadcast, no copy)
+    whose result is already the mixing's ``(heads*h*w, B*out)`` operand, the reduction index ``(n, k)`` contiguous;
+    mixing by ``probs`` side by side, ``(h*w, heads*h*w)``, is one GEMM straight into grid-major. Every GEMM but
+    one backward product is a plain 2-D one: ``x``'s gradient is the heads' products summed (one heads-sized
+    tensor, as the dense path's backward copies one). Batch-major (``Y`` as ``B x (h*w*heads) x out``) would mix by
+    a broadcast ``probs``, whose gradient autograd forms as ``B x h*w x heads*h*w`` before summing: 4x the
+    heads-sized tensor at width 64, 0.64x at 400, plus four permutes of the activations."""
+    H, W, B, D = x.shape
+    heads, out_features = probs.shape[0], weight.shape[0]
+    tokens = x.reshape(1, H * W * B, D).expand(heads, H * W * B, D)
+    per_head = weight.view(out_features, heads, D).permute(1, 2, 0)  # heads, D, out (a view)
+    projected = torch.bmm(tokens, per_head)  # heads, h*w*B, out
+    side_by_side = probs.transpose(0, 1).reshape(H * W, heads * H * W)  # [q, n*h*w + k] = probs[n, q, k]
+    out = torch.mm(side_by_side, projected.view(heads * H * W, B * out_features))  # h*w, B*out
+    if bias is not None:  # in the products' dtype, as F.linear adds it under autocast
+        out = out.view(H * W * B, out_features) + bias.to(out.dtype)
+    return out.view(H, W, B, out_features)
+
+
 def _autocast_off(device_type: str) -> ContextManager:
     """Autocast off for the positional scores and their softmax: in bfloat16 the far shifts' squared differences
     lose whole units (docs/attention.md); the products that apply them still run under autocast."""
@@ -87,6 +111,7 @@ class PositionalAttention(nn.Module):
     ``B x h x w x D -> B x h x w x (heads*D)`` (channel ``n * D + d`` is channel ``d`` of head ``n``), or with
     ``grid_major=True`` :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``."""
     dense: Optional[bool]
+    project_first: Optional[bool]
     # eager-only (TorchScript has no tuple keys): a model scripted after an eval forward computes its probabilities
     __jit_ignored_attributes__ = ['_probs_cache']
 
@@ -146,9 +171,9 @@ class PositionalAttention(nn.Module):
         self.fused_attn = use_fused_attn()
         self.separable: bool = self.position.separable and self.content is None
         self.grid_major = grid_major
-        # all heads batched instead of the per-head kernels on the CPU, or mixed and projected by the fused Triton
-        # kernel (see choose_path; set by batched_heads, fused_mix_and_project)
-        self.batched_heads = self.fused_kernel = False
+        # choose_path's overrides (set by batched_heads, fused_mix_and_project, project_first): all heads batched
+        # instead of the per-head kernels on the CPU, the fused Triton kernel, projected first (None: its default)
+        self.batched_heads, self.fused_kernel, self.project_first = False, False, None
         self._probs_cache: Dict = {}
 
     def position_probs(self, grid_h: int, grid_w: int) -> Tensor:
@@ -166,7 +191,7 @@ class PositionalAttention(nn.Module):
     def path(self, x: Tensor, batched: bool = False) -> AttentionPath:
         """How this layer runs on grid-major ``x`` now (:func:`choose_path`); ``batched``: Value asks for it."""
         return current_path(x, self.training, self.separable, self.content is not None, self.dense,
-                             self.batched_heads or batched, self.fused_kernel)
+                             self.batched_heads or batched, self.fused_kernel, self.project_first)
 
     def mix(self, x: Tensor, path: Optional[AttentionPath] = None) -> Tensor:
         """Grid-major attention: ``x`` is ``h x w x B x D``, the result ``heads x h x w x B x D``."""
@@ -276,6 +301,8 @@ def attend_then_project(attn: 'PositionalAttention', value: 'HeadsLinear', x: Te
     path = attn.path(x, value.batched_heads)
     if path.fused_kernel:  # no heads-sized tensor; raises where triton cannot run rather than falling back
         return mix_and_project(x, attn._mixing_probs(x.shape[0], x.shape[1], path), value.weight, value.bias)
+    if path.project_first:
+        return project_then_mix(x, attn._mixing_probs(x.shape[0], x.shape[1], path)[0], value.weight, value.bias)
     if path.attend_then_project:
         probs = attn._mixing_probs(x.shape[0], x.shape[1], path)
         return _AttendThenProject.apply(x, value.weight, value.bias, *probs)

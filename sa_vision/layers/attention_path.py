@@ -20,7 +20,7 @@ from torch import Tensor
 from .autocast import has_autocast
 from .tracing import is_capturing
 
-__all__ = ['CUDA_DENSE_MIXING', 'AttentionPath', 'choose_path', 'current_path']
+__all__ = ['CUDA_DENSE_MIXING', 'CUDA_PROJECT_FIRST', 'AttentionPath', 'choose_path', 'current_path']
 
 CUDA_DENSE_MIXING = True
 """Whether the separable kinds mix through the dense (Kronecker) ``(h*w) x (h*w)`` probabilities on CUDA by default.
@@ -42,6 +42,18 @@ class AttentionPath(NamedTuple):
     attend_then_project: bool  # per head: _AttendThenProject, each head mixed and projected, recomputed in backward
     cache_probs: bool  # eval without autograd: reuse the probabilities while the positional parameters are unchanged
     fused_kernel: bool  # triton_mixing.mix_and_project: mixing + Value in one Triton kernel, no heads-sized tensor
+    project_first: bool  # dense batched content-free: attention.project_then_mix, Value per head, then one mixing
+
+
+CUDA_PROJECT_FIRST = False
+"""Whether the dense, batched content-free path on CUDA projects first by default (``attention.project_then_mix``:
+the Value's products per head, then one mixing GEMM, no copy of the heads-sized tensor).
+
+Decided by one measurement not made yet: the device check's section 2, the same weights on the dense path with and
+without it (``dense_attention(model)``, ``project_first(model)`` on or off), reduce-overhead bf16 training at full
+size and narrow (docs/probes/gpu/device_check.md, "What the results decide"). What it removes: in an H100 profile
+(torch 2.11, full size, batch 128, reduce-overhead) of the separable step, two copies of the heads-sized tensor
+into the Value's layout and back, 165 us each per layer; the dense path makes the same two."""
 
 
 def choose_path(
@@ -58,6 +70,7 @@ def choose_path(
         batched: bool,
         fused: bool,
         cuda_dense: bool,
+        project_first: Optional[bool] = None, cuda_project_first: bool = False,
 ) -> AttentionPath:
     """The one choice of how attention + Value run (measurements: ``docs/attention.md``, "Why each path").
 
@@ -81,16 +94,14 @@ def choose_path(
 
     The fused Triton kernel only when ``fused`` asks for it, for the content-free kinds, outside captured graphs
     (why: this module's docstring).
+
+    Projected first (``project_then_mix``, plain ops: in graphs too) where dense, batched, content-free and not fused,
+    if the ``project_first`` override asks, else on CUDA if ``cuda_project_first`` (:data:`CUDA_PROJECT_FIRST`) does.
     """
     graph = compiling or capturing
     batched = (batched or graph or device_type != 'cpu' or autocast
                or (dtype != torch.float32 and dtype != torch.float64))
-    if content or not separable:
-        mix_dense = True
-    elif dense is not None:
-        mix_dense = dense
-    else:
-        mix_dense = device_type == 'cuda' and cuda_dense
+    mix_dense = content or not separable or (dense if dense is not None else device_type == 'cuda' and cuda_dense)
     separable_mixing = not mix_dense
     fused_kernel = fused and not content and not capturing
     return AttentionPath(
@@ -102,26 +113,28 @@ def choose_path(
         # device; a CUDA forward never waits for the host
         cache_probs=device_type == 'cpu' and not (training or grad or graph or content),
         fused_kernel=fused_kernel,
+        project_first=(project_first if project_first is not None else device_type == 'cuda' and cuda_project_first)
+        and batched and mix_dense and not content and not fused_kernel,
     )
 
 
 def current_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
-                  batched: bool, fused: bool = False) -> AttentionPath:
+                  batched: bool, fused: bool = False, project_first: Optional[bool] = None) -> AttentionPath:
     """:func:`choose_path` for input ``x`` in the current state of autograd, autocast, compilation and capture."""
     if torch.jit.is_scripting():
-        # a scripted model is a captured graph, made before any CUDA default was measured: separable on CUDA, and
-        # no Triton launch
+        # a scripted model is a captured graph, made before any CUDA default was measured: separable on CUDA, no
+        # Triton launch, not projected first (its blocks call the attention and Value modules)
         return choose_path(x.device.type, x.dtype, False, False, True, False, training, separable, content, dense,
-                           batched, False, False)
+                           batched, False, False, False, False)
     else:
-        return _eager_path(x, training, separable, content, dense, batched, fused)
+        return _eager_path(x, training, separable, content, dense, batched, fused, project_first)
 
 
 @torch.jit.unused
 def _eager_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
-                batched: bool, fused: bool) -> AttentionPath:
+                batched: bool, fused: bool, project_first: Optional[bool]) -> AttentionPath:
     device_type, compiling, capturing = x.device.type, torch.compiler.is_compiling(), is_capturing()
     # a graph is batched whatever autocast says
     autocast = not (compiling or capturing) and has_autocast(device_type) and torch.is_autocast_enabled(device_type)
     return choose_path(device_type, x.dtype, autocast, compiling, capturing, torch.is_grad_enabled(), training,
-                       separable, content, dense, batched, fused, CUDA_DENSE_MIXING)
+                       separable, content, dense, batched, fused, CUDA_DENSE_MIXING, project_first, CUDA_PROJECT_FIRST)

@@ -1,6 +1,7 @@
 """ Switches of every attention layer of a model, for checks and speed comparisons: dense mixing
-(:func:`dense_attention`), the batched path (:func:`batched_heads`) and the fused Triton kernel
-(:func:`fused_mix_and_project`); ``docs/attention.md`` explains them """
+(:func:`dense_attention`), the batched path (:func:`batched_heads`), the fused Triton kernel
+(:func:`fused_mix_and_project`) and the dense path projected first (:func:`project_first`); ``docs/attention.md``
+explains them """
 import contextlib
 from typing import ContextManager, Iterator, Tuple
 
@@ -8,7 +9,7 @@ from torch import nn
 
 from .attention import HeadsLinear, PositionalAttention
 
-__all__ = ['dense_attention', 'batched_heads', 'fused_mix_and_project']
+__all__ = ['dense_attention', 'batched_heads', 'fused_mix_and_project', 'project_first']
 
 
 @contextlib.contextmanager
@@ -41,3 +42,11 @@ def fused_mix_and_project(model: nn.Module, enabled: bool = True) -> ContextMana
     kernel (:func:`~sa_vision.layers.triton_mixing.mix_and_project`) while active, outside captured graphs. Opt-in
     until measured on a GPU (:func:`choose_path`); where triton cannot run, a forward raises ``UserError``."""
     return _switch(model, (PositionalAttention,), 'fused_kernel', enabled)
+
+
+def project_first(model: nn.Module, enabled: bool = True) -> ContextManager[nn.Module]:
+    """Run every :class:`PositionalAttention` of ``model`` and its Value projected first
+    (:func:`~sa_vision.layers.attention.project_then_mix`) where its path is dense, batched, content-free and not
+    fused, while active (``enabled=False``: never, whatever :data:`CUDA_PROJECT_FIRST` says). With a separable kind
+    only together with :func:`dense_attention`."""
+    return _switch(model, (PositionalAttention,), 'project_first', enabled)

@@ -1,23 +1,34 @@
 """ The attention switches a benchmark times a model against (:mod:`sa_vision.layers.switches`: dense mixing, the
-batched path, the fused kernel), and the refusals of a switched copy that would run as the model itself does: a
-1.00x that means nothing """
-from typing import Any, List, Sequence
+batched path, the fused kernel, the dense path projected first), and the refusals of a switched copy that would run
+as the model itself does: a 1.00x that means nothing """
+import contextlib
+from typing import Any, Iterator, List, Sequence
 
 from torch import nn
 
 from ..errors import UserError
-from ..layers import PositionalAttention, batched_heads, dense_attention, fused_mix_and_project
-from ..layers.attention_path import CUDA_DENSE_MIXING, choose_path
+from ..layers import PositionalAttention, batched_heads, dense_attention, fused_mix_and_project, project_first
+from ..layers.attention_path import CUDA_DENSE_MIXING, CUDA_PROJECT_FIRST, choose_path
 
 __all__ = ['SWITCHES', 'check_switch_changes', 'check_switches_change_paths']
 
-SWITCHES = {'dense': dense_attention, 'batched': batched_heads, 'fused': fused_mix_and_project}
+
+@contextlib.contextmanager
+def _dense_projected_first(model: nn.Module) -> Iterator[nn.Module]:
+    """Dense mixing projected first: timed against ``dense``, the pair differs only in the projection's order."""
+    with dense_attention(model), project_first(model):
+        yield model
+
+
+SWITCHES = {'dense': dense_attention, 'batched': batched_heads, 'fused': fused_mix_and_project,
+            'projfirst': _dense_projected_first}
 
 # what each switch changes: a model without such a layer would be timed against itself
 _SWITCHED_LAYERS = {
     'dense': ('separable attention layer (the quadratic or learned kinds)', lambda attn: attn.separable),
     'fused': ('content-free attention layer', lambda attn: attn.content is None),
     'batched': ('attention layer', lambda attn: True),
+    'projfirst': ('content-free attention layer', lambda attn: attn.content is None),
 }
 
 
@@ -39,21 +50,27 @@ def _attention_paths(variant, runner) -> List[Any]:
             dtype = next(model.parameters()).dtype
             paths += [choose_path(runner.device.type, dtype, runner.amp, bool(runner.torchcompile), False, training,
                                   training, m.separable, m.content is not None, m.dense, m.batched_heads,
-                                  m.fused_kernel, CUDA_DENSE_MIXING)
+                                  m.fused_kernel, CUDA_DENSE_MIXING, m.project_first, CUDA_PROJECT_FIRST)
                       for m in model.modules() if isinstance(m, PositionalAttention)]
     return paths
 
 
 def check_switches_change_paths(variants: Sequence, runners: Sequence) -> None:
-    """Refuse a switched variant whose attention would run exactly as the model's own in these steps (e.g.
+    """Refuse a switched variant whose attention would run exactly as the first variant's in these steps (e.g.
     ``batched`` on CUDA, under autocast or compiled, where every step is batched already): a 1.00x that means
-    nothing. :func:`check_switch_changes` refuses a model without the switched layers; this needs the steps' setting."""
+    nothing; and ``projfirst`` where no layer is projected first (it would run as ``dense``).
+    :func:`check_switch_changes` refuses a model without the switched layers; this needs the steps' setting."""
     own = None
-    for v, r in zip(variants, runners):
+    for v, r in zip(variants[1:], runners[1:]):  # the first, switched or not, is what the others are timed against
         if v.switch is None:
             continue
         own = own if own is not None else _attention_paths(variants[0], runners[0])
-        if _attention_paths(v, r) == own:
+        switched = _attention_paths(v, r)
+        if v.switch == 'projfirst' and not any(p.project_first for p in switched):
+            raise UserError(f'--compare projfirst: no attention layer of {variants[0].name} runs batched here '
+                            f'(float32 / float64 eager on the CPU runs per head), so it would run as dense does; '
+                            f'add --amp, --precision bfloat16 or --torchcompile, or leave it out')
+        if switched == own:
             setting = ', '.join([r.device.type, f'{r.amp_dtype} autocast'.replace('torch.', '') if r.amp
                                  else str(next(r.train_model.parameters()).dtype).replace('torch.', '')]
                                 + (['compiled'] if r.torchcompile else []))

@@ -9,7 +9,8 @@ once ``--budget-s`` would be exceeded:
 1. training and inference throughput, eager / ``torch.compile`` / ``torch.compile(mode='reduce-overhead')``, each
    paired (alternating rounds, median ratio; ``sa_vision.measure.benchmark``) against the paper's formulation and
    timm's ViT at matched MACs, compiled the same way;
-2. separable against dense (Kronecker) mixing, compiled, with ``sa_gen_cifar`` (never separable) beside them;
+2. separable against dense (Kronecker) mixing, compiled, with ``sa_gen_cifar`` (never separable) beside them; then
+   the dense path against itself projected first (``project_then_mix``, same weights): whether CUDA projects first;
 3. the zoo's half-width ResNet18 against the narrow model;
 4. a profiler summary of one compiled training step (GPU busy time, kernels, the top kernels; a trace file);
 5. the sync check: training steps under ``torch.cuda.set_sync_debug_mode('error')``;
@@ -215,18 +216,20 @@ class Check:
 
     def family(self, size: str, mode: str) -> Dict[str, sab.Variant]:
         """The variants of one size, built once per compile mode (each mode compiles its own copies): ours, the
-        paper's formulation, ours on the dense path and through the fused Triton kernel (same weights), timm's ViT,
-        sa_gen_cifar, the ResNet."""
+        paper's formulation, ours on the dense path, through the fused Triton kernel and on the dense path projected
+        first (same weights), timm's ViT, sa_gen_cifar, the ResNet."""
         key = (size, mode)
         if key not in self.families:
             kwargs = self.s.full if size == 'full' else self.s.narrow
             vit = self.s.vit_full if size == 'full' else self.s.vit_narrow
             torch.manual_seed(0)
             variants = sab.build_variants(
-                'sa_quadratic_cifar', ['paper', 'dense', 'fused', 'vit_peer', 'sa_gen_cifar', 'resnet18_cifar'],
+                'sa_quadratic_cifar',
+                ['paper', 'dense', 'fused', 'projfirst', 'vit_peer', 'sa_gen_cifar', 'resnet18_cifar'],
                 compare_kwargs={'vit_peer': vit, 'sa_gen_cifar': kwargs, 'resnet18_cifar': self.s.resnet},
                 input_size=self.input_size, **kwargs)
-            self.families[key] = dict(zip(('ours', 'paper', 'dense', 'fused', 'vit', 'gen', 'resnet'), variants))
+            self.families[key] = dict(zip(('ours', 'paper', 'dense', 'fused', 'projfirst', 'vit', 'gen', 'resnet'),
+                                          variants))
         return self.families[key]
 
     def runner(self, size: str, mode: str, role: str):
@@ -1001,6 +1004,11 @@ def items(check: Check) -> List[Item]:
              ('ours', 'dense', 'gen'), 100, key='dense/full/reduce-overhead'),
         pair(2, 'narrow separable / dense / sa_gen, reduce-overhead', 'narrow', 'reduce-overhead',
              ('ours', 'dense', 'gen'), 70, key='dense/narrow/reduce-overhead'),
+        # dense first: the ratio is dense / projected first; one model more to compile, the dense one's runner reused
+        pair(2, 'full-size dense / dense projected first, reduce-overhead', 'full', 'reduce-overhead',
+             ('dense', 'projfirst'), 60, key='projfirst/full/reduce-overhead'),
+        pair(2, 'narrow dense / dense projected first, reduce-overhead', 'narrow', 'reduce-overhead',
+             ('dense', 'projfirst'), 45, key='projfirst/narrow/reduce-overhead'),
         pair(2, 'full-size separable / dense / sa_gen, eager', 'full', 'eager', ('ours', 'dense', 'gen'), 20, 'both',
              key='dense/full/eager'),
         pair(2, 'narrow separable / dense / sa_gen, eager', 'narrow', 'eager', ('ours', 'dense', 'gen'), 15, 'both',
