@@ -10,7 +10,8 @@ Examples
 With --compare, each model is timed alternately (A, B, A, B, ...) in one process against the named
 variants; the ratio model / variant of every round (the two ran back to back) and their median are
 reported: those ratios are the speed figures we quote. 'dense' runs the same weights through the plain
-dense formula (sa_vision.layers.dense_attention); 'batched' the same weights on the batched-heads path
+dense formula (sa_vision.layers.dense_attention), 'separable' by the separable factors (the CPU's default; on
+CUDA, where dense is the default, the alternative); 'batched' the same weights on the batched-heads path
 (sa_vision.layers.batched_heads: the path GPUs, autocast and torch.compile take by themselves); 'fused' the same
 weights with attention and Value in one Triton kernel (sa_vision.layers.fused_mix_and_project; a CUDA device, or
 TRITON_INTERPRET=1 on the CPU); 'projfirst' the same weights dense and projected first (dense_attention and
@@ -69,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='',
-                   help='comma list of variants to time against: dense, batched, fused (the Triton kernel), '
+                   help='comma list of variants to time against: dense, separable, batched, fused (the Triton kernel), '
                         'projfirst (dense and projected first; each refused where it changes no layer\'s path: a '
                         'model without the layers it switches, batched on a GPU, under --amp, in bf16 or '
                         'compiled, which run batched anyway, projfirst where nothing runs batched), paper, a '

@@ -70,7 +70,8 @@ def choose_path(
         batched: bool,
         fused: bool,
         cuda_dense: bool,
-        project_first: Optional[bool] = None, cuda_project_first: bool = False,
+        project_first: Optional[bool] = None,
+        cuda_project_first: bool = False,
 ) -> AttentionPath:
     """The one choice of how attention + Value run (measurements: ``docs/attention.md``, "Why each path").
 

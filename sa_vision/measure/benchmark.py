@@ -120,8 +120,9 @@ def build_variants(
         input_size=(3, 32, 32),
         **model_kwargs,
 ) -> List[Variant]:
-    """The model itself, then each of ``compare``: 'dense' / 'batched' / 'fused' (same weights on that path, the
-    last through the fused Triton kernel: it needs a CUDA device or ``TRITON_INTERPRET=1``), 'paper' (same
+    """The model itself, then each of ``compare``: 'dense' / 'separable' / 'batched' / 'fused' / 'projfirst' (same
+    weights on that path, 'fused' through the fused Triton kernel: it needs a CUDA device or ``TRITON_INTERPRET=1``),
+    'paper' (same
     weights through :mod:`sa_vision.research.paper_reference`), a peer of :mod:`sa_vision.measure.peers` built for
     ``input_size``, or any timm model name (built with ``compare_kwargs[name]``)."""
     import timm
@@ -157,7 +158,8 @@ def build_variants(
         elif timm.is_model(other):
             variants.append(Variant(other, create_named_model(other, **(compare_kwargs or {}).get(other, {}))))
         else:
-            raise UserError(f'unknown comparison {other!r}; use dense, batched, fused, paper, a peer '
+            raise UserError(f'unknown comparison {other!r}; use dense, separable, batched, fused, projfirst, '
+                            f'paper, a peer '
                             f'({", ".join(PEERS)}) or a timm model name')
     return variants
 

@@ -1,6 +1,6 @@
-""" The attention switches a benchmark times a model against (:mod:`sa_vision.layers.switches`: dense mixing, the
-batched path, the fused kernel, the dense path projected first), and the refusals of a switched copy that would run
-as the model itself does: a 1.00x that means nothing """
+""" The attention switches a benchmark times a model against (:mod:`sa_vision.layers.switches`: dense mixing,
+separable mixing, the batched path, the fused kernel, the dense path projected first), and the refusals of a
+switched copy that would run as the model itself does: a 1.00x that means nothing """
 import contextlib
 from typing import Any, Iterator, List, Sequence
 
@@ -20,12 +20,20 @@ def _dense_projected_first(model: nn.Module) -> Iterator[nn.Module]:
         yield model
 
 
-SWITCHES = {'dense': dense_attention, 'batched': batched_heads, 'fused': fused_mix_and_project,
-            'projfirst': _dense_projected_first}
+@contextlib.contextmanager
+def _separable(model: nn.Module) -> Iterator[nn.Module]:
+    """Separable mixing where the device's default is dense (CUDA, ``CUDA_DENSE_MIXING``): the other form."""
+    with dense_attention(model, False):
+        yield model
+
+
+SWITCHES = {'dense': dense_attention, 'separable': _separable, 'batched': batched_heads,
+            'fused': fused_mix_and_project, 'projfirst': _dense_projected_first}
 
 # what each switch changes: a model without such a layer would be timed against itself
 _SWITCHED_LAYERS = {
     'dense': ('separable attention layer (the quadratic or learned kinds)', lambda attn: attn.separable),
+    'separable': ('separable attention layer (the quadratic or learned kinds)', lambda attn: attn.separable),
     'fused': ('content-free attention layer', lambda attn: attn.content is None),
     'batched': ('attention layer', lambda attn: True),
     'projfirst': ('content-free attention layer', lambda attn: attn.content is None),
