@@ -76,8 +76,9 @@ def test_smoke_measures_profiles_and_checks_syncs(tmp_path):
             rows = paired[f'{size}/{mode}/both' if mode == 'eager' else f'{size}/{mode}/train']
             assert [r['role'] for r in rows] == ['ours', 'paper', 'vit']
             assert all(r['train_samples_per_sec'] > 0 for r in rows) and rows[1]['train_ratio'] > 0
+    # dense first, CUDA's default: the decision reads the [separable] row's ratio to it
     assert [r['model'] for r in paired['dense/full/reduce-overhead']] == [
-        'sa_quadratic_cifar', 'sa_quadratic_cifar[dense]', 'sa_gen_cifar']
+        'sa_quadratic_cifar[dense]', 'sa_quadratic_cifar[separable]', 'sa_gen_cifar']
     for size in ('full', 'narrow'):  # dense first: the decision reads the [projfirst] row's ratio to it
         assert [r['model'] for r in paired[f'projfirst/{size}/reduce-overhead']] == [
             'sa_quadratic_cifar[dense]', 'sa_quadratic_cifar[projfirst]']
