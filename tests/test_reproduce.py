@@ -588,6 +588,70 @@ def test_staged_zoo_starts_a_stage_only_if_it_fits_behind_the_running_ones(tmp_p
     assert budget.progress(second) == pytest.approx(0.8)
 
 
+def test_with_a_slowdown_stages_start_side_by_side_where_each_ends_in_time(tmp_path, monkeypatch):
+    """``slowdown(model, k)``: a stage starts if, with it, each of the k running ends in time at k-fold sharing; the
+    kept stages' wall seconds are compared with what that sharing expected of them, not with their time alone."""
+    from sa_vision.reproduce import Reproduction, staged
+    clock = [0.0]
+    monkeypatch.setattr(staged.time, 'time', lambda: clock[0])
+    reproduction = Reproduction(tmp_path / 'out', 'tiny', epochs=4)
+    zoo = staged.StagedZoo(reproduction, tmp_path / 'zoo', tmp_path / 't.csv')
+    a, b, c, d = [m for m in staged.STAGE_ORDER if m != staged.PRUNED_MODEL]
+    slower = {1: 1.0, 2: 1.5, 3: 2.0, 4: 2.5}  # a stage beside k - 1 others: 1 + (k - 1) / 2 times its time alone
+    budget = staged._Budget(zoo, 240, lambda m: 100, slowdown=lambda m, k: slower[k])
+    assert budget.next_to_start({}) == a
+    assert budget.next_to_start({a: None}) == b  # each 100 s x 1.5 = 150 <= 240 (one after another: 200)
+    assert budget.next_to_start({a: None, b: None}) == c  # 100 x 2 = 200 <= 240 (one after another: 300)
+    assert budget.next_to_start({a: None, b: None, c: None}) is None  # 100 x 2.5 = 250 > 240
+    # the sequential rule, the default, starts two
+    sequential = staged._Budget(zoo, 240, lambda m: 100)
+    assert [sequential.next_to_start({}), sequential.next_to_start({a: None})] == [a, b]
+    assert sequential.next_to_start({a: None, b: None}) is None
+    # a running stage counts too: 3 of b's 4 epochs done (its last fifth left, 20 s alone), c's 2 of 4 (50 s); with
+    # d (50 s alone), 3 side by side: b 20 x 2 = 40, c 50 x 2 = 100, d 50 x 2 = 100, all within 150
+    budget = staged._Budget(zoo, 150, lambda m: 50 if m == d else 100, slowdown=lambda m, k: slower[k])
+    for model in (a, b, c):  # a kept, b and c running
+        budget.started[model] = budget.estimated[model] = budget.alone_s[model] = 0.0
+    done = {b: 0.75, c: 0.5}
+    monkeypatch.setattr(budget, 'progress', lambda m: min(done.get(m, 0.0), 0.8))
+    assert budget.next_to_start({b: None, c: None}) == d
+    # c with nothing done: 100 x 2 = 200 > 150 with d beside it, though d's own 100 would fit
+    done[c] = 0.0
+    del budget.started[d]
+    assert budget.next_to_start({b: None, c: None}) is None
+
+
+def test_a_stage_that_ran_side_by_side_as_the_slowdown_expects_leaves_the_scale_at_1(tmp_path, monkeypatch):
+    from sa_vision.reproduce import Reproduction, staged
+    clock = [0.0]
+    monkeypatch.setattr(staged.time, 'time', lambda: clock[0])
+    zoo = staged.StagedZoo(Reproduction(tmp_path / 'out', 'tiny', epochs=4), tmp_path / 'zoo', tmp_path / 't.csv')
+    a, b = [m for m in staged.STAGE_ORDER if m != staged.PRUNED_MODEL][:2]
+
+    def alone(m):  # the others, waiting, fit no budget
+        return {a: 100, b: 200}.get(m, 1e9)
+
+    def slower(m, k):
+        return {1: 1.0, 2: 1.5}[k]
+    budget = staged._Budget(zoo, 1000, alone, slowdown=slower)
+    assert budget.next_to_start({}) == a and budget.next_to_start({a: None}) == b
+    clock[0] = 150.0  # a's 100 s alone, 1.5x beside b: as expected
+    assert budget.finished(a) == 150.0 and budget.scale() == pytest.approx(1.0)
+    clock[0] = 150.0 + 100.0  # b: 150 s beside a (100 s alone), then 100 s alone: 200 s, as expected
+    budget.next_to_start({b: None})
+    assert budget.finished(b) == 250.0 and budget.scale() == pytest.approx(1.0)
+    # each 20 % slower than that: a's 180 s are 120 alone; b: 180 s beside a (120 alone), then 120 alone (240)
+    budget = staged._Budget(zoo, 1000, alone, slowdown=slower)
+    clock[0] = 0.0
+    assert budget.next_to_start({}) == a and budget.next_to_start({a: None}) == b
+    clock[0] = 180.0
+    budget.finished(a)
+    assert budget.scale() == pytest.approx(1.2)
+    clock[0] = 300.0
+    budget.next_to_start({b: None})
+    assert budget.finished(b) == 300.0 and budget.scale() == pytest.approx((120 + 240) / 300)
+
+
 def test_a_stage_the_budget_cannot_fit_starts_alone_where_a_later_call_continues_it(tmp_path):
     """A stage longer than any call starts only where its run is kept for the next call (``resumable``), only with
     nothing running beside it and more left than its part outside the epochs; a continued stage is expected to take

@@ -231,3 +231,88 @@ def test_the_budgets_end_stops_the_running_stages(tmp_path, monkeypatch, capsys)
     assert result['seconds'] < 60 and result['missing'] == list(STAGE_ORDER)
     said = capsys.readouterr().out  # in this process the stages' lines go to pytest's capture, not the log
     assert re.search(rf'{STAGE_ORDER[0]}: stopped after \d+ of 100 epochs', said), said[-3000:]
+
+
+def _gpu_long_budget(tmp_path, monkeypatch, budget_s, kept=(), done=None):
+    """The script's ``_Budget`` of one gpu-long call of ``budget_s`` seconds, on a fake clock (``clock[0]``), with
+    ``kept`` models kept and the running ones' share of epochs done in ``done``."""
+    from sa_vision.reproduce import PRUNED_MODEL, Reproduction, staged
+    script, clock, done = _script(), [0.0], {} if done is None else done
+    monkeypatch.setattr(staged.time, 'time', lambda: clock[0])
+    reproduction = Reproduction(tmp_path / 'gpu', 'gpu-long')
+    zoo = staged.StagedZoo(reproduction, tmp_path / 'zoo', tmp_path / 't.csv')
+    kept = set(kept)
+    monkeypatch.setattr(zoo, 'is_kept', lambda m, rows=None: m in kept)
+    monkeypatch.setattr(zoo, 'missing', lambda: [m for m in STAGE_ORDER if m not in kept])
+    budget = staged._Budget(zoo, budget_s, lambda m: script.estimate_s(reproduction, m),
+                            resumable=lambda m: m != 'resnet18_cifar',
+                            slowdown=lambda m, k: script.shared_slowdown(reproduction, m, k))
+    monkeypatch.setattr(budget, 'progress', lambda m: min(done.get(m, 0.0), 0.8))
+    return budget, clock, kept, script, PRUNED_MODEL
+
+
+def test_a_gpu_long_call_of_420_s_starts_two_stages_at_once_and_the_pruned_one_after_its_source(tmp_path,
+                                                                                               monkeypatch):
+    """The first call (480 s less the 60 kept for the end): at the speeds in the script, sa_quadratic_cifar and
+    sa_gen_cifar start side by side; sa_learned_cifar would end too late beside them, so would the ResNet; when
+    sa_gen_cifar is kept, the pruned model fits beside the end of sa_quadratic_cifar."""
+    done = {}
+    budget, clock, kept, script, pruned = _gpu_long_budget(tmp_path, monkeypatch, 420, done=done)
+    o, e = script.STAGE_OVERHEAD_S, script.EPOCH_SLOWDOWN_4_SHARED
+    train = {m: epochs * script.TRAIN_IMAGES / script.IMAGES_PER_S[m]  # each model's epochs alone, in seconds
+             for m, epochs in (('sa_quadratic_cifar', 50), ('sa_gen_cifar', 50), ('sa_learned_cifar', 50),
+                               ('resnet18_cifar', 50), (pruned, 5))}
+    two, three = 1 + (e - 1) / 3, 1 + 2 * (e - 1) / 3  # an epoch's slowdown beside 1 other, beside 2
+    assert budget.next_to_start({}) == 'sa_quadratic_cifar'
+    # beside each other: 67 + 152 x 1.74 = 333 s and 67 + 146 x 1.74 = 321 s, both within 420
+    assert o + train['sa_quadratic_cifar'] * two <= 420 and o + train['sa_gen_cifar'] * two <= 420
+    assert budget.next_to_start({'sa_quadratic_cifar': None}) == 'sa_gen_cifar'
+    # a third, three side by side: 67 + 162 x 2.49 = 470 s for sa_learned_cifar, 694 for the ResNet
+    assert o + train['sa_learned_cifar'] * three > 420
+    assert o + train['resnet18_cifar'] * three > 420
+    assert budget.next_to_start({'sa_quadratic_cifar': None, 'sa_gen_cifar': None}) is None
+    # sa_gen_cifar kept after 321 s, as expected; sa_quadratic_cifar in its last fifth (20 % of its 333 s beside one
+    # other: 66 s); the pruned model beside it 67 + 14.6 x 1.74 = 92 s: both within the 99 s left
+    clock[0] = 321.0
+    budget.finished('sa_gen_cifar')
+    kept.add('sa_gen_cifar')
+    done['sa_quadratic_cifar'] = 0.96
+    assert budget.scale() == pytest.approx(1.0, abs=0.01)
+    assert o + train[pruned] * two <= 99 and 0.2 * (o + train['sa_quadratic_cifar'] * two) <= 99
+    assert budget.next_to_start({'sa_quadratic_cifar': None}) == pruned
+
+
+def test_the_half_width_resnet_starts_only_where_it_is_expected_to_end(tmp_path, monkeypatch):
+    """Its checkpoint cannot come back: it starts alone where its 319 s fit, beside sa_learned_cifar only where
+    both at their shared speed do, and never to be stopped."""
+    models = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned')
+    budget, _, _, script, _ = _gpu_long_budget(tmp_path, monkeypatch, 420, kept=models)
+    o, e = script.STAGE_OVERHEAD_S, script.EPOCH_SLOWDOWN_4_SHARED
+    resnet_train = 50 * script.TRAIN_IMAGES / script.IMAGES_PER_S['resnet18_cifar']
+    assert budget.next_to_start({}) == 'sa_learned_cifar'  # 229 s alone
+    assert o + resnet_train * (1 + (e - 1) / 3) > 420  # beside it: 507 s
+    assert budget.next_to_start({'sa_learned_cifar': None}) is None
+    alone = o + resnet_train
+    for budget_s, expected in ((alone + 1, 'resnet18_cifar'), (alone - 1, None)):
+        budget, *_ = _gpu_long_budget(tmp_path, monkeypatch, budget_s, kept=(*models, 'sa_learned_cifar'))
+        assert budget.next_to_start({}) == expected, budget_s
+    budget, *_ = _gpu_long_budget(tmp_path, monkeypatch, 510, kept=models)  # the ResNet's 507 s beside it fit
+    assert budget.next_to_start({}) == 'sa_learned_cifar'
+    assert budget.next_to_start({'sa_learned_cifar': None}) == 'resnet18_cifar'
+
+
+def test_the_shared_slowdown_covers_every_stage_the_h100_ran_side_by_side(tmp_path):
+    """Section 7 of the device check (h100_2026-11-26_zoo.json): the cpu profile's four trainings side by side. The
+    model of four stages sharing the GPU, at the script's speeds, expects each to take at least what it took."""
+    import json
+    measured = json.loads((SCRIPT.with_name('h100_2026-11-26_zoo.json')).read_text())['zoo']
+    script = _script()
+    from sa_vision.reproduce import Reproduction
+    rows = {row['model']: row for row in measured['rows'] if row['model'] != 'sa_gen_pruned'}  # it ran alone
+    assert len(rows) == 4 and measured['profile'] == 'cpu'
+    cpu = Reproduction(tmp_path, 'cpu')
+    for model, row in rows.items():
+        alone = script.STAGE_OVERHEAD_S + row['epochs'] * script.TRAIN_IMAGES / script.IMAGES_PER_S[model]
+        assert alone < row['stage_s']  # slower side by side than the estimate alone
+        assert script.estimate_s(cpu, model) == pytest.approx(alone)  # the same epochs
+        assert alone * script.shared_slowdown(cpu, model, 4) >= row['stage_s'], model

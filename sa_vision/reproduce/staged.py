@@ -82,15 +82,20 @@ class StagedZoo:
 
     def run(self, budget_s: float, estimate_s: Callable[[str], float],
             on_stage: Optional[Callable[[str, float], None]] = None, parallel: int = 1,
-            resumable: Callable[[str], bool] = lambda model: False) -> List[str]:
+            resumable: Callable[[str], bool] = lambda model: False,
+            slowdown: Optional[Callable[[str, int], float]] = None) -> List[str]:
         """The missing stages, in :data:`STAGE_ORDER`, up to ``parallel`` at a time, while the time left fits them.
 
-        ``estimate_s(model)`` is a stage's seconds when it runs alone. A stage starts only if the seconds left of
-        ``budget_s`` fit it together with what the running stages have still to do (their share of epochs not yet
-        done, at least a fifth: evaluation and export follow the last epoch), all as if run one after another,
-        scaled by how the kept stages' own wall times compared with their estimates (:class:`_Budget`). Sharing
-        the device should be no worse than one after another, and a stage's wall time side by side is at least its
-        time alone, so a stage started ends in time if the estimates hold. One that does not fit is left for the
+        ``estimate_s(model)`` is a stage's seconds when it runs alone. What the running stages have still to do is
+        their share of epochs not yet done (at least a fifth: evaluation and export follow the last epoch), scaled
+        by how the kept stages' own wall times compared with what was expected of them (:class:`_Budget`).
+        Without ``slowdown``, a stage starts only if the seconds left of ``budget_s`` fit it together with what the
+        running stages have still to do, all as if run one after another: sharing the device should be no worse.
+        ``slowdown(model, k)``, the caller's measure of its device, is how many times its alone seconds a stage
+        takes while ``k`` stages run side by side (1 for ``k`` = 1, not decreasing in ``k``): then a stage starts
+        only if, with it, each running stage and the new one, at that many times what it has still to do, ends
+        within the seconds left; a stage ending lets the others speed up. Either way a stage started ends in time
+        if the estimates hold. One that does not fit is left for the
         next call (a later, shorter one may still start), except where ``resumable(model)`` says that the caller
         keeps its run folder for the next call: then, with no stage running, the first that does not fit starts
         anyway, to be stopped (:meth:`stop`) and continued. A stage whose run folder holds finished epochs (a
@@ -104,7 +109,8 @@ class StagedZoo:
         self.reproduction._check_same_setup()
         tagged, self.reproduction.tag_output = self.reproduction.tag_output, parallel > 1  # lines interleave
         try:
-            kept, failures = self._run_stages(_Budget(self, budget_s, estimate_s, resumable), on_stage, parallel)
+            kept, failures = self._run_stages(_Budget(self, budget_s, estimate_s, resumable, slowdown), on_stage,
+                                              parallel)
         finally:
             self.reproduction.tag_output = tagged
         if failures:
@@ -157,12 +163,17 @@ class _Budget:
     rate measured so far, must fit the seconds left (see :meth:`StagedZoo.run`)."""
 
     def __init__(self, staged: StagedZoo, budget_s: float, estimate_s: Callable[[str], float],
-                 resumable: Callable[[str], bool] = lambda model: False):
+                 resumable: Callable[[str], bool] = lambda model: False,
+                 slowdown: Optional[Callable[[str, int], float]] = None):
         self.staged, self.budget_s, self.estimate_s, self.resumable = staged, budget_s, estimate_s, resumable
+        self.slowdown = slowdown
         self.start = time.time()
         self.started: Dict[str, float] = {}
         self.estimated: Dict[str, float] = {}  # each started stage's estimate of what it had left to do
         self.seconds: Dict[str, float] = {}  # of the stages kept
+        self.alone_s: Dict[str, float] = {}  # each started stage's wall seconds so far, counted at its alone speed
+        self._sharing: Tuple[str, ...] = ()  # the stages running since ``_since``
+        self._since = self.start
 
     def progress(self, model: str) -> float:
         """The fraction of a running stage's epochs done (the rows of its run's ``summary.csv``), at most
@@ -174,35 +185,54 @@ class _Budget:
         epochs = r.profile.recipe(model, r.dataset, None if model == PRUNED_MODEL else r.epochs)['epochs']
         return min(max(len(summary.read_text().splitlines()) - 1, 0) / epochs, _MOST_PROGRESS)
 
+    def shared(self, model: str, k: int) -> float:
+        """How many times its alone seconds ``model`` takes while ``k`` stages run side by side (1 without
+        ``slowdown``)."""
+        return 1.0 if self.slowdown is None else self.slowdown(model, k)
+
+    def _advance(self, running=None) -> None:
+        """Count the seconds since the last look into :attr:`alone_s` of each stage that ran in them, a second
+        beside ``k - 1`` others as ``1 / shared(model, k)`` of a second alone; then ``running`` runs from now."""
+        now = time.time()
+        for model in self._sharing:
+            self.alone_s[model] = (self.alone_s.get(model, 0.0)
+                                   + (now - self._since) / self.shared(model, len(self._sharing)))
+        self._since = now
+        if running is not None:
+            self._sharing = tuple(running)
+
     def scale(self) -> float:
-        """The kept stages' own wall seconds per second of their estimates (1 until a stage has ended; 0.25x to 3x).
-        Each stage's own: a rate over the whole call would count what running side by side gained, and a stage
-        admitted on it that then runs alone would overrun."""
+        """The kept stages' own wall seconds per second of their estimates (1 until a stage has ended; 0.25x to 3x),
+        each second a stage ran beside others counted as ``1 / shared`` of a second (:attr:`alone_s`): a stage
+        that ran side by side as ``slowdown`` expects counts 1, and so it is not slowed twice. Each stage's own: a
+        rate over the whole call would count what running side by side gained, and a stage admitted on it that
+        then runs alone would overrun."""
         if not self.seconds:
             return 1.0
-        return min(max(sum(self.seconds.values()) / sum(self.estimated[m] for m in self.seconds), 0.25), 3.0)
+        return min(max(sum(self.alone_s[m] for m in self.seconds) / sum(self.estimated[m] for m in self.seconds),
+                       0.25), 3.0)
 
     def left_to_do(self, model: str) -> float:
         """``model``'s estimate less the share of its epochs done (a running stage, or one continued)."""
         return (1 - self.progress(model)) * self.estimate_s(model)
 
     def finished(self, model: str) -> float:
-        self.seconds[model] = time.time() - self.started[model]
+        self._advance(m for m in self._sharing if m != model)
+        self.seconds[model] = self._since - self.started[model]
         return self.seconds[model]
 
     def waiting(self) -> List[str]:
         return [m for m in self.staged.missing() if m not in self.started]
 
     def next_to_start(self, running) -> Optional[str]:
-        """The first waiting stage that fits the time left behind the running ones, marked started; else None."""
+        """The first waiting stage that fits the time left beside the running ones, marked started; else None."""
+        self._advance(running)
         scale, left = self.scale(), self.budget_s - (time.time() - self.start)
-        queued = scale * sum(self.left_to_do(m) for m in running)
         waiting = [m for m in self.waiting() if m != PRUNED_MODEL or self.staged.is_kept(PRUNE_SOURCE)]
         for model in waiting:
-            expected = scale * self.left_to_do(model)
-            if queued + expected <= left:
-                behind = f', behind ~{queued:.0f} s of the {len(running)} running' if running else ''
-                return self._start(model, f'~{expected:.0f} s expected{behind}, {left:.0f} s left')
+            fits, why = self._fits(model, running, scale, left)
+            if fits:
+                return self._start(model, why)
         resumable = [m for m in waiting if self.resumable(m)]
         # with less left than a stage's part outside its epochs (process start, compile; evaluation, export) it
         # would train no epoch
@@ -212,9 +242,25 @@ class _Budget:
                                       f'at the end, its run kept for the next call')
         return None
 
+    def _fits(self, model: str, running, scale: float, left: float) -> Tuple[bool, str]:
+        """Whether ``model``, started now beside ``running``, is expected to end within ``left`` seconds, and each
+        running one too; and the numbers, to say why."""
+        expected = scale * self.left_to_do(model)
+        if self.slowdown is None:  # as if one after another: the new stage ends behind all the running ones
+            queued = scale * sum(self.left_to_do(m) for m in running)
+            behind = f', behind ~{queued:.0f} s of the {len(running)} running' if running else ''
+            return queued + expected <= left, f'~{expected:.0f} s expected{behind}, {left:.0f} s left'
+        together = len(running) + 1
+        ends = [scale * self.left_to_do(m) * self.shared(m, together) for m in running]
+        expected *= self.shared(model, together)
+        beside = (f' beside the {len(running)} running, the last of them ending in ~{max(ends):.0f} s' if running
+                  else '')
+        return max([expected, *ends]) <= left, f'~{expected:.0f} s expected{beside}, {left:.0f} s left'
+
     def _start(self, model: str, why: str) -> str:
         say(f'{model}: starting ({why})')
-        self.started[model], self.estimated[model] = time.time(), self.left_to_do(model)
+        self._advance((*self._sharing, model))
+        self.started[model], self.estimated[model], self.alone_s[model] = self._since, self.left_to_do(model), 0.0
         return model
 
     def say_left_out(self) -> None:

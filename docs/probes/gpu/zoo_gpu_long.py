@@ -3,7 +3,7 @@
 How to call it, what comes back and how the next session continues: zoo_gpu_long.md beside this file. The stages
 (``sa_vision.reproduce.StagedZoo``) skip every model already kept in ``zoo/fashion-mnist-gpu/`` (with its row in
 ``docs/reproduction_fashion_mnist_gpu.csv``), run up to ``--parallel`` at a time, and start another only while
-``--budget-s`` fits its estimate below behind what the running ones have still to do;
+``--budget-s`` fits it and each running stage, all slowed by sharing the GPU as measured (below);
 then the guard of the whole zoo is recorded (``record_kept_models``: weights' SHA-256, 64 images' logits, the top-1 of
 500) and the zoo, its table and the guard are packed into one ``zoo.tar`` (paths relative to the checkout: unpack it
 at the checkout's root). At the budget's end (or on ``timeout``'s SIGTERM) the running trainings are stopped
@@ -56,6 +56,12 @@ IMAGES_PER_S = {'sa_quadratic_cifar': 19_700, 'sa_learned_cifar': 18_500, 'sa_ge
 # Section 7 (h100_2026-11-26_zoo.log): a stage's wall time less its epochs' train time, median 37 s (process start,
 # CPU evaluation, export), plus the compile in its first epoch, median 30 s (that epoch's time less a later one's)
 STAGE_OVERHEAD_S = 67
+# Section 7 too, its four trainings side by side: an epoch after the first took up to 3.23x its time at IMAGES_PER_S,
+# sa_learned_cifar's epoch 1 at 5,731 img/s against 18,500 (sa_quadratic_cifar 19,700 / 6,335 = 3.11, sa_gen_cifar
+# 20,600 / 6,981 = 2.95, the ResNet 11,900 / 7,279 = 1.63; the slowest epoch of each while all four trained). Their
+# batch was 50 against 128 for IMAGES_PER_S and 256 here: a larger batch should train no slower beside the same
+# others
+EPOCH_SLOWDOWN_4_SHARED = 3.23
 FINAL_S = 60  # the guard of the whole zoo (CPU) and the tars
 # what a continued stage needs of its run folder (Reproduction.train resumes last.pth.tar) beside its epochs' weights
 RESUME_FILES = ('last.pth.tar', 'summary.csv', 'args.yaml', 'recipe.yaml')
@@ -65,6 +71,22 @@ def estimate_s(reproduction: Reproduction, model: str) -> float:
     """A stage's device seconds: its epochs of Fashion-MNIST at :data:`IMAGES_PER_S` plus the overhead."""
     epochs = reproduction.profile.recipe(model, reproduction.dataset)['epochs']
     return STAGE_OVERHEAD_S + epochs * TRAIN_IMAGES / IMAGES_PER_S[model]
+
+
+def epoch_slowdown(k: int) -> float:
+    """How many times slower an epoch trains while ``k`` stages share the GPU: 1 alone, and
+    :data:`EPOCH_SLOWDOWN_4_SHARED` with four, in a line between (and beyond four, not measured). Where processes
+    take turns on the GPU, an epoch beside others takes ``max(1, k * busy)`` times its time alone (``busy``: the
+    share of it the GPU works); through the measured point, that lies below the line for 1 < k < 4."""
+    return 1 + (k - 1) * (EPOCH_SLOWDOWN_4_SHARED - 1) / 3
+
+
+def shared_slowdown(reproduction: Reproduction, model: str, k: int) -> float:
+    """How many times its estimate alone (:func:`estimate_s`) a stage takes while ``k`` stages share the GPU
+    (``StagedZoo.run``'s ``slowdown``): its epochs :func:`epoch_slowdown` times slower, its
+    :data:`STAGE_OVERHEAD_S` not (section 7 measured it with four side by side)."""
+    alone = estimate_s(reproduction, model)
+    return (STAGE_OVERHEAD_S + (alone - STAGE_OVERHEAD_S) * epoch_slowdown(k)) / alone
 
 
 def checkpoint_bytes(reproduction: Reproduction, model: str) -> int:
@@ -270,9 +292,11 @@ def run_stages(staged: StagedZoo, args, result: dict, start: float) -> bool:
     with on_sigterm(stopped):
         deadline.start()
         try:
+            # the smoke's stages of 1 s each, as if all epochs: the GPU's stages are slowed less
             staged.run(args.budget_s - FINAL_S - (time.time() - start),
                        lambda m: 1.0 if args.smoke else estimate_s(reproduction, m), on_stage=kept,
-                       parallel=args.parallel, resumable=fits.get)
+                       parallel=args.parallel, resumable=fits.get,
+                       slowdown=lambda m, k: epoch_slowdown(k) if args.smoke else shared_slowdown(reproduction, m, k))
         except Exception:  # noqa: BLE001  the stages kept before the failing one still come back, guarded
             result['failed'] = traceback.format_exc(limit=-8)
             print(f'FAILED: {result["failed"]}', flush=True)
