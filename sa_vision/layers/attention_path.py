@@ -93,7 +93,7 @@ def choose_path(
     separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 28 % less peak
     memory); compiled graphs choose what to keep by themselves.
 
-    The fused Triton kernel only when ``fused`` asks, for content-free kinds, outside captured graphs (see above).
+    The fused Triton kernel only when ``fused`` asks, for content-free kinds, outside captured graphs (module docs).
 
     Projected first (``project_then_mix``, plain ops: in graphs too) where dense, batched, content-free and not fused,
     if the ``project_first`` override asks, else on CUDA if ``cuda_project_first`` (:data:`CUDA_PROJECT_FIRST`) does.
