@@ -108,7 +108,7 @@ def test_smoke_trains_end_to_end_and_the_zoo_or_says_why_not(tmp_path):
         reason = 'skipped: sa-vision-train --help does not list'
         assert log.count(reason) == 3, log  # two trainings, the zoo
         return
-    for size in ('full', 'narrow'):
+    for size in ('full', 'narrow', 'narrow --opt-fused off'):
         run = results['train_e2e'][size]
         assert run['status'] == 0 and run['epochs'] and all(e['img_s'] > 0 for e in run['epochs'])
     zoo = results['zoo']

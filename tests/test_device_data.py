@@ -147,6 +147,24 @@ def test_same_seed_same_batches_bit_for_bit_other_seed_or_epoch_others():
         assert not torch.equal(first[0][0], other[0][0])
 
 
+def test_blocks_of_batches_give_every_image_its_own_crop_flip_and_target():
+    gen = torch.Generator().manual_seed(0)
+    n, batch = 70, 8  # 8 full batches, augmented 3 at a time: blocks of 24, 24 and 16 images
+    images = torch.randint(0, 256, (n, 3, SIZE, SIZE), generator=gen, dtype=torch.uint8)
+    loader = DeviceTrainLoader(images, torch.arange(n) * 10, batch, (0.5,) * 3, (0.25,) * 3, 'cpu', crop_padding=PAD,
+                               seed=1, block_images=3 * batch + 5)
+    loader.set_epoch(3)
+    indices, offsets, flips = loader.epoch_draws()
+    expected = []
+    for i, (r, c), f in zip(indices.tolist(), offsets.tolist(), flips.tolist()):
+        crop = reference_crops(images[i], PAD)[(r, c, f)].float().div(255.)
+        expected.append((crop - 0.5) / 0.25)
+    batches = list(loader)
+    assert len(batches) == len(loader) == n // batch and all(len(b[0]) == batch for b in batches)
+    assert torch.equal(torch.cat([b[0] for b in batches]), torch.stack(expected[:n // batch * batch]))
+    assert torch.cat([b[1] for b in batches]).tolist() == [10 * i for i in indices[:n // batch * batch].tolist()]
+
+
 def test_crops_and_flips_are_drawn_anew_per_seed_epoch_and_rank():
     def first_batch(seed, epoch, rank):  # of identical images: only the augmentation tells batches apart
         loader = DeviceTrainLoader(PATTERN.expand(200, -1, -1, -1), torch.zeros(200), 50, device='cpu', seed=seed,

@@ -711,3 +711,21 @@ def test_the_image_folder_error_names_the_commands_that_take_its_flag(tmp_path, 
     line = capsys.readouterr().err.strip()
     assert ('pass --val-split test to read ' in line and '(sa-vision-train, sa-vision-validate), or rename that '
             'folder validation/' in line), line
+
+
+def test_resume_steps_with_this_machines_optimizer_implementation(adamw_run, tmp_path):
+    """A checkpoint of a fused AdamW (a GPU run's, --opt-fused auto) resumed on a CPU steps with the CPU's choice,
+    and the other way round: torch's load_state_dict alone would bring back the saved groups' implementation."""
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(adamw_run.parent, run)
+    fused = []
+    for opt_fused in ('on', 'auto'):
+        ckpt = _load(run / 'last.pth.tar')
+        ckpt['epoch'], ckpt['history'] = 1, ckpt['history'][:1]  # as if killed after its first of 2 epochs
+        torch.save(ckpt, run / 'last.pth.tar')
+        training.main(['--resume', str(run / 'last.pth.tar'), '--opt-fused', opt_fused, '--log-interval', '100'])
+        resumed = _load(run / 'last.pth.tar')
+        assert resumed['epoch'] == 2
+        fused.append([bool(g['fused']) for g in resumed['optimizer']['param_groups']])
+    assert fused == [[True] * len(fused[0]), [False] * len(fused[0])]

@@ -10,9 +10,11 @@ from contextlib import nullcontext
 
 import pytest
 import torch
+from float32_bounds import FLOAT32_UNIT_ROUNDOFF, SAFETY
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from sa_vision.errors import UserError
 from sa_vision.train import loop as training
 from sa_vision.train import runtime
 from sa_vision.train.state import parse_run_args
@@ -236,3 +238,47 @@ def test_ddp_ranks_choose_among_the_choices_that_compiled_on_every_rank():
     (measured_0, failures_0), (measured_1, failures_1) = got[0], got[1]
     assert set(measured_0) == set(measured_1) == {'eager'} and measured_0 == measured_1
     assert failures_0 == failures_1 == {'inductor': 'RuntimeError: inductor: no C++ compiler on this node'}
+
+
+def test_opt_fused_auto_fuses_torchs_own_optimizers_with_cuda_only():
+    for opt in ('sgd', 'momentum', 'adam', 'adamw', 'adagrad'):
+        assert runtime.resolve_opt_fused('auto', opt, 'cuda:0')[0], opt
+        assert not runtime.resolve_opt_fused('auto', opt, 'cpu')[0], opt  # a CPU run keeps its exact numbers
+        assert runtime.resolve_opt_fused('on', opt, 'cpu')[0], opt
+        assert not runtime.resolve_opt_fused('off', opt, 'cuda')[0], opt
+    assert not runtime.resolve_opt_fused('auto', 'nadamw', 'cuda')[0]  # timm's own class: no fused step
+    with pytest.raises(UserError, match='--opt lamb'):
+        runtime.resolve_opt_fused('on', 'lamb', 'cpu')
+
+
+def _optimizer_steps(model, opt, opt_fused, dtype=torch.float32, steps=10):
+    """The weights after ``steps`` steps of sa-vision-train's optimizer (its groups, positional lr x 3) on the same
+    gradients, and the optimizer."""
+    model = copy.deepcopy(model).to(dtype)
+    args = argparse.Namespace(opt=opt, opt_fused=opt_fused, device='cpu', lr=0.01, weight_decay=0.05, momentum=0.9,
+                              opt_eps=None, pos_lr_scale=3.0, rank=0)
+    optimizer = training._create_optimizer(model, args)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=gen).to(dtype)
+        optimizer.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()]), optimizer
+
+
+@pytest.mark.parametrize('opt', ['adamw', 'momentum'])
+def test_fused_optimizer_steps_equal_the_for_loops_within_float32_rounding(opt):
+    import timm
+    model = timm.create_model('sa_quadratic_cifar', embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32,
+                              num_classes=10)
+    steps = 10
+    reference, _ = _optimizer_steps(model, opt, 'off', torch.float64, steps)
+    fused, fused_opt = _optimizer_steps(model, opt, 'on', steps=steps)
+    loop, loop_opt = _optimizer_steps(model, opt, 'auto', steps=steps)
+    assert fused_opt.defaults['fused'] and not loop_opt.defaults['fused']
+    assert torch.equal(loop, _optimizer_steps(model, opt, 'off', steps=steps)[0])  # auto on a CPU: torch's default
+    # a few float32 roundings of each weight per step, accumulated over the steps
+    atol = SAFETY * steps * FLOAT32_UNIT_ROUNDOFF * reference.abs().max().item()
+    for actual in (fused, loop):
+        torch.testing.assert_close(actual.double(), reference, rtol=0, atol=atol)
+    assert not torch.equal(fused, loop)  # not bit for bit: why auto fuses only with CUDA

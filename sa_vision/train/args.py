@@ -26,12 +26,13 @@ PROCESS_ARGS = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank'
 # this run's files and this machine's choices: resumed with the run, but no part of the recipe
 LOCAL_ARGS = frozenset({'output', 'experiment', 'data_dir', 'dataset_download', 'initial_checkpoint', 'device_modules',
                         'workers', 'log_interval', 'save_epoch_weights', 'export', 'target_top1', 'torchcompile',
-                        'torchcompile_mode', 'cudnn_benchmark', 'device_data'})
+                        'torchcompile_mode', 'cudnn_benchmark', 'device_data', 'opt_fused'})
 # timm train.py's arguments of the same kinds, for the recipes of its checkpoints
 TIMM_LOCAL_ARGS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use == LOCAL) | TIMM_SET_ARGS
 # decided on the machine that runs (args.yaml and the log say what and why), never asked for
 RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_mode_used',
-                           'torchcompile_reason', 'resume_changes', 'device_data_used', 'device_data_reason'})
+                           'torchcompile_reason', 'resume_changes', 'device_data_used', 'device_data_reason',
+                           'opt_fused_used', 'opt_fused_reason'})
 # left out of published recipes: a recipe reproduces the run anywhere and leaks no local paths
 RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
 # the least value of the numbers below which timm and torch fail only deep inside (the scheduler's bare
@@ -169,6 +170,11 @@ def _model_arguments(group) -> None:
 def _optimizer_arguments(group) -> None:
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER')
     group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON')
+    group.add_argument('--opt-fused', default='auto', choices=('auto', 'on', 'off'),
+                       help="torch's fused optimizer step (one kernel per parameter group; sgd, momentum, adam, adamw, "
+                            "adagrad): 'auto' (default) with CUDA only, 'on' also on a CPU, 'off' torch's default "
+                            "(foreach on CUDA, for-loop on a CPU). Equal up to float32 rounding, not bit for bit. "
+                            "args.yaml (opt_fused_used, opt_fused_reason) says which and why; see resolve_opt_fused")
     group.add_argument('--momentum', type=float, default=0.9, metavar='M')
     group.add_argument('--weight-decay', type=float, default=1e-4)
     group.add_argument('--pos-lr-scale', type=float, default=1.0, metavar='SCALE',

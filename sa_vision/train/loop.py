@@ -45,6 +45,7 @@ from .runtime import (
     probe_compile,
     probe_size,
     resolve_amp,
+    resolve_opt_fused,
     resolve_torchcompile,
     retain_freed_memory,
     seed_epoch,
@@ -214,10 +215,13 @@ def _create_model(args, initial, kwargs_sources=None):
 
 def _create_optimizer(model, args):
     # timm's weight-decay groups, the positional ones with lr_scale = --pos-lr-scale (timm's schedulers apply it)
+    args.opt_fused_used, args.opt_fused_reason = resolve_opt_fused(args.opt_fused, args.opt, args.device)
+    _log(args, f'Optimizer: {args.opt}, {"fused" if args.opt_fused_used else "not fused"} ({args.opt_fused_reason})')
     return create_optimizer_v2(
         model, opt=args.opt, lr=args.lr, weight_decay=args.weight_decay, momentum=args.momentum,
         param_group_fn=partial(param_groups_pos_lr, weight_decay=args.weight_decay, pos_lr_scale=args.pos_lr_scale),
-        **({'eps': args.opt_eps} if args.opt_eps is not None else {}))
+        **({'eps': args.opt_eps} if args.opt_eps is not None else {}),
+        **({'fused': True} if args.opt_fused_used else {}))
 
 
 def _create_loaders(args, data_cfg):
@@ -297,9 +301,9 @@ def _training_model(model, args, data_cfg, loss_fn, amp_ctx, steps_left: int):
 def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
                     loss_scaler: Optional[NativeScaler] = None, num_epochs=None):
     model.train()
-    # the running loss stays on the device: reading it is a host sync, done only for the log lines
+    # the running loss stays on the device: reading it is a host sync, done only for the log lines. Every batch
+    # has the same size (both loaders drop the last short one), so the mean is over batches: one operation a step
     loss_sum = torch.zeros((), dtype=torch.float64, device=args.device)
-    loss_count = torch.zeros((), dtype=torch.float64, device=args.device)
     loss_avg = float('nan')
     start = batch_start = time.time()
     num_batches, seen = len(loader), 0
@@ -323,12 +327,11 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         if lr_scheduler is not None:
             lr_scheduler.step_update(num_updates=num_updates)
         loss = loss.detach()
-        loss_sum += loss.double() * images.size(0)
-        loss_count += images.size(0)
+        loss_sum.add_(loss)  # float64, as the loss promotes
         seen += images.size(0)
         if batch_idx == num_batches - 1 or (batch_idx + 1) % args.log_interval == 0:
             with host_sync_allowed():
-                loss_val, loss_avg = torch.stack([loss.double(), loss_sum / loss_count]).tolist()  # the one host sync
+                loss_val, loss_avg = torch.stack([loss.double(), loss_sum / (batch_idx + 1)]).tolist()  # the one sync
             now = time.time()
             rate = seen * args.world_size / max(now - batch_start, 1e-9)
             # time left in this run at this epoch's pace so far (evaluation not counted)

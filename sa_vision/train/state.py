@@ -199,7 +199,13 @@ def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler
     plateau scheduler keeps its saved state: its decisions depend on the metrics seen."""
     meta = resume_ckpt.meta
     model.load_state_dict(resume_ckpt.state_dict)
-    optimizer.load_state_dict(meta['optimizer'])
+    saved = meta['optimizer']
+    if len(saved['param_groups']) == len(optimizer.param_groups):  # else torch's error says so
+        # the implementation is this machine's (--opt-fused): torch would take the saved groups' and place the
+        # step counts by it
+        saved = {**saved, 'param_groups': [{**group, **{k: now[k] for k in ('fused', 'foreach') if k in now}}
+                                           for group, now in zip(saved['param_groups'], optimizer.param_groups)]}
+    optimizer.load_state_dict(saved)
     if isinstance(lr_scheduler, PlateauLRScheduler):
         lr_scheduler.load_state_dict(meta['scheduler'])
     elif lr_scheduler is not None:

@@ -562,15 +562,17 @@ class Check:
             argv[2:2] = ['--model-kwargs', *(f'{k}={v}' for k, v in kwargs.items())]
         return argv + (['--data-dir', data_dir] if data_dir else [])
 
-    def train_e2e(self, size: str) -> None:
-        flags = self.usable_speed_flags(f'sa-vision-train, {size}')
+    def train_e2e(self, size: str, extra: Tuple[str, ...] = ()) -> None:
+        """One training run; ``extra``: flags added, the other half of a pair (its results key: size and flags)."""
+        label = ' '.join((size, *extra))
+        flags = self.usable_speed_flags(f'sa-vision-train, {label}')
         if flags is None:
             return
         with tempfile.TemporaryDirectory() as tmp:
             if self.smoke:  # the GPU's command line parses
                 build_train_parser().parse_args(
-                    self.e2e_argv(gpu_setting(), size, list(SPEED_FLAGS), tmp, 'data/fashion-mnist'))
-            argv = self.e2e_argv(self.s, size, flags, tmp, None if self.smoke else self.data_dir)
+                    self.e2e_argv(gpu_setting(), size, list(SPEED_FLAGS), tmp, 'data/fashion-mnist') + list(extra))
+            argv = self.e2e_argv(self.s, size, flags, tmp, None if self.smoke else self.data_dir) + list(extra)
             cmd = [sys.executable, '-m', 'sa_vision.cli.train', *argv]
             self.log(f'$ sa-vision-train {" ".join(argv)}')
             log_path = self.log.out / 'train_e2e.log'
@@ -589,7 +591,8 @@ class Check:
             result = epoch_rates(text, Path(tmp) / size / 'summary.csv', self.s.batch_size)
         result.update(size=size, status=status, wall_s=round(wall, 1), command=argv)
         shown = [line for line in text.splitlines()
-                 if line.startswith(('Compilation', 'Precision', 'Data', 'Run folder', 'Top-1 on', 'Traceback'))
+                 if line.startswith(('Compilation', 'Precision', 'Optimizer', 'Data', 'Run folder', 'Top-1 on',
+                                     'Traceback'))
                  or 'device' in line.lower() or 'error' in line.lower()]
         for line in shown[:16]:
             self.log(f'  | {line[:200]}')
@@ -597,9 +600,9 @@ class Check:
             self.log(f'  epoch {epoch["epoch"]}: {epoch["images"]} images in {epoch["train_s"]:.1f} s = '
                      f'{epoch["img_s"]:,.0f} img/s (the log\'s last interval: {epoch["log_img_s"]} img/s; its end '
                      f'to end line: {epoch["end_to_end_img_s"]} img/s)')
-        self.log(f'sa-vision-train {size}: exit {status}, {wall:.0f} s wall (process start, compile and evaluation '
+        self.log(f'sa-vision-train {label}: exit {status}, {wall:.0f} s wall (process start, compile and evaluation '
                  f'included); its log: train_e2e.log')
-        self.log.results.setdefault('train_e2e', {})[size] = result
+        self.log.results.setdefault('train_e2e', {})[label] = result
 
     # ---- section 7: the zoo
 
@@ -1017,6 +1020,8 @@ def items(check: Check) -> List[Item]:
         pair(2, 'narrow dense / separable / sa_gen, eager', 'narrow', 'eager', ('dense', 'separable', 'gen'), 15,
              'both', key='dense/narrow/eager'),
         Item(6, 'sa-vision-train full-size', lambda: c.train_e2e('full'), 100),
+        # the narrow run's optimizer step with torch's default (foreach) in place of the fused one: its pair
+        Item(6, 'sa-vision-train narrow, --opt-fused off', lambda: c.train_e2e('narrow', ('--opt-fused', 'off')), 70),
         Item(8, 'full-size layer, fused Triton kernel', lambda: c.fused_layer('full'), 40),
         Item(8, 'narrow layer, fused Triton kernel', lambda: c.fused_layer('narrow'), 30),
         # the tests before the whole model with the kernel: what runs today is checked before what may come
