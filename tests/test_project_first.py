@@ -145,18 +145,21 @@ class _HeadsSizedWrites(TorchDispatchMode):
         return out
 
 
+@pytest.mark.parametrize('autocast', (False, True), ids=('float32', 'bf16_autocast'))
 @pytest.mark.parametrize('projected', (False, True), ids=('dense', 'projected_first'))
-def test_no_copy_of_the_heads_sized_tensor(projected):
+def test_no_copy_of_the_heads_sized_tensor(projected, autocast):
     """Projected first, only products write a heads-sized tensor (forward: the projection; backward: its input's
-    gradient per head, then the mixing's gradient); the dense path copies the heads for the Value and back."""
+    gradient per head, then the mixing's gradient); the dense path copies the heads for the Value and back. Under
+    autocast too, where a cast of the broadcast input would write it heads times."""
     pair = make_pair(torch.float32)
     x = torch.randn(4, 4, 3, DIM, requires_grad=True)
     sizes = {HEADS * x.numel(), HEADS * x.numel() // DIM * OUT}
-    with batched_heads(pair), dense_attention(pair), project_first(pair, projected):
+    with batched_heads(pair), dense_attention(pair), project_first(pair, projected), \
+            torch.autocast('cpu', torch.bfloat16, enabled=autocast):
         with _HeadsSizedWrites(sizes) as forward:
             out = attend_then_project(pair[0], pair[1], x)
         with _HeadsSizedWrites(sizes) as backward:
-            out.sum().backward()
+            out.float().sum().backward()
     if projected:
         assert forward.ops == ['bmm'] and sorted(backward.ops) == ['bmm', 'mm'], (forward.ops, backward.ops)
     else:

@@ -79,6 +79,8 @@ def project_then_mix(x: Tensor, probs: Tensor, weight: Tensor, bias: Optional[Te
     heads-sized tensor at width 64, 0.64x at 400, plus four permutes of the activations."""
     H, W, B, D = x.shape
     heads, out_features = probs.shape[0], weight.shape[0]
+    # cast before the broadcast: autocast would cast the expanded operand of bmm, writing it heads times
+    x = autocast_inputs(x)[0]
     tokens = x.reshape(1, H * W * B, D).expand(heads, H * W * B, D)
     per_head = weight.view(out_features, heads, D).permute(1, 2, 0)  # heads, D, out (a view)
     projected = torch.bmm(tokens, per_head)  # heads, h*w*B, out

@@ -122,8 +122,10 @@ def current_path(x: Tensor, training: bool, separable: bool, content: bool, dens
                   batched: bool, fused: bool = False, project_first: Optional[bool] = None) -> AttentionPath:
     """:func:`choose_path` for input ``x`` in the current state of autograd, autocast, compilation and capture."""
     if torch.jit.is_scripting():
-        # a scripted model is a captured graph, made before any CUDA default was measured: separable on CUDA, no
-        # Triton launch, not projected first (its blocks call the attention and Value modules)
+        # a scripted model is a captured graph with literal choices: separable on CUDA too (exact, slower there
+        # than CUDA_DENSE_MIXING's dense form; a literal True would be a second copy of that constant, which
+        # TorchScript cannot read at run time), no Triton launch, not projected first (its blocks call the
+        # attention and Value modules)
         return choose_path(x.device.type, x.dtype, False, False, True, False, training, separable, content, dense,
                            batched, False, False, False, False)
     else:

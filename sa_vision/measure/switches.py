@@ -82,6 +82,7 @@ def check_switches_change_paths(variants: Sequence, runners: Sequence) -> None:
             setting = ', '.join([r.device.type, f'{r.amp_dtype} autocast'.replace('torch.', '') if r.amp
                                  else str(next(r.train_model.parameters()).dtype).replace('torch.', '')]
                                 + (['compiled'] if r.torchcompile else []))
+            other = {'dense': ' (on CUDA, compare separable)', 'separable': ' (on the CPU, compare dense)'}
             raise UserError(f'--compare {v.switch}: {variants[0].name} already runs every attention layer that '
                             f'way here ({setting}), so it would be timed against itself; leave {v.switch} out '
-                            f'for this setting')
+                            f'for this setting{other.get(v.switch, "")}')
