@@ -70,11 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
     p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step')
     p.add_argument('--compare', default='',
-                   help='comma list of variants to time against: the switches dense, separable, batched, fused (the '
-                        'Triton kernel) and projfirst (dense and projected first), each refused where it changes '
-                        'no layer\'s path (a model without the layers it switches; the device\'s own form: dense '
-                        'on CUDA, separable on the CPU; batched on a GPU, under --amp, in bf16 or compiled, which '
-                        'run batched anyway; projfirst where nothing runs batched); paper, a '
+                   help='comma list to time against: the switches dense, separable, batched, fused (Triton) '
+                        'and projfirst (dense, projected first), each refused where it changes no layer\'s path (a '
+                        'model without its layers; the device\'s own form: dense on CUDA, separable on the CPU, '
+                        'batched on a GPU, under --amp, in bf16 or compiled; projfirst unbatched); paper, a '
                         'peer (vit_peer, convit_peer: timm\'s ViT / ConViT at the narrow SA size, patch 2, for the '
                         'input size; sa_vision.measure.peers) or a model name (e.g. resnet18_cifar; built with the '
                         '--reproduce-profile arguments, not --model-kwargs)')
