@@ -82,3 +82,12 @@ def untraceable_autocast_availability(monkeypatch) -> None:
         torch._dynamo.graph_break()
         return ask(device_type)
     monkeypatch.setattr(torch.amp, 'is_autocast_available', asked)
+
+
+def assert_bf16_close(out, ref, grads, ref_grads, params) -> None:
+    """A bf16 autocast output and float32 gradients against a float32 reference, within bf16's rounding."""
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+    for g, rg, p in zip(grads, ref_grads, params):
+        assert g.dtype == p.dtype
+        torch.testing.assert_close(g, rg, rtol=0.05, atol=0.05 * rg.abs().max().item())

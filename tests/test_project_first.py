@@ -11,7 +11,7 @@ from float32_bounds import (
     sa_model_gradient_reduction_lengths,
     sa_model_reduction_lengths,
 )
-from helpers import exact_float32
+from helpers import assert_bf16_close, exact_float32
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sa_vision.layers import (
@@ -122,11 +122,7 @@ def test_training_under_bfloat16_autocast():
         grads = torch.autograd.grad((out.float() * weights).sum(), params)
     ref = reference(pair, x)
     ref_grads = torch.autograd.grad((ref * weights).sum(), params)
-    assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
-    for g, rg, p in zip(grads, ref_grads, params):
-        assert g.dtype == p.dtype
-        torch.testing.assert_close(g, rg, rtol=0.05, atol=0.05 * rg.abs().max().item())
+    assert_bf16_close(out, ref, grads, ref_grads, params)
 
 
 class _HeadsSizedWrites(TorchDispatchMode):
