@@ -186,8 +186,8 @@ def resolve_opt_fused(requested: str, opt: str, device) -> Tuple[bool, str]:
     if not has_fused:
         return False, f'--opt-fused auto: torch has no fused {opt}'
     if torch.device(device).type != 'cuda':
-        return False, f'--opt-fused auto: fused only with CUDA (on {torch.device(device).type} the for-loop\'s ' \
-                      f'exact numbers)'
+        return False, f'--opt-fused auto: fused only with CUDA ({torch.device(device).type} keeps torch\'s ' \
+                      f'default, whose numbers the fused update matches only up to rounding)'
     return True, '--opt-fused auto: fused with CUDA'
 
 
