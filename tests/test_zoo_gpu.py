@@ -179,6 +179,17 @@ def test_a_stage_stopped_at_the_budget_goes_on_from_resume_tar_to_the_uninterrup
     assert resumed.meta['epoch'] == straight.meta['epoch'] == 2
     for key, value in straight.state_dict.items():
         assert torch.equal(value, resumed.state_dict[key]), key
+    # stopped inside its second epoch, the run logged the first once: summary.csv holds the straight run's epochs
+    def epochs(run):
+        with open(run / 'summary.csv', newline='') as f:
+            return [row['epoch'] for row in csv.DictReader(f)]
+    assert epochs(second.reproduction.run_dir(model)) == epochs(tmp_path / 'straight' / 'runs' / model) == ['0', '1']
+    # model_best.pth.tar stays behind (not in resume.tar): the export is of the last epoch, and its card's record
+    # (which epoch was the best, each epoch's evaluation) travels in last.pth.tar, so the card is the straight run's
+    [folder] = Reproduction(tmp_path / 'straight', 'tiny', epochs=2, train_args=['--device', 'cpu']).export([model])
+    summary = re.compile(r'## Training summary.*?(?=\n## )', re.S)
+    assert summary.search((tmp_path / 'zoo' / model / 'README.md').read_text()).group() == summary.search(
+        (folder / 'README.md').read_text()).group()
     # the kept row's centre shift reads the cut epoch-000: the same as the straight run's whole one
     from sa_vision.reproduce.report import center_shift_median
     assert second.rows()[model]['center_shift_median'] == center_shift_median(
