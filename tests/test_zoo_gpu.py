@@ -179,6 +179,17 @@ def test_a_stage_stopped_at_the_budget_goes_on_from_resume_tar_to_the_uninterrup
     assert resumed.meta['epoch'] == straight.meta['epoch'] == 2
     for key, value in straight.state_dict.items():
         assert torch.equal(value, resumed.state_dict[key]), key
+    # stopped inside its second epoch, the run logged the first once: summary.csv holds the straight run's epochs
+    def epochs(run):
+        with open(run / 'summary.csv', newline='') as f:
+            return [row['epoch'] for row in csv.DictReader(f)]
+    assert epochs(second.reproduction.run_dir(model)) == epochs(tmp_path / 'straight' / 'runs' / model) == ['0', '1']
+    # model_best.pth.tar stays behind (not in resume.tar): the export is of the last epoch, and its card's record
+    # (which epoch was the best, each epoch's evaluation) travels in last.pth.tar, so the card is the straight run's
+    [folder] = Reproduction(tmp_path / 'straight', 'tiny', epochs=2, train_args=['--device', 'cpu']).export([model])
+    summary = re.compile(r'## Training summary.*?(?=\n## )', re.S)
+    assert summary.search((tmp_path / 'zoo' / model / 'README.md').read_text()).group() == summary.search(
+        (folder / 'README.md').read_text()).group()
     # the kept row's centre shift reads the cut epoch-000: the same as the straight run's whole one
     from sa_vision.reproduce.report import center_shift_median
     assert second.rows()[model]['center_shift_median'] == center_shift_median(
@@ -316,3 +327,94 @@ def test_the_shared_slowdown_covers_every_stage_the_h100_ran_side_by_side(tmp_pa
         assert alone < row['stage_s']  # slower side by side than the estimate alone
         assert script.estimate_s(cpu, model) == pytest.approx(alone)  # the same epochs
         assert alone * script.shared_slowdown(cpu, model, 4) >= row['stage_s'], model
+
+
+def test_sigterm_while_packing_waits_for_that_pack(tmp_path, monkeypatch):
+    """``timeout``'s SIGTERM arriving while resume.tar is written: the handler's own packs (resume.tar, zoo.tar, the
+    JSON, as the script's) start only once that one has ended, never inside it (the interrupted pack's buffered
+    bytes would land in the file the handler renamed over it), and both tars come back whole."""
+    import json
+    import signal
+    import time
+    from types import SimpleNamespace
+
+    from sa_vision.reproduce import Reproduction, StagedZoo
+    script = _script()
+    from probe_env import on_sigterm  # beside the script, on the path it sets
+    staged = StagedZoo(Reproduction(tmp_path / 'work', 'tiny'), tmp_path / 'zoo', tmp_path / 'docs' / 't.csv')
+    staged.reproduction.out.mkdir()
+    (staged.reproduction.out / 'reproduction.json').write_text('{}')
+    model = STAGE_ORDER[0]
+    run = staged.reproduction.run_dir(model)
+    run.mkdir(parents=True)
+    for name in script.RESUME_FILES:
+        (run / name).write_bytes(os.urandom(20_000))  # over a buffer: the first add writes through
+    monkeypatch.setattr(script, 'read_checkpoint', lambda path: SimpleNamespace(meta={'epoch': 1, 'num_epochs': 2}))
+    out, result, events = tmp_path / 'out', {}, []
+    out.mkdir()
+    opened, added = tarfile.TarFile.__init__, tarfile.TarFile.add
+
+    def tar_init(self, name=None, mode='r', *args, **kwargs):
+        opened(self, name, mode, *args, **kwargs)
+        if mode == 'w':
+            events.append(('open', Path(name).name))
+            close = self.close
+            self.close = lambda: (close(), events.append(('close', Path(name).name)))
+
+    def add(self, name, *args, **kwargs):
+        if events == [('open', '.resume.tar.partial')]:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.1)  # the handler runs here, in the middle of the pack, unless it waits
+        added(self, name, *args, **kwargs)
+    monkeypatch.setattr(tarfile.TarFile, '__init__', tar_init)
+    monkeypatch.setattr(tarfile.TarFile, 'add', add)
+
+    def stopped():  # the script's handler: resume.tar, then zoo.tar and the JSON
+        result['resume'] = script.pack_resume(staged, out, 2 ** 20)
+        script.write_back(staged, out, result, time.time())
+    with pytest.raises(SystemExit) as exit_, on_sigterm(stopped):
+        script.pack_resume(staged, out, 2 ** 20)
+    assert exit_.value.code == 128 + signal.SIGTERM
+    # each tar is closed before the next is opened
+    assert events == [(kind, name) for name in ('.resume.tar.partial', '.resume.tar.partial', '.zoo.tar.partial')
+                      for kind in ('open', 'close')], events
+    with tarfile.open(out / 'resume.tar') as tar:
+        assert set(tar.getnames()) == {'reproduction.json', *(f'runs/{model}/{n}' for n in script.RESUME_FILES)}
+        for name in script.RESUME_FILES:
+            assert tar.extractfile(f'runs/{model}/{name}').read() == (run / name).read_bytes()
+    with tarfile.open(out / 'zoo.tar') as tar:
+        assert tar.getnames() == []
+    assert json.loads((out / 'zoo_gpu_long.json').read_text())['resume'][model].startswith('kept after 1 of 2')
+
+
+def test_sigterm_after_the_guard_is_recorded_packs_it(tmp_path, monkeypatch):
+    """A SIGTERM once the guard of the zoo is recorded (every model kept, nothing to train): the zoo.tar that the
+    handler writes holds the guard, as the call's end would have."""
+    import signal
+
+    from sa_vision.hub import HUB_FOLDER_FILES
+    script, zoo, table = _script(), tmp_path / 'zoo', tmp_path / 'docs' / 't.csv'
+    for model in STAGE_ORDER:
+        (zoo / model).mkdir(parents=True)
+        for name in HUB_FOLDER_FILES:
+            (zoo / model / name).write_text('x')
+    table.parent.mkdir()
+    table.write_text('model\n' + ''.join(f'{m}\n' for m in STAGE_ORDER))
+
+    def record(*args, **kwargs):
+        for suffix in ('_weights.sha256', '_logits.safetensors'):
+            table.with_name(table.stem + suffix).write_text('the guard of this call')
+    pack_resume = script.pack_resume
+
+    def sigterm_then_pack_resume(*args):  # the SIGTERM as the call's end begins
+        os.kill(os.getpid(), signal.SIGTERM)
+        return pack_resume(*args)
+    monkeypatch.setattr(script, 'record_kept_models', record)
+    monkeypatch.setattr(script, 'pack_resume', sigterm_then_pack_resume)
+    monkeypatch.setattr(script, 'checkpoint_bytes', lambda *a: 0)
+    with pytest.raises(SystemExit) as exit_:
+        script.main(['--smoke', '--out', str(tmp_path / 'out'), '--zoo', str(zoo), '--table', str(table),
+                     '--resume', str(tmp_path / 'none.tar')])
+    assert exit_.value.code == 128 + signal.SIGTERM
+    with tarfile.open(tmp_path / 'out' / 'zoo.tar') as tar:
+        assert {'docs/t_weights.sha256', 'docs/t_logits.safetensors'} <= set(tar.getnames())

@@ -98,17 +98,45 @@ def redirect_fds(path: Path):
         os.close(saved[1])
 
 
+# a SIGTERM that on_sigterm's handler put off while a file was written (sigterm_deferred): how deep such writes are
+# nested, and the handler's work, run once the outermost ends
+_deferred = {'depth': 0, 'pending': None}
+
+
+@contextlib.contextmanager
+def sigterm_deferred():
+    """Inside the block (or the function it decorates), :func:`on_sigterm`'s handler waits for the block's end. For
+    a file written whole and renamed over the last (a tar, the JSON) that the handler's ``save()`` writes again:
+    Python runs the handler in the main thread between two steps of the write, so its own copy would be renamed
+    over the interrupted one, whose buffered bytes then land in it as its file closes. For the main thread only."""
+    _deferred['depth'] += 1
+    try:
+        yield
+    finally:
+        _deferred['depth'] -= 1
+        if not _deferred['depth'] and _deferred['pending']:
+            pending, _deferred['pending'] = _deferred['pending'], None
+            pending()
+
+
 @contextlib.contextmanager
 def on_sigterm(save: Callable[[], None]):
     """Inside the block, SIGTERM (``timeout``'s first signal; its ``-k 20`` sends SIGKILL 20 s later) runs ``save()``
-    to leave what there is to bring back, then ends the process with SIGTERM's status (143) through the ``finally``
-    blocks that end subprocesses. The handler before is restored on leaving."""
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once; timeout signals its whole process group
+    to leave what there is to bring back (once a :func:`sigterm_deferred` block running then has ended), then ends
+    the process with SIGTERM's status (143) through the ``finally`` blocks that end subprocesses. The handler
+    before is restored on leaving."""
+    def end(signum):
         try:
             save()
         finally:
             raise SystemExit(128 + signum)
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once; timeout signals its whole process group
+        if _deferred['depth']:
+            _deferred['pending'] = lambda: end(signum)
+        else:
+            end(signum)
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield

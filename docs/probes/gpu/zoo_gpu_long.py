@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
-from probe_env import on_sigterm, redirect_fds, require_timm, versions
+from probe_env import on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions
 
 require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
 
@@ -121,6 +121,7 @@ def evaluation_threads(asked: int, cores: int, parallel: int) -> int:
     return max(1, min(asked, cores - parallel))
 
 
+@sigterm_deferred()  # the SIGTERM handler packs too: not inside this pack
 def pack(staged: StagedZoo, out: Path, with_guard: bool = False) -> Path:
     """``out/zoo.tar``: the table as it is now, the folders of the models it lists (a stage writes its folder before
     its row, so those are whole; not one still being written) and, ``with_guard``, the guard recorded for them,
@@ -147,6 +148,7 @@ def pack(staged: StagedZoo, out: Path, with_guard: bool = False) -> Path:
     return path
 
 
+@sigterm_deferred()  # the SIGTERM handler packs too: not inside this pack
 def pack_resume(staged: StagedZoo, out: Path, room: int) -> Dict[str, str]:
     """``out/resume.tar``: the run folder of each stage not kept that has a finished epoch, as the next call's
     ``Reproduction.train`` continues it (:data:`RESUME_FILES`, and its epochs' weights cut by
@@ -190,6 +192,7 @@ def kept_bytes(staged: StagedZoo, models) -> int:
     return sum(f.stat().st_size for m in models for f in (staged.zoo / m).rglob('*') if f.is_file())
 
 
+@sigterm_deferred()
 def write_back(staged: StagedZoo, out: Path, result: dict, start: float, with_guard: bool = False) -> Path:
     """What comes back, as it stands: ``zoo.tar`` and ``zoo_gpu_long.json``. Written after each kept stage too, so
     that a call killed at its time limit still returns every model kept before."""
@@ -280,7 +283,7 @@ def run_stages(staged: StagedZoo, args, result: dict, start: float) -> bool:
         print(f'== stopped by SIGTERM after {time.time() - start:.0f} s', flush=True)
         staged.stop()
         keep_for_next_call()
-        write_back(staged, args.out, result, start)
+        write_back(staged, args.out, result, start, with_guard=guarded)  # after the guard's recording: with it
 
     def kept(model: str, seconds: float) -> None:
         result['stages'][model] = round(seconds, 1)
