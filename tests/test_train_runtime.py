@@ -17,6 +17,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from sa_vision.errors import UserError
 from sa_vision.train import loop as training
 from sa_vision.train import runtime
+from sa_vision.train.optimizer import resolve_opt_fused
 from sa_vision.train.state import parse_run_args
 
 
@@ -241,14 +242,19 @@ def test_ddp_ranks_choose_among_the_choices_that_compiled_on_every_rank():
 
 
 def test_opt_fused_auto_fuses_torchs_own_optimizers_with_cuda_only():
-    for opt in ('sgd', 'momentum', 'adam', 'adamw', 'adagrad'):
-        assert runtime.resolve_opt_fused('auto', opt, 'cuda:0')[0], opt
-        assert not runtime.resolve_opt_fused('auto', opt, 'cpu')[0], opt  # a CPU run keeps its exact numbers
-        assert runtime.resolve_opt_fused('on', opt, 'cpu')[0], opt
-        assert not runtime.resolve_opt_fused('off', opt, 'cuda')[0], opt
-    assert not runtime.resolve_opt_fused('auto', 'nadamw', 'cuda')[0]  # timm's own class: no fused step
+    for opt in ('sgd', 'nesterov', 'momentum', 'adam', 'adamw', 'lookahead_adamw', 'AdamW'):
+        assert resolve_opt_fused('auto', opt, 'cuda:0')[0], opt
+        assert not resolve_opt_fused('auto', opt, 'cpu')[0], opt  # a CPU run keeps its exact numbers
+        assert resolve_opt_fused('on', opt, 'cpu')[0], opt
+        assert not resolve_opt_fused('off', opt, 'cuda')[0], opt
+    # Adagrad's fused step was CPU-only in some torch versions: asked for only
+    assert not resolve_opt_fused('auto', 'adagrad', 'cuda:0')[0] and resolve_opt_fused('on', 'adagrad', 'cpu')[0]
+    assert not resolve_opt_fused('auto', 'nadamw', 'cuda')[0]  # timm's own class: no fused step
     with pytest.raises(UserError, match='--opt lamb'):
-        runtime.resolve_opt_fused('on', 'lamb', 'cpu')
+        resolve_opt_fused('on', 'lamb', 'cpu')
+    for requested in ('auto', 'on', 'off'):  # a misspelt name is the user's error, not a traceback
+        with pytest.raises(UserError, match="--opt adamww: timm has no such optimizer; did you mean adamw"):
+            resolve_opt_fused(requested, 'adamww', 'cpu')
 
 
 def _optimizer_steps(model, opt, opt_fused, dtype=torch.float32, steps=10):

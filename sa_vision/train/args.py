@@ -171,8 +171,9 @@ def _optimizer_arguments(group) -> None:
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER')
     group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON')
     group.add_argument('--opt-fused', default='auto', choices=('auto', 'on', 'off'),
-                       help="torch's fused optimizer step (one kernel per parameter group; sgd, momentum, adam, adamw, "
-                            "adagrad): 'auto' (default) with CUDA only, 'on' also on a CPU, 'off' torch's default "
+                       help="torch's fused optimizer step (one kernel per parameter group; sgd, nesterov, momentum, "
+                            "adam, adamw, and with 'on' adagrad): 'auto' (default) with CUDA only, 'on' also on a "
+                            "CPU, 'off' torch's default "
                             "(foreach on CUDA, for-loop on a CPU). Equal up to float32 rounding, not bit for bit. "
                             "args.yaml (opt_fused_used, opt_fused_reason) says which and why; see resolve_opt_fused")
     group.add_argument('--momentum', type=float, default=0.9, metavar='M')

@@ -35,6 +35,7 @@ from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate
+from .optimizer import resolve_opt_fused
 from .runtime import (
     apply_threads,
     configure_backends,
@@ -45,7 +46,6 @@ from .runtime import (
     probe_compile,
     probe_size,
     resolve_amp,
-    resolve_opt_fused,
     resolve_torchcompile,
     retain_freed_memory,
     seed_epoch,

@@ -7,7 +7,6 @@ import ctypes
 import ctypes.util
 import functools
 import importlib
-import inspect
 import os
 import statistics
 import time
@@ -17,7 +16,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from timm.optim import get_optimizer_class
 from timm.utils import init_distributed_device, random_seed
 
 from ..errors import UserError
@@ -27,7 +25,7 @@ __all__ = [
     'resolve_device',
     'init_distributed',
     'configure_backends', 'retain_freed_memory', 'uses_channels_last', 'seed_epoch', 'synchronize',
-    'host_sync_allowed', 'resolve_opt_fused',
+    'host_sync_allowed',
     'format_duration', 'CPU_AUTOCAST_MIN_SPEEDUP', 'cpu_autocast_speedup', 'probe_size', 'resolve_amp',
     'COMPILE_MODES', 'compile_model', 'compile_choices', 'time_training_steps', 'probe_compile',
     'choose_compile', 'first_error_line', 'resolve_torchcompile',
@@ -163,32 +161,6 @@ def format_duration(seconds: float) -> str:
 
 # --amp auto turns bf16 on on a CPU only from this probe speed-up: the matmuls are most but not all of a step
 CPU_AUTOCAST_MIN_SPEEDUP = 1.3
-
-
-def resolve_opt_fused(requested: str, opt: str, device) -> Tuple[bool, str]:
-    """(whether the optimizer is built ``fused=True``, why) for ``--opt-fused requested``, timm optimizer ``opt``.
-
-    torch's fused implementation (SGD, Adam, AdamW, Adagrad: timm's sgd, momentum, adam, adamw, adagrad) updates
-    every parameter of a group in one kernel, where foreach launches about ten multi-tensor ones and AdamW reads
-    each parameter's step count on the host; its update equals the others up to float32 rounding, not bit for bit:
-    'auto' fuses with CUDA only, where a small model's step is host-bound, and a CPU run keeps its numbers."""
-    if requested == 'off':
-        return False, '--opt-fused off: torch\'s default implementation'
-    try:
-        has_fused = 'fused' in inspect.signature(get_optimizer_class(opt, bind_defaults=False)).parameters
-    except ValueError:  # not a name of timm's registry: create_optimizer_v2 says so
-        has_fused = False
-    if requested == 'on':
-        if not has_fused:
-            raise UserError(f'--opt-fused on: torch has no fused implementation of --opt {opt} (only of sgd, '
-                            f'momentum, adam, adamw, adagrad); use --opt-fused auto or off')
-        return True, '--opt-fused on asked for'
-    if not has_fused:
-        return False, f'--opt-fused auto: torch has no fused {opt}'
-    if torch.device(device).type != 'cuda':
-        return False, f'--opt-fused auto: fused only with CUDA ({torch.device(device).type} keeps torch\'s ' \
-                      f'default, whose numbers the fused update matches only up to rounding)'
-    return True, '--opt-fused auto: fused with CUDA'
 
 
 @functools.lru_cache(maxsize=None)

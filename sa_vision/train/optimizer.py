@@ -1,0 +1,46 @@
+""" The optimizer's implementation on the machine a run trains on: torch's fused step or its default
+(``--opt-fused``: docs/training.md) """
+import difflib
+import inspect
+from typing import Tuple
+
+import torch
+from timm.optim import get_optimizer_class, list_optimizers
+
+from ..errors import UserError
+
+__all__ = ['resolve_opt_fused']
+
+
+def resolve_opt_fused(requested: str, opt: str, device) -> Tuple[bool, str]:
+    """(whether the optimizer is built ``fused=True``, why) for ``--opt-fused requested``, timm optimizer ``opt``.
+
+    torch's fused implementation (SGD, Adam, AdamW, Adagrad: timm's sgd, nesterov, momentum, adam, adamw, adagrad,
+    also behind ``lookahead_``) updates every parameter of a group in one kernel, where foreach launches about ten
+    multi-tensor ones and AdamW reads each parameter's step count on the host; its update equals the others up to
+    float32 rounding, not bit for bit: 'auto' fuses SGD, Adam and AdamW with CUDA only (torch's fused Adagrad
+    was CPU-only in some versions sa_vision supports), where a small model's step is host-bound, and a CPU run
+    keeps its numbers."""
+    name = opt.lower()
+    name = name[len('lookahead_'):] if name.startswith('lookahead_') else name  # timm wraps the rest
+    try:
+        optimizer_class = get_optimizer_class(name, bind_defaults=False)
+    except ValueError:  # not in timm's registry: create_optimizer_v2 would raise the same, as a traceback
+        close = difflib.get_close_matches(name, list_optimizers(), n=3)
+        raise UserError(f'--opt {opt}: timm has no such optimizer'
+                        + (f'; did you mean {", ".join(close)}?' if close else '')
+                        + ' (timm.optim.list_optimizers() lists them)') from None
+    has_fused = 'fused' in inspect.signature(optimizer_class).parameters
+    if requested == 'off':
+        return False, '--opt-fused off: torch\'s default implementation'
+    if requested == 'on':
+        if not has_fused:
+            raise UserError(f'--opt-fused on: torch has no fused implementation of --opt {opt} (only of sgd, '
+                            f'nesterov, momentum, adam, adamw, adagrad); use --opt-fused auto or off')
+        return True, '--opt-fused on asked for'
+    if not has_fused or optimizer_class not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
+        return False, f'--opt-fused auto: not fused for {opt}'
+    if torch.device(device).type != 'cuda':
+        return False, f'--opt-fused auto: fused only with CUDA ({torch.device(device).type} keeps torch\'s ' \
+                      f'default, whose numbers the fused update matches only up to rounding)'
+    return True, '--opt-fused auto: fused with CUDA'
