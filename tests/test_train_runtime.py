@@ -255,6 +255,9 @@ def test_opt_fused_auto_fuses_torchs_own_optimizers_with_cuda_only():
     for requested in ('auto', 'on', 'off'):  # a misspelt name is the user's error, not a traceback
         with pytest.raises(UserError, match="--opt adamww: timm has no such optimizer; did you mean adamw"):
             resolve_opt_fused(requested, 'adamww', 'cpu')
+    if not torch.cuda.is_available():  # timm asserts CUDA for APEX's optimizers: one error line, not a traceback
+        with pytest.raises(UserError, match='--opt fusedadam: timm cannot build it here: CUDA required'):
+            resolve_opt_fused('auto', 'fusedadam', 'cpu')
 
 
 def _optimizer_steps(model, opt, opt_fused, dtype=torch.float32, steps=10):

@@ -351,8 +351,9 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
     split = split_name(args.dataset, args.val_split)
     result = {'model': args.model, 'dataset': args.dataset or 'folder', 'split': split, 'epochs': num_epochs,
               **metrics, 'amp': args.amp_used, 'amp_reason': args.amp_reason, 'torchcompile': args.torchcompile_used,
-              'torchcompile_mode': args.torchcompile_mode_used,
-              'checkpoint': str(checkpoint), 'best_checkpoint': str(best) if best.is_file() else None}
+              'torchcompile_mode': args.torchcompile_mode_used, 'opt_fused': args.opt_fused_used,
+              'device_data': args.device_data_used, 'checkpoint': str(checkpoint),
+              'best_checkpoint': str(best) if best.is_file() else None}
     if args.export:
         # the best epoch, as a timm user publishes model_best.pth.tar; a run resumed from before model_best was
         # written may lack it (its best epoch is older than the resume): then the last epoch

@@ -30,6 +30,8 @@ def resolve_opt_fused(requested: str, opt: str, device) -> Tuple[bool, str]:
         raise UserError(f'--opt {opt}: timm has no such optimizer'
                         + (f'; did you mean {", ".join(close)}?' if close else '')
                         + ' (timm.optim.list_optimizers() lists them)') from None
+    except (AssertionError, ImportError) as e:  # APEX's without CUDA, bitsandbytes' without the package
+        raise UserError(f'--opt {opt}: timm cannot build it here: {e}') from None
     has_fused = 'fused' in inspect.signature(optimizer_class).parameters
     if requested == 'off':
         return False, '--opt-fused off: torch\'s default implementation'
