@@ -21,12 +21,12 @@ def resolve_opt_fused(requested: str, opt: str, device) -> Tuple[bool, str]:
     float32 rounding, not bit for bit: 'auto' fuses SGD, Adam and AdamW with CUDA only (torch's fused Adagrad
     was CPU-only in some versions sa_vision supports), where a small model's step is host-bound, and a CPU run
     keeps its numbers."""
-    name = opt.lower()
-    name = name[len('lookahead_'):] if name.startswith('lookahead_') else name  # timm wraps the rest
+    # as create_optimizer_v2 reads it: the last part names the optimizer, a 'lookahead' first part wraps it
+    prefix, _, name = opt.lower().rpartition('_')
     try:
         optimizer_class = get_optimizer_class(name, bind_defaults=False)
     except ValueError:  # not in timm's registry: create_optimizer_v2 would raise the same, as a traceback
-        close = difflib.get_close_matches(name, list_optimizers(), n=3)
+        close = [f'{prefix}_{n}' if prefix else n for n in difflib.get_close_matches(name, list_optimizers(), n=3)]
         raise UserError(f'--opt {opt}: timm has no such optimizer'
                         + (f'; did you mean {", ".join(close)}?' if close else '')
                         + ' (timm.optim.list_optimizers() lists them)') from None

@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
@@ -128,6 +129,8 @@ def on_sigterm(save: Callable[[], None]):
     def end(signum):
         try:
             save()
+        except BaseException:  # noqa: BLE001  the exit below would hide why what comes back is stale
+            traceback.print_exc()
         finally:
             raise SystemExit(128 + signum)
 
