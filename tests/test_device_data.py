@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from helpers import HANG_TIMEOUT_S
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from sa_vision.errors import UserError
 from sa_vision.train.data import create_cifar_transform, create_image_dataset, held_tensors
@@ -310,3 +312,49 @@ def test_training_with_the_data_on_the_device_end_to_end_and_resumed(tmp_path, m
     assert resumed.meta['epoch'] == 2 and resumed.state_dict.keys() == straight.state_dict.keys()
     for key, value in straight.state_dict.items():
         assert torch.equal(value, resumed.state_dict[key]), key
+
+
+class _LiveBytes(TorchDispatchMode):
+    """The bytes of the storages that ops make while active and that are still alive, and their peak."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self.seen = set()
+
+    def _freed(self, key, nbytes):
+        self.live -= nbytes
+        self.seen.discard(key)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in torch.utils._pytree.tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                key = storage.data_ptr()
+                if key and key not in self.seen:
+                    self.seen.add(key)
+                    self.live += storage.nbytes()
+                    weakref.finalize(storage, self._freed, key, storage.nbytes())
+        self.peak = max(self.peak, self.live)
+        return out
+
+
+def test_the_memory_check_counts_the_augmentations_peak(monkeypatch):
+    """What ``device_data_bytes`` adds for the augmentation holds the peak of the tensors one epoch makes, the loop
+    keeping the batch before (measured by the storages alive, not by the formula)."""
+    import sa_vision.train.device_data as device_data
+    images = torch.randint(0, 256, (2048, 3, 32, 32), dtype=torch.uint8)
+    targets = torch.zeros(2048, dtype=torch.long)
+    loader = DeviceTrainLoader(images, targets, 128, (0.5,) * 3, (0.25,) * 3, 'cpu', crop_padding=4,
+                               block_images=1024)
+    with _LiveBytes() as live:
+        for _batch in loader:  # the loop variable holds the last batch, a view of its block, while the next is made
+            pass
+    held = ((images, targets), (images[:10], targets[:10]))
+    counted = {}
+    for block in (1024, 0):
+        monkeypatch.setattr(device_data, 'AUGMENT_BLOCK_IMAGES', block)
+        counted[block] = device_data.device_data_bytes(*held, crop_padding=4)
+    float_block = 1024 * 3 * 32 * 32 * 4
+    assert 2 * float_block < live.peak <= counted[1024] - counted[0], (live.peak / float_block)

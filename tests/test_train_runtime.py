@@ -290,4 +290,5 @@ def test_fused_optimizer_steps_equal_the_for_loops_within_float32_rounding(opt):
     atol = SAFETY * steps * FLOAT32_UNIT_ROUNDOFF * reference.abs().max().item()
     for actual in (fused, loop):
         torch.testing.assert_close(actual.double(), reference, rtol=0, atol=atol)
-    assert not torch.equal(fused, loop)  # not bit for bit: why auto fuses only with CUDA
+    if opt == 'adamw':  # not bit for bit (SGD's few operations may round alike on some CPUs): why auto fuses only
+        assert not torch.equal(fused, loop)  # with CUDA

@@ -24,7 +24,7 @@ __all__ = ['AUGMENT_BLOCK_IMAGES', 'AUTO_MAX_FREE_FRACTION', 'DeviceTrainLoader'
 
 # --device-data auto holds the data only within this share of the free device memory: the rest is the model's
 AUTO_MAX_FREE_FRACTION = 0.25
-# the training images augmented at once (whole batches, at least one): 100 MB of float32 CIFAR images, about 4x
+# the training images augmented at once (whole batches, at least one): 100 MB of float32 CIFAR images, about 4.5x
 # that at the peak (device_data_bytes)
 AUGMENT_BLOCK_IMAGES = 8192
 
@@ -157,14 +157,14 @@ def set_epoch(loader, epoch: int) -> None:
 def device_data_bytes(train: Tuple[torch.Tensor, torch.Tensor], evaluation: Tuple[torch.Tensor, torch.Tensor],
                       crop_padding: int, channels: int = 3) -> int:
     """Device memory the two loaders hold: the padded training images, the evaluation images, the targets, and
-    the augmentation's block at its peak: its crops as stored, and float32 ``channels`` x h x w per image four times
-    over (the float copy, its difference to the mean, the result, and the block before it, which the last batch
-    handed out still views; measured at 4.3 blocks of uint8 CIFAR-sized images). A batch of more images than
-    :data:`AUGMENT_BLOCK_IMAGES` makes a larger block than counted here."""
+    the augmentation's block at its peak, counted as 4.5 float32 blocks of ``channels`` x h x w per image (the
+    float copy, its difference to the mean, the result, the block before it, which the last batch handed out still
+    views, and the crops and their indices: 4.3 measured for uint8 CIFAR-sized images, tests/test_device_data.py).
+    A batch of more images than :data:`AUGMENT_BLOCK_IMAGES` makes a larger block than counted here."""
     images, targets = train
     n, c, h, w = images.shape
     padded = n * c * (h + 2 * crop_padding) * (w + 2 * crop_padding) * images.element_size()
-    block = min(AUGMENT_BLOCK_IMAGES, n) * (4 * channels * h * w * 4 + c * h * w * images.element_size())
+    block = int(4.5 * min(AUGMENT_BLOCK_IMAGES, n) * channels * h * w * 4)
     return padded + block + targets.numel() * 8 + evaluation[0].numel() * evaluation[0].element_size() + \
         evaluation[1].numel() * 8
 
