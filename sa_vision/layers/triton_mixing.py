@@ -311,7 +311,7 @@ def mix_and_project(x: Tensor, probs: Union[Tensor, List[Tensor]], weight: Tenso
     ``probs``: dense ``(heads, h*w, h*w)`` (``[head, query, key]``), or the ``[grid]`` / ``[row, col]`` list of
     :meth:`PositionalAttention.mixing_probs`. Under autocast every input is cast to its dtype, else ``probs``,
     ``weight`` and ``bias`` to ``x``'s; the products accumulate in float32 (float64 for float64)."""
-    problem = kernel_problem()
+    problem = kernel_problem(x.device)
     if problem:
         raise UserError(problem)
     H, W, B, D = x.shape
@@ -322,9 +322,6 @@ def mix_and_project(x: Tensor, probs: Union[Tensor, List[Tensor]], weight: Tenso
                         f'{H}x{W} grid and weight {tuple(weight.shape)} (out, heads*{D})')
     if bias is not None and bias.shape != (weight.shape[0],):
         raise UserError(f'mix_and_project: bias {tuple(bias.shape)} must be ({weight.shape[0]},)')
-    problem = kernel_problem(x.device)
-    if problem:
-        raise UserError(problem)
     x, probs, weight, bias = autocast_inputs(x, probs, weight, bias)  # a Function's inputs escape autocast
     dtype = x.dtype
     out = _forward(x.reshape(H * W, B, D), probs.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))

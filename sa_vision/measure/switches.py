@@ -2,6 +2,7 @@
 separable mixing, the batched path, the fused kernel, the dense path projected first), and the refusals of a
 switched copy that would run as the model itself does: a 1.00x that means nothing """
 import contextlib
+import functools
 from typing import Any, Iterator, List, Sequence
 
 from torch import nn
@@ -20,14 +21,9 @@ def _dense_projected_first(model: nn.Module) -> Iterator[nn.Module]:
         yield model
 
 
-@contextlib.contextmanager
-def _separable(model: nn.Module) -> Iterator[nn.Module]:
-    """Separable mixing where the device's default is dense (CUDA, ``CUDA_DENSE_MIXING``): the other form."""
-    with dense_attention(model, False):
-        yield model
-
-
-SWITCHES = {'dense': dense_attention, 'separable': _separable, 'batched': batched_heads,
+# 'separable': the other form where the device's default is dense (CUDA, CUDA_DENSE_MIXING)
+SWITCHES = {'dense': dense_attention, 'separable': functools.partial(dense_attention, enabled=False),
+            'batched': batched_heads,
             'fused': fused_mix_and_project, 'projfirst': _dense_projected_first}
 
 # what each switch changes: a model without such a layer would be timed against itself
