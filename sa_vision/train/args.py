@@ -10,6 +10,7 @@ from typing import Optional
 from timm.utils import ParseKwargs
 
 from ..errors import RecipeError
+from .optimizer import FUSED_OPTIMIZERS
 from .recipes import RECIPE_DIR
 from .runtime import COMPILE_MODES, default_threads
 from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
@@ -171,11 +172,11 @@ def _optimizer_arguments(group) -> None:
     group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER')
     group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON')
     group.add_argument('--opt-fused', default='auto', choices=('auto', 'on', 'off'),
-                       help="torch's fused optimizer step (one kernel per parameter group; sgd, nesterov, momentum, "
-                            "adam, adamw, and with 'on' adagrad): 'auto' (default) with CUDA only, 'on' also on a "
-                            "CPU, 'off' torch's default "
-                            "(foreach on CUDA, for-loop on a CPU). Equal up to float32 rounding, not bit for bit. "
-                            "args.yaml (opt_fused_used, opt_fused_reason) says which and why; see resolve_opt_fused")
+                       help=f"torch's fused optimizer step (one kernel per parameter group; "
+                            f"{', '.join(FUSED_OPTIMIZERS)}; adagrad with 'on' only): 'auto' (default) with CUDA "
+                            f"only, 'on' also on a CPU, 'off' torch's default (foreach on CUDA, for-loop on a CPU). "
+                            f"Equal up to float32 rounding, not bit for bit. args.yaml (opt_fused_used, "
+                            f"opt_fused_reason) says which and why; see resolve_opt_fused")
     group.add_argument('--momentum', type=float, default=0.9, metavar='M')
     group.add_argument('--weight-decay', type=float, default=1e-4)
     group.add_argument('--pos-lr-scale', type=float, default=1.0, metavar='SCALE',

@@ -9,7 +9,11 @@ from timm.optim import get_optimizer_class, list_optimizers
 
 from ..errors import UserError
 
-__all__ = ['resolve_opt_fused']
+__all__ = ['FUSED_OPTIMIZERS', 'resolve_opt_fused']
+
+# timm's names of torch's optimizers with a fused step (SGD, Adam, AdamW, Adagrad), for the messages: the choice
+# itself asks each class whether it takes ``fused``
+FUSED_OPTIMIZERS = ('sgd', 'nesterov', 'momentum', 'adam', 'adamw', 'adagrad')
 
 
 def resolve_opt_fused(requested: str, opt: str, device) -> Tuple[bool, str]:
@@ -37,8 +41,8 @@ def resolve_opt_fused(requested: str, opt: str, device) -> Tuple[bool, str]:
         return False, '--opt-fused off: torch\'s default implementation'
     if requested == 'on':
         if not has_fused:
-            raise UserError(f'--opt-fused on: torch has no fused implementation of --opt {opt} (only of sgd, '
-                            f'nesterov, momentum, adam, adamw, adagrad); use --opt-fused auto or off')
+            raise UserError(f'--opt-fused on: torch has no fused implementation of --opt {opt} (only of '
+                            f'{", ".join(FUSED_OPTIMIZERS)}); use --opt-fused auto or off')
         return True, '--opt-fused on asked for'
     if not has_fused or optimizer_class not in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
         return False, f'--opt-fused auto: not fused for {opt}'
