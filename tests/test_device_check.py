@@ -9,6 +9,8 @@ import os
 import re
 import subprocess
 import sys
+import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -552,18 +554,28 @@ def test_the_zoo_stops_at_the_budgets_end_and_its_goal_says_what_finished(tmp_pa
 
 
 def test_the_json_is_written_though_a_stage_thread_changes_the_results_meanwhile(tmp_path, monkeypatch):
-    """The zoo's stage threads add to the results while the main thread (or the SIGTERM handler) saves them: json
-    then raises 'dictionary changed size during iteration' (a RuntimeError); the save writes it again instead of
-    losing the file."""
+    """The zoo's stage threads add to the results while the main thread (or the SIGTERM handler) saves them: a
+    stage's write waits for the save's lock (json would raise 'dictionary changed size during iteration'), so the
+    file is written whole, and the write lands after it."""
     log = dc.Log(tmp_path)
     log.results['zoo'] = {'stage_s': {'model0': 1.0}}
-    dumps, calls = dc.json.dumps, []
+    dumps, dumping, written = dc.json.dumps, threading.Event(), []
 
-    def dumps_while_a_stage_ends(obj, **kwargs):
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError('dictionary changed size during iteration')
+    def stage_ends():
+        dumping.wait()
+        with log.lock:  # as Check.zoo's train() records a stage
+            log.results['zoo']['stage_s']['model1'] = 2.0
+            written.append(1)
+
+    def slow_dumps(obj, **kwargs):
+        dumping.set()
+        time.sleep(0.2)  # the stage thread would change the dict now, were it not for the lock
+        assert not written, 'a stage wrote into the results while they were written out'
         return dumps(obj, **kwargs)
-    monkeypatch.setattr(dc.json, 'dumps', dumps_while_a_stage_ends)
+    monkeypatch.setattr(dc.json, 'dumps', slow_dumps)
+    stage = threading.Thread(target=stage_ends)
+    stage.start()
     log.save()
+    stage.join()
     assert json.loads((tmp_path / 'device_check.json').read_text())['zoo'] == {'stage_s': {'model0': 1.0}}
+    assert log.results['zoo']['stage_s'] == {'model0': 1.0, 'model1': 2.0}

@@ -145,14 +145,8 @@ class Log:
 
     def save(self) -> None:
         path = self.out / 'device_check.json'
-        for attempt in range(5):  # the zoo's stage threads add to the results without the lock
-            try:
-                text = json.dumps(self.results, indent=1, default=str)
-                break
-            except RuntimeError:  # a dict changed size while it was written out: write it again
-                if attempt == 4:
-                    raise
-                time.sleep(0.01)
+        with self.lock:  # the zoo's stage threads add to the results under it
+            text = json.dumps(self.results, indent=1, default=str)
         path.with_suffix('.tmp').write_text(text)
         os.replace(path.with_suffix('.tmp'), path)
 
@@ -627,7 +621,8 @@ class Check:
         def train(model, **kwargs):
             started = time.time()
             reproduction.train(model, **kwargs)
-            stage_s[model] = round(time.time() - started, 1)
+            with self.log.lock:  # Log.save writes the results out meanwhile
+                stage_s[model] = round(time.time() - started, 1)
             goals(self.log, True, final=False)
 
         # the budget's end stops the trainings: the zoo's goal then says what finished
