@@ -52,12 +52,14 @@ def test_compiled_run_compiles_in_the_first_epoch_only(monkeypatch, tmp_path):
     counters.clear()
     graphs_after_epoch, evaluated = [], []
 
+    plain_evaluate = evaluation.evaluate
+
     def counting_evaluate(model, *args, **kwargs):
         evaluated.append(model)
-        metrics = evaluation.evaluate(model, *args, **kwargs)
+        metrics = plain_evaluate(model, *args, **kwargs)
         graphs_after_epoch.append(counters['stats']['unique_graphs'])
         return metrics
-    monkeypatch.setattr(training, 'evaluate', counting_evaluate)
+    monkeypatch.setattr(evaluation, 'evaluate', counting_evaluate)
     training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64, '-vb', 64,
                                  '--torchcompile', 'inductor', '--output', tmp_path, '--experiment', 'compiled'])))
     assert all(isinstance(m, torch._dynamo.eval_frame.OptimizedModule) for m in evaluated)
@@ -65,6 +67,61 @@ def test_compiled_run_compiles_in_the_first_epoch_only(monkeypatch, tmp_path):
     assert graphs_after_epoch[0] == 2, f'graphs compiled in the first epoch: {graphs_after_epoch[0]} (expected 2)'
     assert graphs_after_epoch[1] == graphs_after_epoch[0], (
         f'the second epoch compiled {graphs_after_epoch[1] - graphs_after_epoch[0]} new graph(s)')
+
+
+class _NotFiniteFirstRow(torch.nn.Module):
+    """Stands for a compiled module whose evaluation is at fault: ``model``'s logits with one not finite."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+        self.calls = 0
+
+    def forward(self, x):
+        self.calls += 1
+        logits = self.model(x).clone()
+        logits[0, 0] = float('nan')
+        return logits
+
+
+def test_a_compiled_evaluation_not_finite_gives_way_to_the_model_itself():
+    """Independent reference: the plain evaluation of the same weights, and the warning naming both."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 3)
+    loader = [(torch.randn(n, 4), torch.randint(0, 3, (n,))) for n in (4, 4, 2)]
+    plain = evaluation.evaluate(linear, loader, 'cpu')
+    lines = []
+    metrics, through = evaluation.evaluate_compiled(_NotFiniteFirstRow(linear), linear, loader, 'cpu', lines.append)
+    assert through is linear and metrics == pytest.approx(plain)
+    assert len(lines) == 1 and 'loss nan' in lines[0] and f'loss {plain["loss"]:.4f}' in lines[0], lines
+    # a finite compiled evaluation stays; one the model itself cannot evaluate finitely (the training diverged) too
+    compiled = torch.nn.Sequential(linear)
+    assert evaluation.evaluate_compiled(compiled, linear, loader, 'cpu', lines.append)[1] is compiled
+    with torch.no_grad():
+        linear.weight.fill_(float('nan'))
+    faulty = _NotFiniteFirstRow(linear)
+    metrics, through = evaluation.evaluate_compiled(faulty, linear, loader, 'cpu', lines.append)
+    assert through is faulty and metrics['loss'] != metrics['loss'] and len(lines) == 1
+
+
+def test_training_evaluates_uncompiled_after_a_compiled_evaluation_not_finite(monkeypatch, tmp_path, caplog):
+    """The loop keeps the module evaluate_compiled returns: the faulty one evaluates the first epoch only, and every
+    epoch's metrics, the best checkpoint's among them, are finite."""
+    import logging
+    made, training_model = [], training._training_model
+
+    def faulty_eval_model(model, *args, **kwargs):
+        trained_through, _ = training_model(model, *args, **kwargs)
+        made.append(_NotFiniteFirstRow(model))
+        return trained_through, made[-1]
+    monkeypatch.setattr(training, '_training_model', faulty_eval_model)
+    caplog.set_level(logging.INFO)
+    training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64, '-vb', 64, '--output', tmp_path,
+                                 '--experiment', 'faulty'])))
+    assert made[0].calls == 6  # 360 test digits in batches of 64: the first epoch's evaluation only
+    assert sum('a fault of the compiled evaluation' in r.message for r in caplog.records) == 1
+    ckpt = torch.load(tmp_path / 'faulty' / 'model_best.pth.tar', map_location='cpu', weights_only=True)
+    assert all(h['eval_loss'] == h['eval_loss'] for h in ckpt['history']), ckpt['history']
 
 
 def _write_image_folder(root, per_class):

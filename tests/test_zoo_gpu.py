@@ -46,6 +46,15 @@ def _script():
     return module
 
 
+def test_the_smoke_run_does_not_continue_the_gpu_calls_resume_tar(tmp_path):
+    # a GPU call leaves its resume.tar in data/ for the next one; the smoke run (tiny profile, digits) would refuse
+    # to continue that gpu-long run, so it reads none unless --resume names one
+    script = _script()
+    assert script.resume_tar(None, smoke=True) is None
+    assert script.resume_tar(None, smoke=False) == ROOT / 'data' / 'gpu-long-resume.tar'
+    assert script.resume_tar(tmp_path / 'r.tar', smoke=True) == tmp_path / 'r.tar'
+
+
 @pytest.mark.slow
 def test_the_check_holds_on_a_tiny_bf16_zoo_the_gpu_script_keeps(tmp_path, monkeypatch, request):
     """The GPU script's smoke run (tiny profile, one epoch, digits, bf16 weights) keeps five models; unpacked from

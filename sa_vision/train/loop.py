@@ -34,7 +34,7 @@ from .args import check_least_values, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
-from .evaluation import evaluate
+from .evaluation import evaluate_compiled
 from .optimizer import resolve_opt_fused
 from .runtime import (
     apply_threads,
@@ -125,8 +125,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         train_metrics['img_per_s'] = len(train_loader) * args.batch_size * args.world_size / train_metrics['time']
         log(f'Epoch {epoch}: {train_metrics["img_per_s"]:,.0f} img/s end to end ('
             f'{"data on the device" if args.device_data_used else "DataLoader"}, evaluation apart)')
-        metrics = evaluate(eval_model, eval_loader, args.device, amp_ctx=amp_ctx, channels_last=args.channels_last,
-                           distributed=args.distributed, pad_last_batch=eval_model is not model)
+        metrics, eval_model = evaluate_compiled(eval_model, model, eval_loader, args.device, log, amp_ctx=amp_ctx,
+                                                channels_last=args.channels_last, distributed=args.distributed)
         if lr_scheduler is not None:  # plateau decides on the evaluation metric; the others ignore it
             lr_scheduler.step(epoch + 1, metrics[args.eval_metric] if args.sched == 'plateau' else None)
         log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
 from probe_env import on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions
@@ -202,6 +202,12 @@ def write_back(staged: StagedZoo, out: Path, result: dict, start: float, with_gu
     return tar
 
 
+def resume_tar(requested: Optional[Path], smoke: bool) -> Optional[Path]:
+    """The resume.tar a call continues: ``--resume``, else :data:`RESUME` on the GPU; none by default in the smoke
+    run, whose tiny profile cannot continue the gpu-long run a GPU call left there."""
+    return requested if requested is not None or smoke else RESUME
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument('--out', required=True, type=Path,
@@ -214,9 +220,10 @@ def main(argv=None) -> int:
     p.add_argument('--parallel', type=int, default=None,
                    help='stages at a time, their trainings sharing the GPU (default 4; 2 in the smoke run)')
     p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist)')
-    p.add_argument('--resume', type=Path, default=RESUME,
+    p.add_argument('--resume', type=Path, default=None,
                    help=f'the last call\'s resume.tar, whose stages this call continues (default '
-                        f'{RESUME.relative_to(ROOT)}, where it exists)')
+                        f'{RESUME.relative_to(ROOT)}, where it exists; none in the smoke run, whose tiny profile '
+                        f'cannot continue a gpu-long run)')
     p.add_argument('--carry-room-mib', type=float, default=MAX_FILE_BYTES / 2 ** 20,
                    help='MiB of the next call\'s 64 that the tracked files, data/fashion-mnist and .whl leave, as '
                         'measured before this call (zoo_gpu_long.md): resume.tar takes that less the models kept '
@@ -228,13 +235,14 @@ def main(argv=None) -> int:
         p.error(f'--parallel {args.parallel}: at least 1 stage at a time')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
+    args.resume = resume_tar(args.resume, args.smoke)
     if args.data_dir is None and not args.smoke and (ROOT / 'data' / 'fashion-mnist').is_dir():
         args.data_dir = str(ROOT / 'data' / 'fashion-mnist')
     args.out.mkdir(parents=True, exist_ok=True)
     start, log_path = time.time(), args.out / 'zoo_gpu_long.log'
     result = {'budget_s': args.budget_s, 'parallel': args.parallel, 'smoke': args.smoke, 'stages': {}}
     with tempfile.TemporaryDirectory(prefix='gpu-long-') as work, redirect_fds(log_path):
-        if args.resume.is_file():
+        if args.resume is not None and args.resume.is_file():
             with tarfile.open(args.resume) as tar:
                 tar.extractall(work, filter='data')
             result['continued'] = sorted(p.name for p in (Path(work) / 'runs').iterdir())
@@ -268,7 +276,8 @@ def run_stages(staged: StagedZoo, args, result: dict, start: float) -> bool:
     print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, {args.parallel} '
           f'stages at a time, evaluated beside them on {eval_threads} CPU threads, kept already '
           f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}, '
-          f'continued from {args.resume.name}: {result.get("continued", "none")}, whose checkpoints can come back '
+          f'continued from {args.resume.name if args.resume else "nothing"}: {result.get("continued", "none")}, '
+          f'whose checkpoints can come back '
           f'for the next call: {[m for m, ok in fits.items() if ok]}; '
           f'{torch.cuda.get_device_name(0) if not args.smoke else "CPU"}; '
           f'{", ".join(f"{k} {v}" for k, v in result["versions"].items())}', flush=True)
