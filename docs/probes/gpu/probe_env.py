@@ -1,6 +1,6 @@
-"""What the two GPU scripts (``device_check.py``, ``zoo_gpu_long.py``) share: the timm they need, checked before
-``import sa_vision``; the versions and the commit they log; their output sent to a file that subprocesses inherit;
-what they save when ``timeout`` stops them.
+"""What the GPU scripts (``device_check.py``, ``zoo_gpu_long.py``, ``eval_fault.py``) share: the timm they need,
+checked before ``import sa_vision``; the versions and the commit they log; their output sent to a file that
+subprocesses inherit; what they save when ``timeout`` stops them.
 
 Imports nothing heavy at the top: :func:`require_timm` runs before torch and sa_vision are imported.
 """
