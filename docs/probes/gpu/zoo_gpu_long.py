@@ -45,23 +45,23 @@ TABLE = ROOT / 'docs' / 'reproduction_fashion_mnist_gpu.csv'
 RESUME = ROOT / 'data' / 'gpu-long-resume.tar'  # the last call's resume.tar, carried in the ignored data folder
 MAX_FILE_BYTES = 16 * 2 ** 20  # what the device tool brings back per file
 TRAIN_IMAGES = 60_000  # Fashion-MNIST's training split
-# Images/s of each stage's training on the GPU, from the device check on an H100 (docs/probes/gpu/h100_2026-11-26.log;
-# zoo_gpu_long.md, "Before the first call"): the narrow sa_quadratic_cifar's second epoch of sa-vision-train with the
-# profile's speed flags, 19,702 end to end at batch 128 (section 6); sa_gen_cifar and the pruned model by their
-# compiled ratio to it, 0.954 (section 2); sa_learned_cifar at 0.94x (no section measures it narrow); the half-width
-# ResNet at its eager rate of 2026-11-25, 11,874 (section 3 did not run; side by side in section 7 it trained 1.1-1.3x
-# as fast as the attention models). The budget rescales them by how the first stages compared.
-IMAGES_PER_S = {'sa_quadratic_cifar': 19_700, 'sa_learned_cifar': 18_500, 'sa_gen_cifar': 20_600,
-                PRUNED_MODEL: 20_600, 'resnet18_cifar': 11_900}
-# Section 7 (h100_2026-11-26_zoo.log): a stage's wall time less its epochs' train time, median 37 s (process start,
-# CPU evaluation, export), plus the compile in its first epoch, median 30 s (that epoch's time less a later one's)
-STAGE_OVERHEAD_S = 67
-# Section 7 too, its four trainings side by side: an epoch after the first took up to 3.23x its time at IMAGES_PER_S,
-# sa_learned_cifar's epoch 1 at 5,731 img/s against 18,500 (sa_quadratic_cifar 19,700 / 6,335 = 3.11, sa_gen_cifar
-# 20,600 / 6,981 = 2.95, the ResNet 11,900 / 7,279 = 1.63; the slowest epoch of each while all four trained). Their
-# batch was 50 against 128 for IMAGES_PER_S and 256 here: a larger batch should train no slower beside the same
-# others
-EPOCH_SLOWDOWN_4_SHARED = 3.23
+# Images/s of each stage's training alone on the GPU at the profile's batch of 256, from the first gpu-long call on an
+# H100 (docs/probes/gpu/h100_2026-11-26b_gpu_long.log; zoo_gpu_long.md, "The speeds"): the median of a model's epochs
+# after the first while no other stage trained, 55,253 for sa_quadratic_cifar (its epochs 1-2), 57,842 for
+# sa_gen_cifar (45-49), 57,946 for the pruned model, 53,745 for sa_learned_cifar; the half-width ResNet, not trained
+# there, at the ratio to sa_quadratic_cifar of its first estimate (11,900 / 19,700, eager rates at batch 128). The
+# budget rescales them by how the first stages of a call compared.
+IMAGES_PER_S = {'sa_quadratic_cifar': 55_000, 'sa_learned_cifar': 53_700, 'sa_gen_cifar': 57_800,
+                PRUNED_MODEL: 57_900, 'resnet18_cifar': 33_200}
+# The same call: a stage's wall time less its epochs' train time, median 90 s over the three kept (process start, 50
+# GPU evaluations and checkpoints, CPU evaluation, export), plus the compile in its first epoch, median 23 s (that
+# epoch's time less a later one's)
+STAGE_OVERHEAD_S = 113
+# The same call, two trainings side by side (sa_quadratic_cifar and sa_gen_cifar): their epochs took 2.02x and 2.15x
+# their time alone on average (the sum of their epochs' times, which is what a stage's time holds), the GPU shared
+# about evenly; 2.15 at two is 4.45 at four on epoch_slowdown's line. The device check's section 7 had measured up to
+# 3.23 with four at batch 50 (h100_2026-11-26_zoo.log), where each training left the GPU idle between launches
+EPOCH_SLOWDOWN_4_SHARED = 4.45
 FINAL_S = 60  # the guard of the whole zoo (CPU) and the tars
 # what a continued stage needs of its run folder (Reproduction.train resumes last.pth.tar) beside its epochs' weights
 RESUME_FILES = ('last.pth.tar', 'summary.csv', 'args.yaml', 'recipe.yaml')
@@ -75,16 +75,16 @@ def estimate_s(reproduction: Reproduction, model: str) -> float:
 
 def epoch_slowdown(k: int) -> float:
     """How many times slower an epoch trains while ``k`` stages share the GPU: 1 alone, and
-    :data:`EPOCH_SLOWDOWN_4_SHARED` with four, in a line between (and beyond four, not measured). Where processes
-    take turns on the GPU, an epoch beside others takes ``max(1, k * busy)`` times its time alone (``busy``: the
-    share of it the GPU works); through the measured point, that lies below the line for 1 < k < 4."""
+    :data:`EPOCH_SLOWDOWN_4_SHARED` with four, in a line between (and beyond four, not measured): the line through
+    the slowdown measured with two. Where processes take turns on the GPU, an epoch beside others takes
+    ``max(1, k * busy)`` times its time alone (``busy``: the share of it the GPU works; about 1 at batch 256)."""
     return 1 + (k - 1) * (EPOCH_SLOWDOWN_4_SHARED - 1) / 3
 
 
 def shared_slowdown(reproduction: Reproduction, model: str, k: int) -> float:
     """How many times its estimate alone (:func:`estimate_s`) a stage takes while ``k`` stages share the GPU
     (``StagedZoo.run``'s ``slowdown``): its epochs :func:`epoch_slowdown` times slower, its
-    :data:`STAGE_OVERHEAD_S` not (section 7 measured it with four side by side)."""
+    :data:`STAGE_OVERHEAD_S` not (mostly the CPU's and the host's work, which the stages overlap)."""
     alone = estimate_s(reproduction, model)
     return (STAGE_OVERHEAD_S + (alone - STAGE_OVERHEAD_S) * epoch_slowdown(k)) / alone
 
