@@ -172,10 +172,10 @@ def path(device_type='cuda', dense=True, project_first=None, cuda_project_first=
 
 
 def test_choose_path_projects_first_where_dense_batched_content_free_and_not_fused():
-    """Off by default (``CUDA_PROJECT_FIRST``: unmeasured on a GPU); the constant turns it on for CUDA only, the
+    """Off by default (``CUDA_PROJECT_FIRST``: slower on an H100); the constant turns it on for CUDA only, the
     override wins either way; never on the separable, per-head, content or fused paths; in graphs as in eager."""
     from sa_vision.layers import CUDA_PROJECT_FIRST
-    assert CUDA_PROJECT_FIRST is False, 'off until the device check measures it (docs/probes/gpu/device_check.md)'
+    assert CUDA_PROJECT_FIRST is False, 'off: it lost on an H100 (docs/probes/gpu/device_check.md, 2026-11-26b)'
     assert not path().project_first and path(cuda_project_first=True).project_first
     assert not path(cuda_project_first=True, project_first=False).project_first
     assert not path('cpu', cuda_project_first=True).project_first and path('cpu', project_first=True,

@@ -53,6 +53,8 @@ def test_the_smoke_run_does_not_continue_the_gpu_calls_resume_tar(tmp_path):
     assert script.resume_tar(None, smoke=True) is None
     assert script.resume_tar(None, smoke=False) == ROOT / 'data' / 'gpu-long-resume.tar'
     assert script.resume_tar(tmp_path / 'r.tar', smoke=True) == tmp_path / 'r.tar'
+    with pytest.raises(SystemExit):  # a --resume that names no file is an error, not a start from scratch
+        script.main(['--smoke', '--out', str(tmp_path / 'out'), '--resume', str(tmp_path / 'missing.tar')])
 
 
 @pytest.mark.slow

@@ -21,7 +21,7 @@ inductor's code for these weights; ``eager`` wrong in the weights (a diverged tr
 faulty epoch are saved (``fault_weights.safetensors``) for a CPU to look into.
 
 ``--smoke``: the ``tiny`` profile on digits, on the CPU, dynamo's ``eager`` backend, ``compiled`` made to fail in
-the first epoch (NaN logits), so that every branch runs in tests/test_gpu_probes.py without a GPU.
+the first epoch (NaN logits), so that every branch runs in tests/test_eval_fault.py without a GPU.
 
     python3 docs/probes/gpu/eval_fault.py --out $OUT --epochs 4     # on the GPU: about 90 s
 """
@@ -50,6 +50,7 @@ from sa_vision.train import loop as training  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 MODEL = 'sa_quadratic_cifar'
+SCHEDULE_EPOCHS = 50  # the gpu-long recipe's (the smoke's tiny recipe is given as many), of which --epochs train
 
 
 class _Enough(Exception):
@@ -71,7 +72,7 @@ class _NaNLogits(torch.nn.Module):
 
 def _recipe_file(work: Path, smoke: bool, data_dir) -> Path:
     """The stage's recipe as Reproduction.train writes it (only the keys sa-vision-train reads)."""
-    reproduction = (Reproduction(work, 'tiny', epochs=50) if smoke
+    reproduction = (Reproduction(work, 'tiny', epochs=SCHEDULE_EPOCHS) if smoke
                     else Reproduction(work, 'gpu-long', data_dir=data_dir))
     recipe = reproduction._recipe(MODEL)
     if smoke:
@@ -84,6 +85,19 @@ def _recipe_file(work: Path, smoke: bool, data_dir) -> Path:
 
 def _summary(metrics: dict) -> dict:
     return {k: metrics[k] for k in ('loss', 'top1', 'top5')}
+
+
+def _fresh_modules(model, loader, device, mode, smoke: bool, **kwargs) -> dict:
+    """The same weights through a copy of ``model`` compiled now, in the training's ``mode`` and in the default one."""
+    found = {}
+    for name, kw in (('fresh', {'mode': mode}), ('fresh_default', {})):
+        t0 = time.time()
+        fresh = torch.compile(copy.deepcopy(model), backend='eager' if smoke else 'inductor', **kw)
+        metrics = evaluation.evaluate(fresh, loader, device, pad_last_batch=True, **kwargs)
+        found[name] = {**_summary(metrics), 'mode': kw.get('mode'), 's': round(time.time() - t0, 1)}
+        print(f'  {name} ({kw.get("mode") or "default"} mode, compiled now): loss {metrics["loss"]:.4f} '
+              f'top-1 {metrics["top1"]:.2f} ({time.time() - t0:.0f} s)', flush=True)
+    return found
 
 
 def run(out: Path, epochs: int, smoke: bool, data_dir=None) -> dict:
@@ -110,14 +124,7 @@ def run(out: Path, epochs: int, smoke: bool, data_dir=None) -> dict:
                 from safetensors.torch import save_file
                 save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
                           str(out / 'fault_weights.safetensors'))
-            mode = training_mode[0]
-            for name, kw in (('fresh', {'mode': mode}), ('fresh_default', {})):
-                t0 = time.time()
-                fresh = torch.compile(copy.deepcopy(model), backend='eager' if smoke else 'inductor', **kw)
-                metrics = evaluation.evaluate(fresh, loader, device, pad_last_batch=True, **kwargs)
-                result['fresh'][name] = {**_summary(metrics), 'mode': kw.get('mode'), 's': round(time.time() - t0, 1)}
-                print(f'  {name} ({kw.get("mode") or "default"} mode, compiled now): loss {metrics["loss"]:.4f} '
-                      f'top-1 {metrics["top1"]:.2f} ({time.time() - t0:.0f} s)', flush=True)
+            result['fresh'].update(_fresh_modules(model, loader, device, training_mode[0], smoke, **kwargs))
         save()
         if last:
             raise _Enough
@@ -157,6 +164,8 @@ def main(argv=None) -> int:
     p.add_argument('--smoke', action='store_true', help='the CPU, the tiny profile on digits, a faked fault')
     p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist)')
     args = p.parse_args(argv)
+    if not 1 <= args.epochs <= SCHEDULE_EPOCHS:
+        p.error(f'--epochs {args.epochs}: from 1 to the schedule\'s {SCHEDULE_EPOCHS}')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
     if args.data_dir is None and not args.smoke and (ROOT / 'data' / 'fashion-mnist').is_dir():

@@ -235,6 +235,8 @@ def main(argv=None) -> int:
         p.error(f'--parallel {args.parallel}: at least 1 stage at a time')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
+    if args.resume is not None and not args.resume.is_file():
+        p.error(f'--resume {args.resume}: no such file (the last call\'s resume.tar)')
     args.resume = resume_tar(args.resume, args.smoke)
     if args.data_dir is None and not args.smoke and (ROOT / 'data' / 'fashion-mnist').is_dir():
         args.data_dir = str(ROOT / 'data' / 'fashion-mnist')
@@ -276,7 +278,7 @@ def run_stages(staged: StagedZoo, args, result: dict, start: float) -> bool:
     print(f'== gpu-long zoo{" (smoke)" if args.smoke else ""}: budget {args.budget_s:.0f} s, {args.parallel} '
           f'stages at a time, evaluated beside them on {eval_threads} CPU threads, kept already '
           f'{[m for m in reproduction.profile.per_model if staged.is_kept(m)]}, missing {staged.missing()}, '
-          f'continued from {args.resume.name if args.resume else "nothing"}: {result.get("continued", "none")}, '
+          f'continued from {args.resume.name + ": " if args.resume else ""}{result.get("continued", "none")}, '
           f'whose checkpoints can come back '
           f'for the next call: {[m for m, ok in fits.items() if ok]}; '
           f'{torch.cuda.get_device_name(0) if not args.smoke else "CPU"}; '
