@@ -51,10 +51,11 @@ the Value's products per head, then one mixing GEMM, no copy of the heads-sized 
 
 Measured on one NVIDIA H100 (torch 2.11, bf16 autocast, batch 128, training compiled with CUDA graphs, the same
 weights; docs/probes/gpu/h100_2026-11-26b_speed.log, section 2): the dense path ran 1.124x as fast as itself
-projected first at full size (8,971 against 7,984 img/s; at the narrow width 1.070x, within the rounds' noise),
-so not by default, by the rule written before the run (docs/probes/gpu/device_check.md, "What the results decide"). It removes two copies of
-the heads-sized tensor into the Value's layout and back (165 us each per layer in an H100 profile of the full-size
-step) and adds a Value product per head in their place, which cost more there (no profile of it says by how much)."""
+projected first at full size (8,971 against 7,984 img/s; at the narrow width 1.070x, within the rounds' noise), so
+not by default, by the rule written before the run (docs/probes/gpu/device_check.md, "What the results decide"). It
+removes two copies of the heads-sized tensor into the Value's layout and back (165 us each per layer in an H100
+profile of the full-size step) and adds a Value product per head in their place, which cost more there (no profile
+of it says by how much)."""
 
 
 def choose_path(
