@@ -406,8 +406,7 @@ def test_sigterm_after_the_guard_is_recorded_packs_it(tmp_path, monkeypatch):
     monkeypatch.setattr(script, 'pack_resume', sigterm_then_pack_resume)
     monkeypatch.setattr(script, 'checkpoint_bytes', lambda *a: 0)
     with pytest.raises(SystemExit) as exit_:
-        script.main(['--smoke', '--out', str(tmp_path / 'out'), '--zoo', str(zoo), '--table', str(table),
-                     '--resume', str(tmp_path / 'none.tar')])
+        script.main(['--smoke', '--out', str(tmp_path / 'out'), '--zoo', str(zoo), '--table', str(table)])
     assert exit_.value.code == 128 + signal.SIGTERM
     with tarfile.open(tmp_path / 'out' / 'zoo.tar') as tar:
         assert {'docs/t_weights.sha256', 'docs/t_logits.safetensors'} <= set(tar.getnames())

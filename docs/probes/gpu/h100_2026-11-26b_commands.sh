@@ -1,6 +1,6 @@
 # The three calls of the second session of 2026-11-26 on one NVIDIA H100 80GB HBM3 (torch 2.11.0+cu130,
 # triton 3.6.0, timm 1.0.31 from the carried wheel), commit 64ae5b7, in the order run. All with
-# carry=["data", ".whl"]; the machine stayed warm between them (898 s of device time in all, 99 s left).
+# carry=["data", ".whl"]; the machine stayed warm between them (801 s of device time in all, 99 s left).
 
 # call 1 (timeout_s=330, cold start; 287 s): sections 2, 4 and 6 of the device check
 # -> h100_2026-11-26b_speed.log, _speed.json, _trace_*_dense_reduce-overhead.json.gz, _train_e2e.log
