@@ -37,3 +37,5 @@ def test_smoke_evaluates_each_epoch_every_way_and_keeps_the_faulty_weights(tmp_p
     weights = load_file(tmp_path / 'fault_weights.safetensors')
     assert any('position.centers' in k for k in weights) and all(torch.isfinite(v).all() for v in weights.values())
     assert 'fresh_default (default mode, compiled now)' in log
+    # the faked fault: the first image of every full batch, no other
+    assert fresh['nonfinite_rows_per_batch'] and set(fresh['nonfinite_rows_per_batch']) == {1}

@@ -13,7 +13,9 @@ by one that after every epoch evaluates
 and at the first epoch where ``compiled`` is not finite (or after the last epoch, if it never is):
 
 * ``fresh``: a new compiled module of a copy of the model in the training's mode, its graph recorded now;
-* ``fresh_default``: the same in torch.compile's default mode (inductor, no CUDA graphs).
+* ``fresh_default``: the same in torch.compile's default mode (inductor, no CUDA graphs);
+
+and, through the training's module again, how many images of each batch get a logit that is not finite.
 
 Reading it: ``fresh`` right and ``compiled`` wrong puts the fault in the graph recorded before (the CUDA graph tree
 shared with the training's graphs); ``fresh`` wrong and ``fresh_default`` right in CUDA graphs; both wrong in
@@ -26,6 +28,7 @@ the first epoch (NaN logits), so that every branch runs in tests/test_eval_fault
     python3 docs/probes/gpu/eval_fault.py --out $OUT --epochs 4     # on the GPU: about 90 s
 """
 import argparse
+import contextlib
 import copy
 import json
 import math
@@ -87,6 +90,20 @@ def _summary(metrics: dict) -> dict:
     return {k: metrics[k] for k in ('loss', 'top1', 'top5')}
 
 
+@torch.no_grad()
+def _nonfinite_rows(module, loader, device, amp_ctx=contextlib.nullcontext, **_) -> list:
+    """Per batch of the loader, how many images ``module`` gives a logit that is not finite (full batches only: a
+    short one would compile anew): all of every batch points at the module's state, some of some at the images."""
+    counts, size = [], getattr(loader, 'batch_size', None)
+    for images, _ in loader:
+        if size is not None and images.size(0) != size:
+            continue
+        with amp_ctx():
+            logits = module(images.to(device))
+        counts.append(int((~torch.isfinite(logits.float()).all(dim=1)).sum()))
+    return counts
+
+
 def _fresh_modules(model, loader, device, mode, smoke: bool, **kwargs) -> dict:
     """The same weights through a copy of ``model`` compiled now, in the training's ``mode`` and in the default one."""
     found = {}
@@ -121,6 +138,9 @@ def run(out: Path, epochs: int, smoke: bool, data_dir=None) -> dict:
         if result['fresh'] is None and (not math.isfinite(compiled['loss']) or last):
             result['fresh'] = {'epoch': epoch, 'compiled_finite': math.isfinite(compiled['loss'])}
             if not math.isfinite(compiled['loss']):
+                result['fresh']['nonfinite_rows_per_batch'] = _nonfinite_rows(through, loader, device, **kwargs)
+                print(f'  images with a logit not finite, per batch: {result["fresh"]["nonfinite_rows_per_batch"]}',
+                      flush=True)
                 from safetensors.torch import save_file
                 save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
                           str(out / 'fault_weights.safetensors'))
