@@ -54,7 +54,8 @@ def test_the_smoke_run_does_not_continue_the_gpu_calls_resume_tar(tmp_path):
     assert script.resume_tar(None, smoke=False) == ROOT / 'data' / 'gpu-long-resume.tar'
     assert script.resume_tar(tmp_path / 'r.tar', smoke=True) == tmp_path / 'r.tar'
     with pytest.raises(SystemExit):  # a --resume that names no file is an error, not a start from scratch
-        script.main(['--smoke', '--out', str(tmp_path / 'out'), '--resume', str(tmp_path / 'missing.tar')])
+        script.main(['--smoke', '--out', str(tmp_path / 'out'), '--zoo', str(tmp_path / 'zoo'),
+                     '--table', str(tmp_path / 't.csv'), '--resume', str(tmp_path / 'missing.tar')])
 
 
 @pytest.mark.slow
