@@ -7,12 +7,10 @@ compiled on the dense path CUDA takes (``dense_attention``). On a CPU every way 
 """
 import argparse
 import contextlib
-import json
 from pathlib import Path
 
 import timm
 import torch
-from safetensors.torch import load_file
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.layers import dense_attention
@@ -30,14 +28,12 @@ def main(argv=None) -> None:
     p.add_argument('--data-dir', default=None)
     p.add_argument('--batch-size', type=int, default=500, help='the gpu-long recipe\'s evaluation batch')
     args = p.parse_args(argv)
-    cfg = json.loads((args.folder / 'config.json').read_text())
-    model = timm.create_model(cfg['architecture'], **cfg['model_args']).eval()
-    model.load_state_dict({k: v.float() for k, v in load_file(args.folder / 'model.safetensors').items()})
-    data_cfg = cfg['pretrained_cfg']
+    model = timm.create_model(f'local-dir:{args.folder}', pretrained=True).eval()  # bf16 weights into float32
+    data_cfg = model.pretrained_cfg
     split = FashionMnistDataset('test', data_dir=args.data_dir, img_size=data_cfg['input_size'][-1])
     images, targets = split.held_tensors()
     loader = DeviceEvalLoader(images, targets, args.batch_size, data_cfg['mean'], data_cfg['std'], 'cpu')
-    print(f'{cfg["architecture"]} from {args.folder}, torch {torch.__version__}, {len(targets)} test images')
+    print(f'{data_cfg["architecture"]} from {args.folder}, torch {torch.__version__}, {len(targets)} test images')
     for name, bf16, compiled, dense in WAYS:
         amp = (lambda: torch.autocast('cpu', torch.bfloat16)) if bf16 else contextlib.nullcontext
         torch._dynamo.reset()
