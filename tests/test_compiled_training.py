@@ -104,6 +104,36 @@ def test_a_compiled_evaluation_not_finite_gives_way_to_the_model_itself():
     assert through is faulty and metrics['loss'] != metrics['loss'] and len(lines) == 1
 
 
+def test_evaluation_on_cuda_runs_uncompiled_and_says_why():
+    """On CUDA the loop evaluates through the model itself (its compiled evaluation was wrong on two GPUs); on the
+    CPU, and where nothing was compiled, through the training's module, with no reason to give."""
+    model = torch.nn.Linear(4, 3)
+    compiled = torch.nn.Sequential(model)
+    through, why = evaluation.evaluation_module(model, compiled, 'cuda')
+    assert through is model and 'uncompiled on CUDA' in why
+    assert evaluation.evaluation_module(model, compiled, torch.device('cuda', 0))[0] is model
+    assert evaluation.evaluation_module(model, compiled, 'cpu') == (compiled, None)
+    assert evaluation.evaluation_module(model, model, 'cuda') == (model, None)
+
+
+def test_the_loop_evaluates_through_what_evaluation_module_chooses(monkeypatch, tmp_path, caplog):
+    """The loop's evaluation goes through evaluation_module's choice, and its reason reaches the log and
+    args.yaml: the choice is forced here (a CPU run would keep the compiled module)."""
+    import logging
+    chosen = []
+
+    def choose(model, compiled, device):
+        chosen.append(_NotFiniteFirstRow(model))
+        return chosen[-1], 'evaluation runs through the stand-in'
+    monkeypatch.setattr(training, 'evaluation_module', choose)
+    caplog.set_level(logging.INFO)
+    training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '-b', 64, '-vb', 64, '--output', tmp_path,
+                                 '--experiment', 'chosen'])))
+    assert chosen[0].calls == 6  # 360 test digits in batches of 64
+    assert any('Compilation: evaluation runs through the stand-in' in r.message for r in caplog.records)
+    assert 'evaluation runs through the stand-in' in (tmp_path / 'chosen' / 'args.yaml').read_text()
+
+
 def test_training_evaluates_uncompiled_after_a_compiled_evaluation_not_finite(monkeypatch, tmp_path, caplog):
     """The loop keeps the module evaluate_compiled returns: the faulty one evaluates the first epoch only, and every
     epoch's metrics, the best checkpoint's among them, are finite."""

@@ -89,7 +89,7 @@ def test_logits_tolerance_covers_float32_rounding_on_this_cpu(model):
     from sa_vision.reproduce.report import model_input_size
     from sa_vision.train.checkpoint import read_checkpoint
     kept = read_checkpoint(ZOO / model).create_model()
-    images, _ = _guard_batch('fashion-mnist', None, model_input_size(kept))
+    images, _, _ = _guard_batch('fashion-mnist', None, model_input_size(kept))
     with torch.no_grad():
         float32 = kept(images)
         float64 = kept.double()(images.double())

@@ -13,8 +13,8 @@ from ..train.data import dataset_for_tag, dataset_info
 from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, WeightsLabel
 from .record import picked_note, recipe_section, training_record, training_summary
 
-__all__ = ['count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'usage_section',
-           'card_for_repository', 'weights_described_by_card']
+__all__ = ['CARD_METRICS', 'card_accuracy', 'count_params_and_macs', 'generate_model_card', 'write_model_cards',
+           'render_model_card', 'usage_section', 'card_for_repository', 'weights_described_by_card']
 
 
 def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
@@ -209,6 +209,19 @@ def write_model_cards(archs=None, out_dir: Union[str, os.PathLike] = MODEL_CARD_
     return paths
 
 
+# the metrics a card's model-index holds: (key in the checkpoint's metrics, the Hub's metric name)
+CARD_METRICS = (('top1', 'Top-1 accuracy'), ('top5', 'Top-5 accuracy'))
+
+
+def card_accuracy(card_text: str) -> Dict[str, float]:
+    """The accuracies a card's model-index claims (:func:`render_model_card`), keyed as the checkpoint's metrics
+    (``top1``, ``top5``); empty for a card without them."""
+    from huggingface_hub import ModelCard
+    names = {name: key for key, name in CARD_METRICS}
+    return {names[r.metric_name]: float(r.metric_value) for r in ModelCard(card_text).data.eval_results or []
+            if r.metric_name in names}
+
+
 def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str, input_size: int,
                       has_figure: bool = False) -> str:
     """README.md of an export: the card template with the labels, measured size, accuracy and training summary;
@@ -219,7 +232,7 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     template = template_path.read_text(encoding='utf-8') if template_path.is_file() else generate_model_card(arch)
     card = ModelCard(template)  # YAML front matter as ModelCardData, the markdown as card.text
     card.data.datasets = [info.hub_dataset] if info.hub_dataset else None  # no Hub dataset id for it: claim none
-    scores = [(key, name) for key, name in (('top1', 'Top-1 accuracy'), ('top5', 'Top-5 accuracy')) if key in metrics]
+    scores = [(key, name) for key, name in CARD_METRICS if key in metrics]
     if scores:  # the Hub's model-index
         card.data.model_name = label.name
         card.data.eval_results = [EvalResult(

@@ -34,7 +34,7 @@ from .args import check_least_values, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
-from .evaluation import evaluate_compiled
+from .evaluation import evaluate_compiled, evaluation_module
 from .optimizer import resolve_opt_fused
 from .runtime import (
     apply_threads,
@@ -288,14 +288,16 @@ def _precision(model, args):
 def _training_model(model, args, data_cfg, loss_fn, amp_ctx, steps_left: int):
     """(what the epochs train through, what they evaluate through): torch.compile (--torchcompile, of the model
     itself, before DDP wraps it, as timm's train.py does: DDP stays out of the graph and evaluation runs the same
-    compiled module without DDP); checkpoints use the model itself."""
+    compiled module without DDP, except on CUDA: :func:`evaluation_module`); checkpoints use the model itself."""
     probe = partial(probe_compile, model, args, data_cfg['input_size'], loss_fn, amp_ctx)
     compiled, args.torchcompile_used, args.torchcompile_mode_used, reason = resolve_torchcompile(
         args.torchcompile, model, probe, mode=args.torchcompile_mode, steps_left=steps_left, device=args.device)
+    eval_model, eval_reason = evaluation_module(model, compiled, args.device)
+    reason = [*reason, *([eval_reason] if eval_reason else [])]
     args.torchcompile_reason = '; '.join(reason)
     for line in reason:
         _log(args, f'Compilation: {line}')
-    return (DistributedDataParallel(compiled) if args.distributed else compiled), compiled
+    return (DistributedDataParallel(compiled) if args.distributed else compiled), eval_model
 
 
 def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
