@@ -1,202 +1,230 @@
-""" Why the gpu-long sa_quadratic_cifar evaluated to loss nan in its training on an H100 (docs/training.md, "Precision
-and compilation"; h100_2026-11-26b_gpu_long.log): the first epochs of that stage's own recipe, each evaluated four
-ways on the same weights.
+""" Where inductor's CUDA evaluation of sa_quadratic_cifar goes wrong (docs/training.md, "Precision and compilation").
 
-The stage's recipe (``PROFILES['gpu-long']``: batch 256, bf16 autocast, inductor with CUDA graphs, the data on the
-GPU, ``pos_lr_scale`` 30) trains in this process through ``sa_vision.train.loop.main``, whose evaluation is replaced
-by one that after every epoch evaluates
+On an H100 and an H200 (torch 2.11), the ``gpu-long`` quadratic model's evaluation through its compiled training
+module gave NaN logits, or a top-1 6 points low, while its training and its weights are right; the first version of
+this probe (commit 0083c45, h200_2026-11-26_eval_fault.log) found that a module compiled afresh with CUDA graphs on
+the same weights is wrong too (every logit NaN), and one compiled without them 0.65 points low, where every CPU way
+and the GPU's eager forward agree within 0.06. It kept those weights: ``h200_2026-11-26_fault/``.
 
-* ``compiled``: through the training's compiled module, as the loop does (its evaluation graph recorded in the
-  first epoch, beside the training's);
-* ``eager``: the model itself, uncompiled;
+This version starts from those weights, in a process that trained nothing, and narrows the fault down. On the first
+``--images`` Fashion-MNIST test images, each way below against the model uncompiled under the same autocast: top-1,
+the largest logit difference relative to the largest logit, and how many images get a logit that is not finite.
 
-and at the first epoch where ``compiled`` is not finite (or after the last epoch, if it never is):
+* ``default`` / ``reduce-overhead``: the whole model compiled, bf16 autocast: does the fault need a training before
+  it (the CUDA graph tree the training's graphs share)?
+* ``default, float32``: no autocast;
+* ``default, separable``: ``dense_attention(model, False)``, not the dense mixing CUDA takes by default;
+* ``default, probabilities eager``: the positional probabilities computed outside the graph
+  (``torch.compiler.disable``): the positional part of the graph, or the rest?
+* ``probabilities``: each layer's ``position_probs`` compiled alone against eager;
+* ``blocks``: each block compiled alone, fed the eager model's activations: the first block that differs.
 
-* ``fresh``: a new compiled module of a copy of the model in the training's mode, its graph recorded now;
-* ``fresh_default``: the same in torch.compile's default mode (inductor, no CUDA graphs);
+Then inductor's code (``output_code``) of the smallest graph found wrong goes into the log. ``WRONG`` marks a way
+whose relative logit difference exceeds :data:`WRONG_ABOVE` (bf16 rounding alone stays near 1e-2) or that has a
+logit not finite.
 
-and, through the training's module again, how many images of each batch get a logit that is not finite.
+``--smoke``: the CPU, dynamo's ``eager`` backend, 200 images, and a fault faked into the whole model's ``default``
+way, the second layer's probabilities and the third block, so that every branch runs in tests/test_eval_fault.py.
 
-Reading it: ``fresh`` right and ``compiled`` wrong puts the fault in the graph recorded before (the CUDA graph tree
-shared with the training's graphs); ``fresh`` wrong and ``fresh_default`` right in CUDA graphs; both wrong in
-inductor's code for these weights; ``eager`` wrong in the weights (a diverged training). The weights of the first
-faulty epoch are saved (``fault_weights.safetensors``) for a CPU to look into.
-
-``--smoke``: the ``tiny`` profile on digits, on the CPU, dynamo's ``eager`` backend, ``compiled`` made to fail in
-the first epoch (NaN logits), so that every branch runs in tests/test_eval_fault.py without a GPU.
-
-    python3 docs/probes/gpu/eval_fault.py --out $OUT --epochs 4     # on the GPU: about 90 s
+    python3 docs/probes/gpu/eval_fault.py --out $OUT --data-dir data/fashion-mnist     # on the GPU: 1-2 minutes
 """
 import argparse
 import contextlib
 import copy
 import json
-import math
 import sys
-import tempfile
 import time
 from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
 from probe_env import redirect_fds, require_timm, versions  # noqa: E402
 
 require_timm()
 
+import timm  # noqa: E402
 import torch  # noqa: E402
-import yaml  # noqa: E402
 
+import sa_vision  # noqa: E402,F401  registers the models
 from sa_vision.io import atomic_write_text  # noqa: E402
-from sa_vision.reproduce import Reproduction  # noqa: E402
-from sa_vision.reproduce.stages import _training_script_keys  # noqa: E402
-from sa_vision.train import evaluation  # noqa: E402
-from sa_vision.train import loop as training  # noqa: E402
+from sa_vision.layers import PositionalAttention, dense_attention  # noqa: E402
+from sa_vision.train.datasets import FashionMnistDataset  # noqa: E402
+from sa_vision.train.device_data import DeviceEvalLoader  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
-MODEL = 'sa_quadratic_cifar'
-SCHEDULE_EPOCHS = 50  # the gpu-long recipe's (the smoke's tiny recipe is given as many), of which --epochs train
+WEIGHTS = Path(__file__).resolve().parent / 'h200_2026-11-26_fault'
+WRONG_ABOVE = 0.05  # relative logit difference; bf16 autocast's rounding alone stays near 1e-2
+SMOKE_FAULTS = ('default', 'probabilities 1', 'block 2')  # what the smoke run fakes wrong
+BATCH = 500  # the gpu-long recipe's evaluation batch
 
 
-class _Enough(Exception):
-    """Raised from the evaluation once the epochs asked for are evaluated: it ends the training."""
+def _faked(fn: Callable, name: str, smoke: bool) -> Callable:
+    """``fn``, or in the smoke run for a name in :data:`SMOKE_FAULTS` its result scaled by 1.5."""
+    if not (smoke and name in SMOKE_FAULTS):
+        return fn
+    return lambda *args: fn(*args) * 1.5
 
 
-class _NaNLogits(torch.nn.Module):
-    """The smoke run's stand-in for a faulty compiled module: the module's logits, the first one NaN."""
-
-    def __init__(self, module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, x):
-        logits = self.module(x).clone()
-        logits[0, 0] = float('nan')
-        return logits
-
-
-def _recipe_file(work: Path, smoke: bool, data_dir) -> Path:
-    """The stage's recipe as Reproduction.train writes it (only the keys sa-vision-train reads)."""
-    reproduction = (Reproduction(work, 'tiny', epochs=SCHEDULE_EPOCHS) if smoke
-                    else Reproduction(work, 'gpu-long', data_dir=data_dir))
-    recipe = reproduction._recipe(MODEL)
-    if smoke:
-        recipe.update(torchcompile='eager', device_data='auto')
-    read = _training_script_keys()
-    path = work / 'recipe.yaml'
-    path.write_text(yaml.safe_dump({k: v for k, v in recipe.items() if k in read}, sort_keys=False))
-    return path
-
-
-def _summary(metrics: dict) -> dict:
-    return {k: metrics[k] for k in ('loss', 'top1', 'top5')}
+def _compare(reference: torch.Tensor, got: torch.Tensor, targets: Optional[torch.Tensor] = None) -> dict:
+    """How ``got`` differs from ``reference`` (same shape): relative largest difference, values not finite, top-1s."""
+    got, reference = got.float(), reference.float()
+    finite = torch.isfinite(got)
+    diff = (got - reference).abs()[finite]
+    row = {'rel_diff': (diff.max() / reference.abs().max()).item() if diff.numel() else float('nan'),
+           'nonfinite': int((~finite).sum())}
+    if targets is not None:
+        row['nonfinite_images'] = int((~finite.all(dim=-1)).sum())
+        row['top1'] = round(100. * (got.argmax(-1) == targets).float().mean().item(), 2)
+        row['top1_eager'] = round(100. * (reference.argmax(-1) == targets).float().mean().item(), 2)
+    row['wrong'] = bool(row['nonfinite'] or not row['rel_diff'] <= WRONG_ABOVE)
+    return row
 
 
 @torch.no_grad()
-def _nonfinite_rows(module, loader, device, amp_ctx=contextlib.nullcontext, **_) -> list:
-    """Per batch of the loader, how many images ``module`` gives a logit that is not finite (full batches only: a
-    short one would compile anew): all of every batch points at the module's state, some of some at the images."""
-    counts, size = [], getattr(loader, 'batch_size', None)
-    for images, _ in loader:
-        if size is not None and images.size(0) != size:
-            continue
-        with amp_ctx():
-            logits = module(images.to(device))
-        counts.append(int((~torch.isfinite(logits.float()).all(dim=1)).sum()))
-    return counts
+def _logits(module, batches, amp: Callable) -> torch.Tensor:
+    out = []
+    for images in batches:
+        with amp():
+            out.append(module(images).float())
+    return torch.cat(out)
 
 
-def _fresh_modules(model, loader, device, mode, smoke: bool, **kwargs) -> dict:
-    """The same weights through a copy of ``model`` compiled now, in the training's ``mode`` and in the default one."""
+@contextlib.contextmanager
+def _probabilities_eager():
+    """PositionalAttention's probabilities computed outside any compiled graph while active."""
+    compiled = PositionalAttention._mixing_probs
+    PositionalAttention._mixing_probs = torch.compiler.disable(compiled)
+    try:
+        yield
+    finally:
+        PositionalAttention._mixing_probs = compiled
+
+
+def _whole_model_ways(model, batches, targets, args, log) -> Dict[str, dict]:
+    bf16 = lambda: torch.autocast(args.device, torch.bfloat16)  # noqa: E731
+    fp32 = contextlib.nullcontext
+    eager = {'bf16': _logits(model, batches, bf16), 'fp32': _logits(model, batches, fp32)}
+    log(f'eager: top-1 {_compare(eager["bf16"], eager["bf16"], targets)["top1"]:.2f} (bf16 autocast), '
+        f'{_compare(eager["fp32"], eager["fp32"], targets)["top1"]:.2f} (float32)')
+    ways = (('default', {}, bf16, 'bf16', None), ('reduce-overhead', {'mode': 'reduce-overhead'}, bf16, 'bf16', None),
+            ('default, float32', {}, fp32, 'fp32', None),
+            ('default, separable', {}, bf16, 'bf16', lambda m: dense_attention(m, False)),
+            ('default, probabilities eager', {}, bf16, 'bf16', lambda m: _probabilities_eager()))
     found = {}
-    for name, kw in (('fresh', {'mode': mode}), ('fresh_default', {})):
-        t0 = time.time()
-        fresh = torch.compile(copy.deepcopy(model), backend='eager' if smoke else 'inductor', **kw)
-        metrics = evaluation.evaluate(fresh, loader, device, pad_last_batch=True, **kwargs)
-        found[name] = {**_summary(metrics), 'mode': kw.get('mode'), 's': round(time.time() - t0, 1)}
-        print(f'  {name} ({kw.get("mode") or "default"} mode, compiled now): loss {metrics["loss"]:.4f} '
-              f'top-1 {metrics["top1"]:.2f} ({time.time() - t0:.0f} s)', flush=True)
+    for name, kwargs, amp, reference, context in ways:
+        torch._dynamo.reset()
+        start, copied = time.time(), copy.deepcopy(model)
+        with context(copied) if context else contextlib.nullcontext():
+            compiled = _faked(torch.compile(copied, backend=args.backend, **kwargs), name, args.smoke)
+            row = _compare(eager[reference], _logits(compiled, batches, amp), targets)
+        found[name] = {**row, 's': round(time.time() - start, 1)}
+        log(f'{name}: top-1 {row["top1"]:.2f} (eager {row["top1_eager"]:.2f}), logits {row["rel_diff"]:.2e} apart '
+            f'(relative), {row["nonfinite_images"]} images not finite ({found[name]["s"]:.0f} s)'
+            + ('  WRONG' if row['wrong'] else ''))
     return found
 
 
-def run(out: Path, epochs: int, smoke: bool, data_dir=None) -> dict:
-    """Train and evaluate as the module says; the JSON written to ``out`` (also returned)."""
-    result = {'versions': versions(), 'model': MODEL, 'smoke': smoke, 'epochs': [], 'fresh': None}
-    out.mkdir(parents=True, exist_ok=True)
+def _block_activations(model, batch, device: str):
+    """Each block's input and output on ``batch``, eager, bf16 autocast (grid-major: H, W, B, D)."""
+    inputs, outputs = [], []
 
-    def save() -> None:
-        atomic_write_text(out / 'eval_fault.json', json.dumps(result, indent=1, default=str))
+    def keep(module, args, out) -> None:  # None: the output stays the block's
+        inputs.append(args[0])
+        outputs.append(out)
+    hooks = [b.register_forward_hook(keep) for b in model.blocks]
+    with torch.no_grad(), torch.autocast(device, torch.bfloat16):
+        model(batch)
+    for hook in hooks:
+        hook.remove()
+    return inputs, outputs
 
-    def evaluate_four_ways(eval_model, model, loader, device, log, **kwargs):
-        epoch = len(result['epochs'])
-        through = _NaNLogits(eval_model) if smoke and epoch == 0 else eval_model
-        compiled = evaluation.evaluate(through, loader, device, pad_last_batch=eval_model is not model, **kwargs)
-        eager = evaluation.evaluate(model, loader, device, **kwargs)
-        row = {'epoch': epoch, 'compiled': _summary(compiled), 'eager': _summary(eager)}
-        result['epochs'].append(row)
-        print(f'epoch {epoch}: compiled loss {compiled["loss"]:.4f} top-1 {compiled["top1"]:.2f}; eager loss '
-              f'{eager["loss"]:.4f} top-1 {eager["top1"]:.2f}', flush=True)
-        last = epoch + 1 == epochs
-        if result['fresh'] is None and (not math.isfinite(compiled['loss']) or last):
-            result['fresh'] = {'epoch': epoch, 'compiled_finite': math.isfinite(compiled['loss'])}
-            if not math.isfinite(compiled['loss']):
-                result['fresh']['nonfinite_rows_per_batch'] = _nonfinite_rows(through, loader, device, **kwargs)
-                print(f'  images with a logit not finite, per batch: {result["fresh"]["nonfinite_rows_per_batch"]}',
-                      flush=True)
-                from safetensors.torch import save_file
-                save_file({k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()},
-                          str(out / 'fault_weights.safetensors'))
-            result['fresh'].update(_fresh_modules(model, loader, device, training_mode[0], smoke, **kwargs))
-        save()
-        if last:
-            raise _Enough
-        return eager, eval_model
 
-    training_mode = [None]
-    resolve = training.resolve_torchcompile
+def _layer_ways(model, inputs, outputs, args, log) -> Dict[str, List[dict]]:
+    """Each layer's probabilities, and each block fed the eager activations, compiled alone against eager."""
+    found = {'probabilities': [], 'blocks': []}
+    grid_h, grid_w = inputs[0].shape[:2]
+    torch._dynamo.reset()  # the blocks share their code: one compile serves them all
+    for i, block in enumerate(model.blocks):
+        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+            eager = block.attn.position_probs(grid_h, grid_w)
+            compiled = _faked(torch.compile(block.attn.position_probs, backend=args.backend), f'probabilities {i}',
+                              args.smoke)(grid_h, grid_w)
+        found['probabilities'].append(_compare(eager, compiled))
+        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+            got = _faked(torch.compile(copy.deepcopy(block), backend=args.backend), f'block {i}',
+                         args.smoke)(inputs[i])
+        found['blocks'].append(_compare(outputs[i], got))
+    for kind, rows in found.items():
+        log(f'{kind}, each compiled alone: ' + ', '.join(
+            f'{i}: {r["rel_diff"]:.1e}' + (' WRONG' if r['wrong'] else '') for i, r in enumerate(rows)))
+    return found
 
-    def resolve_and_note(*args, **kwargs):  # the mode the training compiled with, for the fresh module
-        resolved = resolve(*args, **kwargs)
-        training_mode[0] = resolved[2]
-        return resolved
 
-    with tempfile.TemporaryDirectory(prefix='eval-fault-') as work:
-        recipe = _recipe_file(Path(work), smoke, data_dir)
-        argv = ['-c', str(recipe), '--output', str(Path(work) / 'runs'), '--experiment', MODEL]
-        if data_dir:
-            argv += ['--data-dir', str(data_dir)]
-        if smoke:
-            argv += ['--device', 'cpu']
-        saved = training.evaluate_compiled, training.resolve_torchcompile
-        training.evaluate_compiled, training.resolve_torchcompile = evaluate_four_ways, resolve_and_note
-        try:
-            training.main(argv)
-        except _Enough:
-            pass
-        finally:
-            training.evaluate_compiled, training.resolve_torchcompile = saved
-    save()
+def _show_code(model, layers: Dict[str, List[dict]], inputs, args, log) -> Optional[str]:
+    """inductor's code of the smallest graph found wrong (a layer's probabilities, else a block), into the log."""
+    wrong = {kind: next((i for i, r in enumerate(rows) if r['wrong']), None) for kind, rows in layers.items()}
+    if all(i is None for i in wrong.values()):
+        return None
+    if wrong['probabilities'] is not None:
+        shown, i = 'probabilities', wrong['probabilities']
+        graph, graph_args = model.blocks[i].attn.position_probs, inputs[0].shape[:2]
+    else:
+        shown, i = 'block', wrong['blocks']
+        graph, graph_args = copy.deepcopy(model.blocks[i]), (inputs[i],)
+    torch._dynamo.reset()
+    torch._logging.set_logs(output_code=True)
+    try:
+        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+            torch.compile(graph, backend=args.backend)(*graph_args)
+    finally:
+        torch._logging.set_logs(output_code=False)
+    log(f'inductor\'s code of {shown} {i} is above' if args.backend == 'inductor' else
+        f'{shown} {i} is the smallest graph found wrong (the {args.backend} backend writes no code)')
+    return f'{shown} {i}'
+
+
+def run(args) -> dict:
+    model = timm.create_model(f'local-dir:{args.weights}', pretrained=True).to(args.device).eval()
+    cfg = model.pretrained_cfg
+    split = FashionMnistDataset('test', data_dir=args.data_dir, img_size=cfg['input_size'][-1])
+    images, targets = split.held_tensors()
+    loader = DeviceEvalLoader(images[:args.images], targets[:args.images], args.batch_size, cfg['mean'], cfg['std'],
+                              args.device)
+    batches = [batch for batch, _ in loader]
+    targets = targets[:args.images].to(args.device)
+    result = {'versions': versions(), 'weights': str(args.weights), 'images': len(targets), 'smoke': args.smoke}
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    log(f'{cfg["architecture"]} from {args.weights}; {len(targets)} test images in batches of {args.batch_size} '
+        f'on {args.device}, backend {args.backend}')
+    result['whole_model'] = _whole_model_ways(model, batches, targets, args, log)
+    inputs, outputs = _block_activations(model, batches[0], args.device)
+    result['layers'] = _layer_ways(model, inputs, outputs, args, log)
+    result['code_shown'] = _show_code(model, result['layers'], inputs, args, log)
     return result
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument('--out', required=True, type=Path, help='folder of eval_fault.log, .json and the faulty weights')
-    p.add_argument('--epochs', type=int, default=4, help='epochs of the 50-epoch schedule to train (default 4)')
-    p.add_argument('--smoke', action='store_true', help='the CPU, the tiny profile on digits, a faked fault')
-    p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist)')
+    p.add_argument('--out', required=True, type=Path, help='folder of eval_fault.log and eval_fault.json')
+    p.add_argument('--weights', type=Path, default=WEIGHTS, help=f'config.json and model.safetensors (default '
+                                                                  f'{WEIGHTS.relative_to(ROOT)})')
+    p.add_argument('--images', type=int, default=2000, help='test images (default 2000; smoke 200)')
+    p.add_argument('--smoke', action='store_true', help='the CPU, dynamo\'s eager backend, faked faults')
+    p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default: where sa_vision finds it)')
     args = p.parse_args(argv)
-    if not 1 <= args.epochs <= SCHEDULE_EPOCHS:
-        p.error(f'--epochs {args.epochs}: from 1 to the schedule\'s {SCHEDULE_EPOCHS}')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
-    if args.data_dir is None and not args.smoke and (ROOT / 'data' / 'fashion-mnist').is_dir():
-        args.data_dir = str(ROOT / 'data' / 'fashion-mnist')
+    args.device, args.backend = ('cpu', 'eager') if args.smoke else ('cuda', 'inductor')
+    args.images = min(args.images, 200) if args.smoke else args.images
+    args.batch_size = 100 if args.smoke else BATCH
     args.out.mkdir(parents=True, exist_ok=True)
     with redirect_fds(args.out / 'eval_fault.log'):
-        smoke = ' (smoke)' if args.smoke else ''
-        print(f'== eval fault probe: {MODEL}, {args.epochs} epochs of its gpu-long recipe{smoke}; '
+        print(f'== eval fault probe{" (smoke)" if args.smoke else ""}: '
               f'{", ".join(f"{k} {v}" for k, v in versions().items())}', flush=True)
-        result = run(args.out, args.epochs, args.smoke, args.data_dir)
-        print(f'== done: {json.dumps(result["fresh"])}', flush=True)
+        result = run(args)
+        atomic_write_text(args.out / 'eval_fault.json', json.dumps(result, indent=1, default=str))
+        wrong = [name for name, row in result['whole_model'].items() if row['wrong']]
+        print(f'== done: wrong {wrong or "none"}; code shown: {result["code_shown"]}', flush=True)
     return 0
 
 
