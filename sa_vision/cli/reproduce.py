@@ -13,8 +13,8 @@
 
     # keep the zoo in a checkout: copy the Hub folders of a finished (or continued) run to zoo/<name>/<model>/
     sa-vision-reproduce --profile cpu --out output/reproduce-fmnist --keep zoo/fashion-mnist-cpu
-    # check kept models against a results table (--no-accuracy: only the weights' SHA-256 and 64 images' logits,
-    # --record: write that guard), and redraw the figures from them
+    # check kept models against a results table (--no-accuracy: only the weights' SHA-256, 64 images' logits and the
+    # cards' claimed top-1, --record: write that guard), and redraw the figures from them
     sa-vision-reproduce --check zoo/fashion-mnist-cpu --table docs/reproduction_fashion_mnist.csv
     sa-vision-reproduce --figures-from zoo/fashion-mnist-cpu --out docs/img/reproduction
 
@@ -64,11 +64,13 @@ def main(argv=None):
     parser.add_argument('--check', default=None, metavar='ZOO',
                         help='check the models kept in ZOO against --table instead of running (exit 1 on a '
                              'difference): their weights\' SHA-256 and the logits of 64 test images against the '
-                             'guard beside the table (--record writes it; an error without it), and top-1 / top-5 '
-                             'on the whole test split (one image in 10,000 of slack; minutes per model on a CPU)')
+                             'guard beside the table (--record writes it; an error without it), the top-1 each '
+                             'model card claims against the table\'s, and top-1 / top-5 on the whole test split '
+                             '(one image in 10,000 of slack; minutes per model on a CPU)')
     parser.add_argument('--table', default=None, metavar='CSV', help='with --check: the results table')
     parser.add_argument('--no-accuracy', dest='accuracy', action='store_false', default=True,
-                        help='with --check: only the guard (SHA-256 and logits, seconds), not the whole test split')
+                        help='with --check: only the guard (SHA-256 and logits) and the cards (seconds), not the '
+                             'whole test split')
     parser.add_argument('--record', action='store_true', default=False,
                         help='with --check: (re)write the guard beside --table from the kept models instead')
     parser.add_argument('--figures-from', default=None, metavar='ZOO',

@@ -26,14 +26,10 @@ CUDA_EVAL_UNCOMPILED = (
 def evaluation_module(model: nn.Module, compiled: nn.Module, device) -> Tuple[nn.Module, Optional[str]]:
     """What the training loop evaluates through, and why where it is not ``compiled`` (the training's module).
 
-    On CUDA the model itself: inductor's evaluation graph of ``sa_quadratic_cifar`` (bf16 autocast, batch 500)
-    gave wrong results on an H100 and an H200 (torch 2.11) while the same weights evaluate right eager, on the GPU
-    and on a CPU, eager or compiled. With CUDA graphs every image got a logit that is not finite, or the top-1 was
-    6 points low and finite; without them 0.65 points low (docs/probes/gpu/h200_2026-11-26_eval_fault.log). The
-    training's graph is right (its weights are). The cause is not known, so no model is evaluated through a graph
-    the loop cannot check; the price is the eager forward's speed, a fraction of a second per epoch for the
-    ``gpu-long`` models. On other devices no fault was seen: the compiled module, checked by
-    :func:`evaluate_compiled`."""
+    On CUDA the model itself: inductor's evaluation graph of ``sa_quadratic_cifar`` gave wrong results on two GPUs,
+    with CUDA graphs and without, while its training graph and its weights are right; the cause is not known
+    (docs/training.md, "Precision and compilation", has the evidence). The price is the eager forward's speed. On
+    other devices no fault was seen: the compiled module, checked by :func:`evaluate_compiled`."""
     if compiled is model or torch.device(device).type != 'cuda':
         return compiled, None
     return model, CUDA_EVAL_UNCOMPILED

@@ -33,6 +33,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env and zoo_gpu_long beside this file
 from probe_env import on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions  # noqa: E402
@@ -108,7 +109,9 @@ def write_back(reproduction: Reproduction, out: Path, result: dict) -> None:
     atomic_write_text(out / 'ablation_gpu_long.json', json.dumps(result, indent=1, default=str))
 
 
-def run(args, reproduction: Reproduction, result: dict) -> None:
+def run(args, reproduction: Reproduction, result: dict, trained: Callable[[], None]) -> None:
+    """The four trainings, then (``trained()`` called: the deadline is no longer theirs) the table and the kernel
+    matches, into ``result``."""
     need = expected_s(reproduction, args.parallel, args.smoke)
     result['expected_s'] = round(need, 1)
     print(f'== ablation at gpu-long length{" (smoke)" if args.smoke else ""}: {ABLATION_MODEL}, '
@@ -120,6 +123,7 @@ def run(args, reproduction: Reproduction, result: dict) -> None:
         print(f'STOPPED: not started: {result["not_started"]}', flush=True)
         return
     train_variants(reproduction, args.parallel, result['seconds'])
+    trained()  # a stop now would refuse the table's own look at the finished runs
     reproduction.ablation()  # every run finished: the table only
     for variant in ABLATION_VARIANTS:
         matches = kernel_matches(reproduction.run_dir(ablation_run_name(variant)))
@@ -166,7 +170,7 @@ def main(argv=None) -> int:
         with on_sigterm(stopped):
             deadline.start()
             try:
-                run(args, reproduction, result)
+                run(args, reproduction, result, trained=deadline.cancel)
             except StageStopped as stop:  # the budget's end: the finished runs come back
                 result['stopped'] = str(stop)
                 print(f'== stopped at the budget\'s end: {stop}', flush=True)

@@ -1,17 +1,20 @@
 """ Where inductor's CUDA evaluation of sa_quadratic_cifar goes wrong (docs/training.md, "Precision and compilation").
 
 On an H100 and an H200 (torch 2.11), the ``gpu-long`` quadratic model's evaluation through its compiled training
-module gave NaN logits, or a top-1 6 points low, while its training and its weights are right; the first version of
-this probe (commit 0083c45, h200_2026-11-26_eval_fault.log) found that a module compiled afresh with CUDA graphs on
-the same weights is wrong too (every logit NaN), and one compiled without them 0.65 points low, where every CPU way
-and the GPU's eager forward agree within 0.06. It kept those weights: ``h200_2026-11-26_fault/``.
+module gave logits that are not finite, or a top-1 6 points low, while its training and its weights are right. The
+first version of this probe (commit 0083c45, h200_2026-11-26_eval_fault.log) kept the weights of the first epoch
+whose compiled logits were not finite: ``h200_2026-11-26_fault/`` (the training's layout; the training fed it
+32x32 images).
 
 This version starts from those weights, in a process that trained nothing, and narrows the fault down. On the first
-``--images`` Fashion-MNIST test images, each way below against the model uncompiled under the same autocast: top-1,
-the largest logit difference relative to the largest logit, and how many images get a logit that is not finite.
+``--images`` Fashion-MNIST test images at 32x32, each way below against the model uncompiled under the same
+autocast: top-1, the largest logit difference relative to the largest logit, and how many images get a logit that is
+not finite. Each way's error, if it raises one, is kept in its place, and the JSON is written after each part (and
+on ``timeout``'s SIGTERM).
 
 * ``default`` / ``reduce-overhead``: the whole model compiled, bf16 autocast: does the fault need a training before
-  it (the CUDA graph tree the training's graphs share)?
+  it (the CUDA graph tree the training's graphs share)? The first version's module "compiled afresh" with CUDA
+  graphs took 0.2 s, so dynamo most likely gave it the training's evaluation graph again; here nothing came before.
 * ``default, float32``: no autocast;
 * ``default, separable``: ``dense_attention(model, False)``, not the dense mixing CUDA takes by default;
 * ``default, probabilities eager``: the positional probabilities computed outside the graph
@@ -23,8 +26,9 @@ Then inductor's code (``output_code``) of the smallest graph found wrong goes in
 whose relative logit difference exceeds :data:`WRONG_ABOVE` (bf16 rounding alone stays near 1e-2) or that has a
 logit not finite.
 
-``--smoke``: the CPU, dynamo's ``eager`` backend, 200 images, and a fault faked into the whole model's ``default``
-way, the second layer's probabilities and the third block, so that every branch runs in tests/test_eval_fault.py.
+``--smoke``: the CPU, dynamo's ``eager`` backend, 200 images, a fault faked into the whole model's ``default``
+way, the second layer's probabilities and the third block, and an error into its ``default, float32`` way, so that
+every branch runs in tests/test_eval_fault.py.
 
     python3 docs/probes/gpu/eval_fault.py --out $OUT --data-dir data/fashion-mnist     # on the GPU: 1-2 minutes
 """
@@ -34,20 +38,21 @@ import copy
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
-from probe_env import redirect_fds, require_timm, versions  # noqa: E402
+from probe_env import on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions  # noqa: E402
 
 require_timm()
 
-import timm  # noqa: E402
 import torch  # noqa: E402
 
-import sa_vision  # noqa: E402,F401  registers the models
 from sa_vision.io import atomic_write_text  # noqa: E402
 from sa_vision.layers import PositionalAttention, dense_attention  # noqa: E402
+from sa_vision.reproduce.kept import model_as_trained  # noqa: E402
+from sa_vision.train.data import dataset_info  # noqa: E402
 from sa_vision.train.datasets import FashionMnistDataset  # noqa: E402
 from sa_vision.train.device_data import DeviceEvalLoader  # noqa: E402
 
@@ -55,11 +60,17 @@ ROOT = Path(__file__).resolve().parents[3]
 WEIGHTS = Path(__file__).resolve().parent / 'h200_2026-11-26_fault'
 WRONG_ABOVE = 0.05  # relative logit difference; bf16 autocast's rounding alone stays near 1e-2
 SMOKE_FAULTS = ('default', 'probabilities 1', 'block 2')  # what the smoke run fakes wrong
+SMOKE_ERRORS = ('default, float32',)  # and what it fakes failing
 BATCH = 500  # the gpu-long recipe's evaluation batch
 
 
 def _faked(fn: Callable, name: str, smoke: bool) -> Callable:
-    """``fn``, or in the smoke run for a name in :data:`SMOKE_FAULTS` its result scaled by 1.5."""
+    """``fn``, or in the smoke run for a name in :data:`SMOKE_FAULTS` its result scaled by 1.5, for one in
+    :data:`SMOKE_ERRORS` an error."""
+    if smoke and name in SMOKE_ERRORS:
+        def failing(*args):
+            raise RuntimeError(f'{name}: an error the smoke run fakes')
+        return failing
     if not (smoke and name in SMOKE_FAULTS):
         return fn
     return lambda *args: fn(*args) * 1.5
@@ -100,7 +111,8 @@ def _probabilities_eager():
         PositionalAttention._mixing_probs = compiled
 
 
-def _whole_model_ways(model, batches, targets, args, log) -> Dict[str, dict]:
+def _whole_model_ways(model, batches, targets, args, log, found: Dict[str, dict]) -> None:
+    """The whole model compiled each way, into ``found`` (the result's ``whole_model``) as each ends."""
     bf16 = lambda: torch.autocast(args.device, torch.bfloat16)  # noqa: E731
     fp32 = contextlib.nullcontext
     eager = {'bf16': _logits(model, batches, bf16), 'fp32': _logits(model, batches, fp32)}
@@ -110,18 +122,21 @@ def _whole_model_ways(model, batches, targets, args, log) -> Dict[str, dict]:
             ('default, float32', {}, fp32, 'fp32', None),
             ('default, separable', {}, bf16, 'bf16', lambda m: dense_attention(m, False)),
             ('default, probabilities eager', {}, bf16, 'bf16', lambda m: _probabilities_eager()))
-    found = {}
     for name, kwargs, amp, reference, context in ways:
         torch._dynamo.reset()
         start, copied = time.time(), copy.deepcopy(model)
-        with context(copied) if context else contextlib.nullcontext():
-            compiled = _faked(torch.compile(copied, backend=args.backend, **kwargs), name, args.smoke)
-            row = _compare(eager[reference], _logits(compiled, batches, amp), targets)
+        try:
+            with context(copied) if context else contextlib.nullcontext():
+                compiled = _faked(torch.compile(copied, backend=args.backend, **kwargs), name, args.smoke)
+                row = _compare(eager[reference], _logits(compiled, batches, amp), targets)
+        except Exception:  # noqa: BLE001  the other ways still run; the error is this way's finding
+            found[name] = {'error': traceback.format_exc(limit=-4), 'wrong': True, 's': round(time.time() - start, 1)}
+            log(f'{name}: FAILED: {found[name]["error"]}')
+            continue
         found[name] = {**row, 's': round(time.time() - start, 1)}
         log(f'{name}: top-1 {row["top1"]:.2f} (eager {row["top1_eager"]:.2f}), logits {row["rel_diff"]:.2e} apart '
             f'(relative), {row["nonfinite_images"]} images not finite ({found[name]["s"]:.0f} s)'
             + ('  WRONG' if row['wrong'] else ''))
-    return found
 
 
 def _block_activations(model, batch, device: str):
@@ -139,25 +154,30 @@ def _block_activations(model, batch, device: str):
     return inputs, outputs
 
 
-def _layer_ways(model, inputs, outputs, args, log) -> Dict[str, List[dict]]:
-    """Each layer's probabilities, and each block fed the eager activations, compiled alone against eager."""
-    found = {'probabilities': [], 'blocks': []}
+def _layer_ways(model, inputs, outputs, args, log, found: Dict[str, List[dict]]) -> None:
+    """Each layer's probabilities, and each block fed the eager activations, compiled alone against eager, into
+    ``found`` (``{'probabilities': [], 'blocks': []}``)."""
     grid_h, grid_w = inputs[0].shape[:2]
+
+    def compared(reference: torch.Tensor, compiled: Callable, *compiled_args) -> dict:
+        try:
+            with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+                return _compare(reference, compiled(*compiled_args))
+        except Exception:  # noqa: BLE001  the other layers still run; the error is this one's finding
+            return {'error': traceback.format_exc(limit=-4), 'wrong': True}
+
     torch._dynamo.reset()  # the blocks share their code: one compile serves them all
     for i, block in enumerate(model.blocks):
         with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
             eager = block.attn.position_probs(grid_h, grid_w)
-            compiled = _faked(torch.compile(block.attn.position_probs, backend=args.backend), f'probabilities {i}',
-                              args.smoke)(grid_h, grid_w)
-        found['probabilities'].append(_compare(eager, compiled))
-        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
-            got = _faked(torch.compile(copy.deepcopy(block), backend=args.backend), f'block {i}',
-                         args.smoke)(inputs[i])
-        found['blocks'].append(_compare(outputs[i], got))
+        probs = _faked(torch.compile(block.attn.position_probs, backend=args.backend), f'probabilities {i}', args.smoke)
+        found['probabilities'].append(compared(eager, probs, grid_h, grid_w))
+        whole = _faked(torch.compile(copy.deepcopy(block), backend=args.backend), f'block {i}', args.smoke)
+        found['blocks'].append(compared(outputs[i], whole, inputs[i]))
     for kind, rows in found.items():
         log(f'{kind}, each compiled alone: ' + ', '.join(
-            f'{i}: {r["rel_diff"]:.1e}' + (' WRONG' if r['wrong'] else '') for i, r in enumerate(rows)))
-    return found
+            f'{i}: ' + ('FAILED' if 'error' in r else f'{r["rel_diff"]:.1e}') + (' WRONG' if r['wrong'] else '')
+            for i, r in enumerate(rows)))
 
 
 def _show_code(model, layers: Dict[str, List[dict]], inputs, args, log) -> Optional[str]:
@@ -183,24 +203,27 @@ def _show_code(model, layers: Dict[str, List[dict]], inputs, args, log) -> Optio
     return f'{shown} {i}'
 
 
-def run(args) -> dict:
-    model = timm.create_model(f'local-dir:{args.weights}', pretrained=True).to(args.device).eval()
-    cfg = model.pretrained_cfg
-    split = FashionMnistDataset('test', data_dir=args.data_dir, img_size=cfg['input_size'][-1])
+def run(args, result: dict, save: Callable[[], None]) -> None:
+    """The parts in order into ``result``, ``save()`` after each."""
+    model = model_as_trained(args.weights).to(args.device).eval()
+    cfg, data = model.pretrained_cfg, dataset_info('fashion-mnist')  # the model's cfg is its arch's default's
+    split = FashionMnistDataset('test', data_dir=args.data_dir, img_size=32)  # the training's images, padded
     images, targets = split.held_tensors()
-    loader = DeviceEvalLoader(images[:args.images], targets[:args.images], args.batch_size, cfg['mean'], cfg['std'],
+    loader = DeviceEvalLoader(images[:args.images], targets[:args.images], args.batch_size, data.mean, data.std,
                               args.device)
     batches = [batch for batch, _ in loader]
     targets = targets[:args.images].to(args.device)
-    result = {'versions': versions(), 'weights': str(args.weights), 'images': len(targets), 'smoke': args.smoke}
+    result.update(weights=str(args.weights), images=len(targets), whole_model={},
+                  layers={'probabilities': [], 'blocks': []}, code_shown=None)
     log = lambda line: print(line, flush=True)  # noqa: E731
-    log(f'{cfg["architecture"]} from {args.weights}; {len(targets)} test images in batches of {args.batch_size} '
-        f'on {args.device}, backend {args.backend}')
-    result['whole_model'] = _whole_model_ways(model, batches, targets, args, log)
+    log(f'{cfg["architecture"]} from {args.weights}, as it trained; {len(targets)} test images of 32x32 in batches '
+        f'of {args.batch_size} on {args.device}, backend {args.backend}')
+    _whole_model_ways(model, batches, targets, args, log, result['whole_model'])
+    save()
     inputs, outputs = _block_activations(model, batches[0], args.device)
-    result['layers'] = _layer_ways(model, inputs, outputs, args, log)
+    _layer_ways(model, inputs, outputs, args, log, result['layers'])
+    save()
     result['code_shown'] = _show_code(model, result['layers'], inputs, args, log)
-    return result
 
 
 def main(argv=None) -> int:
@@ -218,14 +241,29 @@ def main(argv=None) -> int:
     args.images = min(args.images, 200) if args.smoke else args.images
     args.batch_size = 100 if args.smoke else BATCH
     args.out.mkdir(parents=True, exist_ok=True)
-    with redirect_fds(args.out / 'eval_fault.log'):
+    result = {'versions': versions(), 'smoke': args.smoke}
+
+    @sigterm_deferred()
+    def save() -> None:
+        atomic_write_text(args.out / 'eval_fault.json', json.dumps(result, indent=1, default=str))
+
+    def stopped() -> None:  # timeout's SIGTERM: what was found so far
+        result['stopped'] = 'SIGTERM'
+        print('== stopped by SIGTERM', flush=True)
+        save()
+
+    with redirect_fds(args.out / 'eval_fault.log'), on_sigterm(stopped):
         print(f'== eval fault probe{" (smoke)" if args.smoke else ""}: '
               f'{", ".join(f"{k} {v}" for k, v in versions().items())}', flush=True)
-        result = run(args)
-        atomic_write_text(args.out / 'eval_fault.json', json.dumps(result, indent=1, default=str))
-        wrong = [name for name, row in result['whole_model'].items() if row['wrong']]
-        print(f'== done: wrong {wrong or "none"}; code shown: {result["code_shown"]}', flush=True)
-    return 0
+        try:
+            run(args, result, save)
+        except Exception:  # noqa: BLE001  what was found before comes back with it
+            result['failed'] = traceback.format_exc(limit=-8)
+            print(f'FAILED: {result["failed"]}', flush=True)
+        save()
+        wrong = [name for name, row in result.get('whole_model', {}).items() if row.get('wrong')]
+        print(f'== done: wrong {wrong or "none"}; code shown: {result.get("code_shown")}', flush=True)
+    return 1 if 'failed' in result else 0
 
 
 if __name__ == '__main__':

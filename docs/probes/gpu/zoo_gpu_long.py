@@ -50,8 +50,9 @@ TRAIN_IMAGES = 60_000  # Fashion-MNIST's training split
 # after the first while no other stage trained, 55,253 for sa_quadratic_cifar (its epochs 1-2), 57,842 for
 # sa_gen_cifar (45-49), 57,946 for the pruned model, 53,745 for sa_learned_cifar; the half-width ResNet, not trained
 # there, from the third call on an H200 (h200_2026-11-26_gpu_long_3.log), where it trained alone: 66,240, the median
-# of its epochs after the first (its first estimate, 33,200, had come from eager rates at batch 128). The budget
-# rescales them by how the first stages of a call compared.
+# of its epochs after the first (its first estimate, 33,200, had come from eager rates at batch 128). Two cards: on
+# that H200 sa_quadratic_cifar ran at about 63,500 alone (its epochs 44-49), so the ResNet's rate here is about 1.15x
+# what an H100 would give beside the others'. The budget rescales them by how the first stages of a call compared.
 IMAGES_PER_S = {'sa_quadratic_cifar': 55_000, 'sa_learned_cifar': 53_700, 'sa_gen_cifar': 57_800,
                 PRUNED_MODEL: 57_900, 'resnet18_cifar': 66_200}
 # The same call: a stage's wall time less its epochs' train time, median 90 s over the three kept (process start, 50
