@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from helpers import HANG_TIMEOUT_S
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -33,4 +34,25 @@ def test_smoke_finds_the_faked_faults_and_only_them(tmp_path):
     layers = result['layers']
     assert [r['wrong'] for r in layers['probabilities']] == [i == 1 for i in range(6)]
     assert [r['wrong'] for r in layers['blocks']] == [i == 2 for i in range(6)]
+    # the bisector finds the faked fault without any compiler: dynamo's eager backend already has it
+    assert result['bisect']['backend'] == 'eager' and result['bisect']['subsystem'] is None
     assert result['code_shown'] == 'probabilities 1' and '== done: wrong [\'default\', \'default, float32\']' in log
+
+
+def test_with_no_layer_wrong_the_whole_model_is_what_gets_bisected():
+    """Where every layer and block is right alone, the graph to bisect is the whole model on one batch, in the
+    first mode found wrong; none where no mode is."""
+    import importlib.util
+    from types import SimpleNamespace
+    spec = importlib.util.spec_from_file_location('eval_fault', SCRIPT)
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    model = probe.model_as_trained(probe.WEIGHTS).eval()
+    batch = torch.randn(2, 3, 32, 32)
+    args = SimpleNamespace(device='cpu', backend='eager', smoke=True)
+    assert probe._whole_model_wrong(model, {'default': {'wrong': False}, 'reduce-overhead': {'wrong': False}},
+                                    batch, args) is None
+    graph = probe._whole_model_wrong(model, {'default': {'wrong': False}, 'reduce-overhead': {'wrong': True}},
+                                     batch, args)
+    assert graph.name == 'whole model, reduce-overhead'
+    assert not probe._compare(graph.reference, graph.compile_and_run())['wrong']  # the eager backend is right

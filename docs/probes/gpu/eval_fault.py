@@ -22,25 +22,28 @@ on ``timeout``'s SIGTERM).
 * ``probabilities``: each layer's ``position_probs`` compiled alone against eager;
 * ``blocks``: each block compiled alone, fed the eager model's activations: the first block that differs.
 
-Then inductor's code (``output_code``) of the smallest graph found wrong goes into the log. ``WRONG`` marks a way
-whose relative logit difference exceeds :data:`WRONG_ABOVE` (bf16 rounding alone stays near 1e-2) or that has a
-logit not finite.
+Then inductor's code (``output_code``) of the smallest graph found wrong goes into the log, and torch's compiler
+bisector (``torch._inductor.compiler_bisector``) compiles that graph again and again to name the first backend
+that makes it wrong and, within inductor, the pass, lowering or CUDA-graph wrapping and which application of it:
+the finding to report to PyTorch, or to work around. ``WRONG`` marks a way whose relative logit difference exceeds
+:data:`WRONG_ABOVE` (bf16 rounding alone stays near 1e-2) or that has a logit not finite.
 
 ``--smoke``: the CPU, dynamo's ``eager`` backend, 200 images, a fault faked into the whole model's ``default``
 way, the second layer's probabilities and the third block, and an error into its ``default, float32`` way, so that
 every branch runs in tests/test_eval_fault.py.
 
-    python3 docs/probes/gpu/eval_fault.py --out $OUT --data-dir data/fashion-mnist     # on the GPU: 1-2 minutes
+    python3 docs/probes/gpu/eval_fault.py --out $OUT --data-dir data/fashion-mnist     # on the GPU: 2-4 minutes
 """
 import argparse
 import contextlib
 import copy
+import dataclasses
 import json
 import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
 from probe_env import on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions  # noqa: E402
@@ -180,27 +183,74 @@ def _layer_ways(model, inputs, outputs, args, log, found: Dict[str, List[dict]])
             for i, r in enumerate(rows)))
 
 
-def _show_code(model, layers: Dict[str, List[dict]], inputs, args, log) -> Optional[str]:
-    """inductor's code of the smallest graph found wrong (a layer's probabilities, else a block), into the log."""
+class SmallestWrong(NamedTuple):
+    """The smallest graph found wrong: its name, the eager result, and a call that compiles it anew and runs it."""
+    name: str
+    reference: torch.Tensor
+    compile_and_run: Callable[[], torch.Tensor]
+
+
+def _smallest_wrong(model, layers: Dict[str, List[dict]], inputs, outputs, args) -> Optional[SmallestWrong]:
+    """A layer's probabilities found wrong, else a block (the first of either), else none."""
     wrong = {kind: next((i for i, r in enumerate(rows) if r['wrong']), None) for kind, rows in layers.items()}
-    if all(i is None for i in wrong.values()):
-        return None
     if wrong['probabilities'] is not None:
-        shown, i = 'probabilities', wrong['probabilities']
-        graph, graph_args = model.blocks[i].attn.position_probs, inputs[0].shape[:2]
-    else:
-        shown, i = 'block', wrong['blocks']
-        graph, graph_args = copy.deepcopy(model.blocks[i]), (inputs[i],)
+        i = wrong['probabilities']
+        attn, grid = model.blocks[i].attn, inputs[0].shape[:2]
+        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+            reference = attn.position_probs(*grid)
+        name = f'probabilities {i}'
+        return SmallestWrong(name, reference, lambda: _faked(
+            torch.compile(attn.position_probs, backend=args.backend), name, args.smoke)(*grid))
+    if wrong['blocks'] is not None:
+        i = wrong['blocks']
+        name = f'block {i}'
+        return SmallestWrong(name, outputs[i], lambda: _faked(
+            torch.compile(copy.deepcopy(model.blocks[i]), backend=args.backend), name, args.smoke)(inputs[i]))
+    return None
+
+
+def _whole_model_wrong(model, ways: Dict[str, dict], batch, args) -> Optional[SmallestWrong]:
+    """Where no layer or block is wrong alone: the whole model on one batch, in the first of ``default`` and
+    ``reduce-overhead`` found wrong (the layers compiled in the default mode only)."""
+    mode = next((m for m in ('default', 'reduce-overhead') if ways.get(m, {}).get('wrong')), None)
+    if mode is None:
+        return None
+    with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+        reference = model(batch).float()
+    name = f'whole model, {mode}'
+    return SmallestWrong(name, reference, lambda: _faked(
+        torch.compile(copy.deepcopy(model), backend=args.backend, mode=mode), mode, args.smoke)(batch).float())
+
+
+def _show_code(graph: SmallestWrong, args, log) -> None:
+    """inductor's code of ``graph`` into the log."""
     torch._dynamo.reset()
     torch._logging.set_logs(output_code=True)
     try:
         with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
-            torch.compile(graph, backend=args.backend)(*graph_args)
+            graph.compile_and_run()
     finally:
         torch._logging.set_logs(output_code=False)
-    log(f'inductor\'s code of {shown} {i} is above' if args.backend == 'inductor' else
-        f'{shown} {i} is the smallest graph found wrong (the {args.backend} backend writes no code)')
-    return f'{shown} {i}'
+    log(f'inductor\'s code of {graph.name} is above' if args.backend == 'inductor' else
+        f'{graph.name} is the smallest graph found wrong (the {args.backend} backend writes no code)')
+
+
+def _bisect(graph: SmallestWrong, args, log) -> Optional[dict]:
+    """torch's compiler bisector on ``graph``: the first backend (eager, aot_eager, ..., inductor) that makes it
+    wrong, and within inductor the subsystem (a pass, a lowering, CUDA graphs) and which of its applications."""
+    from torch._inductor.compiler_bisector import CompilerBisector
+
+    def good() -> bool:  # compiled anew each time: the bisector picks the backend and what it turns off
+        torch._dynamo.reset()
+        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+            return not _compare(graph.reference, graph.compile_and_run())['wrong']
+    start = time.time()
+    found = CompilerBisector.do_bisect(good)
+    row = None if found is None else {**dataclasses.asdict(found), 's': round(time.time() - start, 1)}
+    log(f'compiler bisector on {graph.name}: ' + ('right every way it tried' if row is None else
+        f'backend {row["backend"]}, subsystem {row["subsystem"]}, application {row["bisect_number"]}: '
+        f'{row["debug_info"]} ({row["s"]:.0f} s)'))
+    return row
 
 
 def run(args, result: dict, save: Callable[[], None]) -> None:
@@ -223,7 +273,15 @@ def run(args, result: dict, save: Callable[[], None]) -> None:
     inputs, outputs = _block_activations(model, batches[0], args.device)
     _layer_ways(model, inputs, outputs, args, log, result['layers'])
     save()
-    result['code_shown'] = _show_code(model, result['layers'], inputs, args, log)
+    graph = (_smallest_wrong(model, result['layers'], inputs, outputs, args)
+             or _whole_model_wrong(model, result['whole_model'], batches[0], args))
+    if graph is None:
+        log('nothing found wrong: no graph to show or bisect')
+        return
+    _show_code(graph, args, log)
+    result['code_shown'] = graph.name
+    save()
+    result['bisect'] = _bisect(graph, args, log)
 
 
 def main(argv=None) -> int:
