@@ -579,3 +579,25 @@ def test_the_json_is_written_though_a_stage_thread_changes_the_results_meanwhile
     stage.join()
     assert json.loads((tmp_path / 'device_check.json').read_text())['zoo'] == {'stage_s': {'model0': 1.0}}
     assert log.results['zoo']['stage_s'] == {'model0': 1.0, 'model1': 2.0}
+
+
+def test_fashion_mnist_travels_xz_compressed_and_unpacks_to_what_sa_vision_reads(tmp_path):
+    """What a call carries (data/fashion-mnist-xz) unpacks to IDX files FashionMnistDataset reads, the same images
+    as Debian's .gz files; a folder already unpacked is used as it is, and without either there is none."""
+    import lzma
+
+    from sa_vision.train.datasets import FASHION_MNIST_DIR, FashionMnistDataset
+    probe_env = _probe_env()
+    packed, unpacked = tmp_path / 'fashion-mnist-xz', tmp_path / 'fashion-mnist'
+    packed.mkdir()
+    for name in ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte'):  # the test split is enough to read
+        with gzip.open(Path(FASHION_MNIST_DIR) / f'{name}.gz') as f:
+            (packed / f'{name}.xz').write_bytes(lzma.compress(f.read(), preset=0))
+    assert probe_env.fashion_mnist_dir(unpacked, packed) == str(unpacked)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['fashion-mnist', 'fashion-mnist-xz']  # no partial left
+    ours, debian = FashionMnistDataset('test', data_dir=str(unpacked)), FashionMnistDataset('test')
+    assert torch.equal(ours.images, debian.images) and torch.equal(ours.targets, debian.targets)
+    (packed / 't10k-labels-idx1-ubyte.xz').unlink()
+    assert probe_env.fashion_mnist_dir(unpacked, packed) == str(unpacked)  # already there: not unpacked again
+    assert (unpacked / 't10k-labels-idx1-ubyte').is_file()
+    assert probe_env.fashion_mnist_dir(tmp_path / 'none', tmp_path / 'none-xz') is None

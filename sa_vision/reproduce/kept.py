@@ -189,8 +189,8 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
     """Check the models of ``table`` (a results CSV) kept in ``zoo/<model>/``: their weights' SHA-256 and their
     logits of a fixed batch against the guard beside the table (:func:`record_kept_models`; a
     :class:`ReproductionError` without it), the top-1 its card claims against the table's (within
-    :data:`CARD_TOLERANCE`), and, with ``accuracy``, top-1 / top-5 on the whole test split against
-    the table (minutes per model on a CPU)."""
+    :data:`CARD_TOLERANCE` points or :data:`CARD_TOLERANCE_IMAGES` images), and, with ``accuracy``, top-1 / top-5
+    on the whole test split against the table (minutes per model on a CPU)."""
     import torch
     rows = _kept_rows(zoo, table)
     digests, recorded = _read_guard(zoo, table, rows)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env and zoo_gpu_long beside this file
-from probe_env import on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions  # noqa: E402
+from probe_env import fashion_mnist_dir, on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions  # noqa: E402
 
 require_timm()
 
@@ -150,8 +150,8 @@ def main(argv=None) -> int:
         p.error(f'--parallel {args.parallel}: at least 1 variant at a time')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
-    if args.data_dir is None and not args.smoke and (ROOT / 'data' / 'fashion-mnist').is_dir():
-        args.data_dir = str(ROOT / 'data' / 'fashion-mnist')
+    if args.data_dir is None and not args.smoke:
+        args.data_dir = fashion_mnist_dir()
     args.out.mkdir(parents=True, exist_ok=True)
     start = time.time()
     result = {'budget_s': args.budget_s, 'parallel': args.parallel, 'smoke': args.smoke, 'versions': versions(),

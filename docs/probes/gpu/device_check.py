@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
-from probe_env import on_sigterm, redirect_fds, require_timm, versions
+from probe_env import fashion_mnist_dir, on_sigterm, redirect_fds, require_timm, versions
 
 require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
 
@@ -1082,8 +1082,8 @@ def main(argv=None) -> int:
         p.error(f'--section {args.section!r}: sections are 1 to 9')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
-    if args.data_dir is None and (ROOT / 'data' / 'fashion-mnist').is_dir():
-        args.data_dir = str(ROOT / 'data' / 'fashion-mnist')
+    if args.data_dir is None:
+        args.data_dir = fashion_mnist_dir()
     args.out.mkdir(parents=True, exist_ok=True)
     log = Log(args.out)
     budget = Budget(args.budget_s)

@@ -32,7 +32,7 @@ the finding to report to PyTorch, or to work around. ``WRONG`` marks a way whose
 way, the second layer's probabilities and the third block, and an error into its ``default, float32`` way, so that
 every branch runs in tests/test_eval_fault.py.
 
-    python3 docs/probes/gpu/eval_fault.py --out $OUT --data-dir data/fashion-mnist     # on the GPU: 2-4 minutes
+    python3 docs/probes/gpu/eval_fault.py --out $OUT     # on the GPU: 2-4 minutes
 """
 import argparse
 import contextlib
@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Callable, Dict, List, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
-from probe_env import on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions  # noqa: E402
+from probe_env import fashion_mnist_dir, on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions  # noqa: E402
 
 require_timm()
 
@@ -291,10 +291,14 @@ def main(argv=None) -> int:
                                                                   f'{WEIGHTS.relative_to(ROOT)})')
     p.add_argument('--images', type=int, default=2000, help='test images (default 2000; smoke 200)')
     p.add_argument('--smoke', action='store_true', help='the CPU, dynamo\'s eager backend, faked faults')
-    p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default: where sa_vision finds it)')
+    p.add_argument('--data-dir', default=None,
+                   help='Fashion-MNIST\'s folder (default data/fashion-mnist, unpacked from data/fashion-mnist-xz '
+                        'where only that travelled; the smoke run: where sa_vision finds it)')
     args = p.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
+    if args.data_dir is None and not args.smoke:
+        args.data_dir = fashion_mnist_dir()
     args.device, args.backend = ('cpu', 'eager') if args.smoke else ('cuda', 'inductor')
     args.images = min(args.images, 200) if args.smoke else args.images
     args.batch_size = 100 if args.smoke else BATCH

@@ -1,22 +1,50 @@
-"""What the GPU scripts (``device_check.py``, ``zoo_gpu_long.py``, ``eval_fault.py``) share: the timm they need,
-checked before ``import sa_vision``; the versions and the commit they log; their output sent to a file that
-subprocesses inherit; what they save when ``timeout`` stops them.
+"""What the GPU scripts (``device_check.py``, ``zoo_gpu_long.py``, ``eval_fault.py``, ``ablation_gpu_long.py``)
+share: the timm they need, checked before ``import sa_vision``; the versions and the commit they log; the
+Fashion-MNIST folder they read, unpacked from what travelled; their output sent to a file that subprocesses
+inherit; what they save when ``timeout`` stops them.
 
 Imports nothing heavy at the top: :func:`require_timm` runs before torch and sa_vision are imported.
 """
 import contextlib
 import importlib.metadata
+import lzma
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 from typing import Callable, Dict, Optional
 
 ROOT = Path(__file__).resolve().parents[3]
 WHEEL_RECIPE = 'docs/probes/gpu/README.md, "timm and the commit"'  # where the runbook says how to carry the right timm
+FASHION_MNIST = ROOT / 'data' / 'fashion-mnist'  # the four IDX files the scripts read by default
+# what travels instead: the same four files xz-compressed, 26.4 MB where Debian's .gz files take 30.9, which the
+# tracked tree of 2026-11-26 (34.3 MB) and timm's wheel (2.8 MB) leave no room for under the 64 MiB that travel
+FASHION_MNIST_XZ = ROOT / 'data' / 'fashion-mnist-xz'
+
+
+def fashion_mnist_dir(unpacked: Path = FASHION_MNIST, packed: Path = FASHION_MNIST_XZ) -> Optional[str]:
+    """The Fashion-MNIST folder the scripts read by default: ``unpacked``, made first from ``packed`` (its
+    ``*.xz`` files decompressed to the IDX files sa_vision reads) where only that travelled; None where neither is
+    here. Two scripts started together may both unpack: each into a folder of its own, the first one renamed in
+    place wins."""
+    if unpacked.is_dir():
+        return str(unpacked)
+    if not packed.is_dir():
+        return None
+    partial = Path(tempfile.mkdtemp(prefix=unpacked.name + '.', dir=unpacked.parent))
+    for source in sorted(packed.glob('*.xz')):
+        with lzma.open(source) as f, open(partial / source.stem, 'wb') as out:
+            shutil.copyfileobj(f, out)
+    try:
+        partial.rename(unpacked)
+    except OSError:  # the other script's is in place
+        shutil.rmtree(partial)
+    return str(unpacked)
 
 
 def timm_requirement(pyproject: Path = ROOT / 'pyproject.toml') -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Dict, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
-from probe_env import on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions
+from probe_env import fashion_mnist_dir, on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions
 
 require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
 
@@ -227,7 +227,7 @@ def main(argv=None) -> int:
                         f'{RESUME.relative_to(ROOT)}, where it exists; none in the smoke run, whose tiny profile '
                         f'cannot continue a gpu-long run)')
     p.add_argument('--carry-room-mib', type=float, default=MAX_FILE_BYTES / 2 ** 20,
-                   help='MiB of the next call\'s 64 that the tracked files, data/fashion-mnist and .whl leave, as '
+                   help='MiB of the next call\'s 64 that the tracked files, data/fashion-mnist-xz and .whl leave, as '
                         'measured before this call (zoo_gpu_long.md): resume.tar takes that less the models kept '
                         'now, at most 16 (default 16, unchecked)')
     args = p.parse_args(argv)
@@ -240,8 +240,8 @@ def main(argv=None) -> int:
     if args.resume is not None and not args.resume.is_file():
         p.error(f'--resume {args.resume}: no such file (the last call\'s resume.tar)')
     args.resume = resume_tar(args.resume, args.smoke)
-    if args.data_dir is None and not args.smoke and (ROOT / 'data' / 'fashion-mnist').is_dir():
-        args.data_dir = str(ROOT / 'data' / 'fashion-mnist')
+    if args.data_dir is None and not args.smoke:
+        args.data_dir = fashion_mnist_dir()
     args.out.mkdir(parents=True, exist_ok=True)
     start, log_path = time.time(), args.out / 'zoo_gpu_long.log'
     result = {'budget_s': args.budget_s, 'parallel': args.parallel, 'smoke': args.smoke, 'stages': {}}
