@@ -143,7 +143,8 @@ def main(argv=None) -> int:
     p.add_argument('--smoke', action='store_true', help='the CPU, the tiny profile, digits: about a minute')
     p.add_argument('--budget-s', type=float, default=420, help='start nothing that would end later (default 420)')
     p.add_argument('--parallel', type=int, default=None, help='variants side by side (default 4; smoke 2)')
-    p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist)')
+    p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist, '
+                                                    'unpacked from data/fashion-mnist-xz where only that travelled)')
     args = p.parse_args(argv)
     args.parallel = args.parallel or (2 if args.smoke else 4)
     if args.parallel < 1:

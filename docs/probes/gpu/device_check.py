@@ -527,7 +527,7 @@ class Check:
         """:meth:`speed_flags` as sa-vision-train takes them: on the GPU without the flags it lacks (said), while
         the smoke run skips (None); None without the data folder."""
         if not self.smoke and not self.data_dir:
-            self.log(f'{what}: skipped: no Fashion-MNIST folder (carry data/ with data/fashion-mnist, or --data-dir)')
+            self.log(f'{what}: skipped: no Fashion-MNIST folder (carry data/fashion-mnist-xz, or --data-dir)')
             self.log.results.setdefault('skipped', {})[what] = 'no data folder'
             return None
         help_text = build_train_parser().format_help()
@@ -1060,8 +1060,8 @@ def main(argv=None) -> int:
     p.add_argument('--section', default='all',
                    help='comma list of the sections to run, 1-9 (default all; the zoo, 7, needs its own call)')
     p.add_argument('--data-dir', default=None,
-                   help='the folder of Fashion-MNIST\'s four .gz files (sections 6, 7; default data/fashion-mnist '
-                        'where it exists)')
+                   help='the folder of Fashion-MNIST\'s four IDX files (sections 6, 7; default data/fashion-mnist, '
+                        'unpacked from data/fashion-mnist-xz where only that travelled)')
     p.add_argument('--zoo-parallel', type=int, default=None,
                    help='the zoo\'s four trainings run this many at a time (default 4 on the GPU, 2 in the smoke run)')
     p.add_argument('--smoke-backend', default='eager', choices=('eager', 'inductor'),

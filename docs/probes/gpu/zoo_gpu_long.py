@@ -221,7 +221,8 @@ def main(argv=None) -> int:
     p.add_argument('--table', type=Path, default=TABLE, help=f'its table (default {TABLE.relative_to(ROOT)})')
     p.add_argument('--parallel', type=int, default=None,
                    help='stages at a time, their trainings sharing the GPU (default 4; 2 in the smoke run)')
-    p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist)')
+    p.add_argument('--data-dir', default=None, help='Fashion-MNIST\'s folder (default data/fashion-mnist, '
+                                                    'unpacked from data/fashion-mnist-xz where only that travelled)')
     p.add_argument('--resume', type=Path, default=None,
                    help=f'the last call\'s resume.tar, whose stages this call continues (default '
                         f'{RESUME.relative_to(ROOT)}, where it exists; none in the smoke run, whose tiny profile '
