@@ -221,7 +221,7 @@ def test_cuda_steps_and_evaluation_never_wait_for_the_host(monkeypatch, tmp_path
             return result
         return run
     monkeypatch.setattr(training, 'train_one_epoch', strict(training.train_one_epoch, 'train'))
-    monkeypatch.setattr(training, 'evaluate', strict(training.evaluate, 'evaluate'))
+    monkeypatch.setattr(evaluation, 'evaluate', strict(evaluation.evaluate, 'evaluate'))  # evaluate_compiled's
     training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64, '-vb', 64, '--device', 'cuda',
                                  *compile_args, '--output', tmp_path, '--experiment', 'strict'])))
     assert checked[-2:] == ['train', 'evaluate']
