@@ -1,5 +1,6 @@
 """ sa-vision-train and sa-vision-validate as a user meets them: resume keeps the run's arguments, --amp auto,
 recipe checks, fine-tune recipes, dataset errors, image folders of any size, one-line errors """
+import argparse
 import json
 import logging
 import os
@@ -130,6 +131,51 @@ def test_resume_with_more_epochs_follows_the_longer_schedule(adamw_run, tmp_path
     assert [h['epoch'] for h in resumed] == [0, 1, 2, 3]
     assert resumed[2]['lr'] > 5e-4  # 3/4 through a cosine of 4 epochs (0.005 * 0.146), not at min_lr 0
     assert [h['lr'] for h in resumed[2:]] == pytest.approx([h['lr'] for h in asked[2:]], rel=1e-12)
+
+
+def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same_weights(adamw_run, tmp_path,
+                                                                                          caplog):
+    """--val-interval 2 over 2 epochs: the first is not evaluated, the last is. The training is the one of the
+    fixture's run, evaluated every epoch (same weights, same last evaluation); the unevaluated epoch leaves no
+    metrics in its checkpoint, no row in summary.csv, and a card that says so."""
+    from sa_vision.hub.labels import weights_label
+    from sa_vision.hub.record import training_summary
+    from sa_vision.train.checkpoint import read_checkpoint
+    from sa_vision.train.state import save_epoch
+    with caplog.at_level(logging.INFO, logger='train'):
+        training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64, '--output', tmp_path,
+                                     '--experiment', 'sparse', '--log-interval', 100, '--val-interval', 2])))
+    run = tmp_path / 'sparse'
+    assert 'Eval: 0  skipped (--val-interval 2: the next at epoch 1)' in caplog.text
+    assert re.search(r'Eval: 1  Loss: ', caplog.text)
+    sparse, every = _load(run / 'last.pth.tar'), _load(adamw_run)
+    for key, value in every['state_dict'].items():
+        assert torch.equal(value, sparse['state_dict'][key]), key
+    assert sparse['metrics'] == every['metrics']
+    assert ['eval_top1' in h for h in sparse['history']] == [False, True]
+    assert sparse['best'] == {'metric': every['metrics']['top1'], 'epoch': 1}
+    assert torch.equal(_load(run / 'model_best.pth.tar')['state_dict']['head.weight'],
+                       sparse['state_dict']['head.weight'])
+    rows = (run / 'summary.csv').read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith('1,')  # the header and epoch 1 (from 0)
+    assert sparse['args']['val_interval'] == 2  # the run's, not its recipe's: it changes no weight
+    assert 'val_interval' not in yaml.safe_load((run / 'recipe.yaml').read_text())
+
+    # the checkpoint of the unevaluated epoch, as a run killed after it leaves it
+    unevaluated = dict(sparse, epoch=1, metrics=None, best=None, history=sparse['history'][:1])
+    save_epoch(unevaluated, None, argparse.Namespace(save_epoch_weights=False, eval_metric='top1'), run,
+               {'loss': 1.0}, lambda msg: None)
+    assert len((run / 'summary.csv').read_text().splitlines()) == 2
+    ckpt = read_checkpoint(run / 'last.pth.tar')
+    card = training_summary(ckpt, weights_label(ckpt))
+    assert 'These weights were not evaluated: `--val-interval 2` left their epoch out' in card
+    assert re.search(r'\| 1 +\| [0-9.]+ +\| [0-9.e-]+ +\| - +\| - +\|', card), card
+
+
+def test_val_interval_below_one_is_a_recipe_error(tmp_path):
+    from sa_vision.errors import RecipeError
+    with pytest.raises(RecipeError, match='--val-interval is 0, it must be at least 1'):
+        training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--output', tmp_path, '--val-interval', 0])))
 
 
 def test_resume_reports_explicit_changes_only(adamw_run):

@@ -116,6 +116,9 @@ def _evaluation_lines(ckpt: Checkpoint, record: TrainingRecord):
     elif metrics:
         scores = ', '.join(f'{name} {value:.4g}' for name, value in metrics.items())
         yield f'- Evaluation of these weights (timm `train.py`): {scores}.'
+    elif record.trainer == 'sa-vision-train' and (ckpt.meta.get('args') or {}).get('val_interval', 1) > 1:
+        yield (f'- These weights were not evaluated: `--val-interval {ckpt.meta["args"]["val_interval"]}` left their '
+               f'epoch out (`sa-vision-validate` measures them).')
     elif 'metric' in ckpt.meta and record.scored_ema is not None:
         scored = 'the EMA of the weights' if record.scored_ema else 'the weights themselves'
         yield (f'- timm `train.py` recorded {record.eval_metric} {ckpt.meta["metric"]:.4g} for {scored}, not for '
@@ -144,8 +147,10 @@ def training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
     history = ckpt.meta.get('history') or []
     if history:  # the record counts its epochs from 0
         lines += ['', markdown_table(['epoch', 'train loss', 'lr', 'eval loss', 'top-1'], [
-            [h['epoch'] + 1, f'{h["train_loss"]:.4f}', f'{h["lr"]:.2e}', f'{h["eval_loss"]:.4f}',
-             f'{h["eval_top1"]:.2f}'] for h in history])]
+            [h['epoch'] + 1, f'{h["train_loss"]:.4f}', f'{h["lr"]:.2e}',
+             # an epoch that --val-interval left unevaluated has no eval_ entries
+             f'{h["eval_loss"]:.4f}' if 'eval_loss' in h else '-',
+             f'{h["eval_top1"]:.2f}' if 'eval_top1' in h else '-'] for h in history])]
     return '\n'.join(lines)
 
 

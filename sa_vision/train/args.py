@@ -26,8 +26,8 @@ PROCESS_ARGS = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank'
                           'channels_last', 'retain_freed_memory', 'threads'})
 # this run's files and this machine's choices: resumed with the run, but no part of the recipe
 LOCAL_ARGS = frozenset({'output', 'experiment', 'data_dir', 'dataset_download', 'initial_checkpoint', 'device_modules',
-                        'workers', 'log_interval', 'save_epoch_weights', 'export', 'target_top1', 'torchcompile',
-                        'torchcompile_mode', 'cudnn_benchmark', 'device_data', 'opt_fused'})
+                        'workers', 'log_interval', 'val_interval', 'save_epoch_weights', 'export', 'target_top1',
+                        'torchcompile', 'torchcompile_mode', 'cudnn_benchmark', 'device_data', 'opt_fused'})
 # timm train.py's arguments of the same kinds, for the recipes of its checkpoints
 TIMM_LOCAL_ARGS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use == LOCAL) | TIMM_SET_ARGS
 # decided on the machine that runs (args.yaml and the log say what and why), never asked for
@@ -39,7 +39,7 @@ RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
 # the least value of the numbers below which timm and torch fail only deep inside (the scheduler's bare
 # AssertionError, the DataLoader's ValueError, a division by zero), of sa-vision-train and sa-vision-validate
 LEAST_VALUES = {'epochs': 1, 'batch_size': 1, 'validation_batch_size': 1, 'workers': 0, 'threads': 1,
-                'log_interval': 1, 'lr': 0.}
+                'log_interval': 1, 'val_interval': 1, 'lr': 0.}
 
 
 class ModelKwargs(ParseKwargs):
@@ -266,6 +266,10 @@ def _device_arguments(group) -> None:
 def _misc_arguments(group) -> None:
     group.add_argument('--seed', type=int, default=42, metavar='S')
     group.add_argument('--log-interval', type=int, default=50, metavar='N', help='batches between log lines')
+    group.add_argument('--val-interval', type=int, default=1, metavar='N',
+                       help='epochs between evaluations, as in timm\'s train.py: every N-th epoch and the last '
+                            '(default 1: every epoch). Unlike train.py every epoch still writes last.pth.tar, which '
+                            '--resume continues; model_best.pth.tar is the best of the evaluated epochs')
     group.add_argument('--output', default='output/train', type=str, metavar='PATH', help='runs are written here')
     group.add_argument('--experiment', default='', type=str, metavar='NAME', help='run folder name')
     group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METRIC',

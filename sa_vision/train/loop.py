@@ -71,6 +71,12 @@ def _log(args, msg):
         _logger.info(msg)
 
 
+def evaluated_after(epoch: int, val_interval: int, num_epochs: int) -> bool:
+    """Whether epoch ``epoch`` (from 0) ends with an evaluation: every ``val_interval``-th, and the last, as in timm's
+    train.py."""
+    return (epoch + 1) % val_interval == 0 or epoch + 1 == num_epochs
+
+
 def is_better(metric: str, value: float, best: float) -> bool:
     """Whether ``value`` of ``metric`` beats ``best``: lower is better for a loss, higher for accuracies."""
     return value < best if metric == 'loss' else value > best
@@ -125,17 +131,22 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         train_metrics['img_per_s'] = len(train_loader) * args.batch_size * args.world_size / train_metrics['time']
         log(f'Epoch {epoch}: {train_metrics["img_per_s"]:,.0f} img/s end to end ('
             f'{"data on the device" if args.device_data_used else "DataLoader"}, evaluation apart)')
-        metrics, eval_model = evaluate_compiled(eval_model, model, eval_loader, args.device, log, amp_ctx=amp_ctx,
-                                                channels_last=args.channels_last, distributed=args.distributed)
-        if lr_scheduler is not None:  # plateau decides on the evaluation metric; the others ignore it
-            lr_scheduler.step(epoch + 1, metrics[args.eval_metric] if args.sched == 'plateau' else None)
-        log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
-            f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
+        if evaluated_after(epoch, args.val_interval, num_epochs):
+            metrics, eval_model = evaluate_compiled(eval_model, model, eval_loader, args.device, log, amp_ctx=amp_ctx,
+                                                    channels_last=args.channels_last, distributed=args.distributed)
+            log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
+                f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
+            if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
+                best = {'metric': metrics[args.eval_metric], 'epoch': epoch}
+        else:  # this checkpoint's weights were not evaluated: no metrics of an earlier epoch go with them
+            metrics = None
+            log(f'Eval: {epoch}  skipped (--val-interval {args.val_interval}: the next at epoch '
+                f'{min(epoch + args.val_interval - (epoch + 1) % args.val_interval, num_epochs - 1)})')
+        if lr_scheduler is not None:  # plateau decides on the evaluation metric (none: no step); the others ignore it
+            lr_scheduler.step(epoch + 1, metrics[args.eval_metric] if args.sched == 'plateau' and metrics else None)
         history.append({'epoch': epoch, 'train_loss': train_metrics['loss'], 'lr': train_metrics['lr'],
                         'train_time': train_metrics['time'], 'train_img_per_s': train_metrics['img_per_s'],
-                        **{f'eval_{k}': v for k, v in metrics.items()}})
-        if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
-            best = {'metric': metrics[args.eval_metric], 'epoch': epoch}
+                        **{f'eval_{k}': v for k, v in (metrics or {}).items()}})
         if is_primary(args):
             ckpt = checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, epochs_done=epoch + 1,
                                    num_epochs=num_epochs, num_updates=num_updates, data_config=data_cfg,

@@ -289,16 +289,18 @@ def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) 
 
 def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log: Log) -> None:
     """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
-    epoch is the best so far, a row of ``summary.csv``."""
+    epoch is the best so far, a row of ``summary.csv`` when it was evaluated (as timm's train.py: its columns are
+    the same in every row)."""
     epoch, num_epochs = ckpt['epoch'] - 1, ckpt['num_epochs']
     if args.save_epoch_weights:
         save_epoch_weights(model, args, run_dir, epoch + 1)
     atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
-    is_best = ckpt['best']['epoch'] == epoch
+    is_best = ckpt['best'] is not None and ckpt['best']['epoch'] == epoch
     if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
         atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
     summary = run_dir / 'summary.csv'
-    update_summary(epoch, train_metrics, ckpt['metrics'], summary, write_header=not summary.is_file())
+    if ckpt['metrics'] is not None:
+        update_summary(epoch, train_metrics, ckpt['metrics'], summary, write_header=not summary.is_file())
     # said once every file of the epoch is written
     log(f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
     if is_best:

@@ -63,7 +63,7 @@ TIMM_TRAIN_ARGS: Dict[str, str] = {
     'model_ema': TIMM_ONLY, 'model_ema_force_cpu': TIMM_ONLY, 'model_ema_decay': TIMM_ONLY,
     'model_ema_warmup': TIMM_ONLY,
     # miscellaneous
-    'seed': OURS, 'worker_seeding': TIMM_ONLY, 'log_interval': OURS, 'val_interval': TIMM_ONLY,
+    'seed': OURS, 'worker_seeding': TIMM_ONLY, 'log_interval': OURS, 'val_interval': OURS,
     'recovery_interval': LOCAL, 'checkpoint_hist': LOCAL, 'workers': OURS, 'save_images': LOCAL, 'pin_mem': OURS,
     'no_prefetcher': LOCAL, 'output': OURS, 'experiment': OURS, 'eval_metric': OURS, 'tta': TIMM_ONLY,
     'use_multi_epochs_loader': LOCAL, 'log_wandb': LOCAL, 'wandb_project': LOCAL, 'wandb_tags': LOCAL,
