@@ -281,14 +281,15 @@ def test_the_next_gpu_long_call_starts_the_three_stages_left_side_by_side(tmp_pa
     budget, _, _, script, pruned = _gpu_long_budget(tmp_path, monkeypatch, 420, kept=('sa_gen_cifar', 'sa_gen_pruned'),
                                                     done={'sa_learned_cifar': 23 / 50})
     o, e = script.STAGE_OVERHEAD_S, script.EPOCH_SLOWDOWN_4_SHARED
-    train = {m: 50 * script.TRAIN_IMAGES / script.IMAGES_PER_S[m]  # each model's 50 epochs alone, in seconds
+    # each model's 50 epochs and 50 evaluations (uncompiled on CUDA: 33.4 s) alone, in seconds
+    train = {m: 50 * (script.TRAIN_IMAGES / script.IMAGES_PER_S[m] + script.TEST_IMAGES / script.EVAL_IMAGES_PER_S)
              for m in ('sa_quadratic_cifar', 'sa_learned_cifar', 'resnet18_cifar')}
     two, three = 1 + (e - 1) / 3, 1 + 2 * (e - 1) / 3  # an epoch's slowdown beside 1 other, beside 2
     assert budget.next_to_start({}) == 'sa_quadratic_cifar'
-    # beside each other: 113 + 54.5 x 2.15 = 230 s, and 27/50 of 113 + 55.9 x 2.15 = 126 s
+    # beside each other: 113 + 87.9 x 2.15 = 302 s, and 27/50 of 113 + 89.3 x 2.15 = 165 s
     assert o + train['sa_quadratic_cifar'] * two <= 420 and 27 / 50 * (o + train['sa_learned_cifar'] * two) <= 420
     assert budget.next_to_start({'sa_quadratic_cifar': None}) == 'sa_learned_cifar'
-    # the third: 113 + 45.3 x 3.3 = 263 s for the ResNet, which cannot be stopped and continued
+    # the third: 113 + 78.7 x 3.3 = 373 s for the ResNet, which cannot be stopped and continued
     assert o + train['resnet18_cifar'] * three <= 420
     assert budget.next_to_start({'sa_quadratic_cifar': None, 'sa_learned_cifar': None}) == 'resnet18_cifar'
 
@@ -299,7 +300,9 @@ def test_the_half_width_resnet_starts_only_where_it_is_expected_to_end(tmp_path,
     models = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned')
     o, e = _script().STAGE_OVERHEAD_S, _script().EPOCH_SLOWDOWN_4_SHARED
     script = _script()
-    resnet_train, learned_train = (50 * script.TRAIN_IMAGES / script.IMAGES_PER_S[m]
+    # 50 epochs and 50 evaluations (uncompiled on CUDA), both slowed by sharing the GPU
+    resnet_train, learned_train = (50 * (script.TRAIN_IMAGES / script.IMAGES_PER_S[m]
+                                         + script.TEST_IMAGES / script.EVAL_IMAGES_PER_S)
                                    for m in ('resnet18_cifar', 'sa_learned_cifar'))
     two = 1 + (e - 1) / 3  # an epoch's slowdown beside one other
     alone = o + resnet_train
@@ -309,7 +312,7 @@ def test_the_half_width_resnet_starts_only_where_it_is_expected_to_end(tmp_path,
         assert budget.next_to_start({}) == expected, budget_s
     for budget_s, expected in ((beside + 1, 'resnet18_cifar'), (beside - 1, None)):
         budget, *_ = _gpu_long_budget(tmp_path, monkeypatch, budget_s, kept=models)
-        assert budget.next_to_start({}) == 'sa_learned_cifar'  # 169 s alone
+        assert budget.next_to_start({}) == 'sa_learned_cifar'  # 202 s alone
         assert budget.next_to_start({'sa_learned_cifar': None}) == expected, budget_s
 
 

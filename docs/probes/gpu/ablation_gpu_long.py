@@ -10,13 +10,15 @@ The ``paper init, positional lr x30`` variant is the gpu-long zoo's own recipe, 
 that the four compare in one call.
 
 Comes back (5 files): ``ablation_gpu_long.log`` (the trainings' output), ``ablation.md`` / ``ablation.csv`` (the
-reproduction's table: top-1 of each run's own evaluation, uncompiled on CUDA, its median centre shift),
+reproduction's table: top-1 of each run's own evaluation of its last epoch, uncompiled on CUDA, its median centre
+shift; the runs evaluate every 10th epoch, :data:`EVAL_CHANGES`),
 ``ablation_gpu_long.json`` (the seconds, the versions, and the kernel match of each variant's every kept epoch,
 per layer), ``ablation_positional.tar`` (each run's positional parameters at every epoch, a few hundred KiB, for
 the trajectory figures).
 
-A call needs about 6 device minutes (the four side by side at the speeds of ``zoo_gpu_long.py``); one that cannot
-fit them in ``--budget-s`` starts nothing and says so, as a killed one leaves nothing to continue.
+A call needs about 6.7 device minutes (371 s for the four side by side at the speeds of ``zoo_gpu_long.py``, 30 s
+after them); one that cannot fit them in ``--budget-s`` starts nothing and says so, as a killed one leaves nothing
+to continue.
 
 ``--smoke``: the ``tiny`` profile on digits on the CPU, two variants at a time, in about a minute; its test is
 tests/test_ablation_gpu_long.py.
@@ -51,16 +53,27 @@ from sa_vision.research.kernel_match import kernel_match  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 FINAL_S = 30  # the table, the kernel matches and the tar after the trainings
+# every variant's recipe besides its own changes: an evaluation every 10th epoch, not 50, where the loop evaluates
+# uncompiled on CUDA (about 0.67 s each, 4.45x that with four sharing the GPU: 50 would add ~150 s and the four would
+# not fit a call); the table needs the last, the 10th-epoch ones show the way there. The smoke run's 2 epochs: the
+# first skipped, the last evaluated
+EVAL_CHANGES = {'val_interval': 10}
+SMOKE_EVAL_CHANGES = {'val_interval': 2}
+
+
+def eval_changes(smoke: bool) -> dict:
+    """What every variant's recipe changes besides its own (:data:`EVAL_CHANGES`)."""
+    return SMOKE_EVAL_CHANGES if smoke else EVAL_CHANGES
 
 
 def expected_s(reproduction: Reproduction, parallel: int, smoke: bool = False) -> float:
-    """The four trainings' seconds with ``parallel`` side by side (zoo_gpu_long.py's estimate of the stage; the
-    smoke run's, 1 s a wave, as the zoo's smoke counts its stages)."""
+    """The four trainings' seconds with ``parallel`` side by side (zoo_gpu_long.py's estimate of the stage, with
+    :data:`EVAL_CHANGES`; the smoke run's, 1 s a wave, as the zoo's smoke counts its stages)."""
     waves = -(-len(ABLATION_VARIANTS) // parallel)
     if smoke:
         return float(waves)
-    return waves * estimate_s(reproduction, ABLATION_MODEL) * shared_slowdown(
-        reproduction, ABLATION_MODEL, min(parallel, len(ABLATION_VARIANTS)))
+    return waves * estimate_s(reproduction, ABLATION_MODEL, EVAL_CHANGES) * shared_slowdown(
+        reproduction, ABLATION_MODEL, min(parallel, len(ABLATION_VARIANTS)), EVAL_CHANGES)
 
 
 def kernel_matches(run_dir: Path) -> dict:
@@ -79,11 +92,13 @@ def kernel_matches(run_dir: Path) -> dict:
             'final_best': last and min(layer['distance'] for layer in epochs[last])}
 
 
-def train_variants(reproduction: Reproduction, parallel: int, seconds: dict) -> None:
-    """The four variants' trainings, ``parallel`` at a time; each one's wall seconds into ``seconds``."""
+def train_variants(reproduction: Reproduction, parallel: int, seconds: dict, changes: dict) -> None:
+    """The four variants' trainings, ``parallel`` at a time, each recipe with ``changes`` too; each one's wall
+    seconds into ``seconds``."""
     def train(variant: str) -> None:
         start = time.time()
-        reproduction.train(ABLATION_MODEL, run=ablation_run_name(variant), changes=ABLATION_VARIANTS[variant])
+        reproduction.train(ABLATION_MODEL, run=ablation_run_name(variant),
+                           changes={**ABLATION_VARIANTS[variant], **changes})
         seconds[variant] = round(time.time() - start, 1)
     reproduction.tag_output = parallel > 1  # their lines interleave
     with ThreadPoolExecutor(parallel) as pool:
@@ -122,9 +137,10 @@ def run(args, reproduction: Reproduction, result: dict, trained: Callable[[], No
         result['not_started'] = f'it needs ~{need + FINAL_S:.0f} s, the budget is {args.budget_s:.0f} s'
         print(f'STOPPED: not started: {result["not_started"]}', flush=True)
         return
-    train_variants(reproduction, args.parallel, result['seconds'])
+    train_variants(reproduction, args.parallel, result['seconds'], eval_changes(args.smoke))
     trained()  # a stop now would refuse the table's own look at the finished runs
-    reproduction.ablation()  # every run finished: the table only
+    # every run finished: the table only (val_interval is no training argument of the runs' to check against)
+    reproduction.ablation()
     for variant in ABLATION_VARIANTS:
         matches = kernel_matches(reproduction.run_dir(ablation_run_name(variant)))
         result['kernel_match'][variant] = matches

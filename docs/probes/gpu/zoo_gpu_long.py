@@ -57,8 +57,14 @@ IMAGES_PER_S = {'sa_quadratic_cifar': 55_000, 'sa_learned_cifar': 53_700, 'sa_ge
                 PRUNED_MODEL: 57_900, 'resnet18_cifar': 66_200}
 # The same call: a stage's wall time less its epochs' train time, median 90 s over the three kept (process start, 50
 # GPU evaluations and checkpoints, CPU evaluation, export), plus the compile in its first epoch, median 23 s (that
-# epoch's time less a later one's)
+# epoch's time less a later one's). Its evaluations were compiled, with CUDA graphs; since then the loop evaluates
+# uncompiled on CUDA (sa_vision.train.evaluation.evaluation_module), which EVAL_IMAGES_PER_S counts on top
 STAGE_OVERHEAD_S = 113
+TEST_IMAGES = 10_000  # Fashion-MNIST's test split, evaluated after each evaluated epoch (--val-interval)
+# The narrow sa_quadratic_cifar's eager inference on the H200, bf16, batch 128 (h200_2026-11-26_speed.log, section 1:
+# 14,968; 15,842 in section 8): about 0.67 s an evaluation, 33 s over 50 epochs, as much as a third of what the
+# stage's epochs train in; taken for every model (no other narrow model's eager rate was measured there)
+EVAL_IMAGES_PER_S = 14_968
 # The same call, two trainings side by side (sa_quadratic_cifar and sa_gen_cifar): their epochs took 2.02x and 2.15x
 # their time alone on average (the sum of their epochs' times, which is what a stage's time holds), the GPU shared
 # about evenly; 2.15 at two is 4.45 at four on epoch_slowdown's line. The device check's section 7 had measured up to
@@ -69,10 +75,14 @@ FINAL_S = 60  # the guard of the whole zoo (CPU) and the tars
 RESUME_FILES = ('last.pth.tar', 'summary.csv', 'args.yaml', 'recipe.yaml')
 
 
-def estimate_s(reproduction: Reproduction, model: str) -> float:
-    """A stage's device seconds: its epochs of Fashion-MNIST at :data:`IMAGES_PER_S` plus the overhead."""
-    epochs = reproduction.profile.recipe(model, reproduction.dataset)['epochs']
-    return STAGE_OVERHEAD_S + epochs * TRAIN_IMAGES / IMAGES_PER_S[model]
+def estimate_s(reproduction: Reproduction, model: str, changes: Optional[Dict] = None) -> float:
+    """A stage's device seconds (its recipe with ``changes``): its epochs of Fashion-MNIST at :data:`IMAGES_PER_S`,
+    its evaluations (every ``val_interval``-th epoch and the last) at :data:`EVAL_IMAGES_PER_S`, plus the overhead."""
+    recipe = {**reproduction.profile.recipe(model, reproduction.dataset), **(changes or {})}
+    epochs = recipe['epochs']
+    evaluations = -(-epochs // recipe.get('val_interval', 1))
+    return (STAGE_OVERHEAD_S + epochs * TRAIN_IMAGES / IMAGES_PER_S[model]
+            + evaluations * TEST_IMAGES / EVAL_IMAGES_PER_S)
 
 
 def epoch_slowdown(k: int) -> float:
@@ -83,11 +93,11 @@ def epoch_slowdown(k: int) -> float:
     return 1 + (k - 1) * (EPOCH_SLOWDOWN_4_SHARED - 1) / 3
 
 
-def shared_slowdown(reproduction: Reproduction, model: str, k: int) -> float:
+def shared_slowdown(reproduction: Reproduction, model: str, k: int, changes: Optional[Dict] = None) -> float:
     """How many times its estimate alone (:func:`estimate_s`) a stage takes while ``k`` stages share the GPU
-    (``StagedZoo.run``'s ``slowdown``): its epochs :func:`epoch_slowdown` times slower, its
+    (``StagedZoo.run``'s ``slowdown``): its epochs and evaluations :func:`epoch_slowdown` times slower, its
     :data:`STAGE_OVERHEAD_S` not (mostly the CPU's and the host's work, which the stages overlap)."""
-    alone = estimate_s(reproduction, model)
+    alone = estimate_s(reproduction, model, changes)
     return (STAGE_OVERHEAD_S + (alone - STAGE_OVERHEAD_S) * epoch_slowdown(k)) / alone
 
 
