@@ -26,7 +26,9 @@ def test_smoke_finds_the_faked_faults_and_only_them(tmp_path):
     # the faked error is kept in its place, and the ways after it still ran
     assert 'an error the smoke run fakes' in whole.pop('default, float32')['error']
     assert [name for name, row in whole.items() if row['wrong']] == ['default']
-    assert len(whole) == 4 and all(row['top1'] == row['top1_eager'] for row in whole.values())
+    assert len(whole) == 5 and all(row['top1'] == row['top1_eager'] for row in whole.values())
+    assert 'cudagraphs backend' in whole and all(row['img_per_s'] > 0 for row in whole.values())
+    assert result['eager_img_per_s'] > 0
     # the weights as they trained, fed as the training fed them: 78.5 % on these 200 images (46 % with the
     # architecture's default normalisation)
     assert whole['reduce-overhead']['top1_eager'] > 70
@@ -39,14 +41,39 @@ def test_smoke_finds_the_faked_faults_and_only_them(tmp_path):
     assert result['code_shown'] == 'probabilities 1' and '== done: wrong [\'default\', \'default, float32\']' in log
 
 
-def test_with_no_layer_wrong_the_whole_model_is_what_gets_bisected():
-    """Where every layer and block is right alone, the graph to bisect is the whole model on one batch, in the
-    first mode found wrong; none where no mode is."""
+def _probe():
     import importlib.util
-    from types import SimpleNamespace
     spec = importlib.util.spec_from_file_location('eval_fault', SCRIPT)
     probe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(probe)
+    return probe
+
+
+def test_on_the_gpu_one_way_compiles_with_the_cudagraphs_backend_and_the_others_with_inductor(monkeypatch):
+    """Outside the smoke run (here on the CPU, torch.compile recorded and left out) the ways use the run's backend,
+    inductor on the GPU, but for the one that replays eager's kernels as CUDA graphs."""
+    from types import SimpleNamespace
+    probe = _probe()
+    seen = []
+
+    def compile_recorded(module, **kwargs):
+        seen.append(kwargs)
+        return module
+    monkeypatch.setattr(probe.torch, 'compile', compile_recorded)
+    model = probe.model_as_trained(probe.WEIGHTS).eval()
+    batches = [torch.randn(2, 3, 32, 32)]
+    found = {}
+    args = SimpleNamespace(device='cpu', backend='inductor', smoke=False)
+    assert probe._whole_model_ways(model, batches, torch.zeros(2, dtype=torch.long), args, lambda _: None, found) > 0
+    assert [k['backend'] for k in seen] == ['inductor', 'inductor', 'cudagraphs', 'inductor', 'inductor', 'inductor']
+    assert seen[1] == {'mode': 'reduce-overhead', 'backend': 'inductor'} and list(found)[2] == 'cudagraphs backend'
+
+
+def test_with_no_layer_wrong_the_whole_model_is_what_gets_bisected():
+    """Where every layer and block is right alone, the graph to bisect is the whole model on one batch, in the
+    first mode found wrong; none where no mode is."""
+    from types import SimpleNamespace
+    probe = _probe()
     model = probe.model_as_trained(probe.WEIGHTS).eval()
     batch = torch.randn(2, 3, 32, 32)
     args = SimpleNamespace(device='cpu', backend='eager', smoke=True)

@@ -15,6 +15,9 @@ on ``timeout``'s SIGTERM).
 * ``default`` / ``reduce-overhead``: the whole model compiled, bf16 autocast: does the fault need a training before
   it (the CUDA graph tree the training's graphs share)? The first version's module "compiled afresh" with CUDA
   graphs took 0.2 s, so dynamo most likely gave it the training's evaluation graph again; here nothing came before.
+* ``cudagraphs backend``: no inductor, eager's own kernels recorded and replayed as CUDA graphs: right where
+  inductor's code is at fault, and then a fast evaluation to use instead of the eager one (README.md, "What the
+  probe decides"). Each way's images/s (a second pass, after the compile) is measured beside eager's.
 * ``default, float32``: no autocast;
 * ``default, separable``: ``dense_attention(model, False)``, not the dense mixing CUDA takes by default;
 * ``default, probabilities eager``: the positional probabilities computed outside the graph
@@ -103,6 +106,16 @@ def _logits(module, batches, amp: Callable) -> torch.Tensor:
     return torch.cat(out)
 
 
+def _images_per_s(module, batches, amp: Callable) -> float:
+    """Images/s of a pass over ``batches`` after the one that compiled (and recorded) ``module``."""
+    synchronize = torch.cuda.synchronize if batches[0].is_cuda else (lambda: None)
+    synchronize()
+    start = time.perf_counter()
+    _logits(module, batches, amp)
+    synchronize()
+    return round(sum(len(b) for b in batches) / (time.perf_counter() - start))
+
+
 @contextlib.contextmanager
 def _probabilities_eager():
     """PositionalAttention's probabilities computed outside any compiled graph while active."""
@@ -114,32 +127,42 @@ def _probabilities_eager():
         PositionalAttention._mixing_probs = compiled
 
 
-def _whole_model_ways(model, batches, targets, args, log, found: Dict[str, dict]) -> None:
-    """The whole model compiled each way, into ``found`` (the result's ``whole_model``) as each ends."""
+def _whole_model_ways(model, batches, targets, args, log, found: Dict[str, dict]) -> float:
+    """The whole model compiled each way, into ``found`` (the result's ``whole_model``) as each ends; returns the
+    eager model's images/s."""
     bf16 = lambda: torch.autocast(args.device, torch.bfloat16)  # noqa: E731
     fp32 = contextlib.nullcontext
     eager = {'bf16': _logits(model, batches, bf16), 'fp32': _logits(model, batches, fp32)}
+    eager_img_per_s = _images_per_s(model, batches, bf16)
     log(f'eager: top-1 {_compare(eager["bf16"], eager["bf16"], targets)["top1"]:.2f} (bf16 autocast), '
-        f'{_compare(eager["fp32"], eager["fp32"], targets)["top1"]:.2f} (float32)')
+        f'{_compare(eager["fp32"], eager["fp32"], targets)["top1"]:.2f} (float32); {eager_img_per_s:,} img/s (bf16)')
+    # name, torch.compile's arguments (a backend of its own only on the GPU), autocast, eager reference, context
+    # the first three decide (README.md, "What the probe decides"), should the call's time run out
     ways = (('default', {}, bf16, 'bf16', None), ('reduce-overhead', {'mode': 'reduce-overhead'}, bf16, 'bf16', None),
+            # eager's own kernels replayed as CUDA graphs, no inductor: the way to a fast evaluation if inductor's
+            # code is at fault
+            ('cudagraphs backend', {'backend': 'cudagraphs'}, bf16, 'bf16', None),
             ('default, float32', {}, fp32, 'fp32', None),
             ('default, separable', {}, bf16, 'bf16', lambda m: dense_attention(m, False)),
             ('default, probabilities eager', {}, bf16, 'bf16', lambda m: _probabilities_eager()))
     for name, kwargs, amp, reference, context in ways:
         torch._dynamo.reset()
         start, copied = time.time(), copy.deepcopy(model)
+        compile_args = {**kwargs, 'backend': args.backend if args.smoke else kwargs.get('backend', args.backend)}
         try:
             with context(copied) if context else contextlib.nullcontext():
-                compiled = _faked(torch.compile(copied, backend=args.backend, **kwargs), name, args.smoke)
+                compiled = _faked(torch.compile(copied, **compile_args), name, args.smoke)
                 row = _compare(eager[reference], _logits(compiled, batches, amp), targets)
+                row['img_per_s'] = _images_per_s(compiled, batches, amp)
         except Exception:  # noqa: BLE001  the other ways still run; the error is this way's finding
             found[name] = {'error': traceback.format_exc(limit=-4), 'wrong': True, 's': round(time.time() - start, 1)}
             log(f'{name}: FAILED: {found[name]["error"]}')
             continue
         found[name] = {**row, 's': round(time.time() - start, 1)}
         log(f'{name}: top-1 {row["top1"]:.2f} (eager {row["top1_eager"]:.2f}), logits {row["rel_diff"]:.2e} apart '
-            f'(relative), {row["nonfinite_images"]} images not finite ({found[name]["s"]:.0f} s)'
-            + ('  WRONG' if row['wrong'] else ''))
+            f'(relative), {row["nonfinite_images"]} images not finite, {row["img_per_s"]:,} img/s '
+            f'({found[name]["s"]:.0f} s)' + ('  WRONG' if row['wrong'] else ''))
+    return eager_img_per_s
 
 
 def _block_activations(model, batch, device: str):
@@ -268,7 +291,7 @@ def run(args, result: dict, save: Callable[[], None]) -> None:
     log = lambda line: print(line, flush=True)  # noqa: E731
     log(f'{cfg["architecture"]} from {args.weights}, as it trained; {len(targets)} test images of 32x32 in batches '
         f'of {args.batch_size} on {args.device}, backend {args.backend}')
-    _whole_model_ways(model, batches, targets, args, log, result['whole_model'])
+    result['eager_img_per_s'] = _whole_model_ways(model, batches, targets, args, log, result['whole_model'])
     save()
     inputs, outputs = _block_activations(model, batches[0], args.device)
     _layer_ways(model, inputs, outputs, args, log, result['layers'])
