@@ -1,6 +1,7 @@
 """ sa-vision-train and sa-vision-validate as a user meets them: resume keeps the run's arguments, --amp auto,
 recipe checks, fine-tune recipes, dataset errors, image folders of any size, one-line errors """
 import argparse
+import csv
 import json
 import logging
 import os
@@ -156,26 +157,38 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
     assert sparse['best'] == {'metric': every['metrics']['top1'], 'epoch': 1}
     assert torch.equal(_load(run / 'model_best.pth.tar')['state_dict']['head.weight'],
                        sparse['state_dict']['head.weight'])
-    rows = (run / 'summary.csv').read_text().splitlines()
-    assert len(rows) == 2 and rows[1].startswith('1,')  # the header and epoch 1 (from 0)
+    with open(run / 'summary.csv', newline='') as f:
+        rows = list(csv.DictReader(f))
+    assert [(r['epoch'], r['eval_top1'] != '') for r in rows] == [('0', False), ('1', True)]
     assert sparse['args']['val_interval'] == 2  # the run's, not its recipe's: it changes no weight
     assert 'val_interval' not in yaml.safe_load((run / 'recipe.yaml').read_text())
 
     # the checkpoint of the unevaluated epoch, as a run killed after it leaves it
+    (run / 'summary.csv').unlink()
     unevaluated = dict(sparse, epoch=1, metrics=None, best=None, history=sparse['history'][:1])
     save_epoch(unevaluated, None, argparse.Namespace(save_epoch_weights=False, eval_metric='top1'), run,
                {'loss': 1.0}, lambda msg: None)
-    assert len((run / 'summary.csv').read_text().splitlines()) == 2
+    assert (run / 'summary.csv').read_text().splitlines()[1].endswith(',,,,')  # its eval_ columns empty
     ckpt = read_checkpoint(run / 'last.pth.tar')
     card = training_summary(ckpt, weights_label(ckpt))
     assert 'These weights were not evaluated: `--val-interval 2` left their epoch out' in card
     assert re.search(r'\| 1 +\| [0-9.]+ +\| [0-9.e-]+ +\| - +\| - +\|', card), card
+    # resumed with no epoch left to train, it is evaluated before the result is reported
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger='train'):
+        training.main(['--resume', str(run / 'last.pth.tar'), '--epochs', '1', '--log-interval', '100'])
+    assert re.search(r'Eval: 0  Loss: ', caplog.text) and 'Result ' in caplog.text
 
 
-def test_val_interval_below_one_is_a_recipe_error(tmp_path):
+def test_val_interval_below_one_or_beside_plateau_is_a_recipe_error(tmp_path):
     from sa_vision.errors import RecipeError
     with pytest.raises(RecipeError, match='--val-interval is 0, it must be at least 1'):
         training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--output', tmp_path, '--val-interval', 0])))
+    # plateau's patience counts evaluations: fewer of them would change the training
+    with pytest.raises(RecipeError, match='--val-interval 3 would make its patience 3x as many epochs'):
+        training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--output', tmp_path, '--val-interval', 3,
+                                     '--sched', 'plateau', '--no-sched-on-updates'])))
+    assert not any(tmp_path.iterdir())
 
 
 def test_resume_reports_explicit_changes_only(adamw_run):

@@ -268,8 +268,9 @@ def _misc_arguments(group) -> None:
     group.add_argument('--log-interval', type=int, default=50, metavar='N', help='batches between log lines')
     group.add_argument('--val-interval', type=int, default=1, metavar='N',
                        help='epochs between evaluations, as in timm\'s train.py: every N-th epoch and the last '
-                            '(default 1: every epoch). Unlike train.py every epoch still writes last.pth.tar, which '
-                            '--resume continues; model_best.pth.tar is the best of the evaluated epochs')
+                            '(default 1: every epoch; --sched plateau needs 1). Unlike train.py every epoch still '
+                            'writes last.pth.tar, which --resume continues, and its row of summary.csv; '
+                            'model_best.pth.tar is the best of the evaluated epochs')
     group.add_argument('--output', default='output/train', type=str, metavar='PATH', help='runs are written here')
     group.add_argument('--experiment', default='', type=str, metavar='NAME', help='run folder name')
     group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METRIC',
@@ -283,7 +284,7 @@ def _misc_arguments(group) -> None:
                        help='exit with status 1 if the final top-1 is below this (for smoke runs)')
 
 
-def check_scheduler(sched: str, sched_on_updates: bool) -> None:
+def check_scheduler(sched: str, sched_on_updates: bool, val_interval: int = 1) -> None:
     """A :class:`RecipeError` for a ``--sched`` timm does not know (naming the ones it does) or a schedule it cannot
     step as asked; run before anything is built, where timm would only fail at the end of the first epoch."""
     if sched not in TIMM_SCHEDULERS:
@@ -293,6 +294,11 @@ def check_scheduler(sched: str, sched_on_updates: bool) -> None:
     if sched == 'plateau' and sched_on_updates:
         raise RecipeError("--sched plateau lowers the lr when the evaluation metric stops improving, once per epoch: "
                           "add --no-sched-on-updates (the recipe's sched_on_updates: false)")
+    if sched == 'plateau' and val_interval > 1:
+        # its patience counts evaluations: --val-interval would change the training, which it must not
+        raise RecipeError(f'--sched plateau lowers the lr when the evaluation metric stops improving, so it needs an '
+                          f'evaluation every epoch; --val-interval {val_interval} would make its patience '
+                          f'{val_interval}x as many epochs: leave --val-interval at 1')
 
 
 def check_least_values(args) -> None:

@@ -15,7 +15,9 @@ from torch import nn
 
 from .runtime import host_sync_allowed
 
-__all__ = ['evaluate', 'evaluate_compiled', 'evaluation_module']
+__all__ = ['EVAL_METRICS', 'evaluate', 'evaluate_compiled', 'evaluation_module']
+
+EVAL_METRICS = ('loss', 'top1', 'top5', 'num_images')  # what :func:`evaluate` returns, in summary.csv's order
 
 # why the training loop evaluates uncompiled on CUDA (evaluation_module), as its log says it
 CUDA_EVAL_UNCOMPILED = (
@@ -75,12 +77,7 @@ def evaluate(model: nn.Module, loader, device, amp_ctx: Callable = nullcontext, 
     with host_sync_allowed():
         loss_sum, top1, top5, num_images = totals.tolist()  # the one host sync
     count = max(num_images, 1.)
-    return {
-        'loss': loss_sum / count,
-        'top1': 100. * top1 / count,
-        'top5': 100. * top5 / count,
-        'num_images': int(round(num_images)),
-    }
+    return dict(zip(EVAL_METRICS, (loss_sum / count, 100. * top1 / count, 100. * top5 / count, int(round(num_images)))))
 
 
 def evaluate_compiled(eval_model: nn.Module, model: nn.Module, loader, device, log: Callable[[str], None],

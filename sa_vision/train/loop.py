@@ -120,6 +120,14 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
 
+    def evaluated(epoch: int) -> dict:
+        nonlocal eval_model
+        found, eval_model = evaluate_compiled(eval_model, model, eval_loader, args.device, log, amp_ctx=amp_ctx,
+                                              channels_last=args.channels_last, distributed=args.distributed)
+        log(f'Eval: {epoch}  Loss: {found["loss"]:.4f}  Acc@1: {found["top1"]:.2f}  '
+            f'Acc@5: {found["top5"]:.2f}  ({found["num_images"]} images)')
+        return found
+
     metrics = resume_ckpt.meta.get('metrics') if resume_ckpt else None
     for epoch in range(start_epoch, num_epochs):
         seed_epoch(args.seed, epoch, args.rank)
@@ -132,10 +140,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         log(f'Epoch {epoch}: {train_metrics["img_per_s"]:,.0f} img/s end to end ('
             f'{"data on the device" if args.device_data_used else "DataLoader"}, evaluation apart)')
         if evaluated_after(epoch, args.val_interval, num_epochs):
-            metrics, eval_model = evaluate_compiled(eval_model, model, eval_loader, args.device, log, amp_ctx=amp_ctx,
-                                                    channels_last=args.channels_last, distributed=args.distributed)
-            log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
-                f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
+            metrics = evaluated(epoch)
             if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
                 best = {'metric': metrics[args.eval_metric], 'epoch': epoch}
         else:  # this checkpoint's weights were not evaluated: no metrics of an earlier epoch go with them
@@ -155,6 +160,9 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         if args.distributed:
             dist.barrier()
 
+    if metrics is None and start_epoch > 0:
+        # resumed after an epoch that --val-interval left unevaluated, with no epoch left to train (--epochs lowered)
+        metrics = evaluated(start_epoch - 1)
     if is_primary(args) and metrics is not None:
         _report(args, metrics, num_epochs, run_dir, export)
     if args.distributed:
@@ -168,7 +176,7 @@ def _set_up_process(args) -> None:
     """Check what would only fail once the model and the data are built, then set up this process: threads,
     devices and DDP, the modules of --device-modules, backend switches, the allocator."""
     check_least_values(args)
-    check_scheduler(args.sched, args.sched_on_updates)
+    check_scheduler(args.sched, args.sched_on_updates, args.val_interval)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
     threads = apply_threads(args)

@@ -24,6 +24,7 @@ from .checkpoint import (
     read_checkpoint,
     strip_runtime_args,
 )
+from .evaluation import EVAL_METRICS
 from .recipes import check_recipe_keys, check_recipe_start, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
@@ -289,8 +290,8 @@ def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) 
 
 def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log: Log) -> None:
     """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
-    epoch is the best so far, a row of ``summary.csv`` when it was evaluated (as timm's train.py: its columns are
-    the same in every row)."""
+    epoch is the best so far, a row of ``summary.csv`` (its ``eval_`` columns empty where --val-interval left the
+    epoch unevaluated: timm's train.py writes no row then, but a row per epoch keeps the file's columns and count)."""
     epoch, num_epochs = ckpt['epoch'] - 1, ckpt['num_epochs']
     if args.save_epoch_weights:
         save_epoch_weights(model, args, run_dir, epoch + 1)
@@ -299,8 +300,8 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log:
     if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
         atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
     summary = run_dir / 'summary.csv'
-    if ckpt['metrics'] is not None:
-        update_summary(epoch, train_metrics, ckpt['metrics'], summary, write_header=not summary.is_file())
+    evaluated = ckpt['metrics'] if ckpt['metrics'] is not None else dict.fromkeys(EVAL_METRICS, '')
+    update_summary(epoch, train_metrics, evaluated, summary, write_header=not summary.is_file())
     # said once every file of the epoch is written
     log(f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
     if is_best:
