@@ -15,7 +15,7 @@ from torch import nn
 
 from .runtime import host_sync_allowed
 
-__all__ = ['EVAL_METRICS', 'evaluate', 'evaluate_compiled', 'evaluation_module']
+__all__ = ['EVAL_METRICS', 'evaluate', 'evaluate_compiled', 'evaluate_epoch', 'evaluated_after', 'evaluation_module']
 
 EVAL_METRICS = ('loss', 'top1', 'top5', 'num_images')  # what :func:`evaluate` returns, in summary.csv's order
 
@@ -100,3 +100,19 @@ def evaluate_compiled(eval_model: nn.Module, model: nn.Module, loader, device, l
         f'{uncompiled["top1"]:.2f} %) with the same weights: a fault of the compiled evaluation, not of the '
         f'training; evaluating uncompiled from now on (docs/training.md, "Precision and compilation")')
     return uncompiled, model
+
+
+def evaluated_after(epoch: int, val_interval: int, num_epochs: int) -> bool:
+    """Whether epoch ``epoch`` (from 0) ends with an evaluation: every ``val_interval``-th, and the last, as in timm's
+    train.py (``--val-interval``)."""
+    return (epoch + 1) % val_interval == 0 or epoch + 1 == num_epochs
+
+
+def evaluate_epoch(epoch: int, eval_model: nn.Module, model: nn.Module, loader, args, log: Callable[[str], None],
+                   amp_ctx: Callable) -> Tuple[Dict[str, float], nn.Module]:
+    """:func:`evaluate_compiled` as the training loop's arguments ask, with the epoch's ``Eval:`` line in the log."""
+    metrics, eval_model = evaluate_compiled(eval_model, model, loader, args.device, log, amp_ctx=amp_ctx,
+                                            channels_last=args.channels_last, distributed=args.distributed)
+    log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
+        f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
+    return metrics, eval_model

@@ -34,7 +34,7 @@ from .args import check_least_values, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
-from .evaluation import evaluate_compiled, evaluation_module
+from .evaluation import evaluate_epoch, evaluated_after, evaluation_module
 from .optimizer import resolve_opt_fused
 from .runtime import (
     apply_threads,
@@ -69,12 +69,6 @@ _logger = logging.getLogger('train')
 def _log(args, msg):
     if is_primary(args):
         _logger.info(msg)
-
-
-def evaluated_after(epoch: int, val_interval: int, num_epochs: int) -> bool:
-    """Whether epoch ``epoch`` (from 0) ends with an evaluation: every ``val_interval``-th, and the last, as in timm's
-    train.py."""
-    return (epoch + 1) % val_interval == 0 or epoch + 1 == num_epochs
 
 
 def is_better(metric: str, value: float, best: float) -> bool:
@@ -120,14 +114,6 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
 
-    def evaluated(epoch: int) -> dict:
-        nonlocal eval_model
-        found, eval_model = evaluate_compiled(eval_model, model, eval_loader, args.device, log, amp_ctx=amp_ctx,
-                                              channels_last=args.channels_last, distributed=args.distributed)
-        log(f'Eval: {epoch}  Loss: {found["loss"]:.4f}  Acc@1: {found["top1"]:.2f}  '
-            f'Acc@5: {found["top5"]:.2f}  ({found["num_images"]} images)')
-        return found
-
     metrics = resume_ckpt.meta.get('metrics') if resume_ckpt else None
     for epoch in range(start_epoch, num_epochs):
         seed_epoch(args.seed, epoch, args.rank)
@@ -140,7 +126,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         log(f'Epoch {epoch}: {train_metrics["img_per_s"]:,.0f} img/s end to end ('
             f'{"data on the device" if args.device_data_used else "DataLoader"}, evaluation apart)')
         if evaluated_after(epoch, args.val_interval, num_epochs):
-            metrics = evaluated(epoch)
+            metrics, eval_model = evaluate_epoch(epoch, eval_model, model, eval_loader, args, log, amp_ctx)
             if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
                 best = {'metric': metrics[args.eval_metric], 'epoch': epoch}
         else:  # this checkpoint's weights were not evaluated: no metrics of an earlier epoch go with them
@@ -162,7 +148,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
 
     if metrics is None and start_epoch > 0:
         # resumed after an epoch that --val-interval left unevaluated, with no epoch left to train (--epochs lowered)
-        metrics = evaluated(start_epoch - 1)
+        metrics, eval_model = evaluate_epoch(start_epoch - 1, eval_model, model, eval_loader, args, log, amp_ctx)
     if is_primary(args) and metrics is not None:
         _report(args, metrics, num_epochs, run_dir, export)
     if args.distributed:
