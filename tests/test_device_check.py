@@ -61,7 +61,7 @@ def test_no_budget_skips_every_section_and_still_reports(tmp_path):
     for key in ('torch', 'timm', 'cuda', 'triton'):  # the versions at the top
         assert f'\n{key}: ' in log
     assert results['items'] and all(i['status'] == 'skipped: budget' for i in results['items'])
-    assert {i['section'] for i in results['items']} == set(range(1, 10))
+    assert {i['section'] for i in results['items']} == set(range(1, 11))
     assert log.count(': skipped: budget') == len(results['items'])
     assert [g.split()[0] for g in results['goals']] == ['UNKNOWN'] * 3
 
@@ -138,6 +138,24 @@ def test_smoke_runs_the_fused_kernel_section(tmp_path):
         assert ours['param_count'] == fused['param_count'] and fused['train_ratio'] > 0, key
     assert [i['status'] for i in results['items']] == ['done'] * 6
     assert set(results['compile_cache']) == _declared_steps({8})
+
+
+def test_smoke_runs_the_inductor_settings_section_and_each_copy_compiles_under_its_settings(tmp_path):
+    """Section 10: ours against copies of it (same weights), each compiled under its inductor settings, which hold
+    inside its steps' context and nowhere else."""
+    import torch._inductor.config as inductor_config
+    _, results = _run(tmp_path, '--section', '10')
+    rows = results['paired']['inductor/full/reduce-overhead']
+    assert [r['role'] for r in rows] == ['ours', *dc.INDUCTOR_KNOBS]
+    assert len({r['param_count'] for r in rows}) == 1 and all(r['train_ratio'] > 0 for r in rows[1:])
+    assert [i['status'] for i in results['items']] == ['done']
+    assert set(results['compile_cache']) == _declared_steps({10})
+    family = dc.Check(dc.smoke_setting(), None, None, dc.Budget(0), True, 1).family('full', 'reduce-overhead')
+    for knob, settings in dc.INDUCTOR_KNOBS.items():
+        with family[knob].context():
+            assert all(inductor_config.get_config_copy()[k] == v for k, v in settings.items()), knob
+        assert all(inductor_config.get_config_copy()[k] != v for k, v in settings.items()), knob
+        assert torch.equal(next(family[knob].model.parameters()), next(family['ours'].model.parameters()))
 
 
 def test_items_that_compile_cold_are_not_admitted_on_the_pace_of_warmed_ones():

@@ -20,7 +20,10 @@ once ``--budget-s`` would be exceeded:
    against the batched path, then the whole model with and without it (``fused_mix_and_project``, same weights;
    eager training and inference, ``reduce-overhead`` training): whether it becomes the default on CUDA;
 9. the repository's CUDA test cases (``pytest -m cuda``): exactness of every path on the GPU, compiled training steps
-   that never wait for the host, the compiled Triton kernel.
+   that never wait for the host, the compiled Triton kernel;
+10. two inductor settings (:data:`INDUCTOR_KNOBS`) against its defaults on the full-size step, same weights: the H100's
+   profile found its largest kernel, a LayerNorm's backward fused with the dropout's, at 13 % occupancy with 235
+   registers a thread (14 % of the step), a persistent reduction.
 
 Before the first item, a warm phase compiles the selected items' steps in parallel processes, which leave their graphs
 in inductor's on-disk caches for the items' first steps to load (:func:`warm`; none under a budget of 400 s). A PASS /
@@ -30,6 +33,7 @@ killed at any point leaves them. ``--smoke`` runs every section on the CPU with 
 """
 import argparse
 import contextlib
+import copy
 import csv
 import gzip
 import json
@@ -57,6 +61,7 @@ require_timm()  # one line and exit 2 where timm is outside pyproject's range: s
 
 import timm
 import torch
+import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 
 import sa_vision
@@ -76,6 +81,12 @@ PROFILED_STEPS = 2  # section 4: the training steps recorded, after one skipped 
 FULL_MIN_IMG_S, FULL_MIN_VS_PAPER = 15_000, 1.5
 NARROW_MIN_IMG_S, NARROW_MIN_VS_VIT = 25_000, 1.2
 ZOO_MAX_MINUTES = 5.0
+# section 10: inductor settings, each compiling a copy of ours under it (torch._inductor.config.patch), against the
+# defaults. The full-size dense step's largest kernel (h100_2026-11-26b trace: triton_per_fused_..._native_dropout_
+# backward_native_layer_norm_backward, 194 us, 10 a step) is a persistent reduction over 400 channels padded to 512 at
+# 13 % occupancy: looped reductions hold fewer values per thread, and the tuning may pick smaller blocks
+INDUCTOR_KNOBS = {'looped_reductions': {'triton.persistent_reductions': False},
+                  'tuned_blocks': {'coordinate_descent_tuning': True}}
 # the share of --budget-s that compiling the items' steps beforehand may take (the warm phase), and the budget
 # below which there is none: under it the share is shorter than the items' longest compiles (their estimates, up
 # to 120 s), so the cut could kill every process before it stored a step (not measured on a GPU)
@@ -222,9 +233,12 @@ class Check:
                 ['paper', 'dense', 'separable', 'fused', 'projfirst', 'vit_peer', 'sa_gen_cifar', 'resnet18_cifar'],
                 compare_kwargs={'vit_peer': vit, 'sa_gen_cifar': kwargs, 'resnet18_cifar': self.s.resnet},
                 input_size=self.input_size, **kwargs)
-            self.families[key] = dict(zip(('ours', 'paper', 'dense', 'separable', 'fused', 'projfirst', 'vit', 'gen',
-                                           'resnet'),
-                                          variants))
+            family = dict(zip(('ours', 'paper', 'dense', 'separable', 'fused', 'projfirst', 'vit', 'gen', 'resnet'),
+                              variants))
+            for knob, settings in INDUCTOR_KNOBS.items():  # same weights, compiled (at its first step) under them
+                family[knob] = sab.Variant(f'{family["ours"].name}[{knob}]', copy.deepcopy(family['ours'].model),
+                                           context=lambda knob_settings=settings: inductor_config.patch(knob_settings))
+            self.families[key] = family
         return self.families[key]
 
     def runner(self, size: str, mode: str, role: str):
@@ -1041,6 +1055,8 @@ def items(check: Check) -> List[Item]:
         pair(1, 'full-size, default compile, inference', 'full', 'default', main3, 40, 'inference'),
         pair(1, 'narrow, default compile, inference', 'narrow', 'default', main3, 30, 'inference'),
         Item(7, 'the zoo: the cpu profile\'s five stages', c.zoo, 240),
+        pair(10, 'full-size ours / inductor settings, reduce-overhead, training', 'full', 'reduce-overhead',
+             ('ours', *INDUCTOR_KNOBS), 120, key='inductor/full/reduce-overhead'),
     ]
 
 
@@ -1058,7 +1074,7 @@ def main(argv=None) -> int:
     p.add_argument('--smoke', action='store_true', help='the CPU with tiny models and a few steps: seconds')
     p.add_argument('--budget-s', type=float, default=480, help='skip what would end later than this (default 480)')
     p.add_argument('--section', default='all',
-                   help='comma list of the sections to run, 1-9 (default all; the zoo, 7, needs its own call)')
+                   help='comma list of the sections to run, 1-10 (default all; the zoo, 7, needs its own call)')
     p.add_argument('--data-dir', default=None,
                    help='the folder of Fashion-MNIST\'s four IDX files (sections 6, 7; default data/fashion-mnist, '
                         'unpacked from data/fashion-mnist-xz where only that travelled)')
@@ -1077,9 +1093,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.warm_parallel < 1:
         p.error(f'--warm-parallel {args.warm_parallel}: at least 1')
-    sections = set(range(1, 10)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
-    if not sections <= set(range(1, 10)):
-        p.error(f'--section {args.section!r}: sections are 1 to 9')
+    sections = set(range(1, 11)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
+    if not sections <= set(range(1, 11)):
+        p.error(f'--section {args.section!r}: sections are 1 to 10')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
     if args.data_dir is None:
