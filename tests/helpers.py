@@ -1,8 +1,11 @@
-""" What several test modules share: the model lists (derived from the registry), float32 on a GPU, the hang limit
-and a new file's mode """
+""" What several test modules share: the model lists (derived from the registry), float32 on a GPU, the hang limit,
+a new file's mode and the loading of a probe script """
 import contextlib
+import importlib.util
 import os
 import sys
+from pathlib import Path
+from types import ModuleType
 from typing import Iterator, List
 
 import torch
@@ -14,6 +17,14 @@ from sa_vision.paper import PAPER_RESULTS
 # it only catches hangs and is no speed check. A test's speed depends on how busy the machine is (two shared cores,
 # nice 19 beside a training run); what a test asserts never does, so this is many times the longest run's time.
 HANG_TIMEOUT_S = 1800
+
+
+def load_script(path: Path) -> ModuleType:
+    """A script that is no package module (docs/probes/...), loaded as a module named after its file."""
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def command(name: str) -> List[str]:

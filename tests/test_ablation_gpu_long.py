@@ -1,6 +1,5 @@
 """ The ablation at the gpu-long length (docs/probes/gpu/ablation_gpu_long.py) in its CPU smoke mode """
 import csv
-import importlib.util
 import json
 import os
 import subprocess
@@ -9,7 +8,7 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from helpers import HANG_TIMEOUT_S
+from helpers import HANG_TIMEOUT_S, load_script
 
 pytest.importorskip('sklearn')
 
@@ -25,10 +24,7 @@ def _run(out, *extra):
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location('ablation_gpu_long', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 @pytest.mark.slow

@@ -3,7 +3,6 @@
 """
 import csv
 import gzip
-import importlib.util
 import json
 import os
 import re
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S
+from helpers import HANG_TIMEOUT_S, load_script
 from torch import nn
 
 from sa_vision import reproduce
@@ -27,14 +26,7 @@ SCRIPT = ROOT / 'docs' / 'probes' / 'gpu' / 'device_check.py'
 MAX_FILES_BACK = 8  # what the device tool brings back from $OUT
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location('device_check', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-dc = _module()
+dc = load_script(SCRIPT)
 
 
 def _declared_steps(sections):
@@ -385,9 +377,7 @@ def test_benchmark_times_prebuilt_runners_without_building_others(monkeypatch):
 def test_gpu_long_script_with_no_budget_starts_no_stage_and_still_packs(tmp_path):
     """docs/probes/gpu/zoo_gpu_long.py --smoke --budget-s 0: every stage is left for a later call, and what comes
     back (within the tool's count of files) says so; its full smoke run is tests/test_zoo_gpu.py's."""
-    spec = importlib.util.spec_from_file_location('zoo_gpu_long', SCRIPT.with_name('zoo_gpu_long.py'))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(SCRIPT.with_name('zoo_gpu_long.py'))
     out = tmp_path / 'out'
     assert script.main(['--smoke', '--budget-s', '0', '--out', str(out), '--zoo', str(tmp_path / 'zoo'),
                         '--table', str(tmp_path / 't.csv')]) == 0
@@ -403,18 +393,14 @@ def test_gpu_long_script_with_no_budget_starts_no_stage_and_still_packs(tmp_path
 def test_the_gpu_scripts_print_their_help(name, capsys):
     """The runbook's first look at a script on the lent machine: --help prints every option (argparse formats each
     help text with %, so a bare % in one broke it) and exits 0."""
-    spec = importlib.util.spec_from_file_location(name[:-3], SCRIPT.with_name(name))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(SCRIPT.with_name(name))
     with pytest.raises(SystemExit) as exit_:
         script.main(['--help'])
     assert exit_.value.code == 0 and '--budget-s' in capsys.readouterr().out
 
 
 def test_gpu_long_evaluations_leave_a_core_per_training_and_never_take_more_threads_than_asked():
-    spec = importlib.util.spec_from_file_location('zoo_gpu_long', SCRIPT.with_name('zoo_gpu_long.py'))
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script(SCRIPT.with_name('zoo_gpu_long.py'))
     assert script.evaluation_threads(16, 16, 4) == 12  # the GPU machine: 16 cores, 4 stages at a time
     assert script.evaluation_threads(2, 16, 4) == 2  # OMP_NUM_THREADS=2 is kept
     assert script.evaluation_threads(16, 4, 4) == script.evaluation_threads(16, 2, 4) == 1

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import torch
-from helpers import HANG_TIMEOUT_S
+from helpers import HANG_TIMEOUT_S, load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'docs' / 'probes' / 'gpu' / 'eval_fault.py'
@@ -42,11 +42,7 @@ def test_smoke_finds_the_faked_faults_and_only_them(tmp_path):
 
 
 def _probe():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location('eval_fault', SCRIPT)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    return load_script(SCRIPT)
 
 
 def test_on_the_gpu_one_way_compiles_with_the_cudagraphs_backend_and_the_others_with_inductor(monkeypatch):

@@ -5,7 +5,6 @@ accuracy where ``SA_VISION_ZOO_ACCURACY=1`` asks for it. Until a GPU run keeps i
 same check runs on a tiny zoo that the GPU script's smoke mode keeps (bf16 weights) in every CI run.
 """
 import csv
-import importlib.util
 import os
 import re
 import shutil
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import load_script
 
 from sa_vision.reproduce import STAGE_ORDER, check_kept_models, stages
 
@@ -40,10 +40,7 @@ def test_kept_gpu_zoo_matches_its_table():
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location('zoo_gpu_long', SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT)
 
 
 def test_the_smoke_run_does_not_continue_the_gpu_calls_resume_tar(tmp_path):
