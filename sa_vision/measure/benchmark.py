@@ -91,6 +91,10 @@ class Variant:
     context: Callable[[], Any] = contextlib.nullcontext
     infer_model: Optional[nn.Module] = None  # e.g. a fused copy for inference
     switch: Optional[str] = None  # the attention switch (dense, batched, fused) the context turns on
+    # inductor settings its compile uses (torch.compile's ``options``). A setting patched around the steps instead
+    # would not be seen: a copy of a compiled model reuses the first copy's graphs, since dynamo's cache is keyed
+    # by the code and the backend's options, not by torch._inductor.config
+    compile_options: Optional[Dict[str, Any]] = None
 
 
 def _to_channels_last(model: nn.Module) -> None:
@@ -164,6 +168,15 @@ def build_variants(
     return variants
 
 
+def _compile_how(mode: Optional[str], options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """torch.compile's ``mode`` or, with inductor ``options``, the mode's own options with them (torch.compile
+    refuses both at once)."""
+    if not options:
+        return {'mode': mode}
+    from torch._inductor import list_mode_options
+    return {'options': {**list_mode_options(mode or 'default'), **options}}
+
+
 class _Runner:
     """Training step (forward, backward, SGD step) and inference for one variant."""
 
@@ -199,8 +212,9 @@ class _Runner:
         self.train_fn = self.train_model
         self.infer_fn = self.infer_model
         if torchcompile:
-            self.train_fn = torch.compile(self.train_model, backend=torchcompile, mode=torchcompile_mode)
-            self.infer_fn = torch.compile(self.infer_model, backend=torchcompile, mode=torchcompile_mode)
+            how = _compile_how(torchcompile_mode, variant.compile_options)
+            self.train_fn = torch.compile(self.train_model, backend=torchcompile, **how)
+            self.infer_fn = torch.compile(self.infer_model, backend=torchcompile, **how)
 
     def _prime_optimizer(self) -> None:
         """Create the momentum buffers with a zero-gradient step (weights unchanged), so that the state belongs to

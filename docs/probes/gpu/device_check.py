@@ -61,7 +61,6 @@ require_timm()  # one line and exit 2 where timm is outside pyproject's range: s
 
 import timm
 import torch
-import torch._inductor.config as inductor_config
 from torch._dynamo.utils import counters
 
 import sa_vision
@@ -81,7 +80,7 @@ PROFILED_STEPS = 2  # section 4: the training steps recorded, after one skipped 
 FULL_MIN_IMG_S, FULL_MIN_VS_PAPER = 15_000, 1.5
 NARROW_MIN_IMG_S, NARROW_MIN_VS_VIT = 25_000, 1.2
 ZOO_MAX_MINUTES = 5.0
-# section 10: inductor settings, each compiling a copy of ours under it (torch._inductor.config.patch), against the
+# section 10: inductor settings, each compiling a copy of ours with them (torch.compile's options), against the
 # defaults. The full-size dense step's largest kernel (h100_2026-11-26b trace: triton_per_fused_..._native_dropout_
 # backward_native_layer_norm_backward, 194 us, 10 a step) is a persistent reduction over 400 channels padded to 512 at
 # 13 % occupancy: looped reductions hold fewer values per thread, and the tuning may pick smaller blocks
@@ -235,9 +234,9 @@ class Check:
                 input_size=self.input_size, **kwargs)
             family = dict(zip(('ours', 'paper', 'dense', 'separable', 'fused', 'projfirst', 'vit', 'gen', 'resnet'),
                               variants))
-            for knob, settings in INDUCTOR_KNOBS.items():  # same weights, compiled (at its first step) under them
+            for knob, settings in INDUCTOR_KNOBS.items():  # same weights, compiled (at its first step) with them
                 family[knob] = sab.Variant(f'{family["ours"].name}[{knob}]', copy.deepcopy(family['ours'].model),
-                                           context=lambda knob_settings=settings: inductor_config.patch(knob_settings))
+                                           compile_options=settings)
             self.families[key] = family
         return self.families[key]
 
