@@ -45,11 +45,10 @@ def _probe():
     return load_script(SCRIPT)
 
 
-def test_smoke_settings_part_repeats_the_defaults_and_compiles_the_whole_model_under_settings_right_on_the_block(
-        tmp_path):
-    """The settings part fakes the second fresh compile of the defaults and one setting wrong: the defaults are
-    reported wrong in 1 of 3 compiles, and the whole model compiles under the first two settings right on the
-    block, each with its speed against eager's."""
+def test_smoke_settings_part_runs_each_setting_in_its_own_process_and_tells_a_first_run_fault(tmp_path):
+    """The settings part fakes the defaults wrong at their first call only (in both of their processes) and one
+    setting's process failing: the part says the fault is a first-run fault, keeps the error, and the other
+    settings, right at every call, are the candidates if fast enough. Only the part's log and JSON are left."""
     probe = _probe()
     proc = subprocess.run([sys.executable, str(SCRIPT), '--smoke', '--part', 'settings', '--block', '2', '--out',
                            str(tmp_path)], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT)),
@@ -57,25 +56,27 @@ def test_smoke_settings_part_repeats_the_defaults_and_compiles_the_whole_model_u
     log = (tmp_path / 'eval_fault.log').read_text() if (tmp_path / 'eval_fault.log').is_file() else ''
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-3000:]
     found = json.loads((tmp_path / 'eval_fault.json').read_text())['settings']
-    assert found['block'] == 2 and list(found['blocks']) == [name for name, _ in probe.SETTINGS]
-    faked = {name.removeprefix('settings ') for name in probe.SMOKE_FAULTS if name.startswith('settings ')}
-    assert {name for name, row in found['blocks'].items() if row['wrong']} == faked
-    assert found['defaults_wrong'] == '1 of 3' and 'comes and goes' in log
-    assert list(found['whole_model']) == ['no pre-grad passes', 'emulated precision casts']
-    for row in found['whole_model'].values():
-        assert row['top1'] == row['top1_eager'] and row['vs_eager'] > 0 and 'fast_eval' in row
-    assert '== done: the defaults wrong in 1 of 3' in log
+    rows = found['rows']
+    assert found['block'] == 2 and list(rows) == [name for name, _ in probe.SETTINGS]
+    assert 'an error the smoke run fakes' in rows.pop('emulated precision casts')['error']
+    for name, row in rows.items():
+        first_wrong = f'setting {name}' in probe.SMOKE_FIRST_CALL_FAULTS
+        assert [row[k]['wrong'] for k in ('block_first', 'block_second', 'model_first', 'model_second')] == [
+            first_wrong, False, first_wrong, False], name
+        assert row['right'] is not first_wrong and row['vs_eager'] > 0
+    assert found['first_run_fault'] is True and 'only the first call of new code is wrong' in log
+    assert set(found['fast_right']) <= {'no pointwise autotuning', 'looped reductions', 'no pre-grad passes'}
+    assert sorted(p.name for p in tmp_path.rglob('*') if p.is_file()) == ['eval_fault.json', 'eval_fault.log']
 
 
-def test_each_setting_holds_where_its_graph_compiles_with_caches_off(monkeypatch):
-    """torch.compile compiles at the first call: each setting, and inductor's caches off, must hold there (the block
-    and the whole model), and not after."""
+def test_a_setting_holds_where_its_graphs_compile_with_caches_off(monkeypatch):
+    """torch.compile compiles at the first call: the setting, and inductor's caches off, must hold there, for the
+    block and for the whole model, and not after."""
     from types import SimpleNamespace
 
     import torch._inductor.config as inductor_config
     probe = _probe()
-    keys = ('fx_graph_cache', 'use_pre_grad_passes', 'pattern_matcher', 'emulate_precision_casts',
-            'triton.persistent_reductions')
+    keys = ('fx_graph_cache', 'triton.autotune_pointwise', 'triton.persistent_reductions')
     seen = []
 
     def compile_recorded(module, **kwargs):
@@ -92,15 +93,14 @@ def test_each_setting_holds_where_its_graph_compiles_with_caches_off(monkeypatch
     model = probe.model_as_trained(probe.WEIGHTS).eval()
     batches = [torch.randn(2, 3, 32, 32)]
     inputs, outputs = probe._block_activations(model, batches[0], 'cpu')
-    args, found = SimpleNamespace(device='cpu', backend='inductor', smoke=False), {}
-    probe._settings_ways(model, batches, torch.zeros(2, dtype=torch.long), 0, inputs, outputs, args,
-                         lambda _: None, found)
-    defaults = {k: inductor_config.get_config_copy()[k] for k in keys}
-    expected = [{**defaults, **settings, 'fx_graph_cache': False} for _, settings in probe.SETTINGS]
-    assert seen[:len(probe.SETTINGS)] == expected  # the block, once per setting
-    assert seen[len(probe.SETTINGS):] == expected[3:5]  # the whole model, under the first two right on the block
-    assert list(found['whole_model']) == [name for name, _ in probe.SETTINGS[3:5]]
-    assert defaults['fx_graph_cache'] is not False and defaults['pattern_matcher'] is True
+    args = SimpleNamespace(device='cpu', backend='inductor', smoke=False)
+    row = probe._one_setting(model, batches, torch.zeros(2, dtype=torch.long), 0, inputs, outputs,
+                             'no pointwise autotuning', args, lambda _: None)
+    expected = {'fx_graph_cache': False, 'triton.autotune_pointwise': False, 'triton.persistent_reductions': True}
+    assert seen == [expected, expected]  # the block's first call, the whole model's
+    assert row['right'] and not row['block_second']['wrong']
+    after = inductor_config.get_config_copy()
+    assert after['triton.autotune_pointwise'] is True and after['fx_graph_cache'] is not False
 
 
 def test_on_the_gpu_one_way_compiles_with_the_cudagraphs_backend_and_the_others_with_inductor(monkeypatch):
