@@ -47,31 +47,54 @@ def _probe():
 
 def test_smoke_settings_part_runs_each_setting_in_its_own_process_and_tells_a_first_run_fault(tmp_path):
     """The settings part fakes the defaults wrong at their first call only (in both of their processes) and one
-    setting's process failing: the part says the fault is a first-run fault, keeps the error, and the other
-    settings, right at every call, are the candidates if fast enough. Only the part's log and JSON are left."""
+    setting's process failing: the first pass is wrong at its first batch alone, the second pass right, the part
+    calls it a first-run fault, keeps the failed process's last words, and leaves only its own log and JSON."""
     probe = _probe()
-    proc = subprocess.run([sys.executable, str(SCRIPT), '--smoke', '--part', 'settings', '--block', '2', '--out',
-                           str(tmp_path)], cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT)),
+    proc = subprocess.run([sys.executable, str(SCRIPT), '--smoke', '--part', 'settings', '--out', str(tmp_path)],
+                          cwd=ROOT, env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT)),
                           capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
     log = (tmp_path / 'eval_fault.log').read_text() if (tmp_path / 'eval_fault.log').is_file() else ''
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-3000:]
     found = json.loads((tmp_path / 'eval_fault.json').read_text())['settings']
     rows = found['rows']
-    assert found['block'] == 2 and list(rows) == [name for name, _ in probe.SETTINGS]
+    assert list(rows) == [name for name, _ in probe.SETTINGS]
     assert 'an error the smoke run fakes' in rows.pop('emulated precision casts')['error']
     for name, row in rows.items():
         first_wrong = f'setting {name}' in probe.SMOKE_FIRST_CALL_FAULTS
-        assert [row[k]['wrong'] for k in ('block_first', 'block_second', 'model_first', 'model_second')] == [
-            first_wrong, False, first_wrong, False], name
+        assert row['first_pass_batches_wrong'] == [first_wrong, False], name  # 200 images, batches of 100
+        assert row['first_pass']['wrong'] is first_wrong and not row['second_pass']['wrong'], name
         assert row['right'] is not first_wrong and row['vs_eager'] > 0
-    assert found['first_run_fault'] is True and 'only the first call of new code is wrong' in log
-    assert set(found['fast_right']) <= {'no pointwise autotuning', 'looped reductions', 'no pre-grad passes'}
-    assert sorted(p.name for p in tmp_path.rglob('*') if p.is_file()) == ['eval_fault.json', 'eval_fault.log']
+    assert found['defaults_wrong'] == '2 of 2' and found['defaults_first_call_only'] == '2 of 2'
+    assert found['first_run_fault'] is True and 'FAILED' in log and 'first call only in 2 of 2' in log
+    assert sorted(p.name for p in tmp_path.rglob('*')) == ['eval_fault.json', 'eval_fault.log']
 
 
-def test_a_setting_holds_where_its_graphs_compile_with_caches_off(monkeypatch):
-    """torch.compile compiles at the first call: the setting, and inductor's caches off, must hold there, for the
-    block and for the whole model, and not after."""
+def _setting_row(first_batches, second_wrong=False, vs_eager=2.0):
+    first_wrong = any(first_batches)
+    return {'first_pass_batches_wrong': list(first_batches), 'first_pass': {'wrong': first_wrong},
+            'second_pass': {'wrong': second_wrong}, 'right': not (first_wrong or second_wrong), 'vs_eager': vs_eager}
+
+
+def test_settings_verdict_names_a_setting_only_where_the_defaults_failed_in_the_same_run():
+    """A setting found right proves something only beside defaults found wrong: with the defaults right nothing is
+    named; a defaults row wrong after its first batch, or at its second pass, is not a first-run fault; a setting
+    right but slower than 1.5x eager is not a fast evaluation, and the defaults are never one."""
+    verdict = _probe().settings_verdict
+    first_only, right = _setting_row([True, False]), _setting_row([False, False])
+    slow = _setting_row([False], vs_eager=1.2)
+    v = verdict({'defaults': first_only, 'defaults, again': right, 'a': right, 'b': slow, 'c': {'error': 'x'}})
+    assert v == {'defaults_wrong': '1 of 2', 'defaults_first_call_only': '1 of 1', 'fast_right': ['a'],
+                 'first_run_fault': True}
+    assert verdict({'defaults': right, 'defaults, again': right, 'a': right})['fast_right'] == []
+    assert not verdict({'defaults': right, 'a': right})['first_run_fault']
+    later = verdict({'defaults': _setting_row([True, True]), 'defaults, again': first_only, 'a': right})
+    assert later['defaults_first_call_only'] == '1 of 2' and not later['first_run_fault']
+    assert not verdict({'defaults': _setting_row([True, False], second_wrong=True)})['first_run_fault']
+
+
+def test_a_setting_holds_where_its_model_compiles_with_caches_off(monkeypatch):
+    """torch.compile compiles at the first call: the setting, and inductor's caches off, must hold there, and not
+    after."""
     from types import SimpleNamespace
 
     import torch._inductor.config as inductor_config
@@ -91,14 +114,13 @@ def test_a_setting_holds_where_its_graphs_compile_with_caches_off(monkeypatch):
         return first_call
     monkeypatch.setattr(probe.torch, 'compile', compile_recorded)
     model = probe.model_as_trained(probe.WEIGHTS).eval()
-    batches = [torch.randn(2, 3, 32, 32)]
-    inputs, outputs = probe._block_activations(model, batches[0], 'cpu')
+    batches = [torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)]
     args = SimpleNamespace(device='cpu', backend='inductor', smoke=False)
-    row = probe._one_setting(model, batches, torch.zeros(2, dtype=torch.long), 0, inputs, outputs,
-                             'no pointwise autotuning', args, lambda _: None)
-    expected = {'fx_graph_cache': False, 'triton.autotune_pointwise': False, 'triton.persistent_reductions': True}
-    assert seen == [expected, expected]  # the block's first call, the whole model's
-    assert row['right'] and not row['block_second']['wrong']
+    row = probe._one_setting(model, batches, torch.zeros(4, dtype=torch.long), 'no pointwise autotuning', args,
+                             lambda _: None)
+    assert seen == [{'fx_graph_cache': False, 'triton.autotune_pointwise': False,
+                     'triton.persistent_reductions': True}]
+    assert row['right'] and row['first_pass_batches_wrong'] == [False, False]
     after = inductor_config.get_config_copy()
     assert after['triton.autotune_pointwise'] is True and after['fx_graph_cache'] is not False
 

@@ -91,8 +91,9 @@ INDUCTOR_KNOBS = {'looped_reductions': {'triton.persistent_reductions': False},
 # after 110 s when the call's timeout stopped it
 INDUCTOR_KNOB_ESTIMATES_S = {'looped_reductions': 70, 'tuned_blocks': 300}
 # the share of --budget-s that compiling the items' steps beforehand may take (the warm phase), and the budget
-# below which there is none: under it the share is shorter than the items' longest compiles (their estimates, up
-# to 120 s), so the cut could kill every process before it stored a step (not measured on a GPU)
+# below which there is none: under it the share is shorter than most items' compiles (their estimates, up to 120 s
+# but section 10's tuned copy, 300 s: run that section with --warm-s 0), so the cut could kill every process before
+# it stored a step (not measured on a GPU)
 WARM_SHARE, WARM_MIN_BUDGET_S = 0.3, 400
 # sa-vision-train flags of the device-data path; until they exist a section says so (smoke: skips)
 NEW_TRAIN_FLAGS = ('--device-data', '--torchcompile-mode')

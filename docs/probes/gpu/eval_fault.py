@@ -33,15 +33,16 @@ the finding to report to PyTorch, or to work around. ``WRONG`` marks a way whose
 
 ``--part settings`` (after the H200's run of 2026-11-27, h200_2026-11-27_eval_fault_settings.log: the defaults'
 first compile of a block wrong, two more compiles of it in the same process right, in a fifth of the time): each of
-:data:`SETTINGS` in a process of its own (``--part setting``), inductor's caches off, so that each compiles as the
-first did. In it, the block's first and second call, and the whole model's first and second pass over the images,
-each against eager, and the whole model's images/s: is only the first run of new code wrong (as where an autotuned
-kernel that writes an input in place is benchmarked on live buffers), and which setting avoids it at what speed
-(README.md, "What the probe decides").
+:data:`SETTINGS` in a process of its own (``--part setting``), inductor's caches off, the whole model compiled and
+nothing else, so that its first pass runs kernels new to the process. Two passes over the images against eager,
+each batch of the first compared alone, and the images/s: is only the first call of new code wrong (as where an
+autotuned kernel that writes an input in place is benchmarked on live buffers), and which setting avoids it at what
+speed (:func:`settings_verdict`; README.md, "What the probe decides").
 
 ``--smoke``: the CPU, dynamo's ``eager`` backend, 200 images, a fault faked into the whole model's ``default``
-way, the second layer's probabilities and the third block, and an error into its ``default, float32`` way, so that
-every branch runs in tests/test_eval_fault.py.
+way, the second layer's probabilities and the third block, and an error into its ``default, float32`` way; in the
+settings part, a fault into the defaults' first call and an error into one setting's process, so that every branch
+runs in tests/test_eval_fault.py.
 
     python3 docs/probes/gpu/eval_fault.py --out $OUT     # on the GPU: 2-4 minutes
     python3 docs/probes/gpu/eval_fault.py --out $OUT --part settings     # about 3 minutes
@@ -51,9 +52,9 @@ import contextlib
 import copy
 import dataclasses
 import json
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -90,7 +91,7 @@ SETTINGS = (('defaults', {}), ('defaults, again', {}),
             ('no pre-grad passes', {'use_pre_grad_passes': False}),
             ('emulated precision casts', {'emulate_precision_casts': True}))
 NO_CACHES = {'fx_graph_cache': False, 'autotune_local_cache': False}
-SETTING_TIMEOUT_S = 150  # one setting's process: start, data, eager, two compiles (about 30 s on the H200)
+SETTING_TIMEOUT_S = 120  # one setting's process: start, data, eager, a compile (about 25 s on the H200)
 FAST_EVAL_VS_EAGER = 1.5  # README.md, "What the probe decides": the speed that replaces the uncompiled evaluation
 
 
@@ -248,74 +249,87 @@ def _inductor_settings(settings: Dict[str, object]):
         yield
 
 
-def _one_setting(model, batches, targets, block: int, inputs, outputs, name: str, args, log) -> dict:
-    """In this process, which compiled nothing before: block ``block`` and the whole model compiled under the
-    setting ``name`` of :data:`SETTINGS`, each called twice on the same images against eager, and the whole model's
-    images/s against eager's."""
+def _one_setting(model, batches, targets, name: str, args, log) -> dict:
+    """In this process, which compiled nothing before: the whole model compiled under the setting ``name`` of
+    :data:`SETTINGS`, two passes over the images against eager, each batch of the first pass compared alone (is
+    only the first call wrong?), and the images/s against eager's. Nothing else compiles in the process, so that the
+    first pass runs kernels that are new to it."""
     bf16 = lambda: torch.autocast(args.device, torch.bfloat16)  # noqa: E731
-    eager = _logits(model, batches, bf16)
+    eager = [_logits(model, [b], bf16) for b in batches]
     row = {'eager_img_per_s': _images_per_s(model, batches, bf16)}
     with _inductor_settings(dict(SETTINGS)[name]):
-        compiled = _faked(torch.compile(copy.deepcopy(model.blocks[block]), backend=args.backend),
-                          f'setting {name}', args.smoke)
-        with torch.no_grad(), bf16():
-            row['block_first'] = _compare(outputs[block], compiled(inputs[block]))
-            row['block_second'] = _compare(outputs[block], compiled(inputs[block]))
         compiled = _faked(torch.compile(copy.deepcopy(model), backend=args.backend), f'setting {name}', args.smoke)
-        row['model_first'] = _compare(eager, _logits(compiled, batches, bf16), targets)
-        row['model_second'] = _compare(eager, _logits(compiled, batches, bf16), targets)
+        first = [_logits(compiled, [b], bf16) for b in batches]
+        row['first_pass_batches_wrong'] = [_compare(e, f)['wrong'] for e, f in zip(eager, first)]
+        row['first_pass'] = _compare(torch.cat(eager), torch.cat(first), targets)
+        row['second_pass'] = _compare(torch.cat(eager), _logits(compiled, batches, bf16), targets)
         row['img_per_s'] = _images_per_s(compiled, batches, bf16)
     row['vs_eager'] = round(row['img_per_s'] / row['eager_img_per_s'], 2)
-    row['right'] = not any(row[k]['wrong'] for k in ('block_first', 'block_second', 'model_first', 'model_second'))
-    row['fast_eval'] = row['right'] and row['vs_eager'] >= FAST_EVAL_VS_EAGER
+    row['right'] = not (row['first_pass']['wrong'] or row['second_pass']['wrong'])
     said = lambda r: f'{r["rel_diff"]:.1e}' + (' WRONG' if r['wrong'] else '')  # noqa: E731
-    log(f'setting {name}: block {block} first call {said(row["block_first"])}, second {said(row["block_second"])}; '
-        f'whole model first pass {said(row["model_first"])} (top-1 {row["model_first"]["top1"]:.2f}, eager '
-        f'{row["model_first"]["top1_eager"]:.2f}), second {said(row["model_second"])}; {row["img_per_s"]:,} img/s, '
-        f'{row["vs_eager"]:.2f}x eager' + ('  a fast evaluation' if row['fast_eval'] else ''))
+    log(f'setting {name}: first pass {said(row["first_pass"])} (top-1 {row["first_pass"]["top1"]:.2f}, eager '
+        f'{row["first_pass"]["top1_eager"]:.2f}; batches wrong: '
+        f'{"".join("x" if w else "." for w in row["first_pass_batches_wrong"])}), second pass '
+        f'{said(row["second_pass"])}; {row["img_per_s"]:,} img/s, {row["vs_eager"]:.2f}x eager')
     return row
+
+
+def settings_verdict(rows: Dict[str, dict]) -> dict:
+    """What the settings' rows say together (README.md, "What the probe decides"): how often the defaults were
+    wrong, at their first batch only or after it too, and, only where the defaults were wrong in this run, the
+    other settings right at both passes and at least :data:`FAST_EVAL_VS_EAGER` x eager's speed."""
+    done = {n: r for n, r in rows.items() if 'first_pass' in r}
+    defaults = [r for n, r in done.items() if n.startswith('defaults')]
+    wrong = [r for r in defaults if r['first_pass']['wrong'] or r['second_pass']['wrong']]
+    first_call_only = [r for r in wrong if not r['second_pass']['wrong'] and not any(r['first_pass_batches_wrong'][1:])]
+    verdict = {'defaults_wrong': f'{len(wrong)} of {len(defaults)}',
+               'defaults_first_call_only': f'{len(first_call_only)} of {len(wrong)}',
+               'fast_right': [n for n, r in done.items() if wrong and not n.startswith('defaults') and r['right']
+                              and r['vs_eager'] >= FAST_EVAL_VS_EAGER]}
+    verdict['first_run_fault'] = bool(wrong) and len(first_call_only) == len(wrong)
+    return verdict
 
 
 def _settings_ways(args, log, found: dict, save: Callable[[], None]) -> None:
     """Each of :data:`SETTINGS` by :func:`_one_setting` in a process of its own, into ``found`` (the result's
-    ``settings``), saved after each; then what they say together."""
-    found.update(block=args.block, rows={})
+    ``settings``), saved after each; then :func:`settings_verdict`. The processes write into a folder of their own,
+    outside ``--out``: their log's lines and, where one failed, its last words come into ours."""
     import torch._inductor.config as inductor_config
     known = inductor_config.get_config_copy()
+    found['rows'] = {}
     for name, settings in SETTINGS:
         missing = [k for k in settings if k not in known]
         if missing:
             found['rows'][name] = {'missing': missing}
             log(f'setting {name}: not in this torch ({", ".join(missing)})')
             continue
-        out = args.out / 'settings' / name.replace(' ', '_').replace(',', '')
-        command = [sys.executable, str(Path(__file__).resolve()), '--part', 'setting', '--setting', name,
-                   '--block', str(args.block), '--images', str(args.images), '--out', str(out),
-                   '--weights', str(args.weights)] + (['--smoke'] if args.smoke else []) + (
-                   ['--data-dir', str(args.data_dir)] if args.data_dir else [])
         start = time.time()
-        try:
-            subprocess.run(command, timeout=SETTING_TIMEOUT_S, check=False, capture_output=True)
-            child = json.loads((out / 'eval_fault.json').read_text())
-            row = child.get('setting') or {'error': child.get('failed', 'no result')}
-        except (subprocess.TimeoutExpired, OSError, ValueError) as e:
-            row = {'error': f'{type(e).__name__}: {e}'}
+        with tempfile.TemporaryDirectory() as out:
+            command = [sys.executable, str(Path(__file__).resolve()), '--part', 'setting', '--setting', name,
+                       '--images', str(args.images), '--out', out, '--weights', str(args.weights)]
+            command += (['--smoke'] if args.smoke else []) + (['--data-dir', args.data_dir] if args.data_dir else [])
+            try:
+                proc = subprocess.run(command, timeout=SETTING_TIMEOUT_S, stdout=subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE, text=True)
+                stderr, returncode = proc.stderr, proc.returncode
+            except subprocess.TimeoutExpired as e:
+                stderr, returncode = f'stopped after {SETTING_TIMEOUT_S} s: {e.stderr or ""}', None
+            result_file, log_file = Path(out) / 'eval_fault.json', Path(out) / 'eval_fault.log'
+            child = json.loads(result_file.read_text()) if result_file.is_file() else {}
+            child_log = log_file.read_text().splitlines() if log_file.is_file() else []
+        row = child.get('setting') or {
+            'error': child.get('failed') or '\n'.join(child_log[-20:] + stderr.splitlines()[-20:]) or 'no output',
+            'returncode': returncode}
         found['rows'][name] = {**row, 's': round(time.time() - start, 1)}
-        if 'error' in row:
-            log(f'setting {name}: FAILED: {row["error"]}')
-        else:
-            log(next(line for line in (out / 'eval_fault.log').read_text().splitlines()
-                     if line.startswith(f'setting {name}:')) + f' ({found["rows"][name]["s"]:.0f} s)')
-        shutil.rmtree(out, ignore_errors=True)  # its log and JSON are in ours now: 8 files come back
+        said = next((line for line in child_log if line.startswith(f'setting {name}:')), None)
+        log(f'setting {name}: FAILED: {row["error"]}' if 'error' in row else
+            f'{said} ({found["rows"][name]["s"]:.0f} s)')
         save()
-    rows = {n: r for n, r in found['rows'].items() if 'block_first' in r}
-    defaults = [r for n, r in rows.items() if n.startswith('defaults')]
-    found['first_run_fault'] = bool(defaults) and all(
-        r['block_first']['wrong'] and not r['block_second']['wrong'] for r in defaults)
-    found['fast_right'] = [n for n, r in rows.items() if r['fast_eval']]
-    log('settings: ' + ('in a fresh process only the first call of new code is wrong' if found['first_run_fault']
-                        else 'the defaults are not wrong at the first call only') +
-        f'; right at both calls and >= {FAST_EVAL_VS_EAGER}x eager: {found["fast_right"] or "none"}')
+    found.update(settings_verdict(found['rows']))
+    log(f'settings: the defaults wrong in {found["defaults_wrong"]} processes, at their first call only in '
+        f'{found["defaults_first_call_only"]}' + ('' if found['first_run_fault'] else ' (not a first-run fault)') +
+        f'; right at both passes and >= {FAST_EVAL_VS_EAGER}x eager where the defaults were wrong: '
+        f'{found["fast_right"] or "none"}')
 
 
 class SmallestWrong(NamedTuple):
@@ -408,9 +422,7 @@ def run(args, result: dict, save: Callable[[], None]) -> None:
     log(f'{cfg["architecture"]} from {args.weights}, as it trained; {len(targets)} test images of 32x32 in batches '
         f'of {args.batch_size} on {args.device}, backend {args.backend}')
     if args.part == 'setting':
-        inputs, outputs = _block_activations(model, batches[0], args.device)
-        result['setting'] = _one_setting(model, batches, targets, args.block, inputs, outputs, args.setting, args,
-                                         log)
+        result['setting'] = _one_setting(model, batches, targets, args.setting, args, log)
         return
     result['eager_img_per_s'] = _whole_model_ways(model, batches, targets, args, log, result['whole_model'])
     save()
@@ -443,8 +455,6 @@ def main(argv=None) -> int:
                         'process of its own (setting: that process, with --setting)')
     p.add_argument('--setting', choices=[name for name, _ in SETTINGS], default='defaults',
                    help='--part setting: which')
-    p.add_argument('--block', type=int, default=0, help='the block the settings part compiles (default 0, the one '
-                                                        'furthest off on the H200 of 2026-11-27)')
     args = p.parse_args(argv)
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
