@@ -490,3 +490,31 @@ def test_a_switch_that_changes_no_path_in_the_steps_setting_is_refused(switch, s
                                                                rf'runs every attention layer that way here \(cpu, '):
             run()
 
+
+
+def test_whole_step_variant_compiles_the_backward_into_the_graph_and_trains_like_eager():
+    """A whole-step variant compiles forward, loss, backward and the SGD step as one function, dynamo tracing the
+    backward (trace_autograd_ops, on only while it runs): its parameters after three steps are an eager runner's,
+    and the only graph breaks are the optimizer step's own (torch.optim breaks around it on purpose), not one at
+    ``loss.backward()``."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    model = timm.create_model('sa_quadratic_cifar', embed_dim=16, heads_per_layer=4, depth=2, mlp_hidden_dim=32,
+                              num_classes=10, attn_drop_rate=0., proj_drop_rate=0.)
+
+    def trained(whole_step: bool, torchcompile):
+        variant = sab.Variant('v', copy.deepcopy(model), whole_step=whole_step)
+        runner = sab._Runner(variant, 4, (3, 32, 32), torch.device('cpu'), torchcompile=torchcompile, lr=1e-2)
+        for _ in range(3):
+            runner.train_step()
+        return [p.detach() for p in runner.train_model.parameters()]
+
+    eager = trained(False, None)
+    torch._dynamo.reset()
+    counters.clear()
+    whole = trained(True, 'eager')
+    assert max((a - b).abs().max().item() for a, b in zip(eager, whole)) < 1e-5
+    breaks = [reason for reason, n in counters['graph_break'].items() for _ in range(n)]
+    assert breaks and all('graph_break()' in reason for reason in breaks), breaks
+    assert counters['stats']['unique_graphs'] == 2  # the step up to the optimizer, the optimizer's update
+    assert torch._dynamo.config.trace_autograd_ops is False

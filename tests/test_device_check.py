@@ -53,7 +53,7 @@ def test_no_budget_skips_every_section_and_still_reports(tmp_path):
     for key in ('torch', 'timm', 'cuda', 'triton'):  # the versions at the top
         assert f'\n{key}: ' in log
     assert results['items'] and all(i['status'] == 'skipped: budget' for i in results['items'])
-    assert {i['section'] for i in results['items']} == set(range(1, 11))
+    assert {i['section'] for i in results['items']} == set(dc.SECTIONS)
     assert log.count(': skipped: budget') == len(results['items'])
     assert [g.split()[0] for g in results['goals']] == ['UNKNOWN'] * 3
 
@@ -150,6 +150,25 @@ def test_smoke_runs_the_inductor_settings_section_and_each_copy_compiles_with_it
     for knob, settings in dc.INDUCTOR_KNOBS.items():
         assert family[knob].compile_options == settings
         assert torch.equal(next(family[knob].model.parameters()), next(family['ours'].model.parameters()))
+
+
+def test_smoke_runs_the_whole_step_section_with_the_backward_in_the_graph(tmp_path):
+    """Section 11: the narrow step compiled whole, ours against timm's ViT compiled the same way and against ours
+    with the model alone compiled; the whole steps break only around the optimizer step (torch.optim's own), never
+    at ``loss.backward()``, and each copy has its base's weights."""
+    _, results = _run(tmp_path, '--section', '11')
+    assert [r['role'] for r in results['paired']['whole_step/narrow/vit']] == list(dc.WHOLE_STEP_ROLES)
+    assert [r['role'] for r in results['paired']['whole_step/narrow/ours']] == ['ours_step', 'ours']
+    assert [i['status'] for i in results['items']] == ['done', 'done']
+    assert set(results['compile_cache']) == _declared_steps({11})
+    for label, breaks in results['graph_breaks'].items():
+        whole = any(f'/{role}/' in label for role in dc.WHOLE_STEP_ROLES)
+        assert sum(breaks.values()) == (2 if whole else 0), (label, breaks)
+        assert not any('backward' in reason for reason in breaks), (label, breaks)
+    family = dc.Check(dc.smoke_setting(), None, None, dc.Budget(0), True, 1).family('narrow', 'reduce-overhead')
+    for role, base in dc.WHOLE_STEP_ROLES.items():
+        assert family[role].whole_step and not family[base].whole_step
+        assert torch.equal(next(family[role].model.parameters()), next(family[base].model.parameters()))
 
 
 def test_compile_options_keep_the_mode_and_add_the_settings():

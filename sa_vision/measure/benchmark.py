@@ -95,6 +95,10 @@ class Variant:
     # would not be seen: a copy of a compiled model reuses the first copy's graphs, since dynamo's cache is keyed
     # by the code and the backend's options, not by torch._inductor.config
     compile_options: Optional[Dict[str, Any]] = None
+    # compiled, the training step is compiled whole (forward, loss, backward, the SGD step), not the model alone:
+    # dynamo then traces the backward into the forward's graph (torch._dynamo.config.trace_autograd_ops), so the
+    # gradients' accumulation runs in the graph instead of as one host dispatch per parameter
+    whole_step: bool = False
 
 
 def _to_channels_last(model: nn.Module) -> None:
@@ -211,10 +215,17 @@ class _Runner:
         self._prime_optimizer()
         self.train_fn = self.train_model
         self.infer_fn = self.infer_model
+        self.step_fn = None
         if torchcompile:
             how = _compile_how(torchcompile_mode, variant.compile_options)
             self.train_fn = torch.compile(self.train_model, backend=torchcompile, **how)
             self.infer_fn = torch.compile(self.infer_model, backend=torchcompile, **how)
+            if variant.whole_step:
+                if not hasattr(torch._dynamo.config, 'trace_autograd_ops'):
+                    raise UserError(f'{variant.name}: compiling the whole training step needs a torch whose dynamo '
+                                    f'traces the backward (torch._dynamo.config.trace_autograd_ops, torch >= 2.11); '
+                                    f'this is torch {torch.__version__}')
+                self.step_fn = torch.compile(self._whole_step, backend=torchcompile, **how)
 
     def _prime_optimizer(self) -> None:
         """Create the momentum buffers with a zero-gradient step (weights unchanged), so that the state belongs to
@@ -230,10 +241,22 @@ class _Runner:
             return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
         return contextlib.nullcontext()
 
+    def _whole_step(self, x: torch.Tensor, target: torch.Tensor) -> None:
+        with self._autocast():
+            loss = F.cross_entropy(self.train_model(x), target)
+        loss.backward()
+        self.optimizer.step()
+        for p in self.train_model.parameters():  # zero_grad(set_to_none=True), which dynamo does not trace
+            p.grad = None
+
     def train_step(self) -> None:
         self.train_model.train()
         if self.cudagraphs:
             torch.compiler.cudagraph_mark_step_begin()
+        if self.step_fn is not None:
+            with self.variant.context(), torch._dynamo.config.patch(trace_autograd_ops=True):
+                self.step_fn(self.x, self.target)
+            return
         with self.variant.context():
             self.optimizer.zero_grad(set_to_none=True)
             with self._autocast():

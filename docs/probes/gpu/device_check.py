@@ -23,7 +23,11 @@ once ``--budget-s`` would be exceeded:
    that never wait for the host, the compiled Triton kernel;
 10. two inductor settings (:data:`INDUCTOR_KNOBS`) against its defaults on the full-size step, same weights: the H100's
    profile found its largest kernel, a LayerNorm's backward fused with the dropout's, at 13 % occupancy with 235
-   registers a thread (14 % of the step), a persistent reduction.
+   registers a thread (14 % of the step), a persistent reduction;
+11. the narrow training step compiled whole (:data:`WHOLE_STEP_ROLES`: forward, loss, backward and the SGD step in one
+   compiled function, dynamo tracing the backward into the graph), ours against timm's ViT compiled the same way and
+   against ours with the model alone compiled: the host-bound narrow step's accumulation of gradients into 88
+   parameters runs in the graph then (docs/performance.md, the lead measured on a CPU).
 
 Before the first item, a warm phase compiles the selected items' steps in parallel processes, which leave their graphs
 in inductor's on-disk caches for the items' first steps to load (:func:`warm`; none under a budget of 400 s). A PASS /
@@ -35,6 +39,7 @@ import argparse
 import contextlib
 import copy
 import csv
+import dataclasses
 import gzip
 import json
 import os
@@ -90,6 +95,9 @@ INDUCTOR_KNOBS = {'looped_reductions': {'triton.persistent_reductions': False},
 # (2026-11-27) ours compiled in 23 s and the looped copy in 17 s, while the tuned copy was still compiling (tuning)
 # after 110 s when the call's timeout stopped it
 INDUCTOR_KNOB_ESTIMATES_S = {'looped_reductions': 70, 'tuned_blocks': 300}
+# section 11: copies of these roles (same weights) whose training step compiles whole
+WHOLE_STEP_ROLES = {'ours_step': 'ours', 'vit_step': 'vit'}
+SECTIONS = range(1, 12)
 # the share of --budget-s that compiling the items' steps beforehand may take (the warm phase), and the budget
 # below which there is none: under it the share is shorter than most items' compiles (their estimates, up to 120 s
 # but section 10's tuned copy, 300 s: run that section with --warm-s 0), so the cut could kill every process before
@@ -242,6 +250,9 @@ class Check:
             for knob, settings in INDUCTOR_KNOBS.items():  # same weights, compiled (at its first step) with them
                 family[knob] = sab.Variant(f'{family["ours"].name}[{knob}]', copy.deepcopy(family['ours'].model),
                                            compile_options=settings)
+            for role, base in WHOLE_STEP_ROLES.items():
+                family[role] = dataclasses.replace(family[base], name=f'{family[base].name}[whole step]',
+                                                   model=copy.deepcopy(family[base].model), whole_step=True)
             self.families[key] = family
         return self.families[key]
 
@@ -280,7 +291,7 @@ class Check:
                 self.log.results.setdefault('compile_cache', {})[f'{runner.label}/{kind}'] = cache
                 self.log.results.setdefault('graph_breaks', {})[f'{runner.label}/{kind}'] = breaks
                 for reason, count in breaks.items():  # dynamo's reasons: a break costs a graph and a launch each
-                    self.log(f'  {name}: GRAPH BREAK ({count}x in the {kind} step): {reason[:300]}')
+                    self.log(f'  {name}: GRAPH BREAK ({count}x in the {kind} step): {reason.splitlines()[0][:300]}')
             skipped = counters['inductor']['cudagraph_skips'] - skips
             if runner.cudagraphs and skipped:  # inductor then runs the compiled graph without CUDA graphs
                 self.log(f'  {name}: CUDA GRAPHS SKIPPED for {skipped} graph(s) of the {kind} step (inductor\'s '
@@ -1062,6 +1073,10 @@ def items(check: Check) -> List[Item]:
         *[pair(10, f'full-size ours / {knob}, reduce-overhead, training', 'full', 'reduce-overhead', ('ours', knob),
                INDUCTOR_KNOB_ESTIMATES_S[knob], key=f'inductor/{knob}/full/reduce-overhead')
           for knob in INDUCTOR_KNOBS],
+        pair(11, 'narrow, whole step compiled: ours / timm ViT, reduce-overhead, training', 'narrow', 'reduce-overhead',
+             tuple(WHOLE_STEP_ROLES), 100, key='whole_step/narrow/vit'),
+        pair(11, 'narrow, ours: whole step / model compiled, reduce-overhead, training', 'narrow', 'reduce-overhead',
+             ('ours_step', 'ours'), 60, key='whole_step/narrow/ours'),
     ]
 
 
@@ -1079,7 +1094,8 @@ def main(argv=None) -> int:
     p.add_argument('--smoke', action='store_true', help='the CPU with tiny models and a few steps: seconds')
     p.add_argument('--budget-s', type=float, default=480, help='skip what would end later than this (default 480)')
     p.add_argument('--section', default='all',
-                   help='comma list of the sections to run, 1-10 (default all; the zoo, 7, needs its own call)')
+                   help=f'comma list of the sections to run, {SECTIONS[0]}-{SECTIONS[-1]} (default all; the zoo, 7, '
+                        f'needs its own call)')
     p.add_argument('--data-dir', default=None,
                    help='the folder of Fashion-MNIST\'s four IDX files (sections 6, 7; default data/fashion-mnist, '
                         'unpacked from data/fashion-mnist-xz where only that travelled)')
@@ -1098,9 +1114,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.warm_parallel < 1:
         p.error(f'--warm-parallel {args.warm_parallel}: at least 1')
-    sections = set(range(1, 11)) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
-    if not sections <= set(range(1, 11)):
-        p.error(f'--section {args.section!r}: sections are 1 to 10')
+    sections = set(SECTIONS) if args.section == 'all' else {int(x) for x in args.section.split(',') if x.strip()}
+    if not sections <= set(SECTIONS):
+        p.error(f'--section {args.section!r}: sections are {SECTIONS[0]} to {SECTIONS[-1]}')
     if not args.smoke and not torch.cuda.is_available():
         p.error('no CUDA device: run with --smoke on the CPU')
     if args.data_dir is None:
