@@ -492,6 +492,7 @@ def test_a_switch_that_changes_no_path_in_the_steps_setting_is_refused(switch, s
 
 
 
+@pytest.mark.skipif(not hasattr(torch._dynamo.config, 'trace_autograd_ops'), reason='torch without trace_autograd_ops')
 def test_whole_step_variant_compiles_the_backward_into_the_graph_and_trains_like_eager():
     """A whole-step variant compiles forward, loss, backward and the SGD step as one function, dynamo tracing the
     backward (trace_autograd_ops, on only while it runs): its parameters after three steps are an eager runner's,

@@ -152,13 +152,15 @@ def test_smoke_runs_the_inductor_settings_section_and_each_copy_compiles_with_it
         assert torch.equal(next(family[knob].model.parameters()), next(family['ours'].model.parameters()))
 
 
+@pytest.mark.skipif(not hasattr(torch._dynamo.config, 'trace_autograd_ops'), reason='torch without trace_autograd_ops')
 def test_smoke_runs_the_whole_step_section_with_the_backward_in_the_graph(tmp_path):
     """Section 11: the narrow step compiled whole, ours against timm's ViT compiled the same way and against ours
     with the model alone compiled; the whole steps break only around the optimizer step (torch.optim's own), never
     at ``loss.backward()``, and each copy has its base's weights."""
     _, results = _run(tmp_path, '--section', '11')
     assert [r['role'] for r in results['paired']['whole_step/narrow/vit']] == list(dc.WHOLE_STEP_ROLES)
-    assert [r['role'] for r in results['paired']['whole_step/narrow/ours']] == ['ours_step', 'ours']
+    assert [r['role'] for r in results['paired']['whole_step/narrow/ours']] == [
+        'ours_step', dc.FUSED_OPTIMIZER_ROLE, 'ours']
     assert [i['status'] for i in results['items']] == ['done', 'done']
     assert set(results['compile_cache']) == _declared_steps({11})
     for label, breaks in results['graph_breaks'].items():
@@ -169,6 +171,39 @@ def test_smoke_runs_the_whole_step_section_with_the_backward_in_the_graph(tmp_pa
     for role, base in dc.WHOLE_STEP_ROLES.items():
         assert family[role].whole_step and not family[base].whole_step
         assert torch.equal(next(family[role].model.parameters()), next(family[base].model.parameters()))
+    fused = family[dc.FUSED_OPTIMIZER_ROLE]
+    assert fused.fused_optimizer and not fused.whole_step and not family['ours'].fused_optimizer
+    assert torch.equal(next(fused.model.parameters()), next(family['ours'].model.parameters()))
+
+
+def test_a_whole_step_that_breaks_elsewhere_or_skips_cuda_graphs_is_not_timed():
+    """The whole step's first steps may break the graph only where torch.optim does, twice; a break at
+    ``loss.backward()`` (a dynamo that does not trace it) or a CUDA-graph skip fails the item instead of timing a
+    different step."""
+    optim = 'Call to `torch._dynamo.graph_break()`\n  Explanation: User-inserted graph break.'
+    backward = 'Unsupported Tensor.backward() call\n  Explanation: Dynamo currently does not support tracing'
+    assert dc.whole_step_problem({optim: 2}, 0) is None
+    assert 'Unsupported Tensor.backward() call' in dc.whole_step_problem({optim: 2, backward: 1}, 0)
+    assert 'did not compile whole' in dc.whole_step_problem({optim: 3}, 0)
+    assert 'without CUDA graphs' in dc.whole_step_problem({optim: 2}, 1)
+
+
+@pytest.mark.skipif(not hasattr(torch._dynamo.config, 'trace_autograd_ops'), reason='torch without trace_autograd_ops')
+def test_the_first_steps_of_a_whole_step_runner_are_checked_and_only_theirs(tmp_path, monkeypatch):
+    """Each whole-step runner's first training steps go through the check (its graph breaks as dynamo counted them),
+    and a problem stops the pair; the model-compiled runners are not checked."""
+    seen = []
+
+    def problem(breaks, skips):
+        seen.append(sum(breaks.values()))
+        return 'a problem'
+    monkeypatch.setattr(dc, 'whole_step_problem', problem)
+    check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 1)
+    check.paired('narrow', 'reduce-overhead', ('ours', dc.FUSED_OPTIMIZER_ROLE))
+    assert seen == []
+    with pytest.raises(RuntimeError, match='a problem'):
+        check.paired('narrow', 'reduce-overhead', ('ours_step', 'ours'))
+    assert seen == [2]
 
 
 def test_compile_options_keep_the_mode_and_add_the_settings():

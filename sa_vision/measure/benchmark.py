@@ -99,6 +99,7 @@ class Variant:
     # dynamo then traces the backward into the forward's graph (torch._dynamo.config.trace_autograd_ops), so the
     # gradients' accumulation runs in the graph instead of as one host dispatch per parameter
     whole_step: bool = False
+    fused_optimizer: bool = False  # its SGD step fused (one launch), as sa-vision-train's AdamW on CUDA
 
 
 def _to_channels_last(model: nn.Module) -> None:
@@ -211,7 +212,8 @@ class _Runner:
             head = getattr(variant.model, 'head', None)
             num_classes = head.out_features if isinstance(head, nn.Linear) else 10
         self.target = torch.randint(0, num_classes, (batch_size,), generator=gen).to(device)
-        self.optimizer = torch.optim.SGD(self.train_model.parameters(), lr=lr, momentum=0.9)
+        self.optimizer = torch.optim.SGD(self.train_model.parameters(), lr=lr, momentum=0.9,
+                                         **({'fused': True} if variant.fused_optimizer else {}))
         self._prime_optimizer()
         self.train_fn = self.train_model
         self.infer_fn = self.infer_model
@@ -223,8 +225,8 @@ class _Runner:
             if variant.whole_step:
                 if not hasattr(torch._dynamo.config, 'trace_autograd_ops'):
                     raise UserError(f'{variant.name}: compiling the whole training step needs a torch whose dynamo '
-                                    f'traces the backward (torch._dynamo.config.trace_autograd_ops, torch >= 2.11); '
-                                    f'this is torch {torch.__version__}')
+                                    f'traces the backward (torch._dynamo.config.trace_autograd_ops); this is torch '
+                                    f'{torch.__version__}')
                 self.step_fn = torch.compile(self._whole_step, backend=torchcompile, **how)
 
     def _prime_optimizer(self) -> None:
