@@ -20,6 +20,7 @@ from torch import nn
 
 from sa_vision import reproduce
 from sa_vision.measure import benchmark as sab
+from sa_vision.measure import runner as sar
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'docs' / 'probes' / 'gpu' / 'device_check.py'
@@ -209,10 +210,10 @@ def test_the_first_steps_of_a_whole_step_runner_are_checked_and_only_theirs(tmp_
 def test_compile_options_keep_the_mode_and_add_the_settings():
     """torch.compile takes a mode or options, not both: a variant with settings compiles with the mode's own
     options (CUDA graphs for reduce-overhead) and its settings."""
-    assert sab._compile_how('reduce-overhead', None) == {'mode': 'reduce-overhead'}
-    assert sab._compile_how('reduce-overhead', {'coordinate_descent_tuning': True}) == {
+    assert sar._compile_how('reduce-overhead', None) == {'mode': 'reduce-overhead'}
+    assert sar._compile_how('reduce-overhead', {'coordinate_descent_tuning': True}) == {
         'options': {'triton.cudagraphs': True, 'coordinate_descent_tuning': True}}
-    assert sab._compile_how(None, {'coordinate_descent_tuning': True}) == {
+    assert sar._compile_how(None, {'coordinate_descent_tuning': True}) == {
         'options': {'coordinate_descent_tuning': True}}
 
 
