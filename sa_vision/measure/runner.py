@@ -118,15 +118,13 @@ class _Runner:
             return torch.autocast(device_type=self.device.type, dtype=self.amp_dtype)
         return contextlib.nullcontext()
 
-    def _update(self, forward: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, target: torch.Tensor) -> None:
-        """Forward (under autocast), loss, backward and the SGD step: the training step either way it runs."""
+    def _whole_step(self, x: torch.Tensor, target: torch.Tensor) -> None:
+        # train_step's update written out again, not shared: called from here, a helper holding optimizer.step()
+        # would put torch.optim's graph breaks in a nested frame, where dynamo breaks this whole frame once more
         with self._autocast():
-            loss = F.cross_entropy(forward(x), target)
+            loss = F.cross_entropy(self.train_model(x), target)
         loss.backward()
         self.optimizer.step()
-
-    def _whole_step(self, x: torch.Tensor, target: torch.Tensor) -> None:
-        self._update(self.train_model, x, target)
         for p in self.train_model.parameters():  # zero_grad(set_to_none=True), which dynamo does not trace
             p.grad = None
 
@@ -140,7 +138,10 @@ class _Runner:
             return
         with self.variant.context():
             self.optimizer.zero_grad(set_to_none=True)
-            self._update(self.train_fn, self.x, self.target)
+            with self._autocast():
+                loss = F.cross_entropy(self.train_fn(self.x), self.target)
+            loss.backward()
+            self.optimizer.step()
 
     def infer_step(self) -> None:
         self.infer_model.eval()
