@@ -27,7 +27,10 @@ once ``--budget-s`` would be exceeded:
 11. the narrow training step compiled whole (:data:`WHOLE_STEP_ROLES`: forward, loss, backward and the SGD step in one
    compiled function, dynamo tracing the backward into the graph), ours against timm's ViT compiled the same way and
    against ours with the model alone compiled: the host-bound narrow step's accumulation of gradients into 88
-   parameters runs in the graph then (docs/performance.md, the lead measured on a CPU).
+   parameters runs in the graph then (docs/performance.md, the lead measured on a CPU);
+12. timm's own ``train.py`` trains the narrow model compiled with CUDA graphs and bf16 autocast (``timm_train_check``
+   beside this file): that it runs, its images/s, and its compiled evaluation against the same weights evaluated
+   uncompiled (the compiled evaluation's fault, docs/training.md).
 
 Before the first item, a warm phase compiles the selected items' steps in parallel processes, which leave their graphs
 in inductor's on-disk caches for the items' first steps to load (:func:`warm`; none under a budget of 400 s). A PASS /
@@ -65,6 +68,7 @@ from probe_env import fashion_mnist_dir, on_sigterm, redirect_fds, require_timm,
 require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
 
 import timm
+import timm_train_check  # beside this file, as probe_env
 import torch
 from torch._dynamo.utils import counters
 
@@ -100,7 +104,7 @@ INDUCTOR_KNOB_ESTIMATES_S = {'looped_reductions': 70, 'tuned_blocks': 300}
 # decision reads, so that the whole step's gain is not only the SGD step's foreach launches compiled away
 WHOLE_STEP_ROLES = {'ours_step': 'ours', 'vit_step': 'vit'}
 FUSED_OPTIMIZER_ROLE = 'ours_fused'
-SECTIONS = range(1, 12)
+SECTIONS = range(1, 13)
 # the share of --budget-s that compiling the items' steps beforehand may take (the warm phase), and the budget
 # below which there is none: under it the share is shorter than most items' compiles (their estimates, up to 120 s
 # but section 10's tuned copy, 300 s: run that section with --warm-s 0), so the cut could kill every process before
@@ -110,6 +114,11 @@ WARM_SHARE, WARM_MIN_BUDGET_S = 0.3, 400
 NEW_TRAIN_FLAGS = ('--device-data', '--torchcompile-mode')
 SPEED_FLAGS = ('--device-data', 'on', '--torchcompile', 'inductor', '--torchcompile-mode', 'reduce-overhead', '--amp',
                '--amp-dtype', 'bfloat16')
+# sections 6 and 12: the optimizer and schedule of a training, in the argument names sa-vision-train and timm's
+# train.py share; the warm-up apart, whole epochs in train.py
+TRAIN_RECIPE = ('--opt', 'adamw', '--lr', '2e-3', '--weight-decay', '0.05', '--sched', 'cosine')
+TIMM_TRAIN_WORKERS = 8  # section 12: train.py's loader transforms each image in Python, in worker processes
+SMOKE_TIMM_IMAGES = 256  # section 12's smoke run: the first images of each Fashion-MNIST split
 
 
 @dataclass
@@ -244,6 +253,7 @@ class Check:
         self.families: Dict[Any, Dict[str, sab.Variant]] = {}
         self.runners: Dict[Any, Any] = {}
         self.input_size = (3, 32, 32)
+        self.timm_train_path: Optional[str] = None  # section 12: --timm-train
 
     # ---- models and runners
 
@@ -603,9 +613,8 @@ class Check:
     def e2e_argv(setting: Setting, size: str, flags: List[str], out: str, data_dir: Optional[str]) -> List[str]:
         kwargs = setting.full if size == 'full' else setting.narrow
         argv = ['--model', 'sa_quadratic_cifar', '--dataset', setting.dataset, '--epochs', str(setting.e2e_epochs),
-                '-b', str(setting.batch_size), '--opt', 'adamw', '--lr', '2e-3', '--weight-decay', '0.05',
-                '--sched', 'cosine', '--warmup-epochs', '0.1', '--workers', '0', '--train-crop-padding', '0',
-                '--log-interval', '100', '--output', out, '--experiment', size, *flags]
+                '-b', str(setting.batch_size), *TRAIN_RECIPE, '--warmup-epochs', '0.1', '--workers', '0',
+                '--train-crop-padding', '0', '--log-interval', '100', '--output', out, '--experiment', size, *flags]
         if kwargs:
             argv[2:2] = ['--model-kwargs', *(f'{k}={v}' for k, v in kwargs.items())]
         return argv + (['--data-dir', data_dir] if data_dir else [])
@@ -651,6 +660,60 @@ class Check:
         self.log(f'sa-vision-train {label}: exit {status}, {wall:.0f} s wall (process start, compile and evaluation '
                  f'included); its log: train_e2e.log')
         self.log.results.setdefault('train_e2e', {})[label] = result
+
+    # ---- section 12: timm's train.py
+
+    def timm_train(self) -> None:
+        """timm's own train.py (``timm_train_check``) trains the narrow model compiled with CUDA graphs; then its
+        last checkpoint is evaluated uncompiled against the evaluation train.py logged through the compiled module."""
+        tc = timm_train_check
+        script = tc.train_script(self.timm_train_path)
+        if script is None:
+            reason = (f'no timm train.py: carry it as {tc.SCRIPT_IN_CARRY.relative_to(ROOT)} (README.md, "timm and '
+                      f'the commit"), or pass --timm-train')
+            self.log(f'timm\'s train.py: skipped: {reason}')
+            self.log.results.setdefault('skipped', {})['timm train.py'] = reason
+            return
+        with tempfile.TemporaryDirectory(prefix='timm-train-') as tmp:
+            data = tc.torchvision_fashion_mnist(self.data_dir, Path(tmp) / 'data',
+                                                SMOKE_TIMM_IMAGES if self.smoke else None)
+            recipe = (*TRAIN_RECIPE, '--warmup-epochs', '0')  # train.py's default is 5
+            cmd = tc.train_argv(script, data, Path(tmp) / 'out', self.s.narrow, recipe, device=self.s.device,
+                                backend=self.s.backend, batch_size=self.s.batch_size, epochs=self.s.e2e_epochs,
+                                workers=0 if self.smoke else TIMM_TRAIN_WORKERS)
+            self.log(f'$ {" ".join(cmd[1:])}')
+            t0 = time.time()
+            log_path = self.log.out / 'timm_train.log'
+            with open(log_path, 'a') as f:
+                f.write(f'\n$ {" ".join(cmd)}\n')
+                f.flush()
+                try:
+                    status = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=tmp,
+                                            timeout=max(self.budget.left(), 30),
+                                            env=dict(os.environ, PYTHONUNBUFFERED='1')).returncode
+                except subprocess.TimeoutExpired:
+                    status = 'stopped: budget'
+            wall = time.time() - t0
+            text = log_path.read_text().rsplit('\n$ ', 1)[-1]
+            run = Path(tmp) / 'out' / tc.EXPERIMENT
+            result = {'status': status, 'wall_s': round(wall, 1), 'command': cmd[1:], 'script': str(script),
+                      'epoch_img_s': tc.epoch_rates(text), 'compiled': tc.last_evaluation(run / 'summary.csv')}
+            self.log.results['timm_train'] = result
+            self.log(f'train.py: exit {status}, {wall:.0f} s wall (process start, compile and evaluations included); '
+                     f'its log: timm_train.log')
+            for epoch, rate in result['epoch_img_s'].items():
+                self.log(f'  epoch {epoch}: {rate:,.0f} img/s (train.py\'s average over the epoch)')
+            if status != 0 or result['compiled'] is None:
+                for line in text.splitlines()[-12:]:
+                    self.log(f'  | {line[:200]}')
+                raise RuntimeError(f'train.py: exit {status}, evaluation {result["compiled"]}')
+            eager = tc.evaluate_uncompiled(run / 'last.pth.tar', data, self.s.device, self.s.batch_size)
+            result.update(eager=eager, verdict=tc.verdict(result['compiled'], eager))
+        compiled, v = result['compiled'], result['verdict']
+        self.log(f'its evaluation of epoch {compiled["epoch"]}, compiled: top-1 {compiled["top1"]:.2f} %, loss '
+                 f'{compiled["loss"]:.4f}; the same checkpoint uncompiled: top-1 {eager["top1"]:.2f} %, loss '
+                 f'{eager["loss"]:.4f} ({eager["images"]} images): {"RIGHT" if v["right"] else "WRONG"} (top-1 '
+                 f'{v["top1_diff_points"]:+.2f} points, loss {v["loss_relative_diff"]:.2%} apart)')
 
     # ---- section 7: the zoo
 
@@ -1105,6 +1168,7 @@ def items(check: Check) -> List[Item]:
         pair(11, 'narrow, ours: whole step / model compiled (fused SGD, foreach SGD), reduce-overhead, training',
              'narrow', 'reduce-overhead', ('ours_step', FUSED_OPTIMIZER_ROLE, 'ours'), 80,
              key='whole_step/narrow/ours'),
+        Item(12, 'timm\'s train.py, narrow, reduce-overhead, 2 epochs', c.timm_train, 150),
         knob('tuned_blocks'),  # last: its long compile, cut by a call's end, then costs no other item
     ]
 
@@ -1139,6 +1203,8 @@ def main(argv=None) -> int:
                         f'{WARM_MIN_BUDGET_S} s or in the smoke run; 0: none)')
     p.add_argument('--warm-parallel', type=int, default=max(1, min(6, (os.cpu_count() or 2) // 2)),
                    help='warm-up processes at a time (default: half the CPUs, at most 6)')
+    p.add_argument('--timm-train', default=None, metavar='TRAIN_PY',
+                   help='timm\'s train.py (section 12; default .whl/train.py, else $SA_VISION_TIMM_CHECKOUT/train.py)')
     p.add_argument('--warm-target', default=None, help=argparse.SUPPRESS)  # one warm-up process's target
     args = p.parse_args(argv)
     if args.warm_parallel < 1:
@@ -1156,6 +1222,7 @@ def main(argv=None) -> int:
     configure_torch()
     check = Check(smoke_setting(args.smoke_backend) if args.smoke else gpu_setting(), log, args.data_dir, budget,
                   args.smoke, args.zoo_parallel or (2 if args.smoke else 4))
+    check.timm_train_path = args.timm_train
     if args.warm_target:
         if check.device.type == 'cuda':  # the processes side by side share the GPU's memory
             torch.cuda.set_per_process_memory_fraction(0.9 / args.warm_parallel)

@@ -84,9 +84,11 @@ BATCH = 500  # the gpu-long recipe's evaluation batch
 # the settings part, each in a process of its own: the defaults twice (is a fresh process always wrong?), then
 # settings that would avoid the fault, one inductor knob each, the likeliest first: pointwise kernels compiled with
 # one configuration (nothing benchmarked on live buffers: the graph's GELU and residual + LayerNorm kernels write an
-# input in place), looped reductions, no pre-grad passes (what the bisector named), emulated bf16 rounding
+# input in place), no kernel writing over its input at all (then a benchmark has nothing to restore), looped
+# reductions, no pre-grad passes (what the bisector named), emulated bf16 rounding
 SETTINGS = (('defaults', {}), ('defaults, again', {}),
             ('no pointwise autotuning', {'triton.autotune_pointwise': False}),
+            ('no in-place buffers', {'inplace_buffers': False}),
             ('looped reductions', {'triton.persistent_reductions': False}),
             ('no pre-grad passes', {'use_pre_grad_passes': False}),
             ('emulated precision casts', {'emulate_precision_casts': True}))

@@ -1,0 +1,122 @@
+""" Device-check section 12 (docs/probes/gpu/timm_train_check.py): timm's own train.py trains our model compiled,
+and its compiled evaluation is checked against the same checkpoint evaluated uncompiled. The parts that need no
+train.py run everywhere; the section's smoke run needs a timm checkout (``SA_VISION_TIMM_CHECKOUT``: pip's timm ships
+no train.py) and is skipped without one, saying so.
+"""
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import HANG_TIMEOUT_S, load_script
+
+from sa_vision.train.run_timm import _parser as run_timm_parser
+from sa_vision.train.timm_args import TIMM_TRAIN_ARGS
+
+ROOT = Path(__file__).resolve().parent.parent
+PROBES = ROOT / 'docs' / 'probes' / 'gpu'
+
+tc = load_script(PROBES / 'timm_train_check.py')
+
+# train.py's own lines (timm main, 1.0.29.dev0, on a CPU; cut after the learning rate): each epoch's last says the
+# epoch's average rate
+TRAIN_PY_LINES = """\
+Train: 0 [   0/8 ( 12%)]  Loss: 2.27 (2.27)  Time: 9.685s,    3.30/s  (9.685s,    3.30/s)  LR: 2.000e-03
+Train: 0 [   7/8 (100%)]  Loss: 2.27 (2.35)  Time: 0.005s, 6133.42/s  (1.218s,   26.28/s)  LR: 2.000e-03
+Test: [   7/7]  Time: 0.001 (0.341)  Loss:   2.299 ( 2.282)  Acc@1:  15.625 (  8.984)  Acc@5:  46.875 ( 53.516)
+Train: 1 [   0/8 ( 12%)]  Loss: 2.23 (2.23)  Time: 0.033s,  966.51/s  (0.033s,  966.51/s)  LR: 1.000e-03
+Train: 1 [   7/8 (100%)]  Loss: 2.31 (2.28)  Time: 0.005s, 6490.85/s  (0.010s, 3051.83/s)  LR: 1.000e-03
+"""
+
+
+def test_fashion_mnist_is_laid_out_where_torchvision_reads_it_without_a_download(tmp_path):
+    """timm's torch/fashion_mnist is torchvision's FashionMNIST: it reads the layout written from Debian's files, the
+    same first images and labels as sa_vision's own reader, and only as many as asked."""
+    from torchvision.datasets import FashionMNIST
+
+    from sa_vision.train.datasets import FashionMnistDataset
+    root = tc.torchvision_fashion_mnist(None, tmp_path, limit=50)
+    for split, train in (('train', True), ('test', False)):
+        theirs = FashionMNIST(str(root), train=train, download=False)
+        ours = FashionMnistDataset(split, img_size=28)
+        assert len(theirs) == 50
+        assert torch.equal(theirs.data, ours.images[:50, 0]) and torch.equal(theirs.targets, ours.targets[:50])
+    with pytest.raises(ValueError, match='not an IDX file'):
+        tc.truncated_idx(b'PK\x03\x04' + bytes(12), 1)
+
+
+def test_the_command_names_only_arguments_that_train_py_and_run_timm_take(tmp_path):
+    """Every option after the script is one of train.py's (the packaged list, itself checked against a checkout's
+    parser in test_timm_train_args.py), and what comes before it run_timm's own parser takes."""
+    cmd = tc.train_argv(Path('train.py'), tmp_path, tmp_path / 'out', {'embed_dim': 64}, ('--opt', 'adamw'),
+                        device='cuda', backend='inductor', batch_size=128, epochs=2, workers=8)
+    assert cmd[1:3] == ['-m', 'sa_vision.train.run_timm']
+    script_at = cmd.index('train.py')
+    ours = run_timm_parser().parse_args(cmd[3:script_at + 1])
+    assert (ours.pos_lr_scale, ours.script) == (tc.POS_LR_SCALE, 'train.py')
+    options = [a for a in cmd[script_at + 1:] if a.startswith('-') and not a.lstrip('-').replace('.', '').isdigit()]
+    unknown = [o for o in options if o.lstrip('-').replace('-', '_') not in TIMM_TRAIN_ARGS and o != '-b']
+    assert not unknown, unknown
+    at = cmd.index('--model-kwargs')
+    assert 'input_padding=2' in cmd[at:] and f'input_pad_value={tc.normalization()["black"]}' in cmd[at:]
+
+
+def test_epoch_rates_are_each_epochs_last_average_of_train_py():
+    assert tc.epoch_rates(TRAIN_PY_LINES) == {0: 26.28, 1: 3051.83}
+
+
+def test_the_compiled_evaluation_is_right_only_where_top1_and_loss_agree():
+    eager = {'top1': 92.10, 'loss': 0.25}
+    assert tc.verdict({'top1': 92.00, 'loss': 0.252}, eager)['right']
+    assert not tc.verdict({'top1': 86.31, 'loss': 0.25}, eager)['right']  # the H200's fault of 2026-11-26
+    assert not tc.verdict({'top1': 92.10, 'loss': float('nan')}, eager)['right']
+    assert not tc.verdict({'top1': 92.10, 'loss': 0.26}, eager)['right']
+
+
+def test_last_evaluation_reads_train_pys_summary(tmp_path):
+    summary = tmp_path / 'summary.csv'
+    assert tc.last_evaluation(summary) is None
+    summary.write_text('epoch,train_loss,eval_loss,eval_top1,eval_top5,lr\n0,2.3,2.28,8.98,53.5,0.002\n'
+                       '1,2.28,2.25,11.33,58.2,0.001\n')
+    assert tc.last_evaluation(summary) == {'epoch': 1, 'top1': 11.33, 'loss': 2.25}
+
+
+def _section_12(out: Path, *args: str) -> dict:
+    # two threads: with one, this CPU's bf16 products tied no logits, and a re-evaluation counting top-1 by argmax
+    # (not timm's topk) went unseen
+    env = dict(os.environ, OMP_NUM_THREADS='2', PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
+    proc = subprocess.run([sys.executable, str(PROBES / 'device_check.py'), '--smoke', '--section', '12', '--out',
+                           str(out), *args], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=HANG_TIMEOUT_S)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return json.loads((out / 'device_check.json').read_text())
+
+
+def test_without_train_py_the_section_says_how_to_carry_it(tmp_path):
+    results = _section_12(tmp_path, '--timm-train', str(tmp_path / 'missing' / 'train.py'))
+    assert '.whl/train.py' in results['skipped']['timm train.py']
+    assert [i['status'] for i in results['items']] == ['done']
+
+
+@pytest.mark.slow
+def test_smoke_trains_with_timms_train_py_and_evaluates_the_checkpoint_as_it_did(tmp_path):
+    """With dynamo's eager backend the compiled evaluation is eager's own operations: train.py's logged top-1 and
+    loss and the re-evaluation of its checkpoint must agree exactly, or the re-evaluation differs from train.py's
+    (its loader, its batches, inference mode, timm's top-1 count)."""
+    script = tc.train_script()
+    if script is None:
+        pytest.skip('no timm train.py: set SA_VISION_TIMM_CHECKOUT to a pytorch-image-models checkout (pip ships no '
+                    'train.py), or put one at .whl/train.py')
+    results = _section_12(tmp_path)
+    run = results['timm_train']
+    assert run['status'] == 0, (tmp_path / 'timm_train.log').read_text()[-3000:]
+    assert run['script'] == str(script) and set(run['epoch_img_s']) == {'0'}
+    assert run['compiled']['epoch'] == 0 and run['eager']['images'] == 256
+    assert run['eager']['model_args']['in_chans'] == 1 and run['eager']['model_args']['input_padding'] == 2
+    verdict = run['verdict']
+    assert verdict['right'] and verdict['top1_diff_points'] == 0, run
+    assert math.isclose(run['compiled']['loss'], run['eager']['loss'], rel_tol=1e-5), run
