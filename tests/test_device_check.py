@@ -74,9 +74,11 @@ def test_smoke_measures_profiles_and_checks_syncs(tmp_path):
     # dense first, CUDA's default: the decision reads the [separable] row's ratio to it
     assert [r['model'] for r in paired['dense/full/reduce-overhead']] == [
         'sa_quadratic_cifar[dense]', 'sa_quadratic_cifar[separable]', 'sa_gen_cifar']
-    for size in ('full', 'narrow'):  # dense first: the decision reads the [projfirst] row's ratio to it
+    for size in ('full', 'narrow'):  # dense first: the decisions read the other row's ratio to it
         assert [r['model'] for r in paired[f'projfirst/{size}/reduce-overhead']] == [
             'sa_quadratic_cifar[dense]', 'sa_quadratic_cifar[projfirst]']
+        assert [r['model'] for r in paired[f'batchmajor/{size}/reduce-overhead']] == [
+            'sa_quadratic_cifar[dense]', 'sa_quadratic_cifar[batch-major]']
     assert [r['model'] for r in paired['resnet/reduce-overhead']] == ['sa_quadratic_cifar', 'resnet18_cifar']
     # the compiled steps ran through torch.compile (dynamo's eager backend in the smoke run)
     assert 'first train steps (compile included)' in log

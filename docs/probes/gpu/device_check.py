@@ -10,7 +10,8 @@ once ``--budget-s`` would be exceeded:
    paired (alternating rounds, median ratio; ``sa_vision.measure.benchmark``) against the paper's formulation and
    timm's ViT at matched MACs, compiled the same way;
 2. dense (Kronecker, CUDA's default) against separable mixing, with ``sa_gen_cifar`` (never separable) beside; then
-   the dense path against itself projected first (``project_then_mix``, same weights): whether CUDA projects first;
+   the dense path against itself batch-major (``batch_major.py`` beside this file: no copy of the heads-sized tensor)
+   and projected first (``project_then_mix``, same weights): whether CUDA mixes batch-major, or projects first;
 3. the zoo's half-width ResNet18 against the narrow model;
 4. a profiler summary of one compiled training step (GPU busy time, kernels, the top kernels; a trace file);
 5. the sync check: training steps under ``torch.cuda.set_sync_debug_mode('error')``;
@@ -70,9 +71,11 @@ require_timm()  # one line and exit 2 where timm is outside pyproject's range: s
 import timm
 import timm_train_check  # beside this file, as probe_env
 import torch
+from batch_major import batch_major
 from torch._dynamo.utils import counters
 
 import sa_vision
+from sa_vision.layers import dense_attention
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
 from sa_vision.reproduce import PROFILES, PRUNED_MODEL, TRAINED_MODELS, Reproduction, StageStopped
@@ -259,8 +262,8 @@ class Check:
 
     def family(self, size: str, mode: str) -> Dict[str, sab.Variant]:
         """The variants of one size, built once per compile mode (each mode compiles its own copies): ours, the
-        paper's formulation, ours on the dense path, through the fused Triton kernel and on the dense path projected
-        first (same weights), timm's ViT, sa_gen_cifar, the ResNet."""
+        paper's formulation, ours on the dense path, through the fused Triton kernel, on the dense path projected
+        first and batch-major (same weights), timm's ViT, sa_gen_cifar, the ResNet."""
         key = (size, mode)
         if key not in self.families:
             kwargs = self.s.full if size == 'full' else self.s.narrow
@@ -273,6 +276,9 @@ class Check:
                 input_size=self.input_size, **kwargs)
             family = dict(zip(('ours', 'paper', 'dense', 'separable', 'fused', 'projfirst', 'vit', 'gen', 'resnet'),
                               variants))
+            patched = batch_major(copy.deepcopy(family['ours'].model))  # dense, as the role it is paired with
+            family['batchmajor'] = sab.Variant(f'{family["ours"].name}[batch-major]', patched,
+                                               context=lambda m=patched: dense_attention(m))
             for knob, settings in INDUCTOR_KNOBS.items():  # same weights, compiled (at its first step) with them
                 family[knob] = sab.Variant(f'{family["ours"].name}[{knob}]', copy.deepcopy(family['ours'].model),
                                            compile_options=settings)
@@ -1109,7 +1115,11 @@ def items(check: Check) -> List[Item]:
         pair(1, 'narrow, eager', 'narrow', 'eager', main3, 20, 'both'),
         pair(1, 'full-size, reduce-overhead, training', 'full', 'reduce-overhead', main3, 120),
         pair(1, 'narrow, reduce-overhead, training', 'narrow', 'reduce-overhead', main3, 90),
-        # a default still to decide, so before the profiles: dense first, the ratio is dense / projected first
+        # defaults still to decide, so before the profiles: dense first, the ratio is dense / the other
+        pair(2, 'full-size dense / dense batch-major, reduce-overhead', 'full', 'reduce-overhead',
+             ('dense', 'batchmajor'), 60, key='batchmajor/full/reduce-overhead'),
+        pair(2, 'narrow dense / dense batch-major, reduce-overhead', 'narrow', 'reduce-overhead',
+             ('dense', 'batchmajor'), 45, key='batchmajor/narrow/reduce-overhead'),
         pair(2, 'full-size dense / dense projected first, reduce-overhead', 'full', 'reduce-overhead',
              ('dense', 'projfirst'), 60, key='projfirst/full/reduce-overhead'),
         pair(2, 'narrow dense / dense projected first, reduce-overhead', 'narrow', 'reduce-overhead',
