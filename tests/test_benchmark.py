@@ -269,7 +269,7 @@ def test_step_dtype_and_matmul_rate_dtype(monkeypatch):
 
 
 def test_peak_memory_step_starts_without_the_previous_gradients():
-    runner = sab._Runner(sab.Variant('m', nn.Sequential(nn.Flatten(), nn.Linear(12, 10))), 4, (3, 2, 2),
+    runner = sab.StepRunner(sab.Variant('m', nn.Sequential(nn.Flatten(), nn.Linear(12, 10))), 4, (3, 2, 2),
                          torch.device('cpu'))
     runner.train_step()
     grads_at_start = []
@@ -419,7 +419,7 @@ def test_compiled_steps_keep_no_tensor_of_theirs_in_the_model(compare):
     variants = sab.build_variants('sa_quadratic_cifar', [] if compare == 'self' else [compare],
                                   compare_kwargs=compare_kwargs, input_size=(3, 8, 8), **TINY)
     variant = variants[-1]
-    runner = sab._Runner(variant, 2, (3, 8, 8), torch.device('cpu'), torchcompile='eager',
+    runner = sab.StepRunner(variant, 2, (3, 8, 8), torch.device('cpu'), torchcompile='eager',
                          torchcompile_mode='reduce-overhead')
     before = _tensors_held(variant.model)
     torch._dynamo.reset()
@@ -505,7 +505,7 @@ def test_whole_step_variant_compiles_the_backward_into_the_graph_and_trains_like
 
     def trained(whole_step: bool, torchcompile):
         variant = sab.Variant('v', copy.deepcopy(model), whole_step=whole_step)
-        runner = sab._Runner(variant, 4, (3, 32, 32), torch.device('cpu'), torchcompile=torchcompile, lr=1e-2)
+        runner = sab.StepRunner(variant, 4, (3, 32, 32), torch.device('cpu'), torchcompile=torchcompile, lr=1e-2)
         for _ in range(3):
             runner.train_step()
         return [p.detach() for p in runner.train_model.parameters()]
@@ -528,7 +528,7 @@ def test_a_fused_optimizer_variant_steps_with_the_fused_sgd():
     and only that variant; the fused step moves the weights as the foreach one does."""
     torch.manual_seed(0)
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 10))
-    runners = [sab._Runner(sab.Variant(str(fused), copy.deepcopy(model), fused_optimizer=fused), 4, (3, 2, 2),
+    runners = [sab.StepRunner(sab.Variant(str(fused), copy.deepcopy(model), fused_optimizer=fused), 4, (3, 2, 2),
                            torch.device('cpu'), lr=1e-2) for fused in (True, False)]
     assert [r.optimizer.defaults.get('fused') for r in runners] == [True, None]
     for runner in runners:

@@ -417,26 +417,26 @@ def test_runner_compiles_in_the_asked_mode_and_starts_a_cuda_graph_step_each_tim
     monkeypatch.setattr(sab.torch, 'compile', lambda model, **kwargs: compiled.append(kwargs) or model)
     monkeypatch.setattr(sab.torch.compiler, 'cudagraph_mark_step_begin', lambda: steps_begun.append(1))
     model = nn.Sequential(nn.Flatten(), nn.Linear(12, 10))
-    runner = sab._Runner(sab.Variant('m', model), 4, (3, 2, 2), torch.device('cpu'), torchcompile='inductor',
+    runner = sab.StepRunner(sab.Variant('m', model), 4, (3, 2, 2), torch.device('cpu'), torchcompile='inductor',
                          torchcompile_mode='reduce-overhead')
     assert compiled == [{'backend': 'inductor', 'mode': 'reduce-overhead'}] * 2  # training and inference
     runner.train_step()
     runner.infer_step()
     assert len(steps_begun) == 2
-    sab._Runner(sab.Variant('m', model), 4, (3, 2, 2), torch.device('cpu'), torchcompile='inductor').train_step()
+    sab.StepRunner(sab.Variant('m', model), 4, (3, 2, 2), torch.device('cpu'), torchcompile='inductor').train_step()
     assert compiled[-1] == {'backend': 'inductor', 'mode': None} and len(steps_begun) == 2
 
 
 def test_benchmark_times_prebuilt_runners_without_building_others(monkeypatch):
     variants = [sab.Variant(name, nn.Sequential(nn.Flatten(), nn.Linear(12, 10))) for name in ('a', 'b')]
-    runners = [sab._Runner(v, 4, (3, 2, 2), torch.device('cpu')) for v in variants]
+    runners = [sab.StepRunner(v, 4, (3, 2, 2), torch.device('cpu')) for v in variants]
     calls = []
     for r in runners:
         r.train_step = (lambda step, name: lambda: (calls.append(name), step()))(r.train_step, r.variant.name)
 
     def no_new_runner(*args, **kwargs):
         raise AssertionError('built a runner although prebuilt ones were given')
-    monkeypatch.setattr(sab, '_Runner', no_new_runner)
+    monkeypatch.setattr(sab, 'StepRunner', no_new_runner)
     rows = sab.benchmark_variants(variants, runners=runners, batch_size=4, input_size=(3, 2, 2), device='cpu',
                                   bench='train', warmup=0, runs=2, measure_memory=False)
     assert calls == ['a', 'b', 'a', 'b']  # alternately, round by round
@@ -589,7 +589,7 @@ def test_a_graph_break_in_a_compiled_step_is_counted_and_flagged(tmp_path):
             torch._dynamo.graph_break()
             return self.head(x)
     check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 1)
-    runner = sab._Runner(sab.Variant('breaks', Breaks()), 4, (3, 2, 2), torch.device('cpu'), torchcompile='eager')
+    runner = sab.StepRunner(sab.Variant('breaks', Breaks()), 4, (3, 2, 2), torch.device('cpu'), torchcompile='eager')
     runner.label = 'breaks'
     torch._dynamo.reset()
     check.first_steps(runner, 'breaks', 'train')

@@ -18,13 +18,13 @@ from ..train.runtime import synchronize
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory
 from .peers import PEERS, build_peer, is_peer
-from .runner import DTYPES, Variant, _Runner
+from .runner import DTYPES, StepRunner, Variant
 from .switches import SWITCHES, check_switch_changes, check_switches_change_paths
 
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
     'resolve_device', 'compute_dtype', 'paper_model_like',
-    'Variant', 'build_variants', 'benchmark_variants', 'profile_train_step',
+    'StepRunner', 'Variant', 'build_variants', 'benchmark_variants', 'profile_train_step',
 ]
 
 
@@ -154,7 +154,7 @@ def benchmark_variants(
         measure_memory: bool = True,
         matmul_size: Optional[int] = None,
         log: Optional[Callable[[str], None]] = None,
-        runners: Optional[Sequence['_Runner']] = None,
+        runners: Optional[Sequence['StepRunner']] = None,
         **runner_kwargs,
 ) -> List[Dict[str, Any]]:
     """Time ``variants`` alternately (round r: A, B, ...; training then inference): one row per variant with median
@@ -166,7 +166,7 @@ def benchmark_variants(
     log = log or (lambda s: None)
     do_train, do_infer = bench in ('both', 'train'), bench in ('both', 'inference')
     if runners is None:
-        runners = [_Runner(v, batch_size, input_size, device, **runner_kwargs) for v in variants]
+        runners = [StepRunner(v, batch_size, input_size, device, **runner_kwargs) for v in variants]
     check_switches_change_paths(variants, runners)
     matmul_dtype = compute_dtype(
         **{k: runner_kwargs[k] for k in ('precision', 'amp', 'amp_dtype') if k in runner_kwargs})
@@ -198,7 +198,7 @@ def benchmark_variants(
     return rows
 
 
-def _describe(variant: Variant, runner: '_Runner', batch_size: int, input_size, device: torch.device,
+def _describe(variant: Variant, runner: 'StepRunner', batch_size: int, input_size, device: torch.device,
               log: Callable[[str], None]) -> Dict[str, Any]:
     """The result row of ``variant`` before timing: its setting, parameters and MACs."""
     row = dict(
@@ -216,7 +216,7 @@ def _describe(variant: Variant, runner: '_Runner', batch_size: int, input_size, 
     return row
 
 
-def _warm_up(variant: Variant, runner: '_Runner', row: Dict[str, Any], warmup: int, do_train: bool, do_infer: bool,
+def _warm_up(variant: Variant, runner: 'StepRunner', row: Dict[str, Any], warmup: int, do_train: bool, do_infer: bool,
              measure_memory: bool, log: Callable[[str], None]) -> None:
     """``warmup`` untimed steps of each kind, then (``measure_memory``) one that records its peak memory."""
     log(f'warm-up {variant.name}')
@@ -253,10 +253,10 @@ def _add_ratios_to_the_first(rows: List[Dict[str, Any]], train_runs: List[List[f
 def profile_train_step(model: nn.Module, batch_size: int = 32, input_size=(3, 32, 32), row_limit: int = 15,
                        warmup: int = 1, device=None, **runner_kwargs) -> str:
     """torch.profiler table of one training step after ``warmup`` steps, run as the timed steps run (``runner_kwargs``
-    of :class:`_Runner`); top ops by self device time on CUDA, by self CPU time otherwise."""
+    of :class:`StepRunner`); top ops by self device time on CUDA, by self CPU time otherwise."""
     from torch.profiler import ProfilerActivity, profile
     device = resolve_device(device)
-    runner = _Runner(Variant('profile', model), batch_size, input_size, device, **runner_kwargs)
+    runner = StepRunner(Variant('profile', model), batch_size, input_size, device, **runner_kwargs)
     for _ in range(max(warmup, 1 if runner_kwargs.get('torchcompile') else 0)):
         runner.train_step()
     activities = [ProfilerActivity.CPU]

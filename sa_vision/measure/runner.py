@@ -15,7 +15,7 @@ from ..train.runtime import CUDA_GRAPH_MODES, synchronize
 from .macs import _as_input_size
 from .memory import _peak_memory, _tensor_bytes
 
-__all__ = ['DTYPES', 'Variant']
+__all__ = ['DTYPES', 'StepRunner', 'Variant']
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 
@@ -57,7 +57,7 @@ def _compile_how(mode: Optional[str], options: Optional[Dict[str, Any]]) -> Dict
     return {'options': {**list_mode_options(mode or 'default'), **options}}
 
 
-class _Runner:
+class StepRunner:
     """Training step (forward, backward, SGD step) and inference for one variant."""
 
     def __init__(

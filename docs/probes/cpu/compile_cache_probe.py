@@ -20,7 +20,7 @@ from sa_vision.reproduce import PROFILES
 kwargs = dict(PROFILES['cpu'].per_model['sa_quadratic_cifar']['model_kwargs'])
 torch.manual_seed(0)
 (variant,) = sab.build_variants('sa_quadratic_cifar', [], input_size=(3, 32, 32), **kwargs)
-runner = sab._Runner(variant, 8, (3, 32, 32), torch.device('cpu'), amp=True, amp_dtype='bfloat16',
+runner = sab.StepRunner(variant, 8, (3, 32, 32), torch.device('cpu'), amp=True, amp_dtype='bfloat16',
                      torchcompile='inductor')
 t0 = time.time()
 runner.train_step()

@@ -1,6 +1,6 @@
 """What sa-vision-train's loop does per training step besides the compiled model, counted in ATen operations: the
 real loop (``sa_vision.train.loop.train_one_epoch``, its second epoch) against the device check's benchmark step
-(``sa_vision.measure.benchmark``'s ``_Runner.train_step``, as docs/probes/gpu/device_check.py times 'train').
+(``sa_vision.measure.benchmark``'s ``StepRunner.train_step``, as docs/probes/gpu/device_check.py times 'train').
 
 Both compile the same tiny model with the ``aot_eager`` backend: the compiled forward and backward then run under
 the profiler's ``CompiledFunction`` / ``CompiledFunctionBackward`` ranges, and every ATen operation outside them is
@@ -120,7 +120,7 @@ def loop_counts():
 def benchmark_counts(steps: int = 20):
     kwargs = {k: int(v) for k, v in (kv.split('=') for kv in MODEL_KWARGS)}
     variant = sab.build_variants('sa_quadratic_cifar', [], **kwargs)[0]
-    runner = sab._Runner(variant, BATCH, (3, 32, 32), torch.device('cpu'), torchcompile='aot_eager')
+    runner = sab.StepRunner(variant, BATCH, (3, 32, 32), torch.device('cpu'), torchcompile='aot_eager')
     for _ in range(3):
         runner.train_step()
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:

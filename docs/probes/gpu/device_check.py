@@ -298,7 +298,7 @@ class Check:
         if key not in self.runners:
             variant = self.family(size, mode)[role]
             channels_last = uses_channels_last(variant.model, self.device)
-            runner = sab._Runner(
+            runner = sab.StepRunner(
                 variant, self.s.batch_size, self.input_size, self.device, amp=True, amp_dtype='bfloat16',
                 channels_last=channels_last, torchcompile=None if mode == 'eager' else self.s.backend,
                 torchcompile_mode=mode if mode == 'reduce-overhead' else None)
