@@ -53,7 +53,7 @@ def test_the_command_names_only_arguments_that_train_py_and_run_timm_take(tmp_pa
     """Every option after the script is one of train.py's (the packaged list, itself checked against a checkout's
     parser in test_timm_train_args.py), and what comes before it run_timm's own parser takes."""
     cmd = tc.train_argv(Path('train.py'), tmp_path, tmp_path / 'out', {'embed_dim': 64}, ('--opt', 'adamw'),
-                        device='cuda', backend='inductor', batch_size=128, epochs=2, workers=8)
+                        device='cuda', backend='inductor', batch_size=128, workers=8)
     assert cmd[1:3] == ['-m', 'sa_vision.train.run_timm']
     script_at = cmd.index('train.py')
     ours = run_timm_parser().parse_args(cmd[3:script_at + 1])
@@ -77,12 +77,12 @@ def test_the_compiled_evaluation_is_right_only_where_top1_and_loss_agree():
     assert not tc.verdict({'top1': 92.10, 'loss': 0.26}, eager)['right']
 
 
-def test_last_evaluation_reads_train_pys_summary(tmp_path):
+def test_evaluations_are_train_pys_summary_rows(tmp_path):
     summary = tmp_path / 'summary.csv'
-    assert tc.last_evaluation(summary) is None
+    assert tc.evaluations(summary) == {}
     summary.write_text('epoch,train_loss,eval_loss,eval_top1,eval_top5,lr\n0,2.3,2.28,8.98,53.5,0.002\n'
                        '1,2.28,2.25,11.33,58.2,0.001\n')
-    assert tc.last_evaluation(summary) == {'epoch': 1, 'top1': 11.33, 'loss': 2.25}
+    assert tc.evaluations(summary) == {0: {'top1': 8.98, 'loss': 2.28}, 1: {'top1': 11.33, 'loss': 2.25}}
 
 
 def _section_12(out: Path, *args: str) -> dict:
@@ -114,9 +114,14 @@ def test_smoke_trains_with_timms_train_py_and_evaluates_the_checkpoint_as_it_did
     results = _section_12(tmp_path)
     run = results['timm_train']
     assert run['status'] == 0, (tmp_path / 'timm_train.log').read_text()[-3000:]
-    assert run['script'] == str(script) and set(run['epoch_img_s']) == {'0'}
-    assert run['compiled']['epoch'] == 0 and run['eager']['images'] == 256
-    assert run['eager']['model_args']['in_chans'] == 1 and run['eager']['model_args']['input_padding'] == 2
-    verdict = run['verdict']
-    assert verdict['right'] and verdict['top1_diff_points'] == 0, run
-    assert math.isclose(run['compiled']['loss'], run['eager']['loss'], rel_tol=1e-5), run
+    assert run['script'] == str(script) and set(run['epoch_img_s']) == {'0', '1'}
+    # each epoch: the first run of the compiled evaluation, then one after more compiled training
+    assert set(run['epochs']) == {'0', '1'}
+    for epoch in run['epochs'].values():
+        assert epoch['eager']['images'] == 256
+        assert epoch['eager']['model_args']['in_chans'] == 1 and epoch['eager']['model_args']['input_padding'] == 2
+        verdict = epoch['verdict']
+        assert verdict['right'] and verdict['top1_diff_points'] == 0, run
+        assert math.isclose(epoch['compiled']['loss'], epoch['eager']['loss'], rel_tol=1e-5), run
+    # the two checkpoints differ: each epoch's own was evaluated, not the last one twice
+    assert run['epochs']['0']['eager']['loss'] != run['epochs']['1']['eager']['loss']

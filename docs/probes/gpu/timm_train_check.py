@@ -4,8 +4,10 @@ and bf16 autocast, and the evaluation it logs is checked against the same weight
 Issue 34 asks that ``train.py --torchcompile --torchcompile-mode reduce-overhead --amp --amp-dtype bfloat16`` train
 our models, on a CPU (tests/test_compiled_training.py) and on the GPU. train.py evaluates through the module it
 compiled, so its users meet the compiled evaluation's fault on CUDA (docs/training.md, "Precision and compilation"),
-which ``sa-vision-train`` sidesteps by evaluating uncompiled there. :func:`verdict` compares train.py's last
-evaluation with its last checkpoint evaluated eagerly through timm's own evaluation transform.
+which ``sa-vision-train`` sidesteps by evaluating uncompiled there. :func:`verdict` compares each epoch's evaluation
+that train.py logged with that epoch's checkpoint evaluated eagerly through the same timm loader: the first one is
+the first run of the newly compiled evaluation, the second comes after more compiled training (the fault in
+``sa-vision-train``'s run stayed from its second epoch on).
 
 pip's timm ships no ``train.py``: it travels as ``.whl/train.py`` (README.md, "timm and the commit"), or comes from
 the checkout in ``$SA_VISION_TIMM_CHECKOUT``. The data are Fashion-MNIST's IDX files, laid out where torchvision's
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[3]
 SCRIPT_IN_CARRY = ROOT / '.whl' / 'train.py'
 TORCHVISION_DATASET = 'torch/fashion_mnist'
 EXPERIMENT = 'timm'
+EPOCHS = 2  # each ends with an evaluation through the compiled module, and a checkpoint of its own
 GRID_PADDING = 2  # 28 + 2 * 2 = 32 pixels, the 16 x 16 grid the zoo's models attend over (their input_padding)
 POS_LR_SCALE = 30.0  # the cpu profile's, through run_timm's hook into timm's optimizer factory
 IDX_UBYTE = 0x08  # an IDX file's type code for unsigned bytes, Fashion-MNIST's only one
@@ -91,10 +94,10 @@ def normalization() -> Dict[str, float]:
 
 
 def train_argv(script: Path, data_root: Path, out: Path, model_kwargs: Dict[str, Any], recipe: Sequence[str], *,
-               device: str, backend: str, batch_size: int, epochs: int, workers: int) -> List[str]:
+               device: str, backend: str, batch_size: int, workers: int) -> List[str]:
     """The command: ``python -m sa_vision.train.run_timm`` running ``script`` on one grey channel at 28 x 28,
-    padded by the model to the zoo's grid, compiled with CUDA graphs, bf16 autocast; ``recipe``: optimizer and
-    schedule flags (names both trainers take)."""
+    padded by the model to the zoo's grid, compiled with CUDA graphs, bf16 autocast, :data:`EPOCHS` epochs, each
+    one's checkpoint kept; ``recipe``: optimizer and schedule flags (names both trainers take)."""
     norm = normalization()
     kwargs = dict(model_kwargs, input_padding=GRID_PADDING, input_pad_value=norm['black'])
     return [sys.executable, '-m', 'sa_vision.train.run_timm', '--pos-lr-scale', str(POS_LR_SCALE), str(script),
@@ -103,10 +106,10 @@ def train_argv(script: Path, data_root: Path, out: Path, model_kwargs: Dict[str,
             '--num-classes', '10', '--in-chans', '1', '--input-size', '1', '28', '28',
             '--mean', str(norm['mean']), '--std', str(norm['std']), '--crop-pct', '1.0',
             '--scale', '1', '1', '--ratio', '1', '1',  # the whole image, flips only, as the recipes keep it
-            '--smoothing', '0', '-b', str(batch_size), '--epochs', str(epochs), *recipe, '--seed', '42',
+            '--smoothing', '0', '-b', str(batch_size), '--epochs', str(EPOCHS), *recipe, '--seed', '42',
             '--device', device, '--torchcompile', backend, '--torchcompile-mode', 'reduce-overhead',
             '--amp', '--amp-dtype', 'bfloat16', '--workers', str(workers), '--log-interval', '100',
-            '--checkpoint-hist', '1', '--output', str(out), '--experiment', EXPERIMENT]
+            '--checkpoint-hist', str(EPOCHS), '--output', str(out), '--experiment', EXPERIMENT]
 
 
 def epoch_rates(log_text: str) -> Dict[int, float]:
@@ -117,15 +120,17 @@ def epoch_rates(log_text: str) -> Dict[int, float]:
     return rates
 
 
-def last_evaluation(summary_csv: Path) -> Optional[Dict[str, float]]:
-    """train.py's evaluation of its last epoch, from its ``summary.csv``; None where it wrote none."""
+def evaluations(summary_csv: Path) -> Dict[int, Dict[str, float]]:
+    """train.py's evaluation of each epoch, from its ``summary.csv`` (none where it wrote none)."""
     if not summary_csv.is_file():
-        return None
-    rows = list(csv.DictReader(summary_csv.read_text().splitlines()))
-    if not rows:
-        return None
-    last = rows[-1]
-    return {'epoch': int(last['epoch']), 'top1': float(last['eval_top1']), 'loss': float(last['eval_loss'])}
+        return {}
+    rows = csv.DictReader(summary_csv.read_text().splitlines())
+    return {int(r['epoch']): {'top1': float(r['eval_top1']), 'loss': float(r['eval_loss'])} for r in rows}
+
+
+def epoch_checkpoint(run: Path, epoch: int) -> Path:
+    """train.py's checkpoint of ``epoch`` (its saver's name; all kept with ``--checkpoint-hist`` = the epochs)."""
+    return run / f'checkpoint-{epoch}.pth.tar'
 
 
 @torch.inference_mode()  # as train.py's validate: the path a layer takes may depend on it
