@@ -53,13 +53,29 @@ def test_no_budget_skips_every_section_and_still_reports(tmp_path):
     results = json.loads((tmp_path / 'device_check.json').read_text())
     for key in ('torch', 'timm', 'cuda', 'triton'):  # the versions at the top
         assert f'\n{key}: ' in log
-    assert results['items'] and all(i['status'] == 'skipped: budget' for i in results['items'])
+    budget = [i for i in results['items'] if i['status'] == 'skipped: budget']
+    # all sections asked for: what runs only with its section alone says so instead
+    alone = [i for i in results['items'] if i['status'] == 'skipped: not alone']
+    assert budget and len(budget) + len(alone) == len(results['items'])
+    assert [i['name'] for i in alone] == [i.name for i in dc.items(dc.Check(dc.smoke_setting(), None, None,
+                                                                           dc.Budget(0), True, 1)) if i.alone]
     assert {i['section'] for i in results['items']} == set(dc.SECTIONS)
-    assert log.count(': skipped: budget') == len(results['items'])
+    assert log.count(': skipped: budget') == len(budget)
     assert [g.split()[0] for g in results['goals']] == ['UNKNOWN'] * 3
 
 
 @pytest.mark.slow
+def test_an_item_that_runs_alone_is_left_where_other_sections_are_asked_for(tmp_path):
+    """Section 10's tuned copy compiles for minutes: asked for with other sections it is skipped, saying how to run
+    it, so that the budget's scale cannot admit it into a call whose timeout would then kill it."""
+    dc.main(['--smoke', '--budget-s', '0', '--section', '10,11', '--out', str(tmp_path / 'both')])
+    dc.main(['--smoke', '--budget-s', '0', '--section', '10', '--out', str(tmp_path / 'alone')])
+    for folder, status in (('both', 'skipped: not alone'), ('alone', 'skipped: budget')):
+        items = json.loads((tmp_path / folder / 'device_check.json').read_text())['items']
+        assert [i['status'] for i in items if 'tuned_blocks' in i['name']] == [status]
+        assert [i['status'] for i in items if 'looped_reductions' in i['name']] == ['skipped: budget']
+
+
 def test_smoke_measures_profiles_and_checks_syncs(tmp_path):
     log, results = _run(tmp_path, '--section', '1,2,3,4,5')
     items = results['items']

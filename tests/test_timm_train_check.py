@@ -22,11 +22,12 @@ PROBES = ROOT / 'docs' / 'probes' / 'gpu'
 
 tc = load_script(PROBES / 'timm_train_check.py')
 
-# train.py's own lines (timm main, 1.0.29.dev0, on a CPU; cut after the learning rate): each epoch's last says the
-# epoch's average rate
+# train.py's own lines (timm main, 1.0.29.dev0, on a CPU; the Train lines cut after the learning rate): each epoch's
+# last Train line says the epoch's average rate; a Test line says its batch's own loss and top-1, then the averages
 TRAIN_PY_LINES = """\
 Train: 0 [   0/8 ( 12%)]  Loss: 2.27 (2.27)  Time: 9.685s,    3.30/s  (9.685s,    3.30/s)  LR: 2.000e-03
 Train: 0 [   7/8 (100%)]  Loss: 2.27 (2.35)  Time: 0.005s, 6133.42/s  (1.218s,   26.28/s)  LR: 2.000e-03
+Test: [   0/7]  Time: 2.711 (2.711)  Loss:   2.233 ( 2.233)  Acc@1:   6.250 (  6.250)  Acc@5:  62.500 ( 62.500)
 Test: [   7/7]  Time: 0.001 (0.341)  Loss:   2.299 ( 2.282)  Acc@1:  15.625 (  8.984)  Acc@5:  46.875 ( 53.516)
 Train: 1 [   0/8 ( 12%)]  Loss: 2.23 (2.23)  Time: 0.033s,  966.51/s  (0.033s,  966.51/s)  LR: 1.000e-03
 Train: 1 [   7/8 (100%)]  Loss: 2.31 (2.28)  Time: 0.005s, 6490.85/s  (0.010s, 3051.83/s)  LR: 1.000e-03
@@ -69,12 +70,25 @@ def test_epoch_rates_are_each_epochs_last_average_of_train_py():
     assert tc.epoch_rates(TRAIN_PY_LINES) == {0: 26.28, 1: 3051.83}
 
 
-def test_the_compiled_evaluation_is_right_only_where_top1_and_loss_agree():
-    eager = {'top1': 92.10, 'loss': 0.25}
-    assert tc.verdict({'top1': 92.00, 'loss': 0.252}, eager)['right']
+def test_logged_batches_are_each_test_lines_own_values_by_epoch():
+    assert tc.logged_batches(TRAIN_PY_LINES) == {0: {0: {'loss': 2.233, 'top1': 6.25},
+                                                     7: {'loss': 2.299, 'top1': 15.625}}}
+
+
+def test_the_compiled_evaluation_is_right_only_where_totals_and_each_logged_batch_agree():
+    batch = {'loss': 0.25, 'top1': 92.1875, 'images': 128}
+    eager = {'top1': 92.10, 'loss': 0.25, 'batches': {0: batch, 78: dict(batch, images=16, top1=93.75)}}
+    right = {0: {'loss': 0.2504, 'top1': 92.969}, 78: {'loss': 0.25, 'top1': 93.75}}  # one image flipped in batch 0
+    assert tc.verdict({'top1': 92.01, 'loss': 0.252}, eager, right)['right']
     assert not tc.verdict({'top1': 86.31, 'loss': 0.25}, eager)['right']  # the H200's fault of 2026-11-26
+    assert not tc.verdict({'top1': 91.57, 'loss': 0.25}, eager)['right']  # its mildest, 0.53 points
     assert not tc.verdict({'top1': 92.10, 'loss': float('nan')}, eager)['right']
     assert not tc.verdict({'top1': 92.10, 'loss': 0.26}, eager)['right']
+    # a first batch wrong alone moves the totals by less than their bounds: the batch says it
+    first_wrong = {**right, 0: {'loss': 0.9, 'top1': 70.3}}
+    found = tc.verdict({'top1': 92.0, 'loss': 0.252}, eager, first_wrong)
+    assert not found['right'] and found['wrong_batches'] == [0]
+    assert tc.verdict({'top1': 92.1, 'loss': 0.25}, dict(eager, loss=float('nan')), right)['right'] is None
 
 
 def test_evaluations_are_train_pys_summary_rows(tmp_path):
@@ -118,7 +132,8 @@ def test_smoke_trains_with_timms_train_py_and_evaluates_the_checkpoint_as_it_did
     # each epoch: the first run of the compiled evaluation, then one after more compiled training
     assert set(run['epochs']) == {'0', '1'}
     for epoch in run['epochs'].values():
-        assert epoch['eager']['images'] == 256
+        assert epoch['eager']['images'] == 254  # the last batch short, compiled anew, as on the GPU
+        assert epoch['verdict']['batches_compared'] == [0, 63]  # the first and the last, logged alone
         assert epoch['eager']['model_args']['in_chans'] == 1 and epoch['eager']['model_args']['input_padding'] == 2
         verdict = epoch['verdict']
         assert verdict['right'] and verdict['top1_diff_points'] == 0, run
