@@ -680,7 +680,8 @@ class Check:
         tc = timm_train_check
         script = tc.train_script(self.timm_train_path)
         if script is None:
-            reason = (f'no timm train.py: carry it as {tc.SCRIPT_IN_CARRY.relative_to(ROOT)} (README.md, "timm and '
+            reason = (f'no timm train.py at {self.timm_train_path}' if self.timm_train_path else
+                      f'no timm train.py: carry it as {tc.SCRIPT_IN_CARRY.relative_to(ROOT)} (README.md, "timm and '
                       f'the commit"), or pass --timm-train')
             self.log(f'timm\'s train.py: skipped: {reason}')
             self.log.results.setdefault('skipped', {})['timm train.py'] = reason
@@ -724,18 +725,23 @@ class Check:
                 for line in text.splitlines()[-12:]:
                     self.log(f'  | {line[:200]}')
                 raise RuntimeError(f'train.py: exit {status}, evaluations of epochs {sorted(compiled)}')
-            batches = tc.logged_batches(text)
-            for epoch, logged in compiled.items():
-                eager = tc.evaluate_uncompiled(tc.epoch_checkpoint(run, epoch), data, self.s.device,
-                                               self.s.batch_size)
-                v = tc.verdict(logged, eager, batches.get(epoch))
-                result['epochs'][epoch] = {'compiled': logged, 'eager': eager, 'verdict': v}
-                said = {True: 'RIGHT', False: 'WRONG', None: 'NO VERDICT (the eager loss is not finite)'}[v['right']]
-                self.log(f'its evaluation of epoch {epoch}, compiled: top-1 {logged["top1"]:.2f} %, loss '
-                         f'{logged["loss"]:.4f}; that checkpoint uncompiled: top-1 {eager["top1"]:.2f} %, loss '
-                         f'{eager["loss"]:.4f} ({eager["images"]} images): {said} (top-1 '
-                         f'{v["top1_diff_points"]:+.2f} points, loss {v["loss_relative_diff"]:.2%} apart; the batches '
-                         f'train.py logged alone, {v["batches_compared"]}: wrong {v["wrong_batches"] or "none"})')
+            self._timm_evaluations(run, data, compiled, tc.logged_batches(text), result['epochs'])
+
+    def _timm_evaluations(self, run: Path, data: Path, compiled: Dict[int, Dict[str, float]],
+                          batches: Dict[int, Dict[int, Dict[str, float]]], into: Dict[int, Any]) -> None:
+        """Each epoch's checkpoint of train.py evaluated uncompiled against its logged evaluation, ``into`` the
+        results, a line each."""
+        tc = timm_train_check
+        for epoch, logged in compiled.items():
+            eager = tc.evaluate_uncompiled(tc.epoch_checkpoint(run, epoch), data, self.s.device, self.s.batch_size)
+            v = tc.verdict(logged, eager, batches.get(epoch))
+            into[epoch] = {'compiled': logged, 'eager': eager, 'verdict': v}
+            said = {True: 'RIGHT', False: 'WRONG', None: 'NO VERDICT (the eager loss is not finite)'}[v['right']]
+            self.log(f'its evaluation of epoch {epoch}, compiled: top-1 {logged["top1"]:.2f} %, loss '
+                     f'{logged["loss"]:.4f}; that checkpoint uncompiled: top-1 {eager["top1"]:.2f} %, loss '
+                     f'{eager["loss"]:.4f} ({eager["images"]} images): {said} (top-1 '
+                     f'{v["top1_diff_points"]:+.2f} points, loss {v["loss_relative_diff"]:.2%} apart; the batches '
+                     f'train.py logged alone, {v["batches_compared"]}: wrong {v["wrong_batches"] or "none"})')
 
     # ---- section 7: the zoo
 
