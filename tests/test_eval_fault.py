@@ -64,9 +64,30 @@ def test_smoke_settings_part_runs_each_setting_in_its_own_process_and_tells_a_fi
         assert row['first_pass_batches_wrong'] == [first_wrong, False], name  # 200 images, batches of 100
         assert row['first_pass']['wrong'] is first_wrong and not row['second_pass']['wrong'], name
         assert row['right'] is not first_wrong and row['vs_eager'] > 0
+        assert row['autotune'] == {'benchmarks': 0, 'cpu_copies': 0, 'cpu_copy_bytes': 0, 'clones': 0}  # eager
     assert found['defaults_wrong'] == '2 of 2' and found['defaults_first_call_only'] == '2 of 2'
     assert found['first_run_fault'] is True and 'FAILED' in log and 'first call only in 2 of 2' in log
     assert sorted(p.name for p in tmp_path.rglob('*')) == ['eval_fault.json', 'eval_fault.log']
+
+
+def test_the_autotuners_way_of_keeping_in_place_arguments_is_counted_and_then_put_back():
+    """While recording, inductor's autotuner's two ways of keeping a kernel's in-place arguments intact (a clone on
+    the device, or a copy to the CPU restored after each run) are counted as they run; after it, its own methods are
+    back. On the CPU no argument is copied (the CPU path is for device tensors)."""
+    from types import SimpleNamespace
+
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    probe, record = _probe(), {}
+    methods = (CachingAutotuner.copy_args_to_cpu_if_needed, CachingAutotuner.maybe_clone_args)
+    tuner = SimpleNamespace(optimize_mem=True, mutated_arg_names=['in_out_ptr0'],
+                            fn=SimpleNamespace(arg_names=['in_out_ptr0', 'in_ptr1']))
+    x, y = torch.ones(4), torch.zeros(4)
+    with probe._autotune_record(record):
+        copies = CachingAutotuner.copy_args_to_cpu_if_needed(tuner, x, y)
+        cloned, _ = CachingAutotuner.maybe_clone_args(tuner, copies, x, y)
+    assert record == {'benchmarks': 1, 'cpu_copies': 0, 'cpu_copy_bytes': 0, 'clones': 1}
+    assert cloned[0] is not x and torch.equal(cloned[0], x) and cloned[1] is y
+    assert (CachingAutotuner.copy_args_to_cpu_if_needed, CachingAutotuner.maybe_clone_args) == methods
 
 
 def _setting_row(first_batches, second_wrong=False, vs_eager=2.0):

@@ -251,6 +251,39 @@ def _inductor_settings(settings: Dict[str, object]):
         yield
 
 
+@contextlib.contextmanager
+def _autotune_record(record: Dict[str, int]):
+    """Count, while active, how inductor's Triton autotuner keeps a kernel's in-place arguments from being
+    contaminated while it benchmarks configurations: cloned on the device, or, in an inference or backward graph
+    whose clones would raise the peak memory (``optimize_mem``), copied to the CPU and restored after each run
+    (``CachingAutotuner.copy_args_to_cpu_if_needed``): the path that only evaluation's graphs take, where only
+    evaluation is wrong. Nothing is counted where this torch has no such methods."""
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+        to_cpu, clone = CachingAutotuner.copy_args_to_cpu_if_needed, CachingAutotuner.maybe_clone_args
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def copying(self, *a, **k):
+        copies = to_cpu(self, *a, **k)
+        record['benchmarks'] += 1
+        record['cpu_copies'] += len(copies)
+        record['cpu_copy_bytes'] += sum(c.numel() * c.element_size() for _, c in copies.values())
+        return copies
+
+    def cloning(self, exclude, *a, **k):
+        cloned = clone(self, exclude, *a, **k)
+        record['clones'] += sum(x is not y for x, y in zip(cloned[0], a))
+        return cloned
+    record.update(benchmarks=0, cpu_copies=0, cpu_copy_bytes=0, clones=0)
+    CachingAutotuner.copy_args_to_cpu_if_needed, CachingAutotuner.maybe_clone_args = copying, cloning
+    try:
+        yield
+    finally:
+        CachingAutotuner.copy_args_to_cpu_if_needed, CachingAutotuner.maybe_clone_args = to_cpu, clone
+
+
 def _one_setting(model, batches, targets, name: str, args, log) -> dict:
     """In this process, which compiled nothing before: the whole model compiled under the setting ``name`` of
     :data:`SETTINGS`, two passes over the images against eager, each batch of the first pass compared alone (is
@@ -258,8 +291,8 @@ def _one_setting(model, batches, targets, name: str, args, log) -> dict:
     first pass runs kernels that are new to it."""
     bf16 = lambda: torch.autocast(args.device, torch.bfloat16)  # noqa: E731
     eager = [_logits(model, [b], bf16) for b in batches]
-    row = {'eager_img_per_s': _images_per_s(model, batches, bf16)}
-    with _inductor_settings(dict(SETTINGS)[name]):
+    row = {'eager_img_per_s': _images_per_s(model, batches, bf16), 'autotune': {}}
+    with _inductor_settings(dict(SETTINGS)[name]), _autotune_record(row['autotune']):
         compiled = _faked(torch.compile(copy.deepcopy(model), backend=args.backend), f'setting {name}', args.smoke)
         first = [_logits(compiled, [b], bf16) for b in batches]
         row['first_pass_batches_wrong'] = [_compare(e, f)['wrong'] for e, f in zip(eager, first)]
@@ -272,7 +305,8 @@ def _one_setting(model, batches, targets, name: str, args, log) -> dict:
     log(f'setting {name}: first pass {said(row["first_pass"])} (top-1 {row["first_pass"]["top1"]:.2f}, eager '
         f'{row["first_pass"]["top1_eager"]:.2f}; batches wrong: '
         f'{"".join("x" if w else "." for w in row["first_pass_batches_wrong"])}), second pass '
-        f'{said(row["second_pass"])}; {row["img_per_s"]:,} img/s, {row["vs_eager"]:.2f}x eager')
+        f'{said(row["second_pass"])}; {row["img_per_s"]:,} img/s, {row["vs_eager"]:.2f}x eager; autotuning: '
+        + (', '.join(f'{k} {v}' for k, v in row['autotune'].items()) or 'not recorded'))
     return row
 
 
