@@ -90,6 +90,17 @@ def test_the_autotuners_way_of_keeping_in_place_arguments_is_counted_and_then_pu
     assert (CachingAutotuner.copy_args_to_cpu_if_needed, CachingAutotuner.maybe_clone_args) == methods
 
 
+def test_counting_never_changes_what_the_autotuners_methods_return(monkeypatch):
+    """A torch whose methods return something the count cannot read (the GPU image's is older) loses the count,
+    not the run: the call's own result comes back unchanged."""
+    from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    monkeypatch.setattr(CachingAutotuner, 'copy_args_to_cpu_if_needed', lambda self, *a, **k: 'unexpected')
+    monkeypatch.setattr(CachingAutotuner, 'maybe_clone_args', lambda self, exclude, *a, **k: None)
+    with _probe()._autotune_record({}):
+        assert CachingAutotuner.copy_args_to_cpu_if_needed(object(), torch.ones(1)) == 'unexpected'
+        assert CachingAutotuner.maybe_clone_args(object(), {}, torch.ones(1)) is None
+
+
 def _setting_row(first_batches, second_wrong=False, vs_eager=2.0):
     first_wrong = any(first_batches)
     return {'first_pass_batches_wrong': list(first_batches), 'first_pass': {'wrong': first_wrong},
