@@ -1,8 +1,8 @@
 """Device-check section 12: timm's own ``train.py`` trains the narrow ``sa_quadratic_cifar`` compiled with CUDA graphs
 and bf16 autocast, and the evaluation it logs is checked against the same weights evaluated uncompiled.
 
-Issue 34 asks that ``train.py --torchcompile --torchcompile-mode reduce-overhead --amp --amp-dtype bfloat16`` train
-our models, on a CPU (tests/test_compiled_training.py) and on the GPU. train.py evaluates through the module it
+``train.py --torchcompile --torchcompile-mode reduce-overhead --amp --amp-dtype bfloat16`` is to train our models, on
+a CPU (tests/test_compiled_training.py) and on the GPU. train.py evaluates through the module it
 compiled, so its users meet the compiled evaluation's fault on CUDA (docs/training.md, "Precision and compilation"),
 which ``sa-vision-train`` sidesteps by evaluating uncompiled there. :func:`verdict` compares each epoch's evaluation
 that train.py logged with that epoch's checkpoint evaluated eagerly through the same timm loader: the first one is
