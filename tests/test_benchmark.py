@@ -523,6 +523,34 @@ def test_whole_step_variant_compiles_the_backward_into_the_graph_and_trains_like
     assert torch._dynamo.config.trace_autograd_ops is False
 
 
+def test_compiled_autograd_variant_traces_its_backward_and_trains_like_the_model_compiled_step():
+    """A compiled-autograd variant runs its backward through compiled autograd (one capture, reused by the later
+    steps) and leaves the optimizer outside: its parameters after three steps are those of the same weights with
+    the model alone compiled (the same backend, so the same kernels: equal to float32's last bit here); without
+    compilation the flag does nothing."""
+    from torch._dynamo.utils import counters
+    torch.manual_seed(0)
+    model = timm.create_model('sa_quadratic_cifar', embed_dim=16, heads_per_layer=4, depth=2, mlp_hidden_dim=32,
+                              num_classes=10, attn_drop_rate=0., proj_drop_rate=0.)
+
+    def trained(compiled_autograd: bool, torchcompile='aot_eager'):
+        variant = sab.Variant('v', copy.deepcopy(model), compiled_autograd=compiled_autograd)
+        runner = sab.StepRunner(variant, 4, (3, 32, 32), torch.device('cpu'), torchcompile=torchcompile, lr=1e-2)
+        for _ in range(3):
+            runner.train_step()
+        return [p.detach() for p in runner.train_model.parameters()]
+
+    torch._dynamo.reset()
+    counters.clear()
+    model_compiled = trained(False)
+    assert not counters['compiled_autograd']['captures']
+    through_ca = trained(True)
+    assert counters['compiled_autograd']['captures'] == 1
+    assert all(torch.equal(a, b) for a, b in zip(model_compiled, through_ca))
+    trained(True, None)
+    assert counters['compiled_autograd']['captures'] == 1
+
+
 def test_a_fused_optimizer_variant_steps_with_the_fused_sgd():
     """``fused_optimizer`` gives the runner torch's fused SGD (one launch, as the trainer's fused AdamW on CUDA),
     and only that variant; the fused step moves the weights as the foreach one does."""

@@ -180,7 +180,9 @@ def test_smoke_runs_the_whole_step_section_with_the_backward_in_the_graph(tmp_pa
     assert [r['role'] for r in results['paired']['whole_step/narrow/vit']] == list(dc.WHOLE_STEP_ROLES)
     assert [r['role'] for r in results['paired']['whole_step/narrow/ours']] == [
         'ours_step', dc.FUSED_OPTIMIZER_ROLE, 'ours']
-    assert [i['status'] for i in results['items']] == ['done', 'done']
+    assert [r['role'] for r in results['paired']['compiled_autograd/narrow/ours']] == [
+        dc.COMPILED_AUTOGRAD_ROLE, dc.FUSED_OPTIMIZER_ROLE]
+    assert [i['status'] for i in results['items']] == ['done', 'done', 'done']
     assert set(results['compile_cache']) == _declared_steps({11})
     for label, breaks in results['graph_breaks'].items():
         whole = any(f'/{role}/' in label for role in dc.WHOLE_STEP_ROLES)
@@ -190,9 +192,11 @@ def test_smoke_runs_the_whole_step_section_with_the_backward_in_the_graph(tmp_pa
     for role, base in dc.WHOLE_STEP_ROLES.items():
         assert family[role].whole_step and not family[base].whole_step
         assert torch.equal(next(family[role].model.parameters()), next(family[base].model.parameters()))
-    fused = family[dc.FUSED_OPTIMIZER_ROLE]
+    fused, ca = family[dc.FUSED_OPTIMIZER_ROLE], family[dc.COMPILED_AUTOGRAD_ROLE]
     assert fused.fused_optimizer and not fused.whole_step and not family['ours'].fused_optimizer
-    assert torch.equal(next(fused.model.parameters()), next(family['ours'].model.parameters()))
+    assert ca.fused_optimizer and ca.compiled_autograd and not fused.compiled_autograd and not ca.whole_step
+    for copied in (fused, ca):
+        assert torch.equal(next(copied.model.parameters()), next(family['ours'].model.parameters()))
 
 
 def test_a_whole_step_that_breaks_elsewhere_or_skips_cuda_graphs_is_not_timed():
@@ -205,6 +209,13 @@ def test_a_whole_step_that_breaks_elsewhere_or_skips_cuda_graphs_is_not_timed():
     assert 'Unsupported Tensor.backward() call' in dc.whole_step_problem({optim: 2, backward: 1}, 0)
     assert 'did not compile whole' in dc.whole_step_problem({optim: 3}, 0)
     assert 'without CUDA graphs' in dc.whole_step_problem({optim: 2}, 1)
+
+
+def test_a_compiled_autograd_step_that_captured_nothing_broke_or_skipped_cuda_graphs_is_not_timed():
+    assert dc.compiled_autograd_problem(1, {}, 0) is None
+    assert 'captured no backward' in dc.compiled_autograd_problem(0, {}, 0)
+    assert 'graph breaks: 1, first: Unsupported' in dc.compiled_autograd_problem(1, {'Unsupported x\nmore': 1}, 0)
+    assert 'without CUDA graphs' in dc.compiled_autograd_problem(1, {}, 2)
 
 
 @pytest.mark.skipif(not hasattr(torch._dynamo.config, 'trace_autograd_ops'), reason='torch without trace_autograd_ops')
@@ -223,6 +234,23 @@ def test_the_first_steps_of_a_whole_step_runner_are_checked_and_only_theirs(tmp_
     with pytest.raises(RuntimeError, match='a problem'):
         check.paired('narrow', 'reduce-overhead', ('ours_step', 'ours'))
     assert seen == [2]
+
+
+def test_the_first_steps_of_a_compiled_autograd_runner_are_checked_and_only_theirs(tmp_path, monkeypatch):
+    """The compiled-autograd runner's first training steps go through its check with the captures they made, and a
+    problem stops the pair; the model-compiled runners are not checked."""
+    seen = []
+
+    def problem(captures, breaks, skips):
+        seen.append(captures)
+        return 'a problem'
+    monkeypatch.setattr(dc, 'compiled_autograd_problem', problem)
+    check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 1)
+    check.paired('narrow', 'reduce-overhead', ('ours', dc.FUSED_OPTIMIZER_ROLE))
+    assert seen == []
+    with pytest.raises(RuntimeError, match='a problem'):
+        check.paired('narrow', 'reduce-overhead', (dc.COMPILED_AUTOGRAD_ROLE, 'ours'))
+    assert seen == [1]
 
 
 def test_compile_options_keep_the_mode_and_add_the_settings():

@@ -3,6 +3,7 @@ training step (forward, backward, SGD step) and inference
 """
 import contextlib
 import dataclasses
+import functools
 import time
 from typing import Any, Callable, Dict, Optional
 
@@ -37,6 +38,9 @@ class Variant:
     # gradients' accumulation runs in the graph instead of as one host dispatch per parameter
     whole_step: bool = False
     fused_optimizer: bool = False  # its SGD step fused (one launch), as sa-vision-train's AdamW on CUDA
+    # compiled, the backward runs through compiled autograd: the autograd graph, the gradients' accumulation
+    # included, traced and compiled like the model, while the optimizer step stays outside as the trainer runs it
+    compiled_autograd: bool = False
 
 
 def _to_channels_last(model: nn.Module) -> None:
@@ -93,6 +97,7 @@ class StepRunner:
         self.train_fn = self.train_model
         self.infer_fn = self.infer_model
         self.step_fn = None
+        self.backward_context: Callable[[], Any] = contextlib.nullcontext
         if torchcompile:
             how = _compile_how(torchcompile_mode, variant.compile_options)
             self.train_fn = torch.compile(self.train_model, backend=torchcompile, **how)
@@ -103,6 +108,14 @@ class StepRunner:
                                     f'traces the backward (torch._dynamo.config.trace_autograd_ops); this is torch '
                                     f'{torch.__version__}')
                 self.step_fn = torch.compile(self._whole_step, backend=torchcompile, **how)
+            if variant.compiled_autograd:
+                # torch's documented switch (dynamo's compiled_autograd config) covers a backward inside a compiled
+                # function only; this one follows the compiled model, as in timm's train.py
+                enable = getattr(getattr(torch._dynamo, 'compiled_autograd', None), '_enable', None)
+                if enable is None:
+                    raise UserError(f'{variant.name}: compiled autograd needs torch._dynamo.compiled_autograd; this '
+                                    f'is torch {torch.__version__}')
+                self.backward_context = functools.partial(enable, torch.compile(backend=torchcompile, **how))
 
     def _prime_optimizer(self) -> None:
         """Create the momentum buffers with a zero-gradient step (weights unchanged), so that the state belongs to
@@ -140,7 +153,8 @@ class StepRunner:
             self.optimizer.zero_grad(set_to_none=True)
             with self._autocast():
                 loss = F.cross_entropy(self.train_fn(self.x), self.target)
-            loss.backward()
+            with self.backward_context():
+                loss.backward()
             self.optimizer.step()
 
     def infer_step(self) -> None:

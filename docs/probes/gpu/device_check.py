@@ -107,6 +107,10 @@ INDUCTOR_KNOB_ESTIMATES_S = {'looped_reductions': 70, 'tuned_blocks': 300}
 # decision reads, so that the whole step's gain is not only the SGD step's foreach launches compiled away
 WHOLE_STEP_ROLES = {'ours_step': 'ours', 'vit_step': 'vit'}
 FUSED_OPTIMIZER_ROLE = 'ours_fused'
+# and ours with the model compiled, the SGD step fused, and the backward through compiled autograd: the gradients'
+# accumulation in a compiled graph while the optimizer and its learning rate stay as the trainer runs them (no
+# tensor learning rate needed, unlike the whole step)
+COMPILED_AUTOGRAD_ROLE = 'ours_ca'
 SECTIONS = range(1, 13)
 # the share of --budget-s that compiling the items' steps beforehand may take (the warm phase), and the budget
 # below which there is none: under it the share is shorter than most items' compiles (their estimates, up to 120 s
@@ -208,6 +212,18 @@ def whole_step_problem(breaks: Dict[str, int], cudagraph_skips: int) -> Optional
     return None
 
 
+def compiled_autograd_problem(captures: int, breaks: Dict[str, int], cudagraph_skips: int) -> Optional[str]:
+    """Why a compiled-autograd runner's first steps are not the step section 11 means to time, or None: its backward
+    never went through compiled autograd, a graph broke, or on CUDA a graph ran without CUDA graphs."""
+    if not captures:
+        return 'compiled autograd captured no backward: the step timed would be the model-compiled one'
+    if breaks:
+        return f'graph breaks: {sum(breaks.values())}, first: {(next(iter(breaks)).splitlines() or [""])[0][:200]}'
+    if cudagraph_skips:
+        return f'{cudagraph_skips} graph(s) of the step ran without CUDA graphs'
+    return None
+
+
 def compiled_targets(size: str, mode: str, roles, bench: str = 'train') -> Tuple[Target, ...]:
     """The compiled steps that :meth:`Check.paired` (and the items on its runners) compile: none in eager mode."""
     if mode == 'eager':
@@ -289,6 +305,9 @@ class Check:
             for role, base in WHOLE_STEP_ROLES.items():
                 family[role] = dataclasses.replace(family[base], name=f'{family[base].name}[whole step]',
                                                    model=copy.deepcopy(family[base].model), whole_step=True)
+            family[COMPILED_AUTOGRAD_ROLE] = dataclasses.replace(
+                family['ours'], name=f'{family["ours"].name}[compiled autograd, fused SGD]',
+                model=copy.deepcopy(family['ours'].model), fused_optimizer=True, compiled_autograd=True)
             family[FUSED_OPTIMIZER_ROLE] = dataclasses.replace(
                 family['ours'], name=f'{family["ours"].name}[fused SGD]', model=copy.deepcopy(family['ours'].model),
                 fused_optimizer=True)
@@ -316,6 +335,7 @@ class Check:
             if getattr(runner, f'_first_{kind}', None) is not None:
                 continue
             t0, skips, cached = time.time(), counters['inductor']['cudagraph_skips'], cache_counters()
+            captures = counters['compiled_autograd']['captures']
             breaks_before = dict(counters['graph_break'])
             for _ in range(3 if runner.cudagraphs else 1):  # warm-up, recording, first replay
                 getattr(runner, f'{kind}_step')()
@@ -337,9 +357,14 @@ class Check:
                 self.log(f'  {name}: CUDA GRAPHS SKIPPED for {skipped} graph(s) of the {kind} step (inductor\'s '
                          f'reason: "skipping cudagraphs due to ..." in the console output)')
                 self.log.results.setdefault('cudagraph_skips', {})[f'{name} {kind}'] = skipped
+            skipped_here = skipped if runner.cudagraphs and self.device.type == 'cuda' else 0
             if runner.step_fn is not None and kind == 'train':
-                problem = whole_step_problem(breaks if runner.torchcompile else {},
-                                             skipped if runner.cudagraphs and self.device.type == 'cuda' else 0)
+                problem = whole_step_problem(breaks if runner.torchcompile else {}, skipped_here)
+                if problem:
+                    raise RuntimeError(f'{name}: {problem}')
+            if runner.torchcompile and runner.variant.compiled_autograd and kind == 'train':
+                problem = compiled_autograd_problem(counters['compiled_autograd']['captures'] - captures, breaks,
+                                                    skipped_here)
                 if problem:
                     raise RuntimeError(f'{name}: {problem}')
 
@@ -1201,6 +1226,9 @@ def items(check: Check) -> List[Item]:
         pair(11, 'narrow, ours: whole step / model compiled (fused SGD, foreach SGD), reduce-overhead, training',
              'narrow', 'reduce-overhead', ('ours_step', FUSED_OPTIMIZER_ROLE, 'ours'), 80,
              key='whole_step/narrow/ours'),
+        pair(11, 'narrow, ours: compiled autograd / model compiled (both fused SGD), reduce-overhead, training',
+             'narrow', 'reduce-overhead', (COMPILED_AUTOGRAD_ROLE, FUSED_OPTIMIZER_ROLE), 60,
+             key='compiled_autograd/narrow/ours'),
         Item(12, f'timm\'s train.py, narrow, reduce-overhead, {timm_train_check.EPOCHS} epochs', c.timm_train, 150),
         # last, and only with --section 10 alone: its compile took over 110 s on the H200 (2026-11-27), 300 s expected
         knob('tuned_blocks', alone=True),
