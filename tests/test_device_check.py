@@ -218,39 +218,27 @@ def test_a_compiled_autograd_step_that_captured_nothing_broke_or_skipped_cuda_gr
     assert 'without CUDA graphs' in dc.compiled_autograd_problem(1, {}, 2)
 
 
-@pytest.mark.skipif(not hasattr(torch._dynamo.config, 'trace_autograd_ops'), reason='torch without trace_autograd_ops')
-def test_the_first_steps_of_a_whole_step_runner_are_checked_and_only_theirs(tmp_path, monkeypatch):
-    """Each whole-step runner's first training steps go through the check (its graph breaks as dynamo counted them),
-    and a problem stops the pair; the model-compiled runners are not checked."""
+@pytest.mark.parametrize('check, role, expected', [
+    pytest.param('whole_step_problem', 'ours_step', 2,  # the graph breaks dynamo counted: torch.optim's two
+                 marks=pytest.mark.skipif(not hasattr(torch._dynamo.config, 'trace_autograd_ops'),
+                                          reason='torch without trace_autograd_ops')),
+    ('compiled_autograd_problem', dc.COMPILED_AUTOGRAD_ROLE, 1),  # the captures compiled autograd made
+], ids=['whole-step', 'compiled-autograd'])
+def test_the_first_steps_of_a_checked_runner_are_checked_and_only_theirs(tmp_path, monkeypatch, check, role, expected):
+    """A whole-step or compiled-autograd runner's first training steps go through its check, with what they
+    counted, and a problem stops the pair; the model-compiled runners are not checked."""
     seen = []
 
-    def problem(breaks, skips):
-        seen.append(sum(breaks.values()))
+    def problem(counted, *rest):
+        seen.append(sum(counted.values()) if isinstance(counted, dict) else counted)
         return 'a problem'
-    monkeypatch.setattr(dc, 'whole_step_problem', problem)
-    check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 1)
-    check.paired('narrow', 'reduce-overhead', ('ours', dc.FUSED_OPTIMIZER_ROLE))
+    monkeypatch.setattr(dc, check, problem)
+    checker = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 1)
+    checker.paired('narrow', 'reduce-overhead', ('ours', dc.FUSED_OPTIMIZER_ROLE))
     assert seen == []
     with pytest.raises(RuntimeError, match='a problem'):
-        check.paired('narrow', 'reduce-overhead', ('ours_step', 'ours'))
-    assert seen == [2]
-
-
-def test_the_first_steps_of_a_compiled_autograd_runner_are_checked_and_only_theirs(tmp_path, monkeypatch):
-    """The compiled-autograd runner's first training steps go through its check with the captures they made, and a
-    problem stops the pair; the model-compiled runners are not checked."""
-    seen = []
-
-    def problem(captures, breaks, skips):
-        seen.append(captures)
-        return 'a problem'
-    monkeypatch.setattr(dc, 'compiled_autograd_problem', problem)
-    check = dc.Check(dc.smoke_setting(), dc.Log(tmp_path), None, dc.Budget(60), True, 1)
-    check.paired('narrow', 'reduce-overhead', ('ours', dc.FUSED_OPTIMIZER_ROLE))
-    assert seen == []
-    with pytest.raises(RuntimeError, match='a problem'):
-        check.paired('narrow', 'reduce-overhead', (dc.COMPILED_AUTOGRAD_ROLE, 'ours'))
-    assert seen == [1]
+        checker.paired('narrow', 'reduce-overhead', (role, 'ours'))
+    assert seen == [expected]
 
 
 def test_compile_options_keep_the_mode_and_add_the_settings():
