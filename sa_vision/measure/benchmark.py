@@ -28,7 +28,6 @@ __all__ = [
 ]
 
 
-
 def matmul_rate(
         n: int = 2048,
         iters: int = 5,

@@ -608,7 +608,23 @@ class Check:
                  f'{peak}; outputs differ by {result["max_abs_difference_over_max"]:.2e} of their largest')
         self.log.results.setdefault('fused_layer', {})[size] = result
 
-    # ---- section 6: sa-vision-train end to end
+    # ---- sections 6 and 12: trainings in processes of their own
+
+    def run_logged(self, cmd: List[str], log_name: str, seconds: float, cwd: Optional[str] = None):
+        """(exit status or 'stopped: budget', wall seconds, this run's output) of ``cmd``, its output appended to
+        ``log_name`` in the output folder after the command line, stopped after ``seconds`` (at least 30)."""
+        log_path = self.log.out / log_name
+        t0 = time.time()
+        with open(log_path, 'a') as f:
+            f.write(f'\n$ {" ".join(cmd)}\n')
+            f.flush()
+            try:
+                status = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd, timeout=max(seconds, 30),
+                                        env=dict(os.environ, PYTHONUNBUFFERED='1')).returncode
+            except subprocess.TimeoutExpired:
+                status = 'stopped: budget'
+        text = log_path.read_text().rsplit('\n$ ', 1)[-1].split('\n', 1)[-1]
+        return status, time.time() - t0, text
 
     def speed_flags(self, missing=()) -> List[str]:
         """The training flags of the device-data path, less ``missing`` ones; smoke: dynamo's eager backend (no
@@ -667,19 +683,7 @@ class Check:
             argv = self.e2e_argv(self.s, size, flags, tmp, None if self.smoke else self.data_dir) + list(extra)
             cmd = [sys.executable, '-m', 'sa_vision.cli.train', *argv]
             self.log(f'$ sa-vision-train {" ".join(argv)}')
-            log_path = self.log.out / 'train_e2e.log'
-            t0 = time.time()
-            with open(log_path, 'a') as f:
-                f.write(f'\n$ {" ".join(cmd)}\n')
-                f.flush()
-                try:
-                    proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, timeout=max(self.budget.left(), 30),
-                                          env=dict(os.environ, PYTHONUNBUFFERED='1'))
-                    status = proc.returncode
-                except subprocess.TimeoutExpired:
-                    status = 'stopped: budget'
-            wall = time.time() - t0
-            text = log_path.read_text().rsplit('\n$ ', 1)[-1].split('\n', 1)[-1]  # this run's output
+            status, wall, text = self.run_logged(cmd, 'train_e2e.log', self.budget.left())
             result = epoch_rates(text, Path(tmp) / size / 'summary.csv', self.s.batch_size)
         result.update(size=size, status=status, wall_s=round(wall, 1), command=argv)
         shown = [line for line in text.splitlines()
@@ -723,19 +727,8 @@ class Check:
                                 backend=self.s.backend, batch_size=self.s.batch_size,
                                 workers=0 if self.smoke else TIMM_TRAIN_WORKERS)
             self.log(f'$ {" ".join(cmd[1:])}')
-            t0 = time.time()
-            log_path = self.log.out / 'timm_train.log'
-            with open(log_path, 'a') as f:
-                f.write(f'\n$ {" ".join(cmd)}\n')
-                f.flush()
-                try:
-                    status = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=tmp,
-                                            timeout=max(self.budget.left() - TIMM_EVAL_RESERVE_S, 30),
-                                            env=dict(os.environ, PYTHONUNBUFFERED='1')).returncode
-                except subprocess.TimeoutExpired:
-                    status = 'stopped: budget'
-            wall = time.time() - t0
-            text = log_path.read_text().rsplit('\n$ ', 1)[-1]
+            status, wall, text = self.run_logged(cmd, 'timm_train.log', self.budget.left() - TIMM_EVAL_RESERVE_S,
+                                                 cwd=tmp)
             run = Path(tmp) / 'out' / tc.EXPERIMENT
             compiled = tc.evaluations(run / 'summary.csv')
             result = {'status': status, 'wall_s': round(wall, 1), 'command': cmd[1:], 'script': str(script),
