@@ -4,8 +4,9 @@
 The fused Triton kernel (``triton_mixing.mix_and_project``: mixing and Value in one kernel, forward and backward,
 never storing the heads-sized tensor whose memory traffic bounds a GPU training step) is opt-in
 (:func:`fused_mix_and_project`): on an H100 one layer's training step through it ran 0.41x as fast as the batched
-products at full width (docs/attention.md), and the whole model with and without it, which decides, is not measured
-yet (docs/probes/gpu/device_check.md, section 8). It takes over from the other Functions and mixes by the probabilities
+products at full width (docs/attention.md), and the whole model, which decides, trained 1.114x as fast without it on
+an H200 at the narrow width with CUDA graphs and 2.240x at full size eager (docs/probes/gpu/device_check.md, section
+8, "What the results decide"), so it stays opt-in. It takes over from the other Functions and mixes by the probabilities
 the ``dense`` choice makes, dropout included. Never in a captured graph: TorchScript and its tracer cannot record
 a Triton launch, and an exported or ONNX graph holding the custom operator would run only where sa_vision and
 triton are (FX keeps the blocks whole, so they run it as in eager; ``torch.compile`` keeps it as a custom operator
@@ -92,7 +93,7 @@ def choose_path(
 
     Separable kinds mix by their row and column factors (``O(h*w*(h+w))`` per head, 8x fewer mixing MACs than
     the dense form at 16x16) except on CUDA when :data:`CUDA_DENSE_MIXING` says otherwise. Eager training of the
-    separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 28 % less peak
+    separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 22 % less peak
     memory); compiled graphs choose what to keep by themselves.
 
     The fused Triton kernel only when ``fused`` asks, for content-free kinds, outside captured graphs (module docs).

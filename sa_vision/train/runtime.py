@@ -363,7 +363,7 @@ def resolve_torchcompile(requested: Optional[str], model: nn.Module,
     backend, best_mode = choices[best]
     if best_mode not in CUDA_GRAPH_MODES and any(m in CUDA_GRAPH_MODES for _, m in choices.values()):
         # the probe recorded CUDA graphs for a choice not kept: their private memory pool would stay allocated
-        # for the whole run. Nothing else has recorded any yet: the run's compiled evaluation starts after this
+        # for the whole run. Nothing else has recorded any yet: the run's training starts after this
         from torch._inductor.cudagraph_trees import reset_cudagraph_trees
         reset_cudagraph_trees()
         if torch.cuda.is_initialized():
