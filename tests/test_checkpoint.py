@@ -215,3 +215,13 @@ def test_weights_of_another_dataset_never_get_cifar10s_label_names():
         state_dict = timm.create_model('sa_quadratic_cifar', **args).state_dict()
         ckpt = Checkpoint('sa_quadratic_cifar', args, state_dict, 'run', 'sa_vision', {'dataset': 'fashion-mnist'})
         assert _names(ckpt.create_model().pretrained_cfg) == expected
+
+
+def test_a_run_checkpoint_is_evaluated_at_the_size_it_was_trained_at(tmp_path):
+    """A run with --img-size 16 saved the preprocessing its training fed the model (``data_config``): the model
+    built from its checkpoint takes it, so that sa-vision-validate and timm's resolve_data_config resize to 16."""
+    state_dict = timm.create_model('sa_quadratic_cifar', **SMALL).state_dict()
+    trained = {'input_size': [3, 16, 16], 'mean': [0.1, 0.2, 0.3], 'std': [0.3, 0.2, 0.1]}
+    ckpt = Checkpoint('sa_quadratic_cifar', SMALL, state_dict, 'run', 'sa_vision', {'data_config': trained})
+    data_config = timm.data.resolve_data_config({}, model=ckpt.create_model())
+    assert {k: list(data_config[k]) for k in trained} == trained

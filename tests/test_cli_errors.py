@@ -12,6 +12,8 @@ from sa_vision.cli import reproduce as reproduce_script
 from sa_vision.errors import UserError, run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
+KEPT_SA = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'  # a Hub folder: embed_dim 64, depth 6
+KEPT_RESNET = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'resnet18_cifar'
 
 
 def _run(main, argv, capsys):
@@ -68,9 +70,11 @@ def _run(main, argv, capsys):
     (explore, ['no_such_model', '--out', ROOT / 'pyproject.toml' / 'x.html'], 'pyproject.toml is a file'),
     # sa-vision-validate resolves --model as every command does (sa_vision.train.checkpoint.load_model)
     (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
+    # a bare name is its trained weights, as in timm's validate.py: never a random init evaluated
+    (validate, ['--model', 'sa_quadratic_cifar', '--dataset', 'digits'], 'are not published yet'),
     (validate, ['--model', 'local-dir:{tmp}/missing', '--dataset', 'digits'], 'missing is not a folder'),
     (validate, ['--checkpoint', 'sa_quadratic_cifar', '--dataset', 'digits'], 'sa_quadratic_cifar does not exist'),
-    (validate, ['--model', 'resnet18_cifar', '--model-kwargs', 'stem_type=deep', '--dataset', 'digits'],
+    (validate, ['--checkpoint', KEPT_RESNET, '--model-kwargs', 'stem_type=deep', '--dataset', 'digits'],
      "CifarResNet has no stem_type 'deep'"),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',
         'plot-out-below-a-file', 'plot-table-format', 'prune-missing-file',
@@ -83,7 +87,7 @@ def _run(main, argv, capsys):
         'benchmark-results-below-a-file', 'benchmark-results-is-a-folder', 'benchmark-missing-model-list',
         'benchmark-unknown-profile', 'benchmark-odd-img-size', 'benchmark-fused-unavailable',
         'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file',
-        'validate-unknown-model',
+        'validate-unknown-model', 'validate-name-without-weights',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
     status, err = _run(script.main, [str(a).replace('{tmp}', str(tmp_path)) for a in argv], capsys)
@@ -155,7 +159,6 @@ def test_python_m_names_the_program_as_its_installed_command(module, name, monke
 
 # --- mistakes of a first hour with the commands: each one error line, status 2, no traceback -----------------------
 
-KEPT_SA = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'  # a Hub folder: embed_dim 64, depth 6
 
 
 def _one_error(main, argv, capsys) -> str:
@@ -189,10 +192,8 @@ def test_an_unknown_model_name_suggests_the_registered_one(tmp_path, capsys):
 @pytest.mark.parametrize('command, argv, source', [
     ('train', ['-c', 'sa_quadratic_cifar_digits', '--model-kwargs', 'embed_dim=16', 'depht=1'], '--model-kwargs'),
     ('train', ['-c', '{tmp}/typo.yaml'], 'the model_kwargs of recipe {tmp}/typo.yaml'),
-    ('validate', ['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--model-kwargs', 'depht=1'],
-     '--model-kwargs'),
     ('validate', ['--checkpoint', KEPT_SA, '--dataset', 'digits', '--model-kwargs', 'depht=1'], '--model-kwargs'),
-], ids=['train-command-line', 'train-recipe', 'validate-name', 'validate-hub-folder'])
+], ids=['train-command-line', 'train-recipe', 'validate-hub-folder'])
 def test_an_unknown_model_keyword_names_where_it_came_from_and_the_nearest(command, argv, source, tmp_path, capsys):
     import yaml
     (tmp_path / 'typo.yaml').write_text(yaml.safe_dump(
@@ -210,7 +211,7 @@ def test_an_unknown_keyword_without_a_near_one_lists_the_models_keywords(capsys)
     from timm.models.resnet import ResNet
 
     from sa_vision.models import CifarResNet
-    line = _one_error(validate.main, ['--model', 'resnet18_cifar', '--dataset', 'digits', '--model-kwargs',
+    line = _one_error(validate.main, ['--checkpoint', KEPT_RESNET, '--dataset', 'digits', '--model-kwargs',
                                       'heads_per_layer=9'], capsys)
     assert "resnet18_cifar takes no keyword argument 'heads_per_layer'" in line, line
     # CifarResNet's own keywords and those its **kwargs passes on to timm's ResNet

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from helpers import HANG_TIMEOUT_S, command, usual_file_mode
 
 from sa_vision.errors import UserError
@@ -16,7 +17,7 @@ from sa_vision.io import atomic_write
 from sa_vision.train import loop
 from sa_vision.train.args import build_parser
 from sa_vision.train.recipes import RECIPE_DIR
-from sa_vision.train.state import run_folder
+from sa_vision.train.state import run_folder, write_run_files
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
@@ -71,6 +72,35 @@ def test_a_new_or_empty_run_folder_is_taken(tmp_path):
     for name in ('new', 'empty'):
         args = build_parser().parse_args(['--output', str(tmp_path), '--experiment', name])
         assert run_folder(args, None) == tmp_path / name
+
+
+def test_runs_that_found_the_same_folder_empty_never_share_it(tmp_path, monkeypatch):
+    """Two runs checked the same folder before either wrote into it (started in the same second, or the same
+    --experiment): the first claims it; the second, named for the time, takes ``-1`` as timm's get_outdir(inc=True)
+    does, and with an --experiment is refused, the first run's files left as they were."""
+    import sa_vision.train.state as state
+
+    class Frozen(state.datetime):
+        @classmethod
+        def now(cls, tz=None):
+            return cls(2026, 11, 27, 6, 0, 0)
+    monkeypatch.setattr(state, 'datetime', Frozen)
+    timed = [build_parser().parse_args(['--output', str(tmp_path), '--seed', str(seed)]) for seed in (1, 2)]
+    found = [run_folder(args, None) for args in timed]
+    assert found[0] == found[1]
+    claimed = [write_run_files(args, folder, new_run=True) for args, folder in zip(timed, found)]
+    assert claimed == [found[0], found[0].with_name(found[0].name + '-1')]
+    assert [yaml.safe_load((folder / 'args.yaml').read_text())['seed'] for folder in claimed] == [1, 2]
+
+    named = [build_parser().parse_args(['--output', str(tmp_path), '--experiment', 'run', '--seed', str(seed)])
+             for seed in (1, 2)]
+    found = [run_folder(args, None) for args in named]
+    write_run_files(named[0], found[0], new_run=True)
+    before = _files(found[0])
+    with pytest.raises(UserError, match='another run started in .*another --experiment'):
+        write_run_files(named[1], found[1], new_run=True)
+    assert _files(found[0]) == before
+    write_run_files(named[1], found[1], new_run=False)  # a resumed run writes its own folder's files again
 
 
 def test_atomic_folder_replaces_a_folder_whole_or_not_at_all(tmp_path):

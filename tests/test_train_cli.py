@@ -503,6 +503,38 @@ def test_unknown_scheduler_is_one_error_line_before_anything_is_built(monkeypatc
     assert not out.exists()
 
 
+@pytest.mark.parametrize('name, value', [('eval_metric', 'acc1'), ('amp_dtype', 'fp16'), ('clip_mode', 'nrom')])
+def test_a_value_outside_its_choices_is_one_error_line_before_anything_is_written(name, value, tmp_path):
+    """argparse checks a flag's choices on the command line only; a recipe's value (a default there) is checked
+    as well, before the run folder is made, where it would fail after an epoch (--eval-metric) or a step."""
+    flag, out = '--' + name.replace('_', '-'), tmp_path / 'out'
+    with pytest.raises(SystemExit) as refused:
+        training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--output', out, flag, value])))
+    assert refused.value.code == 2
+    recipe = tmp_path / 'recipe.yaml'
+    recipe.write_text(yaml.safe_dump({**yaml.safe_load(DIGITS_RECIPE.read_text()), name: value}))
+    line = _cli_error(list(map(str, ['-c', recipe, *TINY, '--output', out])))
+    assert f"{flag} is '{value}' in recipe {recipe}, it must be one of" in line, line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize('argv, expected', [
+    ([], {'decay_t': 90 * 3}),  # timm's default: every 90 epochs (per update here: 3 updates an epoch)
+    (['--decay-epochs', '2', '--decay-rate', '0.5'], {'decay_t': 2 * 3, 'decay_rate': 0.5}),
+])
+def test_the_step_schedule_takes_its_decay_epochs(argv, expected, monkeypatch):
+    """--decay-epochs reaches timm's StepLRScheduler (and --patience-epochs its plateau scheduler)."""
+    from timm.scheduler import PlateauLRScheduler, StepLRScheduler
+    args = build_parser().parse_args(['--sched', 'step', *argv])
+    optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
+    scheduler, _ = training._create_scheduler(optimizer, args, updates_per_epoch=3)
+    assert isinstance(scheduler, StepLRScheduler)
+    assert {k: getattr(scheduler, k) for k in expected} == expected
+    args = build_parser().parse_args(['--sched', 'plateau', '--no-sched-on-updates', '--patience-epochs', '4'])
+    scheduler, _ = training._create_scheduler(optimizer, args, updates_per_epoch=3)
+    assert isinstance(scheduler, PlateauLRScheduler) and scheduler.lr_scheduler.patience == 4
+
+
 @pytest.mark.slow
 def test_schedulers_without_a_per_step_schedule_train(tmp_path):
     """'none' (timm: no scheduler, the optimizer's lr throughout) runs to the end and resumes; 'plateau' is

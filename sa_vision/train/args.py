@@ -80,12 +80,24 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_over(defaults: dict, argv) -> argparse.Namespace:
-    """``argv`` parsed over ``defaults`` (a recipe's, a resumed run's): a command-line ``--model-kwargs`` updates
-    their ``model_kwargs`` instead of replacing them."""
-    args = build_parser(defaults).parse_args(argv)
+def parse_over(defaults: dict, argv, source: str = 'the recipe') -> argparse.Namespace:
+    """``argv`` parsed over ``defaults`` (a recipe's, a resumed run's: ``source`` names them for errors): a
+    command-line ``--model-kwargs`` updates their ``model_kwargs`` instead of replacing them."""
+    parser = build_parser(defaults)
+    args = parser.parse_args(argv)
+    _check_choices(parser, args, source)
     args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
     return args
+
+
+def _check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace, source: str) -> None:
+    """A :class:`RecipeError` for a value outside its argument's ``choices``: argparse checks those given on the
+    command line only, so the value came from ``source``, whose values are defaults."""
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if action.choices is not None and value is not None and value not in action.choices:
+            raise RecipeError(f'{action.option_strings[0]} is {value!r} in {source}, it must be one of '
+                              f'{", ".join(map(str, action.choices))}')
 
 
 def argument_names() -> frozenset:
@@ -157,7 +169,8 @@ def _model_arguments(group) -> None:
                        help='start from these weights (any checkpoint, .safetensors or Hub folder of --model; '
                             'its stored architecture arguments are the defaults of --model-kwargs)')
     group.add_argument('--resume', default='', type=str, metavar='PATH',
-                       help='continue the run of this checkpoint (model, optimizer, schedule, epoch, RNG)')
+                       help='continue the run of this checkpoint (model, optimizer, schedule, epoch; the random '
+                            'numbers of each epoch come from --seed and the epoch, as in an unbroken run)')
     group.add_argument('--num-classes', type=int, default=None, metavar='N')
     group.add_argument('--img-size', type=int, default=None, metavar='N', help='image size (default: the model cfg)')
     group.add_argument('-b', '--batch-size', type=int, default=100, metavar='N', help='batch size per process')
@@ -186,7 +199,8 @@ def _optimizer_arguments(group) -> None:
                             'resumed run keeps its checkpoint\'s scale. For timm\'s train.py: python -m '
                             'sa_vision.train.run_timm --pos-lr-scale SCALE train.py ...')
     group.add_argument('--clip-grad', type=float, default=None, metavar='NORM')
-    group.add_argument('--clip-mode', type=str, default='norm')
+    group.add_argument('--clip-mode', type=str, default='norm', choices=('norm', 'value', 'agc'),
+                       help="timm's gradient clipping: the global norm (default), each value, or adaptive (AGC)")
 
 
 def _schedule_arguments(group) -> None:
@@ -202,7 +216,12 @@ def _schedule_arguments(group) -> None:
     group.add_argument('--warmup-prefix', action='store_true', default=False)
     group.add_argument('--cooldown-epochs', type=int, default=0, metavar='N')
     group.add_argument('--decay-milestones', default=[90, 180, 270], type=int, nargs='+', metavar='MILESTONES')
+    group.add_argument('--decay-epochs', type=float, default=None, metavar='N',
+                       help="--sched step: epochs between decays; wsd / rsqrt: the decay's length, a fraction of the "
+                            "schedule below 1 (default: timm's, 90 epochs for step and 0.2 of the length for wsd)")
     group.add_argument('--decay-rate', '--dr', type=float, default=0.1, metavar='RATE')
+    group.add_argument('--patience-epochs', type=int, default=10, metavar='N',
+                       help='--sched plateau: epochs without improvement before the lr is lowered')
 
 
 def _augmentation_arguments(group) -> None:
@@ -225,7 +244,9 @@ def _device_arguments(group) -> None:
     group.add_argument('--torchcompile', nargs='?', const='inductor', default=None, type=_torchcompile_request,
                        metavar='BACKEND|auto|off',
                        help="torch.compile the model (timm train.py's option; default backend inductor; 'off' trains "
-                            "eagerly whatever the recipe says); training and evaluation run the compiled model. "
+                            "eagerly whatever the recipe says); training and evaluation run the compiled model, "
+                            "except on CUDA, where evaluation runs uncompiled (docs/training.md, \"Precision and "
+                            "compilation\"). "
                             "'auto': time the training step eager, compiled with inductor and, on CUDA, compiled "
                             "with CUDA graphs (mode reduce-overhead), each after its compilation, and keep the "
                             "choice of least compile time + remaining steps x step time (see choose_compile); a "
@@ -235,7 +256,7 @@ def _device_arguments(group) -> None:
                        help="torch.compile's mode (timm train.py's option): default, reduce-overhead (CUDA graphs on "
                             "CUDA), max-autotune, max-autotune-no-cudagraphs (default: torch's default). With "
                             "--torchcompile auto: weigh eager against this mode only")
-    group.add_argument('--amp-dtype', default='bfloat16', type=str,
+    group.add_argument('--amp-dtype', default='bfloat16', type=str, choices=('bfloat16', 'float16'),
                        help="'bfloat16' (default) or 'float16' (with a gradient scaler, whose every step waits for "
                             "the GPU to say whether the gradients overflowed; bfloat16 steps never wait)")
     group.add_argument('--channels-last', action=argparse.BooleanOptionalAction, default=None,
@@ -273,7 +294,7 @@ def _misc_arguments(group) -> None:
                             'model_best.pth.tar is the best of the evaluated epochs')
     group.add_argument('--output', default='output/train', type=str, metavar='PATH', help='runs are written here')
     group.add_argument('--experiment', default='', type=str, metavar='NAME', help='run folder name')
-    group.add_argument('--eval-metric', default='top1', type=str, metavar='EVAL_METRIC',
+    group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
                        help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
     group.add_argument('--save-epoch-weights', action='store_true', default=False,
                        help='also keep the weights of every epoch (<run>/epoch-NNN.safetensors, NNN = epochs done; '

@@ -87,8 +87,10 @@ class Checkpoint:
             raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
                                   f'that registers it (--device-modules) or pass the right --model')
         # the preprocessing of a Hub folder or a pruned file (input size, mean / std, label names), kept as timm's
-        # local-dir: loading keeps a Hub folder's
-        overlay = self.meta.get('pretrained_cfg')
+        # local-dir: loading keeps a Hub folder's; of a run of sa-vision-train, what its training fed the model
+        # (--img-size: the input size its evaluation takes)
+        overlay = self.meta.get('pretrained_cfg') or {
+            k: tuple(v) for k, v in (self.meta.get('data_config') or {}).items() if k in ('input_size', 'mean', 'std')}
         sources = {k: '--model-kwargs' if k in self.given_args else f'the arguments stored with {self.source}'
                    for k in self.model_args}
         try:

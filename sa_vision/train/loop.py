@@ -108,7 +108,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     train_model, eval_model = _training_model(model, args, data_cfg, loss_fn, amp_ctx,
                                               steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
-        write_run_files(args, run_dir)
+        run_dir = write_run_files(args, run_dir, new_run=resume_ckpt is None)
         log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         if args.save_epoch_weights and start_epoch == 0:
@@ -269,8 +269,9 @@ def _create_loaders(args, data_cfg):
 def _create_scheduler(optimizer, args, updates_per_epoch: int):
     """(timm's scheduler, or None for --sched none, number of epochs)."""
     return create_scheduler_v2(
-        optimizer, sched=args.sched, num_epochs=args.epochs, decay_milestones=args.decay_milestones,
-        decay_rate=args.decay_rate, min_lr=args.min_lr, warmup_lr=args.warmup_lr,
+        optimizer, sched=args.sched, num_epochs=args.epochs, decay_epochs=args.decay_epochs,
+        decay_milestones=args.decay_milestones, decay_rate=args.decay_rate, patience_epochs=args.patience_epochs,
+        min_lr=args.min_lr, warmup_lr=args.warmup_lr,
         warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix, cooldown_epochs=args.cooldown_epochs,
         step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch,
         plateau_mode='min' if args.eval_metric == 'loss' else 'max')

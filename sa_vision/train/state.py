@@ -1,6 +1,7 @@
 """ A run's state: its arguments (recipe, resumed run, command line), its model's arguments and initial weights,
 its folder, the files it writes there every epoch and what ``--resume`` restores from them """
 import argparse
+import itertools
 import json
 import sys
 from datetime import datetime
@@ -59,7 +60,8 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
         run_args = {k: v for k, v in _saved_run_args(resume_ckpt, resume).items()
                     if k in known and k not in PROCESS_ARGS}
         defaults.update(run_args)
-    args = parse_over(defaults, remaining)
+    given_by = [f'recipe {config.config}'] * bool(config.config) + [f'the run resumed, {resume}'] * bool(resume)
+    args = parse_over(defaults, remaining, source=' or '.join(given_by))
     args.config = config.config
     check_recipe_start(recipe, args, config.config)
     # what the run had as defaults comes back unchanged: a difference was given on the command line
@@ -243,7 +245,8 @@ def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs
 
 
 def run_folder(args, resume_ckpt) -> Path:
-    """The run folder: a resumed run's own, else ``--output/--experiment``, which must be new or empty."""
+    """The run folder: a resumed run's own, else ``--output/--experiment``, which must be new or empty (without
+    ``--experiment``: named for the time, the model and the dataset; :func:`write_run_files` claims it)."""
     if resume_ckpt is not None:
         resumed = Path(resume_ckpt.source)  # --resume may name the run folder; kept as given (relative) for the log
         run_dir, last = resumed.parent, resumed.parent / RUN_CHECKPOINT
@@ -270,13 +273,27 @@ def run_folder(args, resume_ckpt) -> Path:
     return run_dir
 
 
-def write_run_files(args, run_dir: Path) -> None:
-    """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / 'args.yaml', 'w') as f:
+def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
+    """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run), in
+    the folder returned. A new run's ``args.yaml`` claims its folder, made only where none is there: where another
+    run claimed ``run_dir`` since :func:`run_folder` found it empty, one named for the time is claimed as
+    ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an ``--experiment`` is refused before anything is
+    written."""
+    for suffix in itertools.count():
+        folder = run_dir.with_name(f'{run_dir.name}-{suffix}') if suffix else run_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            f = open(folder / 'args.yaml', 'x' if new_run else 'w')
+            break
+        except FileExistsError:
+            if args.experiment:
+                raise UserError(f'another run started in {folder} while this one set up; start this one with '
+                                f'another --experiment (or --output)') from None
+    with f:
         yaml.safe_dump(args_as_saved(args), f, sort_keys=False)
-    with open(run_dir / 'recipe.yaml', 'w') as f:
+    with open(folder / 'recipe.yaml', 'w') as f:
         yaml.safe_dump(run_recipe(args), f, sort_keys=False)
+    return folder
 
 
 def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) -> None:

@@ -46,8 +46,8 @@ TIMM_TRAIN_ARGS: Dict[str, str] = {
     'lr_base_scale': TIMM_ONLY, 'lr_noise': TIMM_ONLY, 'lr_noise_pct': TIMM_ONLY, 'lr_noise_std': TIMM_ONLY,
     'lr_cycle_mul': TIMM_ONLY, 'lr_cycle_decay': TIMM_ONLY, 'lr_cycle_limit': TIMM_ONLY, 'lr_k_decay': TIMM_ONLY,
     'warmup_lr': OURS, 'min_lr': OURS, 'epochs': OURS, 'epoch_repeats': TIMM_ONLY, 'start_epoch': TIMM_ONLY,
-    'decay_milestones': OURS, 'decay_epochs': TIMM_ONLY, 'warmup_epochs': OURS, 'warmup_prefix': OURS,
-    'cooldown_epochs': OURS, 'patience_epochs': TIMM_ONLY, 'decay_rate': OURS,
+    'decay_milestones': OURS, 'decay_epochs': OURS, 'warmup_epochs': OURS, 'warmup_prefix': OURS,
+    'cooldown_epochs': OURS, 'patience_epochs': OURS, 'decay_rate': OURS,
     # augmentation and regularization
     'no_aug': TIMM_ONLY, 'train_crop_mode': TIMM_ONLY, 'scale': TIMM_ONLY, 'ratio': TIMM_ONLY, 'hflip': OURS,
     'vflip': TIMM_ONLY, 'color_jitter': TIMM_ONLY, 'color_jitter_prob': TIMM_ONLY, 'grayscale_prob': TIMM_ONLY,
