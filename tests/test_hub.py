@@ -263,13 +263,21 @@ class _RecordingApi:
         self.calls.append('whoami')
         return {'name': 'someone', 'orgs': [{'name': 'sa-vision'}], 'auth': {'accessToken': {'role': self.role}}}
 
-    def create_repo(self, repo_id, **kwargs):
+    def create_repo(self, repo_id, private=None, **kwargs):
         self.calls.append(('create_repo', repo_id))
-        # as the Hub does: a name without a namespace goes to the token's user
-        return type('RepoUrl', (), {'repo_id': repo_id if '/' in repo_id else f'someone/{repo_id}'})()
+        # as the Hub does: a name without a namespace goes to the token's user; an existing repository keeps its
+        # visibility whatever is asked
+        repo_id = repo_id if '/' in repo_id else f'someone/{repo_id}'
+        self.private_repos.setdefault(repo_id, private)
+        return type('RepoUrl', (), {'repo_id': repo_id})()
+
+    def repo_info(self, repo_id):
+        self.calls.append(('repo_info', repo_id))
+        return type('RepoInfo', (), {'private': bool(self.private_repos[repo_id])})()
 
     def upload_folder(self, **kwargs):
         self.calls.append(('upload_folder', kwargs['repo_id'], sorted(os.listdir(kwargs['folder_path']))))
+        type(self).delete_patterns = kwargs.get('delete_patterns')
         type(self).uploaded_card = (Path(kwargs['folder_path']) / 'README.md').read_text(encoding='utf-8')
         return 'commit'
 
@@ -285,6 +293,7 @@ def recording_api(monkeypatch):
     import huggingface_hub
     _RecordingApi.calls = []
     _RecordingApi.role = 'write'
+    _RecordingApi.private_repos = {}  # repository -> what create_repo's private was when it was made
     monkeypatch.setattr(huggingface_hub, 'HfApi', _RecordingApi)
     monkeypatch.setenv('HF_TOKEN', 'hf_secret_value_never_printed')
     return _RecordingApi
@@ -507,6 +516,92 @@ def test_repository_ids_the_hub_refuses_are_refused_before_any_export(trained, t
         with pytest.raises(HubPublishError, match='not a Hub repository id'):
             publish_hub_folder(trained[1], repo_id)
     assert not (tmp_path / 'staged').exists() and recording_api.calls == []
+
+
+def test_private_never_publishes_to_an_existing_public_repository(trained, recording_api):
+    """The Hub ignores create_repo's ``private`` for a repository that exists: --private then refuses before any
+    upload; a new one is made private; without --private the namespace's default decides (None, not False)."""
+    _, export_dir = trained
+    recording_api.private_repos[DIGITS_REPO] = False  # made public earlier
+    with pytest.raises(HubPublishError, match='exists and is public'):
+        publish_hub_folder(export_dir, DIGITS_REPO, private=True)
+    assert not any(call[0] == 'upload_folder' for call in recording_api.calls if isinstance(call, tuple))
+    publish_hub_folder(export_dir, 'sa-vision/new-private', private=True)
+    assert recording_api.private_repos['sa-vision/new-private'] is True
+    publish_hub_folder(export_dir, 'sa-vision/new-default')
+    assert recording_api.private_repos['sa-vision/new-default'] is None
+
+
+def test_an_upload_replaces_what_an_earlier_export_published(trained, recording_api):
+    """Files of an earlier export that this one lacks (its recipe, figure, epochs, pickled weights) are deleted
+    in the upload's commit; files the user added on the Hub are not."""
+    import fnmatch
+    _, export_dir = trained
+    publish_hub_folder(export_dir, DIGITS_REPO)
+    earlier = ['recipe.yaml', 'attention.png', 'positional_epochs.safetensors', 'pytorch_model.bin', 'README.md']
+    deleted = [name for name in earlier + ['.gitattributes', 'notes/extra.md', 'LICENSE']
+               if any(fnmatch.fnmatch(name, pattern) for pattern in recording_api.delete_patterns)]
+    assert deleted == earlier
+
+
+def test_a_hub_folder_is_never_exported_into_itself(trained, tmp_path, recording_api, capsys):
+    """Re-exporting a Hub folder into itself would rebuild its card from the weights alone (no training
+    record): refused, the folder left byte for byte."""
+    folder = tmp_path / 'kept'
+    shutil.copytree(trained[1], folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+    for out_dir in (folder, tmp_path / '.' / 'kept'):
+        assert push_to_hub.main([str(folder), '--out-dir', str(out_dir), '--dry-run']) == 2
+        err = capsys.readouterr().err
+        assert err.count('error:') == 1 and 'holds the weights to export' in err, err
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+
+
+def test_an_export_of_old_key_names_is_the_same_weights(trained, tmp_path):
+    """A folder exported before a parameter was renamed (the kept zoo's ``spreads``) holds the same weights as a
+    new export of them: it is re-staged, not refused as other weights."""
+    from safetensors.torch import load_file, save_file
+
+    from sa_vision.models.sa_state_dict import RENAMED_KEYS
+    folder = tmp_path / 'hub'
+    shutil.copytree(trained[1], folder)
+    tensors = load_file(str(folder / 'model.safetensors'))
+    old_names = {new: old for old, new in RENAMED_KEYS.items()}
+    renamed = {next((key[:-len(new)] + old for new, old in old_names.items() if key.endswith(new)), key): value
+               for key, value in tensors.items()}
+    assert renamed.keys() != tensors.keys()  # the small model has a renamed parameter
+    save_file(renamed, str(folder / 'model.safetensors'))
+    export_hub_folder(trained[0].parent / 'model_best.pth.tar', folder, figure=False)
+    assert load_file(str(folder / 'model.safetensors')).keys() == tensors.keys()
+
+
+def test_reexports_keep_the_preprocessing_their_source_states(trained, tmp_path):
+    """What timm's loaders feed the weights travels with them: a Hub folder's pretrained_cfg (mean, std, crop,
+    label names), sa-vision-train's trained input size, timm train.py's --img-size / --mean / --std."""
+    import dataclasses
+
+    from timm.models import save_for_hf
+
+    from sa_vision.hub.export import exported_config
+    ckpt = read_checkpoint(trained[0])
+    model = ckpt.create_model()
+    folder, names = tmp_path / 'foreign', [f'class {i}' for i in range(NUM_CLASSES)]
+    given = {'mean': (0.5, 0.5, 0.5), 'std': (0.25, 0.25, 0.25), 'crop_pct': 0.9, 'input_size': (3, 32, 32)}
+    save_for_hf(model, folder, model_config={'label_names': names}, model_args=ckpt.model_args, data_config=given)
+    export_hub_folder(folder, tmp_path / 'again', figure=False)
+    config = json.loads((tmp_path / 'again' / 'config.json').read_text())
+    assert {k: config['pretrained_cfg'][k] for k in given} == {k: list(v) if isinstance(v, tuple) else v
+                                                                 for k, v in given.items()}
+    assert config['label_names'] == names
+
+    trained_at_16 = dataclasses.replace(ckpt, meta={**ckpt.meta, 'data_config': {
+        **ckpt.meta['data_config'], 'input_size': (3, 16, 16)}})
+    assert exported_config(trained_at_16, model)[2]['input_size'] == (3, 16, 16)
+    timm_args = {'img_size': 24, 'mean': [0.1, 0.2, 0.3], 'std': [0.4, 0.5, 0.6]}
+    timm_run = dataclasses.replace(ckpt, format='timm', meta={'args': timm_args, 'dataset': ''})
+    data = exported_config(timm_run, model)[2]
+    assert (data['input_size'], list(data['mean']), list(data['std'])) == ((3, 24, 24), timm_args['mean'],
+                                                                           timm_args['std'])
 
 
 @pytest.mark.parametrize('hub', ['offline', 'unreachable'])

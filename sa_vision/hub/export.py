@@ -13,17 +13,16 @@ from torch import Tensor
 from ..errors import UserError
 from ..io import usual_file_mode
 from ..models.input_pad import black_after_normalization
+from ..models.sa_state_dict import rename_old_keys
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
 from .card import render_model_card, weights_described_by_card
-from .labels import CARD_FIGURE_FILENAME, HUB_FOLDER_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
+from .labels import CARD_FIGURE_FILENAME, EXPORT_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
 from .publish import check_publish_target
 from .record import published_recipe, repeat_command, training_processes
 
 __all__ = ['ExportExistsError', 'export_hub_folder', 'exported_config', 'exported_input_config']
-
-_EXPORT_FILES = (*HUB_FOLDER_FILES, RECIPE_FILENAME, CARD_FIGURE_FILENAME, POSITIONAL_EPOCHS_FILE)
 
 
 class ExportExistsError(UserError, FileExistsError):
@@ -52,18 +51,35 @@ def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = Non
     """What exported weights say of themselves beyond their tensors, as ``save_for_hf`` takes it: (model_config:
     the tag and label names, model_args to add: the border of a padded dataset, data config: input size, mean /
     std). The Hub export writes it to config.json and its card's usage, ``sa-vision-prune`` to the pruned file's
-    metadata."""
+    metadata. The preprocessing is the source's where it says one: what sa-vision-train fed the model, the
+    ``pretrained_cfg`` of a Hub folder or a pruned file, or timm train.py's arguments; else the dataset's."""
     label = label or weights_label(ckpt)
-    data_cfg = ckpt.meta.get('data_config') or {'mean': label.dataset.mean, 'std': label.dataset.std}
+    given = ckpt.meta.get('pretrained_cfg') or {}
+    source = ckpt.meta.get('data_config') or given or _timm_data_config(ckpt.meta.get('args') or {})
+    input_size = source.get('input_size') or model.pretrained_cfg['input_size']
     pad_args, input_cfg = exported_input_config(
-        label.dataset, data_cfg.get('input_size') or model.pretrained_cfg['input_size'], ckpt.model_args,
-        data_cfg['mean'], data_cfg['std'])
-    input_cfg.setdefault('input_size', tuple(model.pretrained_cfg['input_size']))  # a border inside the model already
+        label.dataset, input_size, ckpt.model_args, source.get('mean') or label.dataset.mean,
+        source.get('std') or label.dataset.std)
+    input_cfg.setdefault('input_size', tuple(input_size))  # a border inside the model already, or none
+    # how timm's loaders crop and resize for these weights, where the source says: never guessed
+    input_cfg.update({k: source[k] for k in ('crop_pct', 'crop_mode', 'interpolation') if source.get(k) is not None
+                      and 'input_padding' not in pad_args})
     model_config = {'pretrained_cfg': {'tag': label.tag}}
-    names = label.dataset.label_names(model.num_classes)
+    names = given.get('label_names') or label.dataset.label_names(model.num_classes)
     if names:
         model_config['label_names'] = list(names)
     return model_config, pad_args, input_cfg
+
+
+def _timm_data_config(args: Dict[str, Any]) -> Dict[str, Any]:
+    """The preprocessing timm train.py's arguments set over the model's defaults (``resolve_data_config`` reads
+    them the same way): only what they set."""
+    config = {k: args[k] for k in ('mean', 'std', 'crop_pct', 'interpolation') if args.get(k)}
+    size = args.get('input_size') or (args.get('img_size') and (args.get('in_chans') or 3, args['img_size'],
+                                                                args['img_size']))
+    if size:
+        config['input_size'] = tuple(size)
+    return config
 
 
 def _save_card_figure(model, path: Path) -> bool:
@@ -79,7 +95,7 @@ def _save_card_figure(model, path: Path) -> bool:
 def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str) -> None:
     """Refuse to write into ``out_dir`` unless what it holds is an export of exactly ``tensors`` (re-staged, e.g.
     with a new card) or of no weights at all: an export of other weights is never replaced silently."""
-    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in _EXPORT_FILES)
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES)
     if foreign:
         raise ExportExistsError(f'{out_dir} holds files that are not part of an export ({foreign}); '
                                 f'choose an empty or new folder')
@@ -100,6 +116,7 @@ def _same_tensors(path: Path, tensors: Dict[str, Tensor]) -> bool:
         held = load_file(str(path))
     except Exception:  # noqa: BLE001  an unreadable file holds no weights we could match
         return False
+    held = rename_old_keys(held)  # an export of an earlier sa_vision, e.g. the kept zoo's
     return held.keys() == tensors.keys() and all(
         held[k].dtype == t.dtype and torch.equal(held[k], t.cpu()) for k, t in tensors.items())
 
@@ -130,9 +147,15 @@ def export_hub_folder(
 
     saved = model if dtype in (None, 'float32') else copy.deepcopy(model).to(getattr(torch, dtype))
     out_dir = Path(out_dir)
+    read_from = Path(ckpt.source).resolve()
+    if out_dir.resolve() in (read_from, *read_from.parents):
+        raise ExportExistsError(
+            f'{out_dir} holds the weights to export ({ckpt.source}): an export there would replace its card, '
+            f'recipe and figures with ones made from the weights alone. Publish the folder as it is '
+            f'(sa-vision-push-to-hub {ckpt.source}), or export into another folder')
     if out_dir.exists():
         _check_replaceable(out_dir, saved.state_dict(), ckpt.source)
-        for name in _EXPORT_FILES:
+        for name in EXPORT_FILES:
             (out_dir / name).unlink(missing_ok=True)
     model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
     recipe = published_recipe(ckpt)

@@ -10,7 +10,7 @@ from typing import Any, Iterator, NamedTuple, Optional, Union
 from ..errors import UserError
 from ..models._pretrained import PRETRAINED_TAG, hub_error_reason, hub_read_errors, hub_repo_id, registered_hf_hub_id
 from .card import card_for_repository
-from .labels import HUB_FOLDER_FILES, WeightsLabel
+from .labels import EXPORT_FILES, HUB_FOLDER_FILES, WeightsLabel
 
 __all__ = ['HubPublishError', 'PublishedFolder', 'check_repo_id', 'check_publish_target', 'resolve_token',
            'card_to_upload', 'publish_hub_folder']
@@ -125,17 +125,25 @@ def _create_repo(api, repo_id: str, private: bool) -> str:
             f'{who.get("name")} cannot write to {repo_id} (token role {role!r}, namespaces {sorted(allowed)}); '
             f'use a write token of a member of {namespace!r} or another --repo-id; nothing was uploaded')
     try:
-        return api.create_repo(repo_id, private=private, exist_ok=True).repo_id
+        # None, not False: a new repository takes its namespace's default visibility unless --private asks
+        repo_id = api.create_repo(repo_id, private=private or None, exist_ok=True).repo_id
+        public = private and not api.repo_info(repo_id).private
     except HfHubHTTPError as e:
         raise HubPublishError(f'cannot create or access {repo_id} ({_status(e)}); check the token\'s '
                               f'permission on {namespace!r}; nothing was uploaded') from None
+    if public:  # the Hub keeps an existing repository's visibility, whatever create_repo is asked
+        raise HubPublishError(f'{repo_id} exists and is public, so --private cannot keep these weights private; make '
+                              f'it private in its settings (https://huggingface.co/{repo_id}/settings) or publish '
+                              f'without --private; nothing was uploaded')
+    return repo_id
 
 
 def _upload(api, folder: Path, repo_id: str, commit_message: str, create_pr: bool):
     from huggingface_hub.errors import HfHubHTTPError
     try:
+        # an earlier export's files that this one lacks (a recipe, a figure, pickled weights) would stay beside it
         return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
-                                 create_pr=create_pr)
+                                 create_pr=create_pr, delete_patterns=[*EXPORT_FILES, 'pytorch_model.bin'])
     except HfHubHTTPError as e:
         raise HubPublishError(f'the Hub refused the upload to {repo_id} ({_status(e)}); nothing was '
                               f'committed') from None
