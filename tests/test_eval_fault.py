@@ -147,7 +147,7 @@ def test_a_setting_holds_where_its_model_compiles_with_caches_off(monkeypatch):
     monkeypatch.setattr(probe.torch, 'compile', compile_recorded)
     model = probe.model_as_trained(probe.WEIGHTS).eval()
     batches = [torch.randn(2, 3, 32, 32), torch.randn(2, 3, 32, 32)]
-    args = SimpleNamespace(device='cpu', backend='inductor', smoke=False)
+    args = SimpleNamespace(device='cpu', backend='inductor', smoke=False, bf16=True)
     row = probe._one_setting(model, batches, torch.zeros(4, dtype=torch.long), 'no pointwise autotuning', args,
                              lambda _: None)
     assert seen == [{'fx_graph_cache': False, 'triton.autotune_pointwise': False,
@@ -171,7 +171,7 @@ def test_on_the_gpu_one_way_compiles_with_the_cudagraphs_backend_and_the_others_
     model = probe.model_as_trained(probe.WEIGHTS).eval()
     batches = [torch.randn(2, 3, 32, 32)]
     found = {}
-    args = SimpleNamespace(device='cpu', backend='inductor', smoke=False)
+    args = SimpleNamespace(device='cpu', backend='inductor', smoke=False, bf16=True)
     assert probe._whole_model_ways(model, batches, torch.zeros(2, dtype=torch.long), args, lambda _: None, found) > 0
     assert [k['backend'] for k in seen] == ['inductor', 'inductor', 'cudagraphs', 'inductor', 'inductor', 'inductor']
     assert seen[1] == {'mode': 'reduce-overhead', 'backend': 'inductor'} and list(found)[2] == 'cudagraphs backend'
@@ -184,7 +184,7 @@ def test_with_no_layer_wrong_the_whole_model_is_what_gets_bisected():
     probe = _probe()
     model = probe.model_as_trained(probe.WEIGHTS).eval()
     batch = torch.randn(2, 3, 32, 32)
-    args = SimpleNamespace(device='cpu', backend='eager', smoke=True)
+    args = SimpleNamespace(device='cpu', backend='eager', smoke=True, bf16=False)
     assert probe._whole_model_wrong(model, {'default': {'wrong': False}, 'reduce-overhead': {'wrong': False}},
                                     batch, args) is None
     graph = probe._whole_model_wrong(model, {'default': {'wrong': False}, 'reduce-overhead': {'wrong': True}},

@@ -39,7 +39,8 @@ each batch of the first compared alone, and the images/s: is only the first call
 autotuned kernel that writes an input in place is benchmarked on live buffers), and which setting avoids it at what
 speed (:func:`settings_verdict`; README.md, "What the probe decides").
 
-``--smoke``: the CPU, dynamo's ``eager`` backend, 200 images, a fault faked into the whole model's ``default``
+``--smoke``: the CPU, dynamo's ``eager`` backend, bf16 autocast only where the CPU's bf16 products pay (float32
+else), 200 images, a fault faked into the whole model's ``default``
 way, the second layer's probabilities and the third block, and an error into its ``default, float32`` way; in the
 settings part, a fault into the defaults' first call and an error into one setting's process, so that every branch
 runs in tests/test_eval_fault.py.
@@ -58,7 +59,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Callable, Dict, List, NamedTuple, Optional
+from typing import Callable, ContextManager, Dict, List, NamedTuple, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
 from probe_env import fashion_mnist_dir, on_sigterm, redirect_fds, require_timm, sigterm_deferred, versions  # noqa: E402
@@ -73,6 +74,7 @@ from sa_vision.reproduce.kept import model_as_trained  # noqa: E402
 from sa_vision.train.data import dataset_info  # noqa: E402
 from sa_vision.train.datasets import FashionMnistDataset  # noqa: E402
 from sa_vision.train.device_data import DeviceEvalLoader  # noqa: E402
+from sa_vision.train.runtime import resolve_amp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 WEIGHTS = Path(__file__).resolve().parent / 'h200_2026-11-26_fault'
@@ -131,6 +133,13 @@ def _compare(reference: torch.Tensor, got: torch.Tensor, targets: Optional[torch
     return row
 
 
+def _bf16(args) -> ContextManager:
+    """bf16 autocast, as the training evaluated; in the smoke run only where this CPU's bf16 products pay
+    (``resolve_amp('auto')`` measures it): without bf16 units they run about 100x slower than float32, and the
+    smoke checks the probe, not the precision."""
+    return torch.autocast(args.device, torch.bfloat16, enabled=args.bf16)
+
+
 @torch.no_grad()
 def _logits(module, batches, amp: Callable) -> torch.Tensor:
     out = []
@@ -164,7 +173,7 @@ def _probabilities_eager():
 def _whole_model_ways(model, batches, targets, args, log, found: Dict[str, dict]) -> float:
     """The whole model compiled each way, into ``found`` (the result's ``whole_model``) as each ends; returns the
     eager model's images/s."""
-    bf16 = lambda: torch.autocast(args.device, torch.bfloat16)  # noqa: E731
+    bf16 = lambda: _bf16(args)  # noqa: E731
     fp32 = contextlib.nullcontext
     eager = {'bf16': _logits(model, batches, bf16), 'fp32': _logits(model, batches, fp32)}
     eager_img_per_s = _images_per_s(model, batches, bf16)
@@ -199,7 +208,7 @@ def _whole_model_ways(model, batches, targets, args, log, found: Dict[str, dict]
     return eager_img_per_s
 
 
-def _block_activations(model, batch, device: str):
+def _block_activations(model, batch, args):
     """Each block's input and output on ``batch``, eager, bf16 autocast (grid-major: H, W, B, D)."""
     inputs, outputs = [], []
 
@@ -207,7 +216,7 @@ def _block_activations(model, batch, device: str):
         inputs.append(args[0])
         outputs.append(out)
     hooks = [b.register_forward_hook(keep) for b in model.blocks]
-    with torch.no_grad(), torch.autocast(device, torch.bfloat16):
+    with torch.no_grad(), _bf16(args):
         model(batch)
     for hook in hooks:
         hook.remove()
@@ -221,14 +230,14 @@ def _layer_ways(model, inputs, outputs, args, log, found: Dict[str, List[dict]])
 
     def compared(reference: torch.Tensor, compiled: Callable, *compiled_args) -> dict:
         try:
-            with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+            with torch.no_grad(), _bf16(args):
                 return _compare(reference, compiled(*compiled_args))
         except Exception:  # noqa: BLE001  the other layers still run; the error is this one's finding
             return {'error': traceback.format_exc(limit=-4), 'wrong': True}
 
     torch._dynamo.reset()  # the blocks share their code: one compile serves them all
     for i, block in enumerate(model.blocks):
-        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+        with torch.no_grad(), _bf16(args):
             eager = block.attn.position_probs(grid_h, grid_w)
         probs = _faked(torch.compile(block.attn.position_probs, backend=args.backend), f'probabilities {i}', args.smoke)
         found['probabilities'].append(compared(eager, probs, grid_h, grid_w))
@@ -293,7 +302,7 @@ def _one_setting(model, batches, targets, name: str, args, log) -> dict:
     :data:`SETTINGS`, two passes over the images against eager, each batch of the first pass compared alone (is
     only the first call wrong?), and the images/s against eager's. Nothing else compiles in the process, so that the
     first pass runs kernels that are new to it."""
-    bf16 = lambda: torch.autocast(args.device, torch.bfloat16)  # noqa: E731
+    bf16 = lambda: _bf16(args)  # noqa: E731
     eager = [_logits(model, [b], bf16) for b in batches]
     row = {'eager_img_per_s': _images_per_s(model, batches, bf16), 'autotune': {}}
     with _inductor_settings(dict(SETTINGS)[name]), _autotune_record(row['autotune']):
@@ -385,7 +394,7 @@ def _smallest_wrong(model, layers: Dict[str, List[dict]], inputs, outputs, args)
     if wrong['probabilities'] is not None:
         i = wrong['probabilities']
         attn, grid = model.blocks[i].attn, inputs[0].shape[:2]
-        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+        with torch.no_grad(), _bf16(args):
             reference = attn.position_probs(*grid)
         name = f'probabilities {i}'
         return SmallestWrong(name, reference, lambda: _faked(
@@ -404,7 +413,7 @@ def _whole_model_wrong(model, ways: Dict[str, dict], batch, args) -> Optional[Sm
     mode = next((m for m in ('default', 'reduce-overhead') if ways.get(m, {}).get('wrong')), None)
     if mode is None:
         return None
-    with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+    with torch.no_grad(), _bf16(args):
         reference = model(batch).float()
     name = f'whole model, {mode}'
     return SmallestWrong(name, reference, lambda: _faked(
@@ -416,7 +425,7 @@ def _show_code(graph: SmallestWrong, args, log) -> None:
     torch._dynamo.reset()
     torch._logging.set_logs(output_code=True)
     try:
-        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+        with torch.no_grad(), _bf16(args):
             graph.compile_and_run()
     finally:
         torch._logging.set_logs(output_code=False)
@@ -431,7 +440,7 @@ def _bisect(graph: SmallestWrong, args, log) -> Optional[dict]:
 
     def good() -> bool:  # compiled anew each time: the bisector picks the backend and what it turns off
         torch._dynamo.reset()
-        with torch.no_grad(), torch.autocast(args.device, torch.bfloat16):
+        with torch.no_grad(), _bf16(args):
             return not _compare(graph.reference, graph.compile_and_run())['wrong']
     start = time.time()
     found = CompilerBisector.do_bisect(good)
@@ -466,7 +475,7 @@ def run(args, result: dict, save: Callable[[], None]) -> None:
         return
     result['eager_img_per_s'] = _whole_model_ways(model, batches, targets, args, log, result['whole_model'])
     save()
-    inputs, outputs = _block_activations(model, batches[0], args.device)
+    inputs, outputs = _block_activations(model, batches[0], args)
     _layer_ways(model, inputs, outputs, args, log, result['layers'])
     save()
     graph = (_smallest_wrong(model, result['layers'], inputs, outputs, args)
@@ -501,6 +510,7 @@ def main(argv=None) -> int:
     if args.data_dir is None and not args.smoke:
         args.data_dir = fashion_mnist_dir()
     args.device, args.backend = ('cpu', 'eager') if args.smoke else ('cuda', 'inductor')
+    args.bf16 = not args.smoke or resolve_amp('auto', 'cpu', probe_size=(256, 256, 256))[0]
     args.images = min(args.images, 200) if args.smoke else args.images
     args.batch_size = 100 if args.smoke else BATCH
     args.out.mkdir(parents=True, exist_ok=True)
