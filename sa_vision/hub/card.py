@@ -35,7 +35,8 @@ _ATTENTION_FORMULAS = {
     'learned': 'learned relative encoding without content: `A_h(δ) = k_v(E_v[δ₁])_h + k_u(E_u[δ₂])_h` '
                '(softmax over all keys)',
     'content': 'content plus learned relative encoding: `A_h(q, k) = q_hᵀ k_h / √D + k_v(E_v[δ₁])_h + k_u(E_u[δ₂])_h`',
-    None: 'none (convolutional baseline): 3x3 convolutions, BasicBlocks 64/128/256/512',
+    None: 'none (convolutional baseline): 3x3 convolutions, BasicBlocks of 64/128/256/512 channels '
+          'in the registered model',
 }
 
 
@@ -170,8 +171,8 @@ datasets:
 {_section('description', _describe(arch) + '.')}
 
 A model of Cordonnier, Loukas & Jaggi, *On the Relationship between Self-Attention and Convolutional Layers*
-(ICLR 2020), implemented as a timm model in `sa_vision` (32x32 input; the authors' original code:
-https://github.com/epfml/attention-cnn).
+(ICLR 2020), implemented as a timm model in `sa_vision` (the registered model takes CIFAR-10's 32x32 images; the
+authors' original code: https://github.com/epfml/attention-cnn).
 
 Attention: {_ATTENTION_FORMULAS[attn_kind]}.
 
