@@ -42,8 +42,8 @@ def _in_process_training(cmd, tag, trainings=None):
 COMMANDS = {
     'train': (train, ['-c', 'sa_quadratic_cifar', '--data-dir', '{data}', '--dataset-download',
                       '--experiment', 'sa_quadratic_cifar', '--output', '{out}', *TINY], 2),
-    'validate': (validate, ['--model', 'sa_quadratic_cifar', *TINY, '--dataset', 'torch/cifar10', '--data-dir',
-                            '{data}', '--dataset-download'], 2),
+    'validate': (validate, ['--model', 'sa_quadratic_cifar', '--no-pretrained', *TINY, '--dataset', 'torch/cifar10',
+                            '--data-dir', '{data}', '--dataset-download'], 2),
     'explore': (explore, ['sa_quadratic_cifar', '--no-pretrained', '--out', '{out}/page.html', '--dataset',
                           'torch/cifar10', '--data-dir', '{data}', '--dataset-download'], 2),
     # a failed stage: status 1 after the training's own error line

@@ -784,7 +784,8 @@ def test_threads_default_is_torchs_capped_at_the_cores_of_this_process(monkeypat
                                      '--experiment', 'one', '--threads', 1])
         assert torch.get_num_threads() == 1
         monkeypatch.setattr(runtime, 'TORCH_DEFAULT_THREADS', 1)  # torch's own count when it is the smaller
-        assert validate.main(['--model', 'sa_quadratic_cifar', *TINY, '--dataset', 'digits', '-b', '360']) == 0
+        assert validate.main(['--model', 'sa_quadratic_cifar', '--no-pretrained', *TINY, '--dataset', 'digits',
+                              '-b', '360']) == 0
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -51,8 +51,8 @@ def model_to_evaluate(args):
         if args.model.startswith(LOCAL_DIR_PREFIX) and Path(args.model[len(LOCAL_DIR_PREFIX):]).is_dir():
             ckpt = read_checkpoint(Path(args.model[len(LOCAL_DIR_PREFIX):]), model_args=args.model_kwargs)
             return ckpt.create_model(), ckpt.dataset
-        # as timm's validate.py: without --checkpoint a name means its trained weights, never a random init
-        model = load_model(args.model, pretrained=True, **args.model_kwargs)
+        # as timm's validate.py: without --checkpoint a name means its trained weights, a random init only asked
+        model = load_model(args.model, pretrained=args.pretrained is not False, **args.model_kwargs)
         return model, dataset_for_tag(model.pretrained_cfg.get('tag') or '')
     if not Path(args.checkpoint).exists():  # never a name: load_model would build a model of that name
         raise CheckpointError(f'--checkpoint {args.checkpoint} does not exist: pass a checkpoint file (last.pth.tar '
@@ -85,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument('--model', default=None,
                         help='registered name, local-dir:<folder> or hf-hub:<repo> (default sa_quadratic_cifar); '
                              'with --checkpoint: the expected architecture, needed for bare non-SA weights')
-    parser.add_argument('--pretrained', action='store_true', default=False,
-                        help="load the published weights (implied without --checkpoint, as in timm's validate.py)")
+    parser.add_argument('--pretrained', action=argparse.BooleanOptionalAction, default=None,
+                        help="the published weights of --model: the default without --checkpoint, as in timm's "
+                             "validate.py; --no-pretrained evaluates a random initialisation")
     parser.add_argument('--checkpoint', default='', help='weights of any kind (see above)')
     parser.add_argument('--use-ema', action='store_true', default=False,
                         help='the EMA weights of a timm train.py checkpoint')
