@@ -132,6 +132,21 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path, capsys):
     assert "--train-args setting seed=1" in err and 'run the same command' not in err, err
 
 
+def test_publishing_without_a_token_fails_before_the_first_training(tmp_path, monkeypatch, capsys):
+    """--publish uploads in the last stage: a missing token is one error line before any stage runs, not after
+    every training."""
+    import huggingface_hub
+
+    from sa_vision.cli import reproduce as reproduce_script
+    from sa_vision.errors import run_cli
+    monkeypatch.delenv('HF_TOKEN', raising=False)
+    monkeypatch.setattr(huggingface_hub, 'get_token', lambda: None)
+    status = run_cli(reproduce_script.main, ['--profile', 'tiny', '--out', str(tmp_path / 'r'), '--publish'])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count('error:') == 1 and 'no Hugging Face token' in err, err
+    assert not (tmp_path / 'r' / 'runs').exists() and not (tmp_path / 'r' / 'recipes').exists()
+
+
 def test_a_reproduction_continues_on_another_device_or_worker_count(tmp_path):
     """--train-args' device and speed flags (docs/reproduction.md) are no part of the setup a folder holds: a
     killed reproduction continues with another --device or --workers, also in a folder whose reproduction.json
