@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
+from timm.data import resolve_data_config
 from torch import Tensor
 
 from ..errors import UserError
@@ -55,7 +56,8 @@ def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = Non
     ``pretrained_cfg`` of a Hub folder or a pruned file, or timm train.py's arguments; else the dataset's."""
     label = label or weights_label(ckpt)
     given = ckpt.meta.get('pretrained_cfg') or {}
-    source = ckpt.meta.get('data_config') or given or _timm_data_config(ckpt.meta.get('args') or {})
+    timm_args = ckpt.meta.get('args')  # what train.py resolved its data config from, as here
+    source = ckpt.meta.get('data_config') or given or (resolve_data_config(timm_args, model=model) if timm_args else {})
     input_size = source.get('input_size') or model.pretrained_cfg['input_size']
     pad_args, input_cfg = exported_input_config(
         label.dataset, input_size, ckpt.model_args, source.get('mean') or label.dataset.mean,
@@ -69,17 +71,6 @@ def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = Non
     if names:
         model_config['label_names'] = list(names)
     return model_config, pad_args, input_cfg
-
-
-def _timm_data_config(args: Dict[str, Any]) -> Dict[str, Any]:
-    """The preprocessing timm train.py's arguments set over the model's defaults (``resolve_data_config`` reads
-    them the same way): only what they set."""
-    config = {k: args[k] for k in ('mean', 'std', 'crop_pct', 'interpolation') if args.get(k)}
-    size = args.get('input_size') or (args.get('img_size') and (args.get('in_chans') or 3, args['img_size'],
-                                                                args['img_size']))
-    if size:
-        config['input_size'] = tuple(size)
-    return config
 
 
 def _save_card_figure(model, path: Path) -> bool:
