@@ -228,6 +228,26 @@ def test_amp_default_stays_float32_on_cpu_and_explicit_on_is_kept(monkeypatch, t
     assert yaml.safe_load((tmp_path / 'default' / 'recipe.yaml').read_text())['amp'] is None
 
 
+@pytest.mark.parametrize('small, large, expected', [(0.02, None, False), (0.9, 2.0, True), (0.9, 1.0, False)])
+def test_amp_auto_measures_the_model_size_only_where_bf16_is_not_emulated(monkeypatch, small, large, expected):
+    sizes = []
+
+    def probe(dtype, *size):
+        sizes.append(size)
+        if size == (256, 256, 256):
+            return small
+        if large is None:
+            pytest.fail('a CPU without bf16 units was probed at the model size too')
+        return large
+    monkeypatch.setattr(runtime, 'cpu_autocast_speedup', probe)
+    used, reason = runtime.resolve_amp('auto', 'cpu', 'bfloat16', (4096, 768, 768))
+    assert used is expected
+    if large is None:  # the reason names the probe that decided
+        assert sizes == [(256, 256, 256)] and '256x256 @ 256x256' in reason and '0.02x' in reason
+    else:
+        assert sizes[-1] == (4096, 768, 768) and '4096x768 @ 768x768' in reason and f'{large:.2f}x' in reason
+
+
 def test_cpu_autocast_probe_measures_a_ratio():
     speedup = runtime.cpu_autocast_speedup(torch.bfloat16, 256, 128, 128, 2)
     assert 0.01 < speedup < 100

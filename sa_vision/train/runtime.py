@@ -161,6 +161,10 @@ def format_duration(seconds: float) -> str:
 
 # --amp auto turns bf16 on on a CPU only from this probe speed-up: the matmuls are most but not all of a step
 CPU_AUTOCAST_MIN_SPEEDUP = 1.3
+# below this speed-up on a small probe, a CPU has no bf16 units (products are converted in software, measured 0.02x
+# on an AMD EPYC without AVX-512): the full-size probe would only confirm it, at about 3 s per process there
+CPU_AUTOCAST_EMULATED_BELOW = 0.25
+CPU_AUTOCAST_SMALL_PROBE = (256, 256, 256)
 
 
 @functools.lru_cache(maxsize=None)
@@ -193,7 +197,8 @@ def probe_size(model: nn.Module, batch_size: int):
 
 def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024, 512, 512)):
     """(autocast on?, why) for ``--amp`` ``requested``: None is on with CUDA only; 'auto' is also on for a CPU
-    where :func:`cpu_autocast_speedup` reaches ``CPU_AUTOCAST_MIN_SPEEDUP``."""
+    where :func:`cpu_autocast_speedup` reaches ``CPU_AUTOCAST_MIN_SPEEDUP`` at ``probe_size``. A small probe comes
+    first: below ``CPU_AUTOCAST_EMULATED_BELOW`` it decides 'off' alone."""
     device_type = torch.device(device).type
     if requested is True or requested is False:
         return requested, f'--amp {"on" if requested else "off"} asked for'
@@ -203,7 +208,12 @@ def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024
         return False, f'--amp default: off on {device_type} (--amp auto measures whether {amp_dtype} pays here)'
     if device_type != 'cpu':
         return False, f'--amp auto: off on {device_type}'
-    speedup = cpu_autocast_speedup(getattr(torch, amp_dtype), *probe_size)
+    dtype = getattr(torch, amp_dtype)
+    speedup = cpu_autocast_speedup(dtype, *CPU_AUTOCAST_SMALL_PROBE)
+    if speedup >= CPU_AUTOCAST_EMULATED_BELOW:
+        speedup = cpu_autocast_speedup(dtype, *probe_size)
+    else:
+        probe_size = CPU_AUTOCAST_SMALL_PROBE
     m, k, n = probe_size
     verdict = 'on' if speedup >= CPU_AUTOCAST_MIN_SPEEDUP else 'off'
     return verdict == 'on', (f'--amp auto: {verdict}, a {m}x{k} @ {k}x{n} matrix product runs {speedup:.2f}x as fast '
