@@ -502,6 +502,17 @@ def test_the_dry_run_lists_the_card_as_it_is_uploaded(recording_api, capsys):
     assert (kept / 'README.md').read_bytes() == before
 
 
+def test_local_dir_names_a_folder_as_the_other_commands_do(recording_api, capsys):
+    kept = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'
+    assert push_to_hub.main([str(kept), '--dry-run']) == 0
+    as_path = capsys.readouterr().out
+    assert push_to_hub.main([f'local-dir:{kept}', '--dry-run']) == 0
+    assert capsys.readouterr().out == as_path and 'Staged' in as_path
+    assert push_to_hub.main([f'local-dir:{kept / "missing"}', '--dry-run']) == 2
+    assert 'is not a folder' in capsys.readouterr().err
+    assert recording_api.calls == []
+
+
 def test_repository_ids_the_hub_refuses_are_refused_before_any_export(trained, tmp_path, recording_api, capsys):
     from huggingface_hub.utils import validate_repo_id
     for repo_id in ('bad repo id', 'a/b/c', 'me/-x'):

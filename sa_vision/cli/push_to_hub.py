@@ -28,7 +28,7 @@ from sa_vision.hub import (
     weights_label,
 )
 from sa_vision.io import folder_problem
-from sa_vision.train.checkpoint import RUN_CHECKPOINT, CheckpointError, read_checkpoint
+from sa_vision.train.checkpoint import RUN_CHECKPOINT, CheckpointError, read_checkpoint, weights_path
 
 
 def is_exported_folder(path: Path) -> bool:
@@ -38,7 +38,8 @@ def is_exported_folder(path: Path) -> bool:
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description='Export trained weights to a Hub folder and publish it')
-    parser.add_argument('checkpoint', help='last.pth.tar of sa-vision-train or timm train.py, or other weights')
+    parser.add_argument('checkpoint', help='last.pth.tar of sa-vision-train or timm train.py, other weights, or an '
+                                           'exported folder (local-dir:<folder> too)')
     parser.add_argument('--model', default=None,
                         help='expected architecture (fail if the weights are of another; names bare weights)')
     parser.add_argument('--use-ema', action='store_true', help='the EMA weights of a timm train.py checkpoint')
@@ -53,13 +54,14 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     try:
-        ckpt = read_checkpoint(args.checkpoint, arch=args.model, use_ema=args.use_ema)
+        path = weights_path(args.checkpoint) or Path(args.checkpoint)  # local-dir:<folder>, as timm names it
+        ckpt = read_checkpoint(path, arch=args.model, use_ema=args.use_ema)
         label = weights_label(ckpt)
         repo_id = args.repo_id or label.default_repo_id
         check_publish_target(label, repo_id)  # before the (slow) export
         if not args.dry_run:
             resolve_token()  # fail on a missing token before the export
-        source = Path(args.checkpoint).resolve()
+        source = path.resolve()
         if is_exported_folder(source) and not args.out_dir:  # a kept zoo folder: published as it is
             out_dir, staged = source, sorted(p.name for p in source.iterdir() if p.is_file())
         else:
