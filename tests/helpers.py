@@ -1,12 +1,13 @@
 """ What several test modules share: the model lists (derived from the registry), float32 on a GPU, the hang limit,
 a new file's mode and the loading of a probe script """
 import contextlib
+import importlib
 import importlib.util
 import os
 import sys
 from pathlib import Path
 from types import ModuleType
-from typing import Iterator, List
+from typing import Iterator, List, Tuple
 
 import torch
 
@@ -30,6 +31,18 @@ def load_script(path: Path) -> ModuleType:
 def command(name: str) -> List[str]:
     """The argv that runs the installed command ``sa-vision-<name>`` (``python -m sa_vision.cli.<name>``)."""
     return [sys.executable, '-m', f'sa_vision.cli.{name}']
+
+
+def command_here(capture, name: str, *args) -> Tuple[int, str, str]:
+    """(exit status, stdout, stderr) of ``sa-vision-<name> args`` run in this process as the installed command runs
+    it (``run_cli``: a user's error is one line and status 2, anything else raises); ``capture`` is pytest's capsys,
+    or capfd to see the output of the processes it starts too. A process of its own costs ~7 s of imports on a CI
+    core: a test runs the installed command itself only where the process is what it checks."""
+    from sa_vision.errors import run_cli
+    capture.readouterr()
+    status = run_cli(importlib.import_module(f'sa_vision.cli.{name}').main, list(map(str, args)))
+    return (status, *capture.readouterr())
+
 
 SA_MODELS = tuple(SA_MODEL_ARGS)  # every registered attention model
 ALL_MODELS = SA_MODELS + ('resnet18_cifar',)

@@ -158,7 +158,7 @@ def test_cli_compare_dense_and_matmul(tmp_path):
 
 def test_cli_compare_with_a_model_built_as_a_reproduction_profile_builds_it(tmp_path):
     """--reproduce-profile tiny builds the SA model and the compared ResNet18 with the tiny profile's widths
-    (sa_vision.reproduce: SA embedding 16, 2 layers of 3 heads, MLP 32; ResNet18 channels 8-64)."""
+    (sa_vision.reproduce: SA embedding 16, 2 layers of 3 heads, MLP 32; ResNet18 channels 4-32)."""
     import timm
     cli = _load_cli()
     out = tmp_path / 'r.json'
@@ -171,7 +171,7 @@ def test_cli_compare_with_a_model_built_as_a_reproduction_profile_builds_it(tmp_
     count = lambda m: sum(p.numel() for p in m.parameters())
     assert sa['param_count'] == count(timm.create_model(
         'sa_quadratic_cifar', embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32))
-    assert resnet['param_count'] == count(timm.create_model('resnet18_cifar', channels=(8, 16, 32, 64)))
+    assert resnet['param_count'] == count(timm.create_model('resnet18_cifar', channels=(4, 8, 16, 32)))
     assert resnet['train_ratio'] > 0
 
 

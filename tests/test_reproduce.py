@@ -9,10 +9,11 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS, command
+from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS, command, command_here
 
 pytest.importorskip('sklearn')
 
@@ -34,7 +35,7 @@ def _reproduce(out, *extra, check=True):
 
 
 @pytest.mark.slow
-def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
+def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capfd):
     out = tmp_path / 'zoo'
     # killed (SIGKILL) in the middle of the second training stage, after its first epoch
     proc = subprocess.Popen([*command('reproduce'), '--profile', 'tiny', '--out', str(out)], cwd=ROOT,
@@ -98,17 +99,20 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path):
     assert (out / 'figures' / 'trajectories_sa_quadratic_cifar.png').is_file()
     assert 'dry run: would publish' in log
     assert (out / 'explorer.html').stat().st_size > 10_000
-    _keep_check_and_draw_the_zoo(out, tmp_path)
+    _keep_check_and_draw_the_zoo(out, tmp_path, capfd)
 
-    # everything done: a third run skips every stage
-    _, log = _reproduce(out)
+    # everything done: a third run skips every stage (in this process: it starts none)
+    code, stdout, stderr = command_here(capfd, 'reproduce', '--profile', 'tiny', '--out', out)
+    log = stdout + stderr
+    assert code == 0, log[-4000:]
     assert log.count('skipped') >= 5 + 5 + 1  # five trainings, five exports (pruning too), the explorer
     assert 'Epoch' not in log and 'Train: ' not in log
 
     # a stage that fails stops the run, names itself, and leaves the finished stages as they were
     learned = out / 'runs' / 'sa_learned_cifar' / 'last.pth.tar'
     learned.write_bytes(learned.read_bytes()[:1000])
-    code, log = _reproduce(out, check=False)
+    code, stdout, stderr = command_here(capfd, 'reproduce', '--profile', 'tiny', '--out', out)
+    log = stdout + stderr
     assert code == 1 and "stage 'train sa_learned_cifar' failed" in log and 'corrupted' in log
     assert first.stat().st_mtime_ns == first_mtime and len(list((out / 'hub').iterdir())) == 5
 
@@ -431,12 +435,12 @@ def test_ablation_table_reads_each_variant_run(tmp_path, monkeypatch):
     assert '| paper init, positional lr x30 | 1 | 50.00 |' in (tmp_path / 'ablation.md').read_text()
 
 
-def _check(zoo, table, *extra):
-    return subprocess.run([sys.executable, '-m', 'sa_vision.cli.reproduce', '--check', str(zoo), '--table', str(table),
-                           *extra], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
+def _check(capfd, zoo, table, *extra):
+    status, out, err = command_here(capfd, 'reproduce', '--check', zoo, '--table', table, *extra)
+    return SimpleNamespace(returncode=status, stdout=out, stderr=err)
 
 
-def _keep_check_and_draw_the_zoo(out, tmp_path):
+def _keep_check_and_draw_the_zoo(out, tmp_path, capfd):
     """The run's Hub folders kept as a checkout keeps the zoo: loadable by timm, publishable as they are, checked
     against the results table (and failing the check once a weight or a table figure changes), and drawn."""
     import timm
@@ -462,11 +466,11 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     assert POSITIONAL_EPOCHS_FILE in before
 
     table = out / 'results.csv'
-    check = _check(zoo, table)  # a check needs the guard: the weights' SHA-256 and logits
+    check = _check(capfd, zoo, table)  # a check needs the guard: the weights' SHA-256 and logits
     assert check.returncode == 2 and 'has no guard beside it' in check.stderr, check.stdout + check.stderr
-    record = _check(zoo, table, '--record')
+    record = _check(capfd, zoo, table, '--record')
     assert record.returncode == 0 and 'on all 360 test images' in record.stdout, record.stdout + record.stderr
-    check = _check(zoo, table)
+    check = _check(capfd, zoo, table)
     assert check.returncode == 0 and check.stdout.count(': ok') == 5, check.stdout + check.stderr
     with open(table) as f:
         rows = list(csv.DictReader(f))
@@ -477,7 +481,7 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     head = next(k for k in weights if k.endswith(('head.weight', 'fc.weight')))
     original = weights_path.read_bytes()
     save_file({**weights, head: weights[head].roll(1, dims=0)}, str(weights_path))
-    check = _check(zoo, table)
+    check = _check(capfd, zoo, table)
     assert check.returncode == 1 and 'DIFFERS' in check.stdout, check.stdout + check.stderr
     weights_path.write_bytes(original)
     edited = tmp_path / 'edited.csv'
@@ -486,7 +490,7 @@ def _keep_check_and_draw_the_zoo(out, tmp_path):
     for kind, path in kept_guard_paths(table).items():
         shutil.copy(path, kept_guard_paths(edited)[kind])
     assert edited.read_text() != table.read_text()
-    check = _check(zoo, edited)
+    check = _check(capfd, zoo, edited)
     assert check.returncode == 1 and check.stdout.count('DIFFERS') == 1, check.stdout + check.stderr
 
     figures = draw_figures(kept, tmp_path / 'figures')
