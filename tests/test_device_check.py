@@ -76,6 +76,7 @@ def test_an_item_that_runs_alone_is_left_where_other_sections_are_asked_for(tmp_
         assert [i['status'] for i in items if 'looped_reductions' in i['name']] == ['skipped: budget']
 
 
+@pytest.mark.slow
 def test_smoke_measures_profiles_and_checks_syncs(tmp_path):
     log, results = _run(tmp_path, '--section', '1,2,3,4,5')
     items = results['items']
@@ -151,6 +152,7 @@ def test_smoke_runs_the_fused_kernel_section(tmp_path):
     assert set(results['compile_cache']) == _declared_steps({8})
 
 
+@pytest.mark.slow
 def test_smoke_runs_the_inductor_settings_section_and_each_copy_compiles_with_its_settings(tmp_path):
     """Section 10: ours against copies of it (same weights), each compiled with its inductor settings. Each copy
     compiles graphs of its own: a copy of a compiled model otherwise reuses the first one's graphs, as the H200's
@@ -171,6 +173,7 @@ def test_smoke_runs_the_inductor_settings_section_and_each_copy_compiles_with_it
         assert torch.equal(next(family[knob].model.parameters()), next(family['ours'].model.parameters()))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not hasattr(torch._dynamo.config, 'trace_autograd_ops'), reason='torch without trace_autograd_ops')
 def test_smoke_runs_the_whole_step_section_with_the_backward_in_the_graph(tmp_path):
     """Section 11: the narrow step compiled whole, ours against timm's ViT compiled the same way and against ours

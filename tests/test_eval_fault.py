@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import HANG_TIMEOUT_S, load_script
 
@@ -12,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / 'docs' / 'probes' / 'gpu' / 'eval_fault.py'
 
 
+@pytest.mark.slow
 def test_smoke_finds_the_faked_faults_and_only_them(tmp_path):
     """The smoke run fakes the whole model's default way, the second layer's probabilities and the third block
     wrong (scaled by 1.5), and one way failing: each is found WRONG and nothing else, the error is kept and the
@@ -45,6 +47,7 @@ def _probe():
     return load_script(SCRIPT)
 
 
+@pytest.mark.slow
 def test_smoke_settings_part_runs_each_setting_in_its_own_process_and_tells_a_first_run_fault(tmp_path):
     """The settings part fakes the defaults wrong at their first call only (in both of their processes) and one
     setting's process failing: the first pass is wrong at its first batch alone, the second pass right, the part
