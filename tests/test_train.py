@@ -193,6 +193,23 @@ def test_digits_dataset_split_is_fixed():
     assert torch.equal(DigitsDataset('test').targets, test.targets)
 
 
+@pytest.mark.parametrize('is_training', [True, False])
+def test_digits_take_the_asked_image_size(is_training):
+    """--img-size reaches the digits as it reaches every dataset: 16 x 16 images (of the same digits, and the
+    training ones still padded and cropped), where they were 32 x 32 whatever was asked."""
+    from sklearn.datasets import load_digits
+
+    from sa_vision.train.data import create_image_dataset
+    ds = create_image_dataset('digits', 'test', is_training=is_training, img_size=16, mean=(0.,), std=(1.,))
+    assert ds[0][0].shape == (3, 16, 16)
+    # the same digits: halved back to 8 x 8, each of the first 20 is nearest an original digit of its own label
+    digits = load_digits()
+    originals = torch.tensor(digits.images / 16., dtype=torch.float32).reshape(len(digits.target), 64)
+    halved = torch.nn.functional.avg_pool2d(ds.images[:20, :1], 2).reshape(20, 64)
+    nearest = torch.cdist(halved, originals, p=1).argmin(1)
+    assert digits.target[nearest].tolist() == ds.targets[:20].tolist()
+
+
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     from sa_vision.io import atomic_torch_save
     path = tmp_path / 'last.pth.tar'

@@ -22,7 +22,7 @@ __all__ = [
     'read_timm', 'check_timm', 'failed_download', 'read_image_folder', 'check_image_folder', 'image_folder_split',
 ]
 
-DIGITS_IMG_SIZE = 32
+DIGITS_IMG_SIZE = 32  # the size the 8x8 digits are upscaled to unless --img-size asks for another
 DIGITS_TEST_FRACTION = 0.2  # 1437 train / 360 test images
 DIGITS_SPLIT_SEED = 0  # fixed, so every run and every test sees the same split
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'  # where Debian's dataset-fashion-mnist puts the IDX files
@@ -55,9 +55,10 @@ def _check_digits_split(split: str) -> None:
 
 
 class DigitsDataset(Dataset):
-    """scikit-learn's handwritten digits as 3 x 32 x 32 float images in [0, 1] with a fixed train/test split."""
+    """scikit-learn's handwritten digits as 3 x ``img_size`` x ``img_size`` float images in [0, 1] (upscaled from
+    8 x 8) with a fixed train/test split."""
 
-    def __init__(self, split: str = 'train', transform=None):
+    def __init__(self, split: str = 'train', transform=None, img_size: int = DIGITS_IMG_SIZE):
         _check_digits_split(split)
         from sklearn.datasets import load_digits
         from sklearn.model_selection import train_test_split
@@ -72,7 +73,7 @@ class DigitsDataset(Dataset):
         )
         idx = torch.tensor(train_idx if split == 'train' else test_idx)
         images = torch.nn.functional.interpolate(
-            images[idx].unsqueeze(1), size=(DIGITS_IMG_SIZE, DIGITS_IMG_SIZE), mode='bilinear',
+            images[idx].unsqueeze(1), size=(img_size, img_size), mode='bilinear',
             align_corners=False).clamp_(0., 1.)
         self.images = images.expand(-1, 3, -1, -1).contiguous()
         self.targets = targets[idx]
@@ -83,7 +84,7 @@ class DigitsDataset(Dataset):
         return len(self.targets)
 
     def held_tensors(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(images N x 1 x 32 x 32 float in [0, 1], targets): its 3 channels are one expanded."""
+        """(images N x 1 x H x W float in [0, 1], targets): its 3 channels are one expanded."""
         return self.images[:, :1], self.targets
 
     def __getitem__(self, index: int) -> Tuple[torch.Tensor, int]:
@@ -222,7 +223,7 @@ def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
 
 
 def read_digits(source: DataSource, split: str, is_training: bool, img_size: int) -> DigitsDataset:
-    return DigitsDataset(split)
+    return DigitsDataset(split, img_size=img_size)
 
 
 def check_digits(source: DataSource, split: str, is_training: bool) -> None:
