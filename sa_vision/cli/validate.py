@@ -28,7 +28,7 @@ import torch
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import command
 from sa_vision.train.args import ModelKwargs, add_threads_argument, check_least_values
-from sa_vision.train.checkpoint import LOCAL_DIR_PREFIX, CheckpointError, load_model, read_checkpoint
+from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
     check_dataset,
     create_image_dataset,
@@ -48,8 +48,9 @@ def model_to_evaluate(args):
     weights and names (:func:`load_model`): --checkpoint names weights (a file or folder), --model a name
     (registered, local-dir:<folder> or hf-hub:<repo>)."""
     if not args.checkpoint:
-        if args.model.startswith(LOCAL_DIR_PREFIX) and Path(args.model[len(LOCAL_DIR_PREFIX):]).is_dir():
-            ckpt = read_checkpoint(Path(args.model[len(LOCAL_DIR_PREFIX):]), model_args=args.model_kwargs)
+        path = weights_path(args.model)  # local-dir:<folder>, or weights named by their path: with their dataset
+        if path is not None:
+            ckpt = read_checkpoint(path, model_args=args.model_kwargs)
             return ckpt.create_model(), ckpt.dataset
         # as timm's validate.py: without --checkpoint a name means its trained weights, a random init only asked
         model = load_model(args.model, pretrained=args.pretrained is not False, **args.model_kwargs)

@@ -22,10 +22,10 @@ from ..models.input_pad import model_input_padding
 from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, block_key, rename_old_keys
 from ..train.checkpoint import (
     HF_HUB_PREFIX,
-    LOCAL_DIR_PREFIX,
     RUN_CHECKPOINT,
     load_model,
     read_checkpoint,
+    weights_path,
 )
 from ..train.data import create_image_dataset, dataset_for_tag, dataset_info, normalization
 from .analysis import attention_layers
@@ -107,8 +107,8 @@ def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
 def resolve_explorer_model(spec: str) -> ExplorerModel:
     """Anything ``sa-vision-validate`` takes, with its epoch parameters where they are kept (a run folder's
     ``epoch-*.safetensors`` or a Hub folder's :data:`POSITIONAL_EPOCHS_FILE`)."""
-    path = Path(spec[len(LOCAL_DIR_PREFIX):] if spec.startswith(LOCAL_DIR_PREFIX) else spec)
-    if path.exists():
+    path = weights_path(spec)
+    if path is not None:
         ckpt = read_checkpoint(path)
         folder = path if path.is_dir() else path.parent
         if (folder / POSITIONAL_EPOCHS_FILE).is_file():
