@@ -66,6 +66,22 @@ def test_forward_backward_shapes(name, size):
     assert all(p.grad is not None for p in model.parameters())
 
 
+@pytest.mark.parametrize('name', SA_MODELS)
+@pytest.mark.parametrize('train', [True, False], ids=('train', 'eval'))
+def test_an_empty_batch_gives_empty_logits_and_gradients(name, train):
+    """As every torch module: a batch of 0 images (the last shard of a split, a filter that kept nothing) gives
+    0 rows of logits in training and in evaluation, with and without autograd (the per-head CPU path chunked the
+    batch and indexed the first of no chunks)."""
+    model = small_model(name, num_classes=7).train(train)
+    x = torch.randn(0, 3, 8, 8, requires_grad=True)
+    logits = model(x)
+    assert logits.shape == (0, 7)
+    logits.sum().backward()
+    assert x.grad.shape == x.shape
+    with torch.no_grad():
+        assert model(x).shape == (0, 7)
+
+
 def test_embedding_is_space_to_depth_then_linear():
     """The 2x2 stride-2 convolution equals the original space-to-depth + Linear(12 -> D), channel
     index 6*di + 3*dj + c."""

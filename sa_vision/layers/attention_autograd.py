@@ -103,7 +103,8 @@ class _HeadMixer:
 
 def _batch_chunks(x: Tensor) -> List[Tuple[int, int]]:
     B, step = x.shape[2], _samples_per_chunk(x)
-    return [(start, min(start + step, B)) for start in range(0, B, step)]
+    # an empty batch is one empty chunk: its products give the empty output (and gradients) every module gives
+    return [(start, min(start + step, B)) for start in range(0, B, step)] or [(0, 0)]
 
 
 class _AttendThenProject(torch.autograd.Function):
