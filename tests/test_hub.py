@@ -1,7 +1,9 @@
 """ Export to a Hub folder, loading through timm (offline Hub cache, hf-hub:, local-dir:), honest labels,
 recipes that repeat the run, publishing checks, and checkpoints of timm's own train.py """
+import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -167,6 +169,14 @@ def test_fashion_mnist_export_takes_timms_transform_of_the_28x28_images(trained,
         out = exported(torch.stack([transform(img) for img in pil]))
         reference = trained_model(torch.stack([padded[i][0] for i in range(8)]))
     assert torch.equal(out, reference)
+    # the card's architecture arguments are all of them: the model built from them with the weights file is the
+    # exported one, border included
+    card = (tmp_path / 'hub' / 'README.md').read_text()
+    card_args = ast.literal_eval(re.search(r'Architecture arguments of these weights: `(\{.*\})`', card).group(1))
+    rebuilt = timm.create_model(ckpt['arch'], checkpoint_path=str(tmp_path / 'hub' / 'model.safetensors'),
+                                **card_args).eval()
+    with torch.no_grad():
+        assert torch.equal(rebuilt(torch.stack([transform(img) for img in pil])), out)
 
 
 def test_only_cifar10_weights_of_the_paper_architecture_may_take_the_registered_repository():
@@ -322,7 +332,7 @@ def test_staging_never_replaces_an_export_of_other_weights(trained, tmp_path, re
     run = tmp_path / 'run'
     shutil.copytree(trained[0].parent, run)  # model_best.pth.tar (a hard link in the run) becomes its own file
     best = torch.load(run / 'model_best.pth.tar', weights_only=True)
-    later = dict(best, epoch=2, state_dict={k: v + 1 if v.is_floating_point() else v
+    later = dict(best, epoch=1, state_dict={k: v + 1 if v.is_floating_point() else v
                                             for k, v in best['state_dict'].items()})
     torch.save(later, run / 'last.pth.tar')
     export = run / 'hub'

@@ -224,9 +224,10 @@ def card_accuracy(card_text: str) -> Dict[str, float]:
 
 
 def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str, input_size: int,
-                      has_figure: bool = False) -> str:
+                      has_figure: bool = False, exported_args: Optional[Dict[str, Any]] = None) -> str:
     """README.md of an export: the card template with the labels, measured size, accuracy and training summary;
-    ``input_size``: the exported config's (:func:`sa_vision.hub.export.exported_config`)."""
+    ``input_size`` and ``exported_args`` (model arguments added to the checkpoint's, e.g. the border of a padded
+    dataset): the exported config's (:func:`sa_vision.hub.export.exported_config`)."""
     from huggingface_hub import EvalResult, ModelCard
     arch, metrics, info = ckpt.arch, ckpt.meta.get('metrics') or {}, label.dataset
     template_path = MODEL_CARD_DIR / f'{arch}.md'
@@ -246,8 +247,11 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     body = _replace_section(body, 'description', _describe(
         arch, model, label.registered_architecture, ckpt.model_args) + '.')
     counts = count_params_and_macs(model)
+    # all of them: the model built from fewer (say, without the border it adds to 28x28 images) loads the weights
+    # without a word and classifies worse
+    model_args = {**ckpt.model_args, **(exported_args or {})}
     body = _replace_section(body, 'size', _size_section(
-        counts, f'\n- Architecture arguments of these weights: `{ckpt.model_args}`' if ckpt.model_args else ''))
+        counts, f'\n- Architecture arguments of these weights: `{model_args}`' if model_args else ''))
     body = _replace_section(body, 'results', _measured_results(ckpt, label, scores))
     body = _replace_section(body, 'training', training_summary(ckpt, label))
     body = _replace_section(body, 'recipe', recipe_section(ckpt))

@@ -165,7 +165,8 @@ def export_hub_folder(
     if epochs and any(positional_params(sd) for sd in epochs.values()):
         save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)
     has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
-    readme = render_model_card(ckpt, model, label, repo_id, input_cfg['input_size'][-1], has_figure=has_figure)
+    readme = render_model_card(ckpt, model, label, repo_id, input_cfg['input_size'][-1], has_figure=has_figure,
+                               exported_args=pad_args)
     (out_dir / 'README.md').write_text(readme, encoding='utf-8')
     written = sorted(out_dir.iterdir())
     for path in written:  # safetensors writes through a temporary file of mode 0600
