@@ -278,7 +278,7 @@ def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path):
     run = tmp_path / 'run'
     run.mkdir()
     torch.save({'version': CHECKPOINT_VERSION, 'arch': 'sa_quadratic_cifar', 'model_args': SMALL,
-                'state_dict': model.state_dict(), 'epoch': 1, 'num_epochs': 1, 'dataset': 'digits'},
+                'state_dict': model.state_dict(), 'epoch': 0, 'num_epochs': 1, 'dataset': 'digits'},
                run / 'last.pth.tar')
     for label, params in models[0].epochs.items():
         save_file({**model.state_dict(), **params}, str(run / f'{label}.safetensors'),

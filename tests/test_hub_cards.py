@@ -88,7 +88,7 @@ def test_the_card_numbers_epochs_from_1_and_says_when_the_accuracy_picked_them(r
     for epoch, picked_by_score in ((1, True), (2, False)):  # model_best of either epoch
         folder = tmp_path / f'best{epoch}'
         folder.mkdir()
-        torch.save({**ckpt, 'epoch': epoch, 'history': ckpt['history'][:epoch],
+        torch.save({**ckpt, 'epoch': epoch - 1, 'history': ckpt['history'][:epoch],
                     'best': {**ckpt['best'], 'epoch': epoch - 1}}, folder / 'model_best.pth.tar')
         export_hub_folder(folder / 'model_best.pth.tar', folder / 'hub', figure=False)
         assert (optimistic in _section(_card(folder / 'hub'), 'results')) == picked_by_score, epoch
@@ -100,13 +100,13 @@ def test_the_card_numbers_epochs_from_1_and_says_when_the_accuracy_picked_them(r
     assert re.findall(r'^\| (\d+) \|', _section(last, 'training'), re.M) == ['1', '2']
     # a killed run's last.pth.tar (epoch 1 of 2, the best so far) is its latest epoch, picked by nothing
     (tmp_path / 'killed').mkdir()
-    killed = {**ckpt, 'epoch': 1, 'history': ckpt['history'][:1], 'best': {**ckpt['best'], 'epoch': 0}}
+    killed = {**ckpt, 'epoch': 0, 'history': ckpt['history'][:1], 'best': {**ckpt['best'], 'epoch': 0}}
     torch.save(killed, tmp_path / 'killed' / 'last.pth.tar')
     export_hub_folder(tmp_path / 'killed' / 'last.pth.tar', tmp_path / 'killed' / 'hub', figure=False)
     card = _card(tmp_path / 'killed' / 'hub')
     assert 'after epoch 1 of 2, the best by' in card and 'optimistic' not in card
     # one epoch is 'epoch', not 'epochs'
-    ckpt.update(epoch=1, num_epochs=1, history=ckpt['history'][:1], best={**ckpt['best'], 'epoch': 0})
+    ckpt.update(epoch=0, num_epochs=1, history=ckpt['history'][:1], best={**ckpt['best'], 'epoch': 0})
     torch.save(ckpt, tmp_path / 'one.pth.tar')
     export_hub_folder(tmp_path / 'one.pth.tar', tmp_path / 'one', figure=False)
     one = _card(tmp_path / 'one')

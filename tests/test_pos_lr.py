@@ -111,13 +111,13 @@ def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
     train_killed_after_first_epoch(args + ['--experiment', 'killed', '--pos-lr-scale', scale])
     last = tmp_path / 'killed' / 'last.pth.tar'
     saved = load_ckpt(last)
-    assert saved['epoch'] < epochs
+    assert saved['epoch'] < epochs - 1  # counted from 0
     base1, pos1, _ = _pos_lrs(saved)
     assert pos1 == pytest.approx(scale * base1, rel=1e-12) and base1 > base  # mid-schedule, still scaled
 
     run_train(args + ['--experiment', 'killed', '--resume', last])  # the scale comes from the run, not repeated
     resumed = load_ckpt(last)
-    assert resumed['epoch'] == epochs
+    assert resumed['epoch'] == epochs - 1
     assert _pos_lrs(resumed) == (base, pos, scale)  # the same lr at the same step as the uninterrupted run
     for key, value in straight['state_dict'].items():
         assert torch.equal(value, resumed['state_dict'][key]), key

@@ -50,7 +50,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capf
     first = out / 'runs' / 'sa_quadratic_cifar' / 'last.pth.tar'
     first_mtime = first.stat().st_mtime_ns
     killed = torch.load(out / 'runs' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
-    assert killed['epoch'] == 1 and killed['num_epochs'] == 2
+    assert killed['epoch'] == 0 and killed['num_epochs'] == 2  # epoch 0 done
 
     log = _reproduce(out)
     assert 'sa_quadratic_cifar: finished (2 epochs), skipped' in log
@@ -65,7 +65,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capf
                    cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=HANG_TIMEOUT_S)
     reference = torch.load(tmp_path / 'uninterrupted' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
     resumed = torch.load(out / 'runs' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
-    assert resumed['epoch'] == reference['epoch'] == 2
+    assert resumed['epoch'] == reference['epoch'] == 1
     for key, value in reference['state_dict'].items():
         assert torch.equal(resumed['state_dict'][key], value), key
     # the silent stages say what they do, and recipe keys that the training script ignores are noted once
@@ -277,7 +277,7 @@ def _finished_run(out, model='sa_quadratic_cifar'):
     recipe = {'model': model, 'dataset': 'digits', 'epochs': 1, 'opt': 'adamw', 'lr': 2e-3, 'batch_size': 64,
               'model_kwargs': {k: v for k, v in model_args.items() if k != 'num_classes'}}
     torch.save({'version': CHECKPOINT_VERSION, 'arch': model, 'model_args': model_args, 'state_dict': state_dict,
-                'epoch': 1, 'num_epochs': 1, 'num_updates': 20, 'dataset': 'digits', 'recipe': recipe,
+                'epoch': 0, 'num_epochs': 1, 'num_updates': 20, 'dataset': 'digits', 'recipe': recipe,
                 'metrics': {'top1': 50.0, 'top5': 90.0, 'loss': 1.0},
                 'history': [{'epoch': 1, 'train_loss': 1.5, 'lr': 2e-3, 'eval_loss': 1.0, 'eval_top1': 50.0,
                              'eval_top5': 90.0, 'train_time': 2.5}]},
@@ -370,7 +370,7 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
             final['blocks.0.attn.position.centers'] = initial['blocks.0.attn.position.centers'] + torch.tensor(
                 [[0.5, 0.], [0., -1.], [2., 0.], [0., 4.]])
         atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': kwargs, 'state_dict': final,
-                           'epoch': 1, 'num_epochs': 1, 'metrics': {'top1': 50., 'top5': 90.},
+                           'epoch': 0, 'num_epochs': 1, 'metrics': {'top1': 50., 'top5': 90.},
                            'history': [{'train_time': 60.}]}, run / 'last.pth.tar')
     zoo.table(quiet=True)
     with open(tmp_path / 'results.csv') as f:
@@ -509,7 +509,7 @@ def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(
     (run / 'epoch-000.safetensors').write_bytes(b'the killed run\'s initialisation')
     last = zoo.train('sa_quadratic_cifar')
     assert 'holds no finished epoch, removed' in capsys.readouterr().out
-    assert torch.load(last, weights_only=True)['epoch'] == 1
+    assert torch.load(last, weights_only=True)['epoch'] == 0
     assert (run / 'epoch-000.safetensors').read_bytes() != b'the killed run\'s initialisation'
 
 

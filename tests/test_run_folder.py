@@ -11,11 +11,13 @@ import pytest
 import torch
 import yaml
 from helpers import HANG_TIMEOUT_S, command, command_here, usual_file_mode
+from timm.models import resume_checkpoint
 
 from sa_vision.errors import UserError
 from sa_vision.io import atomic_write
 from sa_vision.train import loop
 from sa_vision.train.args import build_parser
+from sa_vision.train.checkpoint import read_checkpoint
 from sa_vision.train.recipes import RECIPE_DIR
 from sa_vision.train.state import run_folder, write_run_files
 
@@ -136,7 +138,10 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys):
     assert status == 0, log[-3000:]
     best = _best_epoch(run / 'summary.csv')
     best_ckpt = torch.load(run / 'model_best.pth.tar', weights_only=True)
-    assert best_ckpt['epoch'] == best and best_ckpt['best']['epoch'] == best - 1
+    assert best_ckpt['epoch'] == best_ckpt['best']['epoch'] == best - 1  # counted from 0
+    # timm's own resume (train.py --resume) continues the two epochs done at the third, epoch 2 counted from 0
+    last = run / 'last.pth.tar'
+    assert resume_checkpoint(read_checkpoint(last).create_model(), str(last), log_info=False) == 2
     _assert_same_weights(best_ckpt['state_dict'], run / f'epoch-{best:03d}.safetensors')
     # --export publishes the best epoch and says so, in the log and on the card
     _assert_same_weights(torch.load(run / 'model_best.pth.tar', weights_only=True)['state_dict'],
@@ -167,7 +172,7 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys):
     assert not (run / 'hub' / 'stale.txt').exists()
     assert (run / 'summary.csv').read_text().count('epoch,') == 1
     best = _best_epoch(run / 'summary.csv')
-    assert torch.load(run / 'model_best.pth.tar', weights_only=True)['epoch'] == best
+    assert torch.load(run / 'model_best.pth.tar', weights_only=True)['epoch'] == best - 1
     _assert_same_weights(torch.load(run / 'model_best.pth.tar', weights_only=True)['state_dict'],
                          run / 'hub' / 'model.safetensors')
     assert sorted(p.name for p in run.iterdir() if p.name.startswith('.')) == []
@@ -181,7 +186,7 @@ def test_the_best_metric_is_printed_as_the_eval_lines_print_it(tmp_path, eval_me
 
     from sa_vision.train.state import save_epoch
     lines = []
-    ckpt = {'epoch': 1, 'num_epochs': 2, 'best': {'metric': value, 'epoch': 0},
+    ckpt = {'epoch': 0, 'num_epochs': 2, 'best': {'metric': value, 'epoch': 0},
             'metrics': {'loss': 0.25, 'top1': 95.0, 'top5': 99.5}}
     save_epoch(ckpt, torch.nn.Linear(1, 1), SimpleNamespace(save_epoch_weights=False, eval_metric=eval_metric),
                tmp_path, {'loss': 0.5}, lines.append)

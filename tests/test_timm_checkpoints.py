@@ -160,6 +160,16 @@ def test_checkpoint_of_a_newer_format_is_refused(tmp_path):
         read_checkpoint(tmp_path / f'v{CHECKPOINT_VERSION + 1}.pth.tar')
 
 
+@pytest.mark.parametrize('version, saved_epoch', [(2, 3), (3, 2)])
+def test_a_checkpoint_of_either_epoch_count_reads_as_the_epochs_done(tmp_path, version, saved_epoch):
+    """Up to version 2 'epoch' counted the epochs done; from 3 it is the last one done, from 0, as timm's
+    CheckpointSaver writes it: both files saved after three epochs read as three."""
+    model = timm.create_model('sa_quadratic_cifar', **MODEL_KWARGS)
+    torch.save({'version': version, 'arch': 'sa_quadratic_cifar', 'model_args': MODEL_KWARGS, 'epoch': saved_epoch,
+                'num_epochs': 5, 'state_dict': model.state_dict()}, tmp_path / 'last.pth.tar')
+    assert read_checkpoint(tmp_path / 'last.pth.tar').meta['epoch'] == 3
+
+
 @pytest.mark.parametrize('force_cpu', [False, True])
 def test_the_saved_score_belongs_to_the_weights_train_py_scored(tmp_path, force_cpu):
     """timm's train.py with --model-ema evaluates the EMA and saves its score as the checkpoint's ``metric``

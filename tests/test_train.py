@@ -83,18 +83,18 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
     # the same run, killed (SIGKILL) right after it saved its first epoch
     train_killed_after_first_epoch(_mechanics_args(tmp_path, 'killed', epochs) + RANDOM_ARGS)
     last = tmp_path / 'killed' / 'last.pth.tar'
-    assert load_ckpt(last)['epoch'] < epochs, 'the run finished before it was killed'
+    assert load_ckpt(last)['epoch'] < epochs - 1, 'the run finished before it was killed'  # counted from 0
     assert not [p for p in last.parent.iterdir() if '.tmp' in p.name], 'a temporary checkpoint was left behind'
 
     saved = load_ckpt(last)
     # no recipe and no options: the run's own arguments (AdamW, dropout, augmentation) are taken from its checkpoint
     log = run_train(['--resume', last])
     # the resumed process starts at the saved epoch and update count, it does not redo epoch 0
-    assert f'at epoch {saved["epoch"]}, update {saved["num_updates"]}' in log
+    assert f'at epoch {saved["epoch"] + 1}, update {saved["num_updates"]}' in log
     trained_epochs = sorted({int(ln.split()[1]) for ln in log.splitlines() if ln.startswith('Train: ')})
-    assert trained_epochs == list(range(saved['epoch'], epochs)), trained_epochs
+    assert trained_epochs == list(range(saved['epoch'] + 1, epochs)), trained_epochs
     straight, resumed = load_ckpt(tmp_path / 'straight' / 'last.pth.tar'), load_ckpt(last)
-    assert resumed['epoch'] == straight['epoch'] == epochs
+    assert resumed['epoch'] == straight['epoch'] == epochs - 1
     assert resumed['num_updates'] == straight['num_updates']
     for key, value in straight['state_dict'].items():
         assert torch.equal(value, resumed['state_dict'][key]), key

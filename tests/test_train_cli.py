@@ -17,6 +17,7 @@ from helpers import HANG_TIMEOUT_S, command
 
 pytest.importorskip('sklearn')
 
+from sa_vision.errors import UserError  # noqa: E402
 from sa_vision.train import loop as training  # noqa: E402
 from sa_vision.train import runtime, state  # noqa: E402
 from sa_vision.train.args import build_parser  # noqa: E402
@@ -79,12 +80,12 @@ def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, 
     run = tmp_path / 'run'
     shutil.copytree(adamw_run.parent, run)
     ckpt = _load(run / 'last.pth.tar')
-    ckpt['epoch'], ckpt['history'] = 1, ckpt['history'][:1]  # as if killed after its first of 2 epochs
+    ckpt['epoch'], ckpt['history'] = 0, ckpt['history'][:1]  # as if killed after its first of 2 epochs (epoch 0)
     torch.save(ckpt, run / 'last.pth.tar')
     with caplog.at_level(logging.INFO, logger='train'):
         training.main(['--resume', str(run / 'last.pth.tar'), '--log-interval', '7'])  # no -c
     resumed = _load(run / 'last.pth.tar')
-    assert resumed['epoch'] == 2 and resumed['num_epochs'] == 2
+    assert resumed['epoch'] == 1 and resumed['num_epochs'] == 2
     assert resumed['args']['opt'] == 'adamw' and resumed['args']['lr'] == 0.005
     assert resumed['args']['weight_decay'] == 0.05 and resumed['args']['epochs'] == 2
     saved = yaml.safe_load((run / 'args.yaml').read_text())
@@ -92,6 +93,30 @@ def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, 
     assert yaml.safe_load((run / 'recipe.yaml').read_text())['opt'] == 'adamw'
     # the one explicit option that differs from the run is reported
     assert 'resuming with changed arguments: log_interval 100 -> 7' in caplog.text
+
+
+def test_resume_refuses_another_folder_and_fewer_epochs_than_done_and_says_what_it_ignores(adamw_run, tmp_path,
+                                                                                          caplog):
+    """A resumed run stays in its folder: --output / --experiment elsewhere are refused (timm's train.py would
+    write the rest of the run there), as is an --epochs below the epochs done (its files would say 'epoch 2 of 1'),
+    before anything is written; --model-kwargs cannot change the run's model, and the log says it ignores them."""
+    import shutil
+    run = tmp_path / 'run'
+    shutil.copytree(adamw_run.parent, run)
+    before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
+    last = str(run / 'last.pth.tar')
+    with pytest.raises(UserError, match=rf'continues the run in its own folder, {re.escape(str(run))}, not where '
+                                        r'--experiment other says'):
+        training.main(['--resume', last, '--experiment', 'other'])
+    with pytest.raises(UserError, match=r'--output .* says\. Drop --output'):
+        training.main(['--resume', last, '--output', str(tmp_path / 'elsewhere')])
+    with pytest.raises(UserError, match=r'--epochs 1 ends before the run .* has done 2 epochs: pass --epochs 2'):
+        training.main(['--resume', last, '--epochs', '1'])
+    assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
+    assert not (run.parent / 'other').exists() and not (tmp_path / 'elsewhere').exists()
+    with caplog.at_level(logging.INFO, logger='train'):  # no epoch left: evaluated as it is
+        training.main(['--resume', last, '--model-kwargs', 'embed_dim=32', 'depth=1', '--log-interval', '100'])
+    assert '(ignoring --model-kwargs embed_dim=32)' in caplog.text and 'Result ' in caplog.text
 
 
 def test_an_export_without_model_best_warns_where_an_earlier_epoch_was_better(adamw_run, tmp_path, caplog):
@@ -103,7 +128,7 @@ def test_an_export_without_model_best_warns_where_an_earlier_epoch_was_better(ad
     (run / 'model_best.pth.tar').unlink()
     ckpt = _load(run / 'last.pth.tar')
     # killed after its first of 2 epochs, which scored 100 %: the second cannot beat it
-    ckpt['epoch'], ckpt['history'], ckpt['best'] = 1, ckpt['history'][:1], {'metric': 100.0, 'epoch': 0}
+    ckpt['epoch'], ckpt['history'], ckpt['best'] = 0, ckpt['history'][:1], {'metric': 100.0, 'epoch': 0}
     torch.save(ckpt, run / 'last.pth.tar')
     exported = []
 
@@ -113,7 +138,7 @@ def test_an_export_without_model_best_warns_where_an_earlier_epoch_was_better(ad
         return []
     with caplog.at_level(logging.INFO, logger='train'):
         training.main(['--resume', str(run / 'last.pth.tar'), '--export', '--log-interval', '100'], export=export)
-    assert exported == ['last.pth.tar'] and _load(run / 'last.pth.tar')['epoch'] == 2
+    assert exported == ['last.pth.tar'] and _load(run / 'last.pth.tar')['epoch'] == 1
     assert (f'warning: no model_best.pth.tar in {run} (the run was resumed from before it was written): exporting '
             f'the last epoch, 2, although its record names epoch 1 as the best by top1 (100.00)') in caplog.text
 
@@ -165,7 +190,7 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
 
     # the checkpoint of the unevaluated epoch, as a run killed after it leaves it
     (run / 'summary.csv').unlink()
-    unevaluated = dict(sparse, epoch=1, metrics=None, best=None, history=sparse['history'][:1])
+    unevaluated = dict(sparse, epoch=0, metrics=None, best=None, history=sparse['history'][:1])  # epoch 0 done
     save_epoch(unevaluated, None, argparse.Namespace(save_epoch_weights=False, eval_metric='top1'), run,
                {'loss': 1.0}, lambda msg: None)
     assert (run / 'summary.csv').read_text().splitlines()[1].endswith(',,,,')  # its eval_ columns empty
@@ -563,7 +588,7 @@ def test_schedulers_without_a_per_step_schedule_train(tmp_path):
     training.main(list(map(str, base + ['--sched', 'none', '--epochs', 1, '--experiment', 'none'])))
     training.main(['--resume', str(tmp_path / 'none' / 'last.pth.tar'), '--epochs', '2'])
     ckpt = _load(tmp_path / 'none' / 'last.pth.tar')
-    assert ckpt['epoch'] == 2 and [h['lr'] for h in ckpt['history']] == [0.005, 0.005]  # the recipe's lr, no warm-up
+    assert ckpt['epoch'] == 1 and [h['lr'] for h in ckpt['history']] == [0.005, 0.005]  # the recipe's lr, no warm-up
     training.main(list(map(str, base + ['--sched', 'plateau', '--no-sched-on-updates', '--epochs', 1,
                                         '--experiment', 'plateau'])))
     ckpt = _load(tmp_path / 'plateau' / 'last.pth.tar')
@@ -766,7 +791,6 @@ def test_validate_errors_are_one_line_and_split_names_agree(adamw_run, tmp_path)
 
 
 def test_user_errors_are_value_errors_and_checkpoint_errors_are_user_errors():
-    from sa_vision.errors import UserError
     from sa_vision.train.checkpoint import CheckpointError
     assert issubclass(CheckpointError, UserError) and issubclass(UserError, ValueError)
 
@@ -834,10 +858,10 @@ def test_resume_steps_with_this_machines_optimizer_implementation(adamw_run, tmp
     fused = []
     for opt_fused in ('on', 'auto'):
         ckpt = _load(run / 'last.pth.tar')
-        ckpt['epoch'], ckpt['history'] = 1, ckpt['history'][:1]  # as if killed after its first of 2 epochs
+        ckpt['epoch'], ckpt['history'] = 0, ckpt['history'][:1]  # as if killed after its first of 2 epochs (epoch 0)
         torch.save(ckpt, run / 'last.pth.tar')
         training.main(['--resume', str(run / 'last.pth.tar'), '--opt-fused', opt_fused, '--log-interval', '100'])
         resumed = _load(run / 'last.pth.tar')
-        assert resumed['epoch'] == 2
+        assert resumed['epoch'] == 1
         fused.append([bool(g['fused']) for g in resumed['optimizer']['param_groups']])
     assert fused == [[True] * len(fused[0]), [False] * len(fused[0])]

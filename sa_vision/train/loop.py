@@ -31,7 +31,7 @@ from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from ..tables import plural
 from .args import check_least_values, check_scheduler
-from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT
+from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, epochs_done
 from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate_epoch, evaluated_after, evaluation_module
@@ -95,6 +95,11 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     optimizer = _create_optimizer(model, args)
     train_loader, eval_loader = _create_loaders(args, data_cfg)
     lr_scheduler, num_epochs = _create_scheduler(optimizer, args, len(train_loader))
+    if resume_ckpt is not None and num_epochs < resume_ckpt.meta['epoch']:
+        # its files would say 'epoch 4 of 2', and its recipe.yaml would no longer repeat the run
+        done = resume_ckpt.meta['epoch']
+        raise UserError(f'--epochs {args.epochs} ends before the run resumed from {args.resume}, which has done '
+                        f'{done} epochs: pass --epochs {done} to evaluate it as it is, or more to train on')
     loss_fn = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
     amp_ctx, loss_scaler = _precision(model, args)
 
@@ -367,18 +372,19 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
         # written may lack it (its best epoch is older than the resume): then the last epoch
         exported = best if best.is_file() else checkpoint
         saved = torch.load(exported, map_location='cpu', weights_only=True, mmap=True)
-        recorded = (saved.get('best') or {}).get('epoch')  # counted from 0, saved['epoch'] from 1
-        if exported == checkpoint and recorded is not None and recorded != saved['epoch'] - 1:
+        done = epochs_done(saved)
+        recorded = (saved.get('best') or {}).get('epoch')  # counted from 0
+        if exported == checkpoint and recorded is not None and recorded != done - 1:
             _log(args, f'warning: no {best.name} in {run_dir} (the run was resumed from before it was written): '
-                       f'exporting the last epoch, {saved["epoch"]}, although its record names epoch {recorded + 1} '
+                       f'exporting the last epoch, {done}, although its record names epoch {recorded + 1} '
                        f'as the best by {args.eval_metric} ({metric_text(args.eval_metric, saved["best"]["metric"])})')
-        _log(args, f'Exporting {exported.name}: the weights after epoch {saved["epoch"]} of {num_epochs} '
+        _log(args, f'Exporting {exported.name}: the weights after epoch {done} of {num_epochs} '
                    f'({args.eval_metric} {metric_text(args.eval_metric, saved["metrics"][args.eval_metric])}'
                    f'{", the best" if exported == best else ""})')
         export_dir = run_dir / 'hub'
         with atomic_folder(export_dir) as partial:  # never half a folder, nor two exports mixed
             staged = export(exported, partial)
-        result['hub_folder'], result['hub_epoch'] = str(export_dir), saved['epoch']
+        result['hub_folder'], result['hub_epoch'] = str(export_dir), done
         _log(args, f'Exported Hub folder {export_dir}: {", ".join(staged)}')
     _log(args, 'Result ' + json.dumps(result))
     _log(args, f'Top-1 on the {args.dataset or "folder"} {split} split: {metrics["top1"]:.2f}%  '

@@ -130,6 +130,10 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
         log(f'resuming: the run\'s own arguments take precedence over -c {args.config}')
     if resume_ckpt.arch != args.model:
         log(f'resuming {resume_ckpt.arch} from {args.resume} (ignoring --model {args.model})')
+    given = {k: v for k, v in plain_data(args.model_kwargs).items() if resume_ckpt.model_args.get(k) != v}
+    if given:
+        log(f'resuming {resume_ckpt.arch} as the run built it (ignoring --model-kwargs '
+            f'{" ".join(f"{k}={v}" for k, v in given.items())})')
     args.model = resume_ckpt.arch
     args.model_kwargs = dict(resume_ckpt.model_args)
     # the positional groups and their lr_scale are in the saved optimizer state
@@ -230,7 +234,7 @@ def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs
         'state_dict': model.state_dict(),
         'optimizer': optimizer.state_dict(),
         'scheduler': lr_scheduler.state_dict() if lr_scheduler is not None else None,
-        'epoch': epochs_done,
+        'epoch': epochs_done - 1,  # counted from 0, as timm's CheckpointSaver saves it (CHECKPOINT_VERSION 3)
         'num_epochs': num_epochs,
         'num_updates': num_updates,
         'loss_scaler': loss_scaler.state_dict() if loss_scaler is not None else None,
@@ -254,6 +258,11 @@ def run_folder(args, resume_ckpt) -> Path:
             raise UserError(f'--resume {args.resume}: a run continues from its latest checkpoint, {last}; from '
                             f'{resumed.name} its folder would hold epochs of two histories. Resume from {last}, or '
                             f'start a new run from these weights: --initial-checkpoint {resumed} --experiment NEW')
+        moved = [f'--{k} {new}' for k, (_, new) in args.resume_changes.items() if k in ('output', 'experiment')]
+        if moved:  # timm's train.py would write the rest of the run elsewhere: here the folder holds the whole run
+            raise UserError(f'--resume continues the run in its own folder, {run_dir}, not where {" ".join(moved)} '
+                            f'says. Drop {" and ".join(m.split()[0] for m in moved)}, or start a new run there from '
+                            f'these weights: --initial-checkpoint {resumed} {" ".join(moved)}')
         return run_dir
     problem = folder_problem(args.output)
     if problem:
@@ -309,7 +318,7 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log:
     """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
     epoch is the best so far, a row of ``summary.csv`` (its ``eval_`` columns empty where --val-interval left the
     epoch unevaluated: timm's train.py writes no row then, but a row per epoch keeps the file's columns and count)."""
-    epoch, num_epochs = ckpt['epoch'] - 1, ckpt['num_epochs']
+    epoch, num_epochs = ckpt['epoch'], ckpt['num_epochs']
     if args.save_epoch_weights:
         save_epoch_weights(model, args, run_dir, epoch + 1)
     atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
