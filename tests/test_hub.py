@@ -639,3 +639,24 @@ def test_publishing_without_the_hub_is_one_error_line(trained, monkeypatch, caps
     assert err.count('error:') == 1 and 'Traceback' not in err, err
     assert f'cannot publish to {DIGITS_REPO}: the Hugging Face Hub could not be reached' in err, err
     assert ('HF_HUB_OFFLINE is set' if hub == 'offline' else 'no answer from the Hub') in err, err
+
+
+def test_weights_of_a_timm_model_of_its_own_export_and_load_as_they_trained(tmp_path):
+    """sa-vision-train trains any timm model; --export of one without a 'cifar10' pretrained tag (timm's
+    get_pretrained_cfg raises 'Invalid pretrained tag' for resnet10t.cifar10) writes its Hub folder too."""
+    import timm
+
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
+    model = timm.create_model('resnet10t', num_classes=10, stem_width=8).eval()
+    torch.save({'version': CHECKPOINT_VERSION, 'arch': 'resnet10t', 'model_args': {'num_classes': 10, 'stem_width': 8},
+                'state_dict': model.state_dict(), 'epoch': 0, 'num_epochs': 1, 'dataset': 'digits',
+                'metrics': {'top1': 50.0, 'top5': 90.0, 'loss': 1.0}, 'args': {'dataset': 'digits', 'epochs': 1},
+                'data_config': {'input_size': [3, 32, 32], 'mean': [0.5] * 3, 'std': [0.5] * 3}},
+               tmp_path / 'last.pth.tar')
+    export_hub_folder(tmp_path / 'last.pth.tar', tmp_path / 'hub', figure=False)
+    loaded = timm.create_model(f'local-dir:{tmp_path / "hub"}', pretrained=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(loaded(x), model(x))
+    card = (tmp_path / 'hub' / 'README.md').read_text()
+    assert "timm.create_model('hf-hub:sa-vision/resnet10t.digits_custom'" in card

@@ -47,7 +47,11 @@ def registered_hf_hub_id(arch: str) -> Optional[str]:
     """The repository ``timm.create_model(arch, pretrained=True)`` downloads once published (None for names without
     a ``<PRETRAINED_TAG>`` cfg): publishing refuses other weights there."""
     from timm.models import get_pretrained_cfg
-    return hub_repo_id(arch) if get_pretrained_cfg(f'{arch}.{PRETRAINED_TAG}') is not None else None
+    try:
+        cfg = get_pretrained_cfg(f'{arch}.{PRETRAINED_TAG}')
+    except RuntimeError:  # timm's 'Invalid pretrained tag' for a model of its own (resnet10t) without the tag
+        return None
+    return hub_repo_id(arch) if cfg is not None else None
 
 
 # what the Hub client's errors for a repository it cannot read mean for a user, the most specific first
