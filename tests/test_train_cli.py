@@ -95,6 +95,21 @@ def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, 
     assert 'resuming with changed arguments: log_interval 100 -> 7' in caplog.text
 
 
+@pytest.mark.parametrize('args, message', [
+    (['--num-classes', '5'], r'sa_quadratic_cifar has 5 classes, digits 10: its labels up to 9 would be no class of '
+                             r'the model\. Pass --num-classes 10'),
+    (['--img-size', '15'], r'cannot take 15x15 images \(--img-size 15\): expected an even height and width'),
+    (['--data-dir', 'imgs'], r"--data-dir imgs: --dataset digits reads no files .* pass --dataset ''"),
+])
+def test_what_would_stop_the_first_batch_is_a_user_error_before_the_run_folder(tmp_path, args, message):
+    """Fewer classes than the dataset's labels (torch's 'Target 6 is out of bounds' at the first batch), an odd
+    image size (the embedding's ValueError there), a --data-dir that digits never read (timm's train.py would train
+    on that image folder): each a one-line error, and no run folder is left to refuse the corrected command."""
+    with pytest.raises(UserError, match=message):
+        training.main(list(map(str, [*TINY, '--epochs', 1, '--output', tmp_path, '--experiment', 'run', *args])))
+    assert not (tmp_path / 'run').exists()
+
+
 def test_resume_refuses_another_folder_and_fewer_epochs_than_done_and_says_what_it_ignores(adamw_run, tmp_path,
                                                                                           caplog):
     """A resumed run stays in its folder: --output / --experiment elsewhere are refused (timm's train.py would

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from ..layers import SpaceToDepthEmbed, check_image_batch_shape
+from ..models import check_input_size
 from ..models.factory import create_named_model
 from ..train.runtime import resolve_device as resolve_device_name
 from ..train.runtime import synchronize
@@ -114,12 +114,10 @@ def build_variants(
                         f'timm.list_models() lists all)')
     else:
         model = create_named_model(model_name, **model_kwargs)
-    if isinstance(getattr(model, 'patch_embed', None), SpaceToDepthEmbed):  # its rule, before any copy or timing
-        try:
-            check_image_batch_shape([1, c, h, w], model.patch_embed.in_chans)
-        except ValueError as e:
-            raise UserError(f'{model_name} cannot take input size {(c, h, w)} (--img-size / --input-size): {e}') \
-                from None
+    try:  # its rule, before any copy or timing
+        check_input_size(model, (c, h, w))
+    except ValueError as e:
+        raise UserError(f'{model_name} cannot take input size {(c, h, w)} (--img-size / --input-size): {e}') from None
     variants = [Variant(model_name, model, infer_model=_maybe_fused(model, fuse))]
     for other in compare:
         if other in SWITCHES:

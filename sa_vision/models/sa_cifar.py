@@ -23,6 +23,7 @@ from ..layers import (
     SampleDropPath,
     SpaceToDepthEmbed,
     attend_then_project,
+    check_image_batch_shape,
     check_image_shape,
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_LABEL_NAMES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
@@ -30,7 +31,8 @@ from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_
 from .input_pad import create_input_pad
 from .sa_state_dict import CENTERS, PRECISION_FACTORS, checkpoint_filter_fn, rename_old_keys
 
-__all__ = ['SA_MODEL_ARGS', 'DEFAULT_MODEL_OF_KIND', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
+__all__ = ['SA_MODEL_ARGS', 'DEFAULT_MODEL_OF_KIND', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape',
+           'check_input_size']
 
 
 @register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
@@ -333,6 +335,13 @@ SA_MODEL_ARGS: Dict[str, Dict] = {
 # the registered unpruned model of each attention kind: what bare weights of that kind load as
 DEFAULT_MODEL_OF_KIND: Dict[str, str] = {
     args['attn_kind']: name for name, args in SA_MODEL_ARGS.items() if 'heads_per_layer' not in args}
+
+
+def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
+    """The ValueError of :func:`check_image_shape` where ``model`` embeds by 2x2 space-to-depth and cannot take
+    ``C x H x W`` images (asked before a batch exists: a run's --img-size, a benchmark's input size)."""
+    if isinstance(getattr(model, 'patch_embed', None), SpaceToDepthEmbed):
+        check_image_batch_shape([1, *input_size], model.patch_embed.in_chans)
 
 
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:

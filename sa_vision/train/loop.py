@@ -25,14 +25,14 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .. import models  # noqa: F401  registers the models
-from ..errors import UserError, run_cli
+from ..errors import DatasetError, UserError, run_cli
 from ..io import atomic_folder
-from ..models import create_named_model, param_groups_pos_lr
+from ..models import check_input_size, create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from ..tables import plural
 from .args import check_least_values, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, epochs_done
-from .data import check_dataset, create_image_dataset, image_folder_classes, normalization, split_name
+from .data import check_dataset, create_image_dataset, dataset_info, image_folder_classes, normalization, split_name
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate_epoch, evaluated_after, evaluation_module
 from .optimizer import resolve_opt_fused
@@ -92,6 +92,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     initial, kwargs_sources = resolve_model_args(args, recipe, resume_ckpt, log)
     seed_epoch(args.seed, 0, args.rank)
     model, data_cfg = _create_model(args, initial, kwargs_sources)
+    _check_num_classes(args, model)
     optimizer = _create_optimizer(model, args)
     train_loader, eval_loader = _create_loaders(args, data_cfg)
     lr_scheduler, num_epochs = _create_scheduler(optimizer, args, len(train_loader))
@@ -170,6 +171,11 @@ def _set_up_process(args) -> None:
     check_scheduler(args.sched, args.sched_on_updates, args.val_interval)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
+    if args.data_dir and dataset_info(args.dataset).data_dir == 'unused':
+        # timm's train.py reads --data-dir as an image folder by default: here it would train on none of it
+        raise DatasetError(f'--data-dir {args.data_dir}: --dataset {args.dataset} reads no files (it ships with its '
+                           f'package); for the image folder there pass --dataset \'\' (timm\'s default), or drop '
+                           f'--data-dir')
     threads = apply_threads(args)
     import_device_modules(args.device_modules)
     init_distributed(args)
@@ -201,6 +207,17 @@ def _num_classes_of_folder(args, recipe: dict, log) -> None:
                         f'folder')
 
 
+def _check_num_classes(args, model) -> None:
+    """A named dataset's labels must all be classes of the model: the first batch would otherwise stop the run with
+    torch's 'Target 6 is out of bounds' (more classes than the dataset has are allowed: they are never targets)."""
+    info, classes = dataset_info(args.dataset), getattr(model, 'num_classes', None)
+    if info.num_classes and classes and classes < info.num_classes:
+        raise UserError(f'{args.model} has {classes} classes, {info.name} {info.num_classes}: its labels up to '
+                        f'{info.num_classes - 1} would be no class of the model. Pass --num-classes '
+                        f'{info.num_classes} (from --initial-checkpoint weights of another class count, the '
+                        f'classifier starts anew)')
+
+
 def _create_model(args, initial, kwargs_sources=None):
     """The model on its device, and its data config (input size, with the dataset's normalisation);
     ``kwargs_sources`` says where each of ``args.model_kwargs`` came from (:func:`resolve_model_args`)."""
@@ -215,6 +232,12 @@ def _create_model(args, initial, kwargs_sources=None):
     border = model_input_padding(model)
     if border and not args.img_size:  # e.g. a kept Fashion-MNIST model: it pads the unpadded images itself
         data_cfg['input_size'][-2:] = [size - 2 * border for size in data_cfg['input_size'][-2:]]
+    try:  # before the run folder is written: the first batch would stop the run with a traceback
+        check_input_size(model, data_cfg['input_size'])
+    except ValueError as e:
+        height, width = data_cfg['input_size'][-2:]
+        raise UserError(f'{args.model} cannot take {height}x{width} images (--img-size {args.img_size}): {e}') \
+            from None
     if args.channels_last is None:
         args.channels_last = uses_channels_last(model, args.device)
     model.to(args.device)
