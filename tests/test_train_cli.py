@@ -95,6 +95,17 @@ def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, 
     assert 'resuming with changed arguments: log_interval 100 -> 7' in caplog.text
 
 
+def test_options_of_timms_train_py_say_where_they_work_and_others_are_argparses_error(capsys):
+    """A timm user's --model-ema or --mixup: one error line naming timm's script (argparse would print the whole
+    usage and 'unrecognized arguments'); an option of neither stays argparse's error (status 2)."""
+    with pytest.raises(UserError, match=r"^--model-ema, --mixup: options of timm's train.py that sa-vision-train does "
+                                        r"not take\. .*sa_vision\.train\.run_timm path/to/timm/train\.py"):
+        parse_run_args(['--model-ema', '--mixup=0.8', '--epochs', '1'])
+    with pytest.raises(SystemExit) as stopped:
+        parse_run_args(['--bogus-flag', '3'])
+    assert stopped.value.code == 2 and 'unrecognized arguments: --bogus-flag 3' in capsys.readouterr().err
+
+
 @pytest.mark.parametrize('args, message', [
     (['--num-classes', '5'], r'sa_quadratic_cifar has 5 classes, digits 10: its labels up to 9 would be no class of '
                              r'the model\. Pass --num-classes 10'),

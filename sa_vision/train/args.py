@@ -9,11 +9,11 @@ from typing import Optional
 
 from timm.utils import ParseKwargs
 
-from ..errors import RecipeError
+from ..errors import RecipeError, UserError
 from .optimizer import FUSED_OPTIMIZERS
 from .recipes import RECIPE_DIR
 from .runtime import COMPILE_MODES, default_threads
-from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
+from .timm_args import LOCAL, OURS, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
@@ -84,10 +84,25 @@ def parse_over(defaults: dict, argv, source: str = 'the recipe') -> argparse.Nam
     """``argv`` parsed over ``defaults`` (a recipe's, a resumed run's: ``source`` names them for errors): a
     command-line ``--model-kwargs`` updates their ``model_kwargs`` instead of replacing them."""
     parser = build_parser(defaults)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        _refuse_unknown(parser, unknown)
     _check_choices(parser, args, source)
     args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
     return args
+
+
+def _refuse_unknown(parser: argparse.ArgumentParser, unknown) -> None:
+    """The options of timm's train.py that this command lacks (--model-ema, --mixup, --aa, ...): a UserError that
+    says where they work; others: argparse's own error."""
+    timms = [arg.split('=')[0] for arg in unknown if arg.startswith('--')
+             and TIMM_TRAIN_ARGS.get(arg[2:].split('=')[0].replace('-', '_')) not in (None, OURS)]
+    if timms:
+        raise UserError(f'{", ".join(timms)}: {"an option" if len(timms) == 1 else "options"} of timm\'s train.py that '
+                        f'sa-vision-train does not take. Train with {"it" if len(timms) == 1 else "them"} through '
+                        f'timm\'s own script: python -m sa_vision.train.run_timm path/to/timm/train.py ... '
+                        f'(docs/training.md, "Running timm\'s top-level scripts")')
+    parser.error(f'unrecognized arguments: {" ".join(unknown)}')
 
 
 def _check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace, source: str) -> None:
