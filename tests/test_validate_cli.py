@@ -60,3 +60,20 @@ def test_no_progress_bar_in_a_log(tmp_path, capsys):
     folder = _folder(tmp_path, 'digits_custom')
     assert validate.main(['--model', f'local-dir:{folder}', '--threads', '1', '-b', '100']) == 0
     assert 'img/s' not in capsys.readouterr().err
+
+
+def test_weights_of_an_image_folder_evaluate_an_image_folder(tmp_path, capsys):
+    """Weights trained on an unnamed image folder (--dataset '', exported as '<arch>.folder_custom') are evaluated
+    on the image folder of --data-dir, and without one the error asks for it: not CIFAR-10, which they never saw."""
+    from PIL import Image
+    folder = _folder(tmp_path, 'folder_custom')
+    with pytest.raises(DatasetError, match=r"'\(image folder\)' needs --data-dir"):
+        validate.main(['--model', f'local-dir:{folder}', '--threads', '1'])
+    assert 'dataset: an image folder in --data-dir (the weights were trained on it' in capsys.readouterr().err
+    images = tmp_path / 'images'
+    for i, name in enumerate(('a', 'b')):
+        (images / 'validation' / name).mkdir(parents=True)
+        Image.new('RGB', (32, 32), (200 * i,) * 3).save(images / 'validation' / name / 'x.png')
+    assert validate.main(['--model', f'local-dir:{folder}', '--data-dir', str(images), '--threads', '1']) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result['dataset'] == '' and result['num_images'] == 2

@@ -21,6 +21,7 @@ import json
 import sys
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Optional
 
 import timm
 import torch
@@ -43,18 +44,35 @@ from sa_vision.train.runtime import apply_threads, import_device_modules, resolv
 DEFAULT_DATASET = 'torch/cifar10'  # where the weights name no dataset: the paper's
 
 
+def _is_image_folder_tag(tag: str) -> bool:
+    folder = dataset_info('').tag  # what an export of weights trained on an unnamed image folder is tagged
+    return tag == folder or tag.startswith(folder + '_')
+
+
+def _trained_on(ckpt) -> Optional[str]:
+    """The --dataset of weights: a name, '' for an unnamed image folder (a run's --dataset '' with a --data-dir, or
+    an export of one), None where they name none."""
+    if ckpt.dataset:
+        return ckpt.dataset
+    tag = (ckpt.meta.get('pretrained_cfg') or {}).get('tag') or ''
+    if 'dataset' in ckpt.meta and (ckpt.meta.get('args') or {}).get('data_dir') or _is_image_folder_tag(tag):
+        return ''
+    return None
+
+
 def model_to_evaluate(args):
-    """(the model to evaluate, the --dataset its weights were trained on or ''), resolved as every command resolves
-    weights and names (:func:`load_model`): --checkpoint names weights (a file or folder), --model a name
-    (registered, local-dir:<folder> or hf-hub:<repo>)."""
+    """(the model to evaluate, the --dataset its weights were trained on: a name, '' for an image folder, None for
+    none), resolved as every command resolves weights and names (:func:`load_model`): --checkpoint names weights (a
+    file or folder), --model a name (registered, local-dir:<folder> or hf-hub:<repo>)."""
     if not args.checkpoint:
         path = weights_path(args.model)  # local-dir:<folder>, or weights named by their path: with their dataset
         if path is not None:
             ckpt = read_checkpoint(path, model_args=args.model_kwargs)
-            return ckpt.create_model(), ckpt.dataset
+            return ckpt.create_model(), _trained_on(ckpt)
         # as timm's validate.py: without --checkpoint a name means its trained weights, a random init only asked
         model = load_model(args.model, pretrained=args.pretrained is not False, **args.model_kwargs)
-        return model, dataset_for_tag(model.pretrained_cfg.get('tag') or '')
+        tag = model.pretrained_cfg.get('tag') or ''
+        return model, dataset_for_tag(tag) or ('' if _is_image_folder_tag(tag) else None)
     if not Path(args.checkpoint).exists():  # never a name: load_model would build a model of that name
         raise CheckpointError(f'--checkpoint {args.checkpoint} does not exist: pass a checkpoint file (last.pth.tar '
                               f'of a run, a state dict, a .safetensors file), a run folder or an exported Hub '
@@ -62,7 +80,7 @@ def model_to_evaluate(args):
     # --model with --checkpoint: the architecture the weights must be (read_checkpoint's arch)
     ckpt = read_checkpoint(args.checkpoint, arch=args.model if args.model_given else None,
                            model_args=args.model_kwargs, use_ema=args.use_ema)
-    return ckpt.create_model(), ckpt.dataset
+    return ckpt.create_model(), _trained_on(ckpt)
 
 
 def with_progress(loader, num_images: int, stream=None):
@@ -129,9 +147,9 @@ def main(argv=None):
     model, trained_on = model_to_evaluate(args)
     model = model.to(args.device)
     if args.dataset is None:
-        args.dataset = trained_on or DEFAULT_DATASET
-        print(f'dataset: {args.dataset or "(image folder)"} ('
-              + ('the weights were trained on it' if trained_on else 'the weights name none')
+        args.dataset = DEFAULT_DATASET if trained_on is None else trained_on
+        print(f'dataset: {args.dataset or "an image folder in --data-dir"} ('
+              + ('the weights name none' if trained_on is None else 'the weights were trained on it')
               + '; --dataset chooses another)', file=sys.stderr)
         _check_dataset(args)
     data_cfg = timm.data.resolve_data_config({}, model=model)
