@@ -27,6 +27,18 @@ def test_config_help_names_the_shipped_recipes():
         recipe_path(name)  # what the help names, -c finds
 
 
+def test_a_shipped_recipe_is_found_by_its_file_name_too_and_a_missing_one_is_named(tmp_path, monkeypatch):
+    """-c sa_quadratic_cifar_digits.yaml (the file's name, as a user copies it from the folder) finds the shipped
+    recipe unless such a file is where the user is; a name that is neither says so and lists the shipped ones."""
+    from sa_vision.errors import RecipeNotFoundError
+    monkeypatch.chdir(tmp_path)
+    assert recipe_path('sa_quadratic_cifar_digits.yaml') == RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
+    (tmp_path / 'sa_quadratic_cifar_digits.yaml').write_text('epochs: 1\n')
+    assert recipe_path('sa_quadratic_cifar_digits.yaml') == Path('sa_quadratic_cifar_digits.yaml')
+    with pytest.raises(RecipeNotFoundError, match=r"no recipe 'mine.yaml': no such file, nor one of \[.*'sa_gen"):
+        recipe_path('mine.yaml')
+
+
 @pytest.mark.parametrize('name', SHIPPED)
 def test_recipe_headers_give_commands_an_installed_user_can_run(name):
     text = (RECIPE_DIR / f'{name}.yaml').read_text()

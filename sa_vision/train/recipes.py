@@ -28,11 +28,13 @@ def recipe_path(name: str) -> Path:
     path = Path(name)
     if path.suffix in ('.yaml', '.yml') and path.exists():
         return path
-    candidate = RECIPE_DIR / f'{name}.yaml'
+    # a shipped recipe by its name, or by its file's name (-c sa_quadratic_cifar_digits.yaml)
+    shipped = path.stem if path.suffix in ('.yaml', '.yml') and path.parent == Path('.') else name
+    candidate = RECIPE_DIR / f'{shipped}.yaml'
     if candidate.exists():
         return candidate
     known = sorted(p.stem for p in RECIPE_DIR.glob('*.yaml')) if RECIPE_DIR.is_dir() else []
-    raise RecipeNotFoundError(f'no recipe {name!r}: not a YAML file and not one of {known} in {RECIPE_DIR}')
+    raise RecipeNotFoundError(f'no recipe {name!r}: no such file, nor one of {known} in {RECIPE_DIR}')
 
 
 def load_recipe(name: Union[str, os.PathLike]) -> Dict[str, Any]:
