@@ -242,6 +242,21 @@ def test_val_interval_below_one_or_beside_plateau_is_a_recipe_error(tmp_path):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_fraction_of_a_warm_up_epoch_stepped_per_epoch_is_a_recipe_error(tmp_path):
+    """The digits recipe warms up over half an epoch: stepped per epoch, timm's schedule would train epoch 0 at
+    --warmup-lr (0) alone, as the scheduler itself says; whole epochs, or steps per update, are taken."""
+    from sa_vision.errors import RecipeError
+    argv = ['-c', DIGITS_RECIPE, *TINY, '--output', tmp_path, '--no-sched-on-updates']
+    args = build_parser().parse_args(list(map(str, argv[2:] + ['--warmup-epochs', 0.5, '--warmup-lr', 0])))
+    optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.005)
+    scheduler, _ = training._create_scheduler(optimizer, args, updates_per_epoch=3)
+    assert scheduler._get_lr(0) == [0.0]  # what the error spares a user: an epoch at lr 0
+    with pytest.raises(RecipeError, match=r'--warmup-epochs 0.5 is a fraction of an epoch, but --no-sched-on-updates '
+                                          r'steps .* \(--warmup-epochs 0 or 1\), or step per update'):
+        training.main(list(map(str, argv)))
+    assert not any(tmp_path.iterdir())
+
+
 def test_resume_reports_explicit_changes_only(adamw_run):
     args, _, _ = state.parse_run_args(['--resume', str(adamw_run), '--lr', '0.001', '--epochs', '2'])
     assert args.opt == 'adamw' and args.lr == 0.001 and args.epochs == 2
@@ -615,8 +630,8 @@ def test_schedulers_without_a_per_step_schedule_train(tmp_path):
     training.main(['--resume', str(tmp_path / 'none' / 'last.pth.tar'), '--epochs', '2'])
     ckpt = _load(tmp_path / 'none' / 'last.pth.tar')
     assert ckpt['epoch'] == 1 and [h['lr'] for h in ckpt['history']] == [0.005, 0.005]  # the recipe's lr, no warm-up
-    training.main(list(map(str, base + ['--sched', 'plateau', '--no-sched-on-updates', '--epochs', 1,
-                                        '--experiment', 'plateau'])))
+    training.main(list(map(str, base + ['--sched', 'plateau', '--no-sched-on-updates', '--warmup-epochs', 0,
+                                        '--epochs', 1, '--experiment', 'plateau'])))
     ckpt = _load(tmp_path / 'plateau' / 'last.pth.tar')
     assert ckpt['scheduler']['best'] == ckpt['metrics']['top1']
 

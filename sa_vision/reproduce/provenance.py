@@ -75,7 +75,7 @@ def stage_arguments(recipe: Dict[str, Any], argv: Sequence[str]) -> Dict[str, An
     known = argument_names()
     args = parse_over({k: v for k, v in recipe.items() if k in known}, list(argv))
     check_least_values(args)
-    check_scheduler(args.sched, args.sched_on_updates, args.val_interval)
+    check_scheduler(args.sched, args.sched_on_updates, args.val_interval, args.warmup_epochs)
     resolve_model_args(args, recipe, None, lambda _: None)  # model_kwargs as saved: the flags', the weights'
     return strip_runtime_args(args_as_saved(args))
 

@@ -320,9 +320,10 @@ def _misc_arguments(group) -> None:
                        help='exit with status 1 if the final top-1 is below this (for smoke runs)')
 
 
-def check_scheduler(sched: str, sched_on_updates: bool, val_interval: int = 1) -> None:
+def check_scheduler(sched: str, sched_on_updates: bool, val_interval: int = 1, warmup_epochs: float = 0.) -> None:
     """A :class:`RecipeError` for a ``--sched`` timm does not know (naming the ones it does) or a schedule it cannot
-    step as asked; run before anything is built, where timm would only fail at the end of the first epoch."""
+    step as asked; run before anything is built, where timm would only fail at the end of the first epoch, or
+    train an epoch at the warm-up's first lr."""
     if sched not in TIMM_SCHEDULERS:
         near = difflib.get_close_matches(sched, TIMM_SCHEDULERS, n=1, cutoff=0.6)
         raise RecipeError(f'--sched {sched!r} is not a scheduler of timm' + (f' (did you mean {near[0]!r}?)' if near
@@ -335,6 +336,13 @@ def check_scheduler(sched: str, sched_on_updates: bool, val_interval: int = 1) -
         raise RecipeError(f'--sched plateau lowers the lr when the evaluation metric stops improving, so it needs an '
                           f'evaluation every epoch; --val-interval {val_interval} would make its patience '
                           f'{val_interval}x as many epochs: leave --val-interval at 1')
+    if sched != 'none' and not sched_on_updates and warmup_epochs % 1:
+        # stepped per epoch, timm's warm-up gives epoch 0 its first lr (--warmup-lr, 0 in the recipes) and epoch 1
+        # the full one: a fraction of a warm-up epoch becomes a whole epoch at that lr
+        raise RecipeError(f'--warmup-epochs {warmup_epochs} is a fraction of an epoch, but --no-sched-on-updates steps '
+                          f'the schedule once per epoch: epoch 0 would train at --warmup-lr alone. Give whole '
+                          f'warm-up epochs (--warmup-epochs {int(warmup_epochs)} or {int(warmup_epochs) + 1}), or '
+                          f'step per update (--sched-on-updates)')
 
 
 def check_least_values(args) -> None:

@@ -168,7 +168,7 @@ def _set_up_process(args) -> None:
     """Check what would only fail once the model and the data are built, then set up this process: threads,
     devices and DDP, the modules of --device-modules, backend switches, the allocator."""
     check_least_values(args)
-    check_scheduler(args.sched, args.sched_on_updates, args.val_interval)
+    check_scheduler(args.sched, args.sched_on_updates, args.val_interval, args.warmup_epochs)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
     if args.data_dir and dataset_info(args.dataset).data_dir == 'unused':
