@@ -170,6 +170,16 @@ def test_forward_intermediates_and_features_only():
     assert len(features(x)) == 3
 
 
+@pytest.mark.parametrize('feature_cls', ['hook', 'fx', 'list'])
+def test_features_only_through_hooks_or_fx_is_refused_naming_the_getter(feature_cls):
+    """timm's hook / FX / list wrappers would return the blocks' grid-major H/2 x W/2 x B x D tensors as if they
+    were feature maps; the getter (forward_intermediates) gives B x D x H/2 x W/2."""
+    with pytest.raises(ValueError, match=rf"feature_cls='getter', the default\), not feature_cls='{feature_cls}'"):
+        small_model('sa_quadratic_cifar', features_only=True, feature_cls=feature_cls)
+    features = small_model('sa_quadratic_cifar', features_only=True, feature_cls='getter', out_indices=(0, 1))
+    assert [f.shape for f in features(torch.zeros(2, 3, 8, 8))] == [(2, 16, 4, 4)] * 2
+
+
 def test_grad_checkpointing_keeps_outputs_and_gradients():
     model = small_model('sa_quadratic_cifar')
     x = torch.randn(2, 3, 16, 16)

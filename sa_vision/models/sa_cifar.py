@@ -346,6 +346,13 @@ def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
 
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     kwargs = {**SA_MODEL_ARGS[variant], **kwargs}
+    feature_cls = kwargs.get('feature_cls', 'getter')
+    if kwargs.get('features_only') and not (isinstance(feature_cls, str) and feature_cls.lower() == 'getter'):
+        # timm's other wrappers return what the blocks return: grid-major H/2 x W/2 x B x D, not B x C x H x W
+        raise ValueError(f'{variant} gives features through forward_intermediates only (feature_cls=\'getter\', '
+                         f'the default), not feature_cls={feature_cls!r}: its blocks work in a grid-major '
+                         f'H/2 x W/2 x B x D layout, which hooks and FX would return as it is (docs/models.md, '
+                         f'"Layer outputs")')
     out_indices = kwargs.pop('out_indices', 3)
     with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg'),
                                      kwargs.get('pretrained_cfg_overlay'), kwargs.get('cache_dir')):
