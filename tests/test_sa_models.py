@@ -180,6 +180,15 @@ def test_features_only_through_hooks_or_fx_is_refused_naming_the_getter(feature_
     assert [f.shape for f in features(torch.zeros(2, 3, 8, 8))] == [(2, 16, 4, 4)] * 2
 
 
+def test_torchscript_of_features_only_matches_eager():
+    """timm's TorchScript check covers the classifier; a backbone (features_only) scripts too (an f-string's !r
+    conversion in forward_intermediates did not)."""
+    features = small_model('sa_quadratic_cifar', features_only=True, out_indices=(0, 1)).eval()
+    x = torch.randn(2, 3, 8, 8)
+    for scripted, eager in zip(torch.jit.script(features)(x), features(x)):
+        torch.testing.assert_close(scripted, eager)
+
+
 def test_grad_checkpointing_keeps_outputs_and_gradients():
     model = small_model('sa_quadratic_cifar')
     x = torch.randn(2, 3, 16, 16)

@@ -257,7 +257,7 @@ class SelfAttentionNet(nn.Module):
         """Forward that also returns the outputs of the selected layers (timm API; ``norm`` is unused: the layers
         are post-norm). Intermediates are ``output_fmt`` 'NCHW' or 'NHWC'."""
         if output_fmt not in ('NCHW', 'NHWC'):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got {output_fmt!r}")
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got '{output_fmt}'")
         check_image_shape(x, self.in_chans)  # the shape passed, before the border (which keeps H, W even)
         x = self.input_pad(x)
         intermediates = []
