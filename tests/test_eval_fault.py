@@ -64,7 +64,7 @@ def test_smoke_settings_part_runs_each_setting_in_its_own_process_and_tells_a_fi
     assert 'an error the smoke run fakes' in rows.pop('emulated precision casts')['error']
     for name, row in rows.items():
         first_wrong = f'setting {name}' in probe.SMOKE_FIRST_CALL_FAULTS
-        assert row['first_pass_batches_wrong'] == [first_wrong, False], name  # 200 images, batches of 100
+        assert row['first_pass_batches_wrong'] == [first_wrong, False], name  # SMOKE_SETTING_IMAGES: two batches
         assert row['first_pass']['wrong'] is first_wrong and not row['second_pass']['wrong'], name
         assert row['right'] is not first_wrong and row['vs_eager'] > 0
         assert row['autotune'] == {'benchmarks': 0, 'cpu_copies': 0, 'cpu_copy_bytes': 0, 'clones': 0}  # eager

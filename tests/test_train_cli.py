@@ -140,8 +140,10 @@ def test_resume_refuses_another_folder_and_fewer_epochs_than_done_and_says_what_
         training.main(['--resume', last, '--epochs', '1'])
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert not (run.parent / 'other').exists() and not (tmp_path / 'elsewhere').exists()
-    with caplog.at_level(logging.INFO, logger='train'):  # no epoch left: evaluated as it is
-        training.main(['--resume', last, '--model-kwargs', 'embed_dim=32', 'depth=1', '--log-interval', '100'])
+    # a run copied elsewhere may name its new place (sa-vision-reproduce does); no epoch left: evaluated as it is
+    with caplog.at_level(logging.INFO, logger='train'):
+        training.main(['--resume', last, '--model-kwargs', 'embed_dim=32', 'depth=1', '--log-interval', '100',
+                       '--output', str(tmp_path), '--experiment', 'run'])
     assert '(ignoring --model-kwargs embed_dim=32)' in caplog.text and 'Result ' in caplog.text
 
 

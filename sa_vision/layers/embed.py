@@ -2,14 +2,14 @@
 
 Stored as the equivalent ``Conv2d(C, embed_dim, 2, stride=2)``, so timm's ``first_conv`` machinery works unchanged.
 """
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function, register_notrace_module
 from torch import Tensor, nn
 
-__all__ = ['SpaceToDepthEmbed', 'check_image_shape', 'check_image_batch_shape']
+__all__ = ['SpaceToDepthEmbed', 'check_image_shape', 'check_image_batch_shape', 'check_input_size']
 
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
@@ -68,3 +68,10 @@ class SpaceToDepthEmbed(nn.Module):
         # (B, C, i, di, j, dj) -> (i, j, B, C, di, dj): the kernel's (C, di, dj) order, tokens grid-major
         blocks = x.reshape(B, C, H // 2, 2, W // 2, 2).permute(2, 4, 0, 1, 3, 5).reshape(H // 2, W // 2, B, C * 4)
         return F.linear(blocks, self.proj.weight.reshape(self.embed_dim, C * 4), self.proj.bias)
+
+
+def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
+    """The ValueError of :func:`check_image_batch_shape` where ``model`` embeds by :class:`SpaceToDepthEmbed` and
+    cannot take ``C x H x W`` images (asked before a batch exists: a run's --img-size, a benchmark's input size)."""
+    if isinstance(getattr(model, 'patch_embed', None), SpaceToDepthEmbed):
+        check_image_batch_shape([1, *input_size], model.patch_embed.in_chans)

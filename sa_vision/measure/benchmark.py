@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import UserError
-from ..models import check_input_size
+from ..layers import check_input_size
 from ..models.factory import create_named_model
 from ..train.runtime import resolve_device as resolve_device_name
 from ..train.runtime import synchronize

@@ -15,7 +15,6 @@ from timm.models._features import feature_take_indices
 from torch import Tensor, nn
 
 from ..layers import (
-    ATTENTION_KINDS,
     CONV_INIT_ALPHA,
     GeluMlp,
     HeadsLinear,
@@ -23,16 +22,15 @@ from ..layers import (
     SampleDropPath,
     SpaceToDepthEmbed,
     attend_then_project,
-    check_image_batch_shape,
     check_image_shape,
 )
 from ..paper import ARXIV_ID, CIFAR10_CLASSES, CIFAR10_LABEL_NAMES, CIFAR10_MEAN, CIFAR10_STD, PRUNED_HEADS_PER_LAYER
 from ._pretrained import PRETRAINED_TAG, explain_unavailable_weights, published_source
 from .input_pad import create_input_pad
+from .sa_args import check_feature_cls, checked_global_pool, checked_heads_per_layer
 from .sa_state_dict import CENTERS, PRECISION_FACTORS, checkpoint_filter_fn, rename_old_keys
 
-__all__ = ['SA_MODEL_ARGS', 'DEFAULT_MODEL_OF_KIND', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape',
-           'check_input_size']
+__all__ = ['SA_MODEL_ARGS', 'DEFAULT_MODEL_OF_KIND', 'SelfAttentionNet', 'SelfAttentionBlock', 'check_image_shape']
 
 
 @register_notrace_module  # its attention runs through an autograd Function; FX keeps the block whole
@@ -114,22 +112,6 @@ class SelfAttentionBlock(nn.Module):
         return self
 
 
-def _checked_heads_per_layer(heads_per_layer: Union[int, Sequence[int]], depth: int, attn_kind: str) -> Tuple[int, ...]:
-    """The heads of each layer (an int: as many in every layer), after checking the network's arguments."""
-    heads = tuple(int(h) for h in ((heads_per_layer,) * depth if isinstance(heads_per_layer, int) else heads_per_layer))
-    if len(heads) != depth:
-        raise ValueError(f'heads_per_layer has {len(heads)} entries but depth is {depth}')
-    if attn_kind not in ATTENTION_KINDS:
-        raise ValueError(f'attn_kind {attn_kind!r} is not one of {ATTENTION_KINDS}')
-    return heads
-
-
-def _checked_global_pool(global_pool: str) -> str:
-    if global_pool not in ('avg', ''):
-        raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
-    return global_pool
-
-
 class SelfAttentionNet(nn.Module):
     """Fully-attentional classifier (paper Sec. 4.1, App. A.4): a 2x2 space-to-depth embedding, post-norm
     attention layers, the mean over the grid and a linear classifier. Tokens are grid-major ``h x w x B x D``
@@ -184,10 +166,10 @@ class SelfAttentionNet(nn.Module):
     ):
         super().__init__()
         dd = {'device': device, 'dtype': dtype}
-        heads_per_layer = _checked_heads_per_layer(heads_per_layer, depth, attn_kind)
+        heads_per_layer = checked_heads_per_layer(heads_per_layer, depth, attn_kind)
         self.num_classes = num_classes
         self.in_chans = in_chans
-        self.global_pool = _checked_global_pool(global_pool)
+        self.global_pool = checked_global_pool(global_pool)
         self.heads_per_layer = heads_per_layer
         self.attn_kind = attn_kind
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
@@ -236,7 +218,7 @@ class SelfAttentionNet(nn.Module):
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         self.num_classes = num_classes
         if global_pool is not None:
-            self.global_pool = _checked_global_pool(global_pool)
+            self.global_pool = checked_global_pool(global_pool)
         if num_classes > 0:
             # keep the new head on the device and dtype of the model
             ref = self.patch_embed.proj.weight
@@ -337,22 +319,9 @@ DEFAULT_MODEL_OF_KIND: Dict[str, str] = {
     args['attn_kind']: name for name, args in SA_MODEL_ARGS.items() if 'heads_per_layer' not in args}
 
 
-def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
-    """The ValueError of :func:`check_image_shape` where ``model`` embeds by 2x2 space-to-depth and cannot take
-    ``C x H x W`` images (asked before a batch exists: a run's --img-size, a benchmark's input size)."""
-    if isinstance(getattr(model, 'patch_embed', None), SpaceToDepthEmbed):
-        check_image_batch_shape([1, *input_size], model.patch_embed.in_chans)
-
-
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
     kwargs = {**SA_MODEL_ARGS[variant], **kwargs}
-    feature_cls = kwargs.get('feature_cls', 'getter')
-    if kwargs.get('features_only') and not (isinstance(feature_cls, str) and feature_cls.lower() == 'getter'):
-        # timm's other wrappers return what the blocks return: grid-major H/2 x W/2 x B x D, not B x C x H x W
-        raise ValueError(f'{variant} gives features through forward_intermediates only (feature_cls=\'getter\', '
-                         f'the default), not feature_cls={feature_cls!r}: its blocks work in a grid-major '
-                         f'H/2 x W/2 x B x D layout, which hooks and FX would return as it is (docs/models.md, '
-                         f'"Layer outputs")')
+    check_feature_cls(variant, kwargs)
     out_indices = kwargs.pop('out_indices', 3)
     with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg'),
                                      kwargs.get('pretrained_cfg_overlay'), kwargs.get('cache_dir')):

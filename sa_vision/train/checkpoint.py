@@ -38,7 +38,7 @@ from .timm_args import timm_model_args, timm_num_epochs
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'read_checkpoint',
     'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict', 'strip_runtime_args', 'RUNTIME_ARGS',
-    'TRAINING_PROCESSES', 'epochs_done',
+    'TRAINING_PROCESSES',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -351,8 +351,8 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
             raise CheckpointError(f'{path} was written by a newer sa_vision (checkpoint version {obj["version"]}, '
                                   f'this one reads up to {CHECKPOINT_VERSION}); upgrade sa_vision')
         meta = {k: v for k, v in obj.items() if k not in ('arch', 'model_args', 'state_dict')}
-        if 'epoch' in meta:
-            meta['epoch'] = epochs_done(obj)
+        if 'epoch' in meta and int(obj.get('version', 1)) >= 3:  # counted from 0: meta's counts the epochs done
+            meta['epoch'] += 1
         return Checkpoint(obj['arch'], {**obj['model_args'], **model_args}, obj['state_dict'], str(path),
                           'sa_vision', meta)
     for key in _STATE_DICT_KEYS:
@@ -363,12 +363,6 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
     raise CheckpointError(
         f'{path} is a dict of {sorted(obj)[:8]} but holds no weights under any of {list(_STATE_DICT_KEYS)}: not a '
         f'checkpoint of sa-vision-train or timm train.py, nor a state dict')
-
-
-def epochs_done(saved: Dict[str, Any]) -> int:
-    """The epochs a checkpoint of sa-vision-train was saved after (a :class:`Checkpoint`'s ``meta['epoch']``),
-    from the file's 'epoch' of either counting (:data:`CHECKPOINT_VERSION`)."""
-    return saved['epoch'] + 1 if int(saved.get('version', 1)) >= 3 else saved['epoch']
 
 
 def weights_path(source: str) -> Optional[Path]:

@@ -12,7 +12,8 @@ from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 import torch
 from torchvision import transforms
 
-from ..errors import DatasetError, DatasetNotFoundError
+from ..errors import DatasetError, DatasetNotFoundError, UserError
+from ..layers import check_input_size
 from ..paper import CIFAR10_CLASSES, CIFAR10_LABEL_NAMES, CIFAR10_MEAN, CIFAR10_STD
 from .datasets import (
     FASHION_MNIST_PAD,
@@ -35,8 +36,8 @@ from .datasets import (
 
 __all__ = [
     'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'normalization', 'FASHION_MNIST',
-    'check_dataset', 'image_folder_classes', 'create_cifar_transform', 'create_image_dataset', 'held_tensors',
-    'known_dataset_names',
+    'check_dataset', 'check_model_takes_data', 'num_classes_of_folder', 'image_folder_classes',
+    'create_cifar_transform', 'create_image_dataset', 'held_tensors', 'known_dataset_names',
     'split_name',
 ]
 
@@ -197,11 +198,34 @@ def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> O
 def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool = False,
                   train_split: Optional[str] = None, eval_split: Optional[str] = None) -> None:
     """Raise the DatasetError :func:`create_image_dataset` would raise for these splits, without reading an image
-    (run before a model is built; torch/ datasets' files are checked by torchvision later)."""
+    (run before a model is built; torch/ datasets' files are checked by torchvision later), and for a --data-dir that
+    the dataset never reads: timm's scripts read it as an image folder by default, here it would be ignored."""
     info, source = _dataset_source(dataset, data_dir, download)
+    if data_dir and info.data_dir == 'unused':
+        raise DatasetError(f'--data-dir {data_dir}: --dataset {info.name} reads no files (it ships with its '
+                           f'package); for the image folder there pass --dataset \'\' (timm\'s default), or drop '
+                           f'--data-dir')
     for split, is_training in ((train_split, True), (eval_split, False)):
         if split is not None:
             info.check(source, split, is_training)
+
+
+def check_model_takes_data(model_name: str, model: torch.nn.Module, dataset: str, input_size: Sequence[int],
+                           img_size: Optional[int]) -> None:
+    """A UserError for what would stop the first batch with a traceback: a named dataset's labels that are no class
+    of the model (torch's 'Target 6 is out of bounds'; more classes than labels are never targets), an input size
+    the model's embedding cannot take (an odd --img-size)."""
+    info, classes = dataset_info(dataset), getattr(model, 'num_classes', None)
+    if info.num_classes and classes and classes < info.num_classes:
+        raise UserError(f'{model_name} has {classes} classes, {info.name} {info.num_classes}: its labels up to '
+                        f'{info.num_classes - 1} would be no class of the model. Pass --num-classes '
+                        f'{info.num_classes} (from --initial-checkpoint weights of another class count, the '
+                        f'classifier starts anew)')
+    try:
+        check_input_size(model, input_size)
+    except ValueError as e:
+        raise UserError(f'{model_name} cannot take {input_size[-2]}x{input_size[-1]} images (--img-size '
+                        f'{img_size}): {e}') from None
 
 
 def create_image_dataset(
@@ -253,3 +277,24 @@ def held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     which its items turn into PIL images of the same pixels."""
     held = getattr(dataset, 'held_tensors', None)
     return held() if callable(held) else torchvision_held_tensors(dataset)
+
+
+def num_classes_of_folder(args, recipe: dict, log) -> None:
+    """An image folder's classes decide ``--num-classes`` where it is not given; a different number (``--num-classes``,
+    ``--model-kwargs num_classes=`` or the recipe's) is an error naming both."""
+    classes = image_folder_classes(args.dataset, args.data_dir, args.train_split)
+    if classes is None:
+        return
+    asked = args.num_classes if args.num_classes is not None else args.model_kwargs.get('num_classes')
+    if asked is None:
+        args.num_classes = len(classes)
+        log(f'--num-classes {len(classes)}: the class folders of the training split ({", ".join(classes[:10])}'
+            f'{", ..." if len(classes) > 10 else ""})')
+    elif int(asked) != len(classes):
+        # a paper recipe's num_classes is its dataset's (CIFAR-10): say where the number came from
+        source = (f'recipe {args.config} sets num_classes: {asked} for its dataset {recipe.get("dataset")!r}'
+                  if recipe.get('num_classes') == asked else '--num-classes / --model-kwargs num_classes')
+        raise UserError(f'the model is asked for {asked} classes (the {source}) but the training split of the image '
+                        f'folder has {len(classes)} class folders ({", ".join(classes[:10])}'
+                        f'{", ..." if len(classes) > 10 else ""}); pass --num-classes {len(classes)} to follow the '
+                        f'folder')

@@ -25,14 +25,21 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler
 
 from .. import models  # noqa: F401  registers the models
-from ..errors import DatasetError, UserError, run_cli
+from ..errors import UserError, run_cli
 from ..io import atomic_folder
-from ..models import check_input_size, create_named_model, param_groups_pos_lr
+from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from ..tables import plural
 from .args import check_least_values, check_scheduler
-from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, epochs_done
-from .data import check_dataset, create_image_dataset, dataset_info, image_folder_classes, normalization, split_name
+from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
+from .data import (
+    check_dataset,
+    check_model_takes_data,
+    create_image_dataset,
+    normalization,
+    num_classes_of_folder,
+    split_name,
+)
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate_epoch, evaluated_after, evaluation_module
 from .optimizer import resolve_opt_fused
@@ -88,19 +95,13 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     _set_up_process(args)
     log = partial(_log, args)
     if resume_ckpt is None:
-        _num_classes_of_folder(args, recipe, log)
+        num_classes_of_folder(args, recipe, log)
     initial, kwargs_sources = resolve_model_args(args, recipe, resume_ckpt, log)
     seed_epoch(args.seed, 0, args.rank)
     model, data_cfg = _create_model(args, initial, kwargs_sources)
-    _check_num_classes(args, model)
     optimizer = _create_optimizer(model, args)
     train_loader, eval_loader = _create_loaders(args, data_cfg)
-    lr_scheduler, num_epochs = _create_scheduler(optimizer, args, len(train_loader))
-    if resume_ckpt is not None and num_epochs < resume_ckpt.meta['epoch']:
-        # its files would say 'epoch 4 of 2', and its recipe.yaml would no longer repeat the run
-        done = resume_ckpt.meta['epoch']
-        raise UserError(f'--epochs {args.epochs} ends before the run resumed from {args.resume}, which has done '
-                        f'{done} epochs: pass --epochs {done} to evaluate it as it is, or more to train on')
+    lr_scheduler, num_epochs = _create_scheduler(optimizer, args, len(train_loader), resume_ckpt)
     loss_fn = LabelSmoothingCrossEntropy(args.smoothing) if args.smoothing > 0 else nn.CrossEntropyLoss()
     amp_ctx, loss_scaler = _precision(model, args)
 
@@ -171,11 +172,6 @@ def _set_up_process(args) -> None:
     check_scheduler(args.sched, args.sched_on_updates, args.val_interval, args.warmup_epochs)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
-    if args.data_dir and dataset_info(args.dataset).data_dir == 'unused':
-        # timm's train.py reads --data-dir as an image folder by default: here it would train on none of it
-        raise DatasetError(f'--data-dir {args.data_dir}: --dataset {args.dataset} reads no files (it ships with its '
-                           f'package); for the image folder there pass --dataset \'\' (timm\'s default), or drop '
-                           f'--data-dir')
     threads = apply_threads(args)
     import_device_modules(args.device_modules)
     init_distributed(args)
@@ -184,38 +180,6 @@ def _set_up_process(args) -> None:
     if args.retain_freed_memory and not retain_freed_memory():
         _log(args, '--retain-freed-memory: the C library is not glibc; freed memory is returned as usual')
         args.retain_freed_memory = False
-
-
-def _num_classes_of_folder(args, recipe: dict, log) -> None:
-    """An image folder's classes decide ``--num-classes`` where it is not given; a different number (``--num-classes``,
-    ``--model-kwargs num_classes=`` or the recipe's) is an error naming both."""
-    classes = image_folder_classes(args.dataset, args.data_dir, args.train_split)
-    if classes is None:
-        return
-    asked = args.num_classes if args.num_classes is not None else args.model_kwargs.get('num_classes')
-    if asked is None:
-        args.num_classes = len(classes)
-        log(f'--num-classes {len(classes)}: the class folders of the training split ({", ".join(classes[:10])}'
-            f'{", ..." if len(classes) > 10 else ""})')
-    elif int(asked) != len(classes):
-        # a paper recipe's num_classes is its dataset's (CIFAR-10): say where the number came from
-        source = (f'recipe {args.config} sets num_classes: {asked} for its dataset {recipe.get("dataset")!r}'
-                  if recipe.get('num_classes') == asked else '--num-classes / --model-kwargs num_classes')
-        raise UserError(f'the model is asked for {asked} classes (the {source}) but the training split of the image '
-                        f'folder has {len(classes)} class folders ({", ".join(classes[:10])}'
-                        f'{", ..." if len(classes) > 10 else ""}); pass --num-classes {len(classes)} to follow the '
-                        f'folder')
-
-
-def _check_num_classes(args, model) -> None:
-    """A named dataset's labels must all be classes of the model: the first batch would otherwise stop the run with
-    torch's 'Target 6 is out of bounds' (more classes than the dataset has are allowed: they are never targets)."""
-    info, classes = dataset_info(args.dataset), getattr(model, 'num_classes', None)
-    if info.num_classes and classes and classes < info.num_classes:
-        raise UserError(f'{args.model} has {classes} classes, {info.name} {info.num_classes}: its labels up to '
-                        f'{info.num_classes - 1} would be no class of the model. Pass --num-classes '
-                        f'{info.num_classes} (from --initial-checkpoint weights of another class count, the '
-                        f'classifier starts anew)')
 
 
 def _create_model(args, initial, kwargs_sources=None):
@@ -232,12 +196,7 @@ def _create_model(args, initial, kwargs_sources=None):
     border = model_input_padding(model)
     if border and not args.img_size:  # e.g. a kept Fashion-MNIST model: it pads the unpadded images itself
         data_cfg['input_size'][-2:] = [size - 2 * border for size in data_cfg['input_size'][-2:]]
-    try:  # before the run folder is written: the first batch would stop the run with a traceback
-        check_input_size(model, data_cfg['input_size'])
-    except ValueError as e:
-        height, width = data_cfg['input_size'][-2:]
-        raise UserError(f'{args.model} cannot take {height}x{width} images (--img-size {args.img_size}): {e}') \
-            from None
+    check_model_takes_data(args.model, model, args.dataset, data_cfg['input_size'], args.img_size)
     if args.channels_last is None:
         args.channels_last = uses_channels_last(model, args.device)
     model.to(args.device)
@@ -294,15 +253,21 @@ def _create_loaders(args, data_cfg):
     return train_loader, eval_loader
 
 
-def _create_scheduler(optimizer, args, updates_per_epoch: int):
-    """(timm's scheduler, or None for --sched none, number of epochs)."""
-    return create_scheduler_v2(
+def _create_scheduler(optimizer, args, updates_per_epoch: int, resume_ckpt: Optional[Checkpoint] = None):
+    """(timm's scheduler, or None for --sched none, number of epochs); a UserError where the epochs end before
+    those the resumed run has done: its files would say 'epoch 4 of 2', its recipe.yaml no longer repeat the run."""
+    scheduler, num_epochs = create_scheduler_v2(
         optimizer, sched=args.sched, num_epochs=args.epochs, decay_epochs=args.decay_epochs,
         decay_milestones=args.decay_milestones, decay_rate=args.decay_rate, patience_epochs=args.patience_epochs,
         min_lr=args.min_lr, warmup_lr=args.warmup_lr,
         warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix, cooldown_epochs=args.cooldown_epochs,
         step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch,
         plateau_mode='min' if args.eval_metric == 'loss' else 'max')
+    done = resume_ckpt.meta['epoch'] if resume_ckpt is not None else 0
+    if num_epochs < done:
+        raise UserError(f'--epochs {args.epochs} ends before the run resumed from {args.resume}, which has done '
+                        f'{done} epochs: pass --epochs {done} to evaluate it as it is, or more to train on')
+    return scheduler, num_epochs
 
 
 def _precision(model, args):
@@ -394,8 +359,8 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
         # the best epoch, as a timm user publishes model_best.pth.tar; a run resumed from before model_best was
         # written may lack it (its best epoch is older than the resume): then the last epoch
         exported = best if best.is_file() else checkpoint
-        saved = torch.load(exported, map_location='cpu', weights_only=True, mmap=True)
-        done = epochs_done(saved)
+        saved = read_checkpoint(exported).meta
+        done = saved['epoch']
         recorded = (saved.get('best') or {}).get('epoch')  # counted from 0
         if exported == checkpoint and recorded is not None and recorded != done - 1:
             _log(args, f'warning: no {best.name} in {run_dir} (the run was resumed from before it was written): '

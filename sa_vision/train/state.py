@@ -259,7 +259,9 @@ def run_folder(args, resume_ckpt) -> Path:
                             f'{resumed.name} its folder would hold epochs of two histories. Resume from {last}, or '
                             f'start a new run from these weights: --initial-checkpoint {resumed} --experiment NEW')
         moved = [f'--{k} {new}' for k, (_, new) in args.resume_changes.items() if k in ('output', 'experiment')]
-        if moved:  # timm's train.py would write the rest of the run elsewhere: here the folder holds the whole run
+        named = Path(args.output) / (args.experiment or run_dir.name)  # a run moved (copied) names its new place
+        if moved and named.resolve() != run_dir.resolve():
+            # timm's train.py would write the rest of the run elsewhere: here the folder holds the whole run
             raise UserError(f'--resume continues the run in its own folder, {run_dir}, not where {" ".join(moved)} '
                             f'says. Drop {" and ".join(m.split()[0] for m in moved)}, or start a new run there from '
                             f'these weights: --initial-checkpoint {resumed} {" ".join(moved)}')

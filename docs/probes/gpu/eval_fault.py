@@ -97,6 +97,9 @@ SETTINGS = (('defaults', {}), ('defaults, again', {}),
 # the smoke run's settings: every branch of the settings part (a first-call fault twice, a setting that holds, one
 # whose process fails) in four processes, not seven: each costs the smoke a process start and its imports
 SMOKE_SETTINGS = ('defaults', 'defaults, again', 'no pointwise autotuning', 'emulated precision casts')
+# and each of their processes evaluates this many images, in two batches (the first-batch check needs a second):
+# the smoke checks the probe's branches, which a tenth of the whole-model part's images exercise as well
+SMOKE_SETTING_IMAGES = 20
 NO_CACHES = {'fx_graph_cache': False, 'autotune_local_cache': False}
 SETTING_TIMEOUT_S = 120  # one setting's process: start, data, eager, a compile (about 25 s on the H200)
 FAST_EVAL_VS_EAGER = 1.5  # README.md, "What the probe decides": the speed that replaces the uncompiled evaluation
@@ -359,8 +362,9 @@ def _settings_ways(args, log, found: dict, save: Callable[[], None]) -> None:
             continue
         start = time.time()
         with tempfile.TemporaryDirectory() as out:
+            images = SMOKE_SETTING_IMAGES if args.smoke else args.images
             command = [sys.executable, str(Path(__file__).resolve()), '--part', 'setting', '--setting', name,
-                       '--images', str(args.images), '--out', out, '--weights', str(args.weights)]
+                       '--images', str(images), '--out', out, '--weights', str(args.weights)]
             command += (['--smoke'] if args.smoke else []) + (['--data-dir', args.data_dir] if args.data_dir else [])
             try:
                 proc = subprocess.run(command, timeout=SETTING_TIMEOUT_S, stdout=subprocess.DEVNULL,
@@ -517,7 +521,7 @@ def main(argv=None) -> int:
     args.device, args.backend = ('cpu', 'eager') if args.smoke else ('cuda', 'inductor')
     args.bf16 = not args.smoke or resolve_amp('auto', 'cpu', probe_size=(256, 256, 256))[0]
     args.images = min(args.images, 200) if args.smoke else args.images
-    args.batch_size = 100 if args.smoke else BATCH
+    args.batch_size = max(1, args.images // 2) if args.smoke else BATCH  # smoke: two batches
     args.out.mkdir(parents=True, exist_ok=True)
     result = {'versions': versions(), 'smoke': args.smoke}
 
