@@ -64,7 +64,7 @@ def training_record(ckpt: Checkpoint) -> Optional[TrainingRecord]:
     eval_metric = args.get('eval_metric', 'top1')
     named_best = Path(ckpt.source).name == BEST_CHECKPOINT
     if ckpt.format == 'timm':
-        epoch = meta['epoch'] + 1  # train.py numbers its epochs from 0
+        epoch = meta['epoch']
         num_epochs = meta.get('num_epochs') or args.get('epochs') or epoch
         # its CheckpointSaver keeps no record of the best epoch but the file it copies it to
         return TrainingRecord('timm train.py', epoch, num_epochs, None, eval_metric, named_best,

@@ -42,8 +42,7 @@ __all__ = [
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
-# 3: 'epoch' is the last epoch done counted from 0, as timm's CheckpointSaver writes it (its resume_checkpoint
-#    continues at 'epoch' + 1 where 'version' > 1); up to 2 it counted the epochs done
+# 3: 'epoch' is the last epoch done, from 0, as timm's CheckpointSaver writes it (up to 2: the epochs done)
 CHECKPOINT_VERSION = 3
 PathLike = Union[str, os.PathLike]
 
@@ -67,7 +66,7 @@ class CheckpointError(UserError):
 class Checkpoint:
     """Weights and what is known about them: ``model_args`` are every keyword ``timm.create_model(arch, ...)``
     takes (``given_args`` names those the caller gave, e.g. ``--model-kwargs``, rather than the file), ``meta``
-    everything else the file holds (epoch, metrics, history, ...)."""
+    everything else the file holds (metrics, history, ...; its ``'epoch'``: the epochs done, in either trainer's)."""
     arch: str
     model_args: Dict[str, Any]
     state_dict: Dict[str, Tensor]
@@ -328,10 +327,11 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         args = vars(obj['args']) if isinstance(obj.get('args'), argparse.Namespace) else {}
         key = 'state_dict_ema' if use_ema else 'state_dict'
         if key not in obj:
-            raise CheckpointError(
-                f'{path} is a timm train.py checkpoint without {key!r}'
-                + (' (trained without --model-ema); drop --use-ema' if use_ema else ''))
+            raise CheckpointError(f'{path} is a timm train.py checkpoint without {key!r}'
+                                  + (' (trained without --model-ema); drop --use-ema' if use_ema else ''))
         meta = {k: v for k, v in obj.items() if k not in ('args', 'state_dict', 'state_dict_ema')}
+        if 'epoch' in meta and int(obj.get('version', 1)) > 1:  # from 0, as timm's resume_checkpoint reads it
+            meta['epoch'] += 1
         meta['args'] = plain_data(args)
         meta['recipe'] = strip_runtime_args(meta['args'])
         meta['dataset'] = args.get('dataset', '')
@@ -351,7 +351,7 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
             raise CheckpointError(f'{path} was written by a newer sa_vision (checkpoint version {obj["version"]}, '
                                   f'this one reads up to {CHECKPOINT_VERSION}); upgrade sa_vision')
         meta = {k: v for k, v in obj.items() if k not in ('arch', 'model_args', 'state_dict')}
-        if 'epoch' in meta and int(obj.get('version', 1)) >= 3:  # counted from 0: meta's counts the epochs done
+        if 'epoch' in meta and int(obj.get('version', 1)) >= 3:  # counted from 0 (CHECKPOINT_VERSION)
             meta['epoch'] += 1
         return Checkpoint(obj['arch'], {**obj['model_args'], **model_args}, obj['state_dict'], str(path),
                           'sa_vision', meta)
