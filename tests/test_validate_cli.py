@@ -77,3 +77,11 @@ def test_weights_of_an_image_folder_evaluate_an_image_folder(tmp_path, capsys):
     assert validate.main(['--model', f'local-dir:{folder}', '--data-dir', str(images), '--threads', '1']) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result['dataset'] == '' and result['num_images'] == 2
+
+
+def test_a_data_dir_the_weights_dataset_never_reads_is_refused(tmp_path):
+    """Digits weights with --data-dir: timm's validate.py would evaluate that image folder; this command would read
+    the digits and ignore it, so it says so instead."""
+    folder = _folder(tmp_path, 'digits_custom')
+    with pytest.raises(DatasetError, match=r"--data-dir .*: --dataset digits reads no files .* pass --dataset ''"):
+        validate.main(['--model', f'local-dir:{folder}', '--data-dir', str(tmp_path), '--threads', '1'])
