@@ -11,9 +11,9 @@ from timm.utils import ParseKwargs
 
 from ..errors import RecipeError, UserError
 from .optimizer import FUSED_OPTIMIZERS
-from .recipes import RECIPE_DIR
+from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
 from .runtime import COMPILE_MODES, default_threads
-from .timm_args import LOCAL, OURS, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
+from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
@@ -95,8 +95,8 @@ def parse_over(defaults: dict, argv, source: str = 'the recipe') -> argparse.Nam
 def _refuse_unknown(parser: argparse.ArgumentParser, unknown) -> None:
     """The options of timm's train.py that this command lacks (--model-ema, --mixup, --aa, ...): a UserError that
     says where they work; others: argparse's own error."""
-    timms = [arg.split('=')[0] for arg in unknown if arg.startswith('--')
-             and TIMM_TRAIN_ARGS.get(arg[2:].split('=')[0].replace('-', '_')) not in (None, OURS)]
+    timms = [arg.split('=')[0] for arg in unknown
+             if arg.startswith('--') and arg[2:].split('=')[0].replace('-', '_') in TIMM_ONLY_RECIPE_KEYS]
     if timms:
         raise UserError(f'{", ".join(timms)}: {"an option" if len(timms) == 1 else "options"} of timm\'s train.py that '
                         f'sa-vision-train does not take. Train with {"it" if len(timms) == 1 else "them"} through '
