@@ -195,6 +195,20 @@ def test_only_cifar10_weights_of_the_paper_architecture_may_take_the_registered_
     assert label('torch/cifar10', embed_dim=16).tag == 'cifar10_custom'
 
 
+def test_weights_that_name_no_dataset_are_tagged_unknown_not_an_image_folder(tmp_path):
+    """A bare .safetensors file says nothing of its data: its export is '<arch>.unknown', and sa-vision-validate of
+    that export names no dataset (CIFAR-10 by default), where an image folder's 'folder' tag would ask for one."""
+    import timm
+    from safetensors.torch import save_file
+
+    from sa_vision.train.checkpoint import read_checkpoint
+    save_file(timm.create_model('sa_quadratic_cifar', embed_dim=16, depth=1).state_dict(), tmp_path / 'w.safetensors')
+    bare = read_checkpoint(tmp_path / 'w.safetensors')
+    assert weights_label(bare).tag == 'unknown_custom'
+    trained = Checkpoint('sa_quadratic_cifar', {}, {}, 'x', 'sa_vision', {'dataset': '', 'args': {'data_dir': 'd'}})
+    assert weights_label(trained).tag == 'folder'  # a run of --dataset '' on an image folder
+
+
 @pytest.mark.parametrize('model_args, same_logits', [
     (dict(input_padding=2), False),
     (dict(input_padding=2, input_pad_value=[-2.43, -2.42, -2.22]), False),
@@ -633,12 +647,14 @@ def test_publishing_without_the_hub_is_one_error_line(trained, monkeypatch, caps
     if hub == 'offline':
         monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', True)
     else:
+        monkeypatch.setattr(constants, 'HF_HUB_OFFLINE', False)
         monkeypatch.setattr(constants, 'ENDPOINT', 'http://127.0.0.1:9')
     assert run_cli(push_to_hub.main, [str(trained[1])]) == 2
     err = capsys.readouterr().err
     assert err.count('error:') == 1 and 'Traceback' not in err, err
     assert f'cannot publish to {DIGITS_REPO}: the Hugging Face Hub could not be reached' in err, err
     assert ('HF_HUB_OFFLINE is set' if hub == 'offline' else 'no answer from the Hub') in err, err
+    assert ('unset HF_HUB_OFFLINE' in err) == (hub == 'offline'), err  # advice only where it is set
 
 
 def test_weights_of_a_timm_model_of_its_own_export_and_load_as_they_trained(tmp_path):

@@ -46,6 +46,27 @@ def test_weights_of_no_known_dataset_default_to_cifar10_and_the_error_names_the_
         validate.main(['--model', f'local-dir:{folder}', '--threads', '1'])
 
 
+def test_no_pretrained_evaluates_the_weights_architecture_at_random_and_checkpoint_always_loads(tmp_path):
+    """As timm's create_model('local-dir:...', pretrained=False): the folder's architecture, not its weights; and as
+    timm's validate.py, --checkpoint loads its weights whatever --pretrained says."""
+    from safetensors.torch import load_file
+    folder = _folder(tmp_path, 'digits_custom')
+    saved = load_file(folder / 'model.safetensors')
+
+    def evaluated(*argv):
+        args = validate._parser().parse_args(argv)
+        args.model_given = args.model is not None
+        model, dataset = validate.model_to_evaluate(args)
+        weights = model.state_dict()
+        assert {k: v.shape for k, v in weights.items()} == {k: v.shape for k, v in saved.items()}
+        return all(torch.equal(weights[k], v) for k, v in saved.items()), dataset
+
+    assert evaluated('-m', f'local-dir:{folder}') == (True, 'digits')
+    assert evaluated('-m', f'local-dir:{folder}', '--no-pretrained') == (False, 'digits')
+    assert evaluated('--model', str(folder / 'model.safetensors'), '--no-pretrained') == (False, None)  # bare
+    assert evaluated('--checkpoint', str(folder), '--no-pretrained') == (True, 'digits')
+
+
 def test_progress_shows_images_per_second_and_time_left_on_a_terminal_only():
     batches = [(torch.zeros(5, 3, 2, 2), torch.zeros(5, dtype=torch.long))] * 4
     terminal = _Terminal()
@@ -77,6 +98,23 @@ def test_weights_of_an_image_folder_evaluate_an_image_folder(tmp_path, capsys):
     assert validate.main(['--model', f'local-dir:{folder}', '--data-dir', str(images), '--threads', '1']) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result['dataset'] == '' and result['num_images'] == 2
+
+
+def test_a_folder_of_class_folders_alone_is_read_with_val_split_dot_which_its_error_names(tmp_path, capsys):
+    """timm's validate.py reads such a folder itself (split ''); here the error names the flag that does."""
+    from PIL import Image
+
+    from sa_vision.errors import run_cli
+    folder = _folder(tmp_path, 'folder_custom')
+    images = tmp_path / 'images'
+    for i, name in enumerate(('a', 'b', 'c')):
+        (images / name).mkdir(parents=True)
+        Image.new('RGB', (32, 32), (100 * i,) * 3).save(images / name / 'x.png')
+    argv = ['--model', f'local-dir:{folder}', '--data-dir', str(images), '--threads', '1']
+    assert run_cli(validate.main, argv) == 2
+    assert f'--val-split . reads {images} itself, its subfolders as the classes' in capsys.readouterr().err
+    assert validate.main([*argv, '--val-split', '.']) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])['num_images'] == 3
 
 
 def test_a_data_dir_the_weights_dataset_never_reads_is_refused(tmp_path):

@@ -21,7 +21,6 @@ import json
 import sys
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Optional
 
 import timm
 import torch
@@ -33,31 +32,15 @@ from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpo
 from sa_vision.train.data import (
     check_dataset,
     create_image_dataset,
-    dataset_for_tag,
     dataset_info,
     normalization,
     split_name,
+    trained_dataset,
 )
 from sa_vision.train.evaluation import evaluate
 from sa_vision.train.runtime import apply_threads, import_device_modules, resolve_device
 
 DEFAULT_DATASET = 'torch/cifar10'  # where the weights name no dataset: the paper's
-
-
-def _is_image_folder_tag(tag: str) -> bool:
-    folder = dataset_info('').tag  # what an export of weights trained on an unnamed image folder is tagged
-    return tag == folder or tag.startswith(folder + '_')
-
-
-def _trained_on(ckpt) -> Optional[str]:
-    """The --dataset of weights: a name, '' for an unnamed image folder (a run's --dataset '' with a --data-dir, or
-    an export of one), None where they name none."""
-    if ckpt.dataset:
-        return ckpt.dataset
-    tag = (ckpt.meta.get('pretrained_cfg') or {}).get('tag') or ''
-    if 'dataset' in ckpt.meta and (ckpt.meta.get('args') or {}).get('data_dir') or _is_image_folder_tag(tag):
-        return ''
-    return None
 
 
 def model_to_evaluate(args):
@@ -67,12 +50,13 @@ def model_to_evaluate(args):
     if not args.checkpoint:
         path = weights_path(args.model)  # local-dir:<folder>, or weights named by their path: with their dataset
         if path is not None:
+            # --no-pretrained: the architecture and preprocessing of the weights at random, as timm builds
+            # create_model('local-dir:...', pretrained=False)
             ckpt = read_checkpoint(path, model_args=args.model_kwargs)
-            return ckpt.create_model(), _trained_on(ckpt)
+            return ckpt.create_model(load_weights=args.pretrained is not False), trained_dataset(ckpt.meta)
         # as timm's validate.py: without --checkpoint a name means its trained weights, a random init only asked
         model = load_model(args.model, pretrained=args.pretrained is not False, **args.model_kwargs)
-        tag = model.pretrained_cfg.get('tag') or ''
-        return model, dataset_for_tag(tag) or ('' if _is_image_folder_tag(tag) else None)
+        return model, trained_dataset({'pretrained_cfg': model.pretrained_cfg})
     if not Path(args.checkpoint).exists():  # never a name: load_model would build a model of that name
         raise CheckpointError(f'--checkpoint {args.checkpoint} does not exist: pass a checkpoint file (last.pth.tar '
                               f'of a run, a state dict, a .safetensors file), a run folder or an exported Hub '
@@ -80,7 +64,7 @@ def model_to_evaluate(args):
     # --model with --checkpoint: the architecture the weights must be (read_checkpoint's arch)
     ckpt = read_checkpoint(args.checkpoint, arch=args.model if args.model_given else None,
                            model_args=args.model_kwargs, use_ema=args.use_ema)
-    return ckpt.create_model(), _trained_on(ckpt)
+    return ckpt.create_model(), trained_dataset(ckpt.meta)
 
 
 def with_progress(loader, num_images: int, stream=None):
@@ -101,12 +85,13 @@ def with_progress(loader, num_images: int, stream=None):
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--model', default=None,
+    parser.add_argument('-m', '--model', default=None,
                         help='registered name, local-dir:<folder> or hf-hub:<repo> (default sa_quadratic_cifar); '
                              'with --checkpoint: the expected architecture, needed for bare non-SA weights')
     parser.add_argument('--pretrained', action=argparse.BooleanOptionalAction, default=None,
                         help="the published weights of --model: the default without --checkpoint, as in timm's "
-                             "validate.py; --no-pretrained evaluates a random initialisation")
+                             "validate.py; --no-pretrained evaluates a random initialisation (of a local-dir: "
+                             "folder's or a weights file's architecture too); --checkpoint always loads its weights")
     parser.add_argument('--checkpoint', default='', help='weights of any kind (see above)')
     parser.add_argument('--use-ema', action='store_true', default=False,
                         help='the EMA weights of a timm train.py checkpoint')

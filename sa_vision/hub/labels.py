@@ -10,7 +10,7 @@ from ..io import plain_data
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id
 from ..research.explorer import POSITIONAL_EPOCHS_FILE
 from ..train.checkpoint import Checkpoint
-from ..train.data import DatasetInfo, dataset_info
+from ..train.data import UNKNOWN_DATASET, DatasetInfo, dataset_info, trained_dataset
 
 __all__ = ['HUB_FOLDER_FILES', 'EXPORT_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTOM_SUFFIX',
            'MODEL_CARD_DIR', 'WeightsLabel', 'weights_label', 'is_registered_architecture']
@@ -84,6 +84,7 @@ class WeightsLabel:
 
 
 def weights_label(ckpt: Checkpoint) -> WeightsLabel:
-    info = dataset_info(ckpt.dataset)
+    dataset = trained_dataset(ckpt.meta)
+    info = UNKNOWN_DATASET if dataset is None else dataset_info(dataset)
     registered = is_registered_architecture(ckpt.arch, ckpt.model_args)
     return WeightsLabel(ckpt.arch, info.tag + ('' if registered else CUSTOM_SUFFIX), info, registered)

@@ -103,10 +103,12 @@ def _hub_answers(repo_id: str) -> Iterator[None]:
     try:
         yield
     except tuple(known) as e:
+        from huggingface_hub import constants
+        offline = ', unset HF_HUB_OFFLINE,' if constants.HF_HUB_OFFLINE else ''
         raise HubPublishError(
             f'cannot publish to {repo_id}: the Hugging Face Hub could not be reached ({hub_error_reason(e, known)}); '
-            f'publishing needs the network: connect, unset HF_HUB_OFFLINE, and run the same command again; '
-            f'nothing was uploaded') from None
+            f'publishing needs the network: connect{offline} and run the same command again; nothing was '
+            f'uploaded') from None
 
 
 def _create_repo(api, repo_id: str, private: bool) -> str:

@@ -79,8 +79,8 @@ class Checkpoint:
     def dataset(self) -> str:
         return self.meta.get('dataset') or ''
 
-    def create_model(self) -> nn.Module:
-        """The model with these weights (strictly loaded), in eval mode."""
+    def create_model(self, load_weights: bool = True) -> nn.Module:
+        """The model with these weights (strictly loaded) in eval mode; else its random init (pretrained=False)."""
         import timm
 
         from .. import models  # noqa: F401  registers the models
@@ -101,7 +101,8 @@ class Checkpoint:
             raise CheckpointError(f'{self.source}: {self.arch} does not accept the stored arguments '
                                   f'{self.model_args} ({e})') from None
         try:
-            model.load_state_dict(self.state_dict)
+            if load_weights:
+                model.load_state_dict(self.state_dict)
         except RuntimeError as e:
             raise CheckpointError(
                 f'the weights in {self.source} do not fit {self.arch}({self.model_args}): '
@@ -225,8 +226,7 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
     meta = _pretrained_meta({**(config.get('pretrained_cfg') or {}),
                              **{k: config[k] for k in ('num_classes', 'label_names', 'label_descriptions')
                                 if k in config}})
-    recipe = recipe_if_any(folder / 'recipe.yaml')  # an export's training arguments
-    if recipe:
+    if recipe := recipe_if_any(folder / 'recipe.yaml'):  # an export's training arguments
         meta['recipe'] = recipe
     if TRAINING_PROCESSES in config:
         meta[TRAINING_PROCESSES] = config[TRAINING_PROCESSES]

@@ -35,9 +35,9 @@ from .datasets import (
 )
 
 __all__ = [
-    'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'normalization', 'FASHION_MNIST',
-    'check_dataset', 'check_model_takes_data', 'num_classes_of_folder', 'image_folder_classes',
-    'create_cifar_transform', 'create_image_dataset', 'held_tensors', 'known_dataset_names',
+    'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET',
+    'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data', 'num_classes_of_folder',
+    'image_folder_classes', 'create_cifar_transform', 'create_image_dataset', 'held_tensors', 'known_dataset_names',
     'split_name',
 ]
 
@@ -125,6 +125,19 @@ def dataset_for_tag(tag: str) -> str:
     return ''
 
 
+def trained_dataset(meta: Mapping[str, Any]) -> Optional[str]:
+    """The --dataset that weights were trained on, from what their file says (a checkpoint's ``meta``): a name, ''
+    for an unnamed image folder (a run's --dataset '' with a --data-dir, or an export of one, tagged ``folder``),
+    None where they name none (a bare state dict or .safetensors file)."""
+    if meta.get('dataset'):
+        return meta['dataset']
+    tag = (meta.get('pretrained_cfg') or {}).get('tag') or ''
+    folder = dataset_info('').tag
+    if 'dataset' in meta and (meta.get('args') or {}).get('data_dir') or tag == folder or tag.startswith(folder + '_'):
+        return ''
+    return dataset_for_tag(tag) or None
+
+
 def dataset_info(dataset: str) -> DatasetInfo:
     """The :class:`DatasetInfo` of a --dataset value; a timm ``<type>/<name>`` and an ImageFolder ('' or any other
     name) get a generic one."""
@@ -137,6 +150,10 @@ def dataset_info(dataset: str) -> DatasetInfo:
     if key.startswith(_TIMM_DATASET_TYPES):
         return replace(info, read=read_timm, check=check_timm, downloads=True)
     return info
+
+
+# what an export says of weights that name no dataset: the tag `unknown`, not an image folder's `folder`
+UNKNOWN_DATASET = replace(dataset_info(''), tag='unknown', title='an unknown dataset')
 
 
 def create_cifar_transform(

@@ -194,8 +194,11 @@ class FashionMnistDataset(Dataset):
 def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
     """The subfolder of an image folder that holds ``split``, as timm's ``_search_split`` finds it (by its name or
     a synonym from timm's tables); a missing one raises naming the synonyms timm would have taken and the flag that
-    reads a subfolder of the kind asked for (training or held-out) where one is present."""
+    reads a subfolder of the kind asked for (training or held-out) where one is present. The split ``.`` (or
+    ``''``, as timm reads it) is the folder itself: its subfolders are the classes."""
     from timm.data.dataset_factory import _EVAL_SYNONYM, _TRAIN_SYNONYM, _search_split
+    if split in ('', '.') and os.path.isdir(root):
+        return root
     folder = _search_split(root, split)
     if os.path.normpath(folder) != os.path.normpath(root):
         return folder
@@ -215,7 +218,7 @@ def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
                   f' to read {os.path.join(root, usable[0])}/ {commands}, or rename that folder {split}/')
     else:
         advice = (f'put the {split} images in {os.path.join(root, split)}/<class>/ or name the folder that holds '
-                  f'them with {flag} {commands}')
+                  f'them with {flag} {commands}; {flag} . reads {root} itself, its subfolders as the classes')
         if not is_training:
             advice += '; the training images are never evaluated as a held-out split'
     raise DatasetNotFoundError(f'the image folder {root} has no {split!r} subfolder ({taken}); its subfolders '
