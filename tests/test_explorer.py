@@ -267,7 +267,7 @@ def test_page_data_is_embedded_once(page):
     assert data['images']['count'] == NUM_IMAGES and len(set(data['images']['labels'])) == NUM_IMAGES
 
 
-def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path):
+def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path, capsys):
     """sa-vision-explore takes a run folder of sa-vision-train: its checkpoint, its dataset and the weights it saved
     after every epoch (only the centres and precision factors go into the page)."""
     from safetensors.torch import save_file
@@ -284,10 +284,28 @@ def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path):
         save_file({**model.state_dict(), **params}, str(run / f'{label}.safetensors'),
                   metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(SMALL)})
     assert explore.main([str(run), '--images', '3', '--out', str(tmp_path / 'page.html')]) == 0
-    html = (tmp_path / 'page.html').read_text()
-    data = json.loads(re.search(r'type="application/json">(.*?)</script>', html, re.S).group(1).replace('<\\/', '</'))
+    data = _page_data(tmp_path / 'page.html')
     assert data['dataset']['name'] == 'digits' and data['images']['count'] == 3
     assert [e['label'] for e in data['models'][0]['epochs']] == ['epoch-000', 'epoch-001']
+    assert data['models'][0]['trained'] is True
+
+    # --no-pretrained: the run's architecture at random, shown on its dataset, as untrained and without epochs
+    from sa_vision.research.explorer import resolve_explorer_model
+    random_init = resolve_explorer_model(str(run), pretrained=False)
+    assert random_init.dataset == 'digits' and not random_init.trained and not random_init.epochs
+    assert not torch.equal(random_init.model.state_dict()['blocks.0.attn.position.centers'],
+                           model.state_dict()['blocks.0.attn.position.centers'])
+    capsys.readouterr()
+    assert explore.main([str(run), '--no-pretrained', '--images', '500', '--out', str(tmp_path / 'random.html')]) == 0
+    data = _page_data(tmp_path / 'random.html')
+    assert data['models'][0]['trained'] is False and data['images']['count'] == 360  # the whole digits test split
+    assert 'has 360 images: the gallery shows them all' in capsys.readouterr().out
+
+
+def _page_data(path):
+    """The data embedded in an explorer page."""
+    html = path.read_text()
+    return json.loads(re.search(r'type="application/json">(.*?)</script>', html, re.S).group(1).replace('<\\/', '</'))
 
 
 def test_a_random_model_is_marked_untrained(tmp_path):
@@ -296,9 +314,7 @@ def test_a_random_model_is_marked_untrained(tmp_path):
     out = tmp_path / 'page.html'
     assert explore.main(['sa_quadratic_cifar', '--no-pretrained',
                          '--dataset', 'digits', '--images', '2', '--out', str(out)]) == 0
-    data = json.loads(re.search(r'type="application/json">(.*?)</script>', out.read_text(), re.S).group(1)
-                      .replace('<\\/', '</'))
-    assert data['models'][0]['trained'] is False
+    assert _page_data(out)['models'][0]['trained'] is False
 
 
 def test_models_of_different_datasets_need_a_dataset(models, tmp_path):

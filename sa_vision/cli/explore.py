@@ -4,7 +4,7 @@
     sa-vision-explore output/train/<run> other/last.pth.tar hf-hub:sa-vision/sa_gen_cifar.cifar10 --out page.html
 
 A MODEL is anything sa-vision-validate takes: a run folder, a checkpoint file, a Hub folder, local-dir:<folder>,
-hf-hub:<repo> or a timm name (with its published weights; --no-pretrained builds it at random). The page opens
+hf-hub:<repo> or a timm name (with its published weights); --no-pretrained builds each at random. The page opens
 from file:// and fetches nothing.
 """
 import argparse
@@ -13,8 +13,7 @@ import time
 
 from sa_vision.errors import UserError, command
 from sa_vision.io import file_problem
-from sa_vision.research.explorer import ExplorerModel, resolve_explorer_model, write_explorer
-from sa_vision.train.checkpoint import load_model
+from sa_vision.research.explorer import explorer_data, resolve_explorer_model, write_explorer_page
 
 
 def main(argv=None):
@@ -30,7 +29,8 @@ def main(argv=None):
     parser.add_argument('--images', type=int, default=24, metavar='N', help='test images in the gallery (default 24)')
     parser.add_argument('--title', default='sa_vision attention explorer')
     parser.add_argument('--pretrained', action=argparse.BooleanOptionalAction, default=True,
-                        help='timm names: load their published weights (default) or build them at random')
+                        help='load the weights (default), or build each model at random: a timm name as timm '
+                             'does, weights as their architecture (shown on the data they were trained on)')
     args = parser.parse_args(argv)
     if args.images < 1:
         raise UserError(f'--images is {args.images}, it must be at least 1')
@@ -41,13 +41,15 @@ def main(argv=None):
     models = []
     for spec in args.models:
         print(f'loading {spec} ...', flush=True)
-        if args.pretrained:
-            models.append(resolve_explorer_model(spec))
-        else:
-            models.append(ExplorerModel(spec, load_model(spec), trained=False))
-    out = write_explorer(models, args.out, dataset=args.dataset, num_images=args.images, data_dir=args.data_dir,
+        models.append(resolve_explorer_model(spec, pretrained=args.pretrained))
+    data = explorer_data(models, dataset=args.dataset, num_images=args.images, data_dir=args.data_dir,
                          download=args.dataset_download, title=args.title)
-    print(f'wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(models)} model(s), {args.images} images) in '
+    shown = data['images']['count']
+    if shown < args.images:
+        print(f'the {data["dataset"]["title"]} {data["dataset"]["split"]} split has {shown} images: the gallery '
+              f'shows them all')
+    out = write_explorer_page(data, args.out)
+    print(f'wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(models)} model(s), {shown} images) in '
           f'{time.time() - started:.0f} s; open it in a browser (file://, no server needed)')
     return 0
 

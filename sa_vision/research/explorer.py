@@ -34,7 +34,7 @@ __all__ = [
     'POSITIONAL_EPOCHS_FILE', 'ExplorerModel', 'resolve_explorer_model', 'positional_params', 'run_epochs',
     'positional_trajectory', 'save_positional_trajectory', 'load_positional_trajectory', 'models_at_epochs',
     'gallery_indices',
-    'explorer_data', 'write_explorer',
+    'explorer_data', 'write_explorer', 'write_explorer_page',
 ]
 
 # per-epoch centres and precision factors of a model, kept beside its weights (Fig. 2 of the paper: how the heads moved)
@@ -104,10 +104,16 @@ def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
             for path in sorted(folder.glob('epoch-*.safetensors'))}
 
 
-def resolve_explorer_model(spec: str) -> ExplorerModel:
+def resolve_explorer_model(spec: str, pretrained: bool = True) -> ExplorerModel:
     """Anything ``sa-vision-validate`` takes, with its epoch parameters where they are kept (a run folder's
-    ``epoch-*.safetensors`` or a Hub folder's :data:`POSITIONAL_EPOCHS_FILE`)."""
+    ``epoch-*.safetensors`` or a Hub folder's :data:`POSITIONAL_EPOCHS_FILE`); ``pretrained=False``: its
+    architecture at random (of weights: on the dataset they were trained on)."""
     path = weights_path(spec)
+    if path is not None and not pretrained:
+        ckpt = read_checkpoint(path)
+        return ExplorerModel(spec, ckpt.create_model(load_weights=False), ckpt.dataset, trained=False)
+    if not pretrained:
+        return ExplorerModel(spec, load_model(spec, pretrained=False), trained=False)
     if path is not None:
         ckpt = read_checkpoint(path)
         folder = path if path.is_dir() else path.parent
@@ -284,7 +290,11 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
 
 def write_explorer(models: Sequence[ExplorerModel], out, **kwargs) -> Path:
     """Write the explorer page for ``models`` to ``out`` (see :func:`explorer_data` for the options)."""
-    data = explorer_data(models, **kwargs)
+    return write_explorer_page(explorer_data(models, **kwargs), out)
+
+
+def write_explorer_page(data: Dict[str, Any], out) -> Path:
+    """Write the page of :func:`explorer_data`'s ``data`` to ``out``."""
     template = resources.files(__package__).joinpath('explorer.html').read_text(encoding='utf-8')
     # JSON inside a <script> element: "</" would end the element early
     payload = json.dumps(data, separators=(',', ':')).replace('</', '<\\/')
