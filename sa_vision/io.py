@@ -104,10 +104,9 @@ def folder_problem(folder: PathLike) -> Optional[str]:
 def file_problem(path: PathLike) -> Optional[str]:
     """What would stop the file ``path`` from being written (a folder of that name, a folder above it that cannot be
     created, see :func:`folder_problem`), in words, or None; nothing is created."""
-    path = Path(path)
-    if path.is_dir():
+    if Path(path).is_dir() or str(path).endswith(('/', os.sep)):  # Path('x/') is 'x': the slash says "a folder"
         return f'{path} is a folder: name the file to write'
-    return folder_problem(path.parent)
+    return folder_problem(Path(path).parent)
 
 
 def plain_data(value: Any) -> Any:

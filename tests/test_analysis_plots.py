@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import timm
 import torch
-from helpers import command
+from helpers import command, command_here
 
 import sa_vision  # noqa: F401
 from sa_vision.research.analysis import (
@@ -152,7 +152,7 @@ def test_figure_a_draws_the_centres_and_contours():
                 np.testing.assert_allclose(np.einsum("ni,ij,nj->n", d, m, d), -2 * math.log(1 - mass), rtol=1e-5)
             dot = next(ln for ln in ax.lines if ln.get_gid() == f'center-{layer}-{head}')
             assert (dot.get_ydata()[0], dot.get_xdata()[0]) == pytest.approx(tuple(centers[head]))
-    with pytest.raises(ValueError, match='plot_attention_maps'):
+    with pytest.raises(ValueError, match='--figure maps'):
         plot_centers(small('sa_learned_cifar'))
 
 
@@ -232,6 +232,15 @@ def test_plot_script_on_random_init(tmp_path):
          '--table', str(tmp_path / 'tables' / 'heads.csv')], check=True, capture_output=True, text=True)
     assert out.stat().st_size > 10_000 and 'wrote' in result.stdout
     assert (tmp_path / 'tables' / 'heads.csv').read_text().count('\n') == 1 + 54
+
+
+def test_kernel_match_writes_its_table_without_a_picture_and_a_bad_query_draws_nothing(tmp_path, capsys):
+    table, picture = tmp_path / 'heads.csv', tmp_path / 'q.png'
+    status, out, _ = command_here(capsys, 'plot_attention', 'sa_quadratic_cifar', '--kernel-match', '--table', table)
+    assert status == 0 and 'dilation' in out and table.read_text().count('\n') == 1 + 54
+    # figure (a) takes no query: the statistics, which do, refuse it before the picture is drawn
+    status, _, err = command_here(capsys, 'plot_attention', 'sa_quadratic_cifar', '--query', 40, 40, '--out', picture)
+    assert status == 2 and 'outside the 16x16 token grid' in err and not picture.exists()
 
 
 class _MetaScalars(torch.utils._python_dispatch.TorchDispatchMode):

@@ -229,6 +229,7 @@ def test_prune_script_keeps_a_head_in_every_layer_and_reports_user_errors(tmp_pa
     # a user's mistake: one line on stderr, status 2, no traceback
     for args, message in (((source, '--heads', '0', '', '0,1,2'), 'without any head'),
                           ((source, '--heads', 'a'), 'one comma list of head indices per layer'),
+                          ((source, '--heads', '0', '1'), '--heads gives 2 comma list(s) but the model has 3 layers'),
                           (('resnet18_cifar',), 'no PositionalAttention layer'),
                           ((tmp_path / 'missing.pth',), 'does not exist')):
         status, _, err = command_here(capsys, 'prune', *args, '--out', tmp_path / 'x.pth')

@@ -43,39 +43,41 @@ def main(argv=None):
     parser.add_argument('--table', help='also write the per-head statistics to this .csv or .json file')
     parser.add_argument('--kernel-match', action='store_true',
                         help='print how close each layer\'s centres come to a 3x3 kernel (per source); without '
-                             '--out, only that')
+                             '--out, no picture')
     args = parser.parse_args(argv)
     _check_outputs(args.out, args.table)
-    if args.kernel_match:
-        for source in args.sources:
-            print(f'{source}: centres against a 3x3 kernel of dilation d (mean matched distance, grid units)')
-            print(format_table(layer_kernel_matches(load_model(source, pretrained=args.pretrained)),
-                               KERNEL_MATCH_COLUMNS))
-        if not args.out:
-            return 0
-    elif not args.out:
+    trajectory = args.figure == 'trajectory' or (args.figure == 'auto' and len(args.sources) > 1)
+    if not args.out and not args.kernel_match:
         parser.error('--out is required (or --kernel-match alone, for its table)')
-
-    if args.figure == 'trajectory' or (args.figure == 'auto' and len(args.sources) > 1):
-        models = [load_model(s, pretrained=args.pretrained) for s in args.sources]
+    if args.out and not trajectory and len(args.sources) > 1:
+        parser.error(f'--figure {args.figure} takes one source, got {len(args.sources)}')
+    if args.table and not args.out and len(args.sources) > 1:
+        parser.error('--table holds the per-head statistics of one model: give one source, or --out for figure (c)')
+    models = [load_model(s, pretrained=args.pretrained) for s in args.sources]
+    if args.kernel_match:
+        for source, model in zip(args.sources, models):
+            print(f'{source}: centres against a 3x3 kernel of dilation d (mean matched distance, grid units)')
+            print(format_table(layer_kernel_matches(model), KERNEL_MATCH_COLUMNS))
+        if not args.out and not args.table:
+            return 0
+    model = models[-1]  # figure (c): the table is of the last source's model
+    query = tuple(args.query) if args.query else None
+    rows = head_statistics(model, query=query)  # a query outside the grid is refused before anything is drawn
+    if args.out and trajectory:
         plot_center_trajectories(models, args.out, labels=[os.path.basename(s) for s in args.sources])
-        model = models[-1]
-    else:
-        if len(args.sources) > 1:
-            parser.error(f'--figure {args.figure} takes one source, got {len(args.sources)}')
-        model = load_model(args.sources[0], pretrained=args.pretrained)
+    elif args.out:
         kind = attention_layers(model)[0].kind
         if args.figure == 'centers' or (args.figure == 'auto' and kind in GAUSSIAN_KINDS):
             plot_centers(model, args.out)
         else:
-            plot_attention_maps(model, args.out, query=tuple(args.query) if args.query else None, zoom=args.zoom)
-    rows = head_statistics(model, query=tuple(args.query) if args.query else None)
+            plot_attention_maps(model, args.out, query=query, zoom=args.zoom)
     print(format_table(layer_summary(rows)))
     if args.table:
         print(format_table(rows))
         write_table(rows, args.table)
         print(f'wrote {args.table}')
-    print(f'wrote {args.out}')
+    if args.out:
+        print(f'wrote {args.out}')
     return 0
 
 

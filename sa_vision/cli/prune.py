@@ -78,6 +78,10 @@ def main(argv=None):
         except ValueError:
             raise PruningError(f'--heads takes one comma list of head indices per layer ("" for none), got '
                                f'{args.heads}') from None
+        depth = len(attention_layers(model))
+        if len(heads) != depth:
+            raise PruningError(f'--heads gives {len(heads)} comma list(s) but the model has {depth} layers: one '
+                               f'list per layer, "" for a layer kept whole')
     else:
         thresholds = (args.max_eigenvalue_below, args.max_condition)
         heads = select_heads_to_prune(model, *thresholds)

@@ -96,7 +96,7 @@ def plot_centers(
     if kind not in GAUSSIAN_KINDS:
         raise UserError(
             f'figure (a) shows Gaussian centres and contours, which {kind!r} attention does not have; '
-            f'use plot_attention_maps (figure b) for it')
+            f'draw its attention maps, figure (b) (sa-vision-plot --figure maps, or plot_attention_maps)')
     centers = head_centers(model)
     precisions = head_precisions(model)
     if extent is None:
