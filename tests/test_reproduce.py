@@ -136,6 +136,93 @@ def test_another_setup_in_the_same_folder_is_refused(tmp_path, capsys):
     assert "--train-args setting seed=1" in err and 'run the same command' not in err, err
 
 
+def _reproduce_error(capsys, *argv):
+    """(exit status, stderr) of sa-vision-reproduce ``argv`` in this process."""
+    from sa_vision.cli import reproduce as reproduce_script
+    from sa_vision.errors import run_cli
+    capsys.readouterr()
+    try:
+        status = run_cli(reproduce_script.main, [str(a) for a in argv])
+    except SystemExit as e:  # argparse's errors
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+def test_options_the_chosen_way_of_running_does_not_read_are_refused(tmp_path, capsys):
+    for argv, message in (
+            (['--check', 'zoo', '--table', 't.csv', '--epochs', 3], '--check does not use --epochs: leave it out'),
+            (['--figures-from', 'zoo', '--out', 'o', '--profile', 'tiny'], '--figures-from does not use --profile'),
+            (['--out', 'o', '--record', '--no-accuracy'], 'a reproduction does not use --no-accuracy, --record'),
+            (['--out', 'o', '--ablation', '--keep', 'z', '--publish'], '--ablation does not use --publish, --keep')):
+        status, err = _reproduce_error(capsys, *argv)
+        assert status == 2 and message in err, err
+
+
+def test_keep_never_replaces_models_of_another_dataset_nor_files_no_export_writes(tmp_path, capsys):
+    """--keep replaces the kept models of its dataset (the zoo kept in a checkout): checked before any training,
+    a folder of another dataset's models, or files no export writes, are refused instead."""
+    from sa_vision.reproduce import ReproductionError, check_keep_target
+    kept = tmp_path / 'zoo' / 'sa_quadratic_cifar'
+    kept.mkdir(parents=True)
+    (kept / 'config.json').write_text(json.dumps({'pretrained_cfg': {'tag': 'fashion_mnist_custom'}}))
+    out = tmp_path / 'out'
+    status, err = _reproduce_error(capsys, '--profile', 'tiny', '--out', out, '--keep', tmp_path / 'zoo')
+    assert status == 2 and 'holds weights of another dataset (tag fashion_mnist_custom)' in err, err
+    assert not (out / 'runs').exists()
+    check_keep_target(tmp_path / 'zoo', 'fashion-mnist')  # the same dataset's models: replaced
+    (kept / 'NOTES.md').write_text('mine')
+    with pytest.raises(ReproductionError, match='keeping would remove NOTES.md'):
+        check_keep_target(tmp_path / 'zoo', 'fashion-mnist')
+    with pytest.raises(ReproductionError, match='is a file'):
+        check_keep_target(kept / 'NOTES.md', 'digits')
+
+
+def test_a_folder_is_one_reproduction_at_a_time_and_only_a_reproductions(tmp_path, capsys):
+    """A second reproduction in a running one's folder, a run folder of other files, or a file as --out: one error
+    line each, and nothing in them is touched."""
+    from sa_vision.reproduce import Reproduction, ReproductionError
+    from sa_vision.reproduce.provenance import reproduction_lock
+    running = tmp_path / 'running'
+    with reproduction_lock(running):
+        status, err = _reproduce_error(capsys, '--profile', 'tiny', '--out', running)
+    assert status == 2 and f'another sa-vision-reproduce is running in {running}' in err, err
+    notes = tmp_path / 'other' / 'runs' / 'sa_quadratic_cifar' / 'notes.txt'
+    notes.parent.mkdir(parents=True)
+    notes.write_text('mine')
+    with pytest.raises(ReproductionError, match='holds neither a run of sa-vision-train nor its args.yaml'):
+        Reproduction(tmp_path / 'other', 'tiny').run()
+    assert notes.read_text() == 'mine'
+    status, err = _reproduce_error(capsys, '--profile', 'tiny', '--out', notes)
+    assert status == 2 and 'is a file, not a folder' in err, err
+    # --epochs as the profile trains them is the profile's reproduction (its folder continues without them)
+    assert Reproduction(tmp_path / 'e', 'tiny', epochs=2).epochs is None
+    assert Reproduction(tmp_path / 'e', 'tiny', epochs=3).epochs == 3
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='checks a machine without a GPU')
+def test_a_gpu_profile_without_a_gpu_is_refused_unless_a_device_is_named(tmp_path, capsys):
+    status, err = _reproduce_error(capsys, '--profile', 'gpu-long', '--out', tmp_path / 'g')
+    assert status == 2 and "trains on a GPU" in err and '--train-args="--device cpu"' in err, err
+    assert not (tmp_path / 'g').exists()
+
+
+def test_figures_older_than_their_weights_are_drawn_again(tmp_path):
+    """A stage trained anew exports its folder again: its figures follow, the others are kept."""
+    from sa_vision.reproduce import draw_figures
+    folder = tmp_path / 'sa_quadratic_cifar'
+    shutil.copytree(ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar', folder)
+    figures = tmp_path / 'figures'
+    figures.mkdir()
+    weights_time = max(f.stat().st_mtime for f in folder.iterdir())  # the export writes the folder at once
+    for name, age in (('centers', -100), ('maps', 100), ('trajectories', 100)):  # seconds after the weights
+        path = figures / f'{name}_sa_quadratic_cifar.png'
+        path.write_bytes(b'old')
+        os.utime(path, (weights_time + age, weights_time + age))
+    draw_figures([folder], figures)
+    assert (figures / 'centers_sa_quadratic_cifar.png').read_bytes()[:4] == b'\x89PNG'
+    assert (figures / 'maps_sa_quadratic_cifar.png').read_bytes() == b'old'
+
+
 def test_publishing_without_a_token_fails_before_the_first_training(tmp_path, monkeypatch, capsys):
     """--publish uploads in the last stage: a missing token is one error line before any stage runs, not after
     every training."""
@@ -228,7 +315,7 @@ def test_pruning_and_its_fine_tuning_are_made_again_when_the_source_weights_chan
 
 @pytest.mark.parametrize('argv, message', [
     (['--dataset', 'fashon-mnist'], "unknown dataset 'fashon-mnist': not one of"),
-    (['--profile', 'paper'], "dataset 'torch/cifar10' needs --data-dir"),
+    (['--profile', 'paper', '--train-args=--device cpu'], "dataset 'torch/cifar10' needs --data-dir"),
     (['--profile', 'tiny', '--epochs', '0'], '--epochs is 0, it must be at least 1'),
     (['--profile', 'tiny', '--train-args=--batch-size 0'], '--batch-size is 0, it must be at least 1'),
 ], ids=['misspelt', 'cifar10-without-data-dir', 'epochs-0', 'batch-size-0'])

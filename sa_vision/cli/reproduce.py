@@ -27,23 +27,28 @@ import shlex
 import sys
 from pathlib import Path
 
+import torch
+
 from sa_vision.errors import command
+from sa_vision.io import folder_problem
 from sa_vision.reproduce import (
     PROFILES,
     Reproduction,
     ReproductionError,
     StageFailed,
+    check_keep_target,
     check_kept_models,
     draw_figures,
     record_kept_models,
 )
+from sa_vision.reproduce.provenance import reproduction_lock
 from sa_vision.train.args import build_parser as build_train_parser
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--profile', default='cpu', choices=sorted(PROFILES),
-                        help='; '.join(f'{p.name}: {p.description}' for p in PROFILES.values()))
+    parser.add_argument('--profile', default=None, choices=sorted(PROFILES),
+                        help='(default cpu) ' + '; '.join(f'{p.name}: {p.description}' for p in PROFILES.values()))
     parser.add_argument('--dataset', default=None,
                         help="default: the profile's (paper: torch/cifar10, cpu: fashion-mnist, tiny: digits)")
     parser.add_argument('--data-dir', default=None, metavar='DIR')
@@ -76,6 +81,7 @@ def main(argv=None):
     parser.add_argument('--figures-from', default=None, metavar='ZOO',
                         help="draw the paper's figures of the models kept in ZOO into --out instead of running")
     args = parser.parse_args(argv)
+    _refuse_unused_options(parser, args)
     if args.check:
         if not args.table:
             parser.error('--check needs --table, the results CSV to compare with')
@@ -95,27 +101,66 @@ def main(argv=None):
             parser.error('--figures-from needs --out, the folder of the figures')
         draw_figures(_kept_folders(Path(args.figures_from), Path(args.out)), Path(args.out), redraw=True)
         return 0
+    return _reproduce(parser, args)
+
+
+def _reproduce(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """The reproduction (or its ablation) into --out, continued where a folder of the same options stopped."""
     if not args.out:
         parser.error('--out is required: the reproduction folder')
+    problem = folder_problem(args.out)
+    if problem:
+        raise ReproductionError(f'--out {args.out}: {problem}')
     train_args = shlex.split(args.train_args)
     try:
         build_train_parser().parse_args(train_args)
     except SystemExit:
         parser.error(f'--train-args {args.train_args!r}: sa-vision-train does not take these (its error is above)')
+    profile = PROFILES[args.profile or 'cpu']
+    if profile.needs_gpu and not torch.cuda.is_available() and '--device' not in train_args:
+        raise ReproductionError(f'--profile {profile.name} trains on a GPU ({profile.description}), and torch finds '
+                                f'none here: run it where CUDA is, or add --train-args="--device cpu" to train on '
+                                f'the CPU anyway')
     try:
-        reproduction = Reproduction(args.out, args.profile, dataset=args.dataset, data_dir=args.data_dir,
+        reproduction = Reproduction(args.out, profile.name, dataset=args.dataset, data_dir=args.data_dir,
                                     download=args.dataset_download, epochs=args.epochs, train_args=train_args)
-        if args.ablation:
-            reproduction.ablation()
-        else:
-            reproduction.run(publish=args.publish)
-            if args.keep:
-                reproduction.keep(args.keep)
+        if args.keep:  # before any training: a kept zoo of other models is never replaced at the end
+            check_keep_target(Path(args.keep), reproduction.dataset)
+        with reproduction_lock(args.out):
+            if args.ablation:
+                reproduction.ablation()
+            else:
+                reproduction.run(publish=args.publish)
+                if args.keep:
+                    reproduction.keep(args.keep)
     except StageFailed as e:
         print(f'error: {e}. Finished stages are kept in {args.out}; fix the cause and run the same command to '
               f'continue', file=sys.stderr)
         return 1
     return 0
+
+
+# the options each way of running takes beside its own (the others would be ignored without a word)
+_RUN_OPTIONS = ('profile', 'epochs', 'train_args', 'ablation', 'publish', 'keep')
+_CHECK_OPTIONS = ('table', 'accuracy', 'record')
+
+
+def _refuse_unused_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """A parser error for options that the chosen way of running (a reproduction, --check or --figures-from) does
+    not read."""
+    given = [k for k, v in vars(args).items() if v != parser.get_default(k)]
+    if args.check:
+        unused = [k for k in given if k in _RUN_OPTIONS or k in ('out', 'figures_from')]
+    elif args.figures_from:
+        unused = [k for k in given if k in _RUN_OPTIONS or k in _CHECK_OPTIONS]
+    else:
+        unused = [k for k in given if k in _CHECK_OPTIONS] + [k for k in given if args.ablation and k in (
+            'publish', 'keep')]
+    if unused:
+        mode = '--check' if args.check else '--figures-from' if args.figures_from else (
+            '--ablation' if args.ablation else 'a reproduction')
+        names = ', '.join('--no-accuracy' if k == 'accuracy' else '--' + k.replace('_', '-') for k in unused)
+        parser.error(f'{mode} does not use {names}: leave {"it" if len(unused) == 1 else "them"} out')
 
 
 def _kept_folders(zoo: Path, out: Path):

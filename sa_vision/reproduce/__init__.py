@@ -14,6 +14,7 @@ from .kept import (
     ACCURACY_TOLERANCE,
     GUARD_IMAGES,
     SUBSET_IMAGES,
+    check_keep_target,
     check_kept_models,
     kept_guard_paths,
     kept_subset_top1,
@@ -41,5 +42,6 @@ __all__ = ['STAGE_ORDER', 'StagedZoo',
            'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'StageStopped',
            'ReproductionError', 'Reproduction',
            'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'evaluate_on_test_split',
-           'draw_figures', 'check_kept_models', 'record_kept_models', 'kept_guard_paths', 'kept_subset_top1',
-           'logits_tolerance', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE', 'GUARD_IMAGES', 'SUBSET_IMAGES']
+           'draw_figures', 'check_keep_target', 'check_kept_models', 'record_kept_models', 'kept_guard_paths',
+           'kept_subset_top1', 'logits_tolerance', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE', 'GUARD_IMAGES',
+           'SUBSET_IMAGES']

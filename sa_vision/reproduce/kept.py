@@ -16,7 +16,7 @@ from .report import EVAL_PRECISION, evaluate_on_test_split, model_input_size, re
 
 __all__ = ['ACCURACY_TOLERANCE', 'CARD_TOLERANCE', 'CARD_TOLERANCE_IMAGES', 'GUARD_IMAGES', 'SUBSET_IMAGES',
            'kept_guard_paths', 'logits_tolerance', 'model_as_trained', 'record_kept_models', 'kept_subset_top1',
-           'check_kept_models']
+           'check_kept_models', 'check_keep_target']
 
 # a kept model's accuracy may differ from the table by one image in 10,000 (a float32 tie broken otherwise)
 ACCURACY_TOLERANCE = 0.01
@@ -240,3 +240,30 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
         say(f'{row["model"]}: {"; ".join(notes)}: {"ok" if result["ok"] else "DIFFERS"}')
         checked.append(result)
     return checked
+
+
+def check_keep_target(dest: Path, dataset: str) -> None:
+    """A :class:`ReproductionError` where copying a reproduction's Hub folders to ``dest/<model>/`` (``--keep``)
+    would replace models trained on another dataset, or remove files an export does not write; checked before any
+    training, nothing is changed."""
+    from ..hub.labels import EXPORT_FILES
+    from ..io import folder_problem
+    from ..train.data import dataset_for_tag
+    from .profiles import TABLE_ORDER
+    problem = folder_problem(dest)
+    if problem:
+        raise ReproductionError(f'--keep {dest}: {problem}')
+    for target in (Path(dest) / model for model in TABLE_ORDER):
+        if not target.exists():
+            continue
+        config = target / 'config.json'
+        tag = (json.loads(config.read_text()).get('pretrained_cfg') or {}).get('tag', '') if config.is_file() else ''
+        if dataset_for_tag(tag) != dataset_info(dataset).name:
+            raise ReproductionError(
+                f'--keep {dest}: {target} holds weights of another dataset (tag {tag or "none"}), and this '
+                f'reproduction trains on {dataset}: keeping would replace them. Keep it in a folder of its own, or '
+                f'remove {target} first')
+        others = sorted(f.name for f in target.iterdir() if f.name not in EXPORT_FILES)
+        if others:
+            raise ReproductionError(f'--keep {dest}: keeping would remove {", ".join(others)} from {target}, which '
+                                    f'no export writes: move them elsewhere first')

@@ -32,6 +32,7 @@ class Profile:
     per_model: Dict[str, Dict[str, Any]] = field(default_factory=dict)  # and to one model's
     table_note: str = ''  # printed under the results table: how to read its numbers
     kept_dtype: str = 'float32'  # the dtype of the exported weights; the table reports the weights as kept
+    needs_gpu: bool = False  # its trainings are meant for a GPU (sa-vision-reproduce refuses it without one)
 
     def recipe(self, model: str, dataset: str, epochs: Optional[int] = None) -> Dict[str, Any]:
         """The recipe of ``model``'s stage: the paper's recipe of the model with this profile's changes."""
@@ -63,7 +64,7 @@ _TINY_SA = {'model_kwargs': {'embed_dim': 16, 'depth': 2, 'heads_per_layer': 3, 
 PROFILES: Dict[str, Profile] = {
     'paper': Profile(
         'paper', "CIFAR-10 with the paper's recipes unchanged (300 epochs; a GPU and the CIFAR-10 download)",
-        'torch/cifar10'),
+        'torch/cifar10', needs_gpu=True),
     'cpu': Profile(
         'cpu', "narrower models (embedding 64, MLP 128; the paper's 6 layers of 9 heads; ResNet18's stages at half "
                "width, timm's 64-channel stem), AdamW, a few epochs: Fashion-MNIST (or digits) on a 2-core CPU, "
@@ -117,7 +118,7 @@ PROFILES: Dict[str, Profile] = {
                     'bf16 autocast, compiled with CUDA graphs (inductor, `reduce-overhead`) and the data on the '
                     'GPU. The weights are kept in bf16; top-1 / top-5 are those of the kept bf16 '
                     'weights, evaluated in float32.'),
-        kept_dtype='bfloat16'),
+        kept_dtype='bfloat16', needs_gpu=True),
     'tiny': Profile(
         'tiny', 'tiny models, 2 epochs each: the mechanics in about two minutes (CI)', 'digits',
         table_note=('The `tiny` profile checks the mechanics (training, resuming, pruning, fine-tuning, export), not '

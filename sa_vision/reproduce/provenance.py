@@ -9,8 +9,9 @@ again when their source changes.
 """
 import hashlib
 import json
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Iterator, List, Sequence
 
 import yaml
 
@@ -18,10 +19,11 @@ from ..io import atomic_write_text, plain_data
 from ..train.checkpoint import Checkpoint, strip_runtime_args
 from .profiles import ReproductionError
 
-__all__ = ['SETUP_FILE', 'training_overrides', 'check_setup', 'write_setup', 'stage_arguments', 'check_run_arguments',
-           'weights_sha256']
+__all__ = ['SETUP_FILE', 'LOCK_FILE', 'training_overrides', 'check_setup', 'reproduction_lock', 'write_setup',
+           'stage_arguments', 'check_run_arguments', 'weights_sha256']
 
 SETUP_FILE = 'reproduction.json'
+LOCK_FILE = '.reproduction.lock'
 _UNSET = object()
 
 
@@ -59,6 +61,29 @@ def check_setup(out: Path, setup: Dict[str, Any]) -> bool:
             f'{out} holds a reproduction made with {_as_options(saved)}, not {_as_options(setup)} (it differs in '
             f'{", ".join(differ)}). Continue it with its own options, or give these another --out')
     return saved != setup
+
+
+@contextmanager
+def reproduction_lock(out: Path) -> Iterator[None]:
+    """Held while a reproduction runs in ``out``: a second one in the same folder would train into the same run
+    folders, and remove one that has no checkpoint yet. A ReproductionError where another holds it."""
+    import fcntl
+    out = Path(out)
+    new = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(out / LOCK_FILE, 'a') as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ReproductionError(f'another sa-vision-reproduce is running in {out}: let it finish or stop '
+                                        f'it, then run this command again (it continues where that one stopped)'
+                                        ) from None
+            yield  # the lock goes with the file's closing, also when the process is killed
+    finally:
+        if new and [p.name for p in out.iterdir()] == [LOCK_FILE]:  # refused before anything was written
+            (out / LOCK_FILE).unlink()
+            out.rmdir()
 
 
 def write_setup(out: Path, setup: Dict[str, Any]) -> None:

@@ -52,7 +52,8 @@ def model_input_size(model) -> int:
 
 def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[Path]:
     """The paper's figures of the attention models in ``folders``: centres (Figs. 3-4), maps (Figs. 5-6) and, where
-    the folder keeps its epochs, centre trajectories (Fig. 2). Existing files are kept unless ``redraw``."""
+    the folder keeps its epochs, centre trajectories (Fig. 2). Existing files newer than their folder's weights are
+    kept unless ``redraw``."""
     from ..research.analysis import GAUSSIAN_KINDS
     from ..research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
     from ..research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
@@ -62,7 +63,9 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
 
     def figure(name, draw):
         path = out / name
-        if redraw or not path.is_file():  # sa_vision.research.plots draws on its own Figure objects (no pyplot state)
+        # of weights exported again since (a stage trained anew): drawn again, as an export of a newer checkpoint is
+        stale = path.is_file() and path.stat().st_mtime_ns < weights_mtime
+        if redraw or stale or not path.is_file():  # sa_vision.research.plots draws on its own Figure objects
             with atomic_write(path) as tmp:
                 draw(str(tmp))
         made.append(path)
@@ -72,6 +75,7 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
         if model_name not in SA_MODEL_ARGS:
             continue
         trained = read_checkpoint(folder).create_model()
+        weights_mtime = max(f.stat().st_mtime_ns for f in folder.iterdir())
         gaussian = SA_MODEL_ARGS[model_name].get('attn_kind', 'quadratic') in GAUSSIAN_KINDS
         if gaussian:
             figure(f'centers_{model_name}.png', lambda p, m=trained: plot_centers(m, p))

@@ -80,6 +80,9 @@ class Reproduction:
         check_dataset(dataset or self.profile.dataset, data_dir, download)
         self.dataset = dataset_info(dataset or self.profile.dataset).name
         self.out = Path(out_dir)
+        if epochs is not None and all(self.profile.recipe(m, self.dataset, epochs) == self.profile.recipe(
+                m, self.dataset) for m in TRAINED_MODELS):
+            epochs = None  # the profile's own epochs and warm-up: the same reproduction as without --epochs
         self.data_dir, self.download, self.epochs = data_dir, download, epochs
         self.train_args = list(train_args)
         self.started = time.time()
@@ -165,6 +168,9 @@ class Reproduction:
             cmd += ['--resume', str(last)]
         else:
             if self.run_dir(run).exists():  # killed before its first checkpoint: sa-vision-train starts only anew
+                if not (self.run_dir(run) / 'args.yaml').is_file():  # what a run writes first: not a killed run
+                    raise ReproductionError(f'{self.run_dir(run)} holds neither a run of sa-vision-train nor its '
+                                            f'args.yaml: move what it holds elsewhere, then run this again')
                 say(f'{run}: {self.run_dir(run)} holds no finished epoch, removed; training from the start')
                 shutil.rmtree(self.run_dir(run))
             cmd += initial
