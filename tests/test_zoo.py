@@ -84,13 +84,18 @@ def test_a_card_claiming_another_top1_fails_the_check(tmp_path):
     [result] = check_kept_models(tmp_path / 'zoo', table, accuracy=False)
     assert result['digest_ok'] and result['logits_ok'], result
     assert result['card_top1'] == 86.31 and not result['card_ok'] and not result['ok'], result
+    # a guard recorded for those weights against that table would pass them: none is written
+    from sa_vision.reproduce import ReproductionError, record_kept_models
+    with pytest.raises(ReproductionError, match='the table is not of these weights'):
+        record_kept_models(tmp_path / 'zoo', table)
     card.unlink()
     [result] = check_kept_models(tmp_path / 'zoo', table, accuracy=False)
     assert 'card_ok' not in result and result['ok'], result
 
 
-def test_the_guard_fails_on_a_changed_weight(tmp_path):
-    """A bias moved by 0.01 (an accuracy change too small for 10,000 images to show) fails both checks."""
+def test_the_guard_fails_on_a_changed_weight(tmp_path, capsys):
+    """A bias moved by 0.01 (an accuracy change too small for 10,000 images to show) fails both checks; weights
+    and card both not the table's are said to be other weights, not a faulty card."""
     from safetensors.torch import load_file, save_file
     model = 'sa_quadratic_cifar'
     shutil.copytree(ZOO / model, tmp_path / 'zoo' / model)
@@ -103,6 +108,12 @@ def test_the_guard_fails_on_a_changed_weight(tmp_path):
     save_file(weights, str(weights_path))
     [result] = check_kept_models(tmp_path / 'zoo', table, accuracy=False)
     assert not result['digest_ok'] and not result['logits_ok'] and not result['ok'], result
+    card = tmp_path / 'zoo' / model / 'README.md'
+    card.write_text(re.sub(r'value: [0-9.]+(\n\s+name: Top-1 accuracy)', r'value: 50.0\1', card.read_text()))
+    capsys.readouterr()
+    check_kept_models(tmp_path / 'zoo', table, accuracy=False)
+    out = capsys.readouterr().out
+    assert 'these weights are not the ones the table reports' in out and 'which was wrong' not in out, out
 
 
 @pytest.mark.slow

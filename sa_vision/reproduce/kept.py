@@ -5,7 +5,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ..hub.card import card_accuracy
 from ..io import atomic_write, atomic_write_text
@@ -164,6 +164,11 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
         from ..train.data import create_image_dataset
         info = dataset_info(row['dataset'])
         ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir)
+        card = _card_top1(folder, row, len(ds))
+        if card is not None and not card[1]:  # a guard of other weights than the table's would pass them
+            raise ReproductionError(f'{folder}: its card claims top-1 {card[0]:.2f}, {table} {float(row["top1"]):.2f}: '
+                                    f'the table is not of these weights, so no guard is written. Record a zoo with '
+                                    f'its own table (the results.csv of the reproduction that kept it)')
         subset = torch.utils.data.Subset(ds, range(min(SUBSET_IMAGES, len(ds))))
         loader = torch.utils.data.DataLoader(subset, batch_size=500)
         subset_top1[row['model']] = round(evaluate(model, loader, 'cpu')['top1'], 2)
@@ -175,6 +180,18 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
                                               'subset_images': str(SUBSET_IMAGES),
                                               'subset_top1': json.dumps(subset_top1)})
     return paths
+
+
+def _card_top1(folder: Path, row: Dict[str, Any], split_size: int) -> Optional[Tuple[float, bool]]:
+    """(the top-1 the card of the model kept in ``folder`` claims, whether the table's ``row`` says the same within
+    :data:`CARD_TOLERANCE` points or :data:`CARD_TOLERANCE_IMAGES` images of a split of ``split_size``), or None
+    where the card claims none."""
+    card = folder / 'README.md'
+    claimed = card_accuracy(card.read_text(encoding='utf-8')).get('top1') if card.is_file() else None
+    if claimed is None:
+        return None
+    tolerance = max(CARD_TOLERANCE, 100. * CARD_TOLERANCE_IMAGES / split_size)
+    return claimed, abs(claimed - float(row['top1'])) <= tolerance + 1e-9
 
 
 def kept_subset_top1(table: Path) -> Dict[str, float]:
@@ -213,16 +230,16 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
         notes.append(f'weights {"ok" if result["digest_ok"] else "CHANGED (SHA-256)"}, logits of '
                      f'{GUARD_IMAGES} images within {result["logits_max_diff"]:.1e} '
                      f'(tolerance {result["logits_tolerance"]:.1e})')
-        card = folder / 'README.md'
-        claimed = card_accuracy(card.read_text(encoding='utf-8')) if card.is_file() else {}
-        if 'top1' in claimed:
-            result['card_top1'] = claimed['top1']
-            tolerance = max(CARD_TOLERANCE, 100. * CARD_TOLERANCE_IMAGES / split_size)
-            result['card_ok'] = abs(claimed['top1'] - float(row['top1'])) <= tolerance + 1e-9
-            notes.append(f'card top-1 {claimed["top1"]:.2f}' + ('' if result['card_ok'] else
-                         f' is not the table\'s {float(row["top1"]):.2f}: the card reports its training\'s own '
-                         f'evaluation, which was wrong; measure the weights (sa-vision-validate) and correct the '
-                         f'card\'s model-index, or train again (docs/training.md, "Precision and compilation")'))
+        card = _card_top1(folder, row, split_size)
+        if card is not None:
+            result['card_top1'], result['card_ok'] = card
+            why = ('these weights are not the ones the table reports (their SHA-256 differs too): check a zoo '
+                   'against its own table' if not result['digest_ok'] else
+                   'the card reports its training\'s own evaluation, which was wrong; measure the weights '
+                   '(sa-vision-validate) and correct the card\'s model-index, or train again (docs/training.md, '
+                   '"Precision and compilation")')
+            notes.append(f'card top-1 {card[0]:.2f}' + (
+                '' if card[1] else f' is not the table\'s {float(row["top1"]):.2f}: {why}'))
         if accuracy:
             precision = row.get('eval_precision') or EVAL_PRECISION
             start = time.monotonic()
