@@ -223,7 +223,8 @@ class PaperDenseSA(nn.Module):
     def from_state_dict(cls, state_dict: Mapping[str, Tensor], kind: Optional[str] = None,
                         **kwargs) -> 'PaperDenseSA':
         """The reference with the weights of a :class:`sa_vision.models.SelfAttentionNet` state dict (or its own);
-        sizes come from the weights, ``kind`` is checked against them."""
+        sizes come from the weights, ``kind`` is checked against them. A model's ``input_padding`` (the border of
+        the kept Fashion-MNIST models) holds no tensor, so it is not here: pad the input as the model does first."""
         converted = paper_state_dict(state_dict)
         found = kind_of_state_dict(converted)
         if kind is not None and kind != found:
