@@ -149,10 +149,11 @@ def _refuse_unused_options(parser: argparse.ArgumentParser, args: argparse.Names
     """A parser error for options that the chosen way of running (a reproduction, --check or --figures-from) does
     not read."""
     given = [k for k, v in vars(args).items() if v != parser.get_default(k)]
-    if args.check:
-        unused = [k for k in given if k in _RUN_OPTIONS or k in ('out', 'figures_from')]
+    if args.check:  # the table names each model's dataset
+        unused = [k for k in given if k in _RUN_OPTIONS or k in ('out', 'figures_from', 'dataset', 'dataset_download')]
     elif args.figures_from:
-        unused = [k for k in given if k in _RUN_OPTIONS or k in _CHECK_OPTIONS]
+        unused = [k for k in given if k in _RUN_OPTIONS or k in _CHECK_OPTIONS or k in (
+            'dataset', 'data_dir', 'dataset_download')]
     else:
         unused = [k for k in given if k in _CHECK_OPTIONS] + [k for k in given if args.ablation and k in (
             'publish', 'keep')]
