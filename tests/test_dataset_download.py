@@ -48,7 +48,7 @@ COMMANDS = {
                           'torch/cifar10', '--data-dir', '{data}', '--dataset-download'], 2),
     # a failed stage: status 1 after the training's own error line
     'reproduce': (reproduce, ['--profile', 'paper', '--data-dir', '{data}', '--dataset-download', '--out', '{out}',
-                              '--train-args=' + ' '.join(TINY)], 1),
+                              '--train-args=' + ' '.join([*TINY, '--device', 'cpu'])], 1),  # a GPU profile, here
 }
 
 
