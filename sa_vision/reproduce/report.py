@@ -61,7 +61,7 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
     out.mkdir(parents=True, exist_ok=True)
     made = []
 
-    def figure(name, draw):
+    def figure(name, draw, weights_mtime):
         path = out / name
         # of weights exported again since (a stage trained anew): drawn again, as an export of a newer checkpoint is
         stale = path.is_file() and path.stat().st_mtime_ns < weights_mtime
@@ -75,16 +75,16 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
         if model_name not in SA_MODEL_ARGS:
             continue
         trained = read_checkpoint(folder).create_model()
-        weights_mtime = max(f.stat().st_mtime_ns for f in folder.iterdir())
+        exported = max(f.stat().st_mtime_ns for f in folder.iterdir())
         gaussian = SA_MODEL_ARGS[model_name].get('attn_kind', 'quadratic') in GAUSSIAN_KINDS
         if gaussian:
-            figure(f'centers_{model_name}.png', lambda p, m=trained: plot_centers(m, p))
-        figure(f'maps_{model_name}.png', lambda p, m=trained: plot_attention_maps(m, p))
+            figure(f'centers_{model_name}.png', lambda p, m=trained: plot_centers(m, p), exported)
+        figure(f'maps_{model_name}.png', lambda p, m=trained: plot_attention_maps(m, p), exported)
         epochs_file = folder / POSITIONAL_EPOCHS_FILE
         if gaussian and model_name in TRAINED_MODELS and epochs_file.is_file():  # not the fine-tuned pruning
             epochs = load_positional_trajectory(epochs_file)
             figure(f'trajectories_{model_name}.png', lambda p, m=trained, e=epochs: plot_center_trajectories(
-                models_at_epochs(m, e), p, labels=list(e)))
+                models_at_epochs(m, e), p, labels=list(e)), exported)
     say(f'figures: {", ".join(p.name for p in made)} in {out}')
     return made
 

@@ -109,13 +109,10 @@ def resolve_explorer_model(spec: str, pretrained: bool = True) -> ExplorerModel:
     ``epoch-*.safetensors`` or a Hub folder's :data:`POSITIONAL_EPOCHS_FILE`); ``pretrained=False``: its
     architecture at random (of weights: on the dataset they were trained on)."""
     path = weights_path(spec)
-    if path is not None and not pretrained:
-        ckpt = read_checkpoint(path)
-        return ExplorerModel(spec, ckpt.create_model(load_weights=False), ckpt.dataset, trained=False)
-    if not pretrained:
-        return ExplorerModel(spec, load_model(spec, pretrained=False), trained=False)
     if path is not None:
         ckpt = read_checkpoint(path)
+        if not pretrained:
+            return ExplorerModel(spec, ckpt.create_model(load_weights=False), ckpt.dataset, trained=False)
         folder = path if path.is_dir() else path.parent
         if (folder / POSITIONAL_EPOCHS_FILE).is_file():
             epochs = load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE)
@@ -124,6 +121,8 @@ def resolve_explorer_model(spec: str, pretrained: bool = True) -> ExplorerModel:
         else:
             epochs = {}
         return ExplorerModel(spec, ckpt.create_model(), ckpt.dataset, epochs)
+    if not pretrained:
+        return ExplorerModel(spec, load_model(spec, pretrained=False), trained=False)
     model = load_model(spec, pretrained=True)
     cfg = getattr(model, 'pretrained_cfg', None) or {}
     epochs = {}
