@@ -113,6 +113,7 @@ def test_theorem_1_init_is_a_3x3_kernel_in_every_layer(name):
     model = timm.create_model(name, pos_init='conv', **SMALL)
     rows = layer_kernel_matches(model)
     assert len(rows) == 6
+    assert [row['layer'] for row in rows] == [1, 2, 3, 4, 5, 6]
     for block, row in zip(model.blocks, rows):
         centers = block.attn.position.centers.detach()
         assert {tuple(map(int, c)) for c in centers.round().tolist()} == hand_kernel(1)  # the construction
@@ -137,14 +138,15 @@ def test_command_prints_the_table_without_a_picture(tmp_path, capsys):
     torch.manual_seed(0)
     model = timm.create_model('sa_quadratic_cifar', pos_init='conv', depth=2, **SMALL)
     with torch.no_grad():
-        model.blocks[1].attn.position.centers.mul_(2)  # layer 1: the kernel of dilation 2
+        model.blocks[1].attn.position.centers.mul_(2)  # the second layer: the kernel of dilation 2
     save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp_path / 'm.safetensors'))
     assert plot_attention.main([str(tmp_path / 'm.safetensors'), '--kernel-match']) == 0
     out = capsys.readouterr().out
     rows = [line.strip('|').split('|') for line in out.splitlines() if line.startswith('|')]
     assert [c.strip() for c in rows[0]][:4] == ['layer', 'heads', 'best_dilation', 'mean_distance']
     cells = [[c.strip() for c in row] for row in rows[2:]]
-    assert [row[:4] for row in cells] == [['0', '9', '1', '0'], ['1', '9', '2', '0']]
+    # layers counted from 1, as sa-vision-prune and the figures count them
+    assert [row[:4] for row in cells] == [['1', '9', '1', '0'], ['2', '9', '2', '0']]
     assert not list(tmp_path.glob('*.png'))
 
 

@@ -120,9 +120,9 @@ def kernel_match(centers: Tensor, dilations: Sequence[int] = KERNEL_DILATIONS) -
 
 
 def layer_kernel_matches(model: nn.Module, dilations: Sequence[int] = KERNEL_DILATIONS) -> List[Dict[str, Any]]:
-    """Per layer of a Gaussian model (``layer`` counted from 0, as ``blocks.<i>``), its heads, best dilation, mean
-    distance there and at every dilation: the columns :data:`KERNEL_MATCH_COLUMNS` (for ``dilations`` = the
-    default)."""
+    """Per layer of a Gaussian model (``layer`` counted from 1, as the paper's figures count them: ``blocks[layer -
+    1]``), its heads, best dilation, mean distance there and at every dilation: the columns
+    :data:`KERNEL_MATCH_COLUMNS` (for ``dilations`` = the default)."""
     kind = attention_layers(model)[0].kind
     if kind not in GAUSSIAN_KINDS:
         raise UserError(f'the kernel match needs Gaussian centres ({", ".join(GAUSSIAN_KINDS)} kinds); this model '
@@ -130,7 +130,7 @@ def layer_kernel_matches(model: nn.Module, dilations: Sequence[int] = KERNEL_DIL
     rows = []
     for layer, centers in enumerate(head_centers(model)):
         match = kernel_match(centers, dilations)
-        rows.append({'layer': layer, 'heads': len(centers), 'best_dilation': match.dilation,
+        rows.append({'layer': layer + 1, 'heads': len(centers), 'best_dilation': match.dilation,
                      'mean_distance': match.mean_distance,
                      **{f'distance_d{d}': match.distances[d] for d in dilations}})
     return rows

@@ -6,7 +6,7 @@ a kept zoo's Gaussian models, their kept epochs (epoch-000 is the run's own rand
     OMP_NUM_THREADS=1 python docs/probes/cpu/kernel_match.py zoo/fashion-mnist-cpu > kernel_match_<date>.log
 
 Each cell is "mean matched distance in grid units (best dilation)"; layers are counted from 1 as in the paper's
-figures (sa-vision-plot --kernel-match counts them from 0, as blocks.<i>).
+figures (and as sa-vision-plot --kernel-match counts them).
 """
 import json
 import sys
@@ -33,7 +33,7 @@ def model_row(label, model):
     rows = layer_kernel_matches(model)
     best = min(rows, key=lambda r: r['mean_distance'])
     return [label, *[f"{r['mean_distance']:.2f} (d={r['best_dilation']})" for r in rows],
-            f"{best['mean_distance']:.2f} (layer {best['layer'] + 1})"]
+            f"{best['mean_distance']:.2f} (layer {best['layer']})"]
 
 
 def epoch_rows(name, folder):
