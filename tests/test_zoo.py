@@ -183,7 +183,9 @@ def test_the_kept_cards_usage_runs_on_a_grey_png(tmp_path, capsys):
     import re
     model = 'sa_quadratic_cifar'
     card = (ZOO / model / 'README.md').read_text(encoding='utf-8')
-    usage = re.search(r'<!-- sa_vision:usage -->\n```python\n(.*?)```', card, re.S).group(1)
+    note, usage = re.search(r'<!-- sa_vision:usage -->\n(.*?)```python\n(.*?)```', card, re.S).groups()
+    # the card names the Hub repository it will be published to, and says that until then the folder loads
+    assert "the folder itself with `timm.create_model('local-dir:<this folder>'" in note, note
     images, labels = fashion_mnist_test_images(1)
     images[0].convert('L').save(tmp_path / 'image.png')
     code = re.sub(r"'hf-hub:[^']+'", repr(f'local-dir:{ZOO / model}'), usage).replace(

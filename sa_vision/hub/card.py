@@ -77,9 +77,10 @@ def _results_section(arch: str, measured: Optional[str]) -> str:
 
 
 def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 32, padding: int = 0,
-                   label_names: bool = False) -> str:
+                   label_names: bool = False, exported: bool = False) -> str:
     """How to run the weights with timm's own preprocessing (``input_size``: what ``resolve_data_config`` says;
-    ``padding``: the black border the model adds itself)."""
+    ``padding``: the black border the model adds itself); ``exported``: the card of an export folder, which the
+    Hub name loads only once it is published (its upload rebuilds this section without the note)."""
     if registered:
         create = f"timm.create_model('{arch}', pretrained=True).eval()  # weights from {repo_id}"
         also = (f"The same weights load with `timm.create_model('hf-hub:{repo_id}', pretrained=True)` or, exported "
@@ -91,7 +92,11 @@ def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 
     border = (f'\n# {input_size}x{input_size} input: the model adds the {padding}-pixel black border of its training '
               f'images itself' if padding else '')
     names = "\nprint(model.pretrained_cfg['label_names'][logits.argmax()])" if label_names else ''
-    return f"""```python
+    # a copy of the folder (a kept zoo, a shared export) is read where the name does not load yet
+    note = (f"This folder is an export: the name below loads it once `sa-vision-push-to-hub` has published it to "
+            f"`{repo_id}`. Until then, load the folder itself with "
+            f"`timm.create_model('local-dir:<this folder>', pretrained=True)`.\n\n" if exported else '')
+    return f"""{note}```python
 import timm, torch
 from PIL import Image
 import sa_vision  # registers the models with timm
@@ -255,7 +260,8 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     body = _replace_section(body, 'results', _measured_results(ckpt, label, scores))
     body = _replace_section(body, 'training', training_summary(ckpt, label))
     body = _replace_section(body, 'recipe', recipe_section(ckpt))
-    body = _replace_section(body, 'usage', usage_section(arch, repo_id, info, model.num_classes, input_size))
+    body = _replace_section(body, 'usage', usage_section(arch, repo_id, info, model.num_classes, input_size,
+                                                         exported=True))
     if has_figure:
         figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
         body = _replace_section(body, 'figure', figure)
@@ -281,12 +287,14 @@ def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores) -> str:
     return results.rstrip()
 
 
-def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: int) -> str:
+def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: int, exported: bool = False) -> str:
     """The usage text of an export of weights of ``info``'s dataset, published to ``repo_id``; ``input_size``: the
     exported config's (the border inside the model where the dataset had one,
-    :func:`sa_vision.hub.export.exported_input_config`)."""
+    :func:`sa_vision.hub.export.exported_input_config`); ``exported``: the export folder's own card, not yet the
+    uploaded one."""
     return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=input_size,
-                          padding=info.input_padding, label_names=info.label_names(num_classes) is not None)
+                          padding=info.input_padding, label_names=info.label_names(num_classes) is not None,
+                          exported=exported)
 
 
 def card_for_repository(card_text: str, config: Dict[str, Any], repo_id: str) -> str:
