@@ -40,7 +40,8 @@ def test_the_weights_own_dataset_is_evaluated_without_dataset(tmp_path, capsys):
 
 
 def test_weights_of_no_known_dataset_default_to_cifar10_and_the_error_names_the_flags(tmp_path):
-    folder = _folder(tmp_path, 'my_pictures')
+    """Weights tagged ``unknown`` (an export of a bare state dict) name no dataset: the paper's CIFAR-10."""
+    folder = _folder(tmp_path, 'unknown_custom')
     with pytest.raises(DatasetError, match=r"'torch/cifar10' needs --data-dir .*--dataset fashion-mnist and "
                                            r"--dataset digits are read without one"):
         validate.main(['--model', f'local-dir:{folder}', '--threads', '1'])
@@ -83,11 +84,13 @@ def test_no_progress_bar_in_a_log(tmp_path, capsys):
     assert 'img/s' not in capsys.readouterr().err
 
 
-def test_weights_of_an_image_folder_evaluate_an_image_folder(tmp_path, capsys):
-    """Weights trained on an unnamed image folder (--dataset '', exported as '<arch>.folder_custom') are evaluated
-    on the image folder of --data-dir, and without one the error asks for it: not CIFAR-10, which they never saw."""
+@pytest.mark.parametrize('tag', ['folder_custom', 'flowers_custom'], ids=['unnamed', 'named'])
+def test_weights_of_an_image_folder_evaluate_an_image_folder(tmp_path, capsys, tag):
+    """Weights trained on an image folder (--dataset '' exports them as '<arch>.folder_custom', --dataset flowers
+    as '<arch>.flowers_custom') are evaluated on the image folder of --data-dir, and without one the error asks for
+    it: not CIFAR-10, which they never saw."""
     from PIL import Image
-    folder = _folder(tmp_path, 'folder_custom')
+    folder = _folder(tmp_path, tag)
     with pytest.raises(DatasetError, match=r"'\(image folder\)' needs --data-dir"):
         validate.main(['--model', f'local-dir:{folder}', '--threads', '1'])
     assert 'dataset: an image folder in --data-dir (the weights were trained on it' in capsys.readouterr().err

@@ -127,15 +127,18 @@ def dataset_for_tag(tag: str) -> str:
 
 def trained_dataset(meta: Mapping[str, Any]) -> Optional[str]:
     """The --dataset that weights were trained on, from what their file says (a checkpoint's ``meta``): a name, ''
-    for an unnamed image folder (a run's --dataset '' with a --data-dir, or an export of one, tagged ``folder``),
-    None where they name none (a bare state dict or .safetensors file)."""
+    for an image folder (a run's --dataset '' with a --data-dir; an export of a run on an image folder, tagged
+    ``folder`` or with the name --dataset gave it), None where they name none (a bare state dict or .safetensors
+    file, or an export of one, tagged ``unknown``)."""
     if meta.get('dataset'):
         return meta['dataset']
     tag = (meta.get('pretrained_cfg') or {}).get('tag') or ''
-    folder = dataset_info('').tag
-    if 'dataset' in meta and (meta.get('args') or {}).get('data_dir') or tag == folder or tag.startswith(folder + '_'):
+    if 'dataset' in meta and (meta.get('args') or {}).get('data_dir'):
         return ''
-    return dataset_for_tag(tag) or None
+    if not tag or tag == _UNKNOWN_TAG or tag.startswith(_UNKNOWN_TAG + '_'):
+        return None
+    # a tag that no known dataset has is an image folder's (dataset_info gives any other --dataset name one)
+    return dataset_for_tag(tag)
 
 
 def dataset_info(dataset: str) -> DatasetInfo:
@@ -153,7 +156,8 @@ def dataset_info(dataset: str) -> DatasetInfo:
 
 
 # what an export says of weights that name no dataset: the tag `unknown`, not an image folder's `folder`
-UNKNOWN_DATASET = replace(dataset_info(''), tag='unknown', title='an unknown dataset')
+_UNKNOWN_TAG = 'unknown'
+UNKNOWN_DATASET = replace(dataset_info(''), tag=_UNKNOWN_TAG, title='an unknown dataset')
 
 
 def create_cifar_transform(
