@@ -124,7 +124,7 @@ def export_hub_folder(
 ) -> List[str]:
     """Write a Hub folder of trained weights (an earlier export of the same weights is replaced; one of other
     weights, or other files, are an :class:`ExportExistsError`); return the names of the files written. ``epochs``
-    keeps the centres and precision factors per epoch (paper Fig. 2). ``dtype`` (e.g. ``'bfloat16'``: half the
+    keeps the centres and precision factors per epoch (paper Fig. 3). ``dtype`` (e.g. ``'bfloat16'``: half the
     bytes) stores the floating weights in that dtype; a float32 model loads them as they were rounded."""
     import yaml
     from timm.models import save_for_hf

@@ -1,7 +1,7 @@
 """ Optimizer parameter groups with a separate learning rate for the positional parameters
 
 They are coordinates in grid units: with Adam at the weight matrices' lr a centre needs hundreds of steps per grid
-unit, so in a short run the heads never leave their random start (paper Figs. 2-4). Their groups carry timm's
+unit, so in a short run the heads never leave their random start (paper Figs. 3-4). Their groups carry timm's
 ``lr_scale``, which timm's schedulers apply on every step (docs/training.md, "Positional parameters"). """
 from typing import Any, Collection, Dict, List, Optional, Set
 

@@ -73,7 +73,7 @@ PROFILES: Dict[str, Profile] = {
         'fashion-mnist', common={**_FEW_EPOCHS, 'amp': 'auto', 'torchcompile': 'auto', 'batch_size': 50,
                                  'train_crop_padding': 0},
         per_model={
-            # pos_lr_scale 30: otherwise the Gaussian centres stay at their random start (paper Figs. 2-4)
+            # pos_lr_scale 30: otherwise the Gaussian centres stay at their random start (paper Figs. 3-4)
             'sa_quadratic_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 6, 'warmup_epochs': 0.3},
             'sa_gen_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 5, 'warmup_epochs': 0.25},
             'sa_learned_cifar': {**_NARROW_SA, 'epochs': 6, 'warmup_epochs': 0.3},

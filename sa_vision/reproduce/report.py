@@ -52,7 +52,7 @@ def model_input_size(model) -> int:
 
 def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[Path]:
     """The paper's figures of the attention models in ``folders``: centres (Figs. 3-4), maps (Figs. 5-6) and, where
-    the folder keeps its epochs, centre trajectories (Fig. 2). Existing files newer than their folder's weights are
+    the folder keeps its epochs, centre trajectories (Fig. 3). Existing files newer than their folder's weights are
     kept unless ``redraw``."""
     from ..research.analysis import GAUSSIAN_KINDS
     from ..research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs

@@ -1,4 +1,4 @@
-""" The attention explorer: one self-contained HTML page to look into every head of every layer (paper Figs. 2-6)
+""" The attention explorer: one self-contained HTML page to look into every head of every layer (paper Figs. 3-6)
 
 Needs no server (``explorer.html`` here is the template); the page computes the positional kinds' probabilities
 from their parameters, so every query works and the page stays small (docs/reproduction.md). """
@@ -37,7 +37,7 @@ __all__ = [
     'explorer_data', 'write_explorer', 'write_explorer_page',
 ]
 
-# per-epoch centres and precision factors of a model, kept beside its weights (Fig. 2 of the paper: how the heads moved)
+# per-epoch centres and precision factors of a model, kept beside its weights (Fig. 3 of the paper: how the heads moved)
 POSITIONAL_EPOCHS_FILE = 'positional_epochs.safetensors'
 _POSITIONAL_SUFFIXES = ('.' + CENTERS, '.' + PRECISION_FACTORS)
 _PLACEHOLDER = '/*SA_EXPLORER_DATA*/null'
@@ -54,7 +54,7 @@ class ExplorerModel:
 
 
 def positional_params(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    """The Gaussian centres and precision factors of a state dict (what moves the heads, paper Fig. 2)."""
+    """The Gaussian centres and precision factors of a state dict (what moves the heads, paper Fig. 3)."""
     return {k: v.detach().float().cpu() for k, v in state_dict.items() if k.endswith(_POSITIONAL_SUFFIXES)}
 
 

@@ -1,8 +1,8 @@
-""" Pictures of where the attention heads look (paper Figs. 2-6)
+""" Pictures of where the attention heads look (paper Figs. 3-6)
 
 (a) :func:`plot_centers`: centres with their 50 % / 90 % contours, Gaussian kinds (Figs. 3-4); (b)
 :func:`plot_attention_maps`: the attention of one query pixel per layer and head (Figs. 5-6); (c)
-:func:`plot_center_trajectories`: how the centres moved (Fig. 2). Each returns ``(figure, data)``, built without
+:func:`plot_center_trajectories`: how the centres moved (Fig. 3). Each returns ``(figure, data)``, built without
 pyplot (no global state). Axes: x = column shift (right), y = row shift (down), in grid units (2 image pixels).
 """
 import math

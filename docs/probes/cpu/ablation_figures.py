@@ -1,4 +1,4 @@
-"""The ablation's centre trajectories at the gpu-long length (docs/reproduction.md, "Ablation"; the paper's Fig. 2):
+"""The ablation's centre trajectories at the gpu-long length (docs/reproduction.md, "Ablation"; the paper's Fig. 3):
 each variant's centres over its 51 kept epochs (epoch-000 is its start), from the positional parameters an H200
 brought back (docs/probes/gpu/h200_2026-11-27_ablation_positional.tar.xz), drawn on the kept gpu-long quadratic
 model's architecture (the ablation trains that profile's sa_quadratic_cifar).
