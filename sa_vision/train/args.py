@@ -167,8 +167,8 @@ def _dataset_arguments(group) -> None:
                        help='dataset root: download target of torch/ datasets or the ImageFolder (train/, validation/)')
     group.add_argument('--dataset', metavar='NAME', default='digits',
                        help="'digits' (offline, scikit-learn), 'fashion-mnist' (offline: Debian's "
-                            "dataset-fashion-mnist or the four IDX files in --data-dir), 'torch/cifar10', or '' (or any "
-                            "other name, which the export's tag carries) for an ImageFolder (default: digits)")
+                            "dataset-fashion-mnist or the four IDX files in --data-dir), 'torch/cifar10', or '' (or "
+                            "any other name, which the export's tag carries) for an ImageFolder (default: digits)")
     group.add_argument('--train-split', metavar='NAME', default='train')
     group.add_argument('--val-split', metavar='NAME', default='validation',
                        help='held-out split (torch/cifar10, fashion-mnist and digits map it to their test split; an '
