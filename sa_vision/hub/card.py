@@ -109,7 +109,7 @@ logits = model(transform(image).unsqueeze(0)){names}
 ```
 {INSTALL_LINE} {also} timm's own `validate.py` evaluates them on an image folder as
 `python -m sa_vision.train.run_timm path/to/timm/validate.py --data-dir <folder> --model <the name above>`
-(the launcher imports `sa_vision` first)."""
+(the launcher imports `sa_vision` first; `validate.py` runs on CUDA unless given `--device cpu`)."""
 
 
 def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True,
