@@ -55,7 +55,9 @@ def main(argv=None):
                                                       'its folder is created')
     parser.add_argument('--max-eigenvalue-below', type=float, default=MAX_EIGENVALUE_BELOW)
     parser.add_argument('--max-condition', type=float, default=MAX_CONDITION)
-    parser.add_argument('--heads', nargs='+', help='prune these heads instead: one comma list per layer ("" for none)')
+    parser.add_argument('--heads', nargs='+', help='prune these heads instead: one comma list of head indices, from 0, '
+                                                   'per layer ("" for none); the figures\' and the explorer\'s head N '
+                                                   'is index N-1')
     parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
     args = parser.parse_args(argv)
     problem = file_problem(args.out)  # before any work
