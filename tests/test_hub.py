@@ -510,7 +510,10 @@ def test_the_published_card_and_output_name_the_repository_created(trained, tmp_
     usage = recording_api.uploaded_card.split('<!-- sa_vision:usage -->')[1]
     assert f"timm.create_model('hf-hub:{created}', pretrained=True)" in usage
     # the export's own card says that its Hub name loads only once published; the uploaded one is published
-    assert 'This folder is an export' in (export / 'README.md').read_text() and 'This folder is an export' not in usage
+    own_card = (export / 'README.md').read_text()
+    assert 'This folder is an export' in own_card and 'This folder is an export' not in usage
+    # the folder is named once, in the note; the published card tells how to load an export of it
+    assert own_card.count('local-dir:') == 1 and "`timm.create_model('local-dir:<folder>', pretrained=True)`" in usage
     assert DIGITS_REPO not in recording_api.uploaded_card and f"'hf-hub:{repo_id}'" not in usage.replace(created, '')
     assert {p.name: p.read_bytes() for p in export.iterdir()} == before
 

@@ -81,14 +81,16 @@ def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 
     """How to run the weights with timm's own preprocessing (``input_size``: what ``resolve_data_config`` says;
     ``padding``: the black border the model adds itself); ``exported``: the card of an export folder, which the
     Hub name loads only once it is published (its upload rebuilds this section without the note)."""
+    # an export folder's card says how to load the folder in its note (below) instead
+    local = '' if exported else "`timm.create_model('local-dir:<folder>', pretrained=True)`"
     if registered:
         create = f"timm.create_model('{arch}', pretrained=True).eval()  # weights from {repo_id}"
-        also = (f"The same weights load with `timm.create_model('hf-hub:{repo_id}', pretrained=True)` or, exported "
-                f"locally, `timm.create_model('local-dir:<folder>', pretrained=True)`.")
+        also = (f"The same weights load with `timm.create_model('hf-hub:{repo_id}', pretrained=True)`"
+                + (f" or, exported locally, {local}." if local else '.'))
     else:
         create = f"timm.create_model('hf-hub:{repo_id}', pretrained=True).eval()"
-        also = (f"These are not the weights of `timm.create_model('{arch}', pretrained=True)`. Exported locally they "
-                f"load with `timm.create_model('local-dir:<folder>', pretrained=True)`.")
+        also = (f"These are not the weights of `timm.create_model('{arch}', pretrained=True)`."
+                + (f" Exported locally they load with {local}." if local else ''))
     border = (f'\n# {input_size}x{input_size} input: the model adds the {padding}-pixel black border of its training '
               f'images itself' if padding else '')
     names = "\nprint(model.pretrained_cfg['label_names'][logits.argmax()])" if label_names else ''
