@@ -73,7 +73,8 @@ def test_statistics_of_hard_and_soft_quadratic_heads():
     cumulative = np.cumsum(p.ravel()[order])
     assert soft['r50'] == pytest.approx(dist[order][np.searchsorted(cumulative, 0.5)])
     assert soft['r90'] == pytest.approx(dist[order][np.searchsorted(cumulative, 0.9)])
-    assert [(r['layer'], r['head']) for r in rows[:4]] == [(1, 0), (1, 1), (1, 2), (2, 0)]  # layers from 1
+    # layers and heads numbered from 1, as the figures and sa-vision-prune number them
+    assert [(r['layer'], r['head']) for r in rows[:4]] == [(1, 1), (1, 2), (1, 3), (2, 1)]
     summary = layer_summary(rows)
     assert summary[0]['layer'] == 1 and summary[0]['hard_heads'] == 2 and summary[0]['distinct_shifts'] == 2
     assert not summary[0]['covers_3x3']

@@ -38,6 +38,8 @@ def _run(main, argv, capsys):
     (validate, ['--model', './nope', '--dataset', 'digits'], 'nope does not exist'),
     (prune, ['sa_gen_cifar', '--max-condition', '-5', '--out', '{tmp}/x.pth'], 'every condition number is at least 1'),
     (prune, ['sa_gen_cifar', '--out', '{tmp}'], 'is a folder: name the file to write'),
+    (prune, ['sa_gen_cifar', '--out', '{tmp}/p.txt'], 'not a name of weights: name a .safetensors file, or a '
+                                                     'torch file ending in .pth'),
     # the output is checked before the source is read (an unknown model would say so first otherwise)
     (prune, ['no_such_model', '--out', '/proc/sa_nope/x.safetensors'], 'nothing can be created in /proc'),
     (prune, ['no_such_model', '--out', ROOT / 'pyproject.toml' / 'x.pth'], 'pyproject.toml is a file'),
@@ -80,7 +82,8 @@ def _run(main, argv, capsys):
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',
         'plot-out-below-a-file', 'plot-table-format', 'prune-missing-file',
         'prune-learned-without-heads', 'prune-missing-path', 'prune-missing-folder', 'validate-missing-path',
-        'prune-condition-below-1', 'prune-out-is-a-folder', 'prune-out-unwritable', 'prune-out-below-a-file',
+        'prune-condition-below-1', 'prune-out-is-a-folder', 'prune-out-not-weights',
+        'prune-out-unwritable', 'prune-out-below-a-file',
         'figures-from-missing', 'figures-from-empty',
         'figures-into-a-file',
         'push-missing-file', 'benchmark-unknown-model', 'benchmark-no-paper-variant', 'benchmark-switch-without-effect',

@@ -198,3 +198,23 @@ def test_cifar10_alias_reads_torchvisions_cifar10(dataset, monkeypatch, tmp_path
     create_image_dataset(dataset, 'test', is_training=False, data_dir=str(tmp_path), download=True)
     assert asked == [('torch/cifar10', {'root': str(tmp_path), 'split': 'test', 'is_training': False,
                                         'download': True})]
+
+
+def test_cifar_files_are_checked_by_name_before_they_are_read(tmp_path):
+    """torch/cifar10's batches, named as torchvision reads them, are looked for before a run starts: the training
+    split needs data_batch_1-5, the test split test_batch; with --dataset-download none is needed yet."""
+    from sa_vision.errors import DatasetNotFoundError
+    from sa_vision.train.data import check_dataset
+    batches = tmp_path / 'cifar-10-batches-py'
+    batches.mkdir()
+    (batches / 'test_batch').write_bytes(b'')
+    check_dataset('torch/cifar10', str(tmp_path), eval_split='test')
+    with pytest.raises(DatasetNotFoundError, match=r'cifar-10-batches-py has no data_batch_1, .*data_batch_5\). '
+                                                   r'Add --dataset-download'):
+        check_dataset('torch/cifar10', str(tmp_path), train_split='train')
+    check_dataset('torch/cifar10', str(tmp_path), download=True, train_split='train')
+    for i in range(1, 6):
+        (batches / f'data_batch_{i}').write_bytes(b'')
+    check_dataset('torch/cifar10', str(tmp_path), train_split='train', eval_split='test')
+    with pytest.raises(DatasetNotFoundError, match='cifar-100-python has no test'):
+        check_dataset('torch/cifar100', str(tmp_path), eval_split='validation')

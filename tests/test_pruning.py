@@ -94,7 +94,7 @@ def test_prune_errors():
         prune_state_dict(model.state_dict(), [[0]], model.heads_per_layer, 16)
     with pytest.raises(ValueError, match='would leave layer 1 without any head'):
         prune_state_dict(model.state_dict(), [[0, 1, 2, 3], [], []], model.heads_per_layer, 16)
-    with pytest.raises(ValueError, match=r'layer 3 has heads 0\.\.2, cannot prune heads \[7\]'):
+    with pytest.raises(ValueError, match=r'layer 3 has head indices 0-2 \(heads 1-3\), cannot prune indices \[7\]'):
         prune_state_dict(model.state_dict(), [[], [], [7]], model.heads_per_layer, 16)
 
 
@@ -135,8 +135,8 @@ def test_pruned_cifar10_weights_are_labelled_as_the_heads_they_keep(tmp_path, ca
     source = tmp_path / 'full.pth'
     torch.save({'version': 2, 'arch': 'sa_gen_cifar', 'model_args': {}, 'dataset': 'torch/cifar10',
                 'state_dict': timm.create_model('sa_gen_cifar').state_dict()}, source)
-    paper_layout = [','.join(map(str, range(9 - k))) for k in PRUNED_HEADS_PER_LAYER]
-    for heads in (paper_layout, ['0', '', '', '', '', '']):
+    paper_layout = [','.join(map(str, range(1, 10 - k))) for k in PRUNED_HEADS_PER_LAYER]  # heads from 1
+    for heads in (paper_layout, ['1', '', '', '', '', '']):
         out = tmp_path / f'{len(heads[0])}.safetensors'
         assert prune_script.main([str(source), '--heads', *heads, '--out', str(out)]) == 0
         printed = capsys.readouterr().out
@@ -217,6 +217,26 @@ def _run_prune_script(*args):
                           capture_output=True, text=True, env=dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1'))
 
 
+def test_heads_given_to_the_prune_command_are_numbered_from_1_as_the_figures_number_them(tmp_path, capsys):
+    """--heads 2 removes the head the figures label "head 2": the second one (index 1); its printout and the
+    reproduction's pruning.json number them the same way."""
+    from sa_vision.research.analysis import load_model
+    from sa_vision.research.pruning import numbered_heads
+    model = planted_model()
+    source = tmp_path / 'planted.pth'
+    torch.save({'state_dict': model.state_dict()}, source)
+    status, _, err = command_here(capsys, 'prune', source, '--heads', '2', '1,5', '', '--out', tmp_path / 'p.pth')
+    assert status == 0, err
+    pruned = load_model(str(tmp_path / 'p.pth'))
+    for layer, kept in enumerate(([0, 2, 3], [1, 2, 3], [0, 1, 2])):
+        source_centers = model.blocks[layer].attn.position.centers
+        assert torch.equal(pruned.blocks[layer].attn.position.centers, source_centers[kept]), layer
+    assert numbered_heads([[1], [0, 4], []]) == [[2], [1, 5], []]
+    # the automatic choice prints the planted heads by number: layer 1's index 1, layer 2's indices 0 and 4
+    status, out, err = command_here(capsys, 'prune', source, '--out', tmp_path / 'auto.pth')
+    assert status == 0 and '-> prune [2]' in out and '-> prune [1, 5]' in out, out + err
+
+
 @pytest.mark.slow
 def test_prune_script_keeps_a_head_in_every_layer_and_reports_user_errors(tmp_path, capsys):
     from sa_vision.research.analysis import load_model
@@ -224,12 +244,14 @@ def test_prune_script_keeps_a_head_in_every_layer_and_reports_user_errors(tmp_pa
     torch.save({'state_dict': planted_model_with_a_dead_layer().state_dict()}, source)
     proc = _run_prune_script(source, '--out', tmp_path / 'pruned.safetensors')
     assert proc.returncode == 0, proc.stderr
-    assert 'keeps its least degenerate head 1' in proc.stdout
+    assert 'keeps its least degenerate head 2' in proc.stdout  # index 1: heads are numbered from 1
     assert load_model(str(tmp_path / 'pruned.safetensors')).heads_per_layer == (3, 3, 1)
     # a user's mistake: one line on stderr, status 2, no traceback
-    for args, message in (((source, '--heads', '0', '', '0,1,2'), 'without any head'),
-                          ((source, '--heads', 'a'), 'one comma list of head indices per layer'),
-                          ((source, '--heads', '0', '1'), '--heads gives 2 comma list(s) but the model has 3 layers'),
+    for args, message in (((source, '--heads', '1', '', '1,2,3'), 'without any head'),
+                          ((source, '--heads', 'a'), 'one comma list of heads per layer'),
+                          ((source, '--heads', '1', '2'), '--heads: 2 list(s) of heads but the model has 3 layers'),
+                          ((source, '--heads', '', '0', ''), '--heads: layer 2 has heads 1-5 (numbered from 1'),
+                          ((source, '--heads', '', '', '4'), '--heads: layer 3 has heads 1-3'),
                           (('resnet18_cifar',), 'no PositionalAttention layer'),
                           ((tmp_path / 'missing.pth',), 'does not exist')):
         status, _, err = command_here(capsys, 'prune', *args, '--out', tmp_path / 'x.pth')

@@ -316,15 +316,18 @@ def test_pruning_and_its_fine_tuning_are_made_again_when_the_source_weights_chan
 @pytest.mark.parametrize('argv, message', [
     (['--dataset', 'fashon-mnist'], "unknown dataset 'fashon-mnist': not one of"),
     (['--profile', 'paper', '--train-args=--device cpu'], "dataset 'torch/cifar10' needs --data-dir"),
+    (['--profile', 'paper', '--data-dir', '{empty}', '--train-args=--device cpu'], 'torch/cifar10 is not in'),
     (['--profile', 'tiny', '--epochs', '0'], '--epochs is 0, it must be at least 1'),
     (['--profile', 'tiny', '--train-args=--batch-size 0'], '--batch-size is 0, it must be at least 1'),
-], ids=['misspelt', 'cifar10-without-data-dir', 'epochs-0', 'batch-size-0'])
+], ids=['misspelt', 'cifar10-without-data-dir', 'cifar10-not-in-data-dir', 'epochs-0', 'batch-size-0'])
 def test_a_dataset_that_cannot_be_read_fails_before_anything_is_written(argv, message, tmp_path, capsys):
     """A mistake in the dataset or training arguments is one error line with status 2 (as argparse's), and no
     folder, recipe or training is started: the same folder takes the corrected options."""
     from sa_vision.cli import reproduce as reproduce_script
     from sa_vision.errors import run_cli
     out = tmp_path / 'out'
+    (tmp_path / 'empty').mkdir()
+    argv = [a.replace('{empty}', str(tmp_path / 'empty')) for a in argv]
     status = run_cli(reproduce_script.main, [*argv, '--out', str(out)])
     captured = capsys.readouterr()
     assert status == 2 and captured.err.startswith('error: ') and captured.err.count('error:') == 1, captured.err

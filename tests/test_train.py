@@ -288,8 +288,8 @@ def test_pruned_weights_start_a_fine_tuning_run(tmp_path):
     source = timm.create_model('sa_gen_cifar', embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
     torch.save(source.state_dict(), tmp_path / 'gen.pth')  # a bare state dict: architecture read off the shapes
     pruned = tmp_path / 'pruned.pth'
-    subprocess.run([*command('prune'), str(tmp_path / 'gen.pth'), '--heads', '0',
-                    '1,2', '--out', str(pruned)], check=True, capture_output=True, env=_env())
+    subprocess.run([*command('prune'), str(tmp_path / 'gen.pth'), '--heads', '1',
+                    '2,3', '--out', str(pruned)], check=True, capture_output=True, env=_env())
     # lr 0: the run must end with exactly the pruned weights it started from
     run_train(['-c', RECIPE_DIR / 'sa_gen_pruned.yaml', '--initial-checkpoint', pruned,
                '--dataset', 'digits', '--val-split', 'test', '-b', 64, '--epochs', 1, '--warmup-epochs', 0,

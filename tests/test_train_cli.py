@@ -801,8 +801,10 @@ def test_a_paper_recipe_on_an_image_folder_names_the_recipe_as_the_source_of_its
     assert 'pass --num-classes 3' in line, line
 
 
-def test_cifar10_missing_from_the_data_dir_is_one_error_line_saying_what_to_do(tmp_path):
-    """torchvision's own RuntimeError (a traceback) becomes one line naming --dataset-download and --dataset ''."""
+def test_cifar10_missing_from_the_data_dir_is_one_error_line_saying_what_to_do(tmp_path, monkeypatch):
+    """Instead of torchvision's own RuntimeError (a traceback) in the first epoch, one line before anything is built,
+    naming --dataset-download and --dataset ''."""
+    _fail_when_anything_is_built(monkeypatch)
     (tmp_path / 'empty').mkdir()  # a folder that exists but holds no CIFAR-10 (a missing one is refused earlier)
     line = _cli_error(['--dataset', 'torch/cifar10', '--data-dir', str(tmp_path / 'empty'), *TINY, '--threads', '1',
                        '--output', str(tmp_path / 'out')])

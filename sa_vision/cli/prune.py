@@ -1,7 +1,7 @@
 """ Prune the degenerate heads of a Gaussian sa_vision model (paper, appendix A.1; how sa_gen_pruned is made)
 
     sa-vision-prune run/sa_gen_cifar.safetensors --out pruned.safetensors
-    sa-vision-prune sa_gen_cifar --heads 0,1 0,1,2,3 0 0,1 0,1,2,3,4,5 "" --out pruned.pth
+    sa-vision-prune sa_gen_cifar --heads 1,2 1,2,3,4 1 1,2 1,2,3,4,5,6 "" --out pruned.pth
 
 A head is degenerate when its precision M_h = S_h S_h^T has largest eigenvalue < --max-eigenvalue-below (1e-5) or
 condition number > --max-condition (1000; App. A.1 says 1e5, the authors' script 1000); a layer whose heads are all
@@ -16,11 +16,13 @@ Pruned weights keep their source's preprocessing (input size, mean / std, label 
 dataset adds itself: a Hub folder's config.json, a training checkpoint's dataset), which sa-vision-validate and the
 other commands apply. timm reads neither from the file: the last lines print the create_model call and the arguments
 of timm's train.py that build the pruned model and feed it as its source was fed.
+
+Layers and heads are numbered from 1, here and in the figures, the explorer and sa-vision-plot's tables.
 """
 import argparse
 import shlex
 import sys
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sa_vision.errors import command
 from sa_vision.io import file_problem
@@ -33,13 +35,15 @@ from sa_vision.research.pruning import (
     check_thresholds,
     find_degenerate_heads,
     head_eigenvalues,
+    head_indices,
+    numbered_heads,
     prune_heads,
     pruned_arch,
     pruned_model_args,
     save_pruned,
     select_heads_to_prune,
 )
-from sa_vision.train.checkpoint import Checkpoint, load_model, read_checkpoint, weights_path
+from sa_vision.train.checkpoint import WEIGHT_SUFFIXES, Checkpoint, load_model, read_checkpoint, weights_path
 from sa_vision.train.timm_args import TIMM_MODEL_KWARGS
 
 # what timm's data config takes from a pretrained_cfg: printed as create_model's overlay and train.py's flags
@@ -55,12 +59,14 @@ def main(argv=None):
                                                       'its folder is created')
     parser.add_argument('--max-eigenvalue-below', type=float, default=MAX_EIGENVALUE_BELOW)
     parser.add_argument('--max-condition', type=float, default=MAX_CONDITION)
-    parser.add_argument('--heads', nargs='+', help='prune these heads instead: one comma list of head indices, from 0, '
-                                                   'per layer ("" for none); the figures\' and the explorer\'s head N '
-                                                   'is index N-1')
+    parser.add_argument('--heads', nargs='+', help='prune these heads instead: one comma list of heads per layer ("" '
+                                                   'for none), numbered from 1 as the figures and tables number them')
     parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
     args = parser.parse_args(argv)
     problem = file_problem(args.out)  # before any work
+    if not problem and not args.out.endswith(WEIGHT_SUFFIXES):
+        problem = (f'not a name of weights: name a .safetensors file, or a torch file ending in '
+                   f'{", ".join(s for s in WEIGHT_SUFFIXES if s != ".safetensors")}')
     if problem:
         raise PruningError(f'--out {args.out}: {problem}')
     if args.heads is None:
@@ -75,24 +81,17 @@ def main(argv=None):
                            f'does not have (kinds with one: {", ".join(GAUSSIAN_KINDS)}); name the heads to prune '
                            f'with --heads')
     if args.heads is not None:
-        try:
-            heads = [[int(h) for h in layer.split(',') if h.strip()] for layer in args.heads]
-        except ValueError:
-            raise PruningError(f'--heads takes one comma list of head indices per layer ("" for none), got '
-                               f'{args.heads}') from None
-        depth = len(attention_layers(model))
-        if len(heads) != depth:
-            raise PruningError(f'--heads gives {len(heads)} comma list(s) but the model has {depth} layers: one '
-                               f'list per layer, "" for a layer kept whole')
+        heads = _heads_argument(args.heads, model.heads_per_layer)
     else:
         thresholds = (args.max_eigenvalue_below, args.max_condition)
         heads = select_heads_to_prune(model, *thresholds)
         degenerate = find_degenerate_heads(model, *thresholds)
         for layer, (eig, drop, bad) in enumerate(zip(head_eigenvalues(model), heads, degenerate)):
-            kept = f' (all degenerate: keeps its least degenerate head {sorted(set(bad) - set(drop))[0]})' \
+            kept = f' (all degenerate: keeps its least degenerate head {sorted(set(bad) - set(drop))[0] + 1})' \
                 if len(bad) > len(drop) else ''
-            print(f'layer {layer + 1}: eigenvalues of M_h (small, large) '
-                  + ' '.join(f'({a:.2g},{b:.2g})' for a, b in eig.tolist()) + f' -> prune {drop}{kept}')
+            print(f'layer {layer + 1}: eigenvalues of M_h (small, large) of heads 1-{len(eig)} '
+                  + ' '.join(f'({a:.2g},{b:.2g})' for a, b in eig.tolist())
+                  + f' -> prune {numbered_heads([drop])[0]}{kept}')
     pruned = prune_heads(model, heads)
     print(f'pruned {[len(h) for h in heads]} heads per layer, kept {list(pruned.heads_per_layer)}, '
           f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
@@ -104,6 +103,19 @@ def main(argv=None):
     print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
     print(_timm_usage(arch, args.out, model_args, cfg))
     return 0
+
+
+def _heads_argument(values: List[str], heads_per_layer: Sequence[int]) -> List[List[int]]:
+    """The head indices per layer that ``--heads`` numbers (from 1), or a :class:`PruningError` in its terms."""
+    try:
+        numbers = [[int(h) for h in layer.split(',') if h.strip()] for layer in values]
+    except ValueError:
+        raise PruningError(f'--heads takes one comma list of heads per layer ("" for none), numbered from 1, got '
+                           f'{values}') from None
+    try:
+        return head_indices(numbers, heads_per_layer)
+    except PruningError as e:
+        raise PruningError(f'--heads: {e}') from None
 
 
 def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:

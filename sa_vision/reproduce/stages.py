@@ -23,7 +23,7 @@ from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
 from ..tables import plural
 from ..train.checkpoint import Checkpoint, read_checkpoint
-from ..train.data import check_dataset, dataset_info
+from ..train.data import TRAIN_SPLIT, check_dataset, dataset_info
 from .processes import Trainings, run_training
 from .profiles import (
     ABLATION_MODEL,
@@ -77,8 +77,9 @@ class Reproduction:
         if kept_dtype:
             self.profile = dataclasses.replace(self.profile, kept_dtype=kept_dtype)
         # a misspelt or unreadable --dataset fails here, before the folder or a recipe is written
-        check_dataset(dataset or self.profile.dataset, data_dir, download)
-        self.dataset = dataset_info(dataset or self.profile.dataset).name
+        info = dataset_info(dataset or self.profile.dataset)
+        check_dataset(dataset or self.profile.dataset, data_dir, download, TRAIN_SPLIT, info.eval_split)
+        self.dataset = info.name
         self.out = Path(out_dir)
         if epochs is not None and all(self.profile.recipe(m, self.dataset, epochs) == self.profile.recipe(
                 m, self.dataset) for m in TRAINED_MODELS):
@@ -201,27 +202,29 @@ class Reproduction:
             say(f'pruning: {out.name} and {finetuned} are not of the weights now in {source_path} (pruning.json '
                 f'holds another digest, or none): pruning and fine-tuning anew')
             shutil.rmtree(finetuned, ignore_errors=True)
-        from ..research.pruning import find_degenerate_heads, prune_heads, save_pruned, select_heads_to_prune
+        from ..research import pruning
         say(f'pruning: reading {source_path}')
         # a Hub folder's model pads the dataset's images itself; fine-tuning trains on the padded ones, as its source
         model = Checkpoint(source.arch, {k: v for k, v in source.model_args.items() if not k.startswith('input_pad')},
                            source.state_dict, source.source, source.format).create_model()
         before = before or source.meta.get('metrics') or {}  # a Hub folder keeps no metrics
-        degenerate = find_degenerate_heads(model)
-        heads = select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
-        say(f'pruning: degenerate heads per layer {degenerate}, pruning {heads} (sa-vision-prune\'s default '
-            f'thresholds; a layer keeps at least one head)')
-        pruned = prune_heads(model, heads)
+        degenerate = pruning.find_degenerate_heads(model)
+        heads = pruning.select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
+        # numbered from 1 in the log and pruning.json, as sa-vision-prune and the figures number heads
+        numbered = {'degenerate_heads': pruning.numbered_heads(degenerate),
+                    'pruned_heads': pruning.numbered_heads(heads)}
+        say(f'pruning: degenerate heads per layer {numbered["degenerate_heads"]}, pruning {numbered["pruned_heads"]} '
+            f'(sa-vision-prune\'s default thresholds; a layer keeps at least one head)')
+        pruned = pruning.prune_heads(model, heads)
         info = dataset_info(self.dataset)
         say(f'pruning: evaluating the pruned model ({list(pruned.heads_per_layer)} heads) on the {info.title} '
              f'{info.eval_split} split ...')
         started = time.time()
         after = self._evaluate(pruned)
         say(f'pruning: evaluated {after.get("num_images", "")} images in {time.time() - started:.0f} s; writing {out}')
-        save_pruned(pruned, out, heads)
+        pruning.save_pruned(pruned, out, heads)
         report = {
-            'source': str(source_path), 'source_weights_sha256': digest,
-            'degenerate_heads': degenerate, 'pruned_heads': heads,
+            'source': str(source_path), 'source_weights_sha256': digest, **numbered,
             'heads_removed_per_layer': [len(h) for h in heads],
             'kept_heads_per_layer': list(pruned.heads_per_layer),
             'top1_before_pruning': before.get('top1'), 'top1_after_pruning': after['top1'],

@@ -1,7 +1,8 @@
 """ Where the attention heads look: per-head statistics of a trained (or random) SA model (paper Sec. 4)
 
-:func:`head_statistics` reports per layer (counted from 1, as the paper's figures and ``sa-vision-prune`` count them:
-``blocks[layer - 1]``) and head (from 0), from the attention of one interior query pixel:
+:func:`head_statistics` reports per layer and head (both numbered from 1, as the paper's figures number layers and
+``sa-vision-prune`` and our figures number both: ``blocks[layer - 1]``, head index ``head - 1``), from the attention
+of one interior query pixel:
 ``center_row/col`` (``mu_h`` for the Gaussian kinds, else the mean shift), ``mean_row/col`` (the probability-weighted
 mean shift, which differs from ``mu_h`` near borders), ``cov_*`` (``M_h^-1``, Gaussian kinds only, NaN otherwise),
 ``r50`` / ``r90`` (radius around the mean holding 50 / 90 % of the mass), ``peak`` (the largest probability),
@@ -251,7 +252,7 @@ def head_statistics(
             flat = head_map.flatten()
             entropy = -float((flat * flat.clamp(min=1e-300).log()).sum())
             rows.append({
-                'layer': layer_index + 1, 'head': head, 'kind': kind,
+                'layer': layer_index + 1, 'head': head + 1, 'kind': kind,
                 'center_row': float(center[0]), 'center_col': float(center[1]),
                 'mean_row': float(mean[0]), 'mean_col': float(mean[1]),
                 'cov_rr': float(cov[0, 0]), 'cov_rc': float(cov[0, 1]), 'cov_cc': float(cov[1, 1]),

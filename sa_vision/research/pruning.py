@@ -29,7 +29,8 @@ from ..models.sa_state_dict import (
 from .analysis import GAUSSIAN_KINDS, attention_layers, head_precisions
 
 __all__ = ['PRUNED_ARCH', 'PruningError', 'save_pruned', 'pruned_arch', 'pruned_model_args', 'head_eigenvalues',
-           'check_thresholds', 'find_degenerate_heads', 'select_heads_to_prune', 'prune_state_dict', 'prune_heads']
+           'check_thresholds', 'find_degenerate_heads', 'select_heads_to_prune', 'prune_state_dict', 'prune_heads',
+           'numbered_heads', 'head_indices']
 
 MAX_EIGENVALUE_BELOW = 1e-5  # App. A.1 and the authors' script: prune if M_h's largest eigenvalue is below this
 MAX_CONDITION = 1000.  # the authors' script (App. A.1: 1e5): prune if M_h's condition number is above this
@@ -38,6 +39,27 @@ PRUNED_ARCH = 'sa_gen_pruned'  # the registered model of pruned generalized weig
 
 class PruningError(UserError):
     """Heads that cannot be pruned as asked (an unknown head or layer, a layer left without heads, another kind)."""
+
+
+# What a person reads and types (the figures, the explorer, the tables, sa-vision-prune, pruning.json) numbers layers
+# and heads from 1, as the paper's figures number layers; Python's lists of head indices count from 0.
+def numbered_heads(heads: Sequence[Sequence[int]]) -> List[List[int]]:
+    """Per layer, head indices as the outputs number them: from 1."""
+    return [[int(h) + 1 for h in layer] for layer in heads]
+
+
+def head_indices(numbers: Sequence[Sequence[int]], heads_per_layer: Sequence[int]) -> List[List[int]]:
+    """Per layer, the indices of the heads numbered ``numbers`` (from 1, as :func:`numbered_heads` gives them); a
+    :class:`PruningError` names a number the layer does not have."""
+    if len(numbers) != len(heads_per_layer):
+        raise PruningError(f'{len(numbers)} list(s) of heads but the model has {len(heads_per_layer)} layers: one '
+                           f'list per layer, an empty one for a layer kept whole')
+    for layer, (layer_numbers, num_heads) in enumerate(zip(numbers, heads_per_layer), start=1):
+        unknown = sorted({h for h in layer_numbers if not 1 <= h <= num_heads})
+        if unknown:
+            raise PruningError(f'layer {layer} has heads 1-{num_heads} (numbered from 1, as the figures, the '
+                               f'explorer and the tables number them), not {unknown}')
+    return [[h - 1 for h in layer_numbers] for layer_numbers in numbers]
 
 
 def head_eigenvalues(model: nn.Module) -> List[Tensor]:
@@ -122,13 +144,13 @@ def prune_state_dict(
     kept_per_layer = []
     for layer, (drop, num_heads) in enumerate(zip(heads_to_prune, heads_per_layer)):
         drop = sorted({int(h) for h in drop})
-        # layers counted from 1, as sa-vision-prune lists them; heads by their index, from 0, as --heads takes them
-        if any(not 0 <= h < num_heads for h in drop):
-            raise PruningError(f'layer {layer + 1} has heads 0..{num_heads - 1}, cannot prune heads {drop}')
+        if any(not 0 <= h < num_heads for h in drop):  # indices: the outputs' numbers (numbered_heads) less 1
+            raise PruningError(f'layer {layer + 1} has head indices 0-{num_heads - 1} (heads 1-{num_heads}), cannot '
+                               f'prune indices {drop}')
         keep = [h for h in range(num_heads) if h not in drop]
         if not keep:
-            raise PruningError(f'pruning heads {drop} would leave layer {layer + 1} without any head; keep at '
-                               f'least one')
+            raise PruningError(f'pruning heads {numbered_heads([drop])[0]} would leave layer {layer + 1} without '
+                               f'any head; keep at least one')
         kept_per_layer.append(len(keep))
         for suffix, (dim, width) in per_head.items():
             key = block_key(layer, suffix)

@@ -10,6 +10,7 @@ from typing import Optional
 from timm.utils import ParseKwargs
 
 from ..errors import RecipeError, UserError
+from .data import TRAIN_SPLIT
 from .optimizer import FUSED_OPTIMIZERS
 from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
 from .runtime import COMPILE_MODES, default_threads
@@ -169,7 +170,7 @@ def _dataset_arguments(group) -> None:
                        help="'digits' (offline, scikit-learn), 'fashion-mnist' (offline: Debian's "
                             "dataset-fashion-mnist or the four IDX files in --data-dir), 'torch/cifar10', or '' (or "
                             "any other name, which the export's tag carries) for an ImageFolder (default: digits)")
-    group.add_argument('--train-split', metavar='NAME', default='train')
+    group.add_argument('--train-split', metavar='NAME', default=TRAIN_SPLIT)
     group.add_argument('--val-split', metavar='NAME', default='validation',
                        help='held-out split (torch/cifar10, fashion-mnist and digits map it to their test split; an '
                             'ImageFolder needs this subfolder)')

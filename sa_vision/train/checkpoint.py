@@ -38,7 +38,7 @@ from .timm_args import timm_model_args, timm_num_epochs
 __all__ = [
     'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'read_checkpoint',
     'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict', 'strip_runtime_args', 'RUNTIME_ARGS',
-    'TRAINING_PROCESSES',
+    'TRAINING_PROCESSES', 'WEIGHT_SUFFIXES',
 ]
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
@@ -53,7 +53,7 @@ RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, k
 BEST_CHECKPOINT = 'model_best.pth.tar'  # the epoch best by --eval-metric, named as timm's CheckpointSaver names it
 # config.json's record of the processes an exported run trained on (its recipe's batch size is each process's)
 TRAINING_PROCESSES = 'training_processes'
-_WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
+WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')  # weights_path reads, prune writes
 # the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
 _BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
 
@@ -376,7 +376,7 @@ def weights_path(source: str) -> Optional[Path]:
         return folder
     path = Path(source)
     # a path that is not there (timm would only say it has no source prefix): read_checkpoint names it
-    if path.exists() or source.endswith(_WEIGHT_SUFFIXES) or _looks_like_path(source):
+    if path.exists() or source.endswith(WEIGHT_SUFFIXES) or _looks_like_path(source):
         return path
     return None
 

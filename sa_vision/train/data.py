@@ -95,6 +95,7 @@ _ENTRIES = (
                 'test', class_names=tuple(str(d) for d in range(10)), read=read_digits, check=check_digits,
                 splits=TRAIN_TEST_SPLITS, tensor_images=True, data_dir='unused'),
 )
+TRAIN_SPLIT = 'train'  # --train-split's default, as timm's train.py has it
 _DATASETS = {name: info for info in _ENTRIES for name in (info.name, *info.aliases)}  # every --dataset value
 # timm's create_dataset prefixes: '<type>/<name>' is passed on to timm as it is
 _TIMM_DATASET_TYPES = ('torch/', 'tfds/', 'wds/', 'hfds/', 'hfids/')

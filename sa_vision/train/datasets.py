@@ -251,10 +251,14 @@ def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) 
         # torchvision's datasets say so when their files are missing (and name download=True, a Python argument)
         if source.download or 'download=True' not in str(e):
             raise
-        raise DatasetNotFoundError(
-            f'{source.name} is not in {source.data_dir or "the current folder"} ({str(e).strip()}). Add '
-            f'--dataset-download to download it there, or point --data-dir at the folder that holds it; for '
-            f"an image folder of your own (train/<class>/, validation/<class>/), pass --dataset ''") from None
+        raise _timm_dataset_not_found(source, str(e).strip()) from None
+
+
+def _timm_dataset_not_found(source: DataSource, detail: str) -> DatasetNotFoundError:
+    return DatasetNotFoundError(
+        f'{source.name} is not in {source.data_dir or "the current folder"} ({detail}). Add --dataset-download to '
+        f'download it there, or point --data-dir at the folder that holds it; for an image folder of your own '
+        f"(train/<class>/, validation/<class>/), pass --dataset ''")
 
 
 def failed_download(error: BaseException) -> Optional[Dict[str, str]]:
@@ -276,8 +280,19 @@ def failed_download(error: BaseException) -> Optional[Dict[str, str]]:
 
 
 def check_timm(source: DataSource, split: str, is_training: bool) -> None:
-    """Nothing to check before reading: torchvision checks a torch/ dataset's files when it reads them (and
-    :func:`read_timm` says what to do when they are missing)."""
+    """torchvision's CIFAR-10 / CIFAR-100 (``torch/cifar10``, ``torch/cifar100``) without a file of ``split``, as
+    :func:`read_timm` would say, by their names (torchvision checks their contents when it reads them); other timm
+    datasets are checked as they are read."""
+    from torchvision.datasets import CIFAR10, CIFAR100
+    cifar = {'torch/cifar10': CIFAR10, 'torch/cifar100': CIFAR100}.get(source.name.lower())
+    if cifar is None or source.download:
+        return
+    # timm's create_dataset reads the training files for 'train' / 'training', else the test batch
+    files = cifar.train_list if split in ('train', 'training') else cifar.test_list
+    folder = os.path.join(source.data_dir or '', cifar.base_folder)
+    missing = [name for name, _ in files if not os.path.isfile(os.path.join(folder, name))]
+    if missing:
+        raise _timm_dataset_not_found(source, f'{folder} has no {", ".join(missing)}')
 
 
 def read_image_folder(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:
