@@ -82,6 +82,9 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capf
 
     pruning = json.loads((out / 'pruning.json').read_text())
     assert len(pruning['kept_heads_per_layer']) == 2 and all(k >= 1 for k in pruning['kept_heads_per_layer'])
+    # heads numbered from 1 (the file says so), as the figures and sa-vision-prune number them: 3 heads a layer
+    assert pruning['heads_numbered_from'] == 1
+    assert all(1 <= h <= 3 for layer in pruning['degenerate_heads'] + pruning['pruned_heads'] for h in layer)
 
     import timm
 
@@ -288,6 +291,23 @@ def test_a_run_is_skipped_or_continued_only_as_the_run_of_its_stages_arguments(t
             other.run()
         assert differing in str(error.value) and 'Remove ' in str(error.value), str(error.value)
     assert not trained
+
+
+def test_pruning_json_and_the_log_number_heads_from_1(tmp_path, capsys):
+    """The second head of the one layer planted degenerate (index 1) is head 2 in pruning.json and in the log, as
+    the figures and sa-vision-prune number it."""
+    from sa_vision.reproduce import Reproduction
+    zoo = Reproduction(tmp_path, 'tiny')
+    _finished_run(tmp_path, 'sa_gen_cifar')
+    path = tmp_path / 'runs' / 'sa_gen_cifar' / 'last.pth.tar'
+    ckpt = torch.load(path, weights_only=True)
+    ckpt['state_dict']['blocks.0.attn.position.precision_factors'][1] = torch.eye(2) * 1e-3  # M_h's largest 1e-6
+    torch.save(ckpt, path)
+    zoo.prune()
+    report = json.loads((tmp_path / 'pruning.json').read_text())
+    assert report['heads_numbered_from'] == 1 and report['pruned_heads'] == report['degenerate_heads'] == [[2]]
+    assert report['kept_heads_per_layer'] == [1]
+    assert 'degenerate heads per layer [[2]], pruning [[2]]' in capsys.readouterr().out
 
 
 def test_pruning_and_its_fine_tuning_are_made_again_when_the_source_weights_change(tmp_path, capsys):

@@ -210,8 +210,8 @@ class Reproduction:
         before = before or source.meta.get('metrics') or {}  # a Hub folder keeps no metrics
         degenerate = pruning.find_degenerate_heads(model)
         heads = pruning.select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
-        # numbered from 1 in the log and pruning.json, as sa-vision-prune and the figures number heads
-        numbered = {'degenerate_heads': pruning.numbered_heads(degenerate),
+        # numbered from 1 in the log and pruning.json (which says so: older ones counted from 0), as sa-vision-prune
+        numbered = {'heads_numbered_from': 1, 'degenerate_heads': pruning.numbered_heads(degenerate),
                     'pruned_heads': pruning.numbered_heads(heads)}
         say(f'pruning: degenerate heads per layer {numbered["degenerate_heads"]}, pruning {numbered["pruned_heads"]} '
             f'(sa-vision-prune\'s default thresholds; a layer keeps at least one head)')
