@@ -218,8 +218,8 @@ def _run_prune_script(*args):
 
 
 def test_heads_given_to_the_prune_command_are_numbered_from_1_as_the_figures_number_them(tmp_path, capsys):
-    """--heads 2 removes the head the figures label "head 2": the second one (index 1); its printout and the
-    reproduction's pruning.json number them the same way."""
+    """--heads 2 removes the head the figures label "head 2": the second one (index 1); the printout of the
+    automatic choice numbers them the same way (pruning.json: tests/test_reproduce.py)."""
     from sa_vision.research.analysis import load_model
     from sa_vision.research.pruning import numbered_heads
     model = planted_model()
