@@ -86,12 +86,12 @@ def main(argv=None):
         thresholds = (args.max_eigenvalue_below, args.max_condition)
         heads = select_heads_to_prune(model, *thresholds)
         degenerate = find_degenerate_heads(model, *thresholds)
-        for layer, (eig, drop, bad) in enumerate(zip(head_eigenvalues(model), heads, degenerate)):
-            kept = f' (all degenerate: keeps its least degenerate head {sorted(set(bad) - set(drop))[0] + 1})' \
+        numbered = zip(head_eigenvalues(model), numbered_heads(heads), numbered_heads(degenerate))
+        for layer, (eig, drop, bad) in enumerate(numbered, start=1):
+            kept = f' (all degenerate: keeps its least degenerate head {sorted(set(bad) - set(drop))[0]})' \
                 if len(bad) > len(drop) else ''
-            print(f'layer {layer + 1}: eigenvalues of M_h (small, large) of heads 1-{len(eig)} '
-                  + ' '.join(f'({a:.2g},{b:.2g})' for a, b in eig.tolist())
-                  + f' -> prune {numbered_heads([drop])[0]}{kept}')
+            print(f'layer {layer}: eigenvalues of M_h (small, large) of heads 1-{len(eig)} '
+                  + ' '.join(f'({a:.2g},{b:.2g})' for a, b in eig.tolist()) + f' -> prune {drop}{kept}')
     pruned = prune_heads(model, heads)
     print(f'pruned {[len(h) for h in heads]} heads per layer, kept {list(pruned.heads_per_layer)}, '
           f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
