@@ -2,6 +2,8 @@
 
 Each script runs in this process through ``sa_vision.errors.run_cli``, as its ``__main__`` block does; one of them
 (sa-vision-prune) also runs as a real subprocess in tests/test_pruning.py. """
+import atexit
+import gc
 from pathlib import Path
 
 import pytest
@@ -119,6 +121,17 @@ def test_bugs_keep_their_traceback(monkeypatch):
         run_cli(broken, [])
 
 
+def _record_atexit(monkeypatch) -> list:
+    """What is registered with ``atexit`` from now on (and not unregistered), instead of registering it."""
+    registered = []
+
+    def unregister(func):
+        registered[:] = [f for f in registered if f is not func]
+    monkeypatch.setattr(atexit, 'register', registered.append)
+    monkeypatch.setattr(atexit, 'unregister', unregister)
+    return registered
+
+
 @pytest.mark.parametrize('script', ['train', 'validate', 'benchmark', 'plot_attention', 'prune', 'push_to_hub',
                                     'reproduce', 'model_table', 'explore'])
 def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
@@ -129,7 +142,11 @@ def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
     def mistaken(argv=None):
         raise UserError('a mistake')
     monkeypatch.setattr(module, 'main', mistaken)
+    at_exit = _record_atexit(monkeypatch)
     assert module.cli() == 2 and capsys.readouterr().err == 'error: a mistake\n'
+    module.cli()
+    # the process's exit leaves its objects out of its collections (freeze_at_exit), once however often cli ran
+    assert at_exit == [gc.freeze]
     # pyproject.toml, not importlib.metadata: a checkout's stale sa_vision.egg-info would answer for the install
     tomllib = pytest.importorskip('tomllib')  # Python >= 3.11
     with open(ROOT / 'pyproject.toml', 'rb') as f:

@@ -22,7 +22,7 @@ from torch import nn
 
 import sa_vision  # noqa: F401  (registers the models with timm)
 
-from ..errors import UserError, run_cli
+from ..errors import UserError, freeze_at_exit, run_cli
 from ..models.param_groups import check_pos_lr_scale, param_groups_pos_lr
 
 __all__ = ['main', 'use_pos_lr_scale']
@@ -81,4 +81,5 @@ def main(argv: Optional[List[str]] = None) -> None:
 
 
 if __name__ == '__main__':
+    freeze_at_exit()
     sys.exit(run_cli(main))

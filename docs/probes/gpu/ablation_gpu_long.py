@@ -46,6 +46,7 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 from zoo_gpu_long import estimate_s, positional_only, shared_slowdown  # noqa: E402
 
+from sa_vision.errors import freeze_at_exit  # noqa: E402
 from sa_vision.io import atomic_write_text  # noqa: E402
 from sa_vision.models.sa_state_dict import CENTERS, block_key, layer_indices  # noqa: E402
 from sa_vision.reproduce import ABLATION_MODEL, ABLATION_VARIANTS, Reproduction, StageStopped, ablation_run_name  # noqa: E402
@@ -203,4 +204,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
+    freeze_at_exit()
     sys.exit(main())

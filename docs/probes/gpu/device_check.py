@@ -75,6 +75,7 @@ from batch_major import batch_major
 from torch._dynamo.utils import counters
 
 import sa_vision
+from sa_vision.errors import freeze_at_exit
 from sa_vision.layers import dense_attention
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
@@ -1374,4 +1375,5 @@ def run_items(check: Check, selected: List[Item], warmed_steps: set, zoo_selecte
         goals(log, zoo_selected, final=False)
 
 if __name__ == '__main__':
+    freeze_at_exit()
     sys.exit(main())

@@ -68,6 +68,7 @@ require_timm()
 
 import torch  # noqa: E402
 
+from sa_vision.errors import freeze_at_exit  # noqa: E402
 from sa_vision.io import atomic_write_text  # noqa: E402
 from sa_vision.layers import PositionalAttention, dense_attention  # noqa: E402
 from sa_vision.reproduce.kept import model_as_trained  # noqa: E402
@@ -556,4 +557,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
+    freeze_at_exit()
     sys.exit(main())

@@ -32,6 +32,7 @@ require_timm()  # one line and exit 2 where timm is outside pyproject's range: s
 
 import torch
 
+from sa_vision.errors import freeze_at_exit
 from sa_vision.io import atomic_write_text
 from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER, Reproduction, StagedZoo, record_kept_models
 from sa_vision.reproduce.profiles import PRUNE_SOURCE
@@ -341,4 +342,5 @@ def run_stages(staged: StagedZoo, args, result: dict, start: float) -> bool:
     return guarded
 
 if __name__ == '__main__':
+    freeze_at_exit()
     sys.exit(main())
