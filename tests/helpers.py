@@ -3,6 +3,7 @@ a new file's mode and the loading of a probe script """
 import contextlib
 import importlib
 import importlib.util
+import logging
 import os
 import sys
 from pathlib import Path
@@ -40,8 +41,30 @@ def command_here(capture, name: str, *args) -> Tuple[int, str, str]:
     core: a test runs the installed command itself only where the process is what it checks."""
     from sa_vision.errors import run_cli
     capture.readouterr()
-    status = run_cli(importlib.import_module(f'sa_vision.cli.{name}').main, list(map(str, args)))
+    with keeping_threads():
+        status = run_cli(importlib.import_module(f'sa_vision.cli.{name}').main, list(map(str, args)))
     return (status, *capture.readouterr())
+
+
+@contextlib.contextmanager
+def keeping_threads() -> Iterator[None]:
+    """torch's thread count as it was before the block: a command's ``--threads`` is its process's, and a command
+    run in this process must not leave it to the tests after it."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_here(caplog, capture, *args) -> Tuple[int, str]:
+    """(exit status, log) of ``sa-vision-train --threads 1 args`` run in this process (:func:`command_here`): the
+    messages it logs (INFO and up, as the installed command prints them), then what it printed. One thread, as the
+    tests' training processes run (OMP_NUM_THREADS=1), so that a run here and one in a process compare bitwise."""
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        status, out, err = command_here(capture, 'train', '--threads', 1, *args)
+    return status, ''.join(f'{record.getMessage()}\n' for record in caplog.records) + out + err
 
 
 SA_MODELS = tuple(SA_MODEL_ARGS)  # every registered attention model

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import HANG_TIMEOUT_S, command
+from helpers import HANG_TIMEOUT_S, keeping_threads
 
 pytest.importorskip('sklearn')
 
@@ -47,9 +47,11 @@ def _env():
 
 
 def _train(out, *args):
-    cmd = [*command('train'), *map(str, args), '--output', str(out)]
-    proc = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    """sa-vision-train ``args`` into ``out`` in this process, on one thread as the tests' training processes run,
+    so that its runs repeat bitwise; it must succeed."""
+    from sa_vision.cli import train
+    with keeping_threads():
+        assert run_cli(train.main, [*map(str, args), '--output', str(out), '--threads', '1']) == 0
 
 
 @pytest.fixture(scope='module')

@@ -96,13 +96,13 @@ def _pos_lrs(ckpt):
 
 
 @pytest.mark.slow
-def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
+def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path, caplog, capsys):
     pytest.importorskip('sklearn')  # the digits data
     from test_train import DIGITS_RECIPE, TINY_ARGS, load_ckpt, run_train, train_killed_after_first_epoch
     epochs, scale = 3, 10.
     args = ['-c', DIGITS_RECIPE, *TINY_ARGS, '--epochs', epochs, '--warmup-epochs', 0.5, '-b', 64, '--min-lr', 1e-4,
             '--output', tmp_path, '--log-interval', 5]
-    run_train(args + ['--experiment', 'straight', '--pos-lr-scale', scale])
+    run_train(caplog, capsys, args + ['--experiment', 'straight', '--pos-lr-scale', scale])
     straight = load_ckpt(tmp_path / 'straight' / 'last.pth.tar')
     base, pos, got_scale = _pos_lrs(straight)
     assert got_scale == scale and base > 0 and pos == pytest.approx(scale * base, rel=1e-12)
@@ -115,7 +115,8 @@ def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path):
     base1, pos1, _ = _pos_lrs(saved)
     assert pos1 == pytest.approx(scale * base1, rel=1e-12) and base1 > base  # mid-schedule, still scaled
 
-    run_train(args + ['--experiment', 'killed', '--resume', last])  # the scale comes from the run, not repeated
+    # the scale comes from the run, not repeated
+    run_train(caplog, capsys, args + ['--experiment', 'killed', '--resume', last])
     resumed = load_ckpt(last)
     assert resumed['epoch'] == epochs - 1
     assert _pos_lrs(resumed) == (base, pos, scale)  # the same lr at the same step as the uninterrupted run

@@ -1,6 +1,7 @@
 """ sa-vision-reproduce end to end on digits with tiny models: five folders, a five-row table, kill and rerun """
 import csv
 import json
+import logging
 import os
 import shutil
 import signal
@@ -13,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS, command, command_here
+from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS, command, command_here, keeping_threads, train_here
 
 pytest.importorskip('sklearn')
 
@@ -25,17 +26,8 @@ def _env():
     return dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT), PYTHONUNBUFFERED='1')
 
 
-def _reproduce(out):
-    """The log of sa-vision-reproduce --profile tiny --out ``out`` in a process of its own, which must succeed."""
-    proc = subprocess.run([*command('reproduce'), '--profile', 'tiny', '--out', str(out)],
-                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=HANG_TIMEOUT_S)
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, log[-4000:]
-    return log
-
-
 @pytest.mark.slow
-def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capfd):
+def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capfd, caplog, monkeypatch):
     out = tmp_path / 'zoo'
     # killed (SIGKILL) in the middle of the second training stage, after its first epoch
     proc = subprocess.Popen([*command('reproduce'), '--profile', 'tiny', '--out', str(out)], cwd=ROOT,
@@ -52,7 +44,13 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capf
     killed = torch.load(out / 'runs' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
     assert killed['epoch'] == 0 and killed['num_epochs'] == 2  # epoch 0 done
 
-    log = _reproduce(out)
+    # the rerun in this process, its trainings too: the killed run above went through the processes
+    from sa_vision.reproduce import stages
+    monkeypatch.setattr(stages, 'run_training', _in_process_training)
+    with caplog.at_level(logging.INFO):  # what the trainings log
+        code, stdout, stderr = command_here(capfd, 'reproduce', '--profile', 'tiny', '--out', out)
+    log = stdout + stderr + ''.join(f'{record.getMessage()}\n' for record in caplog.records)
+    assert code == 0, log[-4000:]
     assert 'sa_quadratic_cifar: finished (2 epochs), skipped' in log
     assert 'sa_gen_cifar: continuing the killed run at epoch 1' in log
     # the training process itself resumed at the saved epoch and update count (it did not start over)
@@ -60,9 +58,9 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capf
     assert first.stat().st_mtime_ns == first_mtime, 'a finished stage was trained again'
     # the resumed stage continued the killed run's weights and optimizer state: it ends where an uninterrupted
     # run of the same recipe ends (a resume that restarted from fresh weights or a fresh optimizer does not)
-    subprocess.run([sys.executable, '-m', 'sa_vision.cli.train', '-c', str(out / 'recipes' / 'sa_gen_cifar.yaml'),
-                    '--output', str(tmp_path / 'uninterrupted'), '--experiment', 'sa_gen_cifar'],
-                   cwd=ROOT, env=_env(), check=True, capture_output=True, timeout=HANG_TIMEOUT_S)
+    status, reference_log = train_here(caplog, capfd, '-c', out / 'recipes' / 'sa_gen_cifar.yaml',
+                                       '--output', tmp_path / 'uninterrupted', '--experiment', 'sa_gen_cifar')
+    assert status == 0, reference_log[-4000:]
     reference = torch.load(tmp_path / 'uninterrupted' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
     resumed = torch.load(out / 'runs' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
     assert resumed['epoch'] == reference['epoch'] == 1
@@ -258,11 +256,13 @@ def test_a_reproduction_continues_on_another_device_or_worker_count(tmp_path):
 
 
 def _in_process_training(cmd, tag, trainings=None):
-    """A stage's sa-vision-train run in this process (seconds for the tiny profile, no interpreter start)."""
+    """A stage's sa-vision-train run in this process (seconds for the tiny profile, no interpreter start), on one
+    thread as the stages' processes run here (OMP_NUM_THREADS=1), so that it repeats a run of theirs bitwise."""
     from sa_vision.cli import train
     from sa_vision.errors import run_cli
     assert cmd[1:3] == ['-m', 'sa_vision.cli.train'], cmd
-    return run_cli(train.main, cmd[3:])
+    with keeping_threads():
+        return run_cli(train.main, [*cmd[3:], '--threads', '1'])
 
 
 def test_a_run_is_skipped_or_continued_only_as_the_run_of_its_stages_arguments(tmp_path, monkeypatch, capsys):
@@ -608,10 +608,11 @@ def _keep_check_and_draw_the_zoo(out, tmp_path, capfd):
 
 
 @pytest.mark.slow
-def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(tmp_path, capsys):
+def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(tmp_path, capsys, monkeypatch):
     """A training killed before its first epoch was saved leaves a run folder without last.pth.tar; the training
     script refuses a new run into a folder that holds files, so the stage clears it and trains anew."""
-    from sa_vision.reproduce import Reproduction
+    from sa_vision.reproduce import Reproduction, stages
+    monkeypatch.setattr(stages, 'run_training', _in_process_training)
     zoo = Reproduction(tmp_path, 'tiny', epochs=1)
     run = zoo.run_dir('sa_quadratic_cifar')
     run.mkdir(parents=True)

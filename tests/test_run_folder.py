@@ -4,13 +4,12 @@ whole, and the files written through a temporary file get the mode ``open()`` gi
 import csv
 import os
 import stat
-import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from helpers import HANG_TIMEOUT_S, command, command_here, usual_file_mode
+from helpers import command_here, train_here, usual_file_mode
 from timm.models import resume_checkpoint
 
 from sa_vision.errors import UserError
@@ -29,13 +28,6 @@ TINY_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', '
 def _train_args(out, name, epochs):
     return ['-c', DIGITS_RECIPE, *TINY_ARGS, '--epochs', epochs, '--warmup-epochs', 0.5, '-b', 64,
             '--output', out, '--experiment', name, '--log-interval', 50]
-
-
-def _train(args):
-    """(exit status, stdout + stderr) of sa-vision-train with ``args``."""
-    proc = subprocess.run([*command('train'), *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT)), timeout=HANG_TIMEOUT_S)
-    return proc.returncode, proc.stdout + proc.stderr
 
 
 def _files(folder: Path) -> dict:
@@ -132,9 +124,10 @@ def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_folder_holds_one_run(tmp_path, capsys):
+def test_a_run_folder_holds_one_run(tmp_path, capsys, caplog, monkeypatch):
+    monkeypatch.chdir(ROOT)  # a user's folder, which the relative path below names the run from
     run = tmp_path / 'run'
-    status, log = _train(_train_args(tmp_path, 'run', 2) + ['--save-epoch-weights', '--export'])
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2) + ['--save-epoch-weights', '--export'])
     assert status == 0, log[-3000:]
     best = _best_epoch(run / 'summary.csv')
     best_ckpt = torch.load(run / 'model_best.pth.tar', weights_only=True)
@@ -166,7 +159,7 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys):
     # whole (a file of the earlier export that the new one does not write is gone with it)
     (run / 'hub' / 'stale.txt').write_text('written by the earlier export only')
     relative = Path(os.path.relpath(run, ROOT))  # as a user in another folder names it; the log keeps it so
-    status, log = _train(['--resume', relative / 'last.pth.tar', '--epochs', 3, '--export'])
+    status, log = train_here(caplog, capsys, '--resume', relative / 'last.pth.tar', '--epochs', 3, '--export')
     assert status == 0, log[-3000:]
     assert f'Run folder {relative};' in log and f'Saved checkpoint epoch 3/3 to {relative / "last.pth.tar"}' in log
     assert not (run / 'hub' / 'stale.txt').exists()

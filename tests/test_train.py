@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S, command
+from helpers import HANG_TIMEOUT_S, command, command_here, train_here
 
 pytest.importorskip('sklearn')
 
@@ -22,16 +22,17 @@ DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
 TINY_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
 
 
-def _env(threads: int = 1):
+def _env():
     # one BLAS thread per process: no oversubscription when processes share the 2 cores
-    return dict(os.environ, OMP_NUM_THREADS=str(threads), PYTHONPATH=str(ROOT))
+    return dict(os.environ, OMP_NUM_THREADS='1', PYTHONPATH=str(ROOT))
 
 
-def run_train(args, threads=1, timeout=HANG_TIMEOUT_S):
-    proc = subprocess.run([*command('train'), *map(str, args)], cwd=ROOT, env=_env(threads),
-                          capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout + proc.stderr
+def run_train(caplog, capsys, args):
+    """The log of sa-vision-train ``args`` run in this process on one thread (``train_here``), which must succeed:
+    only the killed run and torchrun need processes of their own."""
+    status, log = train_here(caplog, capsys, *args)
+    assert status == 0, log[-4000:]
+    return log
 
 
 def result_of(log: str):
@@ -44,8 +45,9 @@ def load_ckpt(path):
 
 
 @pytest.mark.slow
-def test_digits_small_sa_model_reaches_90_percent(tmp_path):
-    log = run_train(['-c', DIGITS_RECIPE, '--output', tmp_path, '--experiment', 'digits', '--target-top1', 90])
+def test_digits_small_sa_model_reaches_90_percent(tmp_path, caplog, capsys):
+    log = run_train(caplog, capsys, ['-c', DIGITS_RECIPE, '--output', tmp_path, '--experiment', 'digits',
+                                     '--target-top1', 90])
     result = result_of(log)
     assert result['dataset'] == 'digits' and result['num_images'] == 360
     assert result['top1'] >= 90., log[-2000:]
@@ -76,9 +78,9 @@ RANDOM_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2',
 
 
 @pytest.mark.slow
-def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
+def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path, caplog, capsys):
     epochs = 3
-    run_train(_mechanics_args(tmp_path, 'straight', epochs) + RANDOM_ARGS)
+    run_train(caplog, capsys, _mechanics_args(tmp_path, 'straight', epochs) + RANDOM_ARGS)
 
     # the same run, killed (SIGKILL) right after it saved its first epoch
     train_killed_after_first_epoch(_mechanics_args(tmp_path, 'killed', epochs) + RANDOM_ARGS)
@@ -88,7 +90,7 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
 
     saved = load_ckpt(last)
     # no recipe and no options: the run's own arguments (AdamW, dropout, augmentation) are taken from its checkpoint
-    log = run_train(['--resume', last])
+    log = run_train(caplog, capsys, ['--resume', last])
     # the resumed process starts at the saved epoch and update count, it does not redo epoch 0
     assert f'at epoch {saved["epoch"] + 1}, update {saved["num_updates"]}' in log
     trained_epochs = sorted({int(ln.split()[1]) for ln in log.splitlines() if ln.startswith('Train: ')})
@@ -102,7 +104,7 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path):
 
 
 @pytest.mark.slow
-def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp_path):
+def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp_path, caplog, capsys):
     """DDP averages the two processes' gradients: 2 x 32 images per step train the same weights as 1 x 64.
 
     Without DDP each process would train on its own half and the saved (rank 0) weights would differ."""
@@ -117,7 +119,7 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     assert '2 process(es) on cpu' in log
     result = result_of(log)
     assert result['num_images'] == 360  # the two evaluation shards are summed over the processes
-    run_train(_mechanics_args(tmp_path, 'single', 1))  # -b 64 in one process
+    run_train(caplog, capsys, _mechanics_args(tmp_path, 'single', 1))  # -b 64 in one process
     ddp, single = load_ckpt(tmp_path / 'ddp' / 'last.pth.tar'), load_ckpt(tmp_path / 'single' / 'last.pth.tar')
     assert ddp['num_updates'] == single['num_updates'] == 1437 // 64
     for key, value in single['state_dict'].items():
@@ -252,8 +254,8 @@ def test_best_epoch_follows_the_metric_direction():
 
 
 @pytest.mark.slow
-def test_float16_amp_trains_with_a_loss_scaler(tmp_path):
-    run_train(_mechanics_args(tmp_path, 'fp16', 1) + ['--amp', '--amp-dtype', 'float16'])
+def test_float16_amp_trains_with_a_loss_scaler(tmp_path, caplog, capsys):
+    run_train(caplog, capsys, _mechanics_args(tmp_path, 'fp16', 1) + ['--amp', '--amp-dtype', 'float16'])
     ckpt = load_ckpt(tmp_path / 'fp16' / 'last.pth.tar')
     assert isinstance(ckpt.get('loss_scaler'), dict) and ckpt['loss_scaler']['scale'] > 0
     # the scaler took part in every step: it counts the steps since its scale last changed (growth every 2000
@@ -264,11 +266,11 @@ def test_float16_amp_trains_with_a_loss_scaler(tmp_path):
 
 
 @pytest.mark.cuda
-def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path):
+def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path, caplog, capsys):
     """One short epoch on the GPU with bf16 autocast and the channels-last layout; the checkpoint loads."""
     from sa_vision.train.checkpoint import load_model
-    log = run_train(_mechanics_args(tmp_path, 'cuda', 1) + ['--device', 'cuda', '--amp', '--amp-dtype', 'bfloat16',
-                                                            '--channels-last', '--workers', 0])
+    log = run_train(caplog, capsys, _mechanics_args(tmp_path, 'cuda', 1) + [
+        '--device', 'cuda', '--amp', '--amp-dtype', 'bfloat16', '--channels-last', '--workers', 0])
     assert '1 process(es) on cuda' in log and 'amp=bfloat16' in log
     ckpt = load_ckpt(tmp_path / 'cuda' / 'last.pth.tar')
     assert ckpt['num_updates'] == 1437 // 64 and ckpt.get('loss_scaler') is None  # no scaler for bfloat16
@@ -280,7 +282,7 @@ def test_bfloat16_amp_channels_last_run_on_cuda(tmp_path):
 
 
 @pytest.mark.slow
-def test_pruned_weights_start_a_fine_tuning_run(tmp_path):
+def test_pruned_weights_start_a_fine_tuning_run(tmp_path, caplog, capsys):
     """sa-vision-prune output -> train.py --model sa_gen_pruned --initial-checkpoint, whatever heads survive."""
     import timm
 
@@ -288,10 +290,10 @@ def test_pruned_weights_start_a_fine_tuning_run(tmp_path):
     source = timm.create_model('sa_gen_cifar', embed_dim=16, depth=2, heads_per_layer=3, mlp_hidden_dim=32)
     torch.save(source.state_dict(), tmp_path / 'gen.pth')  # a bare state dict: architecture read off the shapes
     pruned = tmp_path / 'pruned.pth'
-    subprocess.run([*command('prune'), str(tmp_path / 'gen.pth'), '--heads', '1',
-                    '2,3', '--out', str(pruned)], check=True, capture_output=True, env=_env())
+    status, _, err = command_here(capsys, 'prune', tmp_path / 'gen.pth', '--heads', '1', '2,3', '--out', pruned)
+    assert status == 0, err
     # lr 0: the run must end with exactly the pruned weights it started from
-    run_train(['-c', RECIPE_DIR / 'sa_gen_pruned.yaml', '--initial-checkpoint', pruned,
+    run_train(caplog, capsys, ['-c', RECIPE_DIR / 'sa_gen_pruned.yaml', '--initial-checkpoint', pruned,
                '--dataset', 'digits', '--val-split', 'test', '-b', 64, '--epochs', 1, '--warmup-epochs', 0,
                '--lr', 0, '--workers', 0, '--output', tmp_path, '--experiment', 'finetune'])
     ckpt = load_ckpt(tmp_path / 'finetune' / 'last.pth.tar')

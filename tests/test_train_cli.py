@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import HANG_TIMEOUT_S, command
+from helpers import HANG_TIMEOUT_S, command, command_here
 
 pytest.importorskip('sklearn')
 
@@ -824,12 +824,14 @@ def test_scripts_exit_2_with_one_error_line(tmp_path):
 
 
 @pytest.mark.slow
-def test_validate_errors_are_one_line_and_split_names_agree(adamw_run, tmp_path):
-    proc = _command('validate', '--checkpoint', tmp_path / 'missing.pth')
-    assert proc.returncode == 2 and 'Traceback' not in proc.stderr and proc.stderr.startswith('error: ')
-    proc = _command('validate', '--checkpoint', adamw_run, '--dataset', 'digits', '--threads', 1)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+def test_validate_errors_are_one_line_and_split_names_agree(adamw_run, tmp_path, capsys):
+    # in this process (the test above checks a script's process); run_cli is what the installed command runs
+    status, _, err = command_here(capsys, 'validate', '--checkpoint', tmp_path / 'missing.pth')
+    assert status == 2 and 'Traceback' not in err and err.startswith('error: ') and err.count('\n') == 1, err
+    status, out, err = command_here(capsys, 'validate', '--checkpoint', adamw_run, '--dataset', 'digits',
+                                    '--threads', 1)
+    assert status == 0, err
+    result = json.loads(out.strip().splitlines()[-1])
     # train.py: "Top-1 on the digits test split"; the same images are the 'test' split here
     assert result['split'] == 'test' and result['num_images'] == 360
     assert result['top1'] == pytest.approx(_load(adamw_run)['metrics']['top1'])

@@ -156,19 +156,19 @@ def test_evaluation_reads_its_totals_once(count_host_reads, device):
 _FAULTS_PER_ALLOCATION = '''
 import resource, sys, torch
 from sa_vision.train.runtime import retain_freed_memory
-if sys.argv[1] == 'retain' and not retain_freed_memory():
-    print('no-glibc')
-    sys.exit()
 faults = lambda: resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(2):
-    torch.ones(2 ** 24)  # 64 MiB, above glibc's largest dynamic mmap threshold (32 MiB)
-per_allocation = []
-for _ in range(7):
-    before = faults()
-    torch.ones(2 ** 24)
-    per_allocation.append(faults() - before)
-# the median: the machine's memory manager may reclaim a retained block now and then (seen once in 7 CI runs)
-print(sorted(per_allocation)[len(per_allocation) // 2])
+def median_faults():
+    for _ in range(2):
+        torch.ones(2 ** 24)  # 64 MiB, above glibc's largest dynamic mmap threshold (32 MiB)
+    per_allocation = []
+    for _ in range(7):
+        before = faults()
+        torch.ones(2 ** 24)
+        per_allocation.append(faults() - before)
+    # the median: the machine's memory manager may reclaim a retained block now and then (seen once in 7 CI runs)
+    return sorted(per_allocation)[len(per_allocation) // 2]
+default = median_faults()  # first: glibc's own settings, before retain_freed_memory changes the process's
+print('no-glibc' if not retain_freed_memory() else f'{median_faults()} {default}')
 '''
 
 
@@ -176,21 +176,17 @@ print(sorted(per_allocation)[len(per_allocation) // 2])
 def test_retained_memory_is_not_faulted_in_again():
     """A 64 MiB tensor allocated and freed again and again: by default glibc maps it afresh each time and every
     4 KiB page faults in (16,384 faults); with retain_freed_memory the freed block is reused (no faults; the median
-    allocation is compared). Run in subprocesses, since the setting is the whole process's."""
+    allocation is compared). Run in a subprocess, since the setting is the whole process's: the default first."""
     import subprocess
     import sys
     from pathlib import Path
     root = str(Path(__file__).resolve().parent.parent)
-
-    def faults(mode):
-        out = subprocess.run([sys.executable, '-c', _FAULTS_PER_ALLOCATION, mode], capture_output=True, text=True,
-                             cwd=root, env={**__import__('os').environ, 'PYTHONPATH': root, 'OMP_NUM_THREADS': '1'},
-                             check=True).stdout.split()[-1]
-        if out == 'no-glibc':
-            pytest.skip('retain_freed_memory needs glibc')
-        return int(out)
-
-    retained, default = faults('retain'), faults('default')
+    out = subprocess.run([sys.executable, '-c', _FAULTS_PER_ALLOCATION], capture_output=True, text=True, cwd=root,
+                         env={**__import__('os').environ, 'PYTHONPATH': root, 'OMP_NUM_THREADS': '1'},
+                         check=True).stdout.split('\n')[-2]
+    if out == 'no-glibc':
+        pytest.skip('retain_freed_memory needs glibc')
+    retained, default = map(int, out.split())
     assert retained < 1000, (retained, default)
     assert default > 8000, (retained, default)  # the measurement sees the faults it is meant to remove
 
