@@ -122,7 +122,8 @@ def test_published_recipe_holds_training_arguments_only(trained):
 @pytest.mark.slow
 def test_recipe_of_an_export_repeats_the_run(trained, tmp_path):
     ckpt_path, export_dir = trained
-    _train(tmp_path, '-c', export_dir / 'recipe.yaml', '--experiment', 'again')
+    # --workers is this machine's choice, no part of the recipe: 0 as the run had, not timm's 4 forked from here
+    _train(tmp_path, '-c', export_dir / 'recipe.yaml', '--experiment', 'again', '--workers', 0)
     original, repeated = torch.load(ckpt_path, weights_only=True), torch.load(
         tmp_path / 'again' / 'last.pth.tar', weights_only=True)
     assert repeated['model_args'] == original['model_args']
