@@ -525,6 +525,63 @@ def test_other_num_classes_loads_all_but_the_classifier(adamw_run, tmp_path, cap
     assert 'classifier (head.weight, head.bias) is left out' in caplog.text
 
 
+# --- --model local-dir:<folder>, as timm's train.py takes it: the folder's architecture ------------------------
+
+KEPT_MODEL = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'  # pads its 28x28 input itself (2 pixels)
+
+
+def _first_training_images(argv):
+    """Run training.main in this process until its model's first forward in training mode (everything the run
+    decides and writes before its first step is done): the shape of the images it was given."""
+    shapes = []
+
+    def pre_hook(module, inputs):
+        # a batch (not a transform's one image) in training: the model's own forward comes before its layers'
+        if module.training and torch.is_grad_enabled() and inputs and getattr(inputs[0], 'ndim', 0) == 4:
+            shapes.append(tuple(inputs[0].shape))
+            raise _FirstTrainStep
+    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+    try:
+        with pytest.raises(_FirstTrainStep):
+            training.main(list(map(str, argv)))
+    finally:
+        handle.remove()
+    return shapes[0]
+
+
+@pytest.mark.parametrize('pretrained', [True, False])
+def test_a_local_dir_model_trains_as_its_architecture_at_its_input_size(tmp_path, caplog, pretrained):
+    """The kept model on digits: it gets the 28x28 images that its config.json gives (not 28 less its border
+    again), and the run names the architecture and the arguments that rebuild it, so that sa-vision-validate and
+    --export read its checkpoints (not the name of a folder); --pretrained starts from the folder's weights as
+    --initial-checkpoint loads them, without it the weights are new."""
+    from sa_vision.train.checkpoint import read_checkpoint
+    with caplog.at_level(logging.INFO, logger='train'):
+        shape = _first_training_images(['--model', f'local-dir:{KEPT_MODEL}', *['--pretrained'] * pretrained,
+                                        '--dataset', 'digits', '-b', 8, '--workers', 0, '--output', tmp_path,
+                                        '--experiment', 'run'])
+    kept = read_checkpoint(KEPT_MODEL)
+    assert shape == (8, *kept.meta['pretrained_cfg']['input_size']) == (8, 3, 28, 28)
+    run_args = yaml.safe_load((tmp_path / 'run' / 'args.yaml').read_text())
+    assert run_args['model'] == 'sa_quadratic_cifar' and run_args['model_given'] == f'local-dir:{KEPT_MODEL}'
+    assert run_args['model_kwargs'] == kept.model_args
+    assert run_args['initial_checkpoint'] == (str(KEPT_MODEL) if pretrained else '')
+    assert not run_args['pretrained']  # the weights come from the folder, not from the registered name's
+    said = ('from its weights, as --initial-checkpoint' if pretrained else
+            'with the arguments of its config.json, weights initialised anew')
+    assert f'--model local-dir:{KEPT_MODEL}: sa_quadratic_cifar {said}' in caplog.text
+
+
+def test_hub_weights_and_a_second_start_are_refused_before_anything_is_built(monkeypatch, tmp_path):
+    _fail_when_anything_is_built(monkeypatch)
+    line = _cli_error(['--model', 'hf-hub:someone/weights', '--pretrained', '--output', str(tmp_path)])
+    assert 'hf download someone/weights --local-dir DIR' in line and 'local-dir:DIR' in line, line
+    line = _cli_error(['--model', f'local-dir:{KEPT_MODEL}', '--pretrained', '--initial-checkpoint',
+                       str(KEPT_MODEL), '--output', str(tmp_path)])
+    assert 'pass one' in line, line
+    assert not list(tmp_path.iterdir())
+
+
 # --- unknown recipe keys ------------------------------------------------------------------------------------
 
 def _cli_error(argv):

@@ -19,11 +19,14 @@ from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_pars
 from .checkpoint import (
     BEST_CHECKPOINT,
     CHECKPOINT_VERSION,
+    HF_HUB_PREFIX,
+    LOCAL_DIR_PREFIX,
     RUN_CHECKPOINT,
     Checkpoint,
     CheckpointError,
     read_checkpoint,
     strip_runtime_args,
+    weights_path,
 )
 from .evaluation import EVAL_METRICS
 from .recipes import check_recipe_keys, check_recipe_start, load_recipe
@@ -64,10 +67,35 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
     args = parse_over(defaults, remaining, source=' or '.join(given_by) or 'the defaults')
     args.config = config.config
     check_recipe_start(recipe, args, config.config)
+    args.model_given = None if resume else _model_of_weights_name(args)
     # what the run had as defaults comes back unchanged: a difference was given on the command line
     args.resume_changes = {k: (v, plain_data(getattr(args, k))) for k, v in sorted(run_args.items())
                            if k != 'model_kwargs' and plain_data(getattr(args, k)) != v}
     return args, recipe, resume_ckpt
+
+
+def _model_of_weights_name(args) -> Optional[str]:
+    """``--model local-dir:<folder>``, as timm's train.py takes it, made the folder's architecture with the arguments
+    of its config.json, and with ``--pretrained`` its weights, which ``--initial-checkpoint <folder>`` loads: the
+    run's checkpoints and export then name an architecture that rebuilds the model, not a folder. Returns the name
+    given (None for a model name)."""
+    if args.model.startswith(HF_HUB_PREFIX):
+        raise UserError(f'--model {args.model}: sa-vision-train starts from downloaded weights: download the '
+                        f'repository (hf download {args.model[len(HF_HUB_PREFIX):]} --local-dir DIR) '
+                        f'and pass --model local-dir:DIR --pretrained')
+    folder = weights_path(args.model) if args.model.startswith(LOCAL_DIR_PREFIX) else None
+    if folder is None:
+        return None
+    if args.pretrained and args.initial_checkpoint:
+        raise UserError(f'--model {args.model} --pretrained and --initial-checkpoint {args.initial_checkpoint} '
+                        f'both give the weights to start from: pass one')
+    given, stored = args.model, read_checkpoint(folder)
+    args.model = stored.arch
+    if args.pretrained:  # loaded and checked against the model as --initial-checkpoint weights are
+        args.pretrained, args.initial_checkpoint = False, str(folder)
+    else:
+        args.model_kwargs = {**stored.model_args, **(args.model_kwargs or {})}
+    return given
 
 
 def _resume_path(argv) -> str:
@@ -110,6 +138,11 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
     the ``--initial-checkpoint`` to load, if any, and where each keyword came from (the run's ``recipe``, the
     command line, the weights), for the errors that name it. A resumed run keeps its model and optimizer groups."""
     if resume_ckpt is None:
+        if args.model_given:
+            log(f'--model {args.model_given}: {args.model} ' + (
+                f'from its weights, as --initial-checkpoint {args.initial_checkpoint} loads them'
+                if args.initial_checkpoint else 'with the arguments of its config.json, weights initialised anew '
+                                                '(--pretrained starts from its weights)'))
         initial = read_checkpoint(args.initial_checkpoint, arch=args.model) if args.initial_checkpoint else None
         model_kwargs = dict(initial.model_args) if initial else {}  # e.g. the heads a pruning kept
         sources = {key: _stored_with(initial) for key in model_kwargs}
