@@ -582,6 +582,18 @@ def test_hub_weights_and_a_second_start_are_refused_before_anything_is_built(mon
     assert not list(tmp_path.iterdir())
 
 
+def test_a_warm_up_as_long_as_the_run_is_noted(tmp_path, caplog):
+    """The defaults warm up for the paper's 15 epochs: a shorter run would only ever warm up, silently."""
+    with caplog.at_level(logging.INFO, logger='train'):
+        _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '--output', tmp_path,
+                                     '--experiment', 'half'])  # the recipe's warm-up: half an epoch
+        assert '--warmup-epochs' not in caplog.text
+        _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '--warmup-epochs', 2,
+                                     '--output', tmp_path, '--experiment', 'whole'])
+    assert ('note: --warmup-epochs 2 is not below --epochs 2: every step warms up, so the lr only rises toward '
+            '--lr 0.005 and never decays') in caplog.text
+
+
 # --- unknown recipe keys ------------------------------------------------------------------------------------
 
 def _cli_error(argv):

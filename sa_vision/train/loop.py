@@ -267,6 +267,10 @@ def _create_scheduler(optimizer, args, updates_per_epoch: int, resume_ckpt: Opti
     if num_epochs < done:
         raise UserError(f'--epochs {args.epochs} ends before the run resumed from {args.resume}, which has done '
                         f'{done} epochs: pass --epochs {done} to evaluate it as it is, or more to train on')
+    if scheduler is not None and args.warmup_epochs >= args.epochs:  # e.g. the paper's 15 with a short --epochs
+        _log(args, f'note: --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}: every step '
+                   f'warms up, so the lr only rises toward --lr {args.lr:g} and never decays; pass fewer '
+                   f'--warmup-epochs')
     return scheduler, num_epochs
 
 
