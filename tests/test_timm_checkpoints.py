@@ -90,14 +90,22 @@ def test_timm_checkpoint_opens_with_its_model_and_arguments(timm_run, name):
     assert 'data_dir' not in ckpt.meta['recipe'] and 'device' not in ckpt.meta['recipe']
 
 
+@pytest.mark.parametrize('flag', ['--checkpoint', '--model'])  # --model: weights named by their path
 @pytest.mark.parametrize('use_ema', [False, True])
-def test_validate_script_evaluates_a_timm_checkpoint(timm_run, capsys, use_ema):
+def test_validate_script_evaluates_a_timm_checkpoint(timm_run, capsys, use_ema, flag):
     run_dir, model, ema_model = timm_run
-    argv = ['--checkpoint', str(run_dir / 'last.pth.tar'), '--dataset', 'digits', '-j', '0']
+    argv = [flag, str(run_dir / 'last.pth.tar'), '--dataset', 'digits', '-j', '0']
     assert validate.main(argv + (['--use-ema'] if use_ema else [])) == 0
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result['num_images'] == 360
     assert result['top1'] == pytest.approx(_accuracy(ema_model if use_ema else model), abs=1e-6)
+
+
+def test_ema_of_a_model_name_is_refused_not_ignored(capsys):
+    """Without weights of timm's train.py there are no EMA weights: the plain ones' score would pass for them."""
+    from sa_vision.errors import run_cli
+    assert run_cli(validate.main, ['--model', 'sa_quadratic_cifar', '--no-pretrained', '--use-ema']) == 2
+    assert 'the model sa_quadratic_cifar holds none: drop --use-ema' in capsys.readouterr().err
 
 
 def test_ema_of_a_checkpoint_without_one_is_a_clear_error(tmp_path):

@@ -26,7 +26,7 @@ import timm
 import torch
 
 import sa_vision  # noqa: F401  registers the models
-from sa_vision.errors import command
+from sa_vision.errors import UserError, command
 from sa_vision.train.args import ModelKwargs, add_threads_argument, check_least_values
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
@@ -52,8 +52,11 @@ def model_to_evaluate(args):
         if path is not None:
             # --no-pretrained: the architecture and preprocessing of the weights at random, as timm builds
             # create_model('local-dir:...', pretrained=False)
-            ckpt = read_checkpoint(path, model_args=args.model_kwargs)
+            ckpt = read_checkpoint(path, model_args=args.model_kwargs, use_ema=args.use_ema)
             return ckpt.create_model(load_weights=args.pretrained is not False), trained_dataset(ckpt.meta)
+        if args.use_ema:  # else the plain weights' score would pass for the EMA's
+            raise UserError(f'--use-ema takes the EMA weights of a checkpoint of timm\'s train.py (--checkpoint '
+                            f'FILE); the model {args.model} holds none: drop --use-ema')
         # as timm's validate.py: without --checkpoint a name means its trained weights, a random init only asked
         model = load_model(args.model, pretrained=args.pretrained is not False, **args.model_kwargs)
         return model, trained_dataset({'pretrained_cfg': model.pretrained_cfg})
