@@ -798,6 +798,19 @@ def test_validate_takes_the_val_split_the_image_folder_error_names(tmp_path, cap
     assert validate._parser().parse_args(['--val-split', 'test']).split == 'test'
 
 
+def test_a_torchvision_name_given_as_an_image_folder_is_named_and_long_folders_are_cut(monkeypatch, tmp_path):
+    """timm reads CIFAR-100 only as torch/cifar100: 'cifar100' is an image folder's name, whose missing split says
+    which name was meant; and a folder of hundreds of subfolders is not listed whole."""
+    _fail_when_anything_is_built(monkeypatch)
+    for i in range(30):
+        (tmp_path / 'data' / f'sub{i:02d}').mkdir(parents=True)
+    line = _cli_error(['--dataset', 'cifar100', '--data-dir', str(tmp_path / 'data'), '--output', str(tmp_path)])
+    assert "torchvision's is --dataset torch/cifar100" in line, line
+    assert "'sub11', '... 18 more']" in line and 'sub12' not in line, line
+    line = _cli_error(['--dataset', 'flowers', '--data-dir', str(tmp_path / 'data'), '--output', str(tmp_path)])
+    assert 'torch/' not in line, line  # a name of no torchvision dataset is an image folder's, as ever
+
+
 # --- image folders of any size -----------------------------------------------------------------------------
 
 def test_image_folder_of_mixed_sizes_is_resized_to_the_input_size(tmp_path):

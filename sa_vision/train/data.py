@@ -213,7 +213,7 @@ def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> O
     if not dataset_info(dataset).is_image_folder:
         return None
     info, source = _dataset_source(dataset, data_dir, download=False)
-    folder = image_folder_split(source.data_dir, split, is_training=True)
+    folder = image_folder_split(source.data_dir, split, is_training=True, dataset=source.name)
     return sorted(e.name for e in os.scandir(folder) if e.is_dir())
 
 

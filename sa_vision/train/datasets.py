@@ -191,12 +191,13 @@ class FashionMnistDataset(Dataset):
         return img, int(self.targets[index])
 
 
-def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
+def image_folder_split(root: str, split: str, is_training: bool = False, dataset: str = '') -> str:
     """The subfolder of an image folder that holds ``split``, as timm's ``_search_split`` finds it (by its name or
     a synonym from timm's tables); a missing one raises naming the synonyms timm would have taken and the flag that
-    reads a subfolder of the kind asked for (training or held-out) where one is present. The split ``.`` (or
-    ``''``, as timm reads it) is the folder itself: its subfolders are the classes."""
-    from timm.data.dataset_factory import _EVAL_SYNONYM, _TRAIN_SYNONYM, _search_split
+    reads a subfolder of the kind asked for (training or held-out) where one is present, or the torchvision
+    dataset that the folder's ``dataset`` name was meant for. The split ``.`` (or ``''``, as timm reads it) is the
+    folder itself: its subfolders are the classes."""
+    from timm.data.dataset_factory import _EVAL_SYNONYM, _TORCH_BASIC_DS, _TRAIN_SYNONYM, _search_split
     if split in ('', '.') and os.path.isdir(root):
         return root
     folder = _search_split(root, split)
@@ -221,8 +222,16 @@ def image_folder_split(root: str, split: str, is_training: bool = False) -> str:
                   f'them with {flag} {commands}; {flag} . reads {root} itself, its subfolders as the classes')
         if not is_training:
             advice += '; the training images are never evaluated as a held-out split'
+    if dataset.lower() in _TORCH_BASIC_DS:  # e.g. cifar100, which timm reads only as torch/cifar100
+        advice = (f'--dataset {dataset} names an image folder here; torchvision\'s is --dataset '
+                  f'torch/{dataset.lower()} (with --dataset-download to fetch it). Otherwise ' + advice)
+    listed = found[:_LISTED_SUBFOLDERS] + [f'... {len(found) - _LISTED_SUBFOLDERS} more'] * (
+        len(found) > _LISTED_SUBFOLDERS)
     raise DatasetNotFoundError(f'the image folder {root} has no {split!r} subfolder ({taken}); its subfolders '
-                               f'are {found}: {advice}')
+                               f'are {listed}: {advice}')
+
+
+_LISTED_SUBFOLDERS = 12  # an error names that many of a folder's subfolders (--data-dir /tmp holds hundreds)
 
 
 def read_digits(source: DataSource, split: str, is_training: bool, img_size: int) -> DigitsDataset:
@@ -299,12 +308,12 @@ def read_image_folder(source: DataSource, split: str, is_training: bool, img_siz
     """The image folder ``<data_dir>/<split>/<class>/<image>`` through timm's ``create_dataset``; a missing split
     raises (timm would fall back to the root, i.e. evaluate on the training images)."""
     from timm.data import create_dataset
-    folder = image_folder_split(source.data_dir, split, is_training)
+    folder = image_folder_split(source.data_dir, split, is_training, source.name)
     return create_dataset(source.name, root=folder, split=split, is_training=is_training, download=source.download)
 
 
 def check_image_folder(source: DataSource, split: str, is_training: bool) -> None:
-    image_folder_split(source.data_dir, split, is_training)
+    image_folder_split(source.data_dir, split, is_training, source.name)
 
 
 def torchvision_held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
