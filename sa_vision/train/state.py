@@ -138,7 +138,7 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
     the ``--initial-checkpoint`` to load, if any, and where each keyword came from (the run's ``recipe``, the
     command line, the weights), for the errors that name it. A resumed run keeps its model and optimizer groups."""
     if resume_ckpt is None:
-        if args.model_given:
+        if getattr(args, 'model_given', None):  # parse_run_args's (the reproduction's stages parse their own)
             log(f'--model {args.model_given}: {args.model} ' + (
                 f'from its weights, as --initial-checkpoint {args.initial_checkpoint} loads them'
                 if args.initial_checkpoint else 'with the arguments of its config.json, weights initialised anew '
