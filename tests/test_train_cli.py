@@ -42,22 +42,33 @@ class _FirstTrainStep(Exception):
     pass
 
 
-def _run_until_first_train_step(argv):
-    """Run training.main in this process and stop it at the first Linear forward in training mode: everything a
-    run decides and writes before its first step is done. Returns the dtype of that Linear's output."""
+def _run_until_stopped(argv, register_hook):
+    """Run training.main in this process until the global module hook that ``register_hook(stop)`` registers calls
+    ``stop(value)`` in the first training step: everything a run decides and writes before it is done. Returns
+    that value."""
     seen = []
 
-    def hook(module, inputs, output):
-        if isinstance(module, torch.nn.Linear) and module.training and torch.is_grad_enabled():
-            seen.append(output.dtype)
-            raise _FirstTrainStep
-    handle = torch.nn.modules.module.register_module_forward_hook(hook)
+    def stop(value):
+        seen.append(value)
+        raise _FirstTrainStep
+    handle = register_hook(stop)
     try:
         with pytest.raises(_FirstTrainStep):
             training.main(list(map(str, argv)))
     finally:
         handle.remove()
     return seen[0]
+
+
+def _run_until_first_train_step(argv):
+    """Run training.main in this process until the first Linear forward in training mode; the dtype of its
+    output."""
+    def register_hook(stop):
+        def hook(module, inputs, output):
+            if isinstance(module, torch.nn.Linear) and module.training and torch.is_grad_enabled():
+                stop(output.dtype)
+        return torch.nn.modules.module.register_module_forward_hook(hook)
+    return _run_until_stopped(argv, register_hook)
 
 
 @pytest.fixture(scope='module')
@@ -531,22 +542,15 @@ KEPT_MODEL = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'  # pads i
 
 
 def _first_training_images(argv):
-    """Run training.main in this process until its model's first forward in training mode (everything the run
-    decides and writes before its first step is done): the shape of the images it was given."""
-    shapes = []
-
-    def pre_hook(module, inputs):
-        # a batch (not a transform's one image) in training: the model's own forward comes before its layers'
-        if module.training and torch.is_grad_enabled() and inputs and getattr(inputs[0], 'ndim', 0) == 4:
-            shapes.append(tuple(inputs[0].shape))
-            raise _FirstTrainStep
-    handle = torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
-    try:
-        with pytest.raises(_FirstTrainStep):
-            training.main(list(map(str, argv)))
-    finally:
-        handle.remove()
-    return shapes[0]
+    """Run training.main in this process until its model's first forward in training mode; the shape of the
+    images it was given."""
+    def register_hook(stop):
+        def pre_hook(module, inputs):
+            # a batch (not a transform's one image) in training: the model's own forward comes before its layers'
+            if module.training and torch.is_grad_enabled() and inputs and getattr(inputs[0], 'ndim', 0) == 4:
+                stop(tuple(inputs[0].shape))
+        return torch.nn.modules.module.register_module_forward_pre_hook(pre_hook)
+    return _run_until_stopped(argv, register_hook)
 
 
 @pytest.mark.parametrize('pretrained', [True, False])
