@@ -96,6 +96,8 @@ def test_missing_files_message(tmp_path):
     msg = str(e.value)
     assert 'train-images-idx3-ubyte' in msg and 'train-labels' not in msg.split('not found')[0]
     assert str(tmp_path) in msg and 'apt-get install dataset-fashion-mnist' in msg and '--data-dir' in msg
+    # a --data-dir of images (as timm reads it) for a model trained on fashion-mnist: the flag that reads them
+    assert msg.endswith(f"; to read {tmp_path} as an image folder pass --dataset ''"), msg
     with pytest.raises(FileNotFoundError, match='t10k-images-idx3-ubyte.* and t10k-labels-idx1-ubyte'):
         FashionMnistDataset('test', data_dir=tmp_path)
 

@@ -144,7 +144,9 @@ def _fashion_mnist_files(split: str, data_dir: Optional[str] = None) -> List[str
             f"(apt-get install dataset-fashion-mnist, into {FASHION_MNIST_DIR}) or pass --data-dir, a folder "
             f"holding the four standard files (train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
             f"t10k-images-idx3-ubyte.gz, t10k-labels-idx1-ubyte.gz, e.g. from "
-            f"https://github.com/zalandoresearch/fashion-mnist)")
+            f"https://github.com/zalandoresearch/fashion-mnist)" + (
+                # as timm reads --data-dir: the images of a model trained on fashion-mnist, in class subfolders
+                f"; to read {folder} as an image folder pass --dataset ''" if data_dir else ''))
     return paths
 
 
