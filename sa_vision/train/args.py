@@ -103,7 +103,8 @@ def _refuse_unknown(parser: argparse.ArgumentParser, unknown) -> None:
         raise UserError(f'{", ".join(timms)}: {"an option" if len(timms) == 1 else "options"} of timm\'s train.py that '
                         f'sa-vision-train does not take. Train with {"it" if len(timms) == 1 else "them"} through '
                         f'timm\'s own script: python -m sa_vision.train.run_timm path/to/timm/train.py ... '
-                        f'(docs/training.md, "Running timm\'s top-level scripts")')
+                        f'(train.py of a pytorch-image-models checkout: pip\'s timm ships no train.py; '
+                        f'docs/training.md, "Running timm\'s top-level scripts")')
     parser.error(f'unrecognized arguments: {" ".join(unknown)}')
 
 
