@@ -57,14 +57,19 @@ def keeping_threads() -> Iterator[None]:
         torch.set_num_threads(threads)
 
 
-def train_here(caplog, capture, *args) -> Tuple[int, str]:
-    """(exit status, log) of ``sa-vision-train --threads 1 args`` run in this process (:func:`command_here`): the
-    messages it logs (INFO and up, as the installed command prints them), then what it printed. One thread, as the
-    tests' training processes run (OMP_NUM_THREADS=1), so that a run here and one in a process compare bitwise."""
+def logged_here(caplog, capture, name: str, *args) -> Tuple[int, str]:
+    """(exit status, log) of ``sa-vision-<name> args`` run in this process (:func:`command_here`): the messages it
+    logs (INFO and up, as the installed command prints them; a training's), then what it printed."""
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        status, out, err = command_here(capture, 'train', '--threads', 1, *args)
+        status, out, err = command_here(capture, name, *args)
     return status, ''.join(f'{record.getMessage()}\n' for record in caplog.records) + out + err
+
+
+def train_here(caplog, capture, *args) -> Tuple[int, str]:
+    """:func:`logged_here` of ``sa-vision-train --threads 1 args``: one thread, as the tests' training processes
+    run (OMP_NUM_THREADS=1), so that a run here and one in a process compare bitwise."""
+    return logged_here(caplog, capture, 'train', '--threads', 1, *args)
 
 
 SA_MODELS = tuple(SA_MODEL_ARGS)  # every registered attention model

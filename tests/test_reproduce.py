@@ -1,7 +1,6 @@
 """ sa-vision-reproduce end to end on digits with tiny models: five folders, a five-row table, kill and rerun """
 import csv
 import json
-import logging
 import os
 import shutil
 import signal
@@ -14,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS, command, command_here, keeping_threads, train_here
+from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS, command, command_here, keeping_threads, logged_here, train_here
 
 pytest.importorskip('sklearn')
 
@@ -47,9 +46,7 @@ def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capf
     # the rerun in this process, its trainings too: the killed run above went through the processes
     from sa_vision.reproduce import stages
     monkeypatch.setattr(stages, 'run_training', _in_process_training)
-    with caplog.at_level(logging.INFO):  # what the trainings log
-        code, stdout, stderr = command_here(capfd, 'reproduce', '--profile', 'tiny', '--out', out)
-    log = stdout + stderr + ''.join(f'{record.getMessage()}\n' for record in caplog.records)
+    code, log = logged_here(caplog, capfd, 'reproduce', '--profile', 'tiny', '--out', out)  # with the trainings'
     assert code == 0, log[-4000:]
     assert 'sa_quadratic_cifar: finished (2 epochs), skipped' in log
     assert 'sa_gen_cifar: continuing the killed run at epoch 1' in log
