@@ -10,10 +10,11 @@ another timm version need not import against the installed one.
 import argparse
 import ast
 import inspect
+import operator
 import os
 import textwrap
 from pathlib import Path
-from typing import Optional, Set
+from typing import Dict, Optional, Set
 
 import pytest
 import timm
@@ -23,14 +24,22 @@ from timm.utils import init_distributed_device
 
 from sa_vision.train.args import build_parser
 from sa_vision.train.recipes import TIMM_ONLY_RECIPE_KEYS
-from sa_vision.train.timm_args import OURS, TIMM_MODEL_KWARGS, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
+from sa_vision.train.timm_args import (
+    OURS,
+    TIMM_MODEL_KWARGS,
+    TIMM_ONLY,
+    TIMM_ONLY_TECHNIQUES,
+    TIMM_SCHEDULERS,
+    TIMM_SET_ARGS,
+    TIMM_TRAIN_ARGS,
+)
 
 
-def argparse_dests(source: str) -> Set[str]:
-    """The ``dest`` of every ``add_argument`` call in ``source``, derived as argparse derives it: ``dest=`` if given,
-    else the first long option (``--batch-size`` -> ``batch_size``), else the first short one, else the name of a
-    positional argument."""
-    dests = set()
+def argparse_calls(source: str) -> Dict[str, ast.Call]:
+    """The ``add_argument`` calls of ``source`` by the ``dest`` each gets, derived as argparse derives it: ``dest=``
+    if given, else the first long option (``--batch-size`` -> ``batch_size``), else the first short one, else the
+    name of a positional argument."""
+    calls = {}
     for node in ast.walk(ast.parse(source)):
         if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                 and node.func.attr == 'add_argument'):
@@ -38,13 +47,39 @@ def argparse_dests(source: str) -> Set[str]:
         explicit = [k.value.value for k in node.keywords if k.arg == 'dest' and isinstance(k.value, ast.Constant)]
         names = [a.value for a in node.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
         if explicit:
-            dests.add(explicit[0])
+            calls[explicit[0]] = node
         elif names and not names[0].startswith('-'):
-            dests.add(names[0])
+            calls[names[0]] = node
         elif names:
             option = next((n for n in names if n.startswith('--')), names[0])
-            dests.add(option.lstrip('-').replace('-', '_'))
-    return dests
+            calls[option.lstrip('-').replace('-', '_')] = node
+    return calls
+
+
+def argparse_dests(source: str) -> Set[str]:
+    return set(argparse_calls(source))
+
+
+def _folded(node: ast.AST) -> ast.AST:
+    """``node`` with the arithmetic of its constants done (train.py's ``default=[3./4., 4./3.]``), which
+    ``ast.literal_eval`` refuses."""
+    operators = {ast.Div: operator.truediv, ast.Mult: operator.mul, ast.Add: operator.add, ast.Sub: operator.sub}
+    if isinstance(node, ast.List):
+        return ast.List(elts=[_folded(e) for e in node.elts], ctx=node.ctx)
+    if isinstance(node, ast.BinOp) and type(node.op) in operators:
+        left, right = ast.literal_eval(_folded(node.left)), ast.literal_eval(_folded(node.right))
+        return ast.Constant(operators[type(node.op)](left, right))
+    return node
+
+
+def argparse_default(call: ast.Call):
+    """The default of an ``add_argument`` call as argparse sets it: ``default=`` (a literal), else False for
+    ``store_true``, else None."""
+    keywords = {k.arg: k.value for k in call.keywords}
+    if 'default' in keywords:
+        return ast.literal_eval(_folded(keywords['default']))
+    action = keywords.get('action')
+    return isinstance(action, ast.Constant) and action.value == 'store_true' or None
 
 
 def timm_train_script() -> Optional[Path]:
@@ -127,6 +162,17 @@ def test_the_model_keywords_are_the_ones_timms_train_py_passes_to_create_model()
     assert keywords['in_chans'] is None  # train.py's own choice between --in-chans and --input-size
     assert {k: v for k, v in keywords.items() if v and k not in loading} == {
         k: v for k, v in TIMM_MODEL_KWARGS.items() if k != 'in_chans'}
+
+
+def test_the_techniques_are_off_at_timms_defaults_but_for_its_imagenet_augmentation():
+    """A timm args.yaml holds every argument, at train.py's default where not given: only its random-resized crop
+    and colour jitter, on by default, are named as left out of a run here unless they were asked for."""
+    assert {name for name in TIMM_ONLY_TECHNIQUES if TIMM_TRAIN_ARGS[name] != TIMM_ONLY} == set()
+    calls = argparse_calls(required_timm_train_script().read_text(encoding='utf-8'))
+    defaults = {name: argparse_default(calls[name]) for name in TIMM_ONLY_TECHNIQUES}
+    on_by_default = {name for name, off in TIMM_ONLY_TECHNIQUES.items()
+                     if defaults[name] is not None and defaults[name] != off}
+    assert on_by_default == {'scale', 'ratio', 'color_jitter'}, defaults
 
 
 def test_ours_are_exactly_the_arguments_sa_vision_train_shares_with_timm():

@@ -632,12 +632,48 @@ def test_timm_only_keys_are_allowed_and_listed(tmp_path, capsys):
     ours = {a.dest for a in build_parser()._actions}
     assert not TIMM_ONLY_RECIPE_KEYS & ours  # listed as timm-only, so not read here
     recipe = tmp_path / 'timm.yaml'
-    recipe.write_text('model: sa_quadratic_cifar\nmixup: 0.8\nscale: [1.0, 1.0]\n')
+    recipe.write_text('model: sa_quadratic_cifar\nmixup: 0.8\nmodel_ema: true\nscale: [1.0, 1.0]\ncutmix: 0.0\n'
+                      'crop_pct: 0.9\n')
     args, _, _ = parse_run_args(['-c', str(recipe)])
     assert args.model == 'sa_quadratic_cifar'
-    assert "['mixup', 'scale']" in capsys.readouterr().err
-    for path in RECIPE_DIR.glob('*.yaml'):  # the shipped recipes hold no unknown key
+    warning, note = capsys.readouterr().err.strip().splitlines()
+    # mixup and EMA are switched on: named; the paper's whole-image crop and no cutmix leave nothing out
+    assert warning.startswith(f'warning: recipe {recipe} turns on') and 'model_ema=True, mixup=0.8.' in warning
+    assert note.endswith('3 other key(s) of recipe ' + str(recipe) + " that only timm's train.py reads are "
+                         'ignored here: crop_pct, cutmix, scale'), note
+    for path in RECIPE_DIR.glob('*.yaml'):  # the shipped recipes hold no unknown key, and turn nothing timm's on
         check_recipe_keys(load_recipe(path), ours, str(path))
+        parse_run_args(['-c', str(path), '--initial-checkpoint', 'any'])
+        assert 'warning' not in capsys.readouterr().err, path
+
+
+def test_a_timm_args_yaml_names_what_it_turns_on_and_counts_the_rest(tmp_path, capsys):
+    """timm's train.py writes every argument to its args.yaml, at timm's defaults where not given: its ImageNet
+    augmentation (random-resized crop, colour jitter) is on, and EMA and mixup are where they were asked for."""
+    from sa_vision.train.timm_args import TIMM_ONLY, TIMM_TRAIN_ARGS
+    timm_only = {key: None for key, use in TIMM_TRAIN_ARGS.items() if use == TIMM_ONLY}
+    saved = {**timm_only, 'model': 'sa_quadratic_cifar', 'lr': 0.05, 'model_ema': True, 'model_ema_decay': 0.9998,
+             'scale': [0.08, 1.0], 'ratio': [0.75, 1.3333333333333333], 'color_jitter': 0.4, 'mixup': 0.0}
+    recipe = tmp_path / 'args.yaml'
+    recipe.write_text(yaml.safe_dump(saved))
+    parse_run_args(['-c', str(recipe)])
+    warning, note = capsys.readouterr().err.strip().splitlines()
+    assert ": model_ema=True, scale=[0.08, 1.0], ratio=[0.75, 1.3333333333333333], color_jitter=0.4. " in warning
+    assert note.startswith(f'note: {len(timm_only) - 4} other key(s) of recipe') and 'mixup' not in note
+
+
+@pytest.mark.parametrize('extra, lr', [
+    ('batch_size: 128\n', 0.1 * 128 / 256),  # timm's train.py: lr_base x global batch / lr_base_size, linear for SGD
+    ('batch_size: 64\nopt: adamw\nlr_base: 0.002\n', 0.002 * (64 / 256) ** 0.5),  # sqrt for the Adam family
+    ('batch_size: 64\nlr_base_size: 512\nlr_base_scale: sqrt\n', 0.1 * (64 / 512) ** 0.5),
+])
+def test_a_null_lr_is_refused_with_the_lr_timm_would_have_used(extra, lr, tmp_path):
+    from sa_vision.errors import RecipeError
+    recipe = tmp_path / 'args.yaml'
+    recipe.write_text('model: sa_quadratic_cifar\nlr: null\n' + extra)
+    with pytest.raises(RecipeError, match=rf'--lr is null in recipe .*: --lr {lr:.4g} is what train.py used'):
+        parse_run_args(['-c', str(recipe)])
+    assert parse_run_args(['-c', str(recipe), '--lr', '0.01'])[0].lr == 0.01  # the command line's lr is taken
 
 
 # --- argument checks come before anything is built ---------------------------------------------------------

@@ -11,13 +11,15 @@ from typing import Any, Dict, Iterable, List, Union
 from ..errors import RecipeError, RecipeNotFoundError
 from ..models._pretrained import training_commands
 from ..paper import PRUNED_FROM
-from .timm_args import OURS, TIMM_TRAIN_ARGS
+from .timm_args import OURS, TIMM_TRAIN_ARGS, timm_only_techniques
 
 __all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'recipe_if_any', 'check_recipe_keys',
-           'repeat_run_args', 'check_recipe_start']
+           'ignored_keys_notes', 'check_recipe_lr', 'repeat_run_args', 'check_recipe_start']
 
 # keys that only timm's train.py reads: allowed, so one recipe serves both trainers, and ignored with a note
 TIMM_ONLY_RECIPE_KEYS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use != OURS)
+# ignored keys named one by one up to this many (a shipped recipe's few), else counted (a timm args.yaml's ~130)
+_NAMED_KEYS = 12
 
 # shipped inside the package (package data), so an installed sa_vision finds them
 RECIPE_DIR = Path(__file__).resolve().parent.parent / 'configs'
@@ -75,6 +77,40 @@ def check_recipe_keys(keys: Iterable[str], known: Iterable[str], source: str = '
                           f'train.py reads them. Fix or remove them (timm train.py\'s arguments are listed in '
                           f'sa_vision.train.timm_args.TIMM_TRAIN_ARGS)')
     return sorted(k for k in keys if k not in known)
+
+
+def ignored_keys_notes(recipe: Dict[str, Any], ignored: List[str], source: str) -> List[str]:
+    """What to say of the keys of ``recipe`` that only timm's train.py reads: a warning naming those that switch on
+    a technique this run leaves out (a timm ``args.yaml``'s EMA, mixup, RandAugment, ...), then the rest, by name
+    where they are few (a shipped recipe's), else counted (the ~130 arguments of a timm ``args.yaml``)."""
+    techniques = timm_only_techniques({key: recipe[key] for key in ignored})
+    notes = []
+    if techniques:
+        notes.append(f'warning: {source} turns on what only timm\'s train.py does, which this run leaves out: '
+                     + ', '.join(f'{k}={v!r}' for k, v in techniques.items())
+                     + '. Train with timm\'s train.py for them (docs/training.md), or set them off in the recipe')
+    rest = [key for key in ignored if key not in techniques]
+    if rest:
+        named = f': {", ".join(rest)}' if len(rest) <= _NAMED_KEYS else ' (sa_vision.train.timm_args lists them)'
+        notes.append(f'note: {len(rest)} {"other " * bool(techniques)}key(s) of {source} that only timm\'s '
+                     f'train.py reads are ignored here{named}')
+    return notes
+
+
+def check_recipe_lr(recipe: Dict[str, Any], args: argparse.Namespace, source: str) -> None:
+    """Refuse ``lr: null``, which a timm ``args.yaml`` holds where train.py was given no ``--lr``: train.py then
+    derives the lr from ``lr_base`` and the batch size, which sa-vision-train does not; the error gives the lr that
+    train.py would have used on one process."""
+    if args.lr is not None:
+        return
+    base, base_size = recipe.get('lr_base', 0.1), recipe.get('lr_base_size', 256)
+    scale = recipe.get('lr_base_scale') or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb'))
+                                            else 'linear')
+    ratio = args.batch_size / base_size
+    lr = base * (ratio ** 0.5 if scale == 'sqrt' else ratio)
+    raise RecipeError(f'--lr is null in {source}: timm\'s train.py then scales lr_base {base:g} by the global batch '
+                      f'size over lr_base_size {base_size} ({scale}), which sa-vision-train does not. Pass the lr: '
+                      f'--lr {lr:.4g} is what train.py used with -b {args.batch_size} on one process')
 
 
 def repeat_run_args(model: str, recipe_file: str) -> str:

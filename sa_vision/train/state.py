@@ -29,7 +29,7 @@ from .checkpoint import (
     weights_path,
 )
 from .evaluation import EVAL_METRICS
-from .recipes import check_recipe_keys, check_recipe_start, load_recipe
+from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
            'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch', 'metric_text']
@@ -49,8 +49,8 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
     if config.config:
         recipe = load_recipe(config.config)
         ignored = check_recipe_keys(recipe, known, source=f'recipe {config.config}')
-        if ignored:
-            print(f'note: recipe keys that only timm\'s train.py reads, ignored here: {ignored}', file=sys.stderr)
+        for note in ignored_keys_notes(recipe, ignored, f'recipe {config.config}'):
+            print(note, file=sys.stderr)
     defaults = {k: v for k, v in recipe.items() if k in known}
     resume_ckpt, run_args = None, {}
     resume = _resume_path(remaining)
@@ -67,6 +67,7 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
     args = parse_over(defaults, remaining, source=' or '.join(given_by) or 'the defaults')
     args.config = config.config
     check_recipe_start(recipe, args, config.config)
+    check_recipe_lr(recipe, args, f'recipe {config.config}')
     args.model_given = None if resume else _model_of_weights_name(args)
     # what the run had as defaults comes back unchanged: a difference was given on the command line
     args.resume_changes = {k: (v, plain_data(getattr(args, k))) for k, v in sorted(run_args.items())

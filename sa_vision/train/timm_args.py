@@ -14,7 +14,7 @@ which also says what a timm checkpoint's ``args`` mean: the model train.py built
 from typing import Any, Dict, Optional
 
 __all__ = ['OURS', 'TIMM_ONLY', 'LOCAL', 'TIMM_TRAIN_ARGS', 'TIMM_SET_ARGS', 'TIMM_MODEL_KWARGS', 'TIMM_SCHEDULERS',
-           'timm_model_args', 'timm_num_epochs']
+           'TIMM_ONLY_TECHNIQUES', 'timm_only_techniques', 'timm_model_args', 'timm_num_epochs']
 
 OURS, TIMM_ONLY, LOCAL = 'ours', 'timm-only', 'local'
 
@@ -79,6 +79,28 @@ TIMM_TRAIN_ARGS: Dict[str, str] = {
     'distill_loss_weight': TIMM_ONLY, 'task_loss_weight': TIMM_ONLY, 'kd_temperature': TIMM_ONLY,
     'kd_student_feature_dim': TIMM_ONLY, 'kd_teacher_feature_dim': TIMM_ONLY, 'kd_token_distill_type': TIMM_ONLY,
 }
+
+# the TIMM_ONLY arguments that switch on a training technique sa-vision-train lacks, each with the value that leaves
+# it out: timm's default, but for its ImageNet augmentation (random-resized crop, colour jitter), which is on by
+# default and which the paper's pad-and-crop replaces. A recipe (a timm args.yaml) holding another value trains
+# otherwise under timm's train.py than here.
+TIMM_ONLY_TECHNIQUES: Dict[str, Any] = {
+    'model_ema': False, 'mixup': 0., 'cutmix': 0., 'cutmix_minmax': None, 'aa': None, 'reprob': 0.,
+    'scale': [1., 1.], 'ratio': [1., 1.], 'color_jitter': 0., 'vflip': 0., 'grayscale_prob': None,
+    'gaussian_blur_prob': None, 'aug_repeats': 0, 'aug_splits': 0, 'jsd_loss': False, 'bce_loss': False,
+    'drop_block': None, 'drop_connect': None, 'bn_momentum': None, 'bn_eps': None, 'layer_decay': None,
+    'grad_accum_steps': 1, 'opt_betas': None, 'opt_kwargs': {}, 'lr_noise': None, 'lr_k_decay': 1.,
+    'lr_cycle_limit': 1, 'epoch_repeats': 0., 'head_init_scale': None, 'head_init_bias': None,
+    'train_num_samples': None, 'kd_model_name': None,
+}
+
+
+def timm_only_techniques(recipe: Dict[str, Any]) -> Dict[str, Any]:
+    """The keys of :data:`TIMM_ONLY_TECHNIQUES` that ``recipe`` sets to switch their technique on, with their
+    values (None, as train.py's parser leaves an unset option, is off)."""
+    return {key: recipe[key] for key, off in TIMM_ONLY_TECHNIQUES.items()
+            if recipe.get(key) is not None and recipe[key] != off}
+
 
 # put on train.py's args after parsing (by train.py, or read there by timm.utils.init_distributed_device), so its
 # checkpoints hold them too: all local to a run
