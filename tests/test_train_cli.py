@@ -676,6 +676,37 @@ def test_a_null_lr_is_refused_with_the_lr_timm_would_have_used(extra, lr, tmp_pa
     assert parse_run_args(['-c', str(recipe), '--lr', '0.01'])[0].lr == 0.01  # the command line's lr is taken
 
 
+def _help_of(argv, capsys) -> dict:
+    """``--help``'s text after each option string of its first line (wrapped lines joined)."""
+    with pytest.raises(SystemExit):
+        training.main([*argv, '--help'])
+    text, entries, option = capsys.readouterr().out.split('\noptions:', 1)[1], {}, None
+    for line in text.splitlines():
+        if line.startswith('  -'):
+            option = line.split()[0].rstrip(',')
+            entries[option] = line
+        elif option and line.startswith('    '):
+            entries[option] += ' ' + line.strip()
+    return entries
+
+
+def test_help_shows_the_defaults_in_force_the_papers_or_the_recipes(capsys):
+    """A timm user's flags take the paper's defaults here (batch 100, lr 0.1, 15 warm-up epochs), not timm's:
+    --help says so, and with -c the recipe's, which replace them."""
+    plain = _help_of([], capsys)
+    for option, default in (('-b', 100), ('--lr', 0.1), ('--warmup-epochs', 15), ('--weight-decay', 0.0001),
+                            ('--epochs', 300), ('--model', 'sa_quadratic_cifar'), ('--dataset', 'digits')):
+        assert f'default: {default}' in plain[option], plain[option]
+    recipe = yaml.safe_load(DIGITS_RECIPE.read_text())
+    with_recipe = _help_of(['-c', str(DIGITS_RECIPE)], capsys)
+    for option, key in (('-b', 'batch_size'), ('--lr', 'lr'), ('--warmup-epochs', 'warmup_epochs'),
+                        ('--epochs', 'epochs')):
+        assert f'default: {recipe[key]})' in with_recipe[option] + ')', with_recipe[option]
+    # an option that is off or unset until given says nothing of a default
+    assert not [line for line in plain.values() if 'default: None' in line or 'default: False' in line]
+    assert 'default' not in plain['--pretrained'] + plain['--num-classes']
+
+
 # --- argument checks come before anything is built ---------------------------------------------------------
 
 def _fail_when_anything_is_built(monkeypatch):

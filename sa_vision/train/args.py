@@ -4,6 +4,7 @@ A run's arguments fall into the groups below; every argument in none of them is 
 the run's ``recipe.yaml`` (``-c recipe.yaml`` repeats the run) and taken from the checkpoint by ``--resume``.
 """
 import argparse
+import copy
 import difflib
 from typing import Optional
 
@@ -66,11 +67,36 @@ def build_config_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class _DefaultsHelpFormatter(argparse.HelpFormatter):
+    """argparse's ArgumentDefaultsHelpFormatter, for options without help too, less the defaults that read as
+    unset (None, False, empty) and those the help names itself."""
+
+    def _format_action(self, action):
+        if action.option_strings and not action.help and self._shows_default(action):
+            action = copy.copy(action)
+            action.help = 'default: %(default)s'
+        return super()._format_action(action)
+
+    def _get_help_string(self, action):
+        if not self._shows_default(action) or 'default' in action.help:
+            return action.help
+        return f'{action.help} (default: %(default)s)'
+
+    @staticmethod
+    def _shows_default(action) -> bool:
+        default = action.default
+        return bool(action.option_strings) and default is not argparse.SUPPRESS and default is not None \
+            and default is not False and default not in ('', [], {})
+
+
 def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     """The training arguments (``-c`` listed too, for ``--help``), with ``defaults`` (a recipe's, a resumed run's)
     over the built-in ones."""
-    parser = argparse.ArgumentParser(description='Train sa_vision models with timm parts',
-                                     parents=[build_config_parser()])
+    parser = argparse.ArgumentParser(
+        description="Train sa_vision models with timm parts. The defaults shown are those in force: without -c, "
+                    "the paper's batch and schedule on CIFAR-10 (App. A.4: lr 0.1 for batch 100, 15 warm-up epochs, "
+                    "cosine per step over 300 epochs), not timm's; with -c NAME|FILE --help, the recipe's.",
+        parents=[build_config_parser()], formatter_class=_DefaultsHelpFormatter)
     for title, add in (('Dataset parameters', _dataset_arguments), ('Model parameters', _model_arguments),
                        ('Optimizer parameters', _optimizer_arguments),
                        ('Learning rate schedule parameters', _schedule_arguments),
@@ -171,7 +197,7 @@ def _dataset_arguments(group) -> None:
     group.add_argument('--dataset', metavar='NAME', default='digits',
                        help="'digits' (offline, scikit-learn), 'fashion-mnist' (offline: Debian's "
                             "dataset-fashion-mnist or the four IDX files in --data-dir), 'torch/cifar10', or '' (or "
-                            "any other name, which the export's tag carries) for an ImageFolder (default: digits)")
+                            "any other name, which the export's tag carries) for an ImageFolder")
     group.add_argument('--train-split', metavar='NAME', default=TRAIN_SPLIT)
     group.add_argument('--val-split', metavar='NAME', default='validation',
                        help='held-out split (torch/cifar10, fashion-mnist and digits map it to their test split; an '
