@@ -133,6 +133,19 @@ def test_what_would_stop_the_first_batch_is_a_user_error_before_the_run_folder(t
     assert not (tmp_path / 'run').exists()
 
 
+def test_a_timm_model_built_for_another_size_is_a_user_error_before_the_run_folder(tmp_path):
+    """--img-size sizes the data only, as in timm's train.py: a ViT built for 224x224 asserts on the first 32x32
+    batch. That is one error line, naming the model keyword that builds it for 32x32, which then trains."""
+    vit = ['--model', 'vit_tiny_patch16_224', '--img-size', '32', '--epochs', '1', '--output', str(tmp_path),
+           '--experiment', 'run', '--workers', '0', '--model-kwargs', 'depth=1', 'embed_dim=32', 'num_heads=2']
+    with pytest.raises(UserError, match=r"^vit_tiny_patch16_224 cannot take 3x32x32 images \(--img-size 32\): .*"
+                                        r"pass --model-kwargs img_size=32 as well"):
+        training.main(vit)
+    assert not (tmp_path / 'run').exists()
+    training.main([*vit, 'img_size=32'])
+    assert (tmp_path / 'run' / 'last.pth.tar').is_file()
+
+
 def test_resume_refuses_another_folder_and_fewer_epochs_than_done_and_says_what_it_ignores(adamw_run, tmp_path,
                                                                                           caplog):
     """A resumed run stays in its folder: --output / --experiment elsewhere are refused (timm's train.py would

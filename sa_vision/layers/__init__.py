@@ -12,7 +12,13 @@ from .attention import (
 )
 from .attention_path import CUDA_DENSE_MIXING, CUDA_PROJECT_FIRST, AttentionPath, choose_path
 from .drop import SampleDropPath
-from .embed import SpaceToDepthEmbed, check_image_batch_shape, check_image_shape, check_input_size
+from .embed import (
+    SpaceToDepthEmbed,
+    check_image_batch_shape,
+    check_image_shape,
+    check_input_size,
+    has_checked_input_size,
+)
 from .mlp import GeluMlp
 from .scores import (
     CONV_INIT_ALPHA,
@@ -32,6 +38,7 @@ __all__ = [
     'attend_then_project', 'batched_heads', 'choose_path', 'dense_attention', 'drop_negligible',
     'fused_mix_and_project', 'negligible_below', 'CUDA_PROJECT_FIRST', 'project_first', 'project_then_mix',
     'SampleDropPath', 'SpaceToDepthEmbed', 'check_image_shape', 'check_image_batch_shape', 'check_input_size',
+    'has_checked_input_size',
     'GeluMlp',
     'CONV_INIT_ALPHA', 'POSITION_INITS', 'ContentScores', 'GeneralizedScores', 'LearnedScores', 'QuadraticScores',
     'grid_shifts', 'kernel_offsets', 'relative_shifts',

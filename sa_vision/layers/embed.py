@@ -9,7 +9,8 @@ import torch.nn.functional as F
 from timm.layers import register_notrace_function, register_notrace_module
 from torch import Tensor, nn
 
-__all__ = ['SpaceToDepthEmbed', 'check_image_shape', 'check_image_batch_shape', 'check_input_size']
+__all__ = ['SpaceToDepthEmbed', 'check_image_shape', 'check_image_batch_shape', 'check_input_size',
+           'has_checked_input_size']
 
 
 @register_notrace_function  # data-dependent checks; FX keeps the call whole
@@ -70,8 +71,13 @@ class SpaceToDepthEmbed(nn.Module):
         return F.linear(blocks, self.proj.weight.reshape(self.embed_dim, C * 4), self.proj.bias)
 
 
+def has_checked_input_size(model: nn.Module) -> bool:
+    """Whether :func:`check_input_size` knows the input sizes ``model`` takes (its embedding is ours)."""
+    return isinstance(getattr(model, 'patch_embed', None), SpaceToDepthEmbed)
+
+
 def check_input_size(model: nn.Module, input_size: Sequence[int]) -> None:
     """The ValueError of :func:`check_image_batch_shape` where ``model`` embeds by :class:`SpaceToDepthEmbed` and
     cannot take ``C x H x W`` images (asked before a batch exists: a run's --img-size, a benchmark's input size)."""
-    if isinstance(getattr(model, 'patch_embed', None), SpaceToDepthEmbed):
+    if has_checked_input_size(model):
         check_image_batch_shape([1, *input_size], model.patch_embed.in_chans)

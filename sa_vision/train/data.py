@@ -13,7 +13,7 @@ import torch
 from torchvision import transforms
 
 from ..errors import DatasetError, DatasetNotFoundError, UserError
-from ..layers import check_input_size
+from ..layers import check_input_size, has_checked_input_size
 from ..paper import CIFAR10_CLASSES, CIFAR10_LABEL_NAMES, CIFAR10_MEAN, CIFAR10_STD
 from .datasets import (
     FASHION_MNIST_PAD,
@@ -248,6 +248,26 @@ def check_model_takes_data(model_name: str, model: torch.nn.Module, dataset: str
     except ValueError as e:
         raise UserError(f'{model_name} cannot take {input_size[-2]}x{input_size[-1]} images (--img-size '
                         f'{img_size}): {e}') from None
+    if not has_checked_input_size(model):
+        _probe_input_size(model_name, model, input_size, img_size)
+
+
+def _probe_input_size(model_name: str, model: torch.nn.Module, input_size: Sequence[int],
+                      img_size: Optional[int]) -> None:
+    """A UserError where one image of ``input_size`` stops ``model``'s forward, asked of another package's model
+    (a timm ViT built for 224x224 asserts on the first batch, after the run folder was written)."""
+    was_training = model.training
+    try:
+        with torch.no_grad():
+            model.eval()(torch.zeros(1, *input_size))
+    except (AssertionError, RuntimeError, ValueError) as e:
+        given = f'--img-size {img_size}' if img_size else "its data config's size"
+        reason = str(e).rstrip('.')
+        raise UserError(f'{model_name} cannot take {"x".join(map(str, input_size))} images ({given}): {reason}. '
+                        f'--img-size sizes the data only, as in timm\'s train.py: for a model built for another '
+                        f'size, pass --model-kwargs img_size={input_size[-1]} as well, where it takes one') from None
+    finally:
+        model.train(was_training)
 
 
 def create_image_dataset(
