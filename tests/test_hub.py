@@ -212,6 +212,24 @@ def test_weights_that_name_no_dataset_are_tagged_unknown_not_an_image_folder(tmp
     assert weights_label(trained).tag == 'folder'  # a run of --dataset '' on an image folder
 
 
+@pytest.mark.parametrize('tag', ['flowers_custom', 'folder_custom', 'unknown_custom'])
+def test_an_export_and_its_pruned_weights_keep_the_image_folders_name(tmp_path, tag):
+    """A run of --dataset flowers on an image folder exports '<arch>.flowers_custom': publishing that folder, or
+    pruning it, keeps the name its tag holds (they read it back as '' -> 'folder', and 'unknown' once pruned)."""
+    import timm
+    from timm.models import save_for_hf
+
+    from sa_vision.research.pruning import save_pruned
+    folder = tmp_path / 'hub'
+    model = timm.create_model('sa_quadratic_cifar', embed_dim=16, depth=2, heads_per_layer=(2, 2))
+    save_for_hf(model, folder, safe_serialization=True, model_config={'pretrained_cfg': {'tag': tag}})
+    exported = read_checkpoint(folder)
+    assert weights_label(exported).tag == tag and weights_label(exported).default_repo_id.endswith(tag)
+    save_pruned(exported.create_model(), tmp_path / 'pruned.safetensors', model_args=exported.model_args,
+                pretrained_cfg=exported.meta['pretrained_cfg'])
+    assert weights_label(read_checkpoint(tmp_path / 'pruned.safetensors')).tag == tag
+
+
 @pytest.mark.parametrize('model_args, same_logits', [
     (dict(input_padding=2), False),
     (dict(input_padding=2, input_pad_value=[-2.43, -2.42, -2.22]), False),

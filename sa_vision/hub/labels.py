@@ -10,7 +10,7 @@ from ..io import plain_data
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id
 from ..research.explorer import POSITIONAL_EPOCHS_FILE
 from ..train.checkpoint import Checkpoint
-from ..train.data import UNKNOWN_DATASET, DatasetInfo, dataset_info, trained_dataset
+from ..train.data import CUSTOM_SUFFIX, UNKNOWN_DATASET, DatasetInfo, dataset_info, trained_dataset
 
 __all__ = ['HUB_FOLDER_FILES', 'EXPORT_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTOM_SUFFIX',
            'MODEL_CARD_DIR', 'WeightsLabel', 'weights_label', 'is_registered_architecture']
@@ -22,7 +22,6 @@ HUB_FOLDER_FILES = ('config.json', 'model.safetensors', 'README.md')
 # every file an export may hold: what a new export of the same weights replaces, and an upload replaces on the Hub
 EXPORT_FILES = (*HUB_FOLDER_FILES, RECIPE_FILENAME, CARD_FIGURE_FILENAME, POSITIONAL_EPOCHS_FILE)
 MODEL_CARD_DIR = Path(__file__).resolve().parent.parent / 'model_cards'  # package data
-CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
 
 
 # is_registered_architecture's answers: an export asks for the label of the same weights several times (the command,

@@ -35,7 +35,7 @@ from .datasets import (
 )
 
 __all__ = [
-    'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET',
+    'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET', 'CUSTOM_SUFFIX',
     'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data', 'num_classes_of_folder',
     'image_folder_classes', 'create_cifar_transform', 'create_image_dataset', 'held_tensors', 'known_dataset_names',
     'split_name',
@@ -119,18 +119,22 @@ def normalization(dataset: str, data_cfg: Dict[str, Any]) -> Dict[str, Tuple[flo
 
 
 def dataset_for_tag(tag: str) -> str:
-    """The --dataset of a pretrained tag ('fashion_mnist_custom' -> 'fashion-mnist'), '' for no known dataset."""
+    """The --dataset of a pretrained tag: a known dataset's ('fashion_mnist_custom' -> 'fashion-mnist'), else the
+    name of the image folder it was given (--dataset flowers: 'flowers_custom' -> 'flowers', which
+    :func:`dataset_info` tags as before); '' for an image folder of no name ('folder'), for weights of no dataset
+    ('unknown') and for no tag."""
     for info in _ENTRIES:
         if tag == info.tag or tag.startswith(info.tag + '_'):
             return info.name
-    return ''
+    name = tag[:-len(CUSTOM_SUFFIX)] if tag.endswith(CUSTOM_SUFFIX) else tag
+    return '' if name in (_FOLDER_TAG, _UNKNOWN_TAG) else name
 
 
 def trained_dataset(meta: Mapping[str, Any]) -> Optional[str]:
-    """The --dataset that weights were trained on, from what their file says (a checkpoint's ``meta``): a name, ''
-    for an image folder (a run's --dataset '' with a --data-dir; an export of a run on an image folder, tagged
-    ``folder`` or with the name --dataset gave it), None where they name none (a bare state dict or .safetensors
-    file, or an export of one, tagged ``unknown``)."""
+    """The --dataset that weights were trained on, from what their file says (a checkpoint's ``meta``): a name (an
+    image folder's as --dataset named it, which its export's tag keeps), '' for an image folder of no name (a run's
+    --dataset '' with a --data-dir, its export tagged ``folder``), None where they name none (a bare state dict or
+    .safetensors file, or an export of one, tagged ``unknown``)."""
     if meta.get('dataset'):
         return meta['dataset']
     tag = (meta.get('pretrained_cfg') or {}).get('tag') or ''
@@ -138,7 +142,6 @@ def trained_dataset(meta: Mapping[str, Any]) -> Optional[str]:
         return ''
     if not tag or tag == _UNKNOWN_TAG or tag.startswith(_UNKNOWN_TAG + '_'):
         return None
-    # a tag that no known dataset has is an image folder's (dataset_info gives any other --dataset name one)
     return dataset_for_tag(tag)
 
 
@@ -148,8 +151,8 @@ def dataset_info(dataset: str) -> DatasetInfo:
     key = dataset.lower() if dataset else ''
     if key in _DATASETS:
         return _DATASETS[key]
-    tag = ''.join(c if c.isalnum() else '_' for c in (dataset or 'folder').split('/')[-1].lower()).strip('_')
-    info = DatasetInfo(dataset, tag or 'folder', dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
+    tag = ''.join(c if c.isalnum() else '_' for c in (dataset or _FOLDER_TAG).split('/')[-1].lower()).strip('_')
+    info = DatasetInfo(dataset, tag or _FOLDER_TAG, dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
                        'validation')
     if key.startswith(_TIMM_DATASET_TYPES):
         return replace(info, read=read_timm, check=check_timm, downloads=True)
@@ -157,7 +160,8 @@ def dataset_info(dataset: str) -> DatasetInfo:
 
 
 # what an export says of weights that name no dataset: the tag `unknown`, not an image folder's `folder`
-_UNKNOWN_TAG = 'unknown'
+_UNKNOWN_TAG, _FOLDER_TAG = 'unknown', 'folder'
+CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
 UNKNOWN_DATASET = replace(dataset_info(''), tag=_UNKNOWN_TAG, title='an unknown dataset')
 
 
@@ -201,8 +205,9 @@ def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tu
         data_dir = dataset  # --dataset <folder>: an image folder named by its path
     if info.data_dir == 'needed' and not data_dir:
         without = ' and '.join(f'--dataset {e.name}' for e in _ENTRIES if e.data_dir != 'needed')
-        raise DatasetError(f'dataset {dataset or "(image folder)"!r} needs --data-dir (the download target or the '
-                           f'image folder); {without} are read without one')
+        what = f'dataset {dataset!r}' if dataset else "an image folder (--dataset '')"
+        raise DatasetError(f'{what} needs --data-dir (the download target or the image folder); {without} are read '
+                           f'without one')
     return info, DataSource(info.name, data_dir, download)
 
 
