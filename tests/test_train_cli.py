@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import HANG_TIMEOUT_S, command, command_here
+from helpers import HANG_TIMEOUT_S, command, command_here, keeping_threads
 
 pytest.importorskip('sklearn')
 
@@ -941,12 +941,22 @@ def _three_class_folder(root):
     return root
 
 
-def test_num_classes_follows_the_image_folder(tmp_path):
+def test_num_classes_and_label_names_follow_the_image_folder(tmp_path):
+    """The class folders decide the classes, and name them where timm looks for names (the export's config.json
+    label_names, which timm's inference.py prints with its top-k), also after --resume."""
+    from sa_vision.cli import train as train_command
+    from sa_vision.train.checkpoint import read_checkpoint
     folder = _three_class_folder(tmp_path / 'mine')
+    run = tmp_path / 'out' / 'run'
     training.main(['--dataset', '', '--data-dir', str(folder), *TINY, '--epochs', '1', '-b', '3', '--threads', '1',
                    '--sched', 'none', '--workers', '0', '--output', str(tmp_path / 'out'), '--experiment', 'run'])
-    ckpt = _load(tmp_path / 'out' / 'run' / 'last.pth.tar')
+    ckpt = _load(run / 'last.pth.tar')
     assert ckpt['model_args']['num_classes'] == 3 and ckpt['state_dict']['head.weight'].shape[0] == 3
+    classes = ['boot', 'coat', 'shirt']
+    assert read_checkpoint(run).create_model().pretrained_cfg['label_names'] == classes
+    with keeping_threads():
+        train_command.main(['--resume', str(run / 'last.pth.tar'), '--epochs', '2', '--export'])
+    assert json.loads((run / 'hub' / 'config.json').read_text())['label_names'] == classes
 
 
 @pytest.mark.parametrize('argv', [['--num-classes', '5'], ['num_classes=5']], ids=['flag', 'model-kwargs'])

@@ -36,7 +36,8 @@ TIMM_LOCAL_ARGS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use
 RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_mode_used',
                            'torchcompile_reason', 'resume_changes', 'device_data_used', 'device_data_reason',
                            'opt_fused_used', 'opt_fused_reason',
-                           'model_given'})  # --model local-dir:<folder>, resolved to the folder's architecture
+                           'model_given',  # --model local-dir:<folder>, resolved to the folder's architecture
+                           'label_names'})  # an image folder's classes, in timm's label order
 # left out of published recipes: a recipe reproduces the run anywhere and leaks no local paths
 RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
 # the least value of the numbers below which timm and torch fail only deep inside (the scheduler's bare

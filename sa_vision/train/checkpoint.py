@@ -81,10 +81,7 @@ class Checkpoint:
 
     def create_model(self, load_weights: bool = True) -> nn.Module:
         """The model with these weights (strictly loaded) in eval mode; else its random init (pretrained=False)."""
-        import timm
-
-        from .. import models  # noqa: F401  registers the models
-        if not timm.is_model(self.arch):
+        if not is_model(self.arch):  # sa_vision's models are registered: this module imports them
             raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
                                   f'that registers it (--device-modules) or pass the right --model')
         # the preprocessing of a Hub folder or a pruned file (input size, mean / std, label names), kept as timm's
@@ -112,7 +109,8 @@ class Checkpoint:
             # the registered cfg's names are CIFAR-10's: weights that say what they were trained on but carry no
             # names get their dataset's, or none
             from .data import dataset_info
-            model.pretrained_cfg['label_names'] = dataset_info(self.dataset).label_names(model.num_classes)
+            names = (self.meta.get('args') or {}).get('label_names')  # a run on an image folder: its classes
+            model.pretrained_cfg['label_names'] = names or dataset_info(self.dataset).label_names(model.num_classes)
         return model.eval()
 
 

@@ -332,6 +332,7 @@ def num_classes_of_folder(args, recipe: dict, log) -> None:
     classes = image_folder_classes(args.dataset, args.data_dir, args.train_split)
     if classes is None:
         return
+    args.label_names = classes  # the export's label_names: timm's inference.py names its top-k classes by them
     asked = args.num_classes if args.num_classes is not None else args.model_kwargs.get('num_classes')
     if asked is None:
         args.num_classes = len(classes)

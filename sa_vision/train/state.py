@@ -69,6 +69,7 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
     check_recipe_start(recipe, args, config.config)
     check_recipe_lr(recipe, args, f'recipe {config.config}')
     args.model_given = None if resume else _model_of_weights_name(args)
+    args.label_names = (resume_ckpt.meta.get('args') or {}).get('label_names') if resume else None  # image folder's
     # what the run had as defaults comes back unchanged: a difference was given on the command line
     args.resume_changes = {k: (v, plain_data(getattr(args, k))) for k, v in sorted(run_args.items())
                            if k != 'model_kwargs' and plain_data(getattr(args, k)) != v}
