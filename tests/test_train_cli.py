@@ -941,10 +941,12 @@ def _three_class_folder(root):
     return root
 
 
-def test_num_classes_and_label_names_follow_the_image_folder(tmp_path):
+def test_num_classes_and_label_names_follow_the_image_folder(tmp_path, capsys):
     """The class folders decide the classes, and name them where timm looks for names (the export's config.json
-    label_names, which timm's inference.py prints with its top-k), also after --resume."""
+    label_names, which timm's inference.py prints with its top-k), also after --resume. sa-vision-validate of the
+    run's checkpoint reads the folder it trained on, as --resume does."""
     from sa_vision.cli import train as train_command
+    from sa_vision.cli import validate
     from sa_vision.train.checkpoint import read_checkpoint
     folder = _three_class_folder(tmp_path / 'mine')
     run = tmp_path / 'out' / 'run'
@@ -957,6 +959,9 @@ def test_num_classes_and_label_names_follow_the_image_folder(tmp_path):
     with keeping_threads():
         train_command.main(['--resume', str(run / 'last.pth.tar'), '--epochs', '2', '--export'])
     assert json.loads((run / 'hub' / 'config.json').read_text())['label_names'] == classes
+    capsys.readouterr()
+    assert validate.main(['--checkpoint', str(run / 'last.pth.tar'), '--threads', '1']) == 0
+    assert f'dataset: an image folder in {folder} (the weights were trained on it' in capsys.readouterr().err
 
 
 @pytest.mark.parametrize('argv', [['--num-classes', '5'], ['num_classes=5']], ids=['flag', 'model-kwargs'])

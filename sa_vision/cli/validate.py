@@ -18,6 +18,7 @@ progress bar shows images/s and the time left (not in logs: only when stderr is 
 """
 import argparse
 import json
+import os
 import sys
 from contextlib import nullcontext
 from pathlib import Path
@@ -53,6 +54,7 @@ def model_to_evaluate(args):
             # --no-pretrained: the architecture and preprocessing of the weights at random, as timm builds
             # create_model('local-dir:...', pretrained=False)
             ckpt = read_checkpoint(path, model_args=args.model_kwargs, use_ema=args.use_ema)
+            args.trained_data_dir = (ckpt.meta.get('args') or {}).get('data_dir')
             return ckpt.create_model(load_weights=args.pretrained is not False), trained_dataset(ckpt.meta)
         if args.use_ema:  # else the plain weights' score would pass for the EMA's
             raise UserError(f'--use-ema takes the EMA weights of a checkpoint of timm\'s train.py (--checkpoint '
@@ -67,6 +69,7 @@ def model_to_evaluate(args):
     # --model with --checkpoint: the architecture the weights must be (read_checkpoint's arch)
     ckpt = read_checkpoint(args.checkpoint, arch=args.model if args.model_given else None,
                            model_args=args.model_kwargs, use_ema=args.use_ema)
+    args.trained_data_dir = (ckpt.meta.get('args') or {}).get('data_dir')  # a run's, where it still is
     return ckpt.create_model(), trained_dataset(ckpt.meta)
 
 
@@ -136,9 +139,15 @@ def main(argv=None):
     model = model.to(args.device)
     if args.dataset is None:
         args.dataset = DEFAULT_DATASET if trained_on is None else trained_on
-        print(f'dataset: {args.dataset or "an image folder in --data-dir"} ('
-              + ('the weights name none' if trained_on is None else 'the weights were trained on it')
-              + '; --dataset chooses another)', file=sys.stderr)
+        trained_dir = getattr(args, 'trained_data_dir', None)
+        reused = trained_on is not None and not args.data_dir and trained_dir and os.path.isdir(trained_dir)
+        if reused:  # the run's own --data-dir, as --resume finds it
+            args.data_dir = trained_dir
+        what = (f'{args.dataset or "an image folder"} in {args.data_dir}' if reused
+                else args.dataset or 'an image folder in --data-dir')
+        print(f'dataset: {what} (' + ('the weights name none' if trained_on is None else 'the weights were trained on '
+              'it') + ('; --dataset and --data-dir choose another)' if reused else '; --dataset chooses another)'),
+              file=sys.stderr)
         _check_dataset(args)
     data_cfg = timm.data.resolve_data_config({}, model=model)
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
