@@ -29,9 +29,11 @@ from sa_vision.train.timm_args import (
     TIMM_MODEL_KWARGS,
     TIMM_ONLY,
     TIMM_ONLY_TECHNIQUES,
+    TIMM_PREPROCESSING,
     TIMM_SCHEDULERS,
     TIMM_SET_ARGS,
     TIMM_TRAIN_ARGS,
+    TIMM_VALIDATE_ONLY,
 )
 
 
@@ -173,6 +175,14 @@ def test_the_techniques_are_off_at_timms_defaults_but_for_its_imagenet_augmentat
     on_by_default = {name for name, off in TIMM_ONLY_TECHNIQUES.items()
                      if defaults[name] is not None and defaults[name] != off}
     assert on_by_default == {'scale', 'ratio', 'color_jitter'}, defaults
+
+
+def test_the_refused_validate_options_are_those_of_timms_validate_py_that_ours_lacks():
+    from sa_vision.cli.validate import _parser
+    ours = {action.dest for action in _parser()._actions}
+    assert not TIMM_VALIDATE_ONLY & ours and TIMM_PREPROCESSING <= TIMM_VALIDATE_ONLY
+    script = required_timm_train_script().parent / 'validate.py'
+    assert argparse_dests(script.read_text(encoding='utf-8')) - ours == TIMM_VALIDATE_ONLY
 
 
 def test_ours_are_exactly_the_arguments_sa_vision_train_shares_with_timm():

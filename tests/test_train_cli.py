@@ -106,7 +106,7 @@ def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, 
     assert 'resuming with changed arguments: log_interval 100 -> 7' in caplog.text
 
 
-def test_options_of_timms_train_py_say_where_they_work_and_others_are_argparses_error(capsys):
+def test_options_of_timms_train_py_say_where_they_work_and_others_are_argparses_error(capsys, tmp_path):
     """A timm user's --model-ema or --mixup: one error line naming timm's script (argparse would print the whole
     usage and 'unrecognized arguments'); an option of neither stays argparse's error (status 2)."""
     with pytest.raises(UserError, match=r"^--model-ema, --mixup: options of timm's train.py that sa-vision-train does "
@@ -116,6 +116,12 @@ def test_options_of_timms_train_py_say_where_they_work_and_others_are_argparses_
     with pytest.raises(SystemExit) as stopped:
         parse_run_args(['--bogus-flag', '3'])
     assert stopped.value.code == 2 and 'unrecognized arguments: --bogus-flag 3' in capsys.readouterr().err
+    # timm's --input-size is --img-size here; its positional data folder, deprecated there, is --data-dir
+    with pytest.raises(UserError, match=r'^--input-size: sa-vision-train takes --img-size N$'):
+        parse_run_args(['--input-size', '3', '32', '32'])
+    with pytest.raises(UserError, match=rf'^{re.escape(str(tmp_path))}: sa-vision-train takes the data folder as '
+                                        rf'--data-dir {re.escape(str(tmp_path))} '):
+        parse_run_args([str(tmp_path), '--epochs', '1'])
 
 
 @pytest.mark.parametrize('args, message', [

@@ -129,3 +129,31 @@ def test_a_data_dir_the_weights_dataset_never_reads_is_refused(tmp_path):
     folder = _folder(tmp_path, 'digits_custom')
     with pytest.raises(DatasetError, match=r"--data-dir .*: --dataset digits reads no files .* pass --dataset ''"):
         validate.main(['--model', f'local-dir:{folder}', '--data-dir', str(tmp_path), '--threads', '1'])
+
+
+def test_timms_validate_options_say_where_they_work_and_the_result_goes_to_its_results_file(tmp_path, capsys):
+    """timm validate.py's preprocessing flags (the weights' own is used here), its other options and its positional
+    data folder are one error line each, naming where they work; its --results-file is taken, as CSV or JSON."""
+    import csv
+
+    from sa_vision.errors import run_cli
+    folder = _folder(tmp_path, 'digits_custom')
+    weights = ['--model', f'local-dir:{folder}', '--threads', '1', '-b', '360']
+    for extra, expected in (
+            (['--img-size', '32', '--crop-pct', '1.0'], "error: --img-size, --crop-pct: options of timm's validate.py "
+                                                        "that sa-vision-validate does not take (it feeds the weights "
+                                                        "what their training fed them). Run timm's own script"),
+            (['--log-freq', '5'], "error: --log-freq: an option of timm's validate.py that sa-vision-validate does "
+                                  "not take. Run timm's own script for it: python -m sa_vision.train.run_timm "
+                                  "path/to/timm/validate.py"),
+            ([str(tmp_path)], f'error: {tmp_path}: sa-vision-validate takes the data folder as --data-dir {tmp_path}'),
+    ):
+        assert run_cli(validate.main, [*weights, *extra]) == 2
+        assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
+    for results_format in ('csv', 'json'):
+        path = tmp_path / f'results.{results_format}'
+        assert validate.main([*weights, '--results-file', str(path), '--results-format', results_format]) == 0
+        printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        written = (json.loads(path.read_text()) if results_format == 'json'
+                   else next(csv.DictReader(path.open(newline=''))))
+        assert written['top1'] in (printed['top1'], str(printed['top1'])) and written['model'] == printed['model']

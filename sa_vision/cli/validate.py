@@ -17,6 +17,7 @@ pretrained tag (``fashion_mnist_custom`` -> fashion-mnist); CIFAR-10 where neith
 progress bar shows images/s and the time left (not in logs: only when stderr is a terminal).
 """
 import argparse
+import csv
 import json
 import os
 import sys
@@ -28,7 +29,7 @@ import torch
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import UserError, command
-from sa_vision.train.args import ModelKwargs, add_threads_argument, check_least_values
+from sa_vision.train.args import ModelKwargs, add_threads_argument, check_least_values, refuse_unknown
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
     check_dataset,
@@ -40,6 +41,7 @@ from sa_vision.train.data import (
 )
 from sa_vision.train.evaluation import evaluate
 from sa_vision.train.runtime import apply_threads, import_device_modules, resolve_device
+from sa_vision.train.timm_args import TIMM_PREPROCESSING, TIMM_VALIDATE_ONLY
 
 DEFAULT_DATASET = 'torch/cifar10'  # where the weights name no dataset: the paper's
 
@@ -119,13 +121,22 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument('--device', default=None, help="'cuda', 'cpu', ... (default: cuda when present)")
     parser.add_argument('--amp', action=argparse.BooleanOptionalAction, default=None,
                         help='bf16 autocast (default: on with CUDA)')
+    parser.add_argument('--results-file', default='', metavar='FILENAME',
+                        help="also write the result to this file, as timm's validate.py does")
+    parser.add_argument('--results-format', default='csv', choices=('csv', 'json'),
+                        help='format of --results-file (default: csv, as timm)')
     parser.add_argument('--device-modules', default=None, type=str, nargs='+',
                         help='python modules to import first (e.g. a package that registers models)')
     return parser
 
 
 def main(argv=None):
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        preprocessing = any(a.split('=')[0][2:].replace('-', '_') in TIMM_PREPROCESSING for a in unknown)
+        refuse_unknown(parser, unknown, 'sa-vision-validate', 'validate.py', TIMM_VALIDATE_ONLY, own={},
+                       note=" (it feeds the weights what their training fed them)" * preprocessing)
     check_least_values(args)
     import_device_modules(args.device_modules)
     args.device = resolve_device(args.device)
@@ -165,8 +176,22 @@ def main(argv=None):
     name = args.checkpoint or args.model
     print(f'{name} on {args.dataset or args.data_dir} {args.split}: top-1 {metrics["top1"]:.2f}%  '
           f'top-5 {metrics["top5"]:.2f}%  loss {metrics["loss"]:.4f}  ({metrics["num_images"]} images)')
-    print(json.dumps({'model': name, 'dataset': args.dataset, 'split': args.split, **metrics}))
+    result = {'model': name, 'dataset': args.dataset, 'split': args.split, **metrics}
+    print(json.dumps(result))
+    if args.results_file:
+        _write_results(args.results_file, args.results_format, result)
     return 0
+
+
+def _write_results(path: str, results_format: str, result: dict) -> None:
+    """The result as timm's validate.py writes its --results-file: a JSON object, or a CSV header and row."""
+    with open(path, 'w', newline='') as f:
+        if results_format == 'json':
+            json.dump(result, f, indent=4)
+        else:
+            writer = csv.DictWriter(f, fieldnames=list(result))
+            writer.writeheader()
+            writer.writerow(result)
 
 
 def _check_dataset(args) -> None:

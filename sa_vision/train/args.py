@@ -6,7 +6,8 @@ the run's ``recipe.yaml`` (``-c recipe.yaml`` repeats the run) and taken from th
 import argparse
 import copy
 import difflib
-from typing import Optional
+import os
+from typing import AbstractSet, Dict, Optional
 
 from timm.utils import ParseKwargs
 
@@ -20,7 +21,7 @@ from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
     'build_parser', 'parse_over', 'argument_names', 'add_threads_argument', 'check_scheduler', 'LEAST_VALUES',
-    'check_least_values', 'ModelKwargs',
+    'check_least_values', 'ModelKwargs', 'refuse_unknown',
 ]
 
 # this process's and this machine's: set anew by every process, so --resume does not take them from the run
@@ -115,23 +116,35 @@ def parse_over(defaults: dict, argv, source: str = 'the recipe') -> argparse.Nam
     parser = build_parser(defaults)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        _refuse_unknown(parser, unknown)
+        refuse_unknown(parser, unknown)
     _check_choices(parser, args, source)
     args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
     return args
 
 
-def _refuse_unknown(parser: argparse.ArgumentParser, unknown) -> None:
-    """The options of timm's train.py that this command lacks (--model-ema, --mixup, --aa, ...): a UserError that
-    says where they work; others: argparse's own error."""
-    timms = [arg.split('=')[0] for arg in unknown
-             if arg.startswith('--') and arg[2:].split('=')[0].replace('-', '_') in TIMM_ONLY_RECIPE_KEYS]
+def refuse_unknown(parser: argparse.ArgumentParser, unknown, command: str = 'sa-vision-train',
+                   script: str = 'train.py', timm_only: AbstractSet[str] = TIMM_ONLY_RECIPE_KEYS,
+                   own: Optional[Dict[str, str]] = None, note: str = '') -> None:
+    """What argparse leaves unparsed: a UserError naming the options of timm's ``script`` that ``command`` lacks
+    (--model-ema, --mixup, --aa, ... of train.py), with ``note`` on them, and where they work; those it takes under
+    another name (``own``: timm's option -> ours); a data folder given as timm's deprecated positional argument;
+    else argparse's own error."""
+    own = {'--input-size': '--img-size N'} if own is None else own
+    given = [arg.split('=')[0] for arg in unknown if arg.startswith('--')]
+    if renamed := [f'{arg}: {command} takes {own[arg]}' for arg in given if arg in own]:
+        raise UserError('; '.join(renamed))
+    timms = [arg for arg in given if arg[2:].replace('-', '_') in timm_only]
     if timms:
-        raise UserError(f'{", ".join(timms)}: {"an option" if len(timms) == 1 else "options"} of timm\'s train.py that '
-                        f'sa-vision-train does not take. Train with {"it" if len(timms) == 1 else "them"} through '
-                        f'timm\'s own script: python -m sa_vision.train.run_timm path/to/timm/train.py ... '
-                        f'(train.py of a pytorch-image-models checkout: pip\'s timm ships no train.py; '
-                        f'docs/training.md, "Running timm\'s top-level scripts")')
+        one = len(timms) == 1
+        raise UserError(f'{", ".join(timms)}: {"an option" if one else "options"} of timm\'s {script} that {command} '
+                        f'does not take{note}. Run timm\'s own script for {"it" if one else "them"}: python -m '
+                        f'sa_vision.train.run_timm path/to/timm/{script} ... ({script} of a pytorch-image-models '
+                        f'checkout: pip\'s timm ships no {script}; docs/training.md, "Running timm\'s top-level '
+                        f'scripts")')
+    folders = [arg for arg in unknown if not arg.startswith('-') and os.path.isdir(arg)]
+    if folders:
+        raise UserError(f'{folders[0]}: {command} takes the data folder as --data-dir {folders[0]} (timm\'s scripts '
+                        f'take it by position too, which they call deprecated)')
     parser.error(f'unrecognized arguments: {" ".join(unknown)}')
 
 

@@ -14,7 +14,8 @@ which also says what a timm checkpoint's ``args`` mean: the model train.py built
 from typing import Any, Dict, Optional
 
 __all__ = ['OURS', 'TIMM_ONLY', 'LOCAL', 'TIMM_TRAIN_ARGS', 'TIMM_SET_ARGS', 'TIMM_MODEL_KWARGS', 'TIMM_SCHEDULERS',
-           'TIMM_ONLY_TECHNIQUES', 'timm_only_techniques', 'timm_model_args', 'timm_num_epochs']
+           'TIMM_ONLY_TECHNIQUES', 'TIMM_VALIDATE_ONLY', 'TIMM_PREPROCESSING', 'timm_only_techniques',
+           'timm_model_args', 'timm_num_epochs']
 
 OURS, TIMM_ONLY, LOCAL = 'ours', 'timm-only', 'local'
 
@@ -101,6 +102,20 @@ def timm_only_techniques(recipe: Dict[str, Any]) -> Dict[str, Any]:
     return {key: recipe[key] for key, off in TIMM_ONLY_TECHNIQUES.items()
             if recipe.get(key) is not None and recipe[key] != off}
 
+
+# the dests of timm validate.py's parser (main, 1.0.29.dev0) that sa-vision-validate does not take: refused with a
+# pointer to timm's own script (its positional ``data`` folder with one to --data-dir)
+TIMM_VALIDATE_ONLY = frozenset({
+    'data', 'num_samples', 'class_map', 'input_key', 'input_img_mode', 'target_key', 'dataset_trust_remote_code',
+    'img_size', 'in_chans', 'input_size', 'use_train_size', 'crop_pct', 'crop_mode', 'crop_border_pixels', 'mean',
+    'std', 'interpolation', 'num_classes', 'gp', 'log_freq', 'num_gpu', 'test_pool', 'no_prefetcher', 'pin_mem',
+    'channels_last', 'amp_dtype', 'model_dtype', 'tf_preprocessing', 'fuser', 'fast_norm', 'reparam',
+    'torchcompile_mode', 'torchscript', 'torchcompile', 'aot_autograd', 'real_labels', 'valid_labels', 'retry',
+    'seed', 'metrics_avg', 'naflex_loader', 'naflex_max_seq_len',
+})
+# timm's preprocessing options: sa-vision-validate feeds weights what their training fed them
+TIMM_PREPROCESSING = frozenset({'img_size', 'input_size', 'crop_pct', 'crop_mode', 'crop_border_pixels', 'mean',
+                                'std', 'interpolation', 'use_train_size', 'tf_preprocessing'})
 
 # put on train.py's args after parsing (by train.py, or read there by timm.utils.init_distributed_device), so its
 # checkpoints hold them too: all local to a run
