@@ -399,6 +399,23 @@ def test_unknown_peer_or_comparison_names_the_peers():
                            mlp_hidden_dim=8)
 
 
+def test_weights_are_measured_at_their_own_input_size_and_a_typo_names_the_model(tmp_path, capsys):
+    """--model local-dir:<folder>, as timm's benchmark.py takes it: a kept Fashion-MNIST model takes 28x28 images
+    (it pads them itself), so it is measured there, not at CIFAR's 32x32; a misspelt name gets 'did you mean'."""
+    from sa_vision.train.checkpoint import load_model
+    kept = os.path.join(REPO, 'zoo', 'fashion-mnist-cpu', 'sa_quadratic_cifar')
+    out = tmp_path / 'row.json'
+    assert _load_cli().main(['--model', f'local-dir:{kept}', '--bench', 'inference', '-b', '2', '--runs', '1',
+                             '--num-warm-iter', '0', '--results-format', 'json', '--results-file', str(out),
+                             '--quiet', '--threads', '1']) == 0
+    (row,) = json.loads(out.read_text())
+    model = load_model(kept)
+    assert row['macs'] == sa_vision.measure.count_macs(model, (3, 28, 28)) != sa_vision.measure.count_macs(
+        model, (3, 32, 32))
+    with pytest.raises(sa_vision.errors.UserError, match="did you mean 'sa_quadratic_cifar'"):
+        sab.build_variants('sa_quadratic_cifr', [])
+
+
 def _tensors_held(model: nn.Module) -> dict:
     """Every tensor a model holds between calls: parameters, buffers, plain tensor attributes, by module."""
     return {(name, key): t for name, module in model.named_modules()

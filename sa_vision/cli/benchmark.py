@@ -19,6 +19,8 @@ sa_vision.layers.project_first: the Value per head, then one mixing GEMM; batche
 same weights through the paper's dense formulation (sa_vision.research.paper_reference, part of the package);
 'vit_peer' and 'convit_peer' are timm's VisionTransformer and ConVit at patch 2 (a grid like ours) and about the
 narrow SA models' parameters, built for --img-size (sa_vision.measure.peers).
+--model also takes weights, as timm's benchmark.py takes local-dir:<folder> (an export) or a checkpoint file:
+measured at their own input size (28 for a kept Fashion-MNIST export, which pads it itself) unless told.
 Columns named as timm's benchmark.py names them count in other units: param_count is the raw parameter
 count (timm's: millions), macs the raw MACs of one image's forward (timm's infer_gmacs: GMACs); --amp
 autocasts to --amp-dtype bfloat16 by default (timm's: float16). See docs/performance.md, 'What is measured'.
@@ -41,13 +43,13 @@ from sa_vision.train.args import ModelKwargs, check_least_values
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description='sa_vision benchmark', formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
-    p.add_argument('--model', '-m', nargs='+', default=['sa_quadratic_cifar'], help='model name(s)')
+    p.add_argument('--model', '-m', nargs='+', default=['sa_quadratic_cifar'], help='model name(s), or weights')
     p.add_argument('--model-list', default='', help='text file with one model name per line')
     p.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs,
                    help='extra model arguments, e.g. embed_dim=16 depth=1 heads_per_layer=2')
     p.add_argument('--bench', default='both', choices=('both', 'train', 'inference'))
     p.add_argument('--batch-size', '-b', type=int, default=32)
-    p.add_argument('--img-size', type=int, default=None, help='square input size (default 32)')
+    p.add_argument('--img-size', type=int, default=None, help="square input size (default: the weights' own, else 32)")
     p.add_argument('--input-size', type=int, nargs=3, default=None, metavar='N', help='C H W')
     p.add_argument('--num-classes', type=int, default=None)
     p.add_argument('--device', default='auto', help='auto (cuda if available, else cpu), cpu, cuda, cuda:1')
@@ -142,7 +144,8 @@ def main(argv=None) -> int:
         if not retain_freed_memory():
             print('--retain-freed-memory: needs glibc\'s malloc; running without it', file=sys.stderr)
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
-    input_size = tuple(args.input_size) if args.input_size else (3, args.img_size or 32, args.img_size or 32)
+    given_size = tuple(args.input_size) if args.input_size else (3, args.img_size, args.img_size) if args.img_size \
+        else None
     model_kwargs = dict(args.model_kwargs)
     if args.num_classes is not None:
         model_kwargs['num_classes'] = args.num_classes
@@ -161,6 +164,7 @@ def main(argv=None) -> int:
     compare_kwargs = {c: profile_kwargs(c) for c in compare}
     all_rows = []
     for name in models:
+        input_size = given_size or sab.input_size_of(name)
         variants = sab.build_variants(name, compare, fuse=args.fuse, compare_kwargs=compare_kwargs,
                                       input_size=input_size, **{**profile_kwargs(name), **model_kwargs})
         rows = sab.benchmark_variants(

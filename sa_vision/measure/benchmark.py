@@ -12,7 +12,8 @@ from torch import nn
 
 from ..errors import UserError
 from ..layers import check_input_size
-from ..models.factory import create_named_model
+from ..models.factory import create_named_model, model_name_hint
+from ..train.checkpoint import read_checkpoint, weights_path
 from ..train.runtime import resolve_device as resolve_device_name
 from ..train.runtime import synchronize
 from .macs import _as_input_size, count_macs, unavoidable_macs, unavoidable_macs_from_config
@@ -24,7 +25,7 @@ from .switches import SWITCHES, check_switch_changes, check_switches_change_path
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
     'resolve_device', 'compute_dtype', 'paper_model_like',
-    'StepRunner', 'Variant', 'build_variants', 'benchmark_variants', 'profile_train_step',
+    'StepRunner', 'Variant', 'input_size_of', 'build_variants', 'benchmark_variants', 'profile_train_step',
 ]
 
 
@@ -89,6 +90,16 @@ def _maybe_fused(model: nn.Module, fuse: bool) -> Optional[nn.Module]:
     return out if isinstance(out, nn.Module) else fused
 
 
+def input_size_of(model_name: str) -> tuple:
+    """The input size to measure ``model_name`` at where none is given: weights' own (a Fashion-MNIST export
+    takes 28x28 and pads it itself), else CIFAR's 32x32."""
+    import timm
+    path = None if timm.is_model(model_name) or is_peer(model_name) else weights_path(model_name)
+    if path is None:
+        return (3, 32, 32)
+    return tuple(read_checkpoint(path).create_model(load_weights=False).pretrained_cfg['input_size'])
+
+
 def build_variants(
         model_name: str,
         compare: Sequence[str] = (),
@@ -108,12 +119,14 @@ def build_variants(
     c, h, w = _as_input_size(input_size)
     if is_peer(model_name):
         model = build_peer(model_name, img_size=(h, w), in_chans=c, **model_kwargs)
-    elif not timm.is_model(model_name):
-        raise UserError(f'unknown model {model_name!r}: not a registered timm name nor a peer (sa_vision: '
-                        f'{", ".join(timm.list_models("sa_*") + ["resnet18_cifar"])}; peers: {", ".join(PEERS)}; '
-                        f'timm.list_models() lists all)')
-    else:
+    elif timm.is_model(model_name):
         model = create_named_model(model_name, **model_kwargs)
+    elif (path := weights_path(model_name)) is not None:  # local-dir:<folder> or a file, as timm's benchmark.py
+        model = read_checkpoint(path, model_args=model_kwargs).create_model()
+    else:
+        raise UserError(f'unknown model {model_name!r} ({model_name_hint(model_name)}): not a registered timm name, '
+                        f'a peer nor weights (sa_vision: {", ".join(timm.list_models("sa_*") + ["resnet18_cifar"])};'
+                        f' peers: {", ".join(PEERS)}; local-dir:<folder> or a weights file)')
     try:  # its rule, before any copy or timing
         check_input_size(model, (c, h, w))
     except ValueError as e:
@@ -228,7 +241,8 @@ def _warm_up(variant: Variant, runner: 'StepRunner', row: Dict[str, Any], warmup
             row['state_mb'] = runner.baseline_bytes() / 2 ** 20
         if do_infer:
             row['infer_peak_mb'] = runner.peak(runner.infer_step) / 2 ** 20
-        log(f"peak memory {variant.name}: train {row.get('train_peak_mb')} MB, infer {row.get('infer_peak_mb')} MB")
+        log(f'peak memory {variant.name}: ' + ', '.join(f'{kind} {row[f"{kind}_peak_mb"]:,.1f} MB'
+                                                       for kind in ('train', 'infer') if f'{kind}_peak_mb' in row))
 
 
 def _add_ratios_to_the_first(rows: List[Dict[str, Any]], train_runs: List[List[float]],

@@ -370,7 +370,7 @@ def weights_path(source: str) -> Optional[Path]:
         folder = Path(source[len(LOCAL_DIR_PREFIX):])
         if not folder.is_dir():
             raise CheckpointError(f'{source}: {folder} is not a folder; local-dir: names an exported Hub folder '
-                                  f'(config.json + model.safetensors), e.g. from sa-vision-push-to-hub --dry-run')
+                                  f'(config.json + model.safetensors), e.g. <run>/hub of sa-vision-train --export')
         return folder
     path = Path(source)
     # a path that is not there (timm would only say it has no source prefix): read_checkpoint names it
