@@ -117,6 +117,8 @@ def test_published_recipe_holds_training_arguments_only(trained):
     assert str(ckpt_path.parent.parent) not in text and '/tmp' not in text and str(ROOT) not in text
     assert recipe['model'] == 'sa_quadratic_cifar' and recipe['dataset'] == 'digits'
     assert recipe['num_classes'] == NUM_CLASSES and recipe['model_kwargs']['proj_drop_rate'] == 0.0
+    # the digits read no --data-dir (they refuse one): the command that repeats the run names none
+    assert text.splitlines()[0].endswith(': sa-vision-train -c recipe.yaml repeats the run'), text.splitlines()[0]
 
 
 @pytest.mark.slow

@@ -965,6 +965,8 @@ def test_num_classes_and_label_names_follow_the_image_folder(tmp_path, capsys):
     with keeping_threads():
         train_command.main(['--resume', str(run / 'last.pth.tar'), '--epochs', '2', '--export'])
     assert json.loads((run / 'hub' / 'config.json').read_text())['label_names'] == classes
+    # a recipe keeps no local path: the run repeats with the image folder named again
+    assert '`sa-vision-train -c recipe.yaml --data-dir DIR` repeats the run' in (run / 'hub' / 'README.md').read_text()
     capsys.readouterr()
     assert validate.main(['--checkpoint', str(run / 'last.pth.tar'), '--threads', '1']) == 0
     assert f'dataset: an image folder in {folder} (the weights were trained on it' in capsys.readouterr().err

@@ -161,7 +161,7 @@ def export_hub_folder(
         with open(out_dir / RECIPE_FILENAME, 'w') as f:
             trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
             f.write(f'# training arguments of {label.name} ({trainer} argument names): '
-                    f'{repeat_command(ckpt, RECIPE_FILENAME)} --data-dir DIR repeats the run\n')
+                    f'{repeat_command(ckpt, RECIPE_FILENAME, ("needed", "optional"))} repeats the run\n')
             yaml.safe_dump(recipe, f, sort_keys=False)
     if epochs and any(positional_params(sd) for sd in epochs.values()):
         save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)

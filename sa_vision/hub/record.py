@@ -4,10 +4,11 @@ for being the best, or the EMA, whose score the record holds, and the training a
 folder carry no record. """
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from ..tables import markdown_table, plural
 from ..train.checkpoint import BEST_CHECKPOINT, TRAINING_PROCESSES, Checkpoint, strip_runtime_args
+from ..train.data import dataset_info
 from ..train.recipes import repeat_run_args
 from .labels import RECIPE_FILENAME, WeightsLabel
 
@@ -30,12 +31,14 @@ def training_processes(ckpt: Checkpoint) -> int:
     return int((ckpt.meta.get('args') or {}).get('world_size') or ckpt.meta.get(TRAINING_PROCESSES) or 1)
 
 
-def repeat_command(ckpt: Checkpoint, recipe_file: str) -> str:
+def repeat_command(ckpt: Checkpoint, recipe_file: str, data_dirs: Tuple[str, ...] = ('needed',)) -> str:
     """The command that repeats the run of ``ckpt`` from its recipe file: under torchrun with the run's process
-    count where it ran on several, since the recipe's batch size is each process's."""
+    count where it ran on several, since the recipe's batch size is each process's; with ``--data-dir DIR`` where
+    the dataset's reading of one is in ``data_dirs`` (a recipe keeps no local path: an image folder needs it)."""
     processes = training_processes(ckpt)
     runner = f'torchrun --nproc_per_node {processes} -m sa_vision.cli.train' if processes > 1 else 'sa-vision-train'
-    return f'{runner} {repeat_run_args(ckpt.arch, recipe_file)}'
+    data_dir = ' --data-dir DIR' if dataset_info(ckpt.dataset).data_dir in data_dirs else ''
+    return f'{runner} {repeat_run_args(ckpt.arch, recipe_file)}{data_dir}'
 
 
 @dataclass(frozen=True)
