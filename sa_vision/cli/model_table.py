@@ -17,7 +17,8 @@ from sa_vision.tables import markdown_table
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--format', choices=('markdown', 'csv'), default='markdown')
-    parser.add_argument('--models', nargs='+', default=list(PAPER_RESULTS) + ['sa_content_cifar'])
+    parser.add_argument('-m', '--models', '--model', nargs='+', default=list(PAPER_RESULTS) + ['sa_content_cifar'],
+                        help='model names, as the other commands take them with -m / --model')
     args = parser.parse_args(argv)
 
     rows = []
