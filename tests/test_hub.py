@@ -543,13 +543,19 @@ def test_the_published_card_and_output_name_the_repository_created(trained, tmp_
 
 def test_the_dry_run_lists_the_card_as_it_is_uploaded(recording_api, capsys):
     """A kept zoo folder's card is published with its usage rebuilt for the target repository (a copy; the folder is
-    left as it is): the dry run lists that card's size, the one the upload carries."""
+    left as it is): the dry run lists that card's size, the one the upload carries, and shows its usage, which names
+    the repository."""
     import re
     kept = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'
     before = (kept / 'README.md').read_bytes()
     assert push_to_hub.main([str(kept), '--dry-run']) == 0
-    listed = int(re.search(r'README\.md  \(([\d,]+) bytes', capsys.readouterr().out).group(1).replace(',', ''))
+    shown = capsys.readouterr().out
+    listed = int(re.search(r'README\.md  \(([\d,]+) bytes', shown).group(1).replace(',', ''))
+    repo_id = re.search(r'^Staged .* for (\S+):$', shown, re.M).group(1)
+    loading = f"model = timm.create_model('hf-hub:{repo_id}', pretrained=True)"
+    assert f'\n    {loading}' in shown, shown
     assert push_to_hub.main([str(kept)]) == 0
+    assert loading in recording_api.uploaded_card
     assert listed == len(recording_api.uploaded_card.encode('utf-8')) != len(before)
     assert (kept / 'README.md').read_bytes() == before
 

@@ -13,6 +13,7 @@ never replaced (an error says what it holds). What is checked before any upload:
 """
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from sa_vision.errors import UserError, command
@@ -21,6 +22,7 @@ from sa_vision.hub import (
     ExportExistsError,
     HubPublishError,
     card_to_upload,
+    card_usage,
     check_publish_target,
     export_hub_folder,
     publish_hub_folder,
@@ -86,6 +88,8 @@ def main(argv=None):
             else:
                 print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
         if args.dry_run:
+            if rebuilt:  # the part of the card that names the repository
+                print('The uploaded card\'s usage:\n' + textwrap.indent(card_usage(card), '    '))
             own = '' if '/' in repo_id else (f' ({repo_id} goes to the namespace of the token\'s user, '
                                              f'<user>/{repo_id}: the uploaded card names that repository)')
             print(f'Dry run: nothing uploaded{own}.')

@@ -1,5 +1,5 @@
 """ Hugging Face Hub: labels of exported weights, model cards, export and publishing (paper: arXiv 1911.03584) """
-from .card import count_params_and_macs, generate_model_card, render_model_card, write_model_cards
+from .card import card_usage, count_params_and_macs, generate_model_card, render_model_card, write_model_cards
 from .export import ExportExistsError, export_hub_folder
 from .labels import (
     CARD_FIGURE_FILENAME,
@@ -26,4 +26,5 @@ __all__ = [
     'WeightsLabel', 'weights_label', 'is_registered_architecture', 'check_publish_target',
     'count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'export_hub_folder',
     'ExportExistsError', 'resolve_token', 'publish_hub_folder', 'PublishedFolder', 'check_repo_id', 'card_to_upload',
+    'card_usage',
 ]

@@ -14,7 +14,7 @@ from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, WeightsLabel
 from .record import picked_note, recipe_section, training_record, training_summary
 
 __all__ = ['CARD_METRICS', 'card_accuracy', 'count_params_and_macs', 'generate_model_card', 'write_model_cards',
-           'render_model_card', 'usage_section', 'card_for_repository', 'weights_described_by_card']
+           'render_model_card', 'usage_section', 'card_usage', 'card_for_repository', 'weights_described_by_card']
 
 
 def count_params_and_macs(model: torch.nn.Module, img_size: int = 32) -> Dict[str, int]:
@@ -297,6 +297,11 @@ def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: i
     return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=input_size,
                           padding=info.input_padding, label_names=info.label_names(num_classes) is not None,
                           exported=exported)
+
+
+def card_usage(card_text: str) -> str:
+    """The usage section of a card of this package ('' for another card): what loads the weights."""
+    return _section_body(card_text, 'usage').strip()
 
 
 def card_for_repository(card_text: str, config: Dict[str, Any], repo_id: str) -> str:
