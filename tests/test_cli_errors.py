@@ -4,14 +4,18 @@ Each script runs in this process through ``sa_vision.errors.run_cli``, as its ``
 (sa-vision-prune) also runs as a real subprocess in tests/test_pruning.py. """
 import atexit
 import gc
+import shlex
 from pathlib import Path
 
 import pytest
+import timm
 
 from sa_vision.cli import benchmark as benchmark_script
 from sa_vision.cli import explore, plot_attention, prune, push_to_hub, validate
 from sa_vision.cli import reproduce as reproduce_script
 from sa_vision.errors import UserError, run_cli
+from sa_vision.train.recipes import load_recipe
+from sa_vision.train.state import load_initial_weights, parse_run_args, resolve_model_args
 
 ROOT = Path(__file__).resolve().parent.parent
 KEPT_SA = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'  # a Hub folder: embed_dim 64, depth 6
@@ -301,7 +305,9 @@ def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_error_line(mo
 
 @pytest.mark.parametrize('argv, source, advice', [
     (['-c', 'sa_quadratic_cifar_digits'], 'The model_kwargs of recipe sa_quadratic_cifar_digits (embed_dim=32',
-     'train without that recipe'),
+     # the kept model's config.json (embed_dim, mlp_hidden_dim) and its shapes (6 layers of 9 heads)
+     "pass the weights' own, --model-kwargs embed_dim=64 mlp_hidden_dim=128 depth=6 "
+     "'heads_per_layer=(9, 9, 9, 9, 9, 9)', which replace the recipe's, or train without that recipe"),
     (['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--model-kwargs', 'embed_dim=32'],
      '--model-kwargs (embed_dim=32)', 'drop them'),
 ], ids=['recipe', 'command-line'])
@@ -310,8 +316,12 @@ def test_initial_weights_of_another_architecture_name_where_the_arguments_came_f
     line = _one_error(_train_main(), [*argv, '--initial-checkpoint', KEPT_SA, '--output', tmp_path], capsys)
     assert f'the weights of {KEPT_SA} do not fit sa_quadratic_cifar' in line, line
     assert source in line and advice in line, line
-    if argv[0] == '-c':
-        assert '--model-kwargs' not in line, line
+    if argv[0] == '-c':  # the advice fits: the weights load, and nothing else is refused before training
+        fixed = shlex.split(line.split('--model-kwargs ', 1)[1].split(', which', 1)[0])
+        args = parse_run_args([*argv, '--initial-checkpoint', str(KEPT_SA), '--model-kwargs', *fixed])[0]
+        initial, sources = resolve_model_args(args, load_recipe(argv[1]), None, lambda _: None)
+        load_initial_weights(timm.create_model(args.model, **args.model_kwargs), initial, args, lambda _: None,
+                             sources)
 
 
 def test_sa_safetensors_named_as_another_model_say_which_model_they_hold(capsys):

@@ -156,9 +156,9 @@ def main(argv=None):
             args.data_dir = trained_dir
         what = (f'{args.dataset or "an image folder"} in {args.data_dir}' if reused
                 else args.dataset or 'an image folder in --data-dir')
-        print(f'dataset: {what} (' + ('the weights name none' if trained_on is None else 'the weights were trained on '
-              'it') + ('; --dataset and --data-dir choose another)' if reused else '; --dataset chooses another)'),
-              file=sys.stderr)
+        why = 'the weights name none' if trained_on is None else 'the weights were trained on it'
+        other = '--dataset and --data-dir choose another' if reused else '--dataset chooses another'
+        print(f'dataset: {what} ({why}; {other})', file=sys.stderr)
         _check_dataset(args)
     data_cfg = timm.data.resolve_data_config({}, model=model)
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,

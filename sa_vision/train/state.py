@@ -3,10 +3,11 @@ its folder, the files it writes there every epoch and what ``--resume`` restores
 import argparse
 import itertools
 import json
+import shlex
 import sys
 from datetime import datetime
 from pathlib import Path
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch.nn as nn
 import yaml
@@ -15,6 +16,7 @@ from timm.utils import update_summary
 
 from ..errors import UserError
 from ..io import atomic_duplicate, atomic_torch_save, atomic_write, folder_problem, plain_data
+from ..models import infer_sa_model_args
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
 from .checkpoint import (
     BEST_CHECKPOINT,
@@ -197,9 +199,17 @@ def _changed_architecture(initial: Checkpoint, model_kwargs: dict, sources: Opti
         return 'The file is of another architecture or configuration than --model'
     return '; '.join(
         f'{source[0].upper()}{source[1:]} ({", ".join(items)}) differ from the arguments the weights were built with: '
-        + ('drop them' if source == '--model-kwargs' else
-           'train without that recipe, or with a copy of it without model_kwargs')
+        + ('drop them' if source == '--model-kwargs' else _weights_own_kwargs(initial, items))
         for source, items in given.items())
+
+
+def _weights_own_kwargs(initial: Checkpoint, items: List[str]) -> str:
+    """The advice for a recipe's model_kwargs that differ from the weights': the command line's --model-kwargs,
+    which update the recipe's, with the weights' own values."""
+    built = {**(infer_sa_model_args(initial.state_dict) or {}), **initial.model_args}  # shapes, then the record
+    own = [shlex.quote(f'{key}={built[key]!r}') for key in (item.split('=')[0] for item in items) if key in built]
+    return (f'pass the weights\' own, --model-kwargs {" ".join(own)}, which replace the recipe\'s, or '
+            if own else '') + 'train without that recipe'
 
 
 def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
