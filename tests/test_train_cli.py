@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import HANG_TIMEOUT_S, command, command_here, keeping_threads
+from helpers import HANG_TIMEOUT_S, command, command_here, fashion_mnist_test_images, keeping_threads
 
 pytest.importorskip('sklearn')
 
@@ -594,6 +594,36 @@ def test_a_local_dir_model_trains_as_its_architecture_at_its_input_size(tmp_path
     said = ('from its weights, as --initial-checkpoint' if pretrained else
             'with the arguments of its config.json, weights initialised anew')
     assert f'--model local-dir:{KEPT_MODEL}: sa_quadratic_cifar {said}' in caplog.text
+
+
+def test_fine_tuning_kept_weights_on_an_image_folder_normalises_as_the_weights_were_trained(tmp_path, capsys):
+    """An image folder states no normalisation: it takes the model's, which for the kept Fashion-MNIST weights is
+    Fashion-MNIST's (their config.json), not the registered name's CIFAR-10. With lr 0 the run evaluates them as
+    sa-vision-validate does, and a resumed run and the export keep it."""
+    from sa_vision.cli import train as train_command
+    from sa_vision.cli import validate
+    from sa_vision.train.checkpoint import read_checkpoint
+    images, labels = fashion_mnist_test_images(40)
+    folder = tmp_path / 'fm'
+    for i, (image, label) in enumerate(zip(images, labels.tolist())):
+        for split in ('train', 'validation'):
+            (folder / split / f'c{label}').mkdir(parents=True, exist_ok=True)
+            image.save(folder / split / f'c{label}' / f'{i}.png')
+    run = tmp_path / 'run'
+    argv = ['--model', f'local-dir:{KEPT_MODEL}', '--pretrained', '--dataset', '', '--data-dir', str(folder),
+            '--val-split', 'validation', '--num-classes', '10', '--lr', '0', '--warmup-epochs', '0', '--sched',
+            'none', '--workers', '0', '-b', '10', '--output', str(tmp_path), '--experiment', 'run']
+    with keeping_threads():
+        training.main([*argv, '--epochs', '1', '--threads', '1'])
+        train_command.main(['--resume', str(run / 'last.pth.tar'), '--epochs', '2', '--export', '--threads', '1'])
+    kept_mean = read_checkpoint(KEPT_MODEL).meta['pretrained_cfg']['mean']
+    for ckpt in (read_checkpoint(run / 'last.pth.tar'), read_checkpoint(run / 'hub')):
+        assert list(ckpt.preprocessing['mean']) == list(kept_mean) != [0.4914, 0.4822, 0.4465]
+    capsys.readouterr()
+    assert validate.main(['--model', f'local-dir:{KEPT_MODEL}', '--dataset', '', '--data-dir', str(folder),
+                          '--threads', '1']) == 0
+    validated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert _load(run / 'last.pth.tar')['metrics']['top1'] == validated['top1']
 
 
 def test_hub_weights_and_a_second_start_are_refused_before_anything_is_built(monkeypatch, tmp_path):

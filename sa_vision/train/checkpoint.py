@@ -35,11 +35,9 @@ from .args import RUNTIME_ARGS
 from .recipes import recipe_if_any
 from .timm_args import timm_model_args, timm_num_epochs
 
-__all__ = [
-    'CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'read_checkpoint',
-    'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict', 'strip_runtime_args', 'RUNTIME_ARGS',
-    'TRAINING_PROCESSES', 'WEIGHT_SUFFIXES',
-]
+__all__ = ['CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT',
+           'read_checkpoint', 'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict',
+           'strip_runtime_args', 'RUNTIME_ARGS', 'TRAINING_PROCESSES', 'WEIGHT_SUFFIXES']
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
 # 3: 'epoch' is the last epoch done, from 0, as timm's CheckpointSaver writes it (up to 2: the epochs done)
@@ -79,16 +77,19 @@ class Checkpoint:
     def dataset(self) -> str:
         return self.meta.get('dataset') or ''
 
+    @property
+    def preprocessing(self) -> Dict[str, Any]:
+        """The preprocessing the weights state: a Hub folder's or pruned file's (input size, mean / std, label names)
+        as timm's local-dir: loading keeps it; a run's, what its training fed the model; {} where they state none."""
+        return self.meta.get('pretrained_cfg') or {
+            k: tuple(v) for k, v in (self.meta.get('data_config') or {}).items() if k in ('input_size', 'mean', 'std')}
+
     def create_model(self, load_weights: bool = True) -> nn.Module:
         """The model with these weights (strictly loaded) in eval mode; else its random init (pretrained=False)."""
         if not is_model(self.arch):  # sa_vision's models are registered: this module imports them
             raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
                                   f'that registers it (--device-modules) or pass the right --model')
-        # the preprocessing of a Hub folder or a pruned file (input size, mean / std, label names), kept as timm's
-        # local-dir: loading keeps a Hub folder's; of a run of sa-vision-train, what its training fed the model
-        # (--img-size: the input size its evaluation takes)
-        overlay = self.meta.get('pretrained_cfg') or {
-            k: tuple(v) for k, v in (self.meta.get('data_config') or {}).items() if k in ('input_size', 'mean', 'std')}
+        overlay = self.preprocessing
         sources = {k: '--model-kwargs' if k in self.given_args else f'the arguments stored with {self.source}'
                    for k in self.model_args}
         try:

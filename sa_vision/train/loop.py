@@ -98,7 +98,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         num_classes_of_folder(args, recipe, log)
     initial, kwargs_sources = resolve_model_args(args, recipe, resume_ckpt, log)
     seed_epoch(args.seed, 0, args.rank)
-    model, data_cfg = _create_model(args, initial, kwargs_sources)
+    model, data_cfg = _create_model(args, initial, kwargs_sources, resume_ckpt)
     optimizer = _create_optimizer(model, args)
     train_loader, eval_loader = _create_loaders(args, data_cfg)
     lr_scheduler, num_epochs = _create_scheduler(optimizer, args, len(train_loader), resume_ckpt)
@@ -182,9 +182,10 @@ def _set_up_process(args) -> None:
         args.retain_freed_memory = False
 
 
-def _create_model(args, initial, kwargs_sources=None):
-    """The model on its device, and its data config (input size, with the dataset's normalisation);
-    ``kwargs_sources`` says where each of ``args.model_kwargs`` came from (:func:`resolve_model_args`)."""
+def _create_model(args, initial, kwargs_sources=None, resumed=None):
+    """The model on its device, and its data config (input size, with the dataset's normalisation, an image
+    folder's that of the weights trained on: ``initial`` or the ``resumed`` run's); ``kwargs_sources`` says where
+    each of ``args.model_kwargs`` came from (:func:`resolve_model_args`)."""
     model = create_named_model(args.model, pretrained=args.pretrained, kwargs_sources=kwargs_sources,
                                **args.model_kwargs)
     if initial is not None:
@@ -192,6 +193,8 @@ def _create_model(args, initial, kwargs_sources=None):
     num_params = sum(p.numel() for p in model.parameters())
     _log(args, f'Model {args.model} {args.model_kwargs or ""} created, {num_params:,} parameters')
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)
+    stated = (resumed or initial).preprocessing if (resumed or initial) else {}
+    data_cfg.update({key: stated[key] for key in ('mean', 'std') if key in stated})  # e.g. Fashion-MNIST's
     data_cfg = {**normalization(args.dataset, data_cfg), 'input_size': list(data_cfg['input_size'])}
     border = model_input_padding(model)
     if border and not args.img_size:  # e.g. a kept Fashion-MNIST model: it pads the unpadded images itself
