@@ -594,6 +594,17 @@ def test_a_local_dir_model_trains_as_its_architecture_at_its_input_size(tmp_path
     said = ('from its weights, as --initial-checkpoint' if pretrained else
             'with the arguments of its config.json, weights initialised anew')
     assert f'--model local-dir:{KEPT_MODEL}: sa_quadratic_cifar {said}' in caplog.text
+    # its border is Fashion-MNIST's black, not the digits' (normalised as CIFAR-10: black at -0.4914 / 0.2023)
+    assert 'which is not black in the normalisation of digits ([-2.4291, ' in caplog.text, caplog.text
+    assert 'pass --model-kwargs "input_pad_value=[-2.4291, -2.4183, -2.2214]"' in caplog.text
+
+
+def test_a_border_that_is_black_in_the_datas_normalisation_is_not_noted():
+    from sa_vision.train.data import FASHION_MNIST, dataset_info, pad_value_note
+    info = dataset_info(FASHION_MNIST)
+    black = -info.mean[0] / info.std[0]  # the kept models' input_pad_value
+    assert pad_value_note([black] * 3, {'mean': info.mean, 'std': info.std}, FASHION_MNIST) is None
+    assert pad_value_note(None, {'mean': info.mean, 'std': info.std}, 'digits') is None
 
 
 def test_fine_tuning_kept_weights_on_an_image_folder_normalises_as_the_weights_were_trained(tmp_path, capsys):

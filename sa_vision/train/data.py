@@ -37,7 +37,8 @@ from .datasets import (
 __all__ = [
     'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET', 'CUSTOM_SUFFIX',
     'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data', 'num_classes_of_folder',
-    'image_folder_classes', 'create_cifar_transform', 'create_image_dataset', 'held_tensors', 'known_dataset_names',
+    'image_folder_classes', 'pad_value_note', 'create_cifar_transform', 'create_image_dataset', 'held_tensors',
+    'known_dataset_names',
     'split_name',
 ]
 
@@ -255,6 +256,20 @@ def check_model_takes_data(model_name: str, model: torch.nn.Module, dataset: str
                         f'{img_size}): {e}') from None
     if not has_checked_input_size(model):
         _probe_input_size(model_name, model, input_size, img_size)
+
+
+def pad_value_note(pad_value, data_cfg: Dict[str, Any], dataset: str) -> Optional[str]:
+    """A note where a model's own border (``input_pad_value``, e.g. the kept Fashion-MNIST weights' black) is not
+    black under the normalisation of ``data_cfg``, as when such weights are fine-tuned on another dataset."""
+    if pad_value is None:
+        return None
+    pads = list(pad_value) if isinstance(pad_value, (list, tuple)) else [pad_value] * len(data_cfg['mean'])
+    black = [round(-m / s, 4) for m, s in zip(data_cfg['mean'], data_cfg['std'])]
+    if all(abs(p - b) < 1e-3 for p, b in zip(pads, black)):
+        return None
+    return (f'note: the model pads its input with {pads} (its weights\' black), which is not black in the '
+            f'normalisation of {dataset or "the image folder"} ({black}): pass --model-kwargs '
+            f'"input_pad_value={black}" for a black border')
 
 
 def _probe_input_size(model_name: str, model: torch.nn.Module, input_size: Sequence[int],

@@ -38,6 +38,7 @@ from .data import (
     create_image_dataset,
     normalization,
     num_classes_of_folder,
+    pad_value_note,
     split_name,
 )
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
@@ -200,6 +201,8 @@ def _create_model(args, initial, kwargs_sources=None, resumed=None):
     if border and not args.img_size:  # e.g. a kept Fashion-MNIST model: it pads the unpadded images itself
         data_cfg['input_size'][-2:] = [size - 2 * border for size in data_cfg['input_size'][-2:]]
     check_model_takes_data(args.model, model, args.dataset, data_cfg['input_size'], args.img_size)
+    if border and (note := pad_value_note(args.model_kwargs.get('input_pad_value'), data_cfg, args.dataset)):
+        _log(args, note)
     if args.channels_last is None:
         args.channels_last = uses_channels_last(model, args.device)
     model.to(args.device)
