@@ -81,7 +81,7 @@ def argparse_default(call: ast.Call):
     if 'default' in keywords:
         return ast.literal_eval(_folded(keywords['default']))
     action = keywords.get('action')
-    return isinstance(action, ast.Constant) and action.value == 'store_true' or None
+    return False if isinstance(action, ast.Constant) and action.value == 'store_true' else None
 
 
 def timm_train_script() -> Optional[Path]:
