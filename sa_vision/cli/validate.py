@@ -134,9 +134,8 @@ def main(argv=None):
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        preprocessing = any(a.split('=')[0][2:].replace('-', '_') in TIMM_PREPROCESSING for a in unknown)
         refuse_unknown(parser, unknown, 'sa-vision-validate', 'validate.py', TIMM_VALIDATE_ONLY, own={},
-                       note=" (it feeds the weights what their training fed them)" * preprocessing)
+                       note=(TIMM_PREPROCESSING, ' (it feeds the weights what their training fed them)'))
     check_least_values(args)
     import_device_modules(args.device_modules)
     args.device = resolve_device(args.device)

@@ -95,9 +95,8 @@ def input_size_of(model_name: str) -> tuple:
     takes 28x28 and pads it itself), else CIFAR's 32x32."""
     import timm
     path = None if timm.is_model(model_name) or is_peer(model_name) else weights_path(model_name)
-    if path is None:
-        return (3, 32, 32)
-    return tuple(read_checkpoint(path).create_model(load_weights=False).pretrained_cfg['input_size'])
+    stated = read_checkpoint(path).preprocessing if path is not None else {}
+    return tuple(stated.get('input_size') or (3, 32, 32))
 
 
 def build_variants(

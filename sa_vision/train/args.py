@@ -7,7 +7,8 @@ import argparse
 import copy
 import difflib
 import os
-from typing import AbstractSet, Dict, Optional
+from types import MappingProxyType
+from typing import AbstractSet, Mapping, Optional, Tuple
 
 from timm.utils import ParseKwargs
 
@@ -124,20 +125,20 @@ def parse_over(defaults: dict, argv, source: str = 'the recipe') -> argparse.Nam
 
 def refuse_unknown(parser: argparse.ArgumentParser, unknown, command: str = 'sa-vision-train',
                    script: str = 'train.py', timm_only: AbstractSet[str] = TIMM_ONLY_RECIPE_KEYS,
-                   own: Optional[Dict[str, str]] = None, note: str = '') -> None:
+                   own: Mapping[str, str] = MappingProxyType({'--input-size': '--img-size N'}),
+                   note: Tuple[AbstractSet[str], str] = (frozenset(), '')) -> None:
     """What argparse leaves unparsed: a UserError naming the options of timm's ``script`` that ``command`` lacks
-    (--model-ema, --mixup, --aa, ... of train.py), with ``note`` on them, and where they work; those it takes under
-    another name (``own``: timm's option -> ours); a data folder given as timm's deprecated positional argument;
-    else argparse's own error."""
-    own = {'--input-size': '--img-size N'} if own is None else own
+    (--model-ema, --mixup, --aa, ... of train.py), and where they work, with ``note`` = (options, text): the text
+    where one of those options is among them; those it takes under another name (``own``: timm's option -> ours);
+    a data folder given as timm's deprecated positional argument; else argparse's own error."""
     given = [arg.split('=')[0] for arg in unknown if arg.startswith('--')]
     if renamed := [f'{arg}: {command} takes {own[arg]}' for arg in given if arg in own]:
         raise UserError('; '.join(renamed))
     timms = [arg for arg in given if arg[2:].replace('-', '_') in timm_only]
     if timms:
-        one = len(timms) == 1
+        one, why = len(timms) == 1, note[1] * any(arg[2:].replace('-', '_') in note[0] for arg in timms)
         raise UserError(f'{", ".join(timms)}: {"an option" if one else "options"} of timm\'s {script} that {command} '
-                        f'does not take{note}. Run timm\'s own script for {"it" if one else "them"}: python -m '
+                        f'does not take{why}. Run timm\'s own script for {"it" if one else "them"}: python -m '
                         f'sa_vision.train.run_timm path/to/timm/{script} ... ({script} of a pytorch-image-models '
                         f'checkout: pip\'s timm ships no {script}; docs/training.md, "Running timm\'s top-level '
                         f'scripts")')

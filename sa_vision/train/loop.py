@@ -194,7 +194,8 @@ def _create_model(args, initial, kwargs_sources=None, resumed=None):
     num_params = sum(p.numel() for p in model.parameters())
     _log(args, f'Model {args.model} {args.model_kwargs or ""} created, {num_params:,} parameters')
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)
-    stated = (resumed or initial).preprocessing if (resumed or initial) else {}
+    weights = resumed or initial
+    stated = weights.preprocessing if weights else {}
     data_cfg.update({key: stated[key] for key in ('mean', 'std') if key in stated})  # e.g. Fashion-MNIST's
     data_cfg = {**normalization(args.dataset, data_cfg), 'input_size': list(data_cfg['input_size'])}
     border = model_input_padding(model)
