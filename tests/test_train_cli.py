@@ -634,7 +634,9 @@ def test_fine_tuning_kept_weights_on_an_image_folder_normalises_as_the_weights_w
     assert validate.main(['--model', f'local-dir:{KEPT_MODEL}', '--dataset', '', '--data-dir', str(folder),
                           '--threads', '1']) == 0
     validated = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert _load(run / 'last.pth.tar')['metrics']['top1'] == validated['top1']
+    # the same weights and images in other batches: a near tie may flip, so within one image of 40 (76 % vs 88 %
+    # with CIFAR-10's normalisation)
+    assert abs(_load(run / 'last.pth.tar')['metrics']['top1'] - validated['top1']) <= 100 / 40
 
 
 def test_hub_weights_and_a_second_start_are_refused_before_anything_is_built(monkeypatch, tmp_path):
