@@ -64,7 +64,10 @@ def _pair(value: Union[int, Tuple[int, ...]]) -> Tuple[int, int]:
 class ConvAsAttention(nn.Module):
     """A ``K x K`` convolution computed by ``K*K`` hard-attention heads and an output Linear.
 
-    ``pad=False`` differs within :attr:`border` of the edges (the softmax renormalises, paper Sec. 2.3).
+    ``pad=True`` zero pads the input by :attr:`border` (the convolution padded by ``(K // 2) * dilation``);
+    ``pad=False`` returns the unpadded convolution's output, ``2 * border`` smaller: within :attr:`border` of the
+    edges the heads' shifts leave the image and the softmax renormalises over the pixels there (paper Sec. 2.3), so
+    those outputs are not a convolution's and are cropped, as the convolution crops them.
     """
 
     def __init__(
@@ -128,11 +131,12 @@ class ConvAsAttention(nn.Module):
         rh, rw = self.border
         if self.pad:
             x = F.pad(x, (rw, rw, rh, rh))
+        elif x.shape[2] <= 2 * rh or x.shape[3] <= 2 * rw:
+            raise ValueError(f'an input of {x.shape[2]}x{x.shape[3]} leaves no output of the unpadded '
+                             f'{self.kernel_size} convolution (dilation {self.dilation}): give one larger than '
+                             f'{2 * rh}x{2 * rw}, or pad=True')
         out = self.proj(self.attn(x.permute(0, 2, 3, 1)))  # B, H, W, C_out
-        out = out.permute(0, 3, 1, 2)
-        if self.pad:
-            out = out[:, :, rh:out.shape[2] - rh, rw:out.shape[3] - rw]
-        return out
+        return out.permute(0, 3, 1, 2)[:, :, rh:out.shape[1] - rh, rw:out.shape[2] - rw]
 
     def extra_repr(self) -> str:
         return f'kernel_size={self.kernel_size}, dilation={self.dilation}, alpha={self.alpha}, pad={self.pad}'
@@ -173,7 +177,7 @@ def attention_from_conv(conv: nn.Conv2d, alpha: float = DEFAULT_ALPHA, pad: Opti
     elif pad and not conv_pads:
         raise ValueError(
             f'pad=True computes a convolution zero padded by {border} but conv has padding {conv.padding}; '
-            f'use pad=False (outputs away from the borders are exact) or a conv with padding={border}')
+            f'use pad=False (the output of the unpadded convolution) or a conv with padding={border}')
     weight = conv.weight.detach()
     layer = ConvAsAttention(
         conv.in_channels, conv.out_channels, (kh, kw), (dh, dw), bias=conv.bias is not None, alpha=alpha,
