@@ -252,6 +252,7 @@ def test_prune_script_keeps_a_head_in_every_layer_and_reports_user_errors(tmp_pa
                           ((source, '--heads', '1', '2'), '--heads: 2 list(s) of heads but the model has 3 layers'),
                           ((source, '--heads', '', '0', ''), '--heads: layer 2 has heads 1-5 (numbered from 1'),
                           ((source, '--heads', '', '', '4'), '--heads: layer 3 has heads 1-3'),
+                          ((source, '--heads', '2,2', '', ''), '--heads: layer 1: head(s) [2] named more than once'),
                           (('resnet18_cifar',), 'no PositionalAttention layer'),
                           ((tmp_path / 'missing.pth',), 'does not exist')):
         status, _, err = command_here(capsys, 'prune', *args, '--out', tmp_path / 'x.pth')
@@ -330,3 +331,19 @@ def test_a_pruned_kept_model_keeps_its_preprocessing_and_timm_builds_it_from_the
         expected = reference(x.double())
         for model in (pruned, from_call, from_train):
             assert_network_float32_close(model(x), expected, sa_model_reduction_lengths(kept, 16 * 16))
+
+
+def test_pruning_a_bare_weights_file_records_no_preprocessing_and_names_its_folder(tmp_path, capsys):
+    """A Hub folder's model.safetensors alone says nothing of how it was fed: the pruned file states no CIFAR-10
+    preprocessing it never had (its loaders use the architecture's defaults, as for its source), and the warning
+    names the folder whose config.json does."""
+    from sa_vision.cli import prune as prune_script
+    from sa_vision.train.checkpoint import read_checkpoint
+    folder = os.path.join(ROOT, 'zoo', 'fashion-mnist-cpu', 'sa_gen_cifar')
+    out = tmp_path / 'pruned.safetensors'
+    assert prune_script.main([os.path.join(folder, 'model.safetensors'), '--out', str(out)]) == 0
+    captured = capsys.readouterr()
+    assert 'states no preprocessing' in captured.err and f'local-dir:{folder}' in captured.err, captured.err
+    assert next(line for line in captured.out.splitlines() if line.startswith('wrote')).endswith('(sa_gen_pruned)')
+    ckpt = read_checkpoint(out)
+    assert ckpt.preprocessing == {} and ckpt.dataset == ''

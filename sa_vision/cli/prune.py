@@ -22,6 +22,7 @@ Layers and heads are numbered from 1, here and in the figures, the explorer and 
 import argparse
 import shlex
 import sys
+from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sa_vision.errors import command
@@ -97,7 +98,7 @@ def main(argv=None):
           f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
     if kind == 'generalized' and tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and pruned.embed_dim == 400:
         print('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
-    border, cfg = _preprocessing(source, pruned) if source is not None else ({}, {})
+    border, cfg = _preprocessing(source, pruned) if source is not None and _states_preprocessing(source) else ({}, {})
     model_args = save_pruned(pruned, args.out, heads, model_args=border, pretrained_cfg=cfg)
     arch = pruned_arch(kind)
     print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
@@ -116,6 +117,20 @@ def _heads_argument(values: List[str], heads_per_layer: Sequence[int]) -> List[L
         return head_indices(numbers, heads_per_layer)
     except PruningError as e:
         raise PruningError(f'--heads: {e}') from None
+
+
+def _states_preprocessing(source: Checkpoint) -> bool:
+    """Whether ``source`` says how it was fed; a bare weights file does not, and the pruned file then records no
+    preprocessing rather than its architecture's CIFAR-10 defaults (a warning says how to keep the source's)."""
+    if source.preprocessing or source.dataset:
+        return True
+    folder = Path(source.source).parent
+    hint = (f'prune its Hub folder (local-dir:{folder}) to keep the input size, mean / std and border its '
+            f'config.json states' if (folder / 'config.json').is_file() else
+            'loaders will feed the pruned weights with the architecture\'s defaults (CIFAR-10\'s)')
+    print(f'warning: {source.source} states no preprocessing (a bare weights file), so the pruned file records '
+          f'none; {hint}', file=sys.stderr)
+    return False
 
 
 def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:

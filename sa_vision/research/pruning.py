@@ -59,6 +59,10 @@ def head_indices(numbers: Sequence[Sequence[int]], heads_per_layer: Sequence[int
         if unknown:
             raise PruningError(f'layer {layer} has heads 1-{num_heads} (numbered from 1, as the figures, the '
                                f'explorer and the tables number them), not {unknown}')
+        repeated = sorted({h for h in layer_numbers if list(layer_numbers).count(h) > 1})
+        if repeated:
+            raise PruningError(f'layer {layer}: head(s) {repeated} named more than once; name each head to prune '
+                               f'once')
     return [[h - 1 for h in layer_numbers] for layer_numbers in numbers]
 
 
