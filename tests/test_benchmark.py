@@ -18,6 +18,7 @@ from torch import nn
 import sa_vision  # noqa: F401
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure import format_results
+from sa_vision.measure.results import RATIO_NOTE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -104,7 +105,10 @@ def test_format_results():
     rows = [dict(model='a', batch_size=2, train_samples_per_sec=10.0, train_runs=[9.0, 10.0, 11.0]),
             dict(model='b', batch_size=2, train_samples_per_sec=5.0, train_ratio=2.0)]
     table = format_results(rows, 'table').splitlines()
-    assert table[0].startswith('| model') and 'train_ratio' in table[0] and len(table) == 4
+    assert table[0].startswith('| model') and 'train_ratio' in table[0] and len(table) == 6
+    # which way round the ratios are, below the table only: a file of CSV or JSON stays one
+    assert table[-1] == RATIO_NOTE and '> 1: the first is faster' in RATIO_NOTE
+    assert 'ratios' not in format_results(rows[:1], 'table')
     parsed = list(csv.DictReader(io.StringIO(format_results(rows, 'csv'))))
     assert [r['model'] for r in parsed] == ['a', 'b'] and float(parsed[1]['train_ratio']) == 2.0
     assert json.loads(format_results(rows, 'json')) == rows
@@ -129,6 +133,22 @@ def test_cli_runs(fmt, tmp_path, capsys):
         assert row['model'] == 'sa_quadratic_cifar' and int(row['macs']) == SEPARABLE_MACS
     else:
         assert text.splitlines()[0].startswith('| model')
+
+
+def test_the_results_files_suffix_picks_its_format_unless_one_is_given(tmp_path, capsys):
+    """As timm's benchmark.py writes a results file as CSV, a .csv or .json file is written as it is named; a
+    --results-format wins, and other names get the table printed."""
+    cli = _load_cli()
+    argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
+            '--runs', '1', '--num-warm-iter', '0', '--no-memory', '--quiet']
+    for name, given, check in (('r.csv', [], lambda t: next(csv.DictReader(io.StringIO(t)))['model']),
+                               ('r.json', [], lambda t: json.loads(t)[0]['model']),
+                               ('r.csv', ['--results-format', 'json'], lambda t: json.loads(t)[0]['model']),
+                               ('r.txt', [], lambda t: t.splitlines()[2].split('|')[1].strip())):
+        out = tmp_path / name
+        assert cli.main([*argv, *given, '--results-file', str(out)]) == 0
+        assert check(out.read_text()) == 'sa_quadratic_cifar', (name, given)
+        capsys.readouterr()
 
 
 def test_cli_compare_dense_and_matmul(tmp_path):

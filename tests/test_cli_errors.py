@@ -36,6 +36,10 @@ def _run(main, argv, capsys):
     (plot_attention, ['no_such_model', '--out', '{tmp}/x.pnx'], 'names no picture format matplotlib writes'),
     (plot_attention, ['no_such_model', '--out', ROOT / 'pyproject.toml' / 'x.png'], 'pyproject.toml is a file'),
     (plot_attention, ['no_such_model', '--out', '{tmp}/x.png', '--table', '{tmp}/h.txt'], 'must end in .csv'),
+    (plot_attention, ['sa_quadratic_cifar', '--figure', 'maps', '--zoom', '0', '--out', '{tmp}/x.png'],
+     'zoom is 0: the window shows at least 1 grid unit'),
+    (plot_attention, ['sa_quadratic_cifar', 'sa_learned_cifar', '--out', '{tmp}/x.png'],
+     "one attention kind to follow the heads, got ['quadratic', 'learned']"),
     (prune, ['{tmp}/missing.pth', '--out', '{tmp}/x.pth'], 'does not exist'),
     (prune, ['sa_learned_cifar', '--out', '{tmp}/x.pth'], 'name the heads to prune with --heads'),
     # a path that is not there, without a weights suffix: timm would say it lacks a source prefix
@@ -77,6 +81,7 @@ def _run(main, argv, capsys):
     (explore, ['no_such_model', '--out', '{tmp}/x.html', '--images', '0'], '--images is 0, it must be at least 1'),
     (explore, ['no_such_model', '--out', '{tmp}'], 'is a folder: name the file to write'),
     (explore, ['no_such_model', '--out', ROOT / 'pyproject.toml' / 'x.html'], 'pyproject.toml is a file'),
+    (explore, ['no_such_model', '--out', '{tmp}/page.png'], 'the page is HTML: name a .html file'),
     # sa-vision-validate resolves --model as every command does (sa_vision.train.checkpoint.load_model)
     (validate, ['--model', 'no_such_model', '--dataset', 'digits'], "'no_such_model' is neither a file"),
     # a bare name is its trained weights, as in timm's validate.py: never a random init evaluated
@@ -86,7 +91,8 @@ def _run(main, argv, capsys):
     (validate, ['--checkpoint', KEPT_RESNET, '--model-kwargs', 'stem_type=deep', '--dataset', 'digits'],
      "CifarResNet has no stem_type 'deep'"),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',
-        'plot-out-below-a-file', 'plot-table-format', 'prune-missing-file',
+        'plot-out-below-a-file', 'plot-table-format', 'plot-zoom-0', 'plot-trajectory-of-two-kinds',
+        'prune-missing-file',
         'prune-learned-without-heads', 'prune-missing-path', 'prune-missing-folder', 'validate-missing-path',
         'prune-condition-below-1', 'prune-out-is-a-folder', 'prune-out-not-weights',
         'prune-out-unwritable', 'prune-out-below-a-file',
@@ -97,7 +103,7 @@ def _run(main, argv, capsys):
         'benchmark-results-below-a-file', 'benchmark-results-is-a-folder', 'benchmark-results-ends-in-a-slash',
         'benchmark-missing-model-list',
         'benchmark-unknown-profile', 'benchmark-odd-img-size', 'benchmark-fused-unavailable',
-        'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file',
+        'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file', 'explore-out-not-html',
         'validate-unknown-model', 'validate-name-without-weights',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):

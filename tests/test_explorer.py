@@ -220,6 +220,30 @@ def test_gallery_shows_the_models_predictions(driver, models):
         assert ('untrained' in driver.find_element(By.ID, 'prediction').text) == (not entry.trained)
 
 
+def test_a_model_of_other_data_names_its_own_classes_and_is_not_scored(driver, page, models, tmp_path):
+    """A Fashion-MNIST model shown on the digits (--dataset digits): its top classes are Fashion-MNIST's, named so
+    and marked as of other data, not coloured right or wrong against the digits' labels."""
+    from selenium.webdriver.common.by import By
+    fashion = dataset_info('fashion-mnist').class_names
+    images, _, _ = _gallery(models)
+    other = write_explorer([models[0], ExplorerModel('fashion', models[1].model, 'fashion-mnist')],
+                           tmp_path / 'other.html', dataset='digits', num_images=NUM_IMAGES)
+    with torch.no_grad():
+        predicted = models[1].model(images).argmax(-1).tolist()
+    open_page(driver, other)
+    try:
+        driver.execute_script('saExplorer.setModel(1)')
+        for thumb, pred in zip(driver.find_elements(By.CSS_SELECTOR, '.thumb'), predicted):
+            line = thumb.find_element(By.CSS_SELECTOR, 'div:nth-of-type(2)')
+            assert line.text == f'pred: {fashion[pred]} – trained on fashion-mnist'
+            assert 'untrained' in line.get_attribute('class')  # the neutral colour, not ok / wrong
+        assert driver.find_element(By.ID, 'info').text.startswith('TRAINED ON FASHION-MNIST - ')
+        driver.execute_script('saExplorer.setModel(0)')  # the digits' own model keeps the digits' names
+        assert not driver.find_element(By.ID, 'info').text.startswith('TRAINED ON')
+    finally:
+        open_page(driver, page)
+
+
 def test_screenshot_holds_distinct_heat_maps(driver, tmp_path):
     import io
 

@@ -105,6 +105,8 @@ def test_heads_beyond_the_nine_offsets_are_left_out():
     assert match.offsets[[0, 10, 11]].isnan().all() and not match.offsets[1:10].isnan().any()
     with pytest.raises(UserError, match='at least one head'):
         kernel_match(torch.zeros(0, 2))
+    with pytest.raises(UserError, match=r'NaN or infinite value \(1 of 12 heads\): the weights diverged'):
+        kernel_match(torch.cat([far[:1] * float('nan'), kernel, far[1:]]))
 
 
 @pytest.mark.parametrize('name', ['sa_quadratic_cifar', 'sa_gen_cifar'])

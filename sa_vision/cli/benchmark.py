@@ -35,8 +35,8 @@ import torch
 from sa_vision.errors import UserError, command
 from sa_vision.io import atomic_write_text, file_problem
 from sa_vision.layers.triton_mixing import kernel_problem
+from sa_vision.measure import RESULTS_FORMATS, format_results
 from sa_vision.measure import benchmark as sab
-from sa_vision.measure import format_results
 from sa_vision.train.args import ModelKwargs, check_least_values
 
 
@@ -96,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help='print a torch.profiler table of one training step per model as configured (device, '
                         'precision, --amp, --channels-last, --torchcompile): top ops by self device time on CUDA, '
                         'by self CPU time on the CPU')
-    p.add_argument('--results-file', default='', help='write results here (--results-format; its folder is made)')
-    p.add_argument('--results-format', default='table', choices=('table', 'csv', 'json'))
+    p.add_argument('--results-file', default='', help='write results here (its folder is made), in --results-format, '
+                                                       'else as its suffix says (.csv, .json; else the table)')
+    p.add_argument('--results-format', default=None, choices=RESULTS_FORMATS,
+                   help='table (default), csv or json; also what is printed')
     p.add_argument('--quiet', action='store_true')
     return p
 
@@ -193,7 +195,8 @@ def main(argv=None) -> int:
             print(sab.profile_train_step(variants[0].model, args.batch_size, input_size, device=device,
                                          **step_kwargs))
 
-    text = format_results(all_rows, args.results_format)
+    suffix = Path(args.results_file).suffix.lstrip('.').lower()
+    text = format_results(all_rows, args.results_format or (suffix if suffix in RESULTS_FORMATS else 'table'))
     print(text)
     if args.results_file:
         Path(args.results_file).parent.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.images < 1:
         raise UserError(f'--images is {args.images}, it must be at least 1')
-    problem = file_problem(args.out)
+    problem = file_problem(args.out) or ('' if args.out.lower().endswith(('.html', '.htm')) else
+                                         'the page is HTML: name a .html file')
     if problem:
         raise UserError(f'--out {args.out}: {problem}')
     started = time.time()
@@ -45,6 +46,10 @@ def main(argv=None):
     data = explorer_data(models, dataset=args.dataset, num_images=args.images, data_dir=args.data_dir,
                          download=args.dataset_download, title=args.title)
     shown = data['images']['count']
+    for record in data['models']:
+        if 'trained_on' in record:
+            print(f'{record["name"]} was trained on {record["trained_on"]}: the page names its predictions by its '
+                  f'own classes and does not score them against the {data["dataset"]["title"]} labels')
     if shown < args.images:
         print(f'the {data["dataset"]["title"]} {data["dataset"]["split"]} split has {shown} images: the gallery '
               f'shows them all')

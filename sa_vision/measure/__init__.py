@@ -3,7 +3,8 @@ from .benchmark import benchmark_variants, build_variants, matmul_rate, profile_
 from .macs import count_macs, unavoidable_macs, unavoidable_macs_from_config
 from .memory import LiveTensorMemory
 from .peers import PEERS, build_peer
-from .results import format_results
+from .results import RESULTS_FORMATS, format_results
 
 __all__ = ['count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'LiveTensorMemory', 'matmul_rate',
-           'build_variants', 'benchmark_variants', 'format_results', 'profile_train_step', 'PEERS', 'build_peer']
+           'build_variants', 'benchmark_variants', 'format_results', 'RESULTS_FORMATS', 'profile_train_step', 'PEERS',
+           'build_peer']

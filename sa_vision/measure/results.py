@@ -9,13 +9,20 @@ from typing import Any, Dict, Optional, Sequence
 from ..errors import UserError
 from ..tables import markdown_table
 
-__all__ = ['TABLE_COLUMNS', 'format_results']
+__all__ = ['TABLE_COLUMNS', 'RESULTS_FORMATS', 'format_results']
+
+RESULTS_FORMATS = ('table', 'csv', 'json')
 
 TABLE_COLUMNS = (
     'model', 'batch_size', 'train_samples_per_sec', 'infer_samples_per_sec', 'train_peak_mb', 'infer_peak_mb',
     'macs', 'param_count', 'train_ratio', 'infer_ratio', 'train_mem_ratio',
     'unavoidable_macs', 'train_unavoidable_gflops', 'matmul_gflops', 'matmul_fraction', 'infer_matmul_fraction',
 )
+
+# which way round the ratios are: a reader of the table has no docs at hand
+RATIO_NOTE = ('ratios (rows after the first): train_ratio / infer_ratio = the first row\'s images/s over this '
+              'row\'s, the median of rounds run back to back (> 1: the first is faster); train_mem_ratio = the first '
+              'row\'s peak memory over this row\'s (< 1: the first needs less)')
 
 
 def _fmt(value) -> str:
@@ -44,5 +51,6 @@ def format_results(rows: Sequence[Dict[str, Any]], fmt: str = 'table', columns: 
             writer.writerow({c: _fmt(r.get(c)) if isinstance(r.get(c), list) else r.get(c, '') for c in columns})
         return buf.getvalue()
     if fmt != 'table':
-        raise UserError(f'unknown format {fmt!r}; use table, csv or json')
-    return markdown_table(columns, [[_fmt(r.get(c)) for c in columns] for r in rows], pad=True)
+        raise UserError(f'unknown format {fmt!r}; use one of {", ".join(RESULTS_FORMATS)}')
+    table = markdown_table(columns, [[_fmt(r.get(c)) for c in columns] for r in rows], pad=True)
+    return table + ('\n\n' + RATIO_NOTE if any(c.endswith('_ratio') for c in columns) else '')

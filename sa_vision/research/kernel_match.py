@@ -109,6 +109,9 @@ def kernel_match(centers: Tensor, dilations: Sequence[int] = KERNEL_DILATIONS) -
         raise UserError(f'centres must be (heads, 2) with at least one head, got {tuple(centers.shape)}')
     if not dilations:
         raise UserError('give at least one dilation')
+    if not torch.isfinite(centers).all():
+        raise UserError(f'centres hold a NaN or infinite value ({int((~torch.isfinite(centers)).any(-1).sum())} of '
+                        f'{len(centers)} heads): the weights diverged or are damaged; match an earlier checkpoint')
     matches, distances = {}, {}
     for dilation in dilations:
         matched = _matched_offsets(centers, dilated_kernel_offsets(dilation))

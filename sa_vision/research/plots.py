@@ -135,6 +135,8 @@ def plot_attention_maps(
 ) -> Tuple[Figure, Dict[str, Any]]:
     """Figure (b): layers x heads grid of the attention of the ``query`` pixel (default the grid centre), cropped to
     ``zoom`` grid units around it; NaN where a layer has fewer heads or the window leaves the grid."""
+    if zoom < 1:
+        raise UserError(f'zoom is {zoom}: the window shows at least 1 grid unit around the query')
     kind = attention_layers(model)[0].kind
     if grid_size is None and images is not None:
         grid_size = (images.shape[-2] // 2, images.shape[-1] // 2)
@@ -193,6 +195,10 @@ def plot_center_trajectories(
     if len(checkpoints) < 1:
         raise UserError('give at least one checkpoint (two or more to see the centres move)')
     models = [load_model(c) if isinstance(c, str) else c for c in checkpoints]
+    kinds = [attention_layers(m)[0].kind for m in models]
+    if len(set(kinds)) != 1:  # a quadratic centre and a learned mean shift are not one head's path
+        raise UserError(f'all checkpoints must be of one attention kind to follow the heads, got {kinds}: give the '
+                        f'checkpoints of one run')
     heads = [tuple(m.heads_per_layer) for m in models]
     if len(set(heads)) != 1:
         raise UserError(f'all checkpoints must have the same heads per layer to follow the heads, got {heads}')
