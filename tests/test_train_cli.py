@@ -1145,3 +1145,16 @@ def test_resume_steps_with_this_machines_optimizer_implementation(adamw_run, tmp
         assert resumed['epoch'] == 1
         fused.append([bool(g['fused']) for g in resumed['optimizer']['param_groups']])
     assert fused == [[True] * len(fused[0]), [False] * len(fused[0])]
+
+
+@pytest.mark.parametrize('cores, default', [(2, 2), (1, 1), (16, 4)])
+def test_the_default_workers_are_timms_4_capped_at_this_processs_cores(monkeypatch, cores, default):
+    """torch warns of more loader processes than the cores a process may run on (its affinity mask): the default
+    -j takes no more, a given -j and a recipe's workers stay as given, and the shipped paper recipes leave the
+    number to the machine (a runtime choice, no part of a recipe)."""
+    from sa_vision.train import args as train_args
+    monkeypatch.setattr(train_args, 'available_cores', lambda: cores)
+    assert build_parser().parse_args([]).workers == default
+    assert build_parser().parse_args(['-j', '8']).workers == 8
+    assert parse_run_args(['-c', 'sa_quadratic_cifar'])[0].workers == default
+    assert parse_run_args(['-c', 'sa_quadratic_cifar_digits'])[0].workers == 0  # its recipe: in-process, tiny data

@@ -96,10 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help='print a torch.profiler table of one training step per model as configured (device, '
                         'precision, --amp, --channels-last, --torchcompile): top ops by self device time on CUDA, '
                         'by self CPU time on the CPU')
-    p.add_argument('--results-file', default='', help='write results here (its folder is made), in --results-format, '
-                                                       'else as its suffix says (.csv, .json; else the table)')
-    p.add_argument('--results-format', default=None, choices=RESULTS_FORMATS,
-                   help='table (default), csv or json; also what is printed')
+    p.add_argument('--results-file', default='', help='write results here (its folder is made), .csv/.json as named')
+    p.add_argument('--results-format', choices=RESULTS_FORMATS, help='table (default), csv or json; wins over a suffix')
     p.add_argument('--quiet', action='store_true')
     return p
 

@@ -16,7 +16,7 @@ from ..errors import RecipeError, UserError
 from .data import TRAIN_SPLIT
 from .optimizer import FUSED_OPTIMIZERS
 from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
-from .runtime import COMPILE_MODES, default_threads
+from .runtime import COMPILE_MODES, available_cores, default_threads
 from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
 __all__ = [
@@ -35,10 +35,9 @@ LOCAL_ARGS = frozenset({'output', 'experiment', 'data_dir', 'dataset_download', 
 # timm train.py's arguments of the same kinds, for the recipes of its checkpoints
 TIMM_LOCAL_ARGS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use == LOCAL) | TIMM_SET_ARGS
 # decided on the machine that runs (args.yaml and the log say what and why), never asked for
-RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_mode_used',
+RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torchcompile_mode_used', 'opt_fused_used',
                            'torchcompile_reason', 'resume_changes', 'device_data_used', 'device_data_reason',
-                           'opt_fused_used', 'opt_fused_reason',
-                           'model_given',  # --model local-dir:<folder>, resolved to the folder's architecture
+                           'opt_fused_reason', 'model_given',  # --model local-dir:<folder>: its architecture
                            'label_names'})  # an image folder's classes, in timm's label order
 # left out of published recipes: a recipe reproduces the run anywhere and leaks no local paths
 RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
@@ -339,7 +338,8 @@ def _device_arguments(group) -> None:
                             "with CUDA for digits, fashion-mnist and torch/cifar10/100 within a safe share of the free "
                             "memory, off on a CPU). The log and args.yaml (device_data_used, device_data_reason) say "
                             "which and why")
-    group.add_argument('-j', '--workers', type=int, default=4, metavar='N', help='data loading processes')
+    group.add_argument('-j', '--workers', type=int, default=min(4, available_cores()), metavar='N',
+                       help="data loading processes (timm's 4, capped at the cores this process may run on)")
     add_threads_argument(group)
 
 
