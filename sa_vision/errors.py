@@ -7,9 +7,10 @@ import sys
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'USAGE_ERROR_STATUS', 'run_cli', 'command_name', 'command', 'freeze_at_exit']
+           'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'run_cli', 'command_name', 'command', 'freeze_at_exit']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
+INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
 
 
 class UserError(ValueError):
@@ -39,6 +40,9 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
     except UserError as e:
         print(f'error: {e}', file=sys.stderr)
         return USAGE_ERROR_STATUS
+    except KeyboardInterrupt as e:  # Ctrl-C: what it left, where a command says (timm's train.py also ends quietly)
+        print(f'interrupted{": " + str(e) if str(e) else ""}', file=sys.stderr)
+        return INTERRUPTED_STATUS
 
 
 def freeze_at_exit() -> None:

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import re
+import shlex
 import subprocess
 from contextlib import nullcontext
 from pathlib import Path
@@ -1158,3 +1159,37 @@ def test_the_default_workers_are_timms_4_capped_at_this_processs_cores(monkeypat
     assert build_parser().parse_args(['-j', '8']).workers == 8
     assert parse_run_args(['-c', 'sa_quadratic_cifar'])[0].workers == default
     assert parse_run_args(['-c', 'sa_quadratic_cifar_digits'])[0].workers == 0  # its recipe: in-process, tiny data
+
+
+@pytest.mark.parametrize('interrupted_epoch', [0, 1])
+def test_ctrl_c_ends_with_how_to_resume_and_the_printed_resume_finishes_the_run(
+        tmp_path, capsys, monkeypatch, interrupted_epoch):
+    """Ctrl-C inside an epoch: status 130 and one line, not a traceback; after a finished epoch it names the
+    --resume that continues the run (and it does), before one it says that nothing was kept."""
+    real_epoch = training.train_one_epoch
+
+    def interrupted(epoch, *args, **kwargs):
+        if epoch == interrupted_epoch:
+            raise KeyboardInterrupt
+        return real_epoch(epoch, *args, **kwargs)
+    monkeypatch.setattr(training, 'train_one_epoch', interrupted)
+    status, _, err = command_here(capsys, 'train', '-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64,
+                                  '--output', tmp_path, '--experiment', 'run')
+    run = tmp_path / 'run'
+    assert status == 130 and err.count('\n') == 1 and 'Traceback' not in err, err
+    if interrupted_epoch == 0:
+        assert err == f'interrupted: no epoch had finished: delete {run} and start again\n'
+        return
+    assert err == f'interrupted: continue from its last finished epoch with --resume {run / "last.pth.tar"}\n'
+    monkeypatch.setattr(training, 'train_one_epoch', real_epoch)
+    status, _, err = command_here(capsys, 'train', *shlex.split(err.split(' with ')[1]))
+    assert status == 0, err
+    assert len((run / 'summary.csv').read_text().splitlines()) == 1 + 2  # its header, both epochs
+
+
+def test_ctrl_c_in_any_command_is_one_line_and_status_130(capsys):
+    from sa_vision.errors import run_cli
+
+    def main(argv):
+        raise KeyboardInterrupt
+    assert run_cli(main, []) == 130 and capsys.readouterr().err == 'interrupted\n'

@@ -66,6 +66,7 @@ from .state import (
     parse_run_args,
     resolve_model_args,
     restore,
+    resume_hint_on_interrupt,
     run_folder,
     save_epoch,
     save_epoch_weights,
@@ -121,38 +122,38 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
-
     metrics = resume_ckpt.meta.get('metrics') if resume_ckpt else None
-    for epoch in range(start_epoch, num_epochs):
-        seed_epoch(args.seed, epoch, args.rank)
-        set_epoch(train_loader, epoch)
-        train_metrics, num_updates = train_one_epoch(
-            epoch, train_model, train_loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
-            loss_scaler, num_epochs)
-        # end to end: the epoch's wall time with its data loading, evaluation apart
-        train_metrics['img_per_s'] = len(train_loader) * args.batch_size * args.world_size / train_metrics['time']
-        log(f'Epoch {epoch}: {train_metrics["img_per_s"]:,.0f} img/s end to end ('
-            f'{"data on the device" if args.device_data_used else "DataLoader"}, evaluation apart)')
-        if evaluated_after(epoch, args.val_interval, num_epochs):
-            metrics, eval_model = evaluate_epoch(epoch, eval_model, model, eval_loader, args, log, amp_ctx)
-            if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
-                best = {'metric': metrics[args.eval_metric], 'epoch': epoch}
-        else:  # this checkpoint's weights were not evaluated: no metrics of an earlier epoch go with them
-            metrics = None
-            log(f'Eval: {epoch}  skipped (--val-interval {args.val_interval}: the next at epoch '
-                f'{min(epoch + args.val_interval - (epoch + 1) % args.val_interval, num_epochs - 1)})')
-        if lr_scheduler is not None:  # plateau decides on the evaluation metric (none: no step); the others ignore it
-            lr_scheduler.step(epoch + 1, metrics[args.eval_metric] if args.sched == 'plateau' and metrics else None)
-        history.append({'epoch': epoch, 'train_loss': train_metrics['loss'], 'lr': train_metrics['lr'],
-                        'train_time': train_metrics['time'], 'train_img_per_s': train_metrics['img_per_s'],
-                        **{f'eval_{k}': v for k, v in (metrics or {}).items()}})
-        if is_primary(args):
-            ckpt = checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, epochs_done=epoch + 1,
-                                   num_epochs=num_epochs, num_updates=num_updates, data_config=data_cfg,
-                                   metrics=metrics, history=history, best=best)
-            save_epoch(ckpt, model, args, run_dir, train_metrics, log)
-        if args.distributed:
-            dist.barrier()
+    with resume_hint_on_interrupt(run_dir):
+        for epoch in range(start_epoch, num_epochs):
+            seed_epoch(args.seed, epoch, args.rank)
+            set_epoch(train_loader, epoch)
+            train_metrics, num_updates = train_one_epoch(
+                epoch, train_model, train_loader, optimizer, loss_fn, lr_scheduler, args, num_updates, amp_ctx,
+                loss_scaler, num_epochs)
+            # end to end: the epoch's wall time with its data loading, evaluation apart
+            train_metrics['img_per_s'] = len(train_loader) * args.batch_size * args.world_size / train_metrics['time']
+            log(f'Epoch {epoch}: {train_metrics["img_per_s"]:,.0f} img/s end to end ('
+                f'{"data on the device" if args.device_data_used else "DataLoader"}, evaluation apart)')
+            if evaluated_after(epoch, args.val_interval, num_epochs):
+                metrics, eval_model = evaluate_epoch(epoch, eval_model, model, eval_loader, args, log, amp_ctx)
+                if best is None or is_better(args.eval_metric, metrics[args.eval_metric], best['metric']):
+                    best = {'metric': metrics[args.eval_metric], 'epoch': epoch}
+            else:  # this checkpoint's weights were not evaluated: no metrics of an earlier epoch go with them
+                metrics = None
+                log(f'Eval: {epoch}  skipped (--val-interval {args.val_interval}: the next at epoch '
+                    f'{min(epoch + args.val_interval - (epoch + 1) % args.val_interval, num_epochs - 1)})')
+            if lr_scheduler is not None:  # plateau steps on the evaluation metric (none: no step), the others not
+                lr_scheduler.step(epoch + 1, metrics[args.eval_metric] if args.sched == 'plateau' and metrics else None)
+            history.append({'epoch': epoch, 'train_loss': train_metrics['loss'], 'lr': train_metrics['lr'],
+                            'train_time': train_metrics['time'], 'train_img_per_s': train_metrics['img_per_s'],
+                            **{f'eval_{k}': v for k, v in (metrics or {}).items()}})
+            if is_primary(args):
+                save_epoch(checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, epochs_done=epoch + 1,
+                                           num_epochs=num_epochs, num_updates=num_updates, data_config=data_cfg,
+                                           metrics=metrics, history=history, best=best),
+                           model, args, run_dir, train_metrics, log)
+            if args.distributed:
+                dist.barrier()
 
     if metrics is None and start_epoch > 0:
         # resumed after an epoch that --val-interval left unevaluated, with no epoch left to train (--epochs lowered)

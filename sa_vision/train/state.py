@@ -1,6 +1,7 @@
 """ A run's state: its arguments (recipe, resumed run, command line), its model's arguments and initial weights,
 its folder, the files it writes there every epoch and what ``--resume`` restores from them """
 import argparse
+import contextlib
 import itertools
 import json
 import shlex
@@ -34,7 +35,8 @@ from .evaluation import EVAL_METRICS
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
-           'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch', 'metric_text']
+           'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch', 'metric_text',
+           'resume_hint_on_interrupt']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -350,6 +352,17 @@ def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
     with open(folder / 'recipe.yaml', 'w') as f:
         yaml.safe_dump(run_recipe(args), f, sort_keys=False)
     return folder
+
+
+@contextlib.contextmanager
+def resume_hint_on_interrupt(run_dir: Path):
+    """Ctrl-C ends the epochs with how to go on, which :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        last = run_dir / RUN_CHECKPOINT
+        raise KeyboardInterrupt(f'continue from its last finished epoch with --resume {last}' if last.is_file() else
+                                f'no epoch had finished: delete {run_dir} and start again') from None
 
 
 def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) -> None:
