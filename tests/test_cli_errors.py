@@ -313,7 +313,7 @@ def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_error_line(mo
     (['-c', 'sa_quadratic_cifar_digits'], 'The model_kwargs of recipe sa_quadratic_cifar_digits (embed_dim=32',
      # the kept model's config.json (embed_dim, mlp_hidden_dim) and its shapes (6 layers of 9 heads)
      "pass the weights' own, --model-kwargs embed_dim=64 mlp_hidden_dim=128 depth=6 "
-     "'heads_per_layer=(9, 9, 9, 9, 9, 9)', which replace the recipe's, or train without that recipe"),
+     "'heads_per_layer=(9, 9, 9, 9, 9, 9)', which update the recipe's, or train without that recipe"),
     (['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--model-kwargs', 'embed_dim=32'],
      '--model-kwargs (embed_dim=32)', 'drop them'),
 ], ids=['recipe', 'command-line'])

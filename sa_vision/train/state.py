@@ -210,7 +210,7 @@ def _weights_own_kwargs(initial: Checkpoint, items: List[str]) -> str:
     which update the recipe's, with the weights' own values."""
     built = {**(infer_sa_model_args(initial.state_dict) or {}), **initial.model_args}  # shapes, then the record
     own = [shlex.quote(f'{key}={built[key]!r}') for key in (item.split('=')[0] for item in items) if key in built]
-    return (f'pass the weights\' own, --model-kwargs {" ".join(own)}, which replace the recipe\'s, or '
+    return (f'pass the weights\' own, --model-kwargs {" ".join(own)}, which update the recipe\'s, or '
             if own else '') + 'train without that recipe'
 
 
