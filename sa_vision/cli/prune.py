@@ -128,8 +128,8 @@ def _states_preprocessing(source: Checkpoint) -> bool:
     hint = (f'prune its Hub folder (local-dir:{folder}) to keep the input size, mean / std and border its '
             f'config.json states' if (folder / 'config.json').is_file() else
             'loaders will feed the pruned weights with the architecture\'s defaults (CIFAR-10\'s)')
-    print(f'warning: {source.source} states no preprocessing (a bare weights file), so the pruned file records '
-          f'none; {hint}', file=sys.stderr)
+    print(f'warning: {source.source} states no preprocessing (no dataset, input size or mean / std), so the pruned '
+          f'file records none; {hint}', file=sys.stderr)
     return False
 
 

@@ -27,7 +27,7 @@ from ..train.checkpoint import (
     read_checkpoint,
     weights_path,
 )
-from ..train.data import DatasetInfo, create_image_dataset, dataset_for_tag, dataset_info, normalization
+from ..train.data import create_image_dataset, dataset_for_tag, dataset_info, normalization
 from .analysis import attention_layers
 
 __all__ = [
@@ -215,8 +215,8 @@ def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str
     return {'epochs': records}
 
 
-def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, gallery: DatasetInfo,
-                  class_names: Sequence[str], top: int = 3) -> Dict[str, Any]:
+def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, class_names: Sequence[str],
+                  top: int = 3, gallery_dataset: str = '') -> Dict[str, Any]:
     model = entry.model.eval().float()
     layers = attention_layers(model)
     pad = model_input_padding(model)  # the model adds the dataset's border itself: it gets the images without it
@@ -238,7 +238,7 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, gall
         'predictions': [[[int(c), float(p)] for c, p in zip(cs, ps)] for cs, ps in zip(top_classes, top_probs)],
         'layers': [_layer_record(layer) for layer in layers],
     }
-    if entry.trained and entry.dataset and dataset_info(entry.dataset).name != gallery.name:
+    if entry.trained and entry.dataset and dataset_info(entry.dataset).name != gallery_dataset:
         # trained on other data: its top classes are of its own classes, shown by their names and not scored
         own = dataset_info(entry.dataset).class_names or getattr(model, 'pretrained_cfg', {}).get('label_names')
         record.update(trained_on=entry.dataset, classes=list(own) or [str(c) for c in range(probs.shape[-1])])
@@ -287,7 +287,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
         'images': {'count': len(indices), 'channels': pixels.shape[1], 'height': pixels.shape[2],
                    'width': pixels.shape[3], 'pixels': _b64(pixels, torch.uint8), 'indices': indices,
                    'labels': [int(targets[i]) for i in indices]},
-        'models': [_model_record(m, images, normalized, info, class_names) for m in models],
+        'models': [_model_record(m, images, normalized, class_names, gallery_dataset=info.name) for m in models],
     }
 
 
