@@ -176,8 +176,9 @@ def test_keep_never_replaces_models_of_another_dataset_nor_files_no_export_write
 
 
 def test_a_folder_is_one_reproduction_at_a_time_and_only_a_reproductions(tmp_path, capsys):
-    """A second reproduction in a running one's folder, a run folder of other files, or a file as --out: one error
-    line each, and nothing in them is touched."""
+    """A second reproduction in a running one's folder, a run folder of other files, a run or Hub folder of
+    sa-vision-train, or a file as --out, and --keep naming --out: one error line each, and nothing in them is
+    touched."""
     from sa_vision.reproduce import Reproduction, ReproductionError
     from sa_vision.reproduce.provenance import reproduction_lock
     running = tmp_path / 'running'
@@ -192,6 +193,16 @@ def test_a_folder_is_one_reproduction_at_a_time_and_only_a_reproductions(tmp_pat
     assert notes.read_text() == 'mine'
     status, err = _reproduce_error(capsys, '--profile', 'tiny', '--out', notes)
     assert status == 2 and 'is a file, not a folder' in err, err
+    # a run folder of sa-vision-train (with its export), or a reproduction kept into itself
+    run = tmp_path / 'run'
+    (run / 'hub').mkdir(parents=True)
+    for name in ('args.yaml', 'last.pth.tar', 'hub/config.json'):
+        (run / name).write_text('mine')
+    status, err = _reproduce_error(capsys, '--profile', 'tiny', '--out', run)
+    assert status == 2 and f"{run} is no reproduction's folder but holds args.yaml, hub/config.json, last" in err, err
+    assert sorted(p.name for p in run.iterdir()) == ['args.yaml', 'hub', 'last.pth.tar']
+    status, err = _reproduce_error(capsys, '--profile', 'tiny', '--out', tmp_path / 'r', '--keep', tmp_path / 'r')
+    assert status == 2 and 'names the reproduction folder itself' in err, err
     # --epochs as the profile trains them is the profile's reproduction (its folder continues without them)
     assert Reproduction(tmp_path / 'e', 'tiny', epochs=2).epochs is None
     assert Reproduction(tmp_path / 'e', 'tiny', epochs=3).epochs == 3
@@ -893,3 +904,16 @@ def test_a_training_process_dies_when_the_reproduction_ended_before_its_death_si
             time.sleep(0.05)
         return int(pid_file.read_text())
     assert not _child_outlives_its_parent(parent_code, child_pid), 'the training process outlived the reproduction'
+
+
+def test_ctrl_c_says_that_the_same_command_continues(tmp_path, capsys, monkeypatch):
+    """Ctrl-C in a reproduction: one line naming what continues it (the command itself), status 130."""
+    from sa_vision.reproduce import Reproduction
+
+    def interrupted(self, publish=False):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(Reproduction, 'run', interrupted)
+    status, err = _reproduce_error(capsys, '--profile', 'tiny', '--out', tmp_path / 'r')
+    assert status == 130 and err == (f'interrupted: finished stages are kept in {tmp_path / "r"}; run the same '
+                                     f'command to continue (a stopped training resumes from its last finished '
+                                     f'epoch)\n'), err

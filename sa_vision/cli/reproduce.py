@@ -125,6 +125,9 @@ def _reproduce(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         reproduction = Reproduction(args.out, profile.name, dataset=args.dataset, data_dir=args.data_dir,
                                     download=args.dataset_download, epochs=args.epochs, train_args=train_args)
         if args.keep:  # before any training: a kept zoo of other models is never replaced at the end
+            if Path(args.keep).resolve() == Path(args.out).resolve():
+                raise ReproductionError(f'--keep {args.keep} names the reproduction folder itself: keep the zoo in a '
+                                        f'folder of its own, e.g. zoo/<dataset>-<profile>')
             check_keep_target(Path(args.keep), reproduction.dataset)
         with reproduction_lock(args.out):
             if args.ablation:
@@ -137,6 +140,9 @@ def _reproduce(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         print(f'error: {e}. Finished stages are kept in {args.out}; fix the cause and run the same command to '
               f'continue', file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: sa_vision.errors.run_cli prints this (a training's own line may come first)
+        raise KeyboardInterrupt(f'finished stages are kept in {args.out}; run the same command to continue (a '
+                                f'stopped training resumes from its last finished epoch)') from None
     return 0
 
 

@@ -24,6 +24,8 @@ __all__ = ['SETUP_FILE', 'LOCK_FILE', 'training_overrides', 'check_setup', 'repr
 
 SETUP_FILE = 'reproduction.json'
 LOCK_FILE = '.reproduction.lock'
+# the files of sa-vision-train's run folder and of a Hub folder, which --out must not name
+_OTHER_FOLDERS_FILES = frozenset({'args.yaml', 'last.pth.tar', 'config.json', 'model.safetensors'})
 _UNSET = object()
 
 
@@ -51,6 +53,14 @@ def check_setup(out: Path, setup: Dict[str, Any]) -> bool:
     are checked stage by stage)."""
     path = Path(out) / SETUP_FILE
     if not path.is_file():
+        # a run of sa-vision-train, a Hub folder or a kept zoo of them: the reproduction's files would mix with theirs
+        # (a folder of runs/ alone is one written before reproduction.json: its runs are checked stage by stage)
+        marks = sorted({p.name for p in Path(out).glob('*') if p.name in _OTHER_FOLDERS_FILES} |
+                       {f'{p.parent.name}/{p.name}' for p in Path(out).glob('*/config.json')})
+        if marks:
+            raise ReproductionError(f'{out} is no reproduction\'s folder but holds {", ".join(marks[:4])}: a '
+                                    f'reproduction would write its runs and Hub folders among them; give --out a new '
+                                    f'folder')
         return True
     saved = json.loads(path.read_text())
     if isinstance(saved.get('train_args'), list):  # written as the command line by an older sa_vision
@@ -69,7 +79,7 @@ def reproduction_lock(out: Path) -> Iterator[None]:
     folders, and remove one that has no checkpoint yet. A ReproductionError where another holds it."""
     import fcntl
     out = Path(out)
-    new = not out.exists()
+    new, lock_is_new = not out.exists(), not (out / LOCK_FILE).exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
         with open(out / LOCK_FILE, 'a') as lock:
@@ -81,9 +91,10 @@ def reproduction_lock(out: Path) -> Iterator[None]:
                                         ) from None
             yield  # the lock goes with the file's closing, also when the process is killed
     finally:
-        if new and [p.name for p in out.iterdir()] == [LOCK_FILE]:  # refused before anything was written
-            (out / LOCK_FILE).unlink()
-            out.rmdir()
+        if lock_is_new and not (out / SETUP_FILE).exists():  # refused before anything was written
+            (out / LOCK_FILE).unlink(missing_ok=True)
+            if new and not any(out.iterdir()):
+                out.rmdir()
 
 
 def write_setup(out: Path, setup: Dict[str, Any]) -> None:
