@@ -12,6 +12,7 @@ creates in the uploaded copy (the dry run lists that card); an export of other w
 never replaced (an error says what it holds). What is checked before any upload: docs/hub.md, "Publishing".
 """
 import argparse
+import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -64,8 +65,10 @@ def main(argv=None):
         if not args.dry_run:
             resolve_token()  # fail on a missing token before the export
         source = path.resolve()
-        if is_exported_folder(source) and not args.out_dir:  # a kept zoo folder: published as it is
-            out_dir, staged = source, sorted(p.name for p in source.iterdir() if p.is_file())
+        into_itself = args.out_dir and Path(args.out_dir).resolve() == source  # refused by the export below
+        if is_exported_folder(source) and not into_itself:  # a kept zoo folder: published as it is, or a copy
+            out_dir = _staged_copy(source, Path(args.out_dir)) if args.out_dir else source
+            staged = sorted(p.name for p in out_dir.iterdir() if p.is_file())
         else:
             if source.is_dir() and not args.out_dir and not (source / RUN_CHECKPOINT).is_file():
                 missing = [name for name in HUB_FOLDER_FILES if not (source / name).is_file()]
@@ -105,6 +108,16 @@ def main(argv=None):
         print(f'error: {e}', file=sys.stderr)
         return 2
     return 0
+
+
+def _staged_copy(source: Path, out_dir: Path) -> Path:
+    """``out_dir`` holding a copy of the Hub folder ``source`` as it is: its card keeps the run's record, which an
+    export of its weights alone would not have."""
+    problem = folder_problem(out_dir) or (out_dir.is_dir() and any(out_dir.iterdir()) and 'it is not empty')
+    if problem:
+        raise UserError(f'--out-dir {out_dir}: {problem}; a copy of {source} is staged in a new or empty folder')
+    shutil.copytree(source, out_dir, dirs_exist_ok=True)
+    return out_dir
 
 
 cli = command(__name__)

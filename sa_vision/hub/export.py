@@ -144,7 +144,7 @@ def export_hub_folder(
         raise ExportExistsError(
             f'{out_dir} holds the weights to export ({ckpt.source}): an export there would replace its card, '
             f'recipe and figures with ones made from the weights alone. Publish the folder as it is '
-            f'(sa-vision-push-to-hub {ckpt.source}), or export into another folder')
+            f'(sa-vision-push-to-hub {ckpt.source}), or stage a copy of it in another folder (--out-dir DIR)')
     if out_dir.exists():
         _check_replaceable(out_dir, saved.state_dict(), ckpt.source)
         for name in EXPORT_FILES:
