@@ -363,10 +363,10 @@ class Reproduction:
 
     def run(self, publish: bool = False) -> List[Dict[str, Any]]:
         """All stages; a failing one raises :class:`StageFailed` naming it (earlier results stay)."""
-        self._check_same_setup()
-        if publish:  # without a token the last stage would fail, after every training
+        if publish:  # without a token the last stage would fail, after every training (checked before any writing)
             from ..hub import resolve_token
             resolve_token()
+        self._check_same_setup()
         say(f'Reproduction {self.profile.name!r} on {self.dataset} in {self.out}: {self.profile.description}')
         results: Dict[str, Any] = {}
         # the table grows after each training: the models trained so far
