@@ -714,8 +714,8 @@ def test_weights_of_a_timm_model_of_its_own_export_and_load_as_they_trained(tmp_
 
 def test_a_kept_folder_staged_in_another_folder_is_copied_as_it_is(recording_api, tmp_path, capsys):
     """--out-dir with a complete Hub folder stages a copy of it: its card keeps the run's results and record (an
-    export of the weights alone would rebuild a card without them), its files all come along; a folder holding
-    files already is refused."""
+    export of the weights alone would rebuild a card without them), its files all come along, and the dry run's
+    copy is what the upload then sends; a folder holding other files is refused."""
     kept = ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'
     staged = tmp_path / 'stage'
     assert push_to_hub.main([str(kept), '--dry-run', '--out-dir', str(staged)]) == 0
@@ -723,6 +723,9 @@ def test_a_kept_folder_staged_in_another_folder_is_copied_as_it_is(recording_api
     assert 'model-index' in (staged / 'README.md').read_text()
     shown = capsys.readouterr().out
     assert all(f'  {p.name}  (' in shown for p in kept.iterdir())
-    status = run_cli(push_to_hub.main, [str(kept), '--dry-run', '--out-dir', str(staged)])
-    assert status == 2 and 'it is not empty; a copy of' in capsys.readouterr().err
     assert recording_api.calls == []
+    assert push_to_hub.main([str(kept), '--out-dir', str(staged)]) == 0  # the dry run's copy, published
+    assert 'model-index' in recording_api.uploaded_card
+    (staged / 'notes.txt').write_text('mine')
+    status = run_cli(push_to_hub.main, [str(kept), '--dry-run', '--out-dir', str(staged)])
+    assert status == 2 and 'it holds other files; a copy of' in capsys.readouterr().err

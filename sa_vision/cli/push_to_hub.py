@@ -112,10 +112,14 @@ def main(argv=None):
 
 def _staged_copy(source: Path, out_dir: Path) -> Path:
     """``out_dir`` holding a copy of the Hub folder ``source`` as it is: its card keeps the run's record, which an
-    export of its weights alone would not have."""
-    problem = folder_problem(out_dir) or (out_dir.is_dir() and any(out_dir.iterdir()) and 'it is not empty')
+    export of its weights alone would not have. A copy staged before (a dry run's) is staged again."""
+    def files(folder: Path):
+        return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
+    held = files(out_dir)
+    problem = folder_problem(out_dir) or (held and held != files(source) and 'it holds other files')
     if problem:
-        raise UserError(f'--out-dir {out_dir}: {problem}; a copy of {source} is staged in a new or empty folder')
+        raise UserError(f'--out-dir {out_dir}: {problem}; a copy of {source} is staged in a new or empty folder, or '
+                        f'one holding that copy')
     shutil.copytree(source, out_dir, dirs_exist_ok=True)
     return out_dir
 
