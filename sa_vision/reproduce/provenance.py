@@ -15,8 +15,9 @@ from typing import Any, Dict, Iterator, List, Sequence
 
 import yaml
 
+from ..hub import HUB_FOLDER_FILES
 from ..io import atomic_write_text, plain_data
-from ..train.checkpoint import Checkpoint, strip_runtime_args
+from ..train.checkpoint import RUN_CHECKPOINT, Checkpoint, strip_runtime_args
 from .profiles import ReproductionError
 
 __all__ = ['SETUP_FILE', 'LOCK_FILE', 'training_overrides', 'check_setup', 'reproduction_lock', 'write_setup',
@@ -24,8 +25,8 @@ __all__ = ['SETUP_FILE', 'LOCK_FILE', 'training_overrides', 'check_setup', 'repr
 
 SETUP_FILE = 'reproduction.json'
 LOCK_FILE = '.reproduction.lock'
-# the files of sa-vision-train's run folder and of a Hub folder, which --out must not name
-_OTHER_FOLDERS_FILES = frozenset({'args.yaml', 'last.pth.tar', 'config.json', 'model.safetensors'})
+# the files that mark sa-vision-train's run folder and a Hub folder (a README alone marks neither): no --out
+_OTHER_FOLDERS_FILES = frozenset({'args.yaml', RUN_CHECKPOINT, *(f for f in HUB_FOLDER_FILES if f != 'README.md')})
 _UNSET = object()
 
 
