@@ -26,18 +26,24 @@ def _env():
 
 
 @pytest.mark.slow
-def test_pipeline_killed_mid_stage_continues_and_delivers_the_zoo(tmp_path, capfd, caplog, monkeypatch):
+def test_pipeline_stopped_by_ctrl_c_mid_stage_continues_and_delivers_the_zoo(tmp_path, capfd, caplog, monkeypatch):
     out = tmp_path / 'zoo'
-    # killed (SIGKILL) in the middle of the second training stage, after its first epoch
+    # Ctrl-C in the middle of the second training stage, after its first epoch: SIGINT to the command's process
+    # group, as a terminal sends it (the training's process among them, unless it runs in a group of its own)
     proc = subprocess.Popen([*command('reproduce'), '--profile', 'tiny', '--out', str(out)], cwd=ROOT,
-                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     in_second_stage = False
     for line in proc.stdout:
         in_second_stage = in_second_stage or line.startswith('== [2/')
         if in_second_stage and line.startswith('Saved checkpoint epoch 1/2'):
-            proc.send_signal(signal.SIGKILL)
+            os.killpg(proc.pid, signal.SIGINT)
             break
-    proc.wait(timeout=HANG_TIMEOUT_S)
+    rest = proc.communicate(timeout=HANG_TIMEOUT_S)[0]
+    # one line of advice, the reproduction's: the training ended without its own (a --resume for its stage alone)
+    assert proc.returncode == 130 and [line for line in rest.splitlines() if 'interrupted' in line] == [
+        f'interrupted: finished stages are kept in {out}; run the same command to continue (a stopped training '
+        f'resumes from its last finished epoch)'], rest[-3000:]
     first = out / 'runs' / 'sa_quadratic_cifar' / 'last.pth.tar'
     first_mtime = first.stat().st_mtime_ns
     killed = torch.load(out / 'runs' / 'sa_gen_cifar' / 'last.pth.tar', weights_only=True)
@@ -822,6 +828,71 @@ def test_a_stopped_training_ends_at_once_and_no_other_starts(tmp_path, monkeypat
     assert time.time() - started < 30
     with pytest.raises(StageStopped, match='sa_learned_cifar: not started'):
         zoo.train('sa_learned_cifar')
+
+
+@pytest.fixture
+def ctrl_c_after():
+    """``ctrl_c_after(seconds)``: a SIGINT to the main thread then, as the terminal's Ctrl-C (it wakes a blocking
+    wait, as Python's own handler needs); Python's handler is in place meanwhile."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    timers = []
+
+    def after(seconds):
+        timers.append(threading.Timer(seconds, signal.pthread_kill, (threading.main_thread().ident, signal.SIGINT)))
+        timers[-1].start()
+    yield after
+    for timer in timers:
+        timer.cancel()
+    signal.signal(signal.SIGINT, previous)
+
+
+def _sleeping_trainings(tmp_path, monkeypatch):
+    """Each training a 60 s sleep that writes its pid into ``tmp_path/pids``; returns the function listing them."""
+    from sa_vision.reproduce import processes, stages
+    pids = tmp_path / 'pids'
+    pids.mkdir()
+    sleeping = [sys.executable, '-c', f'import os, time; open(os.path.join({str(pids)!r}, str(os.getpid())), "w"); '
+                'time.sleep(60)']
+    monkeypatch.setattr(stages, 'run_training',
+                        lambda cmd, tag, trainings: processes.run_training(sleeping, tag, trainings))
+
+    def started(count):
+        deadline = time.time() + HANG_TIMEOUT_S
+        while len(list(pids.iterdir())) < count:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        return [int(p.name) for p in pids.iterdir()]
+    return started
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f'/proc/{pid}/status') as f:
+            return 'State:\tZ' not in f.read()
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='/proc')
+@pytest.mark.parametrize('parallel', [0, 1, 2])
+def test_ctrl_c_ends_the_trainings_it_started(tmp_path, monkeypatch, ctrl_c_after, parallel):
+    """Ctrl-C reaches the reproduction alone (its trainings run in sessions of their own, so that they print no
+    advice of their own): it ends them at once, a training in this thread (``parallel`` 0) or stages in threads of
+    their own, one or two side by side; none runs on after it."""
+    from sa_vision.reproduce import Reproduction, staged
+    started = _sleeping_trainings(tmp_path, monkeypatch)
+    reproduction = Reproduction(tmp_path / 'out', 'tiny')
+    zoo = staged.StagedZoo(reproduction, tmp_path / 'zoo', tmp_path / 't.csv')
+    threading.Thread(target=lambda: started(max(parallel, 1)) and ctrl_c_after(0), daemon=True).start()
+    begun = time.time()
+    with pytest.raises(KeyboardInterrupt):
+        if parallel:
+            zoo.run(10 ** 6, lambda m: 1, parallel=parallel)
+        else:
+            reproduction.train(staged.STAGE_ORDER[0])
+    assert time.time() - begun < 30, 'the trainings ran on after Ctrl-C'
+    pids = started(max(parallel, 1))
+    assert len(pids) == max(parallel, 1) and not any(_running(pid) for pid in pids)
 
 
 def test_a_failing_stage_side_by_side_is_named_and_stops_new_starts(tmp_path, monkeypatch):

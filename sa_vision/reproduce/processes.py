@@ -49,12 +49,19 @@ def run_training(cmd: List[str], tag: Optional[str], trainings: Optional[Trainin
     after ``tag`` where one is given."""
     env = dict(os.environ, PYTHONUNBUFFERED='1')
     piped = {} if tag is None else dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors='replace')
-    with subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent, **piped) as proc:
-        with trainings.holding(proc) if trainings else contextlib.nullcontext():
-            for line in proc.stdout if tag is not None else ():
-                sys.stdout.write(tag + line)
-                sys.stdout.flush()
+    # a session of its own: the terminal's Ctrl-C reaches the reproduction alone, which ends the training (below, or
+    # Trainings.stop) and says once what continues it; the training's own advice would be for its stage only
+    with subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent, start_new_session=True, **piped) as proc:
+        try:
+            with trainings.holding(proc) if trainings else contextlib.nullcontext():
+                for line in proc.stdout if tag is not None else ():
+                    sys.stdout.write(tag + line)
+                    sys.stdout.flush()
+                proc.wait()
+        except KeyboardInterrupt:  # its run folder keeps its last finished epoch (each file is written atomically)
+            proc.terminate()
             proc.wait()
+            raise
     return proc.returncode
 
 

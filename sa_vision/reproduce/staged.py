@@ -9,6 +9,7 @@ left would not fit, but one that only a later call can finish where the caller k
 (:meth:`StagedZoo.stop` ends the trainings at the deadline; the next call's ``Reproduction`` continues each from its
 last epoch).
 """
+import contextlib
 import shutil
 import threading
 import time
@@ -125,7 +126,7 @@ class StagedZoo:
         failures: List[Tuple[str, BaseException]] = []
         running = self.running = {}
         self.stopped = []
-        with ThreadPoolExecutor(parallel) as pool:
+        with ThreadPoolExecutor(parallel) as pool, self._stopped_on_interrupt():
             while True:
                 for model in [m for m, future in running.items() if future.done()]:
                     error = running.pop(model).exception()
@@ -152,6 +153,15 @@ class StagedZoo:
         if not failures and not self.reproduction.stopped:
             budget.say_left_out()
         return kept, failures
+
+    @contextlib.contextmanager
+    def _stopped_on_interrupt(self):
+        """Ctrl-C (in this thread only) stops the trainings, whose threads then end: the pool waits for them."""
+        try:
+            yield
+        except KeyboardInterrupt:
+            self.stop()
+            raise
 
 
 _POLL_S = 5.0  # how often the running stages' progress is read while none ends
