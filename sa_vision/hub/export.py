@@ -67,8 +67,7 @@ def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = Non
     input_cfg.update({k: source[k] for k in ('crop_pct', 'crop_mode', 'interpolation') if source.get(k) is not None
                       and 'input_padding' not in pad_args})
     model_config = {'pretrained_cfg': {'tag': label.tag}}
-    names = (given.get('label_names') or (ckpt.meta.get('args') or {}).get('label_names')
-             or label.dataset.label_names(model.num_classes))
+    names = ckpt.label_names(model.num_classes, label.dataset)
     if names:
         model_config['label_names'] = list(names)
     return model_config, pad_args, input_cfg

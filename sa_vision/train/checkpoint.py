@@ -1,22 +1,19 @@
 """ Checkpoints: one reader for every kind of weights file a user has (files are written through
-:mod:`sa_vision.io`)
+:mod:`sa_vision.io`, read through :mod:`.weights_files`)
 
 :func:`read_checkpoint` opens, without unpickling arbitrary objects (timm's ``argparse.Namespace`` is the one class
 allowed beyond ``weights_only``): checkpoints of ``sa-vision-train`` and timm's ``train.py``, bare state dicts and
 ``.safetensors`` (a sa_vision attention model's architecture is read off the shapes) and Hub folders. """
 import argparse
-import json
 import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
-import torch
 from timm.models import clean_state_dict, is_model
 from torch import Tensor, nn
 
-from ..errors import UserError
 from ..io import plain_data
 from ..models import (
     DEFAULT_MODEL_OF_KIND,
@@ -34,6 +31,10 @@ from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
 from .recipes import recipe_if_any
 from .timm_args import timm_model_args, timm_num_epochs
+from .weights_files import CheckpointError, read_json, read_safetensors, torch_load
+
+if TYPE_CHECKING:
+    from .data import DatasetInfo
 
 __all__ = ['CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT',
            'read_checkpoint', 'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict',
@@ -52,12 +53,6 @@ BEST_CHECKPOINT = 'model_best.pth.tar'  # the epoch best by --eval-metric, named
 # config.json's record of the processes an exported run trained on (its recipe's batch size is each process's)
 TRAINING_PROCESSES = 'training_processes'
 WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')  # weights_path reads, prune writes
-# the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
-_BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
-
-
-class CheckpointError(UserError):
-    """Weights that are missing, unreadable, incomplete, or do not fit the architecture they claim."""
 
 
 @dataclass
@@ -106,40 +101,22 @@ class Checkpoint:
                 f'the weights in {self.source} do not fit {self.arch}({self.model_args}): '
                 f'{str(e).splitlines()[0]} ... The file is of another architecture or configuration, or was '
                 f'edited') from None
-        if (overlay or self.dataset) and 'label_names' not in (overlay or {}):
-            # the registered cfg's names are CIFAR-10's: weights that say what they were trained on but carry no
-            # names get their dataset's, or none
-            from .data import dataset_info
-            names = (self.meta.get('args') or {}).get('label_names')  # a run on an image folder: its classes
-            model.pretrained_cfg['label_names'] = names or dataset_info(self.dataset).label_names(model.num_classes)
+        if overlay or self.dataset:  # the registered cfg's names are CIFAR-10's: never kept for other weights
+            model.pretrained_cfg['label_names'] = self.label_names(model.num_classes)
         return model.eval()
+
+    def label_names(self, num_classes: int, dataset: Optional['DatasetInfo'] = None) -> Optional[Sequence[str]]:
+        """timm's ``pretrained_cfg['label_names']`` of these weights: those they state (a Hub folder's, a run's on
+        an image folder: its classes), else those of their dataset (``dataset``, by default the one they name) for
+        ``num_classes`` classes, or None."""
+        from .data import dataset_info
+        stated = self.preprocessing.get('label_names') or (self.meta.get('args') or {}).get('label_names')
+        return stated or (dataset or dataset_info(self.dataset)).label_names(num_classes)
 
 
 def strip_runtime_args(args: Dict[str, Any]) -> Dict[str, Any]:
     """The training arguments of a run without :data:`~sa_vision.train.args.RUNTIME_ARGS`."""
     return {k: v for k, v in args.items() if k not in RUNTIME_ARGS}
-
-
-def _torch_load(path: Path, map_location) -> Any:
-    """``torch.load(weights_only=True)`` that also allows ``argparse.Namespace`` (timm train.py's ``args``)."""
-    try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
-            return torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as e:  # noqa: BLE001  torch.load raises many kinds on a bad file: all become CheckpointError
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ''
-        if 'Unsupported global' in str(e) or 'weights_only' in str(e):
-            # torch's message advises weights_only=False, which would run whatever the pickle names: only the
-            # blocked name is passed on
-            blocked = _BLOCKED_GLOBAL.search(str(e))
-            what = f'the Python object {blocked.group(1)}' if blocked else 'a Python object'
-            raise CheckpointError(
-                f'{path} holds {what}, pickled, which sa_vision refuses to load: unpickling an object from a '
-                f'file of unknown origin can run any code. Checkpoints of sa-vision-train and timm train.py, '
-                f'state dicts and safetensors files load; re-save weights you trust as a state dict or '
-                f'.safetensors') from None
-        raise CheckpointError(
-            f'{path} cannot be read ({type(e).__name__}: {first}): the file is corrupted or truncated, or not a '
-            f'PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
 
 
 def infer_model_args(state_dict: Dict[str, Tensor]) -> Dict[str, Any]:
@@ -204,12 +181,12 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
             f'config.json of a Hub folder'
             + (f'; it holds {BEST_CHECKPOINT}: pass that file, {best}' if best.is_file() else
                ': pass a checkpoint file, a run folder or an exported Hub folder'))
-    config = _read_json(config_path.read_text(), config_path, 'config.json')
+    config = read_json(config_path.read_text(), config_path, 'config.json')
     weights = folder / 'model.safetensors'
     if weights.is_file():
-        state_dict = _read_safetensors(weights)[0]
+        state_dict = read_safetensors(weights)[0]
     elif (folder / 'pytorch_model.bin').is_file():
-        state_dict = _torch_load(folder / 'pytorch_model.bin', 'cpu')
+        state_dict = torch_load(folder / 'pytorch_model.bin', 'cpu')
     else:
         raise CheckpointError(f'Hub folder {folder} has no model.safetensors (nor pytorch_model.bin)')
     if 'architecture' not in config:
@@ -239,30 +216,6 @@ def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return {'pretrained_cfg': cfg, 'dataset': dataset_for_tag(cfg.get('tag') or '')}
 
 
-def _read_json(text: str, path: Path, what: str) -> Any:
-    """``json.loads(text)``, or a CheckpointError naming the file, the part of it and where the JSON breaks."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f'{path}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); '
-                              f'the file was edited or cut short: fix it, or export / save it again') from None
-    if what == 'config.json' and not isinstance(value, dict):
-        raise CheckpointError(f'{path}: config.json must hold a JSON object, got {type(value).__name__}')
-    return value
-
-
-def _read_safetensors(path: Path):
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-    try:
-        with safe_open(str(path), 'pt') as f:
-            metadata = f.metadata() or {}
-        return load_file(str(path)), metadata
-    except Exception as e:  # noqa: BLE001  safetensors raises several kinds on a bad file
-        raise CheckpointError(f'{path} is not a readable safetensors file ({type(e).__name__}: {e}); it is '
-                              f'corrupted or truncated') from None
-
-
 def read_checkpoint(
         source: PathLike,
         arch: Optional[str] = None,
@@ -285,8 +238,8 @@ def read_checkpoint(
         raise CheckpointError(f'{path} does not exist: pass a checkpoint file (last.pth.tar of a run, a state dict, '
                               f'a .safetensors file), a run folder or an exported Hub folder')
     elif path.suffix == '.safetensors':
-        state_dict, metadata = _read_safetensors(path)
-        stored_args = (_read_json(metadata['model_args'], path, "metadata 'model_args'")
+        state_dict, metadata = read_safetensors(path)
+        stored_args = (read_json(metadata['model_args'], path, "metadata 'model_args'")
                        if 'model_args' in metadata else {})
         if not isinstance(stored_args, dict):
             raise CheckpointError(f"{path}: metadata 'model_args' must be a JSON object of create_model keywords, "
@@ -294,7 +247,7 @@ def read_checkpoint(
                                   f'drop the metadata and name the model')
         meta = {k: v for k, v in metadata.items() if k not in ('arch', 'model_args', 'pretrained_cfg')}
         if 'pretrained_cfg' in metadata:  # sa-vision-prune's: the preprocessing of the weights it pruned
-            cfg = _read_json(metadata['pretrained_cfg'], path, "metadata 'pretrained_cfg'")
+            cfg = read_json(metadata['pretrained_cfg'], path, "metadata 'pretrained_cfg'")
             if not isinstance(cfg, dict):
                 raise CheckpointError(f"{path}: metadata 'pretrained_cfg' must be a JSON object of timm's "
                                       f'pretrained_cfg keys, got {type(cfg).__name__}; prune the weights again')
@@ -302,7 +255,7 @@ def read_checkpoint(
         ckpt = _from_state_dict(state_dict, path, 'safetensors', metadata.get('arch') or arch,
                                 {**stored_args, **(model_args or {})}, meta)
     else:
-        obj = _torch_load(path, map_location)
+        obj = torch_load(path, map_location)
         if not isinstance(obj, dict) or not obj:
             raise CheckpointError(f'{path} holds a {type(obj).__name__}, not a checkpoint or a state dict')
         ckpt = _from_loaded_dict(obj, path, arch, model_args or {}, use_ema)

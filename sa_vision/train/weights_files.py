@@ -1,0 +1,66 @@
+""" Reading a weights file without trusting it: ``torch.load`` that unpickles no arbitrary object, safetensors and
+the JSON stored beside weights, each failure a :class:`CheckpointError` that names the file and what to do """
+import argparse
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import UserError
+
+__all__ = ['CheckpointError', 'torch_load', 'read_json', 'read_safetensors']
+
+# the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
+_BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
+
+
+class CheckpointError(UserError):
+    """Weights that are missing, unreadable, incomplete, or do not fit the architecture they claim."""
+
+
+def torch_load(path: Path, map_location) -> Any:
+    """``torch.load(weights_only=True)`` that also allows ``argparse.Namespace`` (timm train.py's ``args``)."""
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001  torch.load raises many kinds on a bad file: all become CheckpointError
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ''
+        if 'Unsupported global' in str(e) or 'weights_only' in str(e):
+            # torch's message advises weights_only=False, which would run whatever the pickle names: only the
+            # blocked name is passed on
+            blocked = _BLOCKED_GLOBAL.search(str(e))
+            what = f'the Python object {blocked.group(1)}' if blocked else 'a Python object'
+            raise CheckpointError(
+                f'{path} holds {what}, pickled, which sa_vision refuses to load: unpickling an object from a '
+                f'file of unknown origin can run any code. Checkpoints of sa-vision-train and timm train.py, '
+                f'state dicts and safetensors files load; re-save weights you trust as a state dict or '
+                f'.safetensors') from None
+        raise CheckpointError(
+            f'{path} cannot be read ({type(e).__name__}: {first}): the file is corrupted or truncated, or not a '
+            f'PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
+
+
+def read_json(text: str, path: Path, what: str) -> Any:
+    """``json.loads(text)``, or a CheckpointError naming the file, the part of it and where the JSON breaks."""
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f'{path}: {what} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); '
+                              f'the file was edited or cut short: fix it, or export / save it again') from None
+    if what == 'config.json' and not isinstance(value, dict):
+        raise CheckpointError(f'{path}: config.json must hold a JSON object, got {type(value).__name__}')
+    return value
+
+
+def read_safetensors(path: Path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    try:
+        with safe_open(str(path), 'pt') as f:
+            metadata = f.metadata() or {}
+        return load_file(str(path)), metadata
+    except Exception as e:  # noqa: BLE001  safetensors raises several kinds on a bad file
+        raise CheckpointError(f'{path} is not a readable safetensors file ({type(e).__name__}: {e}); it is '
+                              f'corrupted or truncated') from None
