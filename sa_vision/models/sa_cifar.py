@@ -192,7 +192,9 @@ class SelfAttentionNet(nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self) -> Set[str]:
-        """Gaussian centres and precision factors are trained without weight decay (paper App. A.4)."""
+        """The Gaussian centres and precision factors, trained without weight decay as in the paper's released code
+        (App. A.4 lists the decay without exceptions). The learned kinds' shift tables are decayed: the paper names no
+        exception for them (timm leaves its relative-position tables undecayed)."""
         return {
             name for name, _ in self.named_parameters()
             if name.endswith((CENTERS, PRECISION_FACTORS))}
