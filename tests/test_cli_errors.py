@@ -253,6 +253,19 @@ def test_an_unknown_keyword_without_a_near_one_lists_the_models_keywords(capsys)
                 assert name in line, (name, line)
 
 
+def test_a_vit_img_size_says_that_any_even_size_is_taken(capsys):
+    """img_size, which a ViT takes: timm.create_model and the commands both say why these models have none."""
+    import timm
+    with pytest.raises(TypeError, match=r"sa_quadratic_cifar\(\) got an unexpected keyword argument 'img_size': it "
+                                        r"takes images of any even size"):
+        timm.create_model('sa_quadratic_cifar', img_size=64)
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--dataset', 'digits', '--model-kwargs',
+                                      'img_size=64'], capsys)
+    assert line.endswith("takes no keyword argument 'img_size' (img_size=64, from --model-kwargs): it takes images "
+                         "of any even size, so it has none; size the data instead (timm's --img-size / "
+                         "--input-size)"), line
+
+
 @pytest.mark.parametrize('argv, message', [
     (['--epochs', '-1'], '--epochs is -1, it must be at least 1'),
     (['--epochs', '0'], '--epochs is 0, it must be at least 1'),

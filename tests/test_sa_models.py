@@ -165,6 +165,12 @@ def test_forward_intermediates_and_features_only():
     assert all(t.shape == (2, SMALL['embed_dim'], 8, 12) for t in intermediates)
     torch.testing.assert_close(final, model.forward_features(x))
     torch.testing.assert_close(intermediates[-1], final.permute(0, 3, 1, 2))
+    # as the ViT family's tokens (B x N x D): the last layer's grid, row by row
+    tokens = model.forward_intermediates(x, indices=[2], output_fmt='NLC', intermediates_only=True)[0]
+    assert tokens.shape == (2, 8 * 12, SMALL['embed_dim'])
+    torch.testing.assert_close(tokens[:, 12 * 3 + 5], final[:, 3, 5])
+    with pytest.raises(ValueError, match="output_fmt must be 'NCHW', 'NHWC' or 'NLC', got 'NCL'"):
+        model.forward_intermediates(x, output_fmt='NCL')
     features = timm.create_model('sa_quadratic_cifar', features_only=True, **dict(SMALL, depth=3, heads_per_layer=2))
     assert features.feature_info.reduction() == [2, 2, 2]
     assert len(features(x)) == 3

@@ -141,7 +141,8 @@ def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Opti
         key = match.group(1)
         source = (kwargs_sources or {}).get(key, '--model-kwargs')
         near = difflib.get_close_matches(key, accepted or [], n=1, cutoff=0.75)
-        hint = (f'did you mean {near[0]!r}?' if near else f'it takes {", ".join(accepted)}' if accepted else
-                str(e))
+        own = str(e)[match.end():].strip(' :')  # the reason the model's builder gives, where it gives one
+        hint = own or (f'did you mean {near[0]!r}?' if near else f'it takes {", ".join(accepted)}' if accepted else
+                       str(e))
         raise UserError(f'{name} takes no keyword argument {key!r} ({key}={kwargs[key]!r}, from {source}): '
                         f'{hint}') from None

@@ -239,9 +239,10 @@ class SelfAttentionNet(nn.Module):
             intermediates_only: bool = False,
     ) -> Union[List[Tensor], Tuple[Tensor, List[Tensor]]]:
         """Forward that also returns the outputs of the selected layers (timm API; ``norm`` is unused: the layers
-        are post-norm). Intermediates are ``output_fmt`` 'NCHW' or 'NHWC'."""
-        if output_fmt not in ('NCHW', 'NHWC'):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NHWC', got '{output_fmt}'")
+        are post-norm). Intermediates are ``output_fmt`` 'NCHW', 'NHWC' or 'NLC' (as the ViT family's tokens: the
+        grid row by row, no class token)."""
+        if output_fmt not in ('NCHW', 'NHWC', 'NLC'):
+            raise ValueError(f"output_fmt must be 'NCHW', 'NHWC' or 'NLC', got '{output_fmt}'")
         check_image_shape(x, self.in_chans)  # the shape passed, before the border (which keeps H, W even)
         x = self.input_pad(x)
         intermediates = []
@@ -257,9 +258,12 @@ class SelfAttentionNet(nn.Module):
             else:
                 x = blk(x)
             if i in take_indices:
-                # grid-major h x w x B x D -> B x D x h x w (NCHW) or B x h x w x D (NHWC)
-                intermediates.append(
-                    x.permute(2, 3, 0, 1).contiguous() if output_fmt == 'NCHW' else x.permute(2, 0, 1, 3))
+                # grid-major h x w x B x D -> B x D x h x w (NCHW), B x h x w x D (NHWC) or B x h*w x D (NLC)
+                if output_fmt == 'NCHW':
+                    intermediates.append(x.permute(2, 3, 0, 1).contiguous())
+                else:
+                    nhwc = x.permute(2, 0, 1, 3)
+                    intermediates.append(nhwc.flatten(1, 2) if output_fmt == 'NLC' else nhwc)
         if intermediates_only:
             return intermediates
         return x.permute(2, 0, 1, 3), intermediates
@@ -322,6 +326,9 @@ DEFAULT_MODEL_OF_KIND: Dict[str, str] = {
 
 
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
+    if 'img_size' in kwargs:  # a ViT's keyword: here the bare TypeError would not say why there is none
+        raise TypeError(f"{variant}() got an unexpected keyword argument 'img_size': it takes images of any even "
+                        f"size, so it has none; size the data instead (timm's --img-size / --input-size)")
     kwargs = {**SA_MODEL_ARGS[variant], **kwargs}
     check_feature_cls(variant, kwargs)
     out_indices = kwargs.pop('out_indices', 3)
