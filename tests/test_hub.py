@@ -21,9 +21,6 @@ import sa_vision  # noqa: F401
 from sa_vision.cli import push_to_hub
 from sa_vision.errors import run_cli
 from sa_vision.hub import (
-    CARD_FIGURE_FILENAME,
-    HUB_FOLDER_FILES,
-    RECIPE_FILENAME,
     HubPublishError,
     check_publish_target,
     export_hub_folder,
@@ -350,8 +347,8 @@ def test_dry_run_stages_exactly_the_expected_files(trained, tmp_path, recording_
     ckpt_path, _ = trained
     out = tmp_path / 'staged'
     assert push_to_hub.main([str(ckpt_path), '--dry-run', '--out-dir', str(out)]) == 0
-    # config.json, model.safetensors, README.md, the recipe, and the card's attention figure
-    expected = set(HUB_FOLDER_FILES) | {RECIPE_FILENAME, CARD_FIGURE_FILENAME}
+    # the timm Hub folder, the recipe, and the card's attention figure: written out, not the code's own constants
+    expected = {'config.json', 'model.safetensors', 'README.md', 'recipe.yaml', 'attention.png'}
     assert {p.name for p in out.iterdir()} == expected
     printed = capsys.readouterr().out
     assert all(name in printed for name in expected) and 'nothing uploaded' in printed
@@ -434,7 +431,8 @@ def test_publish_uploads_the_folder_to_its_repository_in_one_commit(trained, tmp
     ckpt_path, _ = trained
     assert push_to_hub.main([str(ckpt_path), '--out-dir', str(tmp_path / 'staged'), '--no-figure']) == 0
     assert recording_api.calls == ['whoami', ('create_repo', DIGITS_REPO),
-                                   ('upload_folder', DIGITS_REPO, sorted({*HUB_FOLDER_FILES, RECIPE_FILENAME}))]
+                                   ('upload_folder', DIGITS_REPO,
+                                    ['README.md', 'config.json', 'model.safetensors', 'recipe.yaml'])]
     assert 'hf_secret_value_never_printed' not in capsys.readouterr().out
 
 

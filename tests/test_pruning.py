@@ -136,17 +136,13 @@ def test_pruned_cifar10_weights_are_labelled_as_the_heads_they_keep(tmp_path, ca
     torch.save({'version': 2, 'arch': 'sa_gen_cifar', 'model_args': {}, 'dataset': 'torch/cifar10',
                 'state_dict': timm.create_model('sa_gen_cifar').state_dict()}, source)
     paper_layout = [','.join(map(str, range(1, 10 - k))) for k in PRUNED_HEADS_PER_LAYER]  # heads from 1
-    for heads in (paper_layout, ['1', '', '', '', '', '']):
+    for heads, tag in ((paper_layout, 'cifar10'), (['1', '', '', '', '', ''], 'cifar10_custom')):
         out = tmp_path / f'{len(heads[0])}.safetensors'
         assert prune_script.main([str(source), '--heads', *heads, '--out', str(out)]) == 0
         printed = capsys.readouterr().out
-        try:
-            timm.create_model('sa_gen_pruned').load_state_dict(read_checkpoint(out).state_dict, strict=True)
-            tag = 'cifar10'
-        except RuntimeError:
-            tag = 'cifar10_custom'
         assert read_checkpoint(out).meta['pretrained_cfg']['tag'] == tag and f"tag='{tag}'" in printed, printed
-    assert tag == 'cifar10_custom'
+        if tag == 'cifar10':  # the registered model's weights indeed
+            timm.create_model('sa_gen_pruned').load_state_dict(read_checkpoint(out).state_dict, strict=True)
 
 
 @pytest.mark.slow

@@ -96,6 +96,8 @@ def test_checkpoint_filter_fn_renames(arch):
     reference, _ = _trained(arch)
     filtered = checkpoint_filter_fn(_old_names(reference.state_dict()), _fresh(arch))
     assert list(filtered) == list(reference.state_dict())
+    for key, value in reference.state_dict().items():  # each tensor under its own new name, not another's
+        assert torch.equal(filtered[key], value), key
 
 
 @pytest.mark.parametrize('released_embedding', [False, True], ids=['our_embedding', 'released_embedding'])

@@ -107,11 +107,13 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path, caplog, cap
 def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp_path, caplog, capsys):
     """DDP averages the two processes' gradients: 2 x 32 images per step train the same weights as 1 x 64.
 
-    Without DDP each process would train on its own half and the saved (rank 0) weights would differ."""
+    Without DDP each process would train on its own half and the saved (rank 0) weights would differ. SGD, not the
+    recipe's AdamW, whose steps do not change with the gradients' scale: summed gradients would pass under it."""
+    sgd = ['--opt', 'momentum', '--lr', '0.1']
     torchrun = shutil.which('torchrun')
     cmd = [torchrun] if torchrun else [sys.executable, '-m', 'torch.distributed.run']
     cmd += ['--standalone', '--nproc_per_node', '2', '-m', 'sa_vision.cli.train',
-            *map(str, _mechanics_args(tmp_path, 'ddp', 1)), '-b', 32, '--workers', '0', '--export']
+            *map(str, _mechanics_args(tmp_path, 'ddp', 1)), '-b', 32, '--workers', '0', '--export', *sgd]
     proc = subprocess.run(list(map(str, cmd)), cwd=ROOT, env=_env(), capture_output=True, text=True,
                           timeout=HANG_TIMEOUT_S)
     log = proc.stdout + proc.stderr
@@ -119,7 +121,7 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     assert '2 process(es) on cpu' in log
     result = result_of(log)
     assert result['num_images'] == 360  # the two evaluation shards are summed over the processes
-    run_train(caplog, capsys, _mechanics_args(tmp_path, 'single', 1))  # -b 64 in one process
+    run_train(caplog, capsys, [*_mechanics_args(tmp_path, 'single', 1), *sgd])  # -b 64 in one process
     ddp, single = load_ckpt(tmp_path / 'ddp' / 'last.pth.tar'), load_ckpt(tmp_path / 'single' / 'last.pth.tar')
     assert ddp['num_updates'] == single['num_updates'] == 1437 // 64
     for key, value in single['state_dict'].items():
