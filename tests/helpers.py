@@ -136,10 +136,15 @@ def untraceable_autocast_availability(monkeypatch) -> None:
     monkeypatch.setattr(torch.amp, 'is_autocast_available', asked)
 
 
+BF16_EPS = torch.finfo(torch.bfloat16).eps  # 2**-7: bf16 keeps 8 bits of mantissa
+
+
 def assert_bf16_close(out, ref, grads, ref_grads, params) -> None:
-    """A bf16 autocast output and float32 gradients against a float32 reference, within bf16's rounding."""
+    """A bf16 autocast output and float32 gradients against a float32 reference, each within 4 bf16 epsilons (3.1 %)
+    of its largest value. Measured over 40 seeds of the attention tests (an AMD CPU with avx512_bf16): outputs
+    within 0.8 %, gradients within 1.0 % (5 % of the largest value and of each, allowed before, was 6-10x that)."""
     assert out.dtype == torch.bfloat16
-    torch.testing.assert_close(out.float(), ref, rtol=0.05, atol=0.05)
+    torch.testing.assert_close(out.float(), ref, rtol=0, atol=4 * BF16_EPS * ref.abs().max().item())
     for g, rg, p in zip(grads, ref_grads, params):
         assert g.dtype == p.dtype
-        torch.testing.assert_close(g, rg, rtol=0.05, atol=0.05 * rg.abs().max().item())
+        torch.testing.assert_close(g, rg, rtol=0, atol=4 * BF16_EPS * rg.abs().max().item())

@@ -7,7 +7,7 @@ import timm
 import timm.optim
 import torch
 from float32_bounds import assert_network_float32_close, sa_model_reduction_lengths
-from helpers import CONTENT_FREE_MODELS, SA_MODELS
+from helpers import BF16_EPS, CONTENT_FREE_MODELS, SA_MODELS
 from torch import nn
 
 import sa_vision  # noqa: F401  (registers the models)
@@ -458,6 +458,7 @@ def test_bfloat16_autocast_trains_and_matches_float32(name):
     logits.float().sum().backward()
     assert all(p.grad is not None and p.grad.dtype == torch.float32 and p.grad.isfinite().all()
                for p in model.parameters())
-    assert (logits.float() - expected).norm() <= 0.05 * expected.norm()
+    # 3 bf16 epsilons (2.3 %) in norm: measured within 0.73 % over 15 seeds of each model (AMD, avx512_bf16)
+    assert (logits.float() - expected).norm() <= 3 * BF16_EPS * expected.norm()
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
-        assert (model.eval()(x).float() - expected).norm() <= 0.05 * expected.norm()
+        assert (model.eval()(x).float() - expected).norm() <= 3 * BF16_EPS * expected.norm()
