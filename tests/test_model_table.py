@@ -23,3 +23,37 @@ def test_models_are_chosen_with_m_as_in_the_other_commands(capsys):
     assert model_table.main(['-m', 'resnet18_cifar', '--format', 'csv']) == 0
     (row,) = csv.DictReader(io.StringIO(capsys.readouterr().out))
     assert row['model'] == 'resnet18_cifar' and int(row['params']) == 11_173_962  # timm's resnet18, CIFAR stem
+
+
+def _hand_counted_macs(heads_per_layer, attention: str) -> int:
+    """MACs of a full-size attention model on a 32x32 image, counted by hand from the paper's architecture (Sec. 4,
+    App. A.4): a 2x2 patch embedding to D=400 on a 16x16 grid (N=256 tokens), per layer the Value of its heads
+    (heads x D -> D), the output projection, the MLP (400 -> 512 -> 400) and the attention's sums, then the
+    classifier. The separable sums mix a row and a column (16 + 16 keys a query), the dense ones all 256 keys;
+    the learned kind maps its row and column shift tables to scores (16 x 16 pairs each), the generalized one forms
+    each head's 2x2 matrix S S^T (8 MACs)."""
+    n, d, mlp, grid = 256, 400, 512, 16
+    total = n * (2 * 2 * 3) * d + d * 10
+    for heads in heads_per_layer:
+        total += n * (heads * d * d + d * d + 2 * d * mlp)
+        if attention == 'dense':
+            total += heads * n * n * d + heads * 8
+        else:
+            total += heads * n * 2 * grid * d
+        if attention == 'learned':
+            total += 2 * grid * grid * d * heads
+    return total
+
+
+@pytest.mark.parametrize('name, heads_per_layer, attention', [
+    ('sa_quadratic_cifar', [9] * 6, 'separable'),
+    ('sa_gen_cifar', [9] * 6, 'dense'),
+    ('sa_gen_pruned', [7, 5, 8, 7, 3, 9], 'dense'),  # the heads kept of 9 (App. A.1: [2,4,1,2,6,0] pruned)
+    ('sa_learned_cifar', [9] * 6, 'learned'),
+])
+def test_the_tables_macs_are_the_hand_counted_ones(name, heads_per_layer, attention, capsys):
+    import csv
+    import io
+    assert model_table.main(['-m', name, '--format', 'csv']) == 0
+    (row,) = csv.DictReader(io.StringIO(capsys.readouterr().out))
+    assert round(float(row['gmacs']) * 1e9) == _hand_counted_macs(heads_per_layer, attention)
