@@ -98,7 +98,7 @@ def main(argv=None):
           f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
     if kind == 'generalized' and tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and pruned.embed_dim == 400:
         print('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
-    border, cfg = _preprocessing(source, pruned) if source is not None and _states_preprocessing(source) else ({}, {})
+    border, cfg = _preprocessing(source, pruned) if source is not None else ({}, {})
     model_args = save_pruned(pruned, args.out, heads, model_args=border, pretrained_cfg=cfg)
     arch = pruned_arch(kind)
     print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
@@ -119,24 +119,25 @@ def _heads_argument(values: List[str], heads_per_layer: Sequence[int]) -> List[L
         raise PruningError(f'--heads: {e}') from None
 
 
-def _states_preprocessing(source: Checkpoint) -> bool:
-    """Whether ``source`` says how it was fed; a bare weights file does not, and the pruned file then records no
-    preprocessing rather than its architecture's CIFAR-10 defaults (a warning says how to keep the source's)."""
-    if source.preprocessing or source.dataset:
-        return True
+def _warn_of_no_preprocessing(source: Checkpoint) -> None:
+    """The pruned file of a bare weights file, which says nothing of how it was fed, records no preprocessing rather
+    than its architecture's CIFAR-10 defaults: a warning says how to keep the source's."""
     folder = Path(source.source).parent
     hint = (f'prune its Hub folder (local-dir:{folder}) to keep the input size, mean / std and border its '
             f'config.json states' if (folder / 'config.json').is_file() else
             'loaders will feed the pruned weights with the architecture\'s defaults (CIFAR-10\'s)')
     print(f'warning: {source.source} states no preprocessing (no dataset, input size or mean / std), so the pruned '
           f'file records none; {hint}', file=sys.stderr)
-    return False
 
 
 def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(model_args its weights do not show, timm's pretrained_cfg) of the pruned weights: what the Hub export would
-    write of them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the source was."""
+    write of them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the source was;
+    none where the source states none."""
     from sa_vision.hub.export import exported_config
+    if not (source.preprocessing or source.dataset):
+        _warn_of_no_preprocessing(source)
+        return {}, {}
     border = {k: v for k, v in source.model_args.items() if k.startswith('input_pad')}
     # labelled as the pruned file's own model (its kept heads), not the source's
     ckpt = Checkpoint(*pruned_model_args(pruned, border), pruned.state_dict(), source.source, source.format,
