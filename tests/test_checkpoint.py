@@ -162,6 +162,21 @@ def test_a_refused_pickle_names_the_blocked_object_and_never_advises_unsafe_load
     assert 'weights_only' not in message and 'False' not in message and 'succeed' not in message, message
 
 
+def test_a_file_that_is_no_checkpoint_is_called_unreadable_not_a_refused_pickle(tmp_path):
+    """Text, or a cut checkpoint: torch's message for any file it cannot unpickle under weights_only names
+    weights_only, which is no reason to call the file a refused Python object."""
+    torch.save(timm.create_model('sa_quadratic_cifar', **SMALL).state_dict(), tmp_path / 'whole.pth')
+    whole = (tmp_path / 'whole.pth').read_bytes()
+    (tmp_path / 'text.pth').write_text('x\n')
+    (tmp_path / 'cut.pth').write_bytes(whole[:len(whole) // 2])
+    for name in ('text.pth', 'cut.pth'):
+        with pytest.raises(CheckpointError) as refused:
+            read_checkpoint(tmp_path / name)
+        message = str(refused.value)
+        assert message.startswith(f'{tmp_path / name} cannot be read (') and 'corrupted or truncated' in message
+        assert 'pickled' not in message and 'weights_only' not in message, message
+
+
 def test_an_unknown_model_name_is_called_unknown(tmp_path):
     """--model with a typo: 'unknown model' and the registered name meant, not 'pass weights of <the typo>'."""
     from sa_vision.models import UnknownModelError

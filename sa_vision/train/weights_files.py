@@ -14,6 +14,8 @@ __all__ = ['CheckpointError', 'torch_load', 'read_json', 'read_safetensors']
 
 # the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
 _BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
+# what torch's weights_only unpickler says broke, in its message's 'WeightsUnpickler error: <reason>'
+_UNPICKLER_ERROR = re.compile(r'WeightsUnpickler error:\s*(.+)')
 
 
 class CheckpointError(UserError):
@@ -26,20 +28,24 @@ def torch_load(path: Path, map_location) -> Any:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001  torch.load raises many kinds on a bad file: all become CheckpointError
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ''
-        if 'Unsupported global' in str(e) or 'weights_only' in str(e):
+        text = str(e)
+        blocked = _BLOCKED_GLOBAL.search(text)
+        if blocked or 'Unsupported global' in text:
             # torch's message advises weights_only=False, which would run whatever the pickle names: only the
             # blocked name is passed on
-            blocked = _BLOCKED_GLOBAL.search(str(e))
             what = f'the Python object {blocked.group(1)}' if blocked else 'a Python object'
             raise CheckpointError(
                 f'{path} holds {what}, pickled, which sa_vision refuses to load: unpickling an object from a '
                 f'file of unknown origin can run any code. Checkpoints of sa-vision-train and timm train.py, '
                 f'state dicts and safetensors files load; re-save weights you trust as a state dict or '
                 f'.safetensors') from None
+        # any file torch cannot unpickle under weights_only is "Weights only load failed": the unpickler's own words
+        # say what broke, without torch's advice to load it unsafely
+        detail = _UNPICKLER_ERROR.search(text)
+        reason = detail.group(1).strip() if detail else (text.strip().splitlines() or [''])[0]
         raise CheckpointError(
-            f'{path} cannot be read ({type(e).__name__}: {first}): the file is corrupted or truncated, or not a '
-            f'PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
+            f'{path} cannot be read ({type(e).__name__}: {reason[:300]}): the file is corrupted or truncated, or '
+            f'not a PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
 
 
 def read_json(text: str, path: Path, what: str) -> Any:
