@@ -90,6 +90,10 @@ def _run(main, argv, capsys):
     (validate, ['--checkpoint', 'sa_quadratic_cifar', '--dataset', 'digits'], 'sa_quadratic_cifar does not exist'),
     (validate, ['--checkpoint', KEPT_RESNET, '--model-kwargs', 'stem_type=deep', '--dataset', 'digits'],
      "CifarResNet has no stem_type 'deep'"),
+    # checked before the evaluation, which it would otherwise follow with a traceback
+    (validate, ['--checkpoint', KEPT_RESNET, '--results-file', '{tmp}'], 'is a folder: name the file to write'),
+    (validate, ['--checkpoint', KEPT_RESNET, '--results-file', ROOT / 'pyproject.toml' / 'r.csv'],
+     'pyproject.toml is a file'),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',
         'plot-out-below-a-file', 'plot-table-format', 'plot-zoom-0', 'plot-trajectory-of-two-kinds',
         'prune-missing-file',
@@ -105,7 +109,8 @@ def _run(main, argv, capsys):
         'benchmark-unknown-profile', 'benchmark-odd-img-size', 'benchmark-fused-unavailable',
         'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file', 'explore-out-not-html',
         'validate-unknown-model', 'validate-name-without-weights',
-        'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type'])
+        'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type',
+        'validate-results-file-is-a-folder', 'validate-results-file-below-a-file'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
     status, err = _run(script.main, [str(a).replace('{tmp}', str(tmp_path)) for a in argv], capsys)
     assert status == 2, err

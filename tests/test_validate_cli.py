@@ -151,7 +151,7 @@ def test_timms_validate_options_say_where_they_work_and_the_result_goes_to_its_r
         assert run_cli(validate.main, [*weights, *extra]) == 2
         assert capsys.readouterr().err.strip().splitlines()[-1].startswith(expected)
     for results_format in ('csv', 'json'):
-        path = tmp_path / f'results.{results_format}'
+        path = tmp_path / 'results' / f'results.{results_format}'  # its folder is made, as sa-vision-benchmark's
         assert validate.main([*weights, '--results-file', str(path), '--results-format', results_format]) == 0
         printed = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
         written = (json.loads(path.read_text()) if results_format == 'json'

@@ -29,6 +29,7 @@ import torch
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import UserError, command
+from sa_vision.io import file_problem
 from sa_vision.train.args import ModelKwargs, add_threads_argument, check_least_values, refuse_unknown
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
@@ -137,6 +138,9 @@ def main(argv=None):
         refuse_unknown(parser, unknown, 'sa-vision-validate', 'validate.py', TIMM_VALIDATE_ONLY, own={},
                        note=(TIMM_PREPROCESSING, ' (it feeds the weights what their training fed them)'))
     check_least_values(args)
+    problem = args.results_file and file_problem(args.results_file)  # before the evaluation, not after it
+    if problem:
+        raise UserError(f'--results-file {args.results_file}: {problem}')
     import_device_modules(args.device_modules)
     args.device = resolve_device(args.device)
     apply_threads(args)
@@ -183,7 +187,9 @@ def main(argv=None):
 
 
 def _write_results(path: str, results_format: str, result: dict) -> None:
-    """The result as timm's validate.py writes its --results-file: a JSON object, or a CSV header and row."""
+    """The result as timm's validate.py writes its --results-file: a JSON object, or a CSV header and row (its
+    folder is made, as sa-vision-benchmark makes its results file's)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     with open(path, 'w', newline='') as f:
         if results_format == 'json':
             json.dump(result, f, indent=4)
