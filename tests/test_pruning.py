@@ -343,3 +343,23 @@ def test_pruning_a_bare_weights_file_records_no_preprocessing_and_names_its_fold
     assert next(line for line in captured.out.splitlines() if line.startswith('wrote')).endswith('(sa_gen_pruned)')
     ckpt = read_checkpoint(out)
     assert ckpt.preprocessing == {} and ckpt.dataset == ''
+
+
+def test_out_never_writes_into_the_weights_it_prunes(tmp_path, capsys):
+    """--out naming the file pruned, or a file in the Hub folder pruned, would replace the source's weights (a run's
+    last.pth.tar then no longer resumes): refused before anything is written, the source left as it was."""
+    import shutil
+
+    from sa_vision.cli import prune as prune_script
+    from sa_vision.errors import run_cli
+    source = tmp_path / 'full.pth'
+    torch.save(timm.create_model('sa_gen_cifar', embed_dim=16, depth=1, mlp_hidden_dim=32).state_dict(), source)
+    folder = tmp_path / 'hub'
+    shutil.copytree(os.path.join(ROOT, 'zoo', 'fashion-mnist-cpu', 'sa_gen_cifar'), folder)
+    kept = {path: path.read_bytes() for path in (source, folder / 'model.safetensors')}
+    for given, out in ((str(source), source), (f'local-dir:{folder}', folder / 'model.safetensors'),
+                       (str(folder), folder / 'pruned.safetensors')):
+        assert run_cli(prune_script.main, [given, '--heads', '1', '--out', str(out)]) == 2  # refused before --heads
+        assert 'would write into the weights it prunes' in capsys.readouterr().err
+    assert all(path.read_bytes() == data for path, data in kept.items())
+    assert not (folder / 'pruned.safetensors').exists()

@@ -74,6 +74,9 @@ def main(argv=None):
         check_thresholds(args.max_eigenvalue_below, args.max_condition)
 
     path = weights_path(args.source)
+    if path is not None and _writes_into_source(Path(args.out), path):
+        raise PruningError(f'--out {args.out} would write into the weights it prunes ({path}): name a file outside '
+                           f'them, e.g. {path.with_name(path.stem.split(".")[0] + "_pruned.safetensors")}')
     source = read_checkpoint(path) if path is not None else None
     model = source.create_model() if source is not None else load_model(args.source, pretrained=args.pretrained)
     kind = attention_layers(model)[0].kind
@@ -104,6 +107,13 @@ def main(argv=None):
     print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
     print(_timm_usage(arch, args.out, model_args, cfg))
     return 0
+
+
+def _writes_into_source(out: Path, source: Path) -> bool:
+    """Whether ``out`` is the weights file pruned, or lies in the run or Hub folder pruned (a pruned file there would
+    replace its checkpoint or weights, or sit beside them as if it were the folder's)."""
+    out, source = out.resolve(), source.resolve()
+    return out == source or (source.is_dir() and source in out.parents)
 
 
 def _heads_argument(values: List[str], heads_per_layer: Sequence[int]) -> List[List[int]]:
