@@ -280,8 +280,23 @@ def test_a_vit_img_size_says_that_any_even_size_is_taken(capsys):
     (['--lr', '-0.1'], '--lr is -0.1, it must be at least 0'),
     (['--log-interval', '0'], '--log-interval is 0, it must be at least 1'),
     (['--threads', '-2'], '--threads is -2, it must be at least 1'),
+    # what torch and timm refuse deep inside, or train on without a word
+    (['--lr', 'nan'], '--lr is nan, it must be a finite number'),
+    (['--lr', 'inf'], '--lr is inf, it must be a finite number'),
+    (['--momentum', '-1'], '--momentum is -1.0, it must be at least 0.0'),
+    (['--weight-decay', '-1'], '--weight-decay is -1.0, it must be at least 0.0'),
+    (['--smoothing', '1.5'], '--smoothing is 1.5, it must be less than 1.0'),
+    (['--drop', '1'], '--drop is 1.0, it must be less than 1.0'),
+    (['--drop-path', '1.5'], '--drop-path is 1.5, it must be less than 1.0'),
+    (['--hflip', '3'], '--hflip is 3.0, it must be at most 1.0'),
+    (['--clip-grad', '-1'], '--clip-grad is -1.0, it must be more than 0.0'),
+    (['--num-classes', '0'], '--num-classes is 0, it must be at least 1'),
+    (['--img-size', '0'], '--img-size is 0, it must be at least 1'),
+    (['--warmup-epochs', '-1'], '--warmup-epochs is -1.0, it must be at least 0.0'),
+    (['--sched', 'step', '--decay-epochs', '0'], '--decay-epochs is 0.0, it must be more than 0.0'),
+    (['--train-crop-padding', '-3'], '--train-crop-padding is -3, it must be at least 0'),
 ])
-def test_train_numbers_below_their_least_value_are_one_error_line(argv, message, tmp_path, capsys):
+def test_train_numbers_out_of_their_range_are_one_error_line(argv, message, tmp_path, capsys):
     line = _one_error(_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path, *argv], capsys)
     assert line.startswith(f'error: {message}') and 'recipe sa_quadratic_cifar_digits' in line, line
     assert not any(tmp_path.iterdir())
@@ -292,7 +307,16 @@ def test_least_values_are_allowed():
 
     from sa_vision.train.args import check_least_values
     check_least_values(argparse.Namespace(epochs=1, batch_size=1, validation_batch_size=None, workers=0, threads=None,
-                                          log_interval=1, lr=0.))
+                                          log_interval=1, lr=0., hflip=1., momentum=0., smoothing=0.99,
+                                          train_crop_padding=0, clip_grad=1e-9))
+
+
+@pytest.mark.parametrize('main', ['train', 'validate'])
+def test_a_device_module_python_cannot_find_is_one_error_line(main, tmp_path, capsys):
+    main, argv = ((_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path]) if main == 'train' else
+                  (validate.main, ['--checkpoint', KEPT_SA]))
+    line = _one_error(main, [*argv, '--device-modules', 'no_such_backend'], capsys)
+    assert line.startswith("error: --device-modules no_such_backend: no module 'no_such_backend' in this Python"), line
 
 
 @pytest.mark.parametrize('argv, message', [

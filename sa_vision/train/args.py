@@ -5,7 +5,6 @@ the run's ``recipe.yaml`` (``-c recipe.yaml`` repeats the run) and taken from th
 """
 import argparse
 import copy
-import difflib
 import os
 from types import MappingProxyType
 from typing import AbstractSet, Mapping, Optional, Tuple
@@ -13,15 +12,16 @@ from typing import AbstractSet, Mapping, Optional, Tuple
 from timm.utils import ParseKwargs
 
 from ..errors import RecipeError, UserError
+from .arg_values import VALUE_BOUNDS, check_least_values, check_scheduler
 from .data import TRAIN_SPLIT
 from .optimizer import FUSED_OPTIMIZERS
 from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
 from .runtime import COMPILE_MODES, available_cores, default_threads
-from .timm_args import LOCAL, TIMM_SCHEDULERS, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
+from .timm_args import LOCAL, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
-    'build_parser', 'parse_over', 'argument_names', 'add_threads_argument', 'check_scheduler', 'LEAST_VALUES',
+    'build_parser', 'parse_over', 'argument_names', 'add_threads_argument', 'check_scheduler', 'VALUE_BOUNDS',
     'check_least_values', 'ModelKwargs', 'refuse_unknown',
 ]
 
@@ -41,10 +41,6 @@ RESOLVED_ARGS = frozenset({'amp_used', 'amp_reason', 'torchcompile_used', 'torch
                            'label_names'})  # an image folder's classes, in timm's label order
 # left out of published recipes: a recipe reproduces the run anywhere and leaks no local paths
 RUNTIME_ARGS = PROCESS_ARGS | LOCAL_ARGS | TIMM_LOCAL_ARGS | RESOLVED_ARGS
-# the least value of the numbers below which timm and torch fail only deep inside (the scheduler's bare
-# AssertionError, the DataLoader's ValueError, a division by zero), of sa-vision-train and sa-vision-validate
-LEAST_VALUES = {'epochs': 1, 'batch_size': 1, 'validation_batch_size': 1, 'workers': 0, 'threads': 1,
-                'log_interval': 1, 'val_interval': 1, 'lr': 0.}
 
 
 class ModelKwargs(ParseKwargs):
@@ -362,39 +358,3 @@ def _misc_arguments(group) -> None:
                        help='after training, write a Hub folder (timm format + model card) to <run>/hub')
     group.add_argument('--target-top1', type=float, default=None,
                        help='exit with status 1 if the final top-1 is below this (for smoke runs)')
-
-
-def check_scheduler(sched: str, sched_on_updates: bool, val_interval: int = 1, warmup_epochs: float = 0.) -> None:
-    """A :class:`RecipeError` for a ``--sched`` timm does not know (naming the ones it does) or a schedule it cannot
-    step as asked; run before anything is built, where timm would only fail at the end of the first epoch, or
-    train an epoch at the warm-up's first lr."""
-    if sched not in TIMM_SCHEDULERS:
-        near = difflib.get_close_matches(sched, TIMM_SCHEDULERS, n=1, cutoff=0.6)
-        raise RecipeError(f'--sched {sched!r} is not a scheduler of timm' + (f' (did you mean {near[0]!r}?)' if near
-                          else '') + f'; timm\'s schedulers are {", ".join(TIMM_SCHEDULERS)}')
-    if sched == 'plateau' and sched_on_updates:
-        raise RecipeError("--sched plateau lowers the lr when the evaluation metric stops improving, once per epoch: "
-                          "add --no-sched-on-updates (the recipe's sched_on_updates: false)")
-    if sched == 'plateau' and val_interval > 1:
-        # its patience counts evaluations: --val-interval would change the training, which it must not
-        raise RecipeError(f'--sched plateau lowers the lr when the evaluation metric stops improving, so it needs an '
-                          f'evaluation every epoch; --val-interval {val_interval} would make its patience '
-                          f'{val_interval}x as many epochs: leave --val-interval at 1')
-    if sched != 'none' and not sched_on_updates and warmup_epochs % 1:
-        # stepped per epoch, timm's warm-up gives epoch 0 its first lr (--warmup-lr, 0 in the recipes) and epoch 1
-        # the full one: a fraction of a warm-up epoch becomes a whole epoch at that lr
-        raise RecipeError(f'--warmup-epochs {warmup_epochs} is a fraction of an epoch, but --no-sched-on-updates steps '
-                          f'the schedule once per epoch: epoch 0 would train at --warmup-lr alone. Give whole '
-                          f'warm-up epochs (--warmup-epochs {int(warmup_epochs)} or {int(warmup_epochs) + 1}), or '
-                          f'step per update (--sched-on-updates)')
-
-
-def check_least_values(args) -> None:
-    """A :class:`RecipeError` for a number of ``args`` below its :data:`LEAST_VALUES` (given on the command line or
-    by a recipe); arguments that ``args`` lacks or leaves at None are not checked."""
-    for name, least in LEAST_VALUES.items():
-        value = getattr(args, name, None)
-        if value is not None and value < least:
-            recipe = getattr(args, 'config', '')
-            raise RecipeError(f'--{name.replace("_", "-")} is {value}, it must be at least {least}'
-                              + (f' (from the command line or recipe {recipe})' if recipe else ''))

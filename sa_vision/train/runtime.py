@@ -9,6 +9,7 @@ import functools
 import importlib
 import os
 import statistics
+import sys
 import time
 from datetime import timedelta
 from typing import Callable, Dict, List, Optional, Tuple
@@ -59,7 +60,13 @@ def import_device_modules(modules) -> None:
     """Import ``--device-modules`` (as timm's train.py does, first): a package that registers models, datasets or a
     device type (a torch backend such as torch_npu), so before ``--device`` is resolved."""
     for module in modules or ():
-        importlib.import_module(module)
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (module == e.name or module.startswith(e.name + '.')):  # its own import's: as is
+                raise
+            raise UserError(f'--device-modules {module}: no module {e.name!r} in this Python ({sys.executable}); '
+                            f'install the package that provides it, or check the name') from None
 
 
 def resolve_device(requested: Optional[str] = None) -> str:

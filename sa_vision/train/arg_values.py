@@ -1,0 +1,86 @@
+""" The values the training arguments may take, checked before any work (on the command line or from a recipe):
+one :class:`RecipeError` naming the argument, where torch and timm would fail only deep inside, or train on
+nonsense without a word """
+import difflib
+import math
+from typing import Dict, NamedTuple, Optional
+
+from ..errors import RecipeError
+from .timm_args import TIMM_SCHEDULERS
+
+__all__ = ['Bounds', 'VALUE_BOUNDS', 'check_least_values', 'check_scheduler']
+
+
+class Bounds(NamedTuple):
+    """The values a number may take, each bound inclusive (``least`` / ``most``) or not (``above`` / ``below``)."""
+    least: Optional[float] = None
+    above: Optional[float] = None
+    most: Optional[float] = None
+    below: Optional[float] = None
+
+    def breach(self, value) -> Optional[str]:
+        """What is wrong with ``value``, in words, or None."""
+        if isinstance(value, float) and not math.isfinite(value):
+            return 'it must be a finite number'
+        if self.least is not None and value < self.least:
+            return f'it must be at least {self.least}'
+        if self.above is not None and value <= self.above:
+            return f'it must be more than {self.above}'
+        if self.most is not None and value > self.most:
+            return f'it must be at most {self.most}'
+        if self.below is not None and value >= self.below:
+            return f'it must be less than {self.below}'
+        return None
+
+
+_PROBABILITY = Bounds(least=0., most=1.)
+_RATE = Bounds(least=0., below=1.)  # a share dropped or smoothed away: all of it would leave nothing to learn
+# the numbers of sa-vision-train, -validate and -benchmark (each checks those it takes) that timm and torch refuse
+# only deep inside (the scheduler's bare AssertionError, the DataLoader's ValueError, a division by zero) or take
+# without a word: a negative --clip-grad turns the gradients round, --num-classes 0 trains no classifier
+VALUE_BOUNDS: Dict[str, Bounds] = {
+    'epochs': Bounds(least=1), 'batch_size': Bounds(least=1), 'validation_batch_size': Bounds(least=1),
+    'workers': Bounds(least=0), 'threads': Bounds(least=1), 'log_interval': Bounds(least=1),
+    'val_interval': Bounds(least=1), 'num_classes': Bounds(least=1), 'img_size': Bounds(least=1),
+    'lr': Bounds(least=0.), 'warmup_lr': Bounds(least=0.), 'min_lr': Bounds(least=0.),
+    'momentum': Bounds(least=0., most=1.), 'weight_decay': Bounds(least=0.), 'clip_grad': Bounds(above=0.),
+    'warmup_epochs': Bounds(least=0.), 'decay_epochs': Bounds(above=0.), 'train_crop_padding': Bounds(least=0),
+    'hflip': _PROBABILITY, 'smoothing': _RATE, 'drop': _RATE, 'drop_path': _RATE,
+}
+
+
+def check_scheduler(sched: str, sched_on_updates: bool, val_interval: int = 1, warmup_epochs: float = 0.) -> None:
+    """A :class:`RecipeError` for a ``--sched`` timm does not know (naming the ones it does) or a schedule it cannot
+    step as asked; run before anything is built, where timm would only fail at the end of the first epoch, or
+    train an epoch at the warm-up's first lr."""
+    if sched not in TIMM_SCHEDULERS:
+        near = difflib.get_close_matches(sched, TIMM_SCHEDULERS, n=1, cutoff=0.6)
+        raise RecipeError(f'--sched {sched!r} is not a scheduler of timm' + (f' (did you mean {near[0]!r}?)' if near
+                          else '') + f'; timm\'s schedulers are {", ".join(TIMM_SCHEDULERS)}')
+    if sched == 'plateau' and sched_on_updates:
+        raise RecipeError("--sched plateau lowers the lr when the evaluation metric stops improving, once per epoch: "
+                          "add --no-sched-on-updates (the recipe's sched_on_updates: false)")
+    if sched == 'plateau' and val_interval > 1:
+        # its patience counts evaluations: --val-interval would change the training, which it must not
+        raise RecipeError(f'--sched plateau lowers the lr when the evaluation metric stops improving, so it needs an '
+                          f'evaluation every epoch; --val-interval {val_interval} would make its patience '
+                          f'{val_interval}x as many epochs: leave --val-interval at 1')
+    if sched != 'none' and not sched_on_updates and warmup_epochs % 1:
+        # stepped per epoch, timm's warm-up gives epoch 0 its first lr (--warmup-lr, 0 in the recipes) and epoch 1
+        # the full one: a fraction of a warm-up epoch becomes a whole epoch at that lr
+        raise RecipeError(f'--warmup-epochs {warmup_epochs} is a fraction of an epoch, but --no-sched-on-updates steps '
+                          f'the schedule once per epoch: epoch 0 would train at --warmup-lr alone. Give whole '
+                          f'warm-up epochs (--warmup-epochs {int(warmup_epochs)} or {int(warmup_epochs) + 1}), or '
+                          f'step per update (--sched-on-updates)')
+
+
+def check_least_values(args) -> None:
+    """A :class:`RecipeError` for a number of ``args`` outside its :data:`VALUE_BOUNDS` (given on the command line
+    or by a recipe); arguments that ``args`` lacks or leaves at None are not checked."""
+    for name, bounds in VALUE_BOUNDS.items():
+        value = getattr(args, name, None)
+        problem = None if value is None or isinstance(value, bool) else bounds.breach(value)
+        if problem:
+            recipe = getattr(args, 'config', '')
+            raise RecipeError(f'--{name.replace("_", "-")} is {value}, {problem}'
+                              + (f' (from the command line or recipe {recipe})' if recipe else ''))
