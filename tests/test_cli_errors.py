@@ -311,6 +311,16 @@ def test_least_values_are_allowed():
                                           train_crop_padding=0, clip_grad=1e-9))
 
 
+@pytest.mark.parametrize('main', ['train', 'benchmark'])
+def test_a_compile_backend_torch_does_not_know_is_one_error_line(main, tmp_path, capsys):
+    main, argv = ((_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path]) if main == 'train' else
+                  (benchmark_script.main, ['-m', 'resnet18_cifar', '--bench', 'inference']))
+    line = _one_error(main, [*argv, '--torchcompile', 'inductr'], capsys)
+    assert line.startswith("error: --torchcompile 'inductr' is not a backend of torch.compile (did you mean "
+                           "'inductor'?)"), line
+    assert not any(tmp_path.iterdir())
+
+
 @pytest.mark.parametrize('main', ['train', 'validate'])
 def test_a_device_module_python_cannot_find_is_one_error_line(main, tmp_path, capsys):
     main, argv = ((_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path]) if main == 'train' else

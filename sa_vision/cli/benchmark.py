@@ -37,7 +37,8 @@ from sa_vision.io import atomic_write_text, file_problem
 from sa_vision.layers.triton_mixing import kernel_problem
 from sa_vision.measure import RESULTS_FORMATS, format_results
 from sa_vision.measure import benchmark as sab
-from sa_vision.train.args import ModelKwargs, check_least_values
+from sa_vision.train.arg_values import check_compile_backend, check_least_values
+from sa_vision.train.args import ModelKwargs
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,6 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _check_args(args, compare, device) -> None:
     """Refuse what would fail only after models were built or timed (the timings would be lost)."""
     check_least_values(args)
+    check_compile_backend(args.torchcompile)
     problem = args.results_file and file_problem(args.results_file)
     if problem:
         raise UserError(f'--results-file {args.results_file}: {problem}')

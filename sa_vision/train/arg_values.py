@@ -8,7 +8,7 @@ from typing import Dict, NamedTuple, Optional
 from ..errors import RecipeError
 from .timm_args import TIMM_SCHEDULERS
 
-__all__ = ['Bounds', 'VALUE_BOUNDS', 'check_least_values', 'check_scheduler']
+__all__ = ['Bounds', 'VALUE_BOUNDS', 'check_compile_backend', 'check_least_values', 'check_scheduler']
 
 
 class Bounds(NamedTuple):
@@ -84,3 +84,18 @@ def check_least_values(args) -> None:
             recipe = getattr(args, 'config', '')
             raise RecipeError(f'--{name.replace("_", "-")} is {value}, {problem}'
                               + (f' (from the command line or recipe {recipe})' if recipe else ''))
+
+
+def check_compile_backend(backend: Optional[str]) -> None:
+    """A :class:`RecipeError` for a ``--torchcompile`` backend torch.compile does not know, asked once
+    ``--device-modules`` (which may register one) are imported; torch's own InvalidBackend ends in a traceback."""
+    if backend is None or backend == 'auto':
+        return
+    import torch._dynamo
+    if backend in torch._dynamo.list_backends(exclude_tags=()):
+        return
+    usual = torch._dynamo.list_backends()
+    near = difflib.get_close_matches(backend, usual, n=1, cutoff=0.6)
+    raise RecipeError(f'--torchcompile {backend!r} is not a backend of torch.compile'
+                      + (f' (did you mean {near[0]!r}?)' if near else '') + f'; its backends are {", ".join(usual)}, '
+                      f'or auto (a package that registers one goes in --device-modules)')

@@ -30,7 +30,7 @@ from ..io import atomic_folder
 from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from ..tables import plural
-from .args import check_least_values, check_scheduler
+from .arg_values import check_compile_backend, check_least_values, check_scheduler
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
 from .data import (
     check_dataset,
@@ -176,6 +176,7 @@ def _set_up_process(args) -> None:
                   train_split=args.train_split, eval_split=args.val_split)
     threads = apply_threads(args)
     import_device_modules(args.device_modules)
+    check_compile_backend(args.torchcompile)
     init_distributed(args)
     configure_backends(args)
     _log(args, f'Threads: {threads} (--threads {args.threads or "default"})')
