@@ -311,6 +311,20 @@ def test_least_values_are_allowed():
                                           train_crop_padding=0, clip_grad=1e-9))
 
 
+@pytest.mark.parametrize('text, message', [
+    ('model: [unclosed\nepochs: 2\n', "is not valid YAML (expected ',' or ']', but got ':' at line 2 column 7)"),
+    ('model_kwargs: [embed_dim, 32]\n', "model_kwargs in recipe {recipe} is ['embed_dim', 32], it must be a mapping"),
+    ('epochs: ten\n', "--epochs is 'ten' in recipe {recipe}, it must be a whole number"),
+    ('lr: fast\n', "--lr is 'fast' in recipe {recipe}, it must be a number"),
+], ids=['yaml', 'model-kwargs-list', 'epochs-text', 'lr-text'])
+def test_a_recipe_of_broken_yaml_or_wrong_kinds_is_one_error_line_naming_it(text, message, tmp_path, capsys):
+    recipe = tmp_path / 'recipe.yaml'
+    recipe.write_text(text)
+    line = _one_error(_train_main(), ['-c', recipe, '--output', tmp_path / 'out'], capsys)
+    assert message.format(recipe=recipe) in line and str(recipe) in line, line
+    assert not (tmp_path / 'out').exists()
+
+
 @pytest.mark.parametrize('main', ['train', 'benchmark'])
 def test_a_compile_backend_torch_does_not_know_is_one_error_line(main, tmp_path, capsys):
     main, argv = ((_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path]) if main == 'train' else

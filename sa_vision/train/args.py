@@ -110,6 +110,7 @@ def parse_over(defaults: dict, argv, source: str = 'the recipe') -> argparse.Nam
     """``argv`` parsed over ``defaults`` (a recipe's, a resumed run's: ``source`` names them for errors): a
     command-line ``--model-kwargs`` updates their ``model_kwargs`` instead of replacing them."""
     parser = build_parser(defaults)
+    _check_default_types(parser, defaults, source)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         refuse_unknown(parser, unknown)
@@ -152,6 +153,23 @@ def _check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace, so
         if action.choices is not None and value is not None and value not in action.choices:
             raise RecipeError(f'{action.option_strings[0]} is {value!r} in {source}, it must be one of '
                               f'{", ".join(map(str, action.choices))}')
+
+
+def _check_default_types(parser: argparse.ArgumentParser, defaults: dict, source: str) -> None:
+    """A :class:`RecipeError` for a value of ``source`` (a recipe's, a resumed run's) of the wrong kind: argparse
+    would convert a text default with no word of where it came from, and ``model_kwargs`` must be a mapping."""
+    kwargs = defaults.get('model_kwargs')
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise RecipeError(f'model_kwargs in {source} is {kwargs!r}, it must be a mapping of keyword: value '
+                          f'(model_kwargs: {{embed_dim: 16}})')
+    for action in parser._actions:
+        value = defaults.get(action.dest)
+        if isinstance(value, str) and action.type in (int, float):
+            try:
+                action.type(value)
+            except ValueError:
+                raise RecipeError(f'{action.option_strings[0]} is {value!r} in {source}, it must be '
+                                  f'{"a whole number" if action.type is int else "a number"}') from None
 
 
 def argument_names() -> frozenset:

@@ -44,7 +44,13 @@ def load_recipe(name: Union[str, os.PathLike]) -> Dict[str, Any]:
     import yaml
     path = recipe_path(str(name))
     with open(path) as f:
-        recipe = yaml.safe_load(f) or {}
+        try:
+            recipe = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:
+            where = getattr(e, 'problem_mark', None)
+            raise RecipeError(f'recipe {path} is not valid YAML ({getattr(e, "problem", None) or e}'
+                              + (f' at line {where.line + 1} column {where.column + 1}' if where else '')
+                              + '): fix the file') from None
     if not isinstance(recipe, dict):
         raise RecipeError(f'recipe {path} must be a mapping of argument names to values, got {type(recipe).__name__}')
     return {k.replace('-', '_'): v for k, v in recipe.items()}
