@@ -91,7 +91,8 @@ def test_a_recipe_names_no_run_folder(dataset, tmp_path):
     """A recipe holds training arguments: the run folder is named as a run without --experiment is,
     ``<date>-<time>-<model>-<dataset>`` (docs/training.md), so the digits recipe run on Fashion-MNIST is not
     written into a folder named for the digits."""
-    from sa_vision.train.state import parse_run_args, run_folder
+    from sa_vision.train.run_folder import run_folder
+    from sa_vision.train.state import parse_run_args
     for name in SHIPPED:
         assert not {'experiment', 'output'} & set(load_recipe(name)), name
     args = parse_run_args(['-c', 'sa_quadratic_cifar_digits', '--output', str(tmp_path),

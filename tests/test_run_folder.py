@@ -18,7 +18,7 @@ from sa_vision.train import loop
 from sa_vision.train.args import build_parser
 from sa_vision.train.checkpoint import read_checkpoint
 from sa_vision.train.recipes import RECIPE_DIR
-from sa_vision.train.state import run_folder, write_run_files
+from sa_vision.train.run_folder import run_folder, write_run_files
 
 ROOT = Path(__file__).resolve().parent.parent
 DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
@@ -72,13 +72,13 @@ def test_runs_that_found_the_same_folder_empty_never_share_it(tmp_path, monkeypa
     """Two runs checked the same folder before either wrote into it (started in the same second, or the same
     --experiment): the first claims it; the second, named for the time, takes ``-1`` as timm's get_outdir(inc=True)
     does, and with an --experiment is refused, the first run's files left as they were."""
-    import sa_vision.train.state as state
+    import sa_vision.train.run_folder as folders
 
-    class Frozen(state.datetime):
+    class Frozen(folders.datetime):
         @classmethod
         def now(cls, tz=None):
             return cls(2026, 11, 27, 6, 0, 0)
-    monkeypatch.setattr(state, 'datetime', Frozen)
+    monkeypatch.setattr(folders, 'datetime', Frozen)
     timed = [build_parser().parse_args(['--output', str(tmp_path), '--seed', str(seed)]) for seed in (1, 2)]
     found = [run_folder(args, None) for args in timed]
     assert found[0] == found[1]

@@ -44,6 +44,7 @@ from .data import (
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate_epoch, evaluated_after, evaluation_module
 from .optimizer import resolve_opt_fused
+from .run_folder import resume_hint_on_interrupt, run_folder, write_run_files
 from .runtime import (
     apply_threads,
     configure_backends,
@@ -66,11 +67,8 @@ from .state import (
     parse_run_args,
     resolve_model_args,
     restore,
-    resume_hint_on_interrupt,
-    run_folder,
     save_epoch,
     save_epoch_weights,
-    write_run_files,
 )
 
 _logger = logging.getLogger('train')

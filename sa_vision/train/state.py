@@ -1,12 +1,9 @@
 """ A run's state: its arguments (recipe, resumed run, command line), its model's arguments and initial weights,
-its folder, the files it writes there every epoch and what ``--resume`` restores from them """
+the files it writes every epoch into its folder (:mod:`.run_folder`) and what ``--resume`` restores from them """
 import argparse
-import contextlib
-import itertools
 import json
 import shlex
 import sys
-from datetime import datetime
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -16,7 +13,7 @@ from timm.scheduler import PlateauLRScheduler
 from timm.utils import update_summary
 
 from ..errors import UserError
-from ..io import atomic_duplicate, atomic_torch_save, atomic_write, folder_problem, plain_data
+from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
 from ..models import infer_sa_model_args
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
 from .checkpoint import (
@@ -35,8 +32,7 @@ from .evaluation import EVAL_METRICS
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
-           'checkpoint_dict', 'run_folder', 'write_run_files', 'save_epoch_weights', 'save_epoch', 'metric_text',
-           'resume_hint_on_interrupt']
+           'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'metric_text']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -293,76 +289,6 @@ def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs
         'best': best,
         'dataset': args.dataset,
     }
-
-
-def run_folder(args, resume_ckpt) -> Path:
-    """The run folder: a resumed run's own, else ``--output/--experiment``, which must be new or empty (without
-    ``--experiment``: named for the time, the model and the dataset; :func:`write_run_files` claims it)."""
-    if resume_ckpt is not None:
-        resumed = Path(resume_ckpt.source)  # --resume may name the run folder; kept as given (relative) for the log
-        run_dir, last = resumed.parent, resumed.parent / RUN_CHECKPOINT
-        if resumed.resolve() != last.resolve() and last.is_file():
-            raise UserError(f'--resume {args.resume}: a run continues from its latest checkpoint, {last}; from '
-                            f'{resumed.name} its folder would hold epochs of two histories. Resume from {last}, or '
-                            f'start a new run from these weights: --initial-checkpoint {resumed} --experiment NEW')
-        moved = [f'--{k} {new}' for k, (_, new) in args.resume_changes.items() if k in ('output', 'experiment')]
-        named = Path(args.output) / (args.experiment or run_dir.name)  # a run moved (copied) names its new place
-        if moved and named.resolve() != run_dir.resolve():
-            # timm's train.py would write the rest of the run elsewhere: here the folder holds the whole run
-            raise UserError(f'--resume continues the run in its own folder, {run_dir}, not where {" ".join(moved)} '
-                            f'says. Drop {" and ".join(m.split()[0] for m in moved)}, or start a new run there from '
-                            f'these weights: --initial-checkpoint {resumed} {" ".join(moved)}')
-        return run_dir
-    problem = folder_problem(args.output)
-    if problem:
-        raise UserError(f'--output {args.output}: {problem}; pass --output a folder you can write to')
-    run_dir = Path(args.output) / (args.experiment or '-'.join([
-        datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
-    # refused, not renamed as timm's get_outdir(inc=True) would: a run is found by its --experiment (the docs,
-    # sa-vision-reproduce), and a silent "-1" folder would leave the old files looking like this run's
-    if run_dir.is_dir() and any(run_dir.iterdir()):
-        held = sorted(p.name for p in run_dir.iterdir())
-        last = run_dir / RUN_CHECKPOINT
-        go_on = (f'Continue it with --resume {last}, or start' if last.is_file() else
-                 f'It has no {RUN_CHECKPOINT} (killed before its first epoch ended?): delete it, or start')
-        raise UserError(f'the run folder {run_dir} already holds a run ({", ".join(held[:6])}'
-                        f'{", ..." if len(held) > 6 else ""}); a new run would overwrite it. {go_on} a new one '
-                        f'with another --experiment (or --output)')
-    return run_dir
-
-
-def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
-    """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run), in
-    the folder returned. A new run's ``args.yaml`` claims its folder, made only where none is there: where another
-    run claimed ``run_dir`` since :func:`run_folder` found it empty, one named for the time is claimed as
-    ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an ``--experiment`` is refused before anything is
-    written."""
-    for suffix in itertools.count():
-        folder = run_dir.with_name(f'{run_dir.name}-{suffix}') if suffix else run_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        try:
-            f = open(folder / 'args.yaml', 'x' if new_run else 'w')
-            break
-        except FileExistsError:
-            if args.experiment:
-                raise UserError(f'another run started in {folder} while this one set up; start this one with '
-                                f'another --experiment (or --output)') from None
-    with f:
-        yaml.safe_dump(args_as_saved(args), f, sort_keys=False)
-    with open(folder / 'recipe.yaml', 'w') as f:
-        yaml.safe_dump(run_recipe(args), f, sort_keys=False)
-    return folder
-
-
-@contextlib.contextmanager
-def resume_hint_on_interrupt(run_dir: Path):
-    """Ctrl-C ends the epochs with how to go on, which :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
-    try:
-        yield
-    except KeyboardInterrupt:
-        last = run_dir / RUN_CHECKPOINT
-        raise KeyboardInterrupt(f'continue from its last finished epoch with --resume {last}' if last.is_file() else
-                                f'no epoch had finished: delete {run_dir} and start again') from None
 
 
 def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) -> None:
