@@ -325,6 +325,18 @@ def test_a_recipe_of_broken_yaml_or_wrong_kinds_is_one_error_line_naming_it(text
     assert not (tmp_path / 'out').exists()
 
 
+def test_initial_checkpoint_takes_timms_local_dir_name_and_says_how_to_get_hub_weights(tmp_path, capsys):
+    """--initial-checkpoint local-dir:<folder> is that folder (said not to exist before); hf-hub:<repo> is refused
+    with how to download it, as --model hf-hub: is."""
+    args = parse_run_args(['-c', 'sa_quadratic_cifar_digits', '--initial-checkpoint', f'local-dir:{KEPT_SA}'])[0]
+    assert args.initial_checkpoint == str(KEPT_SA)
+    line = _one_error(_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path, '--initial-checkpoint',
+                                      'hf-hub:sa-vision/sa_quadratic_cifar.cifar10'], capsys)
+    assert line == ('error: --initial-checkpoint hf-hub:sa-vision/sa_quadratic_cifar.cifar10: sa-vision-train starts '
+                    'from downloaded weights: download the repository (hf download '
+                    'sa-vision/sa_quadratic_cifar.cifar10 --local-dir DIR) and pass --initial-checkpoint DIR'), line
+
+
 @pytest.mark.parametrize('main', ['train', 'benchmark'])
 def test_a_compile_backend_torch_does_not_know_is_one_error_line(main, tmp_path, capsys):
     main, argv = ((_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path]) if main == 'train' else

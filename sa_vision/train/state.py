@@ -80,11 +80,16 @@ def _model_of_weights_name(args) -> Optional[str]:
     """``--model local-dir:<folder>``, as timm's train.py takes it, made the folder's architecture with the arguments
     of its config.json, and with ``--pretrained`` its weights, which ``--initial-checkpoint <folder>`` loads: the
     run's checkpoints and export then name an architecture that rebuilds the model, not a folder. Returns the name
-    given (None for a model name)."""
-    if args.model.startswith(HF_HUB_PREFIX):
-        raise UserError(f'--model {args.model}: sa-vision-train starts from downloaded weights: download the '
-                        f'repository (hf download {args.model[len(HF_HUB_PREFIX):]} --local-dir DIR) '
-                        f'and pass --model local-dir:DIR --pretrained')
+    given (None for a model name). ``--initial-checkpoint local-dir:<folder>`` is the folder; ``hf-hub:`` names are
+    refused for either, with how to download them."""
+    initial = str(args.initial_checkpoint or '')
+    for option, name, instead in (('--model', args.model, '--model local-dir:DIR --pretrained'),
+                                  ('--initial-checkpoint', initial, '--initial-checkpoint DIR')):
+        if name.startswith(HF_HUB_PREFIX):
+            raise UserError(f'{option} {name}: sa-vision-train starts from downloaded weights: download the '
+                            f'repository (hf download {name[len(HF_HUB_PREFIX):]} --local-dir DIR) and pass {instead}')
+    if initial.startswith(LOCAL_DIR_PREFIX):  # timm's name of a Hub folder, which --initial-checkpoint reads as such
+        args.initial_checkpoint = str(weights_path(initial))
     folder = weights_path(args.model) if args.model.startswith(LOCAL_DIR_PREFIX) else None
     if folder is None:
         return None
