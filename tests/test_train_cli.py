@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import HANG_TIMEOUT_S, command, command_here, fashion_mnist_test_images, keeping_threads
+from helpers import HANG_TIMEOUT_S, command, command_here, fashion_mnist_test_images, keeping_threads, train_here
 
 pytest.importorskip('sklearn')
 
@@ -289,6 +289,16 @@ def test_a_fraction_of_a_warm_up_epoch_stepped_per_epoch_is_a_recipe_error(tmp_p
                                           r'steps .* \(--warmup-epochs 0 or 1\), or step per update'):
         training.main(list(map(str, argv)))
     assert not any(tmp_path.iterdir())
+
+
+def test_resuming_a_finished_run_says_that_nothing_is_left_to_train(adamw_run, tmp_path, caplog, capsys):
+    import shutil
+    run = tmp_path / 'adamw'
+    shutil.copytree(adamw_run.parent, run)
+    status, log = train_here(caplog, capsys, '--resume', run / 'last.pth.tar')
+    assert status == 0 and (f'Resuming {run} at epoch 2, update 44: the run is finished (2 epochs), nothing is left to '
+                            f'train (a larger --epochs goes on); its result follows') in log, log[-2000:]
+    assert '\nEpoch ' not in log and 'Top-1 on the digits test split' in log
 
 
 def test_resume_reports_explicit_changes_only(adamw_run):

@@ -73,6 +73,12 @@ from .state import (
 
 _logger = logging.getLogger('train')
 
+def _finished_note(epochs_done: int, num_epochs: int) -> str:
+    """What the resume line adds for a run that has done all its epochs: only its evaluation is reported again."""
+    return (f': the run is finished ({plural(num_epochs, "epoch")}), nothing is left to train (a larger --epochs '
+            f'goes on); its result follows' if epochs_done >= num_epochs else '')
+
+
 def _log(args, msg):
     if is_primary(args):
         _logger.info(msg)
@@ -108,7 +114,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     start_epoch, num_updates, history, best = 0, 0, [], None
     if resume_ckpt is not None:
         start_epoch, num_updates, history, best = restore(resume_ckpt, model, optimizer, lr_scheduler, loss_scaler)
-        log(f'Resuming {run_dir} at epoch {start_epoch}, update {num_updates}')
+        log(f'Resuming {run_dir} at epoch {start_epoch}, update {num_updates}{_finished_note(start_epoch, num_epochs)}')
         if (run_dir / 'hub').is_dir() and not args.export:
             log(f'note: {run_dir / "hub"} stays the export of an earlier epoch (its README.md says which); '
                 f'--export replaces it')
