@@ -59,6 +59,12 @@ def test_a_second_run_into_a_run_folder_is_refused_before_anything_is_written(tm
         loop.main(['-c', str(DIGITS_RECIPE), '--output', str(tmp_path), '--experiment', 'run'])
     assert f'--resume {run / "last.pth.tar"}' in str(refused.value) and 'another --experiment' in str(refused.value)
     assert _files(run) == before
+    # one without a checkpoint may be training its first epoch now: deleting it is advice for a killed one only
+    (run / 'last.pth.tar').unlink()
+    with pytest.raises(UserError, match='already holds a run') as refused:
+        loop.main(['-c', str(DIGITS_RECIPE), '--output', str(tmp_path), '--experiment', 'run'])
+    assert ('It has no last.pth.tar: a run still in its first epoch, or one killed before that ended (then delete '
+            'it); or start a new one with another --experiment') in str(refused.value), str(refused.value)
 
 
 def test_a_new_or_empty_run_folder_is_taken(tmp_path):

@@ -44,7 +44,8 @@ def run_folder(args, resume_ckpt) -> Path:
         held = sorted(p.name for p in run_dir.iterdir())
         last = run_dir / RUN_CHECKPOINT
         go_on = (f'Continue it with --resume {last}, or start' if last.is_file() else
-                 f'It has no {RUN_CHECKPOINT} (killed before its first epoch ended?): delete it, or start')
+                 f'It has no {RUN_CHECKPOINT}: a run still in its first epoch, or one killed before that ended '
+                 f'(then delete it); or start')
         raise UserError(f'the run folder {run_dir} already holds a run ({", ".join(held[:6])}'
                         f'{", ..." if len(held) > 6 else ""}); a new run would overwrite it. {go_on} a new one '
                         f'with another --experiment (or --output)')
