@@ -92,8 +92,9 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     over the built-in ones."""
     parser = argparse.ArgumentParser(
         description="Train sa_vision models with timm parts. The defaults shown are those in force: without -c, "
-                    "the paper's batch and schedule on CIFAR-10 (App. A.4: lr 0.1 for batch 100, 15 warm-up epochs, "
-                    "cosine per step over 300 epochs), not timm's; with -c NAME|FILE --help, the recipe's.",
+                    "the paper's batch and schedule for CIFAR-10 (App. A.4: lr 0.1 for batch 100, 15 warm-up epochs, "
+                    "cosine per step over 300 epochs), not timm's, on the offline digits unless --dataset says "
+                    "otherwise (torch/cifar10 for the paper's data); with -c NAME|FILE --help, the recipe's.",
         parents=[build_config_parser()], formatter_class=_DefaultsHelpFormatter)
     for title, add in (('Dataset parameters', _dataset_arguments), ('Model parameters', _model_arguments),
                        ('Optimizer parameters', _optimizer_arguments),
