@@ -107,6 +107,9 @@ def _check_args(args, compare, device) -> None:
     """Refuse what would fail only after models were built or timed (the timings would be lost)."""
     check_least_values(args)
     check_compile_backend(args.torchcompile)
+    if args.amp and args.precision != 'float32':  # autocast of a half-precision model fails in its first layer
+        raise UserError(f'--amp autocasts a float32 model to --amp-dtype; --precision {args.precision} makes the '
+                        f'model {args.precision} itself: pass one of them')
     problem = args.results_file and file_problem(args.results_file)
     if problem:
         raise UserError(f'--results-file {args.results_file}: {problem}')

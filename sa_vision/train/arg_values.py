@@ -46,6 +46,8 @@ VALUE_BOUNDS: Dict[str, Bounds] = {
     'momentum': Bounds(least=0., most=1.), 'weight_decay': Bounds(least=0.), 'clip_grad': Bounds(above=0.),
     'warmup_epochs': Bounds(least=0.), 'decay_epochs': Bounds(above=0.), 'train_crop_padding': Bounds(least=0),
     'hflip': _PROBABILITY, 'smoothing': _RATE, 'drop': _RATE, 'drop_path': _RATE,
+    'num_warm_iter': Bounds(least=0), 'num_bench_iter': Bounds(least=1), 'runs': Bounds(least=0),  # 0: no timing
+    'matmul_size': Bounds(least=1),
 }
 
 
