@@ -67,6 +67,11 @@ def test_a_second_run_into_a_run_folder_is_refused_before_anything_is_written(tm
             'it); or start a new one with another --experiment') in str(refused.value), str(refused.value)
 
 
+def test_an_empty_output_is_the_default_folder_as_in_timm():
+    """timm's train.py defaults --output to '' and writes to ./output/train then; '' wrote into the current folder."""
+    assert build_parser().parse_args(['--output', '']).output == build_parser().parse_args([]).output == 'output/train'
+
+
 def test_a_new_or_empty_run_folder_is_taken(tmp_path):
     (tmp_path / 'empty').mkdir()
     for name in ('new', 'empty'):

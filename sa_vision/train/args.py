@@ -220,6 +220,14 @@ def _torchcompile_mode(value):
     return text
 
 
+DEFAULT_OUTPUT = 'output/train'
+
+
+def _output_folder(value: str) -> str:
+    """``--output``: an empty one is the default folder, as timm's train.py takes its own default of ''."""
+    return value or DEFAULT_OUTPUT
+
+
 def _dataset_arguments(group) -> None:
     group.add_argument('--data-dir', metavar='DIR', default=None,
                        help='dataset root: download target of torch/ datasets or the ImageFolder (train/, validation/)')
@@ -366,7 +374,8 @@ def _misc_arguments(group) -> None:
                             '(default 1: every epoch; --sched plateau needs 1). Unlike train.py every epoch still '
                             'writes last.pth.tar, which --resume continues, and its row of summary.csv; '
                             'model_best.pth.tar is the best of the evaluated epochs')
-    group.add_argument('--output', default='output/train', type=str, metavar='PATH', help='runs are written here')
+    group.add_argument('--output', default=DEFAULT_OUTPUT, type=_output_folder, metavar='PATH',
+                       help='runs are written here')
     group.add_argument('--experiment', default='', type=str, metavar='NAME', help='run folder name')
     group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
                        help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
