@@ -195,3 +195,33 @@ def test_the_best_metric_is_printed_as_the_eval_lines_print_it(tmp_path, eval_me
     save_epoch(ckpt, torch.nn.Linear(1, 1), SimpleNamespace(save_epoch_weights=False, eval_metric=eval_metric),
                tmp_path, {'loss': 0.5}, lines.append)
     assert f'Best {eval_metric} so far ({shown}): {tmp_path / "model_best.pth.tar"}' in lines
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='fcntl locks: Linux and macOS')
+def test_a_run_another_process_is_training_is_not_resumed_into_it(tmp_path, caplog, capsys):
+    """Two processes resuming one run would write the same checkpoints: while one trains (it holds the run's
+    args.yaml, as here a stand-in process does), another's --resume is refused before it writes anything; once that
+    one has ended, the resume goes on. A run lets its folder go when its epochs end."""
+    import subprocess
+    import sys
+
+    from helpers import HANG_TIMEOUT_S
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-2000:]
+    run = tmp_path / 'run'
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, sys, time\n'
+                               f'f = open({str(run / "args.yaml")!r}, "a")\n'
+                               'fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n'
+                               'print("held", flush=True)\ntime.sleep(60)\n'], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'held\n'  # so this process let the folder go after its epoch
+        before = _files(run)
+        status, log = train_here(caplog, capsys, '--resume', run / 'last.pth.tar', '--epochs', '2')
+        assert status == 2 and (f'another sa-vision-train is running in {run}: let it finish or stop it, then '
+                                f'continue the run with --resume {run / "last.pth.tar"}') in log, log[-2000:]
+        assert _files(run) == before
+    finally:
+        holder.kill()
+        holder.wait(timeout=HANG_TIMEOUT_S)
+    status, log = train_here(caplog, capsys, '--resume', run / 'last.pth.tar', '--epochs', '2')
+    assert status == 0 and read_checkpoint(run).meta['epoch'] == 2, log[-2000:]

@@ -44,7 +44,7 @@ from .data import (
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data, set_epoch
 from .evaluation import evaluate_epoch, evaluated_after, evaluation_module
 from .optimizer import resolve_opt_fused
-from .run_folder import resume_hint_on_interrupt, run_folder, write_run_files
+from .run_folder import run_folder, training_in, write_run_files
 from .runtime import (
     apply_threads,
     configure_backends,
@@ -127,7 +127,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
     metrics = resume_ckpt.meta.get('metrics') if resume_ckpt else None
-    with resume_hint_on_interrupt(run_dir):
+    with training_in(run_dir):
         for epoch in range(start_epoch, num_epochs):
             seed_epoch(args.seed, epoch, args.rank)
             set_epoch(train_loader, epoch)

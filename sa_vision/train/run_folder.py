@@ -1,9 +1,10 @@
-""" A run's folder: where a new or resumed run writes (refusing one that holds another run), the files that claim
-it, and the advice Ctrl-C leaves there """
+""" A run's folder: where a new or resumed run writes (refusing one that holds another run, or that another
+process is training in), the files that claim it, and the advice Ctrl-C leaves there """
 import contextlib
 import itertools
 from datetime import datetime
 from pathlib import Path
+from typing import IO, Dict
 
 import yaml
 
@@ -12,7 +13,7 @@ from ..io import folder_problem
 from .checkpoint import RUN_CHECKPOINT
 from .state import args_as_saved, run_recipe
 
-__all__ = ['run_folder', 'write_run_files', 'resume_hint_on_interrupt']
+__all__ = ['run_folder', 'write_run_files', 'training_in']
 
 
 def run_folder(args, resume_ckpt) -> Path:
@@ -57,10 +58,13 @@ def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
     the folder returned. A new run's ``args.yaml`` claims its folder, made only where none is there: where another
     run claimed ``run_dir`` since :func:`run_folder` found it empty, one named for the time is claimed as
     ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an ``--experiment`` is refused before anything is
-    written."""
+    written. The folder is then held for this process's epochs (:func:`training_in`): another process resuming the
+    run is refused meanwhile."""
     for suffix in itertools.count():
         folder = run_dir.with_name(f'{run_dir.name}-{suffix}') if suffix else run_dir
         folder.mkdir(parents=True, exist_ok=True)
+        if not new_run:  # before its args.yaml is rewritten
+            _hold(folder)
         try:
             f = open(folder / 'args.yaml', 'x' if new_run else 'w')
             break
@@ -70,17 +74,50 @@ def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
                                 f'another --experiment (or --output)') from None
     with f:
         yaml.safe_dump(args_as_saved(args), f, sort_keys=False)
+    if new_run:
+        _hold(folder)
     with open(folder / 'recipe.yaml', 'w') as f:
         yaml.safe_dump(run_recipe(args), f, sort_keys=False)
     return folder
 
 
+# the run folders this process trains in: their args.yaml open and locked (flock) until their epochs end
+# (training_in), the process ends, or this process claims the folder again (a run of it that raised before its epochs)
+_HELD: Dict[Path, IO] = {}
+
+
+def _hold(folder: Path) -> None:
+    """Hold ``folder`` for this process's run: another sa-vision-train resuming it (its checkpoints, its args.yaml)
+    is refused while this one runs. Advisory, Linux and macOS (fcntl); elsewhere nothing is held."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    key = folder.resolve()
+    if key in _HELD:
+        _HELD.pop(key).close()
+    held = open(folder / 'args.yaml', 'a')
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.close()
+        raise UserError(f'another sa-vision-train is running in {folder}: let it finish or stop it, then continue '
+                        f'the run with --resume {folder / RUN_CHECKPOINT}') from None
+    _HELD[key] = held
+
+
 @contextlib.contextmanager
-def resume_hint_on_interrupt(run_dir: Path):
-    """Ctrl-C ends the epochs with how to go on, which :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
+def training_in(run_dir: Path):
+    """The epochs of a run in ``run_dir``, which :func:`write_run_files` held for this process (no other resumes it
+    meanwhile) and which is let go after them; Ctrl-C ends them with how to go on, which
+    :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
     try:
         yield
     except KeyboardInterrupt:
         last = run_dir / RUN_CHECKPOINT
         raise KeyboardInterrupt(f'continue from its last finished epoch with --resume {last}' if last.is_file() else
                                 f'no epoch had finished: delete {run_dir} and start again') from None
+    finally:
+        held = _HELD.pop(run_dir.resolve(), None)
+        if held is not None:
+            held.close()
