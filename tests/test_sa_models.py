@@ -125,14 +125,24 @@ def test_inconsistent_heads_per_layer_is_an_error():
         timm.create_model('sa_quadratic_cifar', depth=3, heads_per_layer=(1, 2))
 
 
-def test_a_global_pool_other_than_avg_or_none_is_an_error_at_creation_and_reset():
-    with pytest.raises(ValueError, match="'avg' or ''"):
-        timm.create_model('sa_quadratic_cifar', global_pool='max')
+def test_a_global_pool_timm_does_not_have_here_is_an_error_at_creation_and_reset():
+    with pytest.raises(ValueError, match="'avg', 'max', 'avgmax' or ''.*got 'token'; these models have no class token"):
+        timm.create_model('sa_quadratic_cifar', global_pool='token')
     model = small_model('sa_quadratic_cifar')
-    with pytest.raises(ValueError, match="'avg' or ''"):
-        model.reset_classifier(5, 'max')
+    with pytest.raises(ValueError, match="got 'map'"):
+        model.reset_classifier(5, 'map')
     model.reset_classifier(5, '')
     assert model.global_pool == '' and model.forward_head(torch.zeros(2, 3, 3, model.embed_dim)).shape == (2, 3, 3, 5)
+
+
+def test_max_and_avgmax_pool_the_grid_as_timms_poolings_do():
+    model = small_model('sa_quadratic_cifar').eval()
+    grid = torch.randn(2, 3, 4, model.embed_dim)  # B x h x w x D, as forward_features gives it
+    flat = grid.flatten(1, 2)
+    for pool, expected in (('avg', flat.mean(1)), ('max', flat.max(1).values),
+                           ('avgmax', (flat.mean(1) + flat.max(1).values) / 2)):
+        model.reset_classifier(0, pool)
+        torch.testing.assert_close(model.forward_head(grid), expected)
 
 
 def test_no_weight_decay_lists_gaussian_centres_and_precision_factors():
@@ -154,7 +164,7 @@ def test_reset_classifier_and_global_pool():
     model.reset_classifier(0, '')
     assert model(x).shape == (2, 8, 8, SMALL['embed_dim'])
     with pytest.raises(ValueError, match='global_pool'):
-        model.reset_classifier(0, 'max')
+        model.reset_classifier(0, 'token')
 
 
 def test_forward_intermediates_and_features_only():

@@ -17,9 +17,14 @@ def checked_heads_per_layer(heads_per_layer: Union[int, Sequence[int]], depth: i
     return heads
 
 
+# the poolings over the grid timm's ViT also takes ('avgmax': the mean of the two, as timm's); no class token to take
+GLOBAL_POOLS = ('avg', 'max', 'avgmax', '')
+
+
 def checked_global_pool(global_pool: str) -> str:
-    if global_pool not in ('avg', ''):
-        raise ValueError(f"global_pool must be 'avg' or '', got {global_pool!r}")
+    if global_pool not in GLOBAL_POOLS:
+        raise ValueError(f"global_pool must be 'avg', 'max', 'avgmax' or '' (the grid kept), got {global_pool!r}"
+                         + ('; these models have no class token' if global_pool == 'token' else ''))
     return global_pool
 
 

@@ -120,7 +120,8 @@ class SelfAttentionNet(nn.Module):
     Args:
         in_chans: Image channels C.
         num_classes: Classes of the linear classifier; 0 leaves it out (``head`` is an identity).
-        global_pool: 'avg', the mean over the grid (Sec. 4.1), or '' to keep the grid (timm's convention).
+        global_pool: 'avg', the mean over the grid (Sec. 4.1), 'max' or 'avgmax' (timm's), or '' to keep the grid
+            (timm's convention).
         embed_dim: Token width D, also the head dimension (every head attends over the raw input; 400 in App. A.4).
         depth: Attention layers (6 in App. A.4).
         heads_per_layer: Heads in every layer (an int, 9 in App. A.4) or in each layer (``depth`` ints).
@@ -304,6 +305,10 @@ class SelfAttentionNet(nn.Module):
     def forward_head(self, x: Tensor, pre_logits: bool = False) -> Tensor:
         if self.global_pool == 'avg':
             x = x.mean(dim=(1, 2))
+        elif self.global_pool == 'max':
+            x = x.amax(dim=(1, 2))
+        elif self.global_pool == 'avgmax':
+            x = 0.5 * (x.mean(dim=(1, 2)) + x.amax(dim=(1, 2)))
         x = self.head_drop(x)
         return x if pre_logits else self.head(x)
 
