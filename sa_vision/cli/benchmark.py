@@ -37,7 +37,7 @@ from sa_vision.io import atomic_write_text, file_problem
 from sa_vision.layers.triton_mixing import kernel_problem
 from sa_vision.measure import RESULTS_FORMATS, format_results
 from sa_vision.measure import benchmark as sab
-from sa_vision.train.arg_values import check_compile_backend, check_least_values
+from sa_vision.train.arg_values import check_compile_backend, check_value_bounds
 from sa_vision.train.args import ModelKwargs
 
 
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_args(args, compare, device) -> None:
     """Refuse what would fail only after models were built or timed (the timings would be lost)."""
-    check_least_values(args)
+    check_value_bounds(args)
     check_compile_backend(args.torchcompile)
     if args.amp and args.precision != 'float32':  # autocast of a half-precision model fails in its first layer
         raise UserError(f'--amp autocasts a float32 model to --amp-dtype; --precision {args.precision} makes the '

@@ -30,7 +30,7 @@ import torch
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import UserError, command
 from sa_vision.io import file_problem
-from sa_vision.train.args import ModelKwargs, add_threads_argument, check_least_values, refuse_unknown
+from sa_vision.train.args import ModelKwargs, add_threads_argument, check_value_bounds, refuse_unknown
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
     check_dataset,
@@ -137,7 +137,7 @@ def main(argv=None):
     if unknown:
         refuse_unknown(parser, unknown, 'sa-vision-validate', 'validate.py', TIMM_VALIDATE_ONLY, own={},
                        note=(TIMM_PREPROCESSING, ' (it feeds the weights what their training fed them)'))
-    check_least_values(args)
+    check_value_bounds(args)
     problem = args.results_file and file_problem(args.results_file)  # before the evaluation, not after it
     if problem:
         raise UserError(f'--results-file {args.results_file}: {problem}')

@@ -107,11 +107,11 @@ def stage_arguments(recipe: Dict[str, Any], argv: Sequence[str]) -> Dict[str, An
     """The training arguments a stage's ``sa-vision-train`` run saves (its ``args.yaml``, the runtime ones left
     out) for ``recipe`` with the command line ``argv`` after it; a :class:`~sa_vision.errors.RecipeError` for a value
     the training would refuse (``--epochs 0``), raised here before anything is written or started."""
-    from ..train.args import argument_names, check_least_values, check_scheduler, parse_over
+    from ..train.args import argument_names, check_scheduler, check_value_bounds, parse_over
     from ..train.state import args_as_saved, resolve_model_args
     known = argument_names()
     args = parse_over({k: v for k, v in recipe.items() if k in known}, list(argv))
-    check_least_values(args)
+    check_value_bounds(args)
     check_scheduler(args.sched, args.sched_on_updates, args.val_interval, args.warmup_epochs)
     resolve_model_args(args, recipe, None, lambda _: None)  # model_kwargs as saved: the flags', the weights'
     return strip_runtime_args(args_as_saved(args))

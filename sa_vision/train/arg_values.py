@@ -8,7 +8,7 @@ from typing import Dict, NamedTuple, Optional
 from ..errors import RecipeError
 from .timm_args import TIMM_SCHEDULERS
 
-__all__ = ['Bounds', 'VALUE_BOUNDS', 'check_compile_backend', 'check_least_values', 'check_scheduler']
+__all__ = ['Bounds', 'VALUE_BOUNDS', 'check_compile_backend', 'check_value_bounds', 'check_scheduler']
 
 
 class Bounds(NamedTuple):
@@ -76,7 +76,7 @@ def check_scheduler(sched: str, sched_on_updates: bool, val_interval: int = 1, w
                           f'step per update (--sched-on-updates)')
 
 
-def check_least_values(args) -> None:
+def check_value_bounds(args) -> None:
     """A :class:`RecipeError` for a number of ``args`` outside its :data:`VALUE_BOUNDS` (given on the command line
     or by a recipe); arguments that ``args`` lacks or leaves at None are not checked."""
     for name, bounds in VALUE_BOUNDS.items():

@@ -12,7 +12,7 @@ from typing import AbstractSet, Mapping, Optional, Tuple
 from timm.utils import ParseKwargs
 
 from ..errors import RecipeError, UserError
-from .arg_values import VALUE_BOUNDS, check_least_values, check_scheduler
+from .arg_values import VALUE_BOUNDS, check_scheduler, check_value_bounds
 from .data import TRAIN_SPLIT
 from .optimizer import FUSED_OPTIMIZERS
 from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
@@ -22,7 +22,7 @@ from .timm_args import LOCAL, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 __all__ = [
     'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
     'build_parser', 'parse_over', 'argument_names', 'add_threads_argument', 'check_scheduler', 'VALUE_BOUNDS',
-    'check_least_values', 'ModelKwargs', 'refuse_unknown',
+    'check_value_bounds', 'ModelKwargs', 'refuse_unknown',
 ]
 
 # this process's and this machine's: set anew by every process, so --resume does not take them from the run

@@ -30,7 +30,7 @@ from ..io import atomic_folder
 from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from ..tables import plural
-from .arg_values import check_compile_backend, check_least_values, check_scheduler
+from .arg_values import check_compile_backend, check_scheduler, check_value_bounds
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
 from .data import (
     check_dataset,
@@ -174,7 +174,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
 def _set_up_process(args) -> None:
     """Check what would only fail once the model and the data are built, then set up this process: threads,
     devices and DDP, the modules of --device-modules, backend switches, the allocator."""
-    check_least_values(args)
+    check_value_bounds(args)
     check_scheduler(args.sched, args.sched_on_updates, args.val_interval, args.warmup_epochs)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
