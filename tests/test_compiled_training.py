@@ -12,7 +12,10 @@ from test_timm_train_args import timm_train_script
 
 pytest.importorskip('sklearn')
 
-from sa_vision.train import evaluation  # noqa: E402
+from sa_vision.train import (
+    evaluation,  # noqa: E402
+    run_setup,  # noqa: E402
+)
 from sa_vision.train import loop as training  # noqa: E402
 from sa_vision.train.recipes import RECIPE_DIR  # noqa: E402
 
@@ -125,7 +128,7 @@ def test_the_loop_evaluates_through_what_evaluation_module_chooses(monkeypatch, 
     def choose(model, compiled, device):
         chosen.append(_NotFiniteFirstRow(model))
         return chosen[-1], 'evaluation runs through the stand-in'
-    monkeypatch.setattr(training, 'evaluation_module', choose)
+    monkeypatch.setattr(run_setup, 'evaluation_module', choose)
     caplog.set_level(logging.INFO)
     training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '-b', 64, '-vb', 64, '--output', tmp_path,
                                  '--experiment', 'chosen'])))
@@ -138,13 +141,13 @@ def test_training_evaluates_uncompiled_after_a_compiled_evaluation_not_finite(mo
     """The loop keeps the module evaluate_compiled returns: the faulty one evaluates the first epoch only, and every
     epoch's metrics, the best checkpoint's among them, are finite."""
     import logging
-    made, training_model = [], training._training_model
+    made, training_model = [], training.training_model
 
     def faulty_eval_model(model, *args, **kwargs):
         trained_through, _ = training_model(model, *args, **kwargs)
         made.append(_NotFiniteFirstRow(model))
         return trained_through, made[-1]
-    monkeypatch.setattr(training, '_training_model', faulty_eval_model)
+    monkeypatch.setattr(training, 'training_model', faulty_eval_model)
     caplog.set_level(logging.INFO)
     training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64, '-vb', 64, '--output', tmp_path,
                                  '--experiment', 'faulty'])))

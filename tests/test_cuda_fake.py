@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 
 from sa_vision.layers import PositionalAttention, batched_heads, dense_attention, project_first
 from sa_vision.models import SA_MODEL_ARGS, param_groups_pos_lr
-from sa_vision.train import loop, runtime
+from sa_vision.train import loop, run_setup, runtime
 from sa_vision.train.evaluation import evaluate
 
 
@@ -288,11 +288,11 @@ def test_training_step_on_fake_cuda(fake_cuda, name, precision):
 
 @pytest.mark.parametrize('amp_dtype', ['bfloat16', 'float16'])
 def test_the_loops_precision_casts_on_cuda(fake_cuda, amp_dtype):
-    """What ``main`` trains and evaluates under for ``--device cuda`` (the loop's own ``_precision``, not this
+    """What ``main`` trains and evaluates under for ``--device cuda`` (the loop's own ``run_setup.precision``, not this
     module's ``amp_context``): CUDA autocast in the asked dtype, the loss scaler with float16 only."""
     model = to_fake_cuda(small_model('sa_quadratic_cifar'), fake_cuda)
     args = argparse.Namespace(amp=None, amp_dtype=amp_dtype, device='cuda', batch_size=4, rank=0, world_size=1)
-    amp_ctx, scaler = loop._precision(model, args)
+    amp_ctx, scaler = run_setup.precision(model, args)
     assert args.amp_used == amp_dtype
     assert (scaler is not None) == (amp_dtype == 'float16')
     with fake_cuda:

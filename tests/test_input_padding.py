@@ -140,13 +140,13 @@ def test_tools_that_feed_padded_images_see_the_model_as_trained(arch):
 
 def test_training_feeds_a_padding_model_the_unpadded_images():
     """Fine-tuning a kept Fashion-MNIST model: the data comes 28x28 (not padded again to 36 by the model)."""
-    from sa_vision.train.loop import _create_model
+    from sa_vision.train.run_setup import create_model
     from sa_vision.train.state import parse_run_args
     args = parse_run_args(['--model', 'sa_quadratic_cifar', '--dataset', 'fashion-mnist', '--device', 'cpu',
                            '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
                            'input_padding=2'])[0]
     args.channels_last, args.rank = False, 0
-    _, data_cfg = _create_model(args, None)
+    _, data_cfg = create_model(args, None)
     assert data_cfg['input_size'] == [3, 28, 28]
 
 

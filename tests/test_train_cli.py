@@ -20,7 +20,7 @@ pytest.importorskip('sklearn')
 
 from sa_vision.errors import UserError  # noqa: E402
 from sa_vision.train import loop as training  # noqa: E402
-from sa_vision.train import runtime, state  # noqa: E402
+from sa_vision.train import run_setup, runtime, state  # noqa: E402
 from sa_vision.train.args import build_parser  # noqa: E402
 from sa_vision.train.recipes import RECIPE_DIR  # noqa: E402
 from sa_vision.train.state import parse_run_args  # noqa: E402
@@ -283,7 +283,7 @@ def test_a_fraction_of_a_warm_up_epoch_stepped_per_epoch_is_a_recipe_error(tmp_p
     argv = ['-c', DIGITS_RECIPE, *TINY, '--output', tmp_path, '--no-sched-on-updates']
     args = build_parser().parse_args(list(map(str, argv[2:] + ['--warmup-epochs', 0.5, '--warmup-lr', 0])))
     optimizer = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.005)
-    scheduler, _ = training._create_scheduler(optimizer, args, updates_per_epoch=3)
+    scheduler, _ = run_setup.create_scheduler(optimizer, args, updates_per_epoch=3)
     assert scheduler._get_lr(0) == [0.0]  # what the error spares a user: an epoch at lr 0
     with pytest.raises(RecipeError, match=r'--warmup-epochs 0.5 is a fraction of an epoch, but --no-sched-on-updates '
                                           r'steps .* \(--warmup-epochs 0 or 1\), or step per update'):
@@ -789,7 +789,7 @@ def _fail_when_anything_is_built(monkeypatch):
     def built(*args, **kwargs):
         pytest.fail(f'built {args[:1]} before the arguments were checked')
     monkeypatch.setattr(timm, 'create_model', built)
-    monkeypatch.setattr(training, 'create_image_dataset', built)
+    monkeypatch.setattr(run_setup, 'create_image_dataset', built)
 
 
 def test_unknown_scheduler_is_one_error_line_before_anything_is_built(monkeypatch, tmp_path):
@@ -829,11 +829,11 @@ def test_the_step_schedule_takes_its_decay_epochs(argv, expected, monkeypatch):
     from timm.scheduler import PlateauLRScheduler, StepLRScheduler
     args = build_parser().parse_args(['--sched', 'step', *argv])
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=0.1)
-    scheduler, _ = training._create_scheduler(optimizer, args, updates_per_epoch=3)
+    scheduler, _ = run_setup.create_scheduler(optimizer, args, updates_per_epoch=3)
     assert isinstance(scheduler, StepLRScheduler)
     assert {k: getattr(scheduler, k) for k in expected} == expected
     args = build_parser().parse_args(['--sched', 'plateau', '--no-sched-on-updates', '--patience-epochs', '4'])
-    scheduler, _ = training._create_scheduler(optimizer, args, updates_per_epoch=3)
+    scheduler, _ = run_setup.create_scheduler(optimizer, args, updates_per_epoch=3)
     assert isinstance(scheduler, PlateauLRScheduler) and scheduler.lr_scheduler.patience == 4
 
 

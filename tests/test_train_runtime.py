@@ -16,7 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from sa_vision.errors import UserError
 from sa_vision.train import loop as training
-from sa_vision.train import runtime
+from sa_vision.train import run_setup, runtime
 from sa_vision.train.optimizer import resolve_opt_fused
 from sa_vision.train.state import parse_run_args
 
@@ -262,7 +262,7 @@ def _optimizer_steps(model, opt, opt_fused, dtype=torch.float32, steps=10):
     model = copy.deepcopy(model).to(dtype)
     args = argparse.Namespace(opt=opt, opt_fused=opt_fused, device='cpu', lr=0.01, weight_decay=0.05, momentum=0.9,
                               opt_eps=None, pos_lr_scale=3.0, rank=0)
-    optimizer = training._create_optimizer(model, args)
+    optimizer = run_setup.create_optimizer(model, args)
     gen = torch.Generator().manual_seed(0)
     for _ in range(steps):
         for p in model.parameters():
