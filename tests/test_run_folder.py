@@ -3,6 +3,7 @@ keeps the best epoch by ``--eval-metric``, ``--export`` publishes it, a resumed 
 whole, and the files written through a temporary file get the mode ``open()`` gives (the process umask) """
 import csv
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -77,6 +78,19 @@ def test_a_new_or_empty_run_folder_is_taken(tmp_path):
     for name in ('new', 'empty'):
         args = build_parser().parse_args(['--output', str(tmp_path), '--experiment', name])
         assert run_folder(args, None) == tmp_path / name
+
+
+@pytest.mark.parametrize('name, problem', [
+    ('/elsewhere', 'it leads out of --output'), ('../beside', 'it leads out of --output'),
+    ('a/../../b', 'it leads out of --output'), ('.', 'it is --output itself'),
+    ('run\n2', 'it holds a control character'), ('run\t2', 'it holds a control character')])
+def test_an_experiment_that_is_no_folder_below_output_is_refused(tmp_path, name, problem):
+    """timm's train.py joins --output and --experiment as they are: these would write beside or into --output."""
+    args = build_parser().parse_args(['--output', str(tmp_path / 'out'), '--experiment', name])
+    with pytest.raises(UserError, match=f'^--experiment {re.escape(repr(name))}: {problem}.*; name a folder below '):
+        run_folder(args, None)
+    args = build_parser().parse_args(['--output', str(tmp_path / 'out'), '--experiment', 'fm/quadratic'])
+    assert run_folder(args, None) == tmp_path / 'out' / 'fm' / 'quadratic'  # a folder below it, as in timm
 
 
 def test_runs_that_found_the_same_folder_empty_never_share_it(tmp_path, monkeypatch):

@@ -2,9 +2,10 @@
 process is training in), the files that claim it, and the advice Ctrl-C leaves there """
 import contextlib
 import itertools
+import unicodedata
 from datetime import datetime
-from pathlib import Path
-from typing import IO, Dict
+from pathlib import Path, PurePath
+from typing import IO, Dict, Optional
 
 import yaml
 
@@ -37,6 +38,10 @@ def run_folder(args, resume_ckpt) -> Path:
     problem = folder_problem(args.output)
     if problem:
         raise UserError(f'--output {args.output}: {problem}; pass --output a folder you can write to')
+    problem = _experiment_problem(args.experiment)
+    if problem:
+        raise UserError(f'--experiment {args.experiment!r}: {problem}; name a folder below --output (a/b is one), '
+                        f'and pass --output for another place')
     run_dir = Path(args.output) / (args.experiment or '-'.join([
         datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
     # refused, not renamed as timm's get_outdir(inc=True) would: a run is found by its --experiment (the docs,
@@ -51,6 +56,19 @@ def run_folder(args, resume_ckpt) -> Path:
                         f'{", ..." if len(held) > 6 else ""}); a new run would overwrite it. {go_on} a new one '
                         f'with another --experiment (or --output)')
     return run_dir
+
+
+def _experiment_problem(name: str) -> Optional[str]:
+    """What keeps ``--experiment`` from naming a folder below ``--output``, or None. timm's train.py joins the
+    two as they are: an absolute name or a ``..`` would write elsewhere, ``.`` into ``--output`` itself."""
+    if any(unicodedata.category(c) == 'Cc' for c in name):
+        return 'it holds a control character (a tab, a new line, ...)'
+    path = PurePath(name)
+    if path.is_absolute() or '..' in path.parts:
+        return 'it leads out of --output'
+    if name and not path.parts:
+        return 'it is --output itself'
+    return None
 
 
 def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
