@@ -248,6 +248,26 @@ def test_an_unknown_model_keyword_names_where_it_came_from_and_the_nearest(comma
     assert f'from {source.replace("{tmp}", str(tmp_path))})' in line and "did you mean 'depth'?" in line, line
 
 
+@pytest.mark.parametrize('command', ['train', 'validate', 'benchmark'])
+def test_a_model_keyword_value_the_model_refuses_is_one_error_line_naming_it(command, tmp_path, capsys):
+    """The models' own checks raise a ValueError (timm.create_model keeps it); a command says which keyword was
+    refused, where it came from and why, without a traceback."""
+    with pytest.raises(ValueError, match="global_pool must be 'avg', 'max', 'avgmax' or ''"):
+        timm.create_model('sa_quadratic_cifar', global_pool='token')
+    kwargs = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'global_pool=token']
+    main, argv = {
+        'train': (_train_main(), ['--dataset', 'digits', *kwargs, '--output', tmp_path / 'out']),
+        'validate': (validate.main, ['--checkpoint', KEPT_SA, '--dataset', 'digits', '--model-kwargs',
+                                     'global_pool=token']),
+        'benchmark': (benchmark_script.main, ['--model', 'sa_quadratic_cifar', *kwargs]),
+    }[command]
+    line = _one_error(main, argv, capsys)
+    assert line.startswith("error: sa_quadratic_cifar cannot be built (global_pool='token', from --model-kwargs): "
+                           "global_pool must be 'avg', 'max', 'avgmax' or ''"), line
+    assert line.endswith('these models have no class token'), line
+    assert not (tmp_path / 'out').exists()
+
+
 def test_an_unknown_keyword_without_a_near_one_lists_the_models_keywords(capsys):
     import inspect
 

@@ -1,7 +1,7 @@
 """ A registered model built from a name and keywords a user typed: ``timm.create_model``, with a
 :class:`~sa_vision.errors.UserError` for an unknown name (the registered names closest to it) or a keyword the model
-does not take (where it came from and the closest the model takes), the mistakes timm reports only as a
-``RuntimeError`` or ``TypeError`` from deep inside """
+does not take (where it came from and the closest the model takes), or a value the model refuses, the mistakes
+timm reports only as a ``RuntimeError``, ``TypeError`` or ``ValueError`` from deep inside """
 import difflib
 import inspect
 import re
@@ -146,3 +146,10 @@ def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Opti
                        str(e))
         raise UserError(f'{name} takes no keyword argument {key!r} ({key}={kwargs[key]!r}, from {source}): '
                         f'{hint}') from None
+    except ValueError as e:
+        if isinstance(e, UserError):
+            raise
+        # a value the model's own checks refuse (sa_args, the layers, timm's models): they name the keyword
+        named = [f'{key}={value!r}, from {(kwargs_sources or {}).get(key, "--model-kwargs")}'
+                 for key, value in kwargs.items() if re.search(rf'\b{re.escape(key)}\b', str(e))]
+        raise UserError(f'{name} cannot be built{" (" + "; ".join(named) + ")" if named else ""}: {e}') from e
