@@ -129,6 +129,14 @@ def test_tables_csv_json(tmp_path):
     assert json.loads((tmp_path / 's.json').read_text())[1]['heads'] == 3
     with pytest.raises(ValueError, match='.csv or .json'):
         write_table(rows, str(tmp_path / 't.txt'))
+    # a write that fails half-way (here: a value JSON cannot hold, a key the CSV header lacks) keeps the earlier table
+    before = {name: (tmp_path / name).read_bytes() for name in ('t.csv', 's.json')}
+    with pytest.raises(TypeError):
+        write_table([*summary, {'heads': object()}], str(tmp_path / 's.json'))
+    with pytest.raises(ValueError, match='not in fieldnames'):
+        write_table([*rows, {**rows[0], 'extra': 1}], str(tmp_path / 't.csv'))
+    assert {name: (tmp_path / name).read_bytes() for name in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['s.json', 't.csv']  # no temporary file left
 
 
 def test_contour_holds_the_gaussian_mass():

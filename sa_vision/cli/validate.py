@@ -29,7 +29,7 @@ import torch
 
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import UserError, command
-from sa_vision.io import file_problem
+from sa_vision.io import atomic_write, file_problem
 from sa_vision.train.args import ModelKwargs, add_threads_argument, check_value_bounds, refuse_unknown
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
@@ -190,7 +190,7 @@ def _write_results(path: str, results_format: str, result: dict) -> None:
     """The result as timm's validate.py writes its --results-file: a JSON object, or a CSV header and row (its
     folder is made, as sa-vision-benchmark makes its results file's)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with open(path, 'w', newline='') as f:
+    with atomic_write(path) as tmp, open(tmp, 'w', newline='') as f:
         if results_format == 'json':
             json.dump(result, f, indent=4)
         else:

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
+from ..io import atomic_write
 from ..layers import PositionalAttention
 from ..models.input_pad import model_input_padding
 from ..models.sa_state_dict import CENTERS
@@ -311,12 +312,11 @@ def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:
     """Write ``rows`` to ``path`` as CSV (``.csv``) or JSON (``.json``), its folder created; returns ``path``."""
     suffix = '.' + table_format(path)
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    if suffix == '.json':
-        with open(path, 'w') as f:
+    with atomic_write(path) as tmp, open(tmp, 'w', newline='') as f:
+        if suffix == '.json':
             json.dump([{k: (list(map(list, v)) if k == 'shifts' else v) for k, v in r.items()} for r in rows], f,
                       indent=1)
-    elif suffix == '.csv':
-        with open(path, 'w', newline='') as f:
+        else:
             writer = csv.DictWriter(f, fieldnames=list(rows[0].keys()))
             writer.writeheader()
             writer.writerows(rows)

@@ -16,6 +16,7 @@ from matplotlib.patches import Rectangle
 from torch import Tensor, nn
 
 from ..errors import UserError
+from ..io import atomic_write
 from .analysis import (
     GAUSSIAN_KINDS,
     attention_layers,
@@ -80,7 +81,8 @@ def picture_problem(path: str) -> Optional[str]:
 def _save(fig: Figure, path: Optional[str]) -> None:
     if path is not None:
         os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-        fig.savefig(path, dpi=110)
+        with atomic_write(path) as tmp:
+            fig.savefig(tmp, dpi=110)
 
 
 @torch.no_grad()
