@@ -9,13 +9,13 @@ __all__ = [
 
 ARXIV_ID = '1911.03584'
 PAPER_TITLE = 'On the Relationship between Self-Attention and Convolutional Layers'
-PAPER_CITATION = """@inproceedings{cordonnier2020relationship,
-  title={On the Relationship between Self-Attention and Convolutional Layers},
-  author={Jean-Baptiste Cordonnier and Andreas Loukas and Martin Jaggi},
-  booktitle={International Conference on Learning Representations},
-  year={2020},
-  url={https://openreview.net/forum?id=HJlnC1rKPB}
-}"""
+PAPER_CITATION = ('@inproceedings{cordonnier2020relationship,\n'
+                  '  title={' + PAPER_TITLE + '},\n'
+                  '  author={Jean-Baptiste Cordonnier and Andreas Loukas and Martin Jaggi},\n'
+                  '  booktitle={International Conference on Learning Representations},\n'
+                  '  year={2020},\n'
+                  '  url={https://openreview.net/forum?id=HJlnC1rKPB}\n'
+                  '}')
 
 # normalisation of the paper's CIFAR-10 recipe (paper App. A.4)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)

@@ -17,6 +17,16 @@ def test_docs_table_is_the_commands_output(capsys):
         'docs/models.md\'s table differs from sa-vision-model-table; paste its output:\n' + printed)
 
 
+def test_model_names_are_every_model_the_package_registers():
+    """MODEL_NAMES, which the model table, the benchmark's and the weights readers' errors list, against timm's
+    registry of the two model modules: a model registered there is in it."""
+    import timm
+
+    from sa_vision.models import DEFAULT_MODEL, MODEL_NAMES
+    assert sorted(MODEL_NAMES) == timm.list_models(module=['sa_cifar', 'resnet_cifar'])
+    assert DEFAULT_MODEL in MODEL_NAMES
+
+
 def test_models_are_chosen_with_m_as_in_the_other_commands(capsys):
     import csv
     import io

@@ -37,6 +37,7 @@ from sa_vision.io import atomic_write_text, file_problem
 from sa_vision.layers.triton_mixing import kernel_problem
 from sa_vision.measure import RESULTS_FORMATS, format_results
 from sa_vision.measure import benchmark as sab
+from sa_vision.models import DEFAULT_MODEL
 from sa_vision.train.arg_values import check_compile_backend, check_value_bounds
 from sa_vision.train.args import ModelKwargs
 
@@ -44,7 +45,7 @@ from sa_vision.train.args import ModelKwargs
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description='sa_vision benchmark', formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog=__doc__)
-    p.add_argument('--model', '-m', nargs='+', default=['sa_quadratic_cifar'], help='model name(s), or weights')
+    p.add_argument('--model', '-m', nargs='+', default=[DEFAULT_MODEL], help='model name(s), or weights')
     p.add_argument('--model-list', default='', help='text file with one model name per line')
     p.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs,
                    help='extra model arguments, e.g. embed_dim=16 depth=1 heads_per_layer=2')

@@ -9,7 +9,7 @@ import sys
 
 from sa_vision.errors import command
 from sa_vision.measure.benchmark import count_macs
-from sa_vision.models import create_named_model
+from sa_vision.models import MODEL_NAMES, create_named_model
 from sa_vision.paper import PAPER_RESULTS
 from sa_vision.tables import markdown_table
 
@@ -17,7 +17,9 @@ from sa_vision.tables import markdown_table
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--format', choices=('markdown', 'csv'), default='markdown')
-    parser.add_argument('-m', '--models', '--model', nargs='+', default=list(PAPER_RESULTS) + ['sa_content_cifar'],
+    # the paper's models in its table's order, then ours it has no row of
+    paper_first = [*PAPER_RESULTS, *(name for name in MODEL_NAMES if name not in PAPER_RESULTS)]
+    parser.add_argument('-m', '--models', '--model', nargs='+', default=paper_first,
                         help='model names, as the other commands take them with -m / --model')
     args = parser.parse_args(argv)
 

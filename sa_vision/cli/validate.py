@@ -30,6 +30,7 @@ import torch
 import sa_vision  # noqa: F401  registers the models
 from sa_vision.errors import UserError, command
 from sa_vision.io import atomic_write, file_problem
+from sa_vision.models import DEFAULT_MODEL
 from sa_vision.train.args import ModelKwargs, add_threads_argument, check_value_bounds, refuse_unknown
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
@@ -95,7 +96,7 @@ def with_progress(loader, num_images: int, stream=None):
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('-m', '--model', default=None,
-                        help='registered name, local-dir:<folder> or hf-hub:<repo> (default sa_quadratic_cifar); '
+                        help=f'registered name, local-dir:<folder> or hf-hub:<repo> (default {DEFAULT_MODEL}); '
                              'with --checkpoint: the expected architecture, needed for bare non-SA weights')
     parser.add_argument('--pretrained', action=argparse.BooleanOptionalAction, default=None,
                         help="the published weights of --model: the default without --checkpoint, as in timm's "
@@ -147,7 +148,7 @@ def main(argv=None):
     if args.dataset is not None:  # a missing dataset fails before any model is built
         _check_dataset(args)
     args.model_given = args.model is not None
-    args.model = args.model or 'sa_quadratic_cifar'
+    args.model = args.model or DEFAULT_MODEL
 
     model, trained_on = model_to_evaluate(args)
     model = model.to(args.device)

@@ -108,7 +108,7 @@ def _same_values(seen: List[Tensor], now: List[Tensor]) -> bool:
 
 @register_notrace_module  # shapes drive the computation; FX keeps the layer whole
 class PositionalAttention(nn.Module):
-    """Multi-head positional self-attention over a token grid (paper Sec. 2.3, Eq. 9).
+    """Multi-head positional self-attention over a token grid (paper Sec. 2.3; Sec. 3, Eq. 9).
 
     ``B x h x w x D -> B x h x w x (heads*D)`` (channel ``n * D + d`` is channel ``d`` of head ``n``), or with
     ``grid_major=True`` :meth:`mix`, ``h x w x B x D -> heads x h x w x B x D``."""

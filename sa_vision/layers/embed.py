@@ -2,7 +2,7 @@
 
 Stored as the equivalent ``Conv2d(C, embed_dim, 2, stride=2)``, so timm's ``first_conv`` machinery works unchanged.
 """
-from typing import List, Sequence, Tuple
+from typing import List, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -57,11 +57,8 @@ class SpaceToDepthEmbed(nn.Module):
         self.embed_dim = embed_dim
         self.proj = nn.Conv2d(in_chans, embed_dim, kernel_size=2, stride=2, device=device, dtype=dtype)
 
-    def feat_size(self, img_size: Tuple[int, int]) -> Tuple[int, int]:
-        return img_size[0] // 2, img_size[1] // 2
-
     def linear_weight(self) -> Tensor:
-        """The kernel as the original Linear(4*C -> D) weight, ``(D, 4*C)`` with index ``6*di + 3*dj + c``."""
+        """The kernel as the original Linear(4*C -> D) weight, ``(D, 4*C)`` with index ``(2*di + dj) * C + c``."""
         return self.proj.weight.permute(0, 2, 3, 1).reshape(self.embed_dim, -1)
 
     def forward(self, x: Tensor) -> Tensor:

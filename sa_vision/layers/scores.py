@@ -1,4 +1,4 @@
-""" Positional attention scores of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 2.3, Eq. 9; App. A.1)
+""" Positional attention scores of Cordonnier, Loukas & Jaggi (ICLR 2020, Sec. 2.3; Sec. 3, Eq. 9; App. A.1)
 
 Scores are ``[head, query, key]`` of the shift ``delta = key - query`` (grid units); a Gaussian head's
 ``precision_factors`` hold a factor of its precision (``s_h`` with ``alpha_h = s_h^2 / 2``, or ``S_h`` with

@@ -1,4 +1,4 @@
-""" Content-free attention and the Value projection in one Triton kernel (paper Sec. 2.3, Eq. 9), for GPUs
+""" Content-free attention and the Value projection in one Triton kernel (paper Sec. 2.3; Sec. 3, Eq. 9), for GPUs
 
 ``out = bias + sum_n (P_n x) W_n^T`` without ever storing the mixed heads ``P_n x``: a heads-sized tensor is the
 memory traffic that bounds a training step on a GPU. Opt-in: :func:`attend_then_project` calls it inside

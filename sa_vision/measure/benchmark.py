@@ -12,6 +12,7 @@ from torch import nn
 
 from ..errors import UserError
 from ..layers import check_input_size
+from ..models import MODEL_NAMES
 from ..models.factory import create_named_model, model_name_hint
 from ..train.checkpoint import read_checkpoint, weights_path
 from ..train.runtime import resolve_device as resolve_device_name
@@ -124,7 +125,7 @@ def build_variants(
         model = read_checkpoint(path, model_args=model_kwargs).create_model()
     else:
         raise UserError(f'unknown model {model_name!r} ({model_name_hint(model_name)}): not a registered timm name, '
-                        f'a peer nor weights (sa_vision: {", ".join(timm.list_models("sa_*") + ["resnet18_cifar"])};'
+                        f'a peer nor weights (sa_vision: {", ".join(MODEL_NAMES)};'
                         f' peers: {", ".join(PEERS)}; local-dir:<folder> or a weights file)')
     try:  # its rule, before any copy or timing
         check_input_size(model, (c, h, w))
@@ -145,8 +146,7 @@ def build_variants(
         elif timm.is_model(other):
             variants.append(Variant(other, create_named_model(other, **(compare_kwargs or {}).get(other, {}))))
         else:
-            raise UserError(f'unknown comparison {other!r}; use dense, separable, batched, fused, projfirst, '
-                            f'paper, a peer '
+            raise UserError(f'unknown comparison {other!r}; use {", ".join(SWITCHES)}, paper, a peer '
                             f'({", ".join(PEERS)}) or a timm model name')
     return variants
 

@@ -35,9 +35,6 @@ __all__ = [
 ]
 
 GAUSSIAN_KINDS = ('quadratic', 'generalized')
-STAT_COLUMNS = (
-    'layer', 'head', 'kind', 'center_row', 'center_col', 'mean_row', 'mean_col', 'cov_rr', 'cov_rc', 'cov_cc',
-    'r50', 'r90', 'peak', 'entropy', 'peak_row', 'peak_col')
 
 
 def attention_layers(model: nn.Module) -> List[PositionalAttention]:

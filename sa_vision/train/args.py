@@ -12,6 +12,7 @@ from typing import AbstractSet, Mapping, Optional, Tuple
 from timm.utils import ParseKwargs
 
 from ..errors import RecipeError, UserError
+from ..models import DEFAULT_MODEL
 from .arg_values import VALUE_BOUNDS, check_scheduler, check_value_bounds
 from .data import TRAIN_SPLIT
 from .optimizer import FUSED_OPTIMIZERS
@@ -244,7 +245,7 @@ def _dataset_arguments(group) -> None:
 
 
 def _model_arguments(group) -> None:
-    group.add_argument('--model', default='sa_quadratic_cifar', type=str, metavar='MODEL')
+    group.add_argument('--model', default=DEFAULT_MODEL, type=str, metavar='MODEL')
     group.add_argument('--pretrained', action='store_true', default=False, help='start from the published weights')
     group.add_argument('--initial-checkpoint', default='', type=str, metavar='PATH',
                        help='start from these weights (any checkpoint, .safetensors or Hub folder of --model; '

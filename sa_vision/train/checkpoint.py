@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from ..io import plain_data
 from ..models import (
     DEFAULT_MODEL_OF_KIND,
+    MODEL_NAMES,
     SA_MODEL_ARGS,
     SelfAttentionNet,
     UnknownModelError,
@@ -149,7 +150,7 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
     if arch is None:
         raise CheckpointError(
             f'{path} holds bare weights ({len(state_dict)} tensors, e.g. {sorted(state_dict)[:3]}) that are '
-            f'neither of a sa_vision model ({", ".join(sorted(SA_MODEL_ARGS) + ["resnet18_cifar"])}: read off the '
+            f'neither of a sa_vision model ({", ".join(MODEL_NAMES)}: read off the '
             f'shapes) nor named; pass the timm model name they are of, e.g. --model vit_tiny_patch16_224 '
             f'(timm.list_models() lists them)')
     if arch not in SA_MODEL_ARGS and 'num_classes' not in model_args:
