@@ -8,6 +8,7 @@ import json
 import random
 import re
 import stat
+from pathlib import Path
 
 import pytest
 import timm
@@ -26,6 +27,7 @@ from sa_vision.research.explorer import (
 )
 from sa_vision.train.data import create_image_dataset, dataset_info
 
+ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(embed_dim=16, depth=2, mlp_hidden_dim=32, heads_per_layer=3, num_classes=10)
 NUM_IMAGES = 6
 TOLERANCE = 1e-5
@@ -187,6 +189,110 @@ def test_a_click_shows_that_querys_maps(driver, models):
     assert driver.execute_script('return saExplorer.rendered().query') == [row - 1, col - 1]
 
 
+def _pointer(driver, kind: str, row: float, col: float) -> None:
+    """A mouse event of ``kind`` at grid cell (row, col) of the image (outside it for a row or column out of the
+    grid), dispatched as the browser would."""
+    driver.execute_script(
+        'const c = document.getElementById("imageCanvas"), r = c.getBoundingClientRect(), [kind, row, col] = arguments;'
+        'c.dispatchEvent(new MouseEvent(kind, {bubbles: true, clientX: r.left + (col + 0.5) * r.width / 16,'
+        '                                      clientY: r.top + (row + 0.5) * r.height / 16}));', kind, row, col)
+
+
+def test_a_click_pins_the_query_until_the_next_click(driver):
+    """Pointing moves the query; a click pins it, so that the pointer can go to the maps; a second click lets go."""
+    driver.execute_script('saExplorer.setModel(0); saExplorer.setPinned(false); saExplorer.setQuery(8, 8)')
+    _pointer(driver, 'mousemove', 2, 3)
+    assert driver.execute_script('return saExplorer.rendered().query') == [2, 3]
+    _pointer(driver, 'click', 4, 5)
+    _pointer(driver, 'mousemove', 15, 5)  # on the way down to the maps
+    assert driver.execute_script('return saExplorer.rendered().query') == [4, 5]
+    assert driver.find_element('id', 'queryText').text.endswith(', pinned')
+    _pointer(driver, 'click', 6, 7)
+    _pointer(driver, 'mousemove', 9, 1)
+    assert driver.execute_script('return saExplorer.rendered().query') == [9, 1]
+    assert not driver.execute_script('return saExplorer.state().pinned')
+
+
+def test_arrow_keys_move_the_query_only_from_the_image(driver):
+    """The image's arrow keys move (and pin) the query; the epoch slider's arrow keys move the slider alone."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    driver.execute_script('saExplorer.setModel(0); saExplorer.setPinned(false); saExplorer.setQuery(8, 8)')
+    slider = driver.find_element(By.ID, 'epoch')
+    assert slider.get_attribute('value') == slider.get_attribute('max') == '2'  # two kept epochs, then the final
+    slider.send_keys(Keys.ARROW_LEFT)
+    assert driver.execute_script('return saExplorer.state()')['epoch'] == 1
+    assert driver.execute_script('return saExplorer.rendered().query') == [8, 8]
+    driver.find_element(By.ID, 'imageCanvas').send_keys(Keys.ARROW_LEFT)
+    state = driver.execute_script('return saExplorer.state()')
+    assert state['query'] == [8, 7] and state['pinned'] and state['epoch'] == 1
+    driver.execute_script('saExplorer.setModel(0)')
+
+
+def test_a_thumbnail_is_chosen_from_the_keyboard(driver):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    driver.execute_script('saExplorer.setModel(0); saExplorer.setImage(0)')
+    thumb = driver.find_elements(By.CSS_SELECTOR, '.thumb')[2]
+    assert thumb.get_attribute('tabindex') == '0' and thumb.get_attribute('role') == 'button'
+    thumb.send_keys(Keys.ENTER)
+    assert driver.execute_script('return saExplorer.state().image') == 2
+    assert [t.get_attribute('aria-pressed') for t in driver.find_elements(By.CSS_SELECTOR, '.thumb')][:3] == \
+        ['false', 'false', 'true']
+
+
+def test_the_committed_page_is_the_template_of_today():
+    """docs/explorer/index.html (the README's explorer) is rewritten with the template whenever it changes
+    (docs/reproduction.md, "The attention explorer", has the command): all but its data is the template."""
+    from importlib import resources
+    template = resources.files('sa_vision.research').joinpath('explorer.html').read_text(encoding='utf-8')
+    committed = (ROOT / 'docs' / 'explorer' / 'index.html').read_text(encoding='utf-8')
+    shell = re.sub(r'(<script id="sa-data" type="application/json">).*?(</script>)', r'\1/*SA_EXPLORER_DATA*/null\2',
+                   committed, count=1, flags=re.S)
+    assert shell == template, 'rewrite docs/explorer/index.html with the command of docs/reproduction.md'
+
+
+def test_the_maps_sit_beside_the_image_and_a_narrow_window_keeps_its_width(driver, page):
+    """The committed page on a 1280x800 screen: its widest maps (9 heads) are beside the image, so that pointing at
+    it one sees them (no line of text widens the image's panel). In a window narrower than the maps (a phone's),
+    the page does not scroll sideways, the panels do."""
+    from selenium.webdriver.common.by import By
+    size = driver.get_window_size()
+    try:
+        driver.set_window_size(1280, 800)
+        open_page(driver, ROOT / 'docs' / 'explorer' / 'index.html')
+        left, maps = (driver.find_element(By.ID, i).rect for i in ('left', 'mapsPanel'))
+        assert maps['y'] == left['y'] and maps['x'] > left['x'] + left['width'], (left, maps)
+        driver.set_window_size(280, 800)
+        inner, maps_width = driver.execute_script(
+            'return [window.innerWidth, document.getElementById("maps").scrollWidth]')
+        assert maps_width > inner  # the maps are wider than the window
+        assert driver.execute_script('return document.documentElement.scrollWidth <= window.innerWidth')
+    finally:
+        driver.set_window_size(size['width'], size['height'])
+        open_page(driver, page)
+
+
+def test_the_centres_figure_holds_far_centres_and_a_title_cannot_break_the_page(driver, page, tmp_path):
+    """A centre 11.5 tokens away widens the figure to hold it (it was cut at 8 without a word); one beyond the
+    farthest shift of the grid is named in the caption. The title is the user's text, '<!--<script>' too."""
+    from selenium.webdriver.common.by import By
+    model = timm.create_model('sa_quadratic_cifar', **SMALL).eval()
+    with torch.no_grad():
+        model.blocks[0].attn.position.centers[0] = torch.tensor([11.5, -3.0])
+        model.blocks[1].attn.position.centers[1] = torch.tensor([0.0, 20.0])
+    title = 'zoo <!--<script> </script> "test"'
+    far = write_explorer([ExplorerModel('far', model, 'digits')], tmp_path / 'far.html', num_images=2, title=title)
+    open_page(driver, far, timeout=120)  # a title that broke the page would leave it never ready
+    try:
+        assert driver.title == title
+        captions = [f.text for f in driver.find_elements(By.CSS_SELECTOR, '#centers figcaption')]
+        assert captions == ['Layer 1 (3 heads)', 'Layer 2 (3 heads; head 2 beyond the figure)']
+        assert '+-15 tokens shown' in driver.find_element(By.ID, 'centersHint').text
+    finally:
+        open_page(driver, page)
+
+
 def test_content_maps_follow_the_image(driver, models):
     images, _, _ = _gallery(models)
     maps = []
@@ -286,7 +392,7 @@ def test_positional_trajectory_round_trip(models, tmp_path):
 def test_page_data_is_embedded_once(page):
     html = page.read_text()
     data = json.loads(re.search(r'<script id="sa-data" type="application/json">(.*?)</script>', html, re.S)
-                      .group(1).replace('<\\/', '</'))
+                      .group(1))
     assert [m['heads'] for m in data['models']] == [[3, 3], [3, 2], [3, 3], [3, 3]]
     assert data['images']['count'] == NUM_IMAGES and len(set(data['images']['labels'])) == NUM_IMAGES
 
@@ -329,7 +435,7 @@ def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path, capsys):
 def _page_data(path):
     """The data embedded in an explorer page."""
     html = path.read_text()
-    return json.loads(re.search(r'type="application/json">(.*?)</script>', html, re.S).group(1).replace('<\\/', '</'))
+    return json.loads(re.search(r'type="application/json">(.*?)</script>', html, re.S).group(1))
 
 
 def test_a_random_model_is_marked_untrained(tmp_path):

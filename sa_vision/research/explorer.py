@@ -299,8 +299,8 @@ def write_explorer(models: Sequence[ExplorerModel], out, **kwargs) -> Path:
 def write_explorer_page(data: Dict[str, Any], out) -> Path:
     """Write the page of :func:`explorer_data`'s ``data`` to ``out``."""
     template = resources.files(__package__).joinpath('explorer.html').read_text(encoding='utf-8')
-    # JSON inside a <script> element: "</" would end the element early
-    payload = json.dumps(data, separators=(',', ':')).replace('</', '<\\/')
+    # no '<' at all inside the script element: '</script' would end it and '<!--' change how the HTML parser reads it
+    payload = json.dumps(data, separators=(',', ':')).replace('<', '\\u003c')
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out) as tmp:
