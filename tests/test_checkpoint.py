@@ -2,6 +2,7 @@
 that names the file and what is wrong """
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -167,14 +168,34 @@ def test_a_file_that_is_no_checkpoint_is_called_unreadable_not_a_refused_pickle(
     weights_only, which is no reason to call the file a refused Python object."""
     torch.save(timm.create_model('sa_quadratic_cifar', **SMALL).state_dict(), tmp_path / 'whole.pth')
     whole = (tmp_path / 'whole.pth').read_bytes()
+    torch.save({'w': torch.ones(3)}, tmp_path / 'legacy.pth', _use_new_zipfile_serialization=False)
+    legacy = (tmp_path / 'legacy.pth').read_bytes()
     (tmp_path / 'text.pth').write_text('x\n')
     (tmp_path / 'cut.pth').write_bytes(whole[:len(whole) // 2])
-    for name in ('text.pth', 'cut.pth'):
+    (tmp_path / 'cut_legacy.pth').write_bytes(legacy[:len(legacy) // 2])
+    for name in ('text.pth', 'cut.pth', 'cut_legacy.pth'):
         with pytest.raises(CheckpointError) as refused:
             read_checkpoint(tmp_path / name)
         message = str(refused.value)
-        assert message.startswith(f'{tmp_path / name} cannot be read (') and 'corrupted or truncated' in message
+        if name == 'text.pth':  # no file torch.save writes: not called corrupted, nor told to retrain
+            assert message.startswith(f'{tmp_path / name} is not a PyTorch checkpoint (torch.save writes a zip '
+                                      f'archive or a pickle; this file is neither): pass a checkpoint'), message
+        else:
+            assert message.startswith(f'{tmp_path / name} cannot be read (') and 'corrupted or truncated' in message
         assert 'pickled' not in message and 'weights_only' not in message, message
+
+
+def test_an_explorer_epochs_file_names_the_folder_it_goes_with(tmp_path):
+    """A Hub folder's positional_epochs.safetensors holds the kept epochs' centres alone: not 'bare weights of
+    a timm model to name', but the folder whose model.safetensors it goes with."""
+    from sa_vision.research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
+    model = timm.create_model('sa_quadratic_cifar', **SMALL)
+    path = save_positional_trajectory({'epoch-000': positional_params(model.state_dict())},
+                                      tmp_path / POSITIONAL_EPOCHS_FILE)
+    with pytest.raises(CheckpointError, match=rf'^{re.escape(str(path))} holds the centres and precision factors of '
+                                              rf"kept epochs \(\d+ tensors\), not a model's weights: pass the folder "
+                                              rf'it is in \(local-dir:{re.escape(str(tmp_path))}\)'):
+        read_checkpoint(path)
 
 
 def test_an_unknown_model_name_is_called_unknown(tmp_path):

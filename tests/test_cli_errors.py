@@ -30,7 +30,8 @@ def _run(main, argv, capsys):
 
 @pytest.mark.parametrize('script, argv, message', [
     (plot_attention, ['no_such_model', '--out', 'x.png'], "'no_such_model' is neither a file"),
-    (plot_attention, ['resnet18_cifar', '--out', 'x.png'], 'no PositionalAttention layer'),
+    (plot_attention, ['resnet18_cifar', '--out', 'x.png'],
+     "CifarResNet has no PositionalAttention layer; pass one of sa_vision's attention models (sa_quadratic_cifar, "),
     (plot_attention, ['sa_learned_cifar', '--kernel-match'], 'the kernel match needs Gaussian centres'),
     # the outputs are checked before the source is read (an unknown model would say so first otherwise)
     (plot_attention, ['no_such_model', '--out', '{tmp}/x.pnx'], 'names no picture format matplotlib writes'),

@@ -452,3 +452,7 @@ def test_models_of_different_datasets_need_a_dataset(models, tmp_path):
     mixed = [models[0], ExplorerModel('other', models[2].model, 'fashion-mnist')]
     with pytest.raises(UserError, match='different datasets'):
         write_explorer(mixed, tmp_path / 'page.html')
+    # a Hub folder's model.safetensors alone names no dataset: its folder does
+    with pytest.raises(UserError, match=r"bare weights name none \(a Hub folder's config.json does: pass "
+                                        r'local-dir:<folder>, not its model.safetensors\); pass --dataset'):
+        write_explorer([ExplorerModel('bare', models[0].model)], tmp_path / 'page.html')

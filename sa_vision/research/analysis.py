@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from ..errors import UserError
 from ..io import atomic_write
 from ..layers import PositionalAttention
+from ..models import SA_MODEL_ARGS
 from ..models.input_pad import model_input_padding
 from ..models.sa_state_dict import CENTERS
 from ..tables import markdown_table
@@ -42,8 +43,8 @@ def attention_layers(model: nn.Module) -> List[PositionalAttention]:
     layers = [m for m in model.modules() if isinstance(m, PositionalAttention)]
     if not layers:
         raise UserError(
-            f'{type(model).__name__} has no PositionalAttention layer; pass a sa_vision self-attention model '
-            f'such as timm.create_model("sa_quadratic_cifar")')
+            f'{type(model).__name__} has no PositionalAttention layer; pass one of sa_vision\'s attention models '
+            f'({", ".join(SA_MODEL_ARGS)}) or weights of one')
     return layers
 
 

@@ -266,7 +266,9 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
             raise UserError(f'the models were trained on different datasets ({sorted(datasets)}): pass --dataset to '
                             f'show them on one')
         if not datasets:
-            raise UserError('the dataset of these models is unknown (random or bare weights): pass --dataset')
+            raise UserError('the dataset of these models is unknown: random weights have none, and bare weights '
+                            'name none (a Hub folder\'s config.json does: pass local-dir:<folder>, not its '
+                            'model.safetensors); pass --dataset')
         dataset = datasets.pop()
     info = dataset_info(dataset)
     raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,

@@ -43,9 +43,22 @@ def torch_load(path: Path, map_location) -> Any:
         # say what broke, without torch's advice to load it unsafely
         detail = _UNPICKLER_ERROR.search(text)
         reason = detail.group(1).strip() if detail else (text.strip().splitlines() or [''])[0]
+        if not _looks_saved_by_torch(path):
+            raise CheckpointError(
+                f'{path} is not a PyTorch checkpoint (torch.save writes a zip archive or a pickle; this file is '
+                f'neither): pass a checkpoint (last.pth.tar, model_best.pth.tar, a state dict), a .safetensors '
+                f'file, a run folder or a Hub folder (local-dir:<folder>)') from None
         raise CheckpointError(
             f'{path} cannot be read ({type(e).__name__}: {reason[:300]}): the file is corrupted or truncated, or '
             f'not a PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
+
+
+def _looks_saved_by_torch(path: Path) -> bool:
+    """Whether ``path`` starts as a file of ``torch.save`` does: a zip archive (torch's format since 1.6), or a
+    pickle of protocol 2 or later (the legacy format); a text file or a picture does not."""
+    with open(path, 'rb') as f:
+        head = f.read(4)
+    return head.startswith(b'PK\x03\x04') or head[:1] == b'\x80'
 
 
 def read_json(text: str, path: Path, what: str) -> Any:
