@@ -560,6 +560,31 @@ def test_whole_step_variant_compiles_the_backward_into_the_graph_and_trains_like
     assert torch._dynamo.config.trace_autograd_ops is False
 
 
+def test_a_torch_that_cannot_trace_the_backward_is_told_before_any_model_compiles(monkeypatch):
+    """backward_tracing_problem tries a two-weight Linear: None on a torch whose dynamo traces loss.backward() (as
+    the test above checks on a model), the reason where it does not (here: with the tracing left off, as a torch
+    without it runs); a whole-step runner then stops before it compiles its model for minutes."""
+    from torch._dynamo.utils import counters
+
+    from sa_vision.measure import runner as runner_module
+    if hasattr(torch._dynamo.config, 'trace_autograd_ops'):
+        before = {name: dict(counter) for name, counter in counters.items()}
+        assert runner_module.backward_tracing_problem.__wrapped__() is None
+        assert {name: dict(counter) for name, counter in counters.items() if counter} == \
+            {name: counter for name, counter in before.items() if counter}  # its own graph left uncounted
+        torch._dynamo.reset()  # dynamo's cache of the probe's code holds the graph traced above, whatever the flag
+        assert 'Unsupported' in runner_module.backward_tracing_problem.__wrapped__(trace_autograd_ops=False)
+    monkeypatch.setattr(runner_module, 'backward_tracing_problem', lambda: 'torch 9.9: no tracing')
+    model = timm.create_model('sa_quadratic_cifar', embed_dim=16, heads_per_layer=4, depth=2, mlp_hidden_dim=32)
+    compiled = []
+    monkeypatch.setattr(torch, 'compile', lambda *a, **k: compiled.append(a) or a[0])
+    with pytest.raises(sa_vision.errors.UserError, match='whole training step needs a torch whose dynamo traces the '
+                                                         'backward into the graph: torch 9.9: no tracing'):
+        sab.StepRunner(sab.Variant('v', model, whole_step=True), 4, (3, 32, 32), torch.device('cpu'),
+                       torchcompile='inductor')
+    assert len(compiled) == 2  # the model for training and inference, as every compiled runner; no step
+
+
 def test_compiled_autograd_variant_traces_its_backward_and_trains_like_the_model_compiled_step():
     """A compiled-autograd variant runs its backward through compiled autograd (one capture, reused by the later
     steps) and leaves the optimizer outside: its parameters after three steps are those of the same weights with

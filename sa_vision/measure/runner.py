@@ -1,6 +1,7 @@
 """ What the benchmark times: a variant (a model, the context around its steps, how it compiles) and the runner of its
 training step (forward, backward, SGD step) and inference
 """
+import collections
 import contextlib
 import dataclasses
 import functools
@@ -16,7 +17,7 @@ from ..train.runtime import CUDA_GRAPH_MODES, synchronize
 from .macs import _as_input_size
 from .memory import _peak_memory, _tensor_bytes
 
-__all__ = ['DTYPES', 'StepRunner', 'Variant']
+__all__ = ['DTYPES', 'StepRunner', 'Variant', 'backward_tracing_problem']
 
 DTYPES = {'float32': torch.float32, 'float16': torch.float16, 'bfloat16': torch.bfloat16}
 
@@ -50,6 +51,31 @@ def _to_channels_last(model: nn.Module) -> None:
         for t in list(model.parameters()) + list(model.buffers()):
             if t.dim() == 4:
                 t.data = t.data.contiguous(memory_format=torch.channels_last)
+
+
+@functools.lru_cache(maxsize=None)
+def backward_tracing_problem(trace_autograd_ops: bool = True) -> Optional[str]:
+    """Why this torch's dynamo cannot trace ``loss.backward()`` into a compiled function's graph, or None: tried on
+    a Linear of two weights in about a second, where a whole-step runner would compile a model for minutes (on a
+    GPU, of a lent machine's few) to find a graph break there. ``trace_autograd_ops=False`` tries it as a dynamo
+    without the tracing runs."""
+    if not hasattr(torch._dynamo.config, 'trace_autograd_ops'):
+        return f'torch {torch.__version__} has no torch._dynamo.config.trace_autograd_ops'
+    from torch._dynamo.utils import counters
+    layer = nn.Linear(2, 1)
+
+    def step(x: torch.Tensor) -> None:
+        layer(x).sum().backward()
+    seen = {name: collections.Counter(counter) for name, counter in counters.items()}
+    try:
+        with torch._dynamo.config.patch(trace_autograd_ops=trace_autograd_ops):
+            torch.compile(step, backend='eager', fullgraph=True)(torch.ones(1, 2))
+    except Exception as e:  # noqa: BLE001  dynamo's Unsupported and its kin: the reason is what is reported
+        return f'torch {torch.__version__}: {type(e).__name__}: {(str(e).strip().splitlines() or [""])[0][:200]}'
+    finally:  # its graph is not one of the runs whose graphs and breaks the callers count
+        counters.clear()
+        counters.update(seen)
+    return None
 
 
 def _compile_how(mode: Optional[str], options: Optional[Dict[str, Any]]) -> Dict[str, Any]:
@@ -103,10 +129,10 @@ class StepRunner:
             self.train_fn = torch.compile(self.train_model, backend=torchcompile, **how)
             self.infer_fn = torch.compile(self.infer_model, backend=torchcompile, **how)
             if variant.whole_step:
-                if not hasattr(torch._dynamo.config, 'trace_autograd_ops'):
+                problem = backward_tracing_problem()
+                if problem:
                     raise UserError(f'{variant.name}: compiling the whole training step needs a torch whose dynamo '
-                                    f'traces the backward (torch._dynamo.config.trace_autograd_ops); this is torch '
-                                    f'{torch.__version__}')
+                                    f'traces the backward into the graph: {problem}')
                 self.step_fn = torch.compile(self._whole_step, backend=torchcompile, **how)
             if variant.compiled_autograd:
                 # torch's documented switch (dynamo's compiled_autograd config) covers a backward inside a compiled
