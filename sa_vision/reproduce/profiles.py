@@ -43,12 +43,18 @@ class Profile:
         recipe.update(dataset=info.name, val_split=info.eval_split, num_classes=info.num_classes or recipe.get(
             'num_classes'))
         if epochs is not None:
-            recipe['epochs'] = epochs
-            recipe['warmup_epochs'] = round(0.05 * epochs, 3)  # the paper's warm-up over 5 % of the steps
+            recipe.update(_epochs(epochs))
         recipe.pop('initial_checkpoint', None)  # given per run
         return recipe
 
 
+def _epochs(epochs: int) -> Dict[str, Any]:
+    """``epochs`` with the warm-up over 5 % of them, as every profile warms up."""
+    return {'epochs': epochs, 'warmup_epochs': round(0.05 * epochs, 3)}
+
+
+# the Gaussian kinds' positional learning rate: otherwise their centres stay at their random start (paper Figs. 3-4)
+_GAUSSIAN_POS_LR = {'pos_lr_scale': 30.0}
 # narrower attention models with the paper's depth (6 layers) and heads (9 per layer); positional defaults written out
 _NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0,
                                'pos_init': 'paper', 'pos_init_alpha': 6.0}, 'pos_lr_scale': 1.0}
@@ -56,8 +62,10 @@ _NARROW_SA = {'model_kwargs': {'embed_dim': 64, 'mlp_hidden_dim': 128, 'proj_dro
 _FEW_EPOCHS = dict(opt='adamw', lr=2e-3, weight_decay=0.05, momentum=0.9, batch_size=100, validation_batch_size=500,
                    sched='cosine', sched_on_updates=True, warmup_lr=0.0, min_lr=0.0, cooldown_epochs=0, workers=0,
                    log_interval=100)
-# about 10x the cpu profile's 5-6 epochs; warm-up over 5 % of the steps, as there
-_GPU_LONG = {'epochs': 50, 'warmup_epochs': 2.5}
+_GPU_LONG = _epochs(50)  # about 10x the cpu profile's 5-6 epochs
+_HALF_WIDTH_RESNET = {'channels': (32, 64, 128, 256)}  # ResNet18's stages at half width
+# the pruned model's fine-tuning: its architecture comes from the pruned weights, so only dropout and the lr are set
+_PRUNED_FINE_TUNING = {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'lr': 5e-4}
 _TINY_SA = {'model_kwargs': {'embed_dim': 16, 'depth': 2, 'heads_per_layer': 3, 'mlp_hidden_dim': 32,
                              'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}}
 
@@ -73,16 +81,12 @@ PROFILES: Dict[str, Profile] = {
         'fashion-mnist', common={**_FEW_EPOCHS, 'amp': 'auto', 'torchcompile': 'auto', 'batch_size': 50,
                                  'train_crop_padding': 0},
         per_model={
-            # pos_lr_scale 30: otherwise the Gaussian centres stay at their random start (paper Figs. 3-4)
-            'sa_quadratic_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 6, 'warmup_epochs': 0.3},
-            'sa_gen_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, 'epochs': 5, 'warmup_epochs': 0.25},
-            'sa_learned_cifar': {**_NARROW_SA, 'epochs': 6, 'warmup_epochs': 0.3},
+            'sa_quadratic_cifar': {**_NARROW_SA, **_GAUSSIAN_POS_LR, **_epochs(6)},
+            'sa_gen_cifar': {**_NARROW_SA, **_GAUSSIAN_POS_LR, **_epochs(5)},
+            'sa_learned_cifar': {**_NARROW_SA, **_epochs(6)},
             # as many epochs as the quadratic model: the comparison is at equal epochs
-            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256)}, 'epochs': 6,
-                               'warmup_epochs': 0.3},
-            # the pruned model's architecture comes from the pruned weights: only regularisation is set here
-            'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'pos_lr_scale': 30.0,
-                              'epochs': 1, 'lr': 5e-4, 'warmup_epochs': 0.05},
+            'resnet18_cifar': {'model_kwargs': _HALF_WIDTH_RESNET, **_epochs(6)},
+            'sa_gen_pruned': {**_PRUNED_FINE_TUNING, **_GAUSSIAN_POS_LR, **_epochs(1)},
         },
         table_note=('Choices of the `cpu` profile (`sa_vision.reproduce.PROFILES[\'cpu\']`): AdamW lr 2e-3, batch 50, '
                     'cosine per step, no pad-and-crop (horizontal flips only) because a few epochs underfit rather '
@@ -101,14 +105,12 @@ PROFILES: Dict[str, Profile] = {
         common={**_FEW_EPOCHS, 'batch_size': 256, 'train_crop_padding': 0, 'amp': 'auto', 'amp_dtype': 'bfloat16',
                 'torchcompile': 'inductor', 'torchcompile_mode': 'reduce-overhead', 'device_data': 'auto'},
         per_model={
-            'sa_quadratic_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, **_GPU_LONG},
-            'sa_gen_cifar': {**_NARROW_SA, 'pos_lr_scale': 30.0, **_GPU_LONG},
+            'sa_quadratic_cifar': {**_NARROW_SA, **_GAUSSIAN_POS_LR, **_GPU_LONG},
+            'sa_gen_cifar': {**_NARROW_SA, **_GAUSSIAN_POS_LR, **_GPU_LONG},
             'sa_learned_cifar': {**_NARROW_SA, **_GPU_LONG},
-            'resnet18_cifar': {'model_kwargs': {'channels': (32, 64, 128, 256)},
-                               **_GPU_LONG},
+            'resnet18_cifar': {'model_kwargs': _HALF_WIDTH_RESNET, **_GPU_LONG},
             # 10 % of the source's epochs, as in the cpu profile (1 of 5)
-            'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'pos_lr_scale': 30.0,
-                              'epochs': 5, 'warmup_epochs': 0.25, 'lr': 5e-4},
+            'sa_gen_pruned': {**_PRUNED_FINE_TUNING, **_GAUSSIAN_POS_LR, **_epochs(5)},
         },
         table_note=('Choices of the `gpu-long` profile (`sa_vision.reproduce.PROFILES[\'gpu-long\']`): the `cpu` '
                     'profile\'s models, widths and recipe (AdamW lr 2e-3, no pad-and-crop, `pos_lr_scale` 30 for '
@@ -129,13 +131,10 @@ PROFILES: Dict[str, Profile] = {
         common={**_FEW_EPOCHS, 'batch_size': 64, 'validation_batch_size': 360, 'log_interval': 10, 'hflip': 0.0,
                 'train_crop_padding': 0},
         per_model={
-            **{model: {**_TINY_SA, 'epochs': 2, 'warmup_epochs': 0.1}
-               for model in TRAINED_MODELS if model in SA_MODEL_ARGS},
+            **{model: {**_TINY_SA, **_epochs(2)} for model in TRAINED_MODELS if model in SA_MODEL_ARGS},
             # 4-32 channels: at 8-64 each step took 1.8x as long on a CI core, where this profile runs often
-            'resnet18_cifar': {'model_kwargs': {'channels': (4, 8, 16, 32)}, 'epochs': 2,
-                               'warmup_epochs': 0.1},
-            'sa_gen_pruned': {'model_kwargs': {'proj_drop_rate': 0.0, 'attn_drop_rate': 0.0}, 'epochs': 1,
-                              'lr': 5e-4, 'warmup_epochs': 0.05},
+            'resnet18_cifar': {'model_kwargs': {'channels': (4, 8, 16, 32)}, **_epochs(2)},
+            'sa_gen_pruned': {**_PRUNED_FINE_TUNING, **_epochs(1)},
         }),
 }
 
@@ -152,7 +151,7 @@ def apply_recipe_changes(recipe: Dict[str, Any], changes: Dict[str, Any]) -> Dic
 
 # the ablation of the positional parameters (paper Sec. 4.2): random or Theorem 1 init, base or 30x positional lr
 ABLATION_MODEL = 'sa_quadratic_cifar'
-ABLATION_POS_LR_SCALE = 30.0
+ABLATION_POS_LR_SCALE = _GAUSSIAN_POS_LR['pos_lr_scale']
 ABLATION_VARIANTS: Dict[str, Dict[str, Any]] = {
     'paper init': {'model_kwargs': {'pos_init': 'paper'}, 'pos_lr_scale': 1.0},
     f'paper init, positional lr x{ABLATION_POS_LR_SCALE:g}': {
