@@ -239,3 +239,24 @@ def test_a_run_another_process_is_training_is_not_resumed_into_it(tmp_path, capl
         holder.wait(timeout=HANG_TIMEOUT_S)
     status, log = train_here(caplog, capsys, '--resume', run / 'last.pth.tar', '--epochs', '2')
     assert status == 0 and read_checkpoint(run).meta['epoch'] == 2, log[-2000:]
+
+
+def test_a_run_holds_its_folder_through_its_export(tmp_path):
+    """The report and the Hub folder of --export come after the epochs: a resume from elsewhere meanwhile would
+    train into the checkpoint being exported, so the folder is still held then, and let go after."""
+    import fcntl
+    tried = []
+
+    def export(checkpoint, folder):
+        with open(checkpoint.parent / 'args.yaml', 'a') as other:  # what another process's --resume takes
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                tried.append('taken')
+            except BlockingIOError:
+                tried.append('refused')
+        Path(folder).mkdir(parents=True, exist_ok=True)  # the Hub folder, empty
+        return []
+    loop.main([str(a) for a in _train_args(tmp_path, 'run', 1)] + ['--export'], export=export)
+    assert tried == ['refused']
+    with open(tmp_path / 'run' / 'args.yaml', 'a') as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at the end

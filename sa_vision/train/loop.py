@@ -134,12 +134,11 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
                            model, args, run_dir, train_metrics, log)
             if args.distributed:
                 dist.barrier()
-
-    if metrics is None and start_epoch > 0:
-        # resumed after an epoch that --val-interval left unevaluated, with no epoch left to train (--epochs lowered)
-        metrics, eval_model = evaluate_epoch(start_epoch - 1, eval_model, model, eval_loader, args, log, amp_ctx)
-    if is_primary(args) and metrics is not None:
-        _report(args, metrics, num_epochs, run_dir, export)
+        if metrics is None and start_epoch > 0:
+            # resumed after an epoch --val-interval left unevaluated, with no epoch left to train (--epochs lowered)
+            metrics, eval_model = evaluate_epoch(start_epoch - 1, eval_model, model, eval_loader, args, log, amp_ctx)
+        if is_primary(args) and metrics is not None:  # its Hub folder too: still held
+            _report(args, metrics, num_epochs, run_dir, export)
     if args.distributed:
         dist.destroy_process_group()
     if args.target_top1 is not None and metrics is not None and metrics['top1'] < args.target_top1:

@@ -76,8 +76,8 @@ def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
     the folder returned. A new run's ``args.yaml`` claims its folder, made only where none is there: where another
     run claimed ``run_dir`` since :func:`run_folder` found it empty, one named for the time is claimed as
     ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an ``--experiment`` is refused before anything is
-    written. The folder is then held for this process's epochs (:func:`training_in`): another process resuming the
-    run is refused meanwhile."""
+    written. The folder is then held for this process's epochs, report and export (:func:`training_in`): another
+    process resuming the run is refused meanwhile."""
     for suffix in itertools.count():
         folder = run_dir.with_name(f'{run_dir.name}-{suffix}') if suffix else run_dir
         folder.mkdir(parents=True, exist_ok=True)
@@ -99,8 +99,9 @@ def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
     return folder
 
 
-# the run folders this process trains in: their args.yaml open and locked (flock) until their epochs end
-# (training_in), the process ends, or this process claims the folder again (a run of it that raised before its epochs)
+# the run folders this process trains in: their args.yaml open and locked (flock) until their epochs, report and
+# export end (training_in), the process ends, or this process claims the folder again (a run of it that raised
+# before its epochs)
 _HELD: Dict[Path, IO] = {}
 
 
@@ -126,9 +127,9 @@ def _hold(folder: Path) -> None:
 
 @contextlib.contextmanager
 def training_in(run_dir: Path):
-    """The epochs of a run in ``run_dir``, which :func:`write_run_files` held for this process (no other resumes it
-    meanwhile) and which is let go after them; Ctrl-C ends them with how to go on, which
-    :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
+    """The epochs of a run in ``run_dir`` and its report and export after them, while :func:`write_run_files` holds
+    it for this process (no other resumes it meanwhile), let go at the end; Ctrl-C ends them with how to go on,
+    which :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
     try:
         yield
     except KeyboardInterrupt:
