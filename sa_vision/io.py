@@ -22,8 +22,13 @@ PathLike = Union[str, os.PathLike]
 @contextlib.contextmanager
 def atomic_write(path: PathLike) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to, renamed over it when the block succeeds (removed otherwise):
-    a crash or kill never leaves a half-written file."""
+    a crash or kill never leaves a half-written file. A symbolic link keeps pointing where it did, at the file
+    written; something that is no file (``/dev/stdout``, a pipe) is written into as ``open()`` would."""
     path = Path(path)
+    if path.exists() and not path.is_file():
+        yield path
+        return
+    path = Path(os.path.realpath(path))
     tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')
     try:
         yield tmp

@@ -569,7 +569,9 @@ def test_a_torch_that_cannot_trace_the_backward_is_told_before_any_model_compile
     from sa_vision.measure import runner as runner_module
     if hasattr(torch._dynamo.config, 'trace_autograd_ops'):
         before = {name: dict(counter) for name, counter in counters.items()}
+        rng = torch.random.get_rng_state()
         assert runner_module.backward_tracing_problem.__wrapped__() is None
+        assert torch.equal(torch.random.get_rng_state(), rng)  # the caller's random stream untouched
         assert {name: dict(counter) for name, counter in counters.items() if counter} == \
             {name: counter for name, counter in before.items() if counter}  # its own graph left uncounted
         torch._dynamo.reset()  # dynamo's cache of the probe's code holds the graph traced above, whatever the flag

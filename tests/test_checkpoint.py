@@ -185,6 +185,13 @@ def test_a_file_that_is_no_checkpoint_is_called_unreadable_not_a_refused_pickle(
         assert 'pickled' not in message and 'weights_only' not in message, message
 
 
+def test_an_empty_weights_file_is_called_cut_short(tmp_path):
+    """A 0-byte last.pth.tar (a full disk, a killed copy) is a save cut short, not 'no PyTorch checkpoint'."""
+    (tmp_path / 'last.pth.tar').write_bytes(b'')
+    with pytest.raises(CheckpointError, match=r'last.pth.tar is empty: a save or a copy of it was cut short'):
+        read_checkpoint(tmp_path / 'last.pth.tar')
+
+
 def test_an_explorer_epochs_file_names_the_folder_it_goes_with(tmp_path):
     """A Hub folder's positional_epochs.safetensors holds the kept epochs' centres alone: not 'bare weights of
     a timm model to name', but the folder whose model.safetensors it goes with."""

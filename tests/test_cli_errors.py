@@ -269,6 +269,19 @@ def test_a_model_keyword_value_the_model_refuses_is_one_error_line_naming_it(com
     assert not (tmp_path / 'out').exists()
 
 
+def test_a_value_error_naming_no_keyword_is_no_user_error(monkeypatch):
+    """A ValueError whose message names none of the keywords given (a bug, a broken config file) keeps its type and
+    traceback: told as the user's mistake, it would hide where it came from."""
+    from sa_vision.models import create_named_model
+
+    def broken(*args, **kwargs):
+        raise ValueError('too many values to unpack (expected 2)')
+    monkeypatch.setattr(timm, 'create_model', broken)
+    with pytest.raises(ValueError) as raised:
+        create_named_model('sa_quadratic_cifar', depth=1)
+    assert not isinstance(raised.value, UserError)
+
+
 def test_an_unknown_keyword_without_a_near_one_lists_the_models_keywords(capsys):
     import inspect
 

@@ -91,6 +91,8 @@ def test_an_experiment_that_is_no_folder_below_output_is_refused(tmp_path, name,
         run_folder(args, None)
     args = build_parser().parse_args(['--output', str(tmp_path / 'out'), '--experiment', 'fm/quadratic'])
     assert run_folder(args, None) == tmp_path / 'out' / 'fm' / 'quadratic'  # a folder below it, as in timm
+    args.experiment = None  # a config's 'experiment:' left empty: named for the time, as without one
+    assert run_folder(args, None).parent == tmp_path / 'out'
 
 
 def test_runs_that_found_the_same_folder_empty_never_share_it(tmp_path, monkeypatch):
@@ -146,6 +148,33 @@ def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
     with atomic_write(tmp_path / 'w.safetensors') as tmp:
         save_file({'w': torch.zeros(2)}, str(tmp))  # safetensors writes through a 0600 file of its own
     assert stat.S_IMODE((tmp_path / 'w.safetensors').stat().st_mode) == usual_file_mode()
+
+
+def test_a_link_or_a_pipe_is_written_through_not_replaced(tmp_path):
+    """A results file named by a symbolic link updates the file it points at (the link stays); a pipe, as
+    /dev/stdout often is, is written into, as open() writes, not replaced by a file of that name."""
+    import os
+    import threading
+
+    from sa_vision.io import atomic_write_text
+    target, link = tmp_path / 'target.json', tmp_path / 'results.json'
+    target.write_text('old')
+    link.symlink_to(target)
+    atomic_write_text(link, 'new')
+    assert link.is_symlink() and target.read_text() == 'new'
+    pipe, read = tmp_path / 'pipe', []
+    os.mkfifo(pipe)
+    reader = threading.Thread(target=lambda: read.append(pipe.read_text()), daemon=True)
+    reader.start()
+    try:
+        atomic_write_text(pipe, 'through the pipe')
+    finally:
+        if not read and reader.is_alive():
+            with open(pipe, 'w'):  # let the reader go, whatever the writer did
+                pass
+        reader.join(timeout=10)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and read == ['through the pipe']
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['pipe', 'results.json', 'target.json']
 
 
 @pytest.mark.slow

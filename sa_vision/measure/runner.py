@@ -62,7 +62,8 @@ def backward_tracing_problem(trace_autograd_ops: bool = True) -> Optional[str]:
     if not hasattr(torch._dynamo.config, 'trace_autograd_ops'):
         return f'torch {torch.__version__} has no torch._dynamo.config.trace_autograd_ops'
     from torch._dynamo.utils import counters
-    layer = nn.Linear(2, 1)
+    with torch.random.fork_rng(devices=[]):  # the caller's random stream stays as it was
+        layer = nn.Linear(2, 1)
 
     def step(x: torch.Tensor) -> None:
         layer(x).sum().backward()

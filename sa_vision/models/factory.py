@@ -149,7 +149,10 @@ def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Opti
     except ValueError as e:
         if isinstance(e, UserError):
             raise
-        # a value the model's own checks refuse (sa_args, the layers, timm's models): they name the keyword
+        # a value the model's own checks refuse (sa_args, the layers, timm's models) names its keyword; any other
+        # ValueError is no mistake of the user's to report as one
         named = [f'{key}={value!r}, from {(kwargs_sources or {}).get(key, "--model-kwargs")}'
                  for key, value in kwargs.items() if re.search(rf'\b{re.escape(key)}\b', str(e))]
-        raise UserError(f'{name} cannot be built{" (" + "; ".join(named) + ")" if named else ""}: {e}') from e
+        if not named:
+            raise
+        raise UserError(f'{name} cannot be built ({"; ".join(named)}): {e}') from e

@@ -61,6 +61,7 @@ def run_folder(args, resume_ckpt) -> Path:
 def _experiment_problem(name: str) -> Optional[str]:
     """What keeps ``--experiment`` from naming a folder below ``--output``, or None. timm's train.py joins the
     two as they are: an absolute name or a ``..`` would write elsewhere, ``.`` into ``--output`` itself."""
+    name = name or ''  # None from a config's 'experiment:' left empty
     if any(unicodedata.category(c) == 'Cc' for c in name):
         return 'it holds a control character (a tab, a new line, ...)'
     path = PurePath(name)

@@ -43,6 +43,9 @@ def torch_load(path: Path, map_location) -> Any:
         # say what broke, without torch's advice to load it unsafely
         detail = _UNPICKLER_ERROR.search(text)
         reason = detail.group(1).strip() if detail else (text.strip().splitlines() or [''])[0]
+        if path.stat().st_size == 0:
+            raise CheckpointError(f'{path} is empty: a save or a copy of it was cut short (a full disk, a killed '
+                                  f'copy). Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
         if not _looks_saved_by_torch(path):
             raise CheckpointError(
                 f'{path} is not a PyTorch checkpoint (torch.save writes a zip archive or a pickle; this file is '
