@@ -19,11 +19,13 @@ from helpers import usual_file_mode
 from sa_vision.layers import PositionalAttention
 from sa_vision.research.explorer import (
     ExplorerModel,
+    explorer_data,
     gallery_indices,
     load_positional_trajectory,
     positional_params,
     save_positional_trajectory,
     write_explorer,
+    write_explorer_page,
 )
 from sa_vision.train.data import create_image_dataset, dataset_info
 
@@ -198,8 +200,9 @@ def _pointer(driver, kind: str, row: float, col: float) -> None:
         '                                      clientY: r.top + (row + 0.5) * r.height / 16}));', kind, row, col)
 
 
-def test_a_click_pins_the_query_until_the_next_click(driver):
-    """Pointing moves the query; a click pins it, so that the pointer can go to the maps; a second click lets go."""
+def test_a_click_pins_the_query_until_a_click_on_it(driver):
+    """Pointing moves the query; a click pins it where it points (pinned or not: after the arrow keys too), so that
+    the pointer can go to the maps; a click on the pinned token lets go."""
     driver.execute_script('saExplorer.setModel(0); saExplorer.setPinned(false); saExplorer.setQuery(8, 8)')
     _pointer(driver, 'mousemove', 2, 3)
     assert driver.execute_script('return saExplorer.rendered().query') == [2, 3]
@@ -207,7 +210,10 @@ def test_a_click_pins_the_query_until_the_next_click(driver):
     _pointer(driver, 'mousemove', 15, 5)  # on the way down to the maps
     assert driver.execute_script('return saExplorer.rendered().query') == [4, 5]
     assert driver.find_element('id', 'queryText').text.endswith(', pinned')
-    _pointer(driver, 'click', 6, 7)
+    _pointer(driver, 'click', 6, 7)  # pinned elsewhere: the pin moves there
+    _pointer(driver, 'mousemove', 9, 1)
+    assert driver.execute_script('return saExplorer.state()')['query'] == [6, 7]
+    _pointer(driver, 'click', 6, 7)  # on the pinned token: let go
     _pointer(driver, 'mousemove', 9, 1)
     assert driver.execute_script('return saExplorer.rendered().query') == [9, 1]
     assert not driver.execute_script('return saExplorer.state().pinned')
@@ -274,21 +280,30 @@ def test_the_maps_sit_beside_the_image_and_a_narrow_window_keeps_its_width(drive
 
 
 def test_the_centres_figure_holds_far_centres_and_a_title_cannot_break_the_page(driver, page, tmp_path):
-    """A centre 11.5 tokens away widens the figure to hold it (it was cut at 8 without a word); one beyond the
-    farthest shift of the grid is named in the caption. The title is the user's text, '<!--<script>' too."""
+    """A centre 11.5 tokens away widens the figure to hold it, to 12 (it was cut at 8 without a word); one beyond
+    the farthest shift of the grid (15) is named in the caption. The title is the user's text, '<!--<script>' too,
+    and so are the class names (a Hub folder's label names), shown as text."""
     from selenium.webdriver.common.by import By
-    model = timm.create_model('sa_quadratic_cifar', **SMALL).eval()
+    far, beyond = (timm.create_model('sa_quadratic_cifar', **SMALL).eval() for _ in range(2))
     with torch.no_grad():
-        model.blocks[0].attn.position.centers[0] = torch.tensor([11.5, -3.0])
-        model.blocks[1].attn.position.centers[1] = torch.tensor([0.0, 20.0])
+        for model in (far, beyond):
+            model.blocks[0].attn.position.centers[0] = torch.tensor([11.5, -3.0])
+        beyond.blocks[1].attn.position.centers[1] = torch.tensor([0.0, 20.0])
     title = 'zoo <!--<script> </script> "test"'
-    far = write_explorer([ExplorerModel('far', model, 'digits')], tmp_path / 'far.html', num_images=2, title=title)
-    open_page(driver, far, timeout=120)  # a title that broke the page would leave it never ready
+    data = explorer_data([ExplorerModel('far', far, 'digits'), ExplorerModel('beyond', beyond, 'digits')],
+                         num_images=2, title=title)
+    data['dataset']['classes'] = [f'<i>{name}</i>' for name in data['dataset']['classes']]
+    path = write_explorer_page(data, tmp_path / 'far.html')
+    open_page(driver, path, timeout=120)  # a title that broke the page would leave it never ready
     try:
         assert driver.title == title
-        captions = [f.text for f in driver.find_elements(By.CSS_SELECTOR, '#centers figcaption')]
-        assert captions == ['Layer 1 (3 heads)', 'Layer 2 (3 heads; head 2 beyond the figure)']
-        assert '+-15 tokens shown' in driver.find_element(By.ID, 'centersHint').text
+        assert driver.find_element(By.ID, 'prediction').text.startswith('true class: <i>')
+        assert not driver.find_elements(By.CSS_SELECTOR, '#prediction i, #gallery i')  # no markup made of them
+        for index, captions, extent in ((0, ['Layer 1 (3 heads)', 'Layer 2 (3 heads)'], 12),
+                                        (1, ['Layer 1 (3 heads)', 'Layer 2 (3 heads; head 2 beyond the figure)'], 15)):
+            driver.execute_script(f'saExplorer.setModel({index})')
+            assert [f.text for f in driver.find_elements(By.CSS_SELECTOR, '#centers figcaption')] == captions
+            assert f'+-{extent} tokens shown' in driver.find_element(By.ID, 'centersHint').text
     finally:
         open_page(driver, page)
 
