@@ -36,7 +36,7 @@ def test_pipeline_stopped_by_ctrl_c_mid_stage_continues_and_delivers_the_zoo(tmp
     in_second_stage = False
     for line in proc.stdout:
         in_second_stage = in_second_stage or line.startswith('== [2/')
-        if in_second_stage and line.startswith('Saved checkpoint epoch 1/2'):
+        if in_second_stage and line.startswith('Saved checkpoint of epoch 0 (1/2 done)'):
             os.killpg(proc.pid, signal.SIGINT)
             break
     rest = proc.communicate(timeout=HANG_TIMEOUT_S)[0]

@@ -215,7 +215,8 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys, caplog, monkeypatch):
     relative = Path(os.path.relpath(run, ROOT))  # as a user in another folder names it; the log keeps it so
     status, log = train_here(caplog, capsys, '--resume', relative / 'last.pth.tar', '--epochs', 3, '--export')
     assert status == 0, log[-3000:]
-    assert f'Run folder {relative};' in log and f'Saved checkpoint epoch 3/3 to {relative / "last.pth.tar"}' in log
+    assert f'Run folder {relative};' in log and (f'Saved checkpoint of epoch 2 (3/3 done) to '
+                                                     f'{relative / "last.pth.tar"}') in log
     assert not (run / 'hub' / 'stale.txt').exists()
     assert (run / 'summary.csv').read_text().count('epoch,') == 1
     best = _best_epoch(run / 'summary.csv')

@@ -66,7 +66,7 @@ def train_killed_after_first_epoch(args) -> None:
     cmd = [*command('train'), *map(str, args)]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     for line in proc.stdout:
-        if line.startswith('Saved checkpoint epoch 1/'):
+        if line.startswith('Saved checkpoint of epoch 0 (1/'):
             proc.send_signal(signal.SIGKILL)
             break
     proc.wait(timeout=HANG_TIMEOUT_S)

@@ -319,8 +319,8 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log:
     summary = run_dir / 'summary.csv'
     evaluated = ckpt['metrics'] if ckpt['metrics'] is not None else dict.fromkeys(EVAL_METRICS, '')
     update_summary(epoch, train_metrics, evaluated, summary, write_header=not summary.is_file())
-    # said once every file of the epoch is written
-    log(f'Saved checkpoint epoch {epoch + 1}/{num_epochs} to {run_dir / RUN_CHECKPOINT}')
+    # said once every file of the epoch is written; the epoch counted from 0, as the Train: and Eval: lines count it
+    log(f'Saved checkpoint of epoch {epoch} ({epoch + 1}/{num_epochs} done) to {run_dir / RUN_CHECKPOINT}')
     if is_best:
         log(f'Best {args.eval_metric} so far ({metric_text(args.eval_metric, ckpt["best"]["metric"])}): '
             f'{run_dir / BEST_CHECKPOINT}')
