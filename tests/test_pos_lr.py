@@ -168,6 +168,9 @@ def test_run_timm_pos_lr_scale_reaches_a_train_py_optimizer(tmp_path, arch):
     scaled = {n for g in groups if g['lr_scale'] == 30. for n in g['names']}
     assert scaled == positional
     assert all(g['lr_scale'] in (None, 30.) for g in groups)
+    # said, since timm's log names only the optimizer
+    assert (f'sa_vision: --pos-lr-scale 30: {len(positional)} positional parameters of SelfAttentionNet ('
+            in proc.stderr), proc.stderr[-2000:]
     plain = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05)  # timm's own groups, unscaled
     decay = {n: g['weight_decay'] for g, names in zip(plain.param_groups, _group_names(model, plain)) for n in names}
     assert {n: g['weight_decay'] for g in groups for n in g['names']} == decay

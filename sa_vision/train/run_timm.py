@@ -23,7 +23,7 @@ from torch import nn
 import sa_vision  # noqa: F401  (registers the models with timm)
 
 from ..errors import UserError, freeze_at_exit, run_cli
-from ..models.param_groups import check_pos_lr_scale, param_groups_pos_lr
+from ..models.param_groups import check_pos_lr_scale, param_groups_pos_lr, positional_parameter_names
 
 __all__ = ['main', 'use_pos_lr_scale']
 
@@ -48,9 +48,22 @@ def use_pos_lr_scale(pos_lr_scale: float) -> None:
                                 'pass one of them')
             kwargs['param_group_fn'] = functools.partial(
                 param_groups_pos_lr, weight_decay=given.get('weight_decay', 0.), pos_lr_scale=pos_lr_scale)
+            _say_what_pos_lr_scales(model_or_params, pos_lr_scale)
         return create_optimizer_v2(model_or_params, *args, **kwargs)
 
     timm.optim.create_optimizer_v2 = with_pos_lr
+
+
+def _say_what_pos_lr_scales(model: nn.Module, pos_lr_scale: float) -> None:
+    """One line (from the first process of a distributed run) naming what --pos-lr-scale scales: timm's own log
+    shows only the optimizer it created."""
+    if int(os.environ.get('RANK', '0')) != 0:
+        return
+    names = positional_parameter_names(model)
+    what = (f'{len(names)} positional parameters of {type(model).__name__} ({", ".join(sorted(names)[:2])}'
+            f'{", ..." if len(names) > 2 else ""}) train at {pos_lr_scale:g}x the scheduled learning rate' if names
+            else f'{type(model).__name__} has no positional parameters: it changes nothing')
+    print(f'sa_vision: --pos-lr-scale {pos_lr_scale:g}: {what}', file=sys.stderr, flush=True)
 
 
 def _parser() -> argparse.ArgumentParser:
