@@ -377,7 +377,8 @@ def _misc_arguments(group) -> None:
                             'model_best.pth.tar is the best of the evaluated epochs')
     group.add_argument('--output', default=DEFAULT_OUTPUT, type=_output_folder, metavar='PATH',
                        help='runs are written here')
-    group.add_argument('--experiment', default='', type=str, metavar='NAME', help='run folder name')
+    group.add_argument('--experiment', default='', type=str, metavar='NAME',
+                       help='run folder name, a folder below --output (default: the time, the model and the dataset)')
     group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
                        help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
     group.add_argument('--save-epoch-weights', action='store_true', default=False,
