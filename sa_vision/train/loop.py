@@ -56,6 +56,7 @@ def _finished_note(epochs_done: int, num_epochs: int) -> str:
 
 
 def _log_resumed(args, run_dir: Path, start_epoch: int, num_updates: int, num_epochs: int) -> None:
+    """Where the run goes on and from which epoch, and that an earlier export stays unless --export replaces it."""
     log_primary(args, f'Resuming {run_dir} at epoch {start_epoch}, update {num_updates}'
                       f'{_finished_note(start_epoch, num_epochs)}')
     if (run_dir / 'hub').is_dir() and not args.export:
@@ -95,7 +96,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
         start_epoch, num_updates, history, best = restore(resume_ckpt, model, optimizer, lr_scheduler, loss_scaler)
         _log_resumed(args, run_dir, start_epoch, num_updates, num_epochs)
     train_model, eval_model = training_model(model, args, data_cfg, loss_fn, amp_ctx,
-                                              steps_left=(num_epochs - start_epoch) * len(train_loader))
+                                             steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
         run_dir = write_run_files(args, run_dir, new_run=resume_ckpt is None)
         log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
