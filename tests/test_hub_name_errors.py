@@ -126,3 +126,22 @@ def test_validate_offline_with_an_empty_cache(tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert 'Traceback' not in proc.stderr and proc.stderr.count('error: ') == 1, proc.stderr
     assert f"error: {NAME}: the Hugging Face Hub repository '{REPO}' could not be read" in proc.stderr
+
+
+@pytest.mark.parametrize('raised, reported', [(OSError('no route to host'), 'OSError: no route to host'),
+                                              (TypeError("unexpected keyword argument 'timeout'"), None)])
+def test_the_hub_probe_reports_no_answer_and_passes_on_a_changed_api(monkeypatch, raised, reported):
+    """No answer from the Hub is a reason to tell the user; a TypeError (a huggingface_hub whose API changed) is a
+    bug, passed on as it is rather than told as an unreachable Hub."""
+    import huggingface_hub
+
+    from sa_vision.models import _pretrained
+
+    def metadata(url, timeout):
+        raise raised
+    monkeypatch.setattr(huggingface_hub, 'get_hf_file_metadata', metadata)
+    if reported:
+        assert _pretrained._probe_hub('https://huggingface.co/x/resolve/main/config.json', 1.) == reported
+    else:
+        with pytest.raises(TypeError):
+            _pretrained._probe_hub('https://huggingface.co/x/resolve/main/config.json', 1.)

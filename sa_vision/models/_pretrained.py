@@ -92,6 +92,8 @@ def _probe_hub(url: str, timeout: float) -> Optional[str]:
         get_hf_file_metadata(url, timeout=timeout)
     except HfHubHTTPError:
         pass
+    except (TypeError, AttributeError, NameError):  # a huggingface_hub whose API changed: a bug, not the network
+        raise
     except Exception as e:  # noqa: BLE001  no answer: a refused or timed-out connection, a failed name lookup
         return f'{type(e).__name__}: {e}'
     return None
