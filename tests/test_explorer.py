@@ -235,6 +235,27 @@ def test_arrow_keys_move_the_query_only_from_the_image(driver):
     driver.execute_script('saExplorer.setModel(0)')
 
 
+def test_a_scale_per_head_brings_out_the_spread_heads(driver):
+    """On the shared scale only the heads holding the query's largest probability reach the scale's top colour; with
+    a scale per head (the checkbox) every head's brightest cell does, the spread-out ones included."""
+    from selenium.webdriver.common.by import By
+    top = 'const [r, g, b] = [253, 231, 37];'  # viridis' last colour, the scale's top
+    reaching_top = (top + 'return [...document.querySelectorAll("#maps canvas")].map(c => {'
+                    '  const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;'
+                    '  for (let k = 0; k < d.length; k += 4) {'
+                    '    if (d[k] === r && d[k + 1] === g && d[k + 2] === b) return 1;'
+                    '  }'
+                    '  return 0; });')
+    driver.execute_script('saExplorer.setModel(0); saExplorer.setPerHead(false); saExplorer.setQuery(8, 8)')
+    shared = driver.execute_script(reaching_top)
+    assert 0 < sum(shared) < len(shared), shared  # the test's heads are spread unequally
+    driver.find_element(By.ID, 'perHead').click()
+    assert driver.execute_script('return saExplorer.state().perHead')
+    assert driver.execute_script(reaching_top) == [1] * len(shared)
+    assert 'scale of its own' in driver.find_element(By.ID, 'scaleHint').text
+    driver.execute_script('saExplorer.setPerHead(false)')
+
+
 def test_a_thumbnail_is_chosen_from_the_keyboard(driver):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
