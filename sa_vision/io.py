@@ -23,9 +23,10 @@ PathLike = Union[str, os.PathLike]
 def atomic_write(path: PathLike) -> Iterator[Path]:
     """A temporary path beside ``path`` to write to, renamed over it when the block succeeds (removed otherwise):
     a crash or kill never leaves a half-written file. A symbolic link keeps pointing where it did, at the file
-    written; something that is no file (``/dev/stdout``, a pipe) is written into as ``open()`` would."""
+    written; something that is no file (a pipe), or a name of the system's (``/dev/stdout``, which is a file where
+    the output goes to one), is written into as ``open()`` would."""
     path = Path(path)
-    if path.exists() and not path.is_file():
+    if (path.exists() and not path.is_file()) or os.path.abspath(path).startswith(('/dev/', '/proc/')):
         yield path
         return
     path = Path(os.path.realpath(path))

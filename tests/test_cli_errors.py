@@ -269,6 +269,21 @@ def test_a_model_keyword_value_the_model_refuses_is_one_error_line_naming_it(com
     assert not (tmp_path / 'out').exists()
 
 
+@pytest.mark.parametrize('kwargs, message', [
+    (['drop_rate=2'], "sa_quadratic_cifar: drop_rate=2 (from --model-kwargs) is a probability: it must be between 0 "
+                      "and 1"),
+    (['proj_drop_rate=-0.1'], 'proj_drop_rate=-0.1 (from --model-kwargs) is a probability'),
+    (['heads_per_layer=0'], 'heads_per_layer=0, from --model-kwargs): heads_per_layer 0: every layer needs at least '
+                            'one head'),
+])
+def test_values_the_layers_refuse_without_naming_them_are_named(kwargs, message, capsys):
+    """nn.Dropout's 'dropout probability has to be between 0 and 1' and the layer's 'num_heads must be >= 1' name
+    no keyword of the user's: checked before, a command names it."""
+    line = _one_error(benchmark_script.main, ['--model', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dim=16',
+                                              'depth=1', *kwargs], capsys)
+    assert message in line, line
+
+
 def test_a_value_error_naming_no_keyword_is_no_user_error(monkeypatch):
     """A ValueError whose message names none of the keywords given (a bug, a broken config file) keeps its type and
     traceback: told as the user's mistake, it would hide where it came from."""

@@ -314,6 +314,7 @@ def test_the_centres_figure_holds_far_centres_and_a_title_cannot_break_the_page(
     data = explorer_data([ExplorerModel('far', far, 'digits'), ExplorerModel('beyond', beyond, 'digits')],
                          num_images=2, title=title)
     data['dataset']['classes'] = [f'<i>{name}</i>' for name in data['dataset']['classes']]
+    data['models'][1]['trained_on'] = '<i>elsewhere</i>'  # a checkpoint's own dataset name
     path = write_explorer_page(data, tmp_path / 'far.html')
     open_page(driver, path, timeout=120)  # a title that broke the page would leave it never ready
     try:
@@ -325,6 +326,8 @@ def test_the_centres_figure_holds_far_centres_and_a_title_cannot_break_the_page(
             driver.execute_script(f'saExplorer.setModel({index})')
             assert [f.text for f in driver.find_elements(By.CSS_SELECTOR, '#centers figcaption')] == captions
             assert f'+-{extent} tokens shown' in driver.find_element(By.ID, 'centersHint').text
+        assert 'trained on <i>elsewhere</i>' in driver.find_element(By.ID, 'prediction').text
+        assert not driver.find_elements(By.CSS_SELECTOR, '#prediction i, #gallery i')
     finally:
         open_page(driver, page)
 

@@ -177,6 +177,21 @@ def test_a_link_or_a_pipe_is_written_through_not_replaced(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ['pipe', 'results.json', 'target.json']
 
 
+def test_dev_stdout_going_to_a_file_keeps_what_is_printed_after(capfd):
+    """--results-file /dev/stdout with the output sent to a file (here pytest's): /dev/stdout then resolves to that
+    file, and a rename over it would leave what is printed next in a deleted file. Written as open() writes it (the
+    reference, as timm's validate.py writes its results file)."""
+    from sa_vision.io import atomic_write_text
+    outputs = []
+    for write in (lambda: Path('/dev/stdout').write_text('results\n'), lambda: atomic_write_text('/dev/stdout',
+                                                                                                  'results\n')):
+        print('before', flush=True)
+        write()
+        print('after', flush=True)
+        outputs.append(capfd.readouterr().out)
+    assert outputs[1] == outputs[0] and outputs[0].endswith('after\n'), outputs
+
+
 @pytest.mark.slow
 def test_a_run_folder_holds_one_run(tmp_path, capsys, caplog, monkeypatch):
     monkeypatch.chdir(ROOT)  # a user's folder, which the relative path below names the run from

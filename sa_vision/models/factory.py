@@ -78,6 +78,19 @@ def _check_number_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[
                             f'{wanted} (default {param.default!r})')
 
 
+# the dropout and stochastic-depth probabilities of timm's models and ours (drop_rate, proj_drop_rate, ...)
+_RATE_KEYWORD = re.compile(r'(^|_)drop(_path)?_rate$')
+
+
+def _check_rate_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[Mapping[str, str]]) -> None:
+    """A dropout probability outside [0, 1] fails inside ``nn.Dropout`` with a message that names no keyword:
+    say which one."""
+    for key, value in kwargs.items():
+        if _RATE_KEYWORD.search(key) and isinstance(value, (int, float)) and not 0 <= value <= 1:
+            source = (kwargs_sources or {}).get(key, '--model-kwargs')
+            raise UserError(f'{name}: {key}={value!r} (from {source}) is a probability: it must be between 0 and 1')
+
+
 def _hub_repo(name: str, kwargs: Mapping) -> Optional[str]:
     """The Hub repository ``timm.create_model(name, pretrained=True, **kwargs)`` reads, None where none is named."""
     source, model_id = parse_model_name(name)
@@ -120,6 +133,7 @@ def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Opti
     """``timm.create_model(name, pretrained, **kwargs)``; ``kwargs_sources`` says where each keyword came from
     (``--model-kwargs`` where it does not), for the error of a keyword the model does not take."""
     _check_number_keywords(name, kwargs, kwargs_sources)
+    _check_rate_keywords(name, kwargs, kwargs_sources)
     try:
         with _hub_errors(name, kwargs):
             return timm.create_model(name, pretrained=pretrained, **kwargs)

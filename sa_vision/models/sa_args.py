@@ -12,6 +12,8 @@ def checked_heads_per_layer(heads_per_layer: Union[int, Sequence[int]], depth: i
     heads = tuple(int(h) for h in ((heads_per_layer,) * depth if isinstance(heads_per_layer, int) else heads_per_layer))
     if len(heads) != depth:
         raise ValueError(f'heads_per_layer has {len(heads)} entries but depth is {depth}')
+    if min(heads, default=1) < 1:
+        raise ValueError(f'heads_per_layer {heads_per_layer!r}: every layer needs at least one head')
     if attn_kind not in ATTENTION_KINDS:
         raise ValueError(f'attn_kind {attn_kind!r} is not one of {ATTENTION_KINDS}')
     return heads
