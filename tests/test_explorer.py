@@ -235,7 +235,7 @@ def test_arrow_keys_move_the_query_only_from_the_image(driver):
     driver.execute_script('saExplorer.setModel(0)')
 
 
-def test_a_scale_per_head_brings_out_the_spread_heads(driver):
+def test_a_scale_per_head_brings_out_the_spread_heads(driver, models):
     """On the shared scale only the heads holding the query's largest probability reach the scale's top colour; with
     a scale per head (the checkbox) every head's brightest cell does, the spread-out ones included."""
     from selenium.webdriver.common.by import By
@@ -253,6 +253,13 @@ def test_a_scale_per_head_brings_out_the_spread_heads(driver):
     assert driver.execute_script('return saExplorer.state().perHead')
     assert driver.execute_script(reaching_top) == [1] * len(shared)
     assert 'scale of its own' in driver.find_element(By.ID, 'scaleHint').text
+    # each head's top is named under its map: its largest probability, as sa_vision's layers give it
+    captions = [c.text for c in driver.find_elements(By.CSS_SELECTOR, '#maps .head div')]
+    heads = [(layer, head) for layer in range(2) for head in range(3)]
+    assert [c.split(' · ')[0] for c in captions] == [f'head {h + 1}' for _, h in heads]
+    for caption, (layer, head) in zip(captions, heads):
+        largest = float(reference_probs(models[0].model, layer, head, 8, 8).max())
+        assert float(caption.split(' · ')[1]) == pytest.approx(largest, rel=0.05), (caption, largest)
     driver.execute_script('saExplorer.setPerHead(false)')
 
 
