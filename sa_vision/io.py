@@ -65,6 +65,10 @@ def atomic_duplicate(src: PathLike, dst: PathLike) -> None:
     """``dst`` becomes a copy of ``src`` at once: a hard link where the file system allows (no second copy of the
     tensors, as timm's ``CheckpointSaver`` keeps ``model_best``), else a copy, renamed over ``dst``."""
     with atomic_write(dst) as tmp:
+        if Path(tmp) == Path(dst):  # a pipe or a name of the system's: written into (atomic_write)
+            with open(src, 'rb') as source, open(tmp, 'wb') as copy:
+                shutil.copyfileobj(source, copy)
+            return
         try:
             os.link(src, tmp)
         except OSError:
@@ -109,9 +113,15 @@ def folder_problem(folder: PathLike) -> Optional[str]:
 
 def file_problem(path: PathLike) -> Optional[str]:
     """What would stop the file ``path`` from being written (a folder of that name, a folder above it that cannot be
-    created, see :func:`folder_problem`), in words, or None; nothing is created."""
+    created, see :func:`folder_problem`; for a symbolic link, the folder of the file it points at), in words, or
+    None; nothing is created."""
     if Path(path).is_dir() or str(path).endswith(('/', os.sep)):  # Path('x/') is 'x': the slash says "a folder"
         return f'{path} is a folder: name the file to write'
+    if Path(path).is_symlink():  # written where it points (atomic_write), a folder nothing creates
+        target = Path(os.path.realpath(path))
+        if not target.parent.is_dir():
+            return f'{path} is a link to {target}, in a folder that does not exist'
+        return folder_problem(target.parent)
     return folder_problem(Path(path).parent)
 
 

@@ -177,6 +177,38 @@ def test_a_link_or_a_pipe_is_written_through_not_replaced(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ['pipe', 'results.json', 'target.json']
 
 
+def test_a_link_into_a_missing_folder_is_named_before_writing(tmp_path):
+    """A results file named by a link into a folder that does not exist: open() would fail, so file_problem says
+    so (it used to pass, and the write failed with a bare FileNotFoundError); a link into an existing folder is
+    fine, and a duplicate into a pipe is written into it, as atomic_write writes."""
+    import os
+    import threading
+
+    from sa_vision.io import atomic_duplicate, file_problem
+    dangling = tmp_path / 'results.csv'
+    dangling.symlink_to(tmp_path / 'gone' / 'results.csv')
+    with pytest.raises(FileNotFoundError):
+        open(dangling, 'w')
+    assert file_problem(dangling) == (f'{dangling} is a link to {tmp_path / "gone" / "results.csv"}, '
+                                      f'in a folder that does not exist')
+    pointing = tmp_path / 'new.csv'
+    pointing.symlink_to(tmp_path / 'not yet.csv')
+    assert file_problem(pointing) is None
+    source, pipe, read = tmp_path / 'last.pth.tar', tmp_path / 'pipe', []
+    source.write_bytes(b'weights')
+    os.mkfifo(pipe)
+    reader = threading.Thread(target=lambda: read.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        atomic_duplicate(source, pipe)
+    finally:
+        if not read and reader.is_alive():
+            with open(pipe, 'w'):  # let the reader go, whatever the writer did
+                pass
+        reader.join(timeout=10)
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and read == [b'weights']
+
+
 def test_dev_stdout_going_to_a_file_keeps_what_is_printed_after(capfd):
     """--results-file /dev/stdout with the output sent to a file (here pytest's): /dev/stdout then resolves to that
     file, and a rename over it would leave what is printed next in a deleted file. Written as open() writes it (the
