@@ -103,6 +103,20 @@ def test_layer_summary_sees_a_full_3x3_kernel():
     assert summary['hard_heads'] == 9 and summary['distinct_shifts'] == 9 and summary['covers_3x3']
 
 
+def test_heads_of_precision_near_0_are_counted_as_uniform():
+    """A head whose precision fell to about 0 attends every key alike (the paper's App. A.1 saw such heads); a wide
+    head whose largest probability stays below 1.5 / positions counts too, one above it does not (numpy maps)."""
+    model = small('sa_quadratic_cifar')
+    for head, factor in enumerate((0., 0.1, 0.2)):
+        set_quadratic(model, 0, head, (0., 0.), factor)
+    rows = head_statistics(model)
+    peaks = [gaussian_map((0., 0.), factor ** 2 * np.eye(2)).max() * 256 for factor in (0., 0.1, 0.2)]
+    assert peaks[0] == pytest.approx(1.0) and peaks[1] < 1.5 < peaks[2]
+    assert [r['uniform'] for r in rows[:3]] == [True, True, False]
+    assert rows[0]['entropy'] == pytest.approx(math.log(256), rel=1e-6)
+    assert layer_summary(rows)[0]['uniform_heads'] == 2
+
+
 def test_generalized_covariance_is_inverse_precision():
     model = small('sa_gen_cifar')
     s = torch.tensor([[1.5, 0.], [0.7, 0.4]])

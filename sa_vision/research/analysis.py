@@ -6,8 +6,10 @@ of one interior query pixel:
 ``center_row/col`` (``mu_h`` for the Gaussian kinds, else the mean shift), ``mean_row/col`` (the probability-weighted
 mean shift, which differs from ``mu_h`` near borders), ``cov_*`` (``M_h^-1``, Gaussian kinds only, NaN otherwise),
 ``r50`` / ``r90`` (radius around the mean holding 50 / 90 % of the mass), ``peak`` (the largest probability),
-``entropy`` (nats) and ``peak_row/col`` (the grid shift holding ``peak``: a centre beyond the grid's border peaks on
-the border). :func:`layer_summary` says per layer how convolutional it is (docs/research.md).
+``entropy`` (nats), ``peak_row/col`` (the grid shift holding ``peak``: a centre beyond the grid's border peaks on
+the border) and ``uniform`` (no key gets more than :data:`UNIFORM_PEAK_RATIO` times the uniform ``1 / positions``:
+the head averages the whole grid, as the paper's App. A.1 found heads of precision near 0 do).
+:func:`layer_summary` says per layer how convolutional it is (docs/research.md).
 Shifts are (row, col) = (down, right) in grid units; one grid unit is 2 image pixels (space-to-depth).
 """
 import csv
@@ -29,13 +31,17 @@ from ..tables import markdown_table
 from ..train.checkpoint import infer_model_args, load_model  # noqa: F401  (re-exported: the scripts' one loader)
 
 __all__ = [
-    'GAUSSIAN_KINDS', 'attention_layers', 'center_shifts', 'center_shift_median', 'default_grid_size',
+    'GAUSSIAN_KINDS', 'UNIFORM_PEAK_RATIO', 'attention_layers', 'center_shifts', 'center_shift_median',
+    'default_grid_size',
     'interior_query', 'attention_probs', 'query_maps', 'head_centers', 'head_precisions', 'head_covariances',
     'mass_radius', 'gaussian_contour', 'head_statistics', 'layer_summary', 'format_table', 'table_format',
     'write_table', 'load_model', 'infer_model_args',
 ]
 
 GAUSSIAN_KINDS = ('quadratic', 'generalized')
+# our threshold: a head whose largest probability is below 1.5 / positions spreads over nearly every key (the kept
+# zoos' heads are at 1.0-1.15 or above 2.4)
+UNIFORM_PEAK_RATIO = 1.5
 
 
 def attention_layers(model: nn.Module) -> List[PositionalAttention]:
@@ -260,6 +266,7 @@ def head_statistics(
                 'peak': float(flat.max()), 'entropy': entropy,
                 'peak_row': int(peaks[head]) // grid_size[1] - query[0],
                 'peak_col': int(peaks[head]) % grid_size[1] - query[1],
+                'uniform': float(flat.max()) * flat.numel() <= UNIFORM_PEAK_RATIO,
             })
     return rows
 
@@ -267,7 +274,8 @@ def head_statistics(
 def layer_summary(rows: Sequence[Dict[str, Any]], hard_threshold: float = 0.5) -> List[Dict[str, Any]]:
     """Per layer, how convolutional it is: ``hard_heads`` are near-hard, their ``peak`` is ``hard_threshold`` or more
     (our threshold; Lemma 1's heads put probability exactly 1 on their shift), ``distinct_shifts`` counts the grid
-    shifts they peak on, ``peak_row/col`` (a ``K x K`` convolution needs ``K*K``)."""
+    shifts they peak on, ``peak_row/col`` (a ``K x K`` convolution needs ``K*K``); ``uniform_heads`` average the
+    whole grid (``uniform``)."""
     summary = []
     for layer in sorted({r['layer'] for r in rows}):
         heads = [r for r in rows if r['layer'] == layer]
@@ -275,7 +283,8 @@ def layer_summary(rows: Sequence[Dict[str, Any]], hard_threshold: float = 0.5) -
         shifts = {(r['peak_row'], r['peak_col']) for r in hard}
         kernel_3x3 = {(i, j) for i in (-1, 0, 1) for j in (-1, 0, 1)}
         summary.append({
-            'layer': layer, 'heads': len(heads), 'hard_heads': len(hard), 'distinct_shifts': len(shifts),
+            'layer': layer, 'heads': len(heads), 'hard_heads': len(hard),
+            'uniform_heads': sum(r['uniform'] for r in heads), 'distinct_shifts': len(shifts),
             'covers_3x3': kernel_3x3 <= shifts,
             'mean_entropy': sum(r['entropy'] for r in heads) / len(heads),
             'shifts': sorted(shifts),
