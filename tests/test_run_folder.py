@@ -35,6 +35,27 @@ def _files(folder: Path) -> dict:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob('*')) if p.is_file()}
 
 
+def _written_into_pipe(pipe: Path, write) -> bytes:
+    """What ``write()`` writes into the named pipe ``pipe``, read by a thread. Never blocks: where the writer never
+    opened the pipe, the reader is let go by a non-blocking open (a blocking one would wait forever for a reader
+    that has already read and gone)."""
+    import threading
+    read = []
+    reader = threading.Thread(target=lambda: read.append(pipe.read_bytes()), daemon=True)
+    reader.start()
+    try:
+        write()
+    finally:
+        reader.join(timeout=10)
+        if reader.is_alive():
+            try:
+                os.close(os.open(pipe, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader has the pipe open (ENXIO): nothing to let go
+                pass
+            reader.join(timeout=10)
+    return b''.join(read)
+
+
 def _best_epoch(summary: Path) -> int:
     """The epochs done at the best top-1 of summary.csv: the first of equal ones (a later epoch must beat it)."""
     with open(summary) as f:
@@ -153,27 +174,16 @@ def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
 def test_a_link_or_a_pipe_is_written_through_not_replaced(tmp_path):
     """A results file named by a symbolic link updates the file it points at (the link stays); a pipe, as
     /dev/stdout often is, is written into, as open() writes, not replaced by a file of that name."""
-    import os
-    import threading
-
     from sa_vision.io import atomic_write_text
     target, link = tmp_path / 'target.json', tmp_path / 'results.json'
     target.write_text('old')
     link.symlink_to(target)
     atomic_write_text(link, 'new')
     assert link.is_symlink() and target.read_text() == 'new'
-    pipe, read = tmp_path / 'pipe', []
+    pipe = tmp_path / 'pipe'
     os.mkfifo(pipe)
-    reader = threading.Thread(target=lambda: read.append(pipe.read_text()), daemon=True)
-    reader.start()
-    try:
-        atomic_write_text(pipe, 'through the pipe')
-    finally:
-        if not read and reader.is_alive():
-            with open(pipe, 'w'):  # let the reader go, whatever the writer did
-                pass
-        reader.join(timeout=10)
-    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and read == ['through the pipe']
+    assert _written_into_pipe(pipe, lambda: atomic_write_text(pipe, 'through the pipe')) == b'through the pipe'
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
     assert sorted(p.name for p in tmp_path.iterdir()) == ['pipe', 'results.json', 'target.json']
 
 
@@ -181,9 +191,6 @@ def test_a_link_into_a_missing_folder_is_named_before_writing(tmp_path):
     """A results file named by a link into a folder that does not exist: open() would fail, so file_problem says
     so (it used to pass, and the write failed with a bare FileNotFoundError); a link into an existing folder is
     fine, and a duplicate into a pipe is written into it, as atomic_write writes."""
-    import os
-    import threading
-
     from sa_vision.io import atomic_duplicate, file_problem
     dangling = tmp_path / 'results.csv'
     dangling.symlink_to(tmp_path / 'gone' / 'results.csv')
@@ -194,19 +201,11 @@ def test_a_link_into_a_missing_folder_is_named_before_writing(tmp_path):
     pointing = tmp_path / 'new.csv'
     pointing.symlink_to(tmp_path / 'not yet.csv')
     assert file_problem(pointing) is None
-    source, pipe, read = tmp_path / 'last.pth.tar', tmp_path / 'pipe', []
+    source, pipe = tmp_path / 'last.pth.tar', tmp_path / 'pipe'
     source.write_bytes(b'weights')
     os.mkfifo(pipe)
-    reader = threading.Thread(target=lambda: read.append(pipe.read_bytes()), daemon=True)
-    reader.start()
-    try:
-        atomic_duplicate(source, pipe)
-    finally:
-        if not read and reader.is_alive():
-            with open(pipe, 'w'):  # let the reader go, whatever the writer did
-                pass
-        reader.join(timeout=10)
-    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and read == [b'weights']
+    assert _written_into_pipe(pipe, lambda: atomic_duplicate(source, pipe)) == b'weights'
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
 
 
 def test_dev_stdout_going_to_a_file_keeps_what_is_printed_after(capfd):
