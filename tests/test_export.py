@@ -129,7 +129,8 @@ def test_jit_trace_matches_eager_at_other_batch_sizes(name):
 @pytest.mark.parametrize('name', ALL_MODELS)
 def test_torch_export_with_dynamic_batch_matches_eager(name):
     model = make_model(name)
-    program = torch.export.export(model, (torch.randn(EXPORT_SHAPE),), dynamic_shapes={'x': {0: Dim('batch')}})
+    # Dim.DYNAMIC, as docs/export.md exports: torch 2.11 cannot prove a guard of three models under Dim('batch')
+    program = torch.export.export(model, (torch.randn(EXPORT_SHAPE),), dynamic_shapes={'x': {0: Dim.DYNAMIC}})
     exported = program.module()
     for b in (1, 5):
         x = torch.randn(b, 3, 32, 32)
