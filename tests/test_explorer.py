@@ -17,6 +17,7 @@ from browser import chromium_driver, console_errors, open_page, page_probs, requ
 from helpers import usual_file_mode
 
 from sa_vision.layers import PositionalAttention
+from sa_vision.research.analysis import UNIFORM_PEAK_RATIO, head_statistics
 from sa_vision.research.explorer import (
     ExplorerModel,
     explorer_data,
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(embed_dim=16, depth=2, mlp_hidden_dim=32, heads_per_layer=3, num_classes=10)
 NUM_IMAGES = 6
 TOLERANCE = 1e-5
+UNIFORM_HEAD = (0, 1)  # (layer, head) of the quadratic model made uniform by the fixture
 
 
 def _trained_looking(model: torch.nn.Module, generator: torch.Generator) -> torch.nn.Module:
@@ -55,6 +57,12 @@ def models():
     torch.manual_seed(0)
     quadratic = _trained_looking(timm.create_model('sa_quadratic_cifar', **SMALL), generator)
     initial = _trained_looking(copy.deepcopy(quadratic), generator)  # the "epoch-000" centres
+    # one head ends uniform, of precision near 0 as some of the kept zoos' heads: its largest probability is 1.1-1.4
+    # times 1 / 256 at the test's queries, so that a threshold of 1 or 1.2 instead of UNIFORM_PEAK_RATIO is caught
+    with torch.no_grad():
+        layer, head = UNIFORM_HEAD
+        position = [m for m in quadratic.modules() if isinstance(m, PositionalAttention)][layer].position
+        position.precision_factors[head] = 0.05
     epochs = {'epoch-000': positional_params(initial.state_dict()),
               'epoch-001': positional_params(quadratic.state_dict())}
     pruned = _trained_looking(timm.create_model('sa_gen_cifar', **{**SMALL, 'heads_per_layer': (3, 2)}), generator)
@@ -263,6 +271,33 @@ def test_a_scale_per_head_brings_out_the_spread_heads(driver, models):
     driver.execute_script('saExplorer.setPerHead(false)')
 
 
+def _uniform_captions(driver):
+    from selenium.webdriver.common.by import By
+    captions = [c.text for c in driver.find_elements(By.CSS_SELECTOR, '#maps .head div')]
+    heads = SMALL['heads_per_layer']
+    return [(i // heads, i % heads) for i, c in enumerate(captions) if c.endswith(' · uniform')]
+
+
+def test_a_uniform_head_is_named_under_its_map(driver, models):
+    """'uniform' under a map where the query's largest probability is at most UNIFORM_PEAK_RATIO / 256, by
+    sa_vision's layers in float64 and by head_statistics; the kept epoch 0 has no such head."""
+    heads = [(layer, head) for layer in range(2) for head in range(3)]
+    for per_head in ('false', 'true'):
+        for row, col in ((8, 8), (0, 15)):
+            driver.execute_script(f'saExplorer.setModel(0); saExplorer.setPerHead({per_head}); '
+                                  f'saExplorer.setQuery({row}, {col})')
+            want = [(layer, head) for layer, head in heads
+                    if float(reference_probs(models[0].model, layer, head, row, col).max()) * 256 <= UNIFORM_PEAK_RATIO]
+            assert _uniform_captions(driver) == want == [UNIFORM_HEAD], (row, col)
+    statistics = head_statistics(models[0].model, grid_size=(16, 16), query=(8, 8))
+    assert [(r['layer'] - 1, r['head'] - 1) for r in statistics if r['uniform']] == [UNIFORM_HEAD]
+    try:
+        driver.execute_script('saExplorer.setEpoch(0)')
+        assert _uniform_captions(driver) == []
+    finally:
+        driver.execute_script('saExplorer.setEpoch(1); saExplorer.setPerHead(false); saExplorer.setQuery(8, 8)')
+
+
 def test_a_thumbnail_is_chosen_from_the_keyboard(driver):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
@@ -407,6 +442,8 @@ def test_screenshot_holds_distinct_heat_maps(driver, tmp_path):
     heads = [np.asarray(Image.open(io.BytesIO(c.screenshot_as_png)).convert('L'), dtype=np.float64)
              for c in driver.find_elements(By.CSS_SELECTOR, '#maps canvas')]
     assert len(heads) == 6
+    # the uniform head is nearly blank on the shared scale: that is why the page names it
+    del heads[UNIFORM_HEAD[0] * SMALL['heads_per_layer'] + UNIFORM_HEAD[1]]
     assert all(h.std() > 10 for h in heads), 'a blank heat map'
     differences = [np.abs(a - b).mean() for i, a in enumerate(heads) for b in heads[i + 1:]]
     assert min(differences) > 2, 'two heads drawn alike'

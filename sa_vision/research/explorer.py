@@ -28,7 +28,7 @@ from ..train.checkpoint import (
     weights_path,
 )
 from ..train.data import create_image_dataset, dataset_for_tag, dataset_info, normalization
-from .analysis import attention_layers
+from .analysis import UNIFORM_PEAK_RATIO, attention_layers
 
 __all__ = [
     'POSITIONAL_EPOCHS_FILE', 'ExplorerModel', 'resolve_explorer_model', 'positional_params', 'run_epochs',
@@ -290,6 +290,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
                    'width': pixels.shape[3], 'pixels': _b64(pixels, torch.uint8), 'indices': indices,
                    'labels': [int(targets[i]) for i in indices]},
         'models': [_model_record(m, images, normalized, class_names, gallery_dataset=info.name) for m in models],
+        'uniform_peak_ratio': UNIFORM_PEAK_RATIO,  # the page names a head uniform as head_statistics does
     }
 
 
