@@ -97,16 +97,25 @@ def _read_guard(zoo: Path, table: Path, rows: List[Dict[str, Any]]):
     return digests, logits
 
 
+def _test_split(dataset: str, data_dir: Optional[str], img_size: int):
+    """The test split in the training pipeline's preprocessing at ``img_size``."""
+    from ..train.data import create_image_dataset
+    info = dataset_info(dataset)
+    return create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, img_size=img_size)
+
+
+def _first_images(ds):
+    """The first :data:`GUARD_IMAGES` images of ``ds`` and their labels."""
+    import torch
+    items = [ds[i] for i in range(GUARD_IMAGES)]
+    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items])
+
+
 def _guard_batch(dataset: str, data_dir: Optional[str], img_size: int):
     """The first :data:`GUARD_IMAGES` images of the test split and their labels, in the training pipeline's
     preprocessing at ``img_size``, and the split's size."""
-    import torch
-
-    from ..train.data import create_image_dataset
-    info = dataset_info(dataset)
-    ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, img_size=img_size)
-    items = [ds[i] for i in range(GUARD_IMAGES)]
-    return torch.stack([x for x, _ in items]), torch.tensor([y for _, y in items]), len(ds)
+    ds = _test_split(dataset, data_dir, img_size)
+    return (*_first_images(ds), len(ds))
 
 
 def logits_tolerance(model, scale: float) -> float:
@@ -158,12 +167,10 @@ def record_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None) -
         weights = folder / 'model.safetensors'
         digests.append(f'{_sha256(weights)}  {os.path.relpath(weights, paths["digests"].parent)}')
         model = model_as_trained(folder)
-        images, _, _ = _guard_batch(row['dataset'], data_dir, 32)
+        ds = _test_split(row['dataset'], data_dir, 32)
+        images, _ = _first_images(ds)
         with torch.no_grad():
             logits[row['model']] = model(images).float().contiguous()
-        from ..train.data import create_image_dataset
-        info = dataset_info(row['dataset'])
-        ds = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir)
         card = _card_top1(folder, row, len(ds))
         if card is not None and not card[1]:  # a guard of other weights than the table's would pass them
             raise ReproductionError(f'{folder}: its card claims top-1 {card[0]:.2f}, {table} {float(row["top1"]):.2f}: '
