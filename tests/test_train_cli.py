@@ -180,8 +180,9 @@ def test_resume_refuses_another_folder_and_fewer_epochs_than_done_and_says_what_
 
 
 def test_an_export_without_model_best_warns_where_an_earlier_epoch_was_better(adamw_run, tmp_path, caplog):
-    """A run resumed from before model_best.pth.tar was written (here: it is removed) exports its last epoch; where
-    the run's record names an earlier epoch as the best, the log says so."""
+    """A run killed before its best epoch's model_best.pth.tar was written (here: it is removed) gets it back from
+    last.pth.tar when resumed, and exports it. Where an earlier epoch was the best and its model_best is gone (a
+    user removed it), the last epoch is exported and the log says so."""
     import shutil
     run = tmp_path / 'run'
     shutil.copytree(adamw_run.parent, run)
@@ -193,14 +194,23 @@ def test_an_export_without_model_best_warns_where_an_earlier_epoch_was_better(ad
     exported = []
 
     def export(source, folder):
-        exported.append(source.name)
+        exported.append((source.name, _load(source)['epoch']))
+        shutil.rmtree(folder, ignore_errors=True)
         folder.mkdir()
         return []
     with caplog.at_level(logging.INFO, logger='train'):
         training.main(['--resume', str(run / 'last.pth.tar'), '--export', '--log-interval', '100'], export=export)
-    assert exported == ['last.pth.tar'] and _load(run / 'last.pth.tar')['epoch'] == 1
-    assert (f'warning: no model_best.pth.tar in {run} (the run was resumed from before it was written): exporting '
-            f'the last epoch, 2, although its record names epoch 1 as the best by top1 (100.00)') in caplog.text
+    assert exported == [('model_best.pth.tar', 0)] and _load(run / 'last.pth.tar')['epoch'] == 1
+    kept = _load(run / 'model_best.pth.tar')['state_dict']
+    assert torch.equal(kept['head.weight'], ckpt['state_dict']['head.weight'])
+
+    (run / 'model_best.pth.tar').unlink()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger='train'):
+        training.main(['--resume', str(run / 'last.pth.tar'), '--export', '--log-interval', '100'], export=export)
+    assert exported[1:] == [('last.pth.tar', 1)]
+    assert (f'warning: no model_best.pth.tar in {run}: exporting the last epoch, 2, although its record names '
+            f'epoch 1 as the best by top1 (100.00)') in caplog.text
 
 
 def test_resume_with_more_epochs_follows_the_longer_schedule(adamw_run, tmp_path):
@@ -252,7 +262,7 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
     (run / 'summary.csv').unlink()
     unevaluated = dict(sparse, epoch=0, metrics=None, best=None, history=sparse['history'][:1])  # epoch 0 done
     save_epoch(unevaluated, None, argparse.Namespace(save_epoch_weights=False, eval_metric='top1'), run,
-               {'loss': 1.0}, lambda msg: None)
+               lambda msg: None)
     assert (run / 'summary.csv').read_text().splitlines()[1].endswith(',,,,')  # its eval_ columns empty
     ckpt = read_checkpoint(run / 'last.pth.tar')
     card = training_summary(ckpt, weights_label(ckpt))

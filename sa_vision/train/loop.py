@@ -42,6 +42,7 @@ from .state import (
     checkpoint_dict,
     metric_text,
     parse_run_args,
+    repair_run_files,
     resolve_model_args,
     restore,
     save_epoch,
@@ -55,13 +56,32 @@ def _finished_note(epochs_done: int, num_epochs: int) -> str:
             f'goes on); its result follows' if epochs_done >= num_epochs else '')
 
 
-def _log_resumed(args, run_dir: Path, start_epoch: int, num_updates: int, num_epochs: int) -> None:
-    """Where the run goes on and from which epoch, and that an earlier export stays unless --export replaces it."""
+def _log_resumed(args, run_dir: Path, resume_ckpt, start_epoch: int, num_updates: int, num_epochs: int,
+                 updates_per_epoch: int) -> None:
+    """Where the run goes on and from which epoch, how an epoch's updates changed (the run's saved count against
+    ``updates_per_epoch`` now), and that an earlier export stays unless --export replaces it."""
+    saved_updates = resume_ckpt.meta['num_updates']
     log_primary(args, f'Resuming {run_dir} at epoch {start_epoch}, update {num_updates}'
                       f'{_finished_note(start_epoch, num_epochs)}')
+    if num_updates != saved_updates and start_epoch:
+        log_primary(args, f'note: an epoch is now {updates_per_epoch} updates, {saved_updates // start_epoch} before '
+                          f'(--batch-size or the processes changed): the schedule goes on from update {num_updates}, '
+                          f'the start of epoch {start_epoch}')
     if (run_dir / 'hub').is_dir() and not args.export:
         log_primary(args, f'note: {run_dir / "hub"} stays the export of an earlier epoch (its README.md says which); '
                           f'--export replaces it')
+
+
+# what a finished run resumed with other values of evaluates anew: its checkpoint's metrics are of the old ones
+_EVALUATION_ARGS = {'dataset', 'data_dir', 'val_split'}
+
+
+def _resumed_metrics(args, resume_ckpt) -> Optional[dict]:
+    """The evaluation a resumed run reports where it has no epoch left to train: its last epoch's, unless the
+    command line asks for another one (None: evaluated anew)."""
+    if resume_ckpt is None or _EVALUATION_ARGS & set(args.resume_changes):
+        return None
+    return resume_ckpt.meta.get('metrics')
 
 
 def is_better(metric: str, value: float, best: float) -> bool:
@@ -93,17 +113,20 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
 
     start_epoch, num_updates, history, best = 0, 0, [], None
     if resume_ckpt is not None:
-        start_epoch, num_updates, history, best = restore(resume_ckpt, model, optimizer, lr_scheduler, loss_scaler)
-        _log_resumed(args, run_dir, start_epoch, num_updates, num_epochs)
+        start_epoch, num_updates, history, best = restore(resume_ckpt, model, optimizer, lr_scheduler, loss_scaler,
+                                                          len(train_loader))
+        _log_resumed(args, run_dir, resume_ckpt, start_epoch, num_updates, num_epochs, len(train_loader))
     train_model, eval_model = training_model(model, args, data_cfg, loss_fn, amp_ctx,
                                              steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
-        run_dir = write_run_files(args, run_dir, new_run=resume_ckpt is None)
+        run_dir = write_run_files(args, run_dir, new_run=resume_ckpt is None, trains=start_epoch < num_epochs)
+        if resume_ckpt is not None:
+            repair_run_files(run_dir, resume_ckpt, log)
         log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
-    metrics = resume_ckpt.meta.get('metrics') if resume_ckpt else None
+    metrics = _resumed_metrics(args, resume_ckpt)
     with training_in(run_dir):
         for epoch in range(start_epoch, num_epochs):
             seed_epoch(args.seed, epoch, args.rank)
@@ -132,14 +155,15 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
                 save_epoch(checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, epochs_done=epoch + 1,
                                            num_epochs=num_epochs, num_updates=num_updates, data_config=data_cfg,
                                            metrics=metrics, history=history, best=best),
-                           model, args, run_dir, train_metrics, log)
+                           model, args, run_dir, log)
             if args.distributed:
                 dist.barrier()
         if metrics is None and start_epoch > 0:
-            # resumed after an epoch --val-interval left unevaluated, with no epoch left to train (--epochs lowered)
+            # resumed with no epoch left to train, after an epoch --val-interval left unevaluated (--epochs lowered)
+            # or asking for another evaluation (_EVALUATION_ARGS)
             metrics, eval_model = evaluate_epoch(start_epoch - 1, eval_model, model, eval_loader, args, log, amp_ctx)
         if is_primary(args) and metrics is not None:  # its Hub folder too: still held
-            _report(args, metrics, num_epochs, run_dir, export)
+            _report(args, metrics, num_epochs, run_dir, export, best)
     if args.distributed:
         dist.destroy_process_group()
     if args.target_top1 is not None and metrics is not None and metrics['top1'] < args.target_top1:
@@ -194,8 +218,9 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
     return {'loss': loss_avg, 'lr': optimizer.param_groups[0]['lr'], 'time': time.time() - start}, num_updates
 
 
-def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None:
-    """The result line (and the Hub folder of --export: the best epoch's weights)."""
+def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export, best_epoch: Optional[dict]) -> None:
+    """The result line (and the Hub folder of --export: the best epoch's weights), and the best epoch's checkpoint
+    (``best_epoch``: the run's record of it, epoch and metric)."""
     log = partial(log_primary, args)
     checkpoint, best = run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT
     split = split_name(args.dataset, args.val_split)
@@ -205,14 +230,14 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
               'device_data': args.device_data_used, 'checkpoint': str(checkpoint),
               'best_checkpoint': str(best) if best.is_file() else None}
     if args.export:
-        # the best epoch, as a timm user publishes model_best.pth.tar; a run resumed from before model_best was
-        # written may lack it (its best epoch is older than the resume): then the last epoch
+        # the best epoch, as a timm user publishes model_best.pth.tar; where it is gone (removed: a resume writes it
+        # again only where the best is the epoch resumed from, repair_run_files), the last epoch
         exported = best if best.is_file() else checkpoint
         saved = read_checkpoint(exported).meta
         done = saved['epoch']
         recorded = (saved.get('best') or {}).get('epoch')  # counted from 0
         if exported == checkpoint and recorded is not None and recorded != done - 1:
-            log(f'warning: no {best.name} in {run_dir} (the run was resumed from before it was written): '
+            log(f'warning: no {best.name} in {run_dir}: '
                 f'exporting the last epoch, {done}, although its record names epoch {recorded + 1} '
                 f'as the best by {args.eval_metric} ({metric_text(args.eval_metric, saved["best"]["metric"])})')
         log(f'Exporting {exported.name}: the weights after epoch {done} of {num_epochs} '
@@ -224,6 +249,10 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export) -> None
         result['hub_folder'], result['hub_epoch'] = str(export_dir), done
         log(f'Exported Hub folder {export_dir}: {", ".join(staged)}')
     log('Result ' + json.dumps(result))
+    if best_epoch is not None and best.is_file():  # timm's train.py ends with "*** Best metric"
+        log(f'Best {args.eval_metric} {metric_text(args.eval_metric, best_epoch["metric"])} at epoch '
+            f'{best_epoch["epoch"]} ({best_epoch["epoch"] + 1}/{num_epochs} done): {best}; sa-vision-validate '
+            f'--checkpoint {best} evaluates it')
     log(f'Top-1 on the {args.dataset or "folder"} {split} split: {metrics["top1"]:.2f}%  '
         f'(checkpoint {checkpoint})')
 

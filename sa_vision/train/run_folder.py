@@ -34,6 +34,10 @@ def run_folder(args, resume_ckpt) -> Path:
             raise UserError(f'--resume continues the run in its own folder, {run_dir}, not where {" ".join(moved)} '
                             f'says. Drop {" and ".join(m.split()[0] for m in moved)}, or start a new run there from '
                             f'these weights: --initial-checkpoint {resumed} {" ".join(moved)}')
+        problem = folder_problem(run_dir)
+        if problem:
+            raise UserError(f'--resume {args.resume}: {problem}; the run writes its next epochs there: make it '
+                            f'writable, or copy the folder to one that is and resume the copy')
         return run_dir
     problem = folder_problem(args.output)
     if problem:
@@ -72,13 +76,17 @@ def _experiment_problem(name: str) -> Optional[str]:
     return None
 
 
-def write_run_files(args, run_dir: Path, new_run: bool) -> Path:
+def write_run_files(args, run_dir: Path, new_run: bool, trains: bool = True) -> Path:
     """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run), in
-    the folder returned. A new run's ``args.yaml`` claims its folder, made only where none is there: where another
-    run claimed ``run_dir`` since :func:`run_folder` found it empty, one named for the time is claimed as
-    ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an ``--experiment`` is refused before anything is
-    written. The folder is then held for this process's epochs, report and export (:func:`training_in`): another
-    process resuming the run is refused meanwhile."""
+    the folder returned; a resumed run with no epoch left to train (not ``trains``) only holds its folder, whose
+    files stay those of the epochs that made it. A new run's ``args.yaml`` claims its folder, made only where none
+    is there: where another run claimed ``run_dir`` since :func:`run_folder` found it empty, one named for the time
+    is claimed as ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an ``--experiment`` is refused before
+    anything is written. The folder is then held for this process's epochs, report and export
+    (:func:`training_in`): another process resuming the run is refused meanwhile."""
+    if not (new_run or trains):
+        _hold(run_dir)
+        return run_dir
     for suffix in itertools.count():
         folder = run_dir.with_name(f'{run_dir.name}-{suffix}') if suffix else run_dir
         folder.mkdir(parents=True, exist_ok=True)

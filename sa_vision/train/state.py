@@ -2,8 +2,11 @@
 the files it writes every epoch into its folder (:mod:`.run_folder`) and what ``--resume`` restores from them """
 import argparse
 import json
+import os
 import shlex
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -15,6 +18,7 @@ from timm.utils import update_summary
 from ..errors import UserError
 from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
 from ..models import infer_sa_model_args
+from ..tables import plural
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
 from .checkpoint import (
     BEST_CHECKPOINT,
@@ -32,7 +36,7 @@ from .evaluation import EVAL_METRICS
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
-           'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'metric_text']
+           'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'repair_run_files', 'metric_text']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -163,9 +167,10 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
                 model_kwargs[key], sources[key] = getattr(args, name), flag
         args.model_kwargs = model_kwargs
         return initial, sources
-    if args.resume_changes:
+    changes = {k: change for k, change in args.resume_changes.items() if k != 'model'}  # ignored: said below
+    if changes:
         log('resuming with changed arguments: ' + ', '.join(
-            f'{k} {old!r} -> {new!r}' for k, (old, new) in args.resume_changes.items()))
+            f'{k} {old!r} -> {new!r}' for k, (old, new) in changes.items()))
     if args.config:
         log(f'resuming: the run\'s own arguments take precedence over -c {args.config}')
     if resume_ckpt.arch != args.model:
@@ -245,14 +250,17 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
                               f'{_changed_architecture(initial, model_kwargs, sources)}') from None
 
 
-def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler):
+def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler, updates_per_epoch: int):
     """Load a run's state for ``--resume``; returns (epochs done, updates done, history, best).
 
     The schedule is the one the arguments describe now, stepped to where the run stands, as timm's train.py
     resumes: loading the saved scheduler would bring back the run's old epoch count and learning rate, so that
     ``--epochs`` raised on a finished run would train on at the old schedule's end (LR ``min_lr``). Only the
-    plateau scheduler keeps its saved state: its decisions depend on the metrics seen."""
+    plateau scheduler keeps its saved state: its decisions depend on the metrics seen. The updates done are the
+    epochs done times ``updates_per_epoch``, as timm's train.py counts them: the saved count would put a run
+    resumed with another batch size (or number of processes) elsewhere in its new schedule (at its end, LR 0)."""
     meta = resume_ckpt.meta
+    num_updates = meta['epoch'] * updates_per_epoch
     model.load_state_dict(resume_ckpt.state_dict)
     saved = meta['optimizer']
     if len(saved['param_groups']) == len(optimizer.param_groups):  # else torch's error says so
@@ -266,10 +274,10 @@ def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler
     elif lr_scheduler is not None:
         # each is a no-op for a schedule not counted in its unit (epochs or updates)
         lr_scheduler.step(meta['epoch'])
-        lr_scheduler.step_update(meta['num_updates'])
+        lr_scheduler.step_update(num_updates)
     if loss_scaler is not None and meta.get('loss_scaler'):
         loss_scaler.load_state_dict(meta['loss_scaler'])
-    return meta['epoch'], meta['num_updates'], list(meta.get('history', [])), meta.get('best')
+    return meta['epoch'], num_updates, list(meta.get('history', [])), meta.get('best')
 
 
 def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs_done: int, num_epochs: int,
@@ -305,25 +313,74 @@ def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) 
         save_file(state_dict, str(tmp), metadata=metadata)
 
 
-def save_epoch(ckpt: dict, model, args, run_dir: Path, train_metrics: dict, log: Log) -> None:
+SUMMARY = 'summary.csv'
+
+
+def _summary_metrics(record: dict) -> Tuple[dict, dict]:
+    """The ``train_`` and ``eval_`` columns (timm's update_summary prefixes them) of an epoch of the run's history,
+    the ``eval_`` ones empty where --val-interval left the epoch unevaluated."""
+    train = {'loss': record['train_loss'], 'lr': record['lr'], 'time': record['train_time'],
+             'img_per_s': record.get('train_img_per_s', '')}
+    return train, {k: record.get(f'eval_{k}', '') for k in EVAL_METRICS}
+
+
+def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
     """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
     epoch is the best so far, a row of ``summary.csv`` (its ``eval_`` columns empty where --val-interval left the
-    epoch unevaluated: timm's train.py writes no row then, but a row per epoch keeps the file's columns and count)."""
+    epoch unevaluated: timm's train.py writes no row then, but a row per epoch keeps the file's columns and count).
+    ``last.pth.tar`` comes first: what a stop leaves unwritten after it, :func:`repair_run_files` writes."""
     epoch, num_epochs = ckpt['epoch'], ckpt['num_epochs']
-    if args.save_epoch_weights:
-        save_epoch_weights(model, args, run_dir, epoch + 1)
-    atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
     is_best = ckpt['best'] is not None and ckpt['best']['epoch'] == epoch
-    if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
-        atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
-    summary = run_dir / 'summary.csv'
-    evaluated = ckpt['metrics'] if ckpt['metrics'] is not None else dict.fromkeys(EVAL_METRICS, '')
-    update_summary(epoch, train_metrics, evaluated, summary, write_header=not summary.is_file())
+    try:
+        if args.save_epoch_weights:
+            save_epoch_weights(model, args, run_dir, epoch + 1)
+        atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
+        if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
+            atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
+        summary = run_dir / SUMMARY
+        update_summary(epoch, *_summary_metrics(ckpt['history'][-1]), summary, write_header=not summary.is_file())
+    except (OSError, RuntimeError) as e:
+        # a full disk: torch.save's error names no disk ("unexpected pos", "file write failed"); another error of
+        # torch's is a fault to see whole
+        if not isinstance(e, OSError) and not any(w in str(e) for w in ('inline_container', 'PytorchStreamWriter')):
+            raise
+        reason = str(e).strip().splitlines()[0][:200]
+        free = shutil.disk_usage(run_dir).free
+        raise UserError(f'could not write the files of epoch {epoch} in {run_dir} ({reason}); {free / 1e6:,.0f} MB '
+                        f'free on its disk. Each file is written whole or not at all: free some space (or mend the '
+                        f'folder), then continue with --resume {run_dir / RUN_CHECKPOINT}') from e
     # said once every file of the epoch is written; the epoch counted from 0, as the Train: and Eval: lines count it
     log(f'Saved checkpoint of epoch {epoch} ({epoch + 1}/{num_epochs} done) to {run_dir / RUN_CHECKPOINT}')
     if is_best:
         log(f'Best {args.eval_metric} so far ({metric_text(args.eval_metric, ckpt["best"]["metric"])}): '
             f'{run_dir / BEST_CHECKPOINT}')
+
+
+def repair_run_files(run_dir: Path, resume_ckpt: Checkpoint, log: Log) -> None:
+    """Make ``model_best.pth.tar`` and ``summary.csv`` agree with ``last.pth.tar`` again, which :func:`save_epoch`
+    writes first: a run stopped after it (killed, a full disk) left its epoch's best checkpoint or summary row
+    unwritten, and an export would publish an older epoch as the best."""
+    meta, last, kept = resume_ckpt.meta, run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT
+    best = meta.get('best')
+    if best is not None and best['epoch'] == meta['epoch'] - 1 and not (
+            kept.is_file() and (os.path.samefile(kept, last) or read_checkpoint(kept).meta['epoch'] == meta['epoch'])):
+        atomic_duplicate(last, kept)
+        log(f'{kept} written again from {last.name}: the run had stopped before it kept epoch {best["epoch"]}, '
+            f'its best, there')
+    history = meta.get('history') or []
+    if not history:  # a checkpoint of an older sa_vision
+        return
+    summary = run_dir / SUMMARY
+    with tempfile.TemporaryDirectory() as folder:
+        expected = Path(folder) / SUMMARY
+        for index, record in enumerate(history):
+            update_summary(record['epoch'], *_summary_metrics(record), expected, write_header=index == 0)
+        rows = expected.read_bytes()  # as update_summary writes them (csv's \r\n), so that later rows match
+    if not summary.is_file() or summary.read_bytes() != rows:
+        with atomic_write(summary) as tmp:
+            tmp.write_bytes(rows)
+        log(f'{summary} written again from {last.name}: it did not hold the {plural(len(history), "epoch")} the run '
+            f'has done, one row each (the run had stopped between its files)')
 
 
 def metric_text(name: str, value: float) -> str:

@@ -1,0 +1,144 @@
+""" ``--resume`` after a run was stopped anywhere, or with other arguments: the run's files agree with its last
+checkpoint again (a kill or a full disk between ``last.pth.tar``, ``model_best.pth.tar`` and ``summary.csv``), the
+schedule goes on at the epoch whatever the batch size now, a resume with nothing left to train reports what it
+evaluated and leaves the run's recipe as it was, and a folder that cannot be written is named in one line """
+import csv
+import json
+from pathlib import Path
+
+import torch
+from helpers import train_here
+
+from sa_vision.train import loop, state
+from sa_vision.train.data import create_image_dataset
+from sa_vision.train.recipes import RECIPE_DIR
+
+DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
+TINY_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
+
+
+def _train_args(out, name, epochs, batch_size=64):
+    return ['-c', DIGITS_RECIPE, *TINY_ARGS, '--epochs', epochs, '--warmup-epochs', 0.5, '-b', batch_size,
+            '--output', out, '--experiment', name, '--log-interval', 50]
+
+
+def _load(path: Path) -> dict:
+    return torch.load(path, map_location='cpu', weights_only=True)
+
+
+def _summary(run: Path):
+    with open(run / 'summary.csv') as f:
+        return list(csv.DictReader(f))
+
+
+def _result(log: str) -> dict:
+    return json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][len('Result '):])
+
+
+def _failing_at_call(real, call: int, error: BaseException):
+    """``real`` that raises ``error`` at its ``call``-th call instead (counted from 1)."""
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == call:
+            raise error
+        return real(*args, **kwargs)
+    return wrapped
+
+
+def test_a_run_killed_between_its_files_is_made_whole_when_resumed(tmp_path, caplog, capsys, monkeypatch):
+    """Killed after epoch 1's last.pth.tar (which names epoch 1 the best) but before its model_best.pth.tar and its
+    summary.csv row: the resume writes both from last.pth.tar, so the export is of epoch 1, not epoch 0."""
+    run = tmp_path / 'run'
+    monkeypatch.setattr(loop, 'is_better', lambda metric, value, best: True)  # every epoch the best so far
+    monkeypatch.setattr(state, 'atomic_duplicate', _failing_at_call(state.atomic_duplicate, 2, KeyboardInterrupt()))
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
+    assert status == 130, log[-3000:]
+    last = _load(run / 'last.pth.tar')
+    assert last['epoch'] == last['best']['epoch'] == 1 and _load(run / 'model_best.pth.tar')['epoch'] == 0
+    assert [row['epoch'] for row in _summary(run)] == ['0']
+    monkeypatch.undo()
+
+    status, log = train_here(caplog, capsys, '--resume', run, '--export')  # both epochs done: report and export
+    assert status == 0, log[-3000:]
+    best = _load(run / 'model_best.pth.tar')
+    assert best['epoch'] == 1 and all(torch.equal(v, best['state_dict'][k]) for k, v in last['state_dict'].items())
+    rows = _summary(run)
+    assert [row['epoch'] for row in rows] == ['0', '1']
+    assert (run / 'summary.csv').read_bytes().count(b'\r\n') == 3  # csv's line ends, as update_summary writes
+    for row, epoch in zip(rows, last['history']):
+        assert float(row['train_loss']) == epoch['train_loss'] and float(row['eval_top1']) == epoch['eval_top1']
+    assert f'Exporting model_best.pth.tar: the weights after epoch 2 of 2 (top1 {last["metrics"]["top1"]:.2f}, ' \
+           f'the best)' in log
+    assert 'written again from last.pth.tar' in log
+
+
+def test_a_full_disk_stops_the_run_in_one_line_and_the_resume_goes_on(tmp_path, caplog, capsys, monkeypatch):
+    """torch.save's error on a full disk names no disk: the run says what it could not write and how to go on."""
+    run = tmp_path / 'run'
+    full = RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 31424 vs 31316')
+    monkeypatch.setattr(state, 'atomic_torch_save', _failing_at_call(state.atomic_torch_save, 2, full))
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
+    assert status == 2, log[-3000:]
+    error = log.strip().splitlines()[-1]
+    assert error.startswith(f'error: could not write the files of epoch 1 in {run} (') and 'free on its disk' in \
+        error and error.endswith(f'continue with --resume {run / "last.pth.tar"}'), error
+    assert _load(run / 'last.pth.tar')['epoch'] == 0
+    monkeypatch.undo()
+    status, log = train_here(caplog, capsys, '--resume', run)
+    assert status == 0 and _load(run / 'last.pth.tar')['epoch'] == 1, log[-3000:]
+
+
+def test_a_resume_with_another_batch_size_goes_on_with_the_schedule_at_its_epoch(tmp_path, caplog, capsys):
+    """One epoch at batch 64 (22 updates), resumed at batch 32 (44 an epoch): the learning rates and the update
+    count are those of a run at batch 32 from the start, as timm's train.py counts an epoch's updates anew."""
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'straight', 3, batch_size=32))
+    assert status == 0, log[-3000:]
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'resumed', 1))
+    assert status == 0, log[-3000:]
+    status, log = train_here(caplog, capsys, '--resume', tmp_path / 'resumed', '--epochs', 3, '-b', 32)
+    assert status == 0, log[-3000:]
+    assert 'an epoch is now 44 updates, 22 before' in log and 'written again' not in log, log[-3000:]
+    straight, resumed = _load(tmp_path / 'straight' / 'last.pth.tar'), _load(tmp_path / 'resumed' / 'last.pth.tar')
+    assert resumed['num_updates'] == straight['num_updates'] == 3 * 44
+    assert [h['lr'] for h in resumed['history'][1:]] == [h['lr'] for h in straight['history'][1:]]
+
+
+def test_a_resume_with_nothing_to_train_reports_what_it_evaluated(tmp_path, caplog, capsys):
+    """A finished run resumed with another --val-split: the report is of that split, evaluated now, not the
+    checkpoint's metrics under its name; the run's args.yaml and recipe.yaml stay those of its epochs. The report
+    names the best checkpoint and how to evaluate it, and an ignored --model is not listed as a change."""
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    best = _load(run / 'model_best.pth.tar')
+    assert (f'Best top1 {best["metrics"]["top1"]:.2f} at epoch 0 (1/1 done): {run / "model_best.pth.tar"}; '
+            f'sa-vision-validate --checkpoint {run / "model_best.pth.tar"} evaluates it') in log
+    files = {name: (run / name).read_bytes() for name in ('args.yaml', 'recipe.yaml')}
+    status, log = train_here(caplog, capsys, '--resume', run, '--val-split', 'train', '--model', 'resnet18_cifar')
+    assert status == 0, log[-3000:]
+    result = _result(log)
+    assert result['split'] == 'train' and result['num_images'] == len(create_image_dataset('digits', 'train', False))
+    assert f'Top-1 on the digits train split: {result["top1"]:.2f}%' in log
+    assert {name: (run / name).read_bytes() for name in files} == files
+    assert "-> 'resnet18_cifar'" not in log and 'ignoring --model resnet18_cifar' in log
+
+
+def test_a_run_folder_that_cannot_be_written_is_named_before_the_resume(tmp_path, caplog, capsys, monkeypatch):
+    """As for a new run's --output: one line, before the model and data are set up (a read-only file system is
+    what a root-run test cannot make, so the probe's answer is given)."""
+    from sa_vision.train import run_folder
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    asked = []
+    monkeypatch.setattr(run_folder, 'folder_problem',
+                        lambda folder: asked.append(Path(folder)) or f'nothing can be created in {folder} '
+                                                                       f'(Read-only file system)')
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
+    assert status == 2 and asked == [run], log[-3000:]
+    assert log.strip().splitlines()[-1] == (
+        f'error: --resume {run}: nothing can be created in {run} (Read-only file system); the run writes its next '
+        f'epochs there: make it writable, or copy the folder to one that is and resume the copy'), log[-3000:]
+    assert 'Run folder' not in log
