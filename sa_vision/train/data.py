@@ -26,11 +26,13 @@ from .datasets import (
     check_image_folder,
     check_timm,
     failed_download,
+    folder_classes,
     image_folder_split,
     read_digits,
     read_fashion_mnist,
     read_image_folder,
     read_timm,
+    stray_images_problem,
     torchvision_held_tensors,
 )
 
@@ -125,7 +127,7 @@ def dataset_for_tag(tag: str) -> str:
     :func:`dataset_info` tags as before); '' for an image folder of no name ('folder'), for weights of no dataset
     ('unknown') and for no tag."""
     for info in _ENTRIES:
-        if tag == info.tag or tag.startswith(info.tag + '_'):
+        if tag in (info.tag, info.tag + CUSTOM_SUFFIX):  # not a prefix: an image folder 'cifar10-subset' is none
             return info.name
     name = tag[:-len(CUSTOM_SUFFIX)] if tag.endswith(CUSTOM_SUFFIX) else tag
     return '' if name in (_FOLDER_TAG, _UNKNOWN_TAG) else name
@@ -153,11 +155,13 @@ def dataset_info(dataset: str) -> DatasetInfo:
     if key in _DATASETS:
         return _DATASETS[key]
     tag = ''.join(c if c.isalnum() else '_' for c in (dataset or _FOLDER_TAG).split('/')[-1].lower()).strip('_')
-    info = DatasetInfo(dataset, tag or _FOLDER_TAG, dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
-                       'validation')
     if key.startswith(_TIMM_DATASET_TYPES):
-        return replace(info, read=read_timm, check=check_timm, downloads=True)
-    return info
+        return replace(DatasetInfo(dataset, tag, dataset, None, CIFAR10_MEAN, CIFAR10_STD, 'validation'),
+                       read=read_timm, check=check_timm, downloads=True)
+    if dataset_for_tag(tag) in _DATASETS:  # an image folder named as a known dataset is tagged ('Fashion MNIST')
+        tag += '_folder'
+    return DatasetInfo(dataset, tag or _FOLDER_TAG, dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
+                       'validation')
 
 
 # what an export says of weights that name no dataset: the tag `unknown`, not an image folder's `folder`
@@ -192,8 +196,10 @@ def create_cifar_transform(
     return transforms.Compose(tfl)
 
 
-def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tuple[DatasetInfo, DataSource]:
-    """(info, where to read it) of a --dataset value, or its DatasetError."""
+def _dataset_source(dataset: str, data_dir: Optional[str], download: bool,
+                    classes: Optional[Sequence[str]] = None) -> Tuple[DatasetInfo, DataSource]:
+    """(info, where to read it) of a --dataset value, or its DatasetError; ``classes``: an image folder's labels
+    (:class:`DataSource`)."""
     info = dataset_info(dataset)
     if data_dir and info.data_dir != 'unused' and not os.path.isdir(data_dir) and not (info.downloads and download):
         raise DatasetNotFoundError(f'--data-dir {data_dir} does not exist' + (
@@ -209,7 +215,7 @@ def _dataset_source(dataset: str, data_dir: Optional[str], download: bool) -> Tu
         what = f'dataset {dataset!r}' if dataset else "an image folder (--dataset '')"
         raise DatasetError(f'{what} needs --data-dir (the download target or the image folder); {without} are read '
                            f'without one')
-    return info, DataSource(info.name, data_dir, download)
+    return info, DataSource(info.name, data_dir, download, tuple(classes) if classes else None)
 
 
 def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> Optional[List[str]]:
@@ -220,7 +226,14 @@ def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> O
         return None
     info, source = _dataset_source(dataset, data_dir, download=False)
     folder = image_folder_split(source.data_dir, split, is_training=True, dataset=source.name)
-    return sorted(e.name for e in os.scandir(folder) if e.is_dir())
+    classes = folder_classes(folder)
+    problem = stray_images_problem(folder, classes)
+    if problem:
+        raise DatasetError(problem)
+    if not classes:
+        raise DatasetError(f'{folder} holds no images in class folders ({folder}/<class>/<image>, of the kinds '
+                           f'timm reads: .png, .jpg, ...)')
+    return classes
 
 
 def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool = False,
@@ -301,10 +314,13 @@ def create_image_dataset(
         hflip: float = 0.5,
         mean: Optional[Sequence[float]] = None,
         std: Optional[Sequence[float]] = None,
+        classes: Optional[Sequence[str]] = None,
 ):
     """A dataset with the paper's transform attached: 'digits', 'fashion-mnist', a timm name such as
-    'torch/cifar10', or '' for an ImageFolder in ``data_dir``; ``mean`` / ``std`` None: the dataset's own."""
-    info, source = _dataset_source(dataset, data_dir, download)
+    'torch/cifar10', or '' for an ImageFolder in ``data_dir``; ``mean`` / ``std`` None: the dataset's own.
+    ``classes``: the labels of a model trained on an image folder (its training split's classes, in timm's
+    label order), which the image folder's split is labelled by; ignored for a named dataset."""
+    info, source = _dataset_source(dataset, data_dir, download, classes)
     try:
         ds = info.read(source, split, is_training, img_size)
     except (OSError, HTTPException, RuntimeError) as e:  # RuntimeError: torchvision's check of what it fetched

@@ -20,6 +20,7 @@ __all__ = [
     'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'read_digits', 'check_digits',
     'FASHION_MNIST_DIR', 'FashionMnistDataset', 'read_fashion_mnist', 'check_fashion_mnist',
     'read_timm', 'check_timm', 'failed_download', 'read_image_folder', 'check_image_folder', 'image_folder_split',
+    'folder_classes', 'stray_images_problem',
 ]
 
 DIGITS_IMG_SIZE = 32  # the size the 8x8 digits are upscaled to unless --img-size asks for another
@@ -33,10 +34,13 @@ TRAIN_TEST_SPLITS = MappingProxyType({'train': 'train', 'test': 'test', 'validat
 
 
 class DataSource(NamedTuple):
-    """Where a dataset is read from: its --dataset name (aliases resolved), folder, and whether timm may download."""
+    """Where a dataset is read from: its --dataset name (aliases resolved), folder, whether timm may download, and
+    for an image folder the classes of the model's labels (its training split's, in timm's label order), which
+    every split is labelled by; None: the split's own folders."""
     name: str
     data_dir: Optional[str]
     download: bool = False
+    classes: Optional[Tuple[str, ...]] = None
 
 
 # read(source, split, is_training, img_size) -> the dataset, without a transform (create_image_dataset sets it)
@@ -306,12 +310,48 @@ def check_timm(source: DataSource, split: str, is_training: bool) -> None:
         raise _timm_dataset_not_found(source, f'{folder} has no {", ".join(missing)}')
 
 
+def folder_classes(folder: str) -> List[str]:
+    """The classes timm's image-folder reader finds in ``folder``, in its label order: the names of the folders
+    that hold images (a nested one by its own name, as timm takes it; '' for images in ``folder`` itself)."""
+    from timm.data.readers.reader_image_folder import find_images_and_targets
+    _, class_to_idx = find_images_and_targets(folder, sort=False)
+    return sorted(class_to_idx, key=class_to_idx.get)
+
+
+def stray_images_problem(folder: str, classes) -> Optional[str]:
+    """What is wrong where images lie in ``folder`` itself, beside its class folders (timm would make them a class
+    named ''), or None."""
+    if '' not in classes:
+        return None
+    from timm.data import get_img_extensions
+    stray = sorted(e.name for e in os.scandir(folder) if os.path.splitext(e.name)[1].lower() in
+                   get_img_extensions(as_set=True))
+    return (f'{folder} holds images beside its class folders ({", ".join(stray[:3])}{", ..." if stray[3:] else ""}), '
+            f'which timm would label as a class of their own: move them into the folder of their class')
+
+
 def read_image_folder(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:
     """The image folder ``<data_dir>/<split>/<class>/<image>`` through timm's ``create_dataset``; a missing split
-    raises (timm would fall back to the root, i.e. evaluate on the training images)."""
+    raises (timm would fall back to the root, i.e. evaluate on the training images). Labelled by
+    ``source.classes`` where its class folders are among them (timm's ``class_map``: a split lacking a class is
+    labelled as the model's labels are, not by its own folders); a split with some of them and others raises; a
+    split with none of them is labelled by its own folders, as timm's validate.py labels any (no name says more)."""
     from timm.data import create_dataset
     folder = image_folder_split(source.data_dir, split, is_training, source.name)
-    return create_dataset(source.name, root=folder, split=split, is_training=is_training, download=source.download)
+    class_map = ''
+    found = folder_classes(folder) if source.classes else []
+    if any(c in source.classes for c in found):
+        problem = stray_images_problem(folder, found)
+        extra = [c for c in found if c not in source.classes and c]
+        if problem or extra:
+            raise DatasetError(problem or (
+                f'{folder} has class folders the model has no label for ({", ".join(extra[:5])}'
+                f'{", ..." if extra[5:] else ""}): its labels are the classes of the split it was trained on '
+                f'({", ".join(source.classes[:10])}{", ..." if source.classes[10:] else ""}). Evaluate a folder of '
+                f'those classes (named as they are; any may be missing)'))
+        class_map = {name: label for label, name in enumerate(source.classes)}
+    return create_dataset(source.name, root=folder, split=split, is_training=is_training, download=source.download,
+                          class_map=class_map)
 
 
 def check_image_folder(source: DataSource, split: str, is_training: bool) -> None:

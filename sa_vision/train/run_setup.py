@@ -108,8 +108,9 @@ def create_optimizer(model, args):
 def create_loaders(args, data_cfg):
     """(train loader, eval loader) of this process's shards."""
     norm = {k: v for k, v in data_cfg.items() if k != 'input_size'}
+    # an image folder's splits labelled as the training split's classes (a validation split may lack one)
     ds_kwargs = dict(data_dir=args.data_dir, download=args.dataset_download, img_size=data_cfg['input_size'][-1],
-                     **norm)
+                     classes=getattr(args, 'label_names', None), **norm)
     train_ds = create_image_dataset(args.dataset, args.train_split, is_training=True, hflip=args.hflip,
                                     crop_padding=args.train_crop_padding, **ds_kwargs)
     eval_ds = create_image_dataset(args.dataset, args.val_split, is_training=False, **ds_kwargs)

@@ -1,0 +1,109 @@
+""" A user's own image folder: its classes are those timm's reader labels (natural, case-blind order; only folders
+that hold images), every split is labelled as the training split's classes (a validation split may lack one, not
+have another), stray images are named before anything is built, and a folder's name never reads back as a known
+dataset's (its export would go to that dataset's repository) """
+import json
+
+import pytest
+import timm
+import torch
+from helpers import command_here, train_here
+from PIL import Image
+
+from sa_vision.errors import DatasetError
+from sa_vision.train.checkpoint import Checkpoint
+from sa_vision.train.data import create_image_dataset, dataset_for_tag, dataset_info, image_folder_classes
+
+TINY = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
+COLOURS = {'a': (220, 30, 30), 'b': (30, 220, 30), 'c': (30, 30, 220)}
+
+
+def _folder(root, splits):
+    """``{split: {class: count}}`` of 8x8 PNGs, each class a colour of its own (COLOURS, else grey)."""
+    for split, classes in splits.items():
+        for name, count in classes.items():
+            (root / split / name).mkdir(parents=True, exist_ok=True)
+            for i in range(count):
+                Image.new('RGB', (8, 8), COLOURS.get(name, (128, 128, 128))).save(root / split / name / f'{i}.png')
+    return root
+
+
+def test_the_classes_are_those_timm_labels_in_its_order(tmp_path):
+    """c1, c2, c10 in natural order and B among a, c regardless of case, as timm's reader numbers them; a folder
+    without images (empty, or hidden with a .DS_Store) is no class."""
+    root = _folder(tmp_path, {'train': {'c10': 1, 'c2': 1, 'c1': 1, 'B': 1, 'a': 1, 'c': 1}})
+    (root / 'train' / 'empty').mkdir()
+    (root / 'train' / '.ipynb_checkpoints').mkdir()
+    (root / 'train' / '.ipynb_checkpoints' / '.DS_Store').write_bytes(b'\0')
+    (root / 'train' / 'notes.txt').write_text('not an image')
+    classes = image_folder_classes('', str(root), 'train')
+    assert classes == ['a', 'B', 'c', 'c1', 'c2', 'c10']
+    reader = timm.data.create_dataset('', root=str(root / 'train'), split='train').reader  # what training reads
+    assert classes == sorted(reader.class_to_idx, key=reader.class_to_idx.get)
+
+
+def test_images_beside_the_class_folders_are_named_before_anything_is_built(tmp_path, caplog, capsys):
+    root = _folder(tmp_path / 'data', {'train': {'a': 2, 'b': 2}, 'validation': {'a': 1, 'b': 1}})
+    Image.new('RGB', (8, 8)).save(root / 'train' / 'stray.png')
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', root, *TINY,
+                             '--output', tmp_path / 'out', '--epochs', 1)
+    assert status == 2 and log.strip().splitlines()[-1] == (
+        f'error: {root / "train"} holds images beside its class folders (stray.png), which timm would label as a '
+        f'class of their own: move them into the folder of their class'), log[-2000:]
+    assert not (tmp_path / 'out').exists()
+
+
+def test_a_split_lacking_a_class_is_labelled_as_the_training_split(tmp_path):
+    """Validation without b: its c images are label 2, as in training (timm would number them 1); a validation
+    class the model has no label for beside its own is an error naming it; a split of none of its classes is
+    labelled by its own folders, as timm's validate.py labels any."""
+    root = _folder(tmp_path, {'train': {'a': 1, 'b': 1, 'c': 1}, 'validation': {'a': 2, 'c': 2},
+                              'test': {'a': 1, 'd': 1}, 'other': {'y': 1, 'x': 1}})
+    for split, expected in (('validation', {'a': 0, 'c': 2}), ('other', {'x': 0, 'y': 1})):
+        ds = create_image_dataset('', split, is_training=False, data_dir=str(root), classes=['a', 'b', 'c'])
+        assert {path.split('/')[-2]: target for path, target in ds.reader.samples} == expected
+    with pytest.raises(DatasetError, match=r"test has class folders the model has no label for \(d\): its labels "
+                                           r"are the classes of the split it was trained on \(a, b, c\)"):
+        create_image_dataset('', 'test', is_training=False, data_dir=str(root), classes=['a', 'b', 'c'])
+
+
+def test_training_and_validation_score_a_split_lacking_a_class_by_the_models_labels(tmp_path, caplog, capsys):
+    """The run's evaluation and sa-vision-validate of its export give the top-1 of the model's own predictions
+    against the classes of the folders (computed here on the images), not against the split's own numbering."""
+    root = _folder(tmp_path / 'data', {'train': {'a': 4, 'b': 4, 'c': 4}, 'validation': {'a': 2, 'c': 2}})
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', root, *TINY, '--epochs', 3, '-b', 4,
+                             '--lr', 0.01, '--warmup-epochs', 0, '--output', tmp_path / 'out', '--experiment', 'run',
+                             '--workers', 0, '--export')
+    assert status == 0, log[-3000:]
+    model = timm.create_model(f'local-dir:{tmp_path / "out" / "run" / "hub"}', pretrained=True).eval()
+    transform = timm.data.create_transform(**timm.data.resolve_data_config({}, model=model))
+    images = [(name, transform(Image.open(path).convert('RGB')))
+              for name in ('a', 'c') for path in sorted((root / 'validation' / name).iterdir())]
+    with torch.no_grad():
+        predicted = model(torch.stack([x for _, x in images])).argmax(1).tolist()
+    top1 = 100 * sum(p == 'abc'.index(name) for p, (name, _) in zip(predicted, images)) / len(images)
+    result = json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][len('Result '):])
+    assert result['top1'] == pytest.approx(top1) and result['num_images'] == 4
+    status, out, err = command_here(capsys, 'validate', '--model', f'local-dir:{tmp_path / "out" / "run" / "hub"}',
+                                    '--data-dir', root, '--threads', 1)
+    assert status == 0 and json.loads(out.strip().splitlines()[-1])['top1'] == pytest.approx(top1), err
+
+
+@pytest.mark.parametrize('name, tag, read_back', [
+    ('cifar10-subset', 'cifar10_subset', 'cifar10_subset'),
+    ('digits_v2', 'digits_v2', 'digits_v2'),
+    ('Fashion MNIST', 'fashion_mnist_folder', 'fashion_mnist_folder'),  # its tag would be Fashion-MNIST's
+    ('flowers', 'flowers', 'flowers'),
+])
+def test_an_image_folders_name_never_reads_back_as_a_known_dataset(name, tag, read_back):
+    """Weights trained with --dataset <name> on an image folder: their export's tag reads back as that folder,
+    never as CIFAR-10 (whose registered repository takes only CIFAR-10 weights of the paper's architecture)."""
+    from sa_vision.hub.labels import weights_label
+    assert dataset_info(name).tag == tag
+    for exported in (tag, tag + '_custom'):
+        assert dataset_for_tag(exported) == read_back
+    label = weights_label(Checkpoint('sa_quadratic_cifar', {}, {}, 'x', 'sa_vision', {'dataset': name}))
+    assert label.tag == tag and not label.is_reference
+    # the known datasets' own tags still read back as them
+    assert [dataset_for_tag(t) for t in ('cifar10', 'fashion_mnist_custom', 'digits')] == \
+        ['torch/cifar10', 'fashion-mnist', 'digits']
