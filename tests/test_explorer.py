@@ -3,6 +3,7 @@
 The page computes the positional kinds' probabilities itself from the models' parameters; these tests read them
 through ``window.saExplorer`` and compare them with sa_vision's own layers, evaluated in float64.
 """
+import base64
 import copy
 import json
 import random
@@ -513,6 +514,39 @@ def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path, capsys):
     data = _page_data(tmp_path / 'random.html')
     assert data['models'][0]['trained'] is False and data['images']['count'] == 360  # the whole digits test split
     assert 'has 360 images: the gallery shows them all' in capsys.readouterr().out
+
+
+def test_a_run_on_an_image_folder_is_shown_on_its_folder_with_its_class_names(tmp_path, caplog, capsys):
+    """A run of --dataset '' reads its folder again (the run's --data-dir, as sa-vision-validate does) and names
+    the gallery's classes by the run's label names, the folders' names in timm's order; each image's label is
+    the class folder it lies in, also where the validation split lacks a class (c2)."""
+    from helpers import train_here
+    from PIL import Image
+
+    from sa_vision.cli import explore
+    names = ('c1', 'c10', 'c2')  # timm's order: c1, c2, c10
+    for split in ('train', 'validation'):
+        for k, name in enumerate(names):
+            if split == 'validation' and name == 'c2':
+                continue
+            (tmp_path / 'data' / split / name).mkdir(parents=True)
+            for i in range(2):
+                Image.new('RGB', (8, 8), (90 * k, 30 * i, 60)).save(tmp_path / 'data' / split / name / f'{i}.png')
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', tmp_path / 'data',
+                             '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
+                             '--epochs', 1, '-b', 3, '--workers', 0, '--output', tmp_path / 'out',
+                             '--experiment', 'run')
+    assert status == 0, log[-2000:]
+    assert explore.main([str(tmp_path / 'out' / 'run'), '--images', '4', '--out', str(tmp_path / 'page.html')]) == 0
+    data = _page_data(tmp_path / 'page.html')
+    assert data['dataset']['classes'] == ['c1', 'c2', 'c10']
+    files = sorted((tmp_path / 'data' / 'validation').rglob('*.png'), key=lambda f: (f.parent.name, f.name))
+    shown = [data['dataset']['classes'][label] for label in data['images']['labels']]
+    assert sorted(shown) == sorted(f.parent.name for f in files)
+    pixels = torch.tensor(list(base64.b64decode(data['images']['pixels'])), dtype=torch.uint8).view(4, 3, 32, 32)
+    for image, name in zip(pixels, shown):  # each image's colour is its folder's
+        k = names.index(name)
+        assert image[0, 16, 16] == 90 * k and image[2, 16, 16] == 60, (name, image[:, 16, 16])
 
 
 def _page_data(path):

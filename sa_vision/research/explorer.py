@@ -5,6 +5,7 @@ from their parameters, so every query works and the page stays small (docs/repro
 import base64
 import copy
 import json
+import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -27,7 +28,7 @@ from ..train.checkpoint import (
     read_checkpoint,
     weights_path,
 )
-from ..train.data import create_image_dataset, dataset_for_tag, dataset_info, normalization
+from ..train.data import create_image_dataset, dataset_info, normalization, trained_dataset
 from .analysis import UNIFORM_PEAK_RATIO, attention_layers
 
 __all__ = [
@@ -48,9 +49,10 @@ class ExplorerModel:
     """A model to show, with where it came from and what it was trained on."""
     name: str
     model: nn.Module
-    dataset: str = ''  # '' when unknown (random weights)
+    dataset: Optional[str] = None  # None when unknown (random or bare weights); '' an image folder of no name
     epochs: Dict[str, Dict[str, Tensor]] = field(default_factory=dict)  # label -> positional state dict
     trained: bool = True  # False for random weights: the page says so instead of showing chance predictions as such
+    data_dir: Optional[str] = None  # the --data-dir of the run that trained the weights (an image folder's)
 
 
 def positional_params(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
@@ -111,8 +113,10 @@ def resolve_explorer_model(spec: str, pretrained: bool = True) -> ExplorerModel:
     path = weights_path(spec)
     if path is not None:
         ckpt = read_checkpoint(path)
+        dataset, data_dir = trained_dataset(ckpt.meta), (ckpt.meta.get('args') or {}).get('data_dir')
         if not pretrained:
-            return ExplorerModel(spec, ckpt.create_model(load_weights=False), ckpt.dataset, trained=False)
+            return ExplorerModel(spec, ckpt.create_model(load_weights=False), dataset, trained=False,
+                                 data_dir=data_dir)
         folder = path if path.is_dir() else path.parent
         if (folder / POSITIONAL_EPOCHS_FILE).is_file():
             epochs = load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE)
@@ -120,7 +124,7 @@ def resolve_explorer_model(spec: str, pretrained: bool = True) -> ExplorerModel:
             epochs = run_epochs(folder)
         else:
             epochs = {}
-        return ExplorerModel(spec, ckpt.create_model(), ckpt.dataset, epochs)
+        return ExplorerModel(spec, ckpt.create_model(), dataset, epochs, data_dir=data_dir)
     if not pretrained:
         return ExplorerModel(spec, load_model(spec, pretrained=False), trained=False)
     model = load_model(spec, pretrained=True)
@@ -128,7 +132,7 @@ def resolve_explorer_model(spec: str, pretrained: bool = True) -> ExplorerModel:
     epochs = {}
     if spec.startswith(HF_HUB_PREFIX):
         epochs = _hub_epochs(spec[len(HF_HUB_PREFIX):])
-    return ExplorerModel(spec, model, dataset_for_tag(cfg.get('tag') or ''), epochs)
+    return ExplorerModel(spec, model, trained_dataset({'pretrained_cfg': cfg}), epochs)
 
 
 def _hub_epochs(repo_id: str) -> Dict[str, Dict[str, Tensor]]:
@@ -260,7 +264,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     """The page's data: the gallery of ``num_images`` test images and one record per model."""
     if not models:
         raise UserError('give at least one model to explore')
-    datasets = {m.dataset for m in models if m.dataset}
+    datasets = {m.dataset for m in models if m.dataset is not None}
     if dataset is None:
         if len(datasets) > 1:
             raise UserError(f'the models were trained on different datasets ({sorted(datasets)}): pass --dataset to '
@@ -271,8 +275,14 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
                             'model.safetensors); pass --dataset')
         dataset = datasets.pop()
     info = dataset_info(dataset)
+    own = [m for m in models if m.dataset == dataset]  # an image folder's run: where it read it, its classes
+    if data_dir is None and info.is_image_folder:  # as sa-vision-validate finds it
+        data_dir = next((m.data_dir for m in own if m.data_dir and os.path.isdir(m.data_dir)), None)
+    label_names = next((names for m in own if (names := getattr(m.model, 'pretrained_cfg', {}).get('label_names'))),
+                       None) if info.is_image_folder else None
     raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,
-                               mean=(0.,) * 3, std=(1.,) * 3)  # pixels in [0, 1]: the page shows them as they are
+                               mean=(0.,) * 3, std=(1.,) * 3,  # pixels in [0, 1]: the page shows them as they are
+                               classes=label_names)
     targets = getattr(raw, 'targets', None)
     if targets is None:
         targets = [raw[i][1] for i in range(len(raw))]
@@ -282,7 +292,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     normalized = (images - torch.tensor(norm['mean'])[:, None, None]) / torch.tensor(norm['std'])[:, None, None]
     grey = bool((images[:, :1] == images).all())
     pixels = (images[:, :1] if grey else images).mul(255).round().clamp(0, 255).to(torch.uint8)
-    class_names = list(info.class_names) or [str(c) for c in range(max(int(t) for t in targets) + 1)]
+    class_names = list(info.class_names or label_names or ()) or [str(c) for c in range(max(map(int, targets)) + 1)]
     return {
         'title': title,
         'dataset': {'name': info.name, 'title': info.title, 'split': info.eval_split, 'classes': class_names},
