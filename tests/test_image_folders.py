@@ -53,15 +53,17 @@ def test_images_beside_the_class_folders_are_named_before_anything_is_built(tmp_
     assert not (tmp_path / 'out').exists()
 
 
-def test_a_split_lacking_a_class_is_labelled_as_the_training_split(tmp_path):
+def test_a_split_lacking_a_class_is_labelled_as_the_training_split(tmp_path, caplog):
     """Validation without b: its c images are label 2, as in training (timm would number them 1); a validation
     class the model has no label for beside its own is an error naming it; a split of none of its classes is
     labelled by its own folders, as timm's validate.py labels any."""
     root = _folder(tmp_path, {'train': {'a': 1, 'b': 1, 'c': 1}, 'validation': {'a': 2, 'c': 2},
                               'test': {'a': 1, 'd': 1}, 'other': {'y': 1, 'x': 1}})
     for split, expected in (('validation', {'a': 0, 'c': 2}), ('other', {'x': 0, 'y': 1})):
+        caplog.clear()
         ds = create_image_dataset('', split, is_training=False, data_dir=str(root), classes=['a', 'b', 'c'])
         assert {path.split('/')[-2]: target for path, target in ds.reader.samples} == expected
+        assert ('has none of the classes the model has labels for (a, b, c)' in caplog.text) == (split == 'other')
     with pytest.raises(DatasetError, match=r"test has class folders the model has no label for \(d\): its labels "
                                            r"are the classes of the split it was trained on \(a, b, c\)"):
         create_image_dataset('', 'test', is_training=False, data_dir=str(root), classes=['a', 'b', 'c'])
@@ -94,6 +96,7 @@ def test_training_and_validation_score_a_split_lacking_a_class_by_the_models_lab
     ('digits_v2', 'digits_v2', 'digits_v2'),
     ('Fashion MNIST', 'fashion_mnist_folder', 'fashion_mnist_folder'),  # its tag would be Fashion-MNIST's
     ('flowers', 'flowers', 'flowers'),
+    ('unknown', 'unknown_folder', 'unknown_folder'),  # 'unknown' and 'folder' alone read back as no name
 ])
 def test_an_image_folders_name_never_reads_back_as_a_known_dataset(name, tag, read_back):
     """Weights trained with --dataset <name> on an image folder: their export's tag reads back as that folder,
@@ -107,3 +110,30 @@ def test_an_image_folders_name_never_reads_back_as_a_known_dataset(name, tag, re
     # the known datasets' own tags still read back as them
     assert [dataset_for_tag(t) for t in ('cifar10', 'fashion_mnist_custom', 'digits')] == \
         ['torch/cifar10', 'fashion-mnist', 'digits']
+
+
+def test_a_run_of_an_earlier_version_keeps_its_labels(tmp_path, caplog, capsys):
+    """A run before the fix recorded its classes sorted plainly (c1, c10, c2) while the model learned timm's labels
+    (c1, c2, c10): sa-vision-validate and --resume read such a record in timm's order, so a model that classifies
+    every image right still scores 100 % and trains on."""
+    names = {'c1': (220, 30, 30), 'c10': (30, 220, 30), 'c2': (30, 30, 220)}
+    for split in ('train', 'validation'):
+        for name, colour in names.items():
+            (tmp_path / 'data' / split / name).mkdir(parents=True)
+            for i in range(4):
+                Image.new('RGB', (8, 8), colour).save(tmp_path / 'data' / split / name / f'{i}.png')
+    run = tmp_path / 'out' / 'run'
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', tmp_path / 'data', *TINY, '--epochs', 6,
+                             '-b', 4, '--lr', 0.01, '--warmup-epochs', 0, '--output', tmp_path / 'out',
+                             '--experiment', 'run', '--workers', 0)
+    assert status == 0 and json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][7:])['top1'] \
+        == 100.0, log[-3000:]  # one colour a class: learned in a few epochs
+    ckpt = torch.load(run / 'last.pth.tar', weights_only=True)
+    assert ckpt['args']['label_names'] == ['c1', 'c2', 'c10']
+    ckpt['args']['label_names'] = ['c1', 'c10', 'c2']  # as the earlier version recorded them
+    torch.save(ckpt, run / 'last.pth.tar')
+    status, out, err = command_here(capsys, 'validate', '--checkpoint', run / 'last.pth.tar', '--threads', 1)
+    assert status == 0 and json.loads(out.strip().splitlines()[-1])['top1'] == 100.0, err
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 7)
+    result = json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][7:])
+    assert status == 0 and result['top1'] == 100.0, log[-3000:]

@@ -121,6 +121,7 @@ def test_a_resume_with_nothing_to_train_reports_what_it_evaluated(tmp_path, capl
     result = _result(log)
     assert result['split'] == 'train' and result['num_images'] == len(create_image_dataset('digits', 'train', False))
     assert f'Top-1 on the digits train split: {result["top1"]:.2f}%' in log
+    assert 'the best epoch is counted anew' in log and 'Best top1' not in log  # its best was of the test split
     assert {name: (run / name).read_bytes() for name in files} == files
     assert "-> 'resnet18_cifar'" not in log and 'ignoring --model resnet18_cifar' in log
 
@@ -139,6 +140,29 @@ def test_a_run_folder_that_cannot_be_written_is_named_before_the_resume(tmp_path
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
     assert status == 2 and asked == [run], log[-3000:]
     assert log.strip().splitlines()[-1] == (
-        f'error: --resume {run}: nothing can be created in {run} (Read-only file system); the run writes its next '
-        f'epochs there: make it writable, or copy the folder to one that is and resume the copy'), log[-3000:]
+        f'error: --resume {run}: nothing can be created in {run} (Read-only file system); the run writes there '
+        f'(its checkpoints, summary and export): make it writable, or copy the folder to one that is and resume the '
+        f'copy'), log[-3000:]
     assert 'Run folder' not in log
+
+
+def test_a_lone_checkpoint_of_a_run_is_resumed_and_its_files_written(tmp_path, caplog, capsys):
+    """A folder holding only a run's checkpoint under another name (copied, renamed): the resume keeps it as the
+    best where its record says so, and writes the args.yaml and summary.csv the folder lacks, also when it has no
+    epoch left to train (no empty args.yaml)."""
+    import shutil
+
+    import yaml
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    lone = tmp_path / 'lone'
+    lone.mkdir()
+    shutil.copy(tmp_path / 'run' / 'last.pth.tar', lone / 'epoch1.pth.tar')
+    status, log = train_here(caplog, capsys, '--resume', lone / 'epoch1.pth.tar')  # nothing left to train
+    assert status == 0, log[-3000:]
+    assert _load(lone / 'model_best.pth.tar')['epoch'] == 0 and [r['epoch'] for r in _summary(lone)] == ['0']
+    args = yaml.safe_load((lone / 'args.yaml').read_text())
+    assert args['epochs'] == 1 and args['dataset'] == 'digits'
+    status, log = train_here(caplog, capsys, '--resume', lone / 'epoch1.pth.tar', '--epochs', 2)
+    assert status == 0 and _load(lone / 'last.pth.tar')['epoch'] == 1, log[-3000:]
+    assert [r['epoch'] for r in _summary(lone)] == ['0', '1']

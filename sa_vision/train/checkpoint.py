@@ -110,8 +110,11 @@ class Checkpoint:
         """timm's ``pretrained_cfg['label_names']`` of these weights: those they state (a Hub folder's, a run's on
         an image folder: its classes), else those of their dataset (``dataset``, by default the one they name) for
         ``num_classes`` classes, or None."""
-        from .data import dataset_info
+        from .data import dataset_info, timm_label_order, trained_dataset
         stated = self.preprocessing.get('label_names') or (self.meta.get('args') or {}).get('label_names')
+        trained_on = trained_dataset(self.meta)
+        if stated and trained_on is not None and dataset_info(trained_on).is_image_folder:
+            stated = timm_label_order(stated)  # an earlier version recorded an image folder's otherwise
         return stated or (dataset or dataset_info(self.dataset)).label_names(num_classes)
 
 

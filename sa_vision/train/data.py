@@ -23,24 +23,27 @@ from .datasets import (
     Reader,
     check_digits,
     check_fashion_mnist,
-    check_image_folder,
     check_timm,
     failed_download,
-    folder_classes,
-    image_folder_split,
     read_digits,
     read_fashion_mnist,
-    read_image_folder,
     read_timm,
-    stray_images_problem,
     torchvision_held_tensors,
+)
+from .image_folders import (
+    check_image_folder,
+    folder_classes,
+    image_folder_split,
+    read_image_folder,
+    stray_images_problem,
+    timm_label_order,
 )
 
 __all__ = [
     'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET', 'CUSTOM_SUFFIX',
     'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data', 'num_classes_of_folder',
     'image_folder_classes', 'pad_value_note', 'create_cifar_transform', 'create_image_dataset', 'held_tensors',
-    'known_dataset_names',
+    'known_dataset_names', 'timm_label_order',
     'split_name',
 ]
 
@@ -65,7 +68,7 @@ class DatasetInfo:
     # moves it into the model (input_padding), so that timm's transform at the images' own size feeds it
     input_padding: int = 0
     aliases: Tuple[str, ...] = ()  # other --dataset values that name it (lower case)
-    read: Reader = read_image_folder  # datasets.py: the dataset of a split, without its transform
+    read: Reader = read_image_folder  # datasets.py, image_folders.py: a split's dataset, without its transform
     check: Checker = check_image_folder  # raises what read would, before a model is built
     splits: Mapping[str, str] = field(default_factory=dict, hash=False)  # split asked for -> read; others as asked
     tensor_images: bool = False  # held as tensors: the transform takes tensors, a loader needs no worker processes
@@ -158,7 +161,8 @@ def dataset_info(dataset: str) -> DatasetInfo:
     if key.startswith(_TIMM_DATASET_TYPES):
         return replace(DatasetInfo(dataset, tag, dataset, None, CIFAR10_MEAN, CIFAR10_STD, 'validation'),
                        read=read_timm, check=check_timm, downloads=True)
-    if dataset_for_tag(tag) in _DATASETS:  # an image folder named as a known dataset is tagged ('Fashion MNIST')
+    # an image folder named as a known dataset ('Fashion MNIST'), or as no dataset, is tagged apart
+    if dataset and (dataset_for_tag(tag) in _DATASETS or tag in (_FOLDER_TAG, _UNKNOWN_TAG)):
         tag += '_folder'
     return DatasetInfo(dataset, tag or _FOLDER_TAG, dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
                        'validation')
@@ -226,10 +230,10 @@ def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> O
         return None
     info, source = _dataset_source(dataset, data_dir, download=False)
     folder = image_folder_split(source.data_dir, split, is_training=True, dataset=source.name)
-    classes = folder_classes(folder)
-    problem = stray_images_problem(folder, classes)
+    problem = stray_images_problem(folder)
     if problem:
         raise DatasetError(problem)
+    classes = folder_classes(folder)
     if not classes:
         raise DatasetError(f'{folder} holds no images in class folders ({folder}/<class>/<image>, of the kinds '
                            f'timm reads: .png, .jpg, ...)')

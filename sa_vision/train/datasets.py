@@ -3,7 +3,7 @@
 
 ``digits`` (scikit-learn's) and ``fashion-mnist`` (Fashion-MNIST's IDX files, zero-padded 28x28 -> 32x32, so the
 paper's architectures run unchanged on their 16x16 grid) are held in memory as tensors and repeated to 3 channels;
-timm's ``create_dataset`` reads its ``<type>/<name>`` datasets and the image folders. """
+timm's ``create_dataset`` reads its ``<type>/<name>`` datasets and the image folders (:mod:`.image_folders`). """
 import gzip
 import os
 import zlib
@@ -19,8 +19,7 @@ __all__ = [
     'DataSource', 'Reader', 'Checker', 'TRAIN_TEST_SPLITS', 'torchvision_held_tensors',
     'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'read_digits', 'check_digits',
     'FASHION_MNIST_DIR', 'FashionMnistDataset', 'read_fashion_mnist', 'check_fashion_mnist',
-    'read_timm', 'check_timm', 'failed_download', 'read_image_folder', 'check_image_folder', 'image_folder_split',
-    'folder_classes', 'stray_images_problem',
+    'read_timm', 'check_timm', 'failed_download',
 ]
 
 DIGITS_IMG_SIZE = 32  # the size the 8x8 digits are upscaled to unless --img-size asks for another
@@ -197,49 +196,6 @@ class FashionMnistDataset(Dataset):
         return img, int(self.targets[index])
 
 
-def image_folder_split(root: str, split: str, is_training: bool = False, dataset: str = '') -> str:
-    """The subfolder of an image folder that holds ``split``, as timm's ``_search_split`` finds it (by its name or
-    a synonym from timm's tables); a missing one raises naming the synonyms timm would have taken and the flag that
-    reads a subfolder of the kind asked for (training or held-out) where one is present, or the torchvision
-    dataset that the folder's ``dataset`` name was meant for. The split ``.`` (or ``''``, as timm reads it) is the
-    folder itself: its subfolders are the classes."""
-    from timm.data.dataset_factory import _EVAL_SYNONYM, _TORCH_BASIC_DS, _TRAIN_SYNONYM, _search_split
-    if split in ('', '.') and os.path.isdir(root):
-        return root
-    folder = _search_split(root, split)
-    if os.path.normpath(folder) != os.path.normpath(root):
-        return folder
-    found = sorted(e.name for e in os.scandir(root) if e.is_dir()) if os.path.isdir(root) else []
-    name = split.split('[')[0]  # as timm reads a split such as 'train[:90%]'
-    synonyms = [s for table in (_TRAIN_SYNONYM, _EVAL_SYNONYM) if name in table for s in table if s != name]
-    taken = (f'nor {", ".join(s + "/" for s in synonyms)}, which timm takes for it' if synonyms else
-             f'timm takes no other name for {name!r}')
-    # the commands that take the flag (sa-vision-explore and sa-vision-reproduce read the dataset's own splits)
-    flag, commands = (('--train-split', '(sa-vision-train)') if is_training else
-                      ('--val-split', '(sa-vision-train, sa-vision-validate)'))
-    # the subfolders of the kind asked for: training ones, or held-out ones (timm's and the fixed-split datasets')
-    kind = set(_TRAIN_SYNONYM) if is_training else set(_EVAL_SYNONYM) | (set(TRAIN_TEST_SPLITS) - {'train'})
-    usable = [f for f in found if f in kind]
-    if usable:
-        advice = (f'pass {flag} {usable[0]}' + (f' (or {", ".join(usable[1:])})' if usable[1:] else '') +
-                  f' to read {os.path.join(root, usable[0])}/ {commands}, or rename that folder {split}/')
-    else:
-        advice = (f'put the {split} images in {os.path.join(root, split)}/<class>/ or name the folder that holds '
-                  f'them with {flag} {commands}; {flag} . reads {root} itself, its subfolders as the classes')
-        if not is_training:
-            advice += '; the training images are never evaluated as a held-out split'
-    if dataset.lower() in _TORCH_BASIC_DS:  # e.g. cifar100, which timm reads only as torch/cifar100
-        advice = (f'--dataset {dataset} names an image folder here; torchvision\'s is --dataset '
-                  f'torch/{dataset.lower()} (with --dataset-download to fetch it). Otherwise ' + advice)
-    listed = found[:_LISTED_SUBFOLDERS] + [f'... {len(found) - _LISTED_SUBFOLDERS} more'] * (
-        len(found) > _LISTED_SUBFOLDERS)
-    raise DatasetNotFoundError(f'the image folder {root} has no {split!r} subfolder ({taken}); its subfolders '
-                               f'are {listed}: {advice}')
-
-
-_LISTED_SUBFOLDERS = 12  # an error names that many of a folder's subfolders (--data-dir /tmp holds hundreds)
-
-
 def read_digits(source: DataSource, split: str, is_training: bool, img_size: int) -> DigitsDataset:
     return DigitsDataset(split, img_size=img_size)
 
@@ -308,54 +264,6 @@ def check_timm(source: DataSource, split: str, is_training: bool) -> None:
     missing = [name for name, _ in files if not os.path.isfile(os.path.join(folder, name))]
     if missing:
         raise _timm_dataset_not_found(source, f'{folder} has no {", ".join(missing)}')
-
-
-def folder_classes(folder: str) -> List[str]:
-    """The classes timm's image-folder reader finds in ``folder``, in its label order: the names of the folders
-    that hold images (a nested one by its own name, as timm takes it; '' for images in ``folder`` itself)."""
-    from timm.data.readers.reader_image_folder import find_images_and_targets
-    _, class_to_idx = find_images_and_targets(folder, sort=False)
-    return sorted(class_to_idx, key=class_to_idx.get)
-
-
-def stray_images_problem(folder: str, classes) -> Optional[str]:
-    """What is wrong where images lie in ``folder`` itself, beside its class folders (timm would make them a class
-    named ''), or None."""
-    if '' not in classes:
-        return None
-    from timm.data import get_img_extensions
-    stray = sorted(e.name for e in os.scandir(folder) if os.path.splitext(e.name)[1].lower() in
-                   get_img_extensions(as_set=True))
-    return (f'{folder} holds images beside its class folders ({", ".join(stray[:3])}{", ..." if stray[3:] else ""}), '
-            f'which timm would label as a class of their own: move them into the folder of their class')
-
-
-def read_image_folder(source: DataSource, split: str, is_training: bool, img_size: int) -> Dataset:
-    """The image folder ``<data_dir>/<split>/<class>/<image>`` through timm's ``create_dataset``; a missing split
-    raises (timm would fall back to the root, i.e. evaluate on the training images). Labelled by
-    ``source.classes`` where its class folders are among them (timm's ``class_map``: a split lacking a class is
-    labelled as the model's labels are, not by its own folders); a split with some of them and others raises; a
-    split with none of them is labelled by its own folders, as timm's validate.py labels any (no name says more)."""
-    from timm.data import create_dataset
-    folder = image_folder_split(source.data_dir, split, is_training, source.name)
-    class_map = ''
-    found = folder_classes(folder) if source.classes else []
-    if any(c in source.classes for c in found):
-        problem = stray_images_problem(folder, found)
-        extra = [c for c in found if c not in source.classes and c]
-        if problem or extra:
-            raise DatasetError(problem or (
-                f'{folder} has class folders the model has no label for ({", ".join(extra[:5])}'
-                f'{", ..." if extra[5:] else ""}): its labels are the classes of the split it was trained on '
-                f'({", ".join(source.classes[:10])}{", ..." if source.classes[10:] else ""}). Evaluate a folder of '
-                f'those classes (named as they are; any may be missing)'))
-        class_map = {name: label for label, name in enumerate(source.classes)}
-    return create_dataset(source.name, root=folder, split=split, is_training=is_training, download=source.download,
-                          class_map=class_map)
-
-
-def check_image_folder(source: DataSource, split: str, is_training: bool) -> None:
-    image_folder_split(source.data_dir, split, is_training, source.name)
 
 
 def torchvision_held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:

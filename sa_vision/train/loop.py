@@ -10,7 +10,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -26,7 +26,7 @@ from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import num_classes_of_folder, split_name
 from .device_data import set_epoch
 from .evaluation import evaluate_epoch, evaluated_after
-from .run_folder import run_folder, training_in, write_run_files
+from .run_folder import repair_run_files, run_folder, training_in, write_run_files
 from .run_setup import (
     create_loaders,
     create_model,
@@ -42,7 +42,6 @@ from .state import (
     checkpoint_dict,
     metric_text,
     parse_run_args,
-    repair_run_files,
     resolve_model_args,
     restore,
     save_epoch,
@@ -76,12 +75,17 @@ def _log_resumed(args, run_dir: Path, resume_ckpt, start_epoch: int, num_updates
 _EVALUATION_ARGS = {'dataset', 'data_dir', 'val_split'}
 
 
-def _resumed_metrics(args, resume_ckpt) -> Optional[dict]:
-    """The evaluation a resumed run reports where it has no epoch left to train: its last epoch's, unless the
-    command line asks for another one (None: evaluated anew)."""
-    if resume_ckpt is None or _EVALUATION_ARGS & set(args.resume_changes):
-        return None
-    return resume_ckpt.meta.get('metrics')
+def _resumed_evaluation(args, resume_ckpt, best: Optional[dict], log) -> Tuple[Optional[dict], Optional[dict]]:
+    """(the evaluation a resumed run reports where it has no epoch left to train, its best epoch so far): its own,
+    unless the command line asks for another evaluation (_EVALUATION_ARGS): then neither, the last weights are
+    evaluated anew and the best is counted on that evaluation from the next epoch on."""
+    if resume_ckpt is None or not _EVALUATION_ARGS & set(args.resume_changes):
+        return (resume_ckpt.meta.get('metrics') if resume_ckpt else None), best
+    if best is not None:
+        log(f'note: the evaluation changed ({", ".join(sorted(_EVALUATION_ARGS & set(args.resume_changes)))}): the '
+            f'best epoch is counted anew on it ({BEST_CHECKPOINT}, epoch {best["epoch"]} by the old one, stays until '
+            f'an epoch is evaluated)')
+    return None, None
 
 
 def is_better(metric: str, value: float, best: float) -> bool:
@@ -126,7 +130,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
-    metrics = _resumed_metrics(args, resume_ckpt)
+    metrics, best = _resumed_evaluation(args, resume_ckpt, best, log)
     with training_in(run_dir):
         for epoch in range(start_epoch, num_epochs):
             seed_epoch(args.seed, epoch, args.rank)

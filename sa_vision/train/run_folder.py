@@ -1,20 +1,26 @@
 """ A run's folder: where a new or resumed run writes (refusing one that holds another run, or that another
-process is training in), the files that claim it, and the advice Ctrl-C leaves there """
+process is training in), the files that claim it, the advice Ctrl-C leaves there, and the files a resume writes
+again where a stop left them behind its checkpoint """
 import contextlib
+import csv
 import itertools
+import os
+import tempfile
 import unicodedata
 from datetime import datetime
 from pathlib import Path, PurePath
-from typing import IO, Dict, Optional
+from typing import IO, Dict, List, Optional
 
 import yaml
+from timm.utils import update_summary
 
 from ..errors import UserError
-from ..io import folder_problem
-from .checkpoint import RUN_CHECKPOINT
-from .state import args_as_saved, run_recipe
+from ..io import atomic_duplicate, atomic_write, folder_problem
+from ..tables import plural
+from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
+from .state import SUMMARY, Log, args_as_saved, run_recipe, summary_metrics
 
-__all__ = ['run_folder', 'write_run_files', 'training_in']
+__all__ = ['run_folder', 'write_run_files', 'training_in', 'repair_run_files']
 
 
 def run_folder(args, resume_ckpt) -> Path:
@@ -36,8 +42,8 @@ def run_folder(args, resume_ckpt) -> Path:
                             f'these weights: --initial-checkpoint {resumed} {" ".join(moved)}')
         problem = folder_problem(run_dir)
         if problem:
-            raise UserError(f'--resume {args.resume}: {problem}; the run writes its next epochs there: make it '
-                            f'writable, or copy the folder to one that is and resume the copy')
+            raise UserError(f'--resume {args.resume}: {problem}; the run writes there (its checkpoints, summary and '
+                            f'export): make it writable, or copy the folder to one that is and resume the copy')
         return run_dir
     problem = folder_problem(args.output)
     if problem:
@@ -79,12 +85,12 @@ def _experiment_problem(name: str) -> Optional[str]:
 def write_run_files(args, run_dir: Path, new_run: bool, trains: bool = True) -> Path:
     """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run), in
     the folder returned; a resumed run with no epoch left to train (not ``trains``) only holds its folder, whose
-    files stay those of the epochs that made it. A new run's ``args.yaml`` claims its folder, made only where none
-    is there: where another run claimed ``run_dir`` since :func:`run_folder` found it empty, one named for the time
-    is claimed as ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an ``--experiment`` is refused before
-    anything is written. The folder is then held for this process's epochs, report and export
-    (:func:`training_in`): another process resuming the run is refused meanwhile."""
-    if not (new_run or trains):
+    files stay those of the epochs that made it (written where it has none). A new run's ``args.yaml`` claims its
+    folder, made only where none is there: where another run claimed ``run_dir`` since :func:`run_folder` found it
+    empty, one named for the time is claimed as ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an
+    ``--experiment`` is refused before anything is written. The folder is then held for this process's epochs,
+    report and export (:func:`training_in`): another process resuming the run is refused meanwhile."""
+    if not (new_run or trains) and (run_dir / 'args.yaml').is_file():
         _hold(run_dir)
         return run_dir
     for suffix in itertools.count():
@@ -149,3 +155,37 @@ def training_in(run_dir: Path):
         held = _HELD.pop(run_dir.resolve(), None)
         if held is not None:
             held.close()
+
+
+def repair_run_files(run_dir: Path, resume_ckpt: Checkpoint, log: Log) -> None:
+    """Make ``model_best.pth.tar`` and ``summary.csv`` agree with the checkpoint resumed (``last.pth.tar``, which
+    ``state.save_epoch`` writes first): a run stopped after it (killed, a full disk) left its epoch's best checkpoint
+    or summary row unwritten, and an export would publish an older epoch as the best."""
+    # the file resumed: last.pth.tar, or a checkpoint of the run that a folder without one holds (run_folder)
+    meta, kept, source = resume_ckpt.meta, run_dir / BEST_CHECKPOINT, Path(resume_ckpt.source)
+    best = meta.get('best')
+    if best is not None and best['epoch'] == meta['epoch'] - 1 and not (kept.is_file() and (
+            os.path.samefile(kept, source) or read_checkpoint(kept).meta['epoch'] == meta['epoch'])):
+        atomic_duplicate(source, kept)
+        log(f'{kept} written again from {source.name}: the run had stopped before it kept epoch {best["epoch"]}, '
+            f'its best, there')
+    history = meta.get('history') or []  # none in a checkpoint of an older sa_vision
+    summary = run_dir / SUMMARY
+    if history and _summary_epochs(summary) != [str(record['epoch']) for record in history]:
+        with tempfile.TemporaryDirectory() as folder:  # as update_summary writes them (csv's \r\n)
+            rows = Path(folder) / SUMMARY
+            for index, record in enumerate(history):
+                update_summary(record['epoch'], *summary_metrics(record), rows, write_header=index == 0)
+            with atomic_write(summary) as tmp:
+                tmp.write_bytes(rows.read_bytes())
+        log(f'{summary} written again from {source.name}: it did not hold the {plural(len(history), "epoch")} the '
+            f'run has done, one row each (the run had stopped between its files)')
+
+
+def _summary_epochs(summary: Path) -> Optional[List[str]]:
+    """The epoch column of ``summary.csv``, or None where there is none to read."""
+    try:
+        with open(summary, newline='') as f:
+            return [row.get('epoch') for row in csv.DictReader(f)]
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return None

@@ -2,11 +2,9 @@
 the files it writes every epoch into its folder (:mod:`.run_folder`) and what ``--resume`` restores from them """
 import argparse
 import json
-import os
 import shlex
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -18,7 +16,6 @@ from timm.utils import update_summary
 from ..errors import UserError
 from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
 from ..models import infer_sa_model_args
-from ..tables import plural
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
 from .checkpoint import (
     BEST_CHECKPOINT,
@@ -32,11 +29,12 @@ from .checkpoint import (
     strip_runtime_args,
     weights_path,
 )
+from .data import timm_label_order
 from .evaluation import EVAL_METRICS
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
-           'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'repair_run_files', 'metric_text']
+           'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'metric_text', 'SUMMARY', 'summary_metrics']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -73,11 +71,17 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
     check_recipe_start(recipe, args, config.config)
     check_recipe_lr(recipe, args, f'recipe {config.config}')
     args.model_given = None if resume else _model_of_weights_name(args)
-    args.label_names = (resume_ckpt.meta.get('args') or {}).get('label_names') if resume else None  # image folder's
+    args.label_names = _run_label_names(resume_ckpt) if resume else None  # an image folder's classes
     # what the run had as defaults comes back unchanged: a difference was given on the command line
     args.resume_changes = {k: (v, plain_data(getattr(args, k))) for k, v in sorted(run_args.items())
                            if k != 'model_kwargs' and plain_data(getattr(args, k)) != v}
     return args, recipe, resume_ckpt
+
+
+def _run_label_names(ckpt: Checkpoint) -> Optional[List[str]]:
+    """A run's image folder classes, in timm's label order (an earlier version's run recorded them otherwise)."""
+    names = (ckpt.meta.get('args') or {}).get('label_names')
+    return timm_label_order(names) if names else None
 
 
 def _model_of_weights_name(args) -> Optional[str]:
@@ -316,11 +320,11 @@ def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) 
 SUMMARY = 'summary.csv'
 
 
-def _summary_metrics(record: dict) -> Tuple[dict, dict]:
+def summary_metrics(record: dict) -> Tuple[dict, dict]:
     """The ``train_`` and ``eval_`` columns (timm's update_summary prefixes them) of an epoch of the run's history,
     the ``eval_`` ones empty where --val-interval left the epoch unevaluated."""
-    train = {'loss': record['train_loss'], 'lr': record['lr'], 'time': record['train_time'],
-             'img_per_s': record.get('train_img_per_s', '')}
+    train = {'loss': record['train_loss'], 'lr': record['lr'], 'time': record.get('train_time', ''),
+             'img_per_s': record.get('train_img_per_s', '')}  # the last two: not in the history of older runs
     return train, {k: record.get(f'eval_{k}', '') for k in EVAL_METRICS}
 
 
@@ -328,7 +332,7 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
     """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
     epoch is the best so far, a row of ``summary.csv`` (its ``eval_`` columns empty where --val-interval left the
     epoch unevaluated: timm's train.py writes no row then, but a row per epoch keeps the file's columns and count).
-    ``last.pth.tar`` comes first: what a stop leaves unwritten after it, :func:`repair_run_files` writes."""
+    ``last.pth.tar`` comes first: what a stop leaves unwritten after it, ``run_folder.repair_run_files`` writes."""
     epoch, num_epochs = ckpt['epoch'], ckpt['num_epochs']
     is_best = ckpt['best'] is not None and ckpt['best']['epoch'] == epoch
     try:
@@ -338,13 +342,13 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
         if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
             atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
         summary = run_dir / SUMMARY
-        update_summary(epoch, *_summary_metrics(ckpt['history'][-1]), summary, write_header=not summary.is_file())
+        update_summary(epoch, *summary_metrics(ckpt['history'][-1]), summary, write_header=not summary.is_file())
     except (OSError, RuntimeError) as e:
         # a full disk: torch.save's error names no disk ("unexpected pos", "file write failed"); another error of
         # torch's is a fault to see whole
         if not isinstance(e, OSError) and not any(w in str(e) for w in ('inline_container', 'PytorchStreamWriter')):
             raise
-        reason = str(e).strip().splitlines()[0][:200]
+        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         free = shutil.disk_usage(run_dir).free
         raise UserError(f'could not write the files of epoch {epoch} in {run_dir} ({reason}); {free / 1e6:,.0f} MB '
                         f'free on its disk. Each file is written whole or not at all: free some space (or mend the '
@@ -354,33 +358,6 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
     if is_best:
         log(f'Best {args.eval_metric} so far ({metric_text(args.eval_metric, ckpt["best"]["metric"])}): '
             f'{run_dir / BEST_CHECKPOINT}')
-
-
-def repair_run_files(run_dir: Path, resume_ckpt: Checkpoint, log: Log) -> None:
-    """Make ``model_best.pth.tar`` and ``summary.csv`` agree with ``last.pth.tar`` again, which :func:`save_epoch`
-    writes first: a run stopped after it (killed, a full disk) left its epoch's best checkpoint or summary row
-    unwritten, and an export would publish an older epoch as the best."""
-    meta, last, kept = resume_ckpt.meta, run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT
-    best = meta.get('best')
-    if best is not None and best['epoch'] == meta['epoch'] - 1 and not (
-            kept.is_file() and (os.path.samefile(kept, last) or read_checkpoint(kept).meta['epoch'] == meta['epoch'])):
-        atomic_duplicate(last, kept)
-        log(f'{kept} written again from {last.name}: the run had stopped before it kept epoch {best["epoch"]}, '
-            f'its best, there')
-    history = meta.get('history') or []
-    if not history:  # a checkpoint of an older sa_vision
-        return
-    summary = run_dir / SUMMARY
-    with tempfile.TemporaryDirectory() as folder:
-        expected = Path(folder) / SUMMARY
-        for index, record in enumerate(history):
-            update_summary(record['epoch'], *_summary_metrics(record), expected, write_header=index == 0)
-        rows = expected.read_bytes()  # as update_summary writes them (csv's \r\n), so that later rows match
-    if not summary.is_file() or summary.read_bytes() != rows:
-        with atomic_write(summary) as tmp:
-            tmp.write_bytes(rows)
-        log(f'{summary} written again from {last.name}: it did not hold the {plural(len(history), "epoch")} the run '
-            f'has done, one row each (the run had stopped between its files)')
 
 
 def metric_text(name: str, value: float) -> str:
