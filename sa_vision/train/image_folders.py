@@ -96,6 +96,7 @@ def stray_images_problem(folder: str) -> Optional[str]:
 
 
 def _holds_images(folder: str) -> bool:
+    """Whether timm's reader would find an image in ``folder`` or below it."""
     from timm.data import get_img_extensions
     kinds = get_img_extensions(as_set=True)
     return any(os.path.splitext(f)[1].lower() in kinds for _, _, files in os.walk(folder, followlinks=True)
