@@ -89,6 +89,13 @@ def test_training_and_validation_score_a_split_lacking_a_class_by_the_models_lab
     status, out, err = command_here(capsys, 'validate', '--model', f'local-dir:{tmp_path / "out" / "run" / "hub"}',
                                     '--data-dir', root, '--threads', 1)
     assert status == 0 and json.loads(out.strip().splitlines()[-1])['top1'] == pytest.approx(top1), err
+    # the run's checkpoint finds its folder by itself, until the folder is moved: then the error names it
+    status, out, err = command_here(capsys, 'validate', '--checkpoint', tmp_path / 'out' / 'run', '--threads', 1)
+    assert status == 0 and json.loads(out.strip().splitlines()[-1])['top1'] == pytest.approx(top1), err
+    root.rename(tmp_path / 'moved')
+    status, out, err = command_here(capsys, 'validate', '--checkpoint', tmp_path / 'out' / 'run', '--threads', 1)
+    assert status == 2 and f'trained on an image folder, {root}, which is not there any more: pass --data-dir' in \
+        err, err
 
 
 @pytest.mark.parametrize('name, tag, read_back', [

@@ -10,7 +10,7 @@ from timm.models._hub import save_for_hf
 
 import sa_vision  # noqa: F401  (registers the models)
 from sa_vision.cli import validate
-from sa_vision.errors import DatasetError
+from sa_vision.errors import DatasetError, UserError
 
 pytest.importorskip('sklearn')
 
@@ -92,8 +92,10 @@ def test_weights_of_an_image_folder_evaluate_an_image_folder(tmp_path, capsys, t
     from PIL import Image
     folder = _folder(tmp_path, tag)
     trained_on = '' if tag == 'folder_custom' else 'flowers'  # as --dataset named it
-    with pytest.raises(DatasetError, match=r"an image folder \(--dataset ''\) needs --data-dir" if not trained_on else
-                       r"unknown dataset 'flowers': .* For an image folder pass --data-dir"):
+    named = " named 'flowers'" if trained_on else ''
+    with pytest.raises(UserError, match=rf'^the weights were trained on an image folder{named}, which they do not '
+                                        r'locate: pass --data-dir with the folder to evaluate \(<folder>/validation/'
+                                        r'<class>/<image>\), or --dataset for another dataset$'):
         validate.main(['--model', f'local-dir:{folder}', '--threads', '1'])
     assert f'dataset: {trained_on or "an image folder in --data-dir"} (the weights were trained on it' in \
         capsys.readouterr().err

@@ -163,7 +163,7 @@ def main(argv=None):
         why = 'the weights name none' if trained_on is None else 'the weights were trained on it'
         other = '--dataset and --data-dir choose another' if reused else '--dataset chooses another'
         print(f'dataset: {what} ({why}; {other})', file=sys.stderr)
-        _check_dataset(args)
+        _check_dataset(args, of_weights=trained_on is not None)
     data_cfg = timm.data.resolve_data_config({}, model=model)
     # weights of an image folder label as its training split's classes did; others (CIFAR-10's names) as the
     # folder's own order
@@ -204,11 +204,17 @@ def _write_results(path: str, results_format: str, result: dict) -> None:
             writer.writerow(result)
 
 
-def _check_dataset(args) -> None:
+def _check_dataset(args, of_weights: bool = False) -> None:
     """The split to read (the dataset's held-out one by default), the loader workers, and the DatasetError a
-    missing dataset would raise later."""
+    missing dataset would raise later; ``of_weights``: the dataset is the one the weights were trained on."""
     info = dataset_info(args.dataset)
     args.split = split_name(args.dataset, args.split or info.eval_split)
+    if of_weights and info.is_image_folder and not args.data_dir and not os.path.isdir(args.dataset):
+        gone = getattr(args, 'trained_data_dir', None)
+        raise UserError(f'the weights were trained on an image folder{f" named {args.dataset!r}" * bool(args.dataset)}'
+                        f'{f", {gone}, which is not there any more" if gone else ", which they do not locate"}: '
+                        f'pass --data-dir with the folder to evaluate (<folder>/{args.split}/<class>/<image>), or '
+                        f'--dataset for another dataset')
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download, eval_split=args.split)
     if args.workers is None:  # worker processes only compete for the cores when the images are already in memory
         args.workers = 0 if info.tensor_images else 2
