@@ -627,3 +627,47 @@ def test_a_fused_optimizer_variant_steps_with_the_fused_sgd():
         runner.train_step()
     for a, b in zip(*(r.train_model.parameters() for r in runners)):
         torch.testing.assert_close(a, b)
+
+
+def test_unavoidable_macs_count_the_border_a_model_adds_itself():
+    """A kept Fashion-MNIST export takes 28x28 and pads it to 32x32 itself: its 16x16 grid is counted, as for the
+    same model fed 32x32 (the hand count of a padded 8x8 image here: 4x4 grid from 6x6 + a border of 1)."""
+    padded = timm.create_model('sa_quadratic_cifar', input_padding=1, **TINY)
+    assert sab.unavoidable_macs(padded, (3, 6, 6)) == SEPARABLE_MACS
+
+
+def test_a_registered_model_is_measured_at_its_configs_input_size():
+    """As timm's benchmark.py measures it: 224x224 for timm's ImageNet ViT, 32x32 for ours and the peers."""
+    assert sab.input_size_of('vit_tiny_patch16_224') == (3, 224, 224)
+    assert sab.input_size_of('sa_quadratic_cifar') == sab.input_size_of('vit_peer') == (3, 32, 32)
+
+
+def test_a_model_whose_classifier_is_not_head_trains_with_fewer_classes(capsys):
+    """resnet18_cifar's classifier is fc: --num-classes 5 draws its targets below 5 (not 10: a target of 7 would
+    be out of bounds in the loss)."""
+    cli = _load_cli()
+    argv = ['--model', 'resnet18_cifar', '--model-kwargs', 'stem_width=8', '--num-classes', '5', '--img-size', '8',
+            '-b', '2', '--runs', '1', '--num-warm-iter', '0', '--bench', 'train', '--no-memory', '--quiet']
+    assert cli.main(argv) == 0 and 'resnet18_cifar' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('argv, error', [
+    (['--torchcompile', 'auto'], '--torchcompile auto chooses for a training run (sa-vision-train)'),
+    (['--input-size', '3', '0', '0'], '--input-size 3 0 0: channels, height and width are at least 1'),
+    (['--model', 'sa_quadratic_cifar', 'resnet18_cifarr'], "unknown model 'resnet18_cifarr'"),
+])
+def test_what_would_fail_after_timing_is_refused_before(argv, error, capsys):
+    """A typo in the second model, --torchcompile auto (sa-vision-train's choice) or a zero size: one line, before
+    anything is built or timed (the first model's timings would be lost)."""
+    from sa_vision.errors import run_cli
+    cli = _load_cli()
+    assert run_cli(cli.main, ['--model-kwargs', *TINY_ARGS, '-b', '2', '--runs', '1', *argv]) == 2
+    err = capsys.readouterr().err
+    assert error in err and 'run 1/1' not in err, err
+
+
+def test_a_model_list_skips_indented_comments(tmp_path):
+    cli = _load_cli()
+    listed = tmp_path / 'models.txt'
+    listed.write_text('sa_quadratic_cifar\n  # not now: sa_gen_cifar\n\n')
+    assert cli._model_names(cli.build_parser().parse_args(['--model-list', str(listed)])) == ['sa_quadratic_cifar']

@@ -20,7 +20,8 @@ same weights through the paper's dense formulation (sa_vision.research.paper_ref
 'vit_peer' and 'convit_peer' are timm's VisionTransformer and ConVit at patch 2 (a grid like ours) and about the
 narrow SA models' parameters, built for --img-size (sa_vision.measure.peers).
 --model also takes weights, as timm's benchmark.py takes local-dir:<folder> (an export) or a checkpoint file:
-measured at their own input size (28 for a kept Fashion-MNIST export, which pads it itself) unless told.
+measured at their own input size (28 for a kept Fashion-MNIST export, which pads it itself) unless told; a
+registered model at its pretrained config's (224 for timm's ImageNet ViT), as timm's benchmark.py measures it.
 Columns named as timm's benchmark.py names them count in other units: param_count is the raw parameter
 count (timm's: millions), macs the raw MACs of one image's forward (timm's infer_gmacs: GMACs); --amp
 autocasts to --amp-dtype bfloat16 by default (timm's: float16). See docs/performance.md, 'What is measured'.
@@ -51,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help='extra model arguments, e.g. embed_dim=16 depth=1 heads_per_layer=2')
     p.add_argument('--bench', default='both', choices=('both', 'train', 'inference'))
     p.add_argument('--batch-size', '-b', type=int, default=32)
-    p.add_argument('--img-size', type=int, default=None, help="square input size (default: the weights' own, else 32)")
+    p.add_argument('--img-size', type=int, default=None, help="square input size (default: the model's own, else 32)")
     p.add_argument('--input-size', type=int, nargs=3, default=None, metavar='N', help='C H W')
     p.add_argument('--num-classes', type=int, default=None)
     p.add_argument('--device', default='auto', help='auto (cuda if available, else cpu), cpu, cuda, cuda:1')
@@ -108,6 +109,12 @@ def _check_args(args, compare, device) -> None:
     """Refuse what would fail only after models were built or timed (the timings would be lost)."""
     check_value_bounds(args)
     check_compile_backend(args.torchcompile)
+    if args.torchcompile == 'auto':  # sa-vision-train's choice for a run: here both sides are the measurement
+        raise UserError('--torchcompile auto chooses for a training run (sa-vision-train); here name the backend to '
+                        'time (--torchcompile, inductor) and compare with a run without it')
+    if args.input_size and min(args.input_size) < 1:
+        raise UserError(f'--input-size {" ".join(map(str, args.input_size))}: channels, height and width are at '
+                        f'least 1')
     if args.amp and args.precision != 'float32':  # autocast of a half-precision model fails in its first layer
         raise UserError(f'--amp autocasts a float32 model to --amp-dtype; --precision {args.precision} makes the '
                         f'model {args.precision} itself: pass one of them')
@@ -129,7 +136,7 @@ def _model_names(args):
         return list(args.model)
     try:
         with open(args.model_list) as f:
-            return [line.strip() for line in f if line.strip() and not line.startswith('#')]
+            return [line.strip() for line in f if line.strip() and not line.strip().startswith('#')]
     except OSError as e:
         raise UserError(f'--model-list {args.model_list} cannot be read ({e.strerror or e})') from None
 
@@ -140,6 +147,8 @@ def main(argv=None) -> int:
     device = sab.resolve_device(args.device)
     _check_args(args, compare, device)
     models = _model_names(args)
+    for name in models:  # a typo in the list is said before any model is timed
+        sab.check_model_name(name)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.flush_denormal and not torch.set_flush_denormal(True):

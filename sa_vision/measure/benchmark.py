@@ -93,11 +93,30 @@ def _maybe_fused(model: nn.Module, fuse: bool) -> Optional[nn.Module]:
 
 def input_size_of(model_name: str) -> tuple:
     """The input size to measure ``model_name`` at where none is given: weights' own (a Fashion-MNIST export
-    takes 28x28 and pads it itself), else CIFAR's 32x32."""
+    takes 28x28 and pads it itself), a registered model's pretrained config's (timm's benchmark.py takes it: 224 for
+    a ViT of ImageNet; 32 for ours), else CIFAR's 32x32 (the peers)."""
     import timm
-    path = None if timm.is_model(model_name) or is_peer(model_name) else weights_path(model_name)
+    from timm.models import get_pretrained_cfg
+    if is_peer(model_name):
+        return 3, 32, 32
+    if timm.is_model(model_name):
+        cfg = get_pretrained_cfg(model_name)
+        return tuple(cfg.input_size) if cfg is not None else (3, 32, 32)
+    path = weights_path(model_name)
     stated = read_checkpoint(path).preprocessing if path is not None else {}
     return tuple(stated.get('input_size') or (3, 32, 32))
+
+
+def check_model_name(model_name: str) -> None:
+    """A UserError where ``model_name`` is none of what :func:`build_variants` builds (asked of every name before
+    any is timed)."""
+    import timm
+
+    import sa_vision  # noqa: F401  (registers the models)
+    if not (is_peer(model_name) or timm.is_model(model_name) or weights_path(model_name) is not None):
+        raise UserError(f'unknown model {model_name!r} ({model_name_hint(model_name)}): not a registered timm name, '
+                        f'a peer nor weights (sa_vision: {", ".join(MODEL_NAMES)};'
+                        f' peers: {", ".join(PEERS)}; local-dir:<folder> or a weights file)')
 
 
 def build_variants(
@@ -124,9 +143,7 @@ def build_variants(
     elif (path := weights_path(model_name)) is not None:  # local-dir:<folder> or a file, as timm's benchmark.py
         model = read_checkpoint(path, model_args=model_kwargs).create_model()
     else:
-        raise UserError(f'unknown model {model_name!r} ({model_name_hint(model_name)}): not a registered timm name, '
-                        f'a peer nor weights (sa_vision: {", ".join(MODEL_NAMES)};'
-                        f' peers: {", ".join(PEERS)}; local-dir:<folder> or a weights file)')
+        check_model_name(model_name)  # raises
     try:  # its rule, before any copy or timing
         check_input_size(model, (c, h, w))
     except ValueError as e:
@@ -193,7 +210,10 @@ def benchmark_variants(
                 train_runs[i].append(r.time(r.train_step, iters))
             if do_infer:
                 infer_runs[i].append(r.time(r.infer_step, iters))
-            log(f'run {k + 1}/{runs} {v.name}: train {train_runs[i][-1:] } infer {infer_runs[i][-1:]} img/s')
+            done = [f'{kind} {runs_of_kind[-1]:,.1f}' for kind, runs_of_kind in (('train', train_runs[i]),
+                                                                                  ('infer', infer_runs[i]))
+                    if runs_of_kind]
+            log(f'run {k + 1}/{runs} {v.name}: {", ".join(done)} img/s')
     for row, train, infer in zip(rows, train_runs, infer_runs):
         for runs_of_kind, key in ((train, 'train'), (infer, 'infer')):
             if runs_of_kind:

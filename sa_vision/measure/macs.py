@@ -8,6 +8,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode, flop_registry, sdpa_flop_count
 
 from ..errors import UserError
+from ..models.input_pad import model_input_padding
 
 __all__ = ['count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config']
 
@@ -95,6 +96,8 @@ def unavoidable_macs_from_config(
 def unavoidable_macs(model: nn.Module, input_size=(3, 32, 32)) -> int:
     """:func:`unavoidable_macs_from_config` read from an ``sa_vision`` SelfAttentionNet's configuration."""
     c, H, W = _as_input_size(input_size)
+    pad = model_input_padding(model)  # the border it adds itself: its grid is that much larger than its input
+    H, W = H + 2 * pad, W + 2 * pad
     blocks = list(model.blocks)
     mlp_hidden = blocks[0].mlp.fc1.out_features if blocks else 0
     head = getattr(model, 'head', None)

@@ -114,9 +114,10 @@ class StepRunner:
         gen = torch.Generator().manual_seed(0)
         self.x = torch.randn(batch_size, c, h, w, generator=gen).to(device=device, dtype=dtype).contiguous(
             memory_format=mf)
-        if num_classes is None:
+        if num_classes is None:  # timm's models say it (resnet's classifier is fc, not head)
             head = getattr(variant.model, 'head', None)
-            num_classes = head.out_features if isinstance(head, nn.Linear) else 10
+            num_classes = getattr(variant.model, 'num_classes', None) or (
+                head.out_features if isinstance(head, nn.Linear) else 10)
         self.target = torch.randint(0, num_classes, (batch_size,), generator=gen).to(device)
         self.optimizer = torch.optim.SGD(self.train_model.parameters(), lr=lr, momentum=0.9,
                                          **({'fused': True} if variant.fused_optimizer else {}))
