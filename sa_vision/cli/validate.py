@@ -37,6 +37,7 @@ from sa_vision.train.data import (
     check_dataset,
     create_image_dataset,
     dataset_info,
+    image_folder_labels,
     normalization,
     split_name,
     trained_dataset,
@@ -165,13 +166,10 @@ def main(argv=None):
         print(f'dataset: {what} ({why}; {other})', file=sys.stderr)
         _check_dataset(args, of_weights=trained_on is not None)
     data_cfg = timm.data.resolve_data_config({}, model=model)
-    # weights of an image folder label as its training split's classes did; others (CIFAR-10's names) as the
-    # folder's own order
-    classes = model.pretrained_cfg.get('label_names') if trained_on is not None and \
-        dataset_info(trained_on).is_image_folder else None
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
                               download=args.dataset_download, img_size=data_cfg['input_size'][-1],
-                              classes=classes, **normalization(args.dataset, data_cfg))  # as sa-vision-train does
+                              classes=image_folder_labels(model, trained_on),  # labelled as in training
+                              **normalization(args.dataset, data_cfg))  # as sa-vision-train normalises
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=False, num_workers=args.workers)
     loader = with_progress(loader, len(ds))
     use_amp = torch.device(args.device).type == 'cuda' if args.amp is None else args.amp

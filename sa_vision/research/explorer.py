@@ -28,7 +28,7 @@ from ..train.checkpoint import (
     read_checkpoint,
     weights_path,
 )
-from ..train.data import create_image_dataset, dataset_info, normalization, trained_dataset
+from ..train.data import create_image_dataset, dataset_info, image_folder_labels, normalization, trained_dataset
 from .analysis import UNIFORM_PEAK_RATIO, attention_layers
 
 __all__ = [
@@ -278,8 +278,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     own = [m for m in models if m.dataset == dataset]  # an image folder's run: where it read it, its classes
     if data_dir is None and info.is_image_folder:  # as sa-vision-validate finds it
         data_dir = next((m.data_dir for m in own if m.data_dir and os.path.isdir(m.data_dir)), None)
-    label_names = next((names for m in own if (names := getattr(m.model, 'pretrained_cfg', {}).get('label_names'))),
-                       None) if info.is_image_folder else None
+    label_names = next((names for m in own if (names := image_folder_labels(m.model, m.dataset))), None)
     raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,
                                mean=(0.,) * 3, std=(1.,) * 3,  # pixels in [0, 1]: the page shows them as they are
                                classes=label_names)

@@ -43,7 +43,7 @@ __all__ = [
     'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET', 'CUSTOM_SUFFIX',
     'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data', 'num_classes_of_folder',
     'image_folder_classes', 'pad_value_note', 'create_cifar_transform', 'create_image_dataset', 'held_tensors',
-    'known_dataset_names', 'timm_label_order',
+    'known_dataset_names', 'timm_label_order', 'image_folder_labels',
     'split_name',
 ]
 
@@ -238,6 +238,15 @@ def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> O
         raise DatasetError(f'{folder} holds no images in class folders ({folder}/<class>/<image>, of the kinds '
                            f'timm reads: .png, .jpg, ...)')
     return classes
+
+
+def image_folder_labels(model: torch.nn.Module, trained_on: Optional[str]) -> Optional[List[str]]:
+    """The classes of weights trained on an image folder (``trained_on``: :func:`trained_dataset`), in their label
+    order, which label any split they are evaluated on (``create_image_dataset(classes=...)``); None for others
+    (CIFAR-10's names label no folder: a folder of CIFAR-10 images keeps its own order, as timm's validate.py)."""
+    if trained_on is None or not dataset_info(trained_on).is_image_folder:
+        return None
+    return getattr(model, 'pretrained_cfg', {}).get('label_names')
 
 
 def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool = False,
