@@ -207,6 +207,34 @@ def test_cli_compare_paper(tmp_path):
     assert float(rows[1]['infer_ratio']) > 0 and 'train_samples_per_sec' not in rows[1]
 
 
+def test_fuse_times_the_fused_copy_of_the_model_and_of_its_switches(tmp_path):
+    """--fuse: inference of the model and of each switch runs on a fused copy (one Linear instead of Value then
+    proj), so the MACs it counts and the unavoidable MACs of inference both lack the projection; the switch stays on
+    for that copy, and training counts the unfused model."""
+    out = tmp_path / 'r.json'
+    argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2',
+            '--runs', '1', '--num-warm-iter', '0', '--compare', 'dense', '--fuse', '--matmul-peak',
+            '--matmul-size', '64', '--results-format', 'json', '--results-file', str(out), '--quiet']
+    assert _load_cli().main(argv) == 0
+    ours, dense = json.loads(out.read_text())
+    projection = N * D * D  # the proj Linear, folded into Value by fuse()
+    assert ours['macs'] == SEPARABLE_MACS - projection and dense['macs'] == DENSE_MACS - projection
+    assert ours['unavoidable_macs'] == SEPARABLE_MACS and ours['infer_unavoidable_macs'] == ours['macs']
+    assert ours['infer_matmul_fraction'] == pytest.approx(
+        ours['infer_samples_per_sec'] * ours['macs'] * 2 / 1e9 / ours['matmul_gflops'], rel=1e-6)
+
+
+def test_compiled_steps_say_that_their_peak_memory_is_not_measured():
+    """The peak-memory step is skipped for compiled steps (the CPU's tracker would count none of their tensors):
+    the log says so, rather than leaving the columns out unexplained."""
+    lines = []
+    variants = sab.build_variants('sa_quadratic_cifar', input_size=(3, 8, 8), **TINY)
+    (row,) = sab.benchmark_variants(variants, batch_size=2, input_size=(3, 8, 8), runs=1, warmup=0,
+                                    torchcompile='eager', log=lines.append)
+    assert 'train_peak_mb' not in row and row['train_samples_per_sec'] > 0
+    assert any(line.startswith('peak memory: not measured for compiled steps') for line in lines)
+
+
 def test_paper_variant_is_the_packaged_reference_with_the_same_weights():
     from sa_vision.research.paper_reference import PaperDenseSA
     model, paper = [v.model for v in sab.build_variants('sa_gen_pruned', ['paper'], **dict(TINY, heads_per_layer=3))]

@@ -2,10 +2,12 @@
 
 Columns: docs/performance.md, "What is measured"; only ratios of variants timed in one run are meant to be quoted.
 """
+import contextlib
 import copy
+import functools
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import torch
 from torch import nn
@@ -119,6 +121,16 @@ def check_model_name(model_name: str) -> None:
                         f' peers: {", ".join(PEERS)}; local-dir:<folder> or a weights file)')
 
 
+@contextlib.contextmanager
+def _switched(switch: Callable[[nn.Module], Any], *models: Optional[nn.Module]) -> Iterator[None]:
+    """``switch`` on for each of ``models`` (the training model and its fused inference copy, if any)."""
+    with contextlib.ExitStack() as stack:
+        for m in models:
+            if m is not None:
+                stack.enter_context(switch(m))
+        yield
+
+
 def build_variants(
         model_name: str,
         compare: Sequence[str] = (),
@@ -153,8 +165,10 @@ def build_variants(
         if other in SWITCHES:
             check_switch_changes(model, model_name, other)
             switched = copy.deepcopy(model)  # same weights, run inside the switch
-            variants.append(Variant(f'{model_name}[{other}]', switched,
-                                    context=lambda m=switched, switch=SWITCHES[other]: switch(m), switch=other))
+            fused = _maybe_fused(switched, fuse)  # a --fuse comparison is fused on both sides
+            variants.append(Variant(f'{model_name}[{other}]', switched, infer_model=fused,
+                                    context=functools.partial(_switched, SWITCHES[other], switched, fused),
+                                    switch=other))
         elif other == 'paper':
             variants.append(Variant(f'{model_name}[paper]', paper_model_like(model_name, model)))
         elif is_peer(other):
@@ -197,6 +211,9 @@ def benchmark_variants(
     matmul_dtype = compute_dtype(
         **{k: runner_kwargs[k] for k in ('precision', 'amp', 'amp_dtype') if k in runner_kwargs})
     rows = [_describe(v, r, batch_size, input_size, device, log) for v, r in zip(variants, runners)]
+    if measure_memory and any(r.torchcompile for r in runners):
+        log('peak memory: not measured for compiled steps (the CPU\'s tracker does not see what a compiled step '
+            'allocates); time without --torchcompile for it')
     for v, r, row in zip(variants, runners, rows):
         _warm_up(v, r, row, warmup, do_train, do_infer, measure_memory and not r.torchcompile, log)
     train_runs = [[] for _ in variants]

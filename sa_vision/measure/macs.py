@@ -68,15 +68,17 @@ def unavoidable_macs_from_config(
         grid: Tuple[int, int],
         in_chans: int = 3,
         num_classes: int = 10,
+        output_projection: bool = True,
 ) -> int:
     """Forward MACs per image that an exact implementation cannot avoid (see the module docstring): the Linear
     layers (and the learned kind's key maps on the shift tables) plus the attention products, ``2*(h*w)^2*D`` per
-    head for content (scores and weighted sum)."""
+    head for content (scores and weighted sum). ``output_projection=False``: a model whose every layer's output
+    projection is folded into its Value (``model.fuse()``), for inference."""
     h, w = grid
     n, d = h * w, embed_dim
     macs = n * 4 * in_chans * d
     for heads in heads_per_layer:
-        macs += n * (heads * d * d + d * d + 2 * d * mlp_hidden_dim)
+        macs += n * (heads * d * d + (d * d if output_projection else 0) + 2 * d * mlp_hidden_dim)
         if attn_kind in ('quadratic', 'learned'):
             macs += heads * n * (h + w) * d
             if attn_kind == 'learned':
@@ -94,7 +96,8 @@ def unavoidable_macs_from_config(
 
 
 def unavoidable_macs(model: nn.Module, input_size=(3, 32, 32)) -> int:
-    """:func:`unavoidable_macs_from_config` read from an ``sa_vision`` SelfAttentionNet's configuration."""
+    """:func:`unavoidable_macs_from_config` read from an ``sa_vision`` SelfAttentionNet's configuration (fused or
+    not)."""
     c, H, W = _as_input_size(input_size)
     pad = model_input_padding(model)  # the border it adds itself: its grid is that much larger than its input
     H, W = H + 2 * pad, W + 2 * pad
@@ -104,4 +107,5 @@ def unavoidable_macs(model: nn.Module, input_size=(3, 32, 32)) -> int:
     num_classes = head.out_features if isinstance(head, nn.Linear) else 0
     return unavoidable_macs_from_config(
         model.embed_dim, tuple(model.heads_per_layer), mlp_hidden, model.attn_kind,
-        (H // 2, W // 2), in_chans=c, num_classes=num_classes)
+        (H // 2, W // 2), in_chans=c, num_classes=num_classes,
+        output_projection=not all(isinstance(blk.proj, nn.Identity) for blk in blocks))
