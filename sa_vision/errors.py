@@ -7,7 +7,8 @@ import sys
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'run_cli', 'command_name', 'command', 'freeze_at_exit']
+           'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'first_launched_process', 'run_cli', 'command_name', 'command',
+           'freeze_at_exit']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
@@ -33,6 +34,13 @@ class DatasetNotFoundError(DatasetError, FileNotFoundError):
     """A dataset folder or file that does not exist."""
 
 
+def first_launched_process() -> bool:
+    """Whether this process is the first of those torchrun (or SLURM) launched, or the only one: known from the
+    environment, before any process group is set up (timm's ``world_info_from_env``)."""
+    from timm.utils.distributed import is_distributed_env, world_info_from_env
+    return not is_distributed_env() or world_info_from_env()[1] == 0
+
+
 def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:
     """Run a script's ``main(argv)``: its status (``None`` is 0), or 2 after printing a :class:`UserError`."""
     try:
@@ -41,7 +49,8 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
         print(f'error: {e}', file=sys.stderr)
         return USAGE_ERROR_STATUS
     except KeyboardInterrupt as e:  # Ctrl-C: what it left, where a command says (timm's train.py also ends quietly)
-        print(f'interrupted{": " + str(e) if str(e) else ""}', file=sys.stderr)
+        if first_launched_process():  # Ctrl-C reaches every process torchrun started: one says it
+            print(f'interrupted{": " + str(e) if str(e) else ""}', file=sys.stderr)
         return INTERRUPTED_STATUS
 
 

@@ -127,11 +127,81 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     for key, value in single['state_dict'].items():
         torch.testing.assert_close(ddp['state_dict'][key], value, rtol=1e-3, atol=1e-4, msg=key)
     assert ddp['metrics']['top1'] == pytest.approx(single['metrics']['top1'], abs=0.3)
+    # the training loss of both processes' halves: the loss of the 64 images one process trains on
+    assert ddp['history'][0]['train_loss'] == pytest.approx(single['history'][0]['train_loss'], rel=1e-3)
     # so its recipe (batch 32, each process's) repeats the run only under torchrun with two processes
     repeat = 'torchrun --nproc_per_node 2 -m sa_vision.cli.train -c recipe.yaml'
     hub = tmp_path / 'ddp' / 'hub'
     assert repeat in (hub / 'recipe.yaml').read_text().splitlines()[0]
     assert f'`{repeat}` repeats the run' in (hub / 'README.md').read_text()
+
+
+# torchrun runs this in place of sa-vision-train: its second process starts later, in another second of the clock,
+# and measures the opposite of what the first measures of autocast (--amp auto)
+_SECOND_PROCESS_OTHERWISE = """import os, sys, time
+if os.environ['LOCAL_RANK'] == '1':
+    time.sleep(1.5)
+    import sa_vision.train.loop as loop
+    import sa_vision.train.run_setup as run_setup
+    measured = run_setup.resolve_amp
+    run_setup.resolve_amp = lambda *args, **kwargs: (not measured(*args, **kwargs)[0], 'measured otherwise')
+
+    def precision(model, args, chosen=run_setup.precision):
+        try:
+            return chosen(model, args)
+        finally:
+            print(f'the second process trains with amp={args.amp_used}', flush=True)
+    loop.precision = precision
+from sa_vision.cli.train import cli
+sys.exit(cli())
+"""
+
+
+@pytest.mark.slow
+def test_torchrun_evaluates_the_batch_norm_it_saves_and_says_things_once(tmp_path):
+    """Under torchrun each process updates the BatchNorm statistics of its own batches; they are averaged before
+    the evaluation (as timm's train.py, --dist-bn reduce), so the run's evaluation is that of the weights saved:
+    one process evaluating the checkpoint gets the same. A recipe's note and Ctrl-C's advice come once, naming the
+    folder the run writes (a name of the clock's second, which the later process would name otherwise), and
+    --amp auto's choice is the first process's for all."""
+    script = tmp_path / 'train_later.py'
+    script.write_text(_SECOND_PROCESS_OTHERWISE)
+    recipe = tmp_path / 'recipe.yaml'
+    recipe.write_text('dataset: digits\nhflip: 0\nsync_bn: false\n')  # sync_bn: a key only timm's train.py reads
+    torchrun = shutil.which('torchrun')
+    cmd = [torchrun] if torchrun else [sys.executable, '-m', 'torch.distributed.run']
+    cmd += ['--standalone', '--nproc_per_node', 2, script, '-c', recipe, '--model', 'resnet18_cifar',
+            '--model-kwargs', 'channels=[8,16,16,16]', '--epochs', 50, '-b', 32, '--opt', 'adamw', '--lr', '3e-3',
+            '--workers', 0, '--amp', 'auto', '--output', tmp_path / 'runs']
+    proc = subprocess.Popen(list(map(str, cmd)), cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    log = []
+    for line in proc.stdout:
+        log.append(line)
+        if line.startswith('Saved checkpoint of epoch 0 (1/'):
+            os.killpg(proc.pid, signal.SIGINT)  # the terminal's Ctrl-C reaches every process
+            break
+    log += proc.stdout.readlines()
+    proc.wait(timeout=HANG_TIMEOUT_S)
+    log = ''.join(log)
+    (run,) = (tmp_path / 'runs').iterdir()
+    last = run / 'last.pth.tar'
+    assert [ln for ln in log.splitlines() if 'interrupted' in ln] == [
+        f'interrupted: continue from its last finished epoch with --resume {last}'], log[-4000:]
+    assert log.count('sync_bn') == 1, log[-4000:]
+    # every process trains and evaluates in the precision the first chose
+    amp = load_ckpt(last)['args']['amp_used']
+    assert f'the second process trains with amp={amp}' in log, log[-4000:]
+    saved = load_ckpt(last)
+    assert saved['epoch'] == 0, 'the run went on after Ctrl-C'
+    from sa_vision.cli import validate
+    out = tmp_path / 'validate.json'
+    assert validate.main(['--checkpoint', str(last), '--threads', '1', '--results-file', str(out),
+                          '--results-format', 'json', '--amp' if amp else '--no-amp']) == 0
+    alone = json.loads(out.read_text())
+    assert alone['num_images'] == 360
+    assert alone['top1'] == pytest.approx(saved['metrics']['top1'], abs=1e-6)
+    assert alone['loss'] == pytest.approx(saved['metrics']['loss'], rel=1e-5)
 
 
 @pytest.mark.parametrize('device', ['meta', pytest.param('cuda', marks=pytest.mark.cuda)])

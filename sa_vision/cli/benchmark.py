@@ -68,16 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument('--channels-last', action='store_true')
     p.add_argument('--torchcompile', nargs='?', const='inductor', default=None, metavar='BACKEND',
                    help='torch.compile the models (default backend inductor)')
-    p.add_argument('--fuse', action='store_true',
-                   help='time inference on a model.fuse()d copy, of the model and of its --compare switches (the '
-                        'paper\'s formulation, peers and other models run as built); macs and '
-                        'infer_unavoidable_macs count the fused copy')
+    p.add_argument('--fuse', action='store_true', help='time inference on model.fuse()d copies of it and its switches')
     p.add_argument('--num-warm-iter', type=int, default=1, help='plain warm-up steps per variant and kind')
     p.add_argument('--num-bench-iter', type=int, default=1, help='steps per timed run')
     p.add_argument('--runs', type=int, default=3,
                    help='timed runs per variant; medians are reported (0: no timing, e.g. with --profile)')
-    p.add_argument('--no-memory', action='store_true',
-                   help='skip the peak-memory step (always skipped with --torchcompile: it cannot see into one)')
+    p.add_argument('--no-memory', action='store_true', help='skip the peak-memory step (compiled steps skip it)')
     p.add_argument('--compare', default='',
                    help='comma list to time against: the switches dense, separable, batched, fused (Triton) '
                         'and projfirst (dense, projected first), each refused where it changes no layer\'s path (a '

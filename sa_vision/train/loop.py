@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from timm.loss import LabelSmoothingCrossEntropy
-from timm.utils import NativeScaler, dispatch_clip_grad, is_primary
+from timm.utils import NativeScaler, dispatch_clip_grad, distribute_bn, is_primary
 
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
@@ -207,8 +207,12 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         loss_sum.add_(loss)  # float64, as the loss promotes
         seen += images.size(0)
         if batch_idx == num_batches - 1 or (batch_idx + 1) % args.log_interval == 0:
+            losses = torch.stack([loss.double(), loss_sum / (batch_idx + 1)])
+            if args.distributed:  # every process's batches, as timm's train.py logs them
+                dist.all_reduce(losses)
+                losses /= args.world_size
             with host_sync_allowed():
-                loss_val, loss_avg = torch.stack([loss.double(), loss_sum / (batch_idx + 1)]).tolist()  # the one sync
+                loss_val, loss_avg = losses.tolist()  # the one sync
             now = time.time()
             rate = seen * args.world_size / max(now - batch_start, 1e-9)
             # time left in this run at this epoch's pace so far (evaluation not counted)
@@ -219,6 +223,8 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
                  f'Loss: {loss_val:#.3g} ({loss_avg:#.3g})  LR: {optimizer.param_groups[0]["lr"]:.3e}  '
                  f'{rate:>7.1f} img/s  ETA {format_duration(eta)}')
             batch_start, seen = time.time(), 0
+    if args.distributed:  # the BatchNorm statistics each process ran, averaged: evaluated and saved alike
+        distribute_bn(model, args.world_size, reduce=True)  # as timm's train.py (--dist-bn reduce)
     return {'loss': loss_avg, 'lr': optimizer.param_groups[0]['lr'], 'time': time.time() - start}, num_updates
 
 

@@ -8,6 +8,7 @@ from typing import Optional
 
 import timm
 import torch
+import torch.distributed as dist
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.utils import NativeScaler, is_primary
@@ -168,6 +169,10 @@ def precision(model, args):
     """(autocast context factory, loss scaler or None); ``args.amp_used`` / ``amp_reason`` say what and why, while
     ``args.amp`` stays what was asked (``-c recipe.yaml`` on another machine decides again)."""
     use_amp, args.amp_reason = resolve_amp(args.amp, args.device, args.amp_dtype, probe_size(model, args.batch_size))
+    if args.distributed:  # 'auto' measures on each process: all train in the precision the first one chose
+        shared = [use_amp, args.amp_reason]
+        dist.broadcast_object_list(shared, src=0)
+        use_amp, args.amp_reason = shared
     args.amp_used = args.amp_dtype if use_amp else False
     log_primary(args, f'Precision: {"autocast " + args.amp_dtype if use_amp else "float32"} ({args.amp_reason})')
     amp_dtype, device_type = getattr(torch, args.amp_dtype), torch.device(args.device).type

@@ -13,7 +13,7 @@ import yaml
 from timm.scheduler import PlateauLRScheduler
 from timm.utils import update_summary
 
-from ..errors import UserError
+from ..errors import UserError, first_launched_process
 from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
 from ..models import infer_sa_model_args
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
@@ -52,7 +52,8 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
         recipe = load_recipe(config.config)
         ignored = check_recipe_keys(recipe, known, source=f'recipe {config.config}')
         for note in ignored_keys_notes(recipe, ignored, f'recipe {config.config}'):
-            print(note, file=sys.stderr)
+            if first_launched_process():  # once per run under torchrun
+                print(note, file=sys.stderr)
     defaults = {k: v for k, v in recipe.items() if k in known}
     resume_ckpt, run_args = None, {}
     resume = _resume_path(remaining)
