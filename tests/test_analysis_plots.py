@@ -181,6 +181,21 @@ def test_figure_a_draws_the_centres_and_contours():
         plot_centers(small('sa_learned_cifar'))
 
 
+def test_figure_a_draws_a_centre_beyond_its_axes_hollow_at_their_edge():
+    """A head centred past the image (trained models have them: 4 of the gpu zoo's quadratic layer 6) stays in the
+    figure, hollow at the axes' edge, numbered; the data keep the true centre."""
+    model = small('sa_quadratic_cifar')
+    set_quadratic(model, 0, 0, (1., 1.), 0.8)
+    set_quadratic(model, 0, 1, (2., -11.), 0.8)
+    fig, data = plot_centers(model, extent=4)
+    np.testing.assert_allclose(data['centers'][0][1], [2., -11.])
+    ax = fig.axes[0]
+    beyond, inside = (next(ln for ln in ax.lines if ln.get_gid() == f'center-0-{head}') for head in (1, 0))
+    assert (beyond.get_ydata()[0], beyond.get_xdata()[0]) == (2., -4.) and beyond.get_markerfacecolor() == 'none'
+    assert inside.get_markerfacecolor() != 'none'
+    assert any(t.get_text() == '2' and t.xy == (-4., 2.) for t in ax.texts)
+
+
 def test_figure_b_draws_the_query_attention():
     model = small('sa_quadratic_cifar')
     set_quadratic(model, 1, 1, (2., -1.), 0.8)
@@ -209,6 +224,20 @@ def test_figure_b_content_kind_averages_a_batch():
     scores = torch.einsum('bqhd,bkhd->bhqk', q, k) / 4.0 + attn.position.grid_scores(8, 8).double()[None]
     probs = scores.softmax(-1).mean(0)[:, 4 * 8 + 4].reshape(3, 8, 8)
     np.testing.assert_allclose(data['maps'][0][:, :7, :7], probs[:, 1:8, 1:8].detach().numpy(), rtol=1e-5, atol=1e-9)
+
+
+def test_content_maps_of_a_model_that_pads_its_input_are_of_its_grid(tmp_path):
+    """A content model trained on 12x12 images that it pads to 16x16 itself (as a Fashion-MNIST export pads 28 to
+    32): its maps average images of its input size, 12x12 (the grid counts the border), for the plot and the card
+    figure alike."""
+    torch.manual_seed(0)
+    model = timm.create_model('sa_content_cifar', **SMALL, input_padding=2,
+                              pretrained_cfg_overlay=dict(input_size=(3, 12, 12))).eval()
+    seen = []
+    model.register_forward_pre_hook(lambda module, args: seen.append(tuple(args[0].shape[-2:])))
+    _, data = plot_attention_maps(model, zoom=3)
+    assert seen == [(12, 12)] and data['maps'][0].shape[-2:] == (7, 7)  # a 8x8 grid, zoomed to 3 around the query
+    assert (tmp_path / 'card.png').samefile(save_card_figure(model, str(tmp_path / 'card.png')))
 
 
 def test_figure_c_and_card(tmp_path):

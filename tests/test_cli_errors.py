@@ -124,6 +124,14 @@ def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path,
     assert err.startswith('error: ') and message in err and err.count('\n') == 1, err
 
 
+def test_a_pgf_figure_without_its_tex_is_refused_before_the_work(tmp_path, monkeypatch, capsys):
+    """matplotlib lists .pgf but lays its text out with TeX: without one, the figure failed only once computed."""
+    import shutil
+    monkeypatch.setattr(shutil, 'which', lambda name: None)  # a machine without xelatex (this one, most likely)
+    line = _one_error(plot_attention.main, ['no_such_model', '--out', str(tmp_path / 'x.pgf')], capsys)
+    assert 'matplotlib writes .pgf with xelatex, which is not installed' in line, line
+
+
 def test_reproduce_reports_user_errors_the_same_way(tmp_path, monkeypatch, capsys):
     from sa_vision.reproduce import Reproduction
     from sa_vision.train.checkpoint import CheckpointError
@@ -225,11 +233,11 @@ def test_an_unknown_model_name_suggests_the_registered_one(tmp_path, capsys):
     line = _one_error(_train_main(), ['--model', 'sa_quadratc_cifar', '--dataset', 'digits', '--output', tmp_path],
                       capsys)
     assert "unknown model 'sa_quadratc_cifar'" in line and "did you mean 'sa_quadratic_cifar'?" in line, line
-    line = _one_error(model_table.main, ['--models', 'sa_quadratc_cifar'], capsys)
-    assert "unknown model 'sa_quadratc_cifar'" in line and "did you mean 'sa_quadratic_cifar'?" in line, line
-    # validate, prune, plot and explore say the same through load_model
-    line = _one_error(validate.main, ['--model', 'sa_quadratc_cifar', '--dataset', 'digits'], capsys)
-    assert "is neither a file" in line and "did you mean 'sa_quadratic_cifar'?" in line, line
+    # validate, the model table, prune, plot and explore say the same through load_model (they take weights too)
+    for main, argv in ((validate.main, ['--model', 'sa_quadratc_cifar', '--dataset', 'digits']),
+                       (model_table.main, ['--models', 'sa_quadratc_cifar'])):
+        line = _one_error(main, argv, capsys)
+        assert "is neither a file" in line and "did you mean 'sa_quadratic_cifar'?" in line, line
     assert not any(tmp_path.iterdir())
 
 

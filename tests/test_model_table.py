@@ -35,6 +35,20 @@ def test_models_are_chosen_with_m_as_in_the_other_commands(capsys):
     assert row['model'] == 'resnet18_cifar' and int(row['params']) == 11_173_962  # timm's resnet18, CIFAR stem
 
 
+def test_weights_are_counted_as_built_by_their_files(capsys):
+    """-m takes weights as the other commands do: a kept export's folder and its local-dir: name (it was a traceback:
+    timm's "no source prefix")."""
+    import csv
+    import io
+
+    import timm
+    kept = Path(__file__).resolve().parent.parent / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'
+    params = sum(p.numel() for p in timm.create_model(f'local-dir:{kept}', pretrained=True).parameters())
+    assert model_table.main(['-m', str(kept), f'local-dir:{kept}', '--format', 'csv']) == 0
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert [int(row['params']) for row in rows] == [params, params] and params != 12_086_844  # the narrow model
+
+
 def _hand_counted_macs(heads_per_layer, attention: str) -> int:
     """MACs of a full-size attention model on a 32x32 image, counted by hand from the paper's architecture (Sec. 4,
     App. A.4): a 2x2 patch embedding to D=400 on a 16x16 grid (N=256 tokens), per layer the Value of its heads

@@ -1,6 +1,8 @@
 """ Pruning degenerate heads (paper App. A.1) """
 import copy
+import json
 import os
+import shutil
 import stat
 import subprocess
 
@@ -228,9 +230,61 @@ def test_heads_given_to_the_prune_command_are_numbered_from_1_as_the_figures_num
         source_centers = model.blocks[layer].attn.position.centers
         assert torch.equal(pruned.blocks[layer].attn.position.centers, source_centers[kept]), layer
     assert numbered_heads([[1], [0, 4], []]) == [[2], [1, 5], []]
+    # the file records the heads removed as they were given: numbered from 1, and says so
+    saved = torch.load(tmp_path / 'p.pth', weights_only=True)
+    assert (saved['pruned_heads'], saved['heads_numbered_from']) == ([[2], [1, 5], []], 1)
+    status, _, err = command_here(capsys, 'prune', source, '--heads', '2', '1,5', '', '--out',
+                                  tmp_path / 'p.safetensors')
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / 'p.safetensors'), 'pt') as f:
+        assert json.loads(f.metadata()['pruned_heads']) == [[2], [1, 5], []], err
     # the automatic choice prints the planted heads by number: layer 1's index 1, layer 2's indices 0 and 4
     status, out, err = command_here(capsys, 'prune', source, '--out', tmp_path / 'auto.pth')
     assert status == 0 and '-> prune [2]' in out and '-> prune [1, 5]' in out, out + err
+
+
+def test_pruning_keeps_the_arguments_the_weights_do_not_show(tmp_path, capsys):
+    """A model built with another pooling and LayerNorm eps than the defaults (arguments no weight shows) pruned of
+    nothing is the same model: the same logits, where the defaults (avg, 1e-12) gave others."""
+    from safetensors.torch import save_file
+
+    from sa_vision.train.checkpoint import read_checkpoint
+    args = dict(SMALL, global_pool='max', norm_eps=1e-5)
+    torch.manual_seed(0)
+    model = timm.create_model('sa_gen_cifar', **args).eval()
+    source = tmp_path / 'source.safetensors'
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(source),
+              metadata={'arch': 'sa_gen_cifar', 'model_args': json.dumps(args)})
+    status, _, err = command_here(capsys, 'prune', source, '--heads', '', '', '', '--out', tmp_path / 'p.pth')
+    assert status == 0, err
+    pruned = read_checkpoint(tmp_path / 'p.pth').create_model()
+    x = torch.randn(2, 3, 16, 16)
+    with torch.no_grad():
+        assert torch.equal(pruned(x), model(x))
+
+
+def test_pruning_an_hf_hub_name_keeps_its_preprocessing_as_its_local_folder_does(tmp_path):
+    """hf-hub:<repo> of a kept Fashion-MNIST model (from the Hub cache, offline) is pruned as its local-dir: folder:
+    the same file, its border, input size, mean / std and label names (they were CIFAR-10's defaults, unpadded)."""
+    from sa_vision.train.checkpoint import read_checkpoint
+    kept = os.path.join(ROOT, 'zoo', 'fashion-mnist-cpu', 'sa_gen_cifar')
+    revision = '0123456789abcdef0123456789abcdef01234567'
+    snapshot = tmp_path / 'cache' / 'models--audit--gen' / 'snapshots' / revision
+    snapshot.mkdir(parents=True)
+    for name in ('config.json', 'model.safetensors'):
+        shutil.copy(os.path.join(kept, name), snapshot / name)
+    (snapshot.parent.parent / 'refs').mkdir()
+    (snapshot.parent.parent / 'refs' / 'main').write_text(revision)
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1', HF_HUB_OFFLINE='1',
+               HF_HUB_CACHE=str(tmp_path / 'cache'), HF_HOME=str(tmp_path / 'hf_home'))
+    for source, out in (('hf-hub:audit/gen', 'hub.pth'), (f'local-dir:{kept}', 'local.pth')):
+        proc = subprocess.run([*command('prune'), source, '--out', str(tmp_path / out)], capture_output=True,
+                              text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+    hub, local = (read_checkpoint(tmp_path / out) for out in ('hub.pth', 'local.pth'))
+    assert hub.model_args == local.model_args and hub.model_args['input_padding'] == 2
+    assert hub.preprocessing == local.preprocessing and hub.dataset == local.dataset == 'fashion-mnist'
+    assert hub.create_model().pretrained_cfg['label_names'][0] == 'T-shirt/top'
 
 
 @pytest.mark.slow
@@ -299,13 +353,15 @@ def test_a_pruned_kept_model_keeps_its_preprocessing_and_timm_builds_it_from_the
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ParseKwargs)
     parser.add_argument('--in-chans', type=int)
     parser.add_argument('--num-classes', type=int)
+    parser.add_argument('--gp')
     parser.add_argument('--input-size', type=int, nargs=3)
     parser.add_argument('--mean', type=float, nargs='+')
     parser.add_argument('--std', type=float, nargs='+')
     parser.add_argument('--crop-pct', type=float)
     train = parser.parse_args(args)
     from_train = timm.create_model(train.model, in_chans=train.in_chans, num_classes=train.num_classes,
-                                   checkpoint_path=train.initial_checkpoint, **train.model_kwargs).eval()
+                                   global_pool=train.gp, checkpoint_path=train.initial_checkpoint,
+                                   **train.model_kwargs).eval()
     assert (train.input_size, train.mean, train.std) == (
         list(kept_cfg['input_size']), list(kept_cfg['mean']), list(kept_cfg['std']))
 

@@ -9,9 +9,10 @@ import sys
 
 from sa_vision.errors import command
 from sa_vision.measure.benchmark import count_macs
-from sa_vision.models import MODEL_NAMES, create_named_model
+from sa_vision.models import MODEL_NAMES
 from sa_vision.paper import PAPER_RESULTS
 from sa_vision.tables import markdown_table
+from sa_vision.train.checkpoint import load_model
 
 
 def main(argv=None) -> int:
@@ -20,12 +21,13 @@ def main(argv=None) -> int:
     # the paper's models in its table's order, then ours it has no row of
     paper_first = [*PAPER_RESULTS, *(name for name in MODEL_NAMES if name not in PAPER_RESULTS)]
     parser.add_argument('-m', '--models', '--model', nargs='+', default=paper_first,
-                        help='model names, as the other commands take them with -m / --model')
+                        help='model names or weights (local-dir:<folder>, a checkpoint file), as the other '
+                             'commands take them with -m / --model; counted at their input size')
     args = parser.parse_args(argv)
 
     rows = []
     for name in args.models:
-        model = create_named_model(name)
+        model = load_model(name)
         paper = PAPER_RESULTS.get(name)
         macs = count_macs(model, model.pretrained_cfg['input_size'])
         rows.append({

@@ -13,9 +13,10 @@ weights) or as the model of its kind, so every loader opens it and the pruned re
     sa-vision-train -c sa_gen_pruned --initial-checkpoint pruned.pth ...
 
 Pruned weights keep their source's preprocessing (input size, mean / std, label names, the border a model of a padded
-dataset adds itself: a Hub folder's config.json, a training checkpoint's dataset), which sa-vision-validate and the
-other commands apply. timm reads neither from the file: the last lines print the create_model call and the arguments
-of timm's train.py that build the pruned model and feed it as its source was fed.
+dataset adds itself: a Hub folder's config.json, an hf-hub: repository's too, a training checkpoint's dataset),
+which sa-vision-validate and the other commands apply, and the model arguments no weight shows (global_pool, ...).
+timm reads neither from the file: the last lines print the create_model call and the arguments of timm's train.py
+that build the pruned model and feed it as its source was fed.
 
 Layers and heads are numbered from 1, here and in the figures, the explorer and sa-vision-plot's tables.
 """
@@ -79,6 +80,10 @@ def main(argv=None):
                            f'them, e.g. {path.with_name(path.stem.split(".")[0] + "_pruned.safetensors")}')
     source = read_checkpoint(path) if path is not None else None
     model = source.create_model() if source is not None else load_model(args.source, pretrained=args.pretrained)
+    hub_folder = _cached_hub_folder(model) if source is None else None
+    if hub_folder is not None:  # read as its local-dir: folder is: the config.json states how it was fed
+        source = read_checkpoint(hub_folder)
+        model = source.create_model()
     kind = attention_layers(model)[0].kind
     if kind not in GAUSSIAN_KINDS and args.heads is None:
         raise PruningError(f'degenerate-head detection needs the Gaussian precision M_h, which {kind!r} attention '
@@ -101,8 +106,8 @@ def main(argv=None):
           f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
     if kind == 'generalized' and tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and pruned.embed_dim == 400:
         print('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
-    border, cfg = _preprocessing(source, pruned) if source is not None else ({}, {})
-    model_args = save_pruned(pruned, args.out, heads, model_args=border, pretrained_cfg=cfg)
+    unseen, cfg = _preprocessing(source, pruned) if source is not None else ({}, {})
+    model_args = save_pruned(pruned, args.out, heads, model_args=unseen, pretrained_cfg=cfg)
     arch = pruned_arch(kind)
     print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
     print(_timm_usage(arch, args.out, model_args, cfg))
@@ -140,23 +145,39 @@ def _warn_of_no_preprocessing(source: Checkpoint) -> None:
           f'file records none; {hint}', file=sys.stderr)
 
 
+def _cached_hub_folder(model) -> Optional[Path]:
+    """The folder of the Hub cache that timm has just read ``model`` from (``hf-hub:<repo>``, or published
+    weights), holding its config.json and weights; None for a model read from no repository."""
+    from huggingface_hub import try_to_load_from_cache
+    from timm.models._hub import hf_split
+    hub_id = (getattr(model, 'pretrained_cfg', None) or {}).get('hf_hub_id')
+    if not hub_id:
+        return None
+    repo, revision = hf_split(hub_id)
+    config = try_to_load_from_cache(repo, 'config.json', revision=revision)
+    return Path(config).parent if isinstance(config, str) else None
+
+
 def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    """(model_args its weights do not show, timm's pretrained_cfg) of the pruned weights: what the Hub export would
-    write of them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the source was;
-    none where the source states none."""
+    """(model_args its weights do not show, timm's pretrained_cfg) of the pruned weights: the source's arguments
+    but its heads' (``global_pool``, the border it adds to its input, ...), and what the Hub export would write of
+    them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the source was; no
+    preprocessing where the source states none."""
     from sa_vision.hub.export import exported_config
+    from sa_vision.train.checkpoint import infer_model_args
+    shown = infer_model_args(pruned.state_dict())
+    unseen = {k: v for k, v in source.model_args.items() if k not in shown and k != 'attn_kind'}
     if not (source.preprocessing or source.dataset):
         _warn_of_no_preprocessing(source)
-        return {}, {}
-    border = {k: v for k, v in source.model_args.items() if k.startswith('input_pad')}
+        return unseen, {}
     # labelled as the pruned file's own model (its kept heads), not the source's
-    ckpt = Checkpoint(*pruned_model_args(pruned, border), pruned.state_dict(), source.source, source.format,
+    ckpt = Checkpoint(*pruned_model_args(pruned, unseen), pruned.state_dict(), source.source, source.format,
                       {k: source.meta[k] for k in ('dataset', 'data_config') if k in source.meta})
     model_config, pad_args, data_cfg = exported_config(ckpt, pruned)
     cfg = {**data_cfg, **model_config['pretrained_cfg']}
     if 'label_names' in model_config:
         cfg['label_names'] = model_config['label_names']
-    return {**border, **pad_args}, cfg
+    return {**unseen, **pad_args}, cfg
 
 
 def _timm_usage(arch: str, path: str, model_args: Dict[str, Any], cfg: Optional[Dict[str, Any]]) -> str:

@@ -85,8 +85,12 @@ def attention_probs(
     if images is None:
         cfg = getattr(model, 'pretrained_cfg', None) or {}
         chans, height, width = cfg.get('input_size', (3, 32, 32))
-        if grid_size is not None:
-            height, width = 2 * grid_size[0], 2 * grid_size[1]
+        if grid_size is not None:  # the images whose grid it is, less the border the model adds itself
+            pad = model_input_padding(model)
+            height, width = 2 * grid_size[0] - 2 * pad, 2 * grid_size[1] - 2 * pad
+            if min(height, width) < 1:
+                raise UserError(f'a {grid_size[0]}x{grid_size[1]} grid is smaller than the border of {pad} pixels '
+                                f'this model adds to its input: ask for a larger grid')
         generator = torch.Generator().manual_seed(0)
         ref = next(model.parameters())
         images = torch.randn(16, chans, height, width, generator=generator).to(ref.device, ref.dtype)

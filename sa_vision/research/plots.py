@@ -7,8 +7,10 @@ pyplot (no global state). Axes: x = column shift (right), y = row shift (down), 
 """
 import math
 import os
+import shutil
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+import matplotlib
 import numpy as np
 import torch
 from matplotlib.figure import Figure
@@ -75,6 +77,9 @@ def picture_problem(path: str) -> Optional[str]:
     suffix = os.path.splitext(path)[1].lower().lstrip('.')
     if suffix not in formats:
         return f'{path} names no picture format matplotlib writes (end it in one of: .{", .".join(sorted(formats))})'
+    tex = matplotlib.rcParams['pgf.texsystem']
+    if suffix == 'pgf' and shutil.which(tex) is None:  # matplotlib lays out a PGF figure's text with TeX
+        return f'{path}: matplotlib writes .pgf with {tex}, which is not installed: install it, or end it in .pdf'
     return file_problem(path)
 
 
@@ -115,13 +120,18 @@ def plot_centers(
                 points = contours[mass][layer][head]
                 ax.plot(points[:, 1], points[:, 0], style, color=colors[head], lw=1.2,
                         label=f'head {head + 1} {int(round(100 * mass))}%', gid=f'contour-{layer}-{head}-{mass}')
-            ax.plot(center[1], center[0], 'o', color=colors[head], ms=4, gid=f'center-{layer}-{head}')
-            ax.annotate(str(head + 1), (center[1], center[0]), xytext=(3, 3), textcoords='offset points',
-                        fontsize=7, color=colors[head])
+            # a centre beyond the axes (a head attending past the image's border) is drawn hollow at their edge
+            shown = np.clip(center, -extent, extent)
+            beyond = bool((shown != center).any())
+            ax.plot(shown[1], shown[0], 'o', color=colors[head], ms=4, mfc='none' if beyond else colors[head],
+                    clip_on=not beyond, gid=f'center-{layer}-{head}')
+            ax.annotate(str(head + 1), (shown[1], shown[0]), xytext=(3, 3), textcoords='offset points',
+                        fontsize=7, color=colors[head], annotation_clip=False)
         _query_square(ax)
     masses_text = ' / '.join(f'{int(round(100 * m))}%' for m in masses)
     fig.suptitle(f'{kind} attention: head centres (numbers) and {masses_text} contours (solid / dotted), '
-                 f'query pixel in black; axes in grid units', fontsize=9)
+                 f'query pixel in black; axes in grid units\n'
+                 f'a hollow centre lies beyond the axes, drawn at their edge', fontsize=9)
     _save(fig, path)
     return fig, {'centers': [c.numpy() for c in centers], 'contours': contours}
 

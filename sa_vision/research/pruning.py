@@ -223,9 +223,11 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
     state_dict = {k: v.contiguous() for k, v in pruned.state_dict().items()}
     arch, args = pruned_model_args(pruned, model_args)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
+    # the heads removed, numbered from 1 as the command, the figures and reproduce's pruning.json number them
+    removed = {'pruned_heads': numbered_heads(pruned_heads or []), 'heads_numbered_from': 1}
     if str(path).endswith('.safetensors'):
         from safetensors.torch import save_file
-        metadata = {'arch': arch, 'model_args': json.dumps(args)}
+        metadata = {'arch': arch, 'model_args': json.dumps(args), **{k: json.dumps(v) for k, v in removed.items()}}
         if pretrained_cfg:
             metadata['pretrained_cfg'] = json.dumps(pretrained_cfg)
         with atomic_write(path) as tmp:
@@ -234,5 +236,5 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
         cfg = {'pretrained_cfg': pretrained_cfg, 'dataset': dataset_for_tag(pretrained_cfg.get('tag') or '')} \
             if pretrained_cfg else {}
         atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': args, 'state_dict': state_dict,
-                           'pruned_heads': [list(h) for h in pruned_heads or []], **cfg}, path)
+                           **removed, **cfg}, path)
     return args
