@@ -151,6 +151,14 @@ def test_same_seed_same_batches_bit_for_bit_other_seed_or_epoch_others():
         assert not torch.equal(first[0][0], other[0][0])
 
 
+def test_a_negative_seed_trains_on_the_device_as_on_the_dataloader():
+    """--seed -1, which timm's and the DataLoader's seeding take (modulo 2**32), draws the device's augmentation too
+    (numpy's SeedSequence refuses negative numbers: the first batch crashed), the same for the same seed."""
+    first, again = _batches(-1, 0), _batches(-1, 0)
+    assert all(torch.equal(a[0], b[0]) for a, b in zip(first, again))
+    assert not torch.equal(first[0][0], _batches(-2, 0)[0][0])
+
+
 def test_blocks_of_batches_give_every_image_its_own_crop_flip_and_target():
     gen = torch.Generator().manual_seed(0)
     n, batch = 70, 8  # 8 full batches, augmented 3 at a time: blocks of 24, 24 and 16 images

@@ -49,6 +49,33 @@ def test_weights_are_counted_as_built_by_their_files(capsys):
     assert [int(row['params']) for row in rows] == [params, params] and params != 12_086_844  # the narrow model
 
 
+def test_an_hf_hub_name_is_counted_from_its_config_alone(tmp_path):
+    """hf-hub:<repo> is built as timm builds the name, from its config.json: the table needs no weights (a cache
+    holding the config alone, offline, counts it)."""
+    import csv
+    import io
+    import os
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parent.parent
+    revision = '0123456789abcdef0123456789abcdef01234567'
+    repo = tmp_path / 'cache' / 'models--audit--gen'
+    (repo / 'snapshots' / revision).mkdir(parents=True)
+    (repo / 'snapshots' / revision / 'config.json').write_text(
+        (root / 'zoo' / 'fashion-mnist-cpu' / 'sa_gen_cifar' / 'config.json').read_text())
+    (repo / 'refs').mkdir()
+    (repo / 'refs' / 'main').write_text(revision)
+    env = dict(os.environ, PYTHONPATH=str(root), OMP_NUM_THREADS='1', HF_HUB_OFFLINE='1',
+               HF_HUB_CACHE=str(tmp_path / 'cache'), HF_HOME=str(tmp_path / 'hf_home'))
+    proc = subprocess.run([sys.executable, '-m', 'sa_vision.cli.model_table', '-m', 'hf-hub:audit/gen', '--format',
+                           'csv'], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    (row,) = csv.DictReader(io.StringIO(proc.stdout))
+    import timm
+    kept = timm.create_model(f'local-dir:{root / "zoo" / "fashion-mnist-cpu" / "sa_gen_cifar"}')
+    assert int(row['params']) == sum(p.numel() for p in kept.parameters())
+
+
 def _hand_counted_macs(heads_per_layer, attention: str) -> int:
     """MACs of a full-size attention model on a 32x32 image, counted by hand from the paper's architecture (Sec. 4,
     App. A.4): a 2x2 patch embedding to D=400 on a 16x16 grid (N=256 tokens), per layer the Value of its heads

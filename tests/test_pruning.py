@@ -245,11 +245,12 @@ def test_heads_given_to_the_prune_command_are_numbered_from_1_as_the_figures_num
 
 def test_pruning_keeps_the_arguments_the_weights_do_not_show(tmp_path, capsys):
     """A model built with another pooling and LayerNorm eps than the defaults (arguments no weight shows) pruned of
-    nothing is the same model: the same logits, where the defaults (avg, 1e-12) gave others."""
+    nothing is the same model: the same logits, where the defaults (avg, 1e-12) gave others. Its training's drop
+    path and initialisation are not kept: the fine-tuning recipe sets them."""
     from safetensors.torch import save_file
 
     from sa_vision.train.checkpoint import read_checkpoint
-    args = dict(SMALL, global_pool='max', norm_eps=1e-5)
+    args = dict(SMALL, global_pool='max', norm_eps=1e-5, drop_path_rate=0.1, pos_init='paper')
     torch.manual_seed(0)
     model = timm.create_model('sa_gen_cifar', **args).eval()
     source = tmp_path / 'source.safetensors'
@@ -257,10 +258,12 @@ def test_pruning_keeps_the_arguments_the_weights_do_not_show(tmp_path, capsys):
               metadata={'arch': 'sa_gen_cifar', 'model_args': json.dumps(args)})
     status, _, err = command_here(capsys, 'prune', source, '--heads', '', '', '', '--out', tmp_path / 'p.pth')
     assert status == 0, err
-    pruned = read_checkpoint(tmp_path / 'p.pth').create_model()
+    pruned = read_checkpoint(tmp_path / 'p.pth')
     x = torch.randn(2, 3, 16, 16)
     with torch.no_grad():
-        assert torch.equal(pruned(x), model(x))
+        assert torch.equal(pruned.create_model()(x), model(x))
+    # what shapes no output (the drop rates, the initialisation) is left to the recipe that fine-tunes it
+    assert not {'drop_path_rate', 'pos_init'} & set(pruned.model_args), pruned.model_args
 
 
 def test_pruning_an_hf_hub_name_keeps_its_preprocessing_as_its_local_folder_does(tmp_path):

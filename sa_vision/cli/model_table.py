@@ -9,10 +9,10 @@ import sys
 
 from sa_vision.errors import command
 from sa_vision.measure.benchmark import count_macs
-from sa_vision.models import MODEL_NAMES
+from sa_vision.models import MODEL_NAMES, create_named_model
 from sa_vision.paper import PAPER_RESULTS
 from sa_vision.tables import markdown_table
-from sa_vision.train.checkpoint import load_model
+from sa_vision.train.checkpoint import load_model, weights_path
 
 
 def main(argv=None) -> int:
@@ -27,7 +27,8 @@ def main(argv=None) -> int:
 
     rows = []
     for name in args.models:
-        model = load_model(name)
+        # weights are built as their files say; a name (hf-hub: too) as timm builds it, from its config alone
+        model = load_model(name) if weights_path(name) is not None else create_named_model(name)
         paper = PAPER_RESULTS.get(name)
         macs = count_macs(model, model.pretrained_cfg['input_size'])
         rows.append({

@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sa_vision.errors import command
 from sa_vision.io import file_problem
+from sa_vision.models.factory import RATE_KEYWORD
 from sa_vision.paper import PRUNED_HEADS_PER_LAYER
 from sa_vision.research.analysis import GAUSSIAN_KINDS, attention_layers
 from sa_vision.research.pruning import (
@@ -158,15 +159,22 @@ def _cached_hub_folder(model) -> Optional[Path]:
     return Path(config).parent if isinstance(config, str) else None
 
 
+# arguments that shape no output of trained weights (the initialisation; the drop rates, which the recipe that
+# fine-tunes the pruned model sets): left to that recipe
+_TRAINING_ONLY_ARGS = frozenset({'attn_kind', 'pos_init', 'pos_init_alpha'})
+
+
 def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(model_args its weights do not show, timm's pretrained_cfg) of the pruned weights: the source's arguments
-    but its heads' (``global_pool``, the border it adds to its input, ...), and what the Hub export would write of
+    that shape its outputs but its heads' (``global_pool``, the border it adds to its input, ...), and what the Hub
+    export would write of
     them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the source was; no
     preprocessing where the source states none."""
     from sa_vision.hub.export import exported_config
     from sa_vision.train.checkpoint import infer_model_args
     shown = infer_model_args(pruned.state_dict())
-    unseen = {k: v for k, v in source.model_args.items() if k not in shown and k != 'attn_kind'}
+    unseen = {k: v for k, v in source.model_args.items() if k not in shown and k not in _TRAINING_ONLY_ARGS
+              and not RATE_KEYWORD.search(k)}
     if not (source.preprocessing or source.dataset):
         _warn_of_no_preprocessing(source)
         return unseen, {}

@@ -212,8 +212,7 @@ def benchmark_variants(
         **{k: runner_kwargs[k] for k in ('precision', 'amp', 'amp_dtype') if k in runner_kwargs})
     rows = [_describe(v, r, batch_size, input_size, device, log) for v, r in zip(variants, runners)]
     if measure_memory and any(r.torchcompile for r in runners):
-        log('peak memory: not measured for compiled steps (the CPU\'s tracker does not see what a compiled step '
-            'allocates); time without --torchcompile for it')
+        log('peak memory: not measured for compiled steps; time without --torchcompile for it')
     for v, r, row in zip(variants, runners, rows):
         _warm_up(v, r, row, warmup, do_train, do_infer, measure_memory and not r.torchcompile, log)
     train_runs = [[] for _ in variants]

@@ -15,7 +15,8 @@ from torch import nn
 from ..errors import UserError
 from ._pretrained import PretrainedWeightsUnavailable, hub_error_reason, hub_read_errors, hub_unreachable
 
-__all__ = ['UnknownModelError', 'model_name_hint', 'model_class', 'model_keywords', 'create_named_model']
+__all__ = ['UnknownModelError', 'RATE_KEYWORD', 'model_name_hint', 'model_class', 'model_keywords',
+           'create_named_model']
 
 _UNEXPECTED_KEYWORD = re.compile(r"got an unexpected keyword argument '(\w+)'")
 _UNKNOWN_MODEL = re.compile(r'Unknown model \((.*)\)')
@@ -79,14 +80,14 @@ def _check_number_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[
 
 
 # the dropout and stochastic-depth probabilities of timm's models and ours (drop_rate, proj_drop_rate, ...)
-_RATE_KEYWORD = re.compile(r'(^|_)drop(_path)?_rate$')
+RATE_KEYWORD = re.compile(r'(^|_)drop(_path)?_rate$')
 
 
 def _check_rate_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[Mapping[str, str]]) -> None:
     """A dropout probability outside [0, 1] fails inside ``nn.Dropout`` with a message that names no keyword:
     say which one."""
     for key, value in kwargs.items():
-        if _RATE_KEYWORD.search(key) and isinstance(value, (int, float)) and not 0 <= value <= 1:
+        if RATE_KEYWORD.search(key) and isinstance(value, (int, float)) and not 0 <= value <= 1:
             source = (kwargs_sources or {}).get(key, '--model-kwargs')
             raise UserError(f'{name}: {key}={value!r} (from {source}) is a probability: it must be between 0 and 1')
 

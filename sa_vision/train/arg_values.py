@@ -48,7 +48,6 @@ VALUE_BOUNDS: Dict[str, Bounds] = {
     'hflip': _PROBABILITY, 'smoothing': _RATE, 'drop': _RATE, 'drop_path': _RATE,
     'num_warm_iter': Bounds(least=0), 'num_bench_iter': Bounds(least=1), 'runs': Bounds(least=0),  # 0: no timing
     'matmul_size': Bounds(least=1),
-    'seed': Bounds(least=0),  # numpy's generators (timm's random_seed, the on-device augmentation) take no negative
 }
 
 
