@@ -7,6 +7,7 @@ the layer under test.
 The exactness tests also run on CUDA (the ``device`` fixture of conftest.py) with TF32 off: there the
 batched-heads path is the default (``choose_path``) and the content kind goes through CUDA's fused attention.
 """
+import contextlib
 import copy
 import math
 
@@ -589,3 +590,43 @@ def test_batched_heads_context_manager_restores_the_mode():
     with batched_heads(model):
         assert all(m.batched_heads for m in model)
     assert not any(m.batched_heads for m in model)
+
+
+def _second_derivative_of(output: torch.Tensor, *inputs: torch.Tensor) -> None:
+    """Differentiate ``output`` twice (a gradient penalty's graph): sum of the squared first derivatives, backward."""
+    grads = torch.autograd.grad(output.pow(3).sum(), inputs, create_graph=True)
+    sum(g.pow(2).sum() for g in grads).backward()
+
+
+@pytest.mark.parametrize('function', ['gelu_linear', 'heads_linear', 'separable_mixing'])
+def test_a_hand_made_backward_refuses_a_second_derivative_it_would_get_wrong(function):
+    """The autograd Functions' backward passes are no graph of their forward: a second derivative through them
+    (gradient penalties, Hessian-vector products) came out silently wrong or partly None. It raises, naming why."""
+    from sa_vision.layers.attention_autograd import _HeadsLinearFunction, _SeparableMixing
+    from sa_vision.layers.mlp import _GeluLinear
+    gen = torch.Generator().manual_seed(0)
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=gen, dtype=torch.float64).requires_grad_()
+    inputs, apply = {
+        'gelu_linear': ((leaf(5, 6), leaf(4, 6), leaf(4)), _GeluLinear.apply),
+        'heads_linear': ((leaf(3, 5, 4), leaf(2, 12), leaf(2)), _HeadsLinearFunction.apply),
+        'separable_mixing': ((leaf(3, 4, 2, 5), leaf(2, 3, 3).softmax(-1), leaf(2, 4, 4).softmax(-1)),
+                             _SeparableMixing.apply),
+    }[function]
+    with pytest.raises(RuntimeError, match='once_differentiable'):
+        _second_derivative_of(apply(*inputs), *inputs)
+
+
+@pytest.mark.parametrize('kind', ['quadratic', 'learned'])
+def test_a_model_refuses_a_second_derivative_on_every_eager_training_path(kind):
+    """The model in training, per head (float32 on the CPU: attention and Value in one Function) and on the batched
+    path, refuses a gradient penalty rather than computing it wrong."""
+    import timm
+
+    from sa_vision.layers import batched_heads
+    model = timm.create_model(f'sa_{kind}_cifar', embed_dim=8, depth=1, heads_per_layer=2, mlp_hidden_dim=8).train()
+    for switch in (lambda m: contextlib.nullcontext(), batched_heads):
+        x = torch.randn(2, 3, 8, 8, requires_grad=True)
+        with switch(model), pytest.raises(RuntimeError, match='once_differentiable'):
+            _second_derivative_of(model(x), x)

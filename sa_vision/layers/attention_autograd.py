@@ -8,6 +8,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from .tracing import refuse_capture
 
@@ -55,6 +56,7 @@ class _HeadsLinearFunction(torch.autograd.Function):
         return _project_heads(heads, weight, bias)
 
     @staticmethod
+    @once_differentiable  # its hand-made backward would miss terms of a second derivative: that raises
     def backward(ctx, grad_out: Tensor):
         heads, weight = ctx.saved_tensors
         needs = (ctx.needs_input_grad[0], ctx.needs_input_grad[1], ctx.has_bias and ctx.needs_input_grad[2])
@@ -137,6 +139,7 @@ class _AttendThenProject(torch.autograd.Function):
         return out
 
     @staticmethod
+    @once_differentiable  # its hand-made backward would miss terms of a second derivative: that raises
     def backward(ctx, grad_out: Tensor):
         x, weight, *probs = ctx.saved_tensors
         H, W, B, D = x.shape
@@ -218,6 +221,7 @@ class _SeparableMixing(torch.autograd.Function):
         return torch.bmm(col_per_row, rows).view(heads, H, W, B, D)
 
     @staticmethod
+    @once_differentiable  # its hand-made backward would miss terms of a second derivative: that raises
     def backward(ctx, grad_out: Tensor):
         tokens, all_rows, col_per_row = ctx.saved_tensors
         H, W, B, D = ctx.grid

@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import Tensor, nn
+from torch.autograd.function import once_differentiable
 
 from .autocast import autocast_inputs
 from .tracing import is_capturing, refuse_capture
@@ -21,6 +22,7 @@ class _GeluLinear(torch.autograd.Function):
         return F.linear(F.gelu(hidden), weight, bias)
 
     @staticmethod
+    @once_differentiable  # its hand-made backward would miss terms of a second derivative: that raises
     def backward(ctx, grad_out: Tensor):
         hidden, weight = ctx.saved_tensors
         grad_hidden = grad_weight = grad_bias = None
