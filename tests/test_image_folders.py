@@ -144,3 +144,34 @@ def test_a_run_of_an_earlier_version_keeps_its_labels(tmp_path, caplog, capsys):
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 7)
     result = json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][7:])
     assert status == 0 and result['top1'] == 100.0, log[-3000:]
+
+
+def test_weights_of_timm_train_py_label_a_folder_in_its_own_order(tmp_path, capsys):
+    """timm's train.py records no label names: its weights of a folder of classes 'airplane' and 'truck' learned them
+    as 0 and 1, the folder's order. The architecture's registered (CIFAR-10) names are no record of theirs: with
+    them, 'truck' was label 9 of a 2-class model ("Target 9 is out of bounds")."""
+    from test_timm_checkpoints import _timm_train_args
+    from timm.utils import CheckpointSaver
+
+    from sa_vision.train.data import image_folder_labels
+    data = _folder(tmp_path / 'data', {'train': {'airplane': 2, 'truck': 2}, 'validation': {'airplane': 3, 'truck': 1}})
+    args = _timm_train_args(tmp_path)
+    args.dataset, args.data_dir, args.num_classes, args.model_ema = '', str(data), 2, False
+    torch.manual_seed(0)
+    model = timm.create_model(args.model, num_classes=2, **args.model_kwargs).eval()
+    saver = CheckpointSaver(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), args=args,
+                            checkpoint_dir=str(tmp_path), recovery_dir=str(tmp_path))
+    saver.save_checkpoint(epoch=0, metric=0.)
+    assert image_folder_labels(model, '') is None  # its names are the registered cfg's
+    recorded = timm.create_model(args.model, num_classes=2, pretrained_cfg_overlay=dict(label_names=('x', 'y')),
+                                 **args.model_kwargs)
+    assert image_folder_labels(recorded, '') == ['x', 'y']
+    # every image is the same grey: the model predicts one class for all, right for 3 airplanes (0) or 1 truck (1)
+    dataset = create_image_dataset('', 'validation', is_training=False, data_dir=str(data))
+    with torch.no_grad():
+        predicted = model(dataset[0][0][None]).argmax(-1).item()
+    expected = 75. if predicted == 0 else 25.
+    status, out, err = command_here(capsys, 'validate', '--checkpoint', tmp_path / 'last.pth.tar', '--data-dir', data)
+    assert status == 0, err
+    assert json.loads(out.strip().splitlines()[-1])['top1'] == pytest.approx(expected)
+

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, replace
 from http.client import HTTPException
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
+import timm
 import torch
 from torchvision import transforms
 
@@ -246,7 +247,13 @@ def image_folder_labels(model: torch.nn.Module, trained_on: Optional[str]) -> Op
     (CIFAR-10's names label no folder: a folder of CIFAR-10 images keeps its own order, as timm's validate.py)."""
     if trained_on is None or not dataset_info(trained_on).is_image_folder:
         return None
-    return getattr(model, 'pretrained_cfg', {}).get('label_names')
+    cfg = getattr(model, 'pretrained_cfg', None) or {}
+    names = cfg.get('label_names')
+    # the architecture's registered names (CIFAR-10's) are no record of the weights' (timm's train.py records none)
+    registered = getattr(timm.models.get_pretrained_cfg(cfg.get('architecture') or ''), 'label_names', None)
+    if names is None or tuple(names) == tuple(registered or ()) or len(names) != getattr(model, 'num_classes', 0):
+        return None
+    return list(names)
 
 
 def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool = False,
