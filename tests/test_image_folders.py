@@ -175,3 +175,31 @@ def test_weights_of_timm_train_py_label_a_folder_in_its_own_order(tmp_path, caps
     assert status == 0, err
     assert json.loads(out.strip().splitlines()[-1])['top1'] == pytest.approx(expected)
 
+
+@pytest.mark.parametrize('size_flag', [{'input_size': [3, 8, 8]}, {'img_size': 8}])
+def test_weights_of_timm_train_py_are_fed_as_its_flags_fed_them(size_flag, tmp_path, capsys):
+    """train.py --input-size (or --img-size), --mean and --std (one value for every channel) fed what the weights
+    learned from: validate feeds an image folder so (it fed the architecture's 32x32 CIFAR-10 config), the loss
+    computed here from the images' pixels."""
+    from test_timm_checkpoints import _timm_train_args
+    from timm.utils import CheckpointSaver
+    data = _folder(tmp_path / 'data', {'train': {'a': 1, 'b': 1, 'c': 1}})
+    pixels = torch.randint(0, 256, (4, 8, 8, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    for i, name in enumerate('aabc'):  # patterns: an input of another size would give other logits
+        (data / 'validation' / name).mkdir(parents=True, exist_ok=True)
+        Image.fromarray(pixels[i].numpy()).save(data / 'validation' / name / f'{i}.png')
+    args = _timm_train_args(tmp_path)
+    args.dataset, args.data_dir, args.num_classes, args.model_ema = '', str(data), 3, False
+    args.mean, args.std = [0.2], [0.4]
+    vars(args).update(size_flag)
+    torch.manual_seed(0)
+    model = timm.create_model(args.model, num_classes=3, **args.model_kwargs).eval()
+    CheckpointSaver(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), args=args,
+                    checkpoint_dir=str(tmp_path), recovery_dir=str(tmp_path)).save_checkpoint(epoch=0, metric=0.)
+    with torch.no_grad():
+        logits = model((pixels.permute(0, 3, 1, 2) / 255. - 0.2) / 0.4)
+    expected = torch.nn.functional.cross_entropy(logits, torch.tensor([0, 0, 1, 2])).item()
+    status, out, err = command_here(capsys, 'validate', '--checkpoint', tmp_path / 'last.pth.tar', '--data-dir', data)
+    assert status == 0, err
+    assert json.loads(out.strip().splitlines()[-1])['loss'] == pytest.approx(expected, rel=1e-5)
+

@@ -77,8 +77,20 @@ class Checkpoint:
     def preprocessing(self) -> Dict[str, Any]:
         """The preprocessing the weights state: a Hub folder's or pruned file's (input size, mean / std, label names)
         as timm's local-dir: loading keeps it; a run's, what its training fed the model; {} where they state none."""
+        fed = self.meta.get('data_config') or (self._timm_data_flags() if self.format == 'timm' else {})
         return self.meta.get('pretrained_cfg') or {
-            k: tuple(v) for k, v in (self.meta.get('data_config') or {}).items() if k in ('input_size', 'mean', 'std')}
+            k: tuple(v) for k, v in fed.items() if k in ('input_size', 'mean', 'std')}
+
+    def _timm_data_flags(self) -> Dict[str, Any]:
+        """What timm train.py's --input-size / --img-size, --mean and --std fed the weights, where given (else its
+        data config was the model's own, which the model keeps)."""
+        args = self.meta.get('args') or {}
+        flags = {k: tuple(args[k]) for k in ('input_size', 'mean', 'std') if args.get(k)}
+        if 'input_size' not in flags and args.get('img_size'):
+            size = args['img_size']
+            chans = args.get('in_chans') or self.model_args.get('in_chans', 3)
+            flags['input_size'] = (chans, *(size if isinstance(size, (list, tuple)) else (size, size)))
+        return flags
 
     def create_model(self, load_weights: bool = True) -> nn.Module:
         """The model with these weights (strictly loaded) in eval mode; else its random init (pretrained=False)."""
