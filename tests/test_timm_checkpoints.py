@@ -101,6 +101,37 @@ def test_validate_script_evaluates_a_timm_checkpoint(timm_run, capsys, use_ema, 
     assert result['top1'] == pytest.approx(_accuracy(ema_model if use_ema else model), abs=1e-6)
 
 
+def test_a_timm_fine_tune_of_a_local_dir_folder_opens_as_that_folders_model(tmp_path):
+    """train.py --model local-dir:<kept folder> records that name as its arch: the checkpoint opens as the folder's
+    architecture and arguments (its border inside), fed the folder's input size and mean / std under the run's own
+    flags, without the folder's label names (the fine-tune may be of other classes); a folder gone is one error."""
+    kept = Path(__file__).resolve().parent.parent / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar'
+    folder = tmp_path / 'kept'
+    folder.mkdir()
+    for name in ('config.json', 'model.safetensors'):
+        (folder / name).write_bytes((kept / name).read_bytes())
+    model = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    args = _timm_train_args(tmp_path)
+    args.model, args.dataset, args.model_kwargs, args.model_ema, args.num_classes = f'local-dir:{folder}', '', {}, \
+        False, None
+    args.std = [0.5]
+    CheckpointSaver(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), args=args,
+                    checkpoint_dir=str(tmp_path), recovery_dir=str(tmp_path)).save_checkpoint(epoch=0, metric=0.)
+    ckpt = read_checkpoint(tmp_path / 'last.pth.tar')
+    opened = ckpt.create_model()
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(opened(x), model(x))
+    assert ckpt.arch == 'sa_quadratic_cifar' and ckpt.model_args['input_padding'] == 2
+    assert ckpt.preprocessing == {'input_size': (3, 28, 28), 'mean': tuple(model.pretrained_cfg['mean']),
+                                  'std': (0.5,)}
+    assert 'label_names' not in ckpt.preprocessing
+    for name in ('config.json', 'model.safetensors'):
+        (folder / name).unlink()
+    with pytest.raises(CheckpointError, match='whose config.json is gone: pass --model with its architecture'):
+        read_checkpoint(tmp_path / 'last.pth.tar')
+
+
 def test_ema_of_a_model_name_is_refused_not_ignored(capsys):
     """Without weights of timm's train.py there are no EMA weights: the plain ones' score would pass for them."""
     from sa_vision.errors import run_cli

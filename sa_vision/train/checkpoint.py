@@ -77,20 +77,10 @@ class Checkpoint:
     def preprocessing(self) -> Dict[str, Any]:
         """The preprocessing the weights state: a Hub folder's or pruned file's (input size, mean / std, label names)
         as timm's local-dir: loading keeps it; a run's, what its training fed the model; {} where they state none."""
-        fed = self.meta.get('data_config') or (self._timm_data_flags() if self.format == 'timm' else {})
+        fed = self.meta.get('data_config') or (
+            _timm_data_flags(self.meta.get('args') or {}, self.model_args) if self.format == 'timm' else {})
         return self.meta.get('pretrained_cfg') or {
             k: tuple(v) for k, v in fed.items() if k in ('input_size', 'mean', 'std')}
-
-    def _timm_data_flags(self) -> Dict[str, Any]:
-        """What timm train.py's --input-size / --img-size, --mean and --std fed the weights, where given (else its
-        data config was the model's own, which the model keeps)."""
-        args = self.meta.get('args') or {}
-        flags = {k: tuple(args[k]) for k in ('input_size', 'mean', 'std') if args.get(k)}
-        if 'input_size' not in flags and args.get('img_size'):
-            size = args['img_size']
-            chans = args.get('in_chans') or self.model_args.get('in_chans', 3)
-            flags['input_size'] = (chans, *(size if isinstance(size, (list, tuple)) else (size, size)))
-        return flags
 
     def create_model(self, load_weights: bool = True) -> nn.Module:
         """The model with these weights (strictly loaded) in eval mode; else its random init (pretrained=False)."""
@@ -202,7 +192,6 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
             f'config.json of a Hub folder'
             + (f'; it holds {BEST_CHECKPOINT}: pass that file, {best}' if best.is_file() else
                ': pass a checkpoint file, a run folder or an exported Hub folder'))
-    config = read_json(config_path.read_text(), config_path, 'config.json')
     weights = folder / 'model.safetensors'
     if weights.is_file():
         state_dict = read_safetensors(weights)[0]
@@ -210,6 +199,15 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
         state_dict = torch_load(folder / 'pytorch_model.bin', 'cpu')
     else:
         raise CheckpointError(f'Hub folder {folder} has no model.safetensors (nor pytorch_model.bin)')
+    hub = _read_hub_config(config_path)
+    hub.state_dict = state_dict
+    return hub
+
+
+def _read_hub_config(config_path: Path) -> Checkpoint:
+    """A Hub folder's config.json as a Checkpoint without weights: architecture, model_args, pretrained meta."""
+    folder = config_path.parent
+    config = read_json(config_path.read_text(), config_path, 'config.json')
     if 'architecture' not in config:
         raise CheckpointError(f'{config_path} names no architecture: not a timm config.json')
     model_args = config.get('model_args') or {}
@@ -227,7 +225,33 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
         meta['recipe'] = recipe
     if TRAINING_PROCESSES in config:
         meta[TRAINING_PROCESSES] = config[TRAINING_PROCESSES]
-    return Checkpoint(config['architecture'], model_args, state_dict, str(folder), 'hub_folder', meta)
+    return Checkpoint(config['architecture'], model_args, {}, str(folder), 'hub_folder', meta)
+
+
+def _timm_data_flags(args: Dict[str, Any], model_args: Dict[str, Any]) -> Dict[str, Any]:
+    """What timm train.py's --input-size / --img-size, --mean and --std fed the weights, where given (else its data
+    config was the model's own, which the model keeps)."""
+    flags = {k: tuple(args[k]) for k in ('input_size', 'mean', 'std') if args.get(k)}
+    if 'input_size' not in flags and args.get('img_size'):
+        size = args['img_size']
+        chans = args.get('in_chans') or model_args.get('in_chans', 3)
+        flags['input_size'] = (chans, *(size if isinstance(size, (list, tuple)) else (size, size)))
+    return flags
+
+
+def _fine_tuned_folder(name: str, path: Path, args: Dict[str, Any]) -> Tuple[str, Dict[str, Any], Dict[str, Any]]:
+    """(architecture, model_args, data config) of timm train.py weights fine-tuned from ``local-dir:<folder>``,
+    as train.py built and fed them: the folder's config.json, under the run's own flags (--input-size, --mean, ...).
+    Not its label names: train.py records none of what it fine-tuned on."""
+    folder = Path(name[len(LOCAL_DIR_PREFIX):]) / 'config.json'
+    if not folder.is_file():
+        raise CheckpointError(f'{path} was fine-tuned by timm\'s train.py from {name}, whose config.json is gone: '
+                              f'pass --model with its architecture (and --model-kwargs with its arguments), or put '
+                              f'the folder back')
+    hub = _read_hub_config(folder)
+    cfg = {k: hub.meta['pretrained_cfg'][k] for k in ('input_size', 'mean', 'std')
+           if k in hub.meta.get('pretrained_cfg', {})}
+    return hub.arch, hub.model_args, {**cfg, **_timm_data_flags(args, hub.model_args)}
 
 
 def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:
@@ -317,8 +341,11 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
             if (meta['scored_weights'] == 'ema') == use_ema:
                 meta['metrics'] = {args.get('eval_metric', 'top1'): obj['metric']}
         stored = timm_model_args(args) if args else {}
-        return Checkpoint(obj.get('arch') or args.get('model') or arch, {**stored, **model_args},
-                          clean_state_dict(obj[key]), str(path), 'timm', meta)
+        trained_arch = obj.get('arch') or args.get('model') or arch
+        if trained_arch and trained_arch.startswith(LOCAL_DIR_PREFIX):  # a fine-tune of --model local-dir:<folder>
+            trained_arch, folder_args, meta['data_config'] = _fine_tuned_folder(trained_arch, path, args)
+            stored = {**folder_args, **stored}
+        return Checkpoint(trained_arch, {**stored, **model_args}, clean_state_dict(obj[key]), str(path), 'timm', meta)
     if all(k in obj for k in ('arch', 'model_args', 'state_dict')):
         if int(obj.get('version', 1)) > CHECKPOINT_VERSION:
             raise CheckpointError(f'{path} was written by a newer sa_vision (checkpoint version {obj["version"]}, '
