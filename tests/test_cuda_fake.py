@@ -256,7 +256,7 @@ def test_training_step_on_fake_cuda(fake_cuda, name, precision):
         model = model.to(memory_format=torch.channels_last)
     model = to_fake_cuda(model, fake_cuda)
     args = argparse.Namespace(device='cuda', channels_last=channels_last, clip_grad=1.0, clip_mode='norm',
-                              log_interval=100, world_size=1, rank=0)
+                              log_interval=100, world_size=1, rank=0, distributed=False)
     dtype = PRECISIONS[precision]
     with fake_cuda:
         optimizer = create_optimizer_v2(
@@ -291,7 +291,8 @@ def test_the_loops_precision_casts_on_cuda(fake_cuda, amp_dtype):
     """What ``main`` trains and evaluates under for ``--device cuda`` (the loop's own ``run_setup.precision``, not this
     module's ``amp_context``): CUDA autocast in the asked dtype, the loss scaler with float16 only."""
     model = to_fake_cuda(small_model('sa_quadratic_cifar'), fake_cuda)
-    args = argparse.Namespace(amp=None, amp_dtype=amp_dtype, device='cuda', batch_size=4, rank=0, world_size=1)
+    args = argparse.Namespace(amp=None, amp_dtype=amp_dtype, device='cuda', batch_size=4, rank=0, world_size=1,
+                              distributed=False)
     amp_ctx, scaler = run_setup.precision(model, args)
     assert args.amp_used == amp_dtype
     assert (scaler is not None) == (amp_dtype == 'float16')

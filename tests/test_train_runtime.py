@@ -49,7 +49,7 @@ def count_host_reads(monkeypatch):
 
 def _epoch_args(log_interval, device='cpu'):
     return argparse.Namespace(device=device, channels_last=False, clip_grad=None, log_interval=log_interval,
-                              world_size=1, rank=0)
+                              world_size=1, rank=0, distributed=False)
 
 
 def _toy_problem(steps=8, batch=4):
