@@ -48,6 +48,8 @@ def _run(main, argv, capsys):
     (prune, ['nope/', '--out', '{tmp}/x.pth'], 'nope does not exist'),
     (validate, ['--model', './nope', '--dataset', 'digits'], 'nope does not exist'),
     (prune, ['sa_gen_cifar', '--max-condition', '-5', '--out', '{tmp}/x.pth'], 'every condition number is at least 1'),
+    (prune, ['sa_gen_cifar', '--heads', '1', '', '', '', '', '', '--max-condition', '10', '--out', '{tmp}/x.pth'],
+     'pass either --heads or the thresholds'),
     (prune, ['sa_gen_cifar', '--out', '{tmp}'], 'is a folder: name the file to write'),
     (prune, ['sa_gen_cifar', '--out', '{tmp}/p.txt'], 'not a name of weights: name a .safetensors file, or a '
                                                      'torch file ending in .pth'),
@@ -104,7 +106,7 @@ def _run(main, argv, capsys):
         'plot-out-below-a-file', 'plot-table-format', 'plot-zoom-0', 'plot-trajectory-of-two-kinds',
         'prune-missing-file',
         'prune-learned-without-heads', 'prune-missing-path', 'prune-missing-folder', 'validate-missing-path',
-        'prune-condition-below-1', 'prune-out-is-a-folder', 'prune-out-not-weights',
+        'prune-condition-below-1', 'prune-heads-and-thresholds', 'prune-out-is-a-folder', 'prune-out-not-weights',
         'prune-out-unwritable', 'prune-out-below-a-file',
         'figures-from-missing', 'figures-from-empty',
         'figures-into-a-file',

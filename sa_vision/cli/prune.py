@@ -60,8 +60,10 @@ def main(argv=None):
     parser.add_argument('source', help='timm model name, checkpoint file or Hub folder')
     parser.add_argument('--out', required=True, help='.safetensors (kwargs in its metadata) or a torch .pth file; '
                                                       'its folder is created')
-    parser.add_argument('--max-eigenvalue-below', type=float, default=MAX_EIGENVALUE_BELOW)
-    parser.add_argument('--max-condition', type=float, default=MAX_CONDITION)
+    parser.add_argument('--max-eigenvalue-below', type=float, default=None,
+                        help=f'a head is degenerate below this largest eigenvalue (default {MAX_EIGENVALUE_BELOW:g})')
+    parser.add_argument('--max-condition', type=float, default=None,
+                        help=f'a head is degenerate above this condition number (default {MAX_CONDITION:g})')
     parser.add_argument('--heads', nargs='+', help='prune these heads instead: one comma list of heads per layer ("" '
                                                    'for none), numbered from 1 as the figures and tables number them')
     parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
@@ -72,7 +74,13 @@ def main(argv=None):
                    f'{", ".join(s for s in WEIGHT_SUFFIXES if s != ".safetensors")}')
     if problem:
         raise PruningError(f'--out {args.out}: {problem}')
+    if args.heads is not None and (args.max_eigenvalue_below, args.max_condition) != (None, None):
+        raise PruningError('--heads names the heads to prune, which --max-eigenvalue-below and --max-condition would '
+                           'choose otherwise: pass either --heads or the thresholds')
     if args.heads is None:
+        args.max_eigenvalue_below = MAX_EIGENVALUE_BELOW if args.max_eigenvalue_below is None else \
+            args.max_eigenvalue_below
+        args.max_condition = MAX_CONDITION if args.max_condition is None else args.max_condition
         check_thresholds(args.max_eigenvalue_below, args.max_condition)
 
     path = weights_path(args.source)
