@@ -169,6 +169,21 @@ def test_a_hub_folder_without_a_card_is_not_staged_inside_itself(tmp_path, capsy
     assert (tmp_path / 'hub' / 'README.md').is_file()
 
 
+def test_the_card_names_the_split_the_run_evaluated(run, tmp_path):
+    """A run evaluated on --val-split train publishes its training-split accuracy: the card says so, in its text
+    and model-index, rather than calling it the test split's."""
+    from huggingface_hub import ModelCard
+
+    from sa_vision.cli import train
+    assert ModelCard(_card(run / 'hub')).data.eval_results[0].dataset_split == 'test'  # validation reads test
+    train.main([str(a) for a in ['-c', 'sa_quadratic_cifar_digits', '--epochs', 1, '-b', 64, '--log-interval', 100,
+                                 '--model-kwargs', *[f'{k}={v}' for k, v in SMALL.items()], '--output', tmp_path,
+                                 '--experiment', 'on_train', '--val-split', 'train', '--export']])
+    card = _card(tmp_path / 'on_train' / 'hub')
+    assert {r.dataset_split for r in ModelCard(card).data.eval_results} == {'train'}
+    assert 'on its train split' in card and 'on its test split' not in card
+
+
 def test_the_card_says_how_to_install_sa_vision_as_the_readme_does(run):
     """The package is installed from its source (README.md's own command); no package index is claimed."""
     readme = (ROOT / 'README.md').read_text(encoding='utf-8')

@@ -9,7 +9,7 @@ import torch
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
 from ..models.input_pad import model_input_padding
 from ..train.checkpoint import Checkpoint
-from ..train.data import dataset_for_tag, dataset_info
+from ..train.data import dataset_for_tag, dataset_info, split_name
 from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, WeightsLabel
 from .record import picked_note, recipe_section, training_record, training_summary
 
@@ -244,9 +244,10 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     scores = [(key, name) for key, name in CARD_METRICS if key in metrics]
     if scores:  # the Hub's model-index
         card.data.model_name = label.name
+        split = evaluated_split(ckpt, info)
         card.data.eval_results = [EvalResult(
             task_type='image-classification', task_name='Image Classification',
-            dataset_type=info.hub_dataset or info.tag, dataset_name=info.title, dataset_split=info.eval_split,
+            dataset_type=info.hub_dataset or info.tag, dataset_name=info.title, dataset_split=split,
             metric_type='accuracy', metric_name=name, metric_value=round(float(metrics[key]), 2))
             for key, name in scores]
     body = card.text
@@ -271,6 +272,13 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     return str(card)
 
 
+def evaluated_split(ckpt: Checkpoint, info) -> str:
+    """The split the recorded accuracy is of: the run's --val-split as its dataset reads it (the fixed-split
+    datasets read 'test' for 'validation'), else the dataset's held-out split."""
+    split = (ckpt.meta.get('args') or ckpt.meta.get('recipe') or {}).get('val_split')
+    return split_name(info.name, split) if split else info.eval_split
+
+
 def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores) -> str:
     """The results table, with the accuracy of these weights where recorded: for the reference weights in the
     table, for others below it; said to be optimistic where the same evaluation picked the epoch."""
@@ -283,7 +291,7 @@ def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores) -> str:
         results += (f'\n\nThese weights were trained on **{what}**'
                     + ('' if on_cifar else ', not CIFAR-10')
                     + ': ' + ', '.join(f'{name.lower()} {float(metrics[key]):.2f} %' for key, name in scores)
-                    + f' on its {info.eval_split} split.')
+                    + f' on its {evaluated_split(ckpt, info)} split.')
     if 'top1' in metrics:
         results += ('' if label.is_reference else '\n') + picked_note(training_record(ckpt)).lstrip()
     return results.rstrip()
