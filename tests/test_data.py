@@ -220,3 +220,14 @@ def test_cifar_files_are_checked_by_name_before_they_are_read(tmp_path):
     check_dataset('torch/cifar10', str(tmp_path), train_split='train', eval_split='test')
     with pytest.raises(DatasetNotFoundError, match='cifar-100-python has no test'):
         check_dataset('torch/cifar100', str(tmp_path), eval_split='validation')
+
+
+def test_a_split_cifar_lacks_is_named_not_read_as_its_test_batch(tmp_path):
+    """timm reads any split name but 'train' / 'training' as CIFAR's test batch: --val-split foo evaluated the test
+    batch and recorded "foo". It is refused as the other fixed-split datasets refuse it, before any file is read."""
+    from sa_vision.errors import DatasetError
+    from sa_vision.train.data import check_dataset
+    for dataset in ('torch/cifar10', 'torch/cifar100'):
+        with pytest.raises(DatasetError, match=f"{dataset} has the splits 'train' and 'test'.*got 'foo'"):
+            check_dataset(dataset, str(tmp_path), download=True, eval_split='foo')
+    check_dataset('torch/cifar10', str(tmp_path), download=True, train_split='training', eval_split='val')

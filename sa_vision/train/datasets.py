@@ -256,7 +256,12 @@ def check_timm(source: DataSource, split: str, is_training: bool) -> None:
     datasets are checked as they are read."""
     from torchvision.datasets import CIFAR10, CIFAR100
     cifar = {'torch/cifar10': CIFAR10, 'torch/cifar100': CIFAR100}.get(source.name.lower())
-    if cifar is None or source.download:
+    if cifar is None:
+        return
+    if split not in TRAIN_TEST_SPLITS and split != 'training':  # timm would read any other name as the test batch
+        raise DatasetError(f"{source.name} has the splits 'train' and 'test' ('validation' and 'val' read the test "
+                           f"batch), got {split!r}")
+    if source.download:
         return
     # timm's create_dataset reads the training files for 'train' / 'training', else the test batch
     files = cifar.train_list if split in ('train', 'training') else cifar.test_list
