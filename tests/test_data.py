@@ -231,3 +231,18 @@ def test_a_split_cifar_lacks_is_named_not_read_as_its_test_batch(tmp_path):
         with pytest.raises(DatasetError, match=f"{dataset} has the splits 'train' and 'test'.*got 'foo'"):
             check_dataset(dataset, str(tmp_path), download=True, eval_split='foo')
     check_dataset('torch/cifar10', str(tmp_path), download=True, train_split='training', eval_split='val')
+
+
+def test_cifar_files_that_fail_torchvisions_md5_are_said_to_and_missing_ones_named(tmp_path):
+    """Every file there but of other contents (a download cut short): torchvision says "not found or corrupted";
+    the error says which, and what to do (it said the dataset was not there)."""
+    from sa_vision.errors import DatasetError, DatasetNotFoundError
+    from sa_vision.train.data import create_image_dataset
+    batches = tmp_path / 'cifar-10-batches-py'
+    batches.mkdir()
+    for name in ('test_batch', 'batches.meta'):
+        (batches / name).write_bytes(b'cut short')
+    with pytest.raises(DatasetError, match=r"files in .*cifar-10-batches-py fail torchvision's MD5 check .* delete"):
+        create_image_dataset('torch/cifar10', 'test', is_training=False, data_dir=str(tmp_path))
+    with pytest.raises(DatasetNotFoundError, match='has no data_batch_1'):
+        create_image_dataset('torch/cifar10', 'train', is_training=True, data_dir=str(tmp_path))

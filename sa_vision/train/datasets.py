@@ -222,7 +222,14 @@ def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) 
         # torchvision's datasets say so when their files are missing (and name download=True, a Python argument)
         if source.download or 'download=True' not in str(e):
             raise
-        raise _timm_dataset_not_found(source, str(e).strip()) from None
+        cifar = _torchvision_cifar(source)
+        if cifar is None:
+            raise _timm_dataset_not_found(source, str(e).strip()) from None
+        check_timm(source, split, is_training)  # raises where a file is missing: else their contents are wrong
+        folder = os.path.join(source.data_dir or '', cifar.base_folder)
+        raise DatasetError(f'{source.name}: the files in {folder} fail torchvision\'s MD5 check (a download cut '
+                           f'short, or files of another source): delete {folder} and add --dataset-download, or put '
+                           f'the original files there') from None
 
 
 def _timm_dataset_not_found(source: DataSource, detail: str) -> DatasetNotFoundError:
@@ -254,8 +261,7 @@ def check_timm(source: DataSource, split: str, is_training: bool) -> None:
     """torchvision's CIFAR-10 / CIFAR-100 (``torch/cifar10``, ``torch/cifar100``) without a file of ``split``, as
     :func:`read_timm` would say, by their names (torchvision checks their contents when it reads them); other timm
     datasets are checked as they are read."""
-    from torchvision.datasets import CIFAR10, CIFAR100
-    cifar = {'torch/cifar10': CIFAR10, 'torch/cifar100': CIFAR100}.get(source.name.lower())
+    cifar = _torchvision_cifar(source)
     if cifar is None:
         return
     if split not in TRAIN_TEST_SPLITS and split != 'training':  # timm would read any other name as the test batch
@@ -269,6 +275,12 @@ def check_timm(source: DataSource, split: str, is_training: bool) -> None:
     missing = [name for name, _ in files if not os.path.isfile(os.path.join(folder, name))]
     if missing:
         raise _timm_dataset_not_found(source, f'{folder} has no {", ".join(missing)}')
+
+
+def _torchvision_cifar(source: DataSource):
+    """torchvision's class of ``torch/cifar10`` / ``torch/cifar100``, else None."""
+    from torchvision.datasets import CIFAR10, CIFAR100
+    return {'torch/cifar10': CIFAR10, 'torch/cifar100': CIFAR100}.get(source.name.lower())
 
 
 def torchvision_held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
