@@ -200,7 +200,8 @@ def test_torchrun_evaluates_the_batch_norm_it_saves_and_says_things_once(tmp_pat
                           '--results-format', 'json', '--amp' if amp else '--no-amp']) == 0
     alone = json.loads(out.read_text())
     assert alone['num_images'] == 360
-    assert alone['top1'] == pytest.approx(saved['metrics']['top1'], abs=1e-6)
+    # the loss to float32 sums' rounding; top-1 to one image (a near-tie may round either way on another CPU)
+    assert alone['top1'] == pytest.approx(saved['metrics']['top1'], abs=100 / 360)
     assert alone['loss'] == pytest.approx(saved['metrics']['loss'], rel=1e-5)
 
 

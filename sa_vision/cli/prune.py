@@ -78,9 +78,10 @@ def main(argv=None):
         raise PruningError('--heads names the heads to prune, which --max-eigenvalue-below and --max-condition would '
                            'choose otherwise: pass either --heads or the thresholds')
     if args.heads is None:
-        args.max_eigenvalue_below = MAX_EIGENVALUE_BELOW if args.max_eigenvalue_below is None else \
-            args.max_eigenvalue_below
-        args.max_condition = MAX_CONDITION if args.max_condition is None else args.max_condition
+        if args.max_eigenvalue_below is None:
+            args.max_eigenvalue_below = MAX_EIGENVALUE_BELOW
+        if args.max_condition is None:
+            args.max_condition = MAX_CONDITION
         check_thresholds(args.max_eigenvalue_below, args.max_condition)
 
     path = weights_path(args.source)
@@ -175,9 +176,8 @@ _TRAINING_ONLY_ARGS = frozenset({'attn_kind', 'pos_init', 'pos_init_alpha'})
 def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """(model_args its weights do not show, timm's pretrained_cfg) of the pruned weights: the source's arguments
     that shape its outputs but its heads' (``global_pool``, the border it adds to its input, ...), and what the Hub
-    export would write of
-    them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the source was; no
-    preprocessing where the source states none."""
+    export would write of them to config.json (sa_vision.hub.export.exported_config), so that they are fed as the
+    source was; no preprocessing where the source states none."""
     from sa_vision.hub.export import exported_config
     from sa_vision.train.checkpoint import infer_model_args
     shown = infer_model_args(pruned.state_dict())
