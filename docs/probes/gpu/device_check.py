@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # probe_env beside this file, also where a test loads it
-from probe_env import fashion_mnist_dir, on_sigterm, redirect_fds, require_timm, versions
+from probe_env import exit_if_stopped, fashion_mnist_dir, on_sigterm, redirect_fds, require_timm, versions
 
 require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
 
@@ -1351,6 +1351,7 @@ def run_items(check: Check, selected: List[Item], warmed_steps: set, zoo_selecte
     """Each item that its scaled estimate lets fit the time left, in order; the goals after each."""
     log, budget = check.log, check.budget
     for item in selected:
+        exit_if_stopped()
         warmed = bool(item.compiles) and set(item.compiles) <= warmed_steps
         expected = budget.expected(item.estimate_s if not check.smoke else 0, warmed)
         if budget.left() < expected or budget.left() <= 0:

@@ -148,19 +148,34 @@ def sigterm_deferred():
             pending()
 
 
+# the exit status of the SIGTERM that on_sigterm's handler took, kept in case its SystemExit is lost
+_stopped_status: Dict[str, Optional[int]] = {'status': None}
+
+
+def exit_if_stopped() -> None:
+    """Raise the SystemExit of a SIGTERM already handled (:func:`on_sigterm`) where it was lost: the handler runs
+    wherever the main thread is, and an exception raised in a finaliser (``__del__``, a weakref callback, of which
+    torch has many) is only printed. The handler ignores the signals after its first, so nothing else ends the
+    process then."""
+    if _stopped_status['status'] is not None:
+        raise SystemExit(_stopped_status['status'])
+
+
 @contextlib.contextmanager
 def on_sigterm(save: Callable[[], None]):
     """Inside the block, SIGTERM (``timeout``'s first signal; its ``-k 20`` sends SIGKILL 20 s later) runs ``save()``
     to leave what there is to bring back (once a :func:`sigterm_deferred` block running then has ended), then ends
     the process with SIGTERM's status (143) through the ``finally`` blocks that end subprocesses. The handler
-    before is restored on leaving."""
+    before is restored on leaving; a block that ends after a SIGTERM whose exit was lost ends with it then
+    (:func:`exit_if_stopped`)."""
     def end(signum):
+        _stopped_status['status'] = 128 + signum
         try:
             save()
         except BaseException:  # noqa: BLE001  the exit below would hide why what comes back is stale
             traceback.print_exc()
         finally:
-            raise SystemExit(128 + signum)
+            raise SystemExit(_stopped_status['status'])
 
     def handler(signum, frame):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # once; timeout signals its whole process group
@@ -168,8 +183,10 @@ def on_sigterm(save: Callable[[], None]):
             _deferred['pending'] = lambda: end(signum)
         else:
             end(signum)
+    _stopped_status['status'] = None
     previous = signal.signal(signal.SIGTERM, handler)
     try:
         yield
+        exit_if_stopped()
     finally:
         signal.signal(signal.SIGTERM, previous)
