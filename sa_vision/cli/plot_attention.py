@@ -12,6 +12,7 @@ prints, per layer of a Gaussian model, the dilation d of the 3x3 kernel d * {-1,
 to and their mean distance in grid units, heads and offsets matched one to one (sa_vision.research.kernel_match).
 """
 import argparse
+import inspect
 import os
 import sys
 
@@ -39,7 +40,8 @@ def main(argv=None):
                         help='auto: trajectory for several sources, centers for Gaussian kinds, else maps')
     parser.add_argument('--pretrained', action='store_true', help='load pretrained timm weights for a model name')
     parser.add_argument('--query', type=int, nargs=2, metavar=('ROW', 'COL'), help='query pixel (default grid centre)')
-    parser.add_argument('--zoom', type=int, default=6, help='maps: grid units shown around the query')
+    parser.add_argument('--zoom', type=int, help='maps: grid units shown around the query (default '
+                        f'{inspect.signature(plot_attention_maps).parameters["zoom"].default})')
     parser.add_argument('--table', help='also write the per-head statistics to this .csv or .json file')
     parser.add_argument('--kernel-match', action='store_true',
                         help='print how close each layer\'s centres come to a 3x3 kernel (per source); without '
@@ -63,14 +65,17 @@ def main(argv=None):
     model = models[-1]  # figure (c): the table is of the last source's model
     query = tuple(args.query) if args.query else None
     rows = head_statistics(model, query=query)  # a query outside the grid is refused before anything is drawn
-    if args.out and trajectory:
+    figure = 'trajectory' if trajectory else 'centers' if args.figure == 'centers' or (
+        args.figure == 'auto' and attention_layers(model)[0].kind in GAUSSIAN_KINDS) else 'maps'
+    if args.out and args.zoom is not None and figure != 'maps':
+        raise UserError(f'--zoom sizes the attention maps (--figure maps); the figure drawn here is {figure}, which '
+                        f'shows every position: leave --zoom out, or pass --figure maps')
+    if args.out and figure == 'trajectory':
         plot_center_trajectories(models, args.out, labels=[os.path.basename(s) for s in args.sources])
+    elif args.out and figure == 'centers':
+        plot_centers(model, args.out)
     elif args.out:
-        kind = attention_layers(model)[0].kind
-        if args.figure == 'centers' or (args.figure == 'auto' and kind in GAUSSIAN_KINDS):
-            plot_centers(model, args.out)
-        else:
-            plot_attention_maps(model, args.out, query=query, zoom=args.zoom)
+        plot_attention_maps(model, args.out, query=query, **({} if args.zoom is None else {'zoom': args.zoom}))
     print(format_table(layer_summary(rows)))
     if args.table:
         print(format_table(rows))
