@@ -222,6 +222,20 @@ def test_cifar_files_are_checked_by_name_before_they_are_read(tmp_path):
         check_dataset('torch/cifar100', str(tmp_path), eval_split='validation')
 
 
+def test_cifar100_weights_are_labelled_and_their_tag_reads_back_as_torchvisions_dataset():
+    """An export of a CIFAR-100 run names its classes (timm's inference.py prints them) in the order of the
+    dataset's files (alphabetical: 'apple' is 0, 'worm' 99), and its tag reads back as torch/cifar100, not as an
+    image folder named 'cifar100' (whose tag is its own)."""
+    from sa_vision.train.data import dataset_info, trained_dataset
+    names = dataset_info('torch/cifar100').label_names(100)
+    assert len(set(names)) == 100 and list(names) == sorted(names) and (names[0], names[99]) == ('apple', 'worm')
+    assert dataset_info('torch/cifar100').label_names(10) is None
+    for tag in ('cifar100', 'cifar100_custom'):
+        assert trained_dataset({'pretrained_cfg': {'tag': tag}}) == 'torch/cifar100'
+    assert dataset_info('cifar100').tag == 'cifar100_folder'  # as an image folder named 'fashion_mnist' is
+    assert dataset_info(trained_dataset({'pretrained_cfg': {'tag': 'cifar100_folder'}})).tag == 'cifar100_folder'
+
+
 def test_a_split_cifar_lacks_is_named_not_read_as_its_test_batch(tmp_path):
     """timm reads any split name but 'train' / 'training' as CIFAR's test batch: --val-split foo evaluated the test
     batch and recorded "foo". It is refused as the other fixed-split datasets refuse it, before any file is read."""

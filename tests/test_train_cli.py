@@ -1055,6 +1055,16 @@ def test_a_paper_recipe_on_an_image_folder_names_the_recipe_as_the_source_of_its
     assert 'pass --num-classes 3' in line, line
 
 
+def test_a_paper_recipe_on_cifar100_says_to_pass_its_class_count_before_reading_it(tmp_path, monkeypatch):
+    """CIFAR-100 under a paper recipe (num_classes: 10, CIFAR-10's) stopped the first batch with torch's "Target 15
+    is out of bounds". It is one error line naming the count to pass, before any data is read or downloaded."""
+    import timm.data
+    monkeypatch.setattr(timm.data, 'create_dataset', lambda *a, **k: pytest.fail('the dataset was read'))
+    line = _cli_error(['-c', 'sa_quadratic_cifar', '--dataset', 'torch/cifar100', '--data-dir', str(tmp_path),
+                       '--dataset-download', *TINY, '--threads', '1', '--output', str(tmp_path / 'out')])
+    assert 'has 10 classes, torch/cifar100 100' in line and 'Pass --num-classes 100' in line, line
+
+
 def test_cifar10_missing_from_the_data_dir_is_one_error_line_saying_what_to_do(tmp_path, monkeypatch):
     """Instead of torchvision's own RuntimeError (a traceback) in the first epoch, one line before anything is built,
     naming --dataset-download and --dataset ''."""

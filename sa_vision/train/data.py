@@ -17,6 +17,7 @@ from ..errors import DatasetError, DatasetNotFoundError, UserError
 from ..layers import check_input_size, has_checked_input_size
 from ..paper import CIFAR10_CLASSES, CIFAR10_LABEL_NAMES, CIFAR10_MEAN, CIFAR10_STD
 from .datasets import (
+    CIFAR100_LABEL_NAMES,
     FASHION_MNIST_PAD,
     TRAIN_TEST_SPLITS,
     Checker,
@@ -42,7 +43,7 @@ from .image_folders import (
 
 __all__ = [
     'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET', 'CUSTOM_SUFFIX',
-    'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data', 'num_classes_of_folder',
+    'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data',
     'image_folder_classes', 'pad_value_note', 'create_cifar_transform', 'create_image_dataset', 'held_tensors',
     'known_dataset_names', 'timm_label_order', 'image_folder_labels',
     'split_name',
@@ -91,6 +92,10 @@ class DatasetInfo:
 _ENTRIES = (
     DatasetInfo('torch/cifar10', 'cifar10', 'CIFAR-10', CIFAR10_CLASSES, CIFAR10_MEAN, CIFAR10_STD, 'test', 'cifar10',
                 CIFAR10_LABEL_NAMES, aliases=('cifar10',), read=read_timm, check=check_timm, splits=TRAIN_TEST_SPLITS,
+                downloads=True),
+    # CIFAR-10's normalisation, as the authors' code and the registered models take it
+    DatasetInfo('torch/cifar100', 'cifar100', 'CIFAR-100', len(CIFAR100_LABEL_NAMES), CIFAR10_MEAN, CIFAR10_STD,
+                'test', 'cifar100', CIFAR100_LABEL_NAMES, read=read_timm, check=check_timm, splits=TRAIN_TEST_SPLITS,
                 downloads=True),
     # mean / std of the 28x28 training pixels before the padding, as usually quoted (tests/test_data.py checks them)
     DatasetInfo(FASHION_MNIST, 'fashion_mnist', 'Fashion-MNIST (28x28 grey, padded to 32x32)', 10, (0.2860,) * 3,
@@ -375,25 +380,3 @@ def held_tensors(dataset) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     which its items turn into PIL images of the same pixels."""
     held = getattr(dataset, 'held_tensors', None)
     return held() if callable(held) else torchvision_held_tensors(dataset)
-
-
-def num_classes_of_folder(args, recipe: dict, log) -> None:
-    """An image folder's classes decide ``--num-classes`` where it is not given; a different number (``--num-classes``,
-    ``--model-kwargs num_classes=`` or the recipe's) is an error naming both."""
-    classes = image_folder_classes(args.dataset, args.data_dir, args.train_split)
-    if classes is None:
-        return
-    args.label_names = classes  # the export's label_names: timm's inference.py names its top-k classes by them
-    asked = args.num_classes if args.num_classes is not None else args.model_kwargs.get('num_classes')
-    if asked is None:
-        args.num_classes = len(classes)
-        log(f'--num-classes {len(classes)}: the class folders of the training split ({", ".join(classes[:10])}'
-            f'{", ..." if len(classes) > 10 else ""})')
-    elif int(asked) != len(classes):
-        # a paper recipe's num_classes is its dataset's (CIFAR-10): say where the number came from
-        source = (f'recipe {args.config} sets num_classes: {asked} for its dataset {recipe.get("dataset")!r}'
-                  if recipe.get('num_classes') == asked else '--num-classes / --model-kwargs num_classes')
-        raise UserError(f'the model is asked for {asked} classes (the {source}) but the training split of the image '
-                        f'folder has {len(classes)} class folders ({", ".join(classes[:10])}'
-                        f'{", ..." if len(classes) > 10 else ""}); pass --num-classes {len(classes)} to follow the '
-                        f'folder')

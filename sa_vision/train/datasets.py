@@ -16,7 +16,7 @@ from torch.utils.data import Dataset
 from ..errors import DatasetError, DatasetNotFoundError
 
 __all__ = [
-    'DataSource', 'Reader', 'Checker', 'TRAIN_TEST_SPLITS', 'torchvision_held_tensors',
+    'DataSource', 'Reader', 'Checker', 'TRAIN_TEST_SPLITS', 'CIFAR100_LABEL_NAMES', 'torchvision_held_tensors',
     'DIGITS_TEST_FRACTION', 'DIGITS_SPLIT_SEED', 'DigitsDataset', 'read_digits', 'check_digits',
     'FASHION_MNIST_DIR', 'FashionMnistDataset', 'read_fashion_mnist', 'check_fashion_mnist',
     'read_timm', 'check_timm', 'failed_download',
@@ -29,6 +29,18 @@ FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'  # where Debian's datase
 FASHION_MNIST_SIZE = 28
 FASHION_MNIST_PAD = 2  # 28x28 -> 32x32
 # the split asked for -> the split read, for a dataset with a fixed train / test split
+# CIFAR-100's 100 fine labels, in the order of its files' meta (alphabetical): label i is the i-th
+CIFAR100_LABEL_NAMES = (
+    'apple', 'aquarium_fish', 'baby', 'bear', 'beaver', 'bed', 'bee', 'beetle', 'bicycle', 'bottle', 'bowl', 'boy',
+    'bridge', 'bus', 'butterfly', 'camel', 'can', 'castle', 'caterpillar', 'cattle', 'chair', 'chimpanzee', 'clock',
+    'cloud', 'cockroach', 'couch', 'crab', 'crocodile', 'cup', 'dinosaur', 'dolphin', 'elephant', 'flatfish',
+    'forest', 'fox', 'girl', 'hamster', 'house', 'kangaroo', 'keyboard', 'lamp', 'lawn_mower', 'leopard', 'lion',
+    'lizard', 'lobster', 'man', 'maple_tree', 'motorcycle', 'mountain', 'mouse', 'mushroom', 'oak_tree', 'orange',
+    'orchid', 'otter', 'palm_tree', 'pear', 'pickup_truck', 'pine_tree', 'plain', 'plate', 'poppy', 'porcupine',
+    'possum', 'rabbit', 'raccoon', 'ray', 'road', 'rocket', 'rose', 'sea', 'seal', 'shark', 'shrew', 'skunk',
+    'skyscraper', 'snail', 'snake', 'spider', 'squirrel', 'streetcar', 'sunflower', 'sweet_pepper', 'table', 'tank',
+    'telephone', 'television', 'tiger', 'tractor', 'train', 'trout', 'tulip', 'turtle', 'wardrobe', 'whale',
+    'willow_tree', 'wolf', 'woman', 'worm')
 TRAIN_TEST_SPLITS = MappingProxyType({'train': 'train', 'test': 'test', 'validation': 'test', 'val': 'test'})
 
 

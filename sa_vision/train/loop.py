@@ -23,7 +23,7 @@ from ..errors import UserError, run_cli
 from ..io import atomic_folder
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
-from .data import num_classes_of_folder, split_name
+from .data import split_name
 from .device_data import set_epoch
 from .evaluation import evaluate_epoch, evaluated_after
 from .run_folder import repair_run_files, run_folder, training_in, write_run_files
@@ -33,6 +33,7 @@ from .run_setup import (
     create_optimizer,
     create_scheduler,
     log_primary,
+    num_classes_of_folder,
     precision,
     set_up_process,
     training_model,

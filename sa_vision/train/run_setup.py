@@ -20,7 +20,14 @@ from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from .arg_values import check_compile_backend, check_scheduler, check_value_bounds
 from .checkpoint import Checkpoint
-from .data import check_dataset, check_model_takes_data, create_image_dataset, normalization, pad_value_note
+from .data import (
+    check_dataset,
+    check_model_takes_data,
+    create_image_dataset,
+    image_folder_classes,
+    normalization,
+    pad_value_note,
+)
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data
 from .evaluation import evaluation_module
 from .optimizer import resolve_opt_fused
@@ -196,3 +203,25 @@ def training_model(model, args, data_cfg, loss_fn, amp_ctx, steps_left: int):
     for line in reason:
         log_primary(args, f'Compilation: {line}')
     return (DistributedDataParallel(compiled) if args.distributed else compiled), eval_model
+
+
+def num_classes_of_folder(args, recipe: dict, log) -> None:
+    """An image folder's classes decide ``--num-classes`` where it is not given; a different number (``--num-classes``,
+    ``--model-kwargs num_classes=`` or the recipe's) is an error naming both."""
+    classes = image_folder_classes(args.dataset, args.data_dir, args.train_split)
+    if classes is None:
+        return
+    args.label_names = classes  # the export's label_names: timm's inference.py names its top-k classes by them
+    asked = args.num_classes if args.num_classes is not None else args.model_kwargs.get('num_classes')
+    if asked is None:
+        args.num_classes = len(classes)
+        log(f'--num-classes {len(classes)}: the class folders of the training split ({", ".join(classes[:10])}'
+            f'{", ..." if len(classes) > 10 else ""})')
+    elif int(asked) != len(classes):
+        # a paper recipe's num_classes is its dataset's (CIFAR-10): say where the number came from
+        source = (f'recipe {args.config} sets num_classes: {asked} for its dataset {recipe.get("dataset")!r}'
+                  if recipe.get('num_classes') == asked else '--num-classes / --model-kwargs num_classes')
+        raise UserError(f'the model is asked for {asked} classes (the {source}) but the training split of the image '
+                        f'folder has {len(classes)} class folders ({", ".join(classes[:10])}'
+                        f'{", ..." if len(classes) > 10 else ""}); pass --num-classes {len(classes)} to follow the '
+                        f'folder')
