@@ -126,6 +126,28 @@ def test_a_resume_with_nothing_to_train_reports_what_it_evaluated(tmp_path, capl
     assert "-> 'resnet18_cifar'" not in log and 'ignoring --model resnet18_cifar' in log
 
 
+def test_a_resume_with_another_eval_metric_judges_the_best_epoch_by_it(tmp_path, caplog, capsys):
+    """Two epochs judged by top-5, resumed for a third by top-1: the best checkpoint's epoch is judged by its top-1
+    (the run's history has it), not by its top-5 under top-1's name, which no top-1 could beat; the plateau
+    scheduler's best is of top-1 too."""
+    import re
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2), '--eval-metric', 'top5', '--sched',
+                             'plateau', '--no-sched-on-updates', '--warmup-epochs', 0)
+    assert status == 0, log[-3000:]
+    old_best = _load(run / 'model_best.pth.tar')['epoch']
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--eval-metric', 'top1')
+    assert status == 0, log[-3000:]
+    assert f'--eval-metric top5 -> top1: model_best.pth.tar holds epoch {old_best}, the best by top5' in log, log
+    history = _load(run / 'last.pth.tar')['history']
+    top1 = {h['epoch']: h['eval_top1'] for h in history}
+    best_epoch = old_best if top1[old_best] >= top1[2] else 2
+    reported = re.search(r'Best top1 ([\d.]+) at epoch (\d+)', log)
+    assert (float(reported[1]), int(reported[2])) == (round(top1[best_epoch], 2), best_epoch), (reported[0], top1)
+    assert _load(run / 'model_best.pth.tar')['epoch'] == best_epoch
+    assert _load(run / 'last.pth.tar')['scheduler']['best'] == top1[2]
+
+
 def test_a_run_folder_that_cannot_be_written_is_named_before_the_resume(tmp_path, caplog, capsys, monkeypatch):
     """As for a new run's --output: one line, before the model and data are set up (a read-only file system is
     what a root-run test cannot make, so the probe's answer is given)."""

@@ -80,6 +80,8 @@ def _resumed_evaluation(args, resume_ckpt, best: Optional[dict], log) -> Tuple[O
     """(the evaluation a resumed run reports where it has no epoch left to train, its best epoch so far): its own,
     unless the command line asks for another evaluation (_EVALUATION_ARGS): then neither, the last weights are
     evaluated anew and the best is counted on that evaluation from the next epoch on."""
+    if resume_ckpt is not None and 'eval_metric' in args.resume_changes and best is not None:
+        best = _best_by_new_metric(args, resume_ckpt.meta, best, log)
     if resume_ckpt is None or not _EVALUATION_ARGS & set(args.resume_changes):
         return (resume_ckpt.meta.get('metrics') if resume_ckpt else None), best
     if best is not None:
@@ -87,6 +89,17 @@ def _resumed_evaluation(args, resume_ckpt, best: Optional[dict], log) -> Tuple[O
             f'best epoch is counted anew on it ({BEST_CHECKPOINT}, epoch {best["epoch"]} by the old one, stays until '
             f'an epoch is evaluated)')
     return None, None
+
+
+def _best_by_new_metric(args, meta: dict, best: dict, log) -> Optional[dict]:
+    """The best epoch of a run resumed with another --eval-metric: the epoch in ``BEST_CHECKPOINT``, now judged by
+    its value of the new metric (its history's), which a later epoch must beat; None where the history lacks it."""
+    old, new = args.resume_changes['eval_metric']
+    value = next((r.get(f'eval_{new}') for r in meta.get('history', []) if r['epoch'] == best['epoch']), None)
+    log(f'note: --eval-metric {old} -> {new}: {BEST_CHECKPOINT} holds epoch {best["epoch"]}, the best by {old}; '
+        + (f'its {new}, {metric_text(new, value)}, is the one to beat from now on' if value is not None else
+           f'its {new} is not in the run\'s history: the next evaluated epoch replaces it'))
+    return None if value is None else {'metric': value, 'epoch': best['epoch']}
 
 
 def is_better(metric: str, value: float, best: float) -> bool:
@@ -119,7 +132,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     start_epoch, num_updates, history, best = 0, 0, [], None
     if resume_ckpt is not None:
         start_epoch, num_updates, history, best = restore(resume_ckpt, model, optimizer, lr_scheduler, loss_scaler,
-                                                          len(train_loader))
+                                                          len(train_loader), args.eval_metric)
         _log_resumed(args, run_dir, resume_ckpt, start_epoch, num_updates, num_epochs, len(train_loader))
     train_model, eval_model = training_model(model, args, data_cfg, loss_fn, amp_ctx,
                                              steps_left=(num_epochs - start_epoch) * len(train_loader))

@@ -255,13 +255,15 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
                               f'{_changed_architecture(initial, model_kwargs, sources)}') from None
 
 
-def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler, updates_per_epoch: int):
+def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler, updates_per_epoch: int,
+            eval_metric: str):
     """Load a run's state for ``--resume``; returns (epochs done, updates done, history, best).
 
     The schedule is the one the arguments describe now, stepped to where the run stands, as timm's train.py
     resumes: loading the saved scheduler would bring back the run's old epoch count and learning rate, so that
     ``--epochs`` raised on a finished run would train on at the old schedule's end (LR ``min_lr``). Only the
-    plateau scheduler keeps its saved state: its decisions depend on the metrics seen. The updates done are the
+    plateau scheduler keeps its saved state, its decisions depend on the metrics seen, unless ``eval_metric`` is
+    another than the run's: its best value would be the old metric's. The updates done are the
     epochs done times ``updates_per_epoch``, as timm's train.py counts them: the saved count would put a run
     resumed with another batch size (or number of processes) elsewhere in its new schedule (at its end, LR 0)."""
     meta = resume_ckpt.meta
@@ -275,7 +277,8 @@ def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler
                                            for group, now in zip(saved['param_groups'], optimizer.param_groups)]}
     optimizer.load_state_dict(saved)
     if isinstance(lr_scheduler, PlateauLRScheduler):
-        lr_scheduler.load_state_dict(meta['scheduler'])
+        if (meta.get('args') or {}).get('eval_metric', eval_metric) == eval_metric:
+            lr_scheduler.load_state_dict(meta['scheduler'])
     elif lr_scheduler is not None:
         # each is a no-op for a schedule not counted in its unit (epochs or updates)
         lr_scheduler.step(meta['epoch'])
