@@ -85,6 +85,23 @@ def _load(path):
     return torch.load(path, map_location='cpu', weights_only=True)
 
 
+def test_the_runs_recipe_and_args_build_its_model_as_timms_train_py_calls_create_model(adamw_run):
+    """timm's ``train.py -c <run>/recipe.yaml`` (or ``args.yaml``) calls ``create_model(num_classes=args.num_classes,
+    drop_rate=args.drop, ..., **args.model_kwargs)``: a keyword in both failed with "got multiple values" (the
+    paper's recipes set num_classes). Each file builds the run's model that way, and sa-vision-train's own."""
+    import timm
+    import yaml
+
+    from sa_vision.train.timm_args import TIMM_MODEL_KWARGS
+    shapes = {k: v.shape for k, v in _load(adamw_run)['state_dict'].items()}
+    for name in ('recipe.yaml', 'args.yaml'):
+        saved = yaml.safe_load((adamw_run.parent / name).read_text())
+        flags = {key: saved.get(arg) for key, arg in TIMM_MODEL_KWARGS.items()}  # None too, as train.py passes it
+        model = timm.create_model(saved['model'], **flags, **saved['model_kwargs'])
+        assert {k: v.shape for k, v in model.state_dict().items()} == shapes, name
+        assert saved['num_classes'] == 10, name
+
+
 # --- --resume continues the run as it was configured ---------------------------------------------------
 
 def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, tmp_path, caplog):

@@ -33,8 +33,9 @@ from .data import timm_label_order
 from .evaluation import EVAL_METRICS
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 
-__all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'resolve_model_args', 'load_initial_weights', 'restore',
-           'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'metric_text', 'SUMMARY', 'summary_metrics']
+__all__ = ['parse_run_args', 'args_as_saved', 'flags_out_of_model_kwargs', 'run_recipe', 'resolve_model_args',
+           'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'metric_text',
+           'SUMMARY', 'summary_metrics']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -139,10 +140,20 @@ def args_as_saved(args) -> dict:
     return plain_data(dict(sorted(vars(args).items())))
 
 
+def flags_out_of_model_kwargs(saved: dict) -> dict:
+    """``saved`` with each create_model keyword that an argument of its own sets (``num_classes``, ``drop_rate``,
+    ``drop_path_rate``) given by that argument alone: timm's train.py passes ``num_classes=args.num_classes`` (...)
+    and ``**args.model_kwargs``, so that a keyword in both fails its ``-c`` with "got multiple values";
+    ``sa-vision-train -c`` builds the same model from either."""
+    kwargs = dict(saved.get('model_kwargs') or {})
+    moved = {name: kwargs.pop(key) for key, name, _ in _FLAG_KWARGS if key in kwargs}
+    return {**saved, **moved, 'model_kwargs': kwargs} if 'model_kwargs' in saved else saved
+
+
 def run_recipe(args) -> dict:
     """The run's recipe.yaml: the training arguments as asked (``amp: auto`` stays 'auto'), and the weights a
     fine-tune started from (without them ``-c recipe.yaml`` would train from scratch)."""
-    recipe = strip_runtime_args(args_as_saved(args))
+    recipe = flags_out_of_model_kwargs(strip_runtime_args(args_as_saved(args)))
     if args.initial_checkpoint:
         recipe['initial_checkpoint'] = str(args.initial_checkpoint)
     return recipe
