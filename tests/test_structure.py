@@ -226,6 +226,23 @@ def test_base_modules_import_no_sa_vision_code(graph):
     assert not importing, f'the base modules (facts, errors) must import no sa_vision code: {importing}'
 
 
+def test_importing_the_package_leaves_torch_and_timm_options_as_they_were():
+    """``import sa_vision`` registers models and nothing else: importing ``timm.optim`` (timm's kron.py) raised
+    dynamo's recompile limit to 1,000,000 process-wide, over a limit the user had set, and timm alone imports no
+    timm.optim. Checked in a new process, where nothing imported them before."""
+    import os
+    import subprocess
+    import sys
+    code = ('import sys, torch._dynamo, timm; c = torch._dynamo.config; c.recompile_limit = 4; '
+            'before = (c.recompile_limit, c.cache_size_limit); import sa_vision; '
+            'print(before == (c.recompile_limit, c.cache_size_limit), before, '
+            '[m for m in ("timm.optim", "timm.scheduler", "matplotlib", "sklearn") if m in sys.modules])')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                         env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith('True (4, ') and out.stdout.endswith(' []\n'), out.stdout
+
+
 def test_every_module_has_a_docstring():
     """Every module opens with a docstring (one line plus the paper reference or the math)."""
     undocumented = [module for module, path in _module_names(ROOT / PACKAGE, PACKAGE).items()

@@ -5,7 +5,6 @@ unit, so in a short run the heads never leave their random start (paper Figs. 3-
 ``lr_scale``, which timm's schedulers apply on every step (docs/training.md, "Positional parameters"). """
 from typing import Any, Collection, Dict, List, Optional, Set
 
-from timm.optim import param_groups_weight_decay
 from torch import nn
 
 from ..errors import UserError
@@ -35,6 +34,9 @@ def param_groups_pos_lr(
 ) -> List[Dict[str, Any]]:
     """timm's weight-decay groups with the positional parameters split off, carrying ``lr_scale = pos_lr_scale``;
     at 1 exactly timm's groups, so optimizer states saved before this option existed still load."""
+    # imported here: importing timm.optim sets process-wide torch options (timm's kron.py raises dynamo's
+    # recompile limit), which `import sa_vision` must leave as a timm user has them
+    from timm.optim import param_groups_weight_decay
     check_pos_lr_scale(pos_lr_scale)
     if no_weight_decay_list is None:
         no_weight_decay_list = set(getattr(model, 'no_weight_decay', lambda: set())())
