@@ -124,6 +124,17 @@ def test_pos_lr_scale_reaches_the_optimizer_and_survives_resume(tmp_path, caplog
         assert torch.equal(value, resumed['state_dict'][key]), key
 
 
+def test_pos_lr_scale_without_a_scheduler_scales_the_positional_lr(tmp_path, caplog, capsys):
+    """timm's schedulers apply a group's lr_scale at each step; with --sched none there is none to, and the
+    positional parameters trained at the base lr, silently."""
+    pytest.importorskip('sklearn')  # the digits data
+    from test_train import DIGITS_RECIPE, TINY_ARGS, load_ckpt, run_train
+    run_train(caplog, capsys, ['-c', DIGITS_RECIPE, *TINY_ARGS, '--epochs', 1, '-b', 64, '--sched', 'none',
+                               '--pos-lr-scale', 30, '--lr', 0.004, '--output', tmp_path, '--experiment', 'none'])
+    base, pos, scale = _pos_lrs(load_ckpt(tmp_path / 'none' / 'last.pth.tar'))
+    assert (base, scale) == (0.004, 30) and pos == pytest.approx(0.12, rel=1e-12)
+
+
 # builds its optimizer as timm's train.py does (create_optimizer_v2(model, **optimizer_kwargs(cfg=args)), names
 # imported from timm.optim at the top) and prints each group's parameter names, lr_scale and weight decay
 TIMM_TRAIN_LIKE = textwrap.dedent("""

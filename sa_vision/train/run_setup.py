@@ -161,6 +161,9 @@ def create_scheduler(optimizer, args, updates_per_epoch: int, resume_ckpt: Optio
         warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix, cooldown_epochs=args.cooldown_epochs,
         step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch,
         plateau_mode='min' if args.eval_metric == 'loss' else 'max')
+    if scheduler is None:  # timm's schedulers apply a group's lr_scale (--pos-lr-scale) at each step; none: once
+        for group in optimizer.param_groups:
+            group['lr'] *= group.get('lr_scale', 1.0)
     done = resume_ckpt.meta['epoch'] if resume_ckpt is not None else 0
     if num_epochs < done:
         raise UserError(f'--epochs {args.epochs} ends before the run resumed from {args.resume}, which has done '
