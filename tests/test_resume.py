@@ -148,6 +148,28 @@ def test_a_resume_with_another_eval_metric_judges_the_best_epoch_by_it(tmp_path,
     assert _load(run / 'last.pth.tar')['scheduler']['best'] == top1[2]
 
 
+def test_summary_and_checkpoints_carry_timms_lr_column_and_metric_key(tmp_path, caplog, capsys):
+    """timm's tools read summary.csv's ``lr`` column and a checkpoint's ``metric`` (avg_checkpoints.py ranks by
+    it): both are there. A run of an older sa_vision, whose summary.csv has no ``lr`` column, is resumed with rows
+    that fit its header."""
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    ckpt = _load(run / 'last.pth.tar')
+    assert ckpt['metric'] == ckpt['metrics']['top1'] and _load(run / 'model_best.pth.tar')['metric'] > 0
+    (row,) = _summary(run)
+    assert float(row['lr']) == float(row['train_lr']) == ckpt['history'][0]['lr'], row
+    with open(run / 'summary.csv', newline='') as f:  # as an older sa_vision wrote it
+        rows = [r[:-1] for r in csv.reader(f)]
+    with open(run / 'summary.csv', 'w', newline='') as f:
+        csv.writer(f).writerows(rows)
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
+    assert status == 0, log[-3000:]
+    with open(run / 'summary.csv', newline='') as f:
+        header, *rows = list(csv.reader(f))
+    assert 'lr' not in header and [len(r) for r in rows] == [len(header)] * 2 and rows[1][0] == '1', rows
+
+
 def test_a_run_folder_that_cannot_be_written_is_named_before_the_resume(tmp_path, caplog, capsys, monkeypatch):
     """As for a new run's --output: one line, before the model and data are set up (a read-only file system is
     what a root-run test cannot make, so the probe's answer is given)."""

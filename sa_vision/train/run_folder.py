@@ -12,13 +12,12 @@ from pathlib import Path, PurePath
 from typing import IO, Dict, List, Optional
 
 import yaml
-from timm.utils import update_summary
 
 from ..errors import UserError
 from ..io import atomic_duplicate, atomic_write, folder_problem
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
-from .state import SUMMARY, Log, args_as_saved, flags_out_of_model_kwargs, run_recipe, summary_metrics
+from .state import SUMMARY, Log, args_as_saved, flags_out_of_model_kwargs, run_recipe, write_summary_row
 
 __all__ = ['run_folder', 'write_run_files', 'training_in', 'repair_run_files']
 
@@ -172,10 +171,10 @@ def repair_run_files(run_dir: Path, resume_ckpt: Checkpoint, log: Log) -> None:
     history = meta.get('history') or []  # none in a checkpoint of an older sa_vision
     summary = run_dir / SUMMARY
     if history and _summary_epochs(summary) != [str(record['epoch']) for record in history]:
-        with tempfile.TemporaryDirectory() as folder:  # as update_summary writes them (csv's \r\n)
+        with tempfile.TemporaryDirectory() as folder:  # as timm's update_summary writes them (csv's \r\n)
             rows = Path(folder) / SUMMARY
             for index, record in enumerate(history):
-                update_summary(record['epoch'], *summary_metrics(record), rows, write_header=index == 0)
+                write_summary_row(rows, record, write_header=index == 0)
             with atomic_write(summary) as tmp:
                 tmp.write_bytes(rows.read_bytes())
         log(f'{summary} written again from {source.name}: it did not hold the {plural(len(history), "epoch")} the '

@@ -1,6 +1,7 @@
 """ A run's state: its arguments (recipe, resumed run, command line), its model's arguments and initial weights,
 the files it writes every epoch into its folder (:mod:`.run_folder`) and what ``--resume`` restores from them """
 import argparse
+import csv
 import json
 import shlex
 import shutil
@@ -35,7 +36,7 @@ from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ign
 
 __all__ = ['parse_run_args', 'args_as_saved', 'flags_out_of_model_kwargs', 'run_recipe', 'resolve_model_args',
            'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'metric_text',
-           'SUMMARY', 'summary_metrics']
+           'SUMMARY', 'summary_metrics', 'write_summary_row']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -317,6 +318,8 @@ def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs
         'recipe': run_recipe(args),
         'data_config': data_config,
         'metrics': metrics,
+        # timm's CheckpointSaver's key, of evaluated epochs only (its avg_checkpoints.py ranks checkpoints by it)
+        **({'metric': metrics[args.eval_metric]} if metrics else {}),
         'history': history,
         'best': best,
         'dataset': args.dataset,
@@ -343,6 +346,18 @@ def summary_metrics(record: dict) -> Tuple[dict, dict]:
     return train, {k: record.get(f'eval_{k}', '') for k in EVAL_METRICS}
 
 
+def write_summary_row(summary: Path, record: dict, write_header: bool) -> None:
+    """An epoch's row of ``summary.csv`` as timm's train.py writes it (``update_summary``), with its last column
+    ``lr``, which timm's tools read, where the file is new or has that column (a file of an older sa_vision has
+    only ``train_lr``: a row of more columns would not fit it)."""
+    has_lr = write_header
+    if not write_header:
+        with open(summary, newline='') as f:
+            has_lr = 'lr' in next(csv.reader(f), [])
+    update_summary(record['epoch'], *summary_metrics(record), summary, lr=record['lr'] if has_lr else None,
+                   write_header=write_header)
+
+
 def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
     """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
     epoch is the best so far, a row of ``summary.csv`` (its ``eval_`` columns empty where --val-interval left the
@@ -357,7 +372,7 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
         if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
             atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
         summary = run_dir / SUMMARY
-        update_summary(epoch, *summary_metrics(ckpt['history'][-1]), summary, write_header=not summary.is_file())
+        write_summary_row(summary, ckpt['history'][-1], write_header=not summary.is_file())
     except (OSError, RuntimeError) as e:
         # a full disk: torch.save's error names no disk ("unexpected pos", "file write failed"); another error of
         # torch's is a fault to see whole
