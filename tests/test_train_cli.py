@@ -102,6 +102,17 @@ def test_the_runs_recipe_and_args_build_its_model_as_timms_train_py_calls_create
         assert saved['num_classes'] == 10, name
 
 
+def test_a_runs_args_yaml_given_as_recipe_reads_as_its_recipe_yaml(adamw_run, capsys):
+    """``-c <run>/args.yaml``, timm's habit, stopped at the keys a run decided (amp_reason, world_size, ... "did
+    you mean 'mean'?"). It reads as the recipe.yaml beside it, and says so."""
+    from sa_vision.train.state import parse_run_args
+    as_args, _, _ = parse_run_args(['-c', str(adamw_run.parent / 'args.yaml')])
+    assert "args.yaml is a run's args.yaml: it is read as the recipe.yaml beside it" in capsys.readouterr().err
+    as_recipe, _, _ = parse_run_args(['-c', str(adamw_run.parent / 'recipe.yaml')])
+    assert {**vars(as_args), 'config': None} == {**vars(as_recipe), 'config': None}
+    assert (as_args.epochs, as_args.lr, as_args.model_kwargs['embed_dim']) == (2, 0.005, 16)
+
+
 # --- --resume continues the run as it was configured ---------------------------------------------------
 
 def test_resume_without_recipe_keeps_the_runs_optimizer_and_schedule(adamw_run, tmp_path, caplog):

@@ -15,7 +15,8 @@ from torch import nn
 
 from .runtime import host_sync_allowed
 
-__all__ = ['EVAL_METRICS', 'evaluate', 'evaluate_compiled', 'evaluate_epoch', 'evaluated_after', 'evaluation_module']
+__all__ = ['EVAL_METRICS', 'metric_text', 'evaluate', 'evaluate_compiled', 'evaluate_epoch', 'evaluated_after',
+           'evaluation_module']
 
 EVAL_METRICS = ('loss', 'top1', 'top5', 'num_images')  # what :func:`evaluate` returns, in summary.csv's order
 
@@ -116,3 +117,8 @@ def evaluate_epoch(epoch: int, eval_model: nn.Module, model: nn.Module, loader, 
     log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
         f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
     return metrics, eval_model
+
+
+def metric_text(name: str, value: float) -> str:
+    """A metric as the Eval lines print it: a loss to 4 decimals, an accuracy (in %) to 2."""
+    return f'{value:.4f}' if name == 'loss' else f'{value:.2f}'

@@ -25,7 +25,7 @@ from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
 from .device_data import set_epoch
-from .evaluation import evaluate_epoch, evaluated_after
+from .evaluation import evaluate_epoch, evaluated_after, metric_text
 from .run_folder import repair_run_files, run_folder, training_in, write_run_files
 from .run_setup import (
     create_loaders,
@@ -41,7 +41,6 @@ from .run_setup import (
 from .runtime import format_duration, host_sync_allowed, seed_epoch
 from .state import (
     checkpoint_dict,
-    metric_text,
     parse_run_args,
     resolve_model_args,
     restore,

@@ -31,12 +31,12 @@ from .checkpoint import (
     weights_path,
 )
 from .data import timm_label_order
-from .evaluation import EVAL_METRICS
+from .evaluation import EVAL_METRICS, metric_text
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 
-__all__ = ['parse_run_args', 'args_as_saved', 'flags_out_of_model_kwargs', 'run_recipe', 'resolve_model_args',
-           'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'metric_text',
-           'SUMMARY', 'summary_metrics', 'write_summary_row']
+__all__ = ['parse_run_args', 'args_as_saved', 'flags_out_of_model_kwargs', 'run_recipe', 'recipe_of_saved_args',
+           'resolve_model_args', 'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_weights',
+           'save_epoch', 'SUMMARY', 'summary_metrics', 'write_summary_row']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -52,6 +52,10 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
     recipe = {}
     if config.config:
         recipe = load_recipe(config.config)
+        if RESOLVED_ARGS & set(recipe) and first_launched_process():  # what a run decided: a run's args.yaml
+            print(f'note: {config.config} is a run\'s args.yaml: it is read as the recipe.yaml beside it, without '
+                  f'where and how that run ran (output, experiment, data_dir, device, ...)', file=sys.stderr)
+        recipe = recipe_of_saved_args(recipe) if RESOLVED_ARGS & set(recipe) else recipe
         ignored = check_recipe_keys(recipe, known, source=f'recipe {config.config}')
         for note in ignored_keys_notes(recipe, ignored, f'recipe {config.config}'):
             if first_launched_process():  # once per run under torchrun
@@ -142,10 +146,9 @@ def args_as_saved(args) -> dict:
 
 
 def flags_out_of_model_kwargs(saved: dict) -> dict:
-    """``saved`` with each create_model keyword that an argument of its own sets (``num_classes``, ``drop_rate``,
-    ``drop_path_rate``) given by that argument alone: timm's train.py passes ``num_classes=args.num_classes`` (...)
-    and ``**args.model_kwargs``, so that a keyword in both fails its ``-c`` with "got multiple values";
-    ``sa-vision-train -c`` builds the same model from either."""
+    """``saved`` with each create_model keyword that a flag sets (``num_classes``, ``drop_rate``, ...) given by the
+    flag alone: timm's train.py passes ``num_classes=args.num_classes`` (...) and ``**args.model_kwargs``, a keyword
+    in both failing its ``-c`` with "got multiple values"; ``sa-vision-train -c`` builds the same model from either."""
     kwargs = dict(saved.get('model_kwargs') or {})
     moved = {name: kwargs.pop(key) for key, name, _ in _FLAG_KWARGS if key in kwargs}
     return {**saved, **moved, 'model_kwargs': kwargs} if 'model_kwargs' in saved else saved
@@ -154,9 +157,14 @@ def flags_out_of_model_kwargs(saved: dict) -> dict:
 def run_recipe(args) -> dict:
     """The run's recipe.yaml: the training arguments as asked (``amp: auto`` stays 'auto'), and the weights a
     fine-tune started from (without them ``-c recipe.yaml`` would train from scratch)."""
-    recipe = flags_out_of_model_kwargs(strip_runtime_args(args_as_saved(args)))
-    if args.initial_checkpoint:
-        recipe['initial_checkpoint'] = str(args.initial_checkpoint)
+    return recipe_of_saved_args(args_as_saved(args))
+
+
+def recipe_of_saved_args(saved: dict) -> dict:
+    """:func:`run_recipe` of a run's saved arguments (its ``args.yaml``, which ``-c`` also reads as a recipe)."""
+    recipe = flags_out_of_model_kwargs(strip_runtime_args(saved))
+    if saved.get('initial_checkpoint'):
+        recipe['initial_checkpoint'] = str(saved['initial_checkpoint'])
     return recipe
 
 
@@ -347,9 +355,8 @@ def summary_metrics(record: dict) -> Tuple[dict, dict]:
 
 
 def write_summary_row(summary: Path, record: dict, write_header: bool) -> None:
-    """An epoch's row of ``summary.csv`` as timm's train.py writes it (``update_summary``), with its last column
-    ``lr``, which timm's tools read, where the file is new or has that column (a file of an older sa_vision has
-    only ``train_lr``: a row of more columns would not fit it)."""
+    """An epoch's row of ``summary.csv`` as timm's train.py writes it, its last column ``lr`` where the file is new
+    or has one (an older sa_vision's has only ``train_lr``: a row of more columns would not fit it)."""
     has_lr = write_header
     if not write_header:
         with open(summary, newline='') as f:
@@ -388,8 +395,3 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
     if is_best:
         log(f'Best {args.eval_metric} so far ({metric_text(args.eval_metric, ckpt["best"]["metric"])}): '
             f'{run_dir / BEST_CHECKPOINT}')
-
-
-def metric_text(name: str, value: float) -> str:
-    """A metric as the Eval lines print it: a loss to 4 decimals, an accuracy (in %) to 2."""
-    return f'{value:.4f}' if name == 'loss' else f'{value:.2f}'
