@@ -170,6 +170,16 @@ def test_summary_and_checkpoints_carry_timms_lr_column_and_metric_key(tmp_path, 
     assert 'lr' not in header and [len(r) for r in rows] == [len(header)] * 2 and rows[1][0] == '1', rows
 
 
+def test_the_first_step_of_each_epoch_is_logged_as_timm_logs_it(tmp_path, caplog, capsys):
+    """A paper recipe logs every 100 steps: its first line came after 100 steps (over an hour on a CPU at full
+    size). The first step of each epoch is logged, as timm's train.py logs it, then every --log-interval."""
+    import re
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2), '--log-interval', 10)
+    assert status == 0, log[-3000:]
+    steps = re.findall(r'^Train: (\d) \[\s*(\d+)/22 ', log, re.M)  # 22 steps of 64 an epoch
+    assert steps == [(e, s) for e in '01' for s in ('1', '10', '20', '22')], steps
+
+
 def test_a_run_folder_that_cannot_be_written_is_named_before_the_resume(tmp_path, caplog, capsys, monkeypatch):
     """As for a new run's --output: one line, before the model and data are set up (a read-only file system is
     what a root-run test cannot make, so the probe's answer is given)."""

@@ -164,6 +164,19 @@ def test_kept_model_has_the_tables_accuracy(model, tmp_path):
     assert result['ok'], result
 
 
+def test_the_accuracy_check_says_what_it_evaluates_before_its_minutes(tmp_path, monkeypatch, capsys):
+    """The whole test split takes minutes per model on a CPU: a line says so before, not only the result after."""
+    from sa_vision.reproduce import kept
+    model = _models()[0]
+
+    def evaluate(*args, **kwargs):
+        assert 'evaluating its 10,000 test images in float32' in capsys.readouterr().out  # said before
+        return {'top1': 0., 'top5': 0., 'num_images': 10000}
+    monkeypatch.setattr(kept, 'evaluate_on_test_split', evaluate)
+    [result] = check_kept_models(ZOO, _one_row_table(model, tmp_path))
+    assert result['num_images'] == 10000 and not result['accuracy_ok']
+
+
 def test_git_keeps_every_file_of_the_zoo():
     # a .gitignore rule (*.safetensors) once kept the weights out of the commit: the working tree passed, clones failed
     if shutil.which('git') is None or not (ROOT / '.git').exists():

@@ -249,6 +249,7 @@ def check_kept_models(zoo: Path, table: Path, data_dir: Optional[str] = None,
                 '' if card[1] else f' is not the table\'s {float(row["top1"]):.2f}: {why}'))
         if accuracy:
             precision = row.get('eval_precision') or EVAL_PRECISION
+            say(f'{row["model"]}: evaluating its {split_size:,} test images in {precision} ...')  # minutes on a CPU
             start = time.monotonic()
             measured = evaluate_on_test_split(model, row['dataset'], data_dir, precision=precision)
             result['accuracy_seconds'] = round(time.monotonic() - start, 1)

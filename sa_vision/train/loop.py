@@ -219,7 +219,9 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         loss = loss.detach()
         loss_sum.add_(loss)  # float64, as the loss promotes
         seen += images.size(0)
-        if batch_idx == num_batches - 1 or (batch_idx + 1) % args.log_interval == 0:
+        # the first step too, as timm's train.py logs: a paper recipe's first line (--log-interval 100) would
+        # come after 100 steps, over an hour on a CPU
+        if batch_idx in (0, num_batches - 1) or (batch_idx + 1) % args.log_interval == 0:
             losses = torch.stack([loss.double(), loss_sum / (batch_idx + 1)])
             if args.distributed:  # every process's batches, as timm's train.py logs them
                 dist.all_reduce(losses)
