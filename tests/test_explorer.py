@@ -573,3 +573,32 @@ def test_models_of_different_datasets_need_a_dataset(models, tmp_path):
     with pytest.raises(UserError, match=r"bare weights name none \(a Hub folder's config.json does: pass "
                                         r'local-dir:<folder>, not its model.safetensors\); pass --dataset'):
         write_explorer([ExplorerModel('bare', models[0].model)], tmp_path / 'page.html')
+
+
+def test_an_hf_hub_models_epochs_come_from_the_cache_or_one_bounded_request(tmp_path, monkeypatch):
+    """The optional epochs file of an ``hf-hub:`` model: from the cache, of the revision the name gives; none where
+    the cache knows it missing, or where the Hub does not answer at once (the explorer waited through
+    huggingface_hub's retries, for ever on a connection that hangs); a name with ``@revision`` was passed whole to
+    hf_hub_download, an invalid repository id after the model had loaded."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    from sa_vision.research import explorer
+    monkeypatch.setattr(constants, 'HF_HUB_CACHE', str(tmp_path))
+    monkeypatch.setattr(explorer, 'load_positional_trajectory', lambda path: {'read': path})
+    downloads = []
+    monkeypatch.setattr(huggingface_hub, 'hf_hub_download',
+                        lambda repo_id, filename, revision=None: downloads.append((repo_id, revision)) or 'got')
+    name = explorer.POSITIONAL_EPOCHS_FILE
+    for repo, folder in (('cached', 'snapshots'), ('missing', '.no_exist')):
+        (tmp_path / f'models--me--{repo}' / folder / 'abc').mkdir(parents=True)
+        (tmp_path / f'models--me--{repo}' / folder / 'abc' / name).write_bytes(b'')
+        (tmp_path / f'models--me--{repo}' / 'refs').mkdir()
+        (tmp_path / f'models--me--{repo}' / 'refs' / 'v1').write_text('abc')
+    assert explorer._hub_epochs('me/cached@v1') == {
+        'read': str(tmp_path / 'models--me--cached' / 'snapshots' / 'abc' / name)}
+    assert explorer._hub_epochs('me/missing@v1') == {} and downloads == []
+    monkeypatch.setattr(explorer, 'hub_unreachable', lambda repo, files: 'no answer')
+    assert explorer._hub_epochs('me/other@main') == {} and downloads == []
+    monkeypatch.setattr(explorer, 'hub_unreachable', lambda repo, files: None)
+    assert explorer._hub_epochs('me/other@main') == {'read': 'got'} and downloads == [('me/other', 'main')]

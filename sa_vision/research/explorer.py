@@ -19,6 +19,7 @@ from torch import Tensor, nn
 from ..errors import UserError
 from ..io import atomic_write
 from ..layers import PositionalAttention
+from ..models._pretrained import hub_unreachable
 from ..models.input_pad import model_input_padding
 from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, block_key, rename_old_keys
 from ..train.checkpoint import (
@@ -135,12 +136,20 @@ def resolve_explorer_model(spec: str, pretrained: bool = True) -> ExplorerModel:
     return ExplorerModel(spec, model, trained_dataset({'pretrained_cfg': cfg}), epochs)
 
 
-def _hub_epochs(repo_id: str) -> Dict[str, Dict[str, Tensor]]:
-    """A Hub repository's kept epoch parameters, or none when it has no such file."""
-    from huggingface_hub import hf_hub_download
+def _hub_epochs(repo: str) -> Dict[str, Dict[str, Tensor]]:
+    """A Hub repository's (``id[@revision]``, as timm names it) kept epoch parameters, or none: it has no such file,
+    or the Hub does not answer at once. The file is optional: no waiting through huggingface_hub's retries (a
+    minute, or for ever where a connection hangs) when the model itself loaded from the cache."""
+    from huggingface_hub import hf_hub_download, try_to_load_from_cache
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+    repo_id, _, revision = repo.partition('@')
+    cached = try_to_load_from_cache(repo_id, POSITIONAL_EPOCHS_FILE, revision=revision or None)
+    if isinstance(cached, str):
+        return load_positional_trajectory(cached)
+    if cached is not None or hub_unreachable(repo, [POSITIONAL_EPOCHS_FILE]):  # not None: known to be missing
+        return {}
     try:
-        return load_positional_trajectory(hf_hub_download(repo_id, POSITIONAL_EPOCHS_FILE))
+        return load_positional_trajectory(hf_hub_download(repo_id, POSITIONAL_EPOCHS_FILE, revision=revision or None))
     except (EntryNotFoundError, LocalEntryNotFoundError):
         return {}
 
