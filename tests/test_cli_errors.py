@@ -453,6 +453,15 @@ def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_error_line(mo
     monkeypatch.setattr(torch.cuda, 'device_count', lambda: 1)
     line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', 'cuda:1'], capsys)
     assert 'this machine has 1 CUDA device(s), cuda:0 to cuda:0' in line, line
+    # torch knows them, this machine lacks them (it was torch's traceback, from the model's .to()); meta holds no
+    # values (the run failed in its first batch, its folder written)
+    monkeypatch.setattr(torch.mps, 'is_available', lambda: False)
+    monkeypatch.setattr(torch.xpu, 'is_available', lambda: False)
+    for device in ('mps', 'xpu:0'):
+        line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', device], capsys)
+        assert f'--device {device}: {device[:3]} is not available in this torch on this machine' in line, line
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', 'meta'], capsys)
+    assert '--device meta holds shapes, not values' in line, line
 
 
 @pytest.mark.parametrize('argv, source, advice', [

@@ -83,6 +83,14 @@ def resolve_device(requested: Optional[str] = None) -> str:
         why = 'this torch is built without CUDA' if torch.version.cuda is None else 'no GPU or driver is found'
         raise UserError(f'--device {requested}: CUDA is not available here ({why}); drop --device or pass '
                         f'--device cpu')
+    if device.type == 'meta':
+        raise UserError('--device meta holds shapes, not values: nothing can be trained or evaluated there; drop '
+                        '--device (cuda where present, else cpu) or pass --device cpu')
+    # mps, xpu, ...: torch's module of the device type says (one a --device-modules package adds, too)
+    available = getattr(getattr(torch, device.type, None), 'is_available', None)
+    if device.type not in ('cpu', 'cuda') and callable(available) and not available():
+        raise UserError(f'--device {requested}: {device.type} is not available in this torch on this machine; drop '
+                        f'--device (cuda where present, else cpu) or pass --device cpu')
     if device.type == 'cuda' and device.index is not None and device.index >= torch.cuda.device_count():
         raise UserError(f'--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s), '
                         f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
