@@ -85,21 +85,31 @@ def _load(path):
     return torch.load(path, map_location='cpu', weights_only=True)
 
 
-def test_the_runs_recipe_and_args_build_its_model_as_timms_train_py_calls_create_model(adamw_run):
-    """timm's ``train.py -c <run>/recipe.yaml`` (or ``args.yaml``) calls ``create_model(num_classes=args.num_classes,
-    drop_rate=args.drop, ..., **args.model_kwargs)``: a keyword in both failed with "got multiple values" (the
-    paper's recipes set num_classes). Each file builds the run's model that way, and sa-vision-train's own."""
+def test_the_runs_recipe_and_args_build_its_model_as_timms_train_py_calls_create_model(tmp_path):
+    """timm's ``train.py -c <run>/recipe.yaml`` (or ``args.yaml``) calls ``create_model(in_chans=..., num_classes=
+    args.num_classes, drop_rate=args.drop, global_pool=args.gp, ..., **args.model_kwargs)``: a keyword in both
+    failed with "got multiple values" (num_classes: every paper recipe; in_chans and global_pool: every fine-tune
+    of a Hub folder, whose config.json names them). Each file builds the run's model that way, and
+    sa-vision-train -c reads the keywords back."""
     import timm
     import yaml
 
+    from sa_vision.train.state import parse_run_args
     from sa_vision.train.timm_args import TIMM_MODEL_KWARGS
-    shapes = {k: v.shape for k, v in _load(adamw_run)['state_dict'].items()}
+    training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, 'global_pool=avg', 'in_chans=3', '--epochs', 1,
+                                 '--output', tmp_path, '--experiment', 'run', '--log-interval', 100])))
+    run = tmp_path / 'run'
+    ckpt = _load(run / 'last.pth.tar')
+    shapes = {k: v.shape for k, v in ckpt['state_dict'].items()}
     for name in ('recipe.yaml', 'args.yaml'):
-        saved = yaml.safe_load((adamw_run.parent / name).read_text())
+        saved = yaml.safe_load((run / name).read_text())
         flags = {key: saved.get(arg) for key, arg in TIMM_MODEL_KWARGS.items()}  # None too, as train.py passes it
+        flags['in_chans'] = saved.get('in_chans') or 3  # train.py: --in-chans, else --input-size's, else 3
         model = timm.create_model(saved['model'], **flags, **saved['model_kwargs'])
         assert {k: v.shape for k, v in model.state_dict().items()} == shapes, name
-        assert saved['num_classes'] == 10, name
+        assert (saved['num_classes'], saved['gp'], saved['in_chans']) == (10, 'avg', 3), name
+        args = parse_run_args(['-c', str(run / name)])[0]
+        assert {**args.model_kwargs, 'num_classes': args.num_classes} == ckpt['model_args'], name
 
 
 def test_a_runs_args_yaml_given_as_recipe_reads_as_its_recipe_yaml(adamw_run, capsys):
@@ -291,7 +301,9 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
     unevaluated = dict(sparse, epoch=0, metrics=None, best=None, history=sparse['history'][:1])  # epoch 0 done
     save_epoch(unevaluated, None, argparse.Namespace(save_epoch_weights=False, eval_metric='top1'), run,
                lambda msg: None)
-    assert (run / 'summary.csv').read_text().splitlines()[1].endswith(',,,,')  # its eval_ columns empty
+    with open(run / 'summary.csv', newline='') as f:
+        (row,) = csv.DictReader(f)
+    assert {v for k, v in row.items() if k.startswith('eval_')} == {''} and row['lr'], row  # its eval_ columns empty
     ckpt = read_checkpoint(run / 'last.pth.tar')
     card = training_summary(ckpt, weights_label(ckpt))
     assert 'These weights were not evaluated: `--val-interval 2` left their epoch out' in card

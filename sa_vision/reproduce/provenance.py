@@ -119,10 +119,10 @@ def stage_arguments(recipe: Dict[str, Any], argv: Sequence[str]) -> Dict[str, An
 
 def _differences(saved: Dict[str, Any], expected: Dict[str, Any]) -> List[str]:
     """``key: <run's> in the run, <stage's> here`` for every training argument that differs (model_kwargs by key)."""
-    from ..train.state import flags_out_of_model_kwargs
+    from ..train.timm_args import model_kwargs_as_timm_args
 
     def flat(args):  # args.yaml and checkpoints of either version: the flags' keywords are the flags'
-        args = flags_out_of_model_kwargs(args)
+        args = model_kwargs_as_timm_args(args)
         kwargs = args.get('model_kwargs') or {}
         return {**{k: v for k, v in args.items() if k != 'model_kwargs'},
                 **{f'model_kwargs.{k}': v for k, v in kwargs.items()}}

@@ -17,7 +17,8 @@ from ..errors import UserError
 from ..io import atomic_duplicate, atomic_write, folder_problem
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
-from .state import SUMMARY, Log, args_as_saved, flags_out_of_model_kwargs, run_recipe, write_summary_row
+from .state import SUMMARY, Log, args_as_saved, run_recipe, write_summary_row
+from .timm_args import model_kwargs_as_timm_args
 
 __all__ = ['run_folder', 'write_run_files', 'training_in', 'repair_run_files']
 
@@ -105,7 +106,7 @@ def write_run_files(args, run_dir: Path, new_run: bool, trains: bool = True) -> 
                 raise UserError(f'another run started in {folder} while this one set up; start this one with '
                                 f'another --experiment (or --output)') from None
     with f:
-        yaml.safe_dump(flags_out_of_model_kwargs(args_as_saved(args)), f, sort_keys=False)
+        yaml.safe_dump(model_kwargs_as_timm_args(args_as_saved(args)), f, sort_keys=False)
     if new_run:
         _hold(folder)
     with open(folder / 'recipe.yaml', 'w') as f:

@@ -33,8 +33,9 @@ from .checkpoint import (
 from .data import timm_label_order
 from .evaluation import EVAL_METRICS, metric_text
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
+from .timm_args import model_kwargs_as_timm_args, timm_args_as_model_kwargs
 
-__all__ = ['parse_run_args', 'args_as_saved', 'flags_out_of_model_kwargs', 'run_recipe', 'recipe_of_saved_args',
+__all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'recipe_of_saved_args',
            'resolve_model_args', 'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_weights',
            'save_epoch', 'SUMMARY', 'summary_metrics', 'write_summary_row']
 
@@ -56,6 +57,7 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
             print(f'note: {config.config} is a run\'s args.yaml: it is read as the recipe.yaml beside it, without '
                   f'where and how that run ran (output, experiment, data_dir, device, ...)', file=sys.stderr)
         recipe = recipe_of_saved_args(recipe) if RESOLVED_ARGS & set(recipe) else recipe
+        recipe = timm_args_as_model_kwargs(recipe, known)
         ignored = check_recipe_keys(recipe, known, source=f'recipe {config.config}')
         for note in ignored_keys_notes(recipe, ignored, f'recipe {config.config}'):
             if first_launched_process():  # once per run under torchrun
@@ -145,15 +147,6 @@ def args_as_saved(args) -> dict:
     return plain_data(dict(sorted(vars(args).items())))
 
 
-def flags_out_of_model_kwargs(saved: dict) -> dict:
-    """``saved`` with each create_model keyword that a flag sets (``num_classes``, ``drop_rate``, ...) given by the
-    flag alone: timm's train.py passes ``num_classes=args.num_classes`` (...) and ``**args.model_kwargs``, a keyword
-    in both failing its ``-c`` with "got multiple values"; ``sa-vision-train -c`` builds the same model from either."""
-    kwargs = dict(saved.get('model_kwargs') or {})
-    moved = {name: kwargs.pop(key) for key, name, _ in _FLAG_KWARGS if key in kwargs}
-    return {**saved, **moved, 'model_kwargs': kwargs} if 'model_kwargs' in saved else saved
-
-
 def run_recipe(args) -> dict:
     """The run's recipe.yaml: the training arguments as asked (``amp: auto`` stays 'auto'), and the weights a
     fine-tune started from (without them ``-c recipe.yaml`` would train from scratch)."""
@@ -162,7 +155,7 @@ def run_recipe(args) -> dict:
 
 def recipe_of_saved_args(saved: dict) -> dict:
     """:func:`run_recipe` of a run's saved arguments (its ``args.yaml``, which ``-c`` also reads as a recipe)."""
-    recipe = flags_out_of_model_kwargs(strip_runtime_args(saved))
+    recipe = model_kwargs_as_timm_args(strip_runtime_args(saved))
     if saved.get('initial_checkpoint'):
         recipe['initial_checkpoint'] = str(saved['initial_checkpoint'])
     return recipe

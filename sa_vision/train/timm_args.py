@@ -11,11 +11,11 @@ The list follows the parser of timm's train.py (main, 1.0.29.dev0); tests/test_t
 from a checkout's train.py where one is at hand (``SA_VISION_TIMM_CHECKOUT``). The library reads only this module,
 which also says what a timm checkpoint's ``args`` mean: the model train.py built, the epochs it trains.
 """
-from typing import Any, Dict, Optional
+from typing import Any, Collection, Dict, Optional
 
 __all__ = ['OURS', 'TIMM_ONLY', 'LOCAL', 'TIMM_TRAIN_ARGS', 'TIMM_SET_ARGS', 'TIMM_MODEL_KWARGS', 'TIMM_SCHEDULERS',
            'TIMM_ONLY_TECHNIQUES', 'TIMM_VALIDATE_ONLY', 'TIMM_PREPROCESSING', 'timm_only_techniques',
-           'timm_model_args', 'timm_num_epochs']
+           'timm_model_args', 'timm_num_epochs', 'model_kwargs_as_timm_args', 'timm_args_as_model_kwargs']
 
 OURS, TIMM_ONLY, LOCAL = 'ours', 'timm-only', 'local'
 
@@ -130,6 +130,30 @@ TIMM_MODEL_KWARGS: Dict[str, str] = {
 
 # the --sched names timm.scheduler.create_scheduler_v2 takes
 TIMM_SCHEDULERS = ('constant', 'cosine', 'multistep', 'none', 'plateau', 'poly', 'rsqrt', 'step', 'tanh', 'wsd')
+
+
+def model_kwargs_as_timm_args(saved: Dict[str, Any]) -> Dict[str, Any]:
+    """A run's saved arguments with each ``model_kwargs`` keyword that timm's train.py passes to create_model from
+    an argument of its own (:data:`TIMM_MODEL_KWARGS`: ``num_classes``, ``global_pool`` from ``--gp``, ...) given
+    as that argument: train.py passes ``**args.model_kwargs`` too, and a keyword in both fails its ``-c`` with
+    "got multiple values". :func:`timm_args_as_model_kwargs` reads them back."""
+    if 'model_kwargs' not in saved:
+        return saved
+    kwargs = dict(saved['model_kwargs'] or {})
+    return {**saved, **{arg: kwargs.pop(key) for key, arg in TIMM_MODEL_KWARGS.items() if key in kwargs},
+            'model_kwargs': kwargs}
+
+
+def timm_args_as_model_kwargs(recipe: Dict[str, Any], ours: Collection[str]) -> Dict[str, Any]:
+    """A recipe with timm train.py's create_model arguments that are not ``ours`` (``gp``, ``in_chans``, ...;
+    :func:`model_kwargs_as_timm_args` writes them) given as the ``model_kwargs`` keywords they are; None is
+    timm's "not given"."""
+    moved = {key: recipe[arg] for key, arg in TIMM_MODEL_KWARGS.items()
+             if arg not in ours and recipe.get(arg) is not None}
+    if not moved:
+        return recipe
+    rest = {k: v for k, v in recipe.items() if k not in {TIMM_MODEL_KWARGS[key] for key in moved}}
+    return {**rest, 'model_kwargs': {**moved, **(recipe.get('model_kwargs') or {})}}
 
 
 def timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
