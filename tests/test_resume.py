@@ -127,9 +127,9 @@ def test_a_resume_with_nothing_to_train_reports_what_it_evaluated(tmp_path, capl
 
 
 def test_a_resume_with_another_eval_metric_judges_the_best_epoch_by_it(tmp_path, caplog, capsys):
-    """Two epochs judged by top-5, resumed for a third by top-1: the best checkpoint's epoch is judged by its top-1
-    (the run's history has it), not by its top-5 under top-1's name, which no top-1 could beat; the plateau
-    scheduler's best is of top-1 too."""
+    """Two epochs judged by top-5, resumed for a third by top-1: the best checkpoint's epoch and the last are
+    judged by their top-1 (the run's history has it), not by top-5 under top-1's name, which no top-1 could beat;
+    the plateau scheduler's best is of top-1 too."""
     import re
     run = tmp_path / 'run'
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2), '--eval-metric', 'top5', '--sched',
@@ -138,14 +138,37 @@ def test_a_resume_with_another_eval_metric_judges_the_best_epoch_by_it(tmp_path,
     old_best = _load(run / 'model_best.pth.tar')['epoch']
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--eval-metric', 'top1')
     assert status == 0, log[-3000:]
-    assert f'--eval-metric top5 -> top1: model_best.pth.tar holds epoch {old_best}, the best by top5' in log, log
     history = _load(run / 'last.pth.tar')['history']
     top1 = {h['epoch']: h['eval_top1'] for h in history}
-    best_epoch = old_best if top1[old_best] >= top1[2] else 2
+    # the two epochs whose weights were kept (model_best's, the last), then the epoch trained
+    best_epoch = 1 if top1[1] > top1[old_best] else old_best
+    assert f'--eval-metric top5 -> top1: the best epoch by top1 of those whose weights are kept is epoch ' \
+           f'{best_epoch} ({"the last, now" if best_epoch != old_best else "in"} model_best.pth.tar)' in log, log
+    best_epoch = 2 if top1[2] > top1[best_epoch] else best_epoch
     reported = re.search(r'Best top1 ([\d.]+) at epoch (\d+)', log)
     assert (float(reported[1]), int(reported[2])) == (round(top1[best_epoch], 2), best_epoch), (reported[0], top1)
     assert _load(run / 'model_best.pth.tar')['epoch'] == best_epoch
     assert _load(run / 'last.pth.tar')['scheduler']['best'] == top1[2]
+
+
+def test_a_resume_with_another_eval_metric_keeps_the_last_epoch_where_it_is_better_by_it(tmp_path, caplog,
+                                                                                          capsys):
+    """The last epoch's weights are at hand too: a finished run resumed with another --eval-metric, whose last
+    epoch beats the kept best one by it, reports and keeps the last epoch (model_best.pth.tar becomes its copy)."""
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2), '--eval-metric', 'loss')
+    assert status == 0, log[-3000:]
+    last = _load(run / 'last.pth.tar')
+    last['best'] = {'metric': last['history'][0]['eval_loss'], 'epoch': 0}  # as if epoch 0 had the lower loss
+    last['history'][0]['eval_top1'] = -1.0  # and the lower top-1
+    for name, ckpt in (('last.pth.tar', last), ('model_best.pth.tar', {**last, 'epoch': 0})):
+        (run / name).unlink()  # the run's two may be one file (a hard link)
+        torch.save(ckpt, run / name)
+    status, log = train_here(caplog, capsys, '--resume', run, '--eval-metric', 'top1')
+    assert status == 0, log[-3000:]
+    assert 'the best epoch by top1 of those whose weights are kept is epoch 1 (the last, now in' in log, log
+    assert _load(run / 'model_best.pth.tar')['epoch'] == 1
+    assert f'Best top1 {last["history"][1]["eval_top1"]:.2f} at epoch 1 (2/2 done)' in log, log
 
 
 def test_summary_and_checkpoints_carry_timms_lr_column_and_metric_key(tmp_path, caplog, capsys):

@@ -20,7 +20,7 @@ from timm.utils import NativeScaler, dispatch_clip_grad, distribute_bn, is_prima
 
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
-from ..io import atomic_folder
+from ..io import atomic_duplicate, atomic_folder
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
@@ -75,12 +75,13 @@ def _log_resumed(args, run_dir: Path, resume_ckpt, start_epoch: int, num_updates
 _EVALUATION_ARGS = {'dataset', 'data_dir', 'val_split'}
 
 
-def _resumed_evaluation(args, resume_ckpt, best: Optional[dict], log) -> Tuple[Optional[dict], Optional[dict]]:
+def _resumed_evaluation(args, run_dir: Path, resume_ckpt, best: Optional[dict],
+                        log) -> Tuple[Optional[dict], Optional[dict]]:
     """(the evaluation a resumed run reports where it has no epoch left to train, its best epoch so far): its own,
     unless the command line asks for another evaluation (_EVALUATION_ARGS): then neither, the last weights are
     evaluated anew and the best is counted on that evaluation from the next epoch on."""
     if resume_ckpt is not None and 'eval_metric' in args.resume_changes and best is not None:
-        best = _best_by_new_metric(args, resume_ckpt.meta, best, log)
+        best = _best_by_new_metric(args, run_dir, resume_ckpt, best, log)
     if resume_ckpt is None or not _EVALUATION_ARGS & set(args.resume_changes):
         return (resume_ckpt.meta.get('metrics') if resume_ckpt else None), best
     if best is not None:
@@ -90,15 +91,23 @@ def _resumed_evaluation(args, resume_ckpt, best: Optional[dict], log) -> Tuple[O
     return None, None
 
 
-def _best_by_new_metric(args, meta: dict, best: dict, log) -> Optional[dict]:
-    """The best epoch of a run resumed with another --eval-metric: the epoch in ``BEST_CHECKPOINT``, now judged by
-    its value of the new metric (its history's), which a later epoch must beat; None where the history lacks it."""
+def _best_by_new_metric(args, run_dir: Path, ckpt, best: dict, log) -> Optional[dict]:
+    """The best epoch of a run resumed with another --eval-metric, by the new metric's values in its history: the
+    epoch in ``BEST_CHECKPOINT`` or the last one (``ckpt``'s, copied there where it wins), the two whose weights
+    are at hand; a later epoch must beat it. None where the history has neither value."""
     old, new = args.resume_changes['eval_metric']
-    value = next((r.get(f'eval_{new}') for r in meta.get('history', []) if r['epoch'] == best['epoch']), None)
-    log(f'note: --eval-metric {old} -> {new}: {BEST_CHECKPOINT} holds epoch {best["epoch"]}, the best by {old}; '
-        + (f'its {new}, {metric_text(new, value)}, is the one to beat from now on' if value is not None else
-           f'its {new} is not in the run\'s history: the next evaluated epoch replaces it'))
-    return None if value is None else {'metric': value, 'epoch': best['epoch']}
+    values = {r['epoch']: r.get(f'eval_{new}') for r in ckpt.meta.get('history', [])}
+    last, kept = ckpt.meta['epoch'] - 1, values.get(best['epoch'])  # epochs counted from 0, as the history counts
+    if values.get(last) is not None and (kept is None or is_better(new, values[last], kept)):
+        if is_primary(args):
+            atomic_duplicate(Path(ckpt.source), run_dir / BEST_CHECKPOINT)
+        best, kept, where = {'epoch': last}, values[last], f'the last, now in {BEST_CHECKPOINT}'
+    else:
+        where = f'in {BEST_CHECKPOINT}'
+    log(f'note: --eval-metric {old} -> {new}: the best epoch by {new} of those whose weights are kept is '
+        + (f'epoch {best["epoch"]} ({where}), {metric_text(new, kept)}: the one to beat from now on'
+           if kept is not None else f'unknown (no {new} in the run\'s history): the next evaluated epoch is'))
+    return None if kept is None else {'metric': kept, 'epoch': best['epoch']}
 
 
 def is_better(metric: str, value: float, best: float) -> bool:
@@ -143,7 +152,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
-    metrics, best = _resumed_evaluation(args, resume_ckpt, best, log)
+    metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log)
     with training_in(run_dir):
         for epoch in range(start_epoch, num_epochs):
             seed_epoch(args.seed, epoch, args.rank)
