@@ -232,6 +232,9 @@ def test_cifar100_weights_are_labelled_and_their_tag_reads_back_as_torchvisions_
     assert dataset_info('torch/cifar100').label_names(10) is None
     for tag in ('cifar100', 'cifar100_custom'):
         assert trained_dataset({'pretrained_cfg': {'tag': tag}}) == 'torch/cifar100'
+    # an image folder named 'cifar100' an earlier version tagged so: its class count says it is none
+    cfg = {'tag': 'cifar100_custom', 'num_classes': 3}
+    assert trained_dataset({'pretrained_cfg': cfg}) == 'cifar100' and dataset_info('cifar100').is_image_folder
     assert dataset_info('cifar100').tag == 'cifar100_folder'  # as an image folder named 'fashion_mnist' is
     assert dataset_info(trained_dataset({'pretrained_cfg': {'tag': 'cifar100_folder'}})).tag == 'cifar100_folder'
 

@@ -318,7 +318,7 @@ def card_for_repository(card_text: str, config: Dict[str, Any], repo_id: str) ->
     if not _section_body(card_text, 'usage'):
         return card_text
     cfg = config.get('pretrained_cfg') or {}
-    info = dataset_info(dataset_for_tag(cfg.get('tag') or ''))
+    info = dataset_info(dataset_for_tag(cfg.get('tag') or '', cfg.get('num_classes')))
     usage = usage_section(config['architecture'], repo_id, info, config.get('num_classes', cfg.get('num_classes')),
                           cfg.get('input_size', (3, 32, 32))[-1])
     return _replace_section(card_text, 'usage', usage)

@@ -233,8 +233,8 @@ def save_pruned(pruned: nn.Module, path, pruned_heads: Optional[Sequence[Sequenc
         with atomic_write(path) as tmp:
             save_file(state_dict, str(tmp), metadata=metadata)
     else:
-        cfg = {'pretrained_cfg': pretrained_cfg, 'dataset': dataset_for_tag(pretrained_cfg.get('tag') or '')} \
-            if pretrained_cfg else {}
+        cfg = {'pretrained_cfg': pretrained_cfg, 'dataset': dataset_for_tag(
+            pretrained_cfg.get('tag') or '', pretrained_cfg.get('num_classes'))} if pretrained_cfg else {}
         atomic_torch_save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': args, 'state_dict': state_dict,
                            **removed, **cfg}, path)
     return args

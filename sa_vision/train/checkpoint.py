@@ -258,7 +258,7 @@ def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:
     """The meta of weights that carry timm's ``pretrained_cfg`` (a Hub folder's config.json, a pruned file's
     metadata): the cfg, and the dataset its tag names (``fashion_mnist_custom`` -> fashion-mnist)."""
     from .data import dataset_for_tag
-    return {'pretrained_cfg': cfg, 'dataset': dataset_for_tag(cfg.get('tag') or '')}
+    return {'pretrained_cfg': cfg, 'dataset': dataset_for_tag(cfg.get('tag') or '', cfg.get('num_classes'))}
 
 
 def read_checkpoint(

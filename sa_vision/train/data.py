@@ -130,13 +130,15 @@ def normalization(dataset: str, data_cfg: Dict[str, Any]) -> Dict[str, Tuple[flo
     return {'mean': tuple(source['mean']), 'std': tuple(source['std'])}
 
 
-def dataset_for_tag(tag: str) -> str:
+def dataset_for_tag(tag: str, num_classes: Optional[int] = None) -> str:
     """The --dataset of a pretrained tag: a known dataset's ('fashion_mnist_custom' -> 'fashion-mnist'), else the
     name of the image folder it was given (--dataset flowers: 'flowers_custom' -> 'flowers', which
     :func:`dataset_info` tags as before); '' for an image folder of no name ('folder'), for weights of no dataset
-    ('unknown') and for no tag."""
+    ('unknown') and for no tag. Weights of another ``num_classes`` than the known dataset's are an image folder's
+    of that name, as an earlier version tagged one named 'cifar100' before CIFAR-100 was known."""
     for info in _ENTRIES:
-        if tag in (info.tag, info.tag + CUSTOM_SUFFIX):  # not a prefix: an image folder 'cifar10-subset' is none
+        # not a prefix: an image folder 'cifar10-subset' is none
+        if tag in (info.tag, info.tag + CUSTOM_SUFFIX) and num_classes in (None, info.num_classes):
             return info.name
     name = tag[:-len(CUSTOM_SUFFIX)] if tag.endswith(CUSTOM_SUFFIX) else tag
     return '' if name in (_FOLDER_TAG, _UNKNOWN_TAG) else name
@@ -154,7 +156,7 @@ def trained_dataset(meta: Mapping[str, Any]) -> Optional[str]:
         return ''
     if not tag or tag == _UNKNOWN_TAG or tag.startswith(_UNKNOWN_TAG + '_'):
         return None
-    return dataset_for_tag(tag)
+    return dataset_for_tag(tag, (meta.get('pretrained_cfg') or {}).get('num_classes'))
 
 
 def dataset_info(dataset: str) -> DatasetInfo:
