@@ -197,10 +197,35 @@ def test_the_first_step_of_each_epoch_is_logged_as_timm_logs_it(tmp_path, caplog
     """A paper recipe logs every 100 steps: its first line came after 100 steps (over an hour on a CPU at full
     size). The first step of each epoch is logged, as timm's train.py logs it, then every --log-interval."""
     import re
-    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2), '--log-interval', 10)
+
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    used = []  # the lr of each step as the optimizer takes it
+    hook = register_optimizer_step_pre_hook(lambda opt, *a: used.append(opt.param_groups[0]['lr']))
+    try:
+        status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2), '--log-interval', 10)
+    finally:
+        hook.remove()
     assert status == 0, log[-3000:]
-    steps = re.findall(r'^Train: (\d) \[\s*(\d+)/22 ', log, re.M)  # 22 steps of 64 an epoch
-    assert steps == [(e, s) for e in '01' for s in ('1', '10', '20', '22')], steps
+    lines = re.findall(r'^Train: (\d) \[\s*(\d+)/22 .*LR: (\S+) .*$', log, re.M)  # 22 steps of 64 an epoch
+    assert [line[:2] for line in lines] == [(e, s) for e in '01' for s in ('1', '10', '20', '22')], lines
+    # the LR of the step logged, as timm's train.py logs it (it was the next step's)
+    assert [float(lr) for *_, lr in lines] == [float(f'{used[22 * int(e) + int(s) - 1]:.3e}') for e, s, _ in lines]
+    first = [ln for ln in log.splitlines() if ln.startswith('Train: 0 [   1/')][0]
+    assert 'ETA' not in first, first  # one step's time (a compile's, under --torchcompile) times the run's steps
+
+
+def test_adaptive_clipping_leaves_the_classifier_out_as_timm_does(tmp_path, caplog, capsys, monkeypatch):
+    """timm's train.py clips every parameter but the classifier's (the last two) with --clip-mode agc: unit-wise
+    clipping of a freshly initialised head shrank its gradient 25-fold."""
+    clipped = []
+    monkeypatch.setattr(loop, 'dispatch_clip_grad', lambda params, value, mode: clipped.append(
+        (mode, [p.shape for p in params])))
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1), '--clip-grad', 0.01,
+                             '--clip-mode', 'agc')
+    assert status == 0, log[-3000:]
+    shapes = [p.shape for n, p in _load(tmp_path / 'run' / 'last.pth.tar')['state_dict'].items()
+              if not n.startswith('head.')]  # state dict order, without buffers (none in this model)
+    assert clipped and all(c == ('agc', shapes) for c in clipped), clipped[0]
 
 
 def test_a_run_folder_that_cannot_be_written_is_named_before_the_resume(tmp_path, caplog, capsys, monkeypatch):

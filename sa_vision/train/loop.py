@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from timm.loss import LabelSmoothingCrossEntropy
+from timm.models import model_parameters
 from timm.utils import NativeScaler, dispatch_clip_grad, distribute_bn, is_primary
 
 from .. import models  # noqa: F401  registers the models
@@ -214,15 +215,17 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         with amp_ctx():
             loss = loss_fn(model(images), targets)
         optimizer.zero_grad(set_to_none=True)
+        # timm's train.py leaves the classifier out of adaptive clipping (agc)
+        clipped = model_parameters(model, exclude_head='agc' in args.clip_mode)
         if loss_scaler is not None:
-            loss_scaler(loss, optimizer, clip_grad=args.clip_grad, clip_mode=args.clip_mode,
-                        parameters=model.parameters())
+            loss_scaler(loss, optimizer, clip_grad=args.clip_grad, clip_mode=args.clip_mode, parameters=clipped)
         else:
             loss.backward()
             if args.clip_grad is not None:
-                dispatch_clip_grad(model.parameters(), value=args.clip_grad, mode=args.clip_mode)
+                dispatch_clip_grad(clipped, value=args.clip_grad, mode=args.clip_mode)
             optimizer.step()
         num_updates += 1
+        lr = optimizer.param_groups[0]['lr']  # the step's, logged as timm's train.py logs it
         if lr_scheduler is not None:
             lr_scheduler.step_update(num_updates=num_updates)
         loss = loss.detach()
@@ -244,8 +247,8 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
             eta = (now - start) / (batch_idx + 1) * batches_left
             log_primary(args,
                  f'Train: {epoch} [{batch_idx + 1:>4d}/{num_batches} ({100. * (batch_idx + 1) / num_batches:>3.0f}%)]  '
-                 f'Loss: {loss_val:#.3g} ({loss_avg:#.3g})  LR: {optimizer.param_groups[0]["lr"]:.3e}  '
-                 f'{rate:>7.1f} img/s  ETA {format_duration(eta)}')
+                 f'Loss: {loss_val:#.3g} ({loss_avg:#.3g})  LR: {lr:.3e}  {rate:>7.1f} img/s'
+                 + (f'  ETA {format_duration(eta)}' if batch_idx else ''))  # the first: compiling, warming up
             batch_start, seen = time.time(), 0
     if args.distributed:  # the BatchNorm statistics each process ran, averaged: evaluated and saved alike
         distribute_bn(model, args.world_size, reduce=True)  # as timm's train.py (--dist-bn reduce)
