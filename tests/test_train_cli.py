@@ -1105,6 +1105,24 @@ def test_a_paper_recipe_on_cifar100_says_to_pass_its_class_count_before_reading_
     assert 'has 10 classes, torch/cifar100 100' in line and 'Pass --num-classes 100' in line, line
 
 
+def test_warmup_prefix_and_the_wsd_schedules_train_or_say_why_not(tmp_path, capsys):
+    """timm counts a schedule's epochs from --warmup-epochs, a float here (an int in its train.py): --warmup-prefix
+    and --sched wsd / rsqrt stopped every run at range(2.0) with a traceback, after its folder was written. They
+    train; a fractional prefix, which would end the run before its schedule, and a wsd decay longer than the
+    schedule are one error line, before any folder."""
+    base = ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '--threads', 1, '--log-interval', 100, '--output', tmp_path]
+    for name, argv, epochs in (('prefix', ['--warmup-prefix', '--warmup-epochs', 1], 2),
+                               ('wsd', ['--sched', 'wsd', '--warmup-epochs', 0.5], 1),
+                               ('rsqrt', ['--sched', 'rsqrt', '--warmup-epochs', 1, '--epochs', 2], 2)):
+        training.main(list(map(str, [*base, *argv, '--experiment', name])))
+        assert _load(tmp_path / name / 'last.pth.tar')['num_epochs'] == epochs, name
+    line = _cli_error([*map(str, base), '--warmup-prefix', '--experiment', 'half'])
+    assert 'adds --warmup-epochs 0.5 to the epochs' in line and '(--warmup-epochs 0 or 1)' in line, line
+    line = _cli_error([*map(str, base), '--sched', 'wsd', '--decay-epochs', '5', '--experiment', 'long'])
+    assert line.startswith('error: --sched wsd: wsd schedule requires 0 < decay_epochs'), line
+    assert not (tmp_path / 'half').exists() and not (tmp_path / 'long').exists()
+
+
 def test_cifar10_missing_from_the_data_dir_is_one_error_line_saying_what_to_do(tmp_path, monkeypatch):
     """Instead of torchvision's own RuntimeError (a traceback) in the first epoch, one line before anything is built,
     naming --dataset-download and --dataset ''."""

@@ -154,13 +154,23 @@ def create_loaders(args, data_cfg):
 def create_scheduler(optimizer, args, updates_per_epoch: int, resume_ckpt: Optional[Checkpoint] = None):
     """(timm's scheduler, or None for --sched none, number of epochs); a UserError where the epochs end before
     those the resumed run has done: its files would say 'epoch 4 of 2', its recipe.yaml no longer repeat the run."""
-    scheduler, num_epochs = create_scheduler_v2(
-        optimizer, sched=args.sched, num_epochs=args.epochs, decay_epochs=args.decay_epochs,
-        decay_milestones=args.decay_milestones, decay_rate=args.decay_rate, patience_epochs=args.patience_epochs,
-        min_lr=args.min_lr, warmup_lr=args.warmup_lr,
-        warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix, cooldown_epochs=args.cooldown_epochs,
-        step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch,
-        plateau_mode='min' if args.eval_metric == 'loss' else 'max')
+    try:
+        scheduler, num_epochs = create_scheduler_v2(
+            optimizer, sched=args.sched, num_epochs=args.epochs, decay_epochs=args.decay_epochs,
+            decay_milestones=args.decay_milestones, decay_rate=args.decay_rate, patience_epochs=args.patience_epochs,
+            min_lr=args.min_lr, warmup_lr=args.warmup_lr,
+            warmup_epochs=args.warmup_epochs, warmup_prefix=args.warmup_prefix, cooldown_epochs=args.cooldown_epochs,
+            step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch,
+            plateau_mode='min' if args.eval_metric == 'loss' else 'max')
+    except ValueError as e:  # e.g. wsd's decay longer than the schedule
+        raise UserError(f'--sched {args.sched}: {e}') from None
+    # timm counts the epochs down to whole ones (an int --warmup-epochs in its train.py, a float here): a fraction
+    # added to them would end the run before its schedule (cosine stopped above its min_lr)
+    if args.warmup_prefix and args.warmup_epochs % 1 and scheduler is not None:
+        raise UserError(f'--warmup-prefix adds --warmup-epochs {args.warmup_epochs:g} to the epochs, and a run trains '
+                        f'whole epochs: its schedule would not end. Give whole warm-up epochs (--warmup-epochs '
+                        f'{int(args.warmup_epochs)} or {int(args.warmup_epochs) + 1})')
+    num_epochs = int(num_epochs)
     if scheduler is None:  # timm's schedulers apply a group's lr_scale (--pos-lr-scale) at each step; none: once
         for group in optimizer.param_groups:
             group['lr'] *= group.get('lr_scale', 1.0)
