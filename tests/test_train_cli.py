@@ -789,6 +789,7 @@ def test_a_timm_args_yaml_names_what_it_turns_on_and_counts_the_rest(tmp_path, c
     ('batch_size: 128\n', 0.1 * 128 / 256),  # timm's train.py: lr_base x global batch / lr_base_size, linear for SGD
     ('batch_size: 64\nopt: adamw\nlr_base: 0.002\n', 0.002 * (64 / 256) ** 0.5),  # sqrt for the Adam family
     ('batch_size: 64\nlr_base_size: 512\nlr_base_scale: sqrt\n', 0.1 * (64 / 512) ** 0.5),
+    ('batch_size: 32\nopt: sgd\ngrad_accum_steps: 4\n', 0.1 * 32 * 4 / 256),  # the global batch accumulates
 ])
 def test_a_null_lr_is_refused_with_the_lr_timm_would_have_used(extra, lr, tmp_path):
     from sa_vision.errors import RecipeError

@@ -112,11 +112,13 @@ def check_recipe_lr(recipe: Dict[str, Any], args: argparse.Namespace, source: st
     base, base_size = recipe.get('lr_base', 0.1), recipe.get('lr_base_size', 256)
     scale = recipe.get('lr_base_scale') or ('sqrt' if any(o in args.opt.lower() for o in ('ada', 'lamb'))
                                             else 'linear')
-    ratio = args.batch_size / base_size
+    accumulated = recipe.get('grad_accum_steps') or 1  # timm's global batch counts the accumulated steps
+    ratio = args.batch_size * accumulated / base_size
     lr = base * (ratio ** 0.5 if scale == 'sqrt' else ratio)
     raise RecipeError(f'--lr is null in {source}: timm\'s train.py then scales lr_base {base:g} by the global batch '
                       f'size over lr_base_size {base_size} ({scale}), which sa-vision-train does not. Pass the lr: '
-                      f'--lr {lr:.4g} is what train.py used with -b {args.batch_size} on one process')
+                      f'--lr {lr:.4g} is what train.py used with -b {args.batch_size}'
+                      + (f' and grad_accum_steps {accumulated}' if accumulated > 1 else '') + ' on one process')
 
 
 def repeat_run_args(model: str, recipe_file: str) -> str:
