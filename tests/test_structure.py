@@ -227,14 +227,16 @@ def test_base_modules_import_no_sa_vision_code(graph):
 
 
 def test_importing_the_package_leaves_torch_and_timm_options_as_they_were():
-    """``import sa_vision`` registers models and nothing else: importing ``timm.optim`` (timm's kron.py) raised
-    dynamo's recompile limit to 1,000,000 process-wide, over a limit the user had set, and timm alone imports no
-    timm.optim. Checked in a new process, where nothing imported them before."""
+    """``import sa_vision`` (and its documented packages: ``sa_vision.hub``, ...) registers models and nothing else:
+    importing ``timm.optim`` (timm's kron.py) raised dynamo's recompile limit to 1,000,000 process-wide, over a
+    limit the user had set, and timm alone imports no timm.optim. Checked in a new process, where nothing imported
+    them before."""
     import os
     import subprocess
     import sys
     code = ('import sys, torch._dynamo, timm; c = torch._dynamo.config; c.recompile_limit = 4; '
             'before = (c.recompile_limit, c.cache_size_limit); import sa_vision; '
+            'import sa_vision.hub, sa_vision.research, sa_vision.measure, sa_vision.reproduce; '
             'print(before == (c.recompile_limit, c.cache_size_limit), before, '
             '[m for m in ("timm.optim", "timm.scheduler", "matplotlib", "sklearn") if m in sys.modules])')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, cwd=ROOT, timeout=300,

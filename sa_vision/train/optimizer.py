@@ -5,7 +5,6 @@ import inspect
 from typing import Tuple
 
 import torch
-from timm.optim import get_optimizer_class, list_optimizers
 
 from ..errors import UserError
 
@@ -25,6 +24,7 @@ def resolve_opt_fused(requested: str, opt: str, device) -> Tuple[bool, str]:
     float32 rounding, not bit for bit: 'auto' fuses SGD, Adam and AdamW with CUDA only (torch's fused Adagrad
     was CPU-only in some versions sa_vision supports), where a small model's step is host-bound, and a CPU run
     keeps its numbers."""
+    from timm.optim import get_optimizer_class, list_optimizers  # here: importing timm.optim sets torch options
     # as create_optimizer_v2 reads it: the last part names the optimizer, a 'lookahead' first part wraps it
     prefix, _, name = opt.lower().rpartition('_')
     try:
