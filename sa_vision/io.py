@@ -101,7 +101,13 @@ def folder_problem(folder: PathLike) -> Optional[str]:
     the way, no permission, a file system that takes nothing new), or None; nothing is created (a probe folder in
     the nearest existing one is removed at once)."""
     folder = Path(folder)
-    existing = next(p for p in (folder, *folder.parents) if p.exists())  # the last parent, '.' or '/', exists
+    try:
+        existing = next(p for p in (folder, *folder.parents) if p.exists())  # the last parent, '.' or '/', exists
+    except OSError:  # a name too long: below an existing folder stat says so, below a missing one it does not
+        existing = next(p for p in folder.parents if p.exists())
+    too_long = _name_too_long(folder.parts[len(existing.parts) if existing != Path('.') else 0:], existing)
+    if too_long:
+        return too_long
     if not existing.is_dir():
         return f'{existing} is a file, not a folder'
     try:
@@ -111,13 +117,33 @@ def folder_problem(folder: PathLike) -> Optional[str]:
     return None
 
 
+def _name_too_long(names, folder: Path) -> Optional[str]:
+    """Which of ``names`` (of folders to create in ``folder``) is longer than its file system takes, in words."""
+    try:
+        most = os.pathconf(folder, 'PC_NAME_MAX')
+    except (OSError, ValueError, AttributeError):  # no such query here: the usual limit
+        most = 255
+    longest = max(names, key=lambda name: len(os.fsencode(name)), default='')
+    if len(os.fsencode(longest)) > most:
+        return f'a name of {len(os.fsencode(longest))} bytes ({longest[:20]}...) is longer than the {most} its file ' \
+               f'system takes'
+    return None
+
+
 def file_problem(path: PathLike) -> Optional[str]:
     """What would stop the file ``path`` from being written (a folder of that name, a folder above it that cannot be
     created, see :func:`folder_problem`; for a symbolic link, the folder of the file it points at), in words, or
     None; nothing is created."""
-    if Path(path).is_dir() or str(path).endswith(('/', os.sep)):  # Path('x/') is 'x': the slash says "a folder"
+    too_long = _name_too_long([Path(path).name], Path(path).parent)
+    if too_long:
+        return too_long
+    try:
+        is_folder, is_link = Path(path).is_dir(), Path(path).is_symlink()
+    except OSError:  # a folder's name above it is too long (stat says so): folder_problem says which
+        return folder_problem(Path(path).parent)
+    if is_folder or str(path).endswith(('/', os.sep)):  # Path('x/') is 'x': the slash says "a folder"
         return f'{path} is a folder: name the file to write'
-    if Path(path).is_symlink():  # written where it points (atomic_write), a folder nothing creates
+    if is_link:  # written where it points (atomic_write), a folder nothing creates
         target = Path(os.path.realpath(path))
         if not target.parent.is_dir():
             return f'{path} is a link to {target}, in a folder that does not exist'

@@ -208,6 +208,30 @@ def test_a_link_into_a_missing_folder_is_named_before_writing(tmp_path):
     assert stat.S_ISFIFO(os.lstat(pipe).st_mode)
 
 
+def test_names_longer_than_the_file_system_takes_and_a_file_as_the_run_folder_are_named(tmp_path, caplog, capsys):
+    """A name longer than the file system takes raised OSError (File name too long) from every command's checks
+    of its outputs, below an existing folder; below a missing one the checks passed and the run failed writing
+    its files. A file where the run folder goes, or above it, failed there too (FileExistsError,
+    NotADirectoryError), after the model and data were set up."""
+    from sa_vision.io import file_problem, folder_problem
+    long = 'o' * 300
+    with pytest.raises(OSError):  # the reference: the file system refuses it
+        (tmp_path / long).mkdir()
+    for below in (tmp_path, tmp_path / 'missing'):
+        assert 'a name of 300 bytes (oooooooooooooooooooo...) is longer than the' in folder_problem(below / long)
+        for path in (below / long / 'x.png', below / f'{long}.png'):
+            assert 'is longer than the' in file_problem(path), path
+    assert folder_problem(tmp_path / 'missing' / 'fine') is None and file_problem(tmp_path / 'x' / 'y.png') is None
+    (tmp_path / 'runs').mkdir()
+    (tmp_path / 'runs' / 'taken').write_text('')
+    for experiment, blocking in (('taken', 'taken'), ('taken/sub', 'taken'), (long, None)):
+        status, log = train_here(caplog, capsys, '--dataset', 'digits', '--output', tmp_path / 'runs',
+                                 '--experiment', experiment)
+        assert status == 2 and log.splitlines()[-1].startswith(f'error: the run folder {tmp_path / "runs"}'), log
+        assert (f'{tmp_path / "runs" / blocking} is a file, not a folder' if blocking else 'is longer than') in log
+    assert os.listdir(tmp_path / 'runs') == ['taken']
+
+
 def test_dev_stdout_going_to_a_file_keeps_what_is_printed_after(capfd):
     """--results-file /dev/stdout with the output sent to a file (here pytest's): /dev/stdout then resolves to that
     file, and a rename over it would leave what is printed next in a deleted file. Written as open() writes it (the

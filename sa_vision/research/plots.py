@@ -80,7 +80,8 @@ def picture_problem(path: str) -> Optional[str]:
     tex = matplotlib.rcParams['pgf.texsystem']
     if suffix == 'pgf' and shutil.which(tex) is None:  # matplotlib lays out a PGF figure's text with TeX
         return f'{path}: matplotlib writes .pgf with {tex}, which is not installed: install it, or end it in .pdf'
-    return file_problem(path)
+    problem = file_problem(path)
+    return f'{path}: {problem}' if problem and not problem.startswith(str(path)) else problem
 
 
 def _save(fig: Figure, path: Optional[str]) -> None:

@@ -54,6 +54,9 @@ def run_folder(args, resume_ckpt) -> Path:
                         f'and pass --output for another place')
     run_dir = Path(args.output) / (args.experiment or '-'.join([
         datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
+    problem = folder_problem(run_dir)  # a file of its name, or above it
+    if problem:
+        raise UserError(f'the run folder {run_dir}: {problem}; pass another --experiment (or --output)')
     # refused, not renamed as timm's get_outdir(inc=True) would: a run is found by its --experiment (the docs,
     # sa-vision-reproduce), and a silent "-1" folder would leave the old files looking like this run's
     if run_dir.is_dir() and any(run_dir.iterdir()):
