@@ -215,10 +215,22 @@ def test_a_folder_is_one_reproduction_at_a_time_and_only_a_reproductions(tmp_pat
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='checks a machine without a GPU')
-def test_a_gpu_profile_without_a_gpu_is_refused_unless_a_device_is_named(tmp_path, capsys):
+def test_a_gpu_profile_without_a_gpu_is_refused_unless_a_device_is_named(tmp_path, capsys, monkeypatch):
     status, err = _reproduce_error(capsys, '--profile', 'gpu-long', '--out', tmp_path / 'g')
     assert status == 2 and "trains on a GPU" in err and '--train-args="--device cpu"' in err, err
     assert not (tmp_path / 'g').exists()
+    # named as --device=cpu too (it was refused, with the advice to add what it had): the reproduction starts
+    from sa_vision.cli import reproduce as reproduce_cli
+
+    class Started(Exception):
+        pass
+
+    def started(*args, **kwargs):
+        raise Started
+    monkeypatch.setattr(reproduce_cli, 'Reproduction', started)
+    for device in (['--train-args=--device=cpu'], ['--train-args', '--device cpu']):
+        with pytest.raises(Started):
+            reproduce_cli.main(['--profile', 'gpu-long', '--out', str(tmp_path / 'g'), *device])
 
 
 def test_figures_older_than_their_weights_are_drawn_again(tmp_path):

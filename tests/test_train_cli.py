@@ -924,13 +924,18 @@ def test_unknown_dataset_name_lists_the_known_ones():
      "the image folder {tmp}/folder has no 'fit' subfolder"),
     (['--dataset', 'fashion-mnist', '--data-dir', '{tmp}/folder'], 'train-images-idx3-ubyte.gz (or'),
     (['--dataset', 'digits', '--val-split', 'holdout'], "digits has the splits 'train' and 'test', got 'holdout'"),
+    (['--dataset', '', '--data-dir', '{tmp}/folder/train/cat/x.png'], 'cat/x.png is a file, not a folder'),
+    (['--dataset', '', '--data-dir=~/data'], '--data-dir ~/data does not exist (a ~ is not expanded after "="'),
+    (['--dataset', 'digits', '--output=~/runs'], '--output ~/runs: a ~ is not expanded after "=" nor in a recipe'),
 ], ids=['unknown-name', 'no-data-dir', 'missing-data-dir', 'missing-fashion-dir', 'no-held-out-folder',
-        'no-train-folder', 'no-fashion-files', 'unknown-digits-split'])
+        'no-train-folder', 'no-fashion-files', 'unknown-digits-split', 'data-dir-a-file', 'data-dir-tilde',
+        'output-tilde'])
 def test_dataset_errors_come_before_anything_is_built(argv, message, monkeypatch, tmp_path):
     _fail_when_anything_is_built(monkeypatch)
     (tmp_path / 'folder' / 'train' / 'cat').mkdir(parents=True)  # an image folder without a held-out split
+    (tmp_path / 'folder' / 'train' / 'cat' / 'x.png').write_bytes(b'')
     out = tmp_path / 'out'
-    line = _cli_error([a.replace('{tmp}', str(tmp_path)) for a in argv] + [*TINY, '--output', str(out)])
+    line = _cli_error([*TINY, '--output', str(out)] + [a.replace('{tmp}', str(tmp_path)) for a in argv])
     assert message.replace('{tmp}', str(tmp_path)) in line, line
     assert not out.exists()
 

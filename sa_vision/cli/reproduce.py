@@ -113,11 +113,11 @@ def _reproduce(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         raise ReproductionError(f'--out {args.out}: {problem}')
     train_args = shlex.split(args.train_args)
     try:
-        build_train_parser().parse_args(train_args)
+        asked = build_train_parser().parse_args(train_args)
     except SystemExit:
         parser.error(f'--train-args {args.train_args!r}: sa-vision-train does not take these (its error is above)')
     profile = PROFILES[args.profile or 'cpu']
-    if profile.needs_gpu and not torch.cuda.is_available() and '--device' not in train_args:
+    if profile.needs_gpu and not torch.cuda.is_available() and asked.device is None:  # --device=cpu too
         raise ReproductionError(f'--profile {profile.name} trains on a GPU ({profile.description}), and torch finds '
                                 f'none here: run it where CUDA is, or add --train-args="--device cpu" to train on '
                                 f'the CPU anyway')
