@@ -649,7 +649,9 @@ def test_a_local_dir_model_trains_as_its_architecture_at_its_input_size(tmp_path
     assert shape == (8, *kept.meta['pretrained_cfg']['input_size']) == (8, 3, 28, 28)
     run_args = yaml.safe_load((tmp_path / 'run' / 'args.yaml').read_text())
     assert run_args['model'] == 'sa_quadratic_cifar' and run_args['model_given'] == f'local-dir:{KEPT_MODEL}'
-    assert run_args['model_kwargs'] == kept.model_args
+    from sa_vision.train.timm_args import TIMM_MODEL_KWARGS  # written as timm's train.py arguments (num_classes)
+    assert {**run_args['model_kwargs'], **{key: run_args[arg] for key, arg in TIMM_MODEL_KWARGS.items()
+                                           if run_args.get(arg) is not None}} == kept.model_args
     assert run_args['initial_checkpoint'] == (str(KEPT_MODEL) if pretrained else '')
     assert not run_args['pretrained']  # the weights come from the folder, not from the registered name's
     said = ('from its weights, as --initial-checkpoint' if pretrained else

@@ -48,8 +48,8 @@ def count_host_reads(monkeypatch):
 
 
 def _epoch_args(log_interval, device='cpu'):
-    return argparse.Namespace(device=device, channels_last=False, clip_grad=None, log_interval=log_interval,
-                              world_size=1, rank=0, distributed=False)
+    return argparse.Namespace(device=device, channels_last=False, clip_grad=None, clip_mode='norm',
+                              log_interval=log_interval, world_size=1, rank=0, distributed=False)
 
 
 def _toy_problem(steps=8, batch=4):
@@ -60,7 +60,7 @@ def _toy_problem(steps=8, batch=4):
 
 
 def test_train_epoch_reads_the_loss_only_at_log_lines(count_host_reads, caplog, device):
-    steps, log_interval = 8, 3  # log lines after steps 3, 6 and 8 (the last)
+    steps, log_interval = 8, 3  # log lines after steps 1 (the first, as timm's), 3, 6 and 8 (the last)
     model, loader = _toy_problem(steps)
     reference_model = copy.deepcopy(model)  # trained on the CPU
     model.to(device)
@@ -70,7 +70,7 @@ def test_train_epoch_reads_the_loss_only_at_log_lines(count_host_reads, caplog, 
             0, model, loader, optimizer, nn.CrossEntropyLoss(), None, _epoch_args(log_interval, device), 0,
             nullcontext)
     assert num_updates == steps
-    assert 1 <= count_host_reads.count <= 3, f'{count_host_reads.count} host reads in {steps} steps'
+    assert 1 <= count_host_reads.count <= 4, f'{count_host_reads.count} host reads in {steps} steps'
 
     # the same epoch as a plain loop: the logged losses and the mean are unchanged
     reference_opt = torch.optim.SGD(reference_model.parameters(), lr=0.1)
@@ -83,7 +83,7 @@ def test_train_epoch_reads_the_loss_only_at_log_lines(count_host_reads, caplog, 
         losses.append(loss.item())
     assert metrics['loss'] == pytest.approx(sum(losses) / steps, rel=1e-6)
     logged = [tuple(map(float, m.groups())) for m in re.finditer(r'Loss: (\S+) \((\S+)\)', caplog.text)]
-    expected = [(losses[i - 1], sum(losses[:i]) / i) for i in (3, 6, 8)]
+    expected = [(losses[i - 1], sum(losses[:i]) / i) for i in (1, 3, 6, 8)]
     assert logged == [pytest.approx(e, abs=0.0051) for e in expected]  # the log prints 3 digits
 
 

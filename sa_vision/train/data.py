@@ -216,7 +216,7 @@ def _dataset_source(dataset: str, data_dir: Optional[str], download: bool,
     if data_dir and info.data_dir != 'unused' and not os.path.isdir(data_dir) and not (info.downloads and download):
         raise DatasetNotFoundError(f'--data-dir {data_dir} ' + (
             'is a file, not a folder' if os.path.exists(data_dir) else 'does not exist' + (
-                ' (a ~ is not expanded after "=": write --data-dir ~/...)' if data_dir.startswith('~') else
+                ' (a ~ is not expanded after "=": write --data-dir ~/...)' if str(data_dir).startswith('~') else
                 ' (add --dataset-download to download the dataset there)' if info.downloads else '')))
     if info.is_image_folder and dataset and not data_dir:
         if not os.path.isdir(dataset):

@@ -81,9 +81,9 @@ def _resumed_evaluation(args, run_dir: Path, resume_ckpt, best: Optional[dict],
     """(the evaluation a resumed run reports where it has no epoch left to train, its best epoch so far): its own,
     unless the command line asks for another evaluation (_EVALUATION_ARGS): then neither, the last weights are
     evaluated anew and the best is counted on that evaluation from the next epoch on."""
-    if resume_ckpt is not None and 'eval_metric' in args.resume_changes and best is not None:
-        best = _best_by_new_metric(args, run_dir, resume_ckpt, best, log)
     if resume_ckpt is None or not _EVALUATION_ARGS & set(args.resume_changes):
+        if resume_ckpt is not None and 'eval_metric' in args.resume_changes and best is not None:
+            best = _best_by_new_metric(args, run_dir, resume_ckpt, best, log)
         return (resume_ckpt.meta.get('metrics') if resume_ckpt else None), best
     if best is not None:
         log(f'note: the evaluation changed ({", ".join(sorted(_EVALUATION_ARGS & set(args.resume_changes)))}): the '

@@ -53,10 +53,12 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
     recipe = {}
     if config.config:
         recipe = load_recipe(config.config)
-        if RESOLVED_ARGS & set(recipe) and first_launched_process():  # what a run decided: a run's args.yaml
-            print(f'note: {config.config} is a run\'s args.yaml: it is read as the recipe.yaml beside it, without '
-                  f'where and how that run ran (output, experiment, data_dir, device, ...)', file=sys.stderr)
-        recipe = recipe_of_saved_args(recipe) if RESOLVED_ARGS & set(recipe) else recipe
+        if RESOLVED_ARGS & set(recipe):  # what a run decided: a run's args.yaml
+            recipe = recipe_of_saved_args(recipe)
+            if first_launched_process():
+                print(f'note: {config.config} is a run\'s args.yaml: it is read as the recipe.yaml beside it, '
+                      f'without where and how that run ran (output, experiment, data_dir, device, ...)',
+                      file=sys.stderr)
         recipe = timm_args_as_model_kwargs(recipe, known)
         ignored = check_recipe_keys(recipe, known, source=f'recipe {config.config}')
         for note in ignored_keys_notes(recipe, ignored, f'recipe {config.config}'):

@@ -22,6 +22,7 @@ import tempfile
 from functools import partial
 
 import timm
+import timm.optim  # for create_optimizer_v2 below: `import sa_vision` leaves timm.optim unimported
 import torch
 from torch.profiler import ProfilerActivity, profile
 

@@ -69,6 +69,7 @@ from probe_env import exit_if_stopped, fashion_mnist_dir, on_sigterm, redirect_f
 require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
 
 import timm
+import timm.optim  # for create_optimizer_v2 below: `import sa_vision` leaves timm.optim unimported
 import timm_train_check  # beside this file, as probe_env
 import torch
 from batch_major import batch_major
