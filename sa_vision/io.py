@@ -101,10 +101,10 @@ def folder_problem(folder: PathLike) -> Optional[str]:
     the way, no permission, a file system that takes nothing new), or None; nothing is created (a probe folder in
     the nearest existing one is removed at once)."""
     folder = Path(folder)
-    try:
-        existing = next(p for p in (folder, *folder.parents) if p.exists())  # the last parent, '.' or '/', exists
-    except OSError:  # a name too long: below an existing folder stat says so, below a missing one it does not
-        existing = next(p for p in folder.parents if p.exists())
+    if str(folder).startswith('~'):  # it would be a folder named '~' in the current one, which `rm -rf ~...` hits
+        return 'a ~ is expanded by the shell only at the start of a word (not after "=", nor in a recipe): write ' \
+               '~/... after a space, or the whole path'
+    existing = next(p for p in (folder, *folder.parents) if _exists(p))  # the last parent, '.' or '/', exists
     too_long = _name_too_long(folder.parts[len(existing.parts) if existing != Path('.') else 0:], existing)
     if too_long:
         return too_long
@@ -115,6 +115,15 @@ def folder_problem(folder: PathLike) -> Optional[str]:
     except OSError as e:
         return f'nothing can be created in {existing} ({e.strerror or e})'
     return None
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; False where stat refuses it (a name too long: below an existing folder stat says
+    so, below a missing one it says "no such file")."""
+    try:
+        return path.exists()
+    except OSError:
+        return False
 
 
 def _name_too_long(names, folder: Path) -> Optional[str]:

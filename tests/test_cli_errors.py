@@ -41,6 +41,7 @@ def _run(main, argv, capsys):
      'zoom is 0: the window shows at least 1 grid unit'),
     (plot_attention, ['sa_quadratic_cifar', '--zoom', '3', '--out', '{tmp}/x.png'],
      'the figure drawn here is centers, which shows every position'),
+    (plot_attention, ['sa_quadratic_cifar', '--out', '~/x.png'], 'a ~ is expanded by the shell only at the start'),
     (plot_attention, ['sa_quadratic_cifar', 'sa_learned_cifar', '--out', '{tmp}/x.png'],
      "one attention kind to follow the heads, got ['quadratic', 'learned']"),
     (prune, ['{tmp}/missing.pth', '--out', '{tmp}/x.pth'], 'does not exist'),
@@ -105,7 +106,7 @@ def _run(main, argv, capsys):
     (validate, ['--checkpoint', KEPT_RESNET, '--results-file', ROOT / 'pyproject.toml' / 'r.csv'],
      'pyproject.toml is a file'),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',
-        'plot-out-below-a-file', 'plot-table-format', 'plot-zoom-0', 'plot-zoom-of-centers',
+        'plot-out-below-a-file', 'plot-table-format', 'plot-zoom-0', 'plot-zoom-of-centers', 'plot-out-tilde',
         'plot-trajectory-of-two-kinds',
         'prune-missing-file',
         'prune-learned-without-heads', 'prune-missing-path', 'prune-missing-folder', 'validate-missing-path',
@@ -462,6 +463,9 @@ def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_error_line(mo
         assert f'--device {device}: {device[:3]} is not available in this torch on this machine' in line, line
     line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', 'meta'], capsys)
     assert '--device meta holds shapes, not values' in line, line
+    # a type whose package (--device-modules) is not imported: torch.hpu does not exist without Habana's
+    line = _one_error(validate.main, ['--checkpoint', KEPT_SA, '--device', 'hpu'], capsys)
+    assert '--device hpu: torch cannot place a tensor there' in line and '--device-modules' in line, line
 
 
 @pytest.mark.parametrize('argv, source, advice', [

@@ -153,8 +153,11 @@ def test_a_resume_with_another_eval_metric_judges_the_best_epoch_by_it(tmp_path,
 
 def test_a_resume_with_another_eval_metric_keeps_the_last_epoch_where_it_is_better_by_it(tmp_path, caplog,
                                                                                           capsys):
-    """The last epoch's weights are at hand too: a finished run resumed with another --eval-metric, whose last
-    epoch beats the kept best one by it, reports and keeps the last epoch (model_best.pth.tar becomes its copy)."""
+    """The last epoch's weights are at hand too: a run resumed with another --eval-metric, whose last epoch beats
+    the kept best one by it, keeps the last epoch as its best (model_best.pth.tar becomes its copy, recording the
+    new metric) where it trains on. A finished run's files, which nothing records the new metric in, stay as
+    they are: the note says where the last epoch is."""
+    import shutil
     run = tmp_path / 'run'
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2), '--eval-metric', 'loss')
     assert status == 0, log[-3000:]
@@ -164,11 +167,20 @@ def test_a_resume_with_another_eval_metric_keeps_the_last_epoch_where_it_is_bett
     for name, ckpt in (('last.pth.tar', last), ('model_best.pth.tar', {**last, 'epoch': 0})):
         (run / name).unlink()  # the run's two may be one file (a hard link)
         torch.save(ckpt, run / name)
-    status, log = train_here(caplog, capsys, '--resume', run, '--eval-metric', 'top1')
+    shutil.copytree(run, tmp_path / 'finished')
+    status, log = train_here(caplog, capsys, '--resume', tmp_path / 'finished', '--eval-metric', 'top1')
+    assert status == 0, log[-3000:]
+    assert 'is epoch 0 (in model_best.pth.tar; the last epoch, 1, has the better top1' in log, log
+    assert _load(tmp_path / 'finished' / 'model_best.pth.tar')['epoch'] == 0  # unchanged
+
+    status, log = train_here(caplog, capsys, '--resume', run, '--eval-metric', 'top1', '--epochs', 3)
     assert status == 0, log[-3000:]
     assert 'the best epoch by top1 of those whose weights are kept is epoch 1 (the last, now in' in log, log
-    assert _load(run / 'model_best.pth.tar')['epoch'] == 1
-    assert f'Best top1 {last["history"][1]["eval_top1"]:.2f} at epoch 1 (2/2 done)' in log, log
+    history, kept = _load(run / 'last.pth.tar')['history'], _load(run / 'model_best.pth.tar')
+    best = 2 if history[2]['eval_top1'] > history[1]['eval_top1'] else 1
+    assert kept['epoch'] == best and kept['best'] == {'metric': history[best]['eval_top1'], 'epoch': best}
+    assert kept['args']['eval_metric'] == 'top1' == kept['recipe']['eval_metric']
+    assert f'Best top1 {history[best]["eval_top1"]:.2f} at epoch {best} (' in log, log
 
 
 def test_summary_and_checkpoints_carry_timms_lr_column_and_metric_key(tmp_path, caplog, capsys):

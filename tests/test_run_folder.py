@@ -219,7 +219,8 @@ def test_names_longer_than_the_file_system_takes_and_a_file_as_the_run_folder_ar
         (tmp_path / long).mkdir()
     for below in (tmp_path, tmp_path / 'missing'):
         assert 'a name of 300 bytes (oooooooooooooooooooo...) is longer than the' in folder_problem(below / long)
-        for path in (below / long / 'x.png', below / f'{long}.png'):
+        assert 'a name of 300 bytes' in folder_problem(below / long / 'sub')  # not the last: stat raised
+        for path in (below / long / 'x.png', below / f'{long}.png', below / long / 'sub' / 'x.png'):
             assert 'is longer than the' in file_problem(path), path
     assert folder_problem(tmp_path / 'missing' / 'fine') is None and file_problem(tmp_path / 'x' / 'y.png') is None
     (tmp_path / 'runs').mkdir()

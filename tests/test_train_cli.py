@@ -928,7 +928,7 @@ def test_unknown_dataset_name_lists_the_known_ones():
     (['--dataset', 'digits', '--val-split', 'holdout'], "digits has the splits 'train' and 'test', got 'holdout'"),
     (['--dataset', '', '--data-dir', '{tmp}/folder/train/cat/x.png'], 'cat/x.png is a file, not a folder'),
     (['--dataset', '', '--data-dir=~/data'], '--data-dir ~/data does not exist (a ~ is not expanded after "="'),
-    (['--dataset', 'digits', '--output=~/runs'], '--output ~/runs: a ~ is not expanded after "=" nor in a recipe'),
+    (['--dataset', 'digits', '--output=~/runs'], '--output ~/runs: a ~ is expanded by the shell only at the start'),
 ], ids=['unknown-name', 'no-data-dir', 'missing-data-dir', 'missing-fashion-dir', 'no-held-out-folder',
         'no-train-folder', 'no-fashion-files', 'unknown-digits-split', 'data-dir-a-file', 'data-dir-tilde',
         'output-tilde'])
@@ -1113,7 +1113,7 @@ def test_a_paper_recipe_on_cifar100_says_to_pass_its_class_count_before_reading_
     assert 'has 10 classes, torch/cifar100 100' in line and 'Pass --num-classes 100' in line, line
 
 
-def test_warmup_prefix_and_the_wsd_schedules_train_or_say_why_not(tmp_path, capsys):
+def test_warmup_prefix_and_the_wsd_schedules_train_or_say_why_not(tmp_path, capsys, caplog):
     """timm counts a schedule's epochs from --warmup-epochs, a float here (an int in its train.py): --warmup-prefix
     and --sched wsd / rsqrt stopped every run at range(2.0) with a traceback, after its folder was written. They
     train; a fractional prefix, which would end the run before its schedule, and a wsd decay longer than the
@@ -1122,12 +1122,17 @@ def test_warmup_prefix_and_the_wsd_schedules_train_or_say_why_not(tmp_path, caps
     for name, argv, epochs in (('prefix', ['--warmup-prefix', '--warmup-epochs', 1], 2),
                                ('wsd', ['--sched', 'wsd', '--warmup-epochs', 0.5], 1),
                                ('rsqrt', ['--sched', 'rsqrt', '--warmup-epochs', 1, '--epochs', 2], 2)):
-        training.main(list(map(str, [*base, *argv, '--experiment', name])))
+        with caplog.at_level(logging.INFO, logger='train'):
+            training.main(list(map(str, [*base, *argv, '--experiment', name])))
         assert _load(tmp_path / name / 'last.pth.tar')['num_epochs'] == epochs, name
+        assert 'every step warms up' not in caplog.text, name  # a prefix's warm-up is added to the epochs
     line = _cli_error([*map(str, base), '--warmup-prefix', '--experiment', 'half'])
     assert 'adds --warmup-epochs 0.5 to the epochs' in line and '(--warmup-epochs 0 or 1)' in line, line
     line = _cli_error([*map(str, base), '--sched', 'wsd', '--decay-epochs', '5', '--experiment', 'long'])
     assert line.startswith('error: --sched wsd: wsd schedule requires 0 < decay_epochs'), line
+    assert line.endswith('(counted in updates: --sched-on-updates)'), line
+    line = _cli_error([*map(str, base), '--sched', 'wsd', '--warmup-epochs', '2', '--experiment', 'long'])
+    assert '--warmup-epochs 2 is not below --epochs 1, and wsd fits its warm-up within them' in line, line
     assert not (tmp_path / 'half').exists() and not (tmp_path / 'long').exists()
 
 

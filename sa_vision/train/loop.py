@@ -21,7 +21,7 @@ from timm.utils import NativeScaler, dispatch_clip_grad, distribute_bn, is_prima
 
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
-from ..io import atomic_duplicate, atomic_folder
+from ..io import atomic_folder, atomic_torch_save
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
@@ -76,14 +76,14 @@ def _log_resumed(args, run_dir: Path, resume_ckpt, start_epoch: int, num_updates
 _EVALUATION_ARGS = {'dataset', 'data_dir', 'val_split'}
 
 
-def _resumed_evaluation(args, run_dir: Path, resume_ckpt, best: Optional[dict],
-                        log) -> Tuple[Optional[dict], Optional[dict]]:
+def _resumed_evaluation(args, run_dir: Path, resume_ckpt, best: Optional[dict], log,
+                        trains: bool) -> Tuple[Optional[dict], Optional[dict]]:
     """(the evaluation a resumed run reports where it has no epoch left to train, its best epoch so far): its own,
     unless the command line asks for another evaluation (_EVALUATION_ARGS): then neither, the last weights are
     evaluated anew and the best is counted on that evaluation from the next epoch on."""
     if resume_ckpt is None or not _EVALUATION_ARGS & set(args.resume_changes):
         if resume_ckpt is not None and 'eval_metric' in args.resume_changes and best is not None:
-            best = _best_by_new_metric(args, run_dir, resume_ckpt, best, log)
+            best = _best_by_new_metric(args, run_dir, resume_ckpt, best, log, trains)
         return (resume_ckpt.meta.get('metrics') if resume_ckpt else None), best
     if best is not None:
         log(f'note: the evaluation changed ({", ".join(sorted(_EVALUATION_ARGS & set(args.resume_changes)))}): the '
@@ -92,19 +92,26 @@ def _resumed_evaluation(args, run_dir: Path, resume_ckpt, best: Optional[dict],
     return None, None
 
 
-def _best_by_new_metric(args, run_dir: Path, ckpt, best: dict, log) -> Optional[dict]:
+def _best_by_new_metric(args, run_dir: Path, ckpt, best: dict, log, trains: bool) -> Optional[dict]:
     """The best epoch of a run resumed with another --eval-metric, by the new metric's values in its history: the
-    epoch in ``BEST_CHECKPOINT`` or the last one (``ckpt``'s, copied there where it wins), the two whose weights
-    are at hand; a later epoch must beat it. None where the history has neither value."""
+    epoch in ``BEST_CHECKPOINT`` or, where the run ``trains`` on (its next checkpoints record the new metric), the
+    last one, whose weights are at hand too: copied there, with the new record, where it wins. A later epoch must
+    beat it. None where the history has neither value."""
     old, new = args.resume_changes['eval_metric']
     values = {r['epoch']: r.get(f'eval_{new}') for r in ckpt.meta.get('history', [])}
     last, kept = ckpt.meta['epoch'] - 1, values.get(best['epoch'])  # epochs counted from 0, as the history counts
-    if values.get(last) is not None and (kept is None or is_better(new, values[last], kept)):
-        if is_primary(args):
-            atomic_duplicate(Path(ckpt.source), run_dir / BEST_CHECKPOINT)
+    last_wins = values.get(last) is not None and (kept is None or is_better(new, values[last], kept))
+    where = f'in {BEST_CHECKPOINT}'
+    if last_wins and trains:
         best, kept, where = {'epoch': last}, values[last], f'the last, now in {BEST_CHECKPOINT}'
-    else:
-        where = f'in {BEST_CHECKPOINT}'
+        if is_primary(args):
+            saved, record = torch.load(ckpt.source, map_location='cpu', weights_only=True), {'eval_metric': new}
+            atomic_torch_save({**saved, 'best': {'metric': kept, 'epoch': last}, 'metric': kept,
+                               'args': {**saved['args'], **record},
+                               'recipe': {**(saved.get('recipe') or {}), **record}}, run_dir / BEST_CHECKPOINT)
+    elif last_wins:  # a finished run's files keep the metric they were judged by
+        where += (f'; the last epoch, {last}, has the better {new} ({metric_text(new, values[last])}): it is in '
+                  f'{RUN_CHECKPOINT}, and a run trained on with a larger --epochs keeps it as the best')
     log(f'note: --eval-metric {old} -> {new}: the best epoch by {new} of those whose weights are kept is '
         + (f'epoch {best["epoch"]} ({where}), {metric_text(new, kept)}: the one to beat from now on'
            if kept is not None else f'unknown (no {new} in the run\'s history): the next evaluated epoch is'))
@@ -153,7 +160,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         if args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
-    metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log)
+    metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log, start_epoch < num_epochs)
     with training_in(run_dir):
         for epoch in range(start_epoch, num_epochs):
             seed_epoch(args.seed, epoch, args.rank)

@@ -45,9 +45,6 @@ def run_folder(args, resume_ckpt) -> Path:
             raise UserError(f'--resume {args.resume}: {problem}; the run writes there (its checkpoints, summary and '
                             f'export): make it writable, or copy the folder to one that is and resume the copy')
         return run_dir
-    if str(args.output).startswith('~'):  # it would be a folder named '~' here, which a later `rm -rf ~...` hits
-        raise UserError(f'--output {args.output}: a ~ is not expanded after "=" nor in a recipe: write --output '
-                        f'~/... or the whole path')
     problem = folder_problem(args.output)
     if problem:
         raise UserError(f'--output {args.output}: {problem}; pass --output a folder you can write to')

@@ -163,7 +163,11 @@ def create_scheduler(optimizer, args, updates_per_epoch: int, resume_ckpt: Optio
             step_on_epochs=not args.sched_on_updates, updates_per_epoch=updates_per_epoch,
             plateau_mode='min' if args.eval_metric == 'loss' else 'max')
     except ValueError as e:  # e.g. wsd's decay longer than the schedule
-        raise UserError(f'--sched {args.sched}: {e}') from None
+        units = ' (counted in updates: --sched-on-updates)' if args.sched_on_updates else ''
+        warmup = (f'; --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}, and {args.sched} '
+                  f'fits its warm-up within them: pass fewer, or --warmup-prefix'
+                  if args.warmup_epochs >= args.epochs and not args.warmup_prefix else '')
+        raise UserError(f'--sched {args.sched}: {e}{units}{warmup}') from None
     # timm counts the epochs down to whole ones (an int --warmup-epochs in its train.py, a float here): a fraction
     # added to them would end the run before its schedule (cosine stopped above its min_lr)
     if args.warmup_prefix and args.warmup_epochs % 1 and scheduler is not None:
@@ -178,7 +182,8 @@ def create_scheduler(optimizer, args, updates_per_epoch: int, resume_ckpt: Optio
     if num_epochs < done:
         raise UserError(f'--epochs {args.epochs} ends before the run resumed from {args.resume}, which has done '
                         f'{done} epochs: pass --epochs {done} to evaluate it as it is, or more to train on')
-    if scheduler is not None and args.warmup_epochs >= args.epochs:  # e.g. the paper's 15 with a short --epochs
+    # e.g. the paper's 15 with a short --epochs; --warmup-prefix adds them to the epochs
+    if scheduler is not None and args.warmup_epochs >= args.epochs and not args.warmup_prefix:
         log_primary(args, f'note: --warmup-epochs {args.warmup_epochs:g} is not below --epochs {args.epochs}: '
                           f'every step warms up, so the lr only rises toward --lr {args.lr:g} and never decays; '
                           f'pass fewer --warmup-epochs')

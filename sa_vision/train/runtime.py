@@ -91,6 +91,14 @@ def resolve_device(requested: Optional[str] = None) -> str:
     if device.type not in ('cpu', 'cuda') and callable(available) and not available():
         raise UserError(f'--device {requested}: {device.type} is not available in this torch on this machine; drop '
                         f'--device (cuda where present, else cpu) or pass --device cpu')
+    if device.type not in ('cpu', 'cuda'):  # hpu, xla, ...: known to torch, provided by a package of their own
+        try:
+            torch.empty(0, device=device)
+        except (RuntimeError, ImportError, AssertionError, NotImplementedError) as e:
+            why = str(e).splitlines()[0].split('. ')[0]
+            raise UserError(f'--device {requested}: torch cannot place a tensor there ({why}); '
+                            f'import the package that provides it with --device-modules (habana_frameworks.torch '
+                            f'for hpu, torch_xla for xla, ...), or pass --device cpu') from None
     if device.type == 'cuda' and device.index is not None and device.index >= torch.cuda.device_count():
         raise UserError(f'--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s), '
                         f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
