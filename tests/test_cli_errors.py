@@ -103,6 +103,9 @@ def _run(main, argv, capsys):
      "CifarResNet has no stem_type 'deep'"),
     # checked before the evaluation, which it would otherwise follow with a traceback
     (validate, ['--checkpoint', KEPT_RESNET, '--results-file', '{tmp}'], 'is a folder: name the file to write'),
+    # a model of fewer classes than the dataset's labels (torch's 'Target 71 is out of bounds'), before any data
+    (validate, ['--checkpoint', KEPT_SA, '--dataset', 'torch/cifar100', '--data-dir', '{tmp}', '--dataset-download'],
+     'has 10 classes, torch/cifar100 100: its labels up to 99 would be no class of the model: evaluate'),
     (validate, ['--checkpoint', KEPT_RESNET, '--results-file', ROOT / 'pyproject.toml' / 'r.csv'],
      'pyproject.toml is a file'),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',
@@ -123,7 +126,7 @@ def _run(main, argv, capsys):
         'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file', 'explore-out-not-html',
         'validate-unknown-model', 'validate-name-without-weights',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type',
-        'validate-results-file-is-a-folder', 'validate-results-file-below-a-file'])
+        'validate-results-file-is-a-folder', 'validate-fewer-classes', 'validate-results-file-below-a-file'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
     status, err = _run(script.main, [str(a).replace('{tmp}', str(tmp_path)) for a in argv], capsys)
     assert status == 2, err

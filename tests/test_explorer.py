@@ -602,3 +602,24 @@ def test_an_hf_hub_models_epochs_come_from_the_cache_or_one_bounded_request(tmp_
     assert explorer._hub_epochs('me/other@main') == {} and downloads == []
     monkeypatch.setattr(explorer, 'hub_unreachable', lambda repo, files: None)
     assert explorer._hub_epochs('me/other@main') == {'read': 'got'} and downloads == [('me/other', 'main')]
+
+
+def test_a_runs_data_dir_is_found_for_any_dataset_as_validate_finds_it(tmp_path, monkeypatch):
+    """sa-vision-explore of a run trained on torch/cifar100 (any dataset read from --data-dir) said "needs
+    --data-dir": only an image folder's was taken from the run, where sa-vision-validate takes any."""
+    from sa_vision.research import explorer
+    asked = []
+
+    class Read(Exception):
+        pass
+
+    def create_image_dataset(name, split, is_training, data_dir=None, **kwargs):
+        asked.append((name, data_dir))
+        raise Read
+    monkeypatch.setattr(explorer, 'create_image_dataset', create_image_dataset)
+    (tmp_path / 'data').mkdir()
+    model = explorer.ExplorerModel('run', timm.create_model('sa_quadratic_cifar', **SMALL), 'torch/cifar100', {},
+                                   data_dir=str(tmp_path / 'data'))
+    with pytest.raises(Read):
+        explorer.explorer_data([model])
+    assert asked == [('torch/cifar100', str(tmp_path / 'data'))]

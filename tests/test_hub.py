@@ -569,6 +569,23 @@ def test_local_dir_names_a_folder_as_the_other_commands_do(recording_api, capsys
     assert recording_api.calls == []
 
 
+def test_a_folder_exported_under_a_tag_now_read_otherwise_is_not_published_as_it_is(tmp_path, recording_api,
+                                                                                        capsys):
+    """An image folder named 'cifar100', exported before CIFAR-100 was a known dataset, is tagged cifar100_custom:
+    its card and config.json, published as they are, would show the folder's model as a CIFAR-100 result under
+    the repository of its new name (cifar100_folder_custom). It is refused, with how to export it again."""
+    folder = tmp_path / 'hub'
+    shutil.copytree(ROOT / 'zoo' / 'fashion-mnist-cpu' / 'sa_quadratic_cifar', folder)
+    config = json.loads((folder / 'config.json').read_text())
+    config['pretrained_cfg']['tag'] = 'cifar100_custom'  # 10 classes: not CIFAR-100's 100
+    (folder / 'config.json').write_text(json.dumps(config))
+    assert push_to_hub.main([str(folder), '--dry-run']) == 2
+    err = capsys.readouterr().err
+    assert 'exported as sa_quadratic_cifar.cifar100_custom, which this sa_vision reads as ' \
+           'sa_quadratic_cifar.cifar100_folder_custom' in err and 'export it again' in err, err
+    assert recording_api.calls == []
+
+
 def test_repository_ids_the_hub_refuses_are_refused_before_any_export(trained, tmp_path, recording_api, capsys):
     from huggingface_hub.utils import validate_repo_id
     for repo_id in ('bad repo id', 'a/b/c', 'me/-x'):

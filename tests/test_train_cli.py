@@ -1136,6 +1136,20 @@ def test_warmup_prefix_and_the_wsd_schedules_train_or_say_why_not(tmp_path, caps
     assert not (tmp_path / 'half').exists() and not (tmp_path / 'long').exists()
 
 
+def test_a_resumed_run_of_fewer_classes_than_the_dataset_says_to_start_a_new_one(adamw_run, tmp_path, monkeypatch):
+    """Resumed on CIFAR-100, a 10-class run was told to pass --num-classes 100, which a resumed run ignores (it
+    keeps its model): the advice is a new run from its weights."""
+    import shutil
+
+    import timm.data
+    shutil.copytree(adamw_run.parent, tmp_path / 'run')
+    monkeypatch.setattr(timm.data, 'create_dataset', lambda *a, **k: pytest.fail('the dataset was read'))
+    line = _cli_error(['--resume', str(tmp_path / 'run'), '--dataset', 'torch/cifar100', '--data-dir', str(tmp_path),
+                       '--dataset-download', '--num-classes', '100', '--epochs', '3'])
+    assert 'has 10 classes, torch/cifar100 100' in line and 'A resumed run keeps its model: start a new run from ' \
+        f'its weights, --initial-checkpoint {tmp_path / "run"} --num-classes 100' in line, line
+
+
 def test_cifar10_missing_from_the_data_dir_is_one_error_line_saying_what_to_do(tmp_path, monkeypatch):
     """Instead of torchvision's own RuntimeError (a traceback) in the first epoch, one line before anything is built,
     naming --dataset-download and --dataset ''."""

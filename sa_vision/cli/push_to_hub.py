@@ -67,6 +67,12 @@ def main(argv=None):
         source = path.resolve()
         into_itself = args.out_dir and Path(args.out_dir).resolve() == source  # refused by the export below
         if is_exported_folder(source) and not into_itself:  # a kept zoo folder: published as it is, or a copy
+            written = (ckpt.meta.get('pretrained_cfg') or {}).get('tag')
+            if written and written != label.tag:  # its card and config.json would name the dataset it is not
+                raise HubPublishError(f'{source} was exported as {label.arch}.{written}, which this sa_vision reads as '
+                                      f'{label.name} (an image folder named like a dataset known since): export it '
+                                      f'again from its run\'s checkpoint (sa-vision-push-to-hub '
+                                      f'<run>/model_best.pth.tar) to publish it as that')
             out_dir = _staged_copy(source, Path(args.out_dir)) if args.out_dir else source
             staged = sorted(p.name for p in out_dir.iterdir() if p.is_file())
         else:

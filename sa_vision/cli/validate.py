@@ -35,6 +35,7 @@ from sa_vision.train.args import ModelKwargs, add_threads_argument, check_value_
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
     check_dataset,
+    classes_problem,
     create_image_dataset,
     dataset_info,
     image_folder_labels,
@@ -165,6 +166,10 @@ def main(argv=None):
         other = '--dataset and --data-dir choose another' if reused else '--dataset chooses another'
         print(f'dataset: {what} ({why}; {other})', file=sys.stderr)
         _check_dataset(args, of_weights=trained_on is not None)
+    problem = classes_problem(args.checkpoint or args.model, model, args.dataset)
+    if problem:  # before the data is read
+        raise UserError(f'{problem}: evaluate the weights on a dataset of their classes (--dataset), or fine-tune '
+                        f'them on this one first (sa-vision-train --initial-checkpoint ... --num-classes N)')
     data_cfg = timm.data.resolve_data_config({}, model=model)
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
                               download=args.dataset_download, img_size=data_cfg['input_size'][-1],

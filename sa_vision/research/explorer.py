@@ -285,7 +285,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
         dataset = datasets.pop()
     info = dataset_info(dataset)
     own = [m for m in models if m.dataset == dataset]  # an image folder's run: where it read it, its classes
-    if data_dir is None and info.is_image_folder:  # as sa-vision-validate finds it
+    if data_dir is None:  # as sa-vision-validate finds it (an image folder's, CIFAR's, ...)
         data_dir = next((m.data_dir for m in own if m.data_dir and os.path.isdir(m.data_dir)), None)
     label_names = next((names for m in own if (names := image_folder_labels(m.model, m.dataset))), None)
     raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,

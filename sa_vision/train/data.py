@@ -43,7 +43,7 @@ from .image_folders import (
 
 __all__ = [
     'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET', 'CUSTOM_SUFFIX',
-    'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data',
+    'normalization', 'FASHION_MNIST', 'check_dataset', 'check_model_takes_data', 'classes_problem',
     'image_folder_classes', 'pad_value_note', 'create_cifar_transform', 'create_image_dataset', 'held_tensors',
     'known_dataset_names', 'timm_label_order', 'image_folder_labels',
     'split_name',
@@ -280,17 +280,29 @@ def check_dataset(dataset: str, data_dir: Optional[str] = None, download: bool =
             info.check(source, split, is_training)
 
 
-def check_model_takes_data(model_name: str, model: torch.nn.Module, dataset: str, input_size: Sequence[int],
-                           img_size: Optional[int]) -> None:
-    """A UserError for what would stop the first batch with a traceback: a named dataset's labels that are no class
-    of the model (torch's 'Target 6 is out of bounds'; more classes than labels are never targets), an input size
-    the model's embedding cannot take (an odd --img-size)."""
+def classes_problem(model_name: str, model: torch.nn.Module, dataset: str) -> Optional[str]:
+    """A named dataset's labels that are no class of the model, in words (torch's 'Target 6 is out of bounds' in
+    the first batch; more classes than labels are never targets), or None."""
     info, classes = dataset_info(dataset), getattr(model, 'num_classes', None)
     if info.num_classes and classes and classes < info.num_classes:
-        raise UserError(f'{model_name} has {classes} classes, {info.name} {info.num_classes}: its labels up to '
-                        f'{info.num_classes - 1} would be no class of the model. Pass --num-classes '
-                        f'{info.num_classes} (from --initial-checkpoint weights of another class count, the '
-                        f'classifier starts anew)')
+        return (f'{model_name} has {classes} classes, {info.name} {info.num_classes}: its labels up to '
+                f'{info.num_classes - 1} would be no class of the model')
+    return None
+
+
+def check_model_takes_data(model_name: str, model: torch.nn.Module, dataset: str, input_size: Sequence[int],
+                           img_size: Optional[int], resumed_from: Optional[str] = None) -> None:
+    """A UserError for what would stop the first batch with a traceback: :func:`classes_problem` (a run
+    ``resumed_from`` a checkpoint keeps its model), an input size the model's embedding cannot take (an odd
+    --img-size)."""
+    problem = classes_problem(model_name, model, dataset)
+    wanted = dataset_info(dataset).num_classes
+    if problem and resumed_from:
+        raise UserError(f'{problem}. A resumed run keeps its model: start a new run from its weights, '
+                        f'--initial-checkpoint {resumed_from} --num-classes {wanted} (the classifier starts anew)')
+    if problem:
+        raise UserError(f'{problem}. Pass --num-classes {wanted} (from --initial-checkpoint weights of another class '
+                        f'count, the classifier starts anew)')
     try:
         check_input_size(model, input_size)
     except ValueError as e:
