@@ -100,10 +100,10 @@ def folder_problem(folder: PathLike) -> Optional[str]:
     """What would stop ``folder`` (and the folders above it) from being created and written, in words (a file in
     the way, no permission, a file system that takes nothing new), or None; nothing is created (a probe folder in
     the nearest existing one is removed at once)."""
+    tilde = _unexpanded_tilde(folder)
+    if tilde:
+        return tilde
     folder = Path(folder)
-    if str(folder).startswith('~'):  # it would be a folder named '~' in the current one, which `rm -rf ~...` hits
-        return 'a ~ is expanded by the shell only at the start of a word (not after "=", nor in a recipe): write ' \
-               '~/... after a space, or the whole path'
     existing = next(p for p in (folder, *folder.parents) if _exists(p))  # the last parent, '.' or '/', exists
     too_long = _name_too_long(folder.parts[len(existing.parts) if existing != Path('.') else 0:], existing)
     if too_long:
@@ -114,6 +114,16 @@ def folder_problem(folder: PathLike) -> Optional[str]:
         os.rmdir(tempfile.mkdtemp(dir=existing))
     except OSError as e:
         return f'nothing can be created in {existing} ({e.strerror or e})'
+    return None
+
+
+def _unexpanded_tilde(path: PathLike) -> Optional[str]:
+    """Why a path given as written (a str: ``Path`` reads './~' as '~') that starts with a ~ no shell expanded is
+    refused, where no folder of that name is here yet: it would be made in the current one, which a later
+    ``rm -rf ~...`` hits."""
+    if isinstance(path, str) and path.startswith('~') and not os.path.lexists(path.split(os.sep)[0]):
+        return ('a ~ is expanded by the shell only at the start of a word (not after "=", nor in a recipe): write '
+                '~/... after a space, or the whole path')
     return None
 
 
@@ -143,7 +153,7 @@ def file_problem(path: PathLike) -> Optional[str]:
     """What would stop the file ``path`` from being written (a folder of that name, a folder above it that cannot be
     created, see :func:`folder_problem`; for a symbolic link, the folder of the file it points at), in words, or
     None; nothing is created."""
-    too_long = _name_too_long([Path(path).name], Path(path).parent)
+    too_long = _unexpanded_tilde(path) or _name_too_long([Path(path).name], Path(path).parent)
     if too_long:
         return too_long
     try:

@@ -623,3 +623,20 @@ def test_a_runs_data_dir_is_found_for_any_dataset_as_validate_finds_it(tmp_path,
     with pytest.raises(Read):
         explorer.explorer_data([model])
     assert asked == [('torch/cifar100', str(tmp_path / 'data'))]
+
+
+def test_a_model_of_more_classes_than_its_datasets_labels_is_explored():
+    """A model trained with --num-classes 12 on a 10-class dataset (as training and validation take it: more classes
+    than labels are never targets) was refused as "trained on other data"; the page names the extra classes by
+    number."""
+    from sa_vision.errors import UserError
+    from sa_vision.research import explorer
+    model = explorer.ExplorerModel('twelve', timm.create_model('sa_quadratic_cifar', **{**SMALL, 'num_classes': 12}
+                                                               ).eval(), 'digits', {})
+    data = explorer.explorer_data([model], num_images=2)
+    (record,) = data['models']
+    assert len(record['predictions']) == 2 and 'trained_on' not in record
+    with pytest.raises(UserError, match='has 8 classes but the images come from a dataset of 10'):
+        explorer.explorer_data([explorer.ExplorerModel(
+            'eight', timm.create_model('sa_quadratic_cifar', **{**SMALL, 'num_classes': 8}).eval(), 'digits', {})],
+            num_images=2)

@@ -6,6 +6,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from helpers import train_here
 
@@ -168,6 +169,7 @@ def test_a_resume_with_another_eval_metric_keeps_the_last_epoch_where_it_is_bett
         (run / name).unlink()  # the run's two may be one file (a hard link)
         torch.save(ckpt, run / name)
     shutil.copytree(run, tmp_path / 'finished')
+    shutil.copytree(run, tmp_path / 'stopped')
     status, log = train_here(caplog, capsys, '--resume', tmp_path / 'finished', '--eval-metric', 'top1')
     assert status == 0, log[-3000:]
     assert 'is epoch 0 (in model_best.pth.tar; the last epoch, 1, has the better top1' in log, log
@@ -181,6 +183,18 @@ def test_a_resume_with_another_eval_metric_keeps_the_last_epoch_where_it_is_bett
     assert kept['epoch'] == best and kept['best'] == {'metric': history[best]['eval_top1'], 'epoch': best}
     assert kept['args']['eval_metric'] == 'top1' == kept['recipe']['eval_metric']
     assert f'Best top1 {history[best]["eval_top1"]:.2f} at epoch {best} (' in log, log
+
+    # stopped before its next epoch's files (Ctrl-C, a preemption): the two checkpoints still agree
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(loop, 'train_one_epoch', stopped)
+        status, log = train_here(caplog, capsys, '--resume', tmp_path / 'stopped', '--eval-metric', 'top1',
+                                 '--epochs', 3)
+    assert status == 130, log[-3000:]
+    for name in ('last.pth.tar', 'model_best.pth.tar'):
+        ckpt = _load(tmp_path / 'stopped' / name)
+        assert (ckpt['args']['eval_metric'], ckpt['best']['epoch'], ckpt['epoch']) == ('top1', 1, 1), name
 
 
 def test_summary_and_checkpoints_carry_timms_lr_column_and_metric_key(tmp_path, caplog, capsys):

@@ -233,6 +233,18 @@ def test_names_longer_than_the_file_system_takes_and_a_file_as_the_run_folder_ar
     assert os.listdir(tmp_path / 'runs') == ['taken']
 
 
+def test_a_tilde_no_shell_expanded_is_refused_unless_such_a_folder_is_here(tmp_path, monkeypatch):
+    """--output=~/runs (no shell expands a ~ after '=') made a folder named '~' here. It is refused as written;
+    './~/runs' names such a folder on purpose, and one already here (the old behaviour's) is taken as named."""
+    from sa_vision.io import file_problem, folder_problem
+    monkeypatch.chdir(tmp_path)
+    for problem in (folder_problem('~/runs'), file_problem('~/fig.png'), folder_problem('~')):
+        assert problem and 'a ~ is expanded by the shell only at the start of a word' in problem
+    assert folder_problem('./~/runs') is None and folder_problem(Path('~/runs')) is None  # written so: meant
+    (tmp_path / '~').mkdir()
+    assert folder_problem('~/runs') is None and file_problem('~/fig.png') is None
+
+
 def test_dev_stdout_going_to_a_file_keeps_what_is_printed_after(capfd):
     """--results-file /dev/stdout with the output sent to a file (here pytest's): /dev/stdout then resolves to that
     file, and a rename over it would leave what is printed next in a deleted file. Written as open() writes it (the

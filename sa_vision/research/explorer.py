@@ -255,7 +255,7 @@ def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, clas
         # trained on other data: its top classes are of its own classes, shown by their names and not scored
         own = dataset_info(entry.dataset).class_names or getattr(model, 'pretrained_cfg', {}).get('label_names')
         record.update(trained_on=entry.dataset, classes=list(own) or [str(c) for c in range(probs.shape[-1])])
-    elif len(class_names) and probs.shape[-1] != len(class_names):
+    elif len(class_names) and probs.shape[-1] < len(class_names):  # more: the page names the others by number
         raise UserError(f'{entry.name} has {probs.shape[-1]} classes but the images come from a dataset of '
                         f'{len(class_names)}; pass --dataset with the data it was trained on')
     if layers[0].kind == 'content':  # image-dependent: each image's layer inputs

@@ -21,7 +21,7 @@ from timm.utils import NativeScaler, dispatch_clip_grad, distribute_bn, is_prima
 
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
-from ..io import atomic_folder, atomic_torch_save
+from ..io import atomic_duplicate, atomic_folder, atomic_torch_save
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
@@ -95,8 +95,8 @@ def _resumed_evaluation(args, run_dir: Path, resume_ckpt, best: Optional[dict], 
 def _best_by_new_metric(args, run_dir: Path, ckpt, best: dict, log, trains: bool) -> Optional[dict]:
     """The best epoch of a run resumed with another --eval-metric, by the new metric's values in its history: the
     epoch in ``BEST_CHECKPOINT`` or, where the run ``trains`` on (its next checkpoints record the new metric), the
-    last one, whose weights are at hand too: copied there, with the new record, where it wins. A later epoch must
-    beat it. None where the history has neither value."""
+    last one, whose weights are at hand too: copied there where it wins, the two files recording the new metric. A
+    later epoch must beat it. None where the history has neither value."""
     old, new = args.resume_changes['eval_metric']
     values = {r['epoch']: r.get(f'eval_{new}') for r in ckpt.meta.get('history', [])}
     last, kept = ckpt.meta['epoch'] - 1, values.get(best['epoch'])  # epochs counted from 0, as the history counts
@@ -106,9 +106,11 @@ def _best_by_new_metric(args, run_dir: Path, ckpt, best: dict, log, trains: bool
         best, kept, where = {'epoch': last}, values[last], f'the last, now in {BEST_CHECKPOINT}'
         if is_primary(args):
             saved, record = torch.load(ckpt.source, map_location='cpu', weights_only=True), {'eval_metric': new}
+            # the checkpoint resumed too: a run stopped before its next epoch's files leaves the two agreeing
             atomic_torch_save({**saved, 'best': {'metric': kept, 'epoch': last}, 'metric': kept,
                                'args': {**saved['args'], **record},
-                               'recipe': {**(saved.get('recipe') or {}), **record}}, run_dir / BEST_CHECKPOINT)
+                               'recipe': {**(saved.get('recipe') or {}), **record}}, Path(ckpt.source))
+            atomic_duplicate(Path(ckpt.source), run_dir / BEST_CHECKPOINT)
     elif last_wins:  # a finished run's files keep the metric they were judged by
         where += (f'; the last epoch, {last}, has the better {new} ({metric_text(new, values[last])}): it is in '
                   f'{RUN_CHECKPOINT}, and a run trained on with a larger --epochs keeps it as the best')

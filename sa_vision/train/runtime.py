@@ -96,9 +96,10 @@ def resolve_device(requested: Optional[str] = None) -> str:
             torch.empty(0, device=device)
         except (RuntimeError, ImportError, AssertionError, NotImplementedError) as e:
             why = str(e).splitlines()[0].split('. ')[0]
-            raise UserError(f'--device {requested}: torch cannot place a tensor there ({why}); '
-                            f'import the package that provides it with --device-modules (habana_frameworks.torch '
-                            f'for hpu, torch_xla for xla, ...), or pass --device cpu') from None
+            raise UserError(f'--device {requested}: torch cannot place a tensor there ({why}); its backend\'s '
+                            f'package is not imported (sa-vision-train and sa-vision-validate import it with '
+                            f'--device-modules: habana_frameworks.torch for hpu, torch_xla for xla, ...), or pass '
+                            f'--device cpu') from None
     if device.type == 'cuda' and device.index is not None and device.index >= torch.cuda.device_count():
         raise UserError(f'--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s), '
                         f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
