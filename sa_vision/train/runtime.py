@@ -86,20 +86,14 @@ def resolve_device(requested: Optional[str] = None) -> str:
     if device.type == 'meta':
         raise UserError('--device meta holds shapes, not values: nothing can be trained or evaluated there; drop '
                         '--device (cuda where present, else cpu) or pass --device cpu')
-    # mps, xpu, ...: torch's module of the device type says (one a --device-modules package adds, too)
-    available = getattr(getattr(torch, device.type, None), 'is_available', None)
-    if device.type not in ('cpu', 'cuda') and callable(available) and not available():
-        raise UserError(f'--device {requested}: {device.type} is not available in this torch on this machine; drop '
-                        f'--device (cuda where present, else cpu) or pass --device cpu')
-    if device.type not in ('cpu', 'cuda'):  # hpu, xla, ...: known to torch, provided by a package of their own
+    if device.type not in ('cpu', 'cuda'):  # mps, xpu, hpu, xla, ...: known to torch, not necessarily here
         try:
             torch.empty(0, device=device)
         except (RuntimeError, ImportError, AssertionError, NotImplementedError) as e:
-            why = str(e).splitlines()[0].split('. ')[0]
-            raise UserError(f'--device {requested}: torch cannot place a tensor there ({why}); its backend\'s '
-                            f'package is not imported (sa-vision-train and sa-vision-validate import it with '
-                            f'--device-modules: habana_frameworks.torch for hpu, torch_xla for xla, ...), or pass '
-                            f'--device cpu') from None
+            raise UserError(f'--device {requested}: torch cannot place a tensor there ({str(e).split(". ")[0]}); '
+                            f'drop --device (cuda where present, else cpu) or pass --device cpu. A backend of a '
+                            f'package of its own needs it imported (--device-modules of sa-vision-train and -validate: '
+                            f'habana_frameworks.torch for hpu, torch_xla for xla, ...)') from None
     if device.type == 'cuda' and device.index is not None and device.index >= torch.cuda.device_count():
         raise UserError(f'--device {requested}: this machine has {torch.cuda.device_count()} CUDA device(s), '
                         f'cuda:0 to cuda:{torch.cuda.device_count() - 1}')
