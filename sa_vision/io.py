@@ -105,7 +105,7 @@ def folder_problem(folder: PathLike) -> Optional[str]:
         return tilde
     folder = Path(folder)
     existing = next(p for p in (folder, *folder.parents) if _exists(p))  # the last parent, '.' or '/', exists
-    too_long = _name_too_long(folder.parts[len(existing.parts) if existing != Path('.') else 0:], existing)
+    too_long = _name_too_long(folder.parts[len(existing.parts):], existing)  # the names to create
     if too_long:
         return too_long
     if not existing.is_dir():
@@ -153,9 +153,9 @@ def file_problem(path: PathLike) -> Optional[str]:
     """What would stop the file ``path`` from being written (a folder of that name, a folder above it that cannot be
     created, see :func:`folder_problem`; for a symbolic link, the folder of the file it points at), in words, or
     None; nothing is created."""
-    too_long = _unexpanded_tilde(path) or _name_too_long([Path(path).name], Path(path).parent)
-    if too_long:
-        return too_long
+    problem = _unexpanded_tilde(path) or _name_too_long([Path(path).name], Path(path).parent)
+    if problem:
+        return problem
     try:
         is_folder, is_link = Path(path).is_dir(), Path(path).is_symlink()
     except OSError:  # a folder's name above it is too long (stat says so): folder_problem says which
