@@ -699,3 +699,22 @@ def test_a_model_list_skips_indented_comments(tmp_path):
     listed = tmp_path / 'models.txt'
     listed.write_text('sa_quadratic_cifar\n  # not now: sa_gen_cifar\n\n')
     assert cli._model_names(cli.build_parser().parse_args(['--model-list', str(listed)])) == ['sa_quadratic_cifar']
+
+
+def test_the_benchmark_lets_dynamo_hold_every_compiled_copy(monkeypatch):
+    """Each model the benchmark compiles is a copy of one class's code: past dynamo's default of 8 recompiles the
+    later ones ran eagerly, timed as compiled. It held them by accident while `import sa_vision` imported
+    timm.optim (which raises the limit); the benchmark's process raises it itself, never lowering it."""
+    import torch._dynamo
+
+    from sa_vision.cli import benchmark as benchmark_cli
+    from sa_vision.errors import UserError
+    config = torch._dynamo.config
+    monkeypatch.setattr(config, 'recompile_limit', 8)
+    monkeypatch.setattr(config, 'cache_size_limit', 8)
+    with pytest.raises(UserError):  # an unknown model: said after the settings, before any model is built
+        benchmark_cli.main(['-m', 'no_such_model', '--device', 'cpu'])
+    assert (config.recompile_limit, config.cache_size_limit) == (64, 64)
+    monkeypatch.setattr(config, 'recompile_limit', 1000)
+    sab.hold_compiled_copies()
+    assert config.recompile_limit == 1000

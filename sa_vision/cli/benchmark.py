@@ -146,6 +146,7 @@ def main(argv=None) -> int:
     compare = [c.strip() for c in args.compare.split(',') if c.strip()]
     device = sab.resolve_device(args.device)
     _check_args(args, compare, device)
+    sab.hold_compiled_copies()
     models = _model_names(args)
     for name in models:  # a typo in the list is said before any model is timed
         sab.check_model_name(name)

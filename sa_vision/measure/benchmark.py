@@ -27,7 +27,7 @@ from .switches import SWITCHES, check_switch_changes, check_switches_change_path
 
 __all__ = [
     'count_macs', 'unavoidable_macs', 'unavoidable_macs_from_config', 'matmul_rate', 'LiveTensorMemory',
-    'resolve_device', 'compute_dtype', 'paper_model_like',
+    'resolve_device', 'hold_compiled_copies', 'compute_dtype', 'paper_model_like',
     'StepRunner', 'Variant', 'input_size_of', 'build_variants', 'benchmark_variants', 'profile_train_step',
 ]
 
@@ -60,6 +60,15 @@ def matmul_rate(
 def resolve_device(device=None) -> torch.device:
     """``--device`` as :func:`sa_vision.train.runtime.resolve_device` resolves it; a torch.device as it is."""
     return device if isinstance(device, torch.device) else torch.device(resolve_device_name(device))
+
+
+def hold_compiled_copies(least: int = 64) -> None:
+    """Let dynamo's per-code cache hold at least ``least`` compiled copies in this process: each model the benchmark
+    compiles (every variant, width and mode of one model class) is a copy of the same code, and past torch's
+    default of 8 the later ones would run eagerly, timed as compiled. For the benchmark's process only (a library
+    import leaves these settings alone; sa-vision-train gets 1,000,000 from timm.optim, as timm's train.py)."""
+    for name in ('cache_size_limit', 'recompile_limit'):
+        setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), least))
 
 
 def compute_dtype(precision: str = 'float32', amp: bool = False, amp_dtype: str = 'bfloat16') -> torch.dtype:
