@@ -406,7 +406,8 @@ def test_pruning_a_bare_weights_file_records_no_preprocessing_and_names_its_fold
 
 def test_out_never_writes_into_the_weights_it_prunes(tmp_path, capsys):
     """--out naming the file pruned, or a file in the Hub folder pruned, would replace the source's weights (a run's
-    last.pth.tar then no longer resumes): refused before anything is written, the source left as it was."""
+    last.pth.tar then no longer resumes), and a run's other checkpoint its best: refused before anything is
+    written, the source left as it was."""
     import shutil
 
     from sa_vision.cli import prune as prune_script
@@ -415,9 +416,14 @@ def test_out_never_writes_into_the_weights_it_prunes(tmp_path, capsys):
     torch.save(timm.create_model('sa_gen_cifar', embed_dim=16, depth=1, mlp_hidden_dim=32).state_dict(), source)
     folder = tmp_path / 'hub'
     shutil.copytree(os.path.join(ROOT, 'zoo', 'fashion-mnist-cpu', 'sa_gen_cifar'), folder)
-    kept = {path: path.read_bytes() for path in (source, folder / 'model.safetensors')}
+    run = tmp_path / 'run'  # a run's two checkpoints: pruning one into the other replaced the run's best
+    run.mkdir()
+    for name in ('last.pth.tar', 'model_best.pth.tar'):
+        shutil.copy(source, run / name)
+    kept = {path: path.read_bytes() for path in (source, folder / 'model.safetensors', *run.iterdir())}
     for given, out in ((str(source), source), (f'local-dir:{folder}', folder / 'model.safetensors'),
-                       (str(folder), folder / 'pruned.safetensors')):
+                       (str(folder), folder / 'pruned.safetensors'), (str(run / 'last.pth.tar'),
+                                                                       run / 'model_best.pth.tar')):
         assert run_cli(prune_script.main, [given, '--heads', '1', '--out', str(out)]) == 2  # refused before --heads
         assert 'would write into the weights it prunes' in capsys.readouterr().err
     assert all(path.read_bytes() == data for path, data in kept.items())

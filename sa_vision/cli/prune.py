@@ -46,7 +46,15 @@ from sa_vision.research.pruning import (
     save_pruned,
     select_heads_to_prune,
 )
-from sa_vision.train.checkpoint import WEIGHT_SUFFIXES, Checkpoint, load_model, read_checkpoint, weights_path
+from sa_vision.train.checkpoint import (
+    BEST_CHECKPOINT,
+    RUN_CHECKPOINT,
+    WEIGHT_SUFFIXES,
+    Checkpoint,
+    load_model,
+    read_checkpoint,
+    weights_path,
+)
 from sa_vision.train.timm_args import TIMM_MODEL_KWARGS
 
 # what timm's data config takes from a pretrained_cfg: printed as create_model's overlay and train.py's flags
@@ -126,9 +134,12 @@ def main(argv=None):
 
 def _writes_into_source(out: Path, source: Path) -> bool:
     """Whether ``out`` is the weights file pruned, or lies in the run or Hub folder pruned (a pruned file there would
-    replace its checkpoint or weights, or sit beside them as if it were the folder's)."""
+    replace its checkpoint or weights, or sit beside them as if it were the folder's), or is the other checkpoint of
+    the run a checkpoint pruned is in (pruning last.pth.tar into its model_best.pth.tar)."""
     out, source = out.resolve(), source.resolve()
-    return out == source or (source.is_dir() and source in out.parents)
+    run_files = (RUN_CHECKPOINT, BEST_CHECKPOINT)
+    return out == source or (source.is_dir() and source in out.parents) or (
+        source.name in run_files and out.parent == source.parent and out.name in run_files)
 
 
 def _heads_argument(values: List[str], heads_per_layer: Sequence[int]) -> List[List[int]]:
