@@ -22,6 +22,7 @@ from sa_vision.cli import push_to_hub
 from sa_vision.errors import run_cli
 from sa_vision.hub import (
     HubPublishError,
+    card_to_upload,
     check_publish_target,
     export_hub_folder,
     publish_hub_folder,
@@ -320,7 +321,7 @@ class _RecordingApi:
         return type('RepoInfo', (), {'private': bool(self.private_repos[repo_id])})()
 
     def upload_folder(self, **kwargs):
-        self.calls.append(('upload_folder', kwargs['repo_id'], sorted(os.listdir(kwargs['folder_path']))))
+        self.calls.append(('upload_folder', kwargs['repo_id'], _files_uploaded(**kwargs)))
         type(self).delete_patterns = kwargs.get('delete_patterns')
         type(self).uploaded_card = (Path(kwargs['folder_path']) / 'README.md').read_text(encoding='utf-8')
         return 'commit'
@@ -330,6 +331,14 @@ class _RecordingApi:
 
     def upload_file(self, *args, **kwargs):
         self.calls.append('upload_file')
+
+
+def _files_uploaded(folder_path, allow_patterns=None, ignore_patterns=None, **kwargs):
+    """The files huggingface_hub's ``upload_folder`` sends, picked as it picks them: every file below the folder,
+    links followed, filtered by its own pattern matching."""
+    from huggingface_hub.utils import filter_repo_objects
+    names = [p.relative_to(folder_path).as_posix() for p in Path(folder_path).glob('**/*') if p.is_file()]
+    return sorted(filter_repo_objects(names, allow_patterns=allow_patterns, ignore_patterns=ignore_patterns))
 
 
 @pytest.fixture
@@ -434,6 +443,40 @@ def test_publish_uploads_the_folder_to_its_repository_in_one_commit(trained, tmp
                                    ('upload_folder', DIGITS_REPO,
                                     ['README.md', 'config.json', 'model.safetensors', 'recipe.yaml'])]
     assert 'hf_secret_value_never_printed' not in capsys.readouterr().out
+
+
+def test_only_the_exports_files_are_listed_and_uploaded(trained, tmp_path, recording_api, capsys):
+    """A kept folder holding more than an export wrote (notes, a subfolder): the dry run names what stays behind,
+    and the upload (as huggingface_hub picks files) sends the export's files alone, from the folder and from a
+    copy staged elsewhere. A link in an export file's place would send what it points to: refused."""
+    secret = tmp_path / 'secret'
+    (secret / '.ssh').mkdir(parents=True)
+    (secret / '.ssh' / 'id_rsa').write_text('private key')
+    folder = tmp_path / 'kept'
+    shutil.copytree(trained[1], folder)
+    # its card already names the repository, so the folder itself is uploaded, not a copy with a rebuilt card
+    (folder / 'README.md').write_text(card_to_upload(folder, DIGITS_REPO), encoding='utf-8')
+    exported = sorted(p.name for p in folder.iterdir())
+    (folder / 'notes.txt').write_text('mine')
+    (folder / 'extra').symlink_to(secret)
+    for target in ([], ['--out-dir', str(tmp_path / 'staged')]):
+        assert push_to_hub.main([str(folder), '--dry-run', *target]) == 0
+        printed = capsys.readouterr().out
+        assert 'not uploaded (not written by an export): extra, notes.txt' in printed
+        assert 'id_rsa' not in printed
+        assert push_to_hub.main([str(folder), *target]) == 0
+        assert recording_api.calls[-1] == ('upload_folder', DIGITS_REPO, exported)
+    assert sorted(p.name for p in (tmp_path / 'staged').iterdir()) == exported
+    (folder / 'README.md').rename(tmp_path / 'card.md')
+    (folder / 'README.md').symlink_to(tmp_path / 'card.md')
+    calls = len(recording_api.calls)
+    for target in ([], ['--out-dir', str(tmp_path / 'other')]):
+        assert push_to_hub.main([str(folder), '--dry-run', *target]) == 2
+        err = capsys.readouterr().err
+        assert err.count('error:') == 1 and f'README.md -> {tmp_path / "card.md"}' in err, err
+    with pytest.raises(HubPublishError, match='holds links'):
+        publish_hub_folder(folder, DIGITS_REPO)
+    assert len(recording_api.calls) == calls
 
 
 def test_digits_weights_never_reach_the_registered_repository(trained, tmp_path, recording_api, capsys):

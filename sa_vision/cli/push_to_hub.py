@@ -12,7 +12,6 @@ creates in the uploaded copy (the dry run lists that card); an export of other w
 never replaced (an error says what it holds). What is checked before any upload: docs/hub.md, "Publishing".
 """
 import argparse
-import shutil
 import sys
 import textwrap
 from pathlib import Path
@@ -28,6 +27,7 @@ from sa_vision.hub import (
     export_hub_folder,
     publish_hub_folder,
     resolve_token,
+    upload_files,
     weights_label,
 )
 from sa_vision.io import folder_problem
@@ -74,7 +74,7 @@ def main(argv=None):
                                       f'again from its run\'s checkpoint (sa-vision-push-to-hub '
                                       f'<run>/model_best.pth.tar) to publish it as that')
             out_dir = _staged_copy(source, Path(args.out_dir)) if args.out_dir else source
-            staged = sorted(p.name for p in out_dir.iterdir() if p.is_file())
+            staged = upload_files(out_dir)
         else:
             if source.is_dir() and not args.out_dir and not (source / RUN_CHECKPOINT).is_file():
                 missing = [name for name in HUB_FOLDER_FILES if not (source / name).is_file()]
@@ -96,6 +96,9 @@ def main(argv=None):
                          if rebuilt else ')'))
             else:
                 print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
+        left = sorted(p.name for p in out_dir.iterdir() if p.name not in staged)
+        if left:
+            print(f'  not uploaded (not written by an export): {", ".join(left)}')
         if args.dry_run:
             if rebuilt:  # the part of the card that names the repository
                 print('The uploaded card\'s usage:\n' + textwrap.indent(card_usage(card), '    '))
@@ -119,14 +122,15 @@ def main(argv=None):
 def _staged_copy(source: Path, out_dir: Path) -> Path:
     """``out_dir`` holding a copy of the Hub folder ``source`` as it is: its card keeps the run's record, which an
     export of its weights alone would not have. A copy staged before (a dry run's) is staged again."""
-    def files(folder: Path):
-        return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} if folder.is_dir() else {}
-    held = files(out_dir)
-    problem = folder_problem(out_dir) or (held and held != files(source) and 'it holds other files')
+    copied = {name: (source / name).read_bytes() for name in upload_files(source)}
+    held = {p.name: p.read_bytes() if p.is_file() else None for p in out_dir.iterdir()} if out_dir.is_dir() else {}
+    problem = folder_problem(out_dir) or (held and held != copied and 'it holds other files')
     if problem:
         raise UserError(f'--out-dir {out_dir}: {problem}; a copy of {source} is staged in a new or empty folder, or '
                         f'one holding that copy')
-    shutil.copytree(source, out_dir, dirs_exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in copied.items():
+        (out_dir / name).write_bytes(data)
     return out_dir
 
 

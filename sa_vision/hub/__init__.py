@@ -19,6 +19,7 @@ from .publish import (
     check_repo_id,
     publish_hub_folder,
     resolve_token,
+    upload_files,
 )
 
 __all__ = [
@@ -26,5 +27,5 @@ __all__ = [
     'WeightsLabel', 'weights_label', 'is_registered_architecture', 'check_publish_target',
     'count_params_and_macs', 'generate_model_card', 'write_model_cards', 'render_model_card', 'export_hub_folder',
     'ExportExistsError', 'resolve_token', 'publish_hub_folder', 'PublishedFolder', 'check_repo_id', 'card_to_upload',
-    'card_usage',
+    'card_usage', 'upload_files',
 ]

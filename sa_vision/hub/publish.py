@@ -5,7 +5,7 @@ import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NamedTuple, Optional, Union
+from typing import Any, Iterator, List, NamedTuple, Optional, Union
 
 from ..errors import UserError
 from ..models._pretrained import PRETRAINED_TAG, hub_error_reason, hub_read_errors, hub_repo_id, registered_hf_hub_id
@@ -13,7 +13,7 @@ from .card import card_for_repository
 from .labels import EXPORT_FILES, HUB_FOLDER_FILES, WeightsLabel
 
 __all__ = ['HubPublishError', 'PublishedFolder', 'check_repo_id', 'check_publish_target', 'resolve_token',
-           'card_to_upload', 'publish_hub_folder']
+           'card_to_upload', 'upload_files', 'publish_hub_folder']
 
 
 class HubPublishError(UserError):
@@ -68,6 +68,20 @@ def resolve_token(token: Optional[str] = None) -> str:
     return token
 
 
+def upload_files(folder: Union[str, os.PathLike]) -> List[str]:
+    """The names of the files an upload of the exported ``folder`` sends: those an export writes
+    (``EXPORT_FILES``). Other files and subfolders stay behind, and a link among them is refused, since it would
+    send what it points to, wherever that is."""
+    folder = Path(folder)
+    links = {name: os.readlink(folder / name) for name in EXPORT_FILES if (folder / name).is_symlink()}
+    if links:
+        shown = ', '.join(f'{name} -> {target}' for name, target in sorted(links.items()))
+        raise HubPublishError(f'{folder} holds links where an export writes files ({shown}); an upload would send '
+                              f'what they point to: put the files themselves there, or export again; nothing was '
+                              f'uploaded')
+    return sorted(name for name in EXPORT_FILES if (folder / name).is_file())
+
+
 def publish_hub_folder(
         folder: Union[str, os.PathLike],
         repo_id: str,
@@ -85,6 +99,7 @@ def publish_hub_folder(
     if missing:
         raise HubPublishError(f'{folder} is not a complete export (missing {missing}); run the export first')
     _check_folder_target(folder, repo_id)
+    upload_files(folder)
     token = resolve_token(token)
     api = HfApi(token=token, library_name='timm')
     with _hub_answers(repo_id):
@@ -145,7 +160,8 @@ def _upload(api, folder: Path, repo_id: str, commit_message: str, create_pr: boo
     try:
         # an earlier export's files that this one lacks (a recipe, a figure, pickled weights) would stay beside it
         return api.upload_folder(repo_id=repo_id, folder_path=str(folder), commit_message=commit_message,
-                                 create_pr=create_pr, delete_patterns=[*EXPORT_FILES, 'pytorch_model.bin'])
+                                 create_pr=create_pr, allow_patterns=upload_files(folder),
+                                 delete_patterns=[*EXPORT_FILES, 'pytorch_model.bin'])
     except HfHubHTTPError as e:
         raise HubPublishError(f'the Hub refused the upload to {repo_id} ({_status(e)}); nothing was '
                               f'committed') from None
@@ -169,7 +185,9 @@ def _card_naming(folder: Path, repo_id: str) -> Iterator[Path]:
         return
     with tempfile.TemporaryDirectory() as tmp:
         staged = Path(tmp) / folder.name
-        shutil.copytree(folder, staged)
+        staged.mkdir()
+        for name in upload_files(folder):
+            shutil.copyfile(folder / name, staged / name)
         (staged / 'README.md').write_text(retargeted, encoding='utf-8')
         yield staged
 
