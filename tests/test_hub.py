@@ -731,6 +731,25 @@ def test_reexports_keep_the_preprocessing_their_source_states(trained, tmp_path)
                                                                            timm_args['std'])
 
 
+@pytest.mark.parametrize('names, read', [
+    ([f'kind {i}' for i in range(NUM_CLASSES - 1, -1, -1)], None),  # another tool's order: label i, its i-th name
+    (sorted(f'c{i}' for i in range(NUM_CLASSES)), [f'c{i}' for i in range(NUM_CLASSES)]),  # an earlier export's
+])
+def test_a_hub_folder_of_an_image_folder_names_its_labels_as_it_states(trained, tmp_path, names, read):
+    """Weights of an image folder ('clothes') whose config.json states its label names: label i is the i-th, as
+    timm reads the folder, unless the names are sorted plainly (c1, c10, c2), as earlier sa_vision exports wrote
+    the names of labels numbered in timm's order (c1, c2, c10)."""
+    import timm
+    folder = tmp_path / 'clothes'
+    shutil.copytree(trained[1], folder)
+    config = json.loads((folder / 'config.json').read_text())
+    config['pretrained_cfg']['tag'], config['label_names'] = 'clothes', names
+    (folder / 'config.json').write_text(json.dumps(config))
+    as_timm_reads = timm.create_model(f'local-dir:{folder}', pretrained=True).pretrained_cfg['label_names']
+    assert list(as_timm_reads) == names
+    assert list(read_checkpoint(folder).create_model().pretrained_cfg['label_names']) == (read or names)
+
+
 @pytest.mark.parametrize('hub', ['offline', 'unreachable'])
 def test_publishing_without_the_hub_is_one_error_line(trained, monkeypatch, capsys, hub):
     """The real Hub client: HF_HUB_OFFLINE set, or an endpoint where nothing answers (a closed local port)."""

@@ -116,7 +116,7 @@ class Checkpoint:
         stated = self.preprocessing.get('label_names') or (self.meta.get('args') or {}).get('label_names')
         trained_on = trained_dataset(self.meta)
         if stated and trained_on is not None and dataset_info(trained_on).is_image_folder:
-            stated = timm_label_order(stated)  # an earlier version recorded an image folder's otherwise
+            stated = timm_label_order(stated)  # an earlier version recorded an image folder's plainly sorted
         return stated or (dataset or dataset_info(self.dataset)).label_names(num_classes)
 
 

@@ -58,11 +58,12 @@ _LISTED_SUBFOLDERS = 12  # an error names that many of a folder's subfolders (--
 
 
 def timm_label_order(names: Sequence[str]) -> List[str]:
-    """An image folder's class names in the order timm's reader labels them (natural, case-blind: c1, c2, c10).
-    Runs and exports of earlier versions (before 2026-11-28) recorded them sorted plainly (c1, c10, c2), while the
-    model learned timm's labels: reading their names through this gives each label its own class again."""
+    """The class names recorded for weights of an image folder, label by label. Runs and exports of earlier
+    versions (before 2026-11-28) recorded them sorted plainly (c1, c10, c2), while the model learned timm's labels
+    (natural, case-blind: c1, c2, c10): such a record is put in timm's order. Names in any other order are a record
+    of their own (another tool's Hub folder: label i is its i-th name, as timm reads it) and kept as they are."""
     from timm.utils.misc import natural_key
-    return sorted(names, key=natural_key)
+    return sorted(names, key=natural_key) if list(names) == sorted(names) else list(names)
 
 
 def folder_classes(folder: str) -> List[str]:
