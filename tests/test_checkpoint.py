@@ -89,6 +89,40 @@ def test_hub_folder_with_broken_config_is_a_checkpoint_error(tmp_path, config, m
         assert str(folder) in str(info.value)
 
 
+@pytest.mark.parametrize('stored', [{'checkpoint_path': 'other.pth'}, {'pretrained': True},
+                                    {'pretrained_cfg': {'file': 'other.pth'}}])
+def test_weights_whose_stored_arguments_name_other_weights_are_refused(tmp_path, monkeypatch, stored):
+    """Arguments stored with weights (a Hub folder's model_args, a file's metadata) build the model: one of timm's
+    that loads weights from elsewhere (another file, the Hub) is refused before timm reads anything; the same
+    keyword given by the caller is timm's to take."""
+    import timm.models._builder
+    import timm.models._factory
+
+    from sa_vision.errors import UserError
+    from sa_vision.models.factory import create_named_model
+    torch.save(timm.create_model('sa_gen_cifar', **SMALL).state_dict(), tmp_path / 'other.pth')
+    monkeypatch.chdir(tmp_path)
+    read = []
+    for module in (timm.models._factory, timm.models._builder):  # where timm loads a checkpoint_path / pretrained
+        for name in ('load_checkpoint', 'load_pretrained'):
+            if hasattr(module, name):
+                monkeypatch.setattr(module, name, lambda *a, _name=name, **k: read.append(_name))
+    folder, state_dict = _hub_folder(tmp_path, **SMALL)
+    config = json.loads((folder / 'config.json').read_text())
+    config['model_args'].update(stored)
+    (folder / 'config.json').write_text(json.dumps(config))
+    file = tmp_path / 'weights.safetensors'
+    save_file(state_dict, str(file), metadata={'arch': 'sa_gen_cifar', 'model_args': json.dumps({**SMALL, **stored})})
+    for source in (f'local-dir:{folder}', str(file)):
+        with pytest.raises(UserError, match=f'{next(iter(stored))}=.* says where to load weights from') as info:
+            load_model(source)
+        assert str(folder if 'local-dir' in source else file) in str(info.value)
+    assert read == []
+    if 'checkpoint_path' in stored:  # the spy sees what timm loads
+        create_named_model('sa_gen_cifar', **SMALL, **stored)
+        assert read == ['load_checkpoint']
+
+
 def test_validate_evaluates_the_weights_of_every_source(tmp_path, capsys):
     """sa-vision-validate's --model local-dir:, --checkpoint <folder> / <file> and --checkpoint with the expected
     --model all evaluate the same weights: the accuracy counted here, image by image, over the digits test split."""

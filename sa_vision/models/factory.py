@@ -79,6 +79,21 @@ def _check_number_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[
                             f'{wanted} (default {param.default!r})')
 
 
+# timm.create_model's keywords that say where weights are loaded from, rather than how the model is built
+WEIGHTS_SOURCE_KEYWORDS = ('pretrained', 'pretrained_cfg', 'pretrained_cfg_overlay', 'checkpoint_path', 'cache_dir')
+
+
+def _check_stored_keywords(name: str, kwargs: Mapping, kwargs_sources: Optional[Mapping[str, str]]) -> None:
+    """Keywords stored with weights (a Hub folder's ``model_args``, a file's metadata) build the model. One that
+    says where to load weights from would make a downloaded file read other files or ask the Hub: refused."""
+    for key in WEIGHTS_SOURCE_KEYWORDS:
+        source = (kwargs_sources or {}).get(key, '--model-kwargs')
+        if key in kwargs and source != '--model-kwargs':
+            raise UserError(f'{name}: {key}={kwargs[key]!r} (from {source}) says where to load weights from, not '
+                            f'how to build the model, and is not taken from a file: remove it there, or pass it '
+                            f'yourself (--model-kwargs) if you trust what it names')
+
+
 # the dropout and stochastic-depth probabilities of timm's models and ours (drop_rate, proj_drop_rate, ...)
 RATE_KEYWORD = re.compile(r'(^|_)drop(_path)?_rate$')
 
@@ -133,6 +148,7 @@ def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Opti
                        **kwargs) -> nn.Module:
     """``timm.create_model(name, pretrained, **kwargs)``; ``kwargs_sources`` says where each keyword came from
     (``--model-kwargs`` where it does not), for the error of a keyword the model does not take."""
+    _check_stored_keywords(name, {**kwargs, 'pretrained': pretrained} if pretrained else kwargs, kwargs_sources)
     _check_number_keywords(name, kwargs, kwargs_sources)
     _check_rate_keywords(name, kwargs, kwargs_sources)
     try:
