@@ -473,6 +473,29 @@ def test_positional_trajectory_round_trip(models, tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == usual_file_mode()  # safetensors' own writer leaves 0600
 
 
+@pytest.mark.parametrize('epochs, match', [
+    ('[oops', 'cannot be read'), ('{"a": 1}', 'must be a list of names'), ('["x", "x", "y"]', 'an epoch twice'),
+    ('["a"]', 'stacks 2 epochs, its metadata names 1'), (None, 'cannot be read'),
+])
+def test_a_broken_file_of_epochs_is_one_error_that_names_it(models, tmp_path, epochs, match):
+    """The epochs file comes with a folder or a Hub repository: metadata that do not name each stacked epoch once
+    (or no safetensors at all) is an error naming the file, not a traceback or a page of fewer epochs."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from sa_vision.train.checkpoint import CheckpointError
+    path = save_positional_trajectory(models[0].epochs, tmp_path / 'epochs.safetensors')  # two epochs
+    if epochs is None:
+        path.write_bytes(path.read_bytes()[:40])
+    else:
+        with safe_open(str(path), 'pt') as f:
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        save_file(tensors, str(path), metadata={'epochs': epochs})
+    with pytest.raises(CheckpointError, match=match) as info:
+        load_positional_trajectory(path)
+    assert str(path) in str(info.value)
+
+
 def test_page_data_is_embedded_once(page):
     html = page.read_text()
     data = json.loads(re.search(r'<script id="sa-data" type="application/json">(.*?)</script>', html, re.S)

@@ -25,6 +25,7 @@ from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, block_key, rename
 from ..train.checkpoint import (
     HF_HUB_PREFIX,
     RUN_CHECKPOINT,
+    CheckpointError,
     load_model,
     read_checkpoint,
     weights_path,
@@ -94,11 +95,32 @@ def models_at_epochs(model: nn.Module, epochs: Dict[str, Dict[str, Tensor]]) -> 
 def load_positional_trajectory(path) -> Dict[str, Dict[str, Tensor]]:
     """The ``{label: positional state dict}`` written by :func:`save_positional_trajectory` (old key names renamed,
     :data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
-    from safetensors import safe_open
-    with safe_open(str(path), 'pt') as f:
-        labels = json.loads((f.metadata() or {}).get('epochs', '[]'))
-    stacked = rename_old_keys(load_file(str(path)))
+    from safetensors import SafetensorError, safe_open
+    try:
+        with safe_open(str(path), 'pt') as f:
+            labels = json.loads((f.metadata() or {}).get('epochs', '[]'))
+        stacked = rename_old_keys(load_file(str(path)))
+    except (SafetensorError, json.JSONDecodeError) as e:
+        problem = f'it cannot be read ({e})'
+    else:
+        problem = _trajectory_problem(labels, stacked)
+    if problem:  # an optional file, from a folder or a Hub repository
+        raise CheckpointError(f'{path} is not a file of epochs as an export writes it: {problem}. The model does '
+                              f'not need it: delete it, or export the run again')
     return {label: {k: v[i] for k, v in stacked.items()} for i, label in enumerate(labels)}
+
+
+def _trajectory_problem(labels: Any, stacked: Dict[str, Tensor]) -> Optional[str]:
+    """What is wrong with the epoch labels and stacked tensors of a positional epochs file, if anything."""
+    if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
+        return f'its "epochs" metadata must be a list of names, got {labels!r:.60}'
+    if len(set(labels)) != len(labels):
+        return f'its "epochs" name an epoch twice ({labels!r:.60})'
+    odd = next((k for k, v in stacked.items() if v.dim() == 0 or v.shape[0] != len(labels)), None)
+    if odd:
+        stacks = stacked[odd].shape[0] if stacked[odd].dim() else 'no'
+        return f'{odd} stacks {stacks} epochs, its metadata names {len(labels)}'
+    return None
 
 
 def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
