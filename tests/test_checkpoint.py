@@ -75,10 +75,29 @@ def test_safetensors_with_broken_metadata_is_a_checkpoint_error(tmp_path, model_
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize('cfg, match', [('[1]', '"pretrained_cfg" must be an object'),
+                                        ('{"label_names": [1, 2]}', '"label_names" must be a list of names')])
+def test_safetensors_with_a_broken_pretrained_cfg_is_a_checkpoint_error(tmp_path, cfg, match):
+    model = timm.create_model('sa_gen_cifar', **SMALL)
+    path = tmp_path / 'pruned.safetensors'
+    save_file(model.state_dict(), str(path), metadata={'arch': 'sa_gen_cifar', 'pretrained_cfg': cfg})
+    with pytest.raises(CheckpointError, match=match) as info:
+        read_checkpoint(path).create_model()
+    assert str(path) in str(info.value)
+
+
 @pytest.mark.parametrize('config, match', [
     ('{"architecture": "sa_gen_cifar", ', 'config.json is not valid JSON'),
     ('["sa_gen_cifar"]', 'must hold a JSON object'),
     ('{"architecture": "sa_gen_cifar", "model_args": [1]}', '"model_args" must be an object'),
+    ('{"architecture": ["sa_gen_cifar"]}', '"architecture" must be a model name'),
+    ('{"architecture": "sa_gen_cifar", "pretrained_cfg": [1]}', '"pretrained_cfg" must be an object'),
+    ('{"architecture": "sa_gen_cifar", "pretrained_cfg": {"tag": 5}}', 'pretrained_cfg "tag" must be a name'),
+    ('{"architecture": "sa_gen_cifar", "label_names": "abc"}', '"label_names" must be a list of names'),
+    ('{"architecture": "sa_gen_cifar", "num_classes": "7"}', '"num_classes" must be a whole number'),
+    ('{"architecture": "sa_gen_cifar", "pretrained_cfg": {"input_size": [3, 100000, 100000]}}',
+     r'"input_size" must be three whole numbers \[channels, height, width\], each 1 to 8192, got \[3, 100000'),
+    ('{"architecture": "sa_gen_cifar", "pretrained_cfg": {"std": [0.5, 0, 0.5]}}', '"std" must be a list of pos'),
 ])
 def test_hub_folder_with_broken_config_is_a_checkpoint_error(tmp_path, config, match):
     folder, _ = _hub_folder(tmp_path, **SMALL)

@@ -32,7 +32,7 @@ from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
 from .recipes import recipe_if_any
 from .timm_args import timm_model_args, timm_num_epochs
-from .weights_files import CheckpointError, read_json, read_safetensors, torch_load
+from .weights_files import CheckpointError, check_config_fields, read_json, read_safetensors, torch_load
 
 if TYPE_CHECKING:
     from .data import DatasetInfo
@@ -210,11 +210,8 @@ def _read_hub_config(config_path: Path) -> Checkpoint:
     config = read_json(config_path.read_text(), config_path, 'config.json')
     if 'architecture' not in config:
         raise CheckpointError(f'{config_path} names no architecture: not a timm config.json')
-    model_args = config.get('model_args') or {}
-    if not isinstance(model_args, dict):
-        raise CheckpointError(f'{config_path}: "model_args" must be an object of create_model keywords, got '
-                              f'{type(model_args).__name__} {model_args!r}; fix or re-export the folder')
-    model_args = dict(model_args)
+    check_config_fields(config, config_path, 'config.json')
+    model_args = dict(config.get('model_args') or {})
     if 'num_classes' in config:
         model_args.setdefault('num_classes', config['num_classes'])
     # the top-level fields timm's local-dir: loading folds into the pretrained_cfg (timm.models._hub)
@@ -293,9 +290,7 @@ def read_checkpoint(
         meta = {k: v for k, v in metadata.items() if k not in ('arch', 'model_args', 'pretrained_cfg')}
         if 'pretrained_cfg' in metadata:  # sa-vision-prune's: the preprocessing of the weights it pruned
             cfg = read_json(metadata['pretrained_cfg'], path, "metadata 'pretrained_cfg'")
-            if not isinstance(cfg, dict):
-                raise CheckpointError(f"{path}: metadata 'pretrained_cfg' must be a JSON object of timm's "
-                                      f'pretrained_cfg keys, got {type(cfg).__name__}; prune the weights again')
+            check_config_fields({'pretrained_cfg': cfg}, path, 'metadata')
             meta.update(_pretrained_meta(cfg))
         ckpt = _from_state_dict(state_dict, path, 'safetensors', metadata.get('arch') or arch,
                                 {**stored_args, **(model_args or {})}, meta)

@@ -4,13 +4,13 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Dict, Tuple
 
 import torch
 
 from ..errors import UserError
 
-__all__ = ['CheckpointError', 'torch_load', 'read_json', 'read_safetensors']
+__all__ = ['CheckpointError', 'torch_load', 'read_json', 'check_config_fields', 'read_safetensors']
 
 # the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
 _BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
@@ -74,6 +74,44 @@ def read_json(text: str, path: Path, what: str) -> Any:
     if what == 'config.json' and not isinstance(value, dict):
         raise CheckpointError(f'{path}: config.json must hold a JSON object, got {type(value).__name__}')
     return value
+
+
+def _is_size(value: Any) -> bool:
+    # (channels, height, width): larger images than 8192 pixels a side would not be a mistake timm could report
+    return (isinstance(value, (list, tuple)) and len(value) == 3 and all(
+        isinstance(v, int) and not isinstance(v, bool) and 0 < v <= 8192 for v in value))
+
+
+def _is_numbers(value: Any) -> bool:
+    return isinstance(value, (list, tuple)) and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)
+
+
+# the fields of a config.json (and of its pretrained_cfg) that sa_vision reads, as timm writes them
+CONFIG_FIELDS: Dict[str, Tuple[Callable[[Any], bool], str]] = {
+    'architecture': (lambda v: isinstance(v, str), 'a model name'),
+    'model_args': (lambda v: isinstance(v, dict), 'an object of create_model keywords'),
+    'pretrained_cfg': (lambda v: isinstance(v, dict), "an object of timm's pretrained_cfg keys"),
+    'num_classes': (lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, 'a whole number'),
+    'label_names': (lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v), 'a list of names'),
+    'tag': (lambda v: isinstance(v, str), 'a name'),
+    'input_size': (_is_size, 'three whole numbers [channels, height, width], each 1 to 8192'),
+    'mean': (_is_numbers, 'a list of numbers'),
+    'std': (lambda v: _is_numbers(v) and all(x > 0 for x in v), 'a list of positive numbers'),
+}
+
+
+def check_config_fields(fields: Dict[str, Any], path: Path, what: str) -> None:
+    """The fields of ``fields`` (a config.json, or a ``pretrained_cfg`` in it or in a file's metadata) that
+    sa_vision reads are of the types timm writes: another is a CheckpointError naming the file and the field, not
+    a traceback far from them (or a 100 TB input)."""
+    for key, (fits, wanted) in CONFIG_FIELDS.items():
+        value = fields.get(key)
+        if value is not None and not fits(value):
+            raise CheckpointError(f'{path}: {what} "{key}" must be {wanted}, got {value!r:.80}; the file was edited '
+                                  f'or written by another tool: fix it, or export the weights again')
+    if isinstance(fields.get('pretrained_cfg'), dict):
+        check_config_fields(fields['pretrained_cfg'], path, f'{what} pretrained_cfg')
 
 
 def read_safetensors(path: Path):
