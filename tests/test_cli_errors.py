@@ -367,6 +367,12 @@ def test_a_vit_img_size_says_that_any_even_size_is_taken(capsys):
     (['--warmup-epochs', '-1'], '--warmup-epochs is -1.0, it must be at least 0.0'),
     (['--sched', 'step', '--decay-epochs', '0'], '--decay-epochs is 0.0, it must be more than 0.0'),
     (['--train-crop-padding', '-3'], '--train-crop-padding is -3, it must be at least 0'),
+    (['--sched', 'step', '--decay-rate', 'nan'], '--decay-rate is nan, it must be a finite number'),
+    (['--sched', 'step', '--decay-rate', '-1'], '--decay-rate is -1.0, it must be more than 0.0'),
+    (['--cooldown-epochs', '-1'], '--cooldown-epochs is -1, it must be at least 0.0'),
+    (['--sched', 'multistep', '--decay-milestones', '2', '-3'], '--decay-milestones is -3, it must be more than 0.0'),
+    (['--opt-eps', '-1'], '--opt-eps is -1.0, it must be at least 0.0'),
+    (['--patience-epochs', '-1'], '--patience-epochs is -1, it must be at least 0.0'),
 ])
 def test_train_numbers_out_of_their_range_are_one_error_line(argv, message, tmp_path, capsys):
     line = _one_error(_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path, *argv], capsys)

@@ -48,6 +48,10 @@ VALUE_BOUNDS: Dict[str, Bounds] = {
     'hflip': _PROBABILITY, 'smoothing': _RATE, 'drop': _RATE, 'drop_path': _RATE,
     'num_warm_iter': Bounds(least=0), 'num_bench_iter': Bounds(least=1), 'runs': Bounds(least=0),  # 0: no timing
     'matmul_size': Bounds(least=1),
+    # the schedule's and optimizer's: a negative cooldown shortens the run, a rate of nan or below 0 trains on nan
+    # or climbs the loss, each without a word; a negative epsilon is torch's traceback
+    'cooldown_epochs': Bounds(least=0.), 'patience_epochs': Bounds(least=0.), 'decay_rate': Bounds(above=0.),
+    'decay_milestones': Bounds(above=0.), 'opt_eps': Bounds(least=0.),
 }
 
 
@@ -80,8 +84,10 @@ def check_value_bounds(args) -> None:
     """A :class:`RecipeError` for a number of ``args`` outside its :data:`VALUE_BOUNDS` (given on the command line
     or by a recipe); arguments that ``args`` lacks or leaves at None are not checked."""
     for name, bounds in VALUE_BOUNDS.items():
-        value = getattr(args, name, None)
-        problem = None if value is None or isinstance(value, bool) else bounds.breach(value)
+        given = getattr(args, name, None)
+        values = given if isinstance(given, (list, tuple)) else [given]  # e.g. each of --decay-milestones
+        value, problem = next(((v, bounds.breach(v)) for v in values if v is not None and not isinstance(v, bool)
+                               and bounds.breach(v)), (None, None))
         if problem:
             recipe = getattr(args, 'config', '')
             raise RecipeError(f'--{name.replace("_", "-")} is {value}, {problem}'
