@@ -2,13 +2,16 @@
 report them: :func:`run_cli` prints ``error: <message>`` without a traceback and exits with status 2; and the
 commands' entry point (:func:`command`), which also spares their exit a second of CPU (:func:`freeze_at_exit`) """
 import atexit
+import errno
 import gc
+import os
+import re
 import sys
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'first_launched_process', 'run_cli', 'command_name', 'command',
-           'freeze_at_exit']
+           'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'first_launched_process', 'write_failure', 'run_cli',
+           'command_name', 'command', 'freeze_at_exit']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
@@ -41,12 +44,44 @@ def first_launched_process() -> bool:
     return not is_distributed_env() or world_info_from_env()[1] == 0
 
 
+# a write the system refused: a full disk or quota, a file too large, a read-only or forbidden place
+_WRITE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+# torch.save's words for a write that failed (they name no errno: a full disk is "unexpected pos", a folder gone
+# "Parent directory ... does not exist"), and safetensors' (the OS error's code, in Rust's words)
+_TORCH_WRITE_FAILED = ('inline_container', 'PytorchStreamWriter', 'Parent directory')
+_SAFETENSORS_OS_ERROR = re.compile(r'\(os error (\d+)\)')
+
+
+def write_failure(error: BaseException) -> Optional[str]:
+    """What stopped a file from being written, in words, where ``error`` is a write the system refused (a full
+    disk, a file size limit, a read-only or vanished folder); None for any other error, a fault to see whole."""
+    room = 'make room, or write elsewhere'
+    if isinstance(error, OSError):
+        if error.errno not in _WRITE_ERRNOS:
+            return None
+        advice = room if error.errno in _WRITE_ERRNOS[:3] else 'write elsewhere, or mend its permissions'
+        return f'{error.strerror}: {error.filename} ({advice})' if error.filename else f'{error.strerror} ({advice})'
+    text = (str(error).strip().splitlines() or [''])[0]
+    if type(error).__name__ == 'SafetensorError':
+        code = _SAFETENSORS_OS_ERROR.search(str(error))
+        return f'{os.strerror(int(code.group(1)))}, writing a safetensors file ({room})' if code else None
+    if isinstance(error, RuntimeError) and any(words in text for words in _TORCH_WRITE_FAILED):
+        return f'torch.save: {text[:200]} ({room})'
+    return None
+
+
 def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:
     """Run a script's ``main(argv)``: its status (``None`` is 0), or 2 after printing a :class:`UserError`."""
     try:
         return main(argv) or 0
     except UserError as e:
         print(f'error: {e}', file=sys.stderr)
+        return USAGE_ERROR_STATUS
+    except Exception as e:  # noqa: BLE001  of the rest, only a write the system refused is the user's to mend
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        print(f'error: {reason}', file=sys.stderr)
         return USAGE_ERROR_STATUS
     except KeyboardInterrupt as e:  # Ctrl-C: what it left, where a command says (timm's train.py also ends quietly)
         if first_launched_process():  # Ctrl-C reaches every process torchrun started: one says it

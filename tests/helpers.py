@@ -5,6 +5,8 @@ import importlib
 import importlib.util
 import logging
 import os
+import resource
+import signal
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -80,6 +82,20 @@ CONTENT_FREE_MODELS = tuple(name for name, args in SA_MODEL_ARGS.items()
                             if args.get('attn_kind', 'quadratic') != 'content' and 'heads_per_layer' not in args)
 GAUSSIAN_MODELS = tuple(name for name in CONTENT_FREE_MODELS
                         if SA_MODEL_ARGS[name].get('attn_kind', 'quadratic') in ('quadratic', 'generalized'))
+
+
+@contextlib.contextmanager
+def file_size_limit(size: int):
+    """Writes past ``size`` bytes of any file fail in this process (EFBIG, as on a full disk), as the system refuses
+    them: RLIMIT_FSIZE, with SIGXFSZ ignored so that the write fails rather than the process."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
 
 
 @contextlib.contextmanager

@@ -617,3 +617,30 @@ def test_benchmark_compare_fused_runs_in_the_triton_interpreter(monkeypatch, cap
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     line = _one_error(benchmark_script.main, ['-m', 'no_such_model', '--compare', 'fused', '--device', 'cpu'], capsys)
     assert "unknown model 'no_such_model'" in line, line
+
+
+def test_a_write_the_system_refuses_is_one_error_line(tmp_path, capsys):
+    """A full disk, as each writer reports it under a file size limit (safetensors' error, torch.save's, an OSError,
+    none of them naming a full disk alike): one line saying what was refused. A missing file or another fault of
+    torch's is no refused write, and stays a traceback."""
+    import errno
+
+    import torch
+    from helpers import file_size_limit
+    from safetensors.torch import save_file
+
+    from sa_vision.errors import write_failure
+    big = {'weights': torch.zeros(100_000)}
+    writers = {'safetensors': lambda: save_file(big, str(tmp_path / 'w.safetensors')),
+               'torch.save': lambda: torch.save(big, tmp_path / 'w.pth'),
+               'open': lambda: (tmp_path / 'w.txt').write_bytes(bytes(100_000))}
+    for name, write in writers.items():
+        with file_size_limit(8192):
+            status, err = _run(lambda argv, write=write: write(), [], capsys)
+        assert status == 2 and err.startswith('error: ') and len(err.strip().splitlines()) == 1, (name, err)
+        assert ('File too large' in err or 'unexpected pos' in err) and 'make room' in err, (name, err)
+    assert write_failure(FileNotFoundError(errno.ENOENT, 'No such file or directory', 'x')) is None
+    assert write_failure(RuntimeError('shape mismatch')) is None
+    with pytest.raises(RuntimeError, match='inconsistent tensor size'):
+        run_cli(lambda argv: torch.zeros(2) @ torch.zeros(3))
+

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import train_here
+from helpers import file_size_limit, train_here
 
 from sa_vision.train import loop, state
 from sa_vision.train.data import create_image_dataset
@@ -83,12 +83,42 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_resume_goes_on(tmp_path, 
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
     assert status == 2, log[-3000:]
     error = log.strip().splitlines()[-1]
-    assert error.startswith(f'error: could not write the files of epoch 1 in {run} (') and 'free on its disk' in \
-        error and error.endswith(f'continue with --resume {run / "last.pth.tar"}'), error
+    assert error.startswith(f'error: could not write in {run} (torch.save: [enforce fail at inline_container') \
+        and 'free on its disk' in error and error.endswith(f'with --resume {run / "last.pth.tar"}'), error
     assert _load(run / 'last.pth.tar')['epoch'] == 0
     monkeypatch.undo()
     status, log = train_here(caplog, capsys, '--resume', run)
     assert status == 0 and _load(run / 'last.pth.tar')['epoch'] == 1, log[-3000:]
+
+
+def test_a_write_refused_before_any_epoch_or_in_the_export_says_how_to_go_on(tmp_path, caplog, capsys, monkeypatch):
+    """The system refuses a write (safetensors' own error, torch.save's, an OSError): one line naming the run and
+    what was refused. Before any epoch finished there is no checkpoint to resume: start again. In the export after
+    the epochs, a resume with --export exports again."""
+    import sa_vision.cli.train as train_command
+    run = tmp_path / 'early'
+    with file_size_limit(8192):  # args.yaml fits; the initial weights (11 kB) do not
+        status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'early', 1), '--save-epoch-weights')
+    error = log.strip().splitlines()[-1]
+    assert status == 2 and error.startswith(f'error: could not write in {run} (File too large, writing a '
+                                            f'safetensors file') and error.endswith(
+        f'no epoch had finished: delete {run} and start again'), error
+    assert not (run / 'last.pth.tar').exists()
+
+    real_export = train_command.export_hub_folder
+
+    def export_on_a_full_disk(*args, **kwargs):
+        with file_size_limit(8192):  # the weights (11 kB) do not fit
+            return real_export(*args, **kwargs)
+    monkeypatch.setattr(train_command, 'export_hub_folder', export_on_a_full_disk)
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'late', 1), '--export')
+    error = log.strip().splitlines()[-1]
+    assert status == 2 and 'File too large' in error and error.endswith(
+        f'continue from its last finished epoch with --resume {tmp_path / "late" / "last.pth.tar"} --export'), error
+    assert not (tmp_path / 'late' / 'hub').exists()
+    monkeypatch.undo()
+    status, log = train_here(caplog, capsys, '--resume', tmp_path / 'late' / 'last.pth.tar', '--export')
+    assert status == 0 and (tmp_path / 'late' / 'hub' / 'model.safetensors').is_file(), log[-2000:]
 
 
 def test_a_resume_with_another_batch_size_goes_on_with_the_schedule_at_its_epoch(tmp_path, caplog, capsys):

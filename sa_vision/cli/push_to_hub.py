@@ -30,7 +30,7 @@ from sa_vision.hub import (
     upload_files,
     weights_label,
 )
-from sa_vision.io import folder_problem
+from sa_vision.io import atomic_folder, folder_problem
 from sa_vision.train.checkpoint import RUN_CHECKPOINT, CheckpointError, read_checkpoint, weights_path
 
 
@@ -128,9 +128,10 @@ def _staged_copy(source: Path, out_dir: Path) -> Path:
     if problem:
         raise UserError(f'--out-dir {out_dir}: {problem}; a copy of {source} is staged in a new or empty folder, or '
                         f'one holding that copy')
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name, data in copied.items():
-        (out_dir / name).write_bytes(data)
+    with atomic_folder(out_dir) as staging:  # never half a copy, which a second try would take for another's
+        staging.mkdir()
+        for name, data in copied.items():
+            (staging / name).write_bytes(data)
     return out_dir
 
 

@@ -12,7 +12,7 @@ from timm.data import resolve_data_config
 from torch import Tensor
 
 from ..errors import UserError
-from ..io import usual_file_mode
+from ..io import atomic_folder, usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..models.sa_state_dict import rename_old_keys
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
@@ -146,29 +146,28 @@ def export_hub_folder(
             f'(sa-vision-push-to-hub {ckpt.source}), or stage a copy of it in another folder (--out-dir DIR)')
     if out_dir.exists():
         _check_replaceable(out_dir, saved.state_dict(), ckpt.source)
-        for name in EXPORT_FILES:
-            (out_dir / name).unlink(missing_ok=True)
-    model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
-    recipe = published_recipe(ckpt)
-    if recipe:  # kept for an export of this export, whose recipe.yaml repeats the run
-        model_config[TRAINING_PROCESSES] = training_processes(ckpt)
-    # the registered cfg's label_names are CIFAR-10's: never carried over to weights of another dataset
-    saved.pretrained_cfg = {**saved.pretrained_cfg, 'label_names': None}
-    save_for_hf(saved, out_dir, safe_serialization=True, model_config=model_config, model_args=pad_args,
-                data_config=input_cfg)
-    if recipe:  # weights without a training record have no run to repeat (an empty recipe starts the default one)
-        with open(out_dir / RECIPE_FILENAME, 'w') as f:
-            trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
-            f.write(f'# training arguments of {label.name} ({trainer} argument names): '
-                    f'{repeat_command(ckpt, RECIPE_FILENAME, ("needed", "optional"))} repeats the run\n')
-            yaml.safe_dump(recipe, f, sort_keys=False)
-    if epochs and any(positional_params(sd) for sd in epochs.values()):
-        save_positional_trajectory(epochs, out_dir / POSITIONAL_EPOCHS_FILE)
-    has_figure = figure and _save_card_figure(model, out_dir / CARD_FIGURE_FILENAME)
-    readme = render_model_card(ckpt, model, label, repo_id, input_cfg['input_size'][-1], has_figure=has_figure,
-                               exported_args=pad_args)
-    (out_dir / 'README.md').write_text(readme, encoding='utf-8')
-    written = sorted(out_dir.iterdir())
-    for path in written:  # safetensors writes through a temporary file of mode 0600
-        usual_file_mode(path)
+    with atomic_folder(out_dir) as folder:  # an earlier export stays whole until this one is
+        model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
+        recipe = published_recipe(ckpt)
+        if recipe:  # kept for an export of this export, whose recipe.yaml repeats the run
+            model_config[TRAINING_PROCESSES] = training_processes(ckpt)
+        # the registered cfg's label_names are CIFAR-10's: never carried over to weights of another dataset
+        saved.pretrained_cfg = {**saved.pretrained_cfg, 'label_names': None}
+        save_for_hf(saved, folder, safe_serialization=True, model_config=model_config, model_args=pad_args,
+                    data_config=input_cfg)
+        if recipe:  # weights without a training record have no run to repeat (an empty recipe starts the default one)
+            with open(folder / RECIPE_FILENAME, 'w') as f:
+                trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
+                f.write(f'# training arguments of {label.name} ({trainer} argument names): '
+                        f'{repeat_command(ckpt, RECIPE_FILENAME, ("needed", "optional"))} repeats the run\n')
+                yaml.safe_dump(recipe, f, sort_keys=False)
+        if epochs and any(positional_params(sd) for sd in epochs.values()):
+            save_positional_trajectory(epochs, folder / POSITIONAL_EPOCHS_FILE)
+        has_figure = figure and _save_card_figure(model, folder / CARD_FIGURE_FILENAME)
+        readme = render_model_card(ckpt, model, label, repo_id, input_cfg['input_size'][-1], has_figure=has_figure,
+                                   exported_args=pad_args)
+        (folder / 'README.md').write_text(readme, encoding='utf-8')
+        written = sorted(folder.iterdir())
+        for path in written:  # safetensors writes through a temporary file of mode 0600
+            usual_file_mode(path)
     return [path.name for path in written]

@@ -160,10 +160,10 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
             repair_run_files(run_dir, resume_ckpt, log)
         log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
-        if args.save_epoch_weights and start_epoch == 0:
-            save_epoch_weights(model, args, run_dir, 0)
     metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log, start_epoch < num_epochs)
-    with training_in(run_dir):
+    with training_in(run_dir, export=bool(getattr(args, 'export', False))):
+        if is_primary(args) and args.save_epoch_weights and start_epoch == 0:
+            save_epoch_weights(model, args, run_dir, 0)
         for epoch in range(start_epoch, num_epochs):
             seed_epoch(args.seed, epoch, args.rank)
             set_epoch(train_loader, epoch)

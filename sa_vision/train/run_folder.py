@@ -5,6 +5,7 @@ import contextlib
 import csv
 import itertools
 import os
+import shutil
 import tempfile
 import unicodedata
 from datetime import datetime
@@ -13,7 +14,7 @@ from typing import IO, Dict, List, Optional
 
 import yaml
 
-from ..errors import UserError
+from ..errors import UserError, write_failure
 from ..io import atomic_duplicate, atomic_write, folder_problem
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
@@ -144,16 +145,27 @@ def _hold(folder: Path) -> None:
 
 
 @contextlib.contextmanager
-def training_in(run_dir: Path):
-    """The epochs of a run in ``run_dir`` and its report and export after them, while :func:`write_run_files` holds
-    it for this process (no other resumes it meanwhile), let go at the end; Ctrl-C ends them with how to go on,
-    which :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
+def training_in(run_dir: Path, export: bool = False):
+    """The epochs of a run in ``run_dir`` and its report and export (``export``) after them, while
+    :func:`write_run_files` holds it for this process (no other resumes it meanwhile), let go at the end; Ctrl-C,
+    or a file the system would not write (a full disk, the folder gone), ends them with how to go on, which
+    :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
+    def go_on() -> str:
+        last = run_dir / RUN_CHECKPOINT
+        return (f'continue from its last finished epoch with --resume {last}{" --export" if export else ""}'
+                if last.is_file() else f'no epoch had finished: delete {run_dir} and start again')
     try:
         yield
     except KeyboardInterrupt:
-        last = run_dir / RUN_CHECKPOINT
-        raise KeyboardInterrupt(f'continue from its last finished epoch with --resume {last}' if last.is_file() else
-                                f'no epoch had finished: delete {run_dir} and start again') from None
+        raise KeyboardInterrupt(go_on()) from None
+    except Exception as e:  # noqa: BLE001  a write the system refused is the user's to mend; any other, a fault
+        reason = write_failure(e)
+        if reason is None:
+            raise
+        on = next(p for p in (run_dir, *run_dir.parents) if p.is_dir())  # the run folder may be gone
+        free = shutil.disk_usage(on).free
+        raise UserError(f'could not write in {run_dir} ({reason}); {free / 1e6:,.0f} MB free on its disk. Each '
+                        f'file is written whole or not at all: once mended, {go_on()}') from e
     finally:
         held = _HELD.pop(run_dir.resolve(), None)
         if held is not None:

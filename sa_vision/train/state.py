@@ -4,7 +4,6 @@ import argparse
 import csv
 import json
 import shlex
-import shutil
 import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
@@ -367,24 +366,14 @@ def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
     ``last.pth.tar`` comes first: what a stop leaves unwritten after it, ``run_folder.repair_run_files`` writes."""
     epoch, num_epochs = ckpt['epoch'], ckpt['num_epochs']
     is_best = ckpt['best'] is not None and ckpt['best']['epoch'] == epoch
-    try:
-        if args.save_epoch_weights:
-            save_epoch_weights(model, args, run_dir, epoch + 1)
-        atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
-        if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
-            atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
-        summary = run_dir / SUMMARY
-        write_summary_row(summary, ckpt['history'][-1], write_header=not summary.is_file())
-    except (OSError, RuntimeError) as e:
-        # a full disk: torch.save's error names no disk ("unexpected pos", "file write failed"); another error of
-        # torch's is a fault to see whole
-        if not isinstance(e, OSError) and not any(w in str(e) for w in ('inline_container', 'PytorchStreamWriter')):
-            raise
-        reason = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
-        free = shutil.disk_usage(run_dir).free
-        raise UserError(f'could not write the files of epoch {epoch} in {run_dir} ({reason}); {free / 1e6:,.0f} MB '
-                        f'free on its disk. Each file is written whole or not at all: free some space (or mend the '
-                        f'folder), then continue with --resume {run_dir / RUN_CHECKPOINT}') from e
+    # a write the system refuses (a full disk) ends the run in one line, with how to go on: run_folder.training_in
+    if args.save_epoch_weights:
+        save_epoch_weights(model, args, run_dir, epoch + 1)
+    atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
+    if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
+        atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)
+    summary = run_dir / SUMMARY
+    write_summary_row(summary, ckpt['history'][-1], write_header=not summary.is_file())
     # said once every file of the epoch is written; the epoch counted from 0, as the Train: and Eval: lines count it
     log(f'Saved checkpoint of epoch {epoch} ({epoch + 1}/{num_epochs} done) to {run_dir / RUN_CHECKPOINT}')
     if is_best:
