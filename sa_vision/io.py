@@ -5,15 +5,16 @@ from being written; and :func:`plain_data`, a value as data any of these files c
 code. """
 import contextlib
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator, Optional, Union
+from typing import Any, Iterator, List, Optional, Union
 
 import torch
 
 __all__ = ['atomic_write', 'atomic_write_text', 'atomic_torch_save', 'atomic_duplicate', 'atomic_folder',
-           'usual_file_mode', 'folder_problem', 'file_problem',
+           'remove_stale_temporaries', 'usual_file_mode', 'folder_problem', 'file_problem',
            'plain_data']
 
 PathLike = Union[str, os.PathLike]
@@ -30,7 +31,7 @@ def atomic_write(path: PathLike) -> Iterator[Path]:
         yield path
         return
     path = Path(os.path.realpath(path))
-    tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')
+    tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')  # named for its writer: _TEMPORARY
     try:
         yield tmp
         with open(tmp, 'rb') as f:
@@ -39,6 +40,32 @@ def atomic_write(path: PathLike) -> Iterator[Path]:
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+# the temporary files of atomic_write, by the process writing them
+_TEMPORARY = re.compile(r'\..+\.tmp(\d+)(\.[^.]+)?')
+
+
+def remove_stale_temporaries(folder: PathLike) -> List[str]:
+    """Remove the temporary files in ``folder`` that :func:`atomic_write` left where its writer was killed before
+    the rename (a whole checkpoint each, hidden from ``ls``): those of processes no longer running. Their names."""
+    removed = []
+    for entry in os.scandir(folder):
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match and entry.is_file(follow_symlinks=False) and not _running(int(match.group(1))):
+            os.unlink(entry.path)
+            removed.append(entry.name)
+    return sorted(removed)
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # OverflowError: a number no process has
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 def usual_file_mode(path: PathLike) -> None:
@@ -82,6 +109,8 @@ def atomic_folder(folder: PathLike) -> Iterator[Path]:
     never half a folder. What a killed writer left beside it is removed first."""
     folder = Path(folder)
     partial, old = folder.with_name(f'.{folder.name}.partial'), folder.with_name(f'.{folder.name}.old')
+    if old.exists() and not folder.exists():  # a writer killed between its two renames: the earlier one comes back
+        os.replace(old, folder)
     for leftover in (partial, old):
         if leftover.exists():
             shutil.rmtree(leftover)

@@ -75,6 +75,23 @@ def test_a_run_killed_between_its_files_is_made_whole_when_resumed(tmp_path, cap
     assert 'written again from last.pth.tar' in log
 
 
+def test_a_summary_row_cut_short_is_written_again_when_resumed(tmp_path, caplog, capsys):
+    """A stop in the middle of appending a summary.csv row leaves part of it: the resume writes the file again from
+    the checkpoint's history, rather than gluing the next row onto the part."""
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    whole = (run / 'summary.csv').read_bytes()
+    (run / 'summary.csv').write_bytes(whole[:whole.rindex(b',')])  # epoch 0's row without its last field
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
+    assert status == 0 and 'summary.csv written again from last.pth.tar' in log, log[-3000:]
+    history = _load(run / 'last.pth.tar')['history']
+    rows = _summary(run)
+    assert [row['epoch'] for row in rows] == ['0', '1'] and all(len(row) == len(rows[0]) for row in rows)
+    assert [float(row['train_loss']) for row in rows] == [epoch['train_loss'] for epoch in history]
+    assert (run / 'summary.csv').read_bytes().startswith(whole)
+
+
 def test_a_full_disk_stops_the_run_in_one_line_and_the_resume_goes_on(tmp_path, caplog, capsys, monkeypatch):
     """torch.save's error on a full disk names no disk: the run says what it could not write and how to go on."""
     run = tmp_path / 'run'

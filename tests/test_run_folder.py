@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import command_here, train_here, usual_file_mode
+from helpers import HANG_TIMEOUT_S, command_here, train_here, usual_file_mode
 from timm.models import resume_checkpoint
 
 from sa_vision.errors import UserError
@@ -162,6 +162,41 @@ def test_atomic_folder_replaces_a_folder_whole_or_not_at_all(tmp_path):
         (partial / 'model.safetensors').write_text('epoch 3')
     assert _files(hub) == {'model.safetensors': b'epoch 3'}
     assert sorted(p.name for p in tmp_path.iterdir()) == ['hub']
+
+
+def test_atomic_folder_brings_back_the_version_a_writer_killed_between_its_renames_left(tmp_path):
+    """Killed after moving the earlier version aside and before moving the new one in: the folder is missing and
+    the earlier version lies beside it. The next writer brings it back, so a failure of its own leaves that one."""
+    from sa_vision.io import atomic_folder
+    hub, old = tmp_path / 'hub', tmp_path / '.hub.old'
+    old.mkdir()
+    (old / 'model.safetensors').write_text('epoch 2')
+    with pytest.raises(OSError), atomic_folder(hub):
+        raise OSError(28, 'No space left on device')
+    assert _files(hub) == {'model.safetensors': b'epoch 2'} and sorted(p.name for p in tmp_path.iterdir()) == ['hub']
+
+
+def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, caplog, capsys):
+    """A process killed while writing a checkpoint leaves its temporary file (a whole checkpoint, hidden): the
+    resume removes those of processes no longer running, and keeps one a running process is writing."""
+    import subprocess
+    import sys
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-2000:]
+    run = tmp_path / 'run'
+    killed = subprocess.run([sys.executable, '-c', (
+        'import os, signal, sys\n'
+        'from sa_vision.io import atomic_write\n'
+        'with atomic_write(sys.argv[1]) as tmp:\n'
+        '    tmp.write_bytes(bytes(1000))\n'
+        '    os.kill(os.getpid(), signal.SIGKILL)\n'), str(run / 'last.pth.tar')], timeout=HANG_TIMEOUT_S)
+    assert killed.returncode == -9
+    (left,) = [p.name for p in run.iterdir() if p.name.startswith('.last.pth.tmp')]
+    writing = '.model_best.pth.tmp1.tar'  # of process 1, which runs as long as the system does
+    (run / writing).write_bytes(b'')
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
+    assert status == 0 and f'removed {left} from {run}' in log, log[-2000:]
+    assert not (run / left).exists() and (run / writing).exists()
 
 
 def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
@@ -333,7 +368,6 @@ def test_a_run_another_process_is_training_is_not_resumed_into_it(tmp_path, capl
     import subprocess
     import sys
 
-    from helpers import HANG_TIMEOUT_S
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
     assert status == 0, log[-2000:]
     run = tmp_path / 'run'

@@ -15,7 +15,7 @@ from typing import IO, Dict, List, Optional
 import yaml
 
 from ..errors import UserError, write_failure
-from ..io import atomic_duplicate, atomic_write, folder_problem
+from ..io import atomic_duplicate, atomic_write, folder_problem, remove_stale_temporaries
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
 from .state import SUMMARY, Log, args_as_saved, run_recipe, write_summary_row
@@ -176,6 +176,9 @@ def repair_run_files(run_dir: Path, resume_ckpt: Checkpoint, log: Log) -> None:
     """Make ``model_best.pth.tar`` and ``summary.csv`` agree with the checkpoint resumed (``last.pth.tar``, which
     ``state.save_epoch`` writes first): a run stopped after it (killed, a full disk) left its epoch's best checkpoint
     or summary row unwritten, and an export would publish an older epoch as the best."""
+    removed = remove_stale_temporaries(run_dir)
+    if removed:
+        log(f'removed {", ".join(removed)} from {run_dir}: files a run killed while writing them left behind')
     # the file resumed: last.pth.tar, or a checkpoint of the run that a folder without one holds (run_folder)
     meta, kept, source = resume_ckpt.meta, run_dir / BEST_CHECKPOINT, Path(resume_ckpt.source)
     best = meta.get('best')
@@ -198,9 +201,14 @@ def repair_run_files(run_dir: Path, resume_ckpt: Checkpoint, log: Log) -> None:
 
 
 def _summary_epochs(summary: Path) -> Optional[List[str]]:
-    """The epoch column of ``summary.csv``, or None where there is none to read."""
+    """The epoch column of ``summary.csv``, or None where there is none to read, or a row was cut short (a stop
+    in the middle of appending it: the next row would be glued to it)."""
     try:
         with open(summary, newline='') as f:
-            return [row.get('epoch') for row in csv.DictReader(f)]
-    except (OSError, csv.Error, UnicodeDecodeError):
+            text = f.read()
+        header, *rows = csv.reader(text.splitlines())
+    except (OSError, csv.Error, UnicodeDecodeError, ValueError):
         return None
+    if not text.endswith('\n') or 'epoch' not in header or any(len(row) != len(header) for row in rows):
+        return None
+    return [row[header.index('epoch')] for row in rows]
