@@ -394,7 +394,9 @@ def test_least_values_are_allowed():
     ('model_kwargs: [embed_dim, 32]\n', "model_kwargs in recipe {recipe} is ['embed_dim', 32], it must be a mapping"),
     ('epochs: ten\n', "--epochs is 'ten' in recipe {recipe}, it must be a whole number"),
     ('lr: fast\n', "--lr is 'fast' in recipe {recipe}, it must be a number"),
-], ids=['yaml', 'model-kwargs-list', 'epochs-text', 'lr-text'])
+    ('device_modules: [sa_vision, this]\n', "recipe {recipe} names device_modules ['this'], which sa-vision-train "
+                                            "imports only from the command line"),
+], ids=['yaml', 'model-kwargs-list', 'epochs-text', 'lr-text', 'device-modules'])
 def test_a_recipe_of_broken_yaml_or_wrong_kinds_is_one_error_line_naming_it(text, message, tmp_path, capsys):
     recipe = tmp_path / 'recipe.yaml'
     recipe.write_text(text)

@@ -13,7 +13,7 @@ import yaml
 from timm.scheduler import PlateauLRScheduler
 from timm.utils import update_summary
 
-from ..errors import UserError, first_launched_process
+from ..errors import RecipeError, UserError, first_launched_process
 from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
 from ..models import infer_sa_model_args
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
@@ -58,6 +58,12 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
                 print(f'note: {config.config} is a run\'s args.yaml: it is read as the recipe.yaml beside it, '
                       f'without where and how that run ran (output, experiment, data_dir, device, ...)',
                       file=sys.stderr)
+        modules = recipe.get('device_modules') or []
+        new = [str(m) for m in (modules if isinstance(modules, list) else [modules]) if str(m) not in sys.modules]
+        if new:  # importing runs a module's code, and a recipe may come from anywhere (sa_vision itself is harmless)
+            raise RecipeError(f'recipe {config.config} names device_modules {new}, which sa-vision-train imports '
+                              f'only from the command line, since an import runs the module\'s code: remove them '
+                              f'from the recipe, and pass --device-modules {" ".join(new)} if you trust them')
         recipe = timm_args_as_model_kwargs(recipe, known)
         ignored = check_recipe_keys(recipe, known, source=f'recipe {config.config}')
         for note in ignored_keys_notes(recipe, ignored, f'recipe {config.config}'):
