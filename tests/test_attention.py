@@ -175,6 +175,32 @@ def test_one_dropout_mask_for_the_whole_batch(kind, dense):
     assert not torch.allclose(out[0], layer.eval()(sample)[0])
 
 
+@pytest.mark.parametrize('fused', (False, True), ids=('explicit', 'sdpa'))
+def test_content_attention_drops_probabilities_at_the_asked_rate(fused):
+    """The content kind's attention dropout, through SDPA or the explicit formula (``fused_attn``): with the tokens
+    the standard basis (D = h*w), every head's output is its row of probabilities itself, dropped. In training a
+    fraction ``attn_drop`` of them is zero (within 6 standard errors) and the others are the reference softmax
+    (Eq. 8 from the formula here) over ``1 - attn_drop``; in eval the reference softmax."""
+    p, H, W = 0.3, 4, 4
+    layer = make_layer('content', torch.float64, dim=H * W, num_heads=3)
+    layer.fused_attn = fused
+    layer.attn_drop = p
+    B = 4
+    x = torch.eye(H * W, dtype=torch.float64).reshape(1, H, W, H * W).expand(B, -1, -1, -1).contiguous()
+    probs = reference_scores(layer, x).softmax(-1)  # batch, head, query, key
+    assert probs.min() > 0, 'a zero probability would read as a dropped one'
+
+    def as_probs(out):  # B, h, w, heads*D -> batch, head, query, key
+        return out.reshape(B, H * W, layer.num_heads, H * W).permute(0, 2, 1, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(as_probs(layer.eval()(x)), probs)
+        torch.manual_seed(0)
+        dropped = as_probs(layer.train()(x))
+    zeros = dropped == 0
+    torch.testing.assert_close(dropped[~zeros], probs[~zeros] / (1 - p))
+    assert abs(zeros.double().mean().item() - p) <= 6 * (p * (1 - p) / zeros.numel()) ** 0.5, zeros.double().mean()
+
+
 @pytest.mark.parametrize('dense', (False, True))
 def test_dropout_keeps_the_expectation(dense):
     """Averaged over many masks the output approaches the dropout-free output."""
@@ -315,6 +341,25 @@ def test_gelu_mlp_equals_linear_gelu_linear_and_saves_one_hidden_tensor():
     with torch.autograd.graph.saved_tensors_hooks(lambda t: (saved.append(tuple(t.shape)), t)[1], lambda t: t):
         mlp(x)
     assert saved.count((3, 4, 10)) == 1  # the pre-activation; the activation is recomputed
+
+
+def test_gelu_mlp_drops_out_after_fc2_in_training():
+    """The layers' dropout after the MLP's second Linear (``proj_drop``, 0.1 in App. A.4): in training each output
+    is ``fc2(gelu(fc1(x)))`` (torch's functions on the module's weights) times 0 or ``1 / (1 - p)``, about a
+    fraction p of them zero; in eval nothing is dropped."""
+    import torch.nn.functional as F
+
+    from sa_vision.layers import GeluMlp
+    torch.manual_seed(0)
+    mlp = GeluMlp(6, 10, drop=0.5).double()
+    x = torch.randn(64, 4, 6, dtype=torch.float64)
+    ref = F.linear(F.gelu(F.linear(x, mlp.fc1.weight, mlp.fc1.bias)), mlp.fc2.weight, mlp.fc2.bias)
+    torch.testing.assert_close(mlp.eval()(x), ref)
+    out = mlp.train()(x)  # with autograd: the path that saves only the hidden pre-activation
+    zeros = out == 0
+    torch.testing.assert_close(out[~zeros], 2 * ref[~zeros])
+    # a binomial count of zeroed outputs: within 6 standard errors of one half
+    assert abs(zeros.double().mean().item() - 0.5) <= 6 * (0.25 / zeros.numel()) ** 0.5
 
 
 # --- the batched-heads path: attention + Value with every head in one product and one Value GEMM ---

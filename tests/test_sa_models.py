@@ -246,6 +246,9 @@ def test_default_cfg_follows_timm_conventions():
         assert cfg['input_size'] == (3, 32, 32) and cfg['num_classes'] == 10 and cfg['crop_pct'] == 1.0
         assert cfg['mean'] == (0.4914, 0.4822, 0.4465) and cfg['std'] == (0.2023, 0.1994, 0.2010)
         assert cfg['license'] and cfg['paper_ids'] and cfg['first_conv'] and cfg['classifier']
+        # the project resizes bilinearly (the digits' resize in sa_vision/train/datasets.py, the published runs'
+        # config.json under docs/probes): timm's eval transform must resize the same way, not timm's bicubic default
+        assert cfg['interpolation'] == 'bilinear'
 
 
 def test_create_without_pretrained_never_touches_the_network(monkeypatch):
@@ -384,6 +387,96 @@ def test_drop_path_drops_whole_samples():
         same = torch.isclose(features[b], features[0])
         assert same.all() or not same.any()
     assert any(not torch.allclose(features[b], features[0]) for b in range(1, 6))
+
+
+def test_sample_drop_path_zeroes_or_rescales_whole_samples():
+    """timm's stochastic-depth convention on the grid-major ``h x w x B x D`` (batch in dim 2): in training each
+    sample's branch is either all zero or exactly ``x / (1 - p)`` (the expectation is kept), about a fraction p of
+    the samples dropped; in eval the module is the identity."""
+    from sa_vision.layers import SampleDropPath
+    p, batch = 0.3, 400
+    drop = SampleDropPath(p).train()
+    torch.manual_seed(0)
+    x = torch.randn(3, 4, batch, 5)
+    out = drop(x)
+    dropped = 0
+    for b in range(batch):
+        if (out[:, :, b] == 0).all():
+            dropped += 1
+        else:
+            torch.testing.assert_close(out[:, :, b], x[:, :, b] / (1 - p))
+    # a binomial count of dropped samples: within 6 standard errors of p
+    assert abs(dropped / batch - p) <= 6 * (p * (1 - p) / batch) ** 0.5, dropped
+    assert drop.eval()(x) is x
+
+
+def test_drop_path_rates_rise_linearly_from_zero_as_in_timm():
+    """timm's convention (``calculate_drop_path_rates``, its ViTs' ``torch.linspace``): layer i of ``depth`` drops
+    with ``drop_path_rate * i / (depth - 1)``, so the first layer never (no module at all) and the last at the rate."""
+    rate, depth = 0.3, 4
+    model = small_model('sa_quadratic_cifar', depth=depth, drop_path_rate=rate)
+    expected = torch.linspace(0, rate, depth).tolist()
+    for i, blk in enumerate(model.blocks):
+        for drop in (blk.drop_path1, blk.drop_path2):
+            if i == 0:
+                assert isinstance(drop, nn.Identity)
+            else:
+                assert drop.drop_prob == pytest.approx(expected[i]), (i, drop.drop_prob)
+
+
+def test_drop_rate_drops_the_pooled_features_before_the_classifier():
+    """timm's ``drop_rate`` is the dropout before the classifier: in training, with the other dropouts off, the
+    pooled features (``pre_logits``) are zero in about half the entries at 0.5 and twice the mean over the grid in
+    the others; in eval they are the mean itself."""
+    model = small_model('sa_quadratic_cifar', drop_rate=0.5, proj_drop_rate=0., attn_drop_rate=0.)
+    torch.manual_seed(0)
+    grid = torch.randn(64, 2, 2, SMALL['embed_dim'])  # B x h x w x D, as forward_features gives it
+    pooled = grid.mean(dim=(1, 2))
+    torch.testing.assert_close(model.eval().forward_head(grid, pre_logits=True), pooled)
+    dropped = model.train().forward_head(grid, pre_logits=True)
+    zeros = dropped == 0
+    torch.testing.assert_close(dropped[~zeros], 2 * pooled[~zeros])
+    # a binomial count over B x D entries: within 6 standard errors of one half
+    assert abs(zeros.float().mean().item() - 0.5) <= 6 * (0.25 / zeros.numel()) ** 0.5
+    # and the classifier reads the dropped features
+    torch.manual_seed(1)
+    logits = model.forward_head(grid)
+    torch.manual_seed(1)
+    torch.testing.assert_close(logits, model.head(torch.nn.functional.dropout(pooled, 0.5, True)))
+
+
+def test_forward_intermediates_stopping_early_still_runs_the_last_requested_layer():
+    """``stop_early`` skips only the layers after the last requested one: its intermediates equal those of the
+    full forward and the requested layer's output computed by hand (embedding, then the blocks in order)."""
+    model = small_model('sa_quadratic_cifar', depth=3, heads_per_layer=2).eval()
+    x = torch.randn(2, 3, 8, 12)
+    early = model.forward_intermediates(x, indices=[1], stop_early=True, intermediates_only=True)
+    full = model.forward_intermediates(x, indices=[1], stop_early=False, intermediates_only=True)
+    assert len(early) == len(full) == 1
+    torch.testing.assert_close(early[0], full[0])
+    with torch.no_grad():
+        by_hand = model.blocks[1](model.blocks[0](model.patch_embed(x)))  # h x w x B x D
+    torch.testing.assert_close(early[0], by_hand.permute(2, 3, 0, 1))  # NCHW
+
+
+def test_prune_intermediate_layers_removes_the_head_as_timms_models_do():
+    """timm's convention (its ViTs'): ``prune_intermediate_layers(indices)`` keeps the layers up to the last index
+    and, with ``prune_head`` (the default), removes the classifier and the pooling (``reset_classifier(0, '')``):
+    no classes, no classifier weights, the forward returns the kept layers' token grid."""
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=16, depth=2, embed_dim=16, num_heads=2,
+                            num_classes=10)
+    vit.prune_intermediate_layers([0])
+    assert vit.num_classes == 0 and isinstance(vit.head, nn.Identity)  # what timm does
+
+    model = small_model('sa_quadratic_cifar', depth=3, heads_per_layer=2).eval()
+    assert model.prune_intermediate_layers([0]) == [0]
+    assert len(model.blocks) == 1
+    assert model.num_classes == 0 and isinstance(model.get_classifier(), nn.Identity)
+    assert not [k for k in model.state_dict() if k.startswith('head.')]
+    x = torch.randn(2, 3, 8, 12)
+    with torch.no_grad():
+        by_hand = model.blocks[0](model.patch_embed(x)).permute(2, 0, 1, 3)  # B x h x w x D
+        torch.testing.assert_close(model(x), by_hand)
 
 
 @pytest.mark.slow

@@ -260,6 +260,59 @@ def test_evaluation_counts_top1_and_top5():
     assert metrics['loss'] == pytest.approx(expected)
 
 
+def test_evaluation_with_a_padded_last_batch_counts_only_the_real_images():
+    """``pad_last_batch`` (the compiled evaluation's one shape) pads the short batch with zero images to the
+    loader's batch size and drops their logits: loss, top-1, top-5 and the count equal a hand computation over the
+    real images alone (torch's cross-entropy and argmax / top-5 on their 7 x 7 logits)."""
+    from sa_vision.train.evaluation import evaluate
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 7)
+    model.bias.data.fill_(3.)  # a zero (padding) image's logits are the bias: a class of its own, if it counted
+    model.bias.data[6] = 9.
+    seen = []
+    model.register_forward_pre_hook(lambda m, args: seen.append(args[0].shape[0]))
+    images, targets = torch.randn(7, 4), torch.tensor([6, 1, 2, 3, 4, 5, 0])
+    loader = [(images[:5], targets[:5]), (images[5:], targets[5:])]
+    metrics = evaluate(model, loader, 'cpu', pad_last_batch=True)
+    assert seen == [5, 5], 'the short batch must be padded to the first batch size'
+    with torch.no_grad():
+        logits = model(images)
+    top5 = logits.topk(5, dim=-1).indices
+    assert metrics['num_images'] == 7
+    assert metrics['loss'] == pytest.approx(torch.nn.functional.cross_entropy(logits, targets).item(), rel=1e-6)
+    assert metrics['top1'] == pytest.approx(100 * (logits.argmax(-1) == targets).sum().item() / 7)
+    assert metrics['top5'] == pytest.approx(100 * (top5 == targets[:, None]).any(-1).sum().item() / 7)
+
+
+@pytest.mark.parametrize('smoothing', [0.1, 0.])
+def test_training_loss_is_timms_label_smoothing_cross_entropy(tmp_path, caplog, capsys, monkeypatch, smoothing):
+    """--smoothing (timm's): the loss every training step calls is timm's ``LabelSmoothingCrossEntropy(smoothing)``
+    where it is positive and plain cross-entropy at 0. The loss is caught where sa-vision-train hands it to the
+    epoch (run in this process, stopped there) and compared on random logits with timm's and torch's own."""
+    from timm.loss import LabelSmoothingCrossEntropy
+
+    from sa_vision.train import loop
+
+    class Caught(Exception):
+        pass
+    caught = []
+
+    def first_epoch(epoch, model, loader, optimizer, loss_fn, *args, **kwargs):
+        caught.append(loss_fn)
+        raise Caught
+    monkeypatch.setattr(loop, 'train_one_epoch', first_epoch)
+    with pytest.raises(Caught):
+        train_here(caplog, capsys, *_mechanics_args(tmp_path, 'smoothing', 1), '--smoothing', smoothing)
+    loss_fn, = caught
+    torch.manual_seed(0)
+    logits, targets = torch.randn(32, 10), torch.randint(0, 10, (32,))
+    expected = (LabelSmoothingCrossEntropy(smoothing)(logits, targets) if smoothing
+                else torch.nn.functional.cross_entropy(logits, targets))
+    assert not torch.allclose(LabelSmoothingCrossEntropy(0.1)(logits, targets),
+                              torch.nn.functional.cross_entropy(logits, targets)), 'the two must differ here'
+    torch.testing.assert_close(loss_fn(logits, targets), expected)
+
+
 def test_digits_dataset_split_is_fixed():
     from sa_vision.train.datasets import DigitsDataset
     train, test = DigitsDataset('train'), DigitsDataset('test')

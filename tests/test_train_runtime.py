@@ -145,6 +145,26 @@ def test_backends_are_exact_unless_asked(restore_backend_flags):
     assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
 
 
+@pytest.mark.filterwarnings('ignore:PlateauLRScheduler is deprecated:FutureWarning')  # timm's, on creating it
+@pytest.mark.parametrize('metric, mode', [('top1', 'max'), ('top5', 'max'), ('loss', 'min')])
+def test_plateau_schedule_follows_the_eval_metric_direction(metric, mode):
+    """--sched plateau (timm's PlateauLRScheduler over torch's ReduceLROnPlateau): an accuracy improves upwards, a
+    loss downwards. The lr stays while the metric keeps improving in its direction, and falls (by --decay-rate)
+    once it has stayed the same for more than --patience-epochs."""
+    args, _, _ = parse_run_args(['--sched', 'plateau', '--no-sched-on-updates', '--eval-metric', metric,
+                                 '--epochs', '20', '--warmup-epochs', '0', '--patience-epochs', '1', '--lr', '0.1'])
+    optimizer = torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=args.lr)
+    scheduler, _ = run_setup.create_scheduler(optimizer, args, updates_per_epoch=1)
+    assert scheduler.lr_scheduler.mode == mode
+    improving = [1., 2., 3., 4., 5.] if mode == 'max' else [9., 8., 7., 6., 5.]
+    for epoch, value in enumerate(improving):  # better every epoch: never a plateau
+        scheduler.step(epoch + 1, value)
+    assert optimizer.param_groups[0]['lr'] == pytest.approx(0.1)
+    for epoch in range(5, 8):  # the same value three times: a plateau longer than the patience
+        scheduler.step(epoch + 1, 5.)
+    assert optimizer.param_groups[0]['lr'] == pytest.approx(0.1 * args.decay_rate)
+
+
 def test_evaluation_reads_its_totals_once(count_host_reads, device):
     from sa_vision.train.evaluation import evaluate
     model, loader = _toy_problem(steps=5)
