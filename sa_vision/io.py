@@ -106,23 +106,53 @@ def atomic_duplicate(src: PathLike, dst: PathLike) -> None:
 def atomic_folder(folder: PathLike) -> Iterator[Path]:
     """A path beside ``folder`` to build its new contents at, swapped in for ``folder`` when the block succeeds
     (removed otherwise): the folder never mixes two versions, and a killed writer leaves the earlier one (or none),
-    never half a folder. What a killed writer left beside it is removed first."""
-    folder = Path(folder)
+    never half a folder. What a killed writer left beside it is removed first. A link to a folder stays, and the
+    folder it names is replaced; a mount point, which cannot be renamed, is filled in place
+    (:func:`_filled_in_place`)."""
+    folder = Path(os.path.realpath(folder))
+    if os.path.ismount(folder):
+        with _filled_in_place(folder) as partial:
+            yield partial
+        return
     partial, old = folder.with_name(f'.{folder.name}.partial'), folder.with_name(f'.{folder.name}.old')
-    if old.exists() and not folder.exists():  # a writer killed between its two renames: the earlier one comes back
+    if old.is_dir() and not old.is_symlink() and not folder.exists():  # a writer killed between its two renames
         os.replace(old, folder)
     for leftover in (partial, old):
-        if leftover.exists():
-            shutil.rmtree(leftover)
+        _remove(leftover)
     folder.parent.mkdir(parents=True, exist_ok=True)
     try:
         yield partial
         if folder.exists():
             os.replace(folder, old)
         os.replace(partial, folder)
-        shutil.rmtree(old, ignore_errors=True)
+        _remove(old)
     finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        _remove(partial)
+
+
+@contextlib.contextmanager
+def _filled_in_place(folder: Path) -> Iterator[Path]:
+    """:func:`atomic_folder` for a mount point: the new contents are built in a hidden folder inside it, and once
+    complete replace the old ones name by name (a kill in between leaves a mix, which the next writer replaces)."""
+    partial = folder / f'.{folder.name}.partial'
+    _remove(partial)
+    try:
+        yield partial
+        for entry in folder.iterdir():
+            if entry != partial:
+                _remove(entry)
+        for entry in partial.iterdir():
+            os.replace(entry, folder / entry.name)
+    finally:
+        _remove(partial)
+
+
+def _remove(path: Path) -> None:
+    """``path`` gone, whatever it is: a folder with its contents, a file, a link (not what it names)."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        path.unlink()
 
 
 def folder_problem(folder: PathLike) -> Optional[str]:

@@ -176,6 +176,37 @@ def test_atomic_folder_brings_back_the_version_a_writer_killed_between_its_renam
     assert _files(hub) == {'model.safetensors': b'epoch 2'} and sorted(p.name for p in tmp_path.iterdir()) == ['hub']
 
 
+def test_atomic_folder_replaces_what_a_link_names_and_fills_a_mount_point(tmp_path, monkeypatch):
+    """--out-dir may be a link to a folder (the link stays; the folder it names gets the new version, again and
+    again) or a mount point (a container's volume: it cannot be renamed, so its contents are replaced, and a failed
+    writer leaves the earlier ones)."""
+    from sa_vision.io import atomic_folder
+    target, link = tmp_path / 'big' / 'hub', tmp_path / 'hub'
+    target.mkdir(parents=True)
+    link.symlink_to(target)
+    for version in ('epoch 2', 'epoch 3'):
+        with atomic_folder(link) as partial:
+            partial.mkdir()
+            (partial / 'model.safetensors').write_text(version)
+        assert link.is_symlink() and _files(target) == {'model.safetensors': version.encode()}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['big', 'hub'] and os.listdir(tmp_path / 'big') == ['hub']
+
+    volume = tmp_path / 'volume'
+    volume.mkdir()
+    (volume / 'model.safetensors').write_text('epoch 2')
+    (volume / 'attention.png').write_text('a figure of epoch 2')
+    monkeypatch.setattr(os.path, 'ismount', lambda path: Path(path) == volume)
+    with pytest.raises(OSError), atomic_folder(volume) as partial:
+        partial.mkdir()
+        (partial / 'model.safetensors').write_text('epoch 3')
+        raise OSError(28, 'No space left on device')
+    assert _files(volume) == {'model.safetensors': b'epoch 2', 'attention.png': b'a figure of epoch 2'}
+    with atomic_folder(volume) as partial:
+        partial.mkdir()
+        (partial / 'model.safetensors').write_text('epoch 3')
+    assert _files(volume) == {'model.safetensors': b'epoch 3'}
+
+
 def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, caplog, capsys):
     """A process killed while writing a checkpoint leaves its temporary file (a whole checkpoint, hidden): the
     resume removes those of processes no longer running, and keeps one a running process is writing."""
