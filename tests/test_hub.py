@@ -448,7 +448,7 @@ def test_publish_uploads_the_folder_to_its_repository_in_one_commit(trained, tmp
 def test_only_the_exports_files_are_listed_and_uploaded(trained, tmp_path, recording_api, capsys):
     """A kept folder holding more than an export wrote (notes, a subfolder): the dry run names what stays behind,
     and the upload (as huggingface_hub picks files) sends the export's files alone, from the folder and from a
-    copy staged elsewhere. A link in an export file's place would send what it points to: refused."""
+    copy staged elsewhere."""
     secret = tmp_path / 'secret'
     (secret / '.ssh').mkdir(parents=True)
     (secret / '.ssh' / 'id_rsa').write_text('private key')
@@ -467,16 +467,17 @@ def test_only_the_exports_files_are_listed_and_uploaded(trained, tmp_path, recor
         assert push_to_hub.main([str(folder), *target]) == 0
         assert recording_api.calls[-1] == ('upload_folder', DIGITS_REPO, exported)
     assert sorted(p.name for p in (tmp_path / 'staged').iterdir()) == exported
-    (folder / 'README.md').rename(tmp_path / 'card.md')
-    (folder / 'README.md').symlink_to(tmp_path / 'card.md')
-    calls = len(recording_api.calls)
-    for target in ([], ['--out-dir', str(tmp_path / 'other')]):
-        assert push_to_hub.main([str(folder), '--dry-run', *target]) == 2
-        err = capsys.readouterr().err
-        assert err.count('error:') == 1 and f'README.md -> {tmp_path / "card.md"}' in err, err
-    with pytest.raises(HubPublishError, match='holds links'):
-        publish_hub_folder(folder, DIGITS_REPO)
-    assert len(recording_api.calls) == calls
+    # a link in an export file's place (a Hub cache's snapshot holds links to its blobs): its file is listed with
+    # the link, and sent
+    (folder / 'model.safetensors').rename(tmp_path / 'blob')
+    (folder / 'model.safetensors').symlink_to(tmp_path / 'blob')
+    assert push_to_hub.main([str(folder)]) == 0
+    printed = capsys.readouterr().out
+    assert f'the file of the link model.safetensors -> {tmp_path / "blob"}' in printed, printed
+    assert recording_api.calls[-1] == ('upload_folder', DIGITS_REPO, exported)
+    assert push_to_hub.main([str(folder), '--out-dir', str(tmp_path / 'other'), '--dry-run']) == 0
+    staged = tmp_path / 'other' / 'model.safetensors'
+    assert not staged.is_symlink() and staged.read_bytes() == (tmp_path / 'blob').read_bytes()
 
 
 def test_digits_weights_never_reach_the_registered_repository(trained, tmp_path, recording_api, capsys):

@@ -12,6 +12,7 @@ creates in the uploaded copy (the dry run lists that card); an export of other w
 never replaced (an error says what it holds). What is checked before any upload: docs/hub.md, "Publishing".
 """
 import argparse
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -90,12 +91,14 @@ def main(argv=None):
         card = card_to_upload(out_dir, repo_id)  # what the upload carries: the usage rebuilt for repo_id
         rebuilt = card != (out_dir / 'README.md').read_text(encoding='utf-8')
         for name in staged:
+            path = out_dir / name
+            link = f', the file of the link {name} -> {os.readlink(path)}' if path.is_symlink() else ''
             if name == 'README.md':
-                print(f'  {name}  ({len(card.encode("utf-8")):,} bytes'
+                print(f'  {name}  ({len(card.encode("utf-8")):,} bytes{link}'
                       + (f' as uploaded: its usage rebuilt for {repo_id}; the folder\'s is left as it is)'
                          if rebuilt else ')'))
             else:
-                print(f'  {name}  ({(out_dir / name).stat().st_size:,} bytes)')
+                print(f'  {name}  ({path.stat().st_size:,} bytes{link})')
         left = sorted(p.name for p in out_dir.iterdir() if p.name not in staged)
         if left:
             print(f'  not uploaded (not written by an export): {", ".join(left)}')

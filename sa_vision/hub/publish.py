@@ -70,16 +70,9 @@ def resolve_token(token: Optional[str] = None) -> str:
 
 def upload_files(folder: Union[str, os.PathLike]) -> List[str]:
     """The names of the files an upload of the exported ``folder`` sends: those an export writes
-    (``EXPORT_FILES``). Other files and subfolders stay behind, and a link among them is refused, since it would
-    send what it points to, wherever that is."""
-    folder = Path(folder)
-    links = {name: os.readlink(folder / name) for name in EXPORT_FILES if (folder / name).is_symlink()}
-    if links:
-        shown = ', '.join(f'{name} -> {target}' for name, target in sorted(links.items()))
-        raise HubPublishError(f'{folder} holds links where an export writes files ({shown}); an upload would send '
-                              f'what they point to: put the files themselves there, or export again; nothing was '
-                              f'uploaded')
-    return sorted(name for name in EXPORT_FILES if (folder / name).is_file())
+    (``EXPORT_FILES``; a link among them sends the file it names, as a Hub cache's snapshot holds them). Other
+    files and subfolders stay behind."""
+    return sorted(name for name in EXPORT_FILES if (Path(folder) / name).is_file())
 
 
 def publish_hub_folder(
@@ -99,7 +92,6 @@ def publish_hub_folder(
     if missing:
         raise HubPublishError(f'{folder} is not a complete export (missing {missing}); run the export first')
     _check_folder_target(folder, repo_id)
-    upload_files(folder)
     token = resolve_token(token)
     api = HfApi(token=token, library_name='timm')
     with _hub_answers(repo_id):
