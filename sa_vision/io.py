@@ -8,6 +8,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Iterator, List, Optional, Union
 
@@ -42,17 +43,22 @@ def atomic_write(path: PathLike) -> Iterator[Path]:
         tmp.unlink(missing_ok=True)
 
 
-# the temporary files of atomic_write, by the process writing them
+# the temporary files of atomic_write, by the process writing them, and how long one is left alone since its
+# writer last wrote to it
 _TEMPORARY = re.compile(r'\..+\.tmp(\d+)(\.[^.]+)?')
+_STALE_AFTER_S = 600
 
 
 def remove_stale_temporaries(folder: PathLike) -> List[str]:
     """Remove the temporary files in ``folder`` that :func:`atomic_write` left where its writer was killed before
-    the rename (a whole checkpoint each, hidden from ``ls``): those of processes no longer running. Their names."""
-    removed = []
+    the rename (a whole checkpoint each, hidden from ``ls``): those of processes no longer running, untouched for
+    ten minutes (a writer in another container or on another host, whose process this one cannot see, is still
+    writing to its own). Their names."""
+    removed, now = [], time.time()
     for entry in os.scandir(folder):
         match = _TEMPORARY.fullmatch(entry.name)
-        if match and entry.is_file(follow_symlinks=False) and not _running(int(match.group(1))):
+        if (match and entry.is_file(follow_symlinks=False) and now - entry.stat().st_mtime > _STALE_AFTER_S
+                and not _running(int(match.group(1)))):
             os.unlink(entry.path)
             removed.append(entry.name)
     return sorted(removed)

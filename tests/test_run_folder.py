@@ -5,6 +5,7 @@ import csv
 import os
 import re
 import stat
+import time
 from pathlib import Path
 
 import pytest
@@ -209,7 +210,8 @@ def test_atomic_folder_replaces_what_a_link_names_and_fills_a_mount_point(tmp_pa
 
 def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, caplog, capsys):
     """A process killed while writing a checkpoint leaves its temporary file (a whole checkpoint, hidden): the
-    resume removes those of processes no longer running, and keeps one a running process is writing."""
+    resume removes those of processes no longer running, untouched for a while, and keeps one a running process
+    is writing, or one written just now (by a process in another container, say)."""
     import subprocess
     import sys
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
@@ -223,11 +225,16 @@ def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, cap
         '    os.kill(os.getpid(), signal.SIGKILL)\n'), str(run / 'last.pth.tar')], timeout=HANG_TIMEOUT_S)
     assert killed.returncode == -9
     (left,) = [p.name for p in run.iterdir() if p.name.startswith('.last.pth.tmp')]
-    writing = '.model_best.pth.tmp1.tar'  # of process 1, which runs as long as the system does
-    (run / writing).write_bytes(b'')
+    hour_ago = time.time() - 3600
+    os.utime(run / left, (hour_ago, hour_ago))
+    # of process 1, which runs as long as the system does; of a process this one cannot see, written just now
+    writing = ['.model_best.pth.tmp1.tar', left.replace('.last.', '.model_best.')]
+    for name in writing:
+        (run / name).write_bytes(b'')
+    os.utime(run / writing[0], (hour_ago, hour_ago))
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
     assert status == 0 and f'removed {left} from {run}' in log, log[-2000:]
-    assert not (run / left).exists() and (run / writing).exists()
+    assert not (run / left).exists() and all((run / name).exists() for name in writing)
 
 
 def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
