@@ -732,19 +732,25 @@ def test_reexports_keep_the_preprocessing_their_source_states(trained, tmp_path)
                                                                            timm_args['std'])
 
 
-@pytest.mark.parametrize('names, read', [
-    ([f'kind {i}' for i in range(NUM_CLASSES - 1, -1, -1)], None),  # another tool's order: label i, its i-th name
-    (sorted(f'c{i}' for i in range(NUM_CLASSES)), [f'c{i}' for i in range(NUM_CLASSES)]),  # an earlier export's
+@pytest.mark.parametrize('names, read, ours', [
+    ([f'kind {i}' for i in range(NUM_CLASSES - 1, -1, -1)], None, True),  # its own order: label i, its i-th name
+    (sorted(f'c{i}' for i in range(NUM_CLASSES)), [f'c{i}' for i in range(NUM_CLASSES)], True),  # an earlier export's
+    (sorted(f'c{i}' for i in range(NUM_CLASSES)), None, False),  # another tool's (torchvision's ImageFolder order)
 ])
-def test_a_hub_folder_of_an_image_folder_names_its_labels_as_it_states(trained, tmp_path, names, read):
+def test_a_hub_folder_of_an_image_folder_names_its_labels_as_it_states(trained, tmp_path, names, read, ours):
     """Weights of an image folder ('clothes') whose config.json states its label names: label i is the i-th, as
-    timm reads the folder, unless the names are sorted plainly (c1, c10, c2), as earlier sa_vision exports wrote
-    the names of labels numbered in timm's order (c1, c2, c10)."""
+    timm reads the folder, unless the names are sorted plainly (c1, c10, c2) in an export of sa_vision (its
+    recipe.yaml and training record), as earlier versions wrote the names of labels numbered in timm's order
+    (c1, c2, c10)."""
     import timm
     folder = tmp_path / 'clothes'
     shutil.copytree(trained[1], folder)
+    if not ours:  # a folder of timm's save_for_hf, say
+        (folder / 'recipe.yaml').unlink()
     config = json.loads((folder / 'config.json').read_text())
     config['pretrained_cfg']['tag'], config['label_names'] = 'clothes', names
+    if not ours:
+        config.pop('training_processes', None)
     (folder / 'config.json').write_text(json.dumps(config))
     as_timm_reads = timm.create_model(f'local-dir:{folder}', pretrained=True).pretrained_cfg['label_names']
     assert list(as_timm_reads) == names

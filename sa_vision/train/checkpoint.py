@@ -115,8 +115,9 @@ class Checkpoint:
         from .data import dataset_info, timm_label_order, trained_dataset
         stated = self.preprocessing.get('label_names') or (self.meta.get('args') or {}).get('label_names')
         trained_on = trained_dataset(self.meta)
-        if stated and trained_on is not None and dataset_info(trained_on).is_image_folder:
-            stated = timm_label_order(stated)  # an earlier version recorded an image folder's plainly sorted
+        ours = self.format == 'sa_vision' or 'recipe' in self.meta or TRAINING_PROCESSES in self.meta
+        if stated and ours and trained_on is not None and dataset_info(trained_on).is_image_folder:
+            stated = timm_label_order(stated)  # an earlier sa_vision recorded an image folder's plainly sorted
         return stated or (dataset or dataset_info(self.dataset)).label_names(num_classes)
 
 

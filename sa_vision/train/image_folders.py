@@ -61,7 +61,8 @@ def timm_label_order(names: Sequence[str]) -> List[str]:
     """The class names recorded for weights of an image folder, label by label. Runs and exports of earlier
     versions (before 2026-11-28) recorded them sorted plainly (c1, c10, c2), while the model learned timm's labels
     (natural, case-blind: c1, c2, c10): such a record is put in timm's order. Names in any other order are a record
-    of their own (another tool's Hub folder: label i is its i-th name, as timm reads it) and kept as they are."""
+    of their own and kept as they are. Only for sa_vision's records: another tool's (torchvision's ImageFolder sorts
+    plainly) names label i by its i-th name, as timm reads it."""
     from timm.utils.misc import natural_key
     return sorted(names, key=natural_key) if list(names) == sorted(names) else list(names)
 
