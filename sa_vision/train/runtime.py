@@ -23,13 +23,10 @@ from ..errors import UserError
 
 __all__ = [
     'TORCH_DEFAULT_THREADS', 'available_cores', 'default_threads', 'apply_threads', 'import_device_modules',
-    'resolve_device',
-    'init_distributed',
-    'configure_backends', 'retain_freed_memory', 'uses_channels_last', 'seed_epoch', 'synchronize',
-    'host_sync_allowed',
-    'format_duration', 'CPU_AUTOCAST_MIN_SPEEDUP', 'cpu_autocast_speedup', 'probe_size', 'resolve_amp',
-    'COMPILE_MODES', 'compile_model', 'compile_choices', 'time_training_steps', 'probe_compile',
-    'choose_compile', 'first_error_line', 'resolve_torchcompile',
+    'resolve_device', 'init_distributed', 'configure_backends', 'retain_freed_memory', 'uses_channels_last',
+    'seed_epoch', 'synchronize', 'host_sync_allowed', 'format_duration', 'CPU_AUTOCAST_MIN_SPEEDUP',
+    'cpu_autocast_speedup', 'probe_size', 'resolve_amp', 'COMPILE_MODES', 'compile_model', 'compile_choices',
+    'time_training_steps', 'probe_compile', 'choose_compile', 'first_error_line', 'resolve_torchcompile',
 ]
 
 # read before any command changes it: the default of --threads is this, capped at this process's cores
@@ -187,21 +184,25 @@ CPU_AUTOCAST_SMALL_PROBE = (256, 256, 256)
 
 @functools.lru_cache(maxsize=None)
 def cpu_autocast_speedup(dtype: torch.dtype = torch.bfloat16, m: int = 1024, k: int = 512, n: int = 512,
-                         repeats: int = 5) -> float:
+                         min_seconds: float = 0.2) -> float:
     """How many times faster an (m x k) @ (k x n) matrix product runs on this CPU in ``dtype`` than in float32:
-    measured, since a CPU flag says an instruction exists, not that PyTorch's kernels use it well."""
+    measured, since a CPU flag says an instruction exists, not that PyTorch's kernels use it well. The two run in
+    turn for ``min_seconds`` (at least 5 pairs), and the median of the pairs' ratios counts: a burst of other work
+    on a shared machine slows a pair, not a whole dtype's block of products (which once turned bf16 off)."""
     gen = torch.Generator().manual_seed(0)
     a, b = torch.randn(m, k, generator=gen), torch.randn(k, n, generator=gen)
-
-    def best_time(x, y):
-        torch.mm(x, y)  # first-call allocations and kernel selection
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            torch.mm(x, y)
-            times.append(time.perf_counter() - start)
-        return min(times)
-    return best_time(a, b) / best_time(a.to(dtype), b.to(dtype))
+    low = a.to(dtype), b.to(dtype)
+    torch.mm(a, b), torch.mm(*low)  # first-call allocations and kernel selection
+    ratios, spent = [], 0.
+    while len(ratios) < 5 or spent < min_seconds and len(ratios) < 1000:
+        start = time.perf_counter()
+        torch.mm(a, b)
+        middle = time.perf_counter()
+        torch.mm(*low)
+        end = time.perf_counter()
+        ratios.append((middle - start) / max(end - middle, 1e-9))
+        spent += end - start
+    return statistics.median(ratios)
 
 
 def probe_size(model: nn.Module, batch_size: int):
