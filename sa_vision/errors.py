@@ -53,13 +53,15 @@ _SAFETENSORS_OS_ERROR = re.compile(r'\(os error (\d+)\)')
 
 
 def write_failure(error: BaseException) -> Optional[str]:
-    """What stopped a file from being written, in words, where ``error`` is a write the system refused (a full
-    disk, a file size limit, a read-only or vanished folder); None for any other error, a fault to see whole."""
+    """What stopped a file from being written (or read: a permission), in words, where ``error`` is an access the
+    system refused (a full disk, a file size limit, a read-only or vanished folder, no permission); None for any
+    other error, a fault to see whole."""
     room = 'make room, or write elsewhere'
     if isinstance(error, OSError):
         if error.errno not in _WRITE_ERRNOS:
             return None
-        advice = room if error.errno in _WRITE_ERRNOS[:3] else 'write elsewhere, or mend its permissions'
+        # no room is a write's; a permission may be a read's too (of a recipe, say)
+        advice = room if error.errno in _WRITE_ERRNOS[:3] else 'mend its permissions, or use another place'
         return f'{error.strerror}: {error.filename} ({advice})' if error.filename else f'{error.strerror} ({advice})'
     text = (str(error).strip().splitlines() or [''])[0]
     if type(error).__name__ == 'SafetensorError':

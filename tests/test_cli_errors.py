@@ -394,9 +394,10 @@ def test_least_values_are_allowed():
     ('model_kwargs: [embed_dim, 32]\n', "model_kwargs in recipe {recipe} is ['embed_dim', 32], it must be a mapping"),
     ('epochs: ten\n', "--epochs is 'ten' in recipe {recipe}, it must be a whole number"),
     ('lr: fast\n', "--lr is 'fast' in recipe {recipe}, it must be a number"),
+    ('sched: multistep\ndecay_milestones: [30, "60"]\n', "--decay-milestones is '60', it must be a number"),
     ('device_modules: [sa_vision, this]\n', "recipe {recipe} names device_modules ['this'], which sa-vision-train "
                                             "imports only from the command line"),
-], ids=['yaml', 'model-kwargs-list', 'epochs-text', 'lr-text', 'device-modules'])
+], ids=['yaml', 'model-kwargs-list', 'epochs-text', 'lr-text', 'milestone-text', 'device-modules'])
 def test_a_recipe_of_broken_yaml_or_wrong_kinds_is_one_error_line_naming_it(text, message, tmp_path, capsys):
     recipe = tmp_path / 'recipe.yaml'
     recipe.write_text(text)

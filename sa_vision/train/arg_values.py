@@ -86,11 +86,13 @@ def check_value_bounds(args) -> None:
     for name, bounds in VALUE_BOUNDS.items():
         given = getattr(args, name, None)
         values = given if isinstance(given, (list, tuple)) else [given]  # e.g. each of --decay-milestones
-        value, problem = next(((v, bounds.breach(v)) for v in values if v is not None and not isinstance(v, bool)
-                               and bounds.breach(v)), (None, None))
+        value, problem = next(((v, 'it must be a number' if not isinstance(v, (int, float)) else bounds.breach(v))
+                               for v in values if v is not None and not isinstance(v, bool)
+                               and (not isinstance(v, (int, float)) or bounds.breach(v))), (None, None))
         if problem:
             recipe = getattr(args, 'config', '')
-            raise RecipeError(f'--{name.replace("_", "-")} is {value}, {problem}'
+            shown = repr(value) if isinstance(value, str) else value
+            raise RecipeError(f'--{name.replace("_", "-")} is {shown}, {problem}'
                               + (f' (from the command line or recipe {recipe})' if recipe else ''))
 
 
