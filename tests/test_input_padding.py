@@ -42,6 +42,26 @@ def test_padding_inside_the_model_equals_black_padding_in_pixel_space(arch):
     assert features[-1].shape[-1] == 32 // (2 if arch.startswith('sa_') else 8)  # the padded grid
 
 
+@pytest.mark.parametrize('arch', ['sa_quadratic_cifar', 'resnet18_cifar'])
+def test_a_padded_model_made_on_the_meta_device_pads_with_its_value_once_reinitialised(arch):
+    """A kept (padded) model built on the meta device, moved with ``to_empty`` and loaded (a way to skip the random
+    init): its border value is in no state dict, and timm's ``reinit_non_persistent_buffers`` brings it back, as
+    for timm's own computed buffers. The logits then equal those of timm's local-dir: loading of the same folder."""
+    import json
+
+    from timm.models import load_checkpoint
+    from timm.models._manipulate import reinit_non_persistent_buffers
+    folder = ZOO / arch
+    args = json.loads((folder / 'config.json').read_text())['model_args']
+    model = timm.create_model(arch, device='meta', **args).to_empty(device='cpu')
+    load_checkpoint(model, str(folder / 'model.safetensors'))
+    reinit_non_persistent_buffers(model)
+    reference = timm.create_model(f'local-dir:{folder}', pretrained=True).eval()
+    x = torch.randn(2, 3, 28, 28)
+    with torch.no_grad():
+        assert torch.equal(model.eval()(x), reference(x))
+
+
 def test_pad_value_is_black_after_torchvisions_normalize():
     black = torch.zeros(3, 1, 1)
     expected = Normalize(MEAN, STD)(black).flatten().tolist()

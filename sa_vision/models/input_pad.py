@@ -47,10 +47,17 @@ class InputPad(nn.Module):
                 f'fit any channel count): pass input_pad_value=<black after your normalisation>, one value or one '
                 f'per channel, e.g. black_after_normalization(mean, std) of sa_vision.models.input_pad with the mean '
                 f'and std you normalise with')
-        self.padding = int(padding)
+        self.padding, self.values = int(padding), values
         # not in the state dict: the weights stay those of the unpadded model
         self.register_buffer('value', torch.tensor(values, device=device, dtype=dtype).view(-1, 1, 1),
                              persistent=False)
+
+    def init_non_persistent_buffers(self) -> None:
+        """The border value again, on its buffer's device and dtype: a model made on the meta device and moved with
+        ``to_empty`` holds no value there, and no state dict brings it (timm's ``reinit_non_persistent_buffers``
+        calls this, as for its own computed buffers)."""
+        device = None if self.value.is_meta else self.value.device
+        self.value = torch.tensor(self.values, device=device, dtype=self.value.dtype).view(-1, 1, 1)
 
     def forward(self, x: Tensor) -> Tensor:
         pad = [self.padding] * 4
