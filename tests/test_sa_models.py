@@ -192,8 +192,11 @@ def test_features_only_through_hooks_or_fx_is_refused_naming_the_getter(feature_
     were feature maps; the getter (forward_intermediates) gives B x D x H/2 x W/2."""
     with pytest.raises(ValueError, match=rf"feature_cls='getter', the default\), not feature_cls='{feature_cls}'"):
         small_model('sa_quadratic_cifar', features_only=True, feature_cls=feature_cls)
-    features = small_model('sa_quadratic_cifar', features_only=True, feature_cls='getter', out_indices=(0, 1))
-    assert [f.shape for f in features(torch.zeros(2, 3, 8, 8))] == [(2, 16, 4, 4)] * 2
+    from timm.models._features import FeatureGetterNet
+    for getter in ('getter', 'GETTER', FeatureGetterNet, type('MyGetter', (FeatureGetterNet,), {})):  # as timm takes
+        features = small_model('sa_quadratic_cifar', features_only=True, feature_cls=getter, out_indices=(0, 1))
+        assert isinstance(features, FeatureGetterNet), getter
+        assert [f.shape for f in features(torch.zeros(2, 3, 8, 8))] == [(2, 16, 4, 4)] * 2
 
 
 def test_torchscript_of_features_only_matches_eager():

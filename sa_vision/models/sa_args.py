@@ -33,8 +33,11 @@ def checked_global_pool(global_pool: str) -> str:
 def check_feature_cls(variant: str, kwargs: Dict[str, Any]) -> None:
     """``features_only`` takes timm's getter (``forward_intermediates``, NCHW) alone: timm's hook, FX and list
     wrappers return what the blocks return, grid-major ``H/2 x W/2 x B x D``, as if it were a feature map."""
+    from timm.models._features import FeatureGetterNet
     feature_cls = kwargs.get('feature_cls', 'getter')
-    if kwargs.get('features_only') and not (isinstance(feature_cls, str) and feature_cls.lower() == 'getter'):
+    getter = (isinstance(feature_cls, str) and feature_cls.lower() == 'getter'
+              or isinstance(feature_cls, type) and issubclass(feature_cls, FeatureGetterNet))  # as timm takes it
+    if kwargs.get('features_only') and not getter:
         raise ValueError(f'{variant} gives features through forward_intermediates only (feature_cls=\'getter\', '
                          f'the default), not feature_cls={feature_cls!r}: its blocks work in a grid-major '
                          f'H/2 x W/2 x B x D layout, which hooks and FX would return as it is (docs/models.md, '
