@@ -61,7 +61,8 @@ def write_failure(error: BaseException) -> Optional[str]:
         if error.errno not in _WRITE_ERRNOS:
             return None
         # no room is a write's; a permission may be a read's too (of a recipe, say)
-        advice = room if error.errno in _WRITE_ERRNOS[:3] else 'mend its permissions, or use another place'
+        advice = (room if error.errno in _WRITE_ERRNOS[:3] else 'write elsewhere' if error.errno == errno.EROFS
+                  else 'mend its permissions, or use another place')
         return f'{error.strerror}: {error.filename} ({advice})' if error.filename else f'{error.strerror} ({advice})'
     text = (str(error).strip().splitlines() or [''])[0]
     if type(error).__name__ == 'SafetensorError':

@@ -15,7 +15,7 @@ from typing import Any, Iterator, List, Optional, Union
 import torch
 
 __all__ = ['atomic_write', 'atomic_write_text', 'atomic_torch_save', 'atomic_duplicate', 'atomic_folder',
-           'remove_stale_temporaries', 'usual_file_mode', 'folder_problem', 'file_problem',
+           'partial_name', 'remove_stale_temporaries', 'usual_file_mode', 'folder_problem', 'file_problem',
            'plain_data']
 
 PathLike = Union[str, os.PathLike]
@@ -49,16 +49,17 @@ _TEMPORARY = re.compile(r'\..+\.tmp(\d+)(\.[^.]+)?')
 _STALE_AFTER_S = 600
 
 
-def remove_stale_temporaries(folder: PathLike) -> List[str]:
+def remove_stale_temporaries(folder: PathLike, held: bool = False) -> List[str]:
     """Remove the temporary files in ``folder`` that :func:`atomic_write` left where its writer was killed before
     the rename (a whole checkpoint each, hidden from ``ls``): those of processes no longer running, untouched for
     ten minutes (a writer in another container or on another host, whose process this one cannot see, is still
-    writing to its own). Their names."""
+    writing to its own), or at once where the caller holds the folder (``held``: no one else writes there). Their
+    names."""
     removed, now = [], time.time()
     for entry in os.scandir(folder):
         match = _TEMPORARY.fullmatch(entry.name)
-        if (match and entry.is_file(follow_symlinks=False) and now - entry.stat().st_mtime > _STALE_AFTER_S
-                and not _running(int(match.group(1)))):
+        if (match and entry.is_file(follow_symlinks=False)
+                and (held or now - entry.stat().st_mtime > _STALE_AFTER_S) and not _running(int(match.group(1)))):
             os.unlink(entry.path)
             removed.append(entry.name)
     return sorted(removed)
@@ -116,11 +117,12 @@ def atomic_folder(folder: PathLike) -> Iterator[Path]:
     folder it names is replaced; a mount point, which cannot be renamed, is filled in place
     (:func:`_filled_in_place`)."""
     folder = Path(os.path.realpath(folder))
-    if os.path.ismount(folder):
+    here = Path.cwd()
+    if os.path.ismount(folder) or folder == here or folder in here.parents:  # the working folder stays too
         with _filled_in_place(folder) as partial:
             yield partial
         return
-    partial, old = folder.with_name(f'.{folder.name}.partial'), folder.with_name(f'.{folder.name}.old')
+    partial, old = folder.with_name(partial_name(folder)), folder.with_name(f'.{folder.name}.old')
     if old.is_dir() and not old.is_symlink() and not folder.exists():  # a writer killed between its two renames
         os.replace(old, folder)
     for leftover in (partial, old):
@@ -140,7 +142,7 @@ def atomic_folder(folder: PathLike) -> Iterator[Path]:
 def _filled_in_place(folder: Path) -> Iterator[Path]:
     """:func:`atomic_folder` for a mount point: the new contents are built in a hidden folder inside it, and once
     complete replace the old ones name by name (a kill in between leaves a mix, which the next writer replaces)."""
-    partial = folder / f'.{folder.name}.partial'
+    partial = folder / partial_name(folder)
     _remove(partial)
     try:
         yield partial
@@ -151,6 +153,13 @@ def _filled_in_place(folder: Path) -> Iterator[Path]:
             os.replace(entry, folder / entry.name)
     finally:
         _remove(partial)
+
+
+def partial_name(folder: PathLike) -> str:
+    """The name of the folder :func:`atomic_folder` builds ``folder``'s new contents in: beside it, or inside it
+    where it is filled in place (a writer killed there leaves it, which the next one replaces, and which a check
+    of what ``folder`` holds passes over)."""
+    return f'.{Path(os.path.realpath(folder)).name}.partial'
 
 
 def _remove(path: Path) -> None:

@@ -478,6 +478,26 @@ def test_only_the_exports_files_are_listed_and_uploaded(trained, tmp_path, recor
     assert push_to_hub.main([str(folder), '--out-dir', str(tmp_path / 'other'), '--dry-run']) == 0
     staged = tmp_path / 'other' / 'model.safetensors'
     assert not staged.is_symlink() and staged.read_bytes() == (tmp_path / 'blob').read_bytes()
+    # a link to nothing: the upload would delete that file on the Hub (its delete patterns)
+    (folder / 'recipe.yaml').unlink()
+    (folder / 'recipe.yaml').symlink_to(tmp_path / 'gone')
+    calls = len(recording_api.calls)
+    assert push_to_hub.main([str(folder)]) == 2
+    assert 'links to nothing in place of recipe.yaml' in capsys.readouterr().err
+    assert len(recording_api.calls) == calls
+
+
+def test_an_export_into_the_working_folder_leaves_it_in_place(trained, tmp_path, recording_api, capsys,
+                                                               monkeypatch):
+    """--out-dir . (an empty folder the shell is in): the export is written there, and the folder stays the one
+    the shell is in (it is not swapped for a new one, which would leave the shell in a deleted folder)."""
+    here = tmp_path / 'here'
+    here.mkdir()
+    monkeypatch.chdir(here)
+    inode = here.stat().st_ino
+    assert push_to_hub.main([str(trained[0]), '--out-dir', '.', '--dry-run', '--no-figure']) == 0
+    assert here.stat().st_ino == inode and (here / 'model.safetensors').is_file()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['here']
 
 
 def test_digits_weights_never_reach_the_registered_repository(trained, tmp_path, recording_api, capsys):

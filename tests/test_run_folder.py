@@ -15,7 +15,7 @@ from helpers import HANG_TIMEOUT_S, command_here, train_here, usual_file_mode
 from timm.models import resume_checkpoint
 
 from sa_vision.errors import UserError
-from sa_vision.io import atomic_write
+from sa_vision.io import atomic_write, remove_stale_temporaries
 from sa_vision.train import loop
 from sa_vision.train.args import build_parser
 from sa_vision.train.checkpoint import read_checkpoint
@@ -208,10 +208,32 @@ def test_atomic_folder_replaces_what_a_link_names_and_fills_a_mount_point(tmp_pa
     assert _files(volume) == {'model.safetensors': b'epoch 3'}
 
 
+def test_export_replaces_the_runs_earlier_export_but_no_other_files(tmp_path, caplog, capsys):
+    """--export of a resumed run replaces its earlier export (of other weights: an earlier best epoch). Where the
+    run's hub/ is a link to a folder holding files of no export (or a mounted volume), they stay: refused in one
+    line, before anything is written there."""
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1), '--export')
+    assert status == 0, log[-2000:]
+    run = tmp_path / 'run'
+    before = (run / 'hub' / 'model.safetensors').read_bytes()
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2, '--export')
+    assert status == 0 and 'after epoch 2 of 2' in (run / 'hub' / 'README.md').read_text(), log[-2000:]
+    assert (run / 'hub' / 'model.safetensors').read_bytes() != before
+    shared = tmp_path / 'shared'
+    (run / 'hub').rename(shared)
+    (shared / 'notes.txt').write_text('mine')
+    (run / 'hub').symlink_to(shared)
+    held = _files(shared)
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--export')
+    error = log.strip().splitlines()[-1]
+    assert status == 2 and "holds files that are not part of an export (['notes.txt'])" in error, log[-2000:]
+    assert _files(shared) == held and (run / 'hub').is_symlink()
+
+
 def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, caplog, capsys):
     """A process killed while writing a checkpoint leaves its temporary file (a whole checkpoint, hidden): the
-    resume removes those of processes no longer running, untouched for a while, and keeps one a running process
-    is writing, or one written just now (by a process in another container, say)."""
+    resume, which holds the run folder, removes those of processes no longer running, and keeps one a running
+    process is writing. Elsewhere, such a file is removed only once untouched for a while."""
     import subprocess
     import sys
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
@@ -225,16 +247,22 @@ def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, cap
         '    os.kill(os.getpid(), signal.SIGKILL)\n'), str(run / 'last.pth.tar')], timeout=HANG_TIMEOUT_S)
     assert killed.returncode == -9
     (left,) = [p.name for p in run.iterdir() if p.name.startswith('.last.pth.tmp')]
+    writing = '.model_best.pth.tmp1.tar'  # of process 1, which runs as long as the system does
+    (run / writing).write_bytes(b'')
+    # a folder no run holds: a file of a process this one cannot see (another container's) is left alone while it
+    # may be written to; one untouched for long is removed
+    assert remove_stale_temporaries(run) == []
     hour_ago = time.time() - 3600
-    os.utime(run / left, (hour_ago, hour_ago))
-    # of process 1, which runs as long as the system does; of a process this one cannot see, written just now
-    writing = ['.model_best.pth.tmp1.tar', left.replace('.last.', '.model_best.')]
-    for name in writing:
-        (run / name).write_bytes(b'')
-    os.utime(run / writing[0], (hour_ago, hour_ago))
-    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
+    for name in (left, writing):
+        os.utime(run / name, (hour_ago, hour_ago))
+    os.utime(run / left, None)
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)  # holds its folder: removed at once
     assert status == 0 and f'removed {left} from {run}' in log, log[-2000:]
-    assert not (run / left).exists() and all((run / name).exists() for name in writing)
+    assert not (run / left).exists() and (run / writing).exists()
+    stale = run / left.replace('.last.', '.summary.').replace('.tar', '.csv')
+    stale.write_bytes(b'')
+    os.utime(stale, (hour_ago, hour_ago))
+    assert remove_stale_temporaries(run) == [stale.name] and (run / writing).exists()
 
 
 def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
@@ -366,14 +394,14 @@ def test_a_run_folder_holds_one_run(tmp_path, capsys, caplog, monkeypatch):
     assert _files(run) == before
 
     # the run continued for a third epoch, exported again: one summary, the Hub folder of the new best, swapped in
-    # whole (a file of the earlier export that the new one does not write is gone with it)
-    (run / 'hub' / 'stale.txt').write_text('written by the earlier export only')
+    # whole (a file of no export there is refused: test_export_replaces_the_runs_earlier_export_but_no_other_files)
+    (run / 'hub' / 'attention.png').write_text('the earlier export\'s figure')
     relative = Path(os.path.relpath(run, ROOT))  # as a user in another folder names it; the log keeps it so
     status, log = train_here(caplog, capsys, '--resume', relative / 'last.pth.tar', '--epochs', 3, '--export')
     assert status == 0, log[-3000:]
     assert f'Run folder {relative};' in log and (f'Saved checkpoint of epoch 2 (3/3 done) to '
                                                      f'{relative / "last.pth.tar"}') in log
-    assert not (run / 'hub' / 'stale.txt').exists()
+    assert (run / 'hub' / 'attention.png').read_bytes().startswith(b'\x89PNG')
     assert (run / 'summary.csv').read_text().count('epoch,') == 1
     best = _best_epoch(run / 'summary.csv')
     assert torch.load(run / 'model_best.pth.tar', weights_only=True)['epoch'] == best - 1

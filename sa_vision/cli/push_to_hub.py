@@ -31,7 +31,7 @@ from sa_vision.hub import (
     upload_files,
     weights_label,
 )
-from sa_vision.io import atomic_folder, folder_problem
+from sa_vision.io import atomic_folder, folder_problem, partial_name
 from sa_vision.train.checkpoint import RUN_CHECKPOINT, CheckpointError, read_checkpoint, weights_path
 
 
@@ -126,7 +126,8 @@ def _staged_copy(source: Path, out_dir: Path) -> Path:
     """``out_dir`` holding a copy of the Hub folder ``source`` as it is: its card keeps the run's record, which an
     export of its weights alone would not have. A copy staged before (a dry run's) is staged again."""
     copied = {name: (source / name).read_bytes() for name in upload_files(source)}
-    held = {p.name: p.read_bytes() if p.is_file() else None for p in out_dir.iterdir()} if out_dir.is_dir() else {}
+    held = {p.name: p.read_bytes() if p.is_file() else None for p in out_dir.iterdir()
+            if p.name != partial_name(out_dir)} if out_dir.is_dir() else {}
     problem = folder_problem(out_dir) or (held and held != copied and 'it holds other files')
     if problem:
         raise UserError(f'--out-dir {out_dir}: {problem}; a copy of {source} is staged in a new or empty folder, or '

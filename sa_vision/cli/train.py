@@ -8,6 +8,7 @@
 loop is :mod:`sa_vision.train.loop`; this command adds the Hub folder of ``--export``.
 """
 import sys
+from functools import partial
 
 from sa_vision.errors import command
 from sa_vision.hub import export_hub_folder
@@ -15,7 +16,8 @@ from sa_vision.train import loop
 
 
 def main(argv=None):
-    return loop.main(argv, export=export_hub_folder)
+    # --export replaces the run's earlier export (of an earlier best epoch), never a folder of other files
+    return loop.main(argv, export=partial(export_hub_folder, replace=True))
 
 
 cli = command(__name__)

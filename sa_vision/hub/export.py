@@ -12,7 +12,7 @@ from timm.data import resolve_data_config
 from torch import Tensor
 
 from ..errors import UserError
-from ..io import atomic_folder, usual_file_mode
+from ..io import atomic_folder, partial_name, usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..models.sa_state_dict import rename_old_keys
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
@@ -83,15 +83,16 @@ def _save_card_figure(model, path: Path) -> bool:
     return path.is_file()
 
 
-def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str) -> None:
+def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, replace: bool) -> None:
     """Refuse to write into ``out_dir`` unless what it holds is an export of exactly ``tensors`` (re-staged, e.g.
-    with a new card) or of no weights at all: an export of other weights is never replaced silently."""
-    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in EXPORT_FILES)
+    with a new card), of no weights at all, or (``replace``) of any weights: an export of other weights is never
+    replaced silently, nor a file of no export (in a folder a link names, or a mounted volume, say)."""
+    foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in (*EXPORT_FILES, partial_name(out_dir)))
     if foreign:
         raise ExportExistsError(f'{out_dir} holds files that are not part of an export ({foreign}); '
                                 f'choose an empty or new folder')
     weights = out_dir / 'model.safetensors'
-    if not weights.is_file() or _same_tensors(weights, tensors):
+    if replace or not weights.is_file() or _same_tensors(weights, tensors):
         return
     card = out_dir / 'README.md'
     held = weights_described_by_card(card.read_text(encoding='utf-8')) if card.is_file() else ''
@@ -121,9 +122,11 @@ def export_hub_folder(
         use_ema: bool = False,
         epochs: Optional[Dict[str, Dict[str, Tensor]]] = None,
         dtype: Optional[str] = None,
+        replace: bool = False,
 ) -> List[str]:
-    """Write a Hub folder of trained weights (an earlier export of the same weights is replaced; one of other
-    weights, or other files, are an :class:`ExportExistsError`); return the names of the files written. ``epochs``
+    """Write a Hub folder of trained weights (an earlier export of the same weights is replaced, and with
+    ``replace`` one of other weights, as ``--export`` replaces a run's; else one of other weights, or files of no
+    export, are an :class:`ExportExistsError`); return the names of the files written. ``epochs``
     keeps the centres and precision factors per epoch (paper Fig. 3). ``dtype`` (e.g. ``'bfloat16'``: half the
     bytes) stores the floating weights in that dtype; a float32 model loads them as they were rounded."""
     import yaml
@@ -135,7 +138,6 @@ def export_hub_folder(
     label = weights_label(ckpt)
     repo_id = repo_id or label.default_repo_id
     check_publish_target(label, repo_id)
-
     saved = model if dtype in (None, 'float32') else copy.deepcopy(model).to(getattr(torch, dtype))
     out_dir = Path(out_dir)
     read_from = Path(ckpt.source).resolve()
@@ -145,7 +147,7 @@ def export_hub_folder(
             f'recipe and figures with ones made from the weights alone. Publish the folder as it is '
             f'(sa-vision-push-to-hub {ckpt.source}), or stage a copy of it in another folder (--out-dir DIR)')
     if out_dir.exists():
-        _check_replaceable(out_dir, saved.state_dict(), ckpt.source)
+        _check_replaceable(out_dir, saved.state_dict(), ckpt.source, replace)
     with atomic_folder(out_dir) as folder:  # an earlier export stays whole until this one is
         model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
         recipe = published_recipe(ckpt)

@@ -71,8 +71,13 @@ def resolve_token(token: Optional[str] = None) -> str:
 def upload_files(folder: Union[str, os.PathLike]) -> List[str]:
     """The names of the files an upload of the exported ``folder`` sends: those an export writes
     (``EXPORT_FILES``; a link among them sends the file it names, as a Hub cache's snapshot holds them). Other
-    files and subfolders stay behind."""
-    return sorted(name for name in EXPORT_FILES if (Path(folder) / name).is_file())
+    files and subfolders stay behind. A link to nothing is refused: the upload would delete its file on the Hub."""
+    folder = Path(folder)
+    broken = [name for name in EXPORT_FILES if (folder / name).is_symlink() and not (folder / name).exists()]
+    if broken:
+        raise HubPublishError(f'{folder} holds links to nothing in place of {", ".join(broken)}: put the files back '
+                              f'(or remove the links); nothing was uploaded')
+    return sorted(name for name in EXPORT_FILES if (folder / name).is_file())
 
 
 def publish_hub_folder(

@@ -21,7 +21,7 @@ from timm.utils import NativeScaler, dispatch_clip_grad, distribute_bn, is_prima
 
 from .. import models  # noqa: F401  registers the models
 from ..errors import UserError, run_cli
-from ..io import atomic_duplicate, atomic_folder, atomic_torch_save
+from ..io import atomic_duplicate, atomic_torch_save
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
@@ -126,8 +126,9 @@ def is_better(metric: str, value: float, best: float) -> bool:
 
 
 def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
-    """Train as the command line says; ``export(checkpoint, folder)`` writes the Hub folder of ``--export``
-    (``sa_vision.cli.train`` passes ``sa_vision.hub.export_hub_folder``: the Hub is a tier above training)."""
+    """Train as the command line says; ``export(checkpoint, folder)`` writes the Hub folder of ``--export``, in place
+    of an earlier one (``sa_vision.cli.train`` passes ``sa_vision.hub.export_hub_folder``: the Hub is a tier above
+    training)."""
     logging.basicConfig(level=logging.INFO, format='%(message)s')
     args, recipe, resume_ckpt = parse_run_args(argv)
     if args.export and export is None:
@@ -156,8 +157,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
                                              steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
         run_dir = write_run_files(args, run_dir, new_run=resume_ckpt is None, trains=start_epoch < num_epochs)
-        if resume_ckpt is not None:
-            repair_run_files(run_dir, resume_ckpt, log)
+        repair_run_files(run_dir, resume_ckpt, log)
         log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
             f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
     metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log, start_epoch < num_epochs)
@@ -290,8 +290,7 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export, best_ep
             f'({args.eval_metric} {metric_text(args.eval_metric, saved["metrics"][args.eval_metric])}'
             f'{", the best" if exported == best else ""})')
         export_dir = run_dir / 'hub'
-        with atomic_folder(export_dir) as staging:  # never half a folder, nor two exports mixed
-            staged = export(exported, staging)
+        staged = export(exported, export_dir)  # never half a folder, nor two exports mixed, nor other files lost
         result['hub_folder'], result['hub_epoch'] = str(export_dir), done
         log(f'Exported Hub folder {export_dir}: {", ".join(staged)}')
     log('Result ' + json.dumps(result))

@@ -172,11 +172,14 @@ def training_in(run_dir: Path, export: bool = False):
             held.close()
 
 
-def repair_run_files(run_dir: Path, resume_ckpt: Checkpoint, log: Log) -> None:
+def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log) -> None:
     """Make ``model_best.pth.tar`` and ``summary.csv`` agree with the checkpoint resumed (``last.pth.tar``, which
     ``state.save_epoch`` writes first): a run stopped after it (killed, a full disk) left its epoch's best checkpoint
-    or summary row unwritten, and an export would publish an older epoch as the best."""
-    removed = remove_stale_temporaries(run_dir)
+    or summary row unwritten, and an export would publish an older epoch as the best. A new run (no
+    ``resume_ckpt``) has nothing to repair."""
+    if resume_ckpt is None:
+        return
+    removed = remove_stale_temporaries(run_dir, held=True)  # write_run_files holds the folder
     if removed:
         log(f'removed {", ".join(removed)} from {run_dir}: files a run killed while writing them left behind')
     # the file resumed: last.pth.tar, or a checkpoint of the run that a folder without one holds (run_folder)
