@@ -219,6 +219,9 @@ def test_export_replaces_the_runs_earlier_export_but_no_other_files(tmp_path, ca
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2, '--export')
     assert status == 0 and 'after epoch 2 of 2' in (run / 'hub' / 'README.md').read_text(), log[-2000:]
     assert (run / 'hub' / 'model.safetensors').read_bytes() != before
+    (run / 'hub' / '.DS_Store').write_bytes(b'a file browser looked')  # no file of the user's: replaced too
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2, '--export')
+    assert status == 0 and not (run / 'hub' / '.DS_Store').exists(), log[-2000:]
     shared = tmp_path / 'shared'
     (run / 'hub').rename(shared)
     (shared / 'notes.txt').write_text('mine')
@@ -227,7 +230,12 @@ def test_export_replaces_the_runs_earlier_export_but_no_other_files(tmp_path, ca
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--export')
     error = log.strip().splitlines()[-1]
     assert status == 2 and "holds files that are not part of an export (['notes.txt'])" in error, log[-2000:]
+    assert error.endswith(f'then --resume {run / "last.pth.tar"} --export exports without training'), error
     assert _files(shared) == held and (run / 'hub').is_symlink()
+    (run / 'hub').unlink()
+    (run / 'hub').write_text('a file')
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--export')
+    assert status == 2 and f'{run / "hub"} is a file, not a folder' in log.strip().splitlines()[-1], log[-2000:]
 
 
 def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, caplog, capsys):
@@ -259,6 +267,9 @@ def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, cap
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)  # holds its folder: removed at once
     assert status == 0 and f'removed {left} from {run}' in log, log[-2000:]
     assert not (run / left).exists() and (run / writing).exists()
+    own = run / f'.last.pth.tmp{os.getpid()}.tar'  # a file of this process's id (process 1 in a container, again)
+    own.write_bytes(b'')
+    assert remove_stale_temporaries(run, held=True) == [own.name] and (run / writing).exists()
     stale = run / left.replace('.last.', '.summary.').replace('.tar', '.csv')
     stale.write_bytes(b'')
     os.utime(stale, (hour_ago, hour_ago))

@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-from ..io import atomic_folder, atomic_write_text, plain_data
+from ..io import atomic_write_text, plain_data
 from ..models import SA_MODEL_ARGS
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
@@ -318,9 +318,9 @@ class Reproduction:
             if card.is_file() and card.stat().st_mtime >= last.stat().st_mtime:
                 say(f'export {folder.name}: up to date, skipped')
             else:
-                with atomic_folder(folder) as partial:  # replaces an export of an older checkpoint
-                    export_hub_folder(ckpt, partial, epochs=run_epochs(self.run_dir(model)),
-                                      dtype=self.profile.kept_dtype)
+                # replaces an export of an older checkpoint (whole, or not at all), never files of no export
+                export_hub_folder(ckpt, folder, epochs=run_epochs(self.run_dir(model)), dtype=self.profile.kept_dtype,
+                                  replace=True)
                 say(f'export {folder.name}: {folder}')
             folders.append(folder)
         return folders

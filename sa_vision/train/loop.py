@@ -290,7 +290,11 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export, best_ep
             f'({args.eval_metric} {metric_text(args.eval_metric, saved["metrics"][args.eval_metric])}'
             f'{", the best" if exported == best else ""})')
         export_dir = run_dir / 'hub'
-        staged = export(exported, export_dir)  # never half a folder, nor two exports mixed, nor other files lost
+        try:
+            staged = export(exported, export_dir)  # never half a folder, nor two exports mixed, nor other files lost
+        except UserError as e:  # e.g. hub/ holds files of no export
+            raise UserError(f'{e}. The run\'s epochs are saved: then --resume {checkpoint} --export exports '
+                            f'without training') from None
         result['hub_folder'], result['hub_epoch'] = str(export_dir), done
         log(f'Exported Hub folder {export_dir}: {", ".join(staged)}')
     log('Result ' + json.dumps(result))
