@@ -91,6 +91,8 @@ def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, r
     """Refuse to write into ``out_dir`` unless what it holds is an export of exactly ``tensors`` (re-staged, e.g.
     with a new card), of no weights at all, or (``replace``) of any weights: an export of other weights is never
     replaced silently, nor a file of no export (in a folder a link names, or a mounted volume, say)."""
+    if not out_dir.is_dir():
+        raise ExportExistsError(f'{out_dir} is a file, not a folder: move it, or export into another folder')
     passed_over = (*EXPORT_FILES, partial_name(out_dir), *_DESKTOP_FILES)
     foreign = sorted(p.name for p in out_dir.iterdir() if p.name not in passed_over)
     if foreign:
@@ -151,8 +153,6 @@ def export_hub_folder(
             f'{out_dir} holds the weights to export ({ckpt.source}): an export there would replace its card, '
             f'recipe and figures with ones made from the weights alone. Publish the folder as it is '
             f'(sa-vision-push-to-hub {ckpt.source}), or stage a copy of it in another folder (--out-dir DIR)')
-    if out_dir.exists() and not out_dir.is_dir():
-        raise ExportExistsError(f'{out_dir} is a file, not a folder: move it, or export into another folder')
     if out_dir.exists():
         _check_replaceable(out_dir, saved.state_dict(), ckpt.source, replace)
     with atomic_folder(out_dir) as folder:  # an earlier export stays whole until this one is
