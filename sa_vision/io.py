@@ -58,10 +58,12 @@ def remove_stale_temporaries(folder: PathLike, held: bool = False) -> List[str]:
     removed, now = [], time.time()
     for entry in os.scandir(folder):
         match = _TEMPORARY.fullmatch(entry.name)
-        pid = int(match.group(1)) if match else 0
+        if not match or not entry.is_file(follow_symlinks=False):
+            continue
+        pid = int(match.group(1))
         # held: no other writer there, and this process (a container's process 1 again, say) is writing none now
-        if (match and entry.is_file(follow_symlinks=False) and (held or now - entry.stat().st_mtime > _STALE_AFTER_S)
-                and not (_running(pid) and not (held and pid == os.getpid()))):
+        writer_gone = held and pid == os.getpid() or not _running(pid)
+        if writer_gone and (held or now - entry.stat().st_mtime > _STALE_AFTER_S):
             os.unlink(entry.path)
             removed.append(entry.name)
     return sorted(removed)
