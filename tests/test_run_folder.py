@@ -211,7 +211,7 @@ def test_atomic_folder_replaces_what_a_link_names_and_fills_a_mount_point(tmp_pa
 def test_export_replaces_the_runs_earlier_export_but_no_other_files(tmp_path, caplog, capsys):
     """--export of a resumed run replaces its earlier export (of other weights: an earlier best epoch). Where the
     run's hub/ is a link to a folder holding files of no export (or a mounted volume), they stay: refused in one
-    line, before anything is written there."""
+    line, before the epochs (not after them, with nowhere else to export to)."""
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1), '--export')
     assert status == 0, log[-2000:]
     run = tmp_path / 'run'
@@ -230,12 +230,15 @@ def test_export_replaces_the_runs_earlier_export_but_no_other_files(tmp_path, ca
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--export')
     error = log.strip().splitlines()[-1]
     assert status == 2 and "holds files that are not part of an export (['notes.txt'])" in error, log[-2000:]
-    assert error.endswith(f'then --resume {run / "last.pth.tar"} --export exports without training'), error
+    assert error.endswith('move what is in the way out of it, or leave out --export'), error
+    assert 'Train:' not in log  # refused before the epochs, not after them
     assert _files(shared) == held and (run / 'hub').is_symlink()
     (run / 'hub').unlink()
     (run / 'hub').write_text('a file')
+    last = (run / 'last.pth.tar').read_bytes()
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--export')
     assert status == 2 and f'{run / "hub"} is a file, not a folder' in log.strip().splitlines()[-1], log[-2000:]
+    assert 'Train:' not in log and (run / 'last.pth.tar').read_bytes() == last
 
 
 def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, caplog, capsys):

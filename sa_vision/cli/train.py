@@ -12,12 +12,16 @@ from functools import partial
 
 from sa_vision.errors import command
 from sa_vision.hub import export_hub_folder
+from sa_vision.hub.export import check_export_folder
 from sa_vision.train import loop
 
 
 def main(argv=None):
-    # --export replaces the run's earlier export (of an earlier best epoch), never a folder of other files
-    return loop.main(argv, export=partial(export_hub_folder, replace=True))
+    # --export replaces the run's earlier export (of an earlier best epoch), never a folder of other files: a
+    # resumed run is told so before its epochs (export.check)
+    export = partial(export_hub_folder, replace=True)
+    export.check = check_export_folder
+    return loop.main(argv, export=export)
 
 
 cli = command(__name__)

@@ -23,7 +23,7 @@ from .labels import CARD_FIGURE_FILENAME, EXPORT_FILES, RECIPE_FILENAME, Weights
 from .publish import check_publish_target
 from .record import published_recipe, repeat_command, training_processes
 
-__all__ = ['ExportExistsError', 'export_hub_folder', 'exported_config', 'exported_input_config']
+__all__ = ['ExportExistsError', 'check_export_folder', 'export_hub_folder', 'exported_config', 'exported_input_config']
 
 
 class ExportExistsError(UserError, FileExistsError):
@@ -87,10 +87,12 @@ def _save_card_figure(model, path: Path) -> bool:
 _DESKTOP_FILES = ('.DS_Store', 'Thumbs.db', 'desktop.ini')
 
 
-def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, replace: bool) -> None:
-    """Refuse to write into ``out_dir`` unless what it holds is an export of exactly ``tensors`` (re-staged, e.g.
-    with a new card), of no weights at all, or (``replace``) of any weights: an export of other weights is never
-    replaced silently, nor a file of no export (in a folder a link names, or a mounted volume, say)."""
+def check_export_folder(out_dir: Union[str, os.PathLike]) -> None:
+    """Refuse a folder no export may replace (:class:`ExportExistsError`): a file, or a folder holding files of no
+    export (in a folder a link names, or a mounted volume, say). A missing folder is fine."""
+    out_dir = Path(out_dir)
+    if not out_dir.exists():
+        return
     if not out_dir.is_dir():
         raise ExportExistsError(f'{out_dir} is a file, not a folder: move it, or export into another folder')
     passed_over = (*EXPORT_FILES, partial_name(out_dir), *_DESKTOP_FILES)
@@ -98,6 +100,13 @@ def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, r
     if foreign:
         raise ExportExistsError(f'{out_dir} holds files that are not part of an export ({foreign}); '
                                 f'choose an empty or new folder')
+
+
+def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, replace: bool) -> None:
+    """Refuse to write into ``out_dir`` unless what it holds is an export of exactly ``tensors`` (re-staged, e.g.
+    with a new card), of no weights at all, or (``replace``) of any weights: an export of other weights is never
+    replaced silently, nor a file of no export (:func:`check_export_folder`)."""
+    check_export_folder(out_dir)
     weights = out_dir / 'model.safetensors'
     if replace or not weights.is_file() or _same_tensors(weights, tensors):
         return

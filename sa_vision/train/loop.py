@@ -125,16 +125,28 @@ def is_better(metric: str, value: float, best: float) -> bool:
     return value < best if metric == 'loss' else value > best
 
 
-def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
-    """Train as the command line says; ``export(checkpoint, folder)`` writes the Hub folder of ``--export``, in place
-    of an earlier one (``sa_vision.cli.train`` passes ``sa_vision.hub.export_hub_folder``: the Hub is a tier above
-    training)."""
-    logging.basicConfig(level=logging.INFO, format='%(message)s')
-    args, recipe, resume_ckpt = parse_run_args(argv)
+def _check_export(args, export, run_dir: Path) -> None:
+    """Refuse an ``--export`` this entry point cannot write, or (``export.check``, where it has one) one whose
+    folder it could not replace, before any epoch rather than after them."""
     if args.export and export is None:
         raise UserError('--export writes a Hub folder, which this entry point cannot: run sa-vision-train '
                         '(python -m sa_vision.cli.train) instead')
+    if args.export and hasattr(export, 'check'):
+        try:
+            export.check(run_dir / 'hub')
+        except UserError as e:
+            raise UserError(f'{e}. sa-vision-train --export writes {run_dir / "hub"}: move what is in the way out of '
+                            f'it, or leave out --export') from None
+
+
+def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
+    """Train as the command line says; ``export(checkpoint, folder)`` writes the Hub folder of ``--export``, in place
+    of an earlier one (``sa_vision.cli.train`` passes ``sa_vision.hub.export_hub_folder``: the Hub is a tier above
+    training; its ``check(folder)`` refuses a folder it could not replace before the epochs)."""
+    logging.basicConfig(level=logging.INFO, format='%(message)s')
+    args, recipe, resume_ckpt = parse_run_args(argv)
     run_dir = run_folder(args, resume_ckpt)  # before anything is written
+    _check_export(args, export, run_dir)
     set_up_process(args)
     log = partial(log_primary, args)
     if resume_ckpt is None:
