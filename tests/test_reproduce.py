@@ -445,6 +445,24 @@ def test_export_interrupted_after_config_json_is_redone(tmp_path, monkeypatch, c
     assert 'up to date, skipped' in capsys.readouterr().out
 
 
+def test_export_never_replaces_files_of_no_export(tmp_path):
+    """A Hub folder of the reproduction that holds other files (here through a link to a folder of the user's) is
+    refused, and those files stay."""
+    from sa_vision.hub import ExportExistsError
+    from sa_vision.reproduce import Reproduction
+    _finished_run(tmp_path)
+    reproduction = Reproduction(tmp_path, 'tiny')
+    folder, = reproduction.export(models=['sa_quadratic_cifar'])
+    mine = tmp_path / 'mine'
+    mine.mkdir()
+    (mine / 'notes.txt').write_text('mine')
+    shutil.rmtree(folder)
+    folder.symlink_to(mine)
+    with pytest.raises(ExportExistsError, match=r"not part of an export \(\['notes.txt'\]\)"):
+        reproduction.export(models=['sa_quadratic_cifar'])
+    assert [p.name for p in mine.iterdir()] == ['notes.txt']
+
+
 def test_stage_recipes_leave_out_timm_only_keys_and_say_so_once(tmp_path, monkeypatch, capsys):
     """The paper's recipes hold keys only timm's train.py reads (color_jitter, ...): one note for the whole
     reproduction, not one per training stage, and the stage recipes hold only what the training script reads."""
@@ -687,6 +705,20 @@ def test_staged_zoo_starts_only_the_stages_the_budget_fits_and_resumes(tmp_path,
     seconds.update({m: 200 for m in order})
     assert zoo.run(350, lambda m: 100) == order[2:3]
     assert zoo.missing() == order[3:]
+
+
+def test_staged_zoo_refuses_a_zoo_folder_of_other_files_before_any_stage(tmp_path, monkeypatch):
+    from sa_vision.hub import ExportExistsError
+    from sa_vision.reproduce import STAGE_ORDER
+    zoo, ran = _fake_staged_zoo(tmp_path, monkeypatch, {m: 1 for m in STAGE_ORDER})
+    mine = tmp_path / 'mine'
+    mine.mkdir()
+    (mine / 'notes.txt').write_text('mine')
+    zoo.zoo.mkdir()
+    (zoo.zoo / STAGE_ORDER[-1]).symlink_to(mine)  # the last stage's folder: refused before the first starts
+    with pytest.raises(ExportExistsError, match='notes.txt'):
+        zoo.run(100, lambda m: 1)
+    assert ran == [] and [p.name for p in mine.iterdir()] == ['notes.txt']
 
 
 def test_staged_zoo_prunes_only_from_a_kept_source(tmp_path, monkeypatch):

@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..hub.export import check_export_folder
 from ..hub.labels import HUB_FOLDER_FILES
 from ..io import atomic_folder, atomic_write
 from .profiles import PRUNE_SOURCE, PRUNED_MODEL, TRAINED_MODELS, StageFailed, StageStopped
@@ -69,6 +70,7 @@ class StagedZoo:
         r.train(model, initial_checkpoint=initial)
         [row] = r.table([model], quiet=True, write=False)
         [folder] = r.export([model])
+        check_export_folder(self.zoo / model)  # put there while it trained
         with atomic_folder(self.zoo / model) as partial:
             shutil.copytree(folder, partial, dirs_exist_ok=True)
         with self._table_lock:
@@ -102,12 +104,15 @@ class StagedZoo:
         anyway, to be stopped (:meth:`stop`) and continued. A stage whose run folder holds finished epochs (a
         stage continued) is expected to take only the share of its estimate left. The pruned model waits for its
         source. A failing stage lets the running ones end, starts no other and is raised as :class:`StageFailed`
-        naming it; stopped stages are listed in :attr:`stopped`. Returns the models kept; ``on_stage(model,
-        seconds)`` after each.
+        naming it; stopped stages are listed in :attr:`stopped`. A zoo folder holding files of no export is refused
+        before any stage starts (:func:`~sa_vision.hub.export.check_export_folder`). Returns the models kept;
+        ``on_stage(model, seconds)`` after each.
         """
         if parallel < 1:
             raise ValueError(f'parallel must be at least 1, got {parallel}')
         self.reproduction._check_same_setup()
+        for model in self.missing():  # a zoo folder holding files of no export (a link's folder) is never replaced
+            check_export_folder(self.zoo / model)
         tagged, self.reproduction.tag_output = self.reproduction.tag_output, parallel > 1  # lines interleave
         try:
             kept, failures = self._run_stages(_Budget(self, budget_s, estimate_s, resumable, slowdown), on_stage,
