@@ -56,21 +56,30 @@ def write_failure(error: BaseException) -> Optional[str]:
     """What stopped a file from being written (or read: a permission), in words, where ``error`` is an access the
     system refused (a full disk, a file size limit, a read-only or vanished folder, no permission); None for any
     other error, a fault to see whole."""
-    room = 'make room, or write elsewhere'
     if isinstance(error, OSError):
         if error.errno not in _WRITE_ERRNOS:
             return None
-        # no room is a write's; a permission may be a read's too (of a recipe, say)
-        advice = (room if error.errno in _WRITE_ERRNOS[:3] else 'write elsewhere' if error.errno == errno.EROFS
-                  else 'mend its permissions, or use another place')
+        advice = _write_advice(error.errno)
         return f'{error.strerror}: {error.filename} ({advice})' if error.filename else f'{error.strerror} ({advice})'
     text = (str(error).strip().splitlines() or [''])[0]
     if type(error).__name__ == 'SafetensorError':
         code = _SAFETENSORS_OS_ERROR.search(str(error))
-        return f'{os.strerror(int(code.group(1)))}, writing a safetensors file ({room})' if code else None
+        if code is None:
+            return None
+        code = int(code.group(1))
+        return f'{os.strerror(code)}, writing a safetensors file ({_write_advice(code)})'
     if isinstance(error, RuntimeError) and any(words in text for words in _TORCH_WRITE_FAILED):
-        return f'torch.save: {text[:200]} ({room})'
+        return f'torch.save: {text[:200]} ({_write_advice(None)})'
     return None
+
+
+def _write_advice(code: Optional[int]) -> str:
+    """How to mend a write refused with errno ``code`` (None: not known, as torch.save does not say)."""
+    if code == errno.EROFS:
+        return 'write elsewhere'
+    if code in (errno.EACCES, errno.EPERM):  # a permission may be a read's too (of a recipe, say)
+        return 'mend its permissions, or use another place'
+    return 'make room, or write elsewhere'  # no room, or a folder gone (safetensors' ENOENT)
 
 
 def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:

@@ -627,6 +627,7 @@ def test_a_write_the_system_refuses_is_one_error_line(tmp_path, capsys):
     none of them naming a full disk alike): one line saying what was refused. A missing file or another fault of
     torch's is no refused write, and stays a traceback."""
     import errno
+    import os
 
     import torch
     from helpers import file_size_limit
@@ -643,6 +644,14 @@ def test_a_write_the_system_refuses_is_one_error_line(tmp_path, capsys):
         assert status == 2 and err.startswith('error: ') and len(err.strip().splitlines()) == 1, (name, err)
         assert ('File too large' in err or 'unexpected pos' in err) and 'make room' in err, (name, err)
     assert write_failure(FileNotFoundError(errno.ENOENT, 'No such file or directory', 'x')) is None
+    # a read-only place or a permission: no room to make, whichever writer says so (safetensors' words as it says
+    # them, its error built here: no read-only file system is at hand)
+    from safetensors import SafetensorError
+    for refused in (OSError(errno.EROFS, os.strerror(errno.EROFS), 'w.pth'), SafetensorError(
+            f'Error while serializing: I/O error: {os.strerror(errno.EROFS)} (os error {errno.EROFS}) at path "w"')):
+        assert write_failure(refused).endswith('(write elsewhere)'), refused
+    refused = SafetensorError(f'Error while serializing: I/O error: Permission denied (os error {errno.EACCES})')
+    assert write_failure(refused).endswith('(mend its permissions, or use another place)')
     assert write_failure(RuntimeError('shape mismatch')) is None
     with pytest.raises(RuntimeError, match='inconsistent tensor size'):
         run_cli(lambda argv: torch.zeros(2) @ torch.zeros(3))
