@@ -138,6 +138,18 @@ def test_a_write_refused_before_any_epoch_or_in_the_export_says_how_to_go_on(tmp
     assert status == 0 and (tmp_path / 'late' / 'hub' / 'model.safetensors').is_file(), log[-2000:]
 
 
+def test_a_resume_on_a_full_disk_keeps_args_yaml_whole(tmp_path, caplog, capsys):
+    """A resume writes args.yaml again (its new arguments): a refused write leaves the earlier file, not half one."""
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    args_yaml = tmp_path / 'run' / 'args.yaml'
+    before = args_yaml.read_bytes()
+    with file_size_limit(len(before) // 2):
+        status, log = train_here(caplog, capsys, '--resume', tmp_path / 'run', '--epochs', 2)
+    assert status == 2 and 'File too large' in log.strip().splitlines()[-1], log[-3000:]
+    assert args_yaml.read_bytes() == before
+
+
 def test_a_resume_with_another_batch_size_goes_on_with_the_schedule_at_its_epoch(tmp_path, caplog, capsys):
     """One epoch at batch 64 (22 updates), resumed at batch 32 (44 an epoch): the learning rates and the update
     count are those of a run at batch 32 from the start, as timm's train.py counts an epoch's updates anew."""

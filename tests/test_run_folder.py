@@ -443,7 +443,7 @@ def test_the_best_metric_is_printed_as_the_eval_lines_print_it(tmp_path, eval_me
 @pytest.mark.skipif(not hasattr(os, 'fork'), reason='fcntl locks: Linux and macOS')
 def test_a_run_another_process_is_training_is_not_resumed_into_it(tmp_path, caplog, capsys):
     """Two processes resuming one run would write the same checkpoints: while one trains (it holds the run's
-    args.yaml, as here a stand-in process does), another's --resume is refused before it writes anything; once that
+    folder, as here a stand-in process does), another's --resume is refused before it writes anything; once that
     one has ended, the resume goes on. A run lets its folder go when its epochs end."""
     import subprocess
     import sys
@@ -451,8 +451,8 @@ def test_a_run_another_process_is_training_is_not_resumed_into_it(tmp_path, capl
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
     assert status == 0, log[-2000:]
     run = tmp_path / 'run'
-    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, sys, time\n'
-                               f'f = open({str(run / "args.yaml")!r}, "a")\n'
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, os, sys, time\n'
+                               f'f = os.open({str(run)!r}, os.O_RDONLY)\n'
                                'fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n'
                                'print("held", flush=True)\ntime.sleep(60)\n'], stdout=subprocess.PIPE, text=True)
     try:
@@ -476,15 +476,18 @@ def test_a_run_holds_its_folder_through_its_export(tmp_path):
     tried = []
 
     def export(checkpoint, folder):
-        with open(checkpoint.parent / 'args.yaml', 'a') as other:  # what another process's --resume takes
-            try:
-                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                tried.append('taken')
-            except BlockingIOError:
-                tried.append('refused')
+        other = os.open(checkpoint.parent, os.O_RDONLY)  # what another process's --resume takes
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            tried.append('taken')
+        except BlockingIOError:
+            tried.append('refused')
+        finally:
+            os.close(other)
         Path(folder).mkdir(parents=True, exist_ok=True)  # the Hub folder, empty
         return []
     loop.main([str(a) for a in _train_args(tmp_path, 'run', 1)] + ['--export'], export=export)
     assert tried == ['refused']
-    with open(tmp_path / 'run' / 'args.yaml', 'a') as other:
-        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at the end
+    other = os.open(tmp_path / 'run', os.O_RDONLY)
+    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at the end
+    os.close(other)

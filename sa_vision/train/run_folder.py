@@ -3,19 +3,18 @@ process is training in), the files that claim it, the advice Ctrl-C leaves there
 again where a stop left them behind its checkpoint """
 import contextlib
 import csv
-import itertools
 import os
 import shutil
 import tempfile
 import unicodedata
 from datetime import datetime
 from pathlib import Path, PurePath
-from typing import IO, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import yaml
 
 from ..errors import UserError, write_failure
-from ..io import atomic_duplicate, atomic_write, folder_problem, remove_stale_temporaries
+from ..io import atomic_duplicate, atomic_write, atomic_write_text, folder_problem, remove_stale_temporaries
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
 from .state import SUMMARY, Log, args_as_saved, run_recipe, write_summary_row
@@ -97,31 +96,45 @@ def write_run_files(args, run_dir: Path, new_run: bool, trains: bool = True) -> 
     if not (new_run or trains) and (run_dir / 'args.yaml').is_file():
         _hold(run_dir)
         return run_dir
-    for suffix in itertools.count():
-        folder = run_dir.with_name(f'{run_dir.name}-{suffix}') if suffix else run_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        if not new_run:  # before its args.yaml is rewritten
-            _hold(folder)
-        try:
-            f = open(folder / 'args.yaml', 'x' if new_run else 'w')
-            break
-        except FileExistsError:
-            if args.experiment:
-                raise UserError(f'another run started in {folder} while this one set up; start this one with '
-                                f'another --experiment (or --output)') from None
-    with f:
-        yaml.safe_dump(model_kwargs_as_timm_args(args_as_saved(args)), f, sort_keys=False)
+    saved = _yaml(model_kwargs_as_timm_args(args_as_saved(args)))
     if new_run:
+        folder = _claim(run_dir, saved, args.experiment)
         _hold(folder)
-    with open(folder / 'recipe.yaml', 'w') as f:
-        yaml.safe_dump(run_recipe(args), f, sort_keys=False)
+    else:  # rewritten whole (a full disk leaves the earlier one), once held
+        folder = run_dir
+        folder.mkdir(parents=True, exist_ok=True)
+        _hold(folder)
+        atomic_write_text(folder / 'args.yaml', saved)
+    atomic_write_text(folder / 'recipe.yaml', _yaml(run_recipe(args)))
     return folder
 
 
-# the run folders this process trains in: their args.yaml open and locked (flock) until their epochs, report and
-# export end (training_in), the process ends, or this process claims the folder again (a run of it that raised
-# before its epochs)
-_HELD: Dict[Path, IO] = {}
+def _claim(run_dir: Path, saved: str, experiment: Optional[str]) -> Path:
+    """``run_dir`` (or, where another run claimed it meanwhile, ``run_dir-1``, ...) claimed by writing its
+    ``args.yaml`` (``saved``), which no other run has written; an ``experiment`` named is not renamed but refused."""
+    folder, suffix = run_dir, 0
+    while True:
+        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            with open(folder / 'args.yaml', 'x', encoding='utf-8') as f:
+                f.write(saved)
+            return folder
+        except FileExistsError:
+            if experiment:
+                raise UserError(f'another run started in {folder} while this one set up; start this one with '
+                                f'another --experiment (or --output)') from None
+        suffix += 1
+        folder = run_dir.with_name(f'{run_dir.name}-{suffix}')
+
+
+def _yaml(values) -> str:
+    return yaml.safe_dump(values, sort_keys=False)
+
+
+# the run folders this process trains in: each open and locked (flock) until their epochs, report and export end
+# (training_in), the process ends, or this process claims the folder again (a run of it that raised before its
+# epochs); the folder, not its args.yaml, which a resume replaces whole
+_HELD: Dict[Path, int] = {}
 
 
 def _hold(folder: Path) -> None:
@@ -133,12 +146,12 @@ def _hold(folder: Path) -> None:
         return
     key = folder.resolve()
     if key in _HELD:
-        _HELD.pop(key).close()
-    held = open(folder / 'args.yaml', 'a')
+        os.close(_HELD.pop(key))
+    held = os.open(folder, os.O_RDONLY)
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        held.close()
+        os.close(held)
         raise UserError(f'another sa-vision-train is running in {folder}: let it finish or stop it, then continue '
                         f'the run with --resume {folder / RUN_CHECKPOINT}') from None
     _HELD[key] = held
@@ -169,7 +182,7 @@ def training_in(run_dir: Path, export: bool = False):
     finally:
         held = _HELD.pop(run_dir.resolve(), None)
         if held is not None:
-            held.close()
+            os.close(held)
 
 
 def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log) -> None:
