@@ -6,15 +6,17 @@ import errno
 import gc
 import os
 import re
+import select
 import sys
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'first_launched_process', 'write_failure', 'run_cli',
-           'command_name', 'command', 'freeze_at_exit']
+           'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'READER_GONE_STATUS', 'first_launched_process', 'write_failure',
+           'run_cli', 'command_name', 'command', 'freeze_at_exit']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+READER_GONE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a command whose output's reader ended (| head)
 
 
 class UserError(ValueError):
@@ -85,11 +87,15 @@ def _write_advice(code: Optional[int]) -> str:
 def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:
     """Run a script's ``main(argv)``: its status (``None`` is 0), or 2 after printing a :class:`UserError`."""
     try:
-        return main(argv) or 0
+        status = main(argv) or 0
+        sys.stdout.flush()  # what is left of the output: its reader may be gone (below)
+        return status
     except UserError as e:
         print(f'error: {e}', file=sys.stderr)
         return USAGE_ERROR_STATUS
     except Exception as e:  # noqa: BLE001  of the rest, only a write the system refused is the user's to mend
+        if _reader_gone(e):
+            return READER_GONE_STATUS
         reason = write_failure(e)
         if reason is None:
             raise
@@ -99,6 +105,31 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
         if first_launched_process():  # Ctrl-C reaches every process torchrun started: one says it
             print(f'interrupted{": " + str(e) if str(e) else ""}', file=sys.stderr)
         return INTERRUPTED_STATUS
+
+
+def _reader_gone(error: BaseException) -> bool:
+    """Whether ``error`` (or an error it was raised from) is this process's output with its reader gone (``| head``
+    has read its lines; a broken pipe elsewhere, a socket's, is no such thing): then the command ends quietly, as
+    Unix tools do, its output sent nowhere from then on (Python's own flush at exit would fail again). The commands
+    write their files before they print."""
+    seen = set()
+    while error is not None and not isinstance(error, BrokenPipeError) and id(error) not in seen:
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    if not isinstance(error, BrokenPipeError) or not hasattr(select, 'poll'):
+        return False
+    try:
+        stdout = sys.stdout.fileno()
+        polled = select.poll()
+        polled.register(stdout, select.POLLOUT)
+        if not any(events & (select.POLLERR | select.POLLHUP) for _, events in polled.poll(0)):
+            return False
+        nowhere = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(nowhere, stdout)
+        os.close(nowhere)
+    except (OSError, ValueError, AttributeError):  # a stdout with no file (a test's capture): not this
+        return False
+    return True
 
 
 def freeze_at_exit() -> None:
@@ -129,6 +160,8 @@ def command(module_name: str) -> Callable[[], int]:
     def cli() -> int:
         # argparse names the program after sys.argv[0]: under python -m that is the module's file (train.py)
         sys.argv[0] = command_name(module_name) or sys.argv[0]
+        if hasattr(sys.stdout, 'reconfigure'):  # a path or class name no encoding of the output holds (ascii)
+            sys.stdout.reconfigure(errors='backslashreplace')
         freeze_at_exit()
         return run_cli(sys.modules[module_name].main)
     return cli

@@ -4,7 +4,9 @@ Each script runs in this process through ``sa_vision.errors.run_cli``, as its ``
 (sa-vision-prune) also runs as a real subprocess in tests/test_pruning.py. """
 import atexit
 import gc
+import os
 import shlex
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,6 +194,59 @@ def test_commands_run_main_through_run_cli(script, monkeypatch, capsys):
         commands = tomllib.load(f)['project']['scripts']
     assert f'sa_vision.cli.{script}:cli' in commands.values(), f'no installed command runs sa_vision.cli.{script}:cli'
     assert 'sys.exit(cli())' in (ROOT / 'sa_vision' / 'cli' / f'{script}.py').read_text(), script  # python -m
+
+
+def _run_with_stdout_read_by_nobody(argv, unbuffered: bool):
+    """(status, stderr) of a command whose stdout is a pipe nobody reads any more (``| head`` has ended)."""
+    import subprocess
+
+    from helpers import HANG_TIMEOUT_S
+    read, write = os.pipe()
+    os.close(read)
+    env = {k: v for k, v in os.environ.items() if k != 'PYTHONUNBUFFERED'}
+    env.update({'PYTHONUNBUFFERED': '1'} if unbuffered else {})
+    try:
+        done = subprocess.run([sys.executable, *argv], stdout=write, stderr=subprocess.PIPE, text=True, env=env,
+                              timeout=HANG_TIMEOUT_S)
+    finally:
+        os.close(write)
+    return done.returncode, done.stderr
+
+
+@pytest.mark.skipif(not hasattr(os, 'pipe') or sys.platform == 'win32', reason='a POSIX pipe')
+def test_a_reader_that_ends_early_ends_the_command_quietly_after_its_files(tmp_path):
+    """``sa-vision-model-table | head -1``: status 141 (SIGPIPE's, as a shell reports it) and no traceback, with the
+    output buffered or not; ``sa-vision-validate --results-file`` writes its file before printing."""
+    from timm.models._hub import save_for_hf
+    for unbuffered in (True, False):
+        status, err = _run_with_stdout_read_by_nobody(['-m', 'sa_vision.cli.model_table', '--format', 'csv'],
+                                                      unbuffered)
+        assert status == 141 and err == '', (unbuffered, status, err[-2000:])
+    folder = tmp_path / 'weights'
+    save_for_hf(timm.create_model('sa_quadratic_cifar', embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
+                folder, safe_serialization=True, model_config={'pretrained_cfg': {'tag': 'digits_custom'}})
+    results = tmp_path / 'results.csv'
+    status, err = _run_with_stdout_read_by_nobody(['-m', 'sa_vision.cli.validate', '--model', f'local-dir:{folder}',
+                                                   '--threads', '1', '--results-file', str(results)], True)
+    assert status == 141 and 'Traceback' not in err and results.read_text().startswith('model,'), err[-2000:]
+
+
+def test_output_no_encoding_of_stdout_holds_is_escaped_not_a_crash(monkeypatch):
+    """A class name or path with an \u00e9 printed to an ASCII stdout (PYTHONIOENCODING=ascii, a C locale without
+    Python's UTF-8 mode): escaped, as Python escapes stderr."""
+    import io
+    import types
+
+    from sa_vision.errors import command
+    module = types.ModuleType('sa_vision_test_printing')
+    module.main = lambda argv=None: print('caf\u00e9')
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, 'stdout', io.TextIOWrapper(raw, encoding='ascii'))
+    _record_atexit(monkeypatch)
+    assert command(module.__name__)() == 0
+    sys.stdout.flush()
+    assert raw.getvalue() == b'caf\\xe9\n'
 
 
 def _installed_commands():

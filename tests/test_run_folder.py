@@ -491,3 +491,17 @@ def test_a_run_holds_its_folder_through_its_export(tmp_path):
     other = os.open(tmp_path / 'run', os.O_RDONLY)
     fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at the end
     os.close(other)
+
+
+def test_the_advice_quotes_a_path_for_the_shell(tmp_path):
+    """A run in a folder named with a space (or a quote): the --resume the advice gives pastes into a shell whole."""
+    import shlex
+
+    from sa_vision.train.run_folder import training_in
+    run = tmp_path / "Mary's runs" / 'run 1'
+    run.mkdir(parents=True)
+    (run / 'last.pth.tar').write_bytes(b'')
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        with training_in(run, export=True):
+            raise KeyboardInterrupt
+    assert shlex.split(str(stopped.value))[-3:] == ['--resume', str(run / 'last.pth.tar'), '--export'], stopped.value

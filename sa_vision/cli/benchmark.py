@@ -214,10 +214,10 @@ def main(argv=None) -> int:
 
     suffix = Path(args.results_file).suffix.lstrip('.').lower()
     text = format_results(all_rows, args.results_format or (suffix if suffix in RESULTS_FORMATS else 'table'))
-    print(text)
-    if args.results_file:
+    if args.results_file:  # before the output, whose reader may be gone (| head)
         Path(args.results_file).parent.mkdir(parents=True, exist_ok=True)
         atomic_write_text(args.results_file, text if text.endswith('\n') else text + '\n')
+    print(text)
     return 0
 
 

@@ -76,10 +76,11 @@ def main(argv=None):
         plot_centers(model, args.out)
     elif args.out:
         plot_attention_maps(model, args.out, query=query, **({} if args.zoom is None else {'zoom': args.zoom}))
+    if args.table:  # before the output, whose reader may be gone (| head)
+        write_table(rows, args.table)
     print(format_table(layer_summary(rows)))
     if args.table:
         print(format_table(rows))
-        write_table(rows, args.table)
         print(f'wrote {args.table}')
     if args.out:
         print(f'wrote {args.out}')

@@ -107,6 +107,7 @@ def main(argv=None):
         raise PruningError(f'degenerate-head detection needs the Gaussian precision M_h, which {kind!r} attention '
                            f'does not have (kinds with one: {", ".join(GAUSSIAN_KINDS)}); name the heads to prune '
                            f'with --heads')
+    report = []  # printed once the pruned weights are written: the output's reader may be gone (| head)
     if args.heads is not None:
         heads = _heads_argument(args.heads, model.heads_per_layer)
     else:
@@ -117,16 +118,17 @@ def main(argv=None):
         for layer, (eig, drop, bad) in enumerate(numbered, start=1):
             kept = f' (all degenerate: keeps its least degenerate head {sorted(set(bad) - set(drop))[0]})' \
                 if len(bad) > len(drop) else ''
-            print(f'layer {layer}: eigenvalues of M_h (small, large) of heads 1-{len(eig)} '
-                  + ' '.join(f'({a:.2g},{b:.2g})' for a, b in eig.tolist()) + f' -> prune {drop}{kept}')
+            report.append(f'layer {layer}: eigenvalues of M_h (small, large) of heads 1-{len(eig)} '
+                          + ' '.join(f'({a:.2g},{b:.2g})' for a, b in eig.tolist()) + f' -> prune {drop}{kept}')
     pruned = prune_heads(model, heads)
-    print(f'pruned {[len(h) for h in heads]} heads per layer, kept {list(pruned.heads_per_layer)}, '
-          f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
+    report.append(f'pruned {[len(h) for h in heads]} heads per layer, kept {list(pruned.heads_per_layer)}, '
+                  f'{sum(p.numel() for p in pruned.parameters()):,} parameters')
     if kind == 'generalized' and tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and pruned.embed_dim == 400:
-        print('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
+        report.append('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
     unseen, cfg = _preprocessing(source, pruned) if source is not None else ({}, {})
     model_args = save_pruned(pruned, args.out, heads, model_args=unseen, pretrained_cfg=cfg)
     arch = pruned_arch(kind)
+    print('\n'.join(report))
     print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
     print(_timm_usage(arch, args.out, model_args, cfg))
     return 0

@@ -5,6 +5,7 @@
 import copy
 import os
 from pathlib import Path
+from shlex import quote
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -114,7 +115,7 @@ def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, r
     held = weights_described_by_card(card.read_text(encoding='utf-8')) if card.is_file() else ''
     raise ExportExistsError(
         f'{out_dir} already holds an export of other weights than {source} ({held or "its card names none"}), '
-        f'and is not replaced. Publish that folder as it is (sa-vision-push-to-hub {out_dir}), stage these '
+        f'and is not replaced. Publish that folder as it is (sa-vision-push-to-hub {quote(str(out_dir))}), stage these '
         f'weights in another folder, or remove {out_dir} first')
 
 
@@ -161,7 +162,8 @@ def export_hub_folder(
         raise ExportExistsError(
             f'{out_dir} holds the weights to export ({ckpt.source}): an export there would replace its card, '
             f'recipe and figures with ones made from the weights alone. Publish the folder as it is '
-            f'(sa-vision-push-to-hub {ckpt.source}), or stage a copy of it in another folder (--out-dir DIR)')
+            f'(sa-vision-push-to-hub {quote(str(ckpt.source))}), or stage a copy of it in another folder '
+            f'(--out-dir DIR)')
     if out_dir.exists():
         _check_replaceable(out_dir, saved.state_dict(), ckpt.source, replace)
     with atomic_folder(out_dir) as folder:  # an earlier export stays whole until this one is

@@ -10,6 +10,7 @@ import sys
 import time
 from functools import partial
 from pathlib import Path
+from shlex import quote
 from typing import Callable, List, Optional, Tuple
 
 import torch
@@ -305,15 +306,15 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export, best_ep
         try:
             staged = export(exported, export_dir)  # never half a folder, nor two exports mixed, nor other files lost
         except UserError as e:  # e.g. hub/ holds files of no export
-            raise UserError(f'{e}. The run\'s epochs are saved: then --resume {checkpoint} --export exports '
-                            f'without training') from None
+            raise UserError(f'{e}. The run\'s epochs are saved: then --resume {quote(str(checkpoint))} --export '
+                            f'exports without training') from None
         result['hub_folder'], result['hub_epoch'] = str(export_dir), done
         log(f'Exported Hub folder {export_dir}: {", ".join(staged)}')
     log('Result ' + json.dumps(result))
     if best_epoch is not None and best.is_file():  # timm's train.py ends with "*** Best metric"
         log(f'Best {args.eval_metric} {metric_text(args.eval_metric, best_epoch["metric"])} at epoch '
             f'{best_epoch["epoch"]} ({best_epoch["epoch"] + 1}/{num_epochs} done): {best}; sa-vision-validate '
-            f'--checkpoint {best} evaluates it')
+            f'--checkpoint {quote(str(best))} evaluates it')
     log(f'Top-1 on the {args.dataset or "folder"} {split} split: {metrics["top1"]:.2f}%  '
         f'(checkpoint {checkpoint})')
 

@@ -9,6 +9,7 @@ import tempfile
 import unicodedata
 from datetime import datetime
 from pathlib import Path, PurePath
+from shlex import quote
 from typing import Dict, List, Optional
 
 import yaml
@@ -62,7 +63,7 @@ def run_folder(args, resume_ckpt) -> Path:
     if run_dir.is_dir() and any(run_dir.iterdir()):
         held = sorted(p.name for p in run_dir.iterdir())
         last = run_dir / RUN_CHECKPOINT
-        go_on = (f'Continue it with --resume {last}, or start' if last.is_file() else
+        go_on = (f'Continue it with --resume {quote(str(last))}, or start' if last.is_file() else
                  f'It has no {RUN_CHECKPOINT}: a run still in its first epoch, or one killed before that ended '
                  f'(then delete it); or start')
         raise UserError(f'the run folder {run_dir} already holds a run ({", ".join(held[:6])}'
@@ -153,7 +154,7 @@ def _hold(folder: Path) -> None:
     except BlockingIOError:
         os.close(held)
         raise UserError(f'another sa-vision-train is running in {folder}: let it finish or stop it, then continue '
-                        f'the run with --resume {folder / RUN_CHECKPOINT}') from None
+                        f'the run with --resume {quote(str(folder / RUN_CHECKPOINT))}') from None
     _HELD[key] = held
 
 
@@ -165,7 +166,7 @@ def training_in(run_dir: Path, export: bool = False):
     :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
     def go_on() -> str:
         last = run_dir / RUN_CHECKPOINT
-        return (f'continue from its last finished epoch with --resume {last}{" --export" if export else ""}'
+        return (f'continue from its last finished epoch with --resume {quote(str(last))}{" --export" if export else ""}'
                 if last.is_file() else f'no epoch had finished: delete {run_dir} and start again')
     try:
         yield
