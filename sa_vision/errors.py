@@ -2,11 +2,11 @@
 report them: :func:`run_cli` prints ``error: <message>`` without a traceback and exits with status 2; and the
 commands' entry point (:func:`command`), which also spares their exit a second of CPU (:func:`freeze_at_exit`) """
 import atexit
+import contextlib
 import errno
 import gc
 import os
 import re
-import select
 import sys
 from typing import Callable, Optional, Sequence
 
@@ -85,10 +85,12 @@ def _write_advice(code: Optional[int]) -> str:
 
 
 def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:
-    """Run a script's ``main(argv)``: its status (``None`` is 0), or 2 after printing a :class:`UserError`."""
+    """Run a script's ``main(argv)``: its status (``None`` is 0), 2 after printing a :class:`UserError` or a write
+    the system refused, 130 on Ctrl-C, 141 where the output's reader has gone (:class:`_Stdout`)."""
     try:
         status = main(argv) or 0
-        sys.stdout.flush()  # what is left of the output: its reader may be gone (below)
+        if sys.stdout is not None:  # None: started with its output closed (>&-)
+            sys.stdout.flush()  # what is left of the output, whose reader may be gone
         return status
     except UserError as e:
         print(f'error: {e}', file=sys.stderr)
@@ -107,28 +109,50 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
         return INTERRUPTED_STATUS
 
 
+class _Stdout:
+    """A command's ``sys.stdout``, which marks a write its reader refused (``| head`` has read its lines): that
+    error, however wrapped, ends the command quietly (:func:`_reader_gone`), where a broken pipe of anything else
+    (a socket, a worker's pipe) stays an error. The rest is the stream's own."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def write(self, text):
+        with self._marked():
+            return self._stream.write(text)
+
+    def flush(self):
+        with self._marked():
+            return self._stream.flush()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    @contextlib.contextmanager
+    def _marked(self):
+        try:
+            yield
+        except BrokenPipeError as e:
+            e.stdout_reader_gone = True
+            raise
+
+
 def _reader_gone(error: BaseException) -> bool:
-    """Whether ``error`` (or an error it was raised from) is this process's output with its reader gone (``| head``
-    has read its lines; a broken pipe elsewhere, a socket's, is no such thing): then the command ends quietly, as
-    Unix tools do, its output sent nowhere from then on (Python's own flush at exit would fail again). The commands
-    write their files before they print."""
+    """Whether ``error`` (or an error it was raised from) is a write to this command's stdout that its reader
+    refused (:class:`_Stdout`): then the command ends quietly, as Unix tools do, its output sent nowhere from then on
+    (Python's own flush at exit would fail again). The commands write their files before they print."""
     seen = set()
-    while error is not None and not isinstance(error, BrokenPipeError) and id(error) not in seen:
+    while error is not None and not getattr(error, 'stdout_reader_gone', False) and id(error) not in seen:
         seen.add(id(error))
         error = error.__cause__ or error.__context__
-    if not isinstance(error, BrokenPipeError) or not hasattr(select, 'poll'):
+    if error is None or id(error) in seen:
         return False
     try:
-        stdout = sys.stdout.fileno()
-        polled = select.poll()
-        polled.register(stdout, select.POLLOUT)
-        if not any(events & (select.POLLERR | select.POLLHUP) for _, events in polled.poll(0)):
-            return False
         nowhere = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(nowhere, stdout)
+        os.dup2(nowhere, sys.stdout.fileno())
         os.close(nowhere)
-    except (OSError, ValueError, AttributeError):  # a stdout with no file (a test's capture): not this
-        return False
+    except (OSError, ValueError, AttributeError):  # no file to point elsewhere (a test's stream)
+        pass
     return True
 
 
@@ -162,6 +186,8 @@ def command(module_name: str) -> Callable[[], int]:
         sys.argv[0] = command_name(module_name) or sys.argv[0]
         if hasattr(sys.stdout, 'reconfigure'):  # a path or class name no encoding of the output holds (ascii)
             sys.stdout.reconfigure(errors='backslashreplace')
+        if sys.stdout is not None and not isinstance(sys.stdout, _Stdout):
+            sys.stdout = _Stdout(sys.stdout)
         freeze_at_exit()
         return run_cli(sys.modules[module_name].main)
     return cli

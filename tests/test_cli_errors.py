@@ -217,11 +217,17 @@ def _run_with_stdout_read_by_nobody(argv, unbuffered: bool):
 def test_a_reader_that_ends_early_ends_the_command_quietly_after_its_files(tmp_path):
     """``sa-vision-model-table | head -1``: status 141 (SIGPIPE's, as a shell reports it) and no traceback, with the
     output buffered or not; ``sa-vision-validate --results-file`` writes its file before printing."""
+    import subprocess
+
+    from helpers import HANG_TIMEOUT_S
     from timm.models._hub import save_for_hf
     for unbuffered in (True, False):
         status, err = _run_with_stdout_read_by_nobody(['-m', 'sa_vision.cli.model_table', '--format', 'csv'],
                                                       unbuffered)
         assert status == 141 and err == '', (unbuffered, status, err[-2000:])
+    closed = subprocess.run([sys.executable, '-m', 'sa_vision.cli.model_table'], preexec_fn=lambda: os.close(1),
+                            stderr=subprocess.PIPE, text=True, timeout=HANG_TIMEOUT_S)  # >&-: Python prints nothing
+    assert closed.returncode == 0 and closed.stderr == '', closed.stderr[-2000:]
     folder = tmp_path / 'weights'
     save_for_hf(timm.create_model('sa_quadratic_cifar', embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
                 folder, safe_serialization=True, model_config={'pretrained_cfg': {'tag': 'digits_custom'}})
@@ -229,6 +235,35 @@ def test_a_reader_that_ends_early_ends_the_command_quietly_after_its_files(tmp_p
     status, err = _run_with_stdout_read_by_nobody(['-m', 'sa_vision.cli.validate', '--model', f'local-dir:{folder}',
                                                    '--threads', '1', '--results-file', str(results)], True)
     assert status == 141 and 'Traceback' not in err and results.read_text().startswith('model,'), err[-2000:]
+
+
+@pytest.mark.skipif(not hasattr(os, 'pipe') or sys.platform == 'win32', reason='a POSIX pipe')
+def test_only_a_write_to_stdout_whose_reader_is_gone_ends_quietly(monkeypatch):
+    """With the output's reader gone, a broken pipe of another kind (a socket's here, a Hub upload's or a worker's
+    in a run) is still the error it is; a write to stdout ends the command with 141."""
+    import io
+    import socket
+    import types
+
+    from sa_vision.errors import command
+    read, write = os.pipe()
+    os.close(read)
+    module = types.ModuleType('sa_vision_test_pipes')
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    _record_atexit(monkeypatch)
+    with open(write, 'wb', buffering=0) as widowed:
+        monkeypatch.setattr(sys, 'stdout', io.TextIOWrapper(widowed))
+
+        def send_to_a_closed_socket(argv=None):
+            mine, theirs = socket.socketpair()
+            theirs.close()
+            with mine:
+                mine.sendall(b'x' * 1_000_000)
+        module.main = send_to_a_closed_socket
+        with pytest.raises(BrokenPipeError):
+            command(module.__name__)()
+        module.main = lambda argv=None: print('a line nobody reads')
+        assert command(module.__name__)() == 141
 
 
 def test_output_no_encoding_of_stdout_holds_is_escaped_not_a_crash(monkeypatch):

@@ -159,3 +159,21 @@ def test_timms_validate_options_say_where_they_work_and_the_result_goes_to_its_r
         written = (json.loads(path.read_text()) if results_format == 'json'
                    else next(csv.DictReader(path.open(newline=''))))
         assert written['top1'] in (printed['top1'], str(printed['top1'])) and written['model'] == printed['model']
+
+
+def test_the_figures_are_printed_where_the_results_file_cannot_be_written(tmp_path, capsys, monkeypatch):
+    """The file comes before the output (whose reader may be gone), but a full disk loses no evaluation: the
+    figures are printed, then the refusal is the one error line."""
+    import errno
+
+    from sa_vision.errors import run_cli
+    folder = _folder(tmp_path, 'digits_custom')
+
+    def full_disk(path, results_format, result):
+        raise OSError(errno.ENOSPC, 'No space left on device', path)
+    monkeypatch.setattr(validate, '_write_results', full_disk)
+    status = run_cli(validate.main, ['--model', f'local-dir:{folder}', '--threads', '1', '-b', '360',
+                                     '--results-file', str(tmp_path / 'r.csv')])
+    out, err = capsys.readouterr()
+    assert status == 2 and json.loads(out.strip().splitlines()[-1])['num_images'] == 360, out
+    assert err.strip().splitlines()[-1].startswith('error: No space left on device'), err

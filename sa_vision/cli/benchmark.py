@@ -214,10 +214,12 @@ def main(argv=None) -> int:
 
     suffix = Path(args.results_file).suffix.lstrip('.').lower()
     text = format_results(all_rows, args.results_format or (suffix if suffix in RESULTS_FORMATS else 'table'))
-    if args.results_file:  # before the output, whose reader may be gone (| head)
-        Path(args.results_file).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(args.results_file, text if text.endswith('\n') else text + '\n')
-    print(text)
+    try:  # the file before the output, whose reader may be gone (| head); the figures shown if it fails
+        if args.results_file:
+            Path(args.results_file).parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(args.results_file, text if text.endswith('\n') else text + '\n')
+    finally:
+        print(text)
     return 0
 
 

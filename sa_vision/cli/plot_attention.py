@@ -76,11 +76,14 @@ def main(argv=None):
         plot_centers(model, args.out)
     elif args.out:
         plot_attention_maps(model, args.out, query=query, **({} if args.zoom is None else {'zoom': args.zoom}))
-    if args.table:  # before the output, whose reader may be gone (| head)
-        write_table(rows, args.table)
-    print(format_table(layer_summary(rows)))
+    try:  # the file before the output, whose reader may be gone (| head); the tables shown if it fails
+        if args.table:
+            write_table(rows, args.table)
+    finally:
+        print(format_table(layer_summary(rows)))
+        if args.table:
+            print(format_table(rows))
     if args.table:
-        print(format_table(rows))
         print(f'wrote {args.table}')
     if args.out:
         print(f'wrote {args.out}')

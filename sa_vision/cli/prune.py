@@ -126,9 +126,11 @@ def main(argv=None):
     if kind == 'generalized' and tuple(pruned.heads_per_layer) == PRUNED_HEADS_PER_LAYER and pruned.embed_dim == 400:
         report.append('this is the paper\'s layout: timm.create_model("sa_gen_pruned") loads it strictly')
     unseen, cfg = _preprocessing(source, pruned) if source is not None else ({}, {})
-    model_args = save_pruned(pruned, args.out, heads, model_args=unseen, pretrained_cfg=cfg)
+    try:  # the file before the output, whose reader may be gone (| head); the report shown if it fails
+        model_args = save_pruned(pruned, args.out, heads, model_args=unseen, pretrained_cfg=cfg)
+    finally:
+        print('\n'.join(report))
     arch = pruned_arch(kind)
-    print('\n'.join(report))
     print(f'wrote {args.out} ({arch}{" for " + cfg["tag"] if cfg.get("tag") else ""})')
     print(_timm_usage(arch, args.out, model_args, cfg))
     return 0

@@ -186,11 +186,13 @@ def main(argv=None):
     metrics = evaluate(model, loader, args.device, amp_ctx=amp_ctx)
     name = args.checkpoint or args.model
     result = {'model': name, 'dataset': args.dataset, 'split': args.split, **metrics}
-    if args.results_file:  # before the output, whose reader may be gone (| head)
-        _write_results(args.results_file, args.results_format, result)
-    print(f'{name} on {args.dataset or args.data_dir} {args.split}: top-1 {metrics["top1"]:.2f}%  '
-          f'top-5 {metrics["top5"]:.2f}%  loss {metrics["loss"]:.4f}  ({metrics["num_images"]} images)')
-    print(json.dumps(result))
+    try:  # the file before the output, whose reader may be gone (| head); the figures shown if it fails
+        if args.results_file:
+            _write_results(args.results_file, args.results_format, result)
+    finally:
+        print(f'{name} on {args.dataset or args.data_dir} {args.split}: top-1 {metrics["top1"]:.2f}%  '
+              f'top-5 {metrics["top5"]:.2f}%  loss {metrics["loss"]:.4f}  ({metrics["num_images"]} images)')
+        print(json.dumps(result))
     return 0
 
 
