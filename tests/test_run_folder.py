@@ -443,7 +443,7 @@ def test_the_best_metric_is_printed_as_the_eval_lines_print_it(tmp_path, eval_me
 @pytest.mark.skipif(not hasattr(os, 'fork'), reason='fcntl locks: Linux and macOS')
 def test_a_run_another_process_is_training_is_not_resumed_into_it(tmp_path, caplog, capsys):
     """Two processes resuming one run would write the same checkpoints: while one trains (it holds the run's
-    folder, as here a stand-in process does), another's --resume is refused before it writes anything; once that
+    args.yaml, as here a stand-in process does), another's --resume is refused before it writes anything; once that
     one has ended, the resume goes on. A run lets its folder go when its epochs end."""
     import subprocess
     import sys
@@ -451,8 +451,8 @@ def test_a_run_another_process_is_training_is_not_resumed_into_it(tmp_path, capl
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
     assert status == 0, log[-2000:]
     run = tmp_path / 'run'
-    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, os, sys, time\n'
-                               f'f = os.open({str(run)!r}, os.O_RDONLY)\n'
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, sys, time\n'
+                               f'f = open({str(run / "args.yaml")!r}, "a")\n'
                                'fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)\n'
                                'print("held", flush=True)\ntime.sleep(60)\n'], stdout=subprocess.PIPE, text=True)
     try:
@@ -476,21 +476,21 @@ def test_a_run_holds_its_folder_through_its_export(tmp_path):
     tried = []
 
     def export(checkpoint, folder):
-        other = os.open(checkpoint.parent, os.O_RDONLY)  # what another process's --resume takes
-        try:
-            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            tried.append('taken')
-        except BlockingIOError:
-            tried.append('refused')
-        finally:
-            os.close(other)
+        with open(checkpoint.parent / 'args.yaml', 'a') as other:  # what another process's --resume takes
+            try:
+                fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                tried.append('taken')
+            except BlockingIOError:
+                tried.append('refused')
         Path(folder).mkdir(parents=True, exist_ok=True)  # the Hub folder, empty
         return []
     loop.main([str(a) for a in _train_args(tmp_path, 'run', 1)] + ['--export'], export=export)
     assert tried == ['refused']
-    other = os.open(tmp_path / 'run', os.O_RDONLY)
-    fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at the end
-    os.close(other)
+    # a resume replaces args.yaml (whole, with its new arguments) and holds the new file, which another process opens
+    loop.main(['--resume', str(tmp_path / 'run'), '--epochs', '2', '--export'], export=export)
+    assert tried == ['refused', 'refused']
+    with open(tmp_path / 'run' / 'args.yaml', 'a') as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at the end
 
 
 def test_the_advice_quotes_a_path_for_the_shell(tmp_path):
@@ -505,3 +505,30 @@ def test_the_advice_quotes_a_path_for_the_shell(tmp_path):
         with training_in(run, export=True):
             raise KeyboardInterrupt
     assert shlex.split(str(stopped.value))[-3:] == ['--resume', str(run / 'last.pth.tar'), '--export'], stopped.value
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='fcntl locks: Linux and macOS')
+def test_the_lock_is_on_args_yaml_as_it_is_once_held(tmp_path, monkeypatch):
+    """A resume elsewhere that replaced args.yaml between this process's open and its lock: the file now there is
+    held, not the one replaced (which no other process would open again)."""
+    import fcntl
+
+    from sa_vision.train import run_folder
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'args.yaml').write_text('epochs: 1\n')
+    real_flock, replaced = fcntl.flock, []
+
+    def flock_after_a_replace(f, operation):
+        if not replaced:
+            (run / 'new.yaml').write_text('epochs: 2\n')
+            os.replace(run / 'new.yaml', run / 'args.yaml')
+            replaced.append(True)
+        return real_flock(f, operation)
+    monkeypatch.setattr(fcntl, 'flock', flock_after_a_replace)
+    try:
+        run_folder._hold(run)
+        with open(run / 'args.yaml', 'a') as other, pytest.raises(BlockingIOError):
+            real_flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        run_folder._let_go(run)

@@ -10,7 +10,7 @@ import unicodedata
 from datetime import datetime
 from pathlib import Path, PurePath
 from shlex import quote
-from typing import Dict, List, Optional
+from typing import IO, Dict, List, Optional
 
 import yaml
 
@@ -101,11 +101,12 @@ def write_run_files(args, run_dir: Path, new_run: bool, trains: bool = True) -> 
     if new_run:
         folder = _claim(run_dir, saved, args.experiment)
         _hold(folder)
-    else:  # rewritten whole (a full disk leaves the earlier one), once held
+    else:  # rewritten whole (a full disk leaves the earlier one) while held, then the new file held
         folder = run_dir
         folder.mkdir(parents=True, exist_ok=True)
         _hold(folder)
         atomic_write_text(folder / 'args.yaml', saved)
+        _hold(folder)
     atomic_write_text(folder / 'recipe.yaml', _yaml(run_recipe(args)))
     return folder
 
@@ -132,30 +133,56 @@ def _yaml(values) -> str:
     return yaml.safe_dump(values, sort_keys=False)
 
 
-# the run folders this process trains in: each open and locked (flock) until their epochs, report and export end
-# (training_in), the process ends, or this process claims the folder again (a run of it that raised before its
-# epochs); the folder, not its args.yaml, which a resume replaces whole
-_HELD: Dict[Path, int] = {}
+# the run folders this process trains in: their args.yaml open and locked (flock: a file's lock, which NFS shares
+# between hosts, as it does no folder's) until their epochs, report and export end (training_in), the process
+# ends, or this process claims the folder again (a run of it that raised before its epochs)
+_HELD: Dict[Path, IO] = {}
 
 
 def _hold(folder: Path) -> None:
     """Hold ``folder`` for this process's run: another sa-vision-train resuming it (its checkpoints, its args.yaml)
-    is refused while this one runs. Advisory, Linux and macOS (fcntl); elsewhere nothing is held."""
+    is refused while this one runs. Advisory, Linux and macOS (fcntl); elsewhere nothing is held. The lock is on
+    args.yaml as it is now: one a resume has replaced since it was opened is opened again, and a process's own
+    earlier lock (on the file it replaced) is let go only once it holds the new one."""
     try:
         import fcntl
     except ImportError:
         return
-    key = folder.resolve()
-    if key in _HELD:
-        os.close(_HELD.pop(key))
-    held = os.open(folder, os.O_RDONLY)
+    path = folder / 'args.yaml'
+    if folder.resolve() in _HELD and _same_file(_HELD[folder.resolve()], path):
+        return  # this process holds it already (a run of it that raised before its epochs)
+    while True:
+        held = open(path, 'a')
+        try:
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked_now = _same_file(held, path)
+        except BaseException as e:
+            held.close()
+            if not isinstance(e, BlockingIOError):
+                raise
+            _let_go(folder)
+            raise UserError(f'another sa-vision-train is running in {folder}: let it finish or stop it, then '
+                            f'continue the run with --resume {quote(str(folder / RUN_CHECKPOINT))}') from None
+        if locked_now:
+            break
+        held.close()
+    _let_go(folder)
+    _HELD[folder.resolve()] = held
+
+
+def _same_file(opened: IO, path: Path) -> bool:
+    """Whether ``opened`` is the file at ``path`` now (not one a rename has replaced, or one deleted, since)."""
     try:
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(held)
-        raise UserError(f'another sa-vision-train is running in {folder}: let it finish or stop it, then continue '
-                        f'the run with --resume {quote(str(folder / RUN_CHECKPOINT))}') from None
-    _HELD[key] = held
+        there, here = os.fstat(opened.fileno()), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (there.st_dev, there.st_ino) == (here.st_dev, here.st_ino)
+
+
+def _let_go(folder: Path) -> None:
+    held = _HELD.pop(folder.resolve(), None)
+    if held is not None:
+        held.close()
 
 
 @contextlib.contextmanager
@@ -181,9 +208,7 @@ def training_in(run_dir: Path, export: bool = False):
         raise UserError(f'could not write in {run_dir} ({reason}); {free / 1e6:,.0f} MB free on its disk. Each '
                         f'file is written whole or not at all: once mended, {go_on()}') from e
     finally:
-        held = _HELD.pop(run_dir.resolve(), None)
-        if held is not None:
-            os.close(held)
+        _let_go(run_dir)
 
 
 def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log) -> None:
