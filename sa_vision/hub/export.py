@@ -116,7 +116,18 @@ def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, r
     raise ExportExistsError(
         f'{out_dir} already holds an export of other weights than {source} ({held or "its card names none"}), '
         f'and is not replaced. Publish that folder as it is (sa-vision-push-to-hub {quote(str(out_dir))}), stage these '
-        f'weights in another folder, or remove {out_dir} first')
+        f'weights in another folder, or remove {quote(str(out_dir))} first')
+
+
+def _check_not_the_source(out_dir: Path, ckpt: Checkpoint) -> None:
+    """Refuse to export into the folder the weights are read from (an export of an export, a Hub cache's)."""
+    read_from = Path(ckpt.source).resolve()
+    if out_dir.resolve() in (read_from, *read_from.parents):
+        raise ExportExistsError(
+            f'{out_dir} holds the weights to export ({ckpt.source}): an export there would replace its card, '
+            f'recipe and figures with ones made from the weights alone. Publish the folder as it is '
+            f'(sa-vision-push-to-hub {quote(str(ckpt.source))}), or stage a copy of it in another folder '
+            f'(--out-dir DIR)')
 
 
 def _same_tensors(path: Path, tensors: Dict[str, Tensor]) -> bool:
@@ -157,13 +168,7 @@ def export_hub_folder(
     check_publish_target(label, repo_id)
     saved = model if dtype in (None, 'float32') else copy.deepcopy(model).to(getattr(torch, dtype))
     out_dir = Path(out_dir)
-    read_from = Path(ckpt.source).resolve()
-    if out_dir.resolve() in (read_from, *read_from.parents):
-        raise ExportExistsError(
-            f'{out_dir} holds the weights to export ({ckpt.source}): an export there would replace its card, '
-            f'recipe and figures with ones made from the weights alone. Publish the folder as it is '
-            f'(sa-vision-push-to-hub {quote(str(ckpt.source))}), or stage a copy of it in another folder '
-            f'(--out-dir DIR)')
+    _check_not_the_source(out_dir, ckpt)
     if out_dir.exists():
         _check_replaceable(out_dir, saved.state_dict(), ckpt.source, replace)
     with atomic_folder(out_dir) as folder:  # an earlier export stays whole until this one is
