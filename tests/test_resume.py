@@ -4,6 +4,7 @@ schedule goes on at the epoch whatever the batch size now, a resume with nothing
 evaluated and leaves the run's recipe as it was, and a folder that cannot be written is named in one line """
 import csv
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,40 @@ def test_a_run_killed_between_its_files_is_made_whole_when_resumed(tmp_path, cap
     assert f'Exporting model_best.pth.tar: the weights after epoch 2 of 2 (top1 {last["metrics"]["top1"]:.2f}, ' \
            f'the best)' in log
     assert 'written again from last.pth.tar' in log
+
+
+def test_a_best_checkpoint_cut_short_is_written_again_when_resumed(tmp_path, caplog, capsys):
+    """A copy of model_best.pth.tar cut short (a full disk, a killed copy) of the last epoch, the best: the resume
+    writes it again from last.pth.tar, rather than stopping on it."""
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    whole = (run / 'model_best.pth.tar').read_bytes()
+    (run / 'model_best.pth.tar').unlink()  # a copy of its own, not the link to last.pth.tar
+    (run / 'model_best.pth.tar').write_bytes(whole[:len(whole) // 2])
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
+    assert status == 0 and 'model_best.pth.tar written again from last.pth.tar' in log, log[-3000:]
+    assert _load(run / 'model_best.pth.tar')['epoch'] in (1, 2)
+
+
+@pytest.mark.skipif(not hasattr(os, 'fork'), reason='fcntl locks: Linux and macOS')
+def test_a_resume_that_stops_before_its_epochs_lets_its_folder_go(tmp_path, caplog, capsys, monkeypatch):
+    """A resume refused after it held the run (in its repair, say): the folder is let go, so that a notebook's next
+    --resume, or another process's, is not refused as if a run were training there."""
+    import fcntl
+
+    from sa_vision.errors import UserError
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+
+    def refused(*args):
+        raise UserError('refused in the repair')
+    monkeypatch.setattr(loop, 'repair_run_files', refused)
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
+    assert status == 2 and 'refused in the repair' in log, log[-3000:]
+    with open(run / 'args.yaml', 'a') as other:
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_a_summary_row_cut_short_is_written_again_when_resumed(tmp_path, caplog, capsys):
@@ -148,6 +183,10 @@ def test_a_resume_on_a_full_disk_keeps_args_yaml_whole(tmp_path, caplog, capsys)
         status, log = train_here(caplog, capsys, '--resume', tmp_path / 'run', '--epochs', 2)
     assert status == 2 and 'File too large' in log.strip().splitlines()[-1], log[-3000:]
     assert args_yaml.read_bytes() == before
+    if hasattr(os, 'fork'):  # the run was let go (fcntl locks: Linux and macOS)
+        import fcntl
+        with open(args_yaml, 'a') as other:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
 def test_a_resume_with_another_batch_size_goes_on_with_the_schedule_at_its_epoch(tmp_path, caplog, capsys):

@@ -170,11 +170,12 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
                                              steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
         run_dir = write_run_files(args, run_dir, new_run=resume_ckpt is None, trains=start_epoch < num_epochs)
-        repair_run_files(run_dir, resume_ckpt, log)
-        log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
-            f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
-    metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log, start_epoch < num_epochs)
-    with training_in(run_dir, export=bool(getattr(args, 'export', False))):
+    with training_in(run_dir, export=bool(getattr(args, 'export', False))):  # held from here, let go at its end
+        if is_primary(args):
+            repair_run_files(run_dir, resume_ckpt, log)
+            log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
+                f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
+        metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log, start_epoch < num_epochs)
         if is_primary(args) and args.save_epoch_weights and start_epoch == 0:
             save_epoch_weights(model, args, run_dir, 0)
         for epoch in range(start_epoch, num_epochs):

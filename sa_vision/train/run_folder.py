@@ -17,7 +17,7 @@ import yaml
 from ..errors import UserError, write_failure
 from ..io import atomic_duplicate, atomic_write, atomic_write_text, folder_problem, remove_stale_temporaries
 from ..tables import plural
-from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, read_checkpoint
+from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, CheckpointError, read_checkpoint
 from .state import SUMMARY, Log, args_as_saved, run_recipe, write_summary_row
 from .timm_args import model_kwargs_as_timm_args
 
@@ -98,16 +98,17 @@ def write_run_files(args, run_dir: Path, new_run: bool, trains: bool = True) -> 
         _hold(run_dir)
         return run_dir
     saved = _yaml(model_kwargs_as_timm_args(args_as_saved(args)))
-    if new_run:
-        folder = _claim(run_dir, saved, args.experiment)
-        _hold(folder)
-    else:  # rewritten whole (a full disk leaves the earlier one) while held, then the new file held
-        folder = run_dir
-        folder.mkdir(parents=True, exist_ok=True)
-        _hold(folder)
-        atomic_write_text(folder / 'args.yaml', saved)
-        _hold(folder)
-    atomic_write_text(folder / 'recipe.yaml', _yaml(run_recipe(args)))
+    folder = _claim(run_dir, saved, args.experiment) if new_run else run_dir
+    folder.mkdir(parents=True, exist_ok=True)
+    _hold(folder)
+    try:  # let go where a write is refused: no run holds the folder then
+        if not new_run:  # rewritten whole (a full disk leaves the earlier one) while held, then the new file held
+            atomic_write_text(folder / 'args.yaml', saved)
+            _hold(folder)
+        atomic_write_text(folder / 'recipe.yaml', _yaml(run_recipe(args)))
+    except BaseException:
+        _let_go(folder)
+        raise
     return folder
 
 
@@ -211,6 +212,14 @@ def training_in(run_dir: Path, export: bool = False):
         _let_go(run_dir)
 
 
+def _epoch_of(checkpoint: Path) -> Optional[int]:
+    """The epochs done in ``checkpoint``; None where it cannot be read (a copy cut short: written again)."""
+    try:
+        return read_checkpoint(checkpoint).meta['epoch']
+    except CheckpointError:
+        return None
+
+
 def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log) -> None:
     """Make ``model_best.pth.tar`` and ``summary.csv`` agree with the checkpoint resumed (``last.pth.tar``, which
     ``state.save_epoch`` writes first): a run stopped after it (killed, a full disk) left its epoch's best checkpoint
@@ -225,7 +234,7 @@ def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log)
     meta, kept, source = resume_ckpt.meta, run_dir / BEST_CHECKPOINT, Path(resume_ckpt.source)
     best = meta.get('best')
     if best is not None and best['epoch'] == meta['epoch'] - 1 and not (kept.is_file() and (
-            os.path.samefile(kept, source) or read_checkpoint(kept).meta['epoch'] == meta['epoch'])):
+            os.path.samefile(kept, source) or _epoch_of(kept) == meta['epoch'])):
         atomic_duplicate(source, kept)
         log(f'{kept} written again from {source.name}: the run had stopped before it kept epoch {best["epoch"]}, '
             f'its best, there')
