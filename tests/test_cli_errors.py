@@ -356,6 +356,19 @@ def test_an_unknown_model_keyword_names_where_it_came_from_and_the_nearest(comma
     assert f'from {source.replace("{tmp}", str(tmp_path))})' in line and "did you mean 'depth'?" in line, line
 
 
+def test_python_3_13s_own_suggestion_is_not_taken_for_the_models_reason(monkeypatch):
+    """Python 3.13 ends the TypeError of an unknown keyword with ". Did you mean 'depth'?": the error is the same
+    one line as on the older Pythons, not ": . Did you mean"."""
+    from sa_vision.models import factory
+
+    def builder_of_python_3_13(name, pretrained=False, **kwargs):
+        raise TypeError("sa_quadratic_cifar() got an unexpected keyword argument 'depht'. Did you mean 'depth'?")
+    monkeypatch.setattr(factory.timm, 'create_model', builder_of_python_3_13)
+    with pytest.raises(UserError) as refused:
+        factory.create_named_model('sa_quadratic_cifar', depht=1)
+    assert str(refused.value).endswith("(depht=1, from --model-kwargs): did you mean 'depth'?"), refused.value
+
+
 @pytest.mark.parametrize('command', ['train', 'validate', 'benchmark'])
 def test_a_model_keyword_value_the_model_refuses_is_one_error_line_naming_it(command, tmp_path, capsys):
     """The models' own checks raise a ValueError (timm.create_model keeps it); a command says which keyword was

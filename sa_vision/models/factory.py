@@ -19,6 +19,7 @@ __all__ = ['UnknownModelError', 'RATE_KEYWORD', 'model_name_hint', 'model_class'
            'create_named_model']
 
 _UNEXPECTED_KEYWORD = re.compile(r"got an unexpected keyword argument '(\w+)'")
+_PYTHON_SUGGESTION = re.compile(r"\.? ?Did you mean '[^']*'\?$")  # Python 3.13 adds it to the TypeError
 _UNKNOWN_MODEL = re.compile(r'Unknown model \((.*)\)')
 
 
@@ -172,7 +173,8 @@ def create_named_model(name: str, pretrained: bool = False, kwargs_sources: Opti
         key = match.group(1)
         source = (kwargs_sources or {}).get(key, '--model-kwargs')
         near = difflib.get_close_matches(key, accepted or [], n=1, cutoff=0.75)
-        own = str(e)[match.end():].strip(' :')  # the reason the model's builder gives, where it gives one
+        # the reason the model's builder gives, where it gives one (Python 3.13's own ". Did you mean" is not one)
+        own = _PYTHON_SUGGESTION.sub('', str(e)[match.end():]).strip(' :')
         hint = own or (f'did you mean {near[0]!r}?' if near else f'it takes {", ".join(accepted)}' if accepted else
                        str(e))
         raise UserError(f'{name} takes no keyword argument {key!r} ({key}={kwargs[key]!r}, from {source}): '

@@ -34,7 +34,8 @@ Batch = Tuple[torch.Tensor, torch.Tensor]
 def _augmentation_seed(seed: int, epoch: int, rank: int) -> int:
     """The seed of an epoch's crops and flips on one rank: numpy's SeedSequence mixes the three (it takes no
     negative number: a negative --seed, which the DataLoader's path takes modulo 2**32, is taken modulo 2**64)."""
-    return int(np.random.SeedSequence([seed % 2 ** 64, epoch, rank]).generate_state(1, np.uint64)[0] >> 1)
+    # shifted as a Python int: numpy 1.x refuses uint64 >> int
+    return int(np.random.SeedSequence([seed % 2 ** 64, epoch, rank]).generate_state(1, np.uint64)[0]) >> 1
 
 
 def _normalize(images: torch.Tensor, mean: torch.Tensor, std: torch.Tensor, channels: int) -> torch.Tensor:
