@@ -239,6 +239,27 @@ def test_large_precision_factor_peaks_at_the_centre():
         assert math.isclose(float(torch.log(p1 / p2)), alpha * (d2 - d1), rel_tol=1e-4)
 
 
+@pytest.mark.parametrize('kind', ['quadratic', 'generalized'])
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+def test_a_model_cast_to_16_bits_keeps_sharp_heads_finite_on_a_large_grid(kind, dtype):
+    """``model.half()`` with trained, sharp precisions on a 30x30 grid: a far shift's squared distance times the
+    precision overflows float16 (the generalized form's inf - inf was NaN), and bf16 lost whole units; the
+    probabilities are those of Eq. 9 / App. A.1 in float64 from the same (rounded) parameters, to the dtype's
+    rounding, and the forward is finite."""
+    layer = PositionalAttention(4, 2, kind)
+    with torch.no_grad():
+        layer.position.centers.copy_(torch.tensor([[1.5, -2.0], [0.0, 3.0]]))
+        layer.position.precision_factors.copy_(torch.tensor([8.0, 6.5]) if kind == 'quadratic' else
+                                               torch.tensor([[[9.0, 0.5], [-8.0, 3.0]], [[5.0, 2.0], [0.0, 7.0]]]))
+    layer = layer.to(dtype).eval()
+    x = torch.randn(1, 30, 30, 4, dtype=dtype)
+    reference = reference_scores(copy.deepcopy(layer).double(), x.double()).softmax(-1)
+    probs = layer.position_probs(30, 30)
+    assert probs.dtype == dtype and torch.isfinite(probs).all()
+    assert (probs.double() - reference).abs().max() < 2 ** -7
+    assert torch.isfinite(layer(x)).all()
+
+
 def test_probabilities_renormalise_at_the_border():
     """No padding: a corner query's distribution sums to one over the keys that exist."""
     layer = PositionalAttention(4, 2, 'generalized')

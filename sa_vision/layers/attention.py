@@ -181,7 +181,8 @@ class PositionalAttention(nn.Module):
     def position_probs(self, grid_h: int, grid_w: int) -> Tensor:
         """Content-free probabilities ``(heads, h*w, h*w)`` as ``[head, query, key]``, no dropout (for ``content``
         the positional part alone)."""
-        return drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1))
+        return drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1).to(
+            self.position.param_dtype()))
 
     def forward(self, x: Tensor) -> Tensor:
         if self.grid_major:
@@ -237,17 +238,19 @@ class PositionalAttention(nn.Module):
     def _probs(self, grid_h: int, grid_w: int, dense: bool) -> List[Tensor]:
         """The content-free probabilities, no dropout: ``[grid]``, ``[row, col]``, or on a square grid
         ``[(2, heads, n, n)]`` (one softmax, threshold and dropout for both axes)."""
+        dtype = self.position.param_dtype()  # the scores of 16-bit Gaussian parameters are float32 (scores._exact)
         if dense:
-            return [drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1))]
+            return [drop_negligible(self.position.grid_scores(grid_h, grid_w).softmax(dim=-1).to(dtype))]
         if torch.jit.is_scripting():
             square = grid_h == grid_w
         else:
             # a captured graph must serve every grid size: even comparing symbolic sizes would fix them by a guard
             square = not is_capturing() and grid_h == grid_w
         if square:
-            return [drop_negligible(self.position.square_axis_scores(grid_h).softmax(dim=-1))]
+            return [drop_negligible(self.position.square_axis_scores(grid_h).softmax(dim=-1).to(dtype))]
         row_scores, col_scores = self.position.axis_scores(grid_h, grid_w)
-        return [drop_negligible(row_scores.softmax(dim=-1)), drop_negligible(col_scores.softmax(dim=-1))]
+        return [drop_negligible(row_scores.softmax(dim=-1).to(dtype)),
+                drop_negligible(col_scores.softmax(dim=-1).to(dtype))]
 
     @torch.jit.unused
     def clear_probs_cache(self) -> None:

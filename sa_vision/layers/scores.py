@@ -36,6 +36,16 @@ def check_position_init(init: str, alpha: float) -> None:
         raise ValueError(f'pos_init_alpha must be > 0 (the sharpness of the conv init), got {alpha}')
 
 
+def _exact(param: Tensor) -> Tensor:
+    """``param`` in float32 where it is a 16-bit float (a model cast with ``.half()``): a far shift's squared
+    distance times a trained precision overflows float16 (the generalized form's inf - inf is NaN) and loses whole
+    units in bfloat16, as under autocast, which the attention turns off for the scores (docs/attention.md); their
+    softmax runs in float32 too, and the probabilities are rounded to :meth:`param_dtype`."""
+    if param.dtype == torch.float16 or param.dtype == torch.bfloat16:
+        return param.float()
+    return param
+
+
 def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
     """``shifts[q, k] = k - q`` along one axis of ``size`` positions, ``(size, size)``."""
     positions = torch.arange(size, device=device, dtype=dtype)
@@ -86,26 +96,33 @@ class QuadraticScores(nn.Module):
                 self.centers[:len(offsets)] = offsets.to(self.centers)
                 self.precision_factors[:len(offsets)] = math.sqrt(2.0 * self.init_alpha)  # alpha_h = s_h^2 / 2
 
+    def param_dtype(self) -> torch.dtype:
+        """The parameters' dtype, which the probabilities take (the scores are float32 for 16-bit ones)."""
+        return self.centers.dtype
+
     def axis_scores(self, grid_h: int, grid_w: int) -> Tuple[Tensor, Tensor]:
         """Row scores ``(heads, h, h)`` and column scores ``(heads, w, w)``, indexed ``[head, query, key]``."""
-        scale = -0.5 * self.precision_factors.square()[:, None, None]  # -alpha_h from the precision factor s_h
-        dy = relative_shifts(grid_h, self.centers.device, self.centers.dtype)
-        dx = relative_shifts(grid_w, self.centers.device, self.centers.dtype)
-        row = scale * (dy - self.centers[:, 0, None, None]).square()
-        col = scale * (dx - self.centers[:, 1, None, None]).square()
+        centers, factors = _exact(self.centers), _exact(self.precision_factors)
+        scale = -0.5 * factors.square()[:, None, None]  # -alpha_h from the precision factor s_h
+        dy = relative_shifts(grid_h, centers.device, centers.dtype)
+        dx = relative_shifts(grid_w, centers.device, centers.dtype)
+        row = scale * (dy - centers[:, 0, None, None]).square()
+        col = scale * (dx - centers[:, 1, None, None]).square()
         return row, col
 
     def square_axis_scores(self, size: int) -> Tensor:
         """Row and column scores of a ``size x size`` grid stacked, ``(2, heads, size, size)`` (half the small ops)."""
-        shifts = relative_shifts(size, self.centers.device, self.centers.dtype)  # size, size
-        offsets = shifts - self.centers.t().reshape(2, self.num_heads, 1, 1)  # 2, heads, size, size
-        return offsets.square() * self.precision_factors.square().mul(-0.5).view(self.num_heads, 1, 1)
+        centers, factors = _exact(self.centers), _exact(self.precision_factors)
+        shifts = relative_shifts(size, centers.device, centers.dtype)  # size, size
+        offsets = shifts - centers.t().reshape(2, self.num_heads, 1, 1)  # 2, heads, size, size
+        return offsets.square() * factors.square().mul(-0.5).view(self.num_heads, 1, 1)
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
         """Scores over the whole grid, ``(heads, h*w, h*w)`` indexed ``[head, query, key]``."""
-        shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
-        offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
-        return -(0.5 * self.precision_factors ** 2)[:, None, None] * (offsets ** 2).sum(-1)
+        centers, factors = _exact(self.centers), _exact(self.precision_factors)
+        shifts = grid_shifts(grid_h, grid_w, centers.device, centers.dtype)
+        offsets = shifts[None] - centers[:, None, None, :]  # heads, hw, hw, 2
+        return -(0.5 * factors ** 2)[:, None, None] * (offsets ** 2).sum(-1)
 
 
 class GeneralizedScores(nn.Module):
@@ -147,6 +164,10 @@ class GeneralizedScores(nn.Module):
                 self.centers[:len(offsets)] = offsets.to(self.centers)
                 self.precision_factors[:len(offsets)] = math.sqrt(2.0 * self.init_alpha) * eye
 
+    def param_dtype(self) -> torch.dtype:
+        """The parameters' dtype, which the probabilities take (the scores are float32 for 16-bit ones)."""
+        return self.centers.dtype
+
     def precisions(self) -> Tensor:
         """The precision matrices ``M_h = S_h S_h^T``, ``(heads, 2, 2)``."""
         return self.precision_factors @ self.precision_factors.transpose(-1, -2)
@@ -158,9 +179,10 @@ class GeneralizedScores(nn.Module):
         raise RuntimeError('generalized (non-isotropic) Gaussian scores are not separable')
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
-        shifts = grid_shifts(grid_h, grid_w, self.centers.device, self.centers.dtype)
-        offsets = shifts[None] - self.centers[:, None, None, :]  # heads, hw, hw, 2
-        precisions = self.precisions()
+        centers, factors = _exact(self.centers), _exact(self.precision_factors)
+        shifts = grid_shifts(grid_h, grid_w, centers.device, centers.dtype)
+        offsets = shifts[None] - centers[:, None, None, :]  # heads, hw, hw, 2
+        precisions = factors @ factors.transpose(-1, -2)
         # quadratic form offsets^T M offsets, written out for the symmetric 2x2 M
         dy, dx = offsets[..., 0], offsets[..., 1]
         m_yy = precisions[:, 0, 0, None, None]
@@ -225,6 +247,10 @@ class LearnedScores(nn.Module):
                 # least-norm change of the table rows: E += (target - E W^T) (W W^T)^-1 W
                 correction = torch.linalg.solve(weights @ weights.t(), (target - current).t()).t() @ weights
                 table.weight.add_(correction.to(table.weight))
+
+    def param_dtype(self) -> torch.dtype:
+        """The parameters' dtype, the scores' and the probabilities'."""
+        return self.row_keys.weight.dtype
 
     def _table_index(self, size: int) -> Tensor:
         shifts = relative_shifts(size, self.row_shift_embed.weight.device, torch.float32).long()
