@@ -110,6 +110,26 @@ def test_a_resume_that_stops_before_its_epochs_lets_its_folder_go(tmp_path, capl
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+def test_a_loss_that_diverges_stops_the_run_and_the_resume_with_a_lower_lr_goes_on(tmp_path, caplog, capsys):
+    """A learning rate far too high: the loss is NaN within the epoch. The run stops there with one line (timm's
+    train.py trains on, exits 0 and keeps NaN weights as its best), the epoch before is kept, and the resume the
+    line advises, with a lower --lr, trains on from it."""
+    import math
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2, '--lr', 1e6)
+    error = log.strip().splitlines()[-1]
+    assert status == 2 and error.startswith('error: the training loss is nan at epoch 1, step ') and error.endswith(
+        f'Continue from its last finished epoch with --resume {run / "last.pth.tar"}, with a lower --lr or clipped '
+        f'gradients (--clip-grad 1.0, say)'), error
+    last = _load(run / 'last.pth.tar')
+    assert last['epoch'] == 0 and all(v.isfinite().all() for v in last['state_dict'].values())
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2, '--lr', 1e-3)
+    assert status == 0 and _load(run / 'last.pth.tar')['epoch'] == 1, log[-3000:]
+    assert math.isfinite(_load(run / 'last.pth.tar')['metrics']['loss'])
+
+
 def test_a_summary_row_cut_short_is_written_again_when_resumed(tmp_path, caplog, capsys):
     """A stop in the middle of appending a summary.csv row leaves part of it: the resume writes the file again from
     the checkpoint's history, rather than gluing the next row onto the part."""

@@ -177,3 +177,24 @@ def test_the_figures_are_printed_where_the_results_file_cannot_be_written(tmp_pa
     out, err = capsys.readouterr()
     assert status == 2 and json.loads(out.strip().splitlines()[-1])['num_images'] == 360, out
     assert err.strip().splitlines()[-1].startswith('error: No space left on device'), err
+
+
+def test_weights_that_are_not_numbers_give_json_nulls_and_are_never_exported(tmp_path, capsys):
+    """Weights of a run that diverged (NaN): validate's JSON line says null for the loss (JSON has no NaN: jq and
+    JavaScript refuse Python's), and an export, which would publish them with a card, is refused naming them."""
+    from sa_vision.hub import export_hub_folder
+    from sa_vision.train.checkpoint import CheckpointError
+    model = timm.create_model('sa_quadratic_cifar', **SMALL)
+    with torch.no_grad():
+        model.head.weight.fill_(float('nan'))
+    folder = tmp_path / 'diverged'
+    save_for_hf(model, folder, safe_serialization=True, model_config={'pretrained_cfg': {'tag': 'digits_custom'}})
+    assert validate.main(['--model', f'local-dir:{folder}', '--threads', '1', '-b', '360']) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+
+    def refuse(constant):
+        raise ValueError(f'{constant} is not JSON')
+    assert json.loads(line, parse_constant=refuse)['loss'] is None, line
+    with pytest.raises(CheckpointError, match=r'not numbers \(NaN or inf in 1 tensor: head.weight\)'):
+        export_hub_folder(folder, tmp_path / 'export')
+    assert not (tmp_path / 'export').exists()

@@ -18,7 +18,6 @@ progress bar shows images/s and the time left (not in logs: only when stderr is 
 """
 import argparse
 import csv
-import json
 import os
 import sys
 from contextlib import nullcontext
@@ -43,7 +42,7 @@ from sa_vision.train.data import (
     split_name,
     trained_dataset,
 )
-from sa_vision.train.evaluation import evaluate
+from sa_vision.train.evaluation import evaluate, result_json
 from sa_vision.train.runtime import apply_threads, import_device_modules, resolve_device
 from sa_vision.train.timm_args import TIMM_PREPROCESSING, TIMM_VALIDATE_ONLY
 
@@ -192,7 +191,7 @@ def main(argv=None):
     finally:
         print(f'{name} on {args.dataset or args.data_dir} {args.split}: top-1 {metrics["top1"]:.2f}%  '
               f'top-5 {metrics["top5"]:.2f}%  loss {metrics["loss"]:.4f}  ({metrics["num_images"]} images)')
-        print(json.dumps(result))
+        print(result_json(result))
     return 0
 
 
@@ -202,7 +201,7 @@ def _write_results(path: str, results_format: str, result: dict) -> None:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(path) as tmp, open(tmp, 'w', newline='') as f:
         if results_format == 'json':
-            json.dump(result, f, indent=4)
+            f.write(result_json(result, indent=4))
         else:
             writer = csv.DictWriter(f, fieldnames=list(result))
             writer.writeheader()

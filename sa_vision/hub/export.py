@@ -17,6 +17,7 @@ from ..io import atomic_folder, partial_name, usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..models.sa_state_dict import rename_old_keys
 from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
+from ..tables import plural
 from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
 from .card import render_model_card, weights_described_by_card
@@ -119,6 +120,16 @@ def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, r
         f'weights in another folder, or remove {quote(str(out_dir))} first')
 
 
+def _check_finite(model, source: str) -> None:
+    """Refuse weights that hold NaN or inf (a run that diverged): an export would publish them with a card."""
+    broken = [name for name, t in model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()]
+    if broken:
+        named = ', '.join(broken[:3]) + (', ...' if len(broken) > 3 else '')
+        raise CheckpointError(f'{source} holds weights that are not numbers (NaN or inf in '
+                              f'{plural(len(broken), "tensor")}: {named}): weights of a run that diverged, which '
+                              f'nothing exports. Train again with a lower --lr')
+
+
 def _check_not_the_source(out_dir: Path, ckpt: Checkpoint) -> None:
     """Refuse to export into the folder the weights are read from (an export of an export, a Hub cache's)."""
     read_from = Path(ckpt.source).resolve()
@@ -163,6 +174,7 @@ def export_hub_folder(
     if expected_arch and ckpt.arch != expected_arch:
         raise CheckpointError(f'{ckpt.source} holds a {ckpt.arch} model, not {expected_arch}')
     model = ckpt.create_model()  # fails on weights that do not fit the architecture
+    _check_finite(model, ckpt.source)
     label = weights_label(ckpt)
     repo_id = repo_id or label.default_repo_id
     check_publish_target(label, repo_id)

@@ -4,6 +4,7 @@ The running totals stay on the images' device (no host sync per batch) and are a
 The model may be a compiled one (the training loop evaluates through the module it trains, except on CUDA:
 :func:`evaluation_module`).
 """
+import json
 import math
 from contextlib import nullcontext
 from typing import Callable, Dict, Optional, Tuple
@@ -15,8 +16,8 @@ from torch import nn
 
 from .runtime import host_sync_allowed
 
-__all__ = ['EVAL_METRICS', 'metric_text', 'evaluate', 'evaluate_compiled', 'evaluate_epoch', 'evaluated_after',
-           'evaluation_module']
+__all__ = ['EVAL_METRICS', 'metric_text', 'result_json', 'evaluate', 'evaluate_compiled', 'evaluate_epoch',
+           'evaluated_after', 'evaluation_module']
 
 EVAL_METRICS = ('loss', 'top1', 'top5', 'num_images')  # what :func:`evaluate` returns, in summary.csv's order
 
@@ -122,3 +123,10 @@ def evaluate_epoch(epoch: int, eval_model: nn.Module, model: nn.Module, loader, 
 def metric_text(name: str, value: float) -> str:
     """A metric as the Eval lines print it: a loss to 4 decimals, an accuracy (in %) to 2."""
     return f'{value:.4f}' if name == 'loss' else f'{value:.2f}'
+
+
+def result_json(result: Dict[str, object], **dump_args) -> str:
+    """A result as JSON, a number that is not finite (the loss of weights that hold NaN) as null: JSON has no
+    NaN, and Python's own ``NaN`` in its place is refused by other readers (jq, JavaScript)."""
+    return json.dumps({k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in result.items()},
+                      **dump_args)

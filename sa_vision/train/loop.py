@@ -4,8 +4,8 @@
 command line; it writes ``last.pth.tar`` every epoch, which ``--resume`` continues, and ``model_best.pth.tar`` when
 an epoch is the best by ``--eval-metric`` (docs/training.md).
 """
-import json
 import logging
+import math
 import sys
 import time
 from functools import partial
@@ -27,8 +27,8 @@ from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
 from .device_data import set_epoch
-from .evaluation import evaluate_epoch, evaluated_after, metric_text
-from .run_folder import repair_run_files, run_folder, training_in, write_run_files
+from .evaluation import evaluate_epoch, evaluated_after, metric_text, result_json
+from .run_folder import TrainingDiverged, repair_run_files, run_folder, training_in, write_run_files
 from .run_setup import (
     create_loaders,
     create_model,
@@ -272,6 +272,9 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
                  f'Train: {epoch} [{batch_idx + 1:>4d}/{num_batches} ({100. * (batch_idx + 1) / num_batches:>3.0f}%)]  '
                  f'Loss: {loss_val:#.3g} ({loss_avg:#.3g})  LR: {lr:.3e}  {rate:>7.1f} img/s'
                  + (f'  ETA {format_duration(eta)}' if batch_idx else ''))  # the first: compiling, warming up
+            if loss_scaler is None and not math.isfinite(loss_avg):  # a scaler skips the steps of inf gradients
+                raise TrainingDiverged(f'the training loss is {loss_avg} at epoch {epoch}, step {batch_idx + 1} of '
+                                       f'{num_batches} (LR {lr:.3e}): the run diverged, its weights are lost')
             batch_start, seen = time.time(), 0
     if args.distributed:  # the BatchNorm statistics each process ran, averaged: evaluated and saved alike
         distribute_bn(model, args.world_size, reduce=True)  # as timm's train.py (--dist-bn reduce)
@@ -311,7 +314,7 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export, best_ep
                             f'exports without training') from None
         result['hub_folder'], result['hub_epoch'] = str(export_dir), done
         log(f'Exported Hub folder {export_dir}: {", ".join(staged)}')
-    log('Result ' + json.dumps(result))
+    log('Result ' + result_json(result))
     if best_epoch is not None and best.is_file():  # timm's train.py ends with "*** Best metric"
         log(f'Best {args.eval_metric} {metric_text(args.eval_metric, best_epoch["metric"])} at epoch '
             f'{best_epoch["epoch"]} ({best_epoch["epoch"] + 1}/{num_epochs} done): {best}; sa-vision-validate '

@@ -21,7 +21,7 @@ from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, CheckpointE
 from .state import SUMMARY, Log, args_as_saved, run_recipe, write_summary_row
 from .timm_args import model_kwargs_as_timm_args
 
-__all__ = ['run_folder', 'write_run_files', 'training_in', 'repair_run_files']
+__all__ = ['run_folder', 'write_run_files', 'training_in', 'TrainingDiverged', 'repair_run_files']
 
 
 def run_folder(args, resume_ckpt) -> Path:
@@ -186,12 +186,16 @@ def _let_go(folder: Path) -> None:
         held.close()
 
 
+class TrainingDiverged(UserError):
+    """The training loss is no longer a number (NaN or inf): the weights are lost from that step on."""
+
+
 @contextlib.contextmanager
 def training_in(run_dir: Path, export: bool = False):
     """The epochs of a run in ``run_dir`` and its report and export (``export``) after them, while
     :func:`write_run_files` holds it for this process (no other resumes it meanwhile), let go at the end; Ctrl-C,
-    or a file the system would not write (a full disk, the folder gone), ends them with how to go on, which
-    :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
+    a loss that diverged, or a file the system would not write (a full disk, the folder gone), ends them with how
+    to go on, which :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
     def go_on() -> str:
         last = run_dir / RUN_CHECKPOINT
         return (f'continue from its last finished epoch with --resume {quote(str(last))}{" --export" if export else ""}'
@@ -200,6 +204,10 @@ def training_in(run_dir: Path, export: bool = False):
         yield
     except KeyboardInterrupt:
         raise KeyboardInterrupt(go_on()) from None
+    except TrainingDiverged as e:  # the epochs before are whole: with a lower learning rate, they may go on
+        advice = go_on()
+        raise UserError(f'{e}. {advice[0].upper()}{advice[1:]}, with a lower --lr or clipped gradients (--clip-grad '
+                        f'1.0, say)') from None
     except Exception as e:  # noqa: BLE001  a write the system refused is the user's to mend; any other, a fault
         reason = write_failure(e)
         if reason is None:
