@@ -321,3 +321,17 @@ def test_a_run_checkpoint_is_evaluated_at_the_size_it_was_trained_at(tmp_path):
     ckpt = Checkpoint('sa_quadratic_cifar', SMALL, state_dict, 'run', 'sa_vision', {'data_config': trained})
     data_config = timm.data.resolve_data_config({}, model=ckpt.create_model())
     assert {k: list(data_config[k]) for k in trained} == trained
+
+
+def test_loading_weights_leaves_the_callers_random_state_as_it_was(tmp_path):
+    """The model is built with a random init its weights then replace: a notebook's seeded random stream goes on as
+    if nothing were loaded (timm's own create_model draws it; sa_vision's loader keeps it)."""
+    from sa_vision.train.checkpoint import read_checkpoint
+    save_for_hf(timm.create_model('sa_quadratic_cifar', embed_dim=16, depth=1, heads_per_layer=2, mlp_hidden_dim=32),
+                tmp_path, safe_serialization=True)
+    checkpoint = read_checkpoint(tmp_path)
+    torch.manual_seed(1)
+    expected = torch.rand(3)
+    torch.manual_seed(1)
+    checkpoint.create_model()
+    assert torch.equal(torch.rand(3), expected)

@@ -663,3 +663,12 @@ def test_a_model_of_more_classes_than_its_datasets_labels_is_explored():
         explorer.explorer_data([explorer.ExplorerModel(
             'eight', timm.create_model('sa_quadratic_cifar', **{**SMALL, 'num_classes': 8}).eval(), 'digits', {})],
             num_images=2)
+
+
+def test_exploring_a_model_leaves_it_as_it_was():
+    """A notebook's model in training mode and bf16: the page is drawn from a float32 copy in eval mode; the model
+    given stays in training mode and bf16."""
+    from sa_vision.research import explorer
+    model = timm.create_model('sa_quadratic_cifar', **SMALL).to(torch.bfloat16).train()
+    explorer.explorer_data([explorer.ExplorerModel('mine', model, 'digits', {})], num_images=2)
+    assert model.training and all(p.dtype == torch.bfloat16 for p in model.parameters())

@@ -252,7 +252,7 @@ def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str
 
 def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, class_names: Sequence[str],
                   top: int = 3, gallery_dataset: str = '') -> Dict[str, Any]:
-    model = entry.model.eval().float()
+    model = copy.deepcopy(entry.model).eval().float()  # the caller's model keeps its mode and dtype
     layers = attention_layers(model)
     pad = model_input_padding(model)  # the model adds the dataset's border itself: it gets the images without it
     if pad:

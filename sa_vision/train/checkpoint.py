@@ -7,12 +7,14 @@ allowed beyond ``weights_only``): checkpoints of ``sa-vision-train`` and timm's 
 import argparse
 import os
 import re
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple, Union
 
 from timm.models import clean_state_dict, is_model
 from torch import Tensor, nn
+from torch.random import fork_rng
 
 from ..io import plain_data
 from ..models import (
@@ -90,9 +92,10 @@ class Checkpoint:
         overlay = self.preprocessing
         sources = {k: '--model-kwargs' if k in self.given_args else f'the arguments stored with {self.source}'
                    for k in self.model_args}
-        try:
-            model = create_named_model(self.arch, kwargs_sources=sources, **self.model_args,
-                                       **({'pretrained_cfg_overlay': overlay} if overlay else {}))
+        try:  # the weights replace the random init: the caller's random state is left as it was
+            with fork_rng(devices=[]) if load_weights else nullcontext():
+                model = create_named_model(self.arch, kwargs_sources=sources, **self.model_args,
+                                           **({'pretrained_cfg_overlay': overlay} if overlay else {}))
         except TypeError as e:
             raise CheckpointError(f'{self.source}: {self.arch} does not accept the stored arguments '
                                   f'{self.model_args} ({e})') from None
