@@ -11,8 +11,8 @@ import sys
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'READER_GONE_STATUS', 'first_launched_process', 'write_failure',
-           'run_cli', 'command_name', 'command', 'freeze_at_exit']
+           'TrainingDiverged', 'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'READER_GONE_STATUS',
+           'first_launched_process', 'write_failure', 'run_cli', 'command_name', 'command', 'freeze_at_exit']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
@@ -37,6 +37,10 @@ class DatasetError(UserError):
 
 class DatasetNotFoundError(DatasetError, FileNotFoundError):
     """A dataset folder or file that does not exist."""
+
+
+class TrainingDiverged(UserError):
+    """The training or evaluation loss is no longer a number (NaN or inf): the weights are lost from there."""
 
 
 def first_launched_process() -> bool:

@@ -835,3 +835,17 @@ def test_a_kept_folder_staged_in_another_folder_is_copied_as_it_is(recording_api
     (staged / 'notes.txt').write_text('mine')
     status = run_cli(push_to_hub.main, [str(kept), '--dry-run', '--out-dir', str(staged)])
     assert status == 2 and 'it holds other files; a copy of' in capsys.readouterr().err
+
+
+def test_an_exported_folder_of_weights_that_are_not_numbers_is_not_pushed(trained, tmp_path, recording_api, capsys):
+    """A Hub folder exported before exports checked their weights, holding NaN (a run that diverged): published as it
+    is, it would go up with a card stating its accuracy; it is refused in one line, nothing uploaded."""
+    from safetensors.torch import load_file, save_file
+    folder = tmp_path / 'diverged'
+    shutil.copytree(trained[1], folder)
+    weights = load_file(str(folder / 'model.safetensors'))
+    save_file({k: torch.full_like(v, float('nan')) if v.is_floating_point() else v for k, v in weights.items()},
+              str(folder / 'model.safetensors'))
+    assert run_cli(push_to_hub.main, [str(folder)]) == 2
+    assert 'holds weights that are not numbers (NaN or inf in' in capsys.readouterr().err
+    assert recording_api.calls == []

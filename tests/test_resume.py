@@ -130,6 +130,42 @@ def test_a_loss_that_diverges_stops_the_run_and_the_resume_with_a_lower_lr_goes_
     assert math.isfinite(_load(run / 'last.pth.tar')['metrics']['loss'])
 
 
+def test_an_epoch_whose_evaluation_is_not_a_number_is_not_saved(tmp_path, caplog, capsys, monkeypatch):
+    """The last steps of an epoch can break the weights with a finite training loss: its evaluation says so, and
+    that epoch is neither saved nor kept as the best; the advice resumes from the epoch before."""
+    from sa_vision.train import evaluation
+    real = evaluation.evaluate_compiled
+
+    def nan_after_epoch_1(eval_model, model, *args, **kwargs):
+        metrics, eval_model = real(eval_model, model, *args, **kwargs)
+        return {**metrics, 'loss': float('nan')} if calls.append(1) or len(calls) == 2 else metrics, eval_model
+    calls = []
+    monkeypatch.setattr(evaluation, 'evaluate_compiled', nan_after_epoch_1)
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
+    error = log.strip().splitlines()[-1]
+    assert status == 2 and error.startswith('error: the evaluation loss after epoch 1 is nan: the run diverged, and '
+                                            'this epoch is not saved. Continue from its last finished epoch with '
+                                            f'--resume {run / "last.pth.tar"}'), error
+    assert _load(run / 'last.pth.tar')['epoch'] == 0 and _load(run / 'model_best.pth.tar')['epoch'] == 0
+
+
+def test_a_best_checkpoint_of_an_earlier_epoch_cut_short_is_removed_when_resumed(tmp_path, caplog, capsys,
+                                                                                monkeypatch):
+    """model_best.pth.tar of epoch 0 cut short, the last epoch 1: there is nothing to write it again from, so the
+    resume removes it, saying so (an export then takes the last epoch), rather than failing after its epochs."""
+    run = tmp_path / 'run'
+    monkeypatch.setattr(loop, 'is_better', lambda metric, value, best: False)  # epoch 0 stays the best
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
+    assert status == 0 and _load(run / 'model_best.pth.tar')['epoch'] == 0, log[-3000:]
+    monkeypatch.undo()
+    whole = (run / 'model_best.pth.tar').read_bytes()
+    (run / 'model_best.pth.tar').write_bytes(whole[:len(whole) // 2])
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--export')
+    assert status == 0 and 'model_best.pth.tar could not be read (a copy cut short) and is removed' in log, log[-3000:]
+    assert (run / 'hub' / 'model.safetensors').is_file()
+
+
 def test_a_summary_row_cut_short_is_written_again_when_resumed(tmp_path, caplog, capsys):
     """A stop in the middle of appending a summary.csv row leaves part of it: the resume writes the file again from
     the checkpoint's history, rather than gluing the next row onto the part."""

@@ -24,6 +24,7 @@ from sa_vision.hub import (
     HubPublishError,
     card_to_upload,
     card_usage,
+    check_finite_weights,
     check_publish_target,
     export_hub_folder,
     publish_hub_folder,
@@ -68,6 +69,7 @@ def main(argv=None):
         source = path.resolve()
         into_itself = args.out_dir and Path(args.out_dir).resolve() == source  # refused by the export below
         if is_exported_folder(source) and not into_itself:  # a kept zoo folder: published as it is, or a copy
+            check_finite_weights(ckpt.state_dict, str(source))  # an export of an sa_vision that did not check
             written = (ckpt.meta.get('pretrained_cfg') or {}).get('tag')
             if written and written != label.tag:  # its card and config.json would name the dataset it is not
                 raise HubPublishError(f'{source} was exported as {label.arch}.{written}, which this sa_vision reads as '

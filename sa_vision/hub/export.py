@@ -25,7 +25,8 @@ from .labels import CARD_FIGURE_FILENAME, EXPORT_FILES, RECIPE_FILENAME, Weights
 from .publish import check_publish_target
 from .record import published_recipe, repeat_command, training_processes
 
-__all__ = ['ExportExistsError', 'check_export_folder', 'export_hub_folder', 'exported_config', 'exported_input_config']
+__all__ = ['ExportExistsError', 'check_export_folder', 'check_finite_weights', 'export_hub_folder', 'exported_config',
+           'exported_input_config']
 
 
 class ExportExistsError(UserError, FileExistsError):
@@ -120,9 +121,9 @@ def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, r
         f'weights in another folder, or remove {quote(str(out_dir))} first')
 
 
-def _check_finite(model, source: str) -> None:
-    """Refuse weights that hold NaN or inf (a run that diverged): an export would publish them with a card."""
-    broken = [name for name, t in model.state_dict().items() if t.is_floating_point() and not t.isfinite().all()]
+def check_finite_weights(state_dict: Dict[str, Tensor], source: str) -> None:
+    """Refuse weights that hold NaN or inf (a run that diverged): an export or a push would publish them."""
+    broken = [name for name, t in state_dict.items() if t.is_floating_point() and not t.isfinite().all()]
     if broken:
         named = ', '.join(broken[:3]) + (', ...' if len(broken) > 3 else '')
         raise CheckpointError(f'{source} holds weights that are not numbers (NaN or inf in '
@@ -174,7 +175,7 @@ def export_hub_folder(
     if expected_arch and ckpt.arch != expected_arch:
         raise CheckpointError(f'{ckpt.source} holds a {ckpt.arch} model, not {expected_arch}')
     model = ckpt.create_model()  # fails on weights that do not fit the architecture
-    _check_finite(model, ckpt.source)
+    check_finite_weights(model.state_dict(), ckpt.source)
     label = weights_label(ckpt)
     repo_id = repo_id or label.default_repo_id
     check_publish_target(label, repo_id)

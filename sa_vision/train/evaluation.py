@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import TrainingDiverged
 from .runtime import host_sync_allowed
 
 __all__ = ['EVAL_METRICS', 'metric_text', 'result_json', 'evaluate', 'evaluate_compiled', 'evaluate_epoch',
@@ -117,6 +118,9 @@ def evaluate_epoch(epoch: int, eval_model: nn.Module, model: nn.Module, loader, 
                                             channels_last=args.channels_last, distributed=args.distributed)
     log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
         f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
+    if not math.isfinite(metrics['loss']):  # its weights give no numbers: the epoch is neither saved nor the best
+        raise TrainingDiverged(f'the evaluation loss after epoch {epoch} is {metrics["loss"]}: the run diverged, and '
+                               f'this epoch is not saved')
     return metrics, eval_model
 
 

@@ -21,14 +21,14 @@ from timm.models import model_parameters
 from timm.utils import NativeScaler, dispatch_clip_grad, distribute_bn, is_primary
 
 from .. import models  # noqa: F401  registers the models
-from ..errors import UserError, run_cli
+from ..errors import TrainingDiverged, UserError, run_cli
 from ..io import atomic_duplicate, atomic_torch_save
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
 from .device_data import set_epoch
 from .evaluation import evaluate_epoch, evaluated_after, metric_text, result_json
-from .run_folder import TrainingDiverged, repair_run_files, run_folder, training_in, write_run_files
+from .run_folder import repair_run_files, run_folder, training_in, write_run_files
 from .run_setup import (
     create_loaders,
     create_model,

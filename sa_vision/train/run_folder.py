@@ -14,14 +14,14 @@ from typing import IO, Dict, List, Optional
 
 import yaml
 
-from ..errors import UserError, write_failure
+from ..errors import TrainingDiverged, UserError, write_failure
 from ..io import atomic_duplicate, atomic_write, atomic_write_text, folder_problem, remove_stale_temporaries
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, CheckpointError, read_checkpoint
 from .state import SUMMARY, Log, args_as_saved, run_recipe, write_summary_row
 from .timm_args import model_kwargs_as_timm_args
 
-__all__ = ['run_folder', 'write_run_files', 'training_in', 'TrainingDiverged', 'repair_run_files']
+__all__ = ['run_folder', 'write_run_files', 'training_in', 'repair_run_files']
 
 
 def run_folder(args, resume_ckpt) -> Path:
@@ -186,10 +186,6 @@ def _let_go(folder: Path) -> None:
         held.close()
 
 
-class TrainingDiverged(UserError):
-    """The training loss is no longer a number (NaN or inf): the weights are lost from that step on."""
-
-
 @contextlib.contextmanager
 def training_in(run_dir: Path, export: bool = False):
     """The epochs of a run in ``run_dir`` and its report and export (``export``) after them, while
@@ -241,8 +237,15 @@ def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log)
     # the file resumed: last.pth.tar, or a checkpoint of the run that a folder without one holds (run_folder)
     meta, kept, source = resume_ckpt.meta, run_dir / BEST_CHECKPOINT, Path(resume_ckpt.source)
     best = meta.get('best')
-    if best is not None and best['epoch'] == meta['epoch'] - 1 and not (kept.is_file() and (
-            os.path.samefile(kept, source) or _epoch_of(kept) == meta['epoch'])):
+    last_is_best = best is not None and best['epoch'] == meta['epoch'] - 1
+    kept_epoch = None
+    if kept.is_file():
+        kept_epoch = meta['epoch'] if os.path.samefile(kept, source) else _epoch_of(kept)
+        if kept_epoch is None and not last_is_best:  # cut short, of an earlier epoch: nothing to write it from
+            kept.unlink()
+            log(f'{kept} could not be read (a copy cut short) and is removed: the best epoch\'s weights are lost; '
+                f'a later epoch that beats it is kept there, and an export takes the last one meanwhile')
+    if last_is_best and kept_epoch != meta['epoch']:
         atomic_duplicate(source, kept)
         log(f'{kept} written again from {source.name}: the run had stopped before it kept epoch {best["epoch"]}, '
             f'its best, there')
