@@ -5,6 +5,7 @@ evaluated and leaves the run's recipe as it was, and a folder that cannot be wri
 import csv
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,8 +13,10 @@ import torch
 from helpers import file_size_limit, train_here
 
 from sa_vision.train import loop, state
+from sa_vision.train.checkpoint import read_checkpoint
 from sa_vision.train.data import create_image_dataset
 from sa_vision.train.recipes import RECIPE_DIR
+from sa_vision.train.run_folder import repair_run_files
 
 DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
 TINY_ARGS = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32']
@@ -150,6 +153,10 @@ def test_an_epoch_whose_evaluation_is_not_a_number_is_not_saved(tmp_path, caplog
     assert _load(run / 'last.pth.tar')['epoch'] == 0 and _load(run / 'model_best.pth.tar')['epoch'] == 0
 
 
+class _Pickled:
+    """An object torch.load refuses under weights_only."""
+
+
 def test_a_best_checkpoint_of_an_earlier_epoch_cut_short_is_removed_when_resumed(tmp_path, caplog, capsys,
                                                                                 monkeypatch):
     """model_best.pth.tar of epoch 0 cut short, the last epoch 1: there is nothing to write it again from, so the
@@ -159,6 +166,13 @@ def test_a_best_checkpoint_of_an_earlier_epoch_cut_short_is_removed_when_resumed
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
     assert status == 0 and _load(run / 'model_best.pth.tar')['epoch'] == 0, log[-3000:]
     monkeypatch.undo()
+    # a whole file refused for what it holds (a pickled object) is no copy cut short: it stays, and its error comes
+    other = tmp_path / 'other'
+    shutil.copytree(run, other)
+    (other / 'model_best.pth.tar').unlink()
+    torch.save({'state_dict': {}, 'kept': _Pickled()}, other / 'model_best.pth.tar')
+    repair_run_files(other, read_checkpoint(other / 'last.pth.tar'), print)
+    assert (other / 'model_best.pth.tar').is_file()
     whole = (run / 'model_best.pth.tar').read_bytes()
     (run / 'model_best.pth.tar').write_bytes(whole[:len(whole) // 2])
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--export')

@@ -7,6 +7,7 @@ import os
 import shutil
 import tempfile
 import unicodedata
+import zipfile
 from datetime import datetime
 from pathlib import Path, PurePath
 from shlex import quote
@@ -241,7 +242,9 @@ def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log)
     kept_epoch = None
     if kept.is_file():
         kept_epoch = meta['epoch'] if os.path.samefile(kept, source) else _epoch_of(kept)
-        if kept_epoch is None and not last_is_best:  # cut short, of an earlier epoch: nothing to write it from
+        # cut short (torch.save's zip archive has lost its end; not a file merely refused, or unreadable to this
+        # user), of an earlier epoch: nothing to write it again from
+        if kept_epoch is None and not last_is_best and os.access(kept, os.R_OK) and not zipfile.is_zipfile(kept):
             kept.unlink()
             log(f'{kept} could not be read (a copy cut short) and is removed: the best epoch\'s weights are lost; '
                 f'a later epoch that beats it is kept there, and an export takes the last one meanwhile')
