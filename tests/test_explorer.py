@@ -666,9 +666,10 @@ def test_a_model_of_more_classes_than_its_datasets_labels_is_explored():
 
 
 def test_exploring_a_model_leaves_it_as_it_was():
-    """A notebook's model in training mode and bf16: the page is drawn from a float32 copy in eval mode; the model
-    given stays in training mode and bf16."""
+    """A notebook's model in training mode and bf16, holding a tensor of its graph (which no deepcopy copies): the
+    page is drawn in eval mode and float32, and the model given is in training mode and bf16 again."""
     from sa_vision.research import explorer
     model = timm.create_model('sa_quadratic_cifar', **SMALL).to(torch.bfloat16).train()
+    model.last_logits = model(torch.randn(1, 3, 8, 8, dtype=torch.bfloat16))
     explorer.explorer_data([explorer.ExplorerModel('mine', model, 'digits', {})], num_images=2)
     assert model.training and all(p.dtype == torch.bfloat16 for p in model.parameters())

@@ -147,10 +147,29 @@ def test_an_epoch_whose_evaluation_is_not_a_number_is_not_saved(tmp_path, caplog
     run = tmp_path / 'run'
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
     error = log.strip().splitlines()[-1]
-    assert status == 2 and error.startswith('error: the evaluation loss after epoch 1 is nan: the run diverged, and '
-                                            'this epoch is not saved. Continue from its last finished epoch with '
-                                            f'--resume {run / "last.pth.tar"}'), error
+    assert status == 2 and error.startswith('error: the evaluation loss after epoch 1 is nan: its weights give no '
+                                            'numbers (the run diverged), and are not saved as that epoch. Continue '
+                                            f'from its last finished epoch with --resume {run / "last.pth.tar"}'), error
     assert _load(run / 'last.pth.tar')['epoch'] == 0 and _load(run / 'model_best.pth.tar')['epoch'] == 0
+
+
+def test_an_unevaluated_epoch_whose_weights_are_not_numbers_is_not_saved(tmp_path, caplog, capsys, monkeypatch):
+    """--val-interval leaves an epoch unevaluated: weights its last steps broke are found before it is saved, not by
+    the next epoch, whose advice would resume from them."""
+    real = loop.train_one_epoch
+
+    def breaking_the_weights(*args, **kwargs):
+        result = real(*args, **kwargs)
+        with torch.no_grad():
+            next(args[1].parameters()).fill_(float('nan'))
+        return result
+    monkeypatch.setattr(loop, 'train_one_epoch', breaking_the_weights)
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2), '--val-interval', 2)
+    error = log.strip().splitlines()[-1]
+    assert status == 2 and error.startswith('error: the weights after epoch 0 hold NaN or inf (') and \
+        'this epoch is not saved. No epoch had finished' in error, error
+    assert not (run / 'last.pth.tar').exists()
 
 
 class _Pickled:
@@ -175,6 +194,16 @@ def test_a_best_checkpoint_of_an_earlier_epoch_cut_short_is_removed_when_resumed
     assert (other / 'model_best.pth.tar').is_file()
     whole = (run / 'model_best.pth.tar').read_bytes()
     (run / 'model_best.pth.tar').write_bytes(whole[:len(whole) // 2])
+    # nor one this user (or the disk) cannot read: root reads every file, so the refusal is made here
+    from sa_vision.train import run_folder
+    shutil.copy(run / 'model_best.pth.tar', other / 'model_best.pth.tar')
+
+    def refused(path, *args, **kwargs):
+        raise PermissionError(13, 'Permission denied', str(path))
+    monkeypatch.setattr(run_folder, 'open', refused, raising=False)
+    repair_run_files(other, read_checkpoint(other / 'last.pth.tar'), print)
+    monkeypatch.undo()
+    assert (other / 'model_best.pth.tar').is_file()
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3, '--export')
     assert status == 0 and 'model_best.pth.tar could not be read (a copy cut short) and is removed' in log, log[-3000:]
     assert (run / 'hub' / 'model.safetensors').is_file()

@@ -69,13 +69,7 @@ def main(argv=None):
         source = path.resolve()
         into_itself = args.out_dir and Path(args.out_dir).resolve() == source  # refused by the export below
         if is_exported_folder(source) and not into_itself:  # a kept zoo folder: published as it is, or a copy
-            check_finite_weights(ckpt.state_dict, str(source))  # an export of an sa_vision that did not check
-            written = (ckpt.meta.get('pretrained_cfg') or {}).get('tag')
-            if written and written != label.tag:  # its card and config.json would name the dataset it is not
-                raise HubPublishError(f'{source} was exported as {label.arch}.{written}, which this sa_vision reads as '
-                                      f'{label.name} (an image folder named like a dataset known since): export it '
-                                      f'again from its run\'s checkpoint (sa-vision-push-to-hub '
-                                      f'<run>/model_best.pth.tar) to publish it as that')
+            _check_exported_folder(source, ckpt, label)
             out_dir = _staged_copy(source, Path(args.out_dir)) if args.out_dir else source
             staged = upload_files(out_dir)
         else:
@@ -139,6 +133,18 @@ def _staged_copy(source: Path, out_dir: Path) -> Path:
         for name, data in copied.items():
             (staging / name).write_bytes(data)
     return out_dir
+
+
+def _check_exported_folder(source: Path, ckpt, label) -> None:
+    """Refuse to publish an exported folder as it is where its weights are not numbers (an export of an sa_vision
+    that did not check them), or where its card would name a dataset it was not trained on."""
+    check_finite_weights(ckpt.state_dict, str(source))
+    written = (ckpt.meta.get('pretrained_cfg') or {}).get('tag')
+    if written and written != label.tag:  # its card and config.json would name the dataset it is not
+        raise HubPublishError(f'{source} was exported as {label.arch}.{written}, which this sa_vision reads as '
+                              f'{label.name} (an image folder named like a dataset known since): export it '
+                              f'again from its run\'s checkpoint (sa-vision-push-to-hub '
+                              f'<run>/model_best.pth.tar) to publish it as that')
 
 
 cli = command(__name__)

@@ -20,6 +20,7 @@ from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_
 from ..tables import plural
 from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
+from ..train.weights_files import nonfinite_tensors
 from .card import render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, EXPORT_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
 from .publish import check_publish_target
@@ -123,7 +124,7 @@ def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, r
 
 def check_finite_weights(state_dict: Dict[str, Tensor], source: str) -> None:
     """Refuse weights that hold NaN or inf (a run that diverged): an export or a push would publish them."""
-    broken = [name for name, t in state_dict.items() if t.is_floating_point() and not t.isfinite().all()]
+    broken = nonfinite_tensors(state_dict)
     if broken:
         named = ', '.join(broken[:3]) + (', ...' if len(broken) > 3 else '')
         raise CheckpointError(f'{source} holds weights that are not numbers (NaN or inf in '

@@ -3,13 +3,14 @@
 Needs no server (``explorer.html`` here is the template); the page computes the positional kinds' probabilities
 from their parameters, so every query works and the page stays small (docs/reproduction.md). """
 import base64
+import contextlib
 import copy
 import json
 import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -250,9 +251,29 @@ def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str
     return {'epochs': records}
 
 
+@contextlib.contextmanager
+def _in_float32_eval(model: nn.Module) -> Iterator[nn.Module]:
+    """``model`` in eval mode and float32 for the block, then in its mode and dtypes again (no copy: a notebook's
+    model may hold what cannot be copied, and a copy would double its memory)."""
+    training = model.training
+    dtypes = {name: t.dtype for name, t in (*model.named_parameters(), *model.named_buffers())}
+    try:
+        yield model.eval().float()
+    finally:
+        model.train(training)
+        for name, t in (*model.named_parameters(), *model.named_buffers()):
+            if t.dtype != dtypes.get(name, t.dtype):
+                t.data = t.data.to(dtypes[name])
+
+
 def _model_record(entry: ExplorerModel, images: Tensor, normalized: Tensor, class_names: Sequence[str],
                   top: int = 3, gallery_dataset: str = '') -> Dict[str, Any]:
-    model = copy.deepcopy(entry.model).eval().float()  # the caller's model keeps its mode and dtype
+    with _in_float32_eval(entry.model) as model:
+        return _float32_model_record(entry, model, images, normalized, class_names, top, gallery_dataset)
+
+
+def _float32_model_record(entry: ExplorerModel, model: nn.Module, images: Tensor, normalized: Tensor,
+                          class_names: Sequence[str], top: int, gallery_dataset: str) -> Dict[str, Any]:
     layers = attention_layers(model)
     pad = model_input_padding(model)  # the model adds the dataset's border itself: it gets the images without it
     if pad:

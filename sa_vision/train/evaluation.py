@@ -119,8 +119,8 @@ def evaluate_epoch(epoch: int, eval_model: nn.Module, model: nn.Module, loader, 
     log(f'Eval: {epoch}  Loss: {metrics["loss"]:.4f}  Acc@1: {metrics["top1"]:.2f}  '
         f'Acc@5: {metrics["top5"]:.2f}  ({metrics["num_images"]} images)')
     if not math.isfinite(metrics['loss']):  # its weights give no numbers: the epoch is neither saved nor the best
-        raise TrainingDiverged(f'the evaluation loss after epoch {epoch} is {metrics["loss"]}: the run diverged, and '
-                               f'this epoch is not saved')
+        raise TrainingDiverged(f'the evaluation loss after epoch {epoch} is {metrics["loss"]}: its weights give no '
+                               f'numbers (the run diverged), and are not saved as that epoch')
     return metrics, eval_model
 
 

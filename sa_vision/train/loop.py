@@ -49,6 +49,7 @@ from .state import (
     save_epoch,
     save_epoch_weights,
 )
+from .weights_files import nonfinite_tensors
 
 
 def _finished_note(epochs_done: int, num_epochs: int) -> str:
@@ -119,6 +120,14 @@ def _best_by_new_metric(args, run_dir: Path, ckpt, best: dict, log, trains: bool
         + (f'epoch {best["epoch"]} ({where}), {metric_text(new, kept)}: the one to beat from now on'
            if kept is not None else f'unknown (no {new} in the run\'s history): the next evaluated epoch is'))
     return None if kept is None else {'metric': kept, 'epoch': best['epoch']}
+
+
+def _check_weights_are_numbers(model: nn.Module, epoch: int) -> None:
+    """Refuse to save an epoch whose weights hold NaN or inf (its last steps broke them, its loss still logged)."""
+    broken = nonfinite_tensors(model.state_dict())
+    if broken:
+        raise TrainingDiverged(f'the weights after epoch {epoch} hold NaN or inf ({plural(len(broken), "tensor")}, '
+                               f'{broken[0]} the first): the run diverged, and this epoch is not saved')
 
 
 def is_better(metric: str, value: float, best: float) -> bool:
@@ -196,6 +205,7 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
                 metrics = None
                 log(f'Eval: {epoch}  skipped (--val-interval {args.val_interval}: the next at epoch '
                     f'{min(epoch + args.val_interval - (epoch + 1) % args.val_interval, num_epochs - 1)})')
+                _check_weights_are_numbers(model, epoch)  # what its evaluation would have found
             if lr_scheduler is not None:  # plateau steps on the evaluation metric (none: no step), the others not
                 lr_scheduler.step(epoch + 1, metrics[args.eval_metric] if args.sched == 'plateau' and metrics else None)
             history.append({'epoch': epoch, 'train_loss': train_metrics['loss'], 'lr': train_metrics['lr'],

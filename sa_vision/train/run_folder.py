@@ -225,6 +225,18 @@ def _epoch_of(checkpoint: Path) -> Optional[int]:
         return None
 
 
+def _cut_short(checkpoint: Path) -> bool:
+    """Whether ``checkpoint``, read to its end without an error, is a torch.save zip archive that has lost its end
+    (a copy cut short); not a whole file refused for what it holds, nor one this user or the disk cannot read."""
+    try:
+        with open(checkpoint, 'rb') as f:
+            f.seek(-min(checkpoint.stat().st_size, 2 ** 16 + 22), os.SEEK_END)  # where a zip's directory ends
+            f.read()
+    except OSError:
+        return False
+    return not zipfile.is_zipfile(checkpoint)
+
+
 def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log) -> None:
     """Make ``model_best.pth.tar`` and ``summary.csv`` agree with the checkpoint resumed (``last.pth.tar``, which
     ``state.save_epoch`` writes first): a run stopped after it (killed, a full disk) left its epoch's best checkpoint
@@ -242,9 +254,7 @@ def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log)
     kept_epoch = None
     if kept.is_file():
         kept_epoch = meta['epoch'] if os.path.samefile(kept, source) else _epoch_of(kept)
-        # cut short (torch.save's zip archive has lost its end; not a file merely refused, or unreadable to this
-        # user), of an earlier epoch: nothing to write it again from
-        if kept_epoch is None and not last_is_best and os.access(kept, os.R_OK) and not zipfile.is_zipfile(kept):
+        if kept_epoch is None and not last_is_best and _cut_short(kept):  # of an earlier epoch: nothing to copy
             kept.unlink()
             log(f'{kept} could not be read (a copy cut short) and is removed: the best epoch\'s weights are lost; '
                 f'a later epoch that beats it is kept there, and an export takes the last one meanwhile')

@@ -4,13 +4,13 @@ import argparse
 import json
 import re
 from pathlib import Path
-from typing import Any, Callable, Dict, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 
 from ..errors import UserError
 
-__all__ = ['CheckpointError', 'torch_load', 'read_json', 'check_config_fields', 'read_safetensors']
+__all__ = ['CheckpointError', 'torch_load', 'read_json', 'check_config_fields', 'read_safetensors', 'nonfinite_tensors']
 
 # the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
 _BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
@@ -124,3 +124,8 @@ def read_safetensors(path: Path):
     except Exception as e:  # noqa: BLE001  safetensors raises several kinds on a bad file
         raise CheckpointError(f'{path} is not a readable safetensors file ({type(e).__name__}: {e}); it is '
                               f'corrupted or truncated') from None
+
+
+def nonfinite_tensors(state_dict: Dict[str, Any]) -> List[str]:
+    """The names of the floating tensors of ``state_dict`` that hold NaN or inf (weights of a run that diverged)."""
+    return [name for name, t in state_dict.items() if t.is_floating_point() and not t.isfinite().all()]
