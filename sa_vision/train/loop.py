@@ -124,7 +124,8 @@ def _best_by_new_metric(args, run_dir: Path, ckpt, best: dict, log, trains: bool
 
 def _check_weights_are_numbers(model: nn.Module, epoch: int) -> None:
     """Refuse to save an epoch whose weights hold NaN or inf (its last steps broke them, its loss still logged)."""
-    broken = nonfinite_tensors(model.state_dict())
+    with host_sync_allowed():  # read on purpose, once an epoch (CUDA's sync debug mode is for the steps)
+        broken = nonfinite_tensors(model.state_dict())
     if broken:
         raise TrainingDiverged(f'the weights after epoch {epoch} hold NaN or inf ({plural(len(broken), "tensor")}, '
                                f'{broken[0]} the first): the run diverged, and this epoch is not saved')
