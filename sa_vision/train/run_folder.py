@@ -218,7 +218,7 @@ def training_in(run_dir: Path, export: bool = False):
 
 
 def _epoch_of(checkpoint: Path) -> Optional[int]:
-    """The epochs done in ``checkpoint``; None where it cannot be read (a copy cut short: written again)."""
+    """The epochs done in ``checkpoint``; None where it cannot be read (cut short, refused, or unreadable)."""
     try:
         return read_checkpoint(checkpoint).meta['epoch']
     except CheckpointError:
