@@ -17,7 +17,7 @@ PAPER_CITATION = ('@inproceedings{cordonnier2020relationship,\n'
                   '  url={https://openreview.net/forum?id=HJlnC1rKPB}\n'
                   '}')
 
-# normalisation of the paper's CIFAR-10 recipe (paper App. A.4)
+# normalisation of the authors' released CIFAR-10 code (the paper states none)
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2023, 0.1994, 0.2010)
 CIFAR10_CLASSES = 10

@@ -73,7 +73,7 @@ class QuadraticScores(nn.Module):
                 Eq. 9's alpha_h = s_h^2 / 2.
             init: 'paper': centres with standard deviation 2 per coordinate, s_h = 1 + N(0, 0.01^2): the authors'
                 released values (gaussian_init_mu_std = 2, gaussian_init_sigma_std = 0.01); Sec. 4.2 writes the
-                centres' law N(0, 2 I_2) and gives none for s_h;
+                centres' law N(0, 2 I_2) (standard deviation sqrt(2) if read literally) and gives none for s_h;
                 'conv': the first K*K heads, K = floor(sqrt(N_h)), centred on the shifts of Theorem 1's K x K
                 kernel with alpha_h = ``init_alpha``, the others as 'paper'.
             init_alpha: 'conv' only: the kernel heads' alpha_h (> 0).
@@ -201,7 +201,9 @@ class LearnedScores(nn.Module):
                  init_alpha: float = CONV_INIT_ALPHA, device=None, dtype=None):
         """
         Args:
-            dim: Width of each axis's shift embedding (the row and column parts of Sec. 4.3's r_delta).
+            dim: Width of each axis's shift embedding: the row and column parts of Sec. 4.3's r_delta, each ``dim``
+                wide and each layer's own (the text reads floor(D_p/2)-wide and shared, Sec. 2.3; these give the
+                paper's 12.3 M parameters, docs/models.md).
             num_heads: Heads N_h: a key map per axis turns an embedding into one score per head.
             max_shift: The largest shift per axis, in grid cells, with its own embedding; longer shifts share the
                 last one (each table has ``2 * max_shift + 1`` rows).

@@ -2,8 +2,9 @@
 
 ``VisionTransformer`` and ``ConVit`` (d'Ascoli et al., 2021: attention initialised as a convolution, which
 Theorem 1 of the paper (Sec. 3) shows exists), at patch 2 (a 16x16 grid like our 2x2 space-to-depth embedding), 6
-layers of 9 heads, MLP ratio 2, no class token: width 72 (8 per head; ours 64, every head over all channels, paper
-Eq. 2), 0.27 M parameters against our 0.35 M (docs/performance.md, "Against timm's attention models").
+layers of 9 heads, MLP ratio 2, no class token: width 72 (8 per head; ours 64, every head over all channels,
+D_h = D_out, paper Sec. 4.3 (ii)), 0.27 M parameters against our 0.35 M (docs/performance.md, "Against timm's
+attention models").
 """
 from typing import Any, Dict, Tuple, Union
 

@@ -1,5 +1,6 @@
 """ What the reproduction trains: the models of the paper's table, the profiles (recipe changes per model, as
-data) and the ablation of the positional parameters (paper Sec. 4.2); :class:`StageFailed`, how a stage fails, and
+data) and this repository's ablation of the positional parameters (the paper has none; its Sec. 4.2 states the
+initialisation); :class:`StageFailed`, how a stage fails, and
 the subclass :class:`StageStopped`, how it is stopped, and :class:`ReproductionError`, options or files that do not
 fit """
 from dataclasses import dataclass, field
@@ -149,7 +150,8 @@ def apply_recipe_changes(recipe: Dict[str, Any], changes: Dict[str, Any]) -> Dic
     return recipe
 
 
-# the ablation of the positional parameters (paper Sec. 4.2): random or Theorem 1 init, base or 30x positional lr
+# this repository's ablation of the positional parameters (paper Sec. 4.2 states only the initialisation):
+# random or Theorem 1 init, base or 30x positional lr
 ABLATION_MODEL = 'sa_quadratic_cifar'
 ABLATION_POS_LR_SCALE = _GAUSSIAN_POS_LR['pos_lr_scale']
 ABLATION_VARIANTS: Dict[str, Dict[str, Any]] = {

@@ -5,7 +5,7 @@ A head with precision ``M_h = S_h S_h^T`` is degenerate when it attends almost u
 1000 is the bound of the authors' training script as a public copy of it shows (unchecked against their final
 code). On the cpu zoo's ``sa_gen_cifar`` both prune the same single head (condition number 1.86e6); on the gpu-long
 zoo's, 1000 prunes five heads and 1e5 two (docs/research.md).
-Dropping it removes its parameters and Value input columns; fine-tune afterwards (paper App. A.4). """
+Dropping it removes its parameters and Value input columns; fine-tune afterwards (paper App. A.1). """
 import copy
 from typing import Dict, List, Optional, Sequence, Tuple
 

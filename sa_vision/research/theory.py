@@ -33,7 +33,8 @@ def min_hard_attention_alpha(dtype: torch.dtype = torch.float32, kernel_size: Un
 
     Each head deviates from its hard value by at most ``2 eps max|x|`` (:func:`off_center_mass`) and the ``K*K``
     heads add up, so solve ``K*K * (theta(alpha)^2 - 1) <= u`` (unit roundoff) by bisection: about 21 (3x3) in
-    float32, 41 in float64 (the authors quote 46 for float32). Larger ``alpha`` only underflows far scores to 0.
+    float32, 41 in float64 (slides presenting the paper quote 46 for float32). Larger ``alpha`` only underflows far
+    scores to 0.
     """
     if not dtype.is_floating_point:
         raise ValueError(f'dtype must be a floating point dtype such as torch.float32, got {dtype}')
@@ -66,7 +67,7 @@ class ConvAsAttention(nn.Module):
 
     ``pad=True`` zero pads the input by :attr:`border` (the convolution padded by ``(K // 2) * dilation``);
     ``pad=False`` returns the unpadded convolution's output, ``2 * border`` smaller: within :attr:`border` of the
-    edges the heads' shifts leave the image and the softmax renormalises over the pixels there (paper Sec. 2.3), so
+    edges the heads' shifts leave the image and the softmax renormalises over the pixels there (paper Eq. 6), so
     those outputs are not a convolution's and are cropped, as the convolution crops them.
     """
 

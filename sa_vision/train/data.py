@@ -3,7 +3,7 @@
 
 A dataset is one :class:`DatasetInfo` entry of ``_ENTRIES``: its labels and normalisation, and the reader and check
 of ``datasets.py`` it is read with. A timm ``<type>/<name>`` and an image folder get a generic entry. Transforms
-follow the paper's CIFAR-10 recipe (Sec. 4). """
+follow the authors' released CIFAR-10 code (the paper states no augmentation). """
 import os
 from dataclasses import dataclass, field, replace
 from http.client import HTTPException
@@ -191,7 +191,7 @@ def create_cifar_transform(
         std: Sequence[float] = CIFAR10_STD,
         tensor_input: bool = False,
 ):
-    """The paper's transform: pad-and-crop + flip for training, normalise only for evaluation; PIL images of
+    """The released code's transform: pad-and-crop + flip for training, normalise only for evaluation; PIL images of
     another size are first resized (shorter side to ``img_size``, centre square)."""
     tfl = []
     if not tensor_input:
@@ -357,7 +357,7 @@ def create_image_dataset(
         std: Optional[Sequence[float]] = None,
         classes: Optional[Sequence[str]] = None,
 ):
-    """A dataset with the paper's transform attached: 'digits', 'fashion-mnist', a timm name such as
+    """A dataset with the released code's transform attached: 'digits', 'fashion-mnist', a timm name such as
     'torch/cifar10', or '' for an ImageFolder in ``data_dir``; ``mean`` / ``std`` None: the dataset's own.
     ``classes``: the labels of a model trained on an image folder (its training split's classes, in timm's
     label order), which the image folder's split is labelled by; ignored for a named dataset."""

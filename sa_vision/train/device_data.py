@@ -3,10 +3,10 @@
 A loader that transforms one image at a time in Python cannot keep up with a GPU that trains tens of thousands of
 images a second, while CIFAR-10 or Fashion-MNIST fits in its memory many times over. :class:`DeviceTrainLoader`
 holds the training split as it is stored (uint8 N x C x H x W; digits float) and draws each epoch what
-:func:`~sa_vision.train.data.create_cifar_transform` draws per image: the paper's augmentation (Sec. 4, App. A.4),
-a crop at an offset uniform in ``[0, 2 * padding]`` of each axis of the zero-padded image and a horizontal flip with
-probability ``hflip``, then float conversion and the dataset's normalisation. The order of the images is
-``DistributedSampler(..., shuffle=True, drop_last=True)``'s, so every rank trains its disjoint slice; the
+:func:`~sa_vision.train.data.create_cifar_transform` draws per image: the released code's augmentation (the paper
+states none), a crop at an offset uniform in ``[0, 2 * padding]`` of each axis of the zero-padded image and a
+horizontal flip with probability ``hflip``, then float conversion and the dataset's normalisation. The order of the
+images is ``DistributedSampler(..., shuffle=True, drop_last=True)``'s, so every rank trains its disjoint slice; the
 augmentation is drawn on the CPU from (seed, epoch, rank), so a CPU and a GPU run see the same crops and flips.
 """
 from typing import Iterator, Optional, Sequence, Tuple

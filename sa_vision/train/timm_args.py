@@ -83,7 +83,7 @@ TIMM_TRAIN_ARGS: Dict[str, str] = {
 
 # the TIMM_ONLY arguments that switch on a training technique sa-vision-train lacks, each with the value that leaves
 # it out: timm's default, but for its ImageNet augmentation (random-resized crop, colour jitter), which is on by
-# default and which the paper's pad-and-crop replaces. A recipe (a timm args.yaml) holding another value trains
+# default and which the released code's pad-and-crop replaces. A recipe (a timm args.yaml) holding another value trains
 # otherwise under timm's train.py than here.
 TIMM_ONLY_TECHNIQUES: Dict[str, Any] = {
     'model_ema': False, 'mixup': 0., 'cutmix': 0., 'cutmix_minmax': None, 'aa': None, 'reprob': 0.,
