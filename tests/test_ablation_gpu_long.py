@@ -40,7 +40,7 @@ def test_smoke_trains_the_four_variants_and_brings_back_their_table_and_centres(
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-3000:]
     # every run evaluates its last epoch only (--val-interval 2 of 2)
     assert log.count('Eval: 0  skipped (--val-interval 2') == len(ABLATION_VARIANTS), log[-3000:]
-    with open(tmp_path / 'ablation.csv', newline='') as f:
+    with open(tmp_path / 'ablation.csv', encoding='utf-8', newline='') as f:
         assert [row['variant'] for row in csv.DictReader(f)] == list(ABLATION_VARIANTS)
     result = json.loads((tmp_path / 'ablation_gpu_long.json').read_text())
     assert set(result['seconds']) == set(ABLATION_VARIANTS) == set(result['kernel_match'])

@@ -298,7 +298,7 @@ def test_package_independence():
     for root, _, files in os.walk(os.path.join(REPO, 'sa_vision')):
         for f in files:
             if f.endswith('.py'):
-                with open(os.path.join(root, f)) as fh:
+                with open(os.path.join(root, f), encoding='utf-8') as fh:
                     text = fh.read()
                 assert 'import paper_dense' not in text and 'paper_dense.py' not in text, f
                 assert "'shared'" not in text and '../shared' not in text, f  # no path beside the checkout

@@ -252,7 +252,7 @@ def test_only_a_write_to_stdout_whose_reader_is_gone_ends_quietly(monkeypatch):
     monkeypatch.setitem(sys.modules, module.__name__, module)
     _record_atexit(monkeypatch)
     with open(write, 'wb', buffering=0) as widowed:
-        monkeypatch.setattr(sys, 'stdout', io.TextIOWrapper(widowed))
+        monkeypatch.setattr(sys, 'stdout', io.TextIOWrapper(widowed, encoding='utf-8'))
 
         def send_to_a_closed_socket(argv=None):
             mine, theirs = socket.socketpair()

@@ -363,7 +363,7 @@ def test_epoch_rates_are_an_epochs_images_over_its_train_time(tmp_path):
             'Epoch 0: 1,100 img/s end to end (data on the device, evaluation apart)\n'
             'Train: 1 [  10/10 (100%)]  Loss: 2.10 (2.15)  LR: 1.000e-03  20000.0 img/s  ETA 0s\n')
     summary = tmp_path / 'summary.csv'
-    with open(summary, 'w', newline='') as f:
+    with open(summary, 'w', encoding='utf-8', newline='') as f:
         writer = csv.DictWriter(f, ['epoch', 'train_loss', 'train_lr', 'train_time', 'eval_top1'])
         writer.writeheader()
         writer.writerows([{'epoch': 0, 'train_time': 8.0, 'eval_top1': 50.0},

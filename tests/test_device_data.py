@@ -303,7 +303,7 @@ def test_training_with_the_data_on_the_device_end_to_end_and_resumed(tmp_path, m
     assert 'device_data' not in yaml.safe_load((run / 'recipe.yaml').read_text())  # a choice of this machine
     straight = read_checkpoint(run / 'last.pth.tar')
     history = straight.meta['history']
-    rows = list(csv.DictReader(open(run / 'summary.csv')))
+    rows = list(csv.DictReader(open(run / 'summary.csv', encoding='utf-8')))
     for h, row in zip(history, rows):
         assert h['train_img_per_s'] == pytest.approx(1437 // 64 * 64 / h['train_time'])
         assert float(row['train_img_per_s']) == pytest.approx(h['train_img_per_s'])

@@ -75,7 +75,7 @@ def test_pipeline_stopped_by_ctrl_c_mid_stage_continues_and_delivers_the_zoo(tmp
     assert log.count("recipe keys that only timm's train.py reads") <= 1
     assert 'recipe keys not used by this script' not in log
 
-    with open(out / 'results.csv') as f:
+    with open(out / 'results.csv', encoding='utf-8') as f:
         rows = list(csv.DictReader(f))
     assert [r['model'] for r in rows] == list(MODELS)
     assert all(r['dataset'] == 'digits' and float(r['top1']) >= 0 and int(r['parameters']) > 0 for r in rows)
@@ -527,7 +527,7 @@ def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
                            'epoch': 0, 'num_epochs': 1, 'metrics': {'top1': 50., 'top5': 90.},
                            'history': [{'train_time': 60.}]}, run / 'last.pth.tar')
     zoo.table(quiet=True)
-    with open(tmp_path / 'results.csv') as f:
+    with open(tmp_path / 'results.csv', encoding='utf-8') as f:
         rows = {r['model']: r for r in csv.DictReader(f)}
     assert float(rows['sa_quadratic_cifar']['center_shift_median']) == pytest.approx(1.5)
     assert rows['sa_learned_cifar']['center_shift_median'] == ''
@@ -554,7 +554,7 @@ def test_ablation_variants_reach_the_stage_recipes(tmp_path, monkeypatch):
         reproduction.train(reproduce.ABLATION_MODEL, run=reproduce.ablation_run_name(variant), changes=changes)
     for cmd, (run, (pos_init, scale)) in zip(commands, expected.items()):
         assert cmd[cmd.index('--experiment') + 1] == run
-        recipe = yaml.safe_load(Path(cmd[cmd.index('-c') + 1]).read_text())
+        recipe = yaml.safe_load(Path(cmd[cmd.index('-c') + 1]).read_text(encoding='utf-8'))
         assert recipe['model'] == 'sa_quadratic_cifar' and recipe['epochs'] == 2
         assert recipe['model_kwargs']['pos_init'] == pos_init and recipe['pos_lr_scale'] == scale
         assert {k: v for k, v in recipe['model_kwargs'].items() if k != 'pos_init'} == {
@@ -581,7 +581,7 @@ def test_ablation_table_reads_each_variant_run(tmp_path, monkeypatch):
     monkeypatch.setattr(reproduce.Reproduction, 'train',
                         lambda self, model, run=None, changes=None, **kw: self.run_dir(run) / 'last.pth.tar')
     rows = reproduce.Reproduction(tmp_path, 'tiny').ablation()
-    with open(tmp_path / 'ablation.csv') as f:
+    with open(tmp_path / 'ablation.csv', encoding='utf-8') as f:
         csv_rows = list(csv.DictReader(f))
     assert [r['run'] for r in csv_rows] == list(runs)
     assert [float(r['center_shift_median']) for r in csv_rows] == [0., 1., 2., 3.]
@@ -626,7 +626,7 @@ def _keep_check_and_draw_the_zoo(out, tmp_path, capfd):
     assert record.returncode == 0 and 'on all 360 test images' in record.stdout, record.stdout + record.stderr
     check = _check(capfd, zoo, table)
     assert check.returncode == 0 and check.stdout.count(': ok') == 5, check.stdout + check.stderr
-    with open(table) as f:
+    with open(table, encoding='utf-8') as f:
         rows = list(csv.DictReader(f))
     assert {r['eval_precision'] for r in rows} == {'float32'}
     best = max(rows, key=lambda r: float(r['top1']))  # far enough from chance that mixed-up classes show
@@ -686,7 +686,7 @@ def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
         with table_lock:  # as StagedZoo.stage: one writer at a time, and readers see a whole file
             rows = [*zoo.rows(), model]
             with staged.atomic_write(zoo.table) as tmp:
-                Path(tmp).write_text('model\n' + ''.join(f'{m}\n' for m in rows))
+                Path(tmp).write_text('model\n' + ''.join(f'{m}\n' for m in rows), encoding='utf-8')
     monkeypatch.setattr(zoo, 'stage', stage)
     return zoo, ran
 
@@ -911,7 +911,7 @@ def _sleeping_trainings(tmp_path, monkeypatch):
 
 def _running(pid: int) -> bool:
     try:
-        with open(f'/proc/{pid}/status') as f:
+        with open(f'/proc/{pid}/status', encoding='utf-8') as f:
             return 'State:\tZ' not in f.read()
     except FileNotFoundError:
         return False
@@ -975,7 +975,7 @@ def _child_outlives_its_parent(parent_code: str, child_pid) -> bool:
     deadline = time.time() + 10  # a signal, not work: seconds are plenty
     while time.time() < deadline:
         try:
-            with open(f'/proc/{child}/status') as f:
+            with open(f'/proc/{child}/status', encoding='utf-8') as f:
                 if 'State:\tZ' in f.read():  # dead, not yet reaped by its new parent
                     return False
         except FileNotFoundError:

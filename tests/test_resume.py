@@ -32,7 +32,7 @@ def _load(path: Path) -> dict:
 
 
 def _summary(run: Path):
-    with open(run / 'summary.csv') as f:
+    with open(run / 'summary.csv', encoding='utf-8') as f:
         return list(csv.DictReader(f))
 
 
@@ -109,7 +109,7 @@ def test_a_resume_that_stops_before_its_epochs_lets_its_folder_go(tmp_path, capl
     monkeypatch.setattr(loop, 'repair_run_files', refused)
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
     assert status == 2 and 'refused in the repair' in log, log[-3000:]
-    with open(run / 'args.yaml', 'a') as other:
+    with open(run / 'args.yaml', 'a', encoding='utf-8') as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
@@ -284,7 +284,7 @@ def test_a_resume_on_a_full_disk_keeps_args_yaml_whole(tmp_path, caplog, capsys)
     assert args_yaml.read_bytes() == before
     if hasattr(os, 'fork'):  # the run was let go (fcntl locks: Linux and macOS)
         import fcntl
-        with open(args_yaml, 'a') as other:
+        with open(args_yaml, 'a', encoding='utf-8') as other:
             fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
@@ -405,13 +405,13 @@ def test_summary_and_checkpoints_carry_timms_lr_column_and_metric_key(tmp_path, 
     assert ckpt['metric'] == ckpt['metrics']['top1'] and _load(run / 'model_best.pth.tar')['metric'] > 0
     (row,) = _summary(run)
     assert float(row['lr']) == float(row['train_lr']) == ckpt['history'][0]['lr'], row
-    with open(run / 'summary.csv', newline='') as f:  # as an older sa_vision wrote it
+    with open(run / 'summary.csv', encoding='utf-8', newline='') as f:  # as an older sa_vision wrote it
         rows = [r[:-1] for r in csv.reader(f)]
-    with open(run / 'summary.csv', 'w', newline='') as f:
+    with open(run / 'summary.csv', 'w', encoding='utf-8', newline='') as f:
         csv.writer(f).writerows(rows)
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
     assert status == 0, log[-3000:]
-    with open(run / 'summary.csv', newline='') as f:
+    with open(run / 'summary.csv', encoding='utf-8', newline='') as f:
         header, *rows = list(csv.reader(f))
     assert 'lr' not in header and [len(r) for r in rows] == [len(header)] * 2 and rows[1][0] == '1', rows
 

@@ -59,7 +59,7 @@ def _written_into_pipe(pipe: Path, write) -> bytes:
 
 def _best_epoch(summary: Path) -> int:
     """The epochs done at the best top-1 of summary.csv: the first of equal ones (a later epoch must beat it)."""
-    with open(summary) as f:
+    with open(summary, encoding='utf-8') as f:
         top1 = [float(row['eval_top1']) for row in csv.DictReader(f)]
     return top1.index(max(top1)) + 1
 
@@ -310,7 +310,7 @@ def test_a_link_into_a_missing_folder_is_named_before_writing(tmp_path):
     dangling = tmp_path / 'results.csv'
     dangling.symlink_to(tmp_path / 'gone' / 'results.csv')
     with pytest.raises(FileNotFoundError):
-        open(dangling, 'w')
+        open(dangling, 'w', encoding='utf-8')
     assert file_problem(dangling) == (f'{dangling} is a link to {tmp_path / "gone" / "results.csv"}, '
                                       f'in a folder that does not exist')
     pointing = tmp_path / 'new.csv'
@@ -366,8 +366,8 @@ def test_dev_stdout_going_to_a_file_keeps_what_is_printed_after(capfd):
     reference, as timm's validate.py writes its results file)."""
     from sa_vision.io import atomic_write_text
     outputs = []
-    for write in (lambda: Path('/dev/stdout').write_text('results\n'), lambda: atomic_write_text('/dev/stdout',
-                                                                                                  'results\n')):
+    for write in (lambda: Path('/dev/stdout').write_text('results\n', encoding='utf-8'),
+                  lambda: atomic_write_text('/dev/stdout', 'results\n')):
         print('before', flush=True)
         write()
         print('after', flush=True)
@@ -476,7 +476,8 @@ def test_a_run_holds_its_folder_through_its_export(tmp_path):
     tried = []
 
     def export(checkpoint, folder):
-        with open(checkpoint.parent / 'args.yaml', 'a') as other:  # what another process's --resume takes
+        # what another process's --resume takes
+        with open(checkpoint.parent / 'args.yaml', 'a', encoding='utf-8') as other:
             try:
                 fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 tried.append('taken')
@@ -489,7 +490,7 @@ def test_a_run_holds_its_folder_through_its_export(tmp_path):
     # a resume replaces args.yaml (whole, with its new arguments) and holds the new file, which another process opens
     loop.main(['--resume', str(tmp_path / 'run'), '--epochs', '2', '--export'], export=export)
     assert tried == ['refused', 'refused']
-    with open(tmp_path / 'run' / 'args.yaml', 'a') as other:
+    with open(tmp_path / 'run' / 'args.yaml', 'a', encoding='utf-8') as other:
         fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)  # let go at the end
 
 
@@ -528,7 +529,7 @@ def test_the_lock_is_on_args_yaml_as_it_is_once_held(tmp_path, monkeypatch):
     monkeypatch.setattr(fcntl, 'flock', flock_after_a_replace)
     try:
         run_folder._hold(run)
-        with open(run / 'args.yaml', 'a') as other, pytest.raises(BlockingIOError):
+        with open(run / 'args.yaml', 'a', encoding='utf-8') as other, pytest.raises(BlockingIOError):
             real_flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
     finally:
         run_folder._let_go(run)

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 ZOO = ROOT / 'zoo' / 'fashion-mnist-cpu'
 TABLE = ROOT / 'docs' / 'reproduction_fashion_mnist.csv'
 
-with open(TABLE, newline='') as f:
+with open(TABLE, encoding='utf-8', newline='') as f:
     ROWS = list(csv.DictReader(f))
 
 

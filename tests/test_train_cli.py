@@ -291,7 +291,7 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
     assert sparse['best'] == {'metric': every['metrics']['top1'], 'epoch': 1}
     assert torch.equal(_load(run / 'model_best.pth.tar')['state_dict']['head.weight'],
                        sparse['state_dict']['head.weight'])
-    with open(run / 'summary.csv', newline='') as f:
+    with open(run / 'summary.csv', encoding='utf-8', newline='') as f:
         rows = list(csv.DictReader(f))
     assert [(r['epoch'], r['eval_top1'] != '') for r in rows] == [('0', False), ('1', True)]
     assert sparse['args']['val_interval'] == 2  # the run's, not its recipe's: it changes no weight
@@ -302,7 +302,7 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
     unevaluated = dict(sparse, epoch=0, metrics=None, best=None, history=sparse['history'][:1])  # epoch 0 done
     save_epoch(unevaluated, None, argparse.Namespace(save_epoch_weights=False, eval_metric='top1'), run,
                lambda msg: None)
-    with open(run / 'summary.csv', newline='') as f:
+    with open(run / 'summary.csv', encoding='utf-8', newline='') as f:
         (row,) = csv.DictReader(f)
     assert {v for k, v in row.items() if k.startswith('eval_')} == {''} and row['lr'], row  # its eval_ columns empty
     ckpt = read_checkpoint(run / 'last.pth.tar')

@@ -34,7 +34,7 @@ TABLE = ROOT / 'docs' / 'reproduction_fashion_mnist.csv'
 
 
 def _models():
-    with open(TABLE, newline='') as f:
+    with open(TABLE, encoding='utf-8', newline='') as f:
         return [row['model'] for row in csv.DictReader(f)]
 
 
@@ -47,10 +47,10 @@ def _zoo_is_kept():
 
 def _one_row_table(model, folder: Path) -> Path:
     """The table's row of ``model`` in ``folder``, with the guard beside it (as beside the table)."""
-    with open(TABLE, newline='') as f:
+    with open(TABLE, encoding='utf-8', newline='') as f:
         rows = [row for row in csv.DictReader(f) if row['model'] == model]
     table = folder / TABLE.name
-    with open(table, 'w', newline='') as f:
+    with open(table, 'w', encoding='utf-8', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)

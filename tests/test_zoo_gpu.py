@@ -26,7 +26,7 @@ MAX_FILES_BACK = 8  # what the device tool brings back from $OUT
 
 def _check(zoo: Path, table: Path, accuracy: bool):
     results = check_kept_models(zoo, table, accuracy=accuracy)
-    with open(table, newline='') as f:
+    with open(table, encoding='utf-8', newline='') as f:
         assert [r['model'] for r in results] == [row['model'] for row in csv.DictReader(f)]
     return results
 
@@ -190,7 +190,7 @@ def test_a_stage_stopped_at_the_budget_goes_on_from_resume_tar_to_the_uninterrup
         assert torch.equal(value, resumed.state_dict[key]), key
     # stopped inside its second epoch, the run logged the first once: summary.csv holds the straight run's epochs
     def epochs(run):
-        with open(run / 'summary.csv', newline='') as f:
+        with open(run / 'summary.csv', encoding='utf-8', newline='') as f:
             return [row['epoch'] for row in csv.DictReader(f)]
     assert epochs(second.reproduction.run_dir(model)) == epochs(tmp_path / 'straight' / 'runs' / model) == ['0', '1']
     # model_best.pth.tar stays behind (not in resume.tar): the export is of the last epoch, and its card's record

@@ -135,7 +135,7 @@ def _model_names(args):
     if not args.model_list:
         return list(args.model)
     try:
-        with open(args.model_list) as f:
+        with open(args.model_list, encoding='utf-8') as f:
             return [line.strip() for line in f if line.strip() and not line.strip().startswith('#')]
     except OSError as e:
         raise UserError(f'--model-list {args.model_list} cannot be read ({e.strerror or e})') from None

@@ -199,7 +199,7 @@ def _write_results(path: str, results_format: str, result: dict) -> None:
     """The result as timm's validate.py writes its --results-file: a JSON object, or a CSV header and row (its
     folder is made, as sa-vision-benchmark makes its results file's)."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    with atomic_write(path) as tmp, open(tmp, 'w', newline='') as f:
+    with atomic_write(path) as tmp, open(tmp, 'w', encoding='utf-8', newline='') as f:
         if results_format == 'json':
             f.write(result_json(result, indent=4))
         else:

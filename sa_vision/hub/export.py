@@ -195,7 +195,7 @@ def export_hub_folder(
         save_for_hf(saved, folder, safe_serialization=True, model_config=model_config, model_args=pad_args,
                     data_config=input_cfg)
         if recipe:  # weights without a training record have no run to repeat (an empty recipe starts the default one)
-            with open(folder / RECIPE_FILENAME, 'w') as f:
+            with open(folder / RECIPE_FILENAME, 'w', encoding='utf-8') as f:
                 trainer = 'timm train.py' if ckpt.format == 'timm' else 'sa-vision-train'
                 f.write(f'# training arguments of {label.name} ({trainer} argument names): '
                         f'{repeat_command(ckpt, RECIPE_FILENAME, ("needed", "optional"))} repeats the run\n')

@@ -52,7 +52,7 @@ def _sha256(path: Path) -> str:
 def _read_digests(path: Path) -> Dict[str, str]:
     """``{file name as written: digest}`` of a ``sha256sum`` file."""
     digests = {}
-    for line in path.read_text().splitlines():
+    for line in path.read_text(encoding='utf-8').splitlines():
         if line.strip():
             digest, name = line.split(maxsplit=1)
             digests[name.lstrip('*')] = digest

@@ -83,7 +83,7 @@ def reproduction_lock(out: Path) -> Iterator[None]:
     new, lock_is_new = not out.exists(), not (out / LOCK_FILE).exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        with open(out / LOCK_FILE, 'a') as lock:
+        with open(out / LOCK_FILE, 'a', encoding='utf-8') as lock:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

@@ -167,7 +167,7 @@ ABLATION_COLUMNS = (
 def write_table(out: Path, stem: str, columns: Sequence[Column], rows: List[Dict[str, Any]], note: str = '') -> str:
     """``out/<stem>.csv`` (every column) and ``out/<stem>.md`` (the titled ones, then ``note``); the Markdown table
     (without the note: a caller that prints the table as it grows says the note once)."""
-    with atomic_write(out / f'{stem}.csv') as tmp, open(tmp, 'w', newline='') as f:
+    with atomic_write(out / f'{stem}.csv') as tmp, open(tmp, 'w', encoding='utf-8', newline='') as f:
         writer = csv.DictWriter(f, fieldnames=[column.name for column in columns])
         writer.writeheader()
         writer.writerows(rows)
@@ -190,7 +190,7 @@ def read_table(path: Path) -> List[Dict[str, Any]]:
             except ValueError:
                 pass
         return value
-    with open(path, newline='') as f:
+    with open(path, encoding='utf-8', newline='') as f:
         return [{k: cell(v) for k, v in row.items()} for row in csv.DictReader(f)]
 
 

@@ -323,7 +323,7 @@ def write_table(rows: Sequence[Dict[str, Any]], path: str) -> str:
     """Write ``rows`` to ``path`` as CSV (``.csv``) or JSON (``.json``), its folder created; returns ``path``."""
     suffix = '.' + table_format(path)
     os.makedirs(os.path.dirname(path) or '.', exist_ok=True)
-    with atomic_write(path) as tmp, open(tmp, 'w', newline='') as f:
+    with atomic_write(path) as tmp, open(tmp, 'w', encoding='utf-8', newline='') as f:
         if suffix == '.json':
             json.dump([{k: (list(map(list, v)) if k == 'shifts' else v) for k, v in r.items()} for r in rows], f,
                       indent=1)

@@ -211,7 +211,7 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
 def _read_hub_config(config_path: Path) -> Checkpoint:
     """A Hub folder's config.json as a Checkpoint without weights: architecture, model_args, pretrained meta."""
     folder = config_path.parent
-    config = read_json(config_path.read_text(), config_path, 'config.json')
+    config = read_json(config_path.read_text(encoding='utf-8'), config_path, 'config.json')
     if 'architecture' not in config:
         raise CheckpointError(f'{config_path} names no architecture: not a timm config.json')
     check_config_fields(config, config_path, 'config.json')

@@ -43,7 +43,7 @@ def load_recipe(name: Union[str, os.PathLike]) -> Dict[str, Any]:
     """Read a recipe into a dict of argument defaults (keys with '-' are accepted as '_')."""
     import yaml
     path = recipe_path(str(name))
-    with open(path) as f:
+    with open(path, encoding='utf-8') as f:
         try:
             recipe = yaml.safe_load(f) or {}
         except yaml.YAMLError as e:

@@ -154,7 +154,7 @@ def _hold(folder: Path) -> None:
     if folder.resolve() in _HELD and _same_file(_HELD[folder.resolve()], path):
         return  # this process holds it already (a run of it that raised before its epochs)
     while True:
-        held = open(path, 'a')
+        held = open(path, 'a', encoding='utf-8')
         try:
             fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
             locked_now = _same_file(held, path)
@@ -279,7 +279,7 @@ def _summary_epochs(summary: Path) -> Optional[List[str]]:
     """The epoch column of ``summary.csv``, or None where there is none to read, or a row was cut short (a stop
     in the middle of appending it: the next row would be glued to it)."""
     try:
-        with open(summary, newline='') as f:
+        with open(summary, encoding='utf-8', newline='') as f:
             text = f.read()
         header, *rows = csv.reader(text.splitlines())
     except (OSError, csv.Error, UnicodeDecodeError, ValueError):

@@ -143,7 +143,7 @@ def _saved_run_args(ckpt: Checkpoint, path) -> dict:
         if not args_file.is_file():
             raise CheckpointError(f'{path} holds no training arguments and there is no args.yaml beside it: '
                                   f'--resume cannot tell how the run was configured')
-        with open(args_file) as f:
+        with open(args_file, encoding='utf-8') as f:
             saved = yaml.safe_load(f) or {}
     return {k: v for k, v in saved.items() if k not in RESOLVED_ARGS}
 
@@ -359,7 +359,7 @@ def write_summary_row(summary: Path, record: dict, write_header: bool) -> None:
     or has one (an older sa_vision's has only ``train_lr``: a row of more columns would not fit it)."""
     has_lr = write_header
     if not write_header:
-        with open(summary, newline='') as f:
+        with open(summary, encoding='utf-8', newline='') as f:
             has_lr = 'lr' in next(csv.reader(f), [])
     update_summary(record['epoch'], *summary_metrics(record), summary, lr=record['lr'] if has_lr else None,
                    write_header=write_header)

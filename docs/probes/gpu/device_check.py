@@ -68,7 +68,6 @@ from probe_env import exit_if_stopped, fashion_mnist_dir, on_sigterm, redirect_f
 
 require_timm()  # one line and exit 2 where timm is outside pyproject's range: sa_vision would fail inside it
 
-import timm
 import timm.optim  # for create_optimizer_v2 below: `import sa_vision` leaves timm.optim unimported
 import timm_train_check  # beside this file, as probe_env
 import torch
@@ -186,7 +185,7 @@ class Log:
 
     def __init__(self, out: Path):
         self.out = out
-        self.file = open(out / 'device_check.log', 'a', buffering=1)
+        self.file = open(out / 'device_check.log', 'a', encoding='utf-8', buffering=1)
         self.results: Dict[str, Any] = {'items': []}
         self.lock = threading.RLock()  # the zoo's stages report from their threads
         self.goals_logged: List[str] = []
@@ -518,7 +517,7 @@ class Check:
         cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', '-q', '-rfEs', '-p', 'no:cacheprovider',
                '--continue-on-collection-errors', str(tests / 'test_train_runtime.py' if self.smoke else tests)]
         log_path, t0 = self.log.out / 'cuda_tests.log', time.time()
-        with open(log_path, 'w') as f:
+        with open(log_path, 'w', encoding='utf-8') as f:
             # a session of its own, ended whole: no process the tests started (a training) keeps the GPU busy while
             # the next item is timed; and pytest dies with this script, whatever stops it
             proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, start_new_session=True,
@@ -624,7 +623,7 @@ class Check:
         ``log_name`` in the output folder after the command line, stopped after ``seconds`` (at least 30)."""
         log_path = self.log.out / log_name
         t0 = time.time()
-        with open(log_path, 'a') as f:
+        with open(log_path, 'a', encoding='utf-8') as f:
             f.write(f'\n$ {" ".join(cmd)}\n')
             f.flush()
             try:
@@ -910,7 +909,7 @@ def epoch_rates(text: str, summary_csv: Path, batch_size: int) -> Dict[str, Any]
     epochs = []
     if steps and summary_csv.is_file():
         images = int(steps.group(1)) * batch_size
-        for row in csv.DictReader(summary_csv.read_text().splitlines()):
+        for row in csv.DictReader(summary_csv.read_text(encoding='utf-8').splitlines()):
             train_s = float(row['train_time'])
             epochs.append({'epoch': int(row['epoch']), 'images': images, 'train_s': train_s,
                            'img_s': images / train_s, 'log_img_s': last_rate.get(int(row['epoch'])),
@@ -971,7 +970,7 @@ def warm(check: Check, targets: List[Target], seconds: float, parallel: int, arg
             out = Path(tmp) / f'{len(done) + len(running)}-{"-".join(target)}{"-check" if verify else ""}.log'
             cmd = [sys.executable, str(Path(__file__).resolve()), *argv, '--out', str(Path(tmp) / 'out'),
                    '--warm-target', ','.join(target), '--warm-parallel', str(parallel)]
-            with open(out, 'w') as f:
+            with open(out, 'w', encoding='utf-8') as f:
                 proc = subprocess.Popen(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT, env=env,
                                         start_new_session=True, preexec_fn=die_with_parent)
             running[proc] = (target, verify, out, time.time())

@@ -49,7 +49,7 @@ def fashion_mnist_dir(unpacked: Path = FASHION_MNIST, packed: Path = FASHION_MNI
 
 def timm_requirement(pyproject: Path = ROOT / 'pyproject.toml') -> str:
     """The version range of timm that sa_vision declares (its one place: ``pyproject.toml``), e.g. ``>=1.0.31,<1.1``."""
-    match = re.search(r'"timm\s*([<>=!~][^";]*)"', pyproject.read_text())
+    match = re.search(r'"timm\s*([<>=!~][^";]*)"', pyproject.read_text(encoding='utf-8'))
     if not match:
         raise RuntimeError(f'{pyproject} names no timm version range')
     return match.group(1).strip()

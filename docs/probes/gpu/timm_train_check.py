@@ -131,7 +131,7 @@ def evaluations(summary_csv: Path) -> Dict[int, Dict[str, float]]:
     """train.py's evaluation of each epoch, from its ``summary.csv`` (none where it wrote none)."""
     if not summary_csv.is_file():
         return {}
-    rows = csv.DictReader(summary_csv.read_text().splitlines())
+    rows = csv.DictReader(summary_csv.read_text(encoding='utf-8').splitlines())
     return {int(r['epoch']): {'top1': float(r['eval_top1']), 'loss': float(r['eval_loss'])} for r in rows}
 
 

@@ -275,7 +275,7 @@ def main(argv=None) -> int:
     if tar.stat().st_size > MAX_FILE_BYTES:
         line += f' OVER THE {MAX_FILE_BYTES // 2 ** 20} MiB A FILE MAY HAVE TO COME BACK'
     print(line)
-    with open(log_path, 'a') as f:
+    with open(log_path, 'a', encoding='utf-8') as f:
         f.write(line + '\n')
     return 0
 
