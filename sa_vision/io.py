@@ -35,7 +35,7 @@ def atomic_write(path: PathLike) -> Iterator[Path]:
     tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')  # named for its writer: _TEMPORARY
     try:
         yield tmp
-        with open(tmp, 'rb') as f:
+        with open(tmp, 'r+b') as f:  # writable: Windows' fsync (FlushFileBuffers) refuses a read-only handle
             os.fsync(f.fileno())
         usual_file_mode(tmp)
         os.replace(tmp, path)
@@ -47,6 +47,8 @@ def atomic_write(path: PathLike) -> Iterator[Path]:
 # writer last wrote to it
 _TEMPORARY = re.compile(r'\..+\.tmp(\d+)(\.[^.]+)?')
 _STALE_AFTER_S = 600
+# Windows' os.kill ends the process whatever the signal: no test of a writer there
+_KILL_ENDS_PROCESS = os.name == 'nt'
 
 
 def remove_stale_temporaries(folder: PathLike, held: bool = False) -> List[str]:
@@ -60,16 +62,21 @@ def remove_stale_temporaries(folder: PathLike, held: bool = False) -> List[str]:
         match = _TEMPORARY.fullmatch(entry.name)
         if not match or not entry.is_file(follow_symlinks=False):
             continue
-        pid = int(match.group(1))
+        pid, stale = int(match.group(1)), now - entry.stat().st_mtime > _STALE_AFTER_S
+        running = _running(pid)
         # held: no other writer there, and this process (a container's process 1 again, say) is writing none now
-        writer_gone = held and pid == os.getpid() or not _running(pid)
-        if writer_gone and (held or now - entry.stat().st_mtime > _STALE_AFTER_S):
+        writer_gone = held and pid == os.getpid() or running is False or (running is None and stale)
+        if writer_gone and (held or stale):
             os.unlink(entry.path)
             removed.append(entry.name)
     return sorted(removed)
 
 
-def _running(pid: int) -> bool:
+def _running(pid: int) -> Optional[bool]:
+    """Whether process ``pid`` runs; ``None`` where that cannot be asked (:data:`_KILL_ENDS_PROCESS`): then a
+    file's age alone tells."""
+    if _KILL_ENDS_PROCESS:
+        return None
     try:
         os.kill(pid, 0)
     except (ProcessLookupError, OverflowError):  # OverflowError: a number no process has

@@ -104,6 +104,9 @@ def test_training_and_validation_score_a_split_lacking_a_class_by_the_models_lab
     ('Fashion MNIST', 'fashion_mnist_folder', 'fashion_mnist_folder'),  # its tag would be Fashion-MNIST's
     ('flowers', 'flowers', 'flowers'),
     ('unknown', 'unknown_folder', 'unknown_folder'),  # 'unknown' and 'folder' alone read back as no name
+    ('imgs/fleurs été', 'fleurs_ete', 'fleurs_ete'),  # a Hub repository's name is ASCII letters, digits and _
+    ('D:\\data\\pets', 'pets', 'pets'),  # a Windows path: its last folder
+    ('花', 'folder', ''),  # no ASCII letter left: an unnamed image folder's tag
 ])
 def test_an_image_folders_name_never_reads_back_as_a_known_dataset(name, tag, read_back):
     """Weights trained with --dataset <name> on an image folder: their export's tag reads back as that folder,
@@ -117,6 +120,18 @@ def test_an_image_folders_name_never_reads_back_as_a_known_dataset(name, tag, re
     # the known datasets' own tags still read back as them
     assert [dataset_for_tag(t) for t in ('cifar10', 'fashion_mnist_custom', 'digits')] == \
         ['torch/cifar10', 'fashion-mnist', 'digits']
+
+
+def test_a_run_folder_named_for_a_dataset_path_is_one_folder_windows_accepts(tmp_path):
+    """Without --experiment the run folder is named for the dataset: a path there (D:\\data\\pets on Windows,
+    imgs/pets) gives one folder's name with none of the characters Windows refuses (a drive's colon)."""
+    from types import SimpleNamespace
+
+    from sa_vision.train.run_folder import run_folder
+    for dataset in ('D:\\data\\pets', 'imgs/pets', 'C:/x?y'):
+        args = SimpleNamespace(output=str(tmp_path), experiment=None, model='sa_quadratic_cifar', dataset=dataset)
+        folder = run_folder(args, None)
+        assert folder.parent == tmp_path and not set(folder.name) & set('\\/:*?"<>|'), folder
 
 
 def test_a_run_of_an_earlier_version_keeps_its_labels(tmp_path, caplog, capsys):

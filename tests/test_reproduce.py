@@ -181,6 +181,16 @@ def test_keep_never_replaces_models_of_another_dataset_nor_files_no_export_write
         check_keep_target(kept / 'NOTES.md', 'digits')
 
 
+def test_without_fcntl_a_reproduction_runs_unlocked(tmp_path, monkeypatch):
+    """Windows has no fcntl: the folder is not locked there (as no run folder is), rather than a traceback."""
+    import sys
+
+    from sa_vision.reproduce.provenance import reproduction_lock
+    monkeypatch.setitem(sys.modules, 'fcntl', None)  # import fcntl: ImportError, as on Windows
+    with reproduction_lock(tmp_path / 'out'), reproduction_lock(tmp_path / 'out'):
+        assert (tmp_path / 'out').is_dir()
+
+
 def test_a_folder_is_one_reproduction_at_a_time_and_only_a_reproductions(tmp_path, capsys):
     """A second reproduction in a running one's folder, a run folder of other files, a run or Hub folder of
     sa-vision-train, or a file as --out, and --keep naming --out: one error line each, and nothing in them is

@@ -279,6 +279,41 @@ def test_a_resume_removes_the_temporary_files_a_killed_writer_left(tmp_path, cap
     assert remove_stale_temporaries(run) == [stale.name] and (run / writing).exists()
 
 
+def test_where_a_signal_would_end_the_writer_only_a_file_s_age_tells(tmp_path, monkeypatch):
+    """On Windows, os.kill ends the process whatever the signal: no writer is asked whether it runs there (a
+    resume would have ended an unrelated process), and a temporary file is removed only once untouched for long,
+    also in a folder this process holds."""
+    import sa_vision.io as sa_io
+
+    def ended(pid, sig):
+        raise AssertionError(f'os.kill({pid}, {sig}) would end process {pid} on Windows')
+    monkeypatch.setattr(sa_io, '_KILL_ENDS_PROCESS', True)
+    monkeypatch.setattr(os, 'kill', ended)
+    fresh, old = tmp_path / '.last.pth.tmp4000000.tar', tmp_path / '.model_best.pth.tmp1.tar'
+    for path in (fresh, old):
+        path.write_bytes(b'')
+    hour_ago = time.time() - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    assert remove_stale_temporaries(tmp_path, held=True) == [old.name] and fresh.exists()
+
+
+def test_the_file_synced_before_its_rename_is_opened_for_writing(tmp_path, monkeypatch):
+    """Windows' fsync (FlushFileBuffers) refuses a handle opened for reading alone (EBADF), so atomic_write syncs
+    through one opened for writing: every checkpoint, recipe and export goes through it."""
+    import errno
+    import fcntl
+    real_fsync = os.fsync
+
+    def windows_fsync(fd):
+        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:
+            raise OSError(errno.EBADF, 'Bad file descriptor')
+        real_fsync(fd)
+    monkeypatch.setattr(os, 'fsync', windows_fsync)
+    with atomic_write(tmp_path / 'recipe.yaml') as tmp:
+        tmp.write_text('epochs: 1\n', encoding='utf-8')
+    assert (tmp_path / 'recipe.yaml').read_text(encoding='utf-8') == 'epochs: 1\n'
+
+
 def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
     from safetensors.torch import save_file
     with atomic_write(tmp_path / 'w.safetensors') as tmp:

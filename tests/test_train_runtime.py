@@ -87,6 +87,16 @@ def test_train_epoch_reads_the_loss_only_at_log_lines(count_host_reads, caplog, 
     assert logged == [pytest.approx(e, abs=0.0051) for e in expected]  # the log prints 3 digits
 
 
+def test_a_clock_waits_for_any_accelerator_not_cuda_alone(monkeypatch):
+    """The benchmark's, the matmul probe's and --torchcompile auto's clocks wait for the device's queued work: on
+    mps (Apple silicon) too, or they would time the queueing."""
+    waited = []
+    monkeypatch.setattr(torch.accelerator, 'synchronize', waited.append)
+    for device in ('mps', 'cuda:1', 'cpu'):
+        runtime.synchronize(device)
+    assert waited == [torch.device('mps'), torch.device('cuda:1')]
+
+
 def test_pin_memory_defaults_to_on_with_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, 'set_device', lambda device: None)  # no GPU needed to resolve the defaults
     monkeypatch.setattr(torch.cuda, 'is_available', lambda: True)

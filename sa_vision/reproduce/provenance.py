@@ -77,15 +77,20 @@ def check_setup(out: Path, setup: Dict[str, Any]) -> bool:
 @contextmanager
 def reproduction_lock(out: Path) -> Iterator[None]:
     """Held while a reproduction runs in ``out``: a second one in the same folder would train into the same run
-    folders, and remove one that has no checkpoint yet. A ReproductionError where another holds it."""
-    import fcntl
+    folders, and remove one that has no checkpoint yet. A ReproductionError where another holds it. Advisory, Linux and
+    macOS (fcntl); elsewhere (Windows) nothing is held, as no run folder is (``sa_vision.train.run_folder``)."""
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
     out = Path(out)
     new, lock_is_new = not out.exists(), not (out / LOCK_FILE).exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
         with open(out / LOCK_FILE, 'a', encoding='utf-8') as lock:
             try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                if fcntl is not None:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 raise ReproductionError(f'another sa-vision-reproduce is running in {out}: let it finish or stop '
                                         f'it, then run this command again (it continues where that one stopped)'

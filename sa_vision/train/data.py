@@ -5,6 +5,7 @@ A dataset is one :class:`DatasetInfo` entry of ``_ENTRIES``: its labels and norm
 of ``datasets.py`` it is read with. A timm ``<type>/<name>`` and an image folder get a generic entry. Transforms
 follow the authors' released CIFAR-10 code (the paper states no augmentation). """
 import os
+import unicodedata
 from dataclasses import dataclass, field, replace
 from http.client import HTTPException
 from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
@@ -161,11 +162,12 @@ def trained_dataset(meta: Mapping[str, Any]) -> Optional[str]:
 
 def dataset_info(dataset: str) -> DatasetInfo:
     """The :class:`DatasetInfo` of a --dataset value; a timm ``<type>/<name>`` and an ImageFolder ('' or any other
-    name) get a generic one."""
+    name) get a generic one, tagged in ASCII letters, digits and _ as a Hub repository's name allows ('été': 'ete')."""
     key = dataset.lower() if dataset else ''
     if key in _DATASETS:
         return _DATASETS[key]
-    tag = ''.join(c if c.isalnum() else '_' for c in (dataset or _FOLDER_TAG).split('/')[-1].lower()).strip('_')
+    name = unicodedata.normalize('NFKD', (dataset or _FOLDER_TAG).replace('\\', '/').split('/')[-1].lower())
+    tag = ''.join(c if c.isascii() and c.isalnum() else '_' for c in name if not unicodedata.combining(c)).strip('_')
     if key.startswith(_TIMM_DATASET_TYPES):
         return replace(DatasetInfo(dataset, tag, dataset, None, CIFAR10_MEAN, CIFAR10_STD, 'validation'),
                        read=read_timm, check=check_timm, downloads=True)
@@ -182,15 +184,9 @@ CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs fr
 UNKNOWN_DATASET = replace(dataset_info(''), tag=_UNKNOWN_TAG, title='an unknown dataset')
 
 
-def create_cifar_transform(
-        is_training: bool,
-        img_size: int = 32,
-        crop_padding: int = 4,
-        hflip: float = 0.5,
-        mean: Sequence[float] = CIFAR10_MEAN,
-        std: Sequence[float] = CIFAR10_STD,
-        tensor_input: bool = False,
-):
+def create_cifar_transform(is_training: bool, img_size: int = 32, crop_padding: int = 4, hflip: float = 0.5,
+                           mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
+                           tensor_input: bool = False):
     """The released code's transform: pad-and-crop + flip for training, normalise only for evaluation; PIL images of
     another size are first resized (shorter side to ``img_size``, centre square)."""
     tfl = []

@@ -4,6 +4,7 @@ again where a stop left them behind its checkpoint """
 import contextlib
 import csv
 import os
+import re
 import shutil
 import tempfile
 import unicodedata
@@ -54,8 +55,9 @@ def run_folder(args, resume_ckpt) -> Path:
     if problem:
         raise UserError(f'--experiment {args.experiment!r}: {problem}; name a folder below --output (a/b is one), '
                         f'and pass --output for another place')
+    # a dataset named by a path is one folder's name: no separator, nor what Windows refuses in one (D:\data)
     run_dir = Path(args.output) / (args.experiment or '-'.join([
-        datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, (args.dataset or 'folder').replace('/', '_')]))
+        datetime.now().strftime('%Y%m%d-%H%M%S'), args.model, re.sub(r'[\\/:*?"<>|]', '_', args.dataset or 'folder')]))
     problem = folder_problem(run_dir)  # a file of its name, or above it
     if problem:
         raise UserError(f'the run folder {run_dir}: {problem}; pass another --experiment (or --output)')

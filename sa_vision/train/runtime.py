@@ -148,10 +148,10 @@ def seed_epoch(seed: int, epoch: int, rank: int) -> None:
 
 
 def synchronize(device) -> None:
-    """Wait for the device's queued work (a no-op off CUDA): before reading a clock."""
+    """Wait for the device's queued work (CUDA, mps, any accelerator; a no-op on the CPU): before reading a clock."""
     device = torch.device(device)
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
+    if device.type != 'cpu':
+        torch.accelerator.synchronize(device)
 
 
 @contextlib.contextmanager
