@@ -704,7 +704,7 @@ def test_a_model_list_skips_indented_comments(tmp_path):
 def test_the_benchmark_lets_dynamo_hold_every_compiled_copy(monkeypatch):
     """Each model the benchmark compiles is a copy of one class's code: past dynamo's default of 8 recompiles the
     later ones ran eagerly, timed as compiled. It held them by accident while `import sa_vision` imported
-    timm.optim (which raises the limit); the benchmark's process raises it itself, never lowering it."""
+    timm.optim (which raises the limit); the benchmark raises it itself for its run, never lowering it."""
     import torch._dynamo
 
     from sa_vision.cli import benchmark as benchmark_cli
@@ -712,9 +712,29 @@ def test_the_benchmark_lets_dynamo_hold_every_compiled_copy(monkeypatch):
     config = torch._dynamo.config
     monkeypatch.setattr(config, 'recompile_limit', 8)
     monkeypatch.setattr(config, 'cache_size_limit', 8)
-    with pytest.raises(UserError):  # an unknown model: said after the settings, before any model is built
-        benchmark_cli.main(['-m', 'no_such_model', '--device', 'cpu'])
-    assert (config.recompile_limit, config.cache_size_limit) == (64, 64)
+    during = []
+
+    def unknown(name):  # the models are checked after the settings, before any is built
+        during.append((config.recompile_limit, config.cache_size_limit))
+        raise UserError(f'no model {name}')
+    monkeypatch.setattr(sab, 'check_model_name', unknown)
+    with pytest.raises(UserError):
+        benchmark_cli.main(['-m', 'sa_quadratic_cifar', '--device', 'cpu'])
+    assert during == [(64, 64)]
     monkeypatch.setattr(config, 'recompile_limit', 1000)
     sab.hold_compiled_copies()
     assert config.recompile_limit == 1000
+
+
+def test_the_benchmark_gives_back_the_callers_settings(tmp_path, monkeypatch):
+    """--flush-denormal and the compiled copies the benchmark lets dynamo hold are for its run alone: called in a
+    notebook's process, main leaves subnormal floats and dynamo's limits as they were."""
+    cli = _load_cli()
+    for name in ('recompile_limit', 'cache_size_limit'):
+        monkeypatch.setattr(torch._dynamo.config, name, 8)  # torch's default (timm.optim's import sets 1,000,000)
+    argv = ['--model', 'sa_quadratic_cifar', '--model-kwargs', *TINY_ARGS, '--img-size', '8', '-b', '2', '--runs',
+            '1', '--num-warm-iter', '0', '--bench', 'inference', '--flush-denormal', '--quiet', '--results-file',
+            str(tmp_path / 'r.json'), '--results-format', 'json']
+    assert cli.main(argv) == 0
+    assert float(torch.tensor([1e-39]) * 1.0) != 0  # a subnormal float32 survives
+    assert (torch._dynamo.config.recompile_limit, torch._dynamo.config.cache_size_limit) == (8, 8)

@@ -1326,3 +1326,35 @@ def test_ctrl_c_in_any_command_is_one_line_and_status_130(capsys):
     def main(argv):
         raise KeyboardInterrupt
     assert run_cli(main, []) == 130 and capsys.readouterr().err == 'interrupted\n'
+
+
+@pytest.mark.parametrize('caller_logging', [False, True])
+def test_a_run_in_the_callers_process_gives_back_its_settings(tmp_path, capsys, monkeypatch, request,
+                                                             caller_logging):
+    """sa-vision-train's main run in a notebook leaves the process as it found it: its thread count, its CUDA
+    switches (a CPU run does not touch them), and its logging. The run's lines still show: through
+    logging.basicConfig where the caller set up none (taken away afterwards), else through the caller's handlers,
+    also when those are at WARNING."""
+    import io
+    root = logging.getLogger()
+    callers = logging.StreamHandler(io.StringIO())
+    monkeypatch.setattr(root, 'handlers', [callers] if caller_logging else [])
+    level = root.level
+    root.setLevel(logging.WARNING)  # setLevel, not the attribute: it also clears the loggers' caches
+    request.addfinalizer(lambda: root.setLevel(level))
+    monkeypatch.setattr(torch.backends.cudnn, 'benchmark', True)
+    from sa_vision.cli import train
+    from sa_vision.errors import run_cli
+    threads = torch.get_num_threads()
+    with keeping_threads():  # the settings given back are checked inside, this only spares the later tests
+        torch.set_num_threads(2)
+        status = run_cli(train.main, ['-c', str(DIGITS_RECIPE), '--model-kwargs', 'embed_dim=8', 'depth=1',
+                                      'heads_per_layer=2', 'mlp_hidden_dim=16', '--epochs', '1', '--threads', '1',
+                                      '--output', str(tmp_path), '--experiment', 'run'])
+        threads = torch.get_num_threads()
+    out, err = capsys.readouterr()
+    shown = callers.stream.getvalue() if caller_logging else err
+    assert status == 0 and 'Run folder' in shown and 'Top-1' in shown, err[-2000:]
+    assert root.handlers == ([callers] if caller_logging else []) and root.level == logging.WARNING
+    assert logging.getLogger('train').level == logging.NOTSET
+    assert threads == 2 and torch.backends.cudnn.benchmark

@@ -149,10 +149,13 @@ def test_backends_are_exact_unless_asked(restore_backend_flags):
     runtime.configure_backends(args)
     assert not torch.backends.cudnn.benchmark
     assert not torch.backends.cudnn.allow_tf32 and not torch.backends.cuda.matmul.allow_tf32
-    args, _, _ = parse_run_args(['--cudnn-benchmark', '--tf32'])
+    args, _, _ = parse_run_args(['--device', 'cuda', '--cudnn-benchmark', '--tf32'])
     runtime.configure_backends(args)
     assert torch.backends.cudnn.benchmark
     assert torch.backends.cudnn.allow_tf32 and torch.backends.cuda.matmul.allow_tf32
+    args, _, _ = parse_run_args(['--device', 'cpu'])  # a CPU run leaves a notebook's CUDA switches alone
+    runtime.configure_backends(args)
+    assert torch.backends.cudnn.benchmark and torch.backends.cuda.matmul.allow_tf32
 
 
 @pytest.mark.filterwarnings('ignore:PlateauLRScheduler is deprecated:FutureWarning')  # timm's, on creating it

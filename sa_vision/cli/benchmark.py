@@ -41,6 +41,7 @@ from sa_vision.measure import benchmark as sab
 from sa_vision.models import DEFAULT_MODEL
 from sa_vision.train.arg_values import check_compile_backend, check_value_bounds
 from sa_vision.train.args import ModelKwargs
+from sa_vision.train.caller_settings import caller_settings_kept
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -141,6 +142,7 @@ def _model_names(args):
         raise UserError(f'--model-list {args.model_list} cannot be read ({e.strerror or e})') from None
 
 
+@caller_settings_kept(run_log=False)
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     compare = [c.strip() for c in args.compare.split(',') if c.strip()]

@@ -65,8 +65,9 @@ def resolve_device(device=None) -> torch.device:
 def hold_compiled_copies(least: int = 64) -> None:
     """Let dynamo's per-code cache hold at least ``least`` compiled copies in this process: each model the benchmark
     compiles (every variant, width and mode of one model class) is a copy of the same code, and past torch's
-    default of 8 the later ones would run eagerly, timed as compiled. For the benchmark's process only (a library
-    import leaves these settings alone; sa-vision-train gets 1,000,000 from timm.optim, as timm's train.py)."""
+    default of 8 the later ones would run eagerly, timed as compiled. For the benchmark's run only (its main gives
+    the caller's back; a library import leaves these settings alone; sa-vision-train gets 1,000,000 from timm.optim,
+    as timm's train.py)."""
     for name in ('cache_size_limit', 'recompile_limit'):
         setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), least))
 

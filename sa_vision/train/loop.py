@@ -4,7 +4,6 @@
 command line; it writes ``last.pth.tar`` every epoch, which ``--resume`` continues, and ``model_best.pth.tar`` when
 an epoch is the best by ``--eval-metric`` (docs/training.md).
 """
-import logging
 import math
 import sys
 import time
@@ -24,6 +23,7 @@ from .. import models  # noqa: F401  registers the models
 from ..errors import TrainingDiverged, UserError, run_cli
 from ..io import atomic_duplicate, atomic_torch_save
 from ..tables import plural
+from .caller_settings import caller_settings_kept
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
 from .device_data import set_epoch
@@ -150,11 +150,11 @@ def _check_export(args, export, run_dir: Path) -> None:
                             f'it, or leave out --export') from None
 
 
+@caller_settings_kept()
 def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     """Train as the command line says; ``export(checkpoint, folder)`` writes the Hub folder of ``--export``, in place
     of an earlier one (``sa_vision.cli.train`` passes ``sa_vision.hub.export_hub_folder``: the Hub is a tier above
     training; its ``check(folder)`` refuses a folder it could not replace before the epochs)."""
-    logging.basicConfig(level=logging.INFO, format='%(message)s')
     args, recipe, resume_ckpt = parse_run_args(argv)
     run_dir = run_folder(args, resume_ckpt)  # before anything is written
     _check_export(args, export, run_dir)

@@ -19,6 +19,7 @@ from ..errors import UserError
 from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
 from .arg_values import check_compile_backend, check_scheduler, check_value_bounds
+from .caller_settings import RUN_LOG
 from .checkpoint import Checkpoint
 from .data import (
     check_dataset,
@@ -45,7 +46,7 @@ from .runtime import (
 )
 from .state import load_initial_weights
 
-_logger = logging.getLogger('train')
+_logger = logging.getLogger(RUN_LOG)
 
 
 def log_primary(args, msg: str) -> None:

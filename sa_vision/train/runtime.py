@@ -109,11 +109,11 @@ def init_distributed(args) -> None:
 
 
 def configure_backends(args) -> None:
-    """The process-wide cuDNN / TF32 switches, all off unless asked for: with ``cudnn.benchmark`` a resumed run may
-    round differently from an uninterrupted one, and with TF32 float32 is not float32."""
-    torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
-    torch.backends.cuda.matmul.allow_tf32 = bool(args.tf32)
-    torch.backends.cudnn.allow_tf32 = bool(args.tf32)
+    """A CUDA run's process-wide cuDNN / TF32 switches, all off unless asked for: with ``cudnn.benchmark`` a resumed
+    run may round differently from an uninterrupted one, and with TF32 float32 is not float32. Elsewhere untouched."""
+    if torch.device(args.device).type == 'cuda':
+        torch.backends.cudnn.benchmark = bool(args.cudnn_benchmark)
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = bool(args.tf32)
 
 
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt parameters of glibc's malloc.h

@@ -1,0 +1,61 @@
+""" The process-wide settings a command changes, given back to its caller once it returns (a notebook, a script
+that trains twice): :func:`caller_settings_kept`. Imports no timm (its ``timm.optim`` sets dynamo's limits as it is
+imported). """
+import contextlib
+import logging
+
+import torch
+import torch._dynamo
+
+__all__ = ['caller_settings_kept', 'RUN_LOG']
+
+RUN_LOG = 'train'  # the logger of a run's lines, named as timm's train.py names its own
+
+
+@contextlib.contextmanager
+def caller_settings_kept(run_log: bool = True):
+    """Give back the process-wide settings a command changes once it returns, also by an error: a notebook's or a
+    script's that runs it in its own process (a console command's process ends anyway). torch's thread count, the
+    cuDNN / TF32 switches, flushing subnormals and dynamo's limits of compiled copies; with ``run_log``, the root
+    logger's handlers and level, the run's lines showing at INFO (under a logging the caller set up, or one of
+    ``logging.basicConfig``, as timm's train.py sets up). glibc's malloc thresholds (``--retain-freed-memory``)
+    stay: they cannot be read back."""
+    run_log_lines = logging.getLogger(RUN_LOG)
+    threads, switches, flushes = torch.get_num_threads(), _cuda_switches(), _flushes_subnormals()
+    limits = {name: getattr(torch._dynamo.config, name) for name in ('cache_size_limit', 'recompile_limit')}
+    root = logging.getLogger()
+    handlers, levels = list(root.handlers), (root.level, run_log_lines.level)
+    if run_log and handlers:
+        run_log_lines.setLevel(logging.INFO)
+    elif run_log:
+        logging.basicConfig(level=logging.INFO, format='%(message)s')
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+        if _cuda_switches() != switches and switches is not None:  # written only where changed: see _cuda_switches
+            backends = torch.backends
+            backends.cudnn.benchmark, backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = switches
+        if _flushes_subnormals() != flushes:
+            torch.set_flush_denormal(flushes)
+        for name, limit in limits.items():
+            setattr(torch._dynamo.config, name, limit)
+        for handler in root.handlers[:]:
+            if handler not in handlers:
+                root.removeHandler(handler)
+        root.setLevel(levels[0])
+        run_log_lines.setLevel(levels[1])
+
+
+def _cuda_switches():
+    """The switches ``sa_vision.train.runtime.configure_backends`` sets; None where torch refuses to read them as
+    one (a mix of its legacy allow_tf32 and new fp32_precision settings)."""
+    backends = torch.backends
+    try:
+        return backends.cudnn.benchmark, backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32
+    except RuntimeError:
+        return None
+
+
+def _flushes_subnormals() -> bool:
+    return bool(torch.tensor([1e-39]) * 1.0 == 0)  # torch has no getter for set_flush_denormal
