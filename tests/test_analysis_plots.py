@@ -10,6 +10,7 @@ import torch
 from helpers import command, command_here
 
 import sa_vision  # noqa: F401
+from sa_vision.errors import UserError
 from sa_vision.research.analysis import (
     format_table,
     gaussian_contour,
@@ -238,6 +239,44 @@ def test_content_maps_of_a_model_that_pads_its_input_are_of_its_grid(tmp_path):
     _, data = plot_attention_maps(model, zoom=3)
     assert seen == [(12, 12)] and data['maps'][0].shape[-2:] == (7, 7)  # a 8x8 grid, zoomed to 3 around the query
     assert (tmp_path / 'card.png').samefile(save_card_figure(model, str(tmp_path / 'card.png')))
+
+
+def test_statistics_of_given_images_are_of_the_grid_the_model_runs_on():
+    """Images given to head_statistics set its grid, with the border the model adds itself: 12x12 images padded to
+    16x16 are an 8x8 grid of tokens. A grid_size that is not theirs is refused (it reshaped the maps to it)."""
+    torch.manual_seed(0)
+    images = torch.randn(2, 3, 12, 12)
+    quadratic = small('sa_quadratic_cifar', input_padding=2)
+    assert head_statistics(quadratic, images=images) == head_statistics(quadratic, grid_size=(8, 8))
+    content = small('sa_content_cifar', input_padding=2)
+    rows = head_statistics(content, images=images)
+    assert [(r['layer'], r['head']) for r in rows] == [(layer, head) for layer in (1, 2) for head in (1, 2, 3)]
+    assert all(0 < r['entropy'] <= math.log(64) + 1e-9 and r['peak'] <= 1 for r in rows)  # one query's 64 keys
+    with pytest.raises(UserError, match=r'grid_size \(6, 6\) is not the 8x8 token grid of the images given'):
+        head_statistics(content, grid_size=(6, 6), images=images)
+    from sa_vision.research.analysis import attention_probs, query_maps
+    with pytest.raises(UserError, match='have 64 keys, not the 36 of a 6x6 token grid'):
+        query_maps(attention_probs(content, images=images)[0], (6, 6))
+
+
+def test_weights_are_named_by_a_path_as_well_as_by_a_string(tmp_path):
+    """A notebook globs its checkpoints (Path objects): load_model and the trajectory figure take them as they take
+    strings; what is neither a path nor a name is refused in words."""
+    from safetensors.torch import save_file
+    first, second = small('sa_quadratic_cifar'), small('sa_quadratic_cifar')
+    with torch.no_grad():
+        second.blocks[0].attn.position.centers.add_(1.0)
+    for index, model in enumerate((first, second)):
+        save_file(model.state_dict(), str(tmp_path / f'epoch-{index}.safetensors'))
+    paths = sorted(tmp_path.glob('epoch-*.safetensors'))
+    assert torch.equal(load_model(paths[1]).blocks[0].attn.position.centers, second.blocks[0].attn.position.centers)
+    _, data = plot_center_trajectories(paths)
+    _, expected = plot_center_trajectories([first, second])
+    assert np.array_equal(data['centers'], expected['centers'])
+    from sa_vision.research.explorer import resolve_explorer_model
+    assert resolve_explorer_model(paths[0]).name == str(paths[0])
+    with pytest.raises(TypeError, match='expected a file, a folder or a model name .* not a SelfAttentionNet'):
+        load_model(first)
 
 
 def test_figure_c_and_card(tmp_path):

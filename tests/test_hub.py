@@ -569,7 +569,9 @@ def test_bf16_kept_weights_load_into_float32_models_as_rounded(trained, tmp_path
     ckpt_path, _ = trained
     trained_sd = read_checkpoint(ckpt_path).create_model().state_dict()
     export_hub_folder(ckpt_path, tmp_path / 'f32', figure=False)
-    export_hub_folder(ckpt_path, tmp_path / 'bf16', figure=False, dtype='bfloat16')
+    export_hub_folder(ckpt_path, tmp_path / 'bf16', figure=False, dtype=torch.bfloat16)  # a name or a torch.dtype
+    with pytest.raises(ValueError, match=r"dtype='bf16': the weights are stored as float32, float16, bfloat16"):
+        export_hub_folder(ckpt_path, tmp_path / 'bf16', figure=False, dtype='bf16')
     with open(tmp_path / 'bf16' / 'model.safetensors', 'rb') as f:  # the format: a u64 length, then a JSON header
         header = json.loads(f.read(struct.unpack('<Q', f.read(8))[0]))
     assert {entry['dtype'] for name, entry in header.items() if name != '__metadata__'} == {'BF16'}

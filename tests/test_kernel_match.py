@@ -87,6 +87,7 @@ def test_centres_on_a_dilated_kernel_are_at_distance_0(dilation):
     match = kernel_match(centers + 0.01 * torch.tensor([[1., 0.]]))  # nudged: still nearest to its own tap
     assert match.dilation == dilation and match.mean_distance == pytest.approx(0.01)
     torch.testing.assert_close(match.offsets, centers)  # each head's own tap: the permutation recovered
+    assert kernel_match([[float(r), float(c)] for r, c in centers]).dilation == dilation  # a list of centres too
 
 
 def test_a_pruned_layer_is_matched_into_a_subset_of_the_offsets():

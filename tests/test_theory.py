@@ -159,3 +159,11 @@ def test_float32_equality_on_cuda_under_exact_float32():
             assert relative_error(layer(x), conv(x)) <= TOLERANCE[torch.float32]
     finally:
         torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_min_alpha_says_what_it_takes():
+    """A dtype's name or a kernel of no pixels: said in words, not an AttributeError or a division by zero."""
+    with pytest.raises(ValueError, match="floating point torch.dtype such as torch.float32, got 'float32'"):
+        min_hard_attention_alpha('float32')
+    with pytest.raises(ValueError, match='kernel_size must be at least 1, got 0'):
+        min_hard_attention_alpha(torch.float32, 0)

@@ -162,14 +162,15 @@ def export_hub_folder(
         figure: bool = True,
         use_ema: bool = False,
         epochs: Optional[Dict[str, Dict[str, Tensor]]] = None,
-        dtype: Optional[str] = None,
+        dtype: Union[str, torch.dtype, None] = None,
         replace: bool = False,
 ) -> List[str]:
     """Write a Hub folder of trained weights (an earlier export of the same weights is replaced, and with
     ``replace`` one of other weights, as ``--export`` replaces a run's; else one of other weights, or files of no
     export, are an :class:`ExportExistsError`); return the names of the files written. ``epochs``
     keeps the centres and precision factors per epoch (paper Fig. 3). ``dtype`` (e.g. ``'bfloat16'``: half the
-    bytes) stores the floating weights in that dtype; a float32 model loads them as they were rounded."""
+    bytes; a name or a torch.dtype) stores the floating weights in that dtype; a float32 model loads them as they
+    were rounded."""
     import yaml
     from timm.models import save_for_hf
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, arch=expected_arch, use_ema=use_ema)
@@ -180,7 +181,8 @@ def export_hub_folder(
     label = weights_label(ckpt)
     repo_id = repo_id or label.default_repo_id
     check_publish_target(label, repo_id)
-    saved = model if dtype in (None, 'float32') else copy.deepcopy(model).to(getattr(torch, dtype))
+    dtype = _stored_dtype(dtype)
+    saved = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
     out_dir = Path(out_dir)
     _check_not_the_source(out_dir, ckpt)
     if out_dir.exists():
@@ -210,3 +212,11 @@ def export_hub_folder(
         for path in written:  # safetensors writes through a temporary file of mode 0600
             usual_file_mode(path)
     return [path.name for path in written]
+
+
+def _stored_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
+    name = 'float32' if dtype is None else str(dtype).removeprefix('torch.')
+    if name not in ('float32', 'float16', 'bfloat16', 'float64'):
+        raise ValueError(f'dtype={dtype!r}: the weights are stored as float32, float16, bfloat16 or float64 (a name '
+                         f'or a torch.dtype)')
+    return getattr(torch, name)

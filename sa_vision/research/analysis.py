@@ -120,6 +120,9 @@ def attention_probs(
 def query_maps(probs: Tensor, grid_size: Tuple[int, int], query: Optional[Tuple[int, int]] = None) -> Tensor:
     """The attention of one query pixel as images ``(heads, h, w)`` (``query`` default: grid centre)."""
     grid_h, grid_w = grid_size
+    if probs.shape[-1] != grid_h * grid_w:  # content probabilities of images of another size
+        raise UserError(f'these attention probabilities have {probs.shape[-1]} keys, not the {grid_h * grid_w} of a '
+                        f'{grid_h}x{grid_w} token grid: give the grid of the images they were computed from')
     row, col = query if query is not None else interior_query(grid_size)
     if not (0 <= row < grid_h and 0 <= col < grid_w):
         raise UserError(f'query pixel {(row, col)} is outside the {grid_h}x{grid_w} token grid')
@@ -242,8 +245,14 @@ def head_statistics(
     """One row per layer and head with the statistics described in the module docstring."""
     layers = attention_layers(model)
     kind = layers[0].kind
-    if grid_size is None and images is not None:
-        grid_size = (images.shape[-2] // 2, images.shape[-1] // 2)
+    grid_size = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
+    if images is not None:  # the grid they give, with the border the model adds itself (Fashion-MNIST exports)
+        pad = model_input_padding(model)
+        images_grid = ((images.shape[-2] + 2 * pad) // 2, (images.shape[-1] + 2 * pad) // 2)
+        if grid_size is not None and tuple(grid_size) != images_grid:
+            raise UserError(f'grid_size {tuple(grid_size)} is not the {images_grid[0]}x{images_grid[1]} token grid of '
+                            f'the images given ({images.shape[-2]}x{images.shape[-1]} pixels): leave grid_size out')
+        grid_size = images_grid
     grid_size = tuple(grid_size or default_grid_size(model))
     query = tuple(query or interior_query(grid_size))
     probs = attention_probs(model, grid_size, images=images)

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -130,10 +130,11 @@ def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
             for path in sorted(folder.glob('epoch-*.safetensors'))}
 
 
-def resolve_explorer_model(spec: str, pretrained: bool = True) -> ExplorerModel:
+def resolve_explorer_model(spec: Union[str, os.PathLike], pretrained: bool = True) -> ExplorerModel:
     """Anything ``sa-vision-validate`` takes, with its epoch parameters where they are kept (a run folder's
     ``epoch-*.safetensors`` or a Hub folder's :data:`POSITIONAL_EPOCHS_FILE`); ``pretrained=False``: its
     architecture at random (of weights: on the dataset they were trained on)."""
+    spec = os.fspath(spec) if isinstance(spec, os.PathLike) else spec
     path = weights_path(spec)
     if path is not None:
         ckpt = read_checkpoint(path)

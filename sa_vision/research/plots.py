@@ -197,7 +197,7 @@ def plot_attention_maps(
 
 @torch.no_grad()
 def plot_center_trajectories(
-        checkpoints: Sequence[Union[nn.Module, str]],
+        checkpoints: Sequence[Union[nn.Module, str, os.PathLike]],
         path: Optional[str] = None,
         labels: Optional[Sequence[str]] = None,
         extent: Optional[float] = None,
@@ -207,7 +207,7 @@ def plot_center_trajectories(
     layers, heads, 2)}``."""
     if len(checkpoints) < 1:
         raise UserError('give at least one checkpoint (two or more to see the centres move)')
-    models = [load_model(c) if isinstance(c, str) else c for c in checkpoints]
+    models = [load_model(c) if isinstance(c, (str, os.PathLike)) else c for c in checkpoints]
     kinds = [attention_layers(m)[0].kind for m in models]
     if len(set(kinds)) != 1:  # a quadratic centre and a learned mean shift are not one head's path
         raise UserError(f'all checkpoints must be of one attention kind to follow the heads, got {kinds}: give the '

@@ -36,9 +36,11 @@ def min_hard_attention_alpha(dtype: torch.dtype = torch.float32, kernel_size: Un
     float32, 41 in float64 (slides presenting the paper quote 46 for float32). Larger ``alpha`` only underflows far
     scores to 0.
     """
-    if not dtype.is_floating_point:
-        raise ValueError(f'dtype must be a floating point dtype such as torch.float32, got {dtype}')
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise ValueError(f'dtype must be a floating point torch.dtype such as torch.float32, got {dtype!r}')
     kh, kw = _pair(kernel_size)
+    if min(kh, kw) < 1:
+        raise ValueError(f'kernel_size must be at least 1, got {kernel_size}')
     unit_roundoff = torch.finfo(dtype).eps / 2
     target = unit_roundoff / (kh * kw)
     low, high = 0.0, 1.0

@@ -262,13 +262,8 @@ def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:
     return {'pretrained_cfg': cfg, 'dataset': dataset_for_tag(cfg.get('tag') or '', cfg.get('num_classes'))}
 
 
-def read_checkpoint(
-        source: PathLike,
-        arch: Optional[str] = None,
-        model_args: Optional[Dict[str, Any]] = None,
-        use_ema: bool = False,
-        map_location='cpu',
-) -> Checkpoint:
+def read_checkpoint(source: PathLike, arch: Optional[str] = None, model_args: Optional[Dict[str, Any]] = None,
+                    use_ema: bool = False, map_location='cpu') -> Checkpoint:
     """Open weights of any supported kind (see the module docstring); ``source`` may be a run folder, ``arch``
     names bare weights and is checked against the file's, ``model_args`` override what the shapes say. The state
     dict holds today's key names (:data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
@@ -364,9 +359,13 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         f'checkpoint of sa-vision-train or timm train.py, nor a state dict')
 
 
-def weights_path(source: str) -> Optional[Path]:
+def weights_path(source: Union[str, os.PathLike]) -> Optional[Path]:
     """The file or folder of weights that ``source`` names for :func:`load_model` (``local-dir:<folder>``, a path,
     a name with a weights suffix or a folder separator), or None for a model name."""
+    if isinstance(source, os.PathLike):  # a Path, as a glob gives
+        return Path(source)
+    if not isinstance(source, str):
+        raise TypeError(f'expected a file, a folder or a model name (a str or a path), not a {type(source).__name__}')
     if source.startswith(LOCAL_DIR_PREFIX):
         folder = Path(source[len(LOCAL_DIR_PREFIX):])
         if not folder.is_dir():
@@ -380,7 +379,7 @@ def weights_path(source: str) -> Optional[Path]:
     return None
 
 
-def load_model(source: str, pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
+def load_model(source: Union[str, os.PathLike], pretrained: bool = False, use_ema: bool = False, **kwargs) -> nn.Module:
     """A model in eval mode from a file or Hub folder (:func:`read_checkpoint`), a timm model name, or a name of
     weights (``local-dir:<folder>``, ``hf-hub:<repo>``: always loaded); ``kwargs`` are construction arguments."""
     path = weights_path(source)
