@@ -18,7 +18,7 @@ def device(request) -> str:
 
 
 def pytest_configure(config):
-    # under pytest-xdist (.ci/run: -n 2) the workers share the cores: each takes its share of torch's threads, as
+    # under pytest-xdist (.ci/run: -n auto) the workers share the cores: each takes its share of torch's threads, as
     # two processes of sa-vision-train do, instead of every worker spinning on all of them
     workers = int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1'))
     if workers > 1:

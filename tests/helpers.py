@@ -14,7 +14,7 @@ from typing import Iterator, List, Tuple
 
 import torch
 
-from sa_vision.models import SA_MODEL_ARGS
+from sa_vision.models import DEFAULT_MODEL_OF_KIND, MODEL_NAMES, SA_MODEL_ARGS
 from sa_vision.paper import PAPER_RESULTS
 
 # the wall-clock limit of every subprocess a test runs (subprocess.run, Popen.wait) and of the browser's page load:
@@ -75,11 +75,10 @@ def train_here(caplog, capture, *args) -> Tuple[int, str]:
 
 
 SA_MODELS = tuple(SA_MODEL_ARGS)  # every registered attention model
-ALL_MODELS = SA_MODELS + ('resnet18_cifar',)
+ALL_MODELS = MODEL_NAMES  # the attention models, then the ResNet baseline: every model the package registers
 PAPER_TABLE_MODELS = tuple(PAPER_RESULTS)  # the models of the paper's table (Table 1), in its order
 # the content-free Gaussian and learned kinds with a registered model of their own (not the pruned copy)
-CONTENT_FREE_MODELS = tuple(name for name, args in SA_MODEL_ARGS.items()
-                            if args.get('attn_kind', 'quadratic') != 'content' and 'heads_per_layer' not in args)
+CONTENT_FREE_MODELS = tuple(name for kind, name in DEFAULT_MODEL_OF_KIND.items() if kind != 'content')
 GAUSSIAN_MODELS = tuple(name for name in CONTENT_FREE_MODELS
                         if SA_MODEL_ARGS[name].get('attn_kind', 'quadratic') in ('quadratic', 'generalized'))
 

@@ -335,3 +335,14 @@ def test_loading_weights_leaves_the_callers_random_state_as_it_was(tmp_path):
     torch.manual_seed(1)
     checkpoint.create_model()
     assert torch.equal(torch.rand(3), expected)
+
+
+def test_bare_weights_of_each_kind_are_the_papers_model_whatever_variants_exist():
+    """Bare weights name no architecture: each attention kind's read back as the paper's model of that kind
+    (sa_content_cifar: ours, the paper has none). A variant a contributor adds to SA_MODEL_ARGS (a narrower
+    sa_quadratic, say) took them over when this was 'the last model of the kind'."""
+    from sa_vision.models import DEFAULT_MODEL_OF_KIND
+    from sa_vision.paper import PAPER_RESULTS
+    assert set(DEFAULT_MODEL_OF_KIND) == {args['attn_kind'] for args in SA_MODEL_ARGS.values()}
+    for kind, name in DEFAULT_MODEL_OF_KIND.items():
+        assert SA_MODEL_ARGS[name] == {'attn_kind': kind} and name in (*PAPER_RESULTS, 'sa_content_cifar')

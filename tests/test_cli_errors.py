@@ -86,6 +86,9 @@ def _run(main, argv, capsys):
     (benchmark_script, ['-m', 'no_such_model', '--results-file', '{tmp}/new/'], 'is a folder: name the file to write'),
     (benchmark_script, ['--model-list', '{tmp}/nope.txt'], 'nope.txt cannot be read (No such file or directory)'),
     (benchmark_script, ['-m', 'no_such_model', '--reproduce-profile', 'nosuch'], "'nosuch' is not one of ['cpu'"),
+    (benchmark_script, ['-m', 'sa_content_cifar', '--reproduce-profile', 'cpu'],  # else built at its full size
+     '--reproduce-profile cpu builds sa_quadratic_cifar, sa_gen_cifar, sa_learned_cifar, resnet18_cifar, '
+     'sa_gen_pruned, not sa_content_cifar'),
     (benchmark_script, ['-m', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dim=8', 'depth=1', '--img-size', '15'],
      'sa_quadratic_cifar cannot take input size (3, 15, 15) (--img-size / --input-size): expected an even height'),
     (benchmark_script, ['-m', 'no_such_model', '--compare', 'fused', '--device', 'cpu'],
@@ -124,7 +127,8 @@ def _run(main, argv, capsys):
         'benchmark-amp-and-half-precision',
         'benchmark-results-below-a-file', 'benchmark-results-is-a-folder', 'benchmark-results-ends-in-a-slash',
         'benchmark-missing-model-list',
-        'benchmark-unknown-profile', 'benchmark-odd-img-size', 'benchmark-fused-unavailable',
+        'benchmark-unknown-profile', 'benchmark-model-outside-the-profile', 'benchmark-odd-img-size',
+        'benchmark-fused-unavailable',
         'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file', 'explore-out-not-html',
         'validate-unknown-model', 'validate-name-without-weights',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type',
@@ -213,6 +217,7 @@ def _run_with_stdout_read_by_nobody(argv, unbuffered: bool):
     return done.returncode, done.stderr
 
 
+@pytest.mark.slow  # four processes of the commands
 @pytest.mark.skipif(not hasattr(os, 'pipe') or sys.platform == 'win32', reason='a POSIX pipe')
 def test_a_reader_that_ends_early_ends_the_command_quietly_after_its_files(tmp_path):
     """``sa-vision-model-table | head -1``: status 141 (SIGPIPE's, as a shell reports it) and no traceback, with the

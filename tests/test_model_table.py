@@ -18,12 +18,21 @@ def test_docs_table_is_the_commands_output(capsys):
 
 
 def test_model_names_are_every_model_the_package_registers():
-    """MODEL_NAMES, which the model table, the benchmark's and the weights readers' errors list, against timm's
-    registry of the two model modules: a model registered there is in it."""
+    """MODEL_NAMES, which the model table, the benchmark's and the weights readers' errors and the tests' model
+    lists read, against timm's registry of every module of sa_vision/models: a model registered there is in it,
+    also one of a new module."""
+    import pkgutil
+
     import timm
 
+    import sa_vision.models
     from sa_vision.models import DEFAULT_MODEL, MODEL_NAMES
-    assert sorted(MODEL_NAMES) == timm.list_models(module=['sa_cifar', 'resnet_cifar'])
+    modules = [m.name for m in pkgutil.iter_modules(sa_vision.models.__path__)]
+    registered = timm.list_models(module=modules)
+    assert sorted(MODEL_NAMES) == registered, (
+        f'{sorted(set(registered) - set(MODEL_NAMES))} registered and not in MODEL_NAMES, '
+        f'{sorted(set(MODEL_NAMES) - set(registered))} in it and not registered: MODEL_NAMES is in '
+        f'sa_vision/models/__init__.py (a new model module is imported there too)')
     assert DEFAULT_MODEL in MODEL_NAMES
 
 

@@ -205,7 +205,8 @@ def _tier(module: str) -> int:
     name = parts[1]
     if name in BASE_MODULES:
         return -1
-    assert name in TIERS, f'{module} is in no tier: add its folder to TIERS (and the package layout in CONTRIBUTING.md)'
+    assert name in TIERS, (f'{module} is in no tier: a module of the package root belongs in BASE_MODULES (it imports '
+                           f'no sa_vision code), a new folder in TIERS (and the package layout in CONTRIBUTING.md)')
     return TIERS.index(name)
 
 

@@ -131,6 +131,17 @@ def _check_args(args, compare, device) -> None:
         raise UserError(f'--compare fused: {problem}')
 
 
+def _check_model(name: str, profile: str, model_kwargs) -> None:
+    """A model name that is none, or one that --reproduce-profile does not train given no size of its own (it would
+    be built at its full size, not as the profile's)."""
+    from sa_vision.reproduce import PROFILES
+    sab.check_model_name(name)
+    if profile and name not in PROFILES[profile].per_model and not model_kwargs:
+        raise UserError(f'--reproduce-profile {profile} builds {", ".join(PROFILES[profile].per_model)}, not {name}: '
+                        f'give its size with --model-kwargs (the compared models keep the profile\'s), or leave the '
+                        f'profile out')
+
+
 def _model_names(args):
     """--model, or the names of --model-list."""
     if not args.model_list:
@@ -151,7 +162,7 @@ def main(argv=None) -> int:
     sab.hold_compiled_copies()
     models = _model_names(args)
     for name in models:  # a typo in the list is said before any model is timed
-        sab.check_model_name(name)
+        _check_model(name, args.reproduce_profile, args.model_kwargs)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.flush_denormal and not torch.set_flush_denormal(True):

@@ -325,9 +325,10 @@ SA_MODEL_ARGS: Dict[str, Dict] = {
     'sa_content_cifar': dict(attn_kind='content'),
 }
 
-# the registered unpruned model of each attention kind: what bare weights of that kind load as
-DEFAULT_MODEL_OF_KIND: Dict[str, str] = {
-    args['attn_kind']: name for name, args in SA_MODEL_ARGS.items() if 'heads_per_layer' not in args}
+# the paper's model of each attention kind (sa_content_cifar: ours): what bare weights of that kind load as, named
+# here so that a variant added to SA_MODEL_ARGS never takes the paper's weights over
+DEFAULT_MODEL_OF_KIND: Dict[str, str] = {'quadratic': 'sa_quadratic_cifar', 'generalized': 'sa_gen_cifar',
+                                         'learned': 'sa_learned_cifar', 'content': 'sa_content_cifar'}
 
 
 def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentionNet:
@@ -339,14 +340,8 @@ def _create_sa(variant: str, pretrained: bool = False, **kwargs) -> SelfAttentio
     out_indices = kwargs.pop('out_indices', 3)
     with explain_unavailable_weights(variant, pretrained, kwargs.get('pretrained_cfg'),
                                      kwargs.get('pretrained_cfg_overlay'), kwargs.get('cache_dir')):
-        return build_model_with_cfg(
-            SelfAttentionNet,
-            variant,
-            pretrained,
-            pretrained_filter_fn=checkpoint_filter_fn,
-            feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
-            **kwargs,
-        )
+        return build_model_with_cfg(SelfAttentionNet, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+                                    feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
 
 
 def _cfg(**kwargs) -> Dict:
