@@ -851,3 +851,12 @@ def test_an_exported_folder_of_weights_that_are_not_numbers_is_not_pushed(traine
     assert run_cli(push_to_hub.main, [str(folder)]) == 2
     assert 'holds weights that are not numbers (NaN or inf in' in capsys.readouterr().err
     assert recording_api.calls == []
+
+
+def test_a_registered_model_outside_the_papers_table_is_described_by_its_factory():
+    """sa_content_cifar (and a model a contributor registers) has no row of the paper's table: its card says what
+    its factory's docstring says, not its name capitalised."""
+    from sa_vision.hub.card import _describe
+    assert _describe('sa_content_cifar') == ('Learned relative position encoding with content (query/key) attention, '
+                                             '9 heads x 6 layers (~29.6 M)')
+    assert _describe('sa_quadratic_cifar') == 'Isotropic Gaussian (quadratic encoding), 9 heads x 6 layers'

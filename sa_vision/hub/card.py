@@ -5,6 +5,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
 import torch
+from timm.models import is_model, model_entrypoint
 
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
 from ..models.input_pad import model_input_padding
@@ -119,8 +120,9 @@ def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bo
     """One sentence on what the model is; a custom configuration is described as what it is."""
     from ..paper import PAPER_RESULTS
     paper = PAPER_RESULTS.get(arch)
-    if registered or model is None:
-        text = paper.description if paper else arch
+    if registered or model is None:  # a registered model outside the paper's table: its factory's docstring
+        doc = (model_entrypoint(arch).__doc__ or '').strip() if is_model(arch) else ''
+        text = paper.description if paper else doc.splitlines()[0].rstrip('.') if doc else arch
         return text[:1].upper() + text[1:]
     params = sum(p.numel() for p in model.parameters())
     heads = getattr(model, 'heads_per_layer', None)
