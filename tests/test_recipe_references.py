@@ -120,3 +120,13 @@ def test_an_exported_recipe_says_how_to_repeat_its_run_in_arguments_that_parse(a
     filled = commands[0].replace('recipe.yaml', str(kept / 'recipe.yaml')).replace(
         'PRUNED', str(tmp_path / 'pruned.pth')).replace('DIR', str(tmp_path))
     assert parse_run_args(shlex.split(filled))[0].model == arch
+
+
+def test_write_model_cards_regenerates_every_template_there(tmp_path):
+    """write_model_cards() (docs/hub.md's regeneration) rewrites a contributor's card template too, not only the
+    paper's five: one left out would go stale and fail the test above."""
+    from sa_vision.hub.card import write_model_cards
+    (tmp_path / 'sa_content_cifar.md').write_text('stale', encoding='utf-8')
+    written = write_model_cards(out_dir=tmp_path)
+    assert sorted(p.stem for p in written) == sorted([*CARDS, 'sa_content_cifar'])
+    assert (tmp_path / 'sa_content_cifar.md').read_text(encoding='utf-8') == generate_model_card('sa_content_cifar')

@@ -207,12 +207,13 @@ Attention: {_ATTENTION_FORMULAS[attn_kind]}.
 
 
 def write_model_cards(archs=None, out_dir: Union[str, os.PathLike] = MODEL_CARD_DIR) -> List[Path]:
-    """(Re)generate the card templates ``sa_vision/model_cards/<arch>.md`` (default: the paper's five models)."""
+    """(Re)generate the card templates ``sa_vision/model_cards/<arch>.md`` (default: the paper's five models and
+    every template already in ``out_dir``, a contributor's model's too)."""
     from ..paper import PAPER_RESULTS
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for arch in archs or PAPER_RESULTS:
+    for arch in archs or dict.fromkeys([*PAPER_RESULTS, *sorted(p.stem for p in out_dir.glob('*.md'))]):
         path = out_dir / f'{arch}.md'
         path.write_text(generate_model_card(arch), encoding='utf-8')
         paths.append(path)
