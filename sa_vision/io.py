@@ -19,6 +19,9 @@ __all__ = ['atomic_write', 'atomic_write_text', 'atomic_torch_save', 'atomic_dup
            'plain_data']
 
 PathLike = Union[str, os.PathLike]
+# Windows' fsync (FlushFileBuffers) refuses a handle opened for reading; elsewhere reading is all a file its writer
+# made read-only (a umask of 0277, a hard link to a read-only file) allows
+_FSYNC_NEEDS_WRITE = os.name == 'nt'
 
 
 @contextlib.contextmanager
@@ -35,7 +38,7 @@ def atomic_write(path: PathLike) -> Iterator[Path]:
     tmp = path.with_name(f'.{path.stem}.tmp{os.getpid()}{path.suffix}')  # named for its writer: _TEMPORARY
     try:
         yield tmp
-        with open(tmp, 'r+b') as f:  # writable: Windows' fsync (FlushFileBuffers) refuses a read-only handle
+        with open(tmp, 'r+b' if _FSYNC_NEEDS_WRITE else 'rb') as f:
             os.fsync(f.fileno())
         usual_file_mode(tmp)
         os.replace(tmp, path)
@@ -55,7 +58,8 @@ def remove_stale_temporaries(folder: PathLike, held: bool = False) -> List[str]:
     """Remove the temporary files in ``folder`` that :func:`atomic_write` left where its writer was killed before
     the rename (a whole checkpoint each, hidden from ``ls``): those of processes no longer running, untouched for
     ten minutes (a writer in another container or on another host, whose process this one cannot see, is still
-    writing to its own), or at once where the caller holds the folder (``held``: no one else writes there). Their
+    writing to its own), or at once where the caller holds the folder (``held``: no one else writes there). Where no
+    writer can be asked whether it runs (Windows: :data:`_KILL_ENDS_PROCESS`), only once untouched for long. Their
     names."""
     removed, now = [], time.time()
     for entry in os.scandir(folder):

@@ -257,6 +257,10 @@ def test_statistics_of_given_images_are_of_the_grid_the_model_runs_on():
     from sa_vision.research.analysis import attention_probs, query_maps
     with pytest.raises(UserError, match='have 64 keys, not the 36 of a 6x6 token grid'):
         query_maps(attention_probs(content, images=images)[0], (6, 6))
+    for model in (quadratic, content):  # figure (b) of the same images: the same grid, query (4, 4) at its centre
+        _, data = plot_attention_maps(model, images=images, zoom=8)  # the whole grid around the query
+        rows = head_statistics(model, images=images)
+        assert np.allclose(np.nanmax(data['maps'], axis=(2, 3)).ravel(), [r['peak'] for r in rows])
 
 
 def test_weights_are_named_by_a_path_as_well_as_by_a_string(tmp_path):

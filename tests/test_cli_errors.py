@@ -86,9 +86,11 @@ def _run(main, argv, capsys):
     (benchmark_script, ['-m', 'no_such_model', '--results-file', '{tmp}/new/'], 'is a folder: name the file to write'),
     (benchmark_script, ['--model-list', '{tmp}/nope.txt'], 'nope.txt cannot be read (No such file or directory)'),
     (benchmark_script, ['-m', 'no_such_model', '--reproduce-profile', 'nosuch'], "'nosuch' is not one of ['cpu'"),
-    (benchmark_script, ['-m', 'sa_content_cifar', '--reproduce-profile', 'cpu'],  # else built at its full size
-     '--reproduce-profile cpu builds sa_quadratic_cifar, sa_gen_cifar, sa_learned_cifar, resnet18_cifar, '
-     'sa_gen_pruned, not sa_content_cifar'),
+    (benchmark_script, ['-m', 'sa_gen_pruned', '--reproduce-profile', 'cpu'],  # else built at its full size
+     '--reproduce-profile cpu sizes sa_quadratic_cifar, sa_gen_cifar, sa_learned_cifar, resnet18_cifar, not '
+     'sa_gen_pruned: give its size with --model-kwargs'),
+    (benchmark_script, ['-m', 'sa_quadratic_cifar', '--reproduce-profile', 'cpu', '--compare', 'sa_content_cifar'],
+     'not sa_content_cifar: time it without the profile'),
     (benchmark_script, ['-m', 'sa_quadratic_cifar', '--model-kwargs', 'embed_dim=8', 'depth=1', '--img-size', '15'],
      'sa_quadratic_cifar cannot take input size (3, 15, 15) (--img-size / --input-size): expected an even height'),
     (benchmark_script, ['-m', 'no_such_model', '--compare', 'fused', '--device', 'cpu'],
@@ -127,7 +129,8 @@ def _run(main, argv, capsys):
         'benchmark-amp-and-half-precision',
         'benchmark-results-below-a-file', 'benchmark-results-is-a-folder', 'benchmark-results-ends-in-a-slash',
         'benchmark-missing-model-list',
-        'benchmark-unknown-profile', 'benchmark-model-outside-the-profile', 'benchmark-odd-img-size',
+        'benchmark-unknown-profile', 'benchmark-model-the-profile-does-not-size',
+        'benchmark-compared-model-the-profile-does-not-size', 'benchmark-odd-img-size',
         'benchmark-fused-unavailable',
         'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file', 'explore-out-not-html',
         'validate-unknown-model', 'validate-name-without-weights',

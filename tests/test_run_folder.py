@@ -299,10 +299,13 @@ def test_where_a_signal_would_end_the_writer_only_a_file_s_age_tells(tmp_path, m
 
 def test_the_file_synced_before_its_rename_is_opened_for_writing(tmp_path, monkeypatch):
     """Windows' fsync (FlushFileBuffers) refuses a handle opened for reading alone (EBADF), so atomic_write syncs
-    through one opened for writing: every checkpoint, recipe and export goes through it."""
+    through one opened for writing there: every checkpoint, recipe and export goes through it."""
     import errno
     import fcntl
+
+    import sa_vision.io as sa_io
     real_fsync = os.fsync
+    monkeypatch.setattr(sa_io, '_FSYNC_NEEDS_WRITE', True)
 
     def windows_fsync(fd):
         if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:

@@ -321,3 +321,45 @@ def test_fused_optimizer_steps_equal_the_for_loops_within_float32_rounding(opt):
         torch.testing.assert_close(actual.double(), reference, rtol=0, atol=atol)
     if opt == 'adamw':  # not bit for bit (SGD's few operations may round alike on some CPUs): why auto fuses only
         assert not torch.equal(fused, loop)  # with CUDA
+
+
+_CALLER_CUDA_SETTINGS = {  # how a notebook sets torch's CUDA precision: the legacy API, the new one, or both
+    'legacy-precision': "torch.set_float32_matmul_precision('high')",
+    'new-per-operator': "b.cudnn.benchmark = True; b.cudnn.conv.fp32_precision = 'tf32'; "
+                        "b.cudnn.rnn.fp32_precision = 'ieee'; b.cuda.matmul.fp32_precision = 'tf32'",
+    'mixed': "b.cuda.matmul.fp32_precision = 'tf32'",
+}
+
+
+@pytest.mark.slow  # a process each: torch remembers which API set its switches last
+@pytest.mark.parametrize('settings', list(_CALLER_CUDA_SETTINGS), ids=list(_CALLER_CUDA_SETTINGS))
+def test_a_cuda_run_gives_back_the_callers_cuda_switches_as_they_read(settings):
+    """A CUDA run turns cudnn.benchmark and TF32 off (configure_backends, legacy flags); once it returns, the
+    caller's switches hold their values again and read as they did through either of torch's APIs (a setting
+    written back through the other API makes torch's getters raise). No GPU needed: the switches are flags."""
+    import subprocess
+    import sys
+    script = f'''
+import torch
+from types import SimpleNamespace
+from sa_vision.train.caller_settings import caller_settings_kept
+from sa_vision.train.runtime import configure_backends
+b = torch.backends
+{_CALLER_CUDA_SETTINGS[settings]}
+def state():
+    reads = []
+    for read in (torch.get_float32_matmul_precision, lambda: b.cuda.matmul.allow_tf32, lambda: b.cudnn.allow_tf32):
+        try:
+            reads.append(read())
+        except RuntimeError:
+            reads.append('refused')
+    return (b.cudnn.benchmark, b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision,
+            b.cudnn.rnn.fp32_precision, *reads)
+before = state()
+with caller_settings_kept(run_log=False):
+    configure_backends(SimpleNamespace(device='cuda', cudnn_benchmark=False, tf32=False))
+    assert state()[0] is False and state()[-2:] == (False, False), state()
+assert state() == before, (before, state())
+'''
+    done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]

@@ -38,7 +38,7 @@ from sa_vision.io import atomic_write_text, file_problem
 from sa_vision.layers.triton_mixing import kernel_problem
 from sa_vision.measure import RESULTS_FORMATS, format_results
 from sa_vision.measure import benchmark as sab
-from sa_vision.models import DEFAULT_MODEL
+from sa_vision.models import DEFAULT_MODEL, MODEL_NAMES
 from sa_vision.train.arg_values import check_compile_backend, check_value_bounds
 from sa_vision.train.args import ModelKwargs
 from sa_vision.train.caller_settings import caller_settings_kept
@@ -131,15 +131,24 @@ def _check_args(args, compare, device) -> None:
         raise UserError(f'--compare fused: {problem}')
 
 
-def _check_model(name: str, profile: str, model_kwargs) -> None:
-    """A model name that is none, or one that --reproduce-profile does not train given no size of its own (it would
-    be built at its full size, not as the profile's)."""
+_SIZE_ARGS = {'embed_dim', 'channels'}  # the arguments that set a model's width (the attention models', the ResNet's)
+
+
+def _check_model(name: str, profile: str, model_kwargs, compared: bool = False) -> None:
+    """A model name that is none, or one that a --reproduce-profile which sizes its models would build at its full
+    size: one the profile does not size (sa_gen_pruned, made from a sized model's weights, or a model outside it),
+    given no size of its own (a compared model takes none: --model-kwargs is the timed model's)."""
     from sa_vision.reproduce import PROFILES
     sab.check_model_name(name)
-    if profile and name not in PROFILES[profile].per_model and not model_kwargs:
-        raise UserError(f'--reproduce-profile {profile} builds {", ".join(PROFILES[profile].per_model)}, not {name}: '
-                        f'give its size with --model-kwargs (the compared models keep the profile\'s), or leave the '
-                        f'profile out')
+    if not profile:
+        return
+    sized = [m for m, changes in PROFILES[profile].per_model.items()
+             if _SIZE_ARGS & set(changes.get('model_kwargs', {}))]
+    given = {**PROFILES[profile].per_model.get(name, {}).get('model_kwargs', {}), **({} if compared else model_kwargs)}
+    if sized and not _SIZE_ARGS & set(given):
+        raise UserError(f'--reproduce-profile {profile} sizes {", ".join(sized)}, not {name}: ' + (
+            'time it without the profile' if compared else "give its size with --model-kwargs (embed_dim=..., or "
+            "channels=... of a ResNet; the compared models keep the profile's), or leave the profile out"))
 
 
 def _model_names(args):
@@ -161,8 +170,8 @@ def main(argv=None) -> int:
     _check_args(args, compare, device)
     sab.hold_compiled_copies()
     models = _model_names(args)
-    for name in models:  # a typo in the list is said before any model is timed
-        _check_model(name, args.reproduce_profile, args.model_kwargs)
+    for name in [*models, *(c for c in compare if c in MODEL_NAMES)]:  # said before any model is timed
+        _check_model(name, args.reproduce_profile, args.model_kwargs, compared=name not in models)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.flush_denormal and not torch.set_flush_denormal(True):

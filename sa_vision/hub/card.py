@@ -143,9 +143,10 @@ def _shipped_recipe_text(arch: str) -> str:
         recipe_file = recipe_path(arch)
     except FileNotFoundError:
         return 'no recipe in this repository'
+    recipe = recipe_file.read_text(encoding='utf-8').strip()
     return (f'`sa-vision-train {repeat_run_args(arch, recipe_file.stem)}`: the recipe '
             f'`sa_vision/configs/{recipe_file.name}` shipped in the package (timm `train.py` argument names):'
-            f'\n\n```yaml\n{recipe_file.read_text().strip()}\n```')
+            f'\n\n```yaml\n{recipe}\n```')
 
 
 def generate_model_card(arch: str) -> str:

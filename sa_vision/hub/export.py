@@ -215,8 +215,9 @@ def export_hub_folder(
 
 
 def _stored_dtype(dtype: Union[str, torch.dtype, None]) -> torch.dtype:
-    name = 'float32' if dtype is None else str(dtype).removeprefix('torch.')
-    if name not in ('float32', 'float16', 'bfloat16', 'float64'):
+    """A name of torch's ('bfloat16', 'half') or a torch.dtype of a floating type."""
+    stored = torch.float32 if dtype is None else getattr(torch, str(dtype).removeprefix('torch.'), None)
+    if stored not in (torch.float32, torch.float16, torch.bfloat16, torch.float64):
         raise ValueError(f'dtype={dtype!r}: the weights are stored as float32, float16, bfloat16 or float64 (a name '
                          f'or a torch.dtype)')
-    return getattr(torch, name)
+    return stored

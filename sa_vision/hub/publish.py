@@ -169,7 +169,7 @@ def card_to_upload(folder: Union[str, os.PathLike], repo_id: str) -> str:
     repository (with this sa_vision's install line), the rest as the folder holds it."""
     folder = Path(folder)
     card = (folder / 'README.md').read_text(encoding='utf-8')
-    return card_for_repository(card, json.loads((folder / 'config.json').read_text()), repo_id)
+    return card_for_repository(card, json.loads((folder / 'config.json').read_text(encoding='utf-8')), repo_id)
 
 
 @contextmanager
@@ -191,7 +191,7 @@ def _card_naming(folder: Path, repo_id: str) -> Iterator[Path]:
 
 def _check_folder_target(folder: Path, repo_id: str) -> None:
     """The registered repository takes only folders labelled as the reference weights (tag 'cifar10')."""
-    config = json.loads((folder / 'config.json').read_text())
+    config = json.loads((folder / 'config.json').read_text(encoding='utf-8'))
     arch, tag = config.get('architecture', ''), (config.get('pretrained_cfg') or {}).get('tag')
     if arch and repo_id == registered_hf_hub_id(arch) and tag != PRETRAINED_TAG:
         raise HubPublishError(

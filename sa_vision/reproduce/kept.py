@@ -282,7 +282,8 @@ def check_keep_target(dest: Path, dataset: str) -> None:
         if not target.exists():
             continue
         config = target / 'config.json'
-        tag = (json.loads(config.read_text()).get('pretrained_cfg') or {}).get('tag', '') if config.is_file() else ''
+        tag = ((json.loads(config.read_text(encoding='utf-8')).get('pretrained_cfg') or {}).get('tag', '')
+               if config.is_file() else '')
         if dataset_for_tag(tag) != dataset_info(dataset).name:
             raise ReproductionError(
                 f'--keep {dest}: {target} holds weights of another dataset (tag {tag or "none"}), and this '

@@ -72,7 +72,7 @@ _TINY_SA = {'model_kwargs': {'embed_dim': 16, 'depth': 2, 'heads_per_layer': 3, 
 
 PROFILES: Dict[str, Profile] = {
     'paper': Profile(
-        'paper', "CIFAR-10 with the paper's recipes unchanged (300 epochs; a GPU and the CIFAR-10 download)",
+        'paper', "CIFAR-10 with the shipped recipes unchanged (300 epochs; a GPU and the CIFAR-10 download)",
         'torch/cifar10', needs_gpu=True),
     'cpu': Profile(
         'cpu', "narrower models (embedding 64, MLP 128; the paper's 6 layers of 9 heads; ResNet18's stages at half "

@@ -63,7 +63,7 @@ def check_setup(out: Path, setup: Dict[str, Any]) -> bool:
                                     f'reproduction would write its runs and Hub folders among them; give --out a new '
                                     f'folder')
         return True
-    saved = json.loads(path.read_text())
+    saved = json.loads(path.read_text(encoding='utf-8'))
     if isinstance(saved.get('train_args'), list):  # written as the command line by an older sa_vision
         saved['train_args'] = training_overrides(saved['train_args'])
     differ = [key for key in setup if key in saved and saved[key] != setup[key]]
@@ -142,7 +142,7 @@ def check_run_arguments(run_dir: Path, ckpt: Checkpoint, expected: Dict[str, Any
     finished nor continued."""
     saved = ckpt.meta.get('args')
     if not saved and (run_dir / 'args.yaml').is_file():
-        saved = yaml.safe_load((run_dir / 'args.yaml').read_text())
+        saved = yaml.safe_load((run_dir / 'args.yaml').read_text(encoding='utf-8'))
     what_to_do = (f'Remove {run_dir} to train it with this stage\'s arguments, or continue the reproduction it '
                   f'came from with that one\'s options')
     if not saved:

@@ -198,7 +198,7 @@ class _Budget:
         if not summary.is_file():
             return 0.0
         epochs = r.profile.recipe(model, r.dataset, None if model == PRUNED_MODEL else r.epochs)['epochs']
-        return min(max(len(summary.read_text().splitlines()) - 1, 0) / epochs, _MOST_PROGRESS)
+        return min(max(len(summary.read_text(encoding='utf-8').splitlines()) - 1, 0) / epochs, _MOST_PROGRESS)
 
     def shared(self, model: str, k: int) -> float:
         """How many times its alone seconds ``model`` takes while ``k`` stages run side by side (1 without

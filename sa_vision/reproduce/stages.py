@@ -193,7 +193,7 @@ class Reproduction:
         source_path = Path(source_path or self.run_dir(PRUNE_SOURCE) / 'last.pth.tar')
         source = read_checkpoint(source_path)
         digest = weights_sha256(source.state_dict)
-        done = json.loads(report_path.read_text()) if out.is_file() and report_path.is_file() else {}
+        done = json.loads(report_path.read_text(encoding='utf-8')) if out.is_file() and report_path.is_file() else {}
         if done.get('source_weights_sha256') == digest:
             say(f'pruning: done ({done["kept_heads_per_layer"]} heads kept), skipped')
             return out
@@ -245,7 +245,7 @@ class Reproduction:
         path = self.run_dir(run) / 'final_eval.json'
         stamp = f'{last.stat().st_mtime_ns}:{last.stat().st_size}'
         if path.is_file():
-            saved = json.loads(path.read_text())
+            saved = json.loads(path.read_text(encoding='utf-8'))
             if saved.get('checkpoint') == stamp and saved.get('kept_dtype', 'float32') == self.profile.kept_dtype:
                 return saved
         metrics = {**self._evaluate(self.as_kept(ckpt.create_model())), 'checkpoint': stamp,

@@ -16,7 +16,7 @@ import csv
 import json
 import math
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +32,7 @@ from ..train.checkpoint import infer_model_args, load_model  # noqa: F401  (re-e
 
 __all__ = [
     'GAUSSIAN_KINDS', 'UNIFORM_PEAK_RATIO', 'attention_layers', 'center_shifts', 'center_shift_median',
-    'default_grid_size',
+    'default_grid_size', 'analysed_grid',
     'interior_query', 'attention_probs', 'query_maps', 'head_centers', 'head_precisions', 'head_covariances',
     'mass_radius', 'gaussian_contour', 'head_statistics', 'layer_summary', 'format_table', 'table_format',
     'write_table', 'load_model', 'infer_model_args',
@@ -60,6 +60,22 @@ def default_grid_size(model: nn.Module) -> Tuple[int, int]:
     _, height, width = cfg.get('input_size', (3, 32, 32))
     pad = model_input_padding(model)  # a border the model adds itself (Fashion-MNIST exports: 28 + 2 x 2)
     return (height + 2 * pad) // 2, (width + 2 * pad) // 2
+
+
+def analysed_grid(model: nn.Module, grid_size: Union[int, Tuple[int, int], None] = None,
+                  images: Optional[Tensor] = None) -> Tuple[int, int]:
+    """The token grid of an analysis: that of ``images`` where given, with the border the model adds itself
+    (Fashion-MNIST exports; a ``grid_size`` that is not theirs is refused), else ``grid_size`` (an int: a square), else
+    the model's own (:func:`default_grid_size`)."""
+    grid_size = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
+    if images is not None:
+        pad = model_input_padding(model)
+        images_grid = ((images.shape[-2] + 2 * pad) // 2, (images.shape[-1] + 2 * pad) // 2)
+        if grid_size is not None and tuple(grid_size) != images_grid:
+            raise UserError(f'grid_size {tuple(grid_size)} is not the {images_grid[0]}x{images_grid[1]} token grid of '
+                            f'the images given ({images.shape[-2]}x{images.shape[-1]} pixels): leave grid_size out')
+        return images_grid
+    return tuple(grid_size or default_grid_size(model))
 
 
 def interior_query(grid_size: Tuple[int, int]) -> Tuple[int, int]:
@@ -245,15 +261,7 @@ def head_statistics(
     """One row per layer and head with the statistics described in the module docstring."""
     layers = attention_layers(model)
     kind = layers[0].kind
-    grid_size = (grid_size, grid_size) if isinstance(grid_size, int) else grid_size
-    if images is not None:  # the grid they give, with the border the model adds itself (Fashion-MNIST exports)
-        pad = model_input_padding(model)
-        images_grid = ((images.shape[-2] + 2 * pad) // 2, (images.shape[-1] + 2 * pad) // 2)
-        if grid_size is not None and tuple(grid_size) != images_grid:
-            raise UserError(f'grid_size {tuple(grid_size)} is not the {images_grid[0]}x{images_grid[1]} token grid of '
-                            f'the images given ({images.shape[-2]}x{images.shape[-1]} pixels): leave grid_size out')
-        grid_size = images_grid
-    grid_size = tuple(grid_size or default_grid_size(model))
+    grid_size = analysed_grid(model, grid_size, images)
     query = tuple(query or interior_query(grid_size))
     probs = attention_probs(model, grid_size, images=images)
     centers = head_centers(model, grid_size) if kind in GAUSSIAN_KINDS else None

@@ -21,6 +21,7 @@ from ..errors import UserError
 from ..io import atomic_write
 from .analysis import (
     GAUSSIAN_KINDS,
+    analysed_grid,
     attention_layers,
     attention_probs,
     default_grid_size,
@@ -151,9 +152,7 @@ def plot_attention_maps(
     if zoom < 1:
         raise UserError(f'zoom is {zoom}: the window shows at least 1 grid unit around the query')
     kind = attention_layers(model)[0].kind
-    if grid_size is None and images is not None:
-        grid_size = (images.shape[-2] // 2, images.shape[-1] // 2)
-    grid_size = tuple(grid_size or default_grid_size(model))
+    grid_size = analysed_grid(model, grid_size, images)
     query = tuple(query or interior_query(grid_size))
     probs = attention_probs(model, grid_size, images=images)
     layer_maps = [query_maps(p.cpu(), grid_size, query).numpy() for p in probs]

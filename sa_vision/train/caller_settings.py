@@ -3,6 +3,7 @@ that trains twice): :func:`caller_settings_kept`. Imports no timm (its ``timm.op
 imported). """
 import contextlib
 import logging
+from typing import Any, Dict
 
 import torch
 import torch._dynamo
@@ -33,9 +34,7 @@ def caller_settings_kept(run_log: bool = True):
         yield
     finally:
         torch.set_num_threads(threads)
-        if _cuda_switches() != switches and switches is not None:  # written only where changed: see _cuda_switches
-            backends = torch.backends
-            backends.cudnn.benchmark, backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32 = switches
+        _give_back_cuda_switches(switches)
         if _flushes_subnormals() != flushes:
             torch.set_flush_denormal(flushes)
         for name, limit in limits.items():
@@ -47,14 +46,41 @@ def caller_settings_kept(run_log: bool = True):
         run_log_lines.setLevel(levels[1])
 
 
-def _cuda_switches():
-    """The switches ``sa_vision.train.runtime.configure_backends`` sets; None where torch refuses to read them as
-    one (a mix of its legacy allow_tf32 and new fp32_precision settings)."""
+def _cuda_switches() -> Dict[str, Any]:
+    """The switches ``sa_vision.train.runtime.configure_backends`` sets, as torch's new ``fp32_precision`` strings
+    (always readable) and as its legacy flags (None where torch refuses to read one: the caller mixed the two APIs)."""
     backends = torch.backends
+    return dict(benchmark=backends.cudnn.benchmark, strings=(
+        backends.cuda.matmul.fp32_precision, backends.cudnn.conv.fp32_precision, backends.cudnn.rnn.fp32_precision),
+        matmul=_readable(lambda: backends.cuda.matmul.allow_tf32), cudnn=_readable(lambda: backends.cudnn.allow_tf32),
+        precision=_readable(torch.get_float32_matmul_precision))
+
+
+def _readable(read):
     try:
-        return backends.cudnn.benchmark, backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32
+        return read()
     except RuntimeError:
         return None
+
+
+def _give_back_cuda_switches(saved: Dict[str, Any]) -> None:
+    """Only where a run changed them (a CUDA run), each through the API the caller's reads (a legacy setting
+    written through the new API, or the reverse, makes torch's getters of the other raise)."""
+    backends, now = torch.backends, _cuda_switches()
+    backends.cudnn.benchmark = saved['benchmark']
+    if now['strings'] == saved['strings']:
+        return
+    matmul, conv, rnn = saved['strings']
+    if saved['matmul'] is None:
+        backends.cuda.matmul.fp32_precision = matmul
+    else:
+        backends.cuda.matmul.allow_tf32 = saved['matmul']
+    if saved['cudnn'] is None:
+        backends.cudnn.conv.fp32_precision, backends.cudnn.rnn.fp32_precision = conv, rnn
+    else:
+        backends.cudnn.allow_tf32 = saved['cudnn']
+    if saved['precision'] is not None:
+        torch.set_float32_matmul_precision(saved['precision'])
 
 
 def _flushes_subnormals() -> bool:
