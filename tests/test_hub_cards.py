@@ -204,3 +204,23 @@ def test_a_padded_export_exported_again_says_the_input_size_of_its_config(tmp_pa
         usage = _section(_card(out), 'usage')
         assert size == (3, 28, 28) and '# 28x28 input: the model adds the 2-pixel black border' in usage, usage
     assert '# 28x28 input: the model adds the 2-pixel black border' in _card(kept)
+
+
+def test_an_image_folders_card_claims_no_public_dataset_and_no_top5_of_three_classes(tmp_path):
+    """Weights trained on a local 3-class folder named 'beans' (a public Hub dataset's id too): the model-index
+    names the type of the Hub's own image-folder loader, not that dataset; top-5 of 3 classes (always 100 %) is
+    left out; the card is in the Hub's image-classification task, as timm's cards are."""
+    from huggingface_hub import ModelCard
+
+    from sa_vision.train.checkpoint import Checkpoint
+    args = dict(SMALL, num_classes=3)
+    weights = timm.create_model('sa_quadratic_cifar', **args).state_dict()
+    metrics = {'top1': 66.67, 'top5': 100.0, 'loss': 1.0, 'num_images': 3}
+    meta = {'dataset': 'beans', 'args': {'data_dir': str(tmp_path), 'val_split': 'validation'}, 'metrics': metrics}
+    export_hub_folder(Checkpoint('sa_quadratic_cifar', args, weights, str(tmp_path / 'last.pth.tar'), 'sa_vision',
+                                 meta), tmp_path / 'hub', figure=False)
+    card = ModelCard.load(tmp_path / 'hub' / 'README.md')
+    assert card.data.pipeline_tag == 'image-classification' and card.data.library_name == 'timm'
+    assert [(r.dataset_type, r.dataset_name, r.metric_name, r.metric_value) for r in card.data.eval_results] == [
+        ('imagefolder', 'beans', 'Top-1 accuracy', 66.67)]
+    assert 'top-5' not in card.text.lower()

@@ -112,7 +112,9 @@ logits = model(transform(image).unsqueeze(0)){names}
 ```
 {INSTALL_LINE} {also} timm's own `validate.py` evaluates them on an image folder as
 `python -m sa_vision.train.run_timm path/to/timm/validate.py --data-dir <folder> --model <the name above>`
-(the launcher imports `sa_vision` first; `validate.py` runs on CUDA unless given `--device cpu`)."""
+(the launcher imports `sa_vision` first; `validate.py` runs on CUDA unless given `--device cpu`). timm numbers the
+classes by their folders' names, sorted: name the folders so that they sort in the label order above (`0` to `9`
+for ten classes; `10` would sort before `2`)."""
 
 
 def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True,
@@ -168,6 +170,7 @@ def generate_model_card(arch: str) -> str:
     repo_id = hub_repo_id(arch)
     return f"""---
 library_name: timm
+pipeline_tag: image-classification
 license: apache-2.0
 tags:
 - image-classification
@@ -245,13 +248,17 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     template = template_path.read_text(encoding='utf-8') if template_path.is_file() else generate_model_card(arch)
     card = ModelCard(template)  # YAML front matter as ModelCardData, the markdown as card.text
     card.data.datasets = [info.hub_dataset] if info.hub_dataset else None  # no Hub dataset id for it: claim none
-    scores = [(key, name) for key, name in CARD_METRICS if key in metrics]
+    card.data.pipeline_tag = 'image-classification'  # the Hub's task filter (templates of earlier versions lack it)
+    # top-5 of 5 classes or fewer is always 100 %
+    scores = [(key, name) for key, name in CARD_METRICS if key in metrics and (key != 'top5' or model.num_classes > 5)]
     if scores:  # the Hub's model-index
         card.data.model_name = label.name
         split = evaluated_split(ckpt, info)
         card.data.eval_results = [EvalResult(
             task_type='image-classification', task_name='Image Classification',
-            dataset_type=info.hub_dataset or info.tag, dataset_name=info.title, dataset_split=split,
+            # an image folder is no Hub dataset: the type of the Hub's own loader of one, never a public id ('beans')
+            dataset_type=info.hub_dataset or ('imagefolder' if info.is_image_folder else info.tag),
+            dataset_name=info.title, dataset_split=split,
             metric_type='accuracy', metric_name=name, metric_value=round(float(metrics[key]), 2))
             for key, name in scores]
     body = card.text
