@@ -113,6 +113,10 @@ def _run(main, argv, capsys):
     # a model of fewer classes than the dataset's labels (torch's 'Target 71 is out of bounds'), before any data
     (validate, ['--checkpoint', KEPT_SA, '--dataset', 'torch/cifar100', '--data-dir', '{tmp}', '--dataset-download'],
      'has 10 classes, torch/cifar100 100: its labels up to 99 would be no class of the model: evaluate'),
+    # a timm dataset kind whose reader's package is missing: said before a model is built (timm's traceback)
+    (validate, ['--checkpoint', KEPT_SA, '--dataset', 'tfds/cifar10', '--data-dir', '{tmp}'],
+     "timm reads tfds/ datasets with the 'tensorflow_datasets' package, which is not installed (pip install "
+     "tensorflow-datasets)"),
     (validate, ['--checkpoint', KEPT_RESNET, '--results-file', ROOT / 'pyproject.toml' / 'r.csv'],
      'pyproject.toml is a file'),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',
@@ -135,7 +139,8 @@ def _run(main, argv, capsys):
         'explore-no-images', 'explore-out-is-a-folder', 'explore-out-below-a-file', 'explore-out-not-html',
         'validate-unknown-model', 'validate-name-without-weights',
         'validate-missing-local-dir', 'validate-name-as-checkpoint', 'validate-resnet-stem-type',
-        'validate-results-file-is-a-folder', 'validate-fewer-classes', 'validate-results-file-below-a-file'])
+        'validate-results-file-is-a-folder', 'validate-fewer-classes', 'validate-timm-reader-missing',
+        'validate-results-file-below-a-file'])
 def test_user_errors_are_one_line_with_status_2(script, argv, message, tmp_path, capsys):
     status, err = _run(script.main, [str(a).replace('{tmp}', str(tmp_path)) for a in argv], capsys)
     assert status == 2, err

@@ -130,3 +130,16 @@ def test_write_model_cards_regenerates_every_template_there(tmp_path):
     written = write_model_cards(out_dir=tmp_path)
     assert sorted(p.stem for p in written) == sorted([*CARDS, 'sa_content_cifar'])
     assert (tmp_path / 'sa_content_cifar.md').read_text(encoding='utf-8') == generate_model_card('sa_content_cifar')
+
+
+def test_help_over_a_recipe_shows_the_recipes_values_where_the_help_names_the_built_in_one():
+    """-c FILE --help shows the defaults in force, the recipe's (its description says so): an option whose help
+    names its built-in default ('--tf32 ... (default: off, full float32)') gets the recipe's value beside it."""
+    def help_of(parser):
+        return ' '.join(parser.format_help().split())
+    built_in = help_of(build_parser())
+    assert '(in force' not in built_in and 'default: 0.1' in built_in  # --lr
+    over = help_of(build_parser({'tf32': True, 'pos_lr_scale': 30.0, 'clip_mode': 'agc', 'lr': 0.5}))
+    assert '(default: off, full float32) (in force: True)' in over
+    assert 'default 1: one learning rate); ' in over and '(in force: 30.0)' in over
+    assert 'adaptive (AGC) (in force: agc)' in over and 'default: 0.5' in over and 'default: 0.5 (' not in over

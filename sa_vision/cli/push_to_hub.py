@@ -42,7 +42,7 @@ def is_exported_folder(path: Path) -> bool:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description='Export trained weights to a Hub folder and publish it')
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('checkpoint', help='last.pth.tar of sa-vision-train or timm train.py, other weights, or an '
                                            'exported folder (local-dir:<folder> too)')
     parser.add_argument('--model', default=None,

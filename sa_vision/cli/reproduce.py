@@ -50,7 +50,8 @@ def main(argv=None):
     parser.add_argument('--profile', default=None, choices=sorted(PROFILES),
                         help='(default cpu) ' + '; '.join(f'{p.name}: {p.description}' for p in PROFILES.values()))
     parser.add_argument('--dataset', default=None,
-                        help="default: the profile's (paper: torch/cifar10, cpu: fashion-mnist, tiny: digits)")
+                        help="default: the profile's (" + ', '.join(f'{p.name}: {p.dataset}' for p in PROFILES.values())
+                        + ')')
     parser.add_argument('--data-dir', default=None, metavar='DIR')
     parser.add_argument('--dataset-download', action='store_true', default=False)
     parser.add_argument('--epochs', type=int, default=None, help="every training stage's epochs (fine-tuning aside)")

@@ -66,6 +66,9 @@ def build_config_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SHOWN_DEFAULT = 'default: %(default)s'  # the help of an option without one
+
+
 class _DefaultsHelpFormatter(argparse.HelpFormatter):
     """argparse's ArgumentDefaultsHelpFormatter, for options without help too, less the defaults that read as
     unset (None, False, empty) and those the help names itself."""
@@ -73,13 +76,15 @@ class _DefaultsHelpFormatter(argparse.HelpFormatter):
     def _format_action(self, action):
         if action.option_strings and not action.help and self._shows_default(action):
             action = copy.copy(action)
-            action.help = 'default: %(default)s'
+            action.help = _SHOWN_DEFAULT
         return super()._format_action(action)
 
     def _get_help_string(self, action):
-        if not self._shows_default(action) or 'default' in action.help:
-            return action.help
-        return f'{action.help} (default: %(default)s)'
+        if action.help != _SHOWN_DEFAULT and 'default' in action.help:  # it names the built-in one: a recipe's beside
+            recipes = getattr(action, 'built_in_default', action.default) != action.default
+            return f'{action.help} (in force: %(default)s)' if recipes else action.help
+        shown = self._shows_default(action) and action.help != _SHOWN_DEFAULT
+        return f'{action.help} (default: %(default)s)' if shown else action.help
 
     @staticmethod
     def _shows_default(action) -> bool:
@@ -104,6 +109,8 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
                        ('Device parameters', _device_arguments), ('Miscellaneous parameters', _misc_arguments)):
         add(parser.add_argument_group(title))
     if defaults:
+        for action in parser._actions:
+            action.built_in_default = action.default
         parser.set_defaults(**defaults)
     return parser
 
@@ -234,8 +241,10 @@ def _dataset_arguments(group) -> None:
                        help='dataset root: download target of torch/ datasets or the ImageFolder (train/, validation/)')
     group.add_argument('--dataset', metavar='NAME', default='digits',
                        help="'digits' (offline, scikit-learn), 'fashion-mnist' (offline: Debian's "
-                            "dataset-fashion-mnist or the four IDX files in --data-dir), 'torch/cifar10', or '' (or "
-                            "any other name, which the export's tag carries) for an ImageFolder")
+                            "dataset-fashion-mnist or the four IDX files in --data-dir), 'torch/cifar10' (or "
+                            "'cifar10', its exports' tag), 'torch/cifar100', another timm <type>/<name> (tfds/, wds/, "
+                            "hfds/: with timm's reader's package), or '' (or any other name, which the export's tag "
+                            "carries) for an ImageFolder")
     group.add_argument('--train-split', metavar='NAME', default=TRAIN_SPLIT)
     group.add_argument('--val-split', metavar='NAME', default='validation',
                        help='held-out split (torch/cifar10, fashion-mnist and digits map it to their test split; an '
