@@ -73,6 +73,16 @@ def _run_until_first_train_step(argv):
     return _run_until_stopped(argv, register_hook)
 
 
+def _threads_in_training(argv):
+    """Run training.main in this process until its first training step; torch's thread count then."""
+    def register_hook(stop):
+        def hook(module, inputs, output):
+            if module.training and torch.is_grad_enabled():
+                stop(torch.get_num_threads())
+        return torch.nn.modules.module.register_module_forward_hook(hook)
+    return _run_until_stopped(argv, register_hook)
+
+
 @pytest.fixture(scope='module')
 def adamw_run(tmp_path_factory):
     """A finished 2-epoch run of a tiny model with the digits recipe (AdamW, lr 0.005, weight decay 0.05)."""
@@ -1234,13 +1244,12 @@ def test_threads_default_is_torchs_capped_at_the_cores_of_this_process(monkeypat
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1}, raising=False)  # this process may use 2 cores
     try:
         torch.set_num_threads(1)
-        _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path,
-                                     '--experiment', 'default'])
-        assert torch.get_num_threads() == 2
+        assert _threads_in_training(['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path,
+                                     '--experiment', 'default']) == 2
+        assert torch.get_num_threads() == 1  # the caller's again (sa_vision.train.caller_settings)
         assert 'threads' not in yaml.safe_load((tmp_path / 'default' / 'recipe.yaml').read_text())  # machine's
-        _run_until_first_train_step(['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path,
-                                     '--experiment', 'one', '--threads', 1])
-        assert torch.get_num_threads() == 1
+        assert _threads_in_training(['-c', DIGITS_RECIPE, *TINY, '--device', 'cpu', '--output', tmp_path,
+                                     '--experiment', 'one', '--threads', 1]) == 1
         monkeypatch.setattr(runtime, 'TORCH_DEFAULT_THREADS', 1)  # torch's own count when it is the smaller
         assert validate.main(['--model', 'sa_quadratic_cifar', '--no-pretrained', *TINY, '--dataset', 'digits',
                               '-b', '360']) == 0
