@@ -40,7 +40,8 @@ def atomic_write(path: PathLike) -> Iterator[Path]:
         yield tmp
         with open(tmp, 'r+b' if _FSYNC_NEEDS_WRITE else 'rb') as f:
             os.fsync(f.fileno())
-        usual_file_mode(tmp)
+        if os.stat(tmp).st_nlink == 1:  # a hard link (atomic_duplicate) shares its mode with the file it names
+            usual_file_mode(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -115,8 +115,8 @@ def _run(main, argv, capsys):
      'has 10 classes, torch/cifar100 100: its labels up to 99 would be no class of the model: evaluate'),
     # a timm dataset kind whose reader's package is missing: said before a model is built (timm's traceback)
     (validate, ['--checkpoint', KEPT_SA, '--dataset', 'tfds/cifar10', '--data-dir', '{tmp}'],
-     "timm reads tfds/ datasets with the 'tensorflow_datasets' package, which is not installed (pip install "
-     "tensorflow-datasets)"),
+     "timm reads tfds/ datasets with 'tensorflow' and 'tensorflow_datasets', not installed here (pip install "
+     "tensorflow tensorflow-datasets)"),
     (validate, ['--checkpoint', KEPT_RESNET, '--results-file', ROOT / 'pyproject.toml' / 'r.csv'],
      'pyproject.toml is a file'),
 ], ids=['plot-unknown-model', 'plot-not-attention', 'plot-kernel-match-learned', 'plot-unknown-format',

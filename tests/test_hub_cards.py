@@ -216,11 +216,12 @@ def test_an_image_folders_card_claims_no_public_dataset_and_no_top5_of_three_cla
     args = dict(SMALL, num_classes=3)
     weights = timm.create_model('sa_quadratic_cifar', **args).state_dict()
     metrics = {'top1': 66.67, 'top5': 100.0, 'loss': 1.0, 'num_images': 3}
-    meta = {'dataset': 'beans', 'args': {'data_dir': str(tmp_path), 'val_split': 'validation'}, 'metrics': metrics}
+    meta = {'dataset': 'beans', 'args': {'data_dir': str(tmp_path), 'val_split': 'validation'}, 'metrics': metrics,
+            'epoch': 1, 'num_epochs': 1}  # a training record: the card's summary says the evaluation too
     export_hub_folder(Checkpoint('sa_quadratic_cifar', args, weights, str(tmp_path / 'last.pth.tar'), 'sa_vision',
                                  meta), tmp_path / 'hub', figure=False)
     card = ModelCard.load(tmp_path / 'hub' / 'README.md')
     assert card.data.pipeline_tag == 'image-classification' and card.data.library_name == 'timm'
     assert [(r.dataset_type, r.dataset_name, r.metric_name, r.metric_value) for r in card.data.eval_results] == [
         ('imagefolder', 'beans', 'Top-1 accuracy', 66.67)]
-    assert 'top-5' not in card.text.lower()
+    assert 'top-1 66.67 %, loss 1.0000' in card.text and 'top-5' not in card.text.lower()

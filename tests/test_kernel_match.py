@@ -88,6 +88,9 @@ def test_centres_on_a_dilated_kernel_are_at_distance_0(dilation):
     assert match.dilation == dilation and match.mean_distance == pytest.approx(0.01)
     torch.testing.assert_close(match.offsets, centers)  # each head's own tap: the permutation recovered
     assert kernel_match([[float(r), float(c)] for r, c in centers]).dilation == dilation  # a list of centres too
+    assert kernel_match(list(centers)).dilation == dilation  # or of tensors, one per head
+    with pytest.raises(UserError, match=r"pass one layer's \(head_centers\(...\)\[i\]\), got a list of 2 tensors"):
+        kernel_match([centers, centers[:5]])  # every layer's centres (a pruned model's differ in count)
 
 
 def test_a_pruned_layer_is_matched_into_a_subset_of_the_offsets():

@@ -126,10 +126,13 @@ def test_write_model_cards_regenerates_every_template_there(tmp_path):
     """write_model_cards() (docs/hub.md's regeneration) rewrites a contributor's card template too, not only the
     paper's five: one left out would go stale and fail the test above."""
     from sa_vision.hub.card import write_model_cards
-    (tmp_path / 'sa_content_cifar.md').write_text('stale', encoding='utf-8')
+    (tmp_path / 'sa_content_cifar.md').write_text('stale <!-- sa_vision:usage -->', encoding='utf-8')
+    (tmp_path / 'README.md').write_text('# the folder itself', encoding='utf-8')  # no model's: left alone
+    (tmp_path / 'resnet18.md').write_text("timm's own card", encoding='utf-8')  # a model's, not of this generator
     written = write_model_cards(out_dir=tmp_path)
     assert sorted(p.stem for p in written) == sorted([*CARDS, 'sa_content_cifar'])
     assert (tmp_path / 'sa_content_cifar.md').read_text(encoding='utf-8') == generate_model_card('sa_content_cifar')
+    assert (tmp_path / 'resnet18.md').read_text(encoding='utf-8') == "timm's own card"
 
 
 def test_help_over_a_recipe_shows_the_recipes_values_where_the_help_names_the_built_in_one():

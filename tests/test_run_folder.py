@@ -324,6 +324,17 @@ def test_files_written_through_a_temporary_file_get_the_usual_mode(tmp_path):
     assert stat.S_IMODE((tmp_path / 'w.safetensors').stat().st_mode) == usual_file_mode()
 
 
+def test_a_duplicate_by_hard_link_leaves_the_mode_of_the_file_it_names(tmp_path):
+    """model_best.pth.tar as a hard link to a read-only last.pth.tar (a run folder copied read-only, then resumed):
+    the mode a new file gets is not forced on the inode both names share."""
+    from sa_vision.io import atomic_duplicate
+    last = tmp_path / 'last.pth.tar'
+    last.write_bytes(b'weights')
+    last.chmod(0o444)
+    atomic_duplicate(last, tmp_path / 'model_best.pth.tar')
+    assert stat.S_IMODE(last.stat().st_mode) == 0o444 and (tmp_path / 'model_best.pth.tar').read_bytes() == b'weights'
+
+
 def test_a_link_or_a_pipe_is_written_through_not_replaced(tmp_path):
     """A results file named by a symbolic link updates the file it points at (the link stays); a pipe, as
     /dev/stdout often is, is written into, as open() writes, not replaced by a file of that name."""

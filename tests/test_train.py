@@ -365,7 +365,7 @@ def test_recipes_use_timm_argument_names():
         if arch != 'resnet18_cifar':
             assert recipe['batch_size'] == 100 and recipe['sched'] == 'cosine'
             assert recipe['warmup_epochs'] == pytest.approx(0.05 * recipe['epochs'])
-        else:  # the authors' released baseline (hyperparameters/resnet18_cifar10_baseline.py): A.4's column is the SA's
+        else:  # the authors' released baseline (hyperparameters/resnet18_cifar10_baseline.py): A.4 may not be its
             assert (recipe['batch_size'], recipe['epochs'], recipe['sched'], recipe['decay_milestones'],
                     recipe['decay_rate']) == (256, 300, 'multistep', [150, 250], 0.1)
 

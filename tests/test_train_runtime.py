@@ -323,8 +323,10 @@ def test_fused_optimizer_steps_equal_the_for_loops_within_float32_rounding(opt):
         assert not torch.equal(fused, loop)  # with CUDA
 
 
-_CALLER_CUDA_SETTINGS = {  # how a notebook sets torch's CUDA precision: the legacy API, the new one, or both
-    'legacy-precision': "torch.set_float32_matmul_precision('high')",
+_CALLER_CUDA_SETTINGS = {  # how a notebook sets torch's CUDA precision: not at all, the legacy API, the new one, both
+    'untouched': 'pass',
+    'legacy-high': "torch.set_float32_matmul_precision('high')",
+    'legacy-medium': "torch.set_float32_matmul_precision('medium')",
     'new-per-operator': "b.cudnn.benchmark = True; b.cudnn.conv.fp32_precision = 'tf32'; "
                         "b.cudnn.rnn.fp32_precision = 'ieee'; b.cuda.matmul.fp32_precision = 'tf32'",
     'mixed': "b.cuda.matmul.fp32_precision = 'tf32'",
@@ -334,9 +336,10 @@ _CALLER_CUDA_SETTINGS = {  # how a notebook sets torch's CUDA precision: the leg
 @pytest.mark.slow  # a process each: torch remembers which API set its switches last
 @pytest.mark.parametrize('settings', list(_CALLER_CUDA_SETTINGS), ids=list(_CALLER_CUDA_SETTINGS))
 def test_a_cuda_run_gives_back_the_callers_cuda_switches_as_they_read(settings):
-    """A CUDA run turns cudnn.benchmark and TF32 off (configure_backends, legacy flags); once it returns, the
-    caller's switches hold their values again and read as they did through either of torch's APIs (a setting
-    written back through the other API makes torch's getters raise). No GPU needed: the switches are flags."""
+    """A CUDA run sets cudnn.benchmark and TF32 (configure_backends, legacy flags: off, then --tf32 on); once it
+    returns, the caller's switches hold their values again, and each getter that read them reads the same (a
+    setting written back through the other API makes torch's getters raise; one that raised before, the caller's
+    own mix of the APIs, may read now). No GPU needed: the switches are flags."""
     import subprocess
     import sys
     script = f'''
@@ -353,13 +356,16 @@ def state():
             reads.append(read())
         except RuntimeError:
             reads.append('refused')
-    return (b.cudnn.benchmark, b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision,
-            b.cudnn.rnn.fp32_precision, *reads)
-before = state()
-with caller_settings_kept(run_log=False):
-    configure_backends(SimpleNamespace(device='cuda', cudnn_benchmark=False, tf32=False))
-    assert state()[0] is False and state()[-2:] == (False, False), state()
-assert state() == before, (before, state())
+    return (b.cudnn.benchmark, b.fp32_precision, b.cuda.matmul.fp32_precision, b.cudnn.conv.fp32_precision,
+            b.cudnn.rnn.fp32_precision), reads
+before, reads_before = state()
+for tf32 in (False, True):
+    with caller_settings_kept(run_log=False):
+        configure_backends(SimpleNamespace(device='cuda', cudnn_benchmark=False, tf32=tf32))
+        assert state()[0][0] is False and state()[1][-2:] == [tf32, tf32], state()
+    after, reads_after = state()
+    assert after == before and all(r in (a, 'refused') for r, a in zip(reads_before, reads_after)), (
+        tf32, before, reads_before, after, reads_after)
 '''
     done = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -38,10 +38,12 @@ from sa_vision.io import atomic_write_text, file_problem
 from sa_vision.layers.triton_mixing import kernel_problem
 from sa_vision.measure import RESULTS_FORMATS, format_results
 from sa_vision.measure import benchmark as sab
+from sa_vision.measure.peers import is_peer
 from sa_vision.models import DEFAULT_MODEL, MODEL_NAMES
 from sa_vision.train.arg_values import check_compile_backend, check_value_bounds
 from sa_vision.train.args import ModelKwargs
 from sa_vision.train.caller_settings import caller_settings_kept
+from sa_vision.train.checkpoint import weights_path
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -140,7 +142,7 @@ def _check_model(name: str, profile: str, model_kwargs, compared: bool = False) 
     given no size of its own (a compared model takes none: --model-kwargs is the timed model's)."""
     from sa_vision.reproduce import PROFILES
     sab.check_model_name(name)
-    if not profile:
+    if not profile or is_peer(name) or weights_path(name) is not None:  # a peer's size is fixed, weights carry theirs
         return
     sized = [m for m, changes in PROFILES[profile].per_model.items()
              if _SIZE_ARGS & set(changes.get('model_kwargs', {}))]

@@ -46,6 +46,9 @@ INSTALL_LINE = ('Needs `sa_vision`, installed from its source: `pip install -e .
                 'README.md); `import sa_vision` registers the models with timm.')
 
 
+_TEMPLATE_MARK = '<!-- sa_vision:usage -->'  # a card template of this generator holds this section
+
+
 def _section(name: str, body: str) -> str:
     return f'<!-- sa_vision:{name} -->\n{body.strip()}\n<!-- /sa_vision:{name} -->'
 
@@ -217,7 +220,9 @@ def write_model_cards(archs=None, out_dir: Union[str, os.PathLike] = MODEL_CARD_
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for arch in archs or dict.fromkeys([*PAPER_RESULTS, *sorted(p.stem for p in out_dir.glob('*.md'))]):
+    templates = [p.stem for p in sorted(out_dir.glob('*.md')) if is_model(p.stem) and _TEMPLATE_MARK in
+                 p.read_text(encoding='utf-8')]  # not a README.md, nor a card of another tool's
+    for arch in archs or dict.fromkeys([*PAPER_RESULTS, *templates]):
         path = out_dir / f'{arch}.md'
         path.write_text(generate_model_card(arch), encoding='utf-8')
         paths.append(path)

@@ -114,8 +114,9 @@ def _weights_line(record: TrainingRecord) -> str:
 def _evaluation_lines(ckpt: Checkpoint, record: TrainingRecord):
     metrics = ckpt.meta.get('metrics') or {}
     if {'top1', 'top5', 'loss'} <= set(metrics):
+        top5 = (f'top-5 {metrics["top5"]:.2f} %, ' if ckpt.model_args.get('num_classes', 10) > 5 else '')  # else 100
         yield (f'- Evaluation of these weights ({metrics.get("num_images")} images): top-1 {metrics["top1"]:.2f} %, '
-               f'top-5 {metrics["top5"]:.2f} %, loss {metrics["loss"]:.4f}.')
+               f'{top5}loss {metrics["loss"]:.4f}.')
     elif metrics:
         scores = ', '.join(f'{name} {value:.4g}' for name, value in metrics.items())
         yield f'- Evaluation of these weights (timm `train.py`): {scores}.'

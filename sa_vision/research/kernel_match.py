@@ -105,7 +105,10 @@ def _matched_offsets(centers: Tensor, offsets: Tensor) -> Tensor:
 def kernel_match(centers: Tensor, dilations: Sequence[int] = KERNEL_DILATIONS) -> KernelMatch:
     """One layer's centres ``(heads, 2)`` (grid units) against a 3x3 kernel of each dilation (module docstring)."""
     if isinstance(centers, (list, tuple)) and centers and torch.is_tensor(centers[0]):
-        centers = torch.stack(list(centers))  # a list of tensors (head_centers' layers: then refused below)
+        if len({tuple(c.shape) for c in centers}) > 1 or centers[0].ndim != 1:  # head_centers' layers, say
+            raise UserError(f'centres must be (heads, 2): pass one layer\'s (head_centers(...)[i]), got a list of '
+                            f'{len(centers)} tensors of shapes {sorted({tuple(c.shape) for c in centers})}')
+        centers = torch.stack(list(centers))
     centers = torch.as_tensor(centers).detach().double().cpu()  # a list or an array of centres too
     if centers.ndim != 2 or centers.shape[1] != 2 or len(centers) == 0:
         raise UserError(f'centres must be (heads, 2) with at least one head, got {tuple(centers.shape)}')

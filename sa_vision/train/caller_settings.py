@@ -64,23 +64,24 @@ def _readable(read):
 
 
 def _give_back_cuda_switches(saved: Dict[str, Any]) -> None:
-    """Only where a run changed them (a CUDA run), each through the API the caller's reads (a legacy setting
-    written through the new API, or the reverse, makes torch's getters of the other raise)."""
+    """Only where a run changed them (a CUDA run), each through the API the caller's reads: a legacy setting written
+    through the new API, or the reverse, makes torch's getters of the other raise. A switch the caller left to its
+    parent ('none') is written back as that, which keeps the legacy getters readable."""
     backends, now = torch.backends, _cuda_switches()
     backends.cudnn.benchmark = saved['benchmark']
-    if now['strings'] == saved['strings']:
+    if {**now, 'benchmark': None} == {**saved, 'benchmark': None}:
         return
     matmul, conv, rnn = saved['strings']
-    if saved['matmul'] is None:
-        backends.cuda.matmul.fp32_precision = matmul
-    else:
+    if saved['matmul'] is not None and matmul != 'none':
         backends.cuda.matmul.allow_tf32 = saved['matmul']
-    if saved['cudnn'] is None:
+    if saved['precision'] is not None:  # after allow_tf32, which sets it too ('medium' reads as its 'high')
+        torch.set_float32_matmul_precision(saved['precision'])
+    if saved['matmul'] is None or matmul == 'none':  # last: set_float32_matmul_precision writes this string too
+        backends.cuda.matmul.fp32_precision = matmul
+    if saved['cudnn'] is None or 'none' in (conv, rnn):
         backends.cudnn.conv.fp32_precision, backends.cudnn.rnn.fp32_precision = conv, rnn
     else:
         backends.cudnn.allow_tf32 = saved['cudnn']
-    if saved['precision'] is not None:
-        torch.set_float32_matmul_precision(saved['precision'])
 
 
 def _flushes_subnormals() -> bool:

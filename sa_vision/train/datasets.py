@@ -271,8 +271,8 @@ def failed_download(error: BaseException) -> Optional[Dict[str, str]]:
 
 
 # timm's readers of the <type>/ datasets beyond torchvision's, and the packages they import as they read
-_TIMM_READER_PACKAGES = {'tfds/': 'tensorflow_datasets', 'wds/': 'webdataset', 'hfds/': 'datasets',
-                         'hfids/': 'datasets'}
+_TIMM_READER_PACKAGES = {'tfds/': ('tensorflow', 'tensorflow_datasets'), 'wds/': ('webdataset',),
+                         'hfds/': ('datasets',), 'hfids/': ('datasets',)}
 _PIP_NAMES = {'tensorflow_datasets': 'tensorflow-datasets'}
 
 
@@ -280,11 +280,13 @@ def check_timm(source: DataSource, split: str, is_training: bool) -> None:
     """torchvision's CIFAR-10 / CIFAR-100 (``torch/cifar10``, ``torch/cifar100``) without a file of ``split``, as
     :func:`read_timm` would say, by their names (torchvision checks their contents when it reads them); other timm
     datasets are checked as they are read, once the package timm reads their kind with is there."""
-    package = next((package for prefix, package in _TIMM_READER_PACKAGES.items()
-                    if source.name.lower().startswith(prefix)), None)
-    if package is not None and importlib.util.find_spec(package) is None:
-        raise DatasetError(f'{source.name}: timm reads {source.name.split("/")[0]}/ datasets with the {package!r} '
-                           f'package, which is not installed (pip install {_PIP_NAMES.get(package, package)})')
+    packages = next((packages for prefix, packages in _TIMM_READER_PACKAGES.items()
+                     if source.name.lower().startswith(prefix)), ())
+    missing = [package for package in packages if importlib.util.find_spec(package) is None]
+    if missing:
+        raise DatasetError(f'{source.name}: timm reads {source.name.split("/")[0]}/ datasets with '
+                           f'{" and ".join(map(repr, packages))}, not installed here (pip install '
+                           f'{" ".join(_PIP_NAMES.get(package, package) for package in missing)})')
     cifar = _torchvision_cifar(source)
     if cifar is None:
         return
