@@ -172,6 +172,24 @@ def test_cuda_default_mixing_is_the_constant_and_an_override_wins(fake_cuda, mon
         assert forms and set(forms) == {False}
 
 
+@pytest.mark.parametrize('size, dense', [(32, True), (34, False)], ids=('16x16-grid', '17x17-grid'))
+def test_cuda_mixes_densely_up_to_the_measured_grid_only(fake_cuda, size, dense):
+    """CUDA's dense mixing holds (h*w)^2 probabilities a head: measured at 16x16 grids, it is the default up to
+    CUDA_DENSE_MAX_TOKENS; a larger grid (larger images) mixes by the separable factors, whose memory grows with
+    h*w*(h+w) (at 64x64 images the narrow model's step held 1,473 MiB dense against 43 MiB)."""
+    from sa_vision.layers.attention_path import CUDA_DENSE_MAX_TOKENS
+    assert CUDA_DENSE_MAX_TOKENS == 16 * 16
+    forms = []
+    probs = PositionalAttention._probs
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(PositionalAttention, '_probs',
+                      lambda self, h, w, dense: (forms.append(dense), probs(self, h, w, dense))[1])
+        model = to_fake_cuda(small_model('sa_quadratic_cifar'), fake_cuda)
+        with fake_cuda:
+            model(torch.empty(1, 3, size, size, device='cuda'))
+    assert forms and set(forms) == {dense}
+
+
 @pytest.mark.parametrize('cuda_project_first', (False, True), ids=('off', 'on'))
 def test_cuda_dense_path_projects_first_by_the_constant_and_an_override_wins(fake_cuda, monkeypatch,
                                                                            cuda_project_first):

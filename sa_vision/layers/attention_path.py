@@ -21,7 +21,8 @@ from torch import Tensor
 from .autocast import has_autocast
 from .tracing import is_capturing
 
-__all__ = ['CUDA_DENSE_MIXING', 'CUDA_PROJECT_FIRST', 'AttentionPath', 'choose_path', 'current_path']
+__all__ = ['CUDA_DENSE_MIXING', 'CUDA_DENSE_MAX_TOKENS', 'CUDA_PROJECT_FIRST', 'AttentionPath', 'choose_path',
+           'current_path', 'cuda_dense_mixing']
 
 CUDA_DENSE_MIXING = True
 """Whether the separable kinds mix through the dense (Kronecker) ``(h*w) x (h*w)`` probabilities on CUDA by default.
@@ -33,6 +34,12 @@ written before the run (docs/probes/gpu/device_check.md, "What the results decid
 mixing MACs as one large GEMM; in the separable form's profile one GEMM of the per-axis mixing, with a side of
 16, took 14 % of the step's GPU time. Eager, dense was as fast or faster too (0.98x and 1.00x training, 0.86x and 0.73x
 inference). ``dense_attention(model, False)`` forces the separable form."""
+
+CUDA_DENSE_MAX_TOKENS = 256
+"""The largest grid (tokens ``h*w``) that :data:`CUDA_DENSE_MIXING` mixes densely: the 16x16 grids of 32x32 images,
+where it was measured. The dense probabilities grow with the tokens squared, the separable factors with
+``h*w*(h+w)``: at 64x64 images (a 32x32 grid) one training step of the narrow model at batch 1 held 1,473 MiB dense
+against 43 MiB separable (a CPU measurement of the two forms); larger grids mix separably."""
 
 
 class AttentionPath(NamedTuple):
@@ -92,7 +99,8 @@ def choose_path(
       (``sa_quadratic_cifar``, batch 32, float32, docs/performance.md, "Two execution paths").
 
     Separable kinds mix by their row and column factors (``O(h*w*(h+w))`` per head, 8x fewer mixing MACs than
-    the dense form at 16x16) except on CUDA when :data:`CUDA_DENSE_MIXING` says otherwise. Eager training of the
+    the dense form at 16x16) except on CUDA when :data:`CUDA_DENSE_MIXING` says otherwise (grids of at most
+    :data:`CUDA_DENSE_MAX_TOKENS` tokens). Eager training of the
     separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 22 % less peak
     memory); compiled graphs choose what to keep by themselves.
 
@@ -141,5 +149,13 @@ def _eager_path(x: Tensor, training: bool, separable: bool, content: bool, dense
     device_type, compiling, capturing = x.device.type, torch.compiler.is_compiling(), is_capturing()
     # a graph is batched whatever autocast says
     autocast = not (compiling or capturing) and has_autocast(device_type) and torch.is_autocast_enabled(device_type)
+    # x: the attention's grid-major input (h x w x B x D) where the kind is separable, the only case cuda_dense counts
     return choose_path(device_type, x.dtype, autocast, compiling, capturing, torch.is_grad_enabled(), training,
-                       separable, content, dense, batched, fused, CUDA_DENSE_MIXING, project_first, CUDA_PROJECT_FIRST)
+                       separable, content, dense, batched, fused, cuda_dense_mixing(x.shape[0] * x.shape[1]),
+                       project_first, CUDA_PROJECT_FIRST)
+
+
+def cuda_dense_mixing(tokens: int) -> bool:
+    """CUDA's default mixing of a separable kind on a grid of ``tokens``: :data:`CUDA_DENSE_MIXING`, up to
+    :data:`CUDA_DENSE_MAX_TOKENS`."""
+    return CUDA_DENSE_MIXING and tokens <= CUDA_DENSE_MAX_TOKENS

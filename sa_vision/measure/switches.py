@@ -9,7 +9,8 @@ from torch import nn
 
 from ..errors import UserError
 from ..layers import PositionalAttention, batched_heads, dense_attention, fused_mix_and_project, project_first
-from ..layers.attention_path import CUDA_DENSE_MIXING, CUDA_PROJECT_FIRST, choose_path
+from ..layers.attention_path import CUDA_PROJECT_FIRST, choose_path, cuda_dense_mixing
+from ..models.input_pad import model_input_padding
 
 __all__ = ['SWITCHES', 'check_switch_changes', 'check_switches_change_paths']
 
@@ -51,10 +52,12 @@ def _attention_paths(variant, runner) -> List[Any]:
     paths = []
     with variant.context():
         for model, training in ((runner.train_model, True), (runner.infer_model, False)):
-            dtype = next(model.parameters()).dtype
+            dtype, pad = next(model.parameters()).dtype, model_input_padding(model)
+            height, width = runner.x.shape[-2:]
+            cuda_dense = cuda_dense_mixing((height + 2 * pad) // 2 * ((width + 2 * pad) // 2))  # the grid's tokens
             paths += [choose_path(runner.device.type, dtype, runner.amp, bool(runner.torchcompile), False, training,
                                   training, m.separable, m.content is not None, m.dense, m.batched_heads,
-                                  m.fused_kernel, CUDA_DENSE_MIXING, m.project_first, CUDA_PROJECT_FIRST)
+                                  m.fused_kernel, cuda_dense, m.project_first, CUDA_PROJECT_FIRST)
                       for m in model.modules() if isinstance(m, PositionalAttention)]
     return paths
 
