@@ -99,10 +99,9 @@ def choose_path(
       (``sa_quadratic_cifar``, batch 32, float32, docs/performance.md, "Two execution paths").
 
     Separable kinds mix by their row and column factors (``O(h*w*(h+w))`` per head, 8x fewer mixing MACs than
-    the dense form at 16x16) except on CUDA when :data:`CUDA_DENSE_MIXING` says otherwise (grids of at most
-    :data:`CUDA_DENSE_MAX_TOKENS` tokens). Eager training of the
-    separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 22 % less peak
-    memory); compiled graphs choose what to keep by themselves.
+    the dense form at 16x16) except on CUDA when ``cuda_dense`` (:func:`cuda_dense_mixing`) says otherwise. Eager
+    training of the separable batched path recomputes the row-mixed heads in backward (``separable_mixing``: 22 %
+    less peak memory); compiled graphs choose what to keep by themselves.
 
     The fused Triton kernel only when ``fused`` asks, for content-free kinds, outside captured graphs (module docs).
 
