@@ -496,6 +496,23 @@ def test_train_numbers_out_of_their_range_are_one_error_line(argv, message, tmp_
     assert not any(tmp_path.iterdir())
 
 
+@pytest.mark.parametrize('argv, message', [
+    # timm bisects the milestones (sorted): 2 1 decayed twice at the first
+    (['--sched', 'multistep', '--decay-milestones', '2', '1'], '--decay-milestones 2 1: give them increasing'),
+    (['--min-lr', '0.5'], '--min-lr 0.5 is above --lr 0.005: the schedule would climb to it'),
+    (['--warmup-lr', '0.5'], '--warmup-lr 0.5 is above --lr 0.005'),
+    (['--opt', 'sgd', '--momentum', '0'], "--opt sgd is Nesterov's momentum, which needs --momentum above 0; plain "
+                                          "SGD is --opt momentum --momentum 0"),
+    (['--sched', 'rsqrt', '--warmup-epochs', '0'], '--sched rsqrt takes its time scale from the warm-up here'),
+])
+def test_train_values_that_together_train_other_than_they_say_are_one_error_line(argv, message, tmp_path, capsys):
+    """Each value in bounds, together what timm would train on without a word (a schedule climbing to --min-lr,
+    milestones that decay twice at once) or fail on inside torch (Nesterov without momentum)."""
+    line = _one_error(_train_main(), ['-c', 'sa_quadratic_cifar_digits', '--output', tmp_path, *argv], capsys)
+    assert line.startswith(f'error: {message}'), line
+    assert not any(tmp_path.iterdir())
+
+
 def test_least_values_are_allowed():
     import argparse
 

@@ -491,3 +491,23 @@ def test_a_lone_checkpoint_of_a_run_is_resumed_and_its_files_written(tmp_path, c
     status, log = train_here(caplog, capsys, '--resume', lone / 'epoch1.pth.tar', '--epochs', 2)
     assert status == 0 and _load(lone / 'last.pth.tar')['epoch'] == 1, log[-3000:]
     assert [r['epoch'] for r in _summary(lone)] == ['0', '1']
+
+
+def test_a_resume_onto_a_schedule_that_sets_no_lr_takes_the_changed_lr(tmp_path, caplog, capsys):
+    """--sched none (and plateau) set no lr per step: the resumed optimizer's saved lr stayed, though the log said
+    '--lr 0.005 -> 0.05' (and a cosine run resumed as --sched none trained at its end's lr). And a run resumed as
+    plateau from another schedule loaded that schedule's state into the plateau (a KeyError traceback)."""
+    import csv
+    common = ['-c', DIGITS_RECIPE, *TINY_ARGS, '-b', 64, '--log-interval', 100, '--output', tmp_path]
+    status, log = train_here(caplog, capsys, *common, '--sched', 'none', '--epochs', 1, '--experiment', 'none')
+    assert status == 0, log[-2000:]
+    status, log = train_here(caplog, capsys, '--resume', tmp_path / 'none' / 'last.pth.tar', '--epochs', 2,
+                             '--lr', 0.05)
+    assert status == 0, log[-2000:]
+    with open(tmp_path / 'none' / 'summary.csv', encoding='utf-8', newline='') as f:
+        assert [float(row['train_lr']) for row in csv.DictReader(f)] == [0.005, 0.05]
+    status, log = train_here(caplog, capsys, *common, '--epochs', 1, '--experiment', 'cosine')
+    assert status == 0, log[-2000:]
+    status, log = train_here(caplog, capsys, '--resume', tmp_path / 'cosine' / 'last.pth.tar', '--epochs', 2,
+                             '--sched', 'plateau', '--no-sched-on-updates', '--warmup-epochs', 0)
+    assert status == 0 and 'Top-1 on the digits test split' in log, log[-2000:]

@@ -1367,3 +1367,12 @@ def test_a_run_in_the_callers_process_gives_back_its_settings(tmp_path, capsys, 
     assert root.handlers == ([callers] if caller_logging else []) and root.level == logging.WARNING
     assert logging.getLogger('train').level == logging.NOTSET
     assert threads == 2 and torch.backends.cudnn.benchmark
+
+
+def test_a_second_order_optimizer_trains(tmp_path, caplog, capsys):
+    """timm's adahessian takes the gradient's graph (create_graph, as timm's train.py passes it): without it the
+    first step ended in 'element 0 of tensors does not require grad' after the run folder was written."""
+    status, log = train_here(caplog, capsys, '-c', DIGITS_RECIPE, '--model-kwargs', 'embed_dim=8', 'depth=1',
+                             'heads_per_layer=2', 'mlp_hidden_dim=16', '--epochs', 1, '-b', 64, '--opt', 'adahessian',
+                             '--output', tmp_path, '--experiment', 'second_order')
+    assert status == 0 and 'Top-1 on the digits test split' in log, log[-2000:]

@@ -8,7 +8,8 @@ from typing import Dict, NamedTuple, Optional
 from ..errors import RecipeError
 from .timm_args import TIMM_SCHEDULERS
 
-__all__ = ['Bounds', 'VALUE_BOUNDS', 'check_compile_backend', 'check_value_bounds', 'check_scheduler']
+__all__ = ['Bounds', 'VALUE_BOUNDS', 'check_compile_backend', 'check_value_bounds', 'check_schedule_values',
+           'check_scheduler']
 
 
 class Bounds(NamedTuple):
@@ -78,6 +79,23 @@ def check_scheduler(sched: str, sched_on_updates: bool, val_interval: int = 1, w
                           f'the schedule once per epoch: epoch 0 would train at --warmup-lr alone. Give whole '
                           f'warm-up epochs (--warmup-epochs {int(warmup_epochs)} or {int(warmup_epochs) + 1}), or '
                           f'step per update (--sched-on-updates)')
+
+
+def check_schedule_values(args) -> None:
+    """A :class:`RecipeError` for values each in bounds that together train other than they say, where timm
+    would go on without a word or fail inside torch."""
+    milestones = list(getattr(args, 'decay_milestones', None) or [])
+    if args.sched == 'multistep' and milestones != sorted(set(milestones)):  # timm bisects them, sorted
+        raise RecipeError(f'--decay-milestones {" ".join(map(str, milestones))}: give them increasing, each once')
+    for name in ('min_lr', 'warmup_lr'):
+        if (getattr(args, name, None) or 0) > args.lr:
+            raise RecipeError(f'--{name.replace("_", "-")} {getattr(args, name)} is above --lr {args.lr}: the '
+                              f'schedule would climb to it; give it below --lr')
+    if args.opt.lower().split('_')[-1] in ('sgd', 'nesterov') and not args.momentum:
+        raise RecipeError(f'--opt {args.opt} is Nesterov\'s momentum, which needs --momentum above 0; plain SGD is '
+                          f'--opt momentum --momentum 0')
+    if args.sched == 'rsqrt' and not args.warmup_epochs:
+        raise RecipeError('--sched rsqrt takes its time scale from the warm-up here: give --warmup-epochs above 0')
 
 
 def check_value_bounds(args) -> None:

@@ -251,10 +251,12 @@ def train_one_epoch(epoch, model, loader, optimizer, loss_fn, lr_scheduler, args
         optimizer.zero_grad(set_to_none=True)
         # timm's train.py leaves the classifier out of adaptive clipping (agc)
         clipped = model_parameters(model, exclude_head='agc' in args.clip_mode)
+        second_order = getattr(optimizer, 'is_second_order', False)  # adahessian: as timm's train.py passes it
         if loss_scaler is not None:
-            loss_scaler(loss, optimizer, clip_grad=args.clip_grad, clip_mode=args.clip_mode, parameters=clipped)
+            loss_scaler(loss, optimizer, clip_grad=args.clip_grad, clip_mode=args.clip_mode, parameters=clipped,
+                        create_graph=second_order)
         else:
-            loss.backward()
+            loss.backward(create_graph=second_order)
             if args.clip_grad is not None:
                 dispatch_clip_grad(clipped, value=args.clip_grad, mode=args.clip_mode)
             optimizer.step()

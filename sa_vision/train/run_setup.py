@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from ..errors import UserError
 from ..models import create_named_model, param_groups_pos_lr
 from ..models.input_pad import model_input_padding
-from .arg_values import check_compile_backend, check_scheduler, check_value_bounds
+from .arg_values import check_compile_backend, check_schedule_values, check_scheduler, check_value_bounds
 from .caller_settings import RUN_LOG
 from .checkpoint import Checkpoint
 from .data import (
@@ -59,6 +59,7 @@ def set_up_process(args) -> None:
     """Check what would only fail once the model and the data are built, then set up this process: threads,
     devices and DDP, the modules of --device-modules, backend switches, the allocator."""
     check_value_bounds(args)
+    check_schedule_values(args)
     check_scheduler(args.sched, args.sched_on_updates, args.val_interval, args.warmup_epochs)
     check_dataset(args.dataset, data_dir=args.data_dir, download=args.dataset_download,
                   train_split=args.train_split, eval_split=args.val_split)
