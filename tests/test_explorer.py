@@ -673,3 +673,16 @@ def test_exploring_a_model_leaves_it_as_it_was():
     model.last_logits = model(torch.randn(1, 3, 8, 8, dtype=torch.bfloat16))
     explorer.explorer_data([explorer.ExplorerModel('mine', model, 'digits', {})], num_images=2)
     assert model.training and all(p.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def test_the_gallery_is_of_the_size_the_model_takes(tmp_path):
+    """A model trained with --img-size 16 (its cfg's input_size, which sa-vision-validate reads) is shown 16x16
+    images, not 32x32 ones (which it scored far worse on); models of two sizes are not put on one page."""
+    from sa_vision.errors import UserError
+    torch.manual_seed(0)
+    small = timm.create_model('sa_quadratic_cifar', **SMALL, pretrained_cfg_overlay=dict(input_size=(3, 16, 16)))
+    data = explorer_data([ExplorerModel('small', small, 'digits')], num_images=2)
+    assert (data['images']['height'], data['images']['width']) == (16, 16)
+    usual = timm.create_model('sa_quadratic_cifar', **SMALL)
+    with pytest.raises(UserError, match=r'the models take images of different sizes \(16, 32 px\)'):
+        explorer_data([ExplorerModel('small', small, 'digits'), ExplorerModel('usual', usual, 'digits')])

@@ -332,8 +332,12 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     if data_dir is None:  # as sa-vision-validate finds it (an image folder's, CIFAR's, ...)
         data_dir = next((m.data_dir for m in own if m.data_dir and os.path.isdir(m.data_dir)), None)
     label_names = next((names for m in own if (names := image_folder_labels(m.model, m.dataset))), None)
+    sizes = {resolve_data_config({}, model=m.model)['input_size'][-1] for m in models}  # as sa-vision-validate
+    if len(sizes) > 1:  # one gallery of images for every model
+        raise UserError(f'the models take images of different sizes ({", ".join(map(str, sorted(sizes)))} px): show '
+                        f'them on separate pages')
     raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,
-                               mean=(0.,) * 3, std=(1.,) * 3,  # pixels in [0, 1]: the page shows them as they are
+                               img_size=sizes.pop(), mean=(0.,) * 3, std=(1.,) * 3,  # pixels in [0, 1], as shown
                                classes=label_names)
     targets = getattr(raw, 'targets', None)
     if targets is None:
