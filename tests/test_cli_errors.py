@@ -504,6 +504,7 @@ def test_train_numbers_out_of_their_range_are_one_error_line(argv, message, tmp_
     (['--opt', 'sgd', '--momentum', '0'], "--opt sgd is Nesterov's momentum, which needs --momentum above 0; plain "
                                           "SGD is --opt momentum --momentum 0"),
     (['--sched', 'rsqrt', '--warmup-epochs', '0'], '--sched rsqrt takes its time scale from the warm-up here'),
+    (['--opt', 'adahessian', '--torchcompile', 'aot_eager'], '--opt adahessian takes the gradient of the gradient'),
 ])
 def test_train_values_that_together_train_other_than_they_say_are_one_error_line(argv, message, tmp_path, capsys):
     """Each value in bounds, together what timm would train on without a word (a schedule climbing to --min-lr,

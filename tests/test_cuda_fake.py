@@ -190,6 +190,18 @@ def test_cuda_mixes_densely_up_to_the_measured_grid_only(fake_cuda, size, dense)
     assert forms and set(forms) == {dense}
 
 
+@pytest.mark.parametrize('kind', ['quadratic', 'learned'])
+@pytest.mark.parametrize('grid, dense', [(16, True), (24, False)], ids=('16x16-grid', '24x24-grid'))
+def test_mixing_probs_are_what_the_forward_applies_on_cuda(fake_cuda, kind, grid, dense):
+    """mixing_probs (the fused kernel's and the device check's inputs) chooses by the grid it is asked for, as the
+    forward does: not by the shape of the parameter it reads the device and dtype from."""
+    from sa_vision.layers import PositionalAttention as Attention
+    layer = to_fake_cuda(Attention(16, 4, kind, grid_major=True).eval(), fake_cuda)
+    with fake_cuda:
+        probs = layer.mixing_probs(grid, grid)
+    assert len(probs) == (1 if dense else 2), [tuple(p.shape) for p in probs]
+
+
 @pytest.mark.parametrize('cuda_project_first', (False, True), ids=('off', 'on'))
 def test_cuda_dense_path_projects_first_by_the_constant_and_an_override_wins(fake_cuda, monkeypatch,
                                                                            cuda_project_first):

@@ -686,3 +686,10 @@ def test_the_gallery_is_of_the_size_the_model_takes(tmp_path):
     usual = timm.create_model('sa_quadratic_cifar', **SMALL)
     with pytest.raises(UserError, match=r'the models take images of different sizes \(16, 32 px\)'):
         explorer_data([ExplorerModel('small', small, 'digits'), ExplorerModel('usual', usual, 'digits')])
+    # a model that adds the dataset's border itself (28x28 Fashion-MNIST padded to 32x32) is shown the padded images
+    # and runs on its 16x16 grid, beside a random model of the registered 32x32
+    padded = timm.create_model('sa_quadratic_cifar', **SMALL, input_padding=2,
+                               pretrained_cfg_overlay=dict(input_size=(3, 28, 28)))
+    data = explorer_data([ExplorerModel('padded', padded, 'digits'), ExplorerModel('usual', usual, 'digits')],
+                         num_images=2)
+    assert (data['images']['height'], [m['grid'] for m in data['models']]) == (32, [[16, 16], [16, 16]])

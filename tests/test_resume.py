@@ -511,3 +511,12 @@ def test_a_resume_onto_a_schedule_that_sets_no_lr_takes_the_changed_lr(tmp_path,
     status, log = train_here(caplog, capsys, '--resume', tmp_path / 'cosine' / 'last.pth.tar', '--epochs', 2,
                              '--sched', 'plateau', '--no-sched-on-updates', '--warmup-epochs', 0)
     assert status == 0 and 'Top-1 on the digits test split' in log, log[-2000:]
+    # plateau with the positional parameters at 10x: a changed --lr keeps their scale
+    status, log = train_here(caplog, capsys, *common, '--sched', 'plateau', '--no-sched-on-updates', '--warmup-epochs',
+                             0, '--pos-lr-scale', 10, '--epochs', 1, '--experiment', 'plateau')
+    assert status == 0, log[-2000:]
+    status, log = train_here(caplog, capsys, '--resume', tmp_path / 'plateau' / 'last.pth.tar', '--epochs', 2,
+                             '--lr', 0.01)
+    assert status == 0, log[-2000:]
+    groups = torch.load(tmp_path / 'plateau' / 'last.pth.tar', weights_only=True)['optimizer']['param_groups']
+    assert sorted({(g.get('lr_scale', 1.0), g['lr']) for g in groups}) == [(1.0, 0.01), (10.0, 0.1)]

@@ -191,10 +191,11 @@ class PositionalAttention(nn.Module):
         mixed = self.mix(x.permute(1, 2, 0, 3).contiguous())  # heads, H, W, B, D
         return mixed.permute(3, 1, 2, 0, 4).reshape(B, H, W, self.num_heads * D)
 
-    def path(self, x: Tensor, batched: bool = False) -> AttentionPath:
-        """How this layer runs on grid-major ``x`` now (:func:`choose_path`); ``batched``: Value asks for it."""
+    def path(self, x: Tensor, batched: bool = False, tokens: Optional[int] = None) -> AttentionPath:
+        """How this layer runs on grid-major ``x`` now (:func:`choose_path`); ``batched``: Value asks for it;
+        ``tokens``: the grid's, where ``x`` is no grid-major input (a parameter, of its device and dtype)."""
         return current_path(x, self.training, self.separable, self.content is not None, self.dense,
-                             self.batched_heads or batched, self.fused_kernel, self.project_first)
+                             self.batched_heads or batched, self.fused_kernel, self.project_first, tokens)
 
     def mix(self, x: Tensor, path: Optional[AttentionPath] = None) -> Tensor:
         """Grid-major attention: ``x`` is ``h x w x B x D``, the result ``heads x h x w x B x D``."""
@@ -208,7 +209,7 @@ class PositionalAttention(nn.Module):
     def mixing_probs(self, grid_h: int, grid_w: int) -> List[Tensor]:
         """What a content-free forward on the parameters' device and dtype applies, dropout included: ``[row,
         col]`` for separable mixing, ``[grid]`` for dense (:func:`apply_mixing`, :func:`choose_path`)."""
-        return self._mixing_probs(grid_h, grid_w, self.path(next(self.position.parameters())))
+        return self._mixing_probs(grid_h, grid_w, self.path(next(self.position.parameters()), tokens=grid_h * grid_w))
 
     def _mixing_probs(self, grid_h: int, grid_w: int, path: AttentionPath) -> List[Tensor]:
         if torch.jit.is_scripting():

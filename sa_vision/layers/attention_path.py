@@ -129,8 +129,10 @@ def choose_path(
 
 
 def current_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
-                  batched: bool, fused: bool = False, project_first: Optional[bool] = None) -> AttentionPath:
-    """:func:`choose_path` for input ``x`` in the current state of autograd, autocast, compilation and capture."""
+                  batched: bool, fused: bool = False, project_first: Optional[bool] = None,
+                  tokens: Optional[int] = None) -> AttentionPath:
+    """:func:`choose_path` for input ``x`` in the current state of autograd, autocast, compilation and capture;
+    ``tokens``: the grid's (default: of ``x``, the attention's grid-major input ``h x w x B x D``)."""
     if torch.jit.is_scripting():
         # a scripted model is a captured graph with literal choices: separable on CUDA too (exact, slower there
         # than CUDA_DENSE_MIXING's dense form; a literal True would be a second copy of that constant, which
@@ -139,19 +141,20 @@ def current_path(x: Tensor, training: bool, separable: bool, content: bool, dens
         return choose_path(x.device.type, x.dtype, False, False, True, False, training, separable, content, dense,
                            batched, False, False, False, False)
     else:
-        return _eager_path(x, training, separable, content, dense, batched, fused, project_first)
+        return _eager_path(x, training, separable, content, dense, batched, fused, project_first, tokens)
 
 
 @torch.jit.unused
 def _eager_path(x: Tensor, training: bool, separable: bool, content: bool, dense: Optional[bool],
-                batched: bool, fused: bool, project_first: Optional[bool]) -> AttentionPath:
+                batched: bool, fused: bool, project_first: Optional[bool], tokens: Optional[int]) -> AttentionPath:
     device_type, compiling, capturing = x.device.type, torch.compiler.is_compiling(), is_capturing()
     # a graph is batched whatever autocast says
     autocast = not (compiling or capturing) and has_autocast(device_type) and torch.is_autocast_enabled(device_type)
-    # x: the attention's grid-major input (h x w x B x D) where the kind is separable, the only case cuda_dense counts
+    if tokens is None:  # only a separable kind's choice counts them
+        tokens = x.shape[0] * x.shape[1] if separable else 0
     return choose_path(device_type, x.dtype, autocast, compiling, capturing, torch.is_grad_enabled(), training,
-                       separable, content, dense, batched, fused, cuda_dense_mixing(x.shape[0] * x.shape[1]),
-                       project_first, CUDA_PROJECT_FIRST)
+                       separable, content, dense, batched, fused, cuda_dense_mixing(tokens), project_first,
+                       CUDA_PROJECT_FIRST)
 
 
 def cuda_dense_mixing(tokens: int) -> bool:

@@ -332,7 +332,10 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     if data_dir is None:  # as sa-vision-validate finds it (an image folder's, CIFAR's, ...)
         data_dir = next((m.data_dir for m in own if m.data_dir and os.path.isdir(m.data_dir)), None)
     label_names = next((names for m in own if (names := image_folder_labels(m.model, m.dataset))), None)
-    sizes = {resolve_data_config({}, model=m.model)['input_size'][-1] for m in models}  # as sa-vision-validate
+    # the images as the models see them: a model that adds the dataset's border itself is shown it (and given the
+    # images without it, _float32_model_record)
+    sizes = {resolve_data_config({}, model=m.model)['input_size'][-1] + 2 * model_input_padding(m.model)
+             for m in models}
     if len(sizes) > 1:  # one gallery of images for every model
         raise UserError(f'the models take images of different sizes ({", ".join(map(str, sorted(sizes)))} px): show '
                         f'them on separate pages')

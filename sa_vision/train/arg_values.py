@@ -94,6 +94,9 @@ def check_schedule_values(args) -> None:
     if args.opt.lower().split('_')[-1] in ('sgd', 'nesterov') and not args.momentum:
         raise RecipeError(f'--opt {args.opt} is Nesterov\'s momentum, which needs --momentum above 0; plain SGD is '
                           f'--opt momentum --momentum 0')
+    if args.opt.lower().split('_')[-1] == 'adahessian' and getattr(args, 'torchcompile', None):
+        raise RecipeError(f'--opt {args.opt} takes the gradient of the gradient, which torch.compile cannot give '
+                          f'(double backward): leave out --torchcompile')
     if args.sched == 'rsqrt' and not args.warmup_epochs:
         raise RecipeError('--sched rsqrt takes its time scale from the warm-up here: give --warmup-epochs above 0')
 

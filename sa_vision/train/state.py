@@ -296,17 +296,20 @@ def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler
         # step counts by it
         saved = {**saved, 'param_groups': [{**group, **{k: now[k] for k in ('fused', 'foreach') if k in now}}
                                            for group, now in zip(saved['param_groups'], optimizer.param_groups)]}
-    fresh = [group.get('initial_lr', group['lr']) for group in optimizer.param_groups]  # this run's --lr, scaled
+    # this run's --lr, unscaled: timm's schedulers keep it in initial_lr and scale each step; none scaled it once
+    fresh = [group['initial_lr'] if 'initial_lr' in group else group['lr'] / group.get('lr_scale', 1.0)
+             for group in optimizer.param_groups]
     optimizer.load_state_dict(saved)
     run_args, plateau = meta.get('args') or {}, isinstance(lr_scheduler, PlateauLRScheduler)
     if plateau and run_args.get('sched') == 'plateau' and run_args.get('eval_metric', eval_metric) == eval_metric:
         lr_scheduler.load_state_dict(meta['scheduler'])
     if lr_scheduler is None or plateau:  # no schedule sets each step's lr: the loaded one stays, unless changed
-        scale = optimizer.param_groups[0].get('lr_scale', 1.0) if optimizer.param_groups else 1.0
-        changed = run_args.get('lr') is None or not math.isclose(run_args['lr'], fresh[0] / scale)
+        changed = run_args.get('lr') is None or not math.isclose(run_args['lr'], fresh[0])
         if changed or run_args.get('sched') != ('plateau' if plateau else 'none'):
             for group, lr in zip(optimizer.param_groups, fresh):
-                group['lr'] = group['initial_lr'] = lr
+                group['lr'] = lr * group.get('lr_scale', 1.0)
+                if plateau:
+                    group['initial_lr'] = lr
     elif lr_scheduler is not None:
         # each is a no-op for a schedule not counted in its unit (epochs or updates)
         lr_scheduler.step(meta['epoch'])
