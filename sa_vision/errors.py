@@ -12,7 +12,8 @@ from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
            'TrainingDiverged', 'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'READER_GONE_STATUS',
-           'first_launched_process', 'write_failure', 'run_cli', 'command_name', 'command', 'freeze_at_exit']
+           'first_launched_process', 'write_failure', 'out_of_memory', 'run_cli', 'command_name', 'command',
+           'freeze_at_exit']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
@@ -88,6 +89,19 @@ def _write_advice(code: Optional[int]) -> str:
     return 'make room, or write elsewhere'  # no room, or a folder gone (safetensors' ENOENT)
 
 
+def out_of_memory(error: BaseException) -> Optional[str]:
+    """A memory request the system or the GPU refused, in words with what needs less, or None: a size the user
+    chose (the batch, the images; the dense kinds grow with the image size squared)."""
+    text = (str(error).strip().splitlines() or [''])[0]
+    refused = isinstance(error, MemoryError) or type(error).__name__ == 'OutOfMemoryError' or (
+        isinstance(error, RuntimeError) and "can't allocate memory" in text)  # torch's CPU allocator's words
+    if not refused:
+        return None
+    return (f'out of memory ({text or type(error).__name__}). A smaller --batch-size or --img-size needs less; the '
+            f'generalized and content kinds grow with the image size squared, the quadratic and learned ones far '
+            f'less (docs/performance.md, "Where each kind stops fitting")')
+
+
 def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:
     """Run a script's ``main(argv)``: its status (``None`` is 0), 2 after printing a :class:`UserError` or a write
     the system refused, 130 on Ctrl-C, 141 where the output's reader has gone (:class:`_Stdout`)."""
@@ -102,7 +116,7 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
     except Exception as e:  # noqa: BLE001  of the rest, only a write the system refused is the user's to mend
         if _reader_gone(e):
             return READER_GONE_STATUS
-        reason = write_failure(e)
+        reason = write_failure(e) or out_of_memory(e)
         if reason is None:
             raise
         print(f'error: {reason}', file=sys.stderr)

@@ -174,6 +174,23 @@ def test_bugs_keep_their_traceback(monkeypatch):
         run_cli(broken, [])
 
 
+def test_a_memory_request_refused_is_one_line_saying_what_needs_less(capsys):
+    """A model given images too large for the machine (the generalized kind at 224 px asks 5-11 GB at once): torch's
+    allocator error becomes one line with the sizes that need less, not a traceback; other RuntimeErrors stay bugs."""
+    refused = RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate memory: "
+                           "you tried to allocate 11329339392 bytes. Error code 12 (Cannot allocate memory)")
+
+    def too_large(argv):
+        raise refused
+    status, err = _run(too_large, [], capsys)
+    assert status == 2 and err.count('\n') == 1, err
+    assert err.startswith("error: out of memory ([enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: "
+                          "can't allocate memory: you tried to allocate 11329339392 bytes") and \
+        'A smaller --batch-size or --img-size needs less' in err and 'Where each kind stops fitting' in err, err
+    with pytest.raises(RuntimeError, match='shape mismatch'):
+        run_cli(lambda argv: (_ for _ in ()).throw(RuntimeError('shape mismatch')), [])
+
+
 def _record_atexit(monkeypatch) -> list:
     """What is registered with ``atexit`` from now on (and not unregistered), instead of registering it."""
     registered = []
