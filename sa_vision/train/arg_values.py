@@ -91,10 +91,11 @@ def check_schedule_values(args) -> None:
         if (getattr(args, name, None) or 0) > args.lr:
             raise RecipeError(f'--{name.replace("_", "-")} {getattr(args, name)} is above --lr {args.lr}: the '
                               f'schedule would climb to it; give it below --lr')
-    if args.opt.lower().split('_')[-1] in ('sgd', 'nesterov') and not args.momentum:
+    optimizer = args.opt.lower().split('_')[-1]  # timm's name without its lookahead_ prefix
+    if optimizer in ('sgd', 'nesterov') and not args.momentum:
         raise RecipeError(f'--opt {args.opt} is Nesterov\'s momentum, which needs --momentum above 0; plain SGD is '
                           f'--opt momentum --momentum 0')
-    if args.opt.lower().split('_')[-1] == 'adahessian' and getattr(args, 'torchcompile', None):
+    if optimizer == 'adahessian' and getattr(args, 'torchcompile', None):
         raise RecipeError(f'--opt {args.opt} takes the gradient of the gradient, which torch.compile cannot give '
                           f'(double backward): leave out --torchcompile')
     if args.sched == 'rsqrt' and not args.warmup_epochs:
