@@ -145,6 +145,20 @@ def test_separable_path_never_builds_the_full_matrix(kind, monkeypatch):
     assert max(largest) < layer.num_heads * (16 * 16) ** 2
 
 
+@pytest.mark.parametrize('kind', ('quadratic', 'generalized', 'learned'))
+def test_grid_scores_hold_one_grid_sized_tensor_at_a_time(kind):
+    """The whole-grid scores (dense mixing, the generalized kind always) are built from per-axis terms: building
+    them, with the graph for backward, holds the scores and less than half again their size. Grid-sized offsets
+    and their products peaked at 5.2x (quadratic) and 8.2x (generalized): a dense layer's training step on a 32x32
+    grid, 9 heads, batch 8, peaked at 325 MB, 155 MB per-axis."""
+    from sa_vision.measure.memory import LiveTensorMemory
+    layer = make_layer(kind, torch.float32)
+    with LiveTensorMemory() as tracker:
+        scores = layer.position.grid_scores(12, 20)
+    assert scores.shape == (layer.num_heads, 12 * 20, 12 * 20) and scores.requires_grad
+    assert tracker.peak < 1.5 * scores.nbytes
+
+
 def test_generalized_applies_all_heads_in_one_product(monkeypatch):
     layer = make_layer('generalized', torch.float32)
     calls = []

@@ -27,7 +27,6 @@ from .scores import (
     GeneralizedScores,
     LearnedScores,
     QuadraticScores,
-    grid_shifts,
     kernel_offsets,
     relative_shifts,
 )
@@ -41,5 +40,5 @@ __all__ = [
     'has_checked_input_size',
     'GeluMlp',
     'CONV_INIT_ALPHA', 'POSITION_INITS', 'ContentScores', 'GeneralizedScores', 'LearnedScores', 'QuadraticScores',
-    'grid_shifts', 'kernel_offsets', 'relative_shifts',
+    'kernel_offsets', 'relative_shifts',
 ]

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = [
-    'QuadraticScores', 'GeneralizedScores', 'LearnedScores', 'ContentScores', 'relative_shifts', 'grid_shifts',
+    'QuadraticScores', 'GeneralizedScores', 'LearnedScores', 'ContentScores', 'relative_shifts',
     'POSITION_INITS', 'CONV_INIT_ALPHA', 'kernel_offsets', 'check_position_init',
 ]
 
@@ -52,12 +52,10 @@ def relative_shifts(size: int, device: torch.device, dtype: torch.dtype) -> Tens
     return positions - positions[:, None]  # (size,) broadcasts as the key index
 
 
-def grid_shifts(grid_h: int, grid_w: int, device: torch.device, dtype: torch.dtype) -> Tensor:
-    """``shifts[q, k] = (row_k - row_q, col_k - col_q)`` for row-major grid positions, ``(h*w, h*w, 2)``."""
-    # broadcasts, not repeat_interleave: with a symbolic size that exports to a wrong ONNX graph
-    rows = torch.arange(grid_h, device=device, dtype=dtype)[:, None].expand(grid_h, grid_w).reshape(-1)
-    cols = torch.arange(grid_w, device=device, dtype=dtype)[None, :].expand(grid_h, grid_w).reshape(-1)
-    return torch.stack([rows[None, :] - rows[:, None], cols[None, :] - cols[:, None]], dim=-1)
+def _on_grid(row: Tensor, col: Tensor) -> Tuple[Tensor, Tensor]:
+    """Per-axis terms ``(heads, h, h)`` and ``(heads, w, w)`` as views that broadcast to ``(heads, h, w, h, w)``,
+    ``[head, query row, query col, key row, key col]``: their sum, reshaped, is the grid's ``[head, query, key]``."""
+    return row[:, :, None, :, None], col[:, None, :, None, :]
 
 
 class QuadraticScores(nn.Module):
@@ -119,10 +117,8 @@ class QuadraticScores(nn.Module):
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
         """Scores over the whole grid, ``(heads, h*w, h*w)`` indexed ``[head, query, key]``."""
-        centers, factors = _exact(self.centers), _exact(self.precision_factors)
-        shifts = grid_shifts(grid_h, grid_w, centers.device, centers.dtype)
-        offsets = shifts[None] - centers[:, None, None, :]  # heads, hw, hw, 2
-        return -(0.5 * factors ** 2)[:, None, None] * (offsets ** 2).sum(-1)
+        row, col = _on_grid(*self.axis_scores(grid_h, grid_w))
+        return (row + col).reshape(self.num_heads, grid_h * grid_w, grid_h * grid_w)
 
 
 class GeneralizedScores(nn.Module):
@@ -180,15 +176,16 @@ class GeneralizedScores(nn.Module):
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
         centers, factors = _exact(self.centers), _exact(self.precision_factors)
-        shifts = grid_shifts(grid_h, grid_w, centers.device, centers.dtype)
-        offsets = shifts[None] - centers[:, None, None, :]  # heads, hw, hw, 2
         precisions = factors @ factors.transpose(-1, -2)
-        # quadratic form offsets^T M offsets, written out for the symmetric 2x2 M
-        dy, dx = offsets[..., 0], offsets[..., 1]
-        m_yy = precisions[:, 0, 0, None, None]
-        m_xx = precisions[:, 1, 1, None, None]
-        m_yx = precisions[:, 0, 1, None, None]
-        return -0.5 * (m_yy * dy * dy + 2.0 * m_yx * dy * dx + m_xx * dx * dx)
+        dy = relative_shifts(grid_h, centers.device, centers.dtype) - centers[:, 0, None, None]  # heads, h, h
+        dx = relative_shifts(grid_w, centers.device, centers.dtype) - centers[:, 1, None, None]  # heads, w, w
+        # -1/2 offset^T M offset for the symmetric 2x2 M: only the cross term -m_yx dy dx needs the whole grid, so
+        # it is built once and the per-axis terms are added in place, one grid-sized tensor instead of five
+        row_cross, col_cross = _on_grid(-precisions[:, 0, 1, None, None] * dy, dx)
+        row, col = _on_grid(-0.5 * precisions[:, 0, 0, None, None] * dy.square(),
+                            -0.5 * precisions[:, 1, 1, None, None] * dx.square())
+        scores = (row_cross * col_cross).add_(row).add_(col)
+        return scores.reshape(self.num_heads, grid_h * grid_w, grid_h * grid_w)
 
 
 class LearnedScores(nn.Module):
@@ -268,10 +265,8 @@ class LearnedScores(nn.Module):
         return torch.stack(self.axis_scores(size, size))
 
     def grid_scores(self, grid_h: int, grid_w: int) -> Tensor:
-        row, col = self.axis_scores(grid_h, grid_w)
-        # scores[n, (i, j), (k, l)] = row[n, i, k] + col[n, j, l]
-        scores = row[:, :, None, :, None] + col[:, None, :, None, :]
-        return scores.reshape(self.num_heads, grid_h * grid_w, grid_h * grid_w)
+        row, col = _on_grid(*self.axis_scores(grid_h, grid_w))
+        return (row + col).reshape(self.num_heads, grid_h * grid_w, grid_h * grid_w)
 
 
 class ContentScores(nn.Module):
