@@ -115,8 +115,12 @@ def _evaluation_lines(ckpt: Checkpoint, record: TrainingRecord):
     metrics = ckpt.meta.get('metrics') or {}
     if {'top1', 'top5', 'loss'} <= set(metrics):
         top5 = (f'top-5 {metrics["top5"]:.2f} %, ' if ckpt.model_args.get('num_classes', 10) > 5 else '')  # else 100
-        yield (f'- Evaluation of these weights ({metrics.get("num_images")} images): top-1 {metrics["top1"]:.2f} %, '
-               f'{top5}loss {metrics["loss"]:.4f}.')
+        autocast = (ckpt.meta.get('args') or {}).get('amp_used')
+        # the training evaluated under its autocast: these 16-bit rounded sums score a few hundredths of a point
+        # apart from the same weights in float32 (sa-vision-validate), enough to differ in a card's two decimals
+        precision = f', under {autocast} autocast as in training' if autocast else ''
+        yield (f'- Evaluation of these weights ({metrics.get("num_images")} images{precision}): top-1 '
+               f'{metrics["top1"]:.2f} %, {top5}loss {metrics["loss"]:.4f}.')
     elif metrics:
         scores = ', '.join(f'{name} {value:.4g}' for name, value in metrics.items())
         yield f'- Evaluation of these weights (timm `train.py`): {scores}.'
