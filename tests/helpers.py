@@ -3,6 +3,7 @@ a new file's mode and the loading of a probe script """
 import contextlib
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import resource
@@ -66,6 +67,11 @@ def logged_here(caplog, capture, name: str, *args) -> Tuple[int, str]:
     with caplog.at_level(logging.INFO):
         status, out, err = command_here(capture, name, *args)
     return status, ''.join(f'{record.getMessage()}\n' for record in caplog.records) + out + err
+
+
+def run_result(output: str) -> dict:
+    """The result sa-vision-train prints on stdout (a JSON line) at the end of ``output``."""
+    return json.loads([line for line in output.splitlines() if line.startswith('{"model": ')][-1])
 
 
 def train_here(caplog, capture, *args) -> Tuple[int, str]:

@@ -7,7 +7,7 @@ import json
 import pytest
 import timm
 import torch
-from helpers import command_here, train_here
+from helpers import command_here, run_result, train_here
 from PIL import Image
 
 from sa_vision.errors import DatasetError
@@ -84,7 +84,7 @@ def test_training_and_validation_score_a_split_lacking_a_class_by_the_models_lab
     with torch.no_grad():
         predicted = model(torch.stack([x for _, x in images])).argmax(1).tolist()
     top1 = 100 * sum(p == 'abc'.index(name) for p, (name, _) in zip(predicted, images)) / len(images)
-    result = json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][len('Result '):])
+    result = run_result(log)
     assert result['top1'] == pytest.approx(top1) and result['num_images'] == 4
     status, out, err = command_here(capsys, 'validate', '--model', f'local-dir:{tmp_path / "out" / "run" / "hub"}',
                                     '--data-dir', root, '--threads', 1)
@@ -148,7 +148,7 @@ def test_a_run_of_an_earlier_version_keeps_its_labels(tmp_path, caplog, capsys):
     status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', tmp_path / 'data', *TINY, '--epochs', 6,
                              '-b', 4, '--lr', 0.01, '--warmup-epochs', 0, '--output', tmp_path / 'out',
                              '--experiment', 'run', '--workers', 0)
-    assert status == 0 and json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][7:])['top1'] \
+    assert status == 0 and run_result(log)['top1'] \
         == 100.0, log[-3000:]  # one colour a class: learned in a few epochs
     ckpt = torch.load(run / 'last.pth.tar', weights_only=True)
     assert ckpt['args']['label_names'] == ['c1', 'c2', 'c10']
@@ -157,7 +157,7 @@ def test_a_run_of_an_earlier_version_keeps_its_labels(tmp_path, caplog, capsys):
     status, out, err = command_here(capsys, 'validate', '--checkpoint', run / 'last.pth.tar', '--threads', 1)
     assert status == 0 and json.loads(out.strip().splitlines()[-1])['top1'] == 100.0, err
     status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 7)
-    result = json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][7:])
+    result = run_result(log)
     assert status == 0 and result['top1'] == 100.0, log[-3000:]
 
 

@@ -3,14 +3,13 @@ checkpoint again (a kill or a full disk between ``last.pth.tar``, ``model_best.p
 schedule goes on at the epoch whatever the batch size now, a resume with nothing left to train reports what it
 evaluated and leaves the run's recipe as it was, and a folder that cannot be written is named in one line """
 import csv
-import json
 import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import file_size_limit, train_here
+from helpers import file_size_limit, run_result, train_here
 
 from sa_vision.train import loop, state
 from sa_vision.train.checkpoint import read_checkpoint
@@ -34,10 +33,6 @@ def _load(path: Path) -> dict:
 def _summary(run: Path):
     with open(run / 'summary.csv', encoding='utf-8') as f:
         return list(csv.DictReader(f))
-
-
-def _result(log: str) -> dict:
-    return json.loads([ln for ln in log.splitlines() if ln.startswith('Result ')][-1][len('Result '):])
 
 
 def _failing_at_call(real, call: int, error: BaseException):
@@ -316,7 +311,7 @@ def test_a_resume_with_nothing_to_train_reports_what_it_evaluated(tmp_path, capl
     files = {name: (run / name).read_bytes() for name in ('args.yaml', 'recipe.yaml')}
     status, log = train_here(caplog, capsys, '--resume', run, '--val-split', 'train', '--model', 'resnet18_cifar')
     assert status == 0, log[-3000:]
-    result = _result(log)
+    result = run_result(log)
     assert result['split'] == 'train' and result['num_images'] == len(create_image_dataset('digits', 'train', False))
     assert f'Top-1 on the digits train split: {result["top1"]:.2f}%' in log
     assert 'the best epoch is counted anew' in log and 'Best top1' not in log  # its best was of the test split

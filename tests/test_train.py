@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S, command, command_here, train_here
+from helpers import HANG_TIMEOUT_S, command, command_here, run_result, train_here
 
 pytest.importorskip('sklearn')
 
@@ -35,11 +35,6 @@ def run_train(caplog, capsys, args):
     return log
 
 
-def result_of(log: str):
-    line = [ln for ln in log.splitlines() if ln.startswith('Result ')][-1]
-    return json.loads(line[len('Result '):])
-
-
 def load_ckpt(path):
     return torch.load(path, map_location='cpu', weights_only=True)
 
@@ -48,7 +43,7 @@ def load_ckpt(path):
 def test_digits_small_sa_model_reaches_90_percent(tmp_path, caplog, capsys):
     log = run_train(caplog, capsys, ['-c', DIGITS_RECIPE, '--output', tmp_path, '--experiment', 'digits',
                                      '--target-top1', 90])
-    result = result_of(log)
+    result = run_result(log)
     assert result['dataset'] == 'digits' and result['num_images'] == 360
     assert result['top1'] >= 90., log[-2000:]
     assert 'img/s' in log and 'LR:' in log and 'Loss:' in log
@@ -119,7 +114,7 @@ def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-4000:]
     assert '2 process(es) on cpu' in log
-    result = result_of(log)
+    result = run_result(log)
     assert result['num_images'] == 360  # the two evaluation shards are summed over the processes
     run_train(caplog, capsys, [*_mechanics_args(tmp_path, 'single', 1), *sgd])  # -b 64 in one process
     ddp, single = load_ckpt(tmp_path / 'ddp' / 'last.pth.tar'), load_ckpt(tmp_path / 'single' / 'last.pth.tar')

@@ -225,7 +225,7 @@ def test_resume_refuses_another_folder_and_fewer_epochs_than_done_and_says_what_
     with caplog.at_level(logging.INFO, logger='train'):
         training.main(['--resume', last, '--model-kwargs', 'embed_dim=32', 'depth=1', '--log-interval', '100',
                        '--output', str(tmp_path), '--experiment', 'run'])
-    assert '(ignoring --model-kwargs embed_dim=32)' in caplog.text and 'Result ' in caplog.text
+    assert '(ignoring --model-kwargs embed_dim=32)' in caplog.text and 'Top-1 on the' in caplog.text
 
 
 def test_an_export_without_model_best_warns_where_an_earlier_epoch_was_better(adamw_run, tmp_path, caplog):
@@ -323,7 +323,7 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
     caplog.clear()
     with caplog.at_level(logging.INFO, logger='train'):
         training.main(['--resume', str(run / 'last.pth.tar'), '--epochs', '1', '--log-interval', '100'])
-    assert re.search(r'Eval: 0  Loss: ', caplog.text) and 'Result ' in caplog.text
+    assert re.search(r'Eval: 0  Loss: ', caplog.text) and 'Top-1 on the' in caplog.text
 
 
 def test_val_interval_below_one_or_beside_plateau_is_a_recipe_error(tmp_path):

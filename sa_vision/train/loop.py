@@ -327,7 +327,8 @@ def _report(args, metrics: dict, num_epochs: int, run_dir: Path, export, best_ep
                             f'exports without training') from None
         result['hub_folder'], result['hub_epoch'] = str(export_dir), done
         log(f'Exported Hub folder {export_dir}: {", ".join(staged)}')
-    log('Result ' + result_json(result))
+    if is_primary(args):  # on stdout, where timm's train.py prints its --result and sa-vision-validate its own
+        print(result_json(result), flush=True)
     if best_epoch is not None and best.is_file():  # timm's train.py ends with "*** Best metric"
         log(f'Best {args.eval_metric} {metric_text(args.eval_metric, best_epoch["metric"])} at epoch '
             f'{best_epoch["epoch"]} ({best_epoch["epoch"] + 1}/{num_epochs} done): {best}; sa-vision-validate '
