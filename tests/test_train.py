@@ -1,6 +1,7 @@
 """ sa-vision-train end to end on the offline digits data: accuracy, exact resume, torchrun DDP, safe loading,
 timm train.py checkpoints, recipes, pruned weights, fp16 loss scaling """
 import json
+import logging
 import os
 import shutil
 import signal
@@ -47,6 +48,15 @@ def test_digits_small_sa_model_reaches_90_percent(tmp_path, caplog, capsys):
     assert result['dataset'] == 'digits' and result['num_images'] == 360
     assert result['top1'] >= 90., log[-2000:]
     assert 'img/s' in log and 'LR:' in log and 'Loss:' in log
+
+
+def test_the_result_is_one_json_line_on_stdout_and_the_log_on_stderr(tmp_path, caplog, capsys):
+    """As timm's train.py prints its --result: a script reads stdout, a person the log (stderr's handler)."""
+    with caplog.at_level(logging.INFO):
+        status, out, err = command_here(capsys, 'train', '--threads', 1, *_mechanics_args(tmp_path, 'run', 1))
+    assert status == 0, err[-3000:]
+    assert len(out.splitlines()) == 1 and json.loads(out)['epochs'] == 1, out
+    assert 'Top-1 on the digits test split' in caplog.text and '"top1"' not in caplog.text + err
 
 
 def _mechanics_args(out, name, epochs):
