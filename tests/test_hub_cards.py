@@ -241,3 +241,19 @@ def test_a_card_says_its_evaluation_ran_under_the_trainings_autocast(tmp_path):
         export_hub_folder(Checkpoint('sa_quadratic_cifar', SMALL, weights, str(tmp_path / 'last.pth.tar'),
                                      'sa_vision', meta), out, figure=False)
         assert expected in _card(out)
+
+
+def test_the_cards_folder_order_is_timms(tmp_path):
+    """The card tells a validate.py user how timm numbers class folders: natural order, as timm's reader does
+    (an earlier card said `10` sorts before `2`, and had users rename folders for nothing)."""
+    from PIL import Image
+    from timm.data.readers.reader_image_folder import find_images_and_targets
+
+    from sa_vision.hub.card import MODEL_CARD_DIR
+    for name in ('10', '2', 'b', 'A'):
+        (tmp_path / name).mkdir()
+        Image.new('RGB', (4, 4)).save(tmp_path / name / 'x.png')
+    _, class_to_idx = find_images_and_targets(str(tmp_path))
+    assert list(class_to_idx) == ['2', '10', 'A', 'b']
+    template = ' '.join((Path(MODEL_CARD_DIR) / 'sa_quadratic_cifar.md').read_text(encoding='utf-8').split())
+    assert 'natural order (numbers by value, `2` before `10`; letters in either case alike)' in template

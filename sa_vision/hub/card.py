@@ -116,8 +116,8 @@ logits = model(transform(image).unsqueeze(0)){names}
 {INSTALL_LINE} {also} timm's own `validate.py` evaluates them on an image folder as
 `python -m sa_vision.train.run_timm path/to/timm/validate.py --data-dir <folder> --model <the name above>`
 (the launcher imports `sa_vision` first; `validate.py` runs on CUDA unless given `--device cpu`). timm numbers the
-classes by their folders' names, sorted: name the folders so that they sort in the label order above (`0` to `9`
-for ten classes; `10` would sort before `2`)."""
+classes by their folders' names in natural order (numbers by value, `2` before `10`; letters in either case alike):
+name the folders so that they sort in the label order above, `0` to `9` for ten classes."""
 
 
 def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True,
