@@ -249,7 +249,8 @@ class LearnedScores(nn.Module):
 
     def param_dtype(self) -> torch.dtype:
         """The parameters' dtype, the scores' and the probabilities'."""
-        return self.row_keys.weight.dtype
+        # the table's, not its Linear's: torch's dynamic quantization swaps a Linear whose .weight is then a method
+        return self.row_shift_embed.weight.dtype
 
     def _table_index(self, size: int) -> Tensor:
         shifts = relative_shifts(size, self.row_shift_embed.weight.device, torch.float32).long()
