@@ -426,5 +426,8 @@ def test_out_never_writes_into_the_weights_it_prunes(tmp_path, capsys):
                                                                        run / 'model_best.pth.tar')):
         assert run_cli(prune_script.main, [given, '--heads', '1', '--out', str(out)]) == 2  # refused before --heads
         assert 'would write into the weights it prunes' in capsys.readouterr().err
+    # other weights pruned into a run's checkpoint name replaced that run's best as well
+    assert run_cli(prune_script.main, [str(source), '--heads', '1', '--out', str(run / 'model_best.pth.tar')]) == 2
+    assert 'would replace a checkpoint of the training run in' in capsys.readouterr().err
     assert all(path.read_bytes() == data for path, data in kept.items())
     assert not (folder / 'pruned.safetensors').exists()

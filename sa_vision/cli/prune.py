@@ -96,6 +96,11 @@ def main(argv=None):
     if path is not None and _writes_into_source(Path(args.out), path):
         raise PruningError(f'--out {args.out} would write into the weights it prunes ({path}): name a file outside '
                            f'them, e.g. {path.with_name(path.stem.split(".")[0] + "_pruned.safetensors")}')
+    out = Path(args.out)
+    run_files = (RUN_CHECKPOINT, BEST_CHECKPOINT)
+    if out.name in run_files and any((out.parent / name).is_file() for name in (*run_files, 'args.yaml')):
+        raise PruningError(f'--out {args.out} would replace a checkpoint of the training run in {out.parent}: name a '
+                           f'file outside it, e.g. {out.parent / "pruned.safetensors"}')
     source = read_checkpoint(path) if path is not None else None
     model = source.create_model() if source is not None else load_model(args.source, pretrained=args.pretrained)
     hub_folder = _cached_hub_folder(model) if source is None else None
