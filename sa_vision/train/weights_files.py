@@ -3,6 +3,7 @@ the JSON stored beside weights, each failure a :class:`CheckpointError` that nam
 import argparse
 import json
 import re
+import zipfile
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Tuple
 
@@ -24,6 +25,7 @@ class CheckpointError(UserError):
 
 def torch_load(path: Path, map_location) -> Any:
     """``torch.load(weights_only=True)`` that also allows ``argparse.Namespace`` (timm train.py's ``args``)."""
+    _check_archive(path)  # first: changed pickle bytes read as a refused object, or as no checkpoint
     try:
         with torch.serialization.safe_globals([argparse.Namespace]):
             return torch.load(path, map_location=map_location, weights_only=True)
@@ -54,6 +56,22 @@ def torch_load(path: Path, map_location) -> Any:
         raise CheckpointError(
             f'{path} cannot be read ({type(e).__name__}: {reason[:300]}): the file is corrupted or truncated, or '
             f'not a PyTorch checkpoint. Use a checkpoint of a finished epoch (last.pth.tar) or retrain') from None
+
+
+def _check_archive(path: Path) -> None:
+    """A CheckpointError where a tensor of torch's zip archive fails its CRC-32: torch reads changed bytes (a
+    faulty disk or copy) as weights, which then score at chance without a word. One more read of the file."""
+    if not zipfile.is_zipfile(path):  # the legacy pickle format has no checksums
+        return
+    try:
+        with zipfile.ZipFile(path) as archive:
+            damaged = archive.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError) as e:  # torch read it, Python's reader finds it broken
+        damaged = f'(the archive: {e})'
+    if damaged is not None:
+        raise CheckpointError(f'{path} is corrupted: its part {damaged} does not match the checksum torch.save wrote '
+                              f'with it (a faulty disk or copy). Copy it again from where it was saved, or use '
+                              f'another checkpoint')
 
 
 def _looks_saved_by_torch(path: Path) -> bool:
