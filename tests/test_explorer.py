@@ -693,3 +693,21 @@ def test_the_gallery_is_of_the_size_the_model_takes(tmp_path):
     data = explorer_data([ExplorerModel('padded', padded, 'digits'), ExplorerModel('usual', usual, 'digits')],
                          num_images=2)
     assert (data['images']['height'], [m['grid'] for m in data['models']]) == (32, [[16, 16], [16, 16]])
+
+
+def test_a_content_model_runs_once_over_the_gallery_whatever_its_size():
+    """The content kind's page needs each image's layer inputs: they came from one forward of the whole gallery per
+    image (24 images took 380 s); the passes are as many, each of the whole gallery, for 2 images as for 5."""
+    model = timm.create_model('sa_content_cifar', **SMALL).eval()
+    batches = []
+    hook = model.register_forward_pre_hook(lambda _, args: batches.append(args[0].shape[0]))
+    try:
+        passes = {}
+        for count in (2, 5):
+            batches.clear()
+            explorer_data([ExplorerModel('content', model, 'digits')], num_images=count)
+            assert batches and set(batches) == {count}, batches
+            passes[count] = len(batches)
+    finally:
+        hook.remove()
+    assert passes[2] == passes[5], passes

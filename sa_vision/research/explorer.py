@@ -302,9 +302,9 @@ def _float32_model_record(entry: ExplorerModel, model: nn.Module, images: Tensor
     elif len(class_names) and probs.shape[-1] < len(class_names):  # more: the page names the others by number
         raise UserError(f'{entry.name} has {probs.shape[-1]} classes but the images come from a dataset of '
                         f'{len(class_names)}; pass --dataset with the data it was trained on')
-    if layers[0].kind == 'content':  # image-dependent: each image's layer inputs
-        record['tokens'] = [[_b64(tokens[i], torch.float32) for tokens in _layer_inputs(model, normalized)]
-                            for i in range(len(images))]
+    if layers[0].kind == 'content':  # image-dependent: each image's layer inputs, from one pass over the batch
+        inputs = _layer_inputs(model, normalized)
+        record['tokens'] = [[_b64(tokens[i], torch.float32) for tokens in inputs] for i in range(len(images))]
     epochs = _epoch_records(layers, entry.epochs)
     if epochs:
         record.update(epochs)
