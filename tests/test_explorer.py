@@ -711,3 +711,19 @@ def test_a_content_model_runs_once_over_the_gallery_whatever_its_size():
     finally:
         hook.remove()
     assert passes[2] == passes[5], passes
+
+
+def test_a_model_of_non_finite_outputs_is_refused_and_no_nan_reaches_a_page(tmp_path):
+    """Diverged weights (a NaN bias): json.dumps wrote NaN, the page's JSON.parse failed and the page stayed blank
+    while the command reported success. The model is refused by name, and no page is written."""
+    from sa_vision.errors import UserError
+    model = timm.create_model('sa_quadratic_cifar', **SMALL).eval()
+    with torch.no_grad():
+        model.get_classifier().bias[3] = float('nan')
+    out = tmp_path / 'page.html'
+    with pytest.raises(UserError, match=r'^diverged gives non-finite outputs \(NaN or inf\) .* its weights diverged'):
+        write_explorer([ExplorerModel('diverged', model, 'digits')], out, num_images=2)
+    assert not out.exists()
+    with pytest.raises(ValueError):  # whatever else could carry a NaN: never written as the page's data
+        write_explorer_page({'title': 'nan', 'uniform_peak_ratio': float('nan')}, out)
+    assert not out.exists()

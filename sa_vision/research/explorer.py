@@ -280,7 +280,12 @@ def _float32_model_record(entry: ExplorerModel, model: nn.Module, images: Tensor
     if pad:
         normalized = normalized[..., pad:normalized.shape[-2] - pad, pad:normalized.shape[-1] - pad]
     with torch.no_grad():
-        probs = model(normalized).softmax(dim=-1)
+        logits = model(normalized)
+    if not torch.isfinite(logits).all():  # NaN is no JSON: the page would not open, blank
+        raise UserError(f'{entry.name} gives non-finite outputs (NaN or inf) on the gallery\'s images: its weights '
+                        f'diverged in training. Explore weights saved before that (an earlier epoch or checkpoint '
+                        f'of the run), or train again with a lower learning rate')
+    probs = logits.softmax(dim=-1)
     top_probs, top_classes = probs.topk(min(top, probs.shape[-1]), dim=-1)
     grid = (images.shape[-2] // 2, images.shape[-1] // 2)  # the 2x2 patch embedding (paper Sec. 4)
     record = {
@@ -372,7 +377,7 @@ def write_explorer_page(data: Dict[str, Any], out) -> Path:
     """Write the page of :func:`explorer_data`'s ``data`` to ``out``."""
     template = resources.files(__package__).joinpath('explorer.html').read_text(encoding='utf-8')
     # no '<' at all inside the script element: '</script' would end it and '<!--' change how the HTML parser reads it
-    payload = json.dumps(data, separators=(',', ':')).replace('<', '\\u003c')
+    payload = json.dumps(data, separators=(',', ':'), allow_nan=False).replace('<', '\\u003c')
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_write(out) as tmp:
