@@ -34,7 +34,7 @@ def test_smoke_trains_the_four_variants_and_brings_back_their_table_and_centres(
     from safetensors.torch import load_file
 
     from sa_vision.reproduce import ABLATION_VARIANTS, ablation_run_name
-    from sa_vision.research.explorer import positional_params
+    from sa_vision.research.positional_epochs import positional_params
     proc = _run(tmp_path)
     log = (tmp_path / 'ablation_gpu_long.log').read_text() if (tmp_path / 'ablation_gpu_long.log').is_file() else ''
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-3000:]

@@ -23,11 +23,13 @@ from sa_vision.research.explorer import (
     ExplorerModel,
     explorer_data,
     gallery_indices,
+    write_explorer,
+    write_explorer_page,
+)
+from sa_vision.research.positional_epochs import (
     load_positional_trajectory,
     positional_params,
     save_positional_trajectory,
-    write_explorer,
-    write_explorer_page,
 )
 from sa_vision.train.data import create_image_dataset, dataset_info
 

@@ -612,7 +612,7 @@ def _keep_check_and_draw_the_zoo(out, tmp_path, capfd):
 
     from sa_vision.cli import push_to_hub
     from sa_vision.reproduce import Reproduction, draw_figures, kept_guard_paths
-    from sa_vision.research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
+    from sa_vision.research.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
     zoo = tmp_path / 'kept' / 'digits-tiny'
     kept = Reproduction(out, 'tiny').keep(zoo)
     assert sorted(p.name for p in kept) == sorted(MODELS)

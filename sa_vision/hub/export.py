@@ -16,7 +16,7 @@ from ..errors import UserError
 from ..io import atomic_folder, partial_name, usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..models.sa_state_dict import rename_old_keys
-from ..research.explorer import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
+from ..research.positional_epochs import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..tables import plural
 from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo

@@ -8,7 +8,7 @@ import torch
 
 from ..io import plain_data
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id
-from ..research.explorer import POSITIONAL_EPOCHS_FILE
+from ..research.positional_epochs import POSITIONAL_EPOCHS_FILE
 from ..train.checkpoint import Checkpoint
 from ..train.data import CUSTOM_SUFFIX, UNKNOWN_DATASET, DatasetInfo, dataset_info, trained_dataset
 

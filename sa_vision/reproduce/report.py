@@ -55,8 +55,8 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
     the folder keeps its epochs, centre trajectories (Fig. 3). Existing files newer than their folder's weights are
     kept unless ``redraw``."""
     from ..research.analysis import GAUSSIAN_KINDS
-    from ..research.explorer import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
     from ..research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
+    from ..research.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made = []

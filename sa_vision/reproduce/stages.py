@@ -308,7 +308,7 @@ class Reproduction:
         export is redone, not taken for done.
         """
         from ..hub import export_hub_folder, weights_label
-        from ..research.explorer import run_epochs
+        from ..research.positional_epochs import run_epochs
         folders = []
         for model in (m for m in TABLE_ORDER if m in models):
             last = self.run_dir(model) / 'last.pth.tar'

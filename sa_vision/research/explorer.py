@@ -4,7 +4,6 @@ Needs no server (``explorer.html`` here is the template); the page computes the 
 from their parameters, so every query works and the page stays small (docs/reproduction.md). """
 import base64
 import contextlib
-import copy
 import json
 import os
 from dataclasses import dataclass, field
@@ -13,7 +12,6 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
-from safetensors.torch import load_file, save_file
 from timm.data import resolve_data_config
 from torch import Tensor, nn
 
@@ -22,28 +20,21 @@ from ..io import atomic_write
 from ..layers import PositionalAttention
 from ..models._pretrained import hub_unreachable
 from ..models.input_pad import model_input_padding
-from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, block_key, rename_old_keys
+from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, block_key
 from ..train.checkpoint import (
     HF_HUB_PREFIX,
     RUN_CHECKPOINT,
-    CheckpointError,
     load_model,
     read_checkpoint,
     weights_path,
 )
 from ..train.data import create_image_dataset, dataset_info, image_folder_labels, normalization, trained_dataset
 from .analysis import UNIFORM_PEAK_RATIO, attention_layers
+from .positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, run_epochs
 
-__all__ = [
-    'POSITIONAL_EPOCHS_FILE', 'ExplorerModel', 'resolve_explorer_model', 'positional_params', 'run_epochs',
-    'positional_trajectory', 'save_positional_trajectory', 'load_positional_trajectory', 'models_at_epochs',
-    'gallery_indices',
-    'explorer_data', 'write_explorer', 'write_explorer_page',
-]
+__all__ = ['ExplorerModel', 'resolve_explorer_model', 'gallery_indices', 'explorer_data', 'write_explorer',
+           'write_explorer_page']
 
-# per-epoch centres and precision factors of a model, kept beside its weights (Fig. 3 of the paper: how the heads moved)
-POSITIONAL_EPOCHS_FILE = 'positional_epochs.safetensors'
-_POSITIONAL_SUFFIXES = ('.' + CENTERS, '.' + PRECISION_FACTORS)
 _PLACEHOLDER = '/*SA_EXPLORER_DATA*/null'
 
 
@@ -56,78 +47,6 @@ class ExplorerModel:
     epochs: Dict[str, Dict[str, Tensor]] = field(default_factory=dict)  # label -> positional state dict
     trained: bool = True  # False for random weights: the page says so instead of showing chance predictions as such
     data_dir: Optional[str] = None  # the --data-dir of the run that trained the weights (an image folder's)
-
-
-def positional_params(state_dict: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    """The Gaussian centres and precision factors of a state dict (what moves the heads, paper Fig. 3)."""
-    return {k: v.detach().float().cpu() for k, v in state_dict.items() if k.endswith(_POSITIONAL_SUFFIXES)}
-
-
-def positional_trajectory(epochs: Dict[str, Dict[str, Tensor]]) -> Dict[str, Tensor]:
-    """Per-epoch positional parameters stacked along a first axis, ``{key: (epochs, ...)}``."""
-    labels = list(epochs)
-    keys = list(positional_params(epochs[labels[0]]))
-    return {key: torch.stack([epochs[label][key].float() for label in labels]) for key in keys}
-
-
-def save_positional_trajectory(epochs: Dict[str, Dict[str, Tensor]], path) -> Path:
-    """Write ``{label: state dict}`` as one small safetensors file of the centres and precision factors (labels in
-    metadata)."""
-    stacked = positional_trajectory({label: positional_params(sd) for label, sd in epochs.items()})
-    if not stacked:
-        raise UserError('these weights have no Gaussian centres or precision factors: only the quadratic and '
-                        'generalized kinds have a trajectory to keep')
-    with atomic_write(path) as tmp:
-        save_file({k: v.contiguous() for k, v in stacked.items()}, str(tmp),
-                  metadata={'epochs': json.dumps(list(epochs))})
-    return Path(path)
-
-
-def models_at_epochs(model: nn.Module, epochs: Dict[str, Dict[str, Tensor]]) -> List[nn.Module]:
-    """Copies of ``model`` with each kept epoch's centres and precision factors (for the trajectory figure)."""
-    copies = []
-    for params in epochs.values():
-        epoch_model = copy.deepcopy(model)
-        epoch_model.load_state_dict(params, strict=False)  # only the positional parameters change
-        copies.append(epoch_model)
-    return copies
-
-
-def load_positional_trajectory(path) -> Dict[str, Dict[str, Tensor]]:
-    """The ``{label: positional state dict}`` written by :func:`save_positional_trajectory` (old key names renamed,
-    :data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
-    from safetensors import SafetensorError, safe_open
-    try:
-        with safe_open(str(path), 'pt') as f:
-            labels = json.loads((f.metadata() or {}).get('epochs', '[]'))
-        stacked = rename_old_keys(load_file(str(path)))
-    except (SafetensorError, json.JSONDecodeError) as e:
-        problem = f'it cannot be read ({e})'
-    else:
-        problem = _trajectory_problem(labels, stacked)
-    if problem:  # an optional file, from a folder or a Hub repository
-        raise CheckpointError(f'{path} is not a file of epochs as an export writes it: {problem}. The model does '
-                              f'not need it: delete it, or export the run again')
-    return {label: {k: v[i] for k, v in stacked.items()} for i, label in enumerate(labels)}
-
-
-def _trajectory_problem(labels: Any, stacked: Dict[str, Tensor]) -> Optional[str]:
-    """What is wrong with the epoch labels and stacked tensors of a positional epochs file, if anything."""
-    if not isinstance(labels, list) or not all(isinstance(label, str) for label in labels):
-        return f'its "epochs" metadata must be a list of names, got {labels!r:.60}'
-    if len(set(labels)) != len(labels):
-        return f'its "epochs" name an epoch twice ({labels!r:.60})'
-    odd = next((k for k, v in stacked.items() if v.dim() == 0 or v.shape[0] != len(labels)), None)
-    if odd:
-        stacks = stacked[odd].shape[0] if stacked[odd].dim() else 'no'
-        return f'{odd} stacks {stacks} epochs, its metadata names {len(labels)}'
-    return None
-
-
-def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
-    """The weights a run saved after every epoch (``epoch-000`` is the initialisation), positional part only."""
-    return {path.stem: positional_params(read_checkpoint(path).state_dict)
-            for path in sorted(folder.glob('epoch-*.safetensors'))}
 
 
 def resolve_explorer_model(spec: Union[str, os.PathLike], pretrained: bool = True) -> ExplorerModel:

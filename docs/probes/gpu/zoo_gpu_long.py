@@ -119,7 +119,7 @@ def positional_only(epoch: Path, dest: Path) -> None:
     from safetensors import safe_open
     from safetensors.torch import load_file, save_file
 
-    from sa_vision.research.explorer import positional_params
+    from sa_vision.research.positional_epochs import positional_params
     with safe_open(str(epoch), 'pt') as f:
         metadata = f.metadata() or {}
     dest.parent.mkdir(parents=True, exist_ok=True)
