@@ -729,3 +729,56 @@ def test_a_model_of_non_finite_outputs_is_refused_and_no_nan_reaches_a_page(tmp_
     with pytest.raises(ValueError):  # whatever else could carry a NaN: never written as the page's data
         write_explorer_page({'title': 'nan', 'uniform_peak_ratio': float('nan')}, out)
     assert not out.exists()
+
+
+def _folder_model(names, seed=0):
+    """A model as trained on an image folder of classes ``names`` (its cfg's label names, as a run records them)."""
+    torch.manual_seed(seed)
+    return timm.create_model('sa_quadratic_cifar', **{**SMALL, 'num_classes': len(names)},
+                             pretrained_cfg_overlay=dict(label_names=list(names))).eval()
+
+
+def test_a_model_of_an_unnamed_image_folder_is_not_scored_against_other_data(models):
+    """A run of --dataset '' (the dataset '', which is false) shown with --dataset digits was scored against the
+    digits' labels with no word of its folder, or with other than ten classes refused with "pass --dataset"."""
+    from sa_vision.errors import UserError
+    images, _, _ = _gallery(models)
+    for names in (('cat', 'dog', 'emu'), tuple(f'class {c}' for c in range(10))):
+        model = _folder_model(names)
+        data = explorer_data([ExplorerModel('folder', model, '', {}, data_dir='/nowhere')], dataset='digits',
+                             num_images=NUM_IMAGES)
+        (record,) = data['models']
+        assert record['trained_on'] == 'an image folder' and record['classes'] == list(names)
+        with torch.no_grad():
+            assert [p[0][0] for p in record['predictions']] == model(images).argmax(-1).tolist()
+    # its architecture at random, of three classes, cannot be shown on the digits: the advice names its own data
+    random_init = ExplorerModel('random', _folder_model(('cat', 'dog', 'emu')), '', trained=False)
+    with pytest.raises(UserError, match=r"has 3 classes .* of 10; it is of an image folder: show it with "
+                                        r"--dataset ''$"):
+        explorer_data([random_init], dataset='digits', num_images=2)
+
+
+def test_models_of_two_image_folders_are_not_shown_as_one(tmp_path):
+    """Two runs of --dataset '' were one dataset to the page, whatever their folders and classes: the gallery was
+    the first one's, labelled by its names, and the other model scored against them."""
+    from PIL import Image
+
+    from sa_vision.errors import UserError
+    for split in ('train', 'validation'):
+        for k, name in enumerate(('cat', 'dog')):
+            (tmp_path / 'data' / split / name).mkdir(parents=True)
+            Image.new('RGB', (8, 8), (90 * k, 0, 60)).save(tmp_path / 'data' / split / name / '0.png')
+    here, elsewhere = str(tmp_path / 'data'), str(tmp_path / 'other')
+    pets, birds = _folder_model(('cat', 'dog')), _folder_model(('owl', 'tit'))
+    with pytest.raises(UserError, match=r'image folders of different classes \(cat, dog; owl, tit\): show them on '
+                                        r'separate pages'):
+        explorer_data([ExplorerModel('pets', pets, '', data_dir=here), ExplorerModel('birds', birds, '',
+                                                                                     data_dir=here)])
+    two_folders = [ExplorerModel('pets', pets, '', data_dir=here), ExplorerModel('more pets', pets, '',
+                                                                                 data_dir=elsewhere)]
+    with pytest.raises(UserError, match=rf'different image folders \({re.escape(here)}, {re.escape(elsewhere)}\)'):
+        explorer_data(two_folders)
+    # one folder of the same classes: one gallery; or the folder named with --data-dir
+    for data in (explorer_data([two_folders[0], ExplorerModel('again', pets, '', data_dir=here)]),
+                 explorer_data(two_folders, data_dir=here)):
+        assert data['dataset']['classes'] == ['cat', 'dog'] and 'trained_on' not in data['models'][1]

@@ -6,6 +6,7 @@ import base64
 import contextlib
 import json
 import os
+import shlex
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -219,13 +220,18 @@ def _float32_model_record(entry: ExplorerModel, model: nn.Module, images: Tensor
         'predictions': [[[int(c), float(p)] for c, p in zip(cs, ps)] for cs, ps in zip(top_classes, top_probs)],
         'layers': [_layer_record(layer) for layer in layers],
     }
-    if entry.trained and entry.dataset and dataset_info(entry.dataset).name != gallery_dataset:
+    # '' is a dataset too: an image folder of no name
+    other_data = entry.dataset is not None and dataset_info(entry.dataset).name != gallery_dataset
+    if entry.trained and other_data:
         # trained on other data: its top classes are of its own classes, shown by their names and not scored
-        own = dataset_info(entry.dataset).class_names or getattr(model, 'pretrained_cfg', {}).get('label_names')
-        record.update(trained_on=entry.dataset, classes=list(own) or [str(c) for c in range(probs.shape[-1])])
+        own = dataset_info(entry.dataset).class_names or image_folder_labels(model, entry.dataset) or ()
+        record.update(trained_on=_data_name(entry.dataset),
+                      classes=list(own) or [str(c) for c in range(probs.shape[-1])])
     elif len(class_names) and probs.shape[-1] < len(class_names):  # more: the page names the others by number
+        advice = (f'it is of {_data_name(entry.dataset)}: show it with --dataset {shlex.quote(entry.dataset)}'
+                  if other_data else 'pass --dataset with the data it was trained on')
         raise UserError(f'{entry.name} has {probs.shape[-1]} classes but the images come from a dataset of '
-                        f'{len(class_names)}; pass --dataset with the data it was trained on')
+                        f'{len(class_names)}; {advice}')
     if layers[0].kind == 'content':  # image-dependent: each image's layer inputs, from one pass over the batch
         inputs = _layer_inputs(model, normalized)
         record['tokens'] = [[_b64(tokens[i], torch.float32) for tokens in inputs] for i in range(len(images))]
@@ -233,6 +239,25 @@ def _float32_model_record(entry: ExplorerModel, model: nn.Module, images: Tensor
     if epochs:
         record.update(epochs)
     return record
+
+
+def _data_name(dataset: str) -> str:
+    """What the page and the command call the data of a --dataset value ('' names no image folder)."""
+    return dataset or 'an image folder'
+
+
+def _check_one_image_folder(own: Sequence[ExplorerModel], data_dir: Optional[str]) -> None:
+    """Models trained on image folders share a gallery only where they are one folder: the same label names and,
+    unless --data-dir names the gallery's folder, the same folder (the folder or names a model does not record
+    match any)."""
+    folders = sorted({os.path.realpath(m.data_dir) for m in own if m.data_dir}) if data_dir is None else []
+    labels = sorted({tuple(names) for m in own if (names := image_folder_labels(m.model, m.dataset))})
+    if len(labels) > 1:
+        raise UserError(f'the models were trained on image folders of different classes '
+                        f'({"; ".join(", ".join(names)[:60] for names in labels)}): show them on separate pages')
+    if len(folders) > 1:
+        raise UserError(f'the models were trained on different image folders ({", ".join(folders)}): show them '
+                        f'on separate pages, or name the folder to show them all on with --data-dir')
 
 
 def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None, num_images: int = 24,
@@ -244,8 +269,9 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     datasets = {m.dataset for m in models if m.dataset is not None}
     if dataset is None:
         if len(datasets) > 1:
-            raise UserError(f'the models were trained on different datasets ({sorted(datasets)}): pass --dataset to '
-                            f'show them on one')
+            names = ', '.join(sorted(map(_data_name, datasets)))
+            raise UserError(f'the models were trained on different datasets ({names}): pass --dataset to show them '
+                            f'on one')
         if not datasets:
             raise UserError('the dataset of these models is unknown: random weights have none, and bare weights '
                             'name none (a Hub folder\'s config.json does: pass local-dir:<folder>, not its '
@@ -253,6 +279,8 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
         dataset = datasets.pop()
     info = dataset_info(dataset)
     own = [m for m in models if m.dataset == dataset]  # an image folder's run: where it read it, its classes
+    if info.is_image_folder:
+        _check_one_image_folder(own, data_dir)
     if data_dir is None:  # as sa-vision-validate finds it (an image folder's, CIFAR's, ...)
         data_dir = next((m.data_dir for m in own if m.data_dir and os.path.isdir(m.data_dir)), None)
     label_names = next((names for m in own if (names := image_folder_labels(m.model, m.dataset))), None)
