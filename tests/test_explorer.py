@@ -782,3 +782,30 @@ def test_models_of_two_image_folders_are_not_shown_as_one(tmp_path):
     for data in (explorer_data([two_folders[0], ExplorerModel('again', pets, '', data_dir=here)]),
                  explorer_data(two_folders, data_dir=here)):
         assert data['dataset']['classes'] == ['cat', 'dog'] and 'trained_on' not in data['models'][1]
+
+
+def test_a_run_of_another_held_out_split_is_shown_on_that_split(tmp_path, caplog, capsys):
+    """A run on an image folder of train/ and test/ (--val-split test) could not be explored: the page always read
+    the dataset's default split, 'validation', which the folder has not. The run's own split is read, and
+    --val-split names one for weights that record none."""
+    from helpers import train_here
+    from PIL import Image
+
+    from sa_vision.cli import explore
+    for split, shade in (('train', 0), ('test', 200)):
+        for k, name in enumerate(('a', 'b')):
+            (tmp_path / 'data' / split / name).mkdir(parents=True)
+            Image.new('RGB', (8, 8), (shade, 90 * k, 60)).save(tmp_path / 'data' / split / name / '0.png')
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', tmp_path / 'data', '--val-split', 'test',
+                             '--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=32',
+                             '--epochs', 1, '-b', 2, '--workers', 0, '--output', tmp_path / 'out',
+                             '--experiment', 'run')
+    assert status == 0, log[-2000:]
+    for command in ([str(tmp_path / 'out' / 'run')],
+                    ['sa_quadratic_cifar', '--no-pretrained', '--dataset', '', '--data-dir', str(tmp_path / 'data'),
+                     '--val-split', 'test']):
+        assert explore.main([*command, '--images', '2', '--out', str(tmp_path / 'page.html')]) == 0
+        data = _page_data(tmp_path / 'page.html')
+        assert data['dataset']['split'] == 'test'
+        pixels = torch.tensor(list(base64.b64decode(data['images']['pixels'])), dtype=torch.uint8).view(2, 3, 32, 32)
+        assert pixels[:, 0, 16, 16].tolist() == [200, 200]  # the test split's images

@@ -1259,8 +1259,8 @@ def test_threads_default_is_torchs_capped_at_the_cores_of_this_process(monkeypat
 
 
 def test_the_image_folder_error_names_the_commands_that_take_its_flag(tmp_path, capsys):
-    """sa-vision-explore reads an image folder's own held-out split and has no --val-split: the advice names the
-    commands that take the flag, and renaming the folder, which every command reads."""
+    """The advice names the commands that take the flag (sa-vision-explore too, whose --val-split reads a split
+    the weights record none of), and renaming the folder, which every command reads."""
     from sa_vision.cli import explore
     from sa_vision.errors import run_cli
     (tmp_path / 'imgs' / 'test' / 'cat').mkdir(parents=True)
@@ -1268,8 +1268,8 @@ def test_the_image_folder_error_names_the_commands_that_take_its_flag(tmp_path, 
             '--out', str(tmp_path / 'page.html')]
     assert run_cli(explore.main, argv) == 2
     line = capsys.readouterr().err.strip()
-    assert ('pass --val-split test to read ' in line and '(sa-vision-train, sa-vision-validate), or rename that '
-            'folder validation/' in line), line
+    assert ('pass --val-split test to read ' in line and '(sa-vision-train, sa-vision-validate, sa-vision-explore), '
+            'or rename that folder validation/' in line), line
 
 
 def test_resume_steps_with_this_machines_optimizer_implementation(adamw_run, tmp_path):

@@ -24,9 +24,14 @@ def main(argv=None):
     parser.add_argument('--dataset', default=None,
                         help="the gallery's dataset (default: the one the models were trained on)")
     parser.add_argument('--data-dir', default=None, metavar='DIR')
+    parser.add_argument('--val-split', '--split', default=None, metavar='NAME',
+                        help="the gallery's split (default: the --val-split of the runs that trained the models, "
+                             "else the dataset's held-out split: 'test' for torch/cifar10, fashion-mnist and digits, "
+                             "'validation' for an image folder); --split, as sa-vision-validate takes it, is the same")
     parser.add_argument('--dataset-download', action='store_true', default=False,
                         help='download a torch/ dataset (CIFAR-10) into --data-dir')
-    parser.add_argument('--images', type=int, default=24, metavar='N', help='test images in the gallery (default 24)')
+    parser.add_argument('--images', type=int, default=24, metavar='N',
+                        help="images of that split in the gallery (default 24)")
     parser.add_argument('--title', default='sa_vision attention explorer')
     parser.add_argument('--pretrained', action=argparse.BooleanOptionalAction, default=True,
                         help='load the weights (default), or build each model at random: a timm name as timm '
@@ -44,7 +49,7 @@ def main(argv=None):
         print(f'loading {spec} ...', flush=True)
         models.append(resolve_explorer_model(spec, pretrained=args.pretrained))
     data = explorer_data(models, dataset=args.dataset, num_images=args.images, data_dir=args.data_dir,
-                         download=args.dataset_download, title=args.title)
+                         download=args.dataset_download, title=args.title, val_split=args.val_split)
     shown = data['images']['count']
     for record in data['models']:
         if 'trained_on' in record:

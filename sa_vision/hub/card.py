@@ -11,6 +11,7 @@ from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_
 from ..models.input_pad import model_input_padding
 from ..train.checkpoint import Checkpoint
 from ..train.data import dataset_for_tag, dataset_info, split_name
+from ..train.recipes import recorded_arg
 from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, WeightsLabel
 from .record import picked_note, recipe_section, training_record, training_summary
 
@@ -291,7 +292,7 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
 def evaluated_split(ckpt: Checkpoint, info) -> str:
     """The split the recorded accuracy is of: the run's --val-split as its dataset reads it (the fixed-split
     datasets read 'test' for 'validation'), else the dataset's held-out split."""
-    split = (ckpt.meta.get('args') or ckpt.meta.get('recipe') or {}).get('val_split')
+    split = recorded_arg(ckpt.meta, 'val_split')
     return split_name(info.name, split) if split else info.eval_split
 
 

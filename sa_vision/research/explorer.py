@@ -29,7 +29,15 @@ from ..train.checkpoint import (
     read_checkpoint,
     weights_path,
 )
-from ..train.data import create_image_dataset, dataset_info, image_folder_labels, normalization, trained_dataset
+from ..train.data import (
+    create_image_dataset,
+    dataset_info,
+    image_folder_labels,
+    normalization,
+    split_name,
+    trained_dataset,
+)
+from ..train.recipes import recorded_arg
 from .analysis import UNIFORM_PEAK_RATIO, attention_layers
 from .positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, run_epochs
 
@@ -48,6 +56,7 @@ class ExplorerModel:
     epochs: Dict[str, Dict[str, Tensor]] = field(default_factory=dict)  # label -> positional state dict
     trained: bool = True  # False for random weights: the page says so instead of showing chance predictions as such
     data_dir: Optional[str] = None  # the --data-dir of the run that trained the weights (an image folder's)
+    val_split: Optional[str] = None  # that run's --val-split: a folder's held-out split may have another name
 
 
 def resolve_explorer_model(spec: Union[str, os.PathLike], pretrained: bool = True) -> ExplorerModel:
@@ -58,10 +67,10 @@ def resolve_explorer_model(spec: Union[str, os.PathLike], pretrained: bool = Tru
     path = weights_path(spec)
     if path is not None:
         ckpt = read_checkpoint(path)
-        dataset, data_dir = trained_dataset(ckpt.meta), (ckpt.meta.get('args') or {}).get('data_dir')
+        dataset = trained_dataset(ckpt.meta)
+        run = dict(data_dir=recorded_arg(ckpt.meta, 'data_dir'), val_split=recorded_arg(ckpt.meta, 'val_split'))
         if not pretrained:
-            return ExplorerModel(spec, ckpt.create_model(load_weights=False), dataset, trained=False,
-                                 data_dir=data_dir)
+            return ExplorerModel(spec, ckpt.create_model(load_weights=False), dataset, trained=False, **run)
         folder = path if path.is_dir() else path.parent
         if (folder / POSITIONAL_EPOCHS_FILE).is_file():
             epochs = load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE)
@@ -69,7 +78,7 @@ def resolve_explorer_model(spec: Union[str, os.PathLike], pretrained: bool = Tru
             epochs = run_epochs(folder)
         else:
             epochs = {}
-        return ExplorerModel(spec, ckpt.create_model(), dataset, epochs, data_dir=data_dir)
+        return ExplorerModel(spec, ckpt.create_model(), dataset, epochs, **run)
     if not pretrained:
         return ExplorerModel(spec, load_model(spec, pretrained=False), trained=False)
     model = load_model(spec, pretrained=True)
@@ -262,8 +271,9 @@ def _check_one_image_folder(own: Sequence[ExplorerModel], data_dir: Optional[str
 
 def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None, num_images: int = 24,
                   data_dir: Optional[str] = None, download: bool = False,
-                  title: str = 'sa_vision attention explorer') -> Dict[str, Any]:
-    """The page's data: the gallery of ``num_images`` test images and one record per model."""
+                  title: str = 'sa_vision attention explorer', val_split: Optional[str] = None) -> Dict[str, Any]:
+    """The page's data: the gallery of ``num_images`` held-out images and one record per model; ``val_split``
+    None: the split the models of the gallery's dataset were evaluated on in training, else the dataset's own."""
     if not models:
         raise UserError('give at least one model to explore')
     datasets = {m.dataset for m in models if m.dataset is not None}
@@ -284,6 +294,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     if data_dir is None:  # as sa-vision-validate finds it (an image folder's, CIFAR's, ...)
         data_dir = next((m.data_dir for m in own if m.data_dir and os.path.isdir(m.data_dir)), None)
     label_names = next((names for m in own if (names := image_folder_labels(m.model, m.dataset))), None)
+    split = split_name(info.name, val_split or next((m.val_split for m in own if m.val_split), info.eval_split))
     # the images as the models see them: a model that adds the dataset's border itself is shown it (and given the
     # images without it, _float32_model_record)
     sizes = {resolve_data_config({}, model=m.model)['input_size'][-1] + 2 * model_input_padding(m.model)
@@ -291,7 +302,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     if len(sizes) > 1:  # one gallery of images for every model
         raise UserError(f'the models take images of different sizes ({", ".join(map(str, sorted(sizes)))} px): show '
                         f'them on separate pages')
-    raw = create_image_dataset(info.name, info.eval_split, is_training=False, data_dir=data_dir, download=download,
+    raw = create_image_dataset(info.name, split, is_training=False, data_dir=data_dir, download=download,
                                img_size=sizes.pop(), mean=(0.,) * 3, std=(1.,) * 3,  # pixels in [0, 1], as shown
                                classes=label_names)
     targets = getattr(raw, 'targets', None)
@@ -306,7 +317,7 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     class_names = list(info.class_names or label_names or ()) or [str(c) for c in range(max(map(int, targets)) + 1)]
     return {
         'title': title,
-        'dataset': {'name': info.name, 'title': info.title, 'split': info.eval_split, 'classes': class_names},
+        'dataset': {'name': info.name, 'title': info.title, 'split': split, 'classes': class_names},
         'images': {'count': len(indices), 'channels': pixels.shape[1], 'height': pixels.shape[2],
                    'width': pixels.shape[3], 'pixels': _b64(pixels, torch.uint8), 'indices': indices,
                    'labels': [int(targets[i]) for i in indices]},

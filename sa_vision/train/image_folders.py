@@ -31,9 +31,9 @@ def image_folder_split(root: str, split: str, is_training: bool = False, dataset
     synonyms = [s for table in (_TRAIN_SYNONYM, _EVAL_SYNONYM) if name in table for s in table if s != name]
     taken = (f'nor {", ".join(s + "/" for s in synonyms)}, which timm takes for it' if synonyms else
              f'timm takes no other name for {name!r}')
-    # the commands that take the flag (sa-vision-explore and sa-vision-reproduce read the dataset's own splits)
+    # the commands that take the flag (sa-vision-reproduce reads the dataset's own splits)
     flag, commands = (('--train-split', '(sa-vision-train)') if is_training else
-                      ('--val-split', '(sa-vision-train, sa-vision-validate)'))
+                      ('--val-split', '(sa-vision-train, sa-vision-validate, sa-vision-explore)'))
     # the subfolders of the kind asked for: training ones, or held-out ones (timm's and the fixed-split datasets')
     kind = set(_TRAIN_SYNONYM) if is_training else set(_EVAL_SYNONYM) | (set(TRAIN_TEST_SPLITS) - {'train'})
     usable = [f for f in found if f in kind]

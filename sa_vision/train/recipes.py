@@ -6,15 +6,15 @@ import argparse
 import difflib
 import os
 from pathlib import Path
-from typing import Any, Dict, Iterable, List, Union
+from typing import Any, Dict, Iterable, List, Mapping, Union
 
 from ..errors import RecipeError, RecipeNotFoundError
 from ..models._pretrained import training_commands
 from ..paper import PRUNED_FROM
 from .timm_args import OURS, TIMM_TRAIN_ARGS, timm_only_techniques
 
-__all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'recipe_if_any', 'check_recipe_keys',
-           'ignored_keys_notes', 'check_recipe_lr', 'repeat_run_args', 'check_recipe_start']
+__all__ = ['RECIPE_DIR', 'TIMM_ONLY_RECIPE_KEYS', 'recipe_path', 'load_recipe', 'recipe_if_any', 'recorded_arg',
+           'check_recipe_keys', 'ignored_keys_notes', 'check_recipe_lr', 'repeat_run_args', 'check_recipe_start']
 
 # keys that only timm's train.py reads: allowed, so one recipe serves both trainers, and ignored with a note
 TIMM_ONLY_RECIPE_KEYS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use != OURS)
@@ -66,6 +66,12 @@ def recipe_if_any(path: Union[str, os.PathLike]) -> Dict[str, Any]:
         return load_recipe(path)
     except (RecipeError, yaml.YAMLError):
         return {}
+
+
+def recorded_arg(meta: Mapping[str, Any], name: str) -> Any:
+    """The training argument ``name`` of the run that made weights, as their file records it (a checkpoint's
+    ``meta``: a run's arguments, else an export's recipe), or None."""
+    return (meta.get('args') or meta.get('recipe') or {}).get(name)
 
 
 def check_recipe_keys(keys: Iterable[str], known: Iterable[str], source: str = 'the recipe') -> List[str]:
