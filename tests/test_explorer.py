@@ -809,3 +809,16 @@ def test_a_run_of_another_held_out_split_is_shown_on_that_split(tmp_path, caplog
         assert data['dataset']['split'] == 'test'
         pixels = torch.tensor(list(base64.b64decode(data['images']['pixels'])), dtype=torch.uint8).view(2, 3, 32, 32)
         assert pixels[:, 0, 16, 16].tolist() == [200, 200]  # the test split's images
+
+
+def test_the_epochs_of_a_run_of_over_999_epochs_are_in_their_order(models, tmp_path):
+    """A run pads the epochs done to three digits: by name, epoch-1000 came before epoch-999 on the slider."""
+    from safetensors.torch import save_file
+
+    from sa_vision.research.positional_epochs import run_epochs
+    model = models[0].model
+    done = [0, 9, 10, 99, 100, 998, 999, 1000, 1001, 12345]
+    for epoch in random.Random(0).sample(done, len(done)):  # written in no order
+        save_file(model.state_dict(), str(tmp_path / f'epoch-{epoch:03d}.safetensors'),
+                  metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(SMALL)})
+    assert list(run_epochs(tmp_path)) == [f'epoch-{epoch:03d}' for epoch in done]

@@ -2,8 +2,9 @@
 Fig. 3), read from a run's ``epoch-*.safetensors`` and kept beside exported weights as one small file """
 import copy
 import json
+import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -93,4 +94,11 @@ def _trajectory_problem(labels: Any, stacked: Dict[str, Tensor]) -> Optional[str
 def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
     """The weights a run saved after every epoch (``epoch-000`` is the initialisation), positional part only."""
     return {path.stem: positional_params(read_checkpoint(path).state_dict)
-            for path in sorted(folder.glob('epoch-*.safetensors'))}
+            for path in sorted(folder.glob('epoch-*.safetensors'), key=_epoch_order)}
+
+
+def _epoch_order(path: Path) -> Tuple[int, str]:
+    """By the number of epochs done, not by name: the run pads it to three digits, so epoch-1000 comes after
+    epoch-999 (a name that is no number comes last)."""
+    done = path.stem[len('epoch-'):]
+    return (int(done), '') if done.isdigit() else (sys.maxsize, done)
