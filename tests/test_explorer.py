@@ -174,7 +174,13 @@ def test_epoch_slider_moves_to_the_kept_epoch(driver, models):
         assert (got - want).abs().max() < TOLERANCE
         final = reference_probs(models[0].model, layer, head, row, col)
         assert (got - final).abs().max() > 1e-3  # the initial centres are elsewhere
+    from selenium.webdriver.common.by import By
+    slider = driver.find_element(By.ID, 'epoch')  # a screen reader hears the epoch's name, not the index
+    assert (slider.get_attribute('value'), slider.get_attribute('aria-valuetext')) == ('0', 'epoch-000')
     driver.execute_script('saExplorer.setEpoch(1)')
+    assert slider.get_attribute('aria-valuetext') == 'epoch-001'
+    driver.execute_script('saExplorer.setModel(0)')
+    assert (slider.get_attribute('value'), slider.get_attribute('aria-valuetext')) == ('2', 'final weights')
 
 
 def test_a_click_shows_that_querys_maps(driver, models):
@@ -398,11 +404,15 @@ def test_gallery_shows_the_models_predictions(driver, models):
             predicted = entry.model(images).argmax(-1).tolist()
         thumbs = driver.find_elements(By.CSS_SELECTOR, '.thumb')
         assert len(thumbs) == NUM_IMAGES
-        untrained = '' if entry.trained else ' – untrained (random weights)'
-        for thumb, label, pred in zip(thumbs, labels, predicted):
+        for k, (thumb, label, pred) in enumerate(zip(thumbs, labels, predicted)):
+            # right or wrong in words too, not by colour alone
+            verdict = ('right' if pred == label else 'wrong') if entry.trained else 'untrained (random weights)'
+            mark = {'right': ' ✓ right', 'wrong': ' ✗ wrong'}.get(verdict, f' – {verdict}')
             lines = thumb.text.splitlines()
             assert lines[0] == f'true: {info.class_names[label]}'
-            assert lines[1] == f'pred: {info.class_names[pred]}{untrained}'
+            assert lines[1] == f'pred: {info.class_names[pred]}{mark}'
+            assert thumb.get_attribute('aria-label') == (f'image {k + 1}: {info.class_names[label]}, predicted '
+                                                         f'{info.class_names[pred]}, {verdict}')
             assert ('untrained' in thumb.find_element(By.CSS_SELECTOR, 'div:nth-of-type(2)').get_attribute('class')
                     ) == (not entry.trained)
         header = driver.find_element(By.ID, 'info').text
@@ -426,6 +436,7 @@ def test_a_model_of_other_data_names_its_own_classes_and_is_not_scored(driver, p
         for thumb, pred in zip(driver.find_elements(By.CSS_SELECTOR, '.thumb'), predicted):
             line = thumb.find_element(By.CSS_SELECTOR, 'div:nth-of-type(2)')
             assert line.text == f'pred: {fashion[pred]} – trained on fashion-mnist'
+            assert thumb.get_attribute('aria-label').endswith(f', predicted {fashion[pred]}, trained on fashion-mnist')
             assert 'untrained' in line.get_attribute('class')  # the neutral colour, not ok / wrong
         assert driver.find_element(By.ID, 'info').text.startswith('TRAINED ON FASHION-MNIST - ')
         driver.execute_script('saExplorer.setModel(0)')  # the digits' own model keeps the digits' names
@@ -822,3 +833,19 @@ def test_the_epochs_of_a_run_of_over_999_epochs_are_in_their_order(models, tmp_p
         save_file(model.state_dict(), str(tmp_path / f'epoch-{epoch:03d}.safetensors'),
                   metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(SMALL)})
     assert list(run_epochs(tmp_path)) == [f'epoch-{epoch:03d}' for epoch in done]
+
+
+def test_a_long_class_name_stays_inside_its_card(driver, page, models, tmp_path):
+    """An image folder's class of no spaces (a long folder name) ran out of its thumbnail's card."""
+    from selenium.webdriver.common.by import By
+    names = ['a_folder_named_' + 'x' * 60 + str(c) for c in range(10)]
+    other = write_explorer([ExplorerModel('folder', _folder_model(names), '')], tmp_path / 'long.html',
+                           dataset='digits', num_images=NUM_IMAGES)
+    open_page(driver, other)
+    try:
+        thumbs = driver.find_elements(By.CSS_SELECTOR, '.thumb')
+        assert len(thumbs) == NUM_IMAGES and names[0][:20] in thumbs[0].text
+        for thumb in thumbs:
+            assert driver.execute_script('return arguments[0].scrollWidth <= arguments[0].clientWidth', thumb)
+    finally:
+        open_page(driver, page)
