@@ -849,3 +849,36 @@ def test_a_long_class_name_stays_inside_its_card(driver, page, models, tmp_path)
             assert driver.execute_script('return arguments[0].scrollWidth <= arguments[0].clientWidth', thumb)
     finally:
         open_page(driver, page)
+
+
+def test_a_big_content_page_is_warned_of_with_what_makes_it_big(models, tmp_path, capsys, monkeypatch):
+    """The registered content model's page of 24 images is 171 MB (92 MB whatever the images): the command says so
+    on stderr past PAGE_SIZE_WARNING, with the part that grows with --images and the part that does not."""
+    from helpers import command_here
+
+    from sa_vision.research import explorer
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
+    content = models[3].model
+    run = tmp_path / 'run'
+    run.mkdir()
+    torch.save({'version': CHECKPOINT_VERSION, 'arch': 'sa_content_cifar', 'model_args': SMALL,
+                'state_dict': content.state_dict(), 'epoch': 0, 'num_epochs': 1, 'dataset': 'digits'},
+               run / 'last.pth.tar')
+    argv = ['explore', run, '--images', 3, '--out', tmp_path / 'page.html']
+    status, _, err = command_here(capsys, *argv)
+    assert status == 0 and 'warning' not in err  # a page of a few hundred kB
+
+    def base64_mb(floats):
+        return 4 * -(-4 * floats // 3) / 1e6
+    layers = [m for m in content.modules() if isinstance(m, PositionalAttention)]
+    tokens = 3 * len(layers) * base64_mb(16 * 16 * SMALL['embed_dim'])  # each layer's 16 x 16 input, per image
+    weights = sum(base64_mb(p.numel()) for layer in layers for linear in (layer.content.query, layer.content.key)
+                  for p in (linear.weight, linear.bias))
+    monkeypatch.setattr(explorer, 'PAGE_SIZE_WARNING', 1000)
+    status, _, err = command_here(capsys, *argv)
+    size = (tmp_path / 'page.html').stat().st_size
+    assert status == 0 and err.strip() == (
+        f'warning: the page is {size / 1e6:.3g} MB, which a browser opens slowly: the content kind ({run}) brings '
+        f"every layer's input for each image ({tokens:.3g} MB for 3 images) and its query and key weights "
+        f'({weights:.3g} MB whatever the images). Pass fewer --images, or explore a narrower model (a smaller '
+        f'embed_dim)')

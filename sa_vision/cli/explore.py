@@ -13,7 +13,7 @@ import time
 
 from sa_vision.errors import UserError, command
 from sa_vision.io import file_problem
-from sa_vision.research.explorer import explorer_data, resolve_explorer_model, write_explorer_page
+from sa_vision.research.explorer import explorer_data, page_size_note, resolve_explorer_model, write_explorer_page
 
 
 def main(argv=None):
@@ -61,6 +61,9 @@ def main(argv=None):
     out = write_explorer_page(data, args.out)
     print(f'wrote {out} ({out.stat().st_size / 1e6:.2f} MB, {len(models)} model(s), {shown} images) in '
           f'{time.time() - started:.0f} s; open it in a browser (file://, no server needed)')
+    note = page_size_note(data, out.stat().st_size)
+    if note:
+        print(f'warning: {note}', file=sys.stderr)
     return 0
 
 

@@ -42,9 +42,11 @@ from .analysis import UNIFORM_PEAK_RATIO, attention_layers
 from .positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, run_epochs
 
 __all__ = ['ExplorerModel', 'resolve_explorer_model', 'gallery_indices', 'explorer_data', 'write_explorer',
-           'write_explorer_page']
+           'write_explorer_page', 'PAGE_SIZE_WARNING', 'page_size_note']
 
 _PLACEHOLDER = '/*SA_EXPLORER_DATA*/null'
+# bytes past which the command warns: browsers open such a page slowly or, on a small machine, not at all
+PAGE_SIZE_WARNING = 50e6
 
 
 @dataclass
@@ -341,3 +343,21 @@ def write_explorer_page(data: Dict[str, Any], out) -> Path:
     with atomic_write(out) as tmp:
         tmp.write_text(template.replace(_PLACEHOLDER, payload), encoding='utf-8')
     return out
+
+
+def page_size_note(data: Dict[str, Any], size: int) -> Optional[str]:
+    """What makes a page of :func:`explorer_data`'s ``data`` and ``size`` bytes big, and how to make it smaller;
+    None up to :data:`PAGE_SIZE_WARNING`. Only the content kind grows with the images (its query and key scores,
+    paper Eq. 8, read each image's tokens), and its query and key weights are the bulk of what does not."""
+    if size <= PAGE_SIZE_WARNING:
+        return None
+    content = [m for m in data['models'] if m['kind'] == 'content']
+    if not content:
+        return f'the page is {size / 1e6:.3g} MB: show fewer models on one page'
+    per_images = sum(len(tokens) for m in content for image in m['tokens'] for tokens in image)
+    fixed = sum(len(layer[k]) for m in content for layer in m['layers'] for k in ('wq', 'bq', 'wk', 'bk'))
+    return (f'the page is {size / 1e6:.3g} MB, which a browser opens slowly: the content kind '
+            f'({", ".join(m["name"] for m in content)}) brings every layer\'s input for each image '
+            f'({per_images / 1e6:.3g} MB for {data["images"]["count"]} images) and its query and key weights '
+            f'({fixed / 1e6:.3g} MB whatever the images). Pass fewer --images, or explore a narrower model (a '
+            f'smaller embed_dim)')
