@@ -798,8 +798,8 @@ def test_models_of_two_image_folders_are_not_shown_as_one(tmp_path):
 def test_a_run_of_another_held_out_split_is_shown_on_that_split(tmp_path, caplog, capsys):
     """A run on an image folder of train/ and test/ (--val-split test) could not be explored: the page always read
     the dataset's default split, 'validation', which the folder has not. The run's own split is read, and
-    --val-split names one for weights that record none."""
-    from helpers import train_here
+    --val-split names one for weights that record none. sa-vision-validate of the run reads that split too."""
+    from helpers import command_here, train_here
     from PIL import Image
 
     from sa_vision.cli import explore
@@ -820,6 +820,9 @@ def test_a_run_of_another_held_out_split_is_shown_on_that_split(tmp_path, caplog
         assert data['dataset']['split'] == 'test'
         pixels = torch.tensor(list(base64.b64decode(data['images']['pixels'])), dtype=torch.uint8).view(2, 3, 32, 32)
         assert pixels[:, 0, 16, 16].tolist() == [200, 200]  # the test split's images
+    status, out, err = command_here(capsys, 'validate', '--checkpoint', tmp_path / 'out' / 'run' / 'last.pth.tar',
+                                    '--threads', 1, '--workers', 0)
+    assert status == 0 and json.loads(out.splitlines()[-1])['split'] == 'test', err[-2000:]
 
 
 def test_the_epochs_of_a_run_of_over_999_epochs_are_in_their_order(models, tmp_path):

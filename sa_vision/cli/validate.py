@@ -43,6 +43,7 @@ from sa_vision.train.data import (
     trained_dataset,
 )
 from sa_vision.train.evaluation import evaluate, result_json
+from sa_vision.train.recipes import recorded_arg
 from sa_vision.train.runtime import apply_threads, import_device_modules, resolve_device
 from sa_vision.train.timm_args import TIMM_PREPROCESSING, TIMM_VALIDATE_ONLY
 
@@ -59,7 +60,7 @@ def model_to_evaluate(args):
             # --no-pretrained: the architecture and preprocessing of the weights at random, as timm builds
             # create_model('local-dir:...', pretrained=False)
             ckpt = read_checkpoint(path, model_args=args.model_kwargs, use_ema=args.use_ema)
-            args.trained_data_dir = (ckpt.meta.get('args') or {}).get('data_dir')
+            _note_run_data(args, ckpt)
             return ckpt.create_model(load_weights=args.pretrained is not False), trained_dataset(ckpt.meta)
         if args.use_ema:  # else the plain weights' score would pass for the EMA's
             raise UserError(f'--use-ema takes the EMA weights of a checkpoint of timm\'s train.py (--checkpoint '
@@ -74,8 +75,15 @@ def model_to_evaluate(args):
     # --model with --checkpoint: the architecture the weights must be (read_checkpoint's arch)
     ckpt = read_checkpoint(args.checkpoint, arch=args.model if args.model_given else None,
                            model_args=args.model_kwargs, use_ema=args.use_ema)
-    args.trained_data_dir = (ckpt.meta.get('args') or {}).get('data_dir')  # a run's, where it still is
+    _note_run_data(args, ckpt)
     return ckpt.create_model(), trained_dataset(ckpt.meta)
+
+
+def _note_run_data(args, ckpt) -> None:
+    """Where the run that made ``ckpt`` read its held-out images (its --data-dir, where it still is, and its
+    --val-split): the defaults when the weights' own dataset is evaluated."""
+    args.trained_data_dir = recorded_arg(ckpt.meta, 'data_dir')
+    args.trained_val_split = recorded_arg(ckpt.meta, 'val_split')
 
 
 def with_progress(loader, num_images: int, stream=None):
@@ -113,8 +121,9 @@ def _parser() -> argparse.ArgumentParser:
                              "dataset the weights were trained on (their checkpoint or pretrained tag), else "
                              "'torch/cifar10'")
     parser.add_argument('--split', '--val-split', default=None,
-                        help="split (default: the dataset's held-out split: 'test' for torch/cifar10, fashion-mnist "
-                             "and digits, which also read it for 'validation'; 'validation' for an image folder); "
+                        help="split (default: on the weights' own dataset, the --val-split of the run that trained "
+                             "them; else the dataset's held-out split: 'test' for torch/cifar10, fashion-mnist and "
+                             "digits, which also read it for 'validation'; 'validation' for an image folder); "
                              "--val-split, as sa-vision-train names it, is the same")
     parser.add_argument('--dataset-download', action='store_true', default=False)
     parser.add_argument('-b', '--batch-size', type=int, default=256)
@@ -155,6 +164,7 @@ def main(argv=None):
     model = model.to(args.device)
     if args.dataset is None:
         args.dataset = DEFAULT_DATASET if trained_on is None else trained_on
+        args.split = args.split or getattr(args, 'trained_val_split', None)  # the run's split, as the explorer's
         trained_dir = getattr(args, 'trained_data_dir', None)
         reused = trained_on is not None and not args.data_dir and trained_dir and os.path.isdir(trained_dir)
         if reused:  # the run's own --data-dir, as --resume finds it
