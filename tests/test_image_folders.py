@@ -53,6 +53,23 @@ def test_images_beside_the_class_folders_are_named_before_anything_is_built(tmp_
     assert not (tmp_path / 'out').exists()
 
 
+def test_a_split_without_images_is_named_before_anything_is_built(tmp_path, caplog, capsys):
+    """Class folders of .webp files or none (timm reads .png, .jpg, .jpeg): timm's 'Found 0 images' ended training
+    and validation in a traceback, after the model was built."""
+    root = _folder(tmp_path / 'data', {'train': {'a': 2, 'b': 2}, 'validation': {'a': 0, 'b': 0}})
+    (root / 'validation' / 'a' / '0.webp').write_bytes(b'RIFF')
+    message = (f'error: {root / "validation"} holds no image timm reads (files ending in .jpeg, .jpg, .png, in a '
+               f'subfolder per class: {root / "validation" / "<class>" / "<image>"}): put the images there, or name '
+               f'the split that holds them')
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', root, *TINY,
+                             '--output', tmp_path / 'out', '--epochs', 1)
+    assert status == 2 and log.strip().splitlines()[-1] == message, log[-2000:]
+    assert not (tmp_path / 'out').exists()
+    status, out, err = command_here(capsys, 'validate', '--model', 'sa_quadratic_cifar', '--no-pretrained',
+                                    '--dataset', '', '--data-dir', root, '--threads', 1)
+    assert status == 2 and err.strip().splitlines()[-1] == message, err[-2000:]
+
+
 def test_a_split_lacking_a_class_is_labelled_as_the_training_split(tmp_path, caplog):
     """Validation without b: its c images are label 2, as in training (timm would number them 1); a validation
     class the model has no label for beside its own is an error naming it; a split of none of its classes is

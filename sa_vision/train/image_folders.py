@@ -134,11 +134,21 @@ def read_image_folder(source: DataSource, split: str, is_training: bool, img_siz
     ``source.classes`` (:func:`_class_map`: a split lacking a class is labelled as the model's labels are, not by
     its own folders)."""
     from timm.data import create_dataset
-    folder = image_folder_split(source.data_dir, split, is_training, source.name)
+    folder = check_image_folder(source, split, is_training)
     class_map = _class_map(folder, source.classes) if source.classes else ''
     return create_dataset(source.name, root=folder, split=split, is_training=is_training, download=source.download,
                           class_map=class_map)
 
 
-def check_image_folder(source: DataSource, split: str, is_training: bool) -> None:
-    image_folder_split(source.data_dir, split, is_training, source.name)
+def check_image_folder(source: DataSource, split: str, is_training: bool) -> str:
+    """The subfolder of ``split`` (:func:`image_folder_split`), or a DatasetError where timm's reader would find no
+    image in it (its own error is a traceback after the model is built)."""
+    from timm.data.readers.img_extensions import get_img_extensions
+    folder = image_folder_split(source.data_dir, split, is_training, source.name)
+    extensions = get_img_extensions(as_set=True)
+    if not any(os.path.splitext(name)[1].lower() in extensions  # at the first image found
+               for _, _, files in os.walk(folder, followlinks=True) for name in files):
+        raise DatasetError(f'{folder} holds no image timm reads (files ending in {", ".join(sorted(extensions))}, '
+                           f'in a subfolder per class: {os.path.join(folder, "<class>", "<image>")}): put the '
+                           f'images there, or name the split that holds them')
+    return folder
