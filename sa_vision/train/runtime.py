@@ -374,7 +374,7 @@ def resolve_torchcompile(requested: Optional[str], model: nn.Module,
     with ``probe`` and keeps the cheapest over ``steps_left`` steps (:func:`choose_compile`) among those that
     compiled: a choice that fails is left out and named, and if the probe itself fails the run trains eagerly."""
     if not requested:
-        return model, False, None, ['eager (no --torchcompile)' + (f'; --torchcompile-mode {mode} ignored'
+        return model, False, None, ['eager (--torchcompile off)' + (f'; --torchcompile-mode {mode} ignored'
                                                                    if mode else '')]
     if requested != 'auto':
         return compile_model(model, requested, mode), requested, mode, [
