@@ -375,7 +375,7 @@ def resolve_torchcompile(requested: Optional[str], model: nn.Module,
     compiled: a choice that fails is left out and named, and if the probe itself fails the run trains eagerly."""
     if not requested:
         return model, False, None, ['eager (--torchcompile off)' + (f'; --torchcompile-mode {mode} ignored'
-                                                                   if mode else '')]
+                                                                    if mode else '')]
     if requested != 'auto':
         return compile_model(model, requested, mode), requested, mode, [
             f'--torchcompile {requested}{f" --torchcompile-mode {mode}" if mode else ""} asked for']
