@@ -1,4 +1,5 @@
 """ Head statistics and pictures, checked against hand formulas (not pixels) """
+import copy
 import json
 import math
 import subprocess
@@ -195,6 +196,23 @@ def test_figure_a_draws_a_centre_beyond_its_axes_hollow_at_their_edge():
     assert (beyond.get_ydata()[0], beyond.get_xdata()[0]) == (2., -4.) and beyond.get_markerfacecolor() == 'none'
     assert inside.get_markerfacecolor() != 'none'
     assert any(t.get_text() == '2' and t.xy == (-4., 2.) for t in ax.texts)
+
+
+def test_figure_c_ends_a_path_beyond_its_axes_hollow_at_their_edge():
+    """A head that moved past the axes (to (2, -11), axes +-4) ended outside the figure, its cross never drawn:
+    its path runs along the edge and ends there hollow, as figure (a) draws such a centre; the data keep it."""
+    first = small('sa_quadratic_cifar')
+    set_quadratic(first, 0, 0, (1., 1.), 0.8)  # a head that stays inside
+    set_quadratic(first, 0, 1, (1., -1.), 0.8)
+    second = copy.deepcopy(first)
+    set_quadratic(second, 0, 1, (2., -11.), 0.8)
+    fig, data = plot_center_trajectories([first, second], extent=4)
+    np.testing.assert_allclose(data['centers'][-1, 0, 1], [2., -11.])
+    lines = {ln.get_gid(): ln for ln in fig.axes[0].lines}
+    path, end = lines['trajectory-0-1'], lines['end-0-1']
+    assert path.get_xdata().tolist() == [-1., -4.] and path.get_ydata().tolist() == [1., 2.]
+    assert (end.get_xdata()[0], end.get_ydata()[0]) == (-4., 2.) and end.get_markerfacecolor() == 'none'
+    assert lines['end-0-0'].get_marker() == 'x'
 
 
 def test_figure_b_draws_the_query_attention():

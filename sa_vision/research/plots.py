@@ -227,14 +227,18 @@ def plot_center_trajectories(
             path_rc = centers[:, layer, head]
             if np.isnan(path_rc).all():
                 continue
-            ax.plot(path_rc[:, 1], path_rc[:, 0], '-', color=colors[head], lw=1.0, alpha=0.8,
+            # as in plot_centers: a path beyond the axes runs along their edge, and ends there in a hollow circle
+            shown = np.clip(path_rc, -extent, extent)
+            ax.plot(shown[:, 1], shown[:, 0], '-', color=colors[head], lw=1.0, alpha=0.8,
                     gid=f'trajectory-{layer}-{head}')
-            ax.plot(path_rc[0, 1], path_rc[0, 0], 'o', color=colors[head], ms=2.5)
-            ax.plot(path_rc[-1, 1], path_rc[-1, 0], 'x', color=colors[head], ms=5)
+            ax.plot(shown[0, 1], shown[0, 0], 'o', color=colors[head], ms=2.5, clip_on=False)
+            beyond = bool((shown[-1] != path_rc[-1]).any())
+            ax.plot(shown[-1, 1], shown[-1, 0], 'o' if beyond else 'x', color=colors[head], ms=5,
+                    mfc='none' if beyond else colors[head], clip_on=False, gid=f'end-{layer}-{head}')
         _query_square(ax)
     span = f'{labels[0]} -> {labels[-1]}' if labels else f'{len(models)} checkpoints'
-    fig.suptitle(f'centres of attention during training ({span}): dot = first, cross = last; query pixel in black',
-                 fontsize=9)
+    fig.suptitle(f'centres of attention during training ({span}): dot = first, cross = last; query pixel in black\n'
+                 f'a path beyond the axes runs along their edge and ends there in a hollow circle', fontsize=9)
     _save(fig, path)
     return fig, {'centers': centers}
 
