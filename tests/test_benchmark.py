@@ -683,10 +683,12 @@ def test_a_model_whose_classifier_is_not_head_trains_with_fewer_classes(capsys):
     (['--torchcompile', 'auto'], '--torchcompile auto chooses for a training run (sa-vision-train)'),
     (['--input-size', '3', '0', '0'], '--input-size 3 0 0: channels, height and width are at least 1'),
     (['--model', 'sa_quadratic_cifar', 'resnet18_cifarr'], "unknown model 'resnet18_cifarr'"),
+    (['--model', 'sa_quadratic_cifar', 'resnet18_cifar'], "resnet18_cifar takes no keyword argument 'embed_dim'"),
 ])
 def test_what_would_fail_after_timing_is_refused_before(argv, error, capsys):
-    """A typo in the second model, --torchcompile auto (sa-vision-train's choice) or a zero size: one line, before
-    anything is built or timed (the first model's timings would be lost)."""
+    """A typo in the second model, a --model-kwargs the second model does not take, --torchcompile auto
+    (sa-vision-train's choice) or a zero size: one line, before anything is timed (the first model's timings would
+    be lost)."""
     from sa_vision.errors import run_cli
     cli = _load_cli()
     assert run_cli(cli.main, ['--model-kwargs', *TINY_ARGS, '-b', '2', '--runs', '1', *argv]) == 2

@@ -40,6 +40,7 @@ from sa_vision.measure import RESULTS_FORMATS, format_results
 from sa_vision.measure import benchmark as sab
 from sa_vision.measure.peers import is_peer
 from sa_vision.models import DEFAULT_MODEL, MODEL_NAMES
+from sa_vision.models.factory import create_named_model
 from sa_vision.train.arg_values import check_compile_backend, check_value_bounds
 from sa_vision.train.args import ModelKwargs
 from sa_vision.train.caller_settings import caller_settings_kept
@@ -142,15 +143,26 @@ def _check_model(name: str, profile: str, model_kwargs, compared: bool = False) 
     given no size of its own (a compared model takes none: --model-kwargs is the timed model's)."""
     from sa_vision.reproduce import PROFILES
     sab.check_model_name(name)
-    if not profile or is_peer(name) or weights_path(name) is not None:  # a peer's size is fixed, weights carry theirs
+    if is_peer(name) or weights_path(name) is not None:  # a peer's size is fixed, weights carry theirs
         return
+    given = {**_profile_kwargs(profile, name), **({} if compared else model_kwargs)}
     sized = [m for m, changes in PROFILES[profile].per_model.items()
-             if _SIZE_ARGS & set(changes.get('model_kwargs', {}))]
-    given = {**PROFILES[profile].per_model.get(name, {}).get('model_kwargs', {}), **({} if compared else model_kwargs)}
+             if _SIZE_ARGS & set(changes.get('model_kwargs', {}))] if profile else []
     if sized and not _SIZE_ARGS & set(given):
         raise UserError(f'--reproduce-profile {profile} sizes {", ".join(sized)}, not {name}: ' + (
             'time it without the profile' if compared else "give its size with --model-kwargs (embed_dim=..., or "
             "channels=... of a ResNet; the compared models keep the profile's), or leave the profile out"))
+    if not compared:  # a keyword a later model does not take ended the run after the first one's timings
+        with torch.device('meta'):  # no memory, no time
+            create_named_model(name, **given)
+
+
+def _profile_kwargs(profile: str, name: str) -> dict:
+    """The model arguments of ``name`` in the --reproduce-profile ``profile`` (empty without one)."""
+    if not profile:
+        return {}
+    from sa_vision.reproduce import PROFILES
+    return dict(PROFILES[profile].per_model.get(name, {}).get('model_kwargs', {}))
 
 
 def _model_names(args):
@@ -172,8 +184,9 @@ def main(argv=None) -> int:
     _check_args(args, compare, device)
     sab.hold_compiled_copies()
     models = _model_names(args)
+    model_kwargs = {**args.model_kwargs, **({} if args.num_classes is None else {'num_classes': args.num_classes})}
     for name in [*models, *(c for c in compare if c in MODEL_NAMES)]:  # said before any model is timed
-        _check_model(name, args.reproduce_profile, args.model_kwargs, compared=name not in models)
+        _check_model(name, args.reproduce_profile, model_kwargs, compared=name not in models)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.flush_denormal and not torch.set_flush_denormal(True):
@@ -186,27 +199,18 @@ def main(argv=None) -> int:
     log = (lambda s: None) if args.quiet else (lambda s: print(s, file=sys.stderr, flush=True))
     given_size = tuple(args.input_size) if args.input_size else (3, args.img_size, args.img_size) if args.img_size \
         else None
-    model_kwargs = dict(args.model_kwargs)
-    if args.num_classes is not None:
-        model_kwargs['num_classes'] = args.num_classes
 
     # how every step runs: the timed ones and the profiled one
     step_kwargs = dict(precision=args.precision, amp=args.amp, amp_dtype=args.amp_dtype,
                        channels_last=args.channels_last, torchcompile=args.torchcompile)
 
-    def profile_kwargs(name):
-        """The model arguments of ``name`` in the --reproduce-profile (empty without one)."""
-        if not args.reproduce_profile:
-            return {}
-        from sa_vision.reproduce import PROFILES
-        return dict(PROFILES[args.reproduce_profile].per_model.get(name, {}).get('model_kwargs', {}))
-
-    compare_kwargs = {c: profile_kwargs(c) for c in compare}
+    compare_kwargs = {c: _profile_kwargs(args.reproduce_profile, c) for c in compare}
     all_rows = []
     for name in models:
         input_size = given_size or sab.input_size_of(name)
+        kwargs = {**_profile_kwargs(args.reproduce_profile, name), **model_kwargs}
         variants = sab.build_variants(name, compare, fuse=args.fuse, compare_kwargs=compare_kwargs,
-                                      input_size=input_size, **{**profile_kwargs(name), **model_kwargs})
+                                      input_size=input_size, **kwargs)
         rows = sab.benchmark_variants(
             variants, batch_size=args.batch_size, input_size=input_size, device=device, bench=args.bench,
             warmup=args.num_warm_iter, runs=args.runs, iters=args.num_bench_iter,
