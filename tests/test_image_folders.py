@@ -70,6 +70,16 @@ def test_a_split_without_images_is_named_before_anything_is_built(tmp_path, capl
     assert status == 2 and err.strip().splitlines()[-1] == message, err[-2000:]
 
 
+def test_a_held_out_split_of_images_without_class_folders_is_refused(tmp_path):
+    """Images straight in validation/, no class folder: timm labels them all as its one class '', label 0, and a
+    model of classes a, b scored 0.00 % top-1 and 100 % top-5 on them, with exit status 0."""
+    root = _folder(tmp_path, {'train': {'a': 2, 'b': 2}})
+    (root / 'validation').mkdir()
+    Image.new('RGB', (8, 8)).save(root / 'validation' / 'x.png')
+    with pytest.raises(DatasetError, match='holds images beside its class folders'):
+        create_image_dataset('', 'validation', is_training=False, data_dir=str(root), classes=['a', 'b'])
+
+
 def test_a_split_lacking_a_class_is_labelled_as_the_training_split(tmp_path, caplog):
     """Validation without b: its c images are label 2, as in training (timm would number them 1); a validation
     class the model has no label for beside its own is an error naming it; a split of none of its classes is

@@ -111,6 +111,8 @@ def _class_map(folder: str, classes: Sequence[str]):
     labels ('': timm numbers its folders), with a warning, as timm's validate.py labels any folder. Looks at the
     class folders alone (timm's reader walks the split once after): a nested folder is labelled as timm labels it."""
     stray, folders = _image_names(folder)
+    if stray:  # of no class: with no known class folder, timm labels them all as its first
+        raise DatasetError(stray_images_problem(folder))
     known = [c for c in folders if c in classes]
     if not known:
         logging.getLogger(__name__).warning(
@@ -119,12 +121,12 @@ def _class_map(folder: str, classes: Sequence[str]):
             f'labels a folder; its scores mean something only where those are the same classes in that order')
         return ''
     extra = [c for c in folders if c not in classes and _holds_images(os.path.join(folder, c))]
-    if stray or extra:
-        raise DatasetError(stray_images_problem(folder) or (
+    if extra:
+        raise DatasetError(
             f'{folder} has class folders the model has no label for ({", ".join(extra[:5])}'
             f'{", ..." if extra[5:] else ""}): its labels are the classes of the split it was trained on '
             f'({", ".join(classes[:10])}{", ..." if classes[10:] else ""}). Evaluate a folder of those classes '
-            f'(named as they are; any may be missing)'))
+            f'(named as they are; any may be missing)')
     return {name: label for label, name in enumerate(classes)}
 
 
@@ -143,12 +145,11 @@ def read_image_folder(source: DataSource, split: str, is_training: bool, img_siz
 def check_image_folder(source: DataSource, split: str, is_training: bool) -> str:
     """The subfolder of ``split`` (:func:`image_folder_split`), or a DatasetError where timm's reader would find no
     image in it (its own error is a traceback after the model is built)."""
-    from timm.data.readers.img_extensions import get_img_extensions
+    from timm.data import get_img_extensions
     folder = image_folder_split(source.data_dir, split, is_training, source.name)
-    extensions = get_img_extensions(as_set=True)
-    if not any(os.path.splitext(name)[1].lower() in extensions  # at the first image found
-               for _, _, files in os.walk(folder, followlinks=True) for name in files):
-        raise DatasetError(f'{folder} holds no image timm reads (files ending in {", ".join(sorted(extensions))}, '
-                           f'in a subfolder per class: {os.path.join(folder, "<class>", "<image>")}): put the '
-                           f'images there, or name the split that holds them')
+    if not _holds_images(folder):
+        raise DatasetError(f'{folder} holds no image timm reads (files ending in '
+                           f'{", ".join(sorted(get_img_extensions(as_set=True)))}, in a subfolder per class: '
+                           f'{os.path.join(folder, "<class>", "<image>")}): put the images there, or name the split '
+                           f'that holds them')
     return folder
