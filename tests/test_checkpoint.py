@@ -260,6 +260,14 @@ def test_changed_bytes_inside_a_tensor_are_refused_by_the_archives_checksum(tmp_
         with pytest.raises(CheckpointError, match=rf'bad.pth.tar is corrupted: its part {entry.filename} does not '
                                                   r'match the checksum torch.save wrote'):
             read_checkpoint(tmp_path / 'bad.pth.tar')
+    # saved without CRCs (torch writes 0 for each part): read as torch reads it
+    torch.serialization.set_crc32_options(False)
+    try:
+        torch.save({'state_dict': timm.create_model('sa_quadratic_cifar', **SMALL).state_dict()},
+                   tmp_path / 'no_crc.pth.tar')
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert len(read_checkpoint(tmp_path / 'no_crc.pth.tar').state_dict) > 0
 
 
 def test_an_empty_weights_file_is_called_cut_short(tmp_path):
