@@ -651,20 +651,6 @@ def test_initial_weights_of_another_architecture_name_where_the_arguments_came_f
                              sources)
 
 
-@pytest.mark.parametrize('given, num_classes, source', [
-    ([], 10, '--num-classes of recipe sa_quadratic_cifar_digits'),
-    (['--model-kwargs', 'num_classes=5'], 5, '--model-kwargs'),
-    (['--num-classes', '7'], 7, '--num-classes'),
-])
-def test_a_class_count_on_the_command_line_wins_over_the_recipes(given, num_classes, source):
-    """A recipe's num_classes (a flag, as in timm's recipes) is a default: --model-kwargs num_classes=5 on the command
-    line built a 10-class model, crediting a --num-classes nobody passed."""
-    argv = ['-c', 'sa_quadratic_cifar_digits', *given]
-    args = parse_run_args(argv)[0]
-    sources = resolve_model_args(args, load_recipe(argv[1]), None, lambda _: None)[1]
-    assert args.model_kwargs['num_classes'] == num_classes and sources['num_classes'] == source
-
-
 def test_sa_safetensors_named_as_another_model_say_which_model_they_hold(capsys):
     message = 'holds a sa_quadratic_cifar model, not resnet18_cifar; pass weights of resnet18_cifar or use --model'
     for weights in (KEPT_SA / 'model.safetensors', KEPT_SA):

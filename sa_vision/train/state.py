@@ -35,9 +35,9 @@ from .evaluation import EVAL_METRICS, metric_text
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 from .timm_args import model_kwargs_as_timm_args, timm_args_as_model_kwargs
 
-__all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'recipe_of_saved_args', 'resolve_model_args',
-           'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_weights', 'save_epoch', 'SUMMARY',
-           'summary_metrics', 'write_summary_row']
+__all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'recipe_of_saved_args',
+           'resolve_model_args', 'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_weights',
+           'save_epoch', 'SUMMARY', 'summary_metrics', 'write_summary_row']
 
 Log = Callable[[str], None]
 # the keywords of create_model that arguments of their own set: (keyword, argument, flag)
@@ -189,9 +189,8 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
             sources[key] = f'the model_kwargs of recipe {args.config}' if from_recipe else '--model-kwargs'
         model_kwargs.update(args.model_kwargs)
         for key, name, flag in _FLAG_KWARGS:
-            value, from_recipe = getattr(args, name), name in recipe and recipe[name] == getattr(args, name)
-            if value is not None and not (from_recipe and sources.get(key) == '--model-kwargs'):  # that one wins
-                model_kwargs[key], sources[key] = value, f'{flag} of recipe {args.config}' if from_recipe else flag
+            if getattr(args, name) is not None:
+                model_kwargs[key], sources[key] = getattr(args, name), flag
         args.model_kwargs = model_kwargs
         return initial, sources
     changes = {k: change for k, change in args.resume_changes.items() if k != 'model'}  # ignored: said below
@@ -228,8 +227,7 @@ def _changed_architecture(initial: Checkpoint, model_kwargs: dict, sources: Opti
     not_given = {_stored_with(initial)} | {flag for _, _, flag in _FLAG_KWARGS}
     for key, value in model_kwargs.items():
         source = (sources or {}).get(key, '--model-kwargs')
-        if source.split(' of recipe ')[0] not in not_given and (key not in initial.model_args
-                                                                 or initial.model_args[key] != value):
+        if source not in not_given and (key not in initial.model_args or initial.model_args[key] != value):
             given.setdefault(source, []).append(f'{key}={value!r}')
     if not given:
         return 'The file is of another architecture or configuration than --model'
