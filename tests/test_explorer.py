@@ -823,6 +823,7 @@ def test_a_run_of_another_held_out_split_is_shown_on_that_split(tmp_path, caplog
     status, out, err = command_here(capsys, 'validate', '--checkpoint', tmp_path / 'out' / 'run' / 'last.pth.tar',
                                     '--threads', 1, '--workers', 0)
     assert status == 0 and json.loads(out.splitlines()[-1])['split'] == 'test', err[-2000:]
+    assert "split test: the run's --val-split (--split chooses another)" in err
 
 
 def test_the_epochs_of_a_run_of_over_999_epochs_are_in_their_order(models, tmp_path):

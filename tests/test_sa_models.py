@@ -243,7 +243,8 @@ def test_torchscript_matches_eager(name):
 @pytest.mark.parametrize('name', SA_MODELS)
 def test_dynamic_int8_quantization_of_the_linears_runs_near_float32(name):
     """torch's dynamic quantization swaps each nn.Linear (the learned tables' keys too) for an int8 one: the model
-    still runs, within int8's rounding of the float32 logits (at most 2.5 % of the largest over three seeds)."""
+    still runs, within int8's rounding of the float32 logits: 10 % of the largest (2.5 % at most over three
+    seeds)."""
     torch.manual_seed(0)
     model = small_model(name).eval()
     quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)

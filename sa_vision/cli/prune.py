@@ -99,8 +99,8 @@ def main(argv=None):
     out = Path(args.out)
     run_files = (RUN_CHECKPOINT, BEST_CHECKPOINT)
     if out.name in run_files and any((out.parent / name).is_file() for name in (*run_files, 'args.yaml')):
-        raise PruningError(f'--out {args.out} would replace a checkpoint of the training run in {out.parent}: name a '
-                           f'file outside it, e.g. {out.parent / "pruned.safetensors"}')
+        raise PruningError(f'--out {args.out} would replace a checkpoint of the training run in {out.parent}: name '
+                           f'another file, e.g. {out.parent / "pruned.safetensors"}')
     source = read_checkpoint(path) if path is not None else None
     model = source.create_model() if source is not None else load_model(args.source, pretrained=args.pretrained)
     hub_folder = _cached_hub_folder(model) if source is None else None

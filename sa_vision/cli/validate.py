@@ -164,7 +164,9 @@ def main(argv=None):
     model = model.to(args.device)
     if args.dataset is None:
         args.dataset = DEFAULT_DATASET if trained_on is None else trained_on
-        args.split = args.split or getattr(args, 'trained_val_split', None)  # the run's split, as the explorer's
+        # the run's split, as the explorer's: said, since a run may have evaluated on any split
+        inherited = None if args.split or trained_on is None else getattr(args, 'trained_val_split', None)
+        args.split = args.split or inherited
         trained_dir = getattr(args, 'trained_data_dir', None)
         reused = trained_on is not None and not args.data_dir and trained_dir and os.path.isdir(trained_dir)
         if reused:  # the run's own --data-dir, as --resume finds it
@@ -173,7 +175,8 @@ def main(argv=None):
                 else args.dataset or 'an image folder in --data-dir')
         why = 'the weights name none' if trained_on is None else 'the weights were trained on it'
         other = '--dataset and --data-dir choose another' if reused else '--dataset chooses another'
-        print(f'dataset: {what} ({why}; {other})', file=sys.stderr)
+        split = f'; split {inherited}: the run\'s --val-split (--split chooses another)' if inherited else ''
+        print(f'dataset: {what} ({why}; {other}){split}', file=sys.stderr)
         _check_dataset(args, of_weights=trained_on is not None)
     problem = classes_problem(args.checkpoint or args.model, model, args.dataset)
     if problem:  # before the data is read

@@ -101,4 +101,4 @@ def _epoch_order(path: Path) -> Tuple[int, str]:
     """By the number of epochs done, not by name: the run pads it to three digits, so epoch-1000 comes after
     epoch-999 (a name that is no number comes last)."""
     done = path.stem[len('epoch-'):]
-    return (int(done), '') if done.isdigit() else (sys.maxsize, done)
+    return (int(done), '') if done.isascii() and done.isdigit() else (sys.maxsize, done)  # not '²'
