@@ -101,6 +101,9 @@ def test_pipeline_stopped_by_ctrl_c_mid_stage_continues_and_delivers_the_zoo(tmp
         with torch.no_grad():
             assert torch.equal(model(x), trained(x)), folder.name
     assert (out / 'figures' / 'trajectories_sa_quadratic_cifar.png').is_file()
+    # each epoch's weights kept for the centres' trajectories alone: the learned kind has none to give
+    assert [len(list((out / 'runs' / m).glob('epoch-*.safetensors'))) for m in ('sa_quadratic_cifar',
+                                                                                'sa_learned_cifar')] == [3, 0]
     assert 'dry run: would publish' in log
     assert (out / 'explorer.html').stat().st_size > 10_000
     _keep_check_and_draw_the_zoo(out, tmp_path, capfd)

@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional
 from ..errors import UserError
 from ..models import SA_MODEL_ARGS
 from ..paper import PAPER_RESULTS, PRUNED_FROM
+from ..research.analysis import GAUSSIAN_KINDS
 from ..research.pruning import PRUNED_ARCH
 from ..train.data import dataset_info
 from ..train.recipes import load_recipe
@@ -47,6 +48,13 @@ class Profile:
             recipe.update(_epochs(epochs))
         recipe.pop('initial_checkpoint', None)  # given per run
         return recipe
+
+
+def keeps_epoch_weights(model: str) -> bool:
+    """Whether a reproduction keeps ``model``'s weights after every epoch: for the centres' trajectories (Fig. 3)
+    of the Gaussian kinds, the only thing read from those files, 48 MB an epoch at the paper's size (the learned
+    kind's, 14.8 GB over 300 epochs, had nothing to give)."""
+    return (SA_MODEL_ARGS[model].get('attn_kind', 'quadratic') if model in SA_MODEL_ARGS else None) in GAUSSIAN_KINDS
 
 
 def _epochs(epochs: int) -> Dict[str, Any]:

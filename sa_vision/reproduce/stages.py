@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional, Sequence
 import yaml
 
 from ..io import atomic_write_text, plain_data
-from ..models import SA_MODEL_ARGS
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
 from ..tables import plural
@@ -38,6 +37,7 @@ from .profiles import (
     StageStopped,
     ablation_run_name,
     apply_recipe_changes,
+    keeps_epoch_weights,
 )
 from .provenance import (
     check_run_arguments,
@@ -117,7 +117,7 @@ class Reproduction:
         """The recipe of ``model``'s stage: the profile's, with ``changes`` and this reproduction's epochs."""
         recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
         apply_recipe_changes(recipe, changes or {})
-        recipe['save_epoch_weights'] = model in SA_MODEL_ARGS  # centre trajectories of the attention models
+        recipe['save_epoch_weights'] = keeps_epoch_weights(model)
         return recipe
 
     def run_dir(self, model: str) -> Path:

@@ -38,7 +38,7 @@ from ..train.data import (
     trained_dataset,
 )
 from ..train.recipes import recorded_arg
-from .analysis import UNIFORM_PEAK_RATIO, attention_layers
+from .analysis import GAUSSIAN_KINDS, UNIFORM_PEAK_RATIO, attention_layers
 from .positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, run_epochs
 
 __all__ = ['ExplorerModel', 'resolve_explorer_model', 'gallery_indices', 'explorer_data', 'write_explorer',
@@ -131,7 +131,7 @@ def _b64(tensor: Tensor, dtype: torch.dtype) -> str:
 def _layer_record(layer: PositionalAttention, params: Optional[Dict[str, Tensor]] = None) -> Dict[str, Any]:
     """What the page needs to compute a layer's positional scores: float64 values of the model's parameters."""
     position = layer.position
-    if layer.kind in ('quadratic', 'generalized'):
+    if layer.kind in GAUSSIAN_KINDS:
         centers = params['centers'] if params else position.centers
         factors = params['precision_factors'] if params else position.precision_factors
         return {'centers': _b64(centers, torch.float64), 'precisionFactors': _b64(factors, torch.float64)}
@@ -169,7 +169,7 @@ def _layer_inputs(model: nn.Module, images: Tensor) -> List[Tensor]:
 
 def _epoch_records(layers: List[PositionalAttention], epochs: Dict[str, Dict[str, Tensor]]) -> Optional[Dict[str, Any]]:
     """Every layer's centres and precision factors at every kept epoch, when they fit the model (same heads)."""
-    if not epochs or layers[0].kind not in ('quadratic', 'generalized'):
+    if not epochs or layers[0].kind not in GAUSSIAN_KINDS:
         return None
     records = []
     for label, params in epochs.items():
