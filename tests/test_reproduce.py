@@ -969,6 +969,23 @@ def test_a_failing_stage_side_by_side_is_named_and_stops_new_starts(tmp_path, mo
         zoo.run(100, lambda m: 1, parallel=0)
 
 
+def test_a_stage_the_disk_refused_says_so_in_words(tmp_path, monkeypatch):
+    """A full disk in a stage run in this process (the export, the figures, the pruning's torch.save) ended in
+    'OSError: [Errno 27] File too large' or torch's 'unexpected pos': the stage says the system's reason, the file
+    and the remedy, as every other command does."""
+    import errno
+
+    from sa_vision.reproduce import Reproduction, StageFailed
+    refused = tmp_path / 'out' / 'pruned.pth'
+
+    def full_disk(self, *args, **kwargs):
+        raise OSError(errno.EFBIG, os.strerror(errno.EFBIG), str(refused))
+    monkeypatch.setattr(Reproduction, 'train', full_disk)
+    with pytest.raises(StageFailed, match=rf"stage 'train sa_quadratic_cifar' failed: File too large: {refused} "
+                                          rf"\(make room, or write elsewhere\)$"):
+        Reproduction(tmp_path / 'out', 'tiny').run()
+
+
 def test_a_training_side_by_side_tags_each_line_of_its_output(capfd):
     import sys
 

@@ -17,6 +17,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from ..errors import write_failure
 from ..hub.export import check_export_folder
 from ..hub.labels import HUB_FOLDER_FILES
 from ..io import atomic_folder, atomic_write
@@ -121,7 +122,8 @@ class StagedZoo:
             self.reproduction.tag_output = tagged
         if failures:
             model, error = failures[0]
-            raise StageFailed(f'stage {model} failed: {type(error).__name__}: {error}') from error
+            what = write_failure(error) or f'{type(error).__name__}: {error}'  # a full disk: why, in words
+            raise StageFailed(f'stage {model} failed: {what}') from error
         return kept
 
     def _run_stages(self, budget: '_Budget', on_stage: Optional[Callable[[str, float], None]],

@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
+from ..errors import write_failure
 from ..io import atomic_write_text, plain_data
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
@@ -302,11 +303,9 @@ class Reproduction:
         return rows
 
     def export(self, models=TABLE_ORDER) -> List[Path]:
-        """A Hub folder per trained model (re-exported when its checkpoint is newer).
-
-        Written beside its folder and swapped in when complete (:func:`~sa_vision.io.atomic_folder`), so a killed
-        export is redone, not taken for done.
-        """
+        """A Hub folder per trained model (re-exported when its checkpoint is newer). Written beside its folder and
+        swapped in when complete (:func:`~sa_vision.io.atomic_folder`), so a killed export is redone, not taken for
+        done."""
         from ..hub import export_hub_folder, weights_label
         from ..research.positional_epochs import run_epochs
         folders = []
@@ -388,7 +387,7 @@ class Reproduction:
             except ReproductionError:  # a run of other options: what to do is in the message, not a rerun
                 raise
             except Exception as e:  # e.g. a failed training process or an unreadable checkpoint: stop, naming it
-                what = str(e) if isinstance(e, StageFailed) else f'{type(e).__name__}: {e}'
+                what = str(e) if isinstance(e, StageFailed) else write_failure(e) or f'{type(e).__name__}: {e}'
                 raise StageFailed(f'stage {name!r} failed: {what}') from e
         say(f'\nDone: {self.out / "results.md"}, {len(results["folders"])} Hub folders in {self.out / "hub"}')
         return results['rows']
