@@ -194,6 +194,27 @@ def test_without_fcntl_a_reproduction_runs_unlocked(tmp_path, monkeypatch):
         assert (tmp_path / 'out').is_dir()
 
 
+def test_a_killed_reproductions_half_written_files_go_when_the_next_one_holds_the_folder(tmp_path, capsys):
+    """kill -9 between a file's writing and its rename left a hidden full-size temporary (.pruned.tmpPID.pth: a
+    whole pruned model) that no later run removed; one of a writer still running stays."""
+    import subprocess
+    import sys
+
+    from sa_vision.reproduce.provenance import reproduction_lock
+    gone = subprocess.run([sys.executable, '-c', 'import os; print(os.getpid())'], capture_output=True, text=True)
+    dead, alive = int(gone.stdout), os.getppid()  # a process that has ended, and one that runs
+    out = tmp_path / 'out'
+    (out / 'figures').mkdir(parents=True)
+    left = [out / f'.pruned.tmp{dead}.pth', out / 'figures' / f'.maps.tmp{dead}.png']
+    writing = out / f'.results.tmp{alive}.md'
+    for path in (*left, writing):
+        path.write_bytes(b'half')
+    with reproduction_lock(out):
+        pass
+    assert not any(path.exists() for path in left) and writing.exists()
+    assert f'removed .pruned.tmp{dead}.pth from {out}: files a reproduction killed' in capsys.readouterr().err
+
+
 def test_a_folder_is_one_reproduction_at_a_time_and_only_a_reproductions(tmp_path, capsys):
     """A second reproduction in a running one's folder, a run folder of other files, a run or Hub folder of
     sa-vision-train, or a file as --out, and --keep naming --out: one error line each, and nothing in them is

@@ -9,6 +9,7 @@ again when their source changes.
 """
 import hashlib
 import json
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Sequence
@@ -16,7 +17,7 @@ from typing import Any, Dict, Iterator, List, Sequence
 import yaml
 
 from ..hub import HUB_FOLDER_FILES
-from ..io import atomic_write_text, plain_data
+from ..io import atomic_write_text, plain_data, remove_stale_temporaries
 from ..train.checkpoint import RUN_CHECKPOINT, Checkpoint, strip_runtime_args
 from .profiles import ReproductionError
 
@@ -95,6 +96,11 @@ def reproduction_lock(out: Path) -> Iterator[None]:
                 raise ReproductionError(f'another sa-vision-reproduce is running in {out}: let it finish or stop '
                                         f'it, then run this command again (it continues where that one stopped)'
                                         ) from None
+            for folder in (out, out / 'figures'):  # held now: a killed reproduction's half-written files go
+                removed = remove_stale_temporaries(folder, held=True) if folder.is_dir() else []
+                if removed:
+                    print(f'removed {", ".join(removed)} from {folder}: files a reproduction killed while writing '
+                          f'them left behind', file=sys.stderr)
             yield  # the lock goes with the file's closing, also when the process is killed
     finally:
         if lock_is_new and not (out / SETUP_FILE).exists():  # refused before anything was written
