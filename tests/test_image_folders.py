@@ -70,6 +70,19 @@ def test_a_split_without_images_is_named_before_anything_is_built(tmp_path, capl
     assert status == 2 and err.strip().splitlines()[-1] == message, err[-2000:]
 
 
+def test_a_folder_of_git_lfs_pointers_is_named_before_anything_is_built(tmp_path, caplog, capsys):
+    """A clone without git lfs holds text files named .png: timm skipped them one by one, then ended the first
+    batch in a traceback ('Failed to load 10 consecutive samples'), the run folder already written."""
+    root = _folder(tmp_path / 'data', {'train': {'a': 1}, 'validation': {'a': 1}})
+    for path in (root / 'train' / 'a' / '0.png', root / 'validation' / 'a' / '0.png'):
+        path.write_text('version https://git-lfs.github.com/spec/v1\noid sha256:0\nsize 1\n')
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', root, *TINY,
+                             '--output', tmp_path / 'out', '--epochs', 1)
+    assert status == 2 and log.strip().splitlines()[-1].startswith(
+        f'error: {root / "train" / "a" / "0.png"} is no image PIL reads ('), log[-2000:]
+    assert 'a Git LFS pointer (git lfs pull fetches the images)' in log and not (tmp_path / 'out').exists()
+
+
 def test_a_held_out_split_of_images_without_class_folders_is_refused(tmp_path):
     """Images straight in validation/, no class folder: timm labels them all as its one class '', label 0, and a
     model of classes a, b scored 0.00 % top-1 and 100 % top-5 on them, with exit status 0."""

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import time
 from contextlib import nullcontext
@@ -961,9 +962,10 @@ def test_unknown_dataset_name_lists_the_known_ones():
         'no-train-folder', 'no-fashion-files', 'unknown-digits-split', 'data-dir-a-file', 'data-dir-tilde',
         'output-tilde'])
 def test_dataset_errors_come_before_anything_is_built(argv, message, monkeypatch, tmp_path):
+    from PIL import Image
     _fail_when_anything_is_built(monkeypatch)
     (tmp_path / 'folder' / 'train' / 'cat').mkdir(parents=True)  # an image folder without a held-out split
-    (tmp_path / 'folder' / 'train' / 'cat' / 'x.png').write_bytes(b'')
+    Image.new('RGB', (4, 4)).save(tmp_path / 'folder' / 'train' / 'cat' / 'x.png')
     out = tmp_path / 'out'
     line = _cli_error([*TINY, '--output', str(out)] + [a.replace('{tmp}', str(tmp_path)) for a in argv])
     assert message.replace('{tmp}', str(tmp_path)) in line, line
@@ -994,12 +996,14 @@ def _synonyms_named(line: str):
 def test_a_missing_held_out_split_names_only_timms_synonyms_and_the_flag_that_reads_a_present_one(tmp_path):
     """The digits recipe asks for val_split 'test' (timm takes it by no other name) of a folder with train/ and
     validation/: the error names no synonym and the --val-split that reads validation/, and that one passes."""
+    from PIL import Image
     from timm.data.dataset_factory import _EVAL_SYNONYM, _TRAIN_SYNONYM
 
     from sa_vision.train.data import check_dataset
     imgs = tmp_path / 'imgs'
     for split in ('train', 'validation'):
         (imgs / split / 'cat').mkdir(parents=True)
+        Image.new('RGB', (4, 4)).save(imgs / split / 'cat' / '0.png')
     line = _cli_error(['-c', 'sa_quadratic_cifar_digits', '--dataset', '', '--data-dir', str(imgs), *TINY,
                        '--output', str(tmp_path / 'out')])
     assert f"the image folder {imgs} has no 'test' subfolder" in line, line
@@ -1007,8 +1011,7 @@ def test_a_missing_held_out_split_names_only_timms_synonyms_and_the_flag_that_re
     assert 'pass --val-split validation ' in line, line
     check_dataset('', str(imgs), train_split='train', eval_split='validation')  # the advice works
     # a folder without any held-out one: timm's other names for the split asked, no flag to pass
-    (imgs / 'validation' / 'cat').rmdir()
-    (imgs / 'validation').rmdir()
+    shutil.rmtree(imgs / 'validation')
     line = _cli_error(['--dataset', '', '--data-dir', str(imgs), *TINY, '--output', str(tmp_path / 'out')])
     assert _synonyms_named(line) == set(_EVAL_SYNONYM) - {'validation'}, line
     assert 'pass --val-split' not in line and 'the training images are never evaluated' in line, line

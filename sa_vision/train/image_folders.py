@@ -97,12 +97,32 @@ def stray_images_problem(folder: str) -> Optional[str]:
             f'which timm would label as a class of their own: move them into the folder of their class')
 
 
-def _holds_images(folder: str) -> bool:
-    """Whether timm's reader would find an image in ``folder`` or below it."""
+def _first_image(folder: str) -> Optional[str]:
+    """The first file timm's reader would take as an image in ``folder`` or below it, or None."""
     from timm.data import get_img_extensions
     kinds = get_img_extensions(as_set=True)
-    return any(os.path.splitext(f)[1].lower() in kinds for _, _, files in os.walk(folder, followlinks=True)
-               for f in files)
+    return next((os.path.join(root, f) for root, _, files in os.walk(folder, followlinks=True) for f in files
+                 if os.path.splitext(f)[1].lower() in kinds), None)
+
+
+def _holds_images(folder: str) -> bool:
+    """Whether timm's reader would find an image in ``folder`` or below it."""
+    return _first_image(folder) is not None
+
+
+def _unreadable_image_problem(path: str) -> Optional[str]:
+    """Why PIL, which timm's reader opens images with, cannot read ``path``, or None. timm skips such a file, and
+    after ten in a row ends the run in a traceback: a folder of Git LFS pointers or renamed files is all such."""
+    from PIL import Image, UnidentifiedImageError
+    try:
+        with Image.open(path) as image:
+            image.convert('RGB')
+    except (UnidentifiedImageError, OSError, ValueError) as e:
+        with open(path, 'rb') as f:
+            lfs = f.read(64).startswith(b'version https://git-lfs')
+        return (f'{path} is no image PIL reads ({e}){": a Git LFS pointer (git lfs pull fetches the images)" * lfs}; '
+                f'timm would skip it and stop after ten such files: replace or remove the unreadable files')
+    return None
 
 
 def _class_map(folder: str, classes: Sequence[str]):
@@ -147,7 +167,11 @@ def check_image_folder(source: DataSource, split: str, is_training: bool) -> str
     image in it (its own error is a traceback after the model is built)."""
     from timm.data import get_img_extensions
     folder = image_folder_split(source.data_dir, split, is_training, source.name)
-    if not _holds_images(folder):
+    first = _first_image(folder)
+    problem = first and _unreadable_image_problem(first)
+    if problem:
+        raise DatasetError(problem)
+    if first is None:
         raise DatasetError(f'{folder} holds no image timm reads (files ending in '
                            f'{", ".join(sorted(get_img_extensions(as_set=True)))}, in a subfolder per class: '
                            f'{os.path.join(folder, "<class>", "<image>")}): put the images there, or name the split '
