@@ -258,3 +258,15 @@ def test_weights_of_timm_train_py_are_fed_as_its_flags_fed_them(size_flag, tmp_p
     assert status == 0, err
     assert json.loads(out.strip().splitlines()[-1])['loss'] == pytest.approx(expected, rel=1e-5)
 
+
+
+def test_a_training_split_of_one_class_is_refused_before_anything_is_built(tmp_path, caplog, capsys):
+    """One class folder: the loss is 0 from the first step, nothing trains, and the card advertised 100 % top-1
+    (timm's train.py does the same)."""
+    root = _folder(tmp_path / 'data', {'train': {'a': 2}, 'validation': {'a': 1}})
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', root, *TINY,
+                             '--output', tmp_path / 'out', '--epochs', 1)
+    assert status == 2 and log.strip().splitlines()[-1] == (
+        f"error: the training split of the image folder {root} has one class folder ('a'): a classifier needs two "
+        f"or more, each class's images in a folder of its own (<split>/<class>/<image>)"), log[-2000:]
+    assert not (tmp_path / 'out').exists()

@@ -232,6 +232,10 @@ def num_classes_of_folder(args, recipe: dict, log) -> None:
     classes = image_folder_classes(args.dataset, args.data_dir, args.train_split)
     if classes is None:
         return
+    if len(classes) == 1:  # the loss is 0 from the start: nothing trains, and 100 % top-1 means nothing
+        raise UserError(f'the training split of the image folder {args.data_dir} has one class folder '
+                        f'({classes[0]!r}): a classifier needs two or more, each class\'s images in a folder of its '
+                        f'own (<split>/<class>/<image>)')
     args.label_names = classes  # the export's label_names: timm's inference.py names its top-k classes by them
     asked = args.num_classes if args.num_classes is not None else args.model_kwargs.get('num_classes')
     if asked is None:
