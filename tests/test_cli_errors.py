@@ -651,6 +651,31 @@ def test_initial_weights_of_another_architecture_name_where_the_arguments_came_f
                              sources)
 
 
+@pytest.mark.parametrize('given, num_classes', [
+    ([], 10),
+    (['--model-kwargs', 'num_classes=5'], 5),
+    (['--num-classes', '7', '--model-kwargs', 'num_classes=5'], 7),
+    (['--num-classes', '10', '--model-kwargs', 'num_classes=5'], 10),
+    (['--model-kw', 'num_classes=5'], 5),  # argparse takes a prefix of an option
+])
+def test_a_class_count_on_the_command_line_wins_over_the_recipes(given, num_classes, tmp_path):
+    """A recipe's num_classes (a flag, as timm's recipes write it) is a default: '-c RECIPE --model-kwargs
+    num_classes=5' built a 10-class model. The --num-classes flag on the command line wins over both, as
+    create_model gets it last; the flag and the model agree (an image folder's class count reads the flag)."""
+    from PIL import Image
+
+    from sa_vision.train.run_setup import num_classes_of_folder
+    argv = ['-c', 'sa_quadratic_cifar_digits', *given]
+    args = parse_run_args(argv)[0]
+    resolve_model_args(args, load_recipe(argv[1]), None, lambda _: None)
+    assert args.model_kwargs['num_classes'] == args.num_classes == num_classes
+    for name in map(str, range(num_classes)):  # a folder of as many classes: the count agrees
+        (tmp_path / 'train' / name).mkdir(parents=True)
+        Image.new('RGB', (4, 4)).save(tmp_path / 'train' / name / '0.png')
+    args.dataset, args.data_dir = '', str(tmp_path)
+    num_classes_of_folder(args, load_recipe(argv[1]), lambda _: None)
+
+
 def test_sa_safetensors_named_as_another_model_say_which_model_they_hold(capsys):
     message = 'holds a sa_quadratic_cifar model, not resnet18_cifar; pass weights of resnet18_cifar or use --model'
     for weights in (KEPT_SA / 'model.safetensors', KEPT_SA):

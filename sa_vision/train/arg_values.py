@@ -8,8 +8,12 @@ from typing import Dict, NamedTuple, Optional
 from ..errors import RecipeError
 from .timm_args import TIMM_SCHEDULERS
 
-__all__ = ['Bounds', 'VALUE_BOUNDS', 'check_compile_backend', 'check_value_bounds', 'check_schedule_values',
-           'check_scheduler']
+__all__ = ['Bounds', 'VALUE_BOUNDS', 'FLAG_KWARGS', 'check_compile_backend', 'check_value_bounds',
+           'check_schedule_values', 'check_scheduler', 'command_line_kwargs_over_recipe_flags']
+
+# the keywords of create_model that arguments of their own set: (keyword, argument, flag)
+FLAG_KWARGS = (('num_classes', 'num_classes', '--num-classes'), ('drop_rate', 'drop', '--drop'),
+               ('drop_path_rate', 'drop_path', '--drop-path'))
 
 
 class Bounds(NamedTuple):
@@ -131,3 +135,16 @@ def check_compile_backend(backend: Optional[str]) -> None:
     raise RecipeError(f'--torchcompile {backend!r} is not a backend of torch.compile'
                       + (f' (did you mean {near[0]!r}?)' if near else '') + f'; its backends are {", ".join(usual)}, '
                       f'or auto (a package that registers one goes in --device-modules)')
+
+
+def command_line_kwargs_over_recipe_flags(args, argv) -> None:
+    """A keyword that the command line's ``--model-kwargs`` gives and a flag also sets (``num_classes=5``) wins over
+    that flag's value from a recipe (``num_classes: 10``): the flag takes it, so that whatever reads the flag (an
+    image folder's class count, args.yaml) agrees with the model. The flag given on the command line as well wins
+    over both, as create_model gets it last. Before a recipe's ``model_kwargs`` are merged into ``args``'."""
+    given = [arg.split('=')[0] for arg in argv if arg.startswith('--')]
+    if not any('--model-kwargs'.startswith(arg) and len(arg) > 2 for arg in given):  # argparse takes a prefix
+        return
+    for key, name, flag in FLAG_KWARGS:
+        if key in args.model_kwargs and not any(flag.startswith(arg) and len(arg) > 2 for arg in given):
+            setattr(args, name, args.model_kwargs[key])

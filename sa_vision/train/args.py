@@ -13,7 +13,7 @@ from timm.utils import ParseKwargs
 
 from ..errors import RecipeError, UserError
 from ..models import DEFAULT_MODEL
-from .arg_values import VALUE_BOUNDS, check_scheduler, check_value_bounds
+from .arg_values import VALUE_BOUNDS, check_scheduler, check_value_bounds, command_line_kwargs_over_recipe_flags
 from .data import TRAIN_SPLIT
 from .optimizer import FUSED_OPTIMIZERS
 from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
@@ -124,6 +124,7 @@ def parse_over(defaults: dict, argv, source: str = 'the recipe') -> argparse.Nam
     if unknown:
         refuse_unknown(parser, unknown)
     _check_choices(parser, args, source)
+    command_line_kwargs_over_recipe_flags(args, argv)
     args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
     return args
 

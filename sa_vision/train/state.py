@@ -17,6 +17,7 @@ from timm.utils import update_summary
 from ..errors import RecipeError, UserError, first_launched_process
 from ..io import atomic_duplicate, atomic_torch_save, atomic_write, plain_data
 from ..models import infer_sa_model_args
+from .arg_values import FLAG_KWARGS
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
 from .checkpoint import (
     BEST_CHECKPOINT,
@@ -40,9 +41,6 @@ __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'recipe_of_saved_arg
            'save_epoch', 'SUMMARY', 'summary_metrics', 'write_summary_row']
 
 Log = Callable[[str], None]
-# the keywords of create_model that arguments of their own set: (keyword, argument, flag)
-_FLAG_KWARGS = (('num_classes', 'num_classes', '--num-classes'), ('drop_rate', 'drop', '--drop'),
-                ('drop_path_rate', 'drop_path', '--drop-path'))
 
 
 def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkpoint]]:
@@ -188,7 +186,7 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
             from_recipe = key in recipe_kwargs and recipe_kwargs[key] == value
             sources[key] = f'the model_kwargs of recipe {args.config}' if from_recipe else '--model-kwargs'
         model_kwargs.update(args.model_kwargs)
-        for key, name, flag in _FLAG_KWARGS:
+        for key, name, flag in FLAG_KWARGS:
             if getattr(args, name) is not None:
                 model_kwargs[key], sources[key] = getattr(args, name), flag
         args.model_kwargs = model_kwargs
@@ -224,7 +222,7 @@ def _changed_architecture(initial: Checkpoint, model_kwargs: dict, sources: Opti
     were built with, by where they came from (a recipe's model_kwargs, the command line's --model-kwargs)."""
     given: Dict[str, list] = {}
     # the weights' own, and the flags': --num-classes changes only the classifier, a drop rate no shape
-    not_given = {_stored_with(initial)} | {flag for _, _, flag in _FLAG_KWARGS}
+    not_given = {_stored_with(initial)} | {flag for _, _, flag in FLAG_KWARGS}
     for key, value in model_kwargs.items():
         source = (sources or {}).get(key, '--model-kwargs')
         if source not in not_given and (key not in initial.model_args or initial.model_args[key] != value):
