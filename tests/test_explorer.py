@@ -517,19 +517,23 @@ def test_page_data_is_embedded_once(page):
     assert data['images']['count'] == NUM_IMAGES and len(set(data['images']['labels'])) == NUM_IMAGES
 
 
+def _digits_run(run, arch: str, model):
+    """A run folder of ``model`` (of ``arch``, SMALL) as sa-vision-train leaves it after one epoch on digits."""
+    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
+    run.mkdir()
+    torch.save({'version': CHECKPOINT_VERSION, 'arch': arch, 'model_args': SMALL, 'state_dict': model.state_dict(),
+                'epoch': 0, 'num_epochs': 1, 'dataset': 'digits'}, run / 'last.pth.tar')
+    return run
+
+
 def test_a_run_folder_brings_its_dataset_and_epochs(models, tmp_path, capsys):
     """sa-vision-explore takes a run folder of sa-vision-train: its checkpoint, its dataset and the weights it saved
     after every epoch (only the centres and precision factors go into the page)."""
     from safetensors.torch import save_file
 
     from sa_vision.cli import explore
-    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
     model = models[0].model
-    run = tmp_path / 'run'
-    run.mkdir()
-    torch.save({'version': CHECKPOINT_VERSION, 'arch': 'sa_quadratic_cifar', 'model_args': SMALL,
-                'state_dict': model.state_dict(), 'epoch': 0, 'num_epochs': 1, 'dataset': 'digits'},
-               run / 'last.pth.tar')
+    run = _digits_run(tmp_path / 'run', 'sa_quadratic_cifar', model)
     for label, params in models[0].epochs.items():
         save_file({**model.state_dict(), **params}, str(run / f'{label}.safetensors'),
                   metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(SMALL)})
@@ -861,13 +865,8 @@ def test_a_big_content_page_is_warned_of_with_what_makes_it_big(models, tmp_path
     from helpers import command_here
 
     from sa_vision.research import explorer
-    from sa_vision.train.checkpoint import CHECKPOINT_VERSION
     content = models[3].model
-    run = tmp_path / 'run'
-    run.mkdir()
-    torch.save({'version': CHECKPOINT_VERSION, 'arch': 'sa_content_cifar', 'model_args': SMALL,
-                'state_dict': content.state_dict(), 'epoch': 0, 'num_epochs': 1, 'dataset': 'digits'},
-               run / 'last.pth.tar')
+    run = _digits_run(tmp_path / 'run', 'sa_content_cifar', content)
     argv = ['explore', run, '--images', 3, '--out', tmp_path / 'page.html']
     status, _, err = command_here(capsys, *argv)
     assert status == 0 and 'warning' not in err  # a page of a few hundred kB
