@@ -676,6 +676,22 @@ def test_a_class_count_on_the_command_line_wins_over_the_recipes(given, num_clas
     num_classes_of_folder(args, load_recipe(argv[1]), lambda _: None)
 
 
+@pytest.mark.parametrize('given, drop_path_rate', [
+    (['--model-kwargs', 'drop_path_rate=0.3'], 0.3),
+    (['--model-kwargs', 'drop_path_rate=0.3', '--drop', '0.0'], 0.3),  # --drop is no prefix of --drop-path
+    (['--model-kwargs', 'drop_path_rate=0.3', '--drop-p', '0.2'], 0.2),  # a prefix of it alone is
+    (['--model', 'sa_quadratic_cifar'], 0.1),  # --model is no prefix of --model-kwargs
+])
+def test_only_the_options_argparse_takes_count_as_given(given, drop_path_rate, tmp_path):
+    recipe = tmp_path / 'recipe.yaml'
+    recipe.write_text('model: sa_quadratic_cifar\ndataset: digits\ndrop_path: 0.1\n'
+                      'model_kwargs: {drop_path_rate: 0.2}\n', encoding='utf-8')
+    argv = ['-c', str(recipe), *given]
+    args = parse_run_args(argv)[0]
+    resolve_model_args(args, load_recipe(str(recipe)), None, lambda _: None)
+    assert args.model_kwargs['drop_path_rate'] == args.drop_path == drop_path_rate
+
+
 def test_sa_safetensors_named_as_another_model_say_which_model_they_hold(capsys):
     message = 'holds a sa_quadratic_cifar model, not resnet18_cifar; pass weights of resnet18_cifar or use --model'
     for weights in (KEPT_SA / 'model.safetensors', KEPT_SA):

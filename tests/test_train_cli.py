@@ -224,9 +224,10 @@ def test_resume_refuses_another_folder_and_fewer_epochs_than_done_and_says_what_
     assert not (run.parent / 'other').exists() and not (tmp_path / 'elsewhere').exists()
     # a run copied elsewhere may name its new place (sa-vision-reproduce does); no epoch left: evaluated as it is
     with caplog.at_level(logging.INFO, logger='train'):
-        training.main(['--resume', last, '--model-kwargs', 'embed_dim=32', 'depth=1', '--log-interval', '100',
-                       '--output', str(tmp_path), '--experiment', 'run'])
-    assert '(ignoring --model-kwargs embed_dim=32)' in caplog.text and 'Top-1 on the' in caplog.text
+        training.main(['--resume', last, '--model-kwargs', 'embed_dim=32', 'depth=1', 'num_classes=5',
+                       '--log-interval', '100', '--output', str(tmp_path), '--experiment', 'run'])
+    assert '(ignoring --model-kwargs embed_dim=32' in caplog.text and 'Top-1 on the' in caplog.text
+    assert 'num_classes 10 -> 5' not in caplog.text  # a change said, then ignored: the run keeps its classes
 
 
 def test_an_export_without_model_best_warns_where_an_earlier_epoch_was_better(adamw_run, tmp_path, caplog):

@@ -137,14 +137,22 @@ def check_compile_backend(backend: Optional[str]) -> None:
                       f'or auto (a package that registers one goes in --device-modules)')
 
 
-def command_line_kwargs_over_recipe_flags(args, argv) -> None:
+def command_line_kwargs_over_recipe_flags(args, argv, options) -> None:
     """A keyword that the command line's ``--model-kwargs`` gives and a flag also sets (``num_classes=5``) wins over
     that flag's value from a recipe (``num_classes: 10``): the flag takes it, so that whatever reads the flag (an
     image folder's class count, args.yaml) agrees with the model. The flag given on the command line as well wins
-    over both, as create_model gets it last. Before a recipe's ``model_kwargs`` are merged into ``args``'."""
-    given = [arg.split('=')[0] for arg in argv if arg.startswith('--')]
-    if not any('--model-kwargs'.startswith(arg) and len(arg) > 2 for arg in given):  # argparse takes a prefix
+    over both, as create_model gets it last. Before a recipe's ``model_kwargs`` are merged into ``args``';
+    ``options``: the parser's option strings."""
+    if not _given('--model-kwargs', argv, options):
         return
     for key, name, flag in FLAG_KWARGS:
-        if key in args.model_kwargs and not any(flag.startswith(arg) and len(arg) > 2 for arg in given):
+        if key in args.model_kwargs and not _given(flag, argv, options):
             setattr(args, name, args.model_kwargs[key])
+
+
+def _given(option: str, argv, options) -> bool:
+    """Whether ``argv`` gives ``option`` as argparse reads it: by its name, or by a prefix of no other option's
+    (``--drop`` is an option of its own, no prefix of ``--drop-path``)."""
+    names = [arg.split('=')[0] for arg in argv if arg.startswith('--')]
+    return any(name == option or (name not in options and option.startswith(name)
+                                  and sum(o.startswith(name) for o in options) == 1) for name in names)

@@ -20,11 +20,9 @@ from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
 from .runtime import COMPILE_MODES, available_cores, default_threads
 from .timm_args import LOCAL, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 
-__all__ = [
-    'PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
-    'build_parser', 'parse_over', 'argument_names', 'add_threads_argument', 'check_scheduler', 'VALUE_BOUNDS',
-    'check_value_bounds', 'ModelKwargs', 'refuse_unknown',
-]
+__all__ = ['PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
+           'build_parser', 'parse_over', 'argument_names', 'add_threads_argument', 'check_scheduler', 'VALUE_BOUNDS',
+           'check_value_bounds', 'ModelKwargs', 'refuse_unknown']
 
 # this process's and this machine's: set anew by every process, so --resume does not take them from the run
 PROCESS_ARGS = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank', 'distributed', 'device', 'pin_mem',
@@ -115,16 +113,18 @@ def build_parser(defaults: Optional[dict] = None) -> argparse.ArgumentParser:
     return parser
 
 
-def parse_over(defaults: dict, argv, source: str = 'the recipe') -> argparse.Namespace:
+def parse_over(defaults: dict, argv, source: str = 'the recipe', resumed: bool = False) -> argparse.Namespace:
     """``argv`` parsed over ``defaults`` (a recipe's, a resumed run's: ``source`` names them for errors): a
-    command-line ``--model-kwargs`` updates their ``model_kwargs`` instead of replacing them."""
+    command-line ``--model-kwargs`` updates their ``model_kwargs`` instead of replacing them, and (unless
+    ``resumed``: the run keeps its model) wins over their flags of the same keyword."""
     parser = build_parser(defaults)
     _check_default_types(parser, defaults, source)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
         refuse_unknown(parser, unknown)
     _check_choices(parser, args, source)
-    command_line_kwargs_over_recipe_flags(args, argv)
+    if not resumed:
+        command_line_kwargs_over_recipe_flags(args, argv, parser._option_string_actions)
     args.model_kwargs = {**(defaults.get('model_kwargs') or {}), **args.model_kwargs}
     return args
 

@@ -81,7 +81,7 @@ def parse_run_args(argv=None) -> Tuple[argparse.Namespace, dict, Optional[Checkp
                     if k in known and k not in PROCESS_ARGS}
         defaults.update(run_args)
     given_by = [f'recipe {config.config}'] * bool(config.config) + [f'the run resumed, {resume}'] * bool(resume)
-    args = parse_over(defaults, remaining, source=' or '.join(given_by) or 'the defaults')
+    args = parse_over(defaults, remaining, source=' or '.join(given_by) or 'the defaults', resumed=bool(resume))
     args.config = config.config
     check_recipe_start(recipe, args, config.config)
     check_recipe_lr(recipe, args, f'recipe {config.config}')
