@@ -83,6 +83,20 @@ def test_a_folder_of_git_lfs_pointers_is_named_before_anything_is_built(tmp_path
     assert 'a Git LFS pointer (git lfs pull fetches the images)' in log and not (tmp_path / 'out').exists()
 
 
+def test_one_unreadable_image_among_readable_ones_is_left_to_timm_to_skip(tmp_path):
+    """timm skips an image it cannot read (ten in a row end the run): one broken file, the first in sorted order,
+    is no reason to refuse the folder; a folder of nothing readable (here a link to nothing) is one error line."""
+    from sa_vision.train.data import check_dataset
+    root = _folder(tmp_path / 'mixed', {'train': {'a': 3, 'b': 3}})
+    (root / 'train' / 'a' / '0.png').write_bytes(b'\x89PNG broken')
+    check_dataset('', str(root), train_split='train', eval_split='train')
+    dangling = tmp_path / 'dangling' / 'train' / 'a'
+    dangling.mkdir(parents=True)
+    (dangling / '0.png').symlink_to(tmp_path / 'nothing.png')
+    with pytest.raises(DatasetError, match=r"0.png is no image PIL reads \(.*No such file.*\); timm skips such"):
+        check_dataset('', str(tmp_path / 'dangling'), train_split='train', eval_split='train')
+
+
 def test_a_held_out_split_of_images_without_class_folders_is_refused(tmp_path):
     """Images straight in validation/, no class folder: timm labels them all as its one class '', label 0, and a
     model of classes a, b scored 0.00 % top-1 and 100 % top-5 on them, with exit status 0."""
@@ -257,7 +271,6 @@ def test_weights_of_timm_train_py_are_fed_as_its_flags_fed_them(size_flag, tmp_p
     status, out, err = command_here(capsys, 'validate', '--checkpoint', tmp_path / 'last.pth.tar', '--data-dir', data)
     assert status == 0, err
     assert json.loads(out.strip().splitlines()[-1])['loss'] == pytest.approx(expected, rel=1e-5)
-
 
 
 def test_a_training_split_of_one_class_is_refused_before_anything_is_built(tmp_path, caplog, capsys):

@@ -1,6 +1,7 @@
 """ A user's own image folder (``<data_dir>/<split>/<class>/<image>``), read by timm's ``create_dataset`` as timm's
 scripts read it: its split found by timm's names for it, its classes those timm's reader labels, in its order, and
 every split labelled by the classes of the split the model was trained on (docs/training.md, "Datasets") """
+import itertools
 import logging
 import os
 from typing import List, Optional, Sequence, Tuple
@@ -97,31 +98,41 @@ def stray_images_problem(folder: str) -> Optional[str]:
             f'which timm would label as a class of their own: move them into the folder of their class')
 
 
-def _first_image(folder: str) -> Optional[str]:
-    """The first file timm's reader would take as an image in ``folder`` or below it, or None."""
+def _first_images(folder: str, count: int) -> List[str]:
+    """The first ``count`` files timm's reader would take as images in ``folder`` or below it, walked in sorted
+    order (the same ones on any file system); fewer where it holds fewer."""
     from timm.data import get_img_extensions
     kinds = get_img_extensions(as_set=True)
-    return next((os.path.join(root, f) for root, _, files in os.walk(folder, followlinks=True) for f in files
-                 if os.path.splitext(f)[1].lower() in kinds), None)
+
+    def images():
+        for root, folders, files in os.walk(folder, followlinks=True):
+            folders.sort()
+            yield from (os.path.join(root, f) for f in sorted(files) if os.path.splitext(f)[1].lower() in kinds)
+    return list(itertools.islice(images(), count))
 
 
 def _holds_images(folder: str) -> bool:
     """Whether timm's reader would find an image in ``folder`` or below it."""
-    return _first_image(folder) is not None
+    return bool(_first_images(folder, 1))
+
+
+# timm's reader skips an image it cannot read, and ends the run after this many in a row
+_UNREADABLE_IN_A_ROW = 10
 
 
 def _unreadable_image_problem(path: str) -> Optional[str]:
-    """Why PIL, which timm's reader opens images with, cannot read ``path``, or None. timm skips such a file, and
-    after ten in a row ends the run in a traceback: a folder of Git LFS pointers or renamed files is all such."""
+    """Why PIL, which timm's reader opens images with, cannot read ``path``, or None."""
     from PIL import Image, UnidentifiedImageError
     try:
         with Image.open(path) as image:
             image.convert('RGB')
     except (UnidentifiedImageError, OSError, ValueError) as e:
-        with open(path, 'rb') as f:
-            lfs = f.read(64).startswith(b'version https://git-lfs')
-        return (f'{path} is no image PIL reads ({e}){": a Git LFS pointer (git lfs pull fetches the images)" * lfs}; '
-                f'timm would skip it and stop after ten such files: replace or remove the unreadable files')
+        try:
+            with open(path, 'rb') as f:
+                lfs = f.read(64).startswith(b'version https://git-lfs')
+        except OSError:  # a link to nothing, a file it may not read
+            lfs = False
+        return f'{e}{": a Git LFS pointer (git lfs pull fetches the images)" * lfs}'
     return None
 
 
@@ -167,11 +178,13 @@ def check_image_folder(source: DataSource, split: str, is_training: bool) -> str
     image in it (its own error is a traceback after the model is built)."""
     from timm.data import get_img_extensions
     folder = image_folder_split(source.data_dir, split, is_training, source.name)
-    first = _first_image(folder)
-    problem = first and _unreadable_image_problem(first)
-    if problem:
-        raise DatasetError(problem)
-    if first is None:
+    first = _first_images(folder, _UNREADABLE_IN_A_ROW)
+    problems = [problem for path in first if (problem := _unreadable_image_problem(path))]
+    if first and len(problems) == len(first):  # all of them: timm would end the first batch in a traceback
+        after = f', nor are the {len(first) - 1} after it' if len(first) > 1 else ''
+        raise DatasetError(f'{first[0]} is no image PIL reads ({problems[0]}){after}; timm skips such files and stops '
+                           f'after {_UNREADABLE_IN_A_ROW} in a row: replace the unreadable files')
+    if not first:
         raise DatasetError(f'{folder} holds no image timm reads (files ending in '
                            f'{", ".join(sorted(get_img_extensions(as_set=True)))}, in a subfolder per class: '
                            f'{os.path.join(folder, "<class>", "<image>")}): put the images there, or name the split '
