@@ -24,23 +24,6 @@ DIGITS_RECIPE = RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml'
 TINY = ['--model-kwargs', 'embed_dim=16', 'depth=1', 'heads_per_layer=2', 'mlp_hidden_dim=16']
 
 
-def test_a_split_smaller_than_the_eval_batch_is_not_padded_to_it():
-    """360 held-out images with an eval batch of 5,000 were padded to 5,000 rows every evaluation (14x the work):
-    a split of one batch has one shape already."""
-    seen = []
-
-    def model(x):
-        seen.append(x.shape[0])
-        return torch.zeros(x.shape[0], 3)
-    model.eval = lambda: None
-    data = torch.utils.data.TensorDataset(torch.randn(36, 4), torch.randint(0, 3, (36,)))
-    for batch_size, shapes in ((500, [36]), (16, [16, 16, 16])):
-        seen.clear()
-        evaluation.evaluate(model, torch.utils.data.DataLoader(data, batch_size=batch_size), 'cpu',
-                            pad_last_batch=True)
-        assert seen == shapes
-
-
 def test_padded_evaluation_counts_only_the_real_rows():
     """With pad_last_batch the model sees full batches only, and the metrics are those of the real images: the
     same as a plain evaluation and, for top-1, a count written here."""

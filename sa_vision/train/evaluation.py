@@ -6,7 +6,7 @@ The model may be a compiled one (the training loop evaluates through the module 
 """
 import json
 import math
-from contextlib import nullcontext, suppress
+from contextlib import nullcontext
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
@@ -54,8 +54,6 @@ def evaluate(model: nn.Module, loader, device, amp_ctx: Callable = nullcontext, 
     # loss sum, top-1 hits, top-5 hits; float64 so that hit counts stay exact
     totals = torch.zeros(3, dtype=torch.float64, device=device)
     batch_size, num_images = getattr(loader, 'batch_size', None), 0
-    with suppress(TypeError, AttributeError):  # a split of one short batch: one shape, nothing to pad
-        batch_size = min(batch_size, len(loader.sampler))
     for images, targets in loader:
         images, targets = images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
         rows = images.size(0)
