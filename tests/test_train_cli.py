@@ -1299,8 +1299,8 @@ def test_the_default_workers_are_timms_4_capped_at_this_processs_cores(monkeypat
     """torch warns of more loader processes than the cores a process may run on (its affinity mask): the default
     -j takes no more, a given -j and a recipe's workers stay as given, and the shipped paper recipes leave the
     number to the machine (a runtime choice, no part of a recipe)."""
-    from sa_vision.train import args as train_args
-    monkeypatch.setattr(train_args, 'available_cores', lambda: cores)
+    from sa_vision.train import arg_groups
+    monkeypatch.setattr(arg_groups, 'available_cores', lambda: cores)
     assert build_parser().parse_args([]).workers == default
     assert build_parser().parse_args(['-j', '8']).workers == 8
     assert parse_run_args(['-c', 'sa_quadratic_cifar'])[0].workers == default

@@ -41,8 +41,8 @@ from sa_vision.measure import benchmark as sab
 from sa_vision.measure.peers import is_peer
 from sa_vision.models import DEFAULT_MODEL, MODEL_NAMES
 from sa_vision.models.factory import create_named_model
+from sa_vision.train.arg_groups import ModelKwargs
 from sa_vision.train.arg_values import check_compile_backend, check_value_bounds
-from sa_vision.train.args import ModelKwargs
 from sa_vision.train.caller_settings import caller_settings_kept
 from sa_vision.train.checkpoint import weights_path
 
