@@ -31,10 +31,8 @@ def _script():
 def test_smoke_trains_the_four_variants_and_brings_back_their_table_and_centres(tmp_path):
     """Four runs, one row each in the table; every kept epoch of each has a kernel match per layer, and its
     positional parameters, nothing else of its weights, in the tar; within what the device tool brings back."""
-    from safetensors.torch import load_file
-
     from sa_vision.reproduce import ABLATION_VARIANTS, ablation_run_name
-    from sa_vision.research.positional_epochs import positional_params
+    from sa_vision.train.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, positional_params
     proc = _run(tmp_path)
     log = (tmp_path / 'ablation_gpu_long.log').read_text() if (tmp_path / 'ablation_gpu_long.log').is_file() else ''
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:] + log[-3000:]
@@ -53,9 +51,10 @@ def test_smoke_trains_the_four_variants_and_brings_back_their_table_and_centres(
         assert all(len(layers) == 2 for layers in match['epochs'].values())  # the tiny model's two layers
         assert match['closest']['distance'] == min(layer['distance'] for layers in match['epochs'].values()
                                                    for layer in layers)
-        assert [n for n in names if n.startswith(run + '/')] == [f'{run}/{e}.safetensors' for e in match['epochs']]
-        kept = load_file(str(tmp_path / 'untarred' / run / 'epoch-002.safetensors'))
-        assert kept and set(kept) == set(positional_params(kept))
+        assert [n for n in names if n.startswith(run + '/')] == [f'{run}/{POSITIONAL_EPOCHS_FILE}']
+        kept = load_positional_trajectory(tmp_path / 'untarred' / run / POSITIONAL_EPOCHS_FILE)
+        assert list(kept) == list(match['epochs']) and kept['epoch-002']
+        assert set(kept['epoch-002']) == set(positional_params(kept['epoch-002']))
     assert len(list(tmp_path.iterdir())) - 1 <= MAX_FILES_BACK  # less the folder untarred here
 
 

@@ -280,7 +280,7 @@ def test_an_empty_weights_file_is_called_cut_short(tmp_path):
 def test_an_explorer_epochs_file_names_the_folder_it_goes_with(tmp_path):
     """A Hub folder's positional_epochs.safetensors holds the kept epochs' centres alone: not 'bare weights of
     a timm model to name', but the folder whose model.safetensors it goes with."""
-    from sa_vision.research.positional_epochs import (
+    from sa_vision.train.positional_epochs import (
         POSITIONAL_EPOCHS_FILE,
         positional_params,
         save_positional_trajectory,

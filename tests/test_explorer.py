@@ -26,12 +26,12 @@ from sa_vision.research.explorer import (
     write_explorer,
     write_explorer_page,
 )
-from sa_vision.research.positional_epochs import (
+from sa_vision.train.data import create_image_dataset, dataset_info
+from sa_vision.train.positional_epochs import (
     load_positional_trajectory,
     positional_params,
     save_positional_trajectory,
 )
-from sa_vision.train.data import create_image_dataset, dataset_info
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = dict(embed_dim=16, depth=2, mlp_hidden_dim=32, heads_per_layer=3, num_classes=10)
@@ -834,7 +834,7 @@ def test_the_epochs_of_a_run_of_over_999_epochs_are_in_their_order(models, tmp_p
     """A run pads the epochs done to three digits: by name, epoch-1000 came before epoch-999 on the slider."""
     from safetensors.torch import save_file
 
-    from sa_vision.research.positional_epochs import run_epochs
+    from sa_vision.train.positional_epochs import run_epochs
     model = models[0].model
     done = [0, 9, 10, 99, 100, 998, 999, 1000, 1001, 12345]
     for epoch in random.Random(0).sample(done, len(done)):  # written in no order

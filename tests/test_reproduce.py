@@ -101,9 +101,13 @@ def test_pipeline_stopped_by_ctrl_c_mid_stage_continues_and_delivers_the_zoo(tmp
         with torch.no_grad():
             assert torch.equal(model(x), trained(x)), folder.name
     assert (out / 'figures' / 'trajectories_sa_quadratic_cifar.png').is_file()
-    # each epoch's weights kept for the centres' trajectories alone: the learned kind has none to give
-    assert [len(list((out / 'runs' / m).glob('epoch-*.safetensors'))) for m in ('sa_quadratic_cifar',
-                                                                                'sa_learned_cifar')] == [3, 0]
+    # each epoch's centres kept for their trajectories, not the whole weights; the learned kind has none to give
+    runs = out / 'runs'
+    assert not list(runs.glob('*/epoch-*.safetensors'))
+    with_centres = sorted(run.name for run in runs.iterdir() if any(
+        key.endswith('.centers') for key in read_checkpoint(run / 'last.pth.tar').state_dict))
+    assert 'sa_quadratic_cifar' in with_centres and 'sa_learned_cifar' not in with_centres
+    assert sorted(p.parent.name for p in runs.glob('*/positional_epochs.safetensors')) == with_centres
     assert 'dry run: would publish' in log
     assert (out / 'explorer.html').stat().st_size > 10_000
     _keep_check_and_draw_the_zoo(out, tmp_path, capfd)
@@ -636,7 +640,7 @@ def _keep_check_and_draw_the_zoo(out, tmp_path, capfd):
 
     from sa_vision.cli import push_to_hub
     from sa_vision.reproduce import Reproduction, draw_figures, kept_guard_paths
-    from sa_vision.research.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
+    from sa_vision.train.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
     zoo = tmp_path / 'kept' / 'digits-tiny'
     kept = Reproduction(out, 'tiny').keep(zoo)
     assert sorted(p.name for p in kept) == sorted(MODELS)
@@ -695,11 +699,11 @@ def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(
     run = zoo.run_dir('sa_quadratic_cifar')
     run.mkdir(parents=True)
     (run / 'args.yaml').write_text('model: sa_quadratic_cifar\n')  # what the killed training had written
-    (run / 'epoch-000.safetensors').write_bytes(b'the killed run\'s initialisation')
+    (run / 'positional_epochs.safetensors').write_bytes(b'the killed run\'s initialisation')
     last = zoo.train('sa_quadratic_cifar')
     assert 'holds no finished epoch, removed' in capsys.readouterr().out
     assert torch.load(last, weights_only=True)['epoch'] == 0
-    assert (run / 'epoch-000.safetensors').read_bytes() != b'the killed run\'s initialisation'
+    assert (run / 'positional_epochs.safetensors').read_bytes() != b'the killed run\'s initialisation'
 
 
 def _fake_staged_zoo(tmp_path, monkeypatch, seconds):

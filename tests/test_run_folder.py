@@ -484,8 +484,8 @@ def test_the_best_metric_is_printed_as_the_eval_lines_print_it(tmp_path, eval_me
     ckpt = {'epoch': 0, 'num_epochs': 2, 'best': {'metric': value, 'epoch': 0},
             'metrics': {'loss': 0.25, 'top1': 95.0, 'top5': 99.5},
             'history': [{'epoch': 0, 'train_loss': 0.5, 'lr': 0.1, 'train_time': 1.0, 'eval_top1': 95.0}]}
-    save_epoch(ckpt, torch.nn.Linear(1, 1), SimpleNamespace(save_epoch_weights=False, eval_metric=eval_metric),
-               tmp_path, lines.append)
+    args = SimpleNamespace(save_epoch_weights=False, save_epoch_positions=False, eval_metric=eval_metric)
+    save_epoch(ckpt, torch.nn.Linear(1, 1), args, tmp_path, lines.append)
     assert f'Best {eval_metric} so far ({shown}): {tmp_path / "model_best.pth.tar"}' in lines
 
 

@@ -151,7 +151,7 @@ def test_the_checkpoint_reader_gives_todays_names(tmp_path):
 
 def test_a_trajectory_of_old_names_loads_under_todays(tmp_path):
     """positional_epochs.safetensors as the kept zoo holds it: per-epoch tensors stacked, labels in metadata."""
-    from sa_vision.research.positional_epochs import load_positional_trajectory
+    from sa_vision.train.positional_epochs import load_positional_trajectory
     first, _ = _trained('sa_quadratic_cifar')
     second = _fresh('sa_quadratic_cifar')
     epochs = [{k: v for k, v in m.state_dict().items() if k.endswith(('.attn.position.centers', *OLD_NAMES))}

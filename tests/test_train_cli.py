@@ -312,8 +312,8 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
     # the checkpoint of the unevaluated epoch, as a run killed after it leaves it
     (run / 'summary.csv').unlink()
     unevaluated = dict(sparse, epoch=0, metrics=None, best=None, history=sparse['history'][:1])  # epoch 0 done
-    save_epoch(unevaluated, None, argparse.Namespace(save_epoch_weights=False, eval_metric='top1'), run,
-               lambda msg: None)
+    save_epoch(unevaluated, None, argparse.Namespace(save_epoch_weights=False, save_epoch_positions=False,
+                                                     eval_metric='top1'), run, lambda msg: None)
     with open(run / 'summary.csv', encoding='utf-8', newline='') as f:
         (row,) = csv.DictReader(f)
     assert {v for k, v in row.items() if k.startswith('eval_')} == {''} and row['lr'], row  # its eval_ columns empty

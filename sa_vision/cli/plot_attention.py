@@ -3,11 +3,13 @@
     sa-vision-plot sa_quadratic_cifar --out fig.png            # (a) centres + contours
     sa-vision-plot sa_learned_cifar --figure maps --out maps.png  # (b) attention maps
     sa-vision-plot ep10.pth ep50.pth ep300.pth --out traj.png  # (c) centre trajectories
+    sa-vision-plot output/train/run --figure trajectory --out traj.png  # (c) of the epochs a run kept
     sa-vision-plot run/best.safetensors --table heads.csv --out fig.svg
     sa-vision-plot local-dir:zoo/fashion-mnist-cpu/sa_quadratic_cifar --kernel-match  # the table, no picture
 
 A source is a timm model name (random init, or --pretrained), a checkpoint file (.safetensors or a torch
-checkpoint) or a Hub folder (config.json + model.safetensors). Several sources draw figure (c). --kernel-match
+checkpoint) or a Hub folder (config.json + model.safetensors). Several sources draw figure (c), as does one with
+--figure trajectory: the epochs kept in its folder (sa-vision-train --save-epoch-positions). --kernel-match
 prints, per layer of a Gaussian model, the dilation d of the 3x3 kernel d * {-1, 0, 1}^2 its centres come closest
 to and their mean distance in grid units, heads and offsets matched one to one (sa_vision.research.kernel_match).
 """
@@ -15,6 +17,9 @@ import argparse
 import inspect
 import os
 import sys
+from typing import List, Tuple
+
+from torch import nn
 
 from sa_vision.errors import UserError, command
 from sa_vision.research.analysis import (
@@ -29,6 +34,8 @@ from sa_vision.research.analysis import (
 )
 from sa_vision.research.kernel_match import KERNEL_MATCH_COLUMNS, layer_kernel_matches
 from sa_vision.research.plots import picture_problem, plot_attention_maps, plot_center_trajectories, plot_centers
+from sa_vision.train.checkpoint import weights_path
+from sa_vision.train.positional_epochs import models_at_epochs, run_epochs
 
 
 def main(argv=None):
@@ -71,7 +78,9 @@ def main(argv=None):
         raise UserError(f'--zoom sizes the attention maps (--figure maps); the figure drawn here is {figure}, which '
                         f'shows every position: leave --zoom out, or pass --figure maps')
     if args.out and figure == 'trajectory':
-        plot_center_trajectories(models, args.out, labels=[os.path.basename(s) for s in args.sources])
+        epochs, labels = _kept_epochs(args.sources[0], model) if len(models) == 1 else (
+            models, [os.path.basename(s) for s in args.sources])
+        plot_center_trajectories(epochs, args.out, labels=labels)
     elif args.out and figure == 'centers':
         plot_centers(model, args.out)
     elif args.out:
@@ -88,6 +97,18 @@ def main(argv=None):
     if args.out:
         print(f'wrote {args.out}')
     return 0
+
+
+def _kept_epochs(source: str, model: nn.Module) -> Tuple[List[nn.Module], List[str]]:
+    """Figure (c) of one source: ``model`` at each epoch kept in the source's folder (a run's, of
+    --save-epoch-positions or --save-epoch-weights, or a Hub folder exported from one), with their names."""
+    path = weights_path(source)
+    epochs = run_epochs(path if path.is_dir() else path.parent) if path is not None else {}
+    if not epochs:
+        raise UserError(f'--figure trajectory of one source draws the epochs kept beside it (a run of sa-vision-train '
+                        f'--save-epoch-positions, or an export of one); {source} has none: pass its checkpoints in '
+                        f'training order instead')
+    return models_at_epochs(model, epochs), list(epochs)
 
 
 def _check_outputs(out, table) -> None:

@@ -16,10 +16,10 @@ from ..errors import UserError
 from ..io import atomic_folder, partial_name, usual_file_mode
 from ..models.input_pad import black_after_normalization
 from ..models.sa_state_dict import rename_old_keys
-from ..research.positional_epochs import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..tables import plural
 from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
+from ..train.positional_epochs import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
 from ..train.weights_files import nonfinite_tensors
 from .card import render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, EXPORT_FILES, RECIPE_FILENAME, WeightsLabel, weights_label

@@ -8,9 +8,9 @@ import torch
 
 from ..io import plain_data
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id
-from ..research.positional_epochs import POSITIONAL_EPOCHS_FILE
 from ..train.checkpoint import Checkpoint
 from ..train.data import CUSTOM_SUFFIX, UNKNOWN_DATASET, DatasetInfo, dataset_info, trained_dataset
+from ..train.positional_epochs import POSITIONAL_EPOCHS_FILE
 
 __all__ = ['HUB_FOLDER_FILES', 'EXPORT_FILES', 'RECIPE_FILENAME', 'CARD_FIGURE_FILENAME', 'CUSTOM_SUFFIX',
            'MODEL_CARD_DIR', 'WeightsLabel', 'weights_label', 'is_registered_architecture']

@@ -50,10 +50,9 @@ class Profile:
         return recipe
 
 
-def keeps_epoch_weights(model: str) -> bool:
-    """Whether a reproduction keeps ``model``'s weights after every epoch: for the centres' trajectories (Fig. 3)
-    of the Gaussian kinds, the only thing read from those files, 48 MB an epoch at the paper's size (the learned
-    kind's, 14.8 GB over 300 epochs, had nothing to give)."""
+def keeps_epoch_positions(model: str) -> bool:
+    """Whether a reproduction keeps ``model``'s centres and precision factors after every epoch (for their
+    trajectories, paper Fig. 3): only the Gaussian kinds have them."""
     return (SA_MODEL_ARGS[model].get('attn_kind', 'quadratic') if model in SA_MODEL_ARGS else None) in GAUSSIAN_KINDS
 
 

@@ -56,7 +56,7 @@ def draw_figures(folders: List[Path], out: Path, redraw: bool = False) -> List[P
     kept unless ``redraw``."""
     from ..research.analysis import GAUSSIAN_KINDS
     from ..research.plots import plot_attention_maps, plot_center_trajectories, plot_centers
-    from ..research.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
+    from ..train.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, models_at_epochs
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     made = []
@@ -105,10 +105,11 @@ def train_minutes(meta: Dict[str, Any]) -> float:
 def center_shift_median(run_dir: Path, final_state) -> Optional[float]:
     """Median centre shift of the run in ``run_dir`` (grid units, 3 decimals); None without centres or epoch-000."""
     from ..research.analysis import center_shift_median as shift_median
-    initial = run_dir / 'epoch-000.safetensors'  # written by the trainer before the first step
-    if not initial.is_file():
+    from ..train.positional_epochs import initial_positions
+    initial = initial_positions(run_dir)  # kept by the trainer before the first step
+    if initial is None:
         return None
-    shift = shift_median(read_checkpoint(initial).state_dict, final_state)
+    shift = shift_median(initial, final_state)
     return None if shift is None else round(shift, 3)
 
 

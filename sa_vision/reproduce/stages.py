@@ -38,7 +38,7 @@ from .profiles import (
     StageStopped,
     ablation_run_name,
     apply_recipe_changes,
-    keeps_epoch_weights,
+    keeps_epoch_positions,
 )
 from .provenance import (
     check_run_arguments,
@@ -118,7 +118,7 @@ class Reproduction:
         """The recipe of ``model``'s stage: the profile's, with ``changes`` and this reproduction's epochs."""
         recipe = self.profile.recipe(model, self.dataset, None if model == PRUNED_MODEL else self.epochs)
         apply_recipe_changes(recipe, changes or {})
-        recipe['save_epoch_weights'] = keeps_epoch_weights(model)
+        recipe['save_epoch_positions'] = keeps_epoch_positions(model)
         return recipe
 
     def run_dir(self, model: str) -> Path:
@@ -307,7 +307,7 @@ class Reproduction:
         swapped in when complete (:func:`~sa_vision.io.atomic_folder`), so a killed export is redone, not taken for
         done."""
         from ..hub import export_hub_folder, weights_label
-        from ..research.positional_epochs import run_epochs
+        from ..train.positional_epochs import run_epochs
         folders = []
         for model in (m for m in TABLE_ORDER if m in models):
             last = self.run_dir(model) / 'last.pth.tar'

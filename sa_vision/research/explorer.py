@@ -37,9 +37,9 @@ from ..train.data import (
     split_name,
     trained_dataset,
 )
+from ..train.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, run_epochs
 from ..train.recipes import recorded_arg
 from .analysis import GAUSSIAN_KINDS, UNIFORM_PEAK_RATIO, attention_layers
-from .positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, run_epochs
 
 __all__ = ['ExplorerModel', 'resolve_explorer_model', 'gallery_indices', 'explorer_data', 'write_explorer',
            'write_explorer_page', 'PAGE_SIZE_WARNING', 'page_size_note']
@@ -74,10 +74,9 @@ def resolve_explorer_model(spec: Union[str, os.PathLike], pretrained: bool = Tru
         if not pretrained:
             return ExplorerModel(spec, ckpt.create_model(load_weights=False), dataset, trained=False, **run)
         folder = path if path.is_dir() else path.parent
-        if (folder / POSITIONAL_EPOCHS_FILE).is_file():
-            epochs = load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE)
-        elif path.is_dir() and (folder / RUN_CHECKPOINT).is_file() or path.name == RUN_CHECKPOINT:
-            epochs = run_epochs(folder)
+        if (folder / POSITIONAL_EPOCHS_FILE).is_file() or (
+                path.is_dir() and (folder / RUN_CHECKPOINT).is_file() or path.name == RUN_CHECKPOINT):
+            epochs = run_epochs(folder)  # an export's, or a run's (its epoch files too)
         else:
             epochs = {}
         return ExplorerModel(spec, ckpt.create_model(), dataset, epochs, **run)

@@ -230,6 +230,10 @@ def _misc_arguments(group) -> None:
     group.add_argument('--save-epoch-weights', action='store_true', default=False,
                        help='also keep the weights of every epoch (<run>/epoch-NNN.safetensors, NNN = epochs done; '
                             '000 = the initialisation), e.g. for the centre trajectories of sa_vision.research.plots')
+    group.add_argument('--save-epoch-positions', action='store_true', default=False,
+                       help='keep the centres and precision factors of every epoch, all that the centre trajectories '
+                            '(paper Fig. 3), the explorer and an export read of the epochs: a few KiB each, in '
+                            '<run>/positional_epochs.safetensors (quadratic and generalized kinds)')
     group.add_argument('--export', action='store_true', default=False,
                        help='after training, write a Hub folder (timm format + model card) to <run>/hub')
     group.add_argument('--target-top1', type=float, default=None,

@@ -24,8 +24,9 @@ PROCESS_ARGS = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank'
                           'channels_last', 'retain_freed_memory', 'threads'})
 # this run's files and this machine's choices: resumed with the run, but no part of the recipe
 LOCAL_ARGS = frozenset({'output', 'experiment', 'data_dir', 'dataset_download', 'initial_checkpoint', 'device_modules',
-                        'workers', 'log_interval', 'val_interval', 'save_epoch_weights', 'export', 'target_top1',
-                        'torchcompile', 'torchcompile_mode', 'cudnn_benchmark', 'device_data', 'opt_fused'})
+                        'workers', 'log_interval', 'val_interval', 'save_epoch_weights', 'save_epoch_positions',
+                        'export', 'target_top1', 'torchcompile', 'torchcompile_mode', 'cudnn_benchmark', 'device_data',
+                        'opt_fused'})
 # timm train.py's arguments of the same kinds, for the recipes of its checkpoints
 TIMM_LOCAL_ARGS = frozenset(name for name, use in TIMM_TRAIN_ARGS.items() if use == LOCAL) | TIMM_SET_ARGS
 # decided on the machine that runs (args.yaml and the log say what and why), never asked for

@@ -47,7 +47,7 @@ from .state import (
     resolve_model_args,
     restore,
     save_epoch,
-    save_epoch_weights,
+    save_epoch_records,
 )
 from .weights_files import nonfinite_tensors
 
@@ -186,8 +186,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
             log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
                 f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log, start_epoch < num_epochs)
-        if is_primary(args) and args.save_epoch_weights and start_epoch == 0:
-            save_epoch_weights(model, args, run_dir, 0)
+        if is_primary(args) and start_epoch == 0:
+            save_epoch_records(model, args, run_dir, 0)
         for epoch in range(start_epoch, num_epochs):
             seed_epoch(args.seed, epoch, args.rank)
             set_epoch(train_loader, epoch)

@@ -32,6 +32,7 @@ from .data import (
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data
 from .evaluation import evaluation_module
 from .optimizer import resolve_opt_fused
+from .positional_epochs import positional_params
 from .runtime import (
     apply_threads,
     configure_backends,
@@ -84,6 +85,9 @@ def create_model(args, initial, kwargs_sources=None, resumed=None):
         load_initial_weights(model, initial, args, partial(log_primary, args), kwargs_sources)
     num_params = sum(p.numel() for p in model.parameters())
     log_primary(args, f'Model {args.model} {args.model_kwargs or ""} created, {num_params:,} parameters')
+    if args.save_epoch_positions and not positional_params(model.state_dict()):
+        raise UserError(f'--save-epoch-positions: {args.model} has no Gaussian centres to keep (only the quadratic '
+                        f'and generalized kinds have them); drop it, or keep whole weights with --save-epoch-weights')
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)
     weights = resumed or initial
     stated = weights.preprocessing if weights else {}

@@ -33,11 +33,12 @@ from .checkpoint import (
 )
 from .data import timm_label_order
 from .evaluation import EVAL_METRICS, metric_text
+from .positional_epochs import epoch_label, record_epoch_positions
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 from .timm_args import model_kwargs_as_timm_args, timm_args_as_model_kwargs
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'recipe_of_saved_args',
-           'resolve_model_args', 'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_weights',
+           'resolve_model_args', 'load_initial_weights', 'restore', 'checkpoint_dict', 'save_epoch_records',
            'save_epoch', 'SUMMARY', 'summary_metrics', 'write_summary_row']
 
 Log = Callable[[str], None]
@@ -343,13 +344,17 @@ def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs
     }
 
 
-def save_epoch_weights(model: nn.Module, args, run_dir: Path, epochs_done: int) -> None:
-    """The weights after ``epochs_done`` epochs, with arch / model_args in the safetensors metadata."""
+def save_epoch_records(model: nn.Module, args, run_dir: Path, epochs_done: int) -> None:
+    """What the run keeps of every epoch: with --save-epoch-weights, the weights after ``epochs_done`` epochs, with
+    arch / model_args in the safetensors metadata; with --save-epoch-positions, the centres and precision factors."""
     from safetensors.torch import save_file
-    state_dict = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    metadata = {'arch': args.model, 'model_args': json.dumps(plain_data(args.model_kwargs))}
-    with atomic_write(run_dir / f'epoch-{epochs_done:03d}.safetensors') as tmp:
-        save_file(state_dict, str(tmp), metadata=metadata)
+    if args.save_epoch_weights:
+        state_dict = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        metadata = {'arch': args.model, 'model_args': json.dumps(plain_data(args.model_kwargs))}
+        with atomic_write(run_dir / f'{epoch_label(epochs_done)}.safetensors') as tmp:
+            save_file(state_dict, str(tmp), metadata=metadata)
+    if args.save_epoch_positions:
+        record_epoch_positions(model, run_dir, epochs_done)
 
 
 SUMMARY = 'summary.csv'
@@ -375,15 +380,14 @@ def write_summary_row(summary: Path, record: dict, write_header: bool) -> None:
 
 
 def save_epoch(ckpt: dict, model, args, run_dir: Path, log: Log) -> None:
-    """An epoch's files: its weights with --save-epoch-weights, ``last.pth.tar``, ``model_best.pth.tar`` when the
+    """An epoch's files: its records (:func:`save_epoch_records`), ``last.pth.tar``, ``model_best.pth.tar`` when the
     epoch is the best so far, a row of ``summary.csv`` (its ``eval_`` columns empty where --val-interval left the
     epoch unevaluated: timm's train.py writes no row then, but a row per epoch keeps the file's columns and count).
     ``last.pth.tar`` comes first: what a stop leaves unwritten after it, ``run_folder.repair_run_files`` writes."""
     epoch, num_epochs = ckpt['epoch'], ckpt['num_epochs']
     is_best = ckpt['best'] is not None and ckpt['best']['epoch'] == epoch
     # a write the system refuses (a full disk) ends the run in one line, with how to go on: run_folder.training_in
-    if args.save_epoch_weights:
-        save_epoch_weights(model, args, run_dir, epoch + 1)
+    save_epoch_records(model, args, run_dir, epoch + 1)
     atomic_torch_save(ckpt, run_dir / RUN_CHECKPOINT)
     if is_best:  # the whole checkpoint, as timm's CheckpointSaver keeps model_best
         atomic_duplicate(run_dir / RUN_CHECKPOINT, run_dir / BEST_CHECKPOINT)

@@ -13,7 +13,7 @@ from pathlib import Path
 import sa_vision  # noqa: F401
 from sa_vision.research.analysis import load_model
 from sa_vision.research.plots import plot_center_trajectories
-from sa_vision.research.positional_epochs import models_at_epochs, run_epochs
+from sa_vision.train.positional_epochs import models_at_epochs, run_epochs
 
 ROOT = Path(__file__).resolve().parents[3]
 POSITIONAL = ROOT / 'docs' / 'probes' / 'gpu' / 'h200_2026-11-27_ablation_positional.tar.xz'

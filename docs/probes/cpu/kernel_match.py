@@ -19,8 +19,8 @@ import sa_vision  # noqa: F401
 from sa_vision.models.sa_state_dict import CENTERS, block_key, layer_indices
 from sa_vision.research.analysis import load_model
 from sa_vision.research.kernel_match import kernel_match, layer_kernel_matches
-from sa_vision.research.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
 from sa_vision.tables import markdown_table
+from sa_vision.train.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory
 
 GAUSSIAN_MODELS = ('sa_quadratic_cifar', 'sa_gen_cifar', 'sa_gen_pruned')
 

@@ -43,14 +43,14 @@ from probe_env import fashion_mnist_dir, on_sigterm, redirect_fds, require_timm,
 require_timm()
 
 import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-from zoo_gpu_long import estimate_s, positional_only, shared_slowdown  # noqa: E402
+from zoo_gpu_long import estimate_s, shared_slowdown  # noqa: E402
 
 from sa_vision.errors import freeze_at_exit  # noqa: E402
 from sa_vision.io import atomic_write_text  # noqa: E402
 from sa_vision.models.sa_state_dict import CENTERS, block_key, layer_indices  # noqa: E402
 from sa_vision.reproduce import ABLATION_MODEL, ABLATION_VARIANTS, Reproduction, StageStopped, ablation_run_name  # noqa: E402
 from sa_vision.research.kernel_match import kernel_match  # noqa: E402
+from sa_vision.train.positional_epochs import POSITIONAL_EPOCHS_FILE, run_epochs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[3]
 FINAL_S = 30  # the table, the kernel matches and the tar after the trainings
@@ -81,13 +81,12 @@ def kernel_matches(run_dir: Path) -> dict:
     """Per kept epoch (``epoch-NNN``), each layer's mean matched distance to a 3x3 kernel and its best dilation;
     with the epoch and layer that came closest."""
     epochs = {}
-    for path in sorted(run_dir.glob('epoch-*.safetensors')):
-        state = load_file(str(path))
+    for label, state in run_epochs(run_dir).items():  # in the epochs' order
         matches = [kernel_match(state[block_key(i, CENTERS)]) for i in layer_indices(state)]
-        epochs[path.stem] = [{'distance': round(m.mean_distance, 3), 'dilation': m.dilation} for m in matches]
+        epochs[label] = [{'distance': round(m.mean_distance, 3), 'dilation': m.dilation} for m in matches]
     closest = min(((e, i, layer['distance']) for e, layers in epochs.items() for i, layer in enumerate(layers)),
                   key=lambda item: item[2], default=None)
-    last = max(epochs, default=None)
+    last = next(reversed(epochs), None)
     return {'epochs': epochs, 'closest': closest and {'epoch': closest[0], 'layer': closest[1] + 1,
                                                        'distance': closest[2]},
             'final_best': last and min(layer['distance'] for layer in epochs[last])}
@@ -114,13 +113,11 @@ def write_back(reproduction: Reproduction, out: Path, result: dict) -> None:
     for name in ('ablation.md', 'ablation.csv'):
         if (reproduction.out / name).is_file():
             (out / name).write_bytes((reproduction.out / name).read_bytes())
-    with tempfile.TemporaryDirectory() as staging, tarfile.open(out / 'ablation_positional.tar.partial', 'w') as tar:
+    with tarfile.open(out / 'ablation_positional.tar.partial', 'w') as tar:
         for variant in ABLATION_VARIANTS:
-            run_dir = reproduction.run_dir(ablation_run_name(variant))
-            for epoch in sorted(run_dir.glob('epoch-*.safetensors')):
-                cut = Path(staging) / run_dir.name / epoch.name
-                positional_only(epoch, cut)
-                tar.add(cut, arcname=f'{run_dir.name}/{epoch.name}')
+            kept = reproduction.run_dir(ablation_run_name(variant)) / POSITIONAL_EPOCHS_FILE
+            if kept.is_file():
+                tar.add(kept, arcname=f'{kept.parent.name}/{kept.name}')
     (out / 'ablation_positional.tar.partial').replace(out / 'ablation_positional.tar')
     atomic_write_text(out / 'ablation_gpu_long.json', json.dumps(result, indent=1, default=str))
 

@@ -38,6 +38,7 @@ from sa_vision.reproduce import PRUNED_MODEL, STAGE_ORDER, Reproduction, StagedZ
 from sa_vision.reproduce.profiles import PRUNE_SOURCE
 from sa_vision.reproduce.report import read_table
 from sa_vision.train.checkpoint import read_checkpoint
+from sa_vision.train.positional_epochs import POSITIONAL_EPOCHS_FILE
 from sa_vision.train.runtime import available_cores
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -72,8 +73,8 @@ EVAL_IMAGES_PER_S = 14_968
 # 3.23 with four at batch 50 (h100_2026-11-26_zoo.log), where each training left the GPU idle between launches
 EPOCH_SLOWDOWN_4_SHARED = 4.45
 FINAL_S = 60  # the guard of the whole zoo (CPU) and the tars
-# what a continued stage needs of its run folder (Reproduction.train resumes last.pth.tar) beside its epochs' weights
-RESUME_FILES = ('last.pth.tar', 'summary.csv', 'args.yaml', 'recipe.yaml')
+# what a continued stage needs of its run folder (Reproduction.train resumes last.pth.tar), its kept centres last
+RESUME_FILES = ('last.pth.tar', 'summary.csv', 'args.yaml', 'recipe.yaml', POSITIONAL_EPOCHS_FILE)
 
 
 def estimate_s(reproduction: Reproduction, model: str, changes: Optional[Dict] = None) -> float:
@@ -110,21 +111,6 @@ def checkpoint_bytes(reproduction: Reproduction, model: str) -> int:
     name = PRUNE_SOURCE if model == PRUNED_MODEL else model
     kwargs = reproduction.profile.recipe(name, reproduction.dataset)['model_kwargs']
     return 12 * sum(p.numel() for p in timm.create_model(name, num_classes=10, **kwargs).parameters()) + 2 ** 16
-
-
-def positional_only(epoch: Path, dest: Path) -> None:
-    """``epoch`` (an ``epoch-NNN.safetensors`` of a run) cut to its positional parameters, with its metadata: all
-    that the export (the centres' trajectory) and the table (the centre shift from ``epoch-000``) read of it, a few
-    KiB where the whole weights take a MiB per epoch."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file, save_file
-
-    from sa_vision.research.positional_epochs import positional_params
-    with safe_open(str(epoch), 'pt') as f:
-        metadata = f.metadata() or {}
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in positional_params(load_file(str(epoch))).items()}, str(dest),
-              metadata=metadata)
 
 
 def evaluation_threads(asked: int, cores: int, parallel: int) -> int:
@@ -164,38 +150,34 @@ def pack(staged: StagedZoo, out: Path, with_guard: bool = False) -> Path:
 @sigterm_deferred()  # the SIGTERM handler packs too: not inside this pack
 def pack_resume(staged: StagedZoo, out: Path, room: int) -> Dict[str, str]:
     """``out/resume.tar``: the run folder of each stage not kept that has a finished epoch, as the next call's
-    ``Reproduction.train`` continues it (:data:`RESUME_FILES`, and its epochs' weights cut by
-    :func:`positional_only`), the pruned weights for the pruned model, and ``reproduction.json`` (the next call's
-    folder must hold the same reproduction). Stages in :data:`STAGE_ORDER` while they fit ``room`` bytes; one that
-    does not trains from the start next call. Returns what became of each such stage; no tar where none is kept."""
+    ``Reproduction.train`` continues it (:data:`RESUME_FILES`: the Gaussian kinds' kept centres too), the pruned
+    weights for the pruned model, and ``reproduction.json`` (the next call's folder must hold the same reproduction).
+    Stages in :data:`STAGE_ORDER` while they fit ``room`` bytes; one that does not trains from the start next call.
+    Returns what became of each such stage; no tar where none is kept."""
     r, said, path = staged.reproduction, {}, out / 'resume.tar'
-    with tempfile.TemporaryDirectory() as tmp:
-        members = [(r.out / 'reproduction.json', 'reproduction.json')]
-        used = members[0][0].stat().st_size
-        for model in staged.missing():
-            run = r.run_dir(model)
-            if not (run / 'last.pth.tar').is_file():
-                continue
-            files = [(run / name, f'runs/{model}/{name}') for name in RESUME_FILES if (run / name).is_file()]
-            for epoch in sorted(run.glob('epoch-*.safetensors')):
-                positional_only(epoch, Path(tmp) / model / epoch.name)
-                files.append((Path(tmp) / model / epoch.name, f'runs/{model}/{epoch.name}'))
-            if model == PRUNED_MODEL:
-                files += [(r.out / name, name) for name in ('pruned.pth', 'pruning.json') if (r.out / name).is_file()]
-            size, meta = sum(f.stat().st_size for f, _ in files), read_checkpoint(run / 'last.pth.tar').meta
-            if used + size > room:
-                said[model] = (f'not kept: {size / 2 ** 20:.1f} MiB after {meta["epoch"]} epochs, over the '
-                               f'{(room - used) / 2 ** 20:.1f} MiB left to resume.tar; it trains from the start')
-                continue
-            members, used = members + files, used + size
-            said[model] = f'kept after {meta["epoch"]} of {meta["num_epochs"]} epochs ({size / 2 ** 20:.1f} MiB)'
-        if len(members) == 1:
-            path.unlink(missing_ok=True)
-            return said
-        with tarfile.open(out / '.resume.tar.partial', 'w') as tar:
-            for file, name in members:
-                tar.add(file, arcname=name)
-        os.replace(out / '.resume.tar.partial', path)
+    members = [(r.out / 'reproduction.json', 'reproduction.json')]
+    used = members[0][0].stat().st_size
+    for model in staged.missing():
+        run = r.run_dir(model)
+        if not (run / 'last.pth.tar').is_file():
+            continue
+        files = [(run / name, f'runs/{model}/{name}') for name in RESUME_FILES if (run / name).is_file()]
+        if model == PRUNED_MODEL:
+            files += [(r.out / name, name) for name in ('pruned.pth', 'pruning.json') if (r.out / name).is_file()]
+        size, meta = sum(f.stat().st_size for f, _ in files), read_checkpoint(run / 'last.pth.tar').meta
+        if used + size > room:
+            said[model] = (f'not kept: {size / 2 ** 20:.1f} MiB after {meta["epoch"]} epochs, over the '
+                           f'{(room - used) / 2 ** 20:.1f} MiB left to resume.tar; it trains from the start')
+            continue
+        members, used = members + files, used + size
+        said[model] = f'kept after {meta["epoch"]} of {meta["num_epochs"]} epochs ({size / 2 ** 20:.1f} MiB)'
+    if len(members) == 1:
+        path.unlink(missing_ok=True)
+        return said
+    with tarfile.open(out / '.resume.tar.partial', 'w') as tar:
+        for file, name in members:
+            tar.add(file, arcname=name)
+    os.replace(out / '.resume.tar.partial', path)
     return said
 
 

@@ -1,5 +1,6 @@
 """ The centres and precision factors a model had after each epoch of its training: how the heads moved (paper
-Fig. 3), read from a run's ``epoch-*.safetensors`` and kept beside exported weights as one small file """
+Fig. 3), kept by a run in one small file (``--save-epoch-positions``) or read from its ``epoch-*.safetensors``
+(``--save-epoch-weights``), and kept beside exported weights in that small file """
 import copy
 import json
 import sys
@@ -13,11 +14,11 @@ from torch import Tensor, nn
 from ..errors import UserError
 from ..io import atomic_write
 from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, rename_old_keys
-from ..train.checkpoint import CheckpointError, read_checkpoint
+from .checkpoint import CheckpointError, read_checkpoint
 
 __all__ = [
     'POSITIONAL_EPOCHS_FILE', 'positional_params', 'run_epochs', 'positional_trajectory', 'save_positional_trajectory',
-    'load_positional_trajectory', 'models_at_epochs',
+    'load_positional_trajectory', 'models_at_epochs', 'epoch_label', 'record_epoch_positions', 'initial_positions',
 ]
 
 # per-epoch centres and precision factors of a model, kept beside its weights (Fig. 3 of the paper: how the heads moved)
@@ -91,14 +92,48 @@ def _trajectory_problem(labels: Any, stacked: Dict[str, Tensor]) -> Optional[str
     return None
 
 
+def epoch_label(epochs_done: int) -> str:
+    """The name of what a run keeps after ``epochs_done`` epochs (``epoch-000``: the initialisation): the stem of its
+    ``epoch-NNN.safetensors`` and its entry in :data:`POSITIONAL_EPOCHS_FILE`."""
+    return f'epoch-{epochs_done:03d}'
+
+
+def record_epoch_positions(model: nn.Module, run_dir: Path, epochs_done: int) -> None:
+    """Add ``model``'s centres and precision factors after ``epochs_done`` epochs to the run's
+    :data:`POSITIONAL_EPOCHS_FILE` (``--save-epoch-positions``), in place of what it held of that epoch and later:
+    a run resumed from an earlier checkpoint trains those again. A few KiB an epoch, where the whole weights of
+    ``--save-epoch-weights`` take 48 MB an epoch at the paper's size."""
+    path = run_dir / POSITIONAL_EPOCHS_FILE
+    kept = load_positional_trajectory(path) if path.is_file() else {}
+    epochs = {label: params for label, params in kept.items() if _epoch_order(label) < (epochs_done, '')}
+    epochs[epoch_label(epochs_done)] = positional_params(model.state_dict())
+    save_positional_trajectory(epochs, path)
+
+
 def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
-    """The weights a run saved after every epoch (``epoch-000`` is the initialisation), positional part only."""
-    return {path.stem: positional_params(read_checkpoint(path).state_dict)
-            for path in sorted(folder.glob('epoch-*.safetensors'), key=_epoch_order)}
+    """The centres and precision factors a run kept after every epoch (``epoch-000`` is the initialisation), in the
+    epochs' order: its :data:`POSITIONAL_EPOCHS_FILE` (``--save-epoch-positions``) and the positional part of its
+    ``epoch-NNN.safetensors`` (``--save-epoch-weights``)."""
+    epochs = {path.stem: positional_params(read_checkpoint(path).state_dict)
+              for path in folder.glob('epoch-*.safetensors')}
+    if (folder / POSITIONAL_EPOCHS_FILE).is_file():
+        epochs.update(load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE))
+    return {label: epochs[label] for label in sorted(epochs, key=_epoch_order)}
 
 
-def _epoch_order(path: Path) -> Tuple[int, str]:
+def initial_positions(folder: Path) -> Optional[Dict[str, Tensor]]:
+    """The centres and precision factors a run started from (``epoch-000``); None where it kept none."""
+    first = epoch_label(0)
+    if (folder / POSITIONAL_EPOCHS_FILE).is_file():
+        initial = load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE).get(first)
+        if initial is not None:
+            return initial
+    path = folder / f'{first}.safetensors'
+    return positional_params(read_checkpoint(path).state_dict) if path.is_file() else None
+
+
+def _epoch_order(label: str) -> Tuple[int, str]:
     """By the number of epochs done, not by name: the run pads it to three digits, so epoch-1000 comes after
     epoch-999 (a name that is no number comes last)."""
-    done = path.stem[len('epoch-'):]
+    done = label[len('epoch-'):]
     return (int(done), '') if done.isascii() and done.isdigit() else (sys.maxsize, done)  # not '²'

@@ -1,0 +1,126 @@
+""" ``--save-epoch-positions``: the centres and precision factors of every epoch in one small file of the run, the
+same as the whole weights of ``--save-epoch-weights`` hold; a resume that trains epochs again replaces them; what
+reads a run's epochs (the trajectories, the export, the table's centre shift) reads either kind of file """
+import json
+
+import pytest
+import timm
+import torch
+from helpers import command_here, train_here
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+import sa_vision  # noqa: F401
+from sa_vision.cli import plot_attention
+from sa_vision.train.positional_epochs import (
+    POSITIONAL_EPOCHS_FILE,
+    initial_positions,
+    record_epoch_positions,
+    run_epochs,
+)
+from sa_vision.train.recipes import RECIPE_DIR
+
+TINY = ['-c', RECIPE_DIR / 'sa_quadratic_cifar_digits.yaml', '--model-kwargs', 'embed_dim=16', 'depth=2',
+        'heads_per_layer=2', 'mlp_hidden_dim=32', '-b', 64, '--warmup-epochs', 0.5, '--log-interval', 50]
+KWARGS = dict(embed_dim=8, depth=2, heads_per_layer=2, mlp_hidden_dim=8, num_classes=10)
+POSITIONAL = ('.centers', '.precision_factors')  # the Gaussian kinds' positional parameters, by their key names
+
+
+def _stored(path):
+    """The file's tensors and its epoch names, read with safetensors alone."""
+    with safe_open(str(path), 'pt') as f:
+        return load_file(str(path)), json.loads(f.metadata()['epochs'])
+
+
+@pytest.mark.slow
+def test_a_run_keeps_what_its_whole_epoch_weights_hold_of_the_centres(tmp_path, caplog, capsys, monkeypatch):
+    status, log = train_here(caplog, capsys, *TINY, '--epochs', 2, '--output', tmp_path, '--experiment', 'run',
+                             '--save-epoch-weights', '--save-epoch-positions')
+    assert status == 0, log
+    run = tmp_path / 'run'
+    stacked, names = _stored(run / POSITIONAL_EPOCHS_FILE)
+    assert names == ['epoch-000', 'epoch-001', 'epoch-002']
+    for i, name in enumerate(names):
+        whole = load_file(str(run / f'{name}.safetensors'))
+        positional = {k: v for k, v in whole.items() if k.endswith(POSITIONAL)}
+        assert len(positional) == 4 and set(stacked) == set(positional)  # two layers' centres and factors
+        for key, value in positional.items():
+            assert torch.equal(stacked[key][i], value.float()), (name, key)
+    assert (run / POSITIONAL_EPOCHS_FILE).stat().st_size < (run / 'epoch-002.safetensors').stat().st_size / 20
+    # the trainer's last epoch is the checkpoint's weights
+    final = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=True)['state_dict']
+    assert all(torch.equal(stacked[key][-1], final[key]) for key in stacked)
+    # figure (c) of the run folder: the model at each kept epoch
+    drawn = {}
+    monkeypatch.setattr(plot_attention, 'plot_center_trajectories',
+                        lambda models, out, labels: drawn.update(models=models, labels=labels))
+    assert plot_attention.main([str(run), '--figure', 'trajectory', '--out', str(tmp_path / 'moved.png')]) == 0
+    assert drawn['labels'] == names
+    for i, model in enumerate(drawn['models']):
+        assert all(torch.equal(model.state_dict()[key], stacked[key][i]) for key in stacked), names[i]
+
+
+def test_a_folder_without_kept_epochs_has_no_trajectory_to_draw(tmp_path, capfd):
+    weights = tmp_path / 'w.safetensors'
+    model = timm.create_model('sa_quadratic_cifar', **KWARGS)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(weights),
+              metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(KWARGS)})
+    status, out, err = command_here(capfd, 'plot_attention', weights, '--figure', 'trajectory', '--out',
+                                    tmp_path / 't.png')
+    assert status == 2 and f'{weights} has none: pass its checkpoints in training order' in err, err
+
+
+def test_a_model_without_centres_is_refused_before_the_run_folder(tmp_path, capfd):
+    status, out, err = command_here(capfd, 'train', '--model', 'sa_learned_cifar', '--model-kwargs', 'embed_dim=8',
+                                    'depth=1', 'heads_per_layer=2', '--epochs', 1, '--output', tmp_path,
+                                    '--experiment', 'learned', '--save-epoch-positions')
+    assert status == 2 and 'error: --save-epoch-positions: sa_learned_cifar has no Gaussian centres' in err, err
+    assert not (tmp_path / 'learned').exists()
+
+
+def _moved(model, by: float):
+    """``model`` with every centre moved by ``by`` grid units."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith('.centers'):
+                param.add_(by)
+    return model
+
+
+def test_epochs_trained_again_replace_those_kept_and_drop_the_later_ones(tmp_path):
+    """A resume from an earlier checkpoint (epoch 1 of a run that kept 3) trains epoch 2 again."""
+    model = timm.create_model('sa_quadratic_cifar', **KWARGS)
+    start = model.blocks[0].attn.position.centers.detach().clone()
+    for done in range(4):
+        record_epoch_positions(_moved(model, 1.), tmp_path, done)  # epoch N: moved N + 1
+    record_epoch_positions(_moved(model, 10.), tmp_path, 2)  # moved 14: the resumed run's epoch 2
+    stacked, names = _stored(tmp_path / POSITIONAL_EPOCHS_FILE)
+    assert names == ['epoch-000', 'epoch-001', 'epoch-002']
+    moved = stacked['blocks.0.attn.position.centers'] - start
+    assert moved[:, 0, 0].tolist() == [1., 2., 14.]
+
+
+def test_a_runs_epochs_come_from_either_file_in_the_epochs_order(tmp_path):
+    """Whole weights of the first epochs (an older run, or --save-epoch-weights) and the small file of the rest;
+    epoch 1000 after epoch 999, as the run numbers them."""
+    model = timm.create_model('sa_quadratic_cifar', **KWARGS)
+    centres = 'blocks.1.attn.position.centers'
+    for done in (0, 1):
+        weights = {k: v.contiguous() for k, v in _moved(model, 1.).state_dict().items()}
+        save_file(weights, str(tmp_path / f'epoch-{done:03d}.safetensors'),
+                  metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(KWARGS)})
+    initial = load_file(str(tmp_path / 'epoch-000.safetensors'))[centres]
+    for done in (999, 1000):
+        record_epoch_positions(_moved(model, 1.), tmp_path, done)
+    epochs = run_epochs(tmp_path)
+    assert list(epochs) == ['epoch-000', 'epoch-001', 'epoch-999', 'epoch-1000']  # by name, 1000 before 999
+    assert [round(float(e[centres][0, 0] - initial[0, 0])) for e in epochs.values()] == [0, 1, 2, 3]
+    assert all(set(e) == {k for k in model.state_dict() if k.endswith(POSITIONAL)} for e in epochs.values())
+    assert torch.equal(initial_positions(tmp_path)[centres], initial)
+    # the small file's epoch-000 first, as a run with --save-epoch-positions alone keeps it
+    (tmp_path / 'epoch-000.safetensors').unlink()
+    (tmp_path / 'epoch-001.safetensors').unlink()
+    assert initial_positions(tmp_path) is None
+    record_epoch_positions(_moved(model, 5.), tmp_path, 0)
+    assert list(run_epochs(tmp_path)) == ['epoch-000']
+    assert torch.equal(initial_positions(tmp_path)[centres], model.state_dict()[centres])
