@@ -7,16 +7,20 @@ import errno
 import gc
 import os
 import re
+import signal
 import sys
+import threading
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'TrainingDiverged', 'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'READER_GONE_STATUS',
+           'TrainingDiverged', 'Terminated', 'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'TERMINATED_STATUS',
+           'READER_GONE_STATUS',
            'first_launched_process', 'write_failure', 'out_of_memory', 'run_cli', 'command_name', 'command',
            'freeze_at_exit']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
+TERMINATED_STATUS = 128 + signal.SIGTERM  # 143, as a shell reports a command that SIGTERM ended
 READER_GONE_STATUS = 141  # 128 + SIGPIPE, as a shell reports a command whose output's reader ended (| head)
 
 
@@ -30,6 +34,16 @@ class RecipeError(UserError):
 
 class RecipeNotFoundError(RecipeError, FileNotFoundError):
     """A recipe name that is neither a YAML file nor a shipped recipe."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached a command (a cluster's scheduler preempting or ending a job, ``timeout``, ``kill``): it ends
+    as Ctrl-C ends it, each file whole, saying what it left and how to go on; a subclass of KeyboardInterrupt, so
+    that what ends cleanly on Ctrl-C (a DataLoader's workers, a reproduction's trainings) ends so on it too."""
+
+
+def _terminate(signum, frame):
+    raise Terminated()
 
 
 class DatasetError(UserError):
@@ -104,7 +118,8 @@ def out_of_memory(error: BaseException) -> Optional[str]:
 
 def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Optional[Sequence[str]] = None) -> int:
     """Run a script's ``main(argv)``: its status (``None`` is 0), 2 after printing a :class:`UserError` or a write
-    the system refused, 130 on Ctrl-C, 141 where the output's reader has gone (:class:`_Stdout`)."""
+    the system refused, 130 on Ctrl-C, 143 on SIGTERM (:func:`command` makes it :class:`Terminated`), 141 where the
+    output's reader has gone (:class:`_Stdout`)."""
     try:
         status = main(argv) or 0
         if sys.stdout is not None:  # None: started with its output closed (>&-)
@@ -121,10 +136,12 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
             raise
         print(f'error: {reason}', file=sys.stderr)
         return USAGE_ERROR_STATUS
-    except KeyboardInterrupt as e:  # Ctrl-C: what it left, where a command says (timm's train.py also ends quietly)
-        if first_launched_process():  # Ctrl-C reaches every process torchrun started: one says it
-            print(f'interrupted{": " + str(e) if str(e) else ""}', file=sys.stderr)
-        return INTERRUPTED_STATUS
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: what it left, where a command says (timm's train.py says nothing)
+        terminated = isinstance(e, Terminated)
+        if first_launched_process():  # the signal reaches every process torchrun started: one says it
+            print(f'{"terminated (SIGTERM)" if terminated else "interrupted"}{": " + str(e) if str(e) else ""}',
+                  file=sys.stderr)
+        return TERMINATED_STATUS if terminated else INTERRUPTED_STATUS
 
 
 class _Stdout:
@@ -207,5 +224,8 @@ def command(module_name: str) -> Callable[[], int]:
         if sys.stdout is not None and not isinstance(sys.stdout, _Stdout):
             sys.stdout = _Stdout(sys.stdout)
         freeze_at_exit()
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not where a caller handles it
+            signal.signal(signal.SIGTERM, _terminate)
         return run_cli(sys.modules[module_name].main)
     return cli

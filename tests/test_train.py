@@ -109,6 +109,31 @@ def test_killed_and_resumed_run_ends_with_the_same_weights(tmp_path, caplog, cap
 
 
 @pytest.mark.slow
+def test_sigterm_ends_a_run_as_ctrl_c_does_and_it_resumes(tmp_path, caplog, capsys):
+    """A cluster's scheduler ends a job with SIGTERM: the run says what it left and how to go on, in one line, and
+    exits with 143 (128 + SIGTERM), as a shell reports a command that SIGTERM ended; what it saved resumes."""
+    cmd = [*command('train'), *map(str, _mechanics_args(tmp_path, 'preempted', 20))]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = []
+    for line in proc.stdout:
+        log.append(line)
+        if line.startswith('Saved checkpoint of epoch 0 (1/'):
+            proc.send_signal(signal.SIGTERM)
+            break
+    log = ''.join(log + proc.stdout.readlines())
+    proc.wait(timeout=HANG_TIMEOUT_S)
+    last = tmp_path / 'preempted' / 'last.pth.tar'
+    assert proc.returncode == 128 + signal.SIGTERM, log[-3000:]
+    assert [ln for ln in log.splitlines() if 'SIGTERM' in ln] == [
+        f'terminated (SIGTERM): continue from its last finished epoch with --resume {last}'], log[-3000:]
+    assert 'Traceback' not in log
+    assert not [p for p in last.parent.iterdir() if '.tmp' in p.name], 'a temporary file was left behind'
+    done = load_ckpt(last)['epoch']
+    log = run_train(caplog, capsys, ['--resume', last, '--epochs', done + 2])
+    assert f'at epoch {done + 1}, update' in log and load_ckpt(last)['epoch'] == done + 1
+
+
+@pytest.mark.slow
 def test_torchrun_two_processes_train_like_one_process_with_the_global_batch(tmp_path, caplog, capsys):
     """DDP averages the two processes' gradients: 2 x 32 images per step train the same weights as 1 x 64.
 

@@ -141,8 +141,8 @@ def _reproduce(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
         print(f'error: {e}. Finished stages are kept in {args.out}; fix the cause and run the same command to '
               f'continue', file=sys.stderr)
         return 1
-    except KeyboardInterrupt:  # Ctrl-C: sa_vision.errors.run_cli prints this, once (the trainings ended quietly)
-        raise KeyboardInterrupt(f'finished stages are kept in {args.out}; run the same command to continue (a '
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: sa_vision.errors.run_cli prints this, once
+        raise type(e)(f'finished stages are kept in {args.out}; run the same command to continue (a '
                                 f'stopped training resumes from its last finished epoch)') from None
     return 0
 

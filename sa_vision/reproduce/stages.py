@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import yaml
 
-from ..errors import write_failure
+from ..errors import TERMINATED_STATUS, write_failure
 from ..io import atomic_write_text, plain_data
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
@@ -178,7 +178,7 @@ class Reproduction:
             cmd += initial
         say(f'{run}: {plural(recipe["epochs"], "epoch")} of {model} on {self.dataset}, recipe {recipe_path}')
         status = run_training(cmd, f'[{run}] ' if self.tag_output else None, self._trainings)
-        if status != 0 and (self.stopped or status == -signal.SIGTERM):
+        if status != 0 and (self.stopped or status in (-signal.SIGTERM, TERMINATED_STATUS)):
             done = read_checkpoint(last).meta['epoch'] if last.is_file() else 0
             raise StageStopped(f'{run}: stopped after {done} of {plural(recipe["epochs"], "epoch")}; '
                                f'{self.run_dir(run)} keeps them for the next run to continue')

@@ -192,17 +192,17 @@ def _let_go(folder: Path) -> None:
 @contextlib.contextmanager
 def training_in(run_dir: Path, export: bool = False):
     """The epochs of a run in ``run_dir`` and its report and export (``export``) after them, while
-    :func:`write_run_files` holds it for this process (no other resumes it meanwhile), let go at the end; Ctrl-C,
-    a loss that diverged, or a file the system would not write (a full disk, the folder gone), ends them with how
-    to go on, which :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
+    :func:`write_run_files` holds it for this process (no other resumes it meanwhile), let go at the end; Ctrl-C or
+    SIGTERM, a loss that diverged, or a file the system would not write (a full disk, the folder gone), ends them
+    with how to go on, which :func:`sa_vision.errors.run_cli` prints (not a traceback)."""
     def go_on() -> str:
         last = run_dir / RUN_CHECKPOINT
         return (f'continue from its last finished epoch with --resume {quote(str(last))}{" --export" if export else ""}'
                 if last.is_file() else f'no epoch had finished: delete {run_dir} and start again')
     try:
         yield
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(go_on()) from None
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (sa_vision.errors.Terminated)
+        raise type(e)(go_on()) from None
     except TrainingDiverged as e:  # the epochs before are whole: with a lower learning rate, they may go on
         advice = go_on()
         raise UserError(f'{e}. {advice[0].upper()}{advice[1:]}, with a lower --lr or clipped gradients (--clip-grad '
