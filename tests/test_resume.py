@@ -515,3 +515,29 @@ def test_a_resume_onto_a_schedule_that_sets_no_lr_takes_the_changed_lr(tmp_path,
     assert status == 0, log[-2000:]
     groups = torch.load(tmp_path / 'plateau' / 'last.pth.tar', weights_only=True)['optimizer']['param_groups']
     assert sorted({(g.get('lr_scale', 1.0), g['lr']) for g in groups}) == [(1.0, 0.01), (10.0, 0.1)]
+
+
+def test_a_resume_queued_behind_a_run_that_went_on_is_refused(tmp_path, caplog, capsys, monkeypatch):
+    """A second job resumes the run while the first still trains its last epoch, and sets up until the first has
+    ended: it read the checkpoint before the run went on, and would train over the newer epochs."""
+    run = tmp_path / 'run'
+    status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 1))
+    assert status == 0, log[-3000:]
+    one_done = (run / 'last.pth.tar').read_bytes()
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 2)
+    assert status == 0, log[-3000:]
+    went_on = {name: (run / name).read_bytes() for name in ('last.pth.tar', 'args.yaml', 'summary.csv')}
+    (run / 'last.pth.tar').write_bytes(one_done)  # as the queued job reads it
+
+    def the_first_job_ends_meanwhile(*args, **kwargs):
+        (run / 'last.pth.tar').write_bytes(went_on['last.pth.tar'])
+        return create_loaders(*args, **kwargs)
+    create_loaders = loop.create_loaders
+    monkeypatch.setattr(loop, 'create_loaders', the_first_job_ends_meanwhile)
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3)
+    assert status == 2 and (f'{run / "last.pth.tar"} changed while this run set up: it held 1 epoch done when '
+                            f'read, and holds 2 epochs done') in log, log[-3000:]
+    assert {name: (run / name).read_bytes() for name in went_on} == went_on
+    monkeypatch.undo()
+    status, log = train_here(caplog, capsys, '--resume', run, '--epochs', 3)  # run again: it goes on from 2
+    assert status == 0 and 'at epoch 2, update' in log, log[-3000:]

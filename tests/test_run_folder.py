@@ -5,6 +5,8 @@ import csv
 import os
 import re
 import stat
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -88,6 +90,24 @@ def test_a_second_run_into_a_run_folder_is_refused_before_anything_is_written(tm
         loop.main(['-c', str(DIGITS_RECIPE), '--output', str(tmp_path), '--experiment', 'run'])
     assert ('It has no last.pth.tar: a run still in its first epoch, or one killed before that ended (then delete '
             'it); or start a new one with another --experiment') in str(refused.value), str(refused.value)
+    # told apart by the lock a running sa-vision-train holds on its args.yaml: killed, or running in another process
+    (run / 'args.yaml').write_text('model: sa_quadratic_cifar\n')
+    with pytest.raises(UserError, match='already holds a run') as refused:
+        loop.main(['-c', str(DIGITS_RECIPE), '--output', str(tmp_path), '--experiment', 'run'])
+    assert ('It has no last.pth.tar: a run killed before its first epoch ended, which no process holds: delete it '
+            'and run this again; or start') in str(refused.value), str(refused.value)
+    holder = subprocess.Popen([sys.executable, '-c', 'import fcntl, sys, time; f = open(sys.argv[1], "a"); '
+                               'fcntl.flock(f, fcntl.LOCK_EX); print("held", flush=True); time.sleep(120)',
+                               str(run / 'args.yaml')], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == 'held\n'
+        with pytest.raises(UserError, match='already holds a run') as refused:
+            loop.main(['-c', str(DIGITS_RECIPE), '--output', str(tmp_path), '--experiment', 'run'])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert ('It has no last.pth.tar: another sa-vision-train is running in it, in its first epoch: let it finish; '
+            'or start') in str(refused.value), str(refused.value)
 
 
 def test_an_empty_output_is_the_default_folder_as_in_timm():

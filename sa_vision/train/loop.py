@@ -179,7 +179,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
     train_model, eval_model = training_model(model, args, data_cfg, loss_fn, amp_ctx,
                                              steps_left=(num_epochs - start_epoch) * len(train_loader))
     if is_primary(args):
-        run_dir = write_run_files(args, run_dir, new_run=resume_ckpt is None, trains=start_epoch < num_epochs)
+        run_dir = write_run_files(args, run_dir, new_run=resume_ckpt is None, trains=start_epoch < num_epochs,
+                                  resumed=resume_ckpt)
     with training_in(run_dir, export=bool(getattr(args, 'export', False))):  # held from here, let go at its end
         if is_primary(args):
             repair_run_files(run_dir, resume_ckpt, log)

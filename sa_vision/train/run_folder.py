@@ -66,13 +66,37 @@ def run_folder(args, resume_ckpt) -> Path:
     if run_dir.is_dir() and any(run_dir.iterdir()):
         held = sorted(p.name for p in run_dir.iterdir())
         last = run_dir / RUN_CHECKPOINT
+        running = _running_in(run_dir)
         go_on = (f'Continue it with --resume {quote(str(last))}, or start' if last.is_file() else
-                 f'It has no {RUN_CHECKPOINT}: a run still in its first epoch, or one killed before that ended '
-                 f'(then delete it); or start')
+                 f'It has no {RUN_CHECKPOINT}: {_FIRST_EPOCH[running]}; or start')
         raise UserError(f'the run folder {run_dir} already holds a run ({", ".join(held[:6])}'
                         f'{", ..." if len(held) > 6 else ""}); a new run would overwrite it. {go_on} a new one '
                         f'with another --experiment (or --output)')
     return run_dir
+
+
+# a run folder without a checkpoint, by whether a process holds it (_running_in)
+_FIRST_EPOCH = {True: 'another sa-vision-train is running in it, in its first epoch: let it finish',
+                False: 'a run killed before its first epoch ended, which no process holds: delete it and run this '
+                       'again',
+                None: 'a run still in its first epoch, or one killed before that ended (then delete it)'}
+
+
+def _running_in(folder: Path) -> Optional[bool]:
+    """Whether a sa-vision-train holds ``folder`` now (:func:`_hold`); None where that cannot be told (no
+    args.yaml, or no fcntl)."""
+    try:
+        import fcntl
+        opened = open(folder / 'args.yaml', encoding='utf-8')
+    except (ImportError, OSError):
+        return None
+    with opened:
+        try:
+            fcntl.flock(opened, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(opened, fcntl.LOCK_UN)
+    return False
 
 
 def _experiment_problem(name: str) -> Optional[str]:
@@ -89,22 +113,26 @@ def _experiment_problem(name: str) -> Optional[str]:
     return None
 
 
-def write_run_files(args, run_dir: Path, new_run: bool, trains: bool = True) -> Path:
+def write_run_files(args, run_dir: Path, new_run: bool, trains: bool = True,
+                    resumed: Optional[Checkpoint] = None) -> Path:
     """``args.yaml`` (every argument, with what was resolved here) and ``recipe.yaml`` (``-c`` repeats the run), in
     the folder returned; a resumed run with no epoch left to train (not ``trains``) only holds its folder, whose
     files stay those of the epochs that made it (written where it has none). A new run's ``args.yaml`` claims its
     folder, made only where none is there: where another run claimed ``run_dir`` since :func:`run_folder` found it
     empty, one named for the time is claimed as ``-1``, ``-2``, ... (timm's ``get_outdir(inc=True)``), and an
     ``--experiment`` is refused before anything is written. The folder is then held for this process's epochs,
-    report and export (:func:`training_in`): another process resuming the run is refused meanwhile."""
+    report and export (:func:`training_in`): another process resuming the run is refused meanwhile, and the
+    checkpoint ``resumed`` must be as this one read it, once held (:func:`_check_unchanged_since_read`)."""
     if not (new_run or trains) and (run_dir / 'args.yaml').is_file():
         _hold(run_dir)
+        _check_unchanged_since_read(run_dir, resumed)
         return run_dir
     saved = _yaml(model_kwargs_as_timm_args(args_as_saved(args)))
     folder = _claim(run_dir, saved, args.experiment) if new_run else run_dir
     folder.mkdir(parents=True, exist_ok=True)
     _hold(folder)
     try:  # let go where a write is refused: no run holds the folder then
+        _check_unchanged_since_read(folder, resumed)
         if not new_run:  # rewritten whole (a full disk leaves the earlier one) while held, then the new file held
             atomic_write_text(folder / 'args.yaml', saved)
             _hold(folder)
@@ -225,6 +253,21 @@ def _epoch_of(checkpoint: Path) -> Optional[int]:
         return read_checkpoint(checkpoint).meta['epoch']
     except CheckpointError:
         return None
+
+
+def _check_unchanged_since_read(folder: Path, resumed: Optional[Checkpoint]) -> None:
+    """Refuse to resume a checkpoint that another process replaced after this one read it and before this one held
+    ``folder`` (a resume queued behind a run that went on): its epochs would be trained again over the newer ones,
+    and model_best.pth.tar left of the history lost."""
+    if resumed is None:
+        return
+    done, read = _epoch_of(Path(resumed.source)), resumed.meta['epoch']
+    if done != read:
+        _let_go(folder)
+        now = 'can no longer be read' if done is None else f'holds {plural(done, "epoch")} done'
+        raise UserError(f'{resumed.source} changed while this run set up: it held {plural(read, "epoch")} done when '
+                        f'read, and {now} (another sa-vision-train went on with the run). Nothing was written; run '
+                        f'the same command again to continue from where the run is now')
 
 
 def _cut_short(checkpoint: Path) -> bool:
