@@ -369,7 +369,17 @@ def test_resume_reports_explicit_changes_only(adamw_run):
     assert args.opt == 'adamw' and args.lr == 0.001 and args.epochs == 2
     assert args.resume_changes == {'lr': (0.005, 0.001)}  # --epochs 2 is given but equals the run's
     # parsing left the module's parser as it was: a plain command line gets the plain defaults again
-    assert parse_run_args([])[0].opt == 'sgd'
+    assert parse_run_args([])[0].opt == 'momentum'
+
+
+def test_the_defaults_without_a_recipe_train_as_the_papers_recipe():
+    """--help says that without -c the defaults are the paper's CIFAR-10 training: every training argument of the
+    shipped paper recipe is the default, but for its dataset and the evaluation batch."""
+    from sa_vision.train.args import RUNTIME_ARGS
+    recipe = yaml.safe_load((RECIPE_DIR / 'sa_quadratic_cifar.yaml').read_text())
+    defaults = vars(build_parser().parse_args([]))
+    differ = {k for k, v in recipe.items() if k in defaults and k not in RUNTIME_ARGS and defaults[k] != v}
+    assert differ == {'dataset', 'num_classes', 'validation_batch_size'}
 
 
 # --- --amp auto, decided by the measured probe; recipe.yaml keeps what was asked -------------

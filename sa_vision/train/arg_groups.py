@@ -110,7 +110,9 @@ def _model_arguments(group) -> None:
 
 
 def _optimizer_arguments(group) -> None:
-    group.add_argument('--opt', default='sgd', type=str, metavar='OPTIMIZER')
+    group.add_argument('--opt', default='momentum', type=str, metavar='OPTIMIZER',
+                       help="timm's optimizer name (default: momentum, the paper's SGD with momentum, App. A.4; "
+                            "timm's default sgd is Nesterov's)")
     group.add_argument('--opt-eps', default=None, type=float, metavar='EPSILON')
     group.add_argument('--opt-fused', default='auto', choices=('auto', 'on', 'off'),
                        help=f"torch's fused optimizer step (one kernel per parameter group; "
