@@ -35,7 +35,7 @@ def _stored(path):
 @pytest.mark.slow
 def test_a_run_keeps_what_its_whole_epoch_weights_hold_of_the_centres(tmp_path, caplog, capsys, monkeypatch):
     status, log = train_here(caplog, capsys, *TINY, '--epochs', 2, '--output', tmp_path, '--experiment', 'run',
-                             '--save-epoch-weights', '--save-epoch-positions')
+                             '--save-epoch-weights', '--save-epoch-positions', '--export')
     assert status == 0, log
     run = tmp_path / 'run'
     stacked, names = _stored(run / POSITIONAL_EPOCHS_FILE)
@@ -50,6 +50,15 @@ def test_a_run_keeps_what_its_whole_epoch_weights_hold_of_the_centres(tmp_path, 
     # the trainer's last epoch is the checkpoint's weights
     final = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=True)['state_dict']
     assert all(torch.equal(stacked[key][-1], final[key]) for key in stacked)
+    # its export (of the best epoch) keeps the epochs up to the best
+    best_done = torch.load(run / 'model_best.pth.tar', map_location='cpu', weights_only=True)['epoch'] + 1
+    exported, exported_names = _stored(run / 'hub' / POSITIONAL_EPOCHS_FILE)
+    assert exported_names == names[:best_done + 1]
+    assert all(torch.equal(exported[key], stacked[key][:best_done + 1]) for key in stacked)
+    # an epoch kept after the checkpoint's (stopped between their writes, or running) is none of the run's yet
+    (run / 'epoch-003.safetensors').write_bytes((run / 'epoch-002.safetensors').read_bytes())
+    assert list(run_epochs(run)) == names
+    (run / 'epoch-003.safetensors').unlink()
     # figure (c) of the run folder: the model at each kept epoch
     drawn = {}
     monkeypatch.setattr(plot_attention, 'plot_center_trajectories',
@@ -67,7 +76,7 @@ def test_a_folder_without_kept_epochs_has_no_trajectory_to_draw(tmp_path, capfd)
               metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(KWARGS)})
     status, out, err = command_here(capfd, 'plot_attention', weights, '--figure', 'trajectory', '--out',
                                     tmp_path / 't.png')
-    assert status == 2 and f'{weights} has none: pass its checkpoints in training order' in err, err
+    assert status == 2 and f'{weights} has none: pass checkpoints of two epochs or more in training order' in err, err
 
 
 def test_a_model_without_centres_is_refused_before_the_run_folder(tmp_path, capfd):

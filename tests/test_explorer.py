@@ -635,13 +635,13 @@ def test_an_hf_hub_models_epochs_come_from_the_cache_or_one_bounded_request(tmp_
         (tmp_path / f'models--me--{repo}' / folder / 'abc' / name).write_bytes(b'')
         (tmp_path / f'models--me--{repo}' / 'refs').mkdir()
         (tmp_path / f'models--me--{repo}' / 'refs' / 'v1').write_text('abc')
-    assert explorer._hub_epochs('me/cached@v1') == {
+    assert explorer.hub_epochs('me/cached@v1') == {
         'read': str(tmp_path / 'models--me--cached' / 'snapshots' / 'abc' / name)}
-    assert explorer._hub_epochs('me/missing@v1') == {} and downloads == []
+    assert explorer.hub_epochs('me/missing@v1') == {} and downloads == []
     monkeypatch.setattr(explorer, 'hub_unreachable', lambda repo, files: 'no answer')
-    assert explorer._hub_epochs('me/other@main') == {} and downloads == []
+    assert explorer.hub_epochs('me/other@main') == {} and downloads == []
     monkeypatch.setattr(explorer, 'hub_unreachable', lambda repo, files: None)
-    assert explorer._hub_epochs('me/other@main') == {'read': 'got'} and downloads == [('me/other', 'main')]
+    assert explorer.hub_epochs('me/other@main') == {'read': 'got'} and downloads == [('me/other', 'main')]
 
 
 def test_a_runs_data_dir_is_found_for_any_dataset_as_validate_finds_it(tmp_path, monkeypatch):

@@ -32,9 +32,10 @@ from sa_vision.research.analysis import (
     table_format,
     write_table,
 )
+from sa_vision.research.explorer import hub_epochs
 from sa_vision.research.kernel_match import KERNEL_MATCH_COLUMNS, layer_kernel_matches
 from sa_vision.research.plots import picture_problem, plot_attention_maps, plot_center_trajectories, plot_centers
-from sa_vision.train.checkpoint import weights_path
+from sa_vision.train.checkpoint import HF_HUB_PREFIX, weights_path
 from sa_vision.train.positional_epochs import models_at_epochs, run_epochs
 
 
@@ -103,11 +104,15 @@ def _kept_epochs(source: str, model: nn.Module) -> Tuple[List[nn.Module], List[s
     """Figure (c) of one source: ``model`` at each epoch kept in the source's folder (a run's, of
     --save-epoch-positions or --save-epoch-weights, or a Hub folder exported from one), with their names."""
     path = weights_path(source)
-    epochs = run_epochs(path if path.is_dir() else path.parent) if path is not None else {}
-    if not epochs:
+    if source.startswith(HF_HUB_PREFIX):
+        epochs = hub_epochs(source[len(HF_HUB_PREFIX):])
+    else:
+        epochs = run_epochs(path if path.is_dir() else path.parent) if path is not None else {}
+    if len(epochs) < 2:
+        kept = f'only {next(iter(epochs))}' if epochs else 'none'
         raise UserError(f'--figure trajectory of one source draws the epochs kept beside it (a run of sa-vision-train '
-                        f'--save-epoch-positions, or an export of one); {source} has none: pass its checkpoints in '
-                        f'training order instead')
+                        f'--save-epoch-positions, or an export of one); {source} has {kept}: pass checkpoints of '
+                        f'two epochs or more in training order instead')
     return models_at_epochs(model, epochs), list(epochs)
 
 

@@ -19,7 +19,12 @@ from ..models.sa_state_dict import rename_old_keys
 from ..tables import plural
 from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
 from ..train.data import DatasetInfo
-from ..train.positional_epochs import POSITIONAL_EPOCHS_FILE, positional_params, save_positional_trajectory
+from ..train.positional_epochs import (
+    POSITIONAL_EPOCHS_FILE,
+    positional_params,
+    save_positional_trajectory,
+    weights_epochs,
+)
 from ..train.weights_files import nonfinite_tensors
 from .card import render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, EXPORT_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
@@ -168,7 +173,8 @@ def export_hub_folder(
     """Write a Hub folder of trained weights (an earlier export of the same weights is replaced, and with
     ``replace`` one of other weights, as ``--export`` replaces a run's; else one of other weights, or files of no
     export, are an :class:`ExportExistsError`); return the names of the files written. ``epochs``
-    keeps the centres and precision factors per epoch (paper Fig. 3). ``dtype`` (e.g. ``'bfloat16'``: half the
+    keeps the centres and precision factors per epoch (paper Fig. 3), by default those the weights' run kept up to
+    their epoch (:func:`~sa_vision.train.positional_epochs.weights_epochs`). ``dtype`` (e.g. ``'bfloat16'``: half the
     bytes; a name or a torch.dtype) stores the floating weights in that dtype; a float32 model loads them as they
     were rounded."""
     import yaml
@@ -178,6 +184,7 @@ def export_hub_folder(
         raise CheckpointError(f'{ckpt.source} holds a {ckpt.arch} model, not {expected_arch}')
     model = ckpt.create_model()  # fails on weights that do not fit the architecture
     check_finite_weights(model.state_dict(), ckpt.source)
+    epochs = weights_epochs(ckpt) if epochs is None else epochs
     label = weights_label(ckpt)
     repo_id = repo_id or label.default_repo_id
     check_publish_target(label, repo_id)

@@ -41,8 +41,8 @@ from ..train.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_tr
 from ..train.recipes import recorded_arg
 from .analysis import GAUSSIAN_KINDS, UNIFORM_PEAK_RATIO, attention_layers
 
-__all__ = ['ExplorerModel', 'resolve_explorer_model', 'gallery_indices', 'explorer_data', 'write_explorer',
-           'write_explorer_page', 'PAGE_SIZE_WARNING', 'page_size_note']
+__all__ = ['ExplorerModel', 'resolve_explorer_model', 'hub_epochs', 'gallery_indices', 'explorer_data',
+           'write_explorer', 'write_explorer_page', 'PAGE_SIZE_WARNING', 'page_size_note']
 
 _PLACEHOLDER = '/*SA_EXPLORER_DATA*/null'
 # bytes past which the command warns: browsers open such a page slowly or, on a small machine, not at all
@@ -86,11 +86,11 @@ def resolve_explorer_model(spec: Union[str, os.PathLike], pretrained: bool = Tru
     cfg = getattr(model, 'pretrained_cfg', None) or {}
     epochs = {}
     if spec.startswith(HF_HUB_PREFIX):
-        epochs = _hub_epochs(spec[len(HF_HUB_PREFIX):])
+        epochs = hub_epochs(spec[len(HF_HUB_PREFIX):])
     return ExplorerModel(spec, model, trained_dataset({'pretrained_cfg': cfg}), epochs)
 
 
-def _hub_epochs(repo: str) -> Dict[str, Dict[str, Tensor]]:
+def hub_epochs(repo: str) -> Dict[str, Dict[str, Tensor]]:
     """A Hub repository's (``id[@revision]``, as timm names it) kept epoch parameters, or none: it has no such file,
     or the Hub does not answer at once. The file is optional: no waiting through huggingface_hub's retries (a
     minute, or for ever where a connection hangs) when the model itself loaded from the cache."""

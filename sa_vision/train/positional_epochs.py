@@ -14,11 +14,12 @@ from torch import Tensor, nn
 from ..errors import UserError
 from ..io import atomic_write
 from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, rename_old_keys
-from .checkpoint import CheckpointError, read_checkpoint
+from .checkpoint import RUN_CHECKPOINT, CheckpointError, read_checkpoint
 
 __all__ = [
     'POSITIONAL_EPOCHS_FILE', 'positional_params', 'run_epochs', 'positional_trajectory', 'save_positional_trajectory',
     'load_positional_trajectory', 'models_at_epochs', 'epoch_label', 'record_epoch_positions', 'initial_positions',
+    'weights_epochs',
 ]
 
 # per-epoch centres and precision factors of a model, kept beside its weights (Fig. 3 of the paper: how the heads moved)
@@ -110,15 +111,29 @@ def record_epoch_positions(model: nn.Module, run_dir: Path, epochs_done: int) ->
     save_positional_trajectory(epochs, path)
 
 
-def run_epochs(folder: Path) -> Dict[str, Dict[str, Tensor]]:
+def run_epochs(folder: Path, done: Optional[int] = None) -> Dict[str, Dict[str, Tensor]]:
     """The centres and precision factors a run kept after every epoch (``epoch-000`` is the initialisation), in the
     epochs' order: its :data:`POSITIONAL_EPOCHS_FILE` (``--save-epoch-positions``) and the positional part of its
-    ``epoch-NNN.safetensors`` (``--save-epoch-weights``)."""
+    ``epoch-NNN.safetensors`` (``--save-epoch-weights``); none after ``done`` epochs, by default its
+    ``last.pth.tar``'s (they are written before it: a run stopped between them, or running, holds one more)."""
     epochs = {path.stem: positional_params(read_checkpoint(path).state_dict)
               for path in folder.glob('epoch-*.safetensors')}
     if (folder / POSITIONAL_EPOCHS_FILE).is_file():
         epochs.update(load_positional_trajectory(folder / POSITIONAL_EPOCHS_FILE))
-    return {label: epochs[label] for label in sorted(epochs, key=_epoch_order)}
+    if done is None and (folder / RUN_CHECKPOINT).is_file():
+        done = read_checkpoint(folder / RUN_CHECKPOINT).meta['epoch']
+    return {label: epochs[label] for label in sorted(epochs, key=_epoch_order)
+            if done is None or _epoch_order(label) <= (done, '')}
+
+
+def weights_epochs(ckpt) -> Dict[str, Dict[str, Tensor]]:
+    """What the run that saved the checkpoint ``ckpt`` (a :class:`~sa_vision.train.checkpoint.Checkpoint`) kept of
+    its epochs up to the weights' own, where the file is in its run folder; else none."""
+    path = Path(ckpt.source)
+    folder = path if path.is_dir() else path.parent
+    if ckpt.format != 'sa_vision' or not (folder / RUN_CHECKPOINT).is_file():
+        return {}
+    return run_epochs(folder, ckpt.meta.get('epoch'))
 
 
 def initial_positions(folder: Path) -> Optional[Dict[str, Tensor]]:
