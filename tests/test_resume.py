@@ -11,7 +11,7 @@ import pytest
 import torch
 from helpers import file_size_limit, run_result, train_here
 
-from sa_vision.train import loop, state
+from sa_vision.train import epoch_files, loop
 from sa_vision.train.checkpoint import read_checkpoint
 from sa_vision.train.data import create_image_dataset
 from sa_vision.train.recipes import RECIPE_DIR
@@ -52,7 +52,8 @@ def test_a_run_killed_between_its_files_is_made_whole_when_resumed(tmp_path, cap
     summary.csv row: the resume writes both from last.pth.tar, so the export is of epoch 1, not epoch 0."""
     run = tmp_path / 'run'
     monkeypatch.setattr(loop, 'is_better', lambda metric, value, best: True)  # every epoch the best so far
-    monkeypatch.setattr(state, 'atomic_duplicate', _failing_at_call(state.atomic_duplicate, 2, KeyboardInterrupt()))
+    monkeypatch.setattr(epoch_files, 'atomic_duplicate',
+                        _failing_at_call(epoch_files.atomic_duplicate, 2, KeyboardInterrupt()))
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
     assert status == 130, log[-3000:]
     last = _load(run / 'last.pth.tar')
@@ -225,7 +226,7 @@ def test_a_full_disk_stops_the_run_in_one_line_and_the_resume_goes_on(tmp_path, 
     """torch.save's error on a full disk names no disk: the run says what it could not write and how to go on."""
     run = tmp_path / 'run'
     full = RuntimeError('[enforce fail at inline_container.cc:672] . unexpected pos 31424 vs 31316')
-    monkeypatch.setattr(state, 'atomic_torch_save', _failing_at_call(state.atomic_torch_save, 2, full))
+    monkeypatch.setattr(epoch_files, 'atomic_torch_save', _failing_at_call(epoch_files.atomic_torch_save, 2, full))
     status, log = train_here(caplog, capsys, *_train_args(tmp_path, 'run', 2))
     assert status == 2, log[-3000:]
     error = log.strip().splitlines()[-1]

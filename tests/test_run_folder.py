@@ -499,7 +499,7 @@ def test_the_best_metric_is_printed_as_the_eval_lines_print_it(tmp_path, eval_me
     """Accuracies in % with two decimals, a loss with four, whatever the value's digits."""
     from types import SimpleNamespace
 
-    from sa_vision.train.state import save_epoch
+    from sa_vision.train.epoch_files import save_epoch
     lines = []
     ckpt = {'epoch': 0, 'num_epochs': 2, 'best': {'metric': value, 'epoch': 0},
             'metrics': {'loss': 0.25, 'top1': 95.0, 'top5': 99.5},

@@ -288,7 +288,7 @@ def test_val_interval_evaluates_every_nth_and_the_last_epoch_and_trains_the_same
     from sa_vision.hub.labels import weights_label
     from sa_vision.hub.record import training_summary
     from sa_vision.train.checkpoint import read_checkpoint
-    from sa_vision.train.state import save_epoch
+    from sa_vision.train.epoch_files import save_epoch
     with caplog.at_level(logging.INFO, logger='train'):
         training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 2, '-b', 64, '--output', tmp_path,
                                      '--experiment', 'sparse', '--log-interval', 100, '--val-interval', 2])))

@@ -27,6 +27,7 @@ from .caller_settings import caller_settings_kept
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
 from .device_data import set_epoch
+from .epoch_files import checkpoint_dict, save_epoch, save_epoch_records
 from .evaluation import evaluate_epoch, evaluated_after, metric_text, result_json
 from .run_folder import repair_run_files, run_folder, training_in, write_run_files
 from .run_setup import (
@@ -41,14 +42,7 @@ from .run_setup import (
     training_model,
 )
 from .runtime import format_duration, host_sync_allowed, seed_epoch
-from .state import (
-    checkpoint_dict,
-    parse_run_args,
-    resolve_model_args,
-    restore,
-    save_epoch,
-    save_epoch_records,
-)
+from .state import parse_run_args, resolve_model_args, restore
 from .weights_files import nonfinite_tensors
 
 

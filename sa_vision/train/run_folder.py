@@ -20,7 +20,8 @@ from ..errors import TrainingDiverged, UserError, write_failure
 from ..io import atomic_duplicate, atomic_write, atomic_write_text, folder_problem, remove_stale_temporaries
 from ..tables import plural
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, Checkpoint, CheckpointError, read_checkpoint
-from .state import SUMMARY, Log, args_as_saved, run_recipe, write_summary_row
+from .epoch_files import SUMMARY, write_summary_row
+from .state import Log, args_as_saved, run_recipe
 from .timm_args import model_kwargs_as_timm_args
 
 __all__ = ['run_folder', 'write_run_files', 'training_in', 'repair_run_files']
@@ -284,8 +285,8 @@ def _cut_short(checkpoint: Path) -> bool:
 
 def repair_run_files(run_dir: Path, resume_ckpt: Optional[Checkpoint], log: Log) -> None:
     """Make ``model_best.pth.tar`` and ``summary.csv`` agree with the checkpoint resumed (``last.pth.tar``, which
-    ``state.save_epoch`` writes first): a run stopped after it (killed, a full disk) left its epoch's best checkpoint
-    or summary row unwritten, and an export would publish an older epoch as the best. A new run (no
+    ``epoch_files.save_epoch`` writes first): a run stopped after it (killed, a full disk) left its epoch's best
+    checkpoint or summary row unwritten, and an export would publish an older epoch as the best. A new run (no
     ``resume_ckpt``) has nothing to repair."""
     if resume_ckpt is None:
         return
