@@ -637,7 +637,12 @@ def test_a_device_torch_does_not_know_or_this_machine_lacks_is_one_error_line(mo
      "'heads_per_layer=(9, 9, 9, 9, 9, 9)', which update the recipe's, or train without that recipe"),
     (['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--model-kwargs', 'embed_dim=32'],
      '--model-kwargs (embed_dim=32)', 'drop them'),
-], ids=['recipe', 'command-line'])
+    # another class count: the classifier is left out, the rest must fit as well (it was torch's traceback)
+    (['-c', 'sa_quadratic_cifar_digits', '--num-classes', '5'],
+     'The model_kwargs of recipe sa_quadratic_cifar_digits (embed_dim=32',
+     "pass the weights' own, --model-kwargs embed_dim=64 mlp_hidden_dim=128 depth=6 "
+     "'heads_per_layer=(9, 9, 9, 9, 9, 9)', which update the recipe's, or train without that recipe"),
+], ids=['recipe', 'command-line', 'recipe-new-classifier'])
 def test_initial_weights_of_another_architecture_name_where_the_arguments_came_from(argv, source, advice, tmp_path,
                                                                                      capsys):
     line = _one_error(_train_main(), [*argv, '--initial-checkpoint', KEPT_SA, '--output', tmp_path], capsys)

@@ -243,6 +243,7 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
     state_dict, model_kwargs = dict(initial.state_dict), args.model_kwargs
     stored_classes = initial.model_args.get('num_classes')
     classifier = (getattr(model, 'pretrained_cfg', None) or {}).get('classifier')
+    new_classifier = []  # the model's classifier keys, where it is trained anew
     if stored_classes is not None and stored_classes != model_kwargs.get('num_classes', stored_classes) and classifier:
         dropped = [k for k in state_dict if k.startswith(classifier + '.')]
         for key in dropped:
@@ -250,20 +251,19 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
         log(f'--num-classes {model_kwargs["num_classes"]}: {args.initial_checkpoint} was trained for '
             f'{stored_classes} classes; its classifier ({", ".join(dropped)}) is left out and trained from its '
             f'initialisation')
-        model_keys = {k for k in model.state_dict() if k.startswith(classifier + '.')}
-        missing, unexpected = model.load_state_dict(state_dict, strict=False)
-        if set(missing) - model_keys or unexpected:
-            raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model} beyond the '
-                                  f'classifier: missing {sorted(set(missing) - model_keys)[:5]}, unexpected '
-                                  f'{sorted(unexpected)[:5]}. {_changed_architecture(initial, model_kwargs, sources)}')
-        return
-    try:
-        model.load_state_dict(state_dict)
+        new_classifier = [k for k in model.state_dict() if k.startswith(classifier + '.')]
+    beyond = ' beyond the classifier' if new_classifier else ''
+    try:  # without strict, a shape that differs still raises
+        missing, unexpected = model.load_state_dict(state_dict, strict=not new_classifier)
     except RuntimeError as e:
         first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
         first = first.rstrip('.') if len(first) <= 200 else first[:200] + ' ...'
-        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}: {first}. '
+        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}{beyond}: {first}. '
                               f'{_changed_architecture(initial, model_kwargs, sources)}') from None
+    if set(missing) - set(new_classifier) or unexpected:
+        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}{beyond}: missing '
+                              f'{sorted(set(missing) - set(new_classifier))[:5]}, unexpected {sorted(unexpected)[:5]}. '
+                              f'{_changed_architecture(initial, model_kwargs, sources)}')
 
 
 def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler, updates_per_epoch: int,
