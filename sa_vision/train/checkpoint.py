@@ -33,7 +33,7 @@ from ..models import (
 from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
 from .recipes import recipe_if_any
-from .timm_args import timm_model_args, timm_num_epochs
+from .timm_args import timm_data_flags, timm_model_args, timm_num_epochs
 from .weights_files import CheckpointError, check_config_fields, read_json, read_safetensors, torch_load
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ class Checkpoint:
         """The preprocessing the weights state: a Hub folder's or pruned file's (input size, mean / std, label names)
         as timm's local-dir: loading keeps it; a run's, what its training fed the model; {} where they state none."""
         fed = self.meta.get('data_config') or (
-            _timm_data_flags(self.meta.get('args') or {}, self.model_args) if self.format == 'timm' else {})
+            timm_data_flags(self.meta.get('args') or {}, self.model_args) if self.format == 'timm' else {})
         return self.meta.get('pretrained_cfg') or {
             k: tuple(v) for k, v in fed.items() if k in ('input_size', 'mean', 'std')}
 
@@ -229,17 +229,6 @@ def _read_hub_config(config_path: Path) -> Checkpoint:
     return Checkpoint(config['architecture'], model_args, {}, str(folder), 'hub_folder', meta)
 
 
-def _timm_data_flags(args: Dict[str, Any], model_args: Dict[str, Any]) -> Dict[str, Any]:
-    """What timm train.py's --input-size / --img-size, --mean and --std fed the weights, where given (else its data
-    config was the model's own, which the model keeps)."""
-    flags = {k: tuple(args[k]) for k in ('input_size', 'mean', 'std') if args.get(k)}
-    if 'input_size' not in flags and args.get('img_size'):
-        size = args['img_size']
-        chans = args.get('in_chans') or model_args.get('in_chans', 3)
-        flags['input_size'] = (chans, *(size if isinstance(size, (list, tuple)) else (size, size)))
-    return flags
-
-
 def _fine_tuned_folder(name: str, path: Path, args: Dict[str, Any]) -> Tuple[str, Dict[str, Any], Dict[str, Any]]:
     """(architecture, model_args, data config) of timm train.py weights fine-tuned from ``local-dir:<folder>``,
     as train.py built and fed them: the folder's config.json, under the run's own flags (--input-size, --mean, ...).
@@ -252,7 +241,7 @@ def _fine_tuned_folder(name: str, path: Path, args: Dict[str, Any]) -> Tuple[str
     hub = _read_hub_config(folder)
     cfg = {k: hub.meta['pretrained_cfg'][k] for k in ('input_size', 'mean', 'std')
            if k in hub.meta.get('pretrained_cfg', {})}
-    return hub.arch, hub.model_args, {**cfg, **_timm_data_flags(args, hub.model_args)}
+    return hub.arch, hub.model_args, {**cfg, **timm_data_flags(args, hub.model_args)}
 
 
 def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:

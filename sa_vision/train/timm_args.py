@@ -15,7 +15,8 @@ from typing import Any, Collection, Dict, Optional
 
 __all__ = ['OURS', 'TIMM_ONLY', 'LOCAL', 'TIMM_TRAIN_ARGS', 'TIMM_SET_ARGS', 'TIMM_MODEL_KWARGS', 'TIMM_SCHEDULERS',
            'TIMM_ONLY_TECHNIQUES', 'TIMM_VALIDATE_ONLY', 'TIMM_PREPROCESSING', 'timm_only_techniques',
-           'timm_model_args', 'timm_num_epochs', 'model_kwargs_as_timm_args', 'timm_args_as_model_kwargs']
+           'timm_model_args', 'timm_data_flags', 'timm_num_epochs', 'model_kwargs_as_timm_args',
+           'timm_args_as_model_kwargs']
 
 OURS, TIMM_ONLY, LOCAL = 'ours', 'timm-only', 'local'
 
@@ -163,6 +164,17 @@ def timm_model_args(args: Dict[str, Any]) -> Dict[str, Any]:
         model_args['in_chans'] = args['input_size'][0]
     model_args.update(args.get('model_kwargs') or {})
     return {k: v for k, v in model_args.items() if v is not None}
+
+
+def timm_data_flags(args: Dict[str, Any], model_args: Dict[str, Any]) -> Dict[str, Any]:
+    """What timm train.py's --input-size / --img-size, --mean and --std fed the weights, where given (else its data
+    config was the model's own, which the model keeps)."""
+    flags = {k: tuple(args[k]) for k in ('input_size', 'mean', 'std') if args.get(k)}
+    if 'input_size' not in flags and args.get('img_size'):
+        size = args['img_size']
+        chans = args.get('in_chans') or model_args.get('in_chans', 3)
+        flags['input_size'] = (chans, *(size if isinstance(size, (list, tuple)) else (size, size)))
+    return flags
 
 
 def timm_num_epochs(args: Dict[str, Any]) -> Optional[int]:
