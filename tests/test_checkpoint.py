@@ -142,6 +142,26 @@ def test_weights_whose_stored_arguments_name_other_weights_are_refused(tmp_path,
         assert read == ['load_checkpoint']
 
 
+@pytest.mark.parametrize('saved_args', [dict(depth=3), dict(embed_dim=20)])
+def test_weights_that_do_not_fit_their_stored_arguments_name_what_differs(tmp_path, saved_args):
+    """A checkpoint whose weights are not those of its model_args (edited, or saved by other code) names the first
+    key that does not fit and how many do not, as the --initial-checkpoint error does: it showed only the header
+    line of torch's error (the model's class name)."""
+    saved = timm.create_model('sa_gen_cifar', **{**SMALL, **saved_args}).state_dict()
+    path = tmp_path / 'w.pth'
+    torch.save({'version': 3, 'arch': 'sa_gen_cifar', 'model_args': SMALL, 'state_dict': saved}, path)
+    with pytest.raises(CheckpointError, match='do not fit sa_gen_cifar') as info:
+        read_checkpoint(path).create_model()
+    if 'depth' in saved_args:  # a third block the model has not
+        extra = [k for k in saved if k.startswith('blocks.2.')]
+        what, counts = f'unexpected key {extra[0]}', f'0 keys of another shape, 0 missing, {len(extra)} unexpected'
+    else:  # every tensor of the embedding width (no other size is 20): not the heads' centres, nor fc1.bias
+        wide = [k for k, v in saved.items() if 20 in v.shape]
+        what = 'size mismatch for patch_embed.proj.weight: [20, 3, 2, 2] in the weights, [16, 3, 2, 2] in the model'
+        counts = f'{len(wide)} keys of another shape, 0 missing, 0 unexpected'
+    assert what in str(info.value) and f'({counts})' in str(info.value), str(info.value)
+
+
 def test_validate_evaluates_the_weights_of_every_source(tmp_path, capsys):
     """sa-vision-validate's --model local-dir:, --checkpoint <folder> / <file> and --checkpoint with the expected
     --model all evaluate the same weights: the accuracy counted here, image by image, over the digits test split."""

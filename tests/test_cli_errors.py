@@ -5,6 +5,7 @@ Each script runs in this process through ``sa_vision.errors.run_cli``, as its ``
 import atexit
 import gc
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -648,6 +649,10 @@ def test_initial_weights_of_another_architecture_name_where_the_arguments_came_f
     line = _one_error(_train_main(), [*argv, '--initial-checkpoint', KEPT_SA, '--output', tmp_path], capsys)
     assert f'the weights of {KEPT_SA} do not fit sa_quadratic_cifar' in line, line
     assert source in line and advice in line, line
+    # the first key that differs (embed_dim 64 against 32, 2x2 patches of 3 channels) and how many keys do
+    assert 'size mismatch for patch_embed.proj.weight: [64, 3, 2, 2] in the weights, [32, 3, 2, 2] in the model' \
+        in line, line
+    assert re.search(r'\(\d+ keys of another shape, 0 missing, \d+ unexpected\)', line), line
     if argv[0] == '-c':  # the advice fits: the weights load, and nothing else is refused before training
         fixed = shlex.split(line.split('--model-kwargs ', 1)[1].split(', which', 1)[0])
         args = parse_run_args([*argv, '--initial-checkpoint', str(KEPT_SA), '--model-kwargs', *fixed])[0]

@@ -34,7 +34,14 @@ from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
 from .recipes import recipe_if_any
 from .timm_args import timm_data_flags, timm_model_args, timm_num_epochs
-from .weights_files import CheckpointError, check_config_fields, read_json, read_safetensors, torch_load
+from .weights_files import (
+    CheckpointError,
+    check_config_fields,
+    read_json,
+    read_safetensors,
+    torch_load,
+    weights_misfit,
+)
 
 if TYPE_CHECKING:
     from .data import DatasetInfo
@@ -105,8 +112,8 @@ class Checkpoint:
         except RuntimeError as e:
             raise CheckpointError(
                 f'the weights in {self.source} do not fit {self.arch}({self.model_args}): '
-                f'{str(e).splitlines()[0]} ... The file is of another architecture or configuration, or was '
-                f'edited') from None
+                f'{weights_misfit(model, self.state_dict) or str(e).splitlines()[0]}. The file is of another '
+                f'architecture or configuration, or was edited') from None
         if overlay or self.dataset:  # the registered cfg's names are CIFAR-10's: never kept for other weights
             model.pretrained_cfg['label_names'] = self.label_names(model.num_classes)
         return model.eval()

@@ -28,6 +28,7 @@ from .checkpoint import (
 from .data import timm_label_order
 from .recipes import check_recipe_keys, check_recipe_lr, check_recipe_start, ignored_keys_notes, load_recipe
 from .timm_args import model_kwargs_as_timm_args, timm_args_as_model_kwargs
+from .weights_files import weights_misfit
 
 __all__ = ['parse_run_args', 'args_as_saved', 'run_recipe', 'recipe_of_saved_args',
            'resolve_model_args', 'load_initial_weights', 'restore']
@@ -252,18 +253,12 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
             f'{stored_classes} classes; its classifier ({", ".join(dropped)}) is left out and trained from its '
             f'initialisation')
         new_classifier = [k for k in model.state_dict() if k.startswith(classifier + '.')]
-    beyond = ' beyond the classifier' if new_classifier else ''
-    try:  # without strict, a shape that differs still raises
-        missing, unexpected = model.load_state_dict(state_dict, strict=not new_classifier)
-    except RuntimeError as e:
-        first = next((line.strip() for line in str(e).splitlines()[1:] if line.strip()), str(e).splitlines()[0])
-        first = first.rstrip('.') if len(first) <= 200 else first[:200] + ' ...'
-        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}{beyond}: {first}. '
-                              f'{_changed_architecture(initial, model_kwargs, sources)}') from None
-    if set(missing) - set(new_classifier) or unexpected:
-        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}{beyond}: missing '
-                              f'{sorted(set(missing) - set(new_classifier))[:5]}, unexpected {sorted(unexpected)[:5]}. '
+    problem = weights_misfit(model, state_dict, new_classifier)
+    if problem:
+        raise CheckpointError(f'the weights of {args.initial_checkpoint} do not fit {args.model}'
+                              f'{" beyond the classifier" if new_classifier else ""}: {problem}. '
                               f'{_changed_architecture(initial, model_kwargs, sources)}')
+    model.load_state_dict(state_dict, strict=not new_classifier)
 
 
 def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler, updates_per_epoch: int,

@@ -1,17 +1,20 @@
 """ Reading a weights file without trusting it: ``torch.load`` that unpickles no arbitrary object, safetensors and
-the JSON stored beside weights, each failure a :class:`CheckpointError` that names the file and what to do """
+the JSON stored beside weights, each failure a :class:`CheckpointError` that names the file and what to do; and
+what keeps weights from fitting a model, in one line """
 import argparse
 import json
 import re
 import zipfile
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Tuple
+from typing import Any, Callable, Collection, Dict, List, Tuple
 
 import torch
+from torch import nn
 
 from ..errors import UserError
 
-__all__ = ['CheckpointError', 'torch_load', 'read_json', 'check_config_fields', 'read_safetensors', 'nonfinite_tensors']
+__all__ = ['CheckpointError', 'torch_load', 'read_json', 'check_config_fields', 'read_safetensors', 'nonfinite_tensors',
+           'weights_misfit']
 
 # the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
 _BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
@@ -156,3 +159,23 @@ def read_safetensors(path: Path):
 def nonfinite_tensors(state_dict: Dict[str, Any]) -> List[str]:
     """The names of the floating tensors of ``state_dict`` that hold NaN or inf (weights of a run that diverged)."""
     return [name for name, t in state_dict.items() if t.is_floating_point() and not t.isfinite().all()]
+
+
+def weights_misfit(model: nn.Module, state_dict: Dict[str, Any], new_keys: Collection[str] = ()) -> str:
+    """What keeps ``state_dict`` from loading into ``model`` ('' where nothing does): the first key of another shape
+    (else the first missing, else the first unexpected) and how many keys are of each kind, in one line where torch's
+    error lists every key; ``new_keys``: the model's keys the weights may lack (a classifier trained anew)."""
+    own = model.state_dict()
+    # in the model's order, as torch names them (a safetensors file's keys are sorted)
+    shapes = [k for k in own if k in state_dict and tuple(getattr(state_dict[k], 'shape', ())) != own[k].shape]
+    missing = [k for k in own if k not in state_dict and k not in new_keys]
+    unexpected = [k for k in state_dict if k not in own]
+    if shapes:
+        key = shapes[0]
+        first = (f'size mismatch for {key}: {list(state_dict[key].shape)} in the weights, {list(own[key].shape)} in '
+                 f'the model')
+    elif missing or unexpected:
+        first = f'missing key {missing[0]}' if missing else f'unexpected key {unexpected[0]}'
+    else:
+        return ''
+    return f'{first} ({len(shapes)} keys of another shape, {len(missing)} missing, {len(unexpected)} unexpected)'
