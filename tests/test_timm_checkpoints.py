@@ -148,6 +148,33 @@ def test_ema_of_a_checkpoint_without_one_is_a_clear_error(tmp_path):
         read_checkpoint(tmp_path / 'last.pth.tar', use_ema=True)
 
 
+@pytest.mark.parametrize('with_ema', [True, False])
+def test_an_initial_checkpoint_of_timm_starts_from_its_ema_as_timm_train_does(timm_run, tmp_path, with_ema):
+    """timm's train.py --initial-checkpoint (create_model(checkpoint_path=) -> load_checkpoint(use_ema=True))
+    starts from a --model-ema checkpoint's EMA, from the plain weights of one without; it started from the plain
+    weights of either, and said nothing of what it loaded."""
+    from sa_vision.train.state import load_initial_weights, parse_run_args, resolve_model_args
+    run_dir, model, ema_model = timm_run
+    path = run_dir / 'last.pth.tar'
+    if not with_ema:
+        path = tmp_path / 'last.pth.tar'
+        CheckpointSaver(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+                        args=_timm_train_args(tmp_path), checkpoint_dir=str(tmp_path),
+                        recovery_dir=str(tmp_path)).save_checkpoint(epoch=0, metric=0.)
+    args = parse_run_args(['--model', 'sa_quadratic_cifar', '--dataset', 'digits', '--initial-checkpoint',
+                           str(path)])[0]
+    log = []
+    initial, sources = resolve_model_args(args, {}, None, log.append)
+    started = timm.create_model(args.model, **args.model_kwargs)
+    load_initial_weights(started, initial, args, log.append, sources)
+    expected = (ema_model if with_ema else model).state_dict()
+    assert not all(torch.equal(value, ema_model.state_dict()[key]) for key, value in model.state_dict().items())
+    for key, value in expected.items():
+        assert torch.equal(started.state_dict()[key], value), key
+    loaded = [line for line in log if line.startswith('Loaded ')]
+    assert len(loaded) == 1 and str(path) in loaded[0] and ('state_dict_ema' in loaded[0]) == with_ema, log
+
+
 def test_push_to_hub_stages_a_timm_checkpoint(timm_run, tmp_path, capsys):
     run_dir, model, _ = timm_run
     out = tmp_path / 'staged'

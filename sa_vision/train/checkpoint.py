@@ -259,10 +259,11 @@ def _pretrained_meta(cfg: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def read_checkpoint(source: PathLike, arch: Optional[str] = None, model_args: Optional[Dict[str, Any]] = None,
-                    use_ema: bool = False, map_location='cpu') -> Checkpoint:
+                    use_ema: Optional[bool] = False, map_location='cpu') -> Checkpoint:
     """Open weights of any supported kind (see the module docstring); ``source`` may be a run folder, ``arch``
-    names bare weights and is checked against the file's, ``model_args`` override what the shapes say. The state
-    dict holds today's key names (:data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
+    names bare weights and is checked against the file's, ``model_args`` override what the shapes say; ``use_ema``
+    None takes a timm checkpoint's EMA where it holds one, as timm's ``load_checkpoint`` does. The state dict holds
+    today's key names (:data:`~sa_vision.models.sa_state_dict.RENAMED_KEYS`)."""
     path = Path(source)
     if arch is not None and not is_model(arch):  # else "holds X, not <typo>; pass weights of <typo>"
         raise UnknownModelError(f'unknown model {arch!r}: {model_name_hint(arch)}')
@@ -306,12 +307,13 @@ def read_checkpoint(source: PathLike, arch: Optional[str] = None, model_args: Op
 
 
 def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], model_args: Dict[str, Any],
-                      use_ema: bool) -> Checkpoint:
+                      use_ema: Optional[bool]) -> Checkpoint:
     if all(isinstance(v, Tensor) for v in obj.values()):
         return _from_state_dict(obj, path, 'state_dict', arch, model_args, {})
     if isinstance(obj.get('args'), argparse.Namespace) or obj.get('version') == 2 and 'saver' in obj:
         # timm train.py: {'epoch', 'arch', 'state_dict', 'optimizer', 'version': 2, 'args': Namespace, ...}
         args = vars(obj['args']) if isinstance(obj.get('args'), argparse.Namespace) else {}
+        use_ema = obj.get('state_dict_ema') is not None if use_ema is None else use_ema
         key = 'state_dict_ema' if use_ema else 'state_dict'
         if key not in obj:
             raise CheckpointError(f'{path} is a timm train.py checkpoint without {key!r}'

@@ -171,7 +171,9 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
                 f'from its weights, as --initial-checkpoint {args.initial_checkpoint} loads them'
                 if args.initial_checkpoint else 'with the arguments of its config.json, weights initialised anew '
                                                 '(--pretrained starts from its weights)'))
-        initial = read_checkpoint(args.initial_checkpoint, arch=args.model) if args.initial_checkpoint else None
+        # a timm --model-ema checkpoint's EMA, which timm's train.py --initial-checkpoint starts from
+        initial = (read_checkpoint(args.initial_checkpoint, arch=args.model, use_ema=None)
+                   if args.initial_checkpoint else None)
         model_kwargs = dict(initial.model_args) if initial else {}  # e.g. the heads a pruning kept
         sources = {key: _stored_with(initial) for key in model_kwargs}
         recipe_kwargs = recipe.get('model_kwargs') or {}
@@ -259,6 +261,8 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
                               f'{" beyond the classifier" if new_classifier else ""}: {problem}. '
                               f'{_changed_architecture(initial, model_kwargs, sources)}')
     model.load_state_dict(state_dict, strict=not new_classifier)
+    log(f'Loaded {"state_dict_ema, its EMA weights," if initial.meta.get("ema_weights") else "the weights"} of '
+        f'--initial-checkpoint {args.initial_checkpoint}' + (' but its classifier' if new_classifier else ''))
 
 
 def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler, updates_per_epoch: int,
