@@ -299,7 +299,7 @@ def restore(resume_ckpt: Checkpoint, model, optimizer, lr_scheduler, loss_scaler
                 group['lr'] = lr * group.get('lr_scale', 1.0)
                 if plateau:
                     group['initial_lr'] = lr
-    elif lr_scheduler is not None:
+    else:
         # each is a no-op for a schedule not counted in its unit (epochs or updates)
         lr_scheduler.step(meta['epoch'])
         lr_scheduler.step_update(num_updates)
