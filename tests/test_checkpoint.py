@@ -162,6 +162,22 @@ def test_weights_that_do_not_fit_their_stored_arguments_name_what_differs(tmp_pa
     assert what in str(info.value) and f'({counts})' in str(info.value), str(info.value)
 
 
+@pytest.mark.parametrize('wrap', [torch.nn.DataParallel, torch.compile,
+                                  lambda model: torch.compile(torch.nn.DataParallel(model))],
+                         ids=['module', '_orig_mod', '_orig_mod.module'])
+def test_a_checkpoint_of_a_wrapped_model_loads_as_bare_weights_of_one_do(tmp_path, wrap):
+    """A checkpoint {version, arch, model_args, state_dict} saved from a wrapped model (DDP / DataParallel's
+    'module.', torch.compile's '_orig_mod.' keys) loads, as its bare state dict does and as timm's load_checkpoint
+    takes it; it was refused as weights that do not fit."""
+    torch.manual_seed(0)
+    model = timm.create_model('sa_gen_cifar', **SMALL)
+    saved = wrap(model).state_dict()
+    assert set(saved) != set(model.state_dict())  # the wrapper's prefix
+    path = tmp_path / 'w.pth'
+    torch.save({'version': 3, 'arch': 'sa_gen_cifar', 'model_args': SMALL, 'state_dict': saved}, path)
+    _assert_same_weights(read_checkpoint(path).create_model(), model.state_dict())
+
+
 def test_validate_evaluates_the_weights_of_every_source(tmp_path, capsys):
     """sa-vision-validate's --model local-dir:, --checkpoint <folder> / <file> and --checkpoint with the expected
     --model all evaluate the same weights: the accuracy counted here, image by image, over the digits test split."""

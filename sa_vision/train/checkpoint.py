@@ -345,8 +345,9 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         meta = {k: v for k, v in obj.items() if k not in ('arch', 'model_args', 'state_dict')}
         if 'epoch' in meta and int(obj.get('version', 1)) >= 3:  # counted from 0 (CHECKPOINT_VERSION)
             meta['epoch'] += 1
-        return Checkpoint(obj['arch'], {**obj['model_args'], **model_args}, obj['state_dict'], str(path),
-                          'sa_vision', meta)
+        # a wrapped model's keys (DDP's 'module.', torch.compile's '_orig_mod.'), as the other formats take them
+        return Checkpoint(obj['arch'], {**obj['model_args'], **model_args}, clean_state_dict(obj['state_dict']),
+                          str(path), 'sa_vision', meta)
     for key in _STATE_DICT_KEYS:
         if isinstance(obj.get(key), dict) and obj[key] and all(isinstance(v, Tensor) for v in obj[key].values()):
             stored = obj.get('model_args') if isinstance(obj.get('model_args'), dict) else {}
