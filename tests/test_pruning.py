@@ -431,3 +431,36 @@ def test_out_never_writes_into_the_weights_it_prunes(tmp_path, capsys):
     assert 'would replace a checkpoint of the training run in' in capsys.readouterr().err
     assert all(path.read_bytes() == data for path, data in kept.items())
     assert not (folder / 'pruned.safetensors').exists()
+
+
+@pytest.mark.slow
+def test_pruning_a_run_on_an_unnamed_image_folder_keeps_its_label_names_and_folder(tmp_path, caplog, capsys):
+    """A run of --dataset '' on an image folder of five classes is pruned into weights of that folder: tagged as an
+    image folder's ('folder', '_custom' as pruned), with its classes' names, so that sa-vision-validate asks for the
+    folder rather than reading CIFAR-10, as it does for the run itself."""
+    from helpers import train_here
+    from PIL import Image
+
+    from sa_vision.hub.labels import weights_label
+    from sa_vision.train.checkpoint import read_checkpoint
+    from sa_vision.train.data import trained_dataset
+    names = ['ant', 'bee', 'cat', 'dog', 'eel']
+    for split in ('train', 'validation'):
+        for k, name in enumerate(names):
+            (tmp_path / 'data' / split / name).mkdir(parents=True)
+            Image.new('RGB', (8, 8), (50 * k, 30, 60)).save(tmp_path / 'data' / split / name / '0.png')
+    status, log = train_here(caplog, capsys, '--dataset', '', '--data-dir', tmp_path / 'data',
+                             '--model-kwargs', 'embed_dim=16', 'depth=2', 'heads_per_layer=2', 'mlp_hidden_dim=32',
+                             '--epochs', 1, '-b', 5, '--workers', 0, '--output', tmp_path, '--experiment', 'run')
+    assert status == 0, log[-2000:]
+    for suffix in ('.safetensors', '.pth'):
+        out = tmp_path / f'pruned{suffix}'
+        status, printed, err = command_here(capsys, 'prune', tmp_path / 'run' / 'last.pth.tar', '--out', out,
+                                            '--heads', '1', '1')
+        assert status == 0 and 'for folder_custom)' in printed, printed + err
+        pruned = read_checkpoint(out)
+        assert trained_dataset(pruned.meta) == '' and weights_label(pruned).tag == 'folder_custom', pruned.meta
+        assert list(pruned.create_model().pretrained_cfg['label_names']) == names, pruned.meta
+        status, printed, err = command_here(capsys, 'validate', '--checkpoint', out)
+        assert status != 0 and 'trained on an image folder' in printed + err and 'cifar10' not in printed + err, \
+            printed + err

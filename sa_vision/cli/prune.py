@@ -206,9 +206,10 @@ def _preprocessing(source: Checkpoint, pruned) -> Tuple[Dict[str, Any], Dict[str
     if not (source.preprocessing or source.dataset):
         _warn_of_no_preprocessing(source)
         return unseen, {}
-    # labelled as the pruned file's own model (its kept heads), not the source's
+    # labelled as the pruned file's own model (its kept heads), not the source's; with all the source says of its
+    # data: a run's arguments tell an unnamed image folder (--data-dir) from no dataset, and hold its label names
     ckpt = Checkpoint(*pruned_model_args(pruned, unseen), pruned.state_dict(), source.source, source.format,
-                      {k: source.meta[k] for k in ('dataset', 'data_config') if k in source.meta})
+                      dict(source.meta))
     model_config, pad_args, data_cfg = exported_config(ckpt, pruned)
     cfg = {**data_cfg, **model_config['pretrained_cfg']}
     if 'label_names' in model_config:
