@@ -910,6 +910,9 @@ def test_a_stopped_training_ends_at_once_and_no_other_starts(tmp_path, monkeypat
     assert time.time() - started < 30
     with pytest.raises(StageStopped, match='sa_learned_cifar: not started'):
         zoo.train('sa_learned_cifar')
+    # the whole pipeline says so too (stop()'s promise), not that a stage failed
+    with pytest.raises(StageStopped, match='sa_quadratic_cifar: not started'):
+        zoo.run()
 
 
 @pytest.fixture

@@ -361,7 +361,8 @@ class Reproduction:
             say(f'published {published.repo_id}: {getattr(published.commit, "commit_url", published.commit)}')
 
     def run(self, publish: bool = False) -> List[Dict[str, Any]]:
-        """All stages; a failing one raises :class:`StageFailed` naming it (earlier results stay)."""
+        """All stages; a failing one raises :class:`StageFailed` naming it, a stopped one :class:`StageStopped`
+        (earlier results stay)."""
         if publish:  # without a token the last stage would fail, after every training (checked before any writing)
             from ..hub import resolve_token
             resolve_token()
@@ -384,7 +385,7 @@ class Reproduction:
             self._header(index, len(stages), name)
             try:
                 stage()
-            except ReproductionError:  # a run of other options: what to do is in the message, not a rerun
+            except (ReproductionError, StageStopped):  # other options, or stop(): said as raised, not as a failure
                 raise
             except Exception as e:  # e.g. a failed training process or an unreadable checkpoint: stop, naming it
                 what = str(e) if isinstance(e, StageFailed) else write_failure(e) or f'{type(e).__name__}: {e}'
