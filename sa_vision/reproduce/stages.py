@@ -22,7 +22,7 @@ from ..io import atomic_write_text, plain_data
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
 from ..tables import plural
-from ..train.checkpoint import Checkpoint, read_checkpoint
+from ..train.checkpoint import RUN_CHECKPOINT, Checkpoint, read_checkpoint
 from ..train.data import TRAIN_SPLIT, check_dataset, dataset_info
 from .processes import Trainings, run_training
 from .profiles import (
@@ -149,7 +149,7 @@ class Reproduction:
                   if ignored else '')
         atomic_write_text(recipe_path, header + yaml.safe_dump(
             plain_data({k: v for k, v in recipe.items() if k in read}), sort_keys=False))
-        last = self.run_dir(run) / 'last.pth.tar'
+        last = self.run_dir(run) / RUN_CHECKPOINT
         cmd = [sys.executable, '-m', 'sa_vision.cli.train', '-c', str(recipe_path), '--output', str(self.out / 'runs'),
                '--experiment', run]
         if self.data_dir:
@@ -191,7 +191,7 @@ class Reproduction:
         ``source_path``: the weights to prune (a Hub folder of a kept zoo, say), by default its run's last
         checkpoint; ``before``: the source's ``top1`` / ``top5`` where the weights keep none (a Hub folder)."""
         out, report_path = self.out / 'pruned.pth', self.out / 'pruning.json'
-        source_path = Path(source_path or self.run_dir(PRUNE_SOURCE) / 'last.pth.tar')
+        source_path = Path(source_path or self.run_dir(PRUNE_SOURCE) / RUN_CHECKPOINT)
         source = read_checkpoint(source_path)
         digest = weights_sha256(source.state_dict)
         done = json.loads(report_path.read_text(encoding='utf-8')) if out.is_file() and report_path.is_file() else {}
@@ -242,7 +242,7 @@ class Reproduction:
 
     def _final_metrics(self, run: str, ckpt) -> Dict[str, float]:
         """Top-1 / top-5 of a run's final weights in :data:`EVAL_PRECISION`, cached in ``final_eval.json``."""
-        last = self.run_dir(run) / 'last.pth.tar'
+        last = self.run_dir(run) / RUN_CHECKPOINT
         path = self.run_dir(run) / 'final_eval.json'
         stamp = f'{last.stat().st_mtime_ns}:{last.stat().st_size}'
         if path.is_file():
@@ -266,7 +266,7 @@ class Reproduction:
         from ..hub import count_params_and_macs
         rows = []
         for model in (m for m in TABLE_ORDER if m in models):
-            last = self.run_dir(model) / 'last.pth.tar'
+            last = self.run_dir(model) / RUN_CHECKPOINT
             if not last.is_file():
                 continue
             ckpt = read_checkpoint(last)
@@ -310,7 +310,7 @@ class Reproduction:
         from ..train.positional_epochs import run_epochs
         folders = []
         for model in (m for m in TABLE_ORDER if m in models):
-            last = self.run_dir(model) / 'last.pth.tar'
+            last = self.run_dir(model) / RUN_CHECKPOINT
             ckpt = read_checkpoint(last)
             folder = self.out / 'hub' / weights_label(ckpt).name
             card = folder / 'README.md'  # written last (a folder of an older sa_vision may lack it)
