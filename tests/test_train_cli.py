@@ -175,6 +175,28 @@ def test_options_of_timms_train_py_say_where_they_work_and_others_are_argparses_
         parse_run_args([str(tmp_path), '--epochs', '1'])
 
 
+def test_a_run_weights_or_hub_folder_given_by_position_is_named_with_the_option_that_takes_it(tmp_path):
+    """A user resuming by position (a run folder, its last.pth.tar) or starting from a Hub folder gets one line
+    naming the option that takes it, not the data folder's advice nor argparse's usage."""
+    run, hub = tmp_path / 'run', tmp_path / 'hub'
+    run.mkdir(), hub.mkdir()
+    (run / 'last.pth.tar').write_bytes(b'')
+    (hub / 'config.json').write_text('{}')
+    for given, option in ((f'{run}', f'--resume {run}/last.pth.tar'),
+                          (f'{run}/', f'--resume {run}/last.pth.tar'),
+                          (f'{run}/last.pth.tar', f'--resume {run}/last.pth.tar to continue its run, or '
+                                                  f'--initial-checkpoint {run}/last.pth.tar'),
+                          (f'{tmp_path}/w.safetensors', f'--initial-checkpoint {tmp_path}/w.safetensors'),
+                          (f'{hub}', f'--model local-dir:{hub} --pretrained')):
+        with pytest.raises(UserError, match=rf'^{re.escape(given)}: .*sa-vision-train takes it as .*'
+                                            rf'{re.escape(option)}') as raised:
+            parse_run_args([given, '--epochs', '1'])
+        assert 'data folder' not in str(raised.value) and '\n' not in str(raised.value), raised.value
+    # the argument parser cannot import the checkpoint reader (which imports it) for these names: they agree
+    from sa_vision.train import args, checkpoint
+    assert (args._RUN_CHECKPOINT, args._WEIGHT_SUFFIXES) == (checkpoint.RUN_CHECKPOINT, checkpoint.WEIGHT_SUFFIXES)
+
+
 @pytest.mark.parametrize('args, message', [
     (['--num-classes', '5'], r'sa_quadratic_cifar has 5 classes, digits 10: its labels up to 9 would be no class of '
                              r'the model\. Pass --num-classes 10'),

@@ -198,3 +198,21 @@ def test_weights_that_are_not_numbers_give_json_nulls_and_are_never_exported(tmp
     with pytest.raises(CheckpointError, match=r'not numbers \(NaN or inf in 1 tensor: head.weight\)'):
         export_hub_folder(folder, tmp_path / 'export')
     assert not (tmp_path / 'export').exists()
+
+
+def test_weights_given_by_position_are_named_with_the_option_that_takes_them(tmp_path, capsys):
+    """A run folder, a checkpoint file or a Hub folder given by position (as timm's validate.py takes its data):
+    one line naming --checkpoint or --model local-dir:, not the data folder's advice nor argparse's usage."""
+    from sa_vision.errors import run_cli
+    run, hub = tmp_path / 'run', _folder(tmp_path, 'digits_custom')
+    run.mkdir()
+    (run / 'last.pth.tar').write_bytes(b'')
+    for extra, option in (([f'{run}'], f'--checkpoint {run}/last.pth.tar'),
+                          ([f'{run}/last.pth.tar'], f'--checkpoint {run}/last.pth.tar'),
+                          ([f'{tmp_path}/w.bin'], f'--checkpoint {tmp_path}/w.bin'),
+                          ([f'{hub}'], f'--model local-dir:{hub}'),
+                          (['--model', f'local-dir:{hub}', f'{hub}'], f'--model local-dir:{hub}')):
+        assert run_cli(validate.main, [*extra, '--threads', '1']) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and err.startswith(f'error: {extra[-1]}: '), err
+        assert f'sa-vision-validate takes it as {option}' in err and 'data folder' not in err, err

@@ -129,11 +129,45 @@ def refuse_unknown(parser: argparse.ArgumentParser, unknown, command: str = 'sa-
                         f'sa_vision.train.run_timm path/to/timm/{script} ... ({script} of a pytorch-image-models '
                         f'checkout: pip\'s timm ships no {script}; docs/training.md, "Running timm\'s top-level '
                         f'scripts")')
+    for arg in (arg for arg in unknown if not arg.startswith('-')):
+        if weights := _weights_by_position(arg, command):
+            raise UserError(weights)
     folders = [arg for arg in unknown if not arg.startswith('-') and os.path.isdir(arg)]
     if folders:
         raise UserError(f'{folders[0]}: {command} takes the data folder as --data-dir {folders[0]} (timm\'s scripts '
                         f'take it by position too, which they call deprecated)')
     parser.error(f'unrecognized arguments: {" ".join(unknown)}')
+
+
+# checkpoint.RUN_CHECKPOINT and WEIGHT_SUFFIXES, which import this module (tests/test_train_cli.py keeps them equal)
+_RUN_CHECKPOINT = 'last.pth.tar'
+_WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
+# the options that take weights, per command: of a run folder ({run}: its checkpoint), a weights file, a Hub folder
+_WEIGHT_OPTIONS = {
+    'sa-vision-train': ('--resume {run} to continue it',
+                        '--resume {arg} to continue its run, or --initial-checkpoint {arg} to start from its weights',
+                        '--model local-dir:{arg} --pretrained to start from its weights'),
+    'sa-vision-validate': ('--checkpoint {run}', '--checkpoint {arg}', '--model local-dir:{arg}'),
+}
+
+
+def _weights_by_position(arg: str, command: str) -> Optional[str]:
+    """What to say of weights given by position (a user resuming a run or evaluating weights as timm's scripts
+    take a data folder): a run folder, a weights file or a Hub folder, and the option of ``command`` that takes it;
+    None for anything else. A folder is read as read_checkpoint reads it: config.json first."""
+    options = _WEIGHT_OPTIONS.get(command)
+    if options is None:
+        return None
+    if os.path.isfile(os.path.join(arg, 'config.json')):
+        what, option = 'a Hub folder', options[2]
+    elif os.path.isfile(os.path.join(arg, _RUN_CHECKPOINT)):
+        what, option = 'the folder of a training run', options[0]
+    elif arg.endswith(_WEIGHT_SUFFIXES) and not os.path.isdir(arg):
+        what, option = 'a weights file', options[1]
+    else:
+        return None
+    option = option.format(arg=arg, run=os.path.join(arg, _RUN_CHECKPOINT))
+    return f'{arg}: {what}; {command} takes it as {option}, not by position'
 
 
 def _check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace, source: str) -> None:
