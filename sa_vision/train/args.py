@@ -14,6 +14,7 @@ from .arg_groups import ARGUMENT_GROUPS
 from .arg_values import VALUE_BOUNDS, check_scheduler, check_value_bounds, command_line_kwargs_over_recipe_flags
 from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
 from .timm_args import LOCAL, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
+from .weights_files import RUN_CHECKPOINT, WEIGHT_SUFFIXES
 
 __all__ = ['PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
            'build_parser', 'parse_over', 'argument_names', 'check_scheduler', 'VALUE_BOUNDS', 'check_value_bounds',
@@ -139,9 +140,6 @@ def refuse_unknown(parser: argparse.ArgumentParser, unknown, command: str = 'sa-
     parser.error(f'unrecognized arguments: {" ".join(unknown)}')
 
 
-# checkpoint.RUN_CHECKPOINT and WEIGHT_SUFFIXES, which import this module (tests/test_train_cli.py keeps them equal)
-_RUN_CHECKPOINT = 'last.pth.tar'
-_WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')
 # the options that take weights, per command: of a run folder ({run}: its checkpoint), a weights file, a Hub folder
 _WEIGHT_OPTIONS = {
     'sa-vision-train': ('--resume {run} to continue it',
@@ -160,13 +158,13 @@ def _weights_by_position(arg: str, command: str) -> Optional[str]:
         return None
     if os.path.isfile(os.path.join(arg, 'config.json')):
         what, option = 'a Hub folder', options[2]
-    elif os.path.isfile(os.path.join(arg, _RUN_CHECKPOINT)):
+    elif os.path.isfile(os.path.join(arg, RUN_CHECKPOINT)):
         what, option = 'the folder of a training run', options[0]
-    elif arg.endswith(_WEIGHT_SUFFIXES) and not os.path.isdir(arg):
+    elif arg.endswith(WEIGHT_SUFFIXES) and not os.path.isdir(arg):
         what, option = 'a weights file', options[1]
     else:
         return None
-    option = option.format(arg=arg, run=os.path.join(arg, _RUN_CHECKPOINT))
+    option = option.format(arg=arg, run=os.path.join(arg, RUN_CHECKPOINT))
     return f'{arg}: {what}; {command} takes it as {option}, not by position'
 
 

@@ -34,7 +34,10 @@ from ..models.sa_state_dict import SA_STATE_DICT_KEYS, rename_old_keys
 from .args import RUNTIME_ARGS
 from .recipes import recipe_if_any
 from .timm_args import timm_data_flags, timm_model_args, timm_num_epochs
-from .weights_files import (
+from .weights_files import (  # the file names: here for their readers, there for args.py, which this imports
+    BEST_CHECKPOINT,
+    RUN_CHECKPOINT,
+    WEIGHT_SUFFIXES,
     CheckpointError,
     check_config_fields,
     read_json,
@@ -58,11 +61,8 @@ PathLike = Union[str, os.PathLike]
 _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
 # weight names timm.create_model takes (it loads them, as with pretrained=True)
 LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
-RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, kept current every epoch
-BEST_CHECKPOINT = 'model_best.pth.tar'  # the epoch best by --eval-metric, named as timm's CheckpointSaver names it
 # config.json's record of the processes an exported run trained on (its recipe's batch size is each process's)
 TRAINING_PROCESSES = 'training_processes'
-WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')  # weights_path reads, prune writes
 
 
 @dataclass

@@ -13,9 +13,12 @@ from torch import nn
 
 from ..errors import UserError
 
-__all__ = ['CheckpointError', 'torch_load', 'read_json', 'check_config_fields', 'read_safetensors', 'nonfinite_tensors',
-           'weights_misfit']
+__all__ = ['RUN_CHECKPOINT', 'BEST_CHECKPOINT', 'WEIGHT_SUFFIXES', 'CheckpointError', 'torch_load', 'read_json',
+           'check_config_fields', 'read_safetensors', 'nonfinite_tensors', 'weights_misfit']
 
+RUN_CHECKPOINT = 'last.pth.tar'  # what a run folder of sa-vision-train holds, kept current every epoch
+BEST_CHECKPOINT = 'model_best.pth.tar'  # the epoch best by --eval-metric, named as timm's CheckpointSaver names it
+WEIGHT_SUFFIXES = ('.pth', '.pt', '.bin', '.tar', '.ckpt', '.safetensors')  # weights_path reads, prune writes
 # the object torch's weights_only unpickler refused ('Unsupported global: GLOBAL x.y' or 'unsupported GLOBAL x.y')
 _BLOCKED_GLOBAL = re.compile(r'GLOBAL ([\w.]+)')
 # what torch's weights_only unpickler says broke, in its message's 'WeightsUnpickler error: <reason>'
