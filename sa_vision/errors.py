@@ -13,10 +13,9 @@ import threading
 from typing import Callable, Optional, Sequence
 
 __all__ = ['UserError', 'RecipeError', 'RecipeNotFoundError', 'DatasetError', 'DatasetNotFoundError',
-           'TrainingDiverged', 'Terminated', 'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS', 'TERMINATED_STATUS',
-           'READER_GONE_STATUS',
-           'first_launched_process', 'write_failure', 'out_of_memory', 'run_cli', 'command_name', 'command',
-           'freeze_at_exit']
+           'TrainingDiverged', 'Terminated', 'SIGTERM_ENDS_QUIETLY', 'USAGE_ERROR_STATUS', 'INTERRUPTED_STATUS',
+           'TERMINATED_STATUS', 'READER_GONE_STATUS', 'first_launched_process', 'write_failure', 'out_of_memory',
+           'run_cli', 'command_name', 'command', 'freeze_at_exit']
 
 USAGE_ERROR_STATUS = 2  # as argparse exits on a bad command line
 INTERRUPTED_STATUS = 130  # 128 + SIGINT, as a shell reports a command that Ctrl-C ended
@@ -42,7 +41,15 @@ class Terminated(KeyboardInterrupt):
     that what ends cleanly on Ctrl-C (a DataLoader's workers, a reproduction's trainings) ends so on it too."""
 
 
+# set for the commands a process starts that it ends with SIGTERM, saying itself what they left (a reproduction's
+# trainings): they die of the signal, without advice of their own
+SIGTERM_ENDS_QUIETLY = 'SA_VISION_SIGTERM_ENDS_QUIETLY'
+
+
 def _terminate(signum, frame):
+    # a DataLoader's workers die of the same SIGTERM where it reached the process group (timeout, a scheduler): their
+    # deaths, reported by torch's SIGCHLD handler while the run unwinds, are no error of the run's
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     raise Terminated()
 
 
@@ -224,8 +231,8 @@ def command(module_name: str) -> Callable[[], int]:
         if sys.stdout is not None and not isinstance(sys.stdout, _Stdout):
             sys.stdout = _Stdout(sys.stdout)
         freeze_at_exit()
-        if threading.current_thread() is threading.main_thread() and \
-                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not where a caller handles it
+        if threading.current_thread() is threading.main_thread() and not os.environ.get(SIGTERM_ENDS_QUIETLY) \
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not where a caller handles it
             signal.signal(signal.SIGTERM, _terminate)
         return run_cli(sys.modules[module_name].main)
     return cli

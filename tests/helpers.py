@@ -24,6 +24,13 @@ from sa_vision.paper import PAPER_RESULTS
 HANG_TIMEOUT_S = 1800
 
 
+def sigint_as_from_a_terminal() -> None:
+    """A test process's ``preexec_fn`` before it is sent the Ctrl-C of a terminal (SIGINT): a command in a
+    terminal's foreground takes it, where one that a non-interactive shell started in its background (``pytest
+    ... &``, and what that starts) inherits it ignored, and would not see it."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def load_script(path: Path) -> ModuleType:
     """A script that is no package module (docs/probes/...), loaded as a module named after its file."""
     spec = importlib.util.spec_from_file_location(Path(path).stem, path)

@@ -13,7 +13,16 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers import HANG_TIMEOUT_S, PAPER_TABLE_MODELS, command, command_here, keeping_threads, logged_here, train_here
+from helpers import (
+    HANG_TIMEOUT_S,
+    PAPER_TABLE_MODELS,
+    command,
+    command_here,
+    keeping_threads,
+    logged_here,
+    sigint_as_from_a_terminal,
+    train_here,
+)
 
 pytest.importorskip('sklearn')
 
@@ -32,7 +41,7 @@ def test_pipeline_stopped_by_ctrl_c_mid_stage_continues_and_delivers_the_zoo(tmp
     # group, as a terminal sends it (the training's process among them, unless it runs in a group of its own)
     proc = subprocess.Popen([*command('reproduce'), '--profile', 'tiny', '--out', str(out)], cwd=ROOT,
                             env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=sigint_as_from_a_terminal)
     in_second_stage = False
     for line in proc.stdout:
         in_second_stage = in_second_stage or line.startswith('== [2/')
@@ -41,6 +50,7 @@ def test_pipeline_stopped_by_ctrl_c_mid_stage_continues_and_delivers_the_zoo(tmp
             break
     rest = proc.communicate(timeout=HANG_TIMEOUT_S)[0]
     # one line of advice, the reproduction's: the training ended without its own (a --resume for its stage alone)
+    assert 'terminated' not in rest and '--resume' not in rest, rest[-3000:]
     assert proc.returncode == 130 and [line for line in rest.splitlines() if 'interrupted' in line] == [
         f'interrupted: finished stages are kept in {out}; run the same command to continue (a stopped training '
         f'resumes from its last finished epoch)'], rest[-3000:]

@@ -8,6 +8,8 @@ import sys
 import threading
 from typing import Callable, List, Optional, Set
 
+from ..errors import SIGTERM_ENDS_QUIETLY
+
 __all__ = ['Trainings', 'die_with_parent', 'run_training']
 
 
@@ -47,7 +49,7 @@ class Trainings:
 def run_training(cmd: List[str], tag: Optional[str], trainings: Optional[Trainings] = None) -> int:
     """Run a training process to its end (or until ``trainings`` is stopped): its output goes to ours, each line
     after ``tag`` where one is given."""
-    env = dict(os.environ, PYTHONUNBUFFERED='1')
+    env = dict(os.environ, PYTHONUNBUFFERED='1', **{SIGTERM_ENDS_QUIETLY: '1'})  # the reproduction says it
     piped = {} if tag is None else dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors='replace')
     # a session of its own: the terminal's Ctrl-C reaches the reproduction alone, which ends the training (below, or
     # Trainings.stop) and says once what continues it; the training's own advice would be for its stage only

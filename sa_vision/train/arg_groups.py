@@ -230,8 +230,9 @@ def _misc_arguments(group) -> None:
     group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
                        help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
     group.add_argument('--save-epoch-weights', action='store_true', default=False,
-                       help='also keep the weights of every epoch (<run>/epoch-NNN.safetensors, NNN = epochs done; '
-                            '000 = the initialisation), e.g. for the centre trajectories of sa_vision.research.plots')
+                       help='also keep the whole weights of every epoch (<run>/epoch-NNN.safetensors, NNN = epochs '
+                            'done; 000 = the initialisation); --save-epoch-positions keeps what the centre '
+                            'trajectories read of them')
     group.add_argument('--save-epoch-positions', action='store_true', default=False,
                        help='keep the centres and precision factors of every epoch, all that the centre trajectories '
                             '(paper Fig. 3), the explorer and an export read of the epochs: a few KiB each, in '

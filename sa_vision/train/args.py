@@ -165,7 +165,7 @@ def _weights_by_position(arg: str, command: str) -> Optional[str]:
     else:
         return None
     option = option.format(arg=arg, run=os.path.join(arg, RUN_CHECKPOINT))
-    return f'{arg}: {what}; {command} takes it as {option}, not by position'
+    return f'{arg}: {what}; {command} takes it as {option}'  # given by position, or as the value of another option
 
 
 def _check_choices(parser: argparse.ArgumentParser, args: argparse.Namespace, source: str) -> None:
