@@ -42,7 +42,7 @@ class Terminated(KeyboardInterrupt):
 
 
 # set for the commands a process starts that it ends with SIGTERM, saying itself what they left (a reproduction's
-# trainings): they die of the signal, without advice of their own
+# trainings): they end on it as on Ctrl-C, their DataLoader's workers too, without advice of their own
 SIGTERM_ENDS_QUIETLY = 'SA_VISION_SIGTERM_ENDS_QUIETLY'
 
 
@@ -145,7 +145,8 @@ def run_cli(main: Callable[[Optional[Sequence[str]]], Optional[int]], argv: Opti
         return USAGE_ERROR_STATUS
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM: what it left, where a command says (timm's train.py says nothing)
         terminated = isinstance(e, Terminated)
-        if first_launched_process():  # the signal reaches every process torchrun started: one says it
+        if first_launched_process() and not (terminated and os.environ.get(SIGTERM_ENDS_QUIETLY)):
+            # the signal reaches every process torchrun started: one says it
             print(f'{"terminated (SIGTERM)" if terminated else "interrupted"}{": " + str(e) if str(e) else ""}',
                   file=sys.stderr)
         return TERMINATED_STATUS if terminated else INTERRUPTED_STATUS
@@ -231,8 +232,8 @@ def command(module_name: str) -> Callable[[], int]:
         if sys.stdout is not None and not isinstance(sys.stdout, _Stdout):
             sys.stdout = _Stdout(sys.stdout)
         freeze_at_exit()
-        if threading.current_thread() is threading.main_thread() and not os.environ.get(SIGTERM_ENDS_QUIETLY) \
-                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not where a caller handles it
+        if threading.current_thread() is threading.main_thread() and \
+                signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:  # not where a caller handles it
             signal.signal(signal.SIGTERM, _terminate)
         return run_cli(sys.modules[module_name].main)
     return cli
