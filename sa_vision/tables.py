@@ -1,8 +1,9 @@
 """ Markdown tables: the one formatter of the results, ablation, benchmark, analysis, card and model tables; and
-counted nouns in the text around them """
+counted nouns and durations in the text around them """
+from datetime import timedelta
 from typing import Optional, Sequence
 
-__all__ = ['markdown_table', 'plural']
+__all__ = ['markdown_table', 'plural', 'format_duration']
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], align: Optional[str] = None,
@@ -26,3 +27,8 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]], alig
 def plural(count: int, noun: str) -> str:
     """``1 epoch``, ``2 epochs``: a count with its noun."""
     return f'{count} {noun}{"" if count == 1 else "s"}'
+
+
+def format_duration(seconds: float) -> str:
+    """``2.5 s`` below a minute, else H:MM:SS (whole seconds)."""
+    return f'{seconds:.1f} s' if seconds < 60 else str(timedelta(seconds=int(seconds)))

@@ -21,8 +21,8 @@ from helpers import HANG_TIMEOUT_S, command, command_here, fashion_mnist_test_im
 pytest.importorskip('sklearn')
 
 from sa_vision.errors import UserError  # noqa: E402
+from sa_vision.train import compile_choice, run_setup, runtime, state  # noqa: E402
 from sa_vision.train import loop as training  # noqa: E402
-from sa_vision.train import run_setup, runtime, state  # noqa: E402
 from sa_vision.train.args import build_parser  # noqa: E402
 from sa_vision.train.recipes import RECIPE_DIR  # noqa: E402
 from sa_vision.train.state import parse_run_args  # noqa: E402
@@ -502,7 +502,7 @@ def test_torchcompile_auto_weighs_compile_time_against_the_steps_left(monkeypatc
     fake = _CountingCompile()
     monkeypatch.setattr(torch, 'compile', fake)
     measured = {'eager': (0., 0.040), 'inductor': (compile_s, 0.030)}
-    monkeypatch.setattr(runtime, 'time_training_steps', lambda *a, **k: (measured, {}))
+    monkeypatch.setattr(compile_choice, 'time_training_steps', lambda *a, **k: (measured, {}))
     training.main(list(map(str, ['-c', DIGITS_RECIPE, *TINY, '--epochs', 1, '--torchcompile', 'auto',
                                  '--output', tmp_path, '--experiment', 'auto'])))
     steps = 1437 // 32  # digits' training split, the recipe's batch size, the short batch dropped
@@ -520,23 +520,24 @@ def test_choose_compile_minimises_compile_time_plus_steps_left_times_step_time()
     measured = {'eager': (0., 0.041), 'inductor': (10., 0.030), 'inductor (reduce-overhead)': (60., 0.020)}
     for steps_left in (100, 1000, 20000):
         cost = {label: c + steps_left * s for label, (c, s) in measured.items()}
-        best, lines = runtime.choose_compile(measured, steps_left)
+        best, lines = compile_choice.choose_compile(measured, steps_left)
         assert best == min(cost, key=cost.get)
         assert len(lines) == len(measured) + 1 and lines[-1].startswith(f'-> {best}: ')
-    assert runtime.choose_compile(measured, 100)[0] == 'eager'  # 4.1 s against 13 s and 62 s
-    assert runtime.choose_compile(measured, 1000)[0] == 'inductor'  # 10 + 30 s against 41 s eager, 80 s graphs
-    assert runtime.choose_compile(measured, 20000)[1] == [  # 820 s eager, 610 s, 460 s
+    assert compile_choice.choose_compile(measured, 100)[0] == 'eager'  # 4.1 s against 13 s and 62 s
+    assert compile_choice.choose_compile(measured, 1000)[0] == 'inductor'  # 10 + 30 s against 41 s eager, 80 s graphs
+    assert compile_choice.choose_compile(measured, 20000)[1] == [  # 820 s eager, 610 s, 460 s
         'eager 41.0 ms/step', 'inductor 30.0 ms/step after a 10.0 s compile',
         'inductor (reduce-overhead) 20.0 ms/step after a 0:01:00 compile',
         '-> inductor (reduce-overhead): saves ~0:06:00 over 20,000 steps against eager']
-    assert runtime.choose_compile(measured, 100)[1][-1] == '-> eager: inductor would take ~8.9 s longer over 100 steps'
+    assert compile_choice.choose_compile(measured, 100)[1][-1] == \
+        '-> eager: inductor would take ~8.9 s longer over 100 steps'
 
 
 def test_auto_weighs_cuda_graphs_on_cuda_only():
-    assert list(runtime.compile_choices('cpu')) == ['eager', 'inductor']
-    assert runtime.compile_choices('cuda') == {'eager': (None, None), 'inductor': ('inductor', None),
+    assert list(compile_choice.compile_choices('cpu')) == ['eager', 'inductor']
+    assert compile_choice.compile_choices('cuda') == {'eager': (None, None), 'inductor': ('inductor', None),
                                                'inductor (reduce-overhead)': ('inductor', 'reduce-overhead')}
-    assert runtime.compile_choices('cuda', 'max-autotune') == {'eager': (None, None),
+    assert compile_choice.compile_choices('cuda', 'max-autotune') == {'eager': (None, None),
                                                                'inductor (max-autotune)': ('inductor', 'max-autotune')}
 
 
@@ -555,7 +556,7 @@ def test_torchcompile_mode_reaches_torch_compile_and_is_a_recipe_key(monkeypatch
         modes.append((backend, mode))
         return model
     monkeypatch.setattr(torch, 'compile', compile_)
-    _, used, used_mode, _ = runtime.resolve_torchcompile('inductor', torch.nn.Linear(2, 2), None,
+    _, used, used_mode, _ = compile_choice.resolve_torchcompile('inductor', torch.nn.Linear(2, 2), None,
                                                         mode='reduce-overhead')
     assert modes == [('inductor', 'reduce-overhead')] and (used, used_mode) == ('inductor', 'reduce-overhead')
 
@@ -564,7 +565,7 @@ def test_torchcompile_auto_trains_eagerly_when_compiling_fails():
     def probe(callables):
         raise RuntimeError('no C++ compiler found\nmore')
     model = torch.nn.Linear(2, 2)
-    trains, used, mode, why = runtime.resolve_torchcompile('auto', model, probe)
+    trains, used, mode, why = compile_choice.resolve_torchcompile('auto', model, probe)
     assert trains is model and used is False and mode is None
     assert why == ['--torchcompile auto: eager, compiling failed (RuntimeError: no C++ compiler found)']
 
@@ -582,19 +583,19 @@ def test_a_choice_that_fails_to_compile_is_left_out_and_the_others_still_weigh()
 
     def fails(x):
         raise RuntimeError('CUDA graph capture failed\ntraceback')
-    measured, failures = runtime.time_training_steps(
+    measured, failures = compile_choice.time_training_steps(
         model, {'eager': model, 'inductor': works, 'inductor (reduce-overhead)': fails}, images, targets,
         torch.nn.functional.cross_entropy, nullcontext, rounds=2, steps=1, warmup=1)
     assert set(measured) == {'eager', 'inductor'} and len(calls) == 1 + 2  # warm-up, then one step per round
     assert failures == {'inductor (reduce-overhead)': 'RuntimeError: CUDA graph capture failed'}
     wrong_width = torch.nn.Linear(5, 3)  # the model itself failing is no compile failure: it is raised
     with pytest.raises(RuntimeError, match='shapes cannot be multiplied'):
-        runtime.time_training_steps(wrong_width, {'eager': wrong_width}, images, targets, None, nullcontext)
+        compile_choice.time_training_steps(wrong_width, {'eager': wrong_width}, images, targets, None, nullcontext)
 
     def probe(callables):
         assert set(callables) == {'eager', 'inductor'}
         return {'eager': (0., 0.040)}, {'inductor': 'BackendCompilerFailed: no C++ compiler'}
-    trains, used, mode, why = runtime.resolve_torchcompile('auto', model, probe, steps_left=10)
+    trains, used, mode, why = compile_choice.resolve_torchcompile('auto', model, probe, steps_left=10)
     assert trains is model and used is False
     assert why == ['--torchcompile auto: inductor failed to compile (BackendCompilerFailed: no C++ compiler), '
                    'left out', '--torchcompile auto: eager 40.0 ms/step', '--torchcompile auto: -> eager: the only '
@@ -617,7 +618,7 @@ def test_auto_releases_the_cuda_graphs_of_a_choice_it_does_not_keep(monkeypatch,
     def probe(callables):
         assert set(callables) == set(step_s)  # the CUDA choices
         return {label: (0., s) for label, s in step_s.items()}, {}
-    _, used, mode, why = runtime.resolve_torchcompile('auto', torch.nn.Linear(2, 2), probe, steps_left=10,
+    _, used, mode, why = compile_choice.resolve_torchcompile('auto', torch.nn.Linear(2, 2), probe, steps_left=10,
                                                       device='cuda')
     assert why[-1].startswith(f'--torchcompile auto: -> {kept}:')
     assert resets == (['reset', 'emptied'] if released else [])
@@ -629,7 +630,7 @@ def test_time_training_steps_leaves_weights_statistics_and_rng_as_they_were():
     before = {k: v.clone() for k, v in model.state_dict().items()}
     images, targets = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
     rng = torch.get_rng_state()
-    measured, failures = runtime.time_training_steps(
+    measured, failures = compile_choice.time_training_steps(
         model, {'eager': model, 'compiled': torch.compile(model, backend='eager')}, images, targets,
         torch.nn.functional.cross_entropy, nullcontext, rounds=1, steps=1, warmup=1)
     assert set(measured) == {'eager', 'compiled'} and measured['eager'][0] == 0. and failures == {}

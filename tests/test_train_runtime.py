@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sa_vision.errors import UserError
+from sa_vision.train import compile_choice, run_setup, runtime
 from sa_vision.train import loop as training
-from sa_vision.train import run_setup, runtime
 from sa_vision.train.optimizer import resolve_opt_fused
 from sa_vision.train.state import parse_run_args
 
@@ -237,7 +237,7 @@ def _probe_on_rank(rank: int, world_size: int, port: int, results) -> None:
                 raise RuntimeError('inductor: no C++ compiler on this node')
             return model(x)
         args = argparse.Namespace(batch_size=8, device='cpu', channels_last=False, distributed=True)
-        results.put((rank, runtime.probe_compile(model, args, (4,), nn.functional.cross_entropy, nullcontext,
+        results.put((rank, compile_choice.probe_compile(model, args, (4,), nn.functional.cross_entropy, nullcontext,
                                                  {'eager': model, 'inductor': fails_on_rank_1})))
     finally:
         dist.destroy_process_group()

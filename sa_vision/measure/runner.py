@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import UserError
-from ..train.runtime import CUDA_GRAPH_MODES, synchronize
+from ..train.compile_choice import CUDA_GRAPH_MODES
+from ..train.runtime import synchronize
 from .macs import _as_input_size
 from .memory import _peak_memory, _tensor_bytes
 

@@ -8,10 +8,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from ..io import atomic_write, atomic_write_text
 from ..models import SA_MODEL_ARGS
-from ..tables import markdown_table
+from ..tables import format_duration, markdown_table
 from ..train.checkpoint import read_checkpoint
 from ..train.data import dataset_info
-from ..train.runtime import format_duration
 from .profiles import TRAINED_MODELS
 
 __all__ = ['EVAL_PRECISION', 'say', 'model_input_size', 'Column', 'RESULT_COLUMNS', 'ABLATION_COLUMNS',

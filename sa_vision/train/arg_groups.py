@@ -5,9 +5,10 @@ import argparse
 from timm.utils import ParseKwargs
 
 from ..models import DEFAULT_MODEL
+from .compile_choice import COMPILE_MODES
 from .data import TRAIN_SPLIT
 from .optimizer import FUSED_OPTIMIZERS
-from .runtime import COMPILE_MODES, available_cores, default_threads
+from .runtime import available_cores, default_threads
 
 __all__ = ['ARGUMENT_GROUPS', 'DEFAULT_OUTPUT', 'ModelKwargs', 'add_threads_argument']
 

@@ -22,7 +22,7 @@ from timm.utils import NativeScaler, dispatch_clip_grad, distribute_bn, is_prima
 from .. import models  # noqa: F401  registers the models
 from ..errors import TrainingDiverged, UserError, run_cli
 from ..io import atomic_duplicate, atomic_torch_save
-from ..tables import plural
+from ..tables import format_duration, plural
 from .caller_settings import caller_settings_kept
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
@@ -41,7 +41,7 @@ from .run_setup import (
     set_up_process,
     training_model,
 )
-from .runtime import format_duration, host_sync_allowed, seed_epoch
+from .runtime import host_sync_allowed, seed_epoch
 from .state import parse_run_args, resolve_model_args, restore
 from .weights_files import nonfinite_tensors
 

@@ -21,6 +21,7 @@ from ..models.input_pad import model_input_padding
 from .arg_values import check_compile_backend, check_schedule_values, check_scheduler, check_value_bounds
 from .caller_settings import RUN_LOG
 from .checkpoint import Checkpoint
+from .compile_choice import probe_compile, resolve_torchcompile
 from .data import (
     check_dataset,
     check_model_takes_data,
@@ -38,10 +39,8 @@ from .runtime import (
     configure_backends,
     import_device_modules,
     init_distributed,
-    probe_compile,
     probe_size,
     resolve_amp,
-    resolve_torchcompile,
     retain_freed_memory,
     uses_channels_last,
 )
