@@ -22,14 +22,13 @@ from ..io import atomic_write_text, plain_data
 from ..models._pretrained import hub_repo_id
 from ..paper import PAPER_RESULTS
 from ..tables import plural
-from ..train.checkpoint import RUN_CHECKPOINT, Checkpoint, read_checkpoint
+from ..train.checkpoint import RUN_CHECKPOINT, read_checkpoint
 from ..train.data import TRAIN_SPLIT, check_dataset, dataset_info
 from .processes import Trainings, run_training
 from .profiles import (
     ABLATION_MODEL,
     ABLATION_VARIANTS,
     PROFILES,
-    PRUNE_SOURCE,
     PRUNED_MODEL,
     TABLE_ORDER,
     TRAINED_MODELS,
@@ -45,9 +44,9 @@ from .provenance import (
     check_setup,
     stage_arguments,
     training_overrides,
-    weights_sha256,
     write_setup,
 )
+from .prune_stage import prune_stage
 from .report import (
     ABLATION_COLUMNS,
     EVAL_PRECISION,
@@ -190,52 +189,7 @@ class Reproduction:
         """Prune the trained generalized model's degenerate heads; the pruned model is evaluated as it is.
         ``source_path``: the weights to prune (a Hub folder of a kept zoo, say), by default its run's last
         checkpoint; ``before``: the source's ``top1`` / ``top5`` where the weights keep none (a Hub folder)."""
-        out, report_path = self.out / 'pruned.pth', self.out / 'pruning.json'
-        source_path = Path(source_path or self.run_dir(PRUNE_SOURCE) / RUN_CHECKPOINT)
-        source = read_checkpoint(source_path)
-        digest = weights_sha256(source.state_dict)
-        done = json.loads(report_path.read_text(encoding='utf-8')) if out.is_file() and report_path.is_file() else {}
-        if done.get('source_weights_sha256') == digest:
-            say(f'pruning: done ({done["kept_heads_per_layer"]} heads kept), skipped')
-            return out
-        finetuned = self.run_dir(PRUNED_MODEL)
-        if done or finetuned.exists():  # of other weights, or of a pruning that kept no digest: made anew
-            say(f'pruning: {out.name} and {finetuned} are not of the weights now in {source_path} (pruning.json '
-                f'holds another digest, or none): pruning and fine-tuning anew')
-            shutil.rmtree(finetuned, ignore_errors=True)
-        from ..research import pruning
-        say(f'pruning: reading {source_path}')
-        # a Hub folder's model pads the dataset's images itself; fine-tuning trains on the padded ones, as its source
-        model = Checkpoint(source.arch, {k: v for k, v in source.model_args.items() if not k.startswith('input_pad')},
-                           source.state_dict, source.source, source.format).create_model()
-        before = before or source.meta.get('metrics') or {}  # a Hub folder keeps no metrics
-        degenerate = pruning.find_degenerate_heads(model)
-        heads = pruning.select_heads_to_prune(model)  # a layer keeps at least its least degenerate head
-        # numbered from 1 in the log and pruning.json (which says so: older ones counted from 0), as sa-vision-prune
-        numbered = {'heads_numbered_from': 1, 'degenerate_heads': pruning.numbered_heads(degenerate),
-                    'pruned_heads': pruning.numbered_heads(heads)}
-        say(f'pruning: degenerate heads per layer {numbered["degenerate_heads"]}, pruning {numbered["pruned_heads"]} '
-            f'(sa-vision-prune\'s default thresholds; a layer keeps at least one head)')
-        pruned = pruning.prune_heads(model, heads)
-        info = dataset_info(self.dataset)
-        say(f'pruning: evaluating the pruned model ({list(pruned.heads_per_layer)} heads) on the {info.title} '
-             f'{info.eval_split} split ...')
-        started = time.time()
-        after = self._evaluate(pruned)
-        say(f'pruning: evaluated {after.get("num_images", "")} images in {time.time() - started:.0f} s; writing {out}')
-        pruning.save_pruned(pruned, out, heads)
-        report = {
-            'source': str(source_path), 'source_weights_sha256': digest, **numbered,
-            'heads_removed_per_layer': [len(h) for h in heads],
-            'kept_heads_per_layer': list(pruned.heads_per_layer),
-            'top1_before_pruning': before.get('top1'), 'top1_after_pruning': after['top1'],
-            'top5_before_pruning': before.get('top5'), 'top5_after_pruning': after['top5'],
-        }
-        atomic_write_text(report_path, json.dumps(report, indent=1))
-        say(f'pruning: removed {report["heads_removed_per_layer"]} heads per layer, kept '
-             f'{report["kept_heads_per_layer"]}; top-1 {before.get("top1", float("nan")):.2f} % before, '
-             f'{after["top1"]:.2f} % after pruning (before fine-tuning)')
-        return out
+        return prune_stage(self, source_path, before)
 
     def _evaluate(self, model) -> Dict[str, float]:
         return evaluate_on_test_split(model, self.dataset, self.data_dir, self.download)
