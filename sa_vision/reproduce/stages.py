@@ -261,7 +261,6 @@ class Reproduction:
         swapped in when complete (:func:`~sa_vision.io.atomic_folder`), so a killed export is redone, not taken for
         done."""
         from ..hub import export_hub_folder, weights_label
-        from ..train.positional_epochs import run_epochs
         folders = []
         for model in (m for m in TABLE_ORDER if m in models):
             last = self.run_dir(model) / RUN_CHECKPOINT
@@ -271,9 +270,9 @@ class Reproduction:
             if card.is_file() and card.stat().st_mtime >= last.stat().st_mtime:
                 say(f'export {folder.name}: up to date, skipped')
             else:
-                # replaces an export of an older checkpoint (whole, or not at all), never files of no export
-                export_hub_folder(ckpt, folder, epochs=run_epochs(self.run_dir(model)), dtype=self.profile.kept_dtype,
-                                  replace=True)
+                # replaces an export of an older checkpoint (whole, or not at all), never files of no export; with
+                # the epochs its run kept (export_hub_folder reads them beside the checkpoint)
+                export_hub_folder(ckpt, folder, dtype=self.profile.kept_dtype, replace=True)
                 say(f'export {folder.name}: {folder}')
             folders.append(folder)
         return folders
