@@ -1100,3 +1100,23 @@ def test_ctrl_c_says_that_the_same_command_continues(tmp_path, capsys, monkeypat
     assert status == 130 and err == (f'interrupted: finished stages are kept in {tmp_path / "r"}; run the same '
                                      f'command to continue (a stopped training resumes from its last finished '
                                      f'epoch)\n'), err
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='the trainings die with the reproduction on Linux')
+def test_a_sigterm_while_a_training_is_forked_kills_it_before_it_runs(tmp_path):
+    # the SIGTERM of a process group (a scheduler's, a timeout's) can reach a training between its fork and its
+    # exec, while it runs the reproduction's Python and handler: sent there by an at-fork hook here
+    script = tmp_path / 'forks.py'
+    script.write_text(
+        'import os, signal, sys\n'
+        'from sa_vision.errors import _terminate\n'
+        'from sa_vision.reproduce.processes import run_training\n'
+        'signal.signal(signal.SIGTERM, _terminate)\n'
+        'os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGTERM))\n'
+        'status = run_training([sys.executable, "-c", "print(\'trained\')"], None)\n'
+        'print("status", status, "blocked", signal.SIGTERM in signal.pthread_sigmask(signal.SIG_BLOCK, []))\n')
+    done = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True, text=True,
+                          timeout=HANG_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ['status', str(-signal.SIGTERM), 'blocked', 'False']  # no training ran
+    assert 'Exception ignored' not in done.stderr, done.stderr

@@ -53,8 +53,15 @@ def run_training(cmd: List[str], tag: Optional[str], trainings: Optional[Trainin
     piped = {} if tag is None else dict(stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors='replace')
     # a session of its own: the terminal's Ctrl-C reaches the reproduction alone, which ends the training (below, or
     # Trainings.stop) and says once what continues it; the training's own advice would be for its stage only
-    with subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent, start_new_session=True, **piped) as proc:
+    held = _hold_sigterm()
+    try:
+        proc = subprocess.Popen(cmd, env=env, preexec_fn=die_with_parent, start_new_session=True, **piped)
+    except BaseException:
+        _let_sigterm_through(held)
+        raise
+    with proc:
         try:
+            _let_sigterm_through(held)  # one that came meanwhile is raised here, and ends the training below
             with trainings.holding(proc) if trainings else contextlib.nullcontext():
                 for line in proc.stdout if tag is not None else ():
                     sys.stdout.write(tag + line)
@@ -65,6 +72,21 @@ def run_training(cmd: List[str], tag: Optional[str], trainings: Optional[Trainin
             proc.wait()
             raise
     return proc.returncode
+
+
+def _hold_sigterm() -> bool:
+    """SIGTERM held back in this thread, and so in a process it forks until that runs :func:`die_with_parent`:
+    a process group's SIGTERM (a scheduler's, a timeout's) that reaches a training after its fork, while it runs
+    our Python before its exec, would raise in it our handler's error, which Python prints and ignores, and the
+    training would start. Whether it was held (Linux, where the child lets it through)."""
+    if die_with_parent is None:
+        return False
+    return signal.SIGTERM not in signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGTERM])
+
+
+def _let_sigterm_through(held: bool) -> None:
+    if held:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
 
 
 def _death_signal_setter() -> Optional[Callable[[], None]]:
@@ -84,6 +106,11 @@ def _death_signal_setter() -> Optional[Callable[[], None]]:
         prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
         if os.getppid() != forked_by['pid']:  # the parent ended before the prctl: no signal will come
             os.kill(os.getpid(), signal.SIGKILL)
+        # a SIGTERM held back over the fork (_hold_sigterm) ends the child now, as it would after its exec, where a
+        # handler is reset (one ignored stays so)
+        if callable(signal.getsignal(signal.SIGTERM)):
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGTERM])
     return die_with_parent
 
 
