@@ -30,7 +30,8 @@ def test_the_reference_cards_usage_runs_on_the_registered_model(arch, tmp_path, 
     (pretrained=True; here the weights come from a file, the cfg stays the registered one) and prints the class
     name of the prediction: the registered cfg must carry CIFAR-10's label names."""
     from PIL import Image
-    code = _usage_code(usage_section(arch, f'sa-vision/{arch}.cifar10', dataset_info('cifar10'), 10, 32))
+    code = _usage_code(usage_section(arch, f'sa-vision/{arch}.cifar10', dataset_info('cifar10'), 10, 32,
+                                     CIFAR10_CLASSES))
     assert f"timm.create_model('{arch}', pretrained=True)" in code and "pretrained_cfg['label_names']" in code
     torch.manual_seed(0)
     save_file(timm.create_model(arch).state_dict(), str(tmp_path / 'w.safetensors'))
@@ -257,3 +258,28 @@ def test_the_cards_folder_order_is_timms(tmp_path):
     assert list(class_to_idx) == ['2', '10', 'A', 'b']
     template = ' '.join((Path(MODEL_CARD_DIR) / 'sa_quadratic_cifar.md').read_text(encoding='utf-8').split())
     assert 'natural order (numbers by value, `2` before `10`; letters in either case alike)' in template
+
+
+def test_folders_named_as_the_card_says_are_numbered_as_the_weights_classes(tmp_path):
+    """The card of weights of an image folder lists their labels in the order of the logits, and folders named by
+    them are numbered so by timm's reader (validate.py's); an earlier card pointed at a 'label order above' that no
+    card had, and a user who renamed the folders `0` to `9` by meaning lost the accuracy."""
+    from PIL import Image
+    from timm.data.readers.reader_image_folder import find_images_and_targets
+
+    from sa_vision.train.checkpoint import Checkpoint
+    names = ['eight', 'five', 'four', 'nine', 'one', 'seven', 'six', 'three', 'two', 'zero']  # the training's folders
+    weights = timm.create_model('sa_quadratic_cifar', **SMALL).state_dict()
+    meta = {'dataset': 'mydigits', 'args': {'data_dir': str(tmp_path), 'label_names': names},
+            'metrics': {'top1': 22.22, 'top5': 70.0, 'loss': 2.0, 'num_images': 90}, 'epoch': 1, 'num_epochs': 1}
+    export_hub_folder(Checkpoint('sa_quadratic_cifar', SMALL, weights, str(tmp_path / 'last.pth.tar'), 'sa_vision',
+                                 meta), tmp_path / 'hub', figure=False)
+    assert json.loads((tmp_path / 'hub' / 'config.json').read_text())['label_names'] == names
+    usage = ' '.join(_section(_card(tmp_path / 'hub'), 'usage').split())
+    listed = re.search(r'sort in the order of their labels, (.*?) \(', usage).group(1)
+    folders = tmp_path / 'val'
+    for name in reversed(re.findall(r'`([^`]+)`', listed)):
+        (folders / name).mkdir(parents=True)
+        Image.new('RGB', (4, 4)).save(folders / name / 'x.png')
+    _, class_to_idx = find_images_and_targets(str(folders))
+    assert class_to_idx == {name: i for i, name in enumerate(names)}

@@ -2,7 +2,7 @@
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import torch
 from timm.models import is_model, model_entrypoint
@@ -82,10 +82,12 @@ def _results_section(arch: str, measured: Optional[str]) -> str:
 
 
 def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 32, padding: int = 0,
-                   label_names: bool = False, exported: bool = False) -> str:
+                   label_names: Optional[Sequence[str]] = None, num_classes: int = 10,
+                   exported: bool = False) -> str:
     """How to run the weights with timm's own preprocessing (``input_size``: what ``resolve_data_config`` says;
-    ``padding``: the black border the model adds itself); ``exported``: the card of an export folder, which the
-    Hub name loads only once it is published (its upload rebuilds this section without the note)."""
+    ``padding``: the black border the model adds itself; ``label_names``: the config's, in the order of the
+    logits); ``exported``: the card of an export folder, which the Hub name loads only once it is published (its
+    upload rebuilds this section without the note)."""
     # an export folder's card says how to load the folder in its note (below) instead
     local = '' if exported else "`timm.create_model('local-dir:<folder>', pretrained=True)`"
     if registered:
@@ -99,6 +101,13 @@ def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 
     border = (f'\n# {input_size}x{input_size} input: the model adds the {padding}-pixel black border of its training '
               f'images itself' if padding else '')
     names = "\nprint(model.pretrained_cfg['label_names'][logits.argmax()])" if label_names else ''
+    numbered = f'`0` to `{num_classes - 1}` sort so'
+    if not label_names:
+        order = f"the order of the classes these weights were trained on ({numbered})"
+    elif len(label_names) <= _LISTED_LABELS:
+        order = f"the order of their labels, {', '.join(f'`{name}`' for name in label_names)} ({numbered})"
+    else:
+        order = f"the order of `model.pretrained_cfg['label_names']` ({numbered})"
     # a copy of the folder (a kept zoo, a shared export) is read where the name does not load yet
     note = (f"This folder is an export: the name below loads it once `sa-vision-push-to-hub` has published it to "
             f"`{repo_id}`. Until then, load the folder itself with "
@@ -118,7 +127,11 @@ logits = model(transform(image).unsqueeze(0)){names}
 `python -m sa_vision.train.run_timm path/to/timm/validate.py --data-dir <folder> --model <the name above>`
 (the launcher imports `sa_vision` first; `validate.py` runs on CUDA unless given `--device cpu`). timm numbers the
 classes by their folders' names in natural order (numbers by value, `2` before `10`; letters in either case alike):
-name the folders so that they sort in the label order above, `0` to `9` for ten classes."""
+name the folders so that they sort in {order}."""
+
+
+# the most label names a card's usage lists (CIFAR-100's hundred are in the config)
+_LISTED_LABELS = 20
 
 
 def _describe(arch: str, model: Optional[torch.nn.Module] = None, registered: bool = True,
@@ -161,7 +174,7 @@ def generate_model_card(arch: str) -> str:
 
     import sa_vision  # noqa: F401
 
-    from ..paper import PAPER_CITATION, PAPER_RESULTS
+    from ..paper import CIFAR10_LABEL_NAMES, PAPER_CITATION, PAPER_RESULTS
     model = timm.create_model(arch)
     counts = count_params_and_macs(model)
     paper = PAPER_RESULTS.get(arch)
@@ -205,7 +218,7 @@ Attention: {_ATTENTION_FORMULAS[attn_kind]}.
 {_section('training', 'Not yet trained: no training run has been exported into this card.')}
 
 ## Usage
-{_section('usage', _usage_section(arch, repo_id, registered=True))}
+{_section('usage', _usage_section(arch, repo_id, registered=True, label_names=CIFAR10_LABEL_NAMES))}
 
 ## Citation
 ```bibtex
@@ -280,8 +293,8 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     body = _replace_section(body, 'results', _measured_results(ckpt, label, scores))
     body = _replace_section(body, 'training', training_summary(ckpt, label))
     body = _replace_section(body, 'recipe', recipe_section(ckpt))
-    body = _replace_section(body, 'usage', usage_section(arch, repo_id, info, model.num_classes, input_size,
-                                                         exported=True))
+    body = _replace_section(body, 'usage', usage_section(
+        arch, repo_id, info, model.num_classes, input_size, ckpt.label_names(model.num_classes, info), exported=True))
     if has_figure:
         figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
         body = _replace_section(body, 'figure', figure)
@@ -314,13 +327,14 @@ def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores) -> str:
     return results.rstrip()
 
 
-def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: int, exported: bool = False) -> str:
-    """The usage text of an export of weights of ``info``'s dataset, published to ``repo_id``; ``input_size``: the
-    exported config's (the border inside the model where the dataset had one,
+def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: int,
+                  label_names: Optional[Sequence[str]] = None, exported: bool = False) -> str:
+    """The usage text of an export of weights of ``info``'s dataset, published to ``repo_id``; ``input_size`` and
+    ``label_names``: the exported config's (the border inside the model where the dataset had one,
     :func:`sa_vision.hub.export.exported_input_config`); ``exported``: the export folder's own card, not yet the
     uploaded one."""
     return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=input_size,
-                          padding=info.input_padding, label_names=info.label_names(num_classes) is not None,
+                          padding=info.input_padding, label_names=label_names, num_classes=num_classes,
                           exported=exported)
 
 
@@ -337,7 +351,7 @@ def card_for_repository(card_text: str, config: Dict[str, Any], repo_id: str) ->
     cfg = config.get('pretrained_cfg') or {}
     info = dataset_info(dataset_for_tag(cfg.get('tag') or '', cfg.get('num_classes')))
     usage = usage_section(config['architecture'], repo_id, info, config.get('num_classes', cfg.get('num_classes')),
-                          cfg.get('input_size', (3, 32, 32))[-1])
+                          cfg.get('input_size', (3, 32, 32))[-1], config.get('label_names'))
     return _replace_section(card_text, 'usage', usage)
 
 
