@@ -236,6 +236,23 @@ def test_a_checkpoint_of_either_epoch_count_reads_as_the_epochs_done(tmp_path, v
     assert read_checkpoint(tmp_path / 'last.pth.tar').meta['epoch'] == 3
 
 
+def test_a_version_1_checkpoint_is_built_with_the_classes_its_arguments_name(tmp_path):
+    """Version 1 (sa_vision's first trainer) kept only --model-kwargs as 'model_args' and built the model with
+    --num-classes and the drop rates of its 'args' too: the file as it wrote it rebuilds the model it trained."""
+    torch.manual_seed(0)
+    trained = timm.create_model('sa_quadratic_cifar', num_classes=12, drop_path_rate=0.1, **MODEL_KWARGS).eval()
+    args = {'model': 'sa_quadratic_cifar', 'model_kwargs': MODEL_KWARGS, 'num_classes': 12, 'drop': None,
+            'drop_path': 0.1, 'dataset': 'digits', 'epochs': 2}
+    torch.save({'version': 1, 'arch': 'sa_quadratic_cifar', 'model_args': dict(MODEL_KWARGS),
+                'state_dict': trained.state_dict(), 'epoch': 2, 'args': args, 'dataset': 'digits'},
+               tmp_path / 'last.pth.tar')
+    ckpt = read_checkpoint(tmp_path / 'last.pth.tar')
+    assert ckpt.model_args == {**MODEL_KWARGS, 'num_classes': 12, 'drop_path_rate': 0.1}
+    images = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        assert torch.equal(ckpt.create_model()(images), trained(images))
+
+
 @pytest.mark.parametrize('force_cpu', [False, True])
 def test_the_saved_score_belongs_to_the_weights_train_py_scored(tmp_path, force_cpu):
     """timm's train.py with --model-ema evaluates the EMA and saves its score as the checkpoint's ``metric``

@@ -345,8 +345,9 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         meta = {k: v for k, v in obj.items() if k not in ('arch', 'model_args', 'state_dict')}
         if 'epoch' in meta and int(obj.get('version', 1)) >= 3:  # counted from 0 (CHECKPOINT_VERSION)
             meta['epoch'] += 1
+        stored = {**obj['model_args'], **_version_1_flags(obj)}
         # a wrapped model's keys (DDP's 'module.', torch.compile's '_orig_mod.'), as the other formats take them
-        return Checkpoint(obj['arch'], {**obj['model_args'], **model_args}, clean_state_dict(obj['state_dict']),
+        return Checkpoint(obj['arch'], {**stored, **model_args}, clean_state_dict(obj['state_dict']),
                           str(path), 'sa_vision', meta)
     for key in _STATE_DICT_KEYS:
         if isinstance(obj.get(key), dict) and obj[key] and all(isinstance(v, Tensor) for v in obj[key].values()):
@@ -356,6 +357,16 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
     raise CheckpointError(
         f'{path} is a dict of {sorted(obj)[:8]} but holds no weights under any of {list(_STATE_DICT_KEYS)}: not a '
         f'checkpoint of sa-vision-train or timm train.py, nor a state dict')
+
+
+def _version_1_flags(obj: Dict[str, Any]) -> Dict[str, Any]:
+    """The create_model keywords a version 1 checkpoint keeps only in its training ``'args'``: its ``'model_args'``
+    were the --model-kwargs alone, and training added --num-classes, --drop and --drop-path where given."""
+    args = obj.get('args')
+    if int(obj.get('version', 1)) >= 2 or not isinstance(args, dict):
+        return {}
+    flags = (('num_classes', 'num_classes'), ('drop_rate', 'drop'), ('drop_path_rate', 'drop_path'))
+    return {key: args[name] for key, name in flags if args.get(name) is not None}
 
 
 def weights_path(source: Union[str, os.PathLike]) -> Optional[Path]:
