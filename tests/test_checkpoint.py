@@ -231,6 +231,20 @@ def test_the_model_arguments_are_read_back_off_the_weights(name, tmp_path):
     assert sum(p.numel() for p in rebuilt.parameters()) == sum(p.numel() for p in model.parameters())
 
 
+def test_timms_own_resnet_weights_are_not_taken_for_the_cifar_resnet(tmp_path):
+    """timm's ImageNet ResNet has the CIFAR ResNet's key names (conv1, fc) but a 7x7 stem: its bare weights are
+    unnamed weights, which need --model, and open as timm's model when named."""
+    torch.manual_seed(0)
+    source = timm.create_model('resnet18', num_classes=10)
+    assert source.conv1.kernel_size == (7, 7)
+    assert infer_cifar_resnet_args(source.state_dict()) is None
+    torch.save(source.state_dict(), tmp_path / 'resnet18.pth')
+    with pytest.raises(CheckpointError, match='pass the timm model name they are of'):
+        read_checkpoint(tmp_path / 'resnet18.pth')
+    loaded = read_checkpoint(tmp_path / 'resnet18.pth', arch='resnet18').create_model()
+    assert all(torch.equal(loaded.state_dict()[k], v) for k, v in source.state_dict().items())
+
+
 class _RunsCode:
     """A pickle that calls a function on load (harmless here: os.getcwd), as a malicious file would."""
 

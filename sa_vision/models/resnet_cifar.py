@@ -95,8 +95,10 @@ class CifarResNet(ResNet):
 
 def infer_cifar_resnet_args(state_dict: Dict[str, Tensor]) -> Optional[Dict[str, Any]]:
     """``in_chans`` and ``num_classes`` of :class:`CifarResNet` weights, read off the stem and the classifier, or
-    None where the state dict is not of a ResNet (no stem ``conv1``, no classifier ``fc``)."""
+    None where the state dict is not of a ResNet (no stem ``conv1``, no classifier ``fc``) or not of this one."""
     if 'conv1.weight' not in state_dict or 'fc.weight' not in state_dict:
+        return None
+    if tuple(state_dict['conv1.weight'].shape[-2:]) != (3, 3):  # timm's ImageNet ResNets: the same names, a 7x7 stem
         return None
     return {'in_chans': int(state_dict['conv1.weight'].shape[1]), 'num_classes': int(state_dict['fc.weight'].shape[0])}
 
