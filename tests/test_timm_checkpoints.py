@@ -148,6 +148,26 @@ def test_ema_of_a_checkpoint_without_one_is_a_clear_error(tmp_path):
         read_checkpoint(tmp_path / 'last.pth.tar', use_ema=True)
 
 
+@pytest.mark.parametrize('keys', [('state_dict', 'state_dict_ema'), ('model', 'model_ema')])
+def test_the_ema_of_another_trainers_dict_is_taken_as_timm_takes_it(tmp_path, keys):
+    """A dict of plain and EMA weights that is no checkpoint of timm's train.py (another trainer's, e.g. DeiT's
+    'model' / 'model_ema'): the weights read are those timm's load_state_dict takes, the EMA unless use_ema is
+    False (None: as --initial-checkpoint takes them, as timm's load_checkpoint does by default)."""
+    from timm.models import load_state_dict
+    plain, ema = (timm.create_model('sa_quadratic_cifar', **MODEL_KWARGS).state_dict() for _ in range(2))
+    assert not torch.equal(plain['head.weight'], ema['head.weight'])
+    torch.save({keys[0]: plain, keys[1]: ema, 'epoch': 5}, tmp_path / 'trained.pth')
+    for use_ema in (None, True, False):
+        expected = load_state_dict(str(tmp_path / 'trained.pth'), use_ema=use_ema is not False)
+        ckpt = read_checkpoint(tmp_path / 'trained.pth', use_ema=use_ema)
+        assert ckpt.state_dict.keys() == expected.keys(), use_ema
+        assert all(torch.equal(ckpt.state_dict[k], v) for k, v in expected.items()), use_ema
+        assert bool(ckpt.meta.get('ema_weights')) == (use_ema is not False)
+    torch.save({keys[0]: plain}, tmp_path / 'plain.pth')
+    with pytest.raises(CheckpointError, match='without EMA weights.*drop --use-ema'):
+        read_checkpoint(tmp_path / 'plain.pth', use_ema=True)
+
+
 @pytest.mark.parametrize('with_ema', [True, False])
 def test_an_initial_checkpoint_of_timm_starts_from_its_ema_as_timm_train_does(timm_run, tmp_path, with_ema):
     """timm's train.py --initial-checkpoint (create_model(checkpoint_path=) -> load_checkpoint(use_ema=True))

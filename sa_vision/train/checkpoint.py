@@ -59,6 +59,8 @@ CHECKPOINT_VERSION = 3
 PathLike = Union[str, os.PathLike]
 
 _STATE_DICT_KEYS = ('state_dict', 'model', 'state_dict_ema')
+# where other trainers keep EMA weights: timm's load_state_dict(use_ema=True) takes them first, in this order
+_EMA_KEYS = ('state_dict_ema', 'model_ema')
 # weight names timm.create_model takes (it loads them, as with pretrained=True)
 LOCAL_DIR_PREFIX, HF_HUB_PREFIX = 'local-dir:', 'hf-hub:'
 # config.json's record of the processes an exported run trained on (its recipe's batch size is each process's)
@@ -295,9 +297,10 @@ def read_checkpoint(source: PathLike, arch: Optional[str] = None, model_args: Op
         if not isinstance(obj, dict) or not obj:
             raise CheckpointError(f'{path} holds a {type(obj).__name__}, not a checkpoint or a state dict')
         ckpt = _from_loaded_dict(obj, path, arch, model_args or {}, use_ema)
-    if use_ema and ckpt.format != 'timm':
-        raise CheckpointError(f'{path} is a {ckpt.format} checkpoint: only timm train.py checkpoints hold EMA '
-                              f'weights; drop --use-ema')
+    if use_ema and ckpt.meta.get('ema_weights') is not True:
+        raise CheckpointError(f'{path} is a {ckpt.format} checkpoint without EMA weights (a checkpoint of timm '
+                              f"train.py's --model-ema holds them, or a dict under {' or '.join(_EMA_KEYS)}); "
+                              f'drop --use-ema')
     if arch and ckpt.arch != arch:
         raise CheckpointError(f'{path} holds a {ckpt.arch} model, not {arch}; pass weights of {arch} or use '
                               f'--model {ckpt.arch}')
@@ -349,11 +352,18 @@ def _from_loaded_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], mode
         # a wrapped model's keys (DDP's 'module.', torch.compile's '_orig_mod.'), as the other formats take them
         return Checkpoint(obj['arch'], {**stored, **model_args}, clean_state_dict(obj['state_dict']),
                           str(path), 'sa_vision', meta)
-    for key in _STATE_DICT_KEYS:
+    return _from_wrapped_state_dict(obj, path, arch, model_args, use_ema)
+
+
+def _from_wrapped_state_dict(obj: Dict[str, Any], path: Path, arch: Optional[str], model_args: Dict[str, Any],
+                             use_ema: Optional[bool]) -> Checkpoint:
+    """Weights under one of the keys other trainers use; their EMA's first unless ``use_ema`` is False, as
+    timm's ``load_checkpoint`` (and its train.py's --initial-checkpoint) takes them."""
+    for key in (*_EMA_KEYS, *_STATE_DICT_KEYS) if use_ema is not False else _STATE_DICT_KEYS:
         if isinstance(obj.get(key), dict) and obj[key] and all(isinstance(v, Tensor) for v in obj[key].values()):
             stored = obj.get('model_args') if isinstance(obj.get('model_args'), dict) else {}
             return _from_state_dict(obj[key], path, 'state_dict', obj.get('arch') or arch,
-                                    {**stored, **model_args}, {})
+                                    {**stored, **model_args}, {'ema_weights': True} if key in _EMA_KEYS else {})
     raise CheckpointError(
         f'{path} is a dict of {sorted(obj)[:8]} but holds no weights under any of {list(_STATE_DICT_KEYS)}: not a '
         f'checkpoint of sa-vision-train or timm train.py, nor a state dict')
