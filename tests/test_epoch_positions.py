@@ -12,6 +12,7 @@ from safetensors.torch import load_file, save_file
 
 import sa_vision  # noqa: F401
 from sa_vision.cli import plot_attention
+from sa_vision.hub.export import export_hub_folder
 from sa_vision.train.positional_epochs import (
     POSITIONAL_EPOCHS_FILE,
     initial_positions,
@@ -133,3 +134,27 @@ def test_a_runs_epochs_come_from_either_file_in_the_epochs_order(tmp_path):
     record_epoch_positions(_moved(model, 5.), tmp_path, 0)
     assert list(run_epochs(tmp_path)) == ['epoch-000']
     assert torch.equal(initial_positions(tmp_path)[centres], model.state_dict()[centres])
+
+
+def test_an_export_of_an_export_keeps_its_epochs(tmp_path):
+    """A Hub folder exported from a Hub folder (a copy staged elsewhere) keeps the epochs the first export kept:
+    those of the run up to its weights' epoch, not the later ones."""
+    run = tmp_path / 'run'
+    run.mkdir()
+    model = timm.create_model('sa_quadratic_cifar', **KWARGS)
+    start = model.blocks[0].attn.position.centers.detach().clone()
+    for done in range(4):
+        record_epoch_positions(_moved(model, 1.), run, done)  # epoch N: moved N + 1
+        # the best weights are those after 2 of the run's 3 epochs ('epoch' from 0, as the trainer saves it)
+        saved = {'version': 3, 'arch': 'sa_quadratic_cifar', 'model_args': KWARGS, 'state_dict': model.state_dict(),
+                 'epoch': done - 1, 'dataset': 'digits'}
+        for name in ('last.pth.tar', 'model_best.pth.tar') if done == 2 else ('last.pth.tar',) if done else ():
+            torch.save(saved, run / name)
+    export_hub_folder(run / 'model_best.pth.tar', tmp_path / 'hub', figure=False)
+    for folder in ('hub', 'again'):
+        if folder == 'again':
+            assert POSITIONAL_EPOCHS_FILE in export_hub_folder(tmp_path / 'hub', tmp_path / 'again', figure=False)
+        stacked, names = _stored(tmp_path / folder / POSITIONAL_EPOCHS_FILE)
+        assert names == ['epoch-000', 'epoch-001', 'epoch-002'], folder
+        moved = stacked['blocks.0.attn.position.centers'] - start
+        assert moved[:, 0, 0].tolist() == pytest.approx([1., 2., 3.]), folder

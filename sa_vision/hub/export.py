@@ -174,9 +174,9 @@ def export_hub_folder(
     ``replace`` one of other weights, as ``--export`` replaces a run's; else one of other weights, or files of no
     export, are an :class:`ExportExistsError`); return the names of the files written. ``epochs``
     keeps the centres and precision factors per epoch (paper Fig. 3), by default those the weights' run kept up to
-    their epoch (:func:`~sa_vision.train.positional_epochs.weights_epochs`). ``dtype`` (e.g. ``'bfloat16'``: half the
-    bytes; a name or a torch.dtype) stores the floating weights in that dtype; a float32 model loads them as they
-    were rounded."""
+    their epoch, or those a Hub folder keeps (:func:`~sa_vision.train.positional_epochs.weights_epochs`). ``dtype``
+    (e.g. ``'bfloat16'``: half the bytes; a name or a torch.dtype) stores the floating weights in that dtype; a
+    float32 model loads them as they were rounded."""
     import yaml
     from timm.models import save_for_hf
     ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, arch=expected_arch, use_ema=use_ema)

@@ -128,9 +128,13 @@ def run_epochs(folder: Path, done: Optional[int] = None) -> Dict[str, Dict[str, 
 
 def weights_epochs(ckpt) -> Dict[str, Dict[str, Tensor]]:
     """What the run that saved the checkpoint ``ckpt`` (a :class:`~sa_vision.train.checkpoint.Checkpoint`) kept of
-    its epochs up to the weights' own, where the file is in its run folder; else none."""
+    its epochs up to the weights' own, where the file is in its run folder; a Hub folder's
+    :data:`POSITIONAL_EPOCHS_FILE` (an export keeps them up to its weights' epoch); else none."""
     path = Path(ckpt.source)
     folder = path if path.is_dir() else path.parent
+    if ckpt.format == 'hub_folder':  # an export of an export: its source's run folder is not at hand
+        kept = folder / POSITIONAL_EPOCHS_FILE
+        return load_positional_trajectory(kept) if kept.is_file() else {}
     if ckpt.format != 'sa_vision' or not (folder / RUN_CHECKPOINT).is_file():
         return {}
     return run_epochs(folder, ckpt.meta.get('epoch'))
