@@ -723,7 +723,8 @@ def test_a_local_dir_model_trains_as_its_architecture_at_its_input_size(tmp_path
 
 
 def test_a_border_that_is_black_in_the_datas_normalisation_is_not_noted():
-    from sa_vision.train.data import FASHION_MNIST, dataset_info, pad_value_note
+    from sa_vision.train.data import FASHION_MNIST, dataset_info
+    from sa_vision.train.data_fit import pad_value_note
     info = dataset_info(FASHION_MNIST)
     black = -info.mean[0] / info.std[0]  # the kept models' input_pad_value
     assert pad_value_note([black] * 3, {'mean': info.mean, 'std': info.std}, FASHION_MNIST) is None

@@ -35,7 +35,6 @@ from sa_vision.train.args import check_value_bounds, refuse_unknown
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
     check_dataset,
-    classes_problem,
     create_image_dataset,
     dataset_info,
     image_folder_labels,
@@ -43,6 +42,7 @@ from sa_vision.train.data import (
     split_name,
     trained_dataset,
 )
+from sa_vision.train.data_fit import classes_problem
 from sa_vision.train.evaluation import evaluate, result_json
 from sa_vision.train.recipes import recorded_arg
 from sa_vision.train.runtime import apply_threads, import_device_modules, resolve_device

@@ -22,14 +22,8 @@ from .arg_values import check_compile_backend, check_schedule_values, check_sche
 from .caller_settings import RUN_LOG
 from .checkpoint import Checkpoint
 from .compile_choice import probe_compile, resolve_torchcompile
-from .data import (
-    check_dataset,
-    check_model_takes_data,
-    create_image_dataset,
-    image_folder_classes,
-    normalization,
-    pad_value_note,
-)
+from .data import check_dataset, create_image_dataset, image_folder_classes, normalization
+from .data_fit import check_model_takes_data, pad_value_note
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data
 from .evaluation import evaluation_module
 from .optimizer import resolve_opt_fused
