@@ -263,3 +263,15 @@ def test_cifar_files_that_fail_torchvisions_md5_are_said_to_and_missing_ones_nam
         create_image_dataset('torch/cifar10', 'test', is_training=False, data_dir=str(tmp_path))
     with pytest.raises(DatasetNotFoundError, match='has no data_batch_1'):
         create_image_dataset('torch/cifar10', 'train', is_training=True, data_dir=str(tmp_path))
+
+
+def test_weights_of_no_dataset_are_an_unnamed_image_folder_tagged_unknown():
+    """What an export says of weights that name no dataset: an image folder of no name in all but its tag
+    ('unknown', not 'folder': such weights were trained on nothing known) and its title."""
+    from dataclasses import replace
+
+    from sa_vision.train.data import UNKNOWN_DATASET, trained_dataset
+    assert (UNKNOWN_DATASET.tag, UNKNOWN_DATASET.title) == ('unknown', 'an unknown dataset')
+    assert dataset_info('').tag == 'folder' and UNKNOWN_DATASET.is_image_folder
+    assert UNKNOWN_DATASET == replace(dataset_info(''), tag='unknown', title='an unknown dataset')
+    assert trained_dataset({'pretrained_cfg': {'tag': UNKNOWN_DATASET.tag}}) is None

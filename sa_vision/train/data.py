@@ -50,6 +50,9 @@ __all__ = [
 
 DIGITS = 'digits'
 FASHION_MNIST = 'fashion-mnist'
+# what an export says of weights that name no dataset: the tag `unknown`, not an image folder's `folder`
+_UNKNOWN_TAG, _FOLDER_TAG = 'unknown', 'folder'
+CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,8 @@ TRAIN_SPLIT = 'train'  # --train-split's default, as timm's train.py has it
 _DATASETS = {name: info for info in _ENTRIES for name in (info.name, *info.aliases)}  # every --dataset value
 # timm's create_dataset prefixes: '<type>/<name>' is passed on to timm as it is
 _TIMM_DATASET_TYPES = ('torch/', 'tfds/', 'wds/', 'hfds/', 'hfids/')
+# weights that name no dataset: an image folder of no name (dataset_info('')) but for its tag and title
+UNKNOWN_DATASET = DatasetInfo('', _UNKNOWN_TAG, 'an unknown dataset', None, CIFAR10_MEAN, CIFAR10_STD, 'validation')
 
 
 def known_dataset_names() -> Tuple[str, ...]:
@@ -174,12 +179,6 @@ def dataset_info(dataset: str) -> DatasetInfo:
         tag += '_folder'
     return DatasetInfo(dataset, tag or _FOLDER_TAG, dataset or 'image folder', None, CIFAR10_MEAN, CIFAR10_STD,
                        'validation')
-
-
-# what an export says of weights that name no dataset: the tag `unknown`, not an image folder's `folder`
-_UNKNOWN_TAG, _FOLDER_TAG = 'unknown', 'folder'
-CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
-UNKNOWN_DATASET = replace(dataset_info(''), tag=_UNKNOWN_TAG, title='an unknown dataset')
 
 
 def create_cifar_transform(is_training: bool, img_size: int = 32, crop_padding: int = 4, hflip: float = 0.5,
