@@ -206,10 +206,11 @@ def probe_size(model: nn.Module, batch_size: int):
     return min(max(batch_size, 1) * 64, 4096), max(widest.in_features, 64), max(widest.out_features, 64)
 
 
-def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024, 512, 512)):
+def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', matmul_size=(1024, 512, 512)):
     """(autocast on?, why) for ``--amp`` ``requested``: None is on with CUDA only; 'auto' is also on for a CPU
-    where :func:`cpu_autocast_speedup` reaches ``CPU_AUTOCAST_MIN_SPEEDUP`` at ``probe_size``. A small probe comes
-    first: below ``CPU_AUTOCAST_EMULATED_BELOW`` it decides 'off' alone."""
+    where :func:`cpu_autocast_speedup` reaches ``CPU_AUTOCAST_MIN_SPEEDUP`` at ``matmul_size`` (m, k, n:
+    :func:`probe_size` of the model). A small probe comes first: below ``CPU_AUTOCAST_EMULATED_BELOW`` it decides
+    'off' alone."""
     device_type = torch.device(device).type
     if requested is True or requested is False:
         return requested, f'--amp {"on" if requested else "off"} asked for'
@@ -222,10 +223,10 @@ def resolve_amp(requested, device, amp_dtype: str = 'bfloat16', probe_size=(1024
     dtype = getattr(torch, amp_dtype)
     speedup = cpu_autocast_speedup(dtype, *CPU_AUTOCAST_SMALL_PROBE)
     if speedup >= CPU_AUTOCAST_EMULATED_BELOW:
-        speedup = cpu_autocast_speedup(dtype, *probe_size)
+        speedup = cpu_autocast_speedup(dtype, *matmul_size)
     else:
-        probe_size = CPU_AUTOCAST_SMALL_PROBE
-    m, k, n = probe_size
+        matmul_size = CPU_AUTOCAST_SMALL_PROBE
+    m, k, n = matmul_size
     verdict = 'on' if speedup >= CPU_AUTOCAST_MIN_SPEEDUP else 'off'
     return verdict == 'on', (f'--amp auto: {verdict}, a {m}x{k} @ {k}x{n} matrix product runs {speedup:.2f}x as fast '
                              f'in {amp_dtype} as in float32 on this CPU (on from {CPU_AUTOCAST_MIN_SPEEDUP}x)')

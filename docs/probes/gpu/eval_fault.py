@@ -520,7 +520,7 @@ def main(argv=None) -> int:
     if args.data_dir is None and not args.smoke:
         args.data_dir = fashion_mnist_dir()
     args.device, args.backend = ('cpu', 'eager') if args.smoke else ('cuda', 'inductor')
-    args.bf16 = not args.smoke or resolve_amp('auto', 'cpu', probe_size=(256, 256, 256))[0]
+    args.bf16 = not args.smoke or resolve_amp('auto', 'cpu', matmul_size=(256, 256, 256))[0]
     args.images = min(args.images, 200) if args.smoke else args.images
     args.batch_size = max(1, args.images // 2) if args.smoke else BATCH  # smoke: two batches
     args.out.mkdir(parents=True, exist_ok=True)
