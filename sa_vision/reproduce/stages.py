@@ -348,6 +348,7 @@ class Reproduction:
 
 
 def _training_script_keys() -> frozenset:
-    """The argument names of ``sa-vision-train`` (the stages run it in a subprocess; only its parser is read)."""
+    """The recipe keys ``sa-vision-train`` reads: the ``dest`` of each of its arguments, from its parser built in
+    this process (the training itself runs in a subprocess)."""
     from ..train.args import argument_names
     return argument_names()
