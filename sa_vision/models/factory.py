@@ -15,8 +15,8 @@ from torch import nn
 from ..errors import UserError
 from ._pretrained import PretrainedWeightsUnavailable, hub_error_reason, hub_read_errors, hub_unreachable
 
-__all__ = ['UnknownModelError', 'RATE_KEYWORD', 'model_name_hint', 'model_class', 'model_keywords',
-           'create_named_model']
+__all__ = ['UnknownModelError', 'StoredArgsSource', 'RATE_KEYWORD', 'model_name_hint', 'model_class',
+           'model_keywords', 'create_named_model']
 
 _UNEXPECTED_KEYWORD = re.compile(r"got an unexpected keyword argument '(\w+)'")
 _PYTHON_SUGGESTION = re.compile(r"\.? ?Did you mean '[^']*'\?$")  # Python 3.13 adds it to the TypeError
@@ -25,6 +25,15 @@ _UNKNOWN_MODEL = re.compile(r'Unknown model \((.*)\)')
 
 class UnknownModelError(UserError):
     """A model name timm has not registered: a typo, or the package that registers it is not imported."""
+
+
+class StoredArgsSource(str):
+    """Where a keyword stored with weights came from, as an error names it (a ``kwargs_sources`` value of
+    :func:`create_named_model`): the arguments stored with ``weights`` (a file, a Hub folder). Its type, not its
+    text, tells it from a source a user gave (``--model-kwargs``, a recipe's model_kwargs)."""
+
+    def __new__(cls, weights: object):
+        return super().__new__(cls, f'the arguments stored with {weights}')
 
 
 def model_name_hint(name: str) -> str:

@@ -14,6 +14,7 @@ from timm.scheduler import PlateauLRScheduler
 from ..errors import RecipeError, UserError, first_launched_process
 from ..io import plain_data
 from ..models import infer_sa_model_args
+from ..models.factory import StoredArgsSource
 from .arg_values import FLAG_KWARGS
 from .args import PROCESS_ARGS, RESOLVED_ARGS, argument_names, build_config_parser, parse_over
 from .checkpoint import (
@@ -175,7 +176,7 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
         initial = (read_checkpoint(args.initial_checkpoint, arch=args.model, use_ema=None)
                    if args.initial_checkpoint else None)
         model_kwargs = dict(initial.model_args) if initial else {}  # e.g. the heads a pruning kept
-        sources = {key: _stored_with(initial) for key in model_kwargs}
+        sources = {key: StoredArgsSource(initial.source) for key in model_kwargs}
         recipe_kwargs = recipe.get('model_kwargs') or {}
         for key, value in args.model_kwargs.items():
             from_recipe = key in recipe_kwargs and recipe_kwargs[key] == value
@@ -205,22 +206,19 @@ def resolve_model_args(args, recipe: dict, resume_ckpt: Optional[Checkpoint],
     if saved_scale != args.pos_lr_scale:
         log(f'resuming with the run\'s --pos-lr-scale {saved_scale} (ignoring {args.pos_lr_scale})')
     args.pos_lr_scale = saved_scale
-    return None, {key: _stored_with(resume_ckpt) for key in args.model_kwargs}
-
-
-def _stored_with(ckpt: Checkpoint) -> str:
-    return f'the arguments stored with {ckpt.source}'
+    return None, {key: StoredArgsSource(resume_ckpt.source) for key in args.model_kwargs}
 
 
 def _changed_architecture(initial: Checkpoint, model_kwargs: dict, sources: Optional[Dict[str, str]]) -> str:
     """What to do about weights that do not fit: the model_kwargs the run gives that differ from those the weights
     were built with, by where they came from (a recipe's model_kwargs, the command line's --model-kwargs)."""
     given: Dict[str, list] = {}
-    # the weights' own, and the flags': --num-classes changes only the classifier, a drop rate no shape
-    not_given = {_stored_with(initial)} | {flag for _, _, flag in FLAG_KWARGS}
+    flags = {flag for _, _, flag in FLAG_KWARGS}  # --num-classes changes only the classifier, a drop rate no shape
     for key, value in model_kwargs.items():
         source = (sources or {}).get(key, '--model-kwargs')
-        if source not in not_given and (key not in initial.model_args or initial.model_args[key] != value):
+        if isinstance(source, StoredArgsSource) or source in flags:  # the weights' own, or a flag's
+            continue
+        if key not in initial.model_args or initial.model_args[key] != value:
             given.setdefault(source, []).append(f'{key}={value!r}')
     if not given:
         return 'The file is of another architecture or configuration than --model'
