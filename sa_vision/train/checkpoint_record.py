@@ -9,6 +9,7 @@ from torch import Tensor, nn
 from torch.random import fork_rng
 
 from ..models import create_named_model
+from ..models.factory import StoredArgsSource
 from .timm_args import timm_data_flags
 from .weights_files import CheckpointError, weights_misfit
 
@@ -53,7 +54,7 @@ class Checkpoint:
             raise CheckpointError(f'{self.source} holds an unknown architecture {self.arch!r}; import the package '
                                   f'that registers it (--device-modules) or pass the right --model')
         overlay = self.preprocessing
-        sources = {k: '--model-kwargs' if k in self.given_args else f'the arguments stored with {self.source}'
+        sources = {k: '--model-kwargs' if k in self.given_args else StoredArgsSource(self.source)
                    for k in self.model_args}
         try:  # the weights replace the random init: the caller's random state is left as it was
             with fork_rng(devices=[]) if load_weights else nullcontext():
