@@ -44,7 +44,7 @@ from .weights_files import (  # the file names: here for their readers, there fo
 )
 
 __all__ = ['CHECKPOINT_VERSION', 'CheckpointError', 'Checkpoint', 'RUN_CHECKPOINT', 'BEST_CHECKPOINT',
-           'read_checkpoint', 'weights_path', 'load_model', 'infer_model_args', 'is_sa_state_dict',
+           'read_checkpoint', 'weights_path', 'load_model', 'infer_model_args',
            'strip_runtime_args', 'RUNTIME_ARGS', 'TRAINING_PROCESSES', 'WEIGHT_SUFFIXES']
 
 # 2: model_args hold every argument given to timm.create_model (num_classes, drop rates, ...), 'recipe' added
