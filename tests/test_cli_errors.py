@@ -535,7 +535,7 @@ def test_train_values_that_together_train_other_than_they_say_are_one_error_line
 def test_least_values_are_allowed():
     import argparse
 
-    from sa_vision.train.args import check_value_bounds
+    from sa_vision.train.arg_values import check_value_bounds
     check_value_bounds(argparse.Namespace(epochs=1, batch_size=1, validation_batch_size=None, workers=0, threads=None,
                                           log_interval=1, lr=0., hflip=1., momentum=0., smoothing=0.99,
                                           train_crop_padding=0, clip_grad=1e-9))

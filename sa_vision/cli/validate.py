@@ -31,7 +31,8 @@ from sa_vision.errors import UserError, command
 from sa_vision.io import atomic_write, file_problem
 from sa_vision.models import DEFAULT_MODEL
 from sa_vision.train.arg_groups import ModelKwargs, add_threads_argument
-from sa_vision.train.args import check_value_bounds, refuse_unknown
+from sa_vision.train.arg_values import check_value_bounds
+from sa_vision.train.args import refuse_unknown
 from sa_vision.train.checkpoint import CheckpointError, load_model, read_checkpoint, weights_path
 from sa_vision.train.data import (
     check_dataset,

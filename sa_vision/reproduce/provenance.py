@@ -118,7 +118,8 @@ def stage_arguments(recipe: Dict[str, Any], argv: Sequence[str]) -> Dict[str, An
     """The training arguments a stage's ``sa-vision-train`` run saves (its ``args.yaml``, the runtime ones left
     out) for ``recipe`` with the command line ``argv`` after it; a :class:`~sa_vision.errors.RecipeError` for a value
     the training would refuse (``--epochs 0``), raised here before anything is written or started."""
-    from ..train.args import argument_names, check_scheduler, check_value_bounds, parse_over
+    from ..train.arg_values import check_scheduler, check_value_bounds
+    from ..train.args import argument_names, parse_over
     from ..train.state import args_as_saved, resolve_model_args
     known = argument_names()
     args = parse_over({k: v for k, v in recipe.items() if k in known}, list(argv))

@@ -11,14 +11,13 @@ from typing import AbstractSet, Mapping, Optional, Tuple
 
 from ..errors import RecipeError, UserError
 from .arg_groups import ARGUMENT_GROUPS
-from .arg_values import VALUE_BOUNDS, check_scheduler, check_value_bounds, command_line_kwargs_over_recipe_flags
+from .arg_values import command_line_kwargs_over_recipe_flags
 from .recipes import RECIPE_DIR, TIMM_ONLY_RECIPE_KEYS
 from .timm_args import LOCAL, TIMM_SET_ARGS, TIMM_TRAIN_ARGS
 from .weights_files import RUN_CHECKPOINT, WEIGHT_SUFFIXES
 
 __all__ = ['PROCESS_ARGS', 'LOCAL_ARGS', 'TIMM_LOCAL_ARGS', 'RESOLVED_ARGS', 'RUNTIME_ARGS', 'build_config_parser',
-           'build_parser', 'parse_over', 'argument_names', 'check_scheduler', 'VALUE_BOUNDS', 'check_value_bounds',
-           'refuse_unknown']
+           'build_parser', 'parse_over', 'argument_names', 'refuse_unknown']
 
 # this process's and this machine's: set anew by every process, so --resume does not take them from the run
 PROCESS_ARGS = frozenset({'config', 'resume', 'rank', 'world_size', 'local_rank', 'distributed', 'device', 'pin_mem',
