@@ -408,6 +408,35 @@ def test_staging_never_replaces_an_export_of_other_weights(trained, tmp_path, re
     assert recording_api.calls == []
 
 
+def test_weights_without_their_record_never_replace_the_runs_export_of_them(trained, tmp_path, recording_api,
+                                                                            capsys):
+    """A run's kept epoch of the epoch --export took (--save-epoch-weights: its tensors, arch and model_args only)
+    is the same weights as <run>/hub's: staged there, it would replace the card, recipe, label names and accuracy
+    with an export of bare weights. Refused, the folder left byte for byte; staged elsewhere, it is exported."""
+    from safetensors.torch import save_file
+    run = tmp_path / 'run'
+    shutil.copytree(trained[0].parent, run)
+    best = torch.load(run / 'model_best.pth.tar', weights_only=True)
+    epoch_file = run / 'epoch-001.safetensors'  # what save_epoch_records writes
+    save_file({k: v.contiguous() for k, v in best['state_dict'].items()}, str(epoch_file),
+              metadata={'arch': best['arch'], 'model_args': json.dumps(best['model_args'])})
+    export = run / 'hub'
+    before = {p.name: p.read_bytes() for p in export.iterdir()}
+    assert {'recipe.yaml', 'README.md'} <= set(before)
+
+    assert push_to_hub.main([str(epoch_file), '--dry-run', '--no-figure']) == 2
+    err = capsys.readouterr().err
+    assert err.count('error:') == 1 and 'same weights' in err and 'recipe.yaml' in err, err
+    assert 'model_best.pth.tar' in err and '--out-dir' in err
+    assert {p.name: p.read_bytes() for p in export.iterdir()} == before
+    # the run's checkpoint of the same weights, which carries the record, is staged there again
+    assert push_to_hub.main([str(run / 'model_best.pth.tar'), '--dry-run', '--no-figure']) == 0
+    assert (export / 'recipe.yaml').read_bytes() == before['recipe.yaml']
+    assert push_to_hub.main([str(epoch_file), '--dry-run', '--no-figure', '--out-dir', str(tmp_path / 'bare')]) == 0
+    assert not (tmp_path / 'bare' / 'recipe.yaml').exists()
+    assert recording_api.calls == []
+
+
 def test_publish_without_token_fails_before_any_upload(trained, tmp_path, recording_api, monkeypatch, capsys):
     import huggingface_hub
     ckpt_path, export_dir = trained

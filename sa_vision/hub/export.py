@@ -3,10 +3,11 @@
 ``timm.create_model('local-dir:<folder>', pretrained=True)`` loads it; on the Hub, ``'hf-hub:<repo>'``.
 """
 import copy
+import json
 import os
 from pathlib import Path
 from shlex import quote
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import torch
 from timm.data import resolve_data_config
@@ -18,7 +19,7 @@ from ..models.input_pad import black_after_normalization
 from ..models.sa_state_dict import rename_old_keys
 from ..tables import plural
 from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
-from ..train.data import DatasetInfo
+from ..train.data import DatasetInfo, trained_dataset
 from ..train.positional_epochs import (
     POSITIONAL_EPOCHS_FILE,
     positional_params,
@@ -26,7 +27,7 @@ from ..train.positional_epochs import (
     weights_epochs,
 )
 from ..train.weights_files import nonfinite_tensors
-from .card import render_model_card, weights_described_by_card
+from .card import CARD_METRICS, card_accuracy, render_model_card, weights_described_by_card
 from .labels import CARD_FIGURE_FILENAME, EXPORT_FILES, RECIPE_FILENAME, WeightsLabel, weights_label
 from .publish import check_publish_target
 from .record import published_recipe, repeat_command, training_processes
@@ -111,20 +112,67 @@ def check_export_folder(out_dir: Union[str, os.PathLike]) -> None:
                                 f'choose an empty or new folder')
 
 
-def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, replace: bool) -> None:
+def _check_replaceable(out_dir: Path, tensors: Dict[str, Tensor], source: str, replace: bool,
+                       record: Set[str]) -> None:
     """Refuse to write into ``out_dir`` unless what it holds is an export of exactly ``tensors`` (re-staged, e.g.
-    with a new card), of no weights at all, or (``replace``) of any weights: an export of other weights is never
-    replaced silently, nor a file of no export (:func:`check_export_folder`)."""
+    with a new card) with no more of a training record than ``record`` (:func:`_export_record`), of no weights at
+    all, or (``replace``) of any weights: an export of other weights is never replaced silently, nor one whose
+    record the new export would lose, nor a file of no export (:func:`check_export_folder`)."""
     check_export_folder(out_dir)
     weights = out_dir / 'model.safetensors'
-    if replace or not weights.is_file() or _same_tensors(weights, tensors):
+    if replace or not weights.is_file():
         return
     card = out_dir / 'README.md'
     held = weights_described_by_card(card.read_text(encoding='utf-8')) if card.is_file() else ''
+    if _same_tensors(weights, tensors):
+        lost = [what for what in _held_record(out_dir) if what not in record]
+        if not lost:
+            return
+        # the same tensors without their run's record: a kept epoch's file of the epoch --export took, say
+        raise ExportExistsError(
+            f'{out_dir} already holds an export of the same weights as {source} with {", ".join(lost)}, which an '
+            f'export of that file would not have: it is not replaced. Publish that folder as it is '
+            f'(sa-vision-push-to-hub {quote(str(out_dir))}), export the checkpoint of the run these weights are of '
+            f'(its model_best.pth.tar or last.pth.tar, which carry the record), or stage these weights in another '
+            f'folder')
     raise ExportExistsError(
         f'{out_dir} already holds an export of other weights than {source} ({held or "its card names none"}), '
         f'and is not replaced. Publish that folder as it is (sa-vision-push-to-hub {quote(str(out_dir))}), stage these '
         f'weights in another folder, or remove {quote(str(out_dir))} first')
+
+
+# what an export holds of its weights' training record, in the words of the refusal to lose it
+_RECIPE, _EPOCHS, _NAMES, _DATASET, _ACCURACY = (
+    f'its recipe ({RECIPE_FILENAME})', f'the centres of its kept epochs ({POSITIONAL_EPOCHS_FILE})',
+    'its label names', 'the dataset it names', 'the accuracy its card records')
+
+
+def _export_record(ckpt: Checkpoint, recipe: Dict[str, Any], epochs: Dict[str, Dict[str, Tensor]],
+                   names: Optional[Sequence[str]]) -> Set[str]:
+    """What of a training record an export of ``ckpt`` holds (:func:`_held_record` reads it back)."""
+    metrics = ckpt.meta.get('metrics') or {}
+    return {what for what, held in (
+        (_RECIPE, recipe), (_EPOCHS, any(positional_params(sd) for sd in epochs.values())), (_NAMES, names),
+        (_DATASET, trained_dataset(ckpt.meta) is not None), (_ACCURACY, any(k in metrics for k, _ in CARD_METRICS)),
+    ) if held}
+
+
+def _held_record(out_dir: Path) -> List[str]:
+    """What of a training record the export in ``out_dir`` holds (unreadable files hold none)."""
+    try:
+        config = json.loads((out_dir / 'config.json').read_text(encoding='utf-8'))
+        cfg = config.get('pretrained_cfg') or {}
+    except Exception:  # noqa: BLE001  a broken config.json records nothing
+        config, cfg = {}, {}
+    try:
+        accuracy = card_accuracy((out_dir / 'README.md').read_text(encoding='utf-8'))
+    except Exception:  # noqa: BLE001  nor a card of no model-index
+        accuracy = {}
+    return [what for what, held in (
+        (_RECIPE, (out_dir / RECIPE_FILENAME).is_file()), (_EPOCHS, (out_dir / POSITIONAL_EPOCHS_FILE).is_file()),
+        (_NAMES, config.get('label_names')), (_DATASET, trained_dataset({'pretrained_cfg': cfg}) is not None),
+        (_ACCURACY, accuracy),
+    ) if held]
 
 
 def check_finite_weights(state_dict: Dict[str, Tensor], source: str) -> None:
@@ -192,11 +240,11 @@ def export_hub_folder(
     saved = model if dtype == torch.float32 else copy.deepcopy(model).to(dtype)
     out_dir = Path(out_dir)
     _check_not_the_source(out_dir, ckpt)
-    if out_dir.exists():
-        _check_replaceable(out_dir, saved.state_dict(), ckpt.source, replace)
+    recipe = published_recipe(ckpt)
+    record = _export_record(ckpt, recipe, epochs, ckpt.label_names(model.num_classes, label.dataset))
+    _check_replaceable(out_dir, saved.state_dict(), ckpt.source, replace, record)  # a missing folder is fine
     with atomic_folder(out_dir) as folder:  # an earlier export stays whole until this one is
         model_config, pad_args, input_cfg = exported_config(ckpt, model, label)
-        recipe = published_recipe(ckpt)
         if recipe:  # kept for an export of this export, whose recipe.yaml repeats the run
             model_config[TRAINING_PROCESSES] = training_processes(ckpt)
         # the registered cfg's label_names are CIFAR-10's: never carried over to weights of another dataset
