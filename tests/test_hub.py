@@ -613,6 +613,27 @@ def test_bf16_kept_weights_load_into_float32_models_as_rounded(trained, tmp_path
             assert torch.equal(loaded[name], value.to(torch.bfloat16).to(value.dtype)), name
 
 
+def test_a_bf16_export_says_its_recorded_accuracy_is_of_the_float32_weights(trained, tmp_path):
+    """The accuracy a checkpoint records is of its float32 weights; an export that rounds them to bfloat16 says so
+    wherever it reports it (the Hub's model-index, the results, the training summary) and that it is stored so."""
+    from huggingface_hub import ModelCard
+
+    from sa_vision.hub.card import card_accuracy
+    ckpt_path, _ = trained
+    recorded = torch.load(ckpt_path, weights_only=True)['metrics']
+    for dtype, rounded in (('float32', False), ('bfloat16', True)):
+        export_hub_folder(ckpt_path, tmp_path / dtype, figure=False, dtype=dtype)
+        text = (tmp_path / dtype / 'README.md').read_text(encoding='utf-8')
+        results = ModelCard(text).data.eval_results
+        assert {r.metric_name.split(' ')[0]: r.metric_value for r in results} == {
+            'Top-1': round(recorded['top1'], 2), 'Top-5': round(recorded['top5'], 2)}
+        assert all(('float32 weights, before rounding to bfloat16' in r.metric_name) == rounded for r in results)
+        assert ('Stored in bfloat16' in text) == rounded
+        evaluation = [line for line in text.splitlines() if line.startswith('- Evaluation of')]
+        assert len(evaluation) == 1 and ('in float32, before they were rounded to bfloat16' in evaluation[0]) == rounded
+        assert card_accuracy(text) == {'top1': round(recorded['top1'], 2), 'top5': round(recorded['top5'], 2)}
+
+
 @pytest.mark.parametrize('repo_id, created', [('someone/x', 'someone/x'), ('mymodel', 'someone/mymodel')])
 def test_the_published_card_and_output_name_the_repository_created(trained, tmp_path, recording_api, capsys,
                                                                    repo_id, created):

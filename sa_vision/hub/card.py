@@ -252,17 +252,23 @@ def card_accuracy(card_text: str) -> Dict[str, float]:
     (``top1``, ``top5``); empty for a card without them."""
     from huggingface_hub import ModelCard
     names = {name: key for key, name in CARD_METRICS}
-    return {names[r.metric_name]: float(r.metric_value) for r in ModelCard(card_text).data.eval_results or []
-            if r.metric_name in names}
+    # a name may say which weights were evaluated: 'Top-1 accuracy (float32 weights, before rounding to bfloat16)'
+    return {names[r.metric_name.split(' (')[0]]: float(r.metric_value)
+            for r in ModelCard(card_text).data.eval_results or [] if r.metric_name.split(' (')[0] in names}
 
 
 def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLabel, repo_id: str, input_size: int,
-                      has_figure: bool = False, exported_args: Optional[Dict[str, Any]] = None) -> str:
+                      has_figure: bool = False, exported_args: Optional[Dict[str, Any]] = None,
+                      stored_dtype: Optional[torch.dtype] = None) -> str:
     """README.md of an export: the card template with the labels, measured size, accuracy and training summary;
     ``input_size`` and ``exported_args`` (model arguments added to the checkpoint's, e.g. the border of a padded
-    dataset): the exported config's (:func:`sa_vision.hub.export.exported_config`)."""
+    dataset): the exported config's (:func:`sa_vision.hub.export.exported_config`); ``stored_dtype``: the dtype
+    the weights are stored in, where the export rounded them (bfloat16, float16)."""
     from huggingface_hub import EvalResult, ModelCard
     arch, metrics, info = ckpt.arch, ckpt.meta.get('metrics') or {}, label.dataset
+    # the recorded accuracy is of the float32 weights trained: the rounded ones were never evaluated here
+    rounded_to = str(stored_dtype).removeprefix('torch.') if stored_dtype in (torch.bfloat16, torch.float16) else ''
+    of_float32 = f' (float32 weights, before rounding to {rounded_to})' if rounded_to else ''
     template_path = MODEL_CARD_DIR / f'{arch}.md'
     template = template_path.read_text(encoding='utf-8') if template_path.is_file() else generate_model_card(arch)
     card = ModelCard(template)  # YAML front matter as ModelCardData, the markdown as card.text
@@ -278,7 +284,7 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
             # an image folder is no Hub dataset: the type of the Hub's own loader of one, never a public id ('beans')
             dataset_type=info.hub_dataset or ('imagefolder' if info.is_image_folder else info.tag),
             dataset_name=info.title, dataset_split=split,
-            metric_type='accuracy', metric_name=name, metric_value=round(float(metrics[key]), 2))
+            metric_type='accuracy', metric_name=name + of_float32, metric_value=round(float(metrics[key]), 2))
             for key, name in scores]
     body = card.text
     body = _replace_section(body, 'title', f'# {label.name}')
@@ -288,10 +294,13 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     # all of them: the model built from fewer (say, without the border it adds to 28x28 images) loads the weights
     # without a word and classifies worse
     model_args = {**ckpt.model_args, **(exported_args or {})}
+    stored = (f'\n- Stored in {rounded_to}: the trained float32 weights rounded to half the bytes, which a float32 '
+              f'model loads as rounded; their accuracy may differ from the recorded one, of the float32 weights '
+              f'(`sa-vision-validate --model local-dir:<folder>` measures them)' if rounded_to else '')
     body = _replace_section(body, 'size', _size_section(
-        counts, f'\n- Architecture arguments of these weights: `{model_args}`' if model_args else ''))
-    body = _replace_section(body, 'results', _measured_results(ckpt, label, scores))
-    body = _replace_section(body, 'training', training_summary(ckpt, label))
+        counts, (f'\n- Architecture arguments of these weights: `{model_args}`' if model_args else '') + stored))
+    body = _replace_section(body, 'results', _measured_results(ckpt, label, scores, of_float32))
+    body = _replace_section(body, 'training', training_summary(ckpt, label, rounded_to))
     body = _replace_section(body, 'recipe', recipe_section(ckpt))
     body = _replace_section(body, 'usage', usage_section(
         arch, repo_id, info, model.num_classes, input_size, ckpt.label_names(model.num_classes, info), exported=True))
@@ -309,11 +318,12 @@ def evaluated_split(ckpt: Checkpoint, info) -> str:
     return split_name(info.name, split) if split else info.eval_split
 
 
-def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores) -> str:
+def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores, of_float32: str = '') -> str:
     """The results table, with the accuracy of these weights where recorded: for the reference weights in the
-    table, for others below it; said to be optimistic where the same evaluation picked the epoch."""
+    table, for others below it; said to be optimistic where the same evaluation picked the epoch, and
+    (``of_float32``) to be of the float32 weights where the export rounded them."""
     metrics, info = ckpt.meta.get('metrics') or {}, label.dataset
-    measured = f'{metrics["top1"]:.2f} %' if 'top1' in metrics and label.is_reference else None
+    measured = f'{metrics["top1"]:.2f} %{of_float32}' if 'top1' in metrics and label.is_reference else None
     results = _results_section(ckpt.arch, measured)
     if 'top1' in metrics and not label.is_reference:
         what = info.title if label.registered_architecture else f'{info.title} with a custom configuration'
@@ -321,7 +331,7 @@ def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores) -> str:
         results += (f'\n\nThese weights were trained on **{what}**'
                     + ('' if on_cifar else ', not CIFAR-10')
                     + ': ' + ', '.join(f'{name.lower()} {float(metrics[key]):.2f} %' for key, name in scores)
-                    + f' on its {evaluated_split(ckpt, info)} split.')
+                    + f' on its {evaluated_split(ckpt, info)} split{of_float32}.')
     if 'top1' in metrics:
         results += ('' if label.is_reference else '\n') + picked_note(training_record(ckpt)).lstrip()
     return results.rstrip()

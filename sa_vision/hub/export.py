@@ -261,7 +261,7 @@ def export_hub_folder(
             save_positional_trajectory(epochs, folder / POSITIONAL_EPOCHS_FILE)
         has_figure = figure and _save_card_figure(model, folder / CARD_FIGURE_FILENAME)
         readme = render_model_card(ckpt, model, label, repo_id, input_cfg['input_size'][-1], has_figure=has_figure,
-                                   exported_args=pad_args)
+                                   exported_args=pad_args, stored_dtype=dtype)
         (folder / 'README.md').write_text(readme, encoding='utf-8')
         written = sorted(folder.iterdir())
         for path in written:  # safetensors writes through a temporary file of mode 0600

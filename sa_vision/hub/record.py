@@ -111,19 +111,21 @@ def _weights_line(record: TrainingRecord) -> str:
     return text + '.'
 
 
-def _evaluation_lines(ckpt: Checkpoint, record: TrainingRecord):
+def _evaluation_lines(ckpt: Checkpoint, record: TrainingRecord, rounded_to: str = ''):
     metrics = ckpt.meta.get('metrics') or {}
+    # an export stored in bfloat16 holds the evaluated float32 weights rounded
+    these = f'these weights in float32, before they were rounded to {rounded_to}' if rounded_to else 'these weights'
     if {'top1', 'top5', 'loss'} <= set(metrics):
         top5 = (f'top-5 {metrics["top5"]:.2f} %, ' if ckpt.model_args.get('num_classes', 10) > 5 else '')  # else 100
         autocast = (ckpt.meta.get('args') or {}).get('amp_used')
         # the training evaluated under its autocast: these 16-bit rounded sums score a few hundredths of a point
         # apart from the same weights in float32 (sa-vision-validate), enough to differ in a card's two decimals
         precision = f', under {autocast} autocast as in training' if autocast else ''
-        yield (f'- Evaluation of these weights ({metrics.get("num_images")} images{precision}): top-1 '
+        yield (f'- Evaluation of {these} ({metrics.get("num_images")} images{precision}): top-1 '
                f'{metrics["top1"]:.2f} %, {top5}loss {metrics["loss"]:.4f}.')
     elif metrics:
         scores = ', '.join(f'{name} {value:.4g}' for name, value in metrics.items())
-        yield f'- Evaluation of these weights (timm `train.py`): {scores}.'
+        yield f'- Evaluation of {these} (timm `train.py`): {scores}.'
     elif record.trainer == 'sa-vision-train' and (ckpt.meta.get('args') or {}).get('val_interval', 1) > 1:
         yield (f'- These weights were not evaluated: `--val-interval {ckpt.meta["args"]["val_interval"]}` left their '
                f'epoch out (`sa-vision-validate` measures them).')
@@ -133,8 +135,9 @@ def _evaluation_lines(ckpt: Checkpoint, record: TrainingRecord):
                f'these: their own accuracy is not recorded (`sa-vision-validate` measures it).')
 
 
-def training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
-    """The card's training summary: the run, which weights these are, their evaluation, the epochs (from 1)."""
+def training_summary(ckpt: Checkpoint, label: WeightsLabel, rounded_to: str = '') -> str:
+    """The card's training summary: the run, which weights these are, their evaluation (``rounded_to``: of the
+    float32 weights the export rounded to that dtype), the epochs (from 1)."""
     record, args = training_record(ckpt), ckpt.meta.get('args') or {}
     lines = ['## Training summary']
     if record is None:
@@ -151,7 +154,7 @@ def training_summary(ckpt: Checkpoint, label: WeightsLabel) -> str:
     lines.append(_weights_line(record))
     if args.get('initial_checkpoint'):
         lines.append('- Started from earlier weights (`--initial-checkpoint`), e.g. a pruned model.')
-    lines += _evaluation_lines(ckpt, record)
+    lines += _evaluation_lines(ckpt, record, rounded_to)
     history = ckpt.meta.get('history') or []
     if history:  # the record counts its epochs from 0
         lines += ['', markdown_table(['epoch', 'train loss', 'lr', 'eval loss', 'top-1'], [
