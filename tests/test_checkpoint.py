@@ -368,6 +368,23 @@ def test_a_folder_without_weights_says_what_it_lacks(tmp_path):
         read_checkpoint(best_only)
 
 
+def test_a_run_folder_with_no_finished_epoch_says_so_to_every_command(tmp_path, capsys):
+    """A run killed in its first epoch leaves its args.yaml and recipe.yaml, no checkpoint: each command that reads
+    weights says that no epoch finished and to start the run again, not to pass the run folder it was given."""
+    from helpers import command_here
+    run = tmp_path / 'run'
+    run.mkdir()
+    (run / 'args.yaml').write_text('model: sa_quadratic_cifar\ndataset: digits\n', encoding='utf-8')
+    (run / 'recipe.yaml').write_text('model: sa_quadratic_cifar\n', encoding='utf-8')
+    for name, *args in (('validate', '--model', f'local-dir:{run}'), ('push_to_hub', run, '--dry-run'),
+                        ('train', '--resume', run, '--export')):
+        status, _, err = command_here(capsys, name, *args)
+        assert status == 2 and err.count('error:') == 1, (name, err)
+        assert 'no epoch has finished' in err and 'start the run again' in err, (name, err)
+        assert 'pass a checkpoint file, a run folder' not in err, (name, err)
+    assert sorted(p.name for p in run.iterdir()) == ['args.yaml', 'recipe.yaml']
+
+
 def _names(cfg):
     return None if cfg.get('label_names') is None else list(cfg['label_names'])
 

@@ -124,6 +124,13 @@ def _classifier_width(arch: str, state_dict: Dict[str, Tensor]) -> Dict[str, Any
 
 def _read_hub_folder(folder: Path) -> Checkpoint:
     config_path = folder / 'config.json'
+    if not config_path.is_file() and not (folder / BEST_CHECKPOINT).is_file() and (folder / 'args.yaml').is_file():
+        # the folder of a run (sa-vision-train, timm train.py) whose first epoch has not ended: no weights yet
+        raise CheckpointError(
+            f'{folder} is a run folder (args.yaml) in which no epoch has finished: it holds no {RUN_CHECKPOINT} yet. '
+            f'A run still in its first epoch writes it when that epoch ends; a run killed before then has nothing '
+            f'to resume, export or evaluate: delete {folder} and start the run again (docs/training.md, "Run '
+            f'folders and checkpoints")')
     if not config_path.is_file():
         best = folder / BEST_CHECKPOINT
         raise CheckpointError(
