@@ -199,6 +199,11 @@ def test_a_run_weights_or_hub_folder_given_by_position_is_named_with_the_option_
                              r'the model\. Pass --num-classes 10'),
     (['--img-size', '15'], r'cannot take 15x15 images \(--img-size 15\): expected an even height and width'),
     (['--data-dir', 'imgs'], r"--data-dir imgs: --dataset digits reads no files .* pass --dataset ''"),
+    # the datasets give RGB (grey repeated, as timm reads images): not a matter of --img-size, nor of in_chans=3
+    (['--model-kwargs', 'in_chans=1'], r'^sa_quadratic_cifar was built for 1-channel images \(in_chans=1\), but '
+                                       r'the datasets feed 3-channel ones .*: drop in_chans from --model-kwargs'),
+    (['--model', 'resnet18_cifar', '--model-kwargs', 'in_chans=1'],
+     r'^resnet18_cifar was built for 1-channel images .* drop in_chans'),
 ])
 def test_what_would_stop_the_first_batch_is_a_user_error_before_the_run_folder(tmp_path, args, message):
     """Fewer classes than the dataset's labels (torch's 'Target 6 is out of bounds' at the first batch), an odd

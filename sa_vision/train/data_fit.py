@@ -35,6 +35,11 @@ def check_model_takes_data(model_name: str, model: torch.nn.Module, dataset: str
     if problem:
         raise UserError(f'{problem}. Pass --num-classes {wanted} (from --initial-checkpoint weights of another class '
                         f'count, the classifier starts anew)')
+    channels = getattr(model, 'in_chans', input_size[0])
+    if channels != input_size[0]:  # every reader gives RGB, grey images repeated, as timm's ImageDataset opens them
+        raise UserError(f'{model_name} was built for {channels}-channel images (in_chans={channels}), but the '
+                        f'datasets feed {input_size[0]}-channel ones (grey images as RGB): drop in_chans from '
+                        f'--model-kwargs (docs/models.md says where other channel counts serve)')
     try:
         check_input_size(model, input_size)
     except ValueError as e:
