@@ -158,3 +158,25 @@ def test_an_export_of_an_export_keeps_its_epochs(tmp_path):
         assert names == ['epoch-000', 'epoch-001', 'epoch-002'], folder
         moved = stacked['blocks.0.attn.position.centers'] - start
         assert moved[:, 0, 0].tolist() == pytest.approx([1., 2., 3.]), folder
+
+
+@pytest.mark.slow
+def test_a_resumed_run_turns_whole_epoch_weights_off_and_keeps_the_centres_instead(tmp_path, caplog, capsys):
+    """A run keeps its own --save-epoch-weights on --resume (a reproduction's run begun before 2026-11-29 kept them,
+    48 MB an epoch at the paper's size): --no-save-epoch-weights stops them, and its centres go on in the small file
+    from the epoch it trains next, read after the whole weights of the epochs before."""
+    status, log = train_here(caplog, capsys, *TINY, '--epochs', 1, '--output', tmp_path, '--experiment', 'run',
+                             '--save-epoch-weights', '--no-save-epoch-positions')
+    assert status == 0, log
+    run = tmp_path / 'run'
+    whole = ['epoch-000.safetensors', 'epoch-001.safetensors']
+    assert sorted(p.name for p in run.glob('epoch-*')) == whole and not (run / POSITIONAL_EPOCHS_FILE).exists()
+    status, log = train_here(caplog, capsys, '--resume', run / 'last.pth.tar', '--epochs', 2,
+                             '--no-save-epoch-weights', '--save-epoch-positions')
+    assert status == 0, log
+    assert sorted(p.name for p in run.glob('epoch-*')) == whole
+    final = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=True)
+    stacked, names = _stored(run / POSITIONAL_EPOCHS_FILE)
+    assert final['epoch'] == 1 and names == ['epoch-002'] and len(stacked) == 4  # two layers' centres, factors
+    assert all(torch.equal(stacked[key][0], final['state_dict'][key]) for key in stacked)
+    assert list(run_epochs(run)) == ['epoch-000', 'epoch-001', 'epoch-002']

@@ -716,6 +716,50 @@ def test_a_stage_killed_before_its_first_checkpoint_trains_again_from_the_start(
     assert (run / 'positional_epochs.safetensors').read_bytes() != b'the killed run\'s initialisation'
 
 
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_run_an_older_reproduction_began_keeps_centres_not_whole_weights_once_resumed(tmp_path, monkeypatch):
+    """Until 2026-11-29 a Gaussian model's stage kept the whole weights of every epoch (48 MB each at the paper's
+    size), and --resume keeps a run's own arguments: the stage's resume turns them off and keeps the centres
+    instead, ahead of its --train-args (which still win)."""
+    from safetensors import safe_open
+
+    from sa_vision.reproduce import Reproduction, stages
+    from sa_vision.train import loop
+    from sa_vision.train.positional_epochs import POSITIONAL_EPOCHS_FILE, run_epochs
+    zoo = Reproduction(tmp_path, 'tiny', epochs=2, train_args=['--seed', '1'])
+    run, save = zoo.run_dir('sa_quadratic_cifar'), loop.save_epoch
+
+    def save_and_stop(ckpt, *rest):  # killed right after its first epoch's files
+        save(ckpt, *rest)
+        raise _Killed
+    with monkeypatch.context() as older:  # the stage as it was: whole weights, no centres file
+        older.setattr(stages, 'keeps_epoch_positions', lambda model: False)
+        older.setattr(stages, 'run_training',
+                      lambda cmd, tag, trainings: _in_process_training(cmd + ['--save-epoch-weights'], tag))
+        older.setattr(loop, 'save_epoch', save_and_stop)
+        with pytest.raises(_Killed):
+            zoo.train('sa_quadratic_cifar')
+    whole = ['epoch-000.safetensors', 'epoch-001.safetensors']
+    assert sorted(p.name for p in run.glob('epoch-*')) == whole and not (run / POSITIONAL_EPOCHS_FILE).exists()
+    commands = []
+    monkeypatch.setattr(stages, 'run_training',
+                        lambda cmd, tag, trainings: commands.append(cmd) or _in_process_training(cmd, tag))
+    zoo.train('sa_quadratic_cifar')
+    resumed, = commands
+    assert '--resume' in resumed and resumed.index('--no-save-epoch-weights') < resumed.index('--seed')
+    assert resumed.index('--save-epoch-positions') < resumed.index('--seed')
+    assert sorted(p.name for p in run.glob('epoch-*')) == whole
+    final = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=True)
+    with safe_open(str(run / POSITIONAL_EPOCHS_FILE), 'pt') as f:
+        assert json.loads(f.metadata()['epochs']) == ['epoch-002'] and final['epoch'] == 1
+        assert all(torch.equal(f.get_tensor(key)[0], final['state_dict'][key]) for key in f.keys())
+    assert list(run_epochs(run)) == ['epoch-000', 'epoch-001', 'epoch-002']
+
+
 def _fake_staged_zoo(tmp_path, monkeypatch, seconds):
     """A StagedZoo whose stages write the kept files and the row at once and take ``seconds[model]`` of a clock."""
     from sa_vision.hub import HUB_FOLDER_FILES

@@ -155,6 +155,9 @@ class Reproduction:
             cmd += ['--data-dir', str(self.data_dir)]
         if self.download:
             cmd.append('--dataset-download')
+        if last.is_file():  # a run keeps its own epoch files' flags: one begun before 2026-11-29 kept whole weights
+            cmd += ['--no-save-epoch-weights', '--save-epoch-positions' if recipe['save_epoch_positions'] else
+                    '--no-save-epoch-positions']
         cmd += self.train_args
         initial = ['--initial-checkpoint', str(initial_checkpoint)] if initial_checkpoint is not None else []
         if last.is_file():

@@ -230,11 +230,12 @@ def _misc_arguments(group) -> None:
                        help='run folder name, a folder below --output (default: the time, the model and the dataset)')
     group.add_argument('--eval-metric', default='top1', type=str, choices=('top1', 'top5', 'loss'),
                        help="'top1', 'top5' (higher is better) or 'loss' (lower is better): which epoch is best")
-    group.add_argument('--save-epoch-weights', action='store_true', default=False,
+    # --no-...: a resumed run keeps its own value, which only the command line changes
+    group.add_argument('--save-epoch-weights', action=argparse.BooleanOptionalAction, default=False,
                        help='also keep the whole weights of every epoch (<run>/epoch-NNN.safetensors, NNN = epochs '
                             'done; 000 = the initialisation); --save-epoch-positions keeps what the centre '
                             'trajectories read of them')
-    group.add_argument('--save-epoch-positions', action='store_true', default=False,
+    group.add_argument('--save-epoch-positions', action=argparse.BooleanOptionalAction, default=False,
                        help='keep the centres and precision factors of every epoch, all that the centre trajectories '
                             '(paper Fig. 3), the explorer and an export read of the epochs: a few KiB each, in '
                             '<run>/positional_epochs.safetensors (quadratic and generalized kinds)')
