@@ -327,9 +327,9 @@ def test_an_empty_weights_file_is_called_cut_short(tmp_path):
         read_checkpoint(tmp_path / 'last.pth.tar')
 
 
-def test_an_explorer_epochs_file_names_the_folder_it_goes_with(tmp_path):
-    """A Hub folder's positional_epochs.safetensors holds the kept epochs' centres alone: not 'bare weights of
-    a timm model to name', but the folder whose model.safetensors it goes with."""
+def test_an_epochs_file_names_the_folder_it_goes_with(tmp_path):
+    """A Hub folder's or a run's positional_epochs.safetensors holds the kept epochs' centres alone: not 'bare
+    weights of a timm model to name', but the folder whose model.safetensors or last.pth.tar it goes with."""
     from sa_vision.train.positional_epochs import (
         POSITIONAL_EPOCHS_FILE,
         positional_params,
@@ -340,7 +340,13 @@ def test_an_explorer_epochs_file_names_the_folder_it_goes_with(tmp_path):
                                       tmp_path / POSITIONAL_EPOCHS_FILE)
     with pytest.raises(CheckpointError, match=rf'^{re.escape(str(path))} holds the centres and precision factors of '
                                               rf"kept epochs \(\d+ tensors\), not a model's weights: pass the folder "
-                                              rf'it is in \(local-dir:{re.escape(str(tmp_path))}\)'):
+                                              rf'it is in \(local-dir:{re.escape(str(tmp_path))}\), whose '
+                                              rf'model.safetensors they go with$'):
+        read_checkpoint(path)
+    # a run's (sa-vision-train --save-epoch-positions): a run folder reads as its last.pth.tar
+    (tmp_path / 'last.pth.tar').write_bytes(b'the run\'s checkpoint')
+    with pytest.raises(CheckpointError, match=rf"not a model's weights: pass the folder it is in "
+                                              rf'\({re.escape(str(tmp_path))}\), whose last.pth.tar they go with$'):
         read_checkpoint(path)
 
 

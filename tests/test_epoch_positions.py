@@ -180,3 +180,41 @@ def test_a_resumed_run_turns_whole_epoch_weights_off_and_keeps_the_centres_inste
     assert final['epoch'] == 1 and names == ['epoch-002'] and len(stacked) == 4  # two layers' centres, factors
     assert all(torch.equal(stacked[key][0], final['state_dict'][key]) for key in stacked)
     assert list(run_epochs(run)) == ['epoch-000', 'epoch-001', 'epoch-002']
+
+
+@pytest.mark.slow
+def test_a_resume_refuses_a_damaged_centres_file_before_an_epoch_trains(tmp_path, caplog, capsys, monkeypatch):
+    """Each epoch's end adds to positional_epochs.safetensors before writing last.pth.tar: a file it cannot add to
+    (cut short, or of another model) found only there would lose the epoch. The resume refuses it before, with what
+    a run folder needs; moved away, the run keeps the centres from its next epoch on."""
+    from sa_vision.train import loop
+    status, log = train_here(caplog, capsys, *TINY, '--epochs', 1, '--output', tmp_path, '--experiment', 'run',
+                             '--save-epoch-positions')
+    assert status == 0, log
+    run, trained = tmp_path / 'run', []
+    kept, last = (run / POSITIONAL_EPOCHS_FILE).read_bytes(), (run / 'last.pth.tar').read_bytes()
+    train_one_epoch = loop.train_one_epoch
+    monkeypatch.setattr(loop, 'train_one_epoch', lambda epoch, *rest, **kw: trained.append(epoch) or train_one_epoch(
+        epoch, *rest, **kw))
+    other = timm.create_model('sa_quadratic_cifar', **{**KWARGS, 'heads_per_layer': 3})  # another run's model
+    other_file = tmp_path / 'other.safetensors'
+    record_epoch_positions(other, tmp_path, 0)
+    (tmp_path / POSITIONAL_EPOCHS_FILE).rename(other_file)
+    advice = (f"The run's checkpoints do not need it: move it out of {run} (or delete it); resumed with "
+              f'--save-epoch-positions, the run then keeps the centres and precision factors after each epoch it '
+              f'trains from there on, without those of the epochs before')
+    for damaged, problem in ((kept[:len(kept) // 2], 'is not a file of epochs as sa-vision-train '
+                                                     '--save-epoch-positions writes it: it cannot be read'),
+                             (other_file.read_bytes(), 'does not fit the model of its run: '
+                                                       'blocks.0.attn.position.centers is of shape (3, 2) in its '
+                                                       'epoch-000, of shape (2, 2) in the model.')):
+        (run / POSITIONAL_EPOCHS_FILE).write_bytes(damaged)
+        status, log = train_here(caplog, capsys, '--resume', run / 'last.pth.tar', '--epochs', 2)
+        error = log.strip().splitlines()[-1]
+        assert status == 2 and error.startswith(f'error: {run / POSITIONAL_EPOCHS_FILE} {problem}'), error
+        assert error.endswith(advice) and not trained, error
+        assert (run / 'last.pth.tar').read_bytes() == last
+    (run / POSITIONAL_EPOCHS_FILE).rename(tmp_path / 'moved.safetensors')
+    status, log = train_here(caplog, capsys, '--resume', run / 'last.pth.tar', '--epochs', 2)
+    assert status == 0 and trained == [1], log
+    assert _stored(run / POSITIONAL_EPOCHS_FILE)[1] == ['epoch-002']

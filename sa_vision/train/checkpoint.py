@@ -91,11 +91,12 @@ def _from_state_dict(state_dict: Dict[str, Tensor], path: Path, fmt: str, arch: 
     elif arch is None and (resnet_args := infer_cifar_resnet_args(state_dict)) is not None:
         arch = 'resnet18_cifar'
         model_args = {**resnet_args, **model_args}
-    if arch is None and 'epochs' in meta:  # a Hub folder's positional_epochs.safetensors (the explorer's)
+    if arch is None and 'epochs' in meta:  # a positional_epochs.safetensors: a run's, or a Hub folder's (explorer's)
+        run = (path.parent / RUN_CHECKPOINT).is_file()
         raise CheckpointError(
             f'{path} holds the centres and precision factors of kept epochs ({len(state_dict)} tensors), not a '
-            f"model's weights: pass the folder it is in (local-dir:{path.parent}), whose model.safetensors they "
-            f'go with')
+            f"model's weights: pass the folder it is in ({'' if run else 'local-dir:'}{path.parent}), whose "
+            f"{RUN_CHECKPOINT if run else 'model.safetensors'} they go with")
     if arch is None:
         raise CheckpointError(
             f'{path} holds bare weights ({len(state_dict)} tensors, e.g. {sorted(state_dict)[:3]}) that are '

@@ -19,7 +19,7 @@ from .checkpoint import RUN_CHECKPOINT, CheckpointError, read_checkpoint
 __all__ = [
     'POSITIONAL_EPOCHS_FILE', 'positional_params', 'run_epochs', 'positional_trajectory', 'save_positional_trajectory',
     'load_positional_trajectory', 'models_at_epochs', 'epoch_label', 'record_epoch_positions', 'initial_positions',
-    'weights_epochs',
+    'weights_epochs', 'check_run_positions',
 ]
 
 # per-epoch centres and precision factors of a model, kept beside its weights (Fig. 3 of the paper: how the heads moved)
@@ -74,10 +74,47 @@ def load_positional_trajectory(path) -> Dict[str, Dict[str, Tensor]]:
         problem = f'it cannot be read ({e})'
     else:
         problem = _trajectory_problem(labels, stacked)
-    if problem:  # an optional file, from a folder or a Hub repository
+    if problem:  # an optional file, of a run, an exported folder or a Hub repository
+        if _in_run_folder(Path(path)):
+            raise CheckpointError(f'{path} is not a file of epochs as sa-vision-train --save-epoch-positions writes '
+                                  f'it: {problem}. {_RUN_FILE_ADVICE.format(folder=Path(path).parent)}')
         raise CheckpointError(f'{path} is not a file of epochs as an export writes it: {problem}. The model does '
                               f'not need it: delete it, or export the run again')
     return {label: {k: v[i] for k, v in stacked.items()} for i, label in enumerate(labels)}
+
+
+# what record_epoch_positions does without the file: it starts a new one at the epoch it adds
+_RUN_FILE_ADVICE = ('The run\'s checkpoints do not need it: move it out of {folder} (or delete it); resumed with '
+                    '--save-epoch-positions, the run then keeps the centres and precision factors after each epoch it '
+                    'trains from there on, without those of the epochs before')
+
+
+def _in_run_folder(path: Path) -> bool:
+    """Whether ``path`` is in the folder of a sa-vision-train run (which writes ``args.yaml`` first), not an
+    exported one."""
+    return (path.parent / RUN_CHECKPOINT).is_file() or (path.parent / 'args.yaml').is_file()
+
+
+def check_run_positions(run_dir: Path, model: nn.Module) -> None:
+    """Read the :data:`POSITIONAL_EPOCHS_FILE` of the run resumed in ``run_dir``, where it has one, and match its
+    epochs with ``model``'s centres and precision factors, before an epoch trains: each epoch's end adds to the file
+    before writing its checkpoint, so a file it cannot add to would fail only then, and lose that epoch."""
+    path = run_dir / POSITIONAL_EPOCHS_FILE
+    if not path.is_file():
+        return
+    shapes = {key: tuple(value.shape) for key, value in positional_params(model.state_dict()).items()}
+    for label, params in load_positional_trajectory(path).items():
+        kept = {key: tuple(value.shape) for key, value in params.items()}
+        odd = sorted(set(kept) ^ set(shapes)) or [key for key in sorted(shapes) if kept[key] != shapes[key]]
+        if odd:
+            key = odd[0]
+            raise CheckpointError(f'{path} does not fit the model of its run: {key} is {_shape(kept, key)} in its '
+                                  f'{label}, {_shape(shapes, key)} in the model. '
+                                  f'{_RUN_FILE_ADVICE.format(folder=run_dir)}')
+
+
+def _shape(shapes: Dict[str, Tuple[int, ...]], key: str) -> str:
+    return f'of shape {shapes[key]}' if key in shapes else 'missing'
 
 
 def _trajectory_problem(labels: Any, stacked: Dict[str, Tensor]) -> Optional[str]:

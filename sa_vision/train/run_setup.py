@@ -4,6 +4,7 @@ optimizer, the loaders, the scheduler, the precision and the compiled model that
 import logging
 from contextlib import nullcontext
 from functools import partial
+from pathlib import Path
 from typing import Optional
 
 import timm
@@ -27,7 +28,7 @@ from .data_fit import check_model_takes_data, pad_value_note
 from .device_data import DeviceEvalLoader, DeviceTrainLoader, resolve_device_data
 from .evaluation import evaluation_module
 from .optimizer import resolve_opt_fused
-from .positional_epochs import positional_params
+from .positional_epochs import check_run_positions, positional_params
 from .runtime import (
     apply_threads,
     configure_backends,
@@ -81,6 +82,8 @@ def create_model(args, initial, kwargs_sources=None, resumed=None):
     if args.save_epoch_positions and not positional_params(model.state_dict()):
         raise UserError(f'--save-epoch-positions: {args.model} has no Gaussian centres to keep (only the quadratic '
                         f'and generalized kinds have them); drop it, or keep whole weights with --save-epoch-weights')
+    if args.save_epoch_positions and resumed is not None:
+        check_run_positions(Path(resumed.source).parent, model)
     data_cfg = timm.data.resolve_data_config({'img_size': args.img_size} if args.img_size else {}, model=model)
     weights = resumed or initial
     stated = weights.preprocessing if weights else {}
