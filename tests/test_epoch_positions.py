@@ -177,8 +177,11 @@ def test_a_resumed_run_turns_whole_epoch_weights_off_and_keeps_the_centres_inste
     assert sorted(p.name for p in run.glob('epoch-*')) == whole
     final = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=True)
     stacked, names = _stored(run / POSITIONAL_EPOCHS_FILE)
-    assert final['epoch'] == 1 and names == ['epoch-002'] and len(stacked) == 4  # two layers' centres, factors
-    assert all(torch.equal(stacked[key][0], final['state_dict'][key]) for key in stacked)
+    # the epoch it resumed from first (equal to its whole weights), then the one it trained
+    assert final['epoch'] == 1 and names == ['epoch-001', 'epoch-002'] and len(stacked) == 4  # 2 centres, 2 factors
+    assert all(torch.equal(stacked[key][1], final['state_dict'][key]) for key in stacked)
+    resumed_from = load_file(str(run / 'epoch-001.safetensors'))
+    assert all(torch.equal(stacked[key][0], resumed_from[key]) for key in stacked)
     assert list(run_epochs(run)) == ['epoch-000', 'epoch-001', 'epoch-002']
 
 
@@ -201,8 +204,8 @@ def test_a_resume_refuses_a_damaged_centres_file_before_an_epoch_trains(tmp_path
     record_epoch_positions(other, tmp_path, 0)
     (tmp_path / POSITIONAL_EPOCHS_FILE).rename(other_file)
     advice = (f"The run's checkpoints do not need it: move it out of {run} (or delete it); resumed with "
-              f'--save-epoch-positions, the run then keeps the centres and precision factors after each epoch it '
-              f'trains from there on, without those of the epochs before')
+              f'--save-epoch-positions, the run then keeps the centres and precision factors from the epoch it '
+              f'resumes from on, without those of the epochs before')
     for damaged, problem in ((kept[:len(kept) // 2], 'is not a file of epochs as sa-vision-train '
                                                      '--save-epoch-positions writes it: it cannot be read'),
                              (other_file.read_bytes(), 'does not fit the model of its run: '
@@ -217,4 +220,4 @@ def test_a_resume_refuses_a_damaged_centres_file_before_an_epoch_trains(tmp_path
     (run / POSITIONAL_EPOCHS_FILE).rename(tmp_path / 'moved.safetensors')
     status, log = train_here(caplog, capsys, '--resume', run / 'last.pth.tar', '--epochs', 2)
     assert status == 0 and trained == [1], log
-    assert _stored(run / POSITIONAL_EPOCHS_FILE)[1] == ['epoch-002']
+    assert _stored(run / POSITIONAL_EPOCHS_FILE)[1] == ['epoch-001', 'epoch-002']

@@ -15,7 +15,8 @@ from .evaluation import EVAL_METRICS, metric_text
 from .positional_epochs import epoch_label, record_epoch_positions
 from .state import Log, args_as_saved, run_recipe
 
-__all__ = ['checkpoint_dict', 'save_epoch_records', 'save_epoch', 'SUMMARY', 'summary_metrics', 'write_summary_row']
+__all__ = ['checkpoint_dict', 'save_epoch_records', 'save_start_records', 'save_epoch', 'SUMMARY', 'summary_metrics',
+           'write_summary_row']
 
 
 def checkpoint_dict(args, model, optimizer, lr_scheduler, loss_scaler, *, epochs_done: int, num_epochs: int,
@@ -55,6 +56,15 @@ def save_epoch_records(model: nn.Module, args, run_dir: Path, epochs_done: int) 
             save_file(state_dict, str(tmp), metadata=metadata)
     if args.save_epoch_positions:
         record_epoch_positions(model, run_dir, epochs_done)
+
+
+def save_start_records(model: nn.Module, args, run_dir: Path, start_epoch: int, num_epochs: int) -> None:
+    """What a run keeps before its first step: a new run's records of its initialisation, a resume's centres of the
+    epoch it starts from (--save-epoch-positions): where the run kept none before, its trajectory starts there."""
+    if start_epoch == 0:
+        save_epoch_records(model, args, run_dir, 0)
+    elif args.save_epoch_positions and start_epoch < num_epochs:
+        record_epoch_positions(model, run_dir, start_epoch)
 
 
 SUMMARY = 'summary.csv'

@@ -27,7 +27,7 @@ from .caller_settings import caller_settings_kept
 from .checkpoint import BEST_CHECKPOINT, RUN_CHECKPOINT, read_checkpoint
 from .data import split_name
 from .device_data import set_epoch
-from .epoch_files import checkpoint_dict, save_epoch, save_epoch_records
+from .epoch_files import checkpoint_dict, save_epoch, save_start_records
 from .evaluation import evaluate_epoch, evaluated_after, metric_text, result_json
 from .run_folder import repair_run_files, run_folder, training_in, write_run_files
 from .run_setup import (
@@ -181,8 +181,8 @@ def main(argv=None, export: Optional[Callable[[Path, Path], List[str]]] = None):
             log(f'Run folder {run_dir}; {plural(num_epochs, "epoch")} of {len(train_loader)} steps, '
                 f'{args.world_size} process(es) on {args.device}, amp={args.amp_used}')
         metrics, best = _resumed_evaluation(args, run_dir, resume_ckpt, best, log, start_epoch < num_epochs)
-        if is_primary(args) and start_epoch == 0:
-            save_epoch_records(model, args, run_dir, 0)
+        if is_primary(args):
+            save_start_records(model, args, run_dir, start_epoch, num_epochs)
         for epoch in range(start_epoch, num_epochs):
             seed_epoch(args.seed, epoch, args.rank)
             set_epoch(train_loader, epoch)

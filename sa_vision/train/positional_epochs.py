@@ -83,10 +83,10 @@ def load_positional_trajectory(path) -> Dict[str, Dict[str, Tensor]]:
     return {label: {k: v[i] for k, v in stacked.items()} for i, label in enumerate(labels)}
 
 
-# what record_epoch_positions does without the file: it starts a new one at the epoch it adds
+# what record_epoch_positions does without the file: it starts a new one at the epoch it adds (a resume's first)
 _RUN_FILE_ADVICE = ('The run\'s checkpoints do not need it: move it out of {folder} (or delete it); resumed with '
-                    '--save-epoch-positions, the run then keeps the centres and precision factors after each epoch it '
-                    'trains from there on, without those of the epochs before')
+                    '--save-epoch-positions, the run then keeps the centres and precision factors from the epoch it '
+                    'resumes from on, without those of the epochs before')
 
 
 def _in_run_folder(path: Path) -> bool:
