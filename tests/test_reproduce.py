@@ -367,6 +367,46 @@ def test_a_run_is_skipped_or_continued_only_as_the_run_of_its_stages_arguments(t
     assert not trained
 
 
+def _image_folder(root, classes=('c2', 'c10', 'cat', 'dog'), per_class=(6, 2)):
+    """``train/`` and ``validation/`` of tiny PNGs, RGB 40x24 and grey 24x40, one colour per class."""
+    from PIL import Image
+    for split, count in zip(('train', 'validation'), per_class):
+        for label, name in enumerate(classes):
+            (root / split / name).mkdir(parents=True)
+            for i in range(count):
+                image = Image.new('RGB', (40, 24), (60 * label, 255 - 60 * label, 128)) if i % 2 else Image.new(
+                    'L', (24, 40), 60 * label)
+                image.save(root / split / name / f'{i}.png')
+    return root
+
+
+def test_a_reproduction_on_an_image_folder_has_as_many_classes_as_its_class_folders(tmp_path, monkeypatch, capsys):
+    """An image folder states no class count: a stage's model has one class per class folder (the paper recipes'
+    num_classes is CIFAR-10's 10), and its finished run is skipped as that stage's; --train-args asking for another
+    count are refused before anything is written, naming the option of sa-vision-reproduce to change."""
+    from sa_vision.cli import reproduce as reproduce_script
+    from sa_vision.errors import run_cli
+    from sa_vision.reproduce import Reproduction, stages
+    from sa_vision.train.checkpoint import read_checkpoint
+    folder = _image_folder(tmp_path / 'pets')
+    monkeypatch.setattr(stages, 'run_training', _in_process_training)
+    zoo = Reproduction(tmp_path / 'out', 'tiny', dataset='pets', data_dir=str(folder), epochs=1, train_args=['-b', '8'])
+    last = zoo.train('sa_quadratic_cifar')
+    model = read_checkpoint(last).create_model().eval()
+    assert model(torch.zeros(1, 3, 32, 32)).shape == (1, 4)  # the four class folders written above
+    monkeypatch.setattr(stages, 'run_training', lambda cmd, tag, trainings: pytest.fail(f'trained again: {cmd}'))
+    capsys.readouterr()
+    zoo.train('sa_quadratic_cifar')
+    assert 'sa_quadratic_cifar: finished (1 epoch), skipped' in capsys.readouterr().out
+
+    out = tmp_path / 'other'
+    status = run_cli(reproduce_script.main, ['--profile', 'tiny', '--dataset', 'pets', '--data-dir', str(folder),
+                                             '--train-args=-b 8 --num-classes 5', '--out', str(out)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count('error:') == 1 and not out.exists(), err
+    assert 'asks every training stage for 5 classes' in err and '4 class folders' in err and '--train-args' in err, err
+
+
 def test_pruning_json_and_the_log_number_heads_from_1(tmp_path, capsys):
     """The second head of the one layer planted degenerate (index 1) is head 2 in pruning.json and in the log, as
     the figures and sa-vision-prune number it."""

@@ -36,6 +36,7 @@ from sa_vision.reproduce import (
     Reproduction,
     ReproductionError,
     StageFailed,
+    check_classes_asked,
     check_keep_target,
     check_kept_models,
     draw_figures,
@@ -125,6 +126,7 @@ def _reproduce(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int
     try:
         reproduction = Reproduction(args.out, profile.name, dataset=args.dataset, data_dir=args.data_dir,
                                     download=args.dataset_download, epochs=args.epochs, train_args=train_args)
+        check_classes_asked(reproduction.dataset, args.data_dir, asked)
         if args.keep:  # before any training: a kept zoo of other models is never replaced at the end
             if Path(args.keep).resolve() == Path(args.out).resolve():
                 raise ReproductionError(f'--keep {args.keep} names the reproduction folder itself: keep the zoo in a '

@@ -33,6 +33,7 @@ from .profiles import (
     StageFailed,
     StageStopped,
     ablation_run_name,
+    check_classes_asked,
 )
 from .report import EVAL_PRECISION, draw_figures, evaluate_on_test_split
 from .staged import STAGE_ORDER, StagedZoo
@@ -41,7 +42,7 @@ from .stages import Reproduction
 __all__ = ['STAGE_ORDER', 'StagedZoo',
            'TRAINED_MODELS', 'PRUNED_MODEL', 'TABLE_ORDER', 'Profile', 'PROFILES', 'StageFailed', 'StageStopped',
            'ReproductionError', 'Reproduction',
-           'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'evaluate_on_test_split',
+           'ABLATION_MODEL', 'ABLATION_VARIANTS', 'ablation_run_name', 'check_classes_asked', 'evaluate_on_test_split',
            'draw_figures', 'check_keep_target', 'check_kept_models', 'record_kept_models', 'kept_guard_paths',
            'kept_subset_top1', 'logits_tolerance', 'EVAL_PRECISION', 'ACCURACY_TOLERANCE', 'GUARD_IMAGES',
            'SUBSET_IMAGES']

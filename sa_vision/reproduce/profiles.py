@@ -11,12 +11,12 @@ from ..models import SA_MODEL_ARGS
 from ..paper import PAPER_RESULTS, PRUNED_FROM
 from ..research.analysis import GAUSSIAN_KINDS
 from ..research.pruning import PRUNED_ARCH
-from ..train.data import dataset_info
+from ..train.data import dataset_info, image_folder_classes
 from ..train.recipes import load_recipe
 
 __all__ = ['TABLE_ORDER', 'PRUNE_SOURCE', 'PRUNED_MODEL', 'TRAINED_MODELS', 'Profile', 'PROFILES',
            'apply_recipe_changes', 'ABLATION_MODEL', 'ABLATION_POS_LR_SCALE', 'ABLATION_VARIANTS',
-           'ablation_run_name', 'StageFailed', 'StageStopped', 'ReproductionError']
+           'ablation_run_name', 'check_classes_asked', 'StageFailed', 'StageStopped', 'ReproductionError']
 
 TABLE_ORDER = tuple(PAPER_RESULTS)  # the models of the paper's table, in its order
 PRUNED_MODEL = PRUNED_ARCH  # made from PRUNE_SOURCE; every other model of the table is trained from scratch
@@ -42,12 +42,29 @@ class Profile:
         for changes in (self.common, self.per_model.get(model, {})):
             apply_recipe_changes(recipe, changes)
         info = dataset_info(dataset)
-        recipe.update(dataset=info.name, val_split=info.eval_split, num_classes=info.num_classes or recipe.get(
-            'num_classes'))
+        recipe.update(dataset=info.name, val_split=info.eval_split)
+        if info.num_classes:
+            recipe['num_classes'] = info.num_classes
+        elif info.is_image_folder:  # sa-vision-train counts its class folders; the recipe's 10 are CIFAR-10's
+            recipe.pop('num_classes', None)
         if epochs is not None:
             recipe.update(_epochs(epochs))
         recipe.pop('initial_checkpoint', None)  # given per run
         return recipe
+
+
+def check_classes_asked(dataset: str, data_dir: Optional[str], asked) -> None:
+    """A :class:`ReproductionError` where the training arguments added to every stage (``asked``: --train-args as
+    sa-vision-train parses them) ask for another number of classes than the image folder ``dataset`` has class
+    folders: the first training would stop on it, advising an option of sa-vision-train."""
+    number = asked.num_classes if asked.num_classes is not None else asked.model_kwargs.get('num_classes')
+    classes = image_folder_classes(dataset, data_dir, asked.train_split) if number is not None else None
+    if classes is not None and int(number) != len(classes):
+        raise ReproductionError(
+            f'--train-args asks every training stage for {number} classes, but the training split of the image '
+            f'folder has {len(classes)} class folders ({", ".join(classes[:10])}{", ..." if len(classes) > 10 else ""}'
+            f'): leave --num-classes (and num_classes of --model-kwargs) out of --train-args, and each stage takes '
+            f'the folder\'s {len(classes)} classes')
 
 
 def keeps_epoch_positions(model: str) -> bool:

@@ -9,6 +9,7 @@ again when their source changes.
 """
 import hashlib
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -120,11 +121,14 @@ def stage_arguments(recipe: Dict[str, Any], argv: Sequence[str]) -> Dict[str, An
     the training would refuse (``--epochs 0``), raised here before anything is written or started."""
     from ..train.arg_values import check_scheduler, check_value_bounds
     from ..train.args import argument_names, parse_over
+    from ..train.run_setup import num_classes_of_folder
     from ..train.state import args_as_saved, resolve_model_args
     known = argument_names()
     args = parse_over({k: v for k, v in recipe.items() if k in known}, list(argv))
     check_value_bounds(args)
     check_scheduler(args.sched, args.sched_on_updates, args.val_interval, args.warmup_epochs)
+    if args.data_dir or os.path.isdir(args.dataset or ''):  # the setup's check names no folder: the stages do
+        num_classes_of_folder(args, recipe, lambda _: None)  # an image folder's classes, as the training counts them
     resolve_model_args(args, recipe, None, lambda _: None)  # model_kwargs as saved: the flags', the weights'
     return strip_runtime_args(args_as_saved(args))
 
