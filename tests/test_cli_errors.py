@@ -718,6 +718,29 @@ def test_validate_help_shows_what_its_options_refer_to(capsys):
     assert text.index('What to evaluate') < text.index('.safetensors') < text.index('options:')
 
 
+def _option_help(main, option, capsys) -> str:
+    """The --help text of ``option`` (up to the next option), its lines joined as the terminal breaks them."""
+    with pytest.raises(SystemExit):
+        main(['--help'])
+    text = re.sub(r'(?<=\w-)\s+', '', capsys.readouterr().out.split('options:')[1])  # 'fashion-\n mnist'
+    return ' '.join(re.split(rf'\n  {re.escape(option)}\b', text)[1].split('\n  -')[0].split())
+
+
+@pytest.mark.parametrize('main, option', [(validate.main, '--dataset'), (validate.main, '--split'),
+                                          (explore.main, '--val-split')])
+def test_the_dataset_helps_name_every_dataset_the_commands_read(main, option, capsys):
+    """docs/training.md's datasets, CIFAR-100 among them (each evaluated on its test split by default)."""
+    text = _option_help(main, option, capsys)
+    for name in ('digits', 'fashion-mnist', 'torch/cifar10', 'torch/cifar100'):
+        assert name in text, (name, text)
+
+
+def test_the_explorers_download_is_of_any_torchvision_dataset(capsys):
+    text = _option_help(explore.main, '--dataset-download', capsys)
+    assert 'torch/cifar10' in text and 'torch/cifar100' in text and 'torch/<name>' in text, text
+    assert 'CIFAR-10' not in text, text
+
+
 @pytest.mark.parametrize('command', ['train', 'validate'])
 def test_device_modules_are_imported_before_the_device_is_resolved(command, monkeypatch, tmp_path, capsys):
     """A --device-modules package may add the device type that --device names (a torch backend such as torch_npu),
