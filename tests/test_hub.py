@@ -198,6 +198,23 @@ def test_only_cifar10_weights_of_the_paper_architecture_may_take_the_registered_
     assert label('torch/cifar10', embed_dim=16).tag == 'cifar10_custom'
 
 
+def test_the_docs_list_the_tag_of_every_datasets_exports():
+    """docs/hub.md and docs/training.md list the tags an export is labelled with: the tag of each dataset's weights
+    (a torch/cifar100 export is tagged cifar100_custom), less _custom, which they explain after the list."""
+    from sa_vision.train.data import dataset_info, known_dataset_names
+    tags = set()
+    for name in known_dataset_names():
+        info = dataset_info(name)
+        ckpt = Checkpoint('sa_quadratic_cifar', {'num_classes': info.num_classes}, {}, 'x', 'sa_vision',
+                          {'dataset': name})
+        tags.add(weights_label(ckpt).tag.removesuffix('_custom'))
+    assert 'cifar100' in tags, tags
+    for page in ('hub.md', 'training.md'):
+        text = ' '.join((ROOT / 'docs' / page).read_text(encoding='utf-8').split())
+        listed = re.search(r'the tag is the dataset the weights were trained on \(([^)]*)\)', text).group(1)
+        assert all(f'`{tag}`' in listed for tag in tags), (page, sorted(tags), listed)
+
+
 def test_weights_that_name_no_dataset_are_tagged_unknown_not_an_image_folder(tmp_path):
     """A bare .safetensors file says nothing of its data: its export is '<arch>.unknown', and sa-vision-validate of
     that export names no dataset (CIFAR-10 by default), where an image folder's 'folder' tag would ask for one."""
