@@ -589,6 +589,20 @@ def test_results_table_reads_for_a_mechanics_check(tmp_path, capsys):
     assert 'checks the mechanics' in markdown and 'close to chance' in markdown and 'keeps every head' in markdown
 
 
+def test_the_tiny_profiles_note_holds_for_any_dataset_and_epochs():
+    """The note under a tiny reproduction's table is printed whatever its --dataset and --epochs (torch/cifar100, an
+    image folder of 4 classes, --epochs 1): it gives chance as one over the number of classes, digits' 10 % as
+    digits', and no count of epochs."""
+    import re
+
+    from sa_vision.reproduce import PROFILES
+    note = ' '.join(PROFILES['tiny'].table_note.split())
+    assert 'close to chance, a top-1 of 100 % over the number of classes' in note, note
+    figures = [(m.group(), note[m.end():].split()[:2]) for m in re.finditer(r'\b\d+ %', note)]
+    assert figures == [('100 %', ['over', 'the']), ('10 %', ['on', 'digits;'])], note
+    assert not re.search(r'\d+ epochs', note), note
+
+
 def test_results_table_has_the_median_centre_shift_of_each_run(tmp_path):
     """The column compares a run's epoch-000 weights with its last: a run whose centres moved by hand."""
     import timm
