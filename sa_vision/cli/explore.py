@@ -14,7 +14,7 @@ import time
 from sa_vision.errors import UserError, command
 from sa_vision.io import file_problem
 from sa_vision.research.explorer import explorer_data, page_size_note, resolve_explorer_model, write_explorer_page
-from sa_vision.train.data import dataset_info, known_dataset_names
+from sa_vision.train.data import datasets_held_out_as_test, named_datasets
 
 
 def main(argv=None):
@@ -25,16 +25,14 @@ def main(argv=None):
     parser.add_argument('--dataset', default=None,
                         help="the gallery's dataset (default: the one the models were trained on)")
     parser.add_argument('--data-dir', default=None, metavar='DIR')
-    named = [dataset_info(name) for name in sorted({dataset_info(n).name for n in known_dataset_names()})]
     parser.add_argument('--val-split', '--split', default=None, metavar='NAME',
                         help="the gallery's split (default: the --val-split of the runs that trained the models, "
-                             "else the dataset's held-out split: 'test' for " + ', '.join(
-                                 info.name for info in named if info.eval_split == 'test') + "; 'validation' for an "
-                             "image folder); --split, as sa-vision-validate takes it, is the same")
+                             f"else the dataset's held-out split: 'test' for {datasets_held_out_as_test()}; "
+                             "'validation' for an image folder); --split, as sa-vision-validate takes it, is the same")
     parser.add_argument('--dataset-download', action='store_true', default=False,
                         help="download the gallery's dataset into --data-dir where it is not there: " + ', '.join(
-                            info.name for info in named if info.downloads) + ' or another timm <type>/<name> '
-                        '(torch/<name>: the torchvision dataset of that name)')
+                            info.name for info in named_datasets() if info.downloads) + ' or another timm '
+                        '<type>/<name> (torch/<name>: the torchvision dataset of that name)')
     parser.add_argument('--images', type=int, default=24, metavar='N',
                         help="images of that split in the gallery (default 24)")
     parser.add_argument('--title', default='sa_vision attention explorer')

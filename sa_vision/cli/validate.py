@@ -38,8 +38,9 @@ from sa_vision.train.data import (
     check_dataset,
     create_image_dataset,
     dataset_info,
+    datasets_held_out_as_test,
     image_folder_labels,
-    known_dataset_names,
+    named_datasets,
     normalization,
     split_name,
     trained_dataset,
@@ -119,17 +120,16 @@ def _parser() -> argparse.ArgumentParser:
                         help='the EMA weights of a timm train.py checkpoint')
     parser.add_argument('--model-kwargs', nargs='*', default={}, action=ModelKwargs)
     parser.add_argument('--data-dir', default=None, metavar='DIR')
-    named = sorted({dataset_info(name).name for name in known_dataset_names()})  # one name each, aliases aside
-    test_split = ', '.join(name for name in named if dataset_info(name).eval_split == 'test')
     parser.add_argument('--dataset', default=None,
-                        help=f"{', '.join(map(repr, named))}, another timm <type>/<name>, or '' (an ImageFolder); "
+                        help=f"{', '.join(repr(info.name) for info in named_datasets())}, another timm "
+                             f"<type>/<name>, or '' (an ImageFolder); "
                              f"default: the dataset the weights were trained on (their checkpoint or pretrained tag), "
                              f"else {DEFAULT_DATASET!r}")
     parser.add_argument('--split', '--val-split', default=None,
                         help="split (default: on the weights' own dataset, the --val-split of the run that trained "
-                             "them; else the dataset's held-out split: 'test' for " + test_split + ", which also "
-                             "read it for 'validation'; 'validation' for an image folder); --val-split, as "
-                             "sa-vision-train names it, is the same")
+                             f"them; else the dataset's held-out split: 'test' for {datasets_held_out_as_test()}, "
+                             "which also read it for 'validation'; 'validation' for an image folder); --val-split, "
+                             "as sa-vision-train names it, is the same")
     parser.add_argument('--dataset-download', action='store_true', default=False)
     parser.add_argument('-b', '--batch-size', type=int, default=256)
     parser.add_argument('-j', '--workers', type=int, default=None,

@@ -6,7 +6,7 @@ from timm.utils import ParseKwargs
 
 from ..models import DEFAULT_MODEL
 from .compile_choice import COMPILE_MODES
-from .data import TRAIN_SPLIT
+from .data import TRAIN_SPLIT, datasets_held_out_as_test
 from .optimizer import FUSED_OPTIMIZERS
 from .runtime import available_cores, default_threads
 
@@ -85,7 +85,7 @@ def _dataset_arguments(group) -> None:
                             "carries) for an ImageFolder")
     group.add_argument('--train-split', metavar='NAME', default=TRAIN_SPLIT)
     group.add_argument('--val-split', metavar='NAME', default='validation',
-                       help='held-out split (torch/cifar10, fashion-mnist and digits map it to their test split; an '
+                       help=f'held-out split ({datasets_held_out_as_test()} map it to their test split; an '
                             'ImageFolder needs this subfolder)')
     group.add_argument('--dataset-download', action='store_true', default=False,
                        help='download torch/ datasets that are not in --data-dir')

@@ -44,8 +44,8 @@ from .image_folders import (
 __all__ = [
     'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET', 'CUSTOM_SUFFIX',
     'normalization', 'FASHION_MNIST', 'check_dataset', 'image_folder_classes', 'create_cifar_transform',
-    'create_image_dataset', 'held_tensors', 'known_dataset_names', 'timm_label_order', 'image_folder_labels',
-    'split_name',
+    'create_image_dataset', 'held_tensors', 'known_dataset_names', 'named_datasets', 'datasets_held_out_as_test',
+    'timm_label_order', 'image_folder_labels', 'split_name',
 ]
 
 DIGITS = 'digits'
@@ -120,6 +120,16 @@ UNKNOWN_DATASET = DatasetInfo('', _UNKNOWN_TAG, 'an unknown dataset', None, CIFA
 def known_dataset_names() -> Tuple[str, ...]:
     """The --dataset names this package knows (aliases included), for error messages and help."""
     return tuple(sorted(_DATASETS))
+
+
+def named_datasets() -> Tuple['DatasetInfo', ...]:
+    """The datasets this package knows by name, one entry each (aliases aside), by name: for help texts."""
+    return tuple(dataset_info(name) for name in sorted({dataset_info(n).name for n in known_dataset_names()}))
+
+
+def datasets_held_out_as_test() -> str:
+    """The named datasets whose held-out split is 'test' (which they also read for 'validation'), for help texts."""
+    return ', '.join(info.name for info in named_datasets() if info.eval_split == 'test')
 
 
 def split_name(dataset: str, split: str) -> str:
