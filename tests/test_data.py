@@ -199,7 +199,7 @@ def test_cifar10_alias_reads_torchvisions_cifar10(dataset, monkeypatch, tmp_path
                         torch.utils.data.TensorDataset(torch.zeros(1)))
     create_image_dataset(dataset, 'test', is_training=False, data_dir=str(tmp_path), download=True)
     assert asked == [('torch/cifar10', {'root': str(tmp_path), 'split': 'test', 'is_training': False,
-                                        'download': True})]
+                                        'download': True, 'input_img_mode': 'RGB'})]
 
 
 def test_cifar_files_are_checked_by_name_before_they_are_read(tmp_path):

@@ -40,6 +40,7 @@ from sa_vision.train.data import (
     dataset_info,
     datasets_held_out_as_test,
     image_folder_labels,
+    input_channels,
     named_datasets,
     normalization,
     split_name,
@@ -187,11 +188,12 @@ def main(argv=None):
     if problem:  # before the data is read
         raise UserError(f'{problem}: evaluate the weights on a dataset of their classes (--dataset), or fine-tune '
                         f'them on this one first (sa-vision-train --initial-checkpoint ... --num-classes N)')
-    data_cfg = timm.data.resolve_data_config({}, model=model)
+    data_cfg, channels = timm.data.resolve_data_config({}, model=model), input_channels(model)
+    # a grey model (in_chans=1) reads grey images, as timm's validate.py does, normalised as timm's loaders adapt
     ds = create_image_dataset(args.dataset, args.split, is_training=False, data_dir=args.data_dir,
                               download=args.dataset_download, img_size=data_cfg['input_size'][-1],
-                              classes=image_folder_labels(model, trained_on),  # labelled as in training
-                              **normalization(args.dataset, data_cfg))  # as sa-vision-train normalises
+                              classes=image_folder_labels(model, trained_on), in_chans=channels,  # as in training
+                              **normalization(args.dataset, data_cfg, channels))  # as sa-vision-train normalises
     loader = torch.utils.data.DataLoader(ds, batch_size=args.batch_size, shuffle=False, num_workers=args.workers)
     loader = with_progress(loader, len(ds))
     use_amp = torch.device(args.device).type == 'cuda' if args.amp is None else args.amp

@@ -10,7 +10,7 @@ from timm.models import is_model, model_entrypoint
 from ..models._pretrained import PRETRAINED_TAG, hub_repo_id, registered_hf_hub_id
 from ..models.input_pad import model_input_padding
 from ..train.checkpoint import Checkpoint
-from ..train.data import dataset_for_tag, dataset_info, split_name
+from ..train.data import dataset_for_tag, dataset_info, input_channels, split_name
 from ..train.recipes import recorded_arg
 from .labels import CARD_FIGURE_FILENAME, MODEL_CARD_DIR, WeightsLabel
 from .record import picked_note, recipe_section, training_record, training_summary
@@ -83,11 +83,11 @@ def _results_section(arch: str, measured: Optional[str]) -> str:
 
 def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 32, padding: int = 0,
                    label_names: Optional[Sequence[str]] = None, num_classes: int = 10,
-                   exported: bool = False) -> str:
+                   exported: bool = False, in_chans: int = 3) -> str:
     """How to run the weights with timm's own preprocessing (``input_size``: what ``resolve_data_config`` says;
     ``padding``: the black border the model adds itself; ``label_names``: the config's, in the order of the
     logits); ``exported``: the card of an export folder, which the Hub name loads only once it is published (its
-    upload rebuilds this section without the note)."""
+    upload rebuilds this section without the note); ``in_chans``: the channels the weights take."""
     # an export folder's card says how to load the folder in its note (below) instead
     local = '' if exported else "`timm.create_model('local-dir:<folder>', pretrained=True)`"
     if registered:
@@ -102,6 +102,11 @@ def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 
               f'images itself' if padding else '')
     names = "\nprint(model.pretrained_cfg['label_names'][logits.argmax()])" if label_names else ''
     numbered = f'`0` to `{num_classes - 1}` sort so'
+    # timm's validate.py builds its model with 3 channels unless told, and opens images grey for one
+    chans = f' --in-chans {in_chans}' if in_chans != 3 else ''
+    image = ("Image.open('image.png').convert('L')  # grey: the weights take one channel, as timm's validate.py "
+             "opens images for them" if in_chans == 1 else
+             "Image.open('image.png').convert('RGB')  # RGB, as timm's ImageDataset opens images (grey ones too)")
     if not label_names:
         order = f"the order of the classes these weights were trained on ({numbered})"
     elif len(label_names) <= _LISTED_LABELS:
@@ -120,11 +125,11 @@ import sa_vision  # registers the models with timm
 model = {create}
 cfg = timm.data.resolve_data_config({{}}, model=model)  # input size and normalisation of these weights{border}
 transform = timm.data.create_transform(**cfg)  # resizes any image to the input size
-image = Image.open('image.png').convert('RGB')  # RGB, as timm's ImageDataset opens images (grey ones too)
+image = {image}
 logits = model(transform(image).unsqueeze(0)){names}
 ```
 {INSTALL_LINE} {also} timm's own `validate.py` evaluates them on an image folder as
-`python -m sa_vision.train.run_timm path/to/timm/validate.py --data-dir <folder> --model <the name above>`
+`python -m sa_vision.train.run_timm path/to/timm/validate.py --data-dir <folder> --model <the name above>{chans}`
 (the launcher imports `sa_vision` first; `validate.py` runs on CUDA unless given `--device cpu`). timm numbers the
 classes by their folders' names in natural order (numbers by value, `2` before `10`; letters in either case alike):
 name the folders so that they sort in {order}."""
@@ -303,7 +308,8 @@ def render_model_card(ckpt: Checkpoint, model: torch.nn.Module, label: WeightsLa
     body = _replace_section(body, 'training', training_summary(ckpt, label, rounded_to))
     body = _replace_section(body, 'recipe', recipe_section(ckpt))
     body = _replace_section(body, 'usage', usage_section(
-        arch, repo_id, info, model.num_classes, input_size, ckpt.label_names(model.num_classes, info), exported=True))
+        arch, repo_id, info, model.num_classes, input_size, ckpt.label_names(model.num_classes, info), exported=True,
+        in_chans=input_channels(model)))
     if has_figure:
         figure = f'## Attention heads\n![attention of every head]({CARD_FIGURE_FILENAME})'
         body = _replace_section(body, 'figure', figure)
@@ -338,14 +344,14 @@ def _measured_results(ckpt: Checkpoint, label: WeightsLabel, scores, of_float32:
 
 
 def usage_section(arch: str, repo_id: str, info, num_classes: int, input_size: int,
-                  label_names: Optional[Sequence[str]] = None, exported: bool = False) -> str:
+                  label_names: Optional[Sequence[str]] = None, exported: bool = False, in_chans: int = 3) -> str:
     """The usage text of an export of weights of ``info``'s dataset, published to ``repo_id``; ``input_size`` and
     ``label_names``: the exported config's (the border inside the model where the dataset had one,
     :func:`sa_vision.hub.export.exported_input_config`); ``exported``: the export folder's own card, not yet the
-    uploaded one."""
+    uploaded one; ``in_chans``: the channels the weights take (the config's ``input_size[0]``)."""
     return _usage_section(arch, repo_id, repo_id == registered_hf_hub_id(arch), input_size=input_size,
                           padding=info.input_padding, label_names=label_names, num_classes=num_classes,
-                          exported=exported)
+                          exported=exported, in_chans=in_chans)
 
 
 def card_usage(card_text: str) -> str:
@@ -360,8 +366,9 @@ def card_for_repository(card_text: str, config: Dict[str, Any], repo_id: str) ->
         return card_text
     cfg = config.get('pretrained_cfg') or {}
     info = dataset_info(dataset_for_tag(cfg.get('tag') or '', cfg.get('num_classes')))
+    input_size = cfg.get('input_size', (3, 32, 32))
     usage = usage_section(config['architecture'], repo_id, info, config.get('num_classes', cfg.get('num_classes')),
-                          cfg.get('input_size', (3, 32, 32))[-1], config.get('label_names'))
+                          input_size[-1], config.get('label_names'), in_chans=input_size[0])
     return _replace_section(card_text, 'usage', usage)
 
 

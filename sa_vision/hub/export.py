@@ -19,7 +19,7 @@ from ..models.input_pad import black_after_normalization
 from ..models.sa_state_dict import rename_old_keys
 from ..tables import plural
 from ..train.checkpoint import TRAINING_PROCESSES, Checkpoint, CheckpointError, read_checkpoint
-from ..train.data import DatasetInfo, trained_dataset
+from ..train.data import DatasetInfo, input_channels, per_channel, trained_dataset
 from ..train.positional_epochs import (
     POSITIONAL_EPOCHS_FILE,
     positional_params,
@@ -68,10 +68,13 @@ def exported_config(ckpt: Checkpoint, model, label: Optional[WeightsLabel] = Non
     given = ckpt.meta.get('pretrained_cfg') or {}
     timm_args = ckpt.meta.get('args')  # what train.py resolved its data config from, as here
     source = ckpt.meta.get('data_config') or given or (resolve_data_config(timm_args, model=model) if timm_args else {})
-    input_size = source.get('input_size') or model.pretrained_cfg['input_size']
+    # the channels the weights take, which a registered cfg's (3, 32, 32) does not say of weights of in_chans=1; its
+    # mean / std as timm's loaders fed them (a timm run's 3 values averaged) or as timm's save_for_hf writes them
+    channels = input_channels(model)
+    input_size = (channels, *(source.get('input_size') or model.pretrained_cfg['input_size'])[1:])
     pad_args, input_cfg = exported_input_config(
-        label.dataset, input_size, ckpt.model_args, source.get('mean') or label.dataset.mean,
-        source.get('std') or label.dataset.std)
+        label.dataset, input_size, ckpt.model_args, per_channel(source.get('mean') or label.dataset.mean, channels),
+        per_channel(source.get('std') or label.dataset.std, channels))
     input_cfg.setdefault('input_size', tuple(input_size))  # a border inside the model already, or none
     # how timm's loaders crop and resize for these weights, where the source says: never guessed
     input_cfg.update({k: source[k] for k in ('crop_pct', 'crop_mode', 'interpolation') if source.get(k) is not None

@@ -33,6 +33,7 @@ from ..train.data import (
     create_image_dataset,
     dataset_info,
     image_folder_labels,
+    input_channels,
     normalization,
     split_name,
     trained_dataset,
@@ -270,6 +271,21 @@ def _check_one_image_folder(own: Sequence[ExplorerModel], data_dir: Optional[str
                         f'on separate pages, or name the folder to show them all on with --data-dir')
 
 
+def _model_inputs(models: Sequence[ExplorerModel], dataset: str, images: Tensor, indices: Sequence[int],
+                  gallery) -> Dict[int, Tensor]:
+    """The gallery's ``images`` (RGB in [0, 1]) as each model's channel count takes them, normalised as
+    sa-vision-validate normalises them: a grey model's are the gallery's images read grey (``gallery(1)``)."""
+    inputs = {}
+    for model in (m.model for m in models):
+        channels = input_channels(model)
+        if channels not in inputs:
+            pixels = images if channels == 3 else torch.stack([gallery(channels)[i][0] for i in indices])
+            norm = normalization(dataset, resolve_data_config({}, model=model), channels)
+            mean, std = (torch.tensor(norm[k])[:, None, None] for k in ('mean', 'std'))
+            inputs[channels] = (pixels - mean) / std
+    return inputs
+
+
 def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None, num_images: int = 24,
                   data_dir: Optional[str] = None, download: bool = False,
                   title: str = 'sa_vision attention explorer', val_split: Optional[str] = None) -> Dict[str, Any]:
@@ -303,16 +319,18 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
     if len(sizes) > 1:  # one gallery of images for every model
         raise UserError(f'the models take images of different sizes ({", ".join(map(str, sorted(sizes)))} px): show '
                         f'them on separate pages')
-    raw = create_image_dataset(info.name, split, is_training=False, data_dir=data_dir, download=download,
-                               img_size=sizes.pop(), mean=(0.,) * 3, std=(1.,) * 3,  # pixels in [0, 1], as shown
-                               classes=label_names)
+    size = sizes.pop()
+
+    def gallery(in_chans: int = 3):  # pixels in [0, 1], as shown; grey ones for a grey model, as validate reads them
+        return create_image_dataset(info.name, split, is_training=False, data_dir=data_dir, download=download,
+                                    img_size=size, mean=(0.,), std=(1.,), classes=label_names, in_chans=in_chans)
+    raw = gallery()
     targets = getattr(raw, 'targets', None)
     if targets is None:
         targets = [raw[i][1] for i in range(len(raw))]
     indices = gallery_indices([int(t) for t in targets], num_images)
     images = torch.stack([raw[i][0] for i in indices])  # B, 3, H, W
-    norm = normalization(info.name, resolve_data_config({}, model=models[0].model))  # as sa-vision-validate
-    normalized = (images - torch.tensor(norm['mean'])[:, None, None]) / torch.tensor(norm['std'])[:, None, None]
+    inputs = _model_inputs(models, info.name, images, indices, gallery)
     grey = bool((images[:, :1] == images).all())
     pixels = (images[:, :1] if grey else images).mul(255).round().clamp(0, 255).to(torch.uint8)
     class_names = list(info.class_names or label_names or ()) or [str(c) for c in range(max(map(int, targets)) + 1)]
@@ -322,7 +340,8 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
         'images': {'count': len(indices), 'channels': pixels.shape[1], 'height': pixels.shape[2],
                    'width': pixels.shape[3], 'pixels': _b64(pixels, torch.uint8), 'indices': indices,
                    'labels': [int(targets[i]) for i in indices]},
-        'models': [_model_record(m, images, normalized, class_names, gallery_dataset=info.name) for m in models],
+        'models': [_model_record(m, images, inputs[input_channels(m.model)], class_names, gallery_dataset=info.name)
+                   for m in models],
         'uniform_peak_ratio': UNIFORM_PEAK_RATIO,  # the page names a head uniform as head_statistics does
     }
 

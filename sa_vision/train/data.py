@@ -45,7 +45,7 @@ __all__ = [
     'DIGITS', 'DatasetInfo', 'dataset_info', 'dataset_for_tag', 'trained_dataset', 'UNKNOWN_DATASET', 'CUSTOM_SUFFIX',
     'normalization', 'FASHION_MNIST', 'check_dataset', 'image_folder_classes', 'create_cifar_transform',
     'create_image_dataset', 'held_tensors', 'known_dataset_names', 'named_datasets', 'datasets_held_out_as_test',
-    'timm_label_order', 'image_folder_labels', 'split_name',
+    'timm_label_order', 'image_folder_labels', 'split_name', 'input_channels', 'per_channel', 'IMAGE_MODES',
 ]
 
 DIGITS = 'digits'
@@ -53,6 +53,8 @@ FASHION_MNIST = 'fashion-mnist'
 # what an export says of weights that name no dataset: the tag `unknown`, not an image folder's `folder`
 _UNKNOWN_TAG, _FOLDER_TAG = 'unknown', 'folder'
 CUSTOM_SUFFIX = '_custom'  # tag suffix of weights whose architecture differs from the registered one
+# input channels -> the PIL mode images are opened in for them, as timm's validate.py opens them (no other count)
+IMAGE_MODES = {3: 'RGB', 1: 'L'}
 
 
 @dataclass(frozen=True)
@@ -137,11 +139,31 @@ def split_name(dataset: str, split: str) -> str:
     return dataset_info(dataset).splits.get(split, split)
 
 
-def normalization(dataset: str, data_cfg: Dict[str, Any]) -> Dict[str, Tuple[float, ...]]:
-    """``mean`` / ``std``: a known dataset's own, for an image folder the model's (``data_cfg``)."""
+def normalization(dataset: str, data_cfg: Dict[str, Any], channels: int = 3) -> Dict[str, Tuple[float, ...]]:
+    """``mean`` / ``std`` of ``channels`` input channels (:func:`per_channel`): a known dataset's own, for an image
+    folder the model's (``data_cfg``)."""
     info = dataset_info(dataset)
     source = {'mean': info.mean, 'std': info.std} if info.num_classes else data_cfg
-    return {'mean': tuple(source['mean']), 'std': tuple(source['std'])}
+    return {'mean': per_channel(source['mean'], channels), 'std': per_channel(source['std'], channels)}
+
+
+def per_channel(values: Sequence[float], channels: int) -> Tuple[float, ...]:
+    """A mean or std for ``channels`` input channels as timm's loaders adapt one of another count (``adapt_to_chs``,
+    and ``save_for_hf`` writes it so): one value repeated, others averaged; equal values are kept as they are (the
+    average of three equal floats may round off them)."""
+    values = tuple(values)
+    if len(values) == channels:
+        return values
+    if len(set(values)) == 1:
+        return values[:1] * channels
+    return (sum(values) / len(values),) * channels
+
+
+def input_channels(model: torch.nn.Module) -> int:
+    """The channels of the images ``model`` takes, as timm's ``save_for_hf`` reads them: its ``in_chans``, which
+    its ``pretrained_cfg`` may not say (weights built with ``in_chans=1`` keep the registered (3, 32, 32))."""
+    from timm.models._input import get_model_input_config  # timm's own reading of a model's input
+    return int(get_model_input_config(model)['input_size'][0])
 
 
 def dataset_for_tag(tag: str, num_classes: Optional[int] = None) -> str:
@@ -191,12 +213,23 @@ def dataset_info(dataset: str) -> DatasetInfo:
                        'validation')
 
 
+class FirstChannel:
+    """The first channel of a C x H x W tensor: the grey of a grey dataset's images, held repeated to 3 channels."""
+
+    def __call__(self, img: torch.Tensor) -> torch.Tensor:
+        return img[:1]
+
+
 def create_cifar_transform(is_training: bool, img_size: int = 32, crop_padding: int = 4, hflip: float = 0.5,
                            mean: Sequence[float] = CIFAR10_MEAN, std: Sequence[float] = CIFAR10_STD,
-                           tensor_input: bool = False):
+                           tensor_input: bool = False, in_chans: int = 3):
     """The released code's transform: pad-and-crop + flip for training, normalise only for evaluation; PIL images of
-    another size are first resized (shorter side to ``img_size``, centre square)."""
+    another size are first resized (shorter side to ``img_size``, centre square). ``in_chans`` 1: grey images, PIL's
+    ``convert('L')`` (what timm's readers give in mode 'L'; a torch/ dataset's own RGB images converted so too), a
+    grey tensor dataset's one channel."""
     tfl = []
+    if in_chans == 1:
+        tfl.append(FirstChannel() if tensor_input else transforms.Grayscale(1))
     if not tensor_input:
         # as timm's eval transform with crop_pct=1 (PIL returns a 32x32 image unchanged)
         tfl += [transforms.Resize(img_size), transforms.CenterCrop(img_size)]
@@ -211,8 +244,8 @@ def create_cifar_transform(is_training: bool, img_size: int = 32, crop_padding: 
     return transforms.Compose(tfl)
 
 
-def _dataset_source(dataset: str, data_dir: Optional[str], download: bool,
-                    classes: Optional[Sequence[str]] = None) -> Tuple[DatasetInfo, DataSource]:
+def _dataset_source(dataset: str, data_dir: Optional[str], download: bool, classes: Optional[Sequence[str]] = None,
+                    img_mode: str = 'RGB') -> Tuple[DatasetInfo, DataSource]:
     """(info, where to read it) of a --dataset value, or its DatasetError; ``classes``: an image folder's labels
     (:class:`DataSource`)."""
     info = dataset_info(dataset)
@@ -232,7 +265,7 @@ def _dataset_source(dataset: str, data_dir: Optional[str], download: bool,
         what = f'dataset {dataset!r}' if dataset else "an image folder (--dataset '')"
         raise DatasetError(f'{what} needs --data-dir (the download target or the image folder); {without} are read '
                            f'without one')
-    return info, DataSource(info.name, data_dir, download, tuple(classes) if classes else None)
+    return info, DataSource(info.name, data_dir, download, tuple(classes) if classes else None, img_mode)
 
 
 def image_folder_classes(dataset: str, data_dir: Optional[str], split: str) -> Optional[List[str]]:
@@ -295,12 +328,17 @@ def create_image_dataset(
         mean: Optional[Sequence[float]] = None,
         std: Optional[Sequence[float]] = None,
         classes: Optional[Sequence[str]] = None,
+        in_chans: int = 3,
 ):
     """A dataset with the released code's transform attached: 'digits', 'fashion-mnist', a timm name such as
     'torch/cifar10', or '' for an ImageFolder in ``data_dir``; ``mean`` / ``std`` None: the dataset's own.
     ``classes``: the labels of a model trained on an image folder (its training split's classes, in timm's
-    label order), which the image folder's split is labelled by; ignored for a named dataset."""
-    info, source = _dataset_source(dataset, data_dir, download, classes)
+    label order), which the image folder's split is labelled by; ignored for a named dataset. ``in_chans``: the
+    images' channels, 3 (RGB) or 1 (grey, as timm's validate.py reads them for a model of one: ``IMAGE_MODES``)."""
+    if in_chans not in IMAGE_MODES:
+        raise DatasetError(f'the datasets give images of 3 channels (RGB) or 1 (grey), not {in_chans}: feed a model '
+                           f'of in_chans={in_chans} tensors of your own')
+    info, source = _dataset_source(dataset, data_dir, download, classes, IMAGE_MODES[in_chans])
     try:
         ds = info.read(source, split, is_training, img_size)
     except (OSError, HTTPException, RuntimeError) as e:  # RuntimeError: torchvision's check of what it fetched
@@ -310,8 +348,8 @@ def create_image_dataset(
         raise DatasetError(_download_failure(info, target, e)) from e
     ds.transform = create_cifar_transform(
         is_training, img_size=img_size, crop_padding=crop_padding, hflip=hflip,
-        mean=info.mean if mean is None else mean, std=info.std if std is None else std,
-        tensor_input=info.tensor_images)
+        mean=per_channel(info.mean if mean is None else mean, in_chans),
+        std=per_channel(info.std if std is None else std, in_chans), tensor_input=info.tensor_images, in_chans=in_chans)
     return ds
 
 

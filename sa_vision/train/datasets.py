@@ -48,11 +48,13 @@ TRAIN_TEST_SPLITS = MappingProxyType({'train': 'train', 'test': 'test', 'validat
 class DataSource(NamedTuple):
     """Where a dataset is read from: its --dataset name (aliases resolved), folder, whether timm may download, and
     for an image folder the classes of the model's labels (its training split's, in timm's label order), which
-    every split is labelled by; None: the split's own folders."""
+    every split is labelled by; None: the split's own folders. ``img_mode``: how timm's readers open its images (PIL's
+    mode: 'L' for a model of one input channel, as timm's validate.py opens them for one)."""
     name: str
     data_dir: Optional[str]
     download: bool = False
     classes: Optional[Tuple[str, ...]] = None
+    img_mode: str = 'RGB'
 
 
 # read(source, split, is_training, img_size) -> the dataset, without a transform (create_image_dataset sets it)
@@ -230,7 +232,7 @@ def read_timm(source: DataSource, split: str, is_training: bool, img_size: int) 
     from timm.data import create_dataset
     try:
         return create_dataset(source.name, root=source.data_dir, split=split, is_training=is_training,
-                              download=source.download)
+                              download=source.download, input_img_mode=source.img_mode)
     except RuntimeError as e:
         # torchvision's datasets say so when their files are missing (and name download=True, a Python argument)
         if source.download or 'download=True' not in str(e):

@@ -170,7 +170,7 @@ def read_image_folder(source: DataSource, split: str, is_training: bool, img_siz
     folder = check_image_folder(source, split, is_training)
     class_map = _class_map(folder, source.classes) if source.classes else ''
     return create_dataset(source.name, root=folder, split=split, is_training=is_training, download=source.download,
-                          class_map=class_map)
+                          class_map=class_map, input_img_mode=source.img_mode)
 
 
 def check_image_folder(source: DataSource, split: str, is_training: bool) -> str:
