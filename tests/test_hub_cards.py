@@ -283,3 +283,18 @@ def test_folders_named_as_the_card_says_are_numbered_as_the_weights_classes(tmp_
         Image.new('RGB', (4, 4)).save(folders / name / 'x.png')
     _, class_to_idx = find_images_and_targets(str(folders))
     assert class_to_idx == {name: i for i, name in enumerate(names)}
+
+
+def test_the_usage_of_a_config_that_states_no_class_count_is_rebuilt(tmp_path):
+    """A Hub folder's config.json of another tool may state no num_classes: publishing it rebuilds the usage
+    without the count (an earlier version raised a TypeError on it)."""
+    from sa_vision.hub.card import card_for_repository, generate_model_card
+    config = {'architecture': 'sa_quadratic_cifar', 'pretrained_cfg': {'tag': 'folder'}}
+    usage = ' '.join(_section(card_for_repository(generate_model_card('sa_quadratic_cifar'), config, 'me/w'),
+                              'usage').split())
+    assert usage.endswith('name the folders so that they sort in the order of the classes these weights were '
+                          'trained on.'), usage
+    config['label_names'] = ['b', 'a']
+    usage = ' '.join(_section(card_for_repository(generate_model_card('sa_quadratic_cifar'), config, 'me/w'),
+                              'usage').split())
+    assert usage.endswith('sort in the order of their labels, `b`, `a` (`0` to `1` sort so).'), usage

@@ -82,7 +82,7 @@ def _results_section(arch: str, measured: Optional[str]) -> str:
 
 
 def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 32, padding: int = 0,
-                   label_names: Optional[Sequence[str]] = None, num_classes: int = 10,
+                   label_names: Optional[Sequence[str]] = None, num_classes: Optional[int] = 10,
                    exported: bool = False, in_chans: int = 3) -> str:
     """How to run the weights with timm's own preprocessing (``input_size``: what ``resolve_data_config`` says;
     ``padding``: the black border the model adds itself; ``label_names``: the config's, in the order of the
@@ -101,18 +101,19 @@ def _usage_section(arch: str, repo_id: str, registered: bool, input_size: int = 
     border = (f'\n# {input_size}x{input_size} input: the model adds the {padding}-pixel black border of its training '
               f'images itself' if padding else '')
     names = "\nprint(model.pretrained_cfg['label_names'][logits.argmax()])" if label_names else ''
-    numbered = f'`0` to `{num_classes - 1}` sort so'
+    count = num_classes or len(label_names or ())  # a config.json of another tool's may state none
+    numbered = f' (`0` to `{count - 1}` sort so)' if count else ''
     # timm's validate.py builds its model with 3 channels unless told, and opens images grey for one
     chans = f' --in-chans {in_chans}' if in_chans != 3 else ''
     image = ("Image.open('image.png').convert('L')  # grey: the weights take one channel, as timm's validate.py "
              "opens images for them" if in_chans == 1 else
              "Image.open('image.png').convert('RGB')  # RGB, as timm's ImageDataset opens images (grey ones too)")
     if not label_names:
-        order = f"the order of the classes these weights were trained on ({numbered})"
+        order = f"the order of the classes these weights were trained on{numbered}"
     elif len(label_names) <= _LISTED_LABELS:
-        order = f"the order of their labels, {', '.join(f'`{name}`' for name in label_names)} ({numbered})"
+        order = f"the order of their labels, {', '.join(f'`{name}`' for name in label_names)}{numbered}"
     else:
-        order = f"the order of `model.pretrained_cfg['label_names']` ({numbered})"
+        order = f"the order of `model.pretrained_cfg['label_names']`{numbered}"
     # a copy of the folder (a kept zoo, a shared export) is read where the name does not load yet
     note = (f"This folder is an export: the name below loads it once `sa-vision-push-to-hub` has published it to "
             f"`{repo_id}`. Until then, load the folder itself with "
