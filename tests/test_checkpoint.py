@@ -389,6 +389,12 @@ def test_a_run_folder_with_no_finished_epoch_says_so_to_every_command(tmp_path, 
         assert 'no epoch has finished' in err and 'start the run again' in err, (name, err)
         assert 'pass a checkpoint file, a run folder' not in err, (name, err)
     assert sorted(p.name for p in run.iterdir()) == ['args.yaml', 'recipe.yaml']
+    # one whose epochs did end, its last.pth.tar moved away since, is no such run: its kept weights are named
+    (run / 'summary.csv').write_text('epoch,train_loss\n0,2.3\n', encoding='utf-8')
+    save_file({'w': torch.zeros(1)}, str(run / 'epoch-001.safetensors'))
+    status, _, err = command_here(capsys, 'validate', '--model', f'local-dir:{run}')
+    assert status == 2 and 'no epoch has finished' not in err, err
+    assert f'pass one of them, e.g. {run / "epoch-001.safetensors"}' in err, err
 
 
 def _names(cfg):

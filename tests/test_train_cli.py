@@ -14,6 +14,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import yaml
 from helpers import HANG_TIMEOUT_S, command, command_here, fashion_mnist_test_images, keeping_threads, train_here
@@ -200,8 +201,9 @@ def test_a_run_weights_or_hub_folder_given_by_position_is_named_with_the_option_
     (['--img-size', '15'], r'cannot take 15x15 images \(--img-size 15\): expected an even height and width'),
     (['--data-dir', 'imgs'], r"--data-dir imgs: --dataset digits reads no files .* pass --dataset ''"),
     # the datasets give RGB (grey repeated, as timm reads images): not a matter of --img-size, nor of in_chans=3
-    (['--model-kwargs', 'in_chans=1'], r'^sa_quadratic_cifar was built for 1-channel images \(in_chans=1\), but '
-                                       r'the datasets feed 3-channel ones .*: drop in_chans from --model-kwargs'),
+    (['--model-kwargs', 'in_chans=1'], r'^sa_quadratic_cifar was built for 1-channel images \(in_chans=1, from '
+                                       r'--model-kwargs\), but the datasets feed 3-channel ones .*: drop in_chans '
+                                       r'from --model-kwargs'),
     (['--model', 'resnet18_cifar', '--model-kwargs', 'in_chans=1'],
      r'^resnet18_cifar was built for 1-channel images .* drop in_chans'),
 ])
@@ -212,6 +214,35 @@ def test_what_would_stop_the_first_batch_is_a_user_error_before_the_run_folder(t
     with pytest.raises(UserError, match=message):
         training.main(list(map(str, [*TINY, '--epochs', 1, '--output', tmp_path, '--experiment', 'run', *args])))
     assert not (tmp_path / 'run').exists()
+
+
+def test_one_channel_weights_to_start_from_are_named_as_the_cause(tmp_path):
+    """in_chans=1 stored with --initial-checkpoint weights (a timm train.py --in-chans 1 run's): the refusal names
+    the weights, not a --model-kwargs that was never given."""
+    model_args = {'embed_dim': 16, 'depth': 1, 'heads_per_layer': 2, 'mlp_hidden_dim': 32, 'in_chans': 1}
+    grey = tmp_path / 'grey.pth'
+    torch.save({'arch': 'sa_quadratic_cifar', 'model_args': model_args,
+                'state_dict': timm.create_model('sa_quadratic_cifar', **model_args).state_dict()}, grey)
+    with pytest.raises(UserError, match=r'^sa_quadratic_cifar was built for 1-channel images \(in_chans=1, from the '
+                                        rf'arguments stored with {re.escape(str(grey))}\), .*: start from weights of '
+                                        r'3 channels'):
+        training.main(list(map(str, [*TINY, '--epochs', 1, '--output', tmp_path, '--experiment', 'run',
+                                     '--initial-checkpoint', grey])))
+    assert not (tmp_path / 'run').exists()
+
+
+def test_the_log_names_the_key_of_another_trainers_ema_weights(tmp_path, caplog, capsys):
+    """--initial-checkpoint of a DeiT-style dict ({'model', 'model_ema'}) starts from its EMA, as timm's
+    load_checkpoint does, and the log names the key they came from, not timm's 'state_dict_ema'."""
+    model_args = {'embed_dim': 16, 'depth': 1, 'heads_per_layer': 2, 'mlp_hidden_dim': 32}
+    torch.manual_seed(0)
+    plain, ema = (timm.create_model('sa_quadratic_cifar', **model_args).state_dict() for _ in range(2))
+    torch.save({'arch': 'sa_quadratic_cifar', 'model_args': model_args, 'model': plain, 'model_ema': ema},
+               tmp_path / 'deit.pth')
+    status, log = train_here(caplog, capsys, *TINY, '--epochs', 1, '--output', tmp_path, '--experiment', 'run',
+                             '--initial-checkpoint', tmp_path / 'deit.pth')
+    assert status == 0, log
+    assert f'Loaded model_ema, its EMA weights, of --initial-checkpoint {tmp_path / "deit.pth"}' in log, log
 
 
 def test_a_timm_model_built_for_another_size_is_a_user_error_before_the_run_folder(tmp_path):

@@ -125,7 +125,11 @@ def _classifier_width(arch: str, state_dict: Dict[str, Tensor]) -> Dict[str, Any
 
 def _read_hub_folder(folder: Path) -> Checkpoint:
     config_path = folder / 'config.json'
-    if not config_path.is_file() and not (folder / BEST_CHECKPOINT).is_file() and (folder / 'args.yaml').is_file():
+    # what a run writes once an epoch has ended (with last.pth.tar, which may have been moved since): summary.csv,
+    # --save-epoch-weights' files after epoch-000 (the initialisation)
+    kept = sorted(p for p in folder.glob('epoch-*.safetensors') if p.name != 'epoch-000.safetensors')
+    if (not config_path.is_file() and not (folder / BEST_CHECKPOINT).is_file() and (folder / 'args.yaml').is_file()
+            and not kept and not (folder / 'summary.csv').is_file()):
         # the folder of a run (sa-vision-train, timm train.py) whose first epoch has not ended: no weights yet
         raise CheckpointError(
             f'{folder} is a run folder (args.yaml) in which no epoch has finished: it holds no {RUN_CHECKPOINT} yet. '
@@ -138,6 +142,7 @@ def _read_hub_folder(folder: Path) -> Checkpoint:
             f'{folder} holds neither the {RUN_CHECKPOINT} of a run (sa-vision-train, timm train.py) nor the '
             f'config.json of a Hub folder'
             + (f'; it holds {BEST_CHECKPOINT}: pass that file, {best}' if best.is_file() else
+               f'; it holds the weights of epochs it kept: pass one of them, e.g. {kept[-1]}' if kept else
                ': pass a checkpoint file, a run folder or an exported Hub folder'))
     weights = folder / 'model.safetensors'
     if weights.is_file():
@@ -296,8 +301,9 @@ def _from_wrapped_state_dict(obj: Dict[str, Any], path: Path, arch: Optional[str
     for key in (*_EMA_KEYS, *_STATE_DICT_KEYS) if use_ema is not False else _STATE_DICT_KEYS:
         if isinstance(obj.get(key), dict) and obj[key] and all(isinstance(v, Tensor) for v in obj[key].values()):
             stored = obj.get('model_args') if isinstance(obj.get('model_args'), dict) else {}
-            return _from_state_dict(obj[key], path, 'state_dict', obj.get('arch') or arch,
-                                    {**stored, **model_args}, {'ema_weights': True} if key in _EMA_KEYS else {})
+            ema = {'ema_weights': True, 'ema_key': key} if key in _EMA_KEYS else {}
+            return _from_state_dict(obj[key], path, 'state_dict', obj.get('arch') or arch, {**stored, **model_args},
+                                    ema)
     raise CheckpointError(
         f'{path} is a dict of {sorted(obj)[:8]} but holds no weights under any of {list(_STATE_DICT_KEYS)}: not a '
         f'checkpoint of sa-vision-train or timm train.py, nor a state dict')

@@ -7,6 +7,7 @@ import torch
 
 from ..errors import UserError
 from ..layers import check_input_size, has_checked_input_size
+from ..models.factory import StoredArgsSource
 from .data import dataset_info
 
 __all__ = ['check_model_takes_data', 'classes_problem', 'pad_value_note']
@@ -23,10 +24,11 @@ def classes_problem(model_name: str, model: torch.nn.Module, dataset: str) -> Op
 
 
 def check_model_takes_data(model_name: str, model: torch.nn.Module, dataset: str, input_size: Sequence[int],
-                           img_size: Optional[int], resumed_from: Optional[str] = None) -> None:
+                           img_size: Optional[int], resumed_from: Optional[str] = None,
+                           in_chans_from: str = '--model-kwargs') -> None:
     """A UserError for what would stop the first batch with a traceback: :func:`classes_problem` (a run
     ``resumed_from`` a checkpoint keeps its model), an input size the model's embedding cannot take (an odd
-    --img-size)."""
+    --img-size), a channel count other than the data's (``in_chans_from``: where the model's came from)."""
     problem = classes_problem(model_name, model, dataset)
     wanted = dataset_info(dataset).num_classes
     if problem and resumed_from:
@@ -37,9 +39,11 @@ def check_model_takes_data(model_name: str, model: torch.nn.Module, dataset: str
                         f'count, the classifier starts anew)')
     channels = getattr(model, 'in_chans', input_size[0])
     if channels != input_size[0]:  # every reader gives RGB, grey images repeated, as timm's ImageDataset opens them
-        raise UserError(f'{model_name} was built for {channels}-channel images (in_chans={channels}), but the '
-                        f'datasets feed {input_size[0]}-channel ones (grey images as RGB): drop in_chans from '
-                        f'--model-kwargs (docs/models.md says where other channel counts serve)')
+        fix = (f'start from weights of {input_size[0]} channels' if isinstance(in_chans_from, StoredArgsSource)
+               else f'drop in_chans from {in_chans_from}')
+        raise UserError(f'{model_name} was built for {channels}-channel images (in_chans={channels}, from '
+                        f'{in_chans_from}), but the datasets feed {input_size[0]}-channel ones (grey images as RGB): '
+                        f'{fix} (docs/models.md says where other channel counts serve)')
     try:
         check_input_size(model, input_size)
     except ValueError as e:

@@ -93,7 +93,8 @@ def create_model(args, initial, kwargs_sources=None, resumed=None):
     if border and not args.img_size:  # e.g. a kept Fashion-MNIST model: it pads the unpadded images itself
         data_cfg['input_size'][-2:] = [size - 2 * border for size in data_cfg['input_size'][-2:]]
     check_model_takes_data(args.model, model, args.dataset, data_cfg['input_size'], args.img_size,
-                           resumed_from=args.resume if resumed else None)
+                           resumed_from=args.resume if resumed else None,
+                           in_chans_from=(kwargs_sources or {}).get('in_chans', '--model-kwargs'))
     if border and (note := pad_value_note(args.model_kwargs.get('input_pad_value'), data_cfg, args.dataset)):
         log_primary(args, note)
     if args.channels_last is None:

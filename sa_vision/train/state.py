@@ -259,7 +259,8 @@ def load_initial_weights(model: nn.Module, initial: Checkpoint, args, log: Log,
                               f'{" beyond the classifier" if new_classifier else ""}: {problem}. '
                               f'{_changed_architecture(initial, model_kwargs, sources)}')
     model.load_state_dict(state_dict, strict=not new_classifier)
-    log(f'Loaded {"state_dict_ema, its EMA weights," if initial.meta.get("ema_weights") else "the weights"} of '
+    ema = initial.meta.get('ema_key', 'state_dict_ema')  # timm train.py's, or another trainer's key
+    log(f'Loaded {f"{ema}, its EMA weights," if initial.meta.get("ema_weights") else "the weights"} of '
         f'--initial-checkpoint {args.initial_checkpoint}' + (' but its classifier' if new_classifier else ''))
 
 
