@@ -461,3 +461,19 @@ def test_bare_weights_of_each_kind_are_the_papers_model_whatever_variants_exist(
     assert set(DEFAULT_MODEL_OF_KIND) == {args['attn_kind'] for args in SA_MODEL_ARGS.values()}
     for kind, name in DEFAULT_MODEL_OF_KIND.items():
         assert SA_MODEL_ARGS[name] == {'attn_kind': kind} and name in (*PAPER_RESULTS, 'sa_content_cifar')
+
+
+def test_a_kept_folders_weights_by_file_overlay_warn_that_the_folder_states_its_own_config():
+    """pretrained_cfg_overlay=dict(file=<kept folder>/model.safetensors) keeps the registered CIFAR-10 cfg, which
+    classifies the kept Fashion-MNIST model's test split at 60.57 % where its card says 89.50 %: a warning names
+    what the folder's config.json states and local-dir:, which loads the folder whole and warns of nothing."""
+    import warnings
+    config = json.loads((KEPT_FOLDER / 'config.json').read_text(encoding='utf-8'))
+    with pytest.warns(UserWarning, match=r"input_size \[3, 28, 28\] there, \[3, 32, 32\] here; mean .* "
+                                         rf"timm.create_model\('local-dir:{re.escape(str(KEPT_FOLDER))}'"):
+        timm.create_model('sa_gen_cifar', pretrained=True, **config['model_args'],
+                          pretrained_cfg_overlay=dict(file=str(KEPT_FOLDER / 'model.safetensors')))
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        model = timm.create_model(f'local-dir:{KEPT_FOLDER}', pretrained=True)
+    assert list(model.pretrained_cfg['input_size']) == config['pretrained_cfg']['input_size']

@@ -189,6 +189,35 @@ def _resolved_cfg(variant: str, pretrained_cfg=None, pretrained_cfg_overlay=None
     return cfg.to_dict() if hasattr(cfg, 'to_dict') else dict(cfg or {})
 
 
+# what an export's config.json states of the preprocessing its weights need, which a file= overlay leaves out
+_PREPROCESSING = ('input_size', 'mean', 'std')
+
+
+def _warn_of_the_folders_own_config(cfg: Dict[str, Any]) -> None:
+    """Warn where ``pretrained_cfg_overlay=dict(file=...)`` names the weights of an exported folder whose
+    ``config.json`` states another preprocessing than the cfg they are loaded with (a kept Fashion-MNIST model's
+    28x28 grey normalisation under the registered CIFAR-10 cfg: 60.57 % where its card says 89.50 %): timm's
+    ``local-dir:`` takes the folder's config whole. ``local-dir:`` itself, which names the file too, agrees."""
+    import json
+    from pathlib import Path
+    if not cfg.get('file'):
+        return
+    source = Path(cfg['file'])
+    config = (source if source.is_dir() else source.parent) / 'config.json'  # local-dir: names the folder
+    try:
+        stated = json.loads(config.read_text(encoding='utf-8')).get('pretrained_cfg') or {}
+    except (OSError, ValueError, AttributeError):  # no exported folder: nothing states otherwise
+        return
+    differ = [f'{key} {list(stated[key])} there, {list(cfg.get(key) or ())} here' for key in _PREPROCESSING
+              if key in stated and [float(v) for v in stated[key]] != [float(v) for v in cfg.get(key) or ()]]
+    if differ:
+        import warnings
+        warnings.warn(f"{cfg['file']} is the weights of the exported folder {config.parent}, whose config.json "
+                      f"states other preprocessing than this model gets ({'; '.join(differ)}), and perhaps other "
+                      f"model arguments: load the folder whole with timm.create_model('local-dir:{config.parent}', "
+                      f"pretrained=True)", UserWarning, stacklevel=4)
+
+
 @contextmanager
 def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=None, pretrained_cfg_overlay=None,
                                 cache_dir=None):
@@ -198,6 +227,7 @@ def explain_unavailable_weights(variant: str, pretrained: bool, pretrained_cfg=N
         yield
         return
     cfg = _resolved_cfg(variant, pretrained_cfg, pretrained_cfg_overlay)
+    _warn_of_the_folders_own_config(cfg)
     from timm.models._builder import _resolve_pretrained_source
     if cfg and not _resolve_pretrained_source(cfg)[0]:
         # timm would warn and return random weights: for a registered name that means "not published"
