@@ -107,7 +107,7 @@ def test_epochs_trained_again_replace_those_kept_and_drop_the_later_ones(tmp_pat
     stacked, names = _stored(tmp_path / POSITIONAL_EPOCHS_FILE)
     assert names == ['epoch-000', 'epoch-001', 'epoch-002']
     moved = stacked['blocks.0.attn.position.centers'] - start
-    assert moved[:, 0, 0].tolist() == [1., 2., 14.]
+    assert moved[:, 0, 0].tolist() == pytest.approx([1., 2., 14.], abs=1e-5)  # float32: (x + 1) - x need not be 1
 
 
 def test_a_runs_epochs_come_from_either_file_in_the_epochs_order(tmp_path):
