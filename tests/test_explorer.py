@@ -885,3 +885,50 @@ def test_a_big_content_page_is_warned_of_with_what_makes_it_big(models, tmp_path
         f"every layer's input for each image ({tokens:.3g} MB for 3 images) and its query and key weights "
         f'({weights:.3g} MB whatever the images). Pass fewer --images, or explore a narrower model (a smaller '
         f'embed_dim)')
+
+
+def test_each_model_on_an_image_folder_is_fed_its_own_normalisation(tmp_path):
+    """On an image folder the normalisation is each model's own (its pretrained_cfg's, as sa-vision-validate feeds
+    it): a model listed after another of other mean and std was fed the first one's, and its predictions changed
+    with its place in the list."""
+    from PIL import Image
+    for k, name in enumerate(('a', 'b', 'c')):
+        (tmp_path / 'validation' / name).mkdir(parents=True)
+        for i in range(2):
+            Image.new('RGB', (32, 32), (80 * k, 40 + 60 * i, 200 - 50 * k)).save(tmp_path / 'validation' / name /
+                                                                              f'{i}.png')
+    torch.manual_seed(0)
+    models = [ExplorerModel(name, timm.create_model('sa_quadratic_cifar', **{**SMALL, 'num_classes': 3},
+                                                    pretrained_cfg_overlay=dict(mean=mean, std=std)).eval(), '')
+              for name, mean, std in (('cifar', (0.49, 0.48, 0.45), (0.2, 0.2, 0.2)), ('own', (0.1,) * 3, (0.9,) * 3))]
+    for order in (models, models[::-1]):
+        data = explorer_data(order, dataset='', data_dir=str(tmp_path), num_images=4)
+        shape = [data['images'][k] for k in ('count', 'channels', 'height', 'width')]
+        images = torch.tensor(list(base64.b64decode(data['images']['pixels'])), dtype=torch.float32).view(shape) / 255
+        for entry, record in zip(order, data['models']):
+            cfg = entry.model.pretrained_cfg
+            mean, std = (torch.tensor(cfg[k])[:, None, None] for k in ('mean', 'std'))
+            with torch.no_grad():
+                probs = entry.model(((images.expand(-1, 3, -1, -1) - mean) / std)).softmax(-1)
+            top = [[int(c), float(p)] for p, c in zip(*probs.max(-1))]
+            assert [prediction[0][0] for prediction in record['predictions']] == [c for c, _ in top], entry.name
+            assert [prediction[0][1] for prediction in record['predictions']] == pytest.approx(
+                [p for _, p in top], abs=1e-5), entry.name
+
+
+def test_the_epochs_of_a_runs_best_weights_end_at_their_epoch(models, tmp_path):
+    """model_best.pth.tar of a run whose best epoch came before its last: the page's epoch slider and the
+    trajectory figure end at the weights' own epoch (as an export of them keeps), not at the run's last."""
+    from sa_vision.cli.plot_attention import _kept_epochs
+    from sa_vision.research.explorer import resolve_explorer_model
+    from sa_vision.train.positional_epochs import record_epoch_positions
+    model = models[0].model
+    run = _digits_run(tmp_path / 'run', 'sa_quadratic_cifar', model)
+    last = torch.load(run / 'last.pth.tar', weights_only=True)
+    torch.save({**last, 'epoch': 1, 'num_epochs': 2}, run / 'last.pth.tar')  # two epochs done, the best after one
+    torch.save(last, run / 'model_best.pth.tar')
+    for epochs_done in range(3):
+        record_epoch_positions(model, run, epochs_done)
+    assert list(resolve_explorer_model(str(run)).epochs) == ['epoch-000', 'epoch-001', 'epoch-002']
+    assert list(resolve_explorer_model(str(run / 'model_best.pth.tar')).epochs) == ['epoch-000', 'epoch-001']
+    assert _kept_epochs(str(run / 'model_best.pth.tar'), model)[1] == ['epoch-000', 'epoch-001']

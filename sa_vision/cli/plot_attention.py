@@ -35,8 +35,8 @@ from sa_vision.research.analysis import (
 from sa_vision.research.explorer import hub_epochs
 from sa_vision.research.kernel_match import KERNEL_MATCH_COLUMNS, layer_kernel_matches
 from sa_vision.research.plots import picture_problem, plot_attention_maps, plot_center_trajectories, plot_centers
-from sa_vision.train.checkpoint import HF_HUB_PREFIX, weights_path
-from sa_vision.train.positional_epochs import models_at_epochs, run_epochs
+from sa_vision.train.checkpoint import HF_HUB_PREFIX, read_checkpoint, weights_path
+from sa_vision.train.positional_epochs import models_at_epochs, weights_epochs
 
 
 def main(argv=None):
@@ -107,7 +107,8 @@ def _kept_epochs(source: str, model: nn.Module) -> Tuple[List[nn.Module], List[s
     if source.startswith(HF_HUB_PREFIX):
         epochs = hub_epochs(source[len(HF_HUB_PREFIX):])
     else:
-        epochs = run_epochs(path if path.is_dir() else path.parent) if path is not None else {}
+        # a run's up to the weights' own epoch (model_best's may be earlier than its last), or an export's
+        epochs = weights_epochs(read_checkpoint(path)) if path is not None else {}
     if len(epochs) < 2:
         kept = f'only {next(iter(epochs))}' if epochs else 'none'
         raise UserError(f'--figure trajectory of one source draws the epochs kept beside it (a run of sa-vision-train '

@@ -24,7 +24,6 @@ from ..models.input_pad import model_input_padding
 from ..models.sa_state_dict import CENTERS, PRECISION_FACTORS, block_key
 from ..train.checkpoint import (
     HF_HUB_PREFIX,
-    RUN_CHECKPOINT,
     load_model,
     read_checkpoint,
     weights_path,
@@ -38,7 +37,7 @@ from ..train.data import (
     split_name,
     trained_dataset,
 )
-from ..train.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, run_epochs
+from ..train.positional_epochs import POSITIONAL_EPOCHS_FILE, load_positional_trajectory, weights_epochs
 from ..train.recipes import recorded_arg
 from .analysis import GAUSSIAN_KINDS, UNIFORM_PEAK_RATIO, attention_layers
 
@@ -74,13 +73,8 @@ def resolve_explorer_model(spec: Union[str, os.PathLike], pretrained: bool = Tru
         run = dict(data_dir=recorded_arg(ckpt.meta, 'data_dir'), val_split=recorded_arg(ckpt.meta, 'val_split'))
         if not pretrained:
             return ExplorerModel(spec, ckpt.create_model(load_weights=False), dataset, trained=False, **run)
-        folder = path if path.is_dir() else path.parent
-        if (folder / POSITIONAL_EPOCHS_FILE).is_file() or (
-                path.is_dir() and (folder / RUN_CHECKPOINT).is_file() or path.name == RUN_CHECKPOINT):
-            epochs = run_epochs(folder)  # an export's, or a run's (its epoch files too)
-        else:
-            epochs = {}
-        return ExplorerModel(spec, ckpt.create_model(), dataset, epochs, **run)
+        # an export's, or a run's up to the weights' own epoch (model_best's may be earlier than its last)
+        return ExplorerModel(spec, ckpt.create_model(), dataset, weights_epochs(ckpt), **run)
     if not pretrained:
         return ExplorerModel(spec, load_model(spec, pretrained=False), trained=False)
     model = load_model(spec, pretrained=True)
@@ -272,17 +266,19 @@ def _check_one_image_folder(own: Sequence[ExplorerModel], data_dir: Optional[str
 
 
 def _model_inputs(models: Sequence[ExplorerModel], dataset: str, images: Tensor, indices: Sequence[int],
-                  gallery) -> Dict[int, Tensor]:
-    """The gallery's ``images`` (RGB in [0, 1]) as each model's channel count takes them, normalised as
-    sa-vision-validate normalises them: a grey model's are the gallery's images read grey (``gallery(1)``)."""
-    inputs = {}
+                  gallery) -> List[Tensor]:
+    """The gallery's ``images`` (RGB in [0, 1]) as each model takes them, normalised as sa-vision-validate
+    normalises them for it (an image folder: with each model's own mean and std, whatever the others'): a grey
+    model's are the gallery's images read grey (``gallery(1)``)."""
+    pixels: Dict[int, Tensor] = {3: images}
+    inputs = []
     for model in (m.model for m in models):
         channels = input_channels(model)
-        if channels not in inputs:
-            pixels = images if channels == 3 else torch.stack([gallery(channels)[i][0] for i in indices])
-            norm = normalization(dataset, resolve_data_config({}, model=model), channels)
-            mean, std = (torch.tensor(norm[k])[:, None, None] for k in ('mean', 'std'))
-            inputs[channels] = (pixels - mean) / std
+        if channels not in pixels:
+            pixels[channels] = torch.stack([gallery(channels)[i][0] for i in indices])
+        norm = normalization(dataset, resolve_data_config({}, model=model), channels)
+        mean, std = (torch.tensor(norm[k])[:, None, None] for k in ('mean', 'std'))
+        inputs.append((pixels[channels] - mean) / std)
     return inputs
 
 
@@ -340,8 +336,8 @@ def explorer_data(models: Sequence[ExplorerModel], dataset: Optional[str] = None
         'images': {'count': len(indices), 'channels': pixels.shape[1], 'height': pixels.shape[2],
                    'width': pixels.shape[3], 'pixels': _b64(pixels, torch.uint8), 'indices': indices,
                    'labels': [int(targets[i]) for i in indices]},
-        'models': [_model_record(m, images, inputs[input_channels(m.model)], class_names, gallery_dataset=info.name)
-                   for m in models],
+        'models': [_model_record(m, images, normalized, class_names, gallery_dataset=info.name)
+                   for m, normalized in zip(models, inputs)],
         'uniform_peak_ratio': UNIFORM_PEAK_RATIO,  # the page names a head uniform as head_statistics does
     }
 

@@ -169,7 +169,7 @@ def weights_epochs(ckpt) -> Dict[str, Dict[str, Tensor]]:
     :data:`POSITIONAL_EPOCHS_FILE` (an export keeps them up to its weights' epoch); else none."""
     path = Path(ckpt.source)
     folder = path if path.is_dir() else path.parent
-    if ckpt.format == 'hub_folder':  # an export of an export: its source's run folder is not at hand
+    if ckpt.format == 'hub_folder' or (folder / 'config.json').is_file():  # an export (or its model.safetensors)
         kept = folder / POSITIONAL_EPOCHS_FILE
         return load_positional_trajectory(kept) if kept.is_file() else {}
     if ckpt.format != 'sa_vision' or not (folder / RUN_CHECKPOINT).is_file():
