@@ -398,6 +398,16 @@ def test_a_reproduction_on_an_image_folder_has_as_many_classes_as_its_class_fold
     capsys.readouterr()
     zoo.train('sa_quadratic_cifar')
     assert 'sa_quadratic_cifar: finished (1 epoch), skipped' in capsys.readouterr().out
+    # a class renamed since: the run's labels are no longer the folder's, and it is not skipped as if they were
+    from sa_vision.reproduce import ReproductionError
+    for split in ('train', 'validation'):
+        (folder / split / 'dog').rename(folder / split / 'zebra')
+    with pytest.raises(ReproductionError, match=r"label_names: \['c2', 'c10', 'cat', 'dog'\] in the run, \['c2', "
+                                                r"'c10', 'cat', 'zebra'\] here.*The class folders of .* are not those "
+                                                r"the run trained on"):
+        zoo.train('sa_quadratic_cifar')
+    for split in ('train', 'validation'):
+        (folder / split / 'zebra').rename(folder / split / 'dog')
 
     out = tmp_path / 'other'
     status = run_cli(reproduce_script.main, ['--profile', 'tiny', '--dataset', 'pets', '--data-dir', str(folder),
@@ -809,8 +819,9 @@ def test_a_run_an_older_reproduction_began_keeps_centres_not_whole_weights_once_
     assert sorted(p.name for p in run.glob('epoch-*')) == whole
     final = torch.load(run / 'last.pth.tar', map_location='cpu', weights_only=True)
     with safe_open(str(run / POSITIONAL_EPOCHS_FILE), 'pt') as f:
-        assert json.loads(f.metadata()['epochs']) == ['epoch-002'] and final['epoch'] == 1
-        assert all(torch.equal(f.get_tensor(key)[0], final['state_dict'][key]) for key in f.keys())
+        # the epoch it resumed from (its whole weights are kept too), then the one it trained
+        assert json.loads(f.metadata()['epochs']) == ['epoch-001', 'epoch-002'] and final['epoch'] == 1
+        assert all(torch.equal(f.get_tensor(key)[1], final['state_dict'][key]) for key in f.keys())
     assert list(run_epochs(run)) == ['epoch-000', 'epoch-001', 'epoch-002']
 
 

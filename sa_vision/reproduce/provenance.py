@@ -130,7 +130,14 @@ def stage_arguments(recipe: Dict[str, Any], argv: Sequence[str]) -> Dict[str, An
     if args.data_dir or os.path.isdir(args.dataset or ''):  # the setup's check names no folder: the stages do
         num_classes_of_folder(args, recipe, lambda _: None)  # an image folder's classes, as the training counts them
     resolve_model_args(args, recipe, None, lambda _: None)  # model_kwargs as saved: the flags', the weights'
-    return strip_runtime_args(args_as_saved(args))
+    expected = strip_runtime_args(args_as_saved(args))
+    if getattr(args, 'label_names', None):  # an image folder's classes by name: renamed ones are other classes
+        expected[_FOLDER_CLASSES] = list(args.label_names)
+    return expected
+
+
+# the one resolved argument a stage's run is compared by: the class folders' names, which its label order is of
+_FOLDER_CLASSES = 'label_names'
 
 
 def _differences(saved: Dict[str, Any], expected: Dict[str, Any]) -> List[str]:
@@ -159,10 +166,17 @@ def check_run_arguments(run_dir: Path, ckpt: Checkpoint, expected: Dict[str, Any
     if not saved:
         raise ReproductionError(f'{run_dir} holds a run without its training arguments (no args.yaml): it cannot '
                                 f'be told from another recipe\'s. {what_to_do}')
-    differences = _differences(strip_runtime_args(saved), expected)
+    kept = {_FOLDER_CLASSES: saved.get(_FOLDER_CLASSES)} if _FOLDER_CLASSES in expected else {}
+    differences = _differences({**strip_runtime_args(saved), **kept}, expected)
     if differences:
+        # the same options on an image folder whose classes changed since (a folder added, or renamed)
+        folder = _FOLDER_CLASSES in expected and any(d.startswith(('num_classes:', f'{_FOLDER_CLASSES}:'))
+                                                     for d in differences)
         raise ReproductionError(f'{run_dir} holds a run of other training arguments than this stage\'s '
-                                f'({"; ".join(differences)}), so it is neither skipped nor continued. {what_to_do}')
+                                f'({"; ".join(differences)}), so it is neither skipped nor continued. '
+                                + (f'The class folders of {saved.get("data_dir") or "the image folder"} are not '
+                                   f'those the run trained on: restore them, or remove {run_dir} to train it on '
+                                   f'these' if folder else what_to_do))
 
 
 def weights_sha256(state_dict: Dict[str, Any]) -> str:
