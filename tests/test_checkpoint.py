@@ -477,3 +477,20 @@ def test_a_kept_folders_weights_by_file_overlay_warn_that_the_folder_states_its_
         warnings.simplefilter('error')
         model = timm.create_model(f'local-dir:{KEPT_FOLDER}', pretrained=True)
     assert list(model.pretrained_cfg['input_size']) == config['pretrained_cfg']['input_size']
+
+
+@pytest.mark.parametrize('mean', [None, 0.5, ['a', 'b', 'c'], 'IMAGENET_DEFAULT_MEAN'])
+def test_a_file_overlay_beside_a_config_of_no_preprocessing_we_read_loads_quietly(mean, tmp_path):
+    """A config.json beside the weights whose mean is no list of numbers (another tool's, or hand-made) states
+    nothing the overlay's warning compares: the weights load as timm loads them, without a word."""
+    import warnings
+    torch.manual_seed(0)
+    ten_classes = {k: v for k, v in SMALL.items() if k != 'num_classes'}  # the registered cfg's: timm keeps the head
+    model = timm.create_model('sa_quadratic_cifar', **ten_classes)
+    save_file(model.state_dict(), str(tmp_path / 'model.safetensors'))
+    (tmp_path / 'config.json').write_text(json.dumps({'pretrained_cfg': {'mean': mean}}), encoding='utf-8')
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        loaded = timm.create_model('sa_quadratic_cifar', pretrained=True, **ten_classes,
+                                   pretrained_cfg_overlay=dict(file=str(tmp_path / 'model.safetensors')))
+    assert all(torch.equal(v, loaded.state_dict()[k]) for k, v in model.state_dict().items())

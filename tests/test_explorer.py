@@ -932,3 +932,9 @@ def test_the_epochs_of_a_runs_best_weights_end_at_their_epoch(models, tmp_path):
     assert list(resolve_explorer_model(str(run)).epochs) == ['epoch-000', 'epoch-001', 'epoch-002']
     assert list(resolve_explorer_model(str(run / 'model_best.pth.tar')).epochs) == ['epoch-000', 'epoch-001']
     assert _kept_epochs(str(run / 'model_best.pth.tar'), model)[1] == ['epoch-000', 'epoch-001']
+    # the whole weights the run kept of an epoch (--save-epoch-weights): up to the epoch their name says
+    from safetensors.torch import save_file
+    save_file(model.state_dict(), str(run / 'epoch-001.safetensors'),
+              metadata={'arch': 'sa_quadratic_cifar', 'model_args': json.dumps(SMALL)})
+    assert list(resolve_explorer_model(str(run / 'epoch-001.safetensors')).epochs) == ['epoch-000', 'epoch-001']
+    assert _kept_epochs(str(run / 'epoch-001.safetensors'), model)[1] == ['epoch-000', 'epoch-001']

@@ -398,6 +398,13 @@ def test_a_reproduction_on_an_image_folder_has_as_many_classes_as_its_class_fold
     capsys.readouterr()
     zoo.train('sa_quadratic_cifar')
     assert 'sa_quadratic_cifar: finished (1 epoch), skipped' in capsys.readouterr().out
+    # a run of an earlier version recorded the class names sorted plainly, or none: the same folder still skips it
+    checkpoint = torch.load(last, weights_only=True)
+    for recorded in (['c10', 'c2', 'cat', 'dog'], None):
+        torch.save({**checkpoint, 'args': {**checkpoint['args'], 'label_names': recorded}}, last)
+        zoo.train('sa_quadratic_cifar')
+        assert 'sa_quadratic_cifar: finished (1 epoch), skipped' in capsys.readouterr().out
+    torch.save(checkpoint, last)
     # a class renamed since: the run's labels are no longer the folder's, and it is not skipped as if they were
     from sa_vision.reproduce import ReproductionError
     for split in ('train', 'validation'):

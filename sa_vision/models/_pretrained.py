@@ -208,8 +208,11 @@ def _warn_of_the_folders_own_config(cfg: Dict[str, Any]) -> None:
         stated = json.loads(config.read_text(encoding='utf-8')).get('pretrained_cfg') or {}
     except (OSError, ValueError, AttributeError):  # no exported folder: nothing states otherwise
         return
-    differ = [f'{key} {list(stated[key])} there, {list(cfg.get(key) or ())} here' for key in _PREPROCESSING
-              if key in stated and [float(v) for v in stated[key]] != [float(v) for v in cfg.get(key) or ()]]
+    try:
+        differ = [f'{key} {list(stated[key])} there, {list(cfg.get(key) or ())} here' for key in _PREPROCESSING
+                  if key in stated and [float(v) for v in stated[key]] != [float(v) for v in cfg.get(key) or ()]]
+    except (TypeError, ValueError):  # not a config of ours (a null or a name for a mean): it states nothing we read
+        return
     if differ:
         import warnings
         warnings.warn(f"{cfg['file']} is the weights of the exported folder {config.parent}, whose config.json "

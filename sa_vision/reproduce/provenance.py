@@ -166,7 +166,11 @@ def check_run_arguments(run_dir: Path, ckpt: Checkpoint, expected: Dict[str, Any
     if not saved:
         raise ReproductionError(f'{run_dir} holds a run without its training arguments (no args.yaml): it cannot '
                                 f'be told from another recipe\'s. {what_to_do}')
-    kept = {_FOLDER_CLASSES: saved.get(_FOLDER_CLASSES)} if _FOLDER_CLASSES in expected else {}
+    kept = {}
+    if _FOLDER_CLASSES in expected:  # an earlier version's run recorded them sorted plainly, or not at all
+        from ..train.data import timm_label_order
+        names = saved.get(_FOLDER_CLASSES)
+        kept = {_FOLDER_CLASSES: timm_label_order(names) if names else expected[_FOLDER_CLASSES]}
     differences = _differences({**strip_runtime_args(saved), **kept}, expected)
     if differences:
         # the same options on an image folder whose classes changed since (a folder added, or renamed)

@@ -3,6 +3,7 @@ Fig. 3), kept by a run in one small file (``--save-epoch-positions``) or read fr
 (``--save-epoch-weights``), and kept beside exported weights in that small file """
 import copy
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
@@ -172,6 +173,9 @@ def weights_epochs(ckpt) -> Dict[str, Dict[str, Tensor]]:
     if ckpt.format == 'hub_folder' or (folder / 'config.json').is_file():  # an export (or its model.safetensors)
         kept = folder / POSITIONAL_EPOCHS_FILE
         return load_positional_trajectory(kept) if kept.is_file() else {}
+    kept_epoch = re.fullmatch(r'epoch-(\d+)', path.stem)  # a run's --save-epoch-weights file: its name's epoch
+    if ckpt.format == 'safetensors' and kept_epoch and (folder / RUN_CHECKPOINT).is_file():
+        return run_epochs(folder, int(kept_epoch.group(1)))
     if ckpt.format != 'sa_vision' or not (folder / RUN_CHECKPOINT).is_file():
         return {}
     return run_epochs(folder, ckpt.meta.get('epoch'))
